@@ -1,0 +1,65 @@
+"""Typed errors of phoenix_hpc.
+
+Every error a user can cause derives from :class:`PhoenixError`. The CLI turns a ``PhoenixError`` into
+exit code 2 and its message (never a traceback); anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class PhoenixError(Exception):
+    """Base of all errors caused by input or environment, reported to the user without a traceback."""
+
+    exit_code = 2
+
+
+class ConfigError(PhoenixError):
+    """A job config or site profile is invalid. ``problems`` lists every problem found, one string each."""
+
+    def __init__(self, problems: list[str] | str, source: str | None = None):
+        if isinstance(problems, str):
+            problems = [problems]
+        self.problems = list(problems)
+        self.source = source
+        head = f"invalid configuration{f' in {source}' if source else ''}"
+        super().__init__(head + ":\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+class ProfileError(ConfigError):
+    """A site profile cannot be found or is invalid."""
+
+
+class SubmitError(PhoenixError):
+    """The job could not be rendered or submitted (sbatch failed, placement impossible, ...)."""
+
+
+class SlurmError(PhoenixError):
+    """A Slurm command failed or returned output that could not be parsed."""
+
+
+class ClusterError(PhoenixError):
+    """The local test cluster cannot be started, inspected or stopped."""
+
+
+class DataError(PhoenixError):
+    """A dataset is missing, malformed or not a Megatron indexed dataset."""
+
+
+class EngineError(PhoenixError):
+    """A training engine cannot run with the given grid, device or data."""
+
+
+class ReplicationError(PhoenixError):
+    """Snapshot or replica handling failed (bad chunk size, not enough host memory, checksum mismatch)."""
+
+
+class RecoveryError(PhoenixError):
+    """A recovery cannot proceed (no spare, no verified replica, invariant violated)."""
+
+
+class FaultError(PhoenixError):
+    """A fault injection request is invalid (unknown target, unsupported phase, finished job)."""
+
+
+class ModelError(PhoenixError):
+    """Invalid input to the cost model, Monte Carlo simulator or scaling fit."""

@@ -1,0 +1,1 @@
+"""phoenix_hpc.launch"""
