@@ -1,0 +1,82 @@
+"""Reading a job config file: YAML -> :class:`JobConfig`, with every problem reported at once.
+
+This module and :mod:`phoenix_hpc.profiles` are the only places that read configuration files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from phoenix_hpc.config.schema import JobConfig
+from phoenix_hpc.errors import ConfigError
+
+
+def format_validation_error(exc: ValidationError) -> list[str]:
+    """One line per problem: ``field.path: value <v> -- <what is allowed>``."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown field (check the spelling; see the config reference)")
+        elif err["type"] == "missing":
+            lines.append(f"{loc}: required field is missing")
+        elif err["loc"] and err["type"] != "value_error":
+            lines.append(f"{loc}: value {err.get('input')!r} -- {msg}")
+        else:
+            lines.append(f"{loc}: {msg}" if err["loc"] else msg)
+    return lines
+
+
+def read_yaml(path: str | Path, what: str = "config") -> dict[str, Any]:
+    """Parse a YAML mapping from ``path``.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, not YAML, or not a mapping.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file {str(p)!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} file {str(p)!r} cannot be read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{what} file {str(p)!r} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} file {str(p)!r} must hold a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def parse_model(cls: type[BaseModel], data: dict[str, Any], source: str) -> BaseModel:
+    """Validate ``data`` as ``cls``; raise :class:`ConfigError` listing every problem."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc), source=source) from None
+
+
+def load_job_config(path: str | Path) -> JobConfig:
+    """Load and validate a job config file.
+
+    A relative ``data.path`` is made absolute against the config file's folder, so the resolved config
+    can be used from any working directory.
+
+    Raises:
+        ConfigError: unreadable file, bad YAML, unknown or missing fields, wrong types, broken relations.
+    """
+    p = Path(path)
+    data = read_yaml(p, "config")
+    cfg = parse_model(JobConfig, data, source=str(p))
+    dpath = Path(cfg.data.path)
+    if not dpath.is_absolute():
+        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str((p.parent / dpath).resolve())})})
+    return cfg

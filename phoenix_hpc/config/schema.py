@@ -1,0 +1,182 @@
+"""The job config (``config.yaml``): typed pydantic models, validated once at the boundary.
+
+Shape of the file (every section but ``name`` and ``data`` has defaults)::
+
+    name: gpt-small                 # job name (Slurm --job-name)
+    engine: torch                   # torch | megatron
+    run_dir: runs/gpt-small         # where the script, resolved config, journal and logs go
+    model:      {layers, hidden_size, heads, vocab_size, seq_length, dtype}
+    parallelism: {tp, pp, dp}       # dp may be omitted: derived from nodes x GPUs per node / (tp x pp)
+    training:   {steps, micro_batch_size, global_batch_size, lr, min_lr, lr_schedule, warmup_steps,
+                 weight_decay, grad_clip, seed, log_interval}
+    data:       {path}              # prefix of a Megatron indexed dataset (PREFIX.bin + PREFIX.idx)
+    resilience: {enabled, mode, k, placement_levels, heartbeat_interval_s, heartbeat_timeout_s,
+                 collective_timeout_s, chunk_bytes, checkpoint: {interval_steps, path}}
+    resources:  {nodes, spares, gpus_per_node, time_limit, account, qos, partition, constraint}
+
+Relations that need only the config are checked here (heartbeat interval < heartbeat timeout < collective
+timeout; micro batch divides global batch; hidden size divisible by heads). Relations that need the site
+profile (GPUs per node, QOS limits, failure domains) are checked by :func:`phoenix_hpc.config.resolve`.
+A rejection lists every problem (field, value, what is allowed) in one :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(BaseModel):
+    """GPT-style decoder shape. ``dtype`` is the parameter/compute dtype (fp32 main params are kept by the
+    optimizer in every case)."""
+
+    model_config = _STRICT
+    layers: int = Field(4, ge=1, description="number of transformer layers (must be divisible by pp)")
+    hidden_size: int = Field(128, ge=8, description="model width")
+    heads: int = Field(4, ge=1, description="attention heads (must divide hidden_size and be divisible by tp)")
+    vocab_size: int = Field(256, ge=2, description="vocabulary size (256 for the byte-level datasets)")
+    seq_length: int = Field(64, ge=2, description="tokens per sample")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self):
+        if self.hidden_size % self.heads:
+            raise ValueError(
+                f"model.hidden_size ({self.hidden_size}) must be divisible by model.heads ({self.heads})"
+            )
+        return self
+
+
+class ParallelismConfig(BaseModel):
+    """Grid sizes. Logical rank order is Megatron's: tp fastest, then dp, then pp."""
+
+    model_config = _STRICT
+    tp: int = Field(1, ge=1, description="tensor-parallel size")
+    pp: int = Field(1, ge=1, description="pipeline-parallel size")
+    dp: int | None = Field(None, ge=1, description="data-parallel size; omitted: derived from the node count")
+
+
+class TrainingConfig(BaseModel):
+    """Optimisation settings. Batch sizes are in samples of ``model.seq_length`` tokens."""
+
+    model_config = _STRICT
+    steps: int = Field(50, ge=1, description="optimizer steps to run")
+    micro_batch_size: int = Field(2, ge=1, description="samples per micro-batch per DP rank")
+    global_batch_size: int = Field(16, ge=1, description="samples per step over all DP ranks")
+    lr: float = Field(1e-3, gt=0, description="peak learning rate")
+    min_lr: float = Field(0.0, ge=0, description="final learning rate of the decay")
+    lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, ge=0, description="global grad-norm clip; 0 disables")
+    seed: int = Field(1234, ge=0)
+    log_interval: int = Field(1, ge=1, description="log every N steps")
+
+    @model_validator(mode="after")
+    def _batches(self):
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"training.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"training.micro_batch_size ({self.micro_batch_size})"
+            )
+        if self.min_lr > self.lr:
+            raise ValueError(f"training.min_lr ({self.min_lr}) must be <= training.lr ({self.lr})")
+        return self
+
+
+class DataConfig(BaseModel):
+    """Training data: a Megatron indexed dataset (``PREFIX.bin`` + ``PREFIX.idx``), e.g. made by
+    ``phoenix data prepare``. A relative path is relative to the config file's folder."""
+
+    model_config = _STRICT
+    path: str = Field(..., min_length=1, description="dataset path prefix, without .bin/.idx")
+
+
+class CheckpointConfig(BaseModel):
+    """Coarse persistent checkpoint: the fallback when memory replicas cannot cover a loss, and the whole
+    mechanism in ``mode: checkpoint-restart``."""
+
+    model_config = _STRICT
+    interval_steps: int = Field(100, ge=1, description="write a persistent checkpoint every K steps")
+    path: str | None = Field(None, description="checkpoint folder; default RUN_DIR/checkpoints")
+
+
+class ResilienceConfig(BaseModel):
+    """PHOENIX protection settings (DESIGN.md sections 4-6). With ``enabled: false`` training runs with no
+    extra layer at all."""
+
+    model_config = _STRICT
+    enabled: bool = True
+    mode: Literal["phoenix", "checkpoint-restart"] = "phoenix"
+    k: int = Field(1, ge=1, description="replicas of each optimizer shard (holders besides the owner)")
+    placement_levels: list[str] = Field(
+        default_factory=lambda: ["node", "switch"],
+        description="failure-domain levels to spread replicas over, most specific last",
+    )
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    heartbeat_timeout_s: float = Field(10.0, gt=0)
+    collective_timeout_s: float = Field(30.0, gt=0)
+    chunk_bytes: int = Field(4 << 20, gt=0, description="H2H message chunk size in bytes")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @model_validator(mode="after")
+    def _timeouts(self):
+        a, b, c = self.heartbeat_interval_s, self.heartbeat_timeout_s, self.collective_timeout_s
+        if not a < b < c:
+            raise ValueError(
+                "need heartbeat_interval_s < heartbeat_timeout_s < collective_timeout_s, "
+                f"got {a} < {b} < {c}"
+            )
+        if "node" not in self.placement_levels:
+            raise ValueError(
+                f"resilience.placement_levels ({self.placement_levels}) must contain 'node' "
+                "(a node is always a failure domain)"
+            )
+        return self
+
+
+class ResourcesConfig(BaseModel):
+    """What to ask Slurm for. Unset scheduler fields take the site profile's defaults."""
+
+    model_config = _STRICT
+    nodes: int = Field(1, ge=1, description="active nodes")
+    spares: int = Field(1, ge=0, description="spare nodes held in standby inside the same job")
+    gpus_per_node: int | None = Field(None, ge=1, description="override of the site's GPUs per node")
+    time_limit: str = Field("00:30:00", description="Slurm time limit, [D-]HH:MM:SS or minutes")
+    account: str | None = None
+    qos: str | None = None
+    partition: str | None = None
+    constraint: str | None = None
+
+
+class JobConfig(BaseModel):
+    """A whole job. Build with :func:`phoenix_hpc.config.load_job_config`; never mutate (frozen)."""
+
+    model_config = _STRICT
+    name: str = Field(..., min_length=1, max_length=128, description="job name")
+    engine: Literal["torch", "megatron"] = "torch"
+    run_dir: str | None = Field(None, description="run directory; default runs/<name>-<timestamp>")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    data: DataConfig
+    resilience: ResilienceConfig = Field(default_factory=ResilienceConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+
+    @model_validator(mode="after")
+    def _model_vs_grid(self):
+        problems = []
+        if self.model.layers % self.parallelism.pp:
+            problems.append(
+                f"model.layers ({self.model.layers}) must be divisible by parallelism.pp ({self.parallelism.pp})"
+            )
+        if self.model.heads % self.parallelism.tp:
+            problems.append(
+                f"model.heads ({self.model.heads}) must be divisible by parallelism.tp ({self.parallelism.tp})"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

@@ -1,0 +1,137 @@
+"""The engine interface: what the PHOENIX runtime needs from a training framework.
+
+An engine owns one rank's model chunk, its sharded optimizer and its data iterator. The runtime never looks
+inside; it only uses the calls below. The per-step protocol (DESIGN.md section 4) drives an engine as::
+
+    loss = engine.forward_backward()      # step k's compute (D2H/H2H of S(k-1) overlaps this)
+    engine.reduce_gradients()             # gradient sync over the DP group (reduce-scatter / all-reduce)
+    # ... runtime waits for its commit here (only when resilience is enabled) ...
+    engine.optimizer_step()               # -> S(k); parameters change only inside this call
+
+so the state captured by :meth:`optimizer_shard`, :meth:`param_shard` and :meth:`envelope` is stable from
+the end of ``optimizer_step`` of step k-1 until ``optimizer_step`` of step k starts.
+
+Logical names are stable across renumbering (a spare taking a dead rank's place gets the same names):
+
+- optimizer shard: ``opt/pp{pp}/tp{tp}/dp{dp}/{param_name}/{main|exp_avg|exp_avg_sq}`` -- fp32 tensors, the
+  rank's 1/dp slice of the flat fp32 main parameters and both Adam moments (ZeRO-1 style).
+- param shard: ``param/pp{pp}/tp{tp}/{param_name}`` -- the model chunk's parameters in ``model.dtype``; they
+  are identical on every DP rank of the same (pp, tp), so the names carry no dp.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True, order=True)
+class GridCoord:
+    """A rank's logical position. Logical rank (Megatron order: tp fastest, then dp, then pp) is
+    ``(pp * dp_size + dp) * tp_size + tp``."""
+
+    pp: int
+    dp: int
+    tp: int
+
+    def shard_prefix(self) -> str:
+        """``opt/pp{pp}/tp{tp}/dp{dp}`` -- the logical id of this rank's optimizer shard."""
+        return f"opt/pp{self.pp}/tp{self.tp}/dp{self.dp}"
+
+
+@dataclass(frozen=True)
+class ProcessGroups:
+    """The torch process groups of one rank for one generation, always passed explicitly.
+
+    ``world`` spans the active ranks of the generation; ``dp``/``pp``/``tp`` are this rank's sub-groups.
+    ``generation`` is the reconfiguration counter the groups were built under.
+    """
+
+    world: Any
+    dp: Any
+    pp: Any
+    tp: Any
+    generation: int
+
+
+class Engine(abc.ABC):
+    """One rank's training engine. Subclasses: the torch engine (CPU/GPU) and the Megatron engine (CUDA)."""
+
+    coord: GridCoord
+    step: int  # number of optimizer steps completed; S(step) is the current state
+
+    # --- the step, split where the runtime has to act -------------------------------------------------
+    @abc.abstractmethod
+    def forward_backward(self) -> float | None:
+        """Run the forward and backward passes of step ``self.step + 1`` over all its micro-batches.
+
+        Returns the mean loss of the step on the last pipeline stage, ``None`` on other stages.
+        Raises whatever the framework raises (collective timeouts, CUDA errors); the caller classifies.
+        """
+
+    @abc.abstractmethod
+    def reduce_gradients(self) -> None:
+        """Synchronise gradients over the DP group (reduce-scatter or all-reduce)."""
+
+    @abc.abstractmethod
+    def optimizer_step(self) -> None:
+        """Apply the update of the rank's optimizer shard, publish updated parameters to DP peers, and
+        advance ``self.step`` and the LR schedule."""
+
+    # --- the state the runtime protects -----------------------------------------------------------
+    @abc.abstractmethod
+    def optimizer_shard(self) -> list[tuple[str, torch.Tensor]]:
+        """The rank's optimizer shard as ``(logical name, tensor)`` pairs, fp32, 1-D, in a fixed order.
+
+        Returned tensors are the live storage (no copy); the runtime copies them. Includes fp32 main
+        params. Together the shards of all DP ranks of one (pp, tp) cover every parameter exactly once.
+        """
+
+    @abc.abstractmethod
+    def param_shard(self) -> list[tuple[str, torch.Tensor]]:
+        """The model chunk's parameters as ``(logical name, tensor)`` pairs (live storage, model dtype)."""
+
+    @abc.abstractmethod
+    def envelope(self) -> dict[str, Any]:
+        """The metadata envelope as a JSON-serialisable dict: ``step``, ``coord``, RNG states of every
+        generator in use (base64 strings), LR-scheduler state, data-iterator position, loss-scaler state."""
+
+    @abc.abstractmethod
+    def load_optimizer_shard(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy a saved optimizer shard (names as from :meth:`optimizer_shard`) into the live state.
+
+        Raises:
+            EngineError: a name is missing or unexpected, or a shape/dtype does not match.
+        """
+
+    @abc.abstractmethod
+    def load_param_shard(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy saved parameters (names as from :meth:`param_shard`) into the model.
+
+        Raises:
+            EngineError: a name is missing or unexpected, or a shape/dtype does not match.
+        """
+
+    @abc.abstractmethod
+    def load_envelope(self, envelope: dict[str, Any]) -> None:
+        """Restore step counter, RNG states, LR schedule, data position and loss scaler from an envelope."""
+
+    @abc.abstractmethod
+    def rebind(self, groups: ProcessGroups, coord: GridCoord) -> None:
+        """Use new process groups (a new generation after a reconfiguration); model and optimizer state
+        stay as they are."""
+
+    def state_hash(self) -> str:
+        """SHA-256 hex digest over this rank's param shard and optimizer shard (names, dtypes, bytes), in
+        name order. The correctness oracle compares these across runs."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for name, t in sorted(self.param_shard() + self.optimizer_shard(), key=lambda x: x[0]):
+            h.update(name.encode())
+            h.update(str(t.dtype).encode())
+            h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
