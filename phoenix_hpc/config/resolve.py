@@ -1,0 +1,255 @@
+"""Resolve a job config against a site profile: fill site defaults, derive dp, check every relation (pure).
+
+``resolve(cfg, profile, run_dir=..., default_python=...) -> ResolvedJob`` is a pure function: it reads no files,
+no environment and no clock; the caller passes the absolute run directory and the python interpreter of the
+submitting process. Checks (all problems are collected and raised together in one :class:`ConfigError`):
+
+- grid: ``tp x pp x dp = nodes x GPUs per node`` (dp derived when omitted);
+- batch: ``global_batch_size`` is a multiple of ``micro_batch_size x dp``;
+- resilience (mode ``phoenix``): ``k < dp`` (each shard's k holders are DP peers other than the owner);
+  ``placement_levels`` are levels of the site's failure-domain model; a warning when ``spares == 0``;
+- scheduler: QOS / partition known to the profile; ``nodes + spares`` within the site, QOS and partition node
+  limits; ``time_limit`` a valid Slurm time within the QOS / partition limit; values that go on ``#SBATCH``
+  lines use a safe charset; node pinning (``-w``/``-x``) only where the site allows it;
+- engine: ``megatron`` on a site without GPUs is a warning (it needs CUDA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from phoenix_hpc.config.schema import JobConfig
+from phoenix_hpc.errors import ConfigError
+from phoenix_hpc.profiles.model import SBATCH_SAFE, SiteProfile
+from phoenix_hpc.profiles.slurm_time import format_slurm_time, parse_slurm_time
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    """A job config made concrete for one site.
+
+    ``config`` is the job config with every defaulted field filled in (dp, GPUs per node, account, QOS,
+    partition, constraint, absolute run_dir) and is what ``phoenix submit`` writes to ``RUN_DIR/config.yaml``.
+    """
+
+    config: JobConfig
+    site: str
+    tp: int
+    pp: int
+    dp: int
+    nodes: int  # active nodes
+    spares: int  # spare nodes (standby slots), same job
+    gpus_per_node: int  # rank slots per node (srun --ntasks-per-node)
+    time_limit_s: int
+    python: str  # interpreter on the compute nodes
+    nodelist: str | None = None  # sbatch -w (only where the site allows pinning)
+    exclude: str | None = None  # sbatch -x (only where the site allows pinning)
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def run_dir(self) -> str:
+        return self.config.run_dir  # always set (absolute) after resolve
+
+    @property
+    def total_nodes(self) -> int:
+        """Nodes requested from Slurm: active + spare."""
+        return self.nodes + self.spares
+
+    @property
+    def world_size(self) -> int:
+        """Active logical ranks: tp x pp x dp."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def time_limit(self) -> str:
+        return format_slurm_time(self.time_limit_s)
+
+
+def _grid(cfg: JobConfig, gpn: int, problems: list[str]) -> int | None:
+    tp, pp, nodes = cfg.parallelism.tp, cfg.parallelism.pp, cfg.resources.nodes
+    slots = nodes * gpn
+    if cfg.parallelism.dp is None:
+        if slots % (tp * pp):
+            problems.append(
+                f"parallelism: tp({tp}) x pp({pp}) = {tp * pp} does not divide {nodes} nodes x {gpn} GPUs = {slots}; "
+                "dp cannot be derived (change tp, pp or resources.nodes)"
+            )
+            return None
+        return slots // (tp * pp)
+    dp = cfg.parallelism.dp
+    if tp * pp * dp != slots:
+        problems.append(
+            f"parallelism: tp({tp}) x pp({pp}) x dp({dp}) = {tp * pp * dp} does not match "
+            f"{nodes} nodes x {gpn} GPUs = {slots}"
+        )
+        return None
+    return dp
+
+
+def _limit_checks(label: str, limits, total_nodes: int, nodes: int, spares: int, time_s: int | None,
+                  time_text: str, problems: list[str]) -> None:
+    if limits.max_nodes is not None and total_nodes > limits.max_nodes:
+        problems.append(
+            f"resources.spares: nodes({nodes}) + spares({spares}) = {total_nodes} exceeds the {label} limit of "
+            f"{limits.max_nodes} nodes"
+        )
+    if time_s is not None and limits.max_time_s is not None and time_s > limits.max_time_s:
+        problems.append(
+            f"resources.time_limit: {time_text!r} exceeds the {label} limit of {limits.max_time}"
+        )
+
+
+def resolve(
+    cfg: JobConfig,
+    profile: SiteProfile,
+    *,
+    run_dir: str,
+    default_python: str,
+    python: str | None = None,
+    nodelist: str | None = None,
+    exclude: str | None = None,
+) -> ResolvedJob:
+    """Resolve ``cfg`` for ``profile``.
+
+    Args:
+        run_dir: absolute run directory (the caller picks it: ``cfg.run_dir`` or a default).
+        default_python: interpreter to use when neither ``python`` nor ``profile.launcher.python`` is set
+            (``phoenix submit`` passes ``sys.executable``, i.e. the project's venv).
+        python: explicit interpreter override (``phoenix submit --python``).
+        nodelist / exclude: Slurm hostlists for ``-w`` / ``-x``.
+
+    Raises:
+        ConfigError: every violated relation, one line each, naming the field, the value and what is allowed.
+    """
+    problems: list[str] = []
+    warnings: list[str] = []
+    res, sch = cfg.resources, profile.scheduler
+
+    gpn = res.gpus_per_node or profile.node.gpus_per_node
+    if res.gpus_per_node and profile.node.gpu_model and res.gpus_per_node > profile.node.gpus_per_node:
+        problems.append(
+            f"resources.gpus_per_node: {res.gpus_per_node} exceeds the {profile.node.gpus_per_node} GPUs of a "
+            f"{profile.name} node"
+        )
+    dp = _grid(cfg, gpn, problems)
+
+    if dp is not None:
+        mb, gb = cfg.training.micro_batch_size, cfg.training.global_batch_size
+        if gb % (mb * dp):
+            problems.append(
+                f"training.global_batch_size: {gb} must be a multiple of micro_batch_size({mb}) x dp({dp}) = {mb * dp}"
+            )
+
+    rz = cfg.resilience
+    if rz.enabled and rz.mode == "phoenix":
+        if dp is not None and rz.k >= dp:
+            problems.append(
+                f"resilience.k: {rz.k} must be < dp ({dp}): each shard's k replicas live on DP peers other than "
+                f"its owner (allowed: 1..{dp - 1})" if dp > 1 else
+                f"resilience.k: {rz.k} needs dp >= 2 (dp is 1: no DP peer can hold a replica); "
+                "set resilience.enabled: false or mode: checkpoint-restart, or use more data-parallel ranks"
+            )
+        unknown = [lv for lv in rz.placement_levels if lv not in profile.failure_domains.levels]
+        if unknown:
+            problems.append(
+                f"resilience.placement_levels: {unknown} are not failure-domain levels of site {profile.name} "
+                f"(allowed: {profile.failure_domains.levels})"
+            )
+    if rz.enabled and res.spares == 0:
+        warnings.append(
+            "resources.spares is 0 with resilience enabled: a node loss cannot be hot-swapped and falls back to "
+            "the persistent checkpoint"
+        )
+
+    account = res.account if res.account is not None else sch.account
+    qos = res.qos if res.qos is not None else sch.qos
+    partition = res.partition if res.partition is not None else sch.partition
+    constraint = res.constraint if res.constraint is not None else sch.constraint
+    for fname, val in (("account", account), ("qos", qos), ("partition", partition), ("constraint", constraint)):
+        if val is not None and not SBATCH_SAFE.match(val):
+            problems.append(
+                f"resources.{fname}: {val!r} contains characters Slurm does not accept here "
+                "(allowed: letters, digits and _ . , : @ % + = / & | [ ] * ! -)"
+            )
+    if qos is not None and sch.qos_limits and qos not in sch.qos_limits:
+        problems.append(
+            f"resources.qos: {qos!r} is not a QOS of site {profile.name} (allowed: {sorted(sch.qos_limits)}; "
+            "add it to the site profile's scheduler.qos_limits)"
+        )
+    if partition is not None and sch.partition_limits and partition not in sch.partition_limits:
+        problems.append(
+            f"resources.partition: {partition!r} is not a partition of site {profile.name} "
+            f"(allowed: {sorted(sch.partition_limits)}; add it to the site profile's scheduler.partition_limits)"
+        )
+
+    time_s: int | None
+    try:
+        time_s = parse_slurm_time(res.time_limit)
+    except ValueError as exc:
+        problems.append(f"resources.time_limit: {exc}")
+        time_s = None
+    if time_s is not None and time_s <= sch.signal_before_end_s:
+        problems.append(
+            f"resources.time_limit: {res.time_limit!r} must be longer than the site's warning signal lead "
+            f"({sch.signal_before_end_s} s)"
+        )
+
+    total = res.nodes + res.spares
+    _limit_checks(f"site {profile.name}", sch.limits, total, res.nodes, res.spares, time_s, res.time_limit, problems)
+    if qos in sch.qos_limits:
+        _limit_checks(f"QOS {qos!r}", sch.qos_limits[qos], total, res.nodes, res.spares, time_s, res.time_limit,
+                      problems)
+    if partition in sch.partition_limits:
+        _limit_checks(f"partition {partition!r}", sch.partition_limits[partition], total, res.nodes, res.spares,
+                      time_s, res.time_limit, problems)
+
+    for fname, val in (("nodelist", nodelist), ("exclude", exclude)):
+        if val is None:
+            continue
+        if not sch.allow_node_pinning:
+            problems.append(
+                f"{fname}: site {profile.name} does not allow requesting or excluding specific nodes at submission"
+            )
+        elif not SBATCH_SAFE.match(val):
+            problems.append(f"{fname}: {val!r} is not a Slurm hostlist")
+
+    if cfg.engine == "megatron" and profile.node.gpu_model is None:
+        warnings.append(f"engine megatron needs CUDA GPUs; site {profile.name} declares none (node.gpu_model)")
+
+    interpreter = python or profile.launcher.python or default_python
+    if not interpreter or "\n" in interpreter or "\0" in interpreter:
+        problems.append(f"launcher.python: {interpreter!r} is not a usable interpreter path")
+
+    if problems:
+        raise ConfigError(problems, source=f"job {cfg.name!r} on site {profile.name}")
+
+    filled = cfg.model_copy(
+        update={
+            "run_dir": run_dir,
+            "parallelism": cfg.parallelism.model_copy(update={"dp": dp}),
+            "resources": res.model_copy(
+                update={
+                    "gpus_per_node": gpn,
+                    "account": account,
+                    "qos": qos,
+                    "partition": partition,
+                    "constraint": constraint,
+                }
+            ),
+        }
+    )
+    return ResolvedJob(
+        config=filled,
+        site=profile.name,
+        tp=cfg.parallelism.tp,
+        pp=cfg.parallelism.pp,
+        dp=dp,
+        nodes=res.nodes,
+        spares=res.spares,
+        gpus_per_node=gpn,
+        time_limit_s=time_s,
+        python=interpreter,
+        nodelist=nodelist,
+        exclude=exclude,
+        warnings=tuple(warnings),
+    )
