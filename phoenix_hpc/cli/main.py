@@ -18,6 +18,8 @@ from phoenix_hpc.errors import PhoenixError
 # name -> "module:attribute" of a click command or group.
 SUBCOMMANDS: dict[str, str] = {
     "cluster": "phoenix_hpc.cli.cluster:cluster",
+    "data": "phoenix_hpc.cli.data:data",
+    "model": "phoenix_hpc.cli.model:model",
 }
 
 

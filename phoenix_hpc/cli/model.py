@@ -1,0 +1,350 @@
+"""``phoenix model``: cost model, replica-loss risk, Monte Carlo campaigns and recovery-time scaling fit.
+
+Thin layer: parse options, call :mod:`phoenix_hpc.model`, render a rich table (or JSON with ``--json``) and
+optionally a PNG (``--plot FILE.png``). Option names match the library's parameter names, so a
+:class:`phoenix_hpc.errors.ModelError` message names the option. Exit codes: 0 success, 2 bad input (the
+message names the option, the value and what is allowed).
+
+JSON output is strict JSON: infinities and NaNs are written as ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import click
+
+from phoenix_hpc.errors import ModelError
+
+
+def _clean(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def _emit_json(obj: dict) -> None:
+    click.echo(json.dumps(_clean(obj), indent=2, allow_nan=False))
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _table(title: str, *columns: str):
+    from rich.table import Table
+
+    t = Table(title=title)
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    return t
+
+
+def _g(x: float, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.{digits}g}"
+
+
+@click.group("model")
+def model() -> None:
+    """Numbers to choose k, spares and checkpoint interval: cost per fault, efficiency, loss risk.
+
+    Formulas: PHOENIX paper Eqs. (1)-(6); see phoenix_hpc.model.analytic.
+    """
+
+
+@model.command("efficiency")
+@click.option("--mttf-s", type=float, required=True, help="System mean time to failure MTTF_sys, seconds.")
+@click.option("--step-s", type=float, required=True, help="Time of one training step t_step, seconds.")
+@click.option("--ckpt-every", type=int, required=True, help="Checkpoint interval K, steps (>= 1).")
+@click.option("--restart-s", type=float, required=True, help="Checkpoint-restart E[T_restart], seconds.")
+@click.option("--ckpt-overhead-s", type=float, default=0.0, show_default=True,
+              help="Checkpoint overhead per fault C_overhead^ckpt (Eq. 2), seconds.")
+@click.option("--hotswap-s", type=float, required=True, help="PHOENIX hot-swap time E[T_hotswap], seconds.")
+@click.option("--phi", type=float, default=0.5, show_default=True,
+              help="E[phi]: completed fraction of the interrupted step, in [0, 1).")
+@click.option("--phoenix-overhead-s", type=float, default=0.0, show_default=True,
+              help="PHOENIX overhead per fault C_overhead^PHOENIX (Eq. 5), seconds; the paper measures ~0.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--plot", "plot_path", type=str, default=None, help="Also write eta against MTTF to FILE.png.")
+def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, ckpt_overhead_s, hotswap_s, phi, phoenix_overhead_s,
+                   as_json, plot_path):
+    """Disruption per fault and efficiency of checkpoint-restart and PHOENIX (Eqs. 1-5).
+
+    C_ckpt = C_overhead + restart + t_step (K-1)/2; C_PHOENIX = C_overhead^PHOENIX + hot swap + t_step phi;
+    eta = MTTF / (MTTF + C).
+    """
+    from phoenix_hpc.model import analytic, plots
+
+    if plot_path:
+        plots.check_target(plot_path)
+    rep = analytic.compare_schemes(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart_s,
+                                   ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap_s, phi=phi,
+                                   phoenix_overhead_s=phoenix_overhead_s)
+    out = rep.to_dict()
+    out["inputs"] = dict(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart_s,
+                         ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap_s, phi=phi,
+                         phoenix_overhead_s=phoenix_overhead_s)
+    if plot_path:
+        out["plot"] = str(plots.efficiency_vs_mttf(plot_path, mttf_s, rep.checkpoint_restart.disruption_s,
+                                                   rep.phoenix.disruption_s))
+    if as_json:
+        _emit_json(out)
+        return
+    t = _table(f"Disruption per fault at MTTF {mttf_s:g} s (lambda = {rep.failure_rate_per_s:.3g}/s)",
+               "scheme", "overhead s", "recovery s", "replay s", "C per fault s", "eta")
+    for name, s in (("ckpt-restart Eq.2", rep.checkpoint_restart), ("PHOENIX Eq.5", rep.phoenix)):
+        t.add_row(name, _g(s.overhead_s), _g(s.recovery_s), _g(s.replay_s), _g(s.disruption_s), f"{s.efficiency:.3f}")
+    con = _console()
+    con.print(t)
+    con.print(f"E[R] = (K-1)/2 = {rep.expected_replay_steps:g} steps; C_ckpt / C_PHOENIX = "
+              f"{_g(rep.disruption_ratio)}")
+    if plot_path:
+        con.print(f"plot written to {out['plot']}")
+
+
+@model.command("loss-risk")
+@click.option("--shards", type=int, required=True, help="Number D of optimizer shards (DP shards) at risk.")
+@click.option("--p-fail", type=float, default=None,
+              help="Per-node, per-step failure probability p (independent failures).")
+@click.option("--k", "k", type=int, default=1, show_default=True, help="Replication factor k (replicas per shard).")
+@click.option("--steps", type=int, required=True, help="Steps in the run, to accumulate the per-step bound.")
+@click.option("--q-domain-fail", type=float, default=None,
+              help="Per-domain, per-step failure probability q (domain-aware placement, correlated failures).")
+@click.option("--interruption-interval-s", type=float, default=None,
+              help="Derive p instead: mean time between system interruptions, seconds (with --nodes, --step-s).")
+@click.option("--nodes", type=int, default=None, help="Node count, to derive p.")
+@click.option("--step-s", type=float, default=None, help="Step time in seconds, to derive p.")
+@click.option("--k-max", type=int, default=None, help="Largest k in the table and plot [default: max(k, 3)].")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--plot", "plot_path", type=str, default=None, help="Also write risk against k to FILE.png.")
+def loss_risk_cmd(shards, p_fail, k, steps, q_domain_fail, interruption_interval_s, nodes, step_s, k_max, as_json,
+                  plot_path):
+    """Bound on losing a shard and all its replicas: D p^(k+1) per step (Eq. 6), accumulated over the run.
+
+    "Over the run" is the union bound steps x per-step (as published); the value for independent steps,
+    1 - (1 - P)^steps, is given beside it.
+    """
+    from phoenix_hpc.model import analytic, plots
+    from phoenix_hpc.model import validate as v
+
+    if plot_path:
+        plots.check_target(plot_path)
+    derive = [x is not None for x in (interruption_interval_s, nodes, step_s)]
+    p_source = "given"
+    if any(derive):
+        if p_fail is not None:
+            raise ModelError("--p-fail: give either --p-fail or --interruption-interval-s with --nodes and "
+                             "--step-s, not both")
+        if not all(derive):
+            raise ModelError("--interruption-interval-s, --nodes and --step-s: all three are needed to derive "
+                             "--p-fail")
+        p_fail = analytic.per_step_failure_prob(interruption_interval_s, nodes, step_s)
+        p_source = "derived: 1 - exp(-step_s / (interruption_interval_s * nodes))"
+    if p_fail is None and q_domain_fail is None:
+        raise ModelError("--p-fail: missing; give --p-fail, --q-domain-fail, or --interruption-interval-s with "
+                         "--nodes and --step-s")
+    kk = v.integer_at_least("k", k, 0)
+    k_max = max(kk, 3) if k_max is None else v.integer_at_least("k_max", k_max, kk)
+    out: dict = {"shards": shards, "k": kk, "steps": steps}
+    plot_rows = []
+    models = []
+    if p_fail is not None:
+        models.append(("independent", "p_fail", p_fail, "D * p^(k+1) (Eq. 6)", p_source))
+    if q_domain_fail is not None:
+        v.probability("q_domain_fail", q_domain_fail)
+        models.append(("domain_aware", "q_domain_fail", q_domain_fail,
+                       "D * q^(k+1) (Eq. 6 with q, k+1 distinct failure domains)", "given"))
+    for key, name, prob, formula, source in models:
+        risks = [analytic.loss_risk(shards, prob, j, steps) for j in range(k_max + 1)]
+        here = risks[kk]
+        out[key] = {name: prob, "source": source, "formula": formula, **here.to_dict(),
+                    "by_k": [r.to_dict() for r in risks]}
+        plot_rows.append((f"{key} ({name} = {prob:.3g})", list(range(k_max + 1)),
+                          [r.over_run_union_bound for r in risks]))
+    if plot_path:
+        out["plot"] = str(plots.loss_risk_vs_k(plot_path, plot_rows, steps))
+    if as_json:
+        _emit_json(out)
+        return
+    con = _console()
+    for key, name, prob, formula, source in models:
+        t = _table(f"{key}: {formula}, D = {shards}, {name} = {prob:.3g} ({source})",
+                   "k", "per step", f"over {steps} steps (union bound)", "over run (independent steps)")
+        for r in out[key]["by_k"]:
+            mark = " <" if r["k"] == kk else ""
+            t.add_row(f"{r['k']}{mark}", _g(r["per_step"], 3), _g(r["over_run_union_bound"], 3),
+                      _g(r["over_run_independent_steps"], 3))
+        con.print(t)
+    if plot_path:
+        con.print(f"plot written to {out['plot']}")
+
+
+@model.command("simulate")
+@click.option("--mttf-s", type=float, required=True, help="System MTTF (mean time between faults), seconds.")
+@click.option("--step-s", type=float, required=True, help="Step time, seconds.")
+@click.option("--steps", type=int, required=True, help="Steps in the training campaign.")
+@click.option("--ckpt-every", type=int, required=True, help="Checkpoint interval K, steps.")
+@click.option("--restart-s", type=str, required=True,
+              help="Checkpoint-restart time per fault: 600, const:600, normal:M,SD, lognormal:M,SD, "
+                   "uniform:LO,HI, exp:M (seconds).")
+@click.option("--hotswap-s", type=str, default=None, help="PHOENIX hot-swap time per fault, same forms.")
+@click.option("--hotswap-journal", type=str, multiple=True,
+              help="Instead of --hotswap-s: resample total_s of recovery_done records of these run directories "
+                   "or journal.jsonl files (repeatable).")
+@click.option("--ckpt-overhead-s", type=float, default=0.0, show_default=True,
+              help="Checkpoint overhead charged per fault (Eq. 2), seconds.")
+@click.option("--ckpt-write-s", type=float, default=0.0, show_default=True,
+              help="Wall time of each checkpoint write (every K steps), seconds.")
+@click.option("--phoenix-overhead-s", type=float, default=0.0, show_default=True,
+              help="PHOENIX overhead charged per fault (Eq. 5), seconds.")
+@click.option("--arrivals", type=str, default="poisson", show_default=True,
+              help="Fault arrivals: poisson, or weibull:SHAPE (bursty for SHAPE < 1), same mean MTTF.")
+@click.option("--fault-clock", type=str, default="wall", show_default=True,
+              help="wall: faults also strike during restarts and replay; progress: only during new progress "
+                   "(the assumption of Eq. 4).")
+@click.option("--trials", type=int, default=1000, show_default=True, help="Number of simulated campaigns.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random generators.")
+@click.option("--max-faults", type=int, default=1_000_000, show_default=True,
+              help="Stop a trial after this many faults (it is then reported as unfinished).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--plot", "plot_path", type=str, default=None, help="Also write a lost-time histogram to FILE.png.")
+def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswap_journal, ckpt_overhead_s,
+                 ckpt_write_s, phoenix_overhead_s, arrivals, fault_clock, trials, seed, max_faults, as_json,
+                 plot_path):
+    """Monte Carlo over whole campaigns: mean and 95 % CI of lost time, eta, and the ckpt/PHOENIX ratio."""
+    from phoenix_hpc.model import analytic, dist, journal, montecarlo, plots
+
+    if plot_path:
+        plots.check_target(plot_path)
+    restart = dist.parse_dist("restart_s", restart_s)
+    if hotswap_journal and hotswap_s is not None:
+        raise ModelError("--hotswap-s: give either --hotswap-s or --hotswap-journal, not both")
+    if hotswap_journal:
+        samples = [x for j in hotswap_journal for x in journal.read_recoveries(j)]
+        hotswap = dist.empirical(samples, ", ".join(hotswap_journal))
+    elif hotswap_s is not None:
+        hotswap = dist.parse_dist("hotswap_s", hotswap_s)
+    else:
+        raise ModelError("--hotswap-s: missing; give --hotswap-s or --hotswap-journal")
+    camp = montecarlo.Campaign(
+        mttf_s=mttf_s, step_s=step_s, steps=steps, ckpt_every=ckpt_every, restart=restart, hotswap=hotswap,
+        ckpt_overhead_s=ckpt_overhead_s, phoenix_overhead_s=phoenix_overhead_s, ckpt_write_s=ckpt_write_s,
+        arrivals=montecarlo.parse_arrivals(arrivals), fault_clock=fault_clock, trials=trials, seed=seed,
+        max_faults=max_faults)
+    ck, px = montecarlo.run_trials(camp)
+    res = montecarlo.summarise(camp, ck, px)
+    ref = analytic.compare_schemes(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart.mean_s,
+                                   ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap.mean_s, phi=0.5,
+                                   phoenix_overhead_s=phoenix_overhead_s)
+    out = res.to_dict()
+    out["inputs"] = {"restart_s": restart.label, "hotswap_s": hotswap.label, "ckpt_every": ckpt_every,
+                     "mttf_s": mttf_s, "step_s": step_s, "steps": steps, "ckpt_overhead_s": ckpt_overhead_s,
+                     "ckpt_write_s": ckpt_write_s, "phoenix_overhead_s": phoenix_overhead_s}
+    out["analytic_eq4"] = {"checkpoint_restart_efficiency": ref.checkpoint_restart.efficiency,
+                           "phoenix_efficiency": ref.phoenix.efficiency,
+                           "checkpoint_restart_disruption_s": ref.checkpoint_restart.disruption_s,
+                           "phoenix_disruption_s": ref.phoenix.disruption_s}
+    if plot_path:
+        out["plot"] = str(plots.lost_time_histogram(plot_path, ck.lost_s, px.lost_s))
+    if as_json:
+        _emit_json(out)
+        return
+    con = _console()
+    t = _table(f"{trials} campaigns of {steps} steps x {step_s:g} s = {res.campaign_s / 3600:.1f} h of training; "
+               f"MTTF {mttf_s:g} s, arrivals {res.arrivals}, fault clock {res.fault_clock}; mean [95 % CI]",
+               "per campaign", "checkpoint-restart", "PHOENIX")
+    ck_s, px_s = res.checkpoint_restart, res.phoenix
+
+    def ci(e, scale=1.0, fmt=".2f"):
+        return f"{e.mean / scale:{fmt}} [{e.low / scale:{fmt}}, {e.high / scale:{fmt}}]"
+
+    t.add_row("lost time, h", ci(ck_s.lost_s, 3600), ci(px_s.lost_s, 3600))
+    t.add_row("efficiency eta", ci(ck_s.efficiency, fmt=".4f"), ci(px_s.efficiency, fmt=".4f"))
+    t.add_row("faults", ci(ck_s.faults, fmt=".1f"), ci(px_s.faults, fmt=".1f"))
+    t.add_row("lost s per fault", _g(ck_s.cost_per_fault_s), _g(px_s.cost_per_fault_s))
+    t.add_row("  downtime, h", f"{ck_s.downtime_s / 3600:.2f}", f"{px_s.downtime_s / 3600:.2f}")
+    t.add_row("  replayed compute, h", f"{ck_s.replay_s / 3600:.2f}", f"{px_s.replay_s / 3600:.2f}")
+    t.add_row("  checkpoint writes, h", f"{ck_s.write_s / 3600:.2f}", "-")
+    t.add_row("eta by Eq. 4 (means)", f"{ref.checkpoint_restart.efficiency:.4f}", f"{ref.phoenix.efficiency:.4f}")
+    con.print(t)
+    r = res.lost_ratio
+    con.print(f"lost time checkpoint-restart / PHOENIX: {_g(r.mean)} (95 % CI {_g(r.low)} - {_g(r.high)})")
+    for name, s in (("checkpoint-restart", res.checkpoint_restart), ("PHOENIX", res.phoenix)):
+        if s.unfinished_trials:
+            con.print(f"[yellow]{name}: {s.unfinished_trials} trial(s) hit --max-faults {max_faults}; their lost "
+                      "time is a lower bound[/yellow]")
+    if plot_path:
+        con.print(f"plot written to {out['plot']}")
+
+
+@model.command("fit")
+@click.option("--csv", "csv_path", type=str, default=None, help="CSV with a header and columns gpus,seconds.")
+@click.option("--journal", type=str, multiple=True,
+              help="Run directory or journal.jsonl of a run (repeatable; pair each with a --gpus).")
+@click.option("--gpus", type=int, multiple=True, help="GPU count of the run of the matching --journal.")
+@click.option("--phase", type=str, default="total", show_default=True,
+              help="Journal time to fit: total (total_s) or a phase: detect, reconfigure, params, optimizer, "
+                   "replay.")
+@click.option("--target-gpus", type=int, multiple=True, help="Sizes to extrapolate to [default: 10000, 100000].")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--plot", "plot_path", type=str, default=None, help="Also write the fit to FILE.png.")
+def fit_cmd(csv_path, journal, gpus, phase, target_gpus, as_json, plot_path):
+    """Fit recovery time against GPU count (constant, linear, log, power), rank by AICc, extrapolate."""
+    from phoenix_hpc.model import fit, plots
+    from phoenix_hpc.model import journal as jr
+
+    if plot_path:
+        plots.check_target(plot_path)
+    if csv_path and (journal or gpus):
+        raise ModelError("--csv: give either --csv or --journal/--gpus pairs, not both")
+    if csv_path:
+        xs, ys = fit.read_csv(csv_path)
+    elif journal:
+        if len(journal) != len(gpus):
+            raise ModelError(f"--gpus: {len(gpus)} value(s) for {len(journal)} --journal(s) is not allowed; give "
+                             "one --gpus per --journal, in the same order")
+        xs, ys = [], []
+        for path, n in zip(journal, gpus):
+            vals = jr.read_recoveries(path, phase)
+            if not vals:
+                raise ModelError(f"--journal: {path!r} is not allowed; it holds no recovery_done record")
+            xs += [n] * len(vals)
+            ys += vals
+    else:
+        raise ModelError("--csv: missing; give --csv FILE or --journal DIR --gpus N pairs")
+    res = fit.fit_scaling(xs, ys, tuple(target_gpus) or fit.DEFAULT_TARGETS)
+    out = res.to_dict()
+    if plot_path:
+        out["plot"] = str(plots.scaling_fit(plot_path, xs, ys, res))
+    if as_json:
+        _emit_json(out)
+        return
+    con = _console()
+    t = _table(f"{res.points} measurements at {len(res.sizes)} sizes ({', '.join(map(str, res.sizes))} GPUs), "
+               f"ranked by {res.criterion}", "law", "t(n), seconds", "R^2", "RMSE s", f"delta {res.criterion}",
+               "weight")
+    for lf in res.laws:
+        params = ", ".join(f"{k}={_g(x)}" for k, x in lf.params.items())
+        t.add_row(lf.law, f"{lf.formula}; {params}", _g(lf.r2, 3), _g(lf.rmse_s, 3), f"{lf.delta:.2f}",
+                  f"{lf.weight:.3f}")
+    con.print(t)
+    tg = [p.gpus for p in res.laws[0].predictions]
+    e = _table("Extrapolation, seconds [95 % prediction interval within the law]", "law",
+               *[f"{n} GPUs" for n in tg])
+    for lf in res.laws:
+        e.add_row(lf.law, *[f"{p.seconds:.1f} [{p.low:.1f}, {p.high:.1f}]" for p in lf.predictions])
+    con.print(e)
+    con.print(f"best: {res.best}; {res.criterion} lower by {res.delta_runner_up:.2f} than {res.runner_up} "
+              f"(evidence ratio {_g(res.evidence_ratio, 3)}). Intervals are within one law; the spread between "
+              "laws is the model uncertainty.")
+    if plot_path:
+        con.print(f"plot written to {out['plot']}")
