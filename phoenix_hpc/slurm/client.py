@@ -1,0 +1,168 @@
+"""Job-side Slurm access: the one module that talks to Slurm (through :func:`phoenix_hpc.slurm.run.run_slurm`).
+
+Operations: ``sbatch --parsable``, ``squeue --json``, ``scontrol show job/node/step/topology`` (their
+``key=value`` text, parsed here: Slurm 22.05 has no ``scontrol --json``, that needs 23.02+),
+``scontrol show hostnames``, ``scontrol write batch_script``, ``scancel``.
+
+Backend choice: pyslurm is to be used only when it is importable and built for the installed Slurm's
+major.minor release (:func:`choose_backend`, pure). PyPI's pyslurm targets Slurm 25.11 while Debian 12 ships
+22.05, so on such systems the commands are used; this client implements the command path only, and
+:meth:`SlurmClient.backend` reports which one the selection picked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from phoenix_hpc.errors import SlurmError
+from phoenix_hpc.slurm.run import run_slurm
+
+Runner = Callable[..., Any]
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_:/.\-]*$")
+
+
+def parse_version(text: str | None) -> tuple[int, int] | None:
+    """``"slurm 22.05.8"`` / ``"22.5.0"`` -> ``(22, 5)``; ``None`` when no version is found."""
+    if not text:
+        return None
+    m = _VERSION.search(text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def choose_backend(pyslurm_version: str | None, slurm_version: str | None) -> Literal["pyslurm", "commands"]:
+    """``"pyslurm"`` when pyslurm is importable (``pyslurm_version`` not None) and its major.minor equals the
+    installed Slurm's (pyslurm numbers releases after Slurm: 22.5.x for Slurm 22.05, 25.11.x for 25.11);
+    otherwise ``"commands"``."""
+    a, b = parse_version(pyslurm_version), parse_version(slurm_version)
+    return "pyslurm" if a is not None and a == b else "commands"
+
+
+def parse_key_values(line: str) -> dict[str, str]:
+    """Parse one ``scontrol show ... -o`` record (``Key=value Key2=value with spaces ...``) into a dict.
+
+    A whitespace-separated token without ``=`` (or whose key part is not a key) continues the previous value,
+    so values with spaces (``JobName=my job``) survive. Values keep everything after the first ``=``.
+    """
+    out: dict[str, str] = {}
+    last: str | None = None
+    for tok in line.split():
+        key, eq, val = tok.partition("=")
+        if eq and _KEY.match(key):
+            out[key] = val
+            last = key
+        elif last is not None:
+            out[last] = f"{out[last]} {tok}"
+    return out
+
+
+def parse_records(text: str) -> list[dict[str, str]]:
+    """Each non-empty line of ``scontrol -o`` output as one record."""
+    return [parse_key_values(line) for line in text.splitlines() if line.strip() and "=" in line]
+
+
+def parse_job_id(text: str) -> str:
+    """The job id printed by ``sbatch --parsable`` (``"1234"`` or ``"1234;cluster"``).
+
+    Raises:
+        SlurmError: the output holds no job id.
+    """
+    first = text.strip().splitlines()[-1] if text.strip() else ""
+    job_id = first.split(";")[0].strip()
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch --parsable printed no job id: {text.strip()!r}")
+    return job_id
+
+
+class SlurmClient:
+    """Slurm operations for jobs. ``env`` is added to each command's environment (e.g. the local cluster's
+    ``SLURM_CONF``); ``runner`` defaults to :func:`run_slurm` (tests of parsing may pass another)."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, runner: Runner = run_slurm, timeout_s: float = 60.0):
+        self.env = dict(env or {})
+        self._run = runner
+        self.timeout_s = timeout_s
+
+    def _out(self, args: Sequence[str], check: bool = True) -> str:
+        return self._run(list(args), env=self.env, timeout_s=self.timeout_s, check=check).stdout
+
+    # --- versions / backend ---------------------------------------------------------------------------------
+    def slurm_version(self) -> str | None:
+        """The installed Slurm release, e.g. ``"22.05.8"`` (from ``sbatch --version``); None if unknown."""
+        try:
+            text = self._out(["sbatch", "--version"])
+        except SlurmError:
+            return None
+        m = _VERSION.search(text)
+        return m.group(0) if m else None
+
+    def backend(self) -> Literal["pyslurm", "commands"]:
+        """Which backend :func:`choose_backend` picks on this machine."""
+        try:
+            import pyslurm  # noqa: F401  (optional dependency)
+
+            pv = getattr(pyslurm, "__version__", None)
+        except ImportError:
+            pv = None
+        return choose_backend(pv, self.slurm_version())
+
+    # --- submission / cancel ------------------------------------------------------------------------------
+    def submit(self, script: str | Path, extra_args: Sequence[str] = ()) -> str:
+        """``sbatch --parsable [extra_args] SCRIPT``; returns the job id.
+
+        Raises:
+            SlurmError: sbatch failed (its message is included) or printed no job id.
+        """
+        return parse_job_id(self._out(["sbatch", "--parsable", *extra_args, str(script)]))
+
+    def cancel(self, job_id: str, signal: str | None = None) -> None:
+        """``scancel [--signal=SIG] JOB``."""
+        self._out(["scancel", *([f"--signal={signal}"] if signal else []), str(job_id)])
+
+    # --- reading ------------------------------------------------------------------------------------------
+    def queue(self, job_id: str | None = None) -> list[dict[str, Any]]:
+        """``squeue --json [--jobs=ID]``: the ``jobs`` list (Slurm's JSON objects, works on 22.05)."""
+        args = ["squeue", "--json"] + ([f"--jobs={job_id}"] if job_id else [])
+        text = self._out(args)
+        try:
+            return list(json.loads(text).get("jobs", []))
+        except (json.JSONDecodeError, AttributeError) as exc:
+            raise SlurmError(f"squeue --json printed unreadable output: {exc}") from None
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job -o ID`` as a dict (JobState, NodeList, NumNodes, BatchHost, ...).
+
+        Raises:
+            SlurmError: no such job (Slurm forgets finished jobs after MinJobAge).
+        """
+        recs = parse_records(self._out(["scontrol", "show", "job", "-o", str(job_id)]))
+        if not recs:
+            raise SlurmError(f"scontrol show job {job_id} printed no job")
+        return recs[0]
+
+    def show_nodes(self, nodes: str | None = None) -> list[dict[str, str]]:
+        """``scontrol show node -o [NODES]``: one dict per node (NodeName, State, ...)."""
+        return parse_records(self._out(["scontrol", "show", "node", "-o", *([nodes] if nodes else [])]))
+
+    def show_steps(self, job_id: str) -> list[dict[str, str]]:
+        """``scontrol show step -o JOB``: one dict per step of the job (StepId, State, NodeList, ...)."""
+        text = self._out(["scontrol", "show", "step", "-o", str(job_id)], check=False)
+        return parse_records(text)
+
+    def show_topology(self) -> list[dict[str, str]]:
+        """``scontrol show topology``: one dict per switch (SwitchName, Level, Nodes or Switches); an empty list
+        when the cluster has no topology plugin configured."""
+        text = self._out(["scontrol", "show", "topology"], check=False)
+        return [r for r in parse_records(text) if "SwitchName" in r]
+
+    def hostnames(self, nodelist: str) -> list[str]:
+        """``scontrol show hostnames LIST``: the expanded node names."""
+        return [h for h in self._out(["scontrol", "show", "hostnames", nodelist]).split() if h]
+
+    def batch_script(self, job_id: str) -> str:
+        """The batch script Slurm stored for the job (``scontrol write batch_script JOB -``)."""
+        return self._out(["scontrol", "write", "batch_script", str(job_id), "-"])
