@@ -73,3 +73,276 @@ def all_pp_groups(tp: int, pp: int, dp: int) -> list[list[int]]:
 def all_tp_groups(tp: int, pp: int, dp: int) -> list[list[int]]:
     """Every TP group of the grid, in (pp, dp) order."""
     return [tp_group_ranks(GridCoord(p, d, 0), tp, pp, dp) for p in range(pp) for d in range(dp)]
+
+
+# --- failure domains and replica placement ----------------------------------------------------------------
+#
+# DESIGN.md section 5. A failure-domain model maps every node name to its domain names per level, most
+# specific first, e.g. ``{"node": "nid00001", "switch": "s0", "group": "g0"}``. The caller builds it (from
+# ``scontrol show topology`` text, from each task's ``SLURM_TOPOLOGY_ADDR``, or from a site-profile rule);
+# the functions below only parse text they are given and never read the machine.
+
+import dataclasses as _dc  # noqa: E402  (kept with the section that uses it)
+from collections.abc import Mapping as _Mapping, Sequence as _Sequence  # noqa: E402
+
+from phoenix_hpc.errors import ReplicationError  # noqa: E402
+
+DomainMap = _Mapping[str, _Mapping[str, str]]
+"""node name -> {level name -> domain name at that level}; the ``node`` level may be omitted (it is the
+node name itself)."""
+
+DEFAULT_SWITCH_LEVELS = ("switch", "group")
+"""Level names given to switch tiers, leaf tier first, when a parser is not told otherwise: on a two-tier
+tree the leaf switch is ``switch`` and the tier above it ``group`` (a dragonfly group on Perlmutter, a spine
+on Vista's fat tree). Deeper tiers are named ``tier2``, ``tier3``, ..."""
+
+
+def _switch_level_names(n: int, names: _Sequence[str]) -> list[str]:
+    return [names[i] if i < len(names) else f"tier{i}" for i in range(n)]
+
+
+def parse_topology_addr(
+    addr: str, pattern: str, switch_levels: _Sequence[str] = DEFAULT_SWITCH_LEVELS
+) -> dict[str, str]:
+    """Failure domains of one node from ``SLURM_TOPOLOGY_ADDR`` and ``SLURM_TOPOLOGY_ADDR_PATTERN``.
+
+    Slurm (topology/tree, srun(1) "OUTPUT ENVIRONMENT VARIABLES") sets ``SLURM_TOPOLOGY_ADDR`` to the
+    dot-separated names of the switches from the top of the tree down to the leaf, ending with the node
+    name, and ``SLURM_TOPOLOGY_ADDR_PATTERN`` to the matching component kinds, e.g. ``switch.switch.node``.
+    Without a tree topology both are just the node name and ``node``.
+
+    Returns ``{"node": <node>, <leaf tier name>: <leaf switch>, <next tier name>: ...}``; tier names come
+    from ``switch_levels`` leaf first (default :data:`DEFAULT_SWITCH_LEVELS`).
+
+    Raises:
+        ReplicationError: the two strings have different numbers of components, the pattern's last
+            component is not ``node``, or a component is empty.
+    """
+    parts, kinds = addr.strip().split("."), pattern.strip().split(".")
+    if len(parts) != len(kinds) or kinds[-1] != "node" or any(not p for p in parts):
+        raise ReplicationError(
+            f"cannot parse SLURM_TOPOLOGY_ADDR={addr!r} with SLURM_TOPOLOGY_ADDR_PATTERN={pattern!r}: "
+            "expected the same number of dot-separated components, the last one of kind 'node'"
+        )
+    switches = [p for p, k in zip(parts[:-1], kinds[:-1])][::-1]  # leaf first
+    out = {"node": parts[-1]}
+    out.update(zip(_switch_level_names(len(switches), switch_levels), switches))
+    return out
+
+
+def parse_scontrol_topology(
+    text: str, switch_levels: _Sequence[str] = DEFAULT_SWITCH_LEVELS
+) -> dict[str, dict[str, str]]:
+    """Failure domains of every node from the text of ``scontrol show topology``.
+
+    Each line describes a switch, e.g. ``SwitchName=s0 Level=0 LinkSpeed=1 Nodes=nid[00001-00003]``; a
+    switch of level L contains the nodes listed on its line (Slurm lists, for upper tiers too, every node
+    below them). Level L is named ``switch_levels[L]``. Node host lists are expanded with python-hostlist.
+
+    Returns node name -> ``{"node": name, <level name>: switch name, ...}``. Raises ReplicationError on a
+    line without ``SwitchName``/``Level`` or with a host list that cannot be expanded.
+    """
+    import hostlist
+
+    out: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if not fields:
+            continue
+        try:
+            name, level = fields["SwitchName"], int(fields["Level"])
+            nodes = hostlist.expand_hostlist(fields["Nodes"]) if fields.get("Nodes") else []
+        except (KeyError, ValueError, hostlist.BadHostlist) as e:
+            raise ReplicationError(f"cannot parse 'scontrol show topology' line {line.strip()!r}: {e}") from e
+        level_name = _switch_level_names(level + 1, switch_levels)[level]
+        for node in nodes:
+            out.setdefault(node, {"node": node})[level_name] = name
+    return out
+
+
+def node_of_rank_blocked(node_names: _Sequence[str], ranks_per_node: int) -> list[str]:
+    """Node name of every logical rank when ranks fill nodes in order, ``ranks_per_node`` per node (what a
+    block-distributed ``srun --ntasks-per-node=G`` over ``node_names`` gives at generation 0)."""
+    if ranks_per_node < 1:
+        raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
+    return [n for n in node_names for _ in range(ranks_per_node)]
+
+
+@_dc.dataclass(frozen=True, order=True)
+class ReplicaPlacement:
+    """One replica: ``holder_rank`` keeps a copy of the optimizer shard ``shard_id`` owned by
+    ``owner_rank`` (logical ranks of the generation the placement was made for). ``index`` is the
+    replica's number (0..k-1) for that shard; ``distinct_at`` is the most general level at which the holder
+    is in a different domain than the owner and than the holders chosen before it."""
+
+    shard_id: str
+    index: int
+    owner_rank: int
+    holder_rank: int
+    owner_node: str
+    holder_node: str
+    distinct_at: str
+
+
+@_dc.dataclass(frozen=True)
+class Placement:
+    """A full replica placement: ``replicas`` in (shard, index) order and human-readable ``warnings``
+    (empty when every shard's holders are spread at the most general requested level)."""
+
+    k: int
+    levels: tuple[str, ...]
+    replicas: tuple[ReplicaPlacement, ...]
+    warnings: tuple[str, ...]
+
+    def holders_of(self, owner_rank: int) -> list[ReplicaPlacement]:
+        """Replicas of the shard owned by ``owner_rank``, by index."""
+        return [r for r in self.replicas if r.owner_rank == owner_rank]
+
+    def held_by(self, holder_rank: int) -> list[ReplicaPlacement]:
+        """Replicas that ``holder_rank`` keeps for others, in shard order."""
+        return [r for r in self.replicas if r.holder_rank == holder_rank]
+
+    def load(self) -> dict[int, int]:
+        """Number of replicas each logical rank holds (every rank of the grid appears, possibly with 0)."""
+        ranks = {r.owner_rank for r in self.replicas} | {r.holder_rank for r in self.replicas}
+        counts = dict.fromkeys(sorted(ranks), 0)
+        for r in self.replicas:
+            counts[r.holder_rank] += 1
+        return counts
+
+
+def _domain_key(node: str, level_idx: int, levels: _Sequence[str], domains: DomainMap | None) -> tuple:
+    """Identity of ``node``'s domain at ``levels[level_idx]``: the domain names from that level up to the
+    most general one (so equal switch names under different groups stay distinct)."""
+    key = []
+    for lv in levels[level_idx:]:
+        if lv == "node":
+            key.append(node)
+            continue
+        name = (domains or {}).get(node, {}).get(lv)
+        if name is None:
+            raise ReplicationError(
+                f"no '{lv}' failure domain known for node {node!r}; placement_levels asks for {list(levels)} "
+                "(give the site's topology, or drop the level)"
+            )
+        key.append(name)
+    return tuple(key)
+
+
+def place_replicas(
+    tp: int,
+    pp: int,
+    dp: int,
+    k: int,
+    node_of_rank: _Sequence[str],
+    domains: DomainMap | None = None,
+    levels: _Sequence[str] = ("node", "switch"),
+) -> Placement:
+    """Choose ``k`` holders for every optimizer shard (DESIGN.md section 5).
+
+    For the shard of ``(pp, tp, dp=i)`` (logical id ``opt/pp{pp}/tp{tp}/dp{i}``) the candidates are its DP
+    peers ``(pp, tp, dp=j), j != i`` not on the owner's node, in DP-ring order ``i+1, i+2, ...`` (mod dp).
+    Holders are picked one at a time (greedy); each pick prefers, in this order: a candidate holding fewer
+    than ``2k`` replicas so far (a memory bound: host memory grows with the replicas held); one in a
+    different domain from the owner and from the holders already picked at the most general level possible
+    (``levels`` runs from most specific, ``node``, to most general, e.g. ``group``); one holding fewer
+    than ``k``; the nearest on the ring. With no domain constraint this is the plain ring: shard i goes to
+    i+1..i+k and every rank holds exactly k. With constraints, a rank holds at most ``2k`` replicas unless
+    the nodes leave no other choice; :meth:`Placement.load` gives the per-rank count.
+
+    Args:
+        tp, pp, dp: grid sizes (logical ranks in Megatron order, see :func:`rank_of`).
+        k: replicas per shard (>= 1).
+        node_of_rank: node name of every logical rank (length ``tp*pp*dp``).
+        domains: failure-domain model (:data:`DomainMap`) covering every level of ``levels`` other than
+            ``node`` for every node; may be ``None`` when ``levels == ("node",)``.
+        levels: failure-domain levels, most specific first; must start with ``node``.
+
+    Returns:
+        A :class:`Placement`; its ``warnings`` say, per most-general-level reached, how many shards could
+        not get k holders in distinct domains at the most general level (with example shard ids).
+
+    Raises:
+        ReplicationError: ``k < 1``; ``levels`` does not start with ``node``; a node lacks a requested
+            domain level; or a shard's DP peers on other nodes span fewer than ``k`` distinct nodes
+            (e.g. ``k >= dp``, or all DP peers on the owner's node as with tp=1 and dp <= GPUs per node).
+    """
+    levels = tuple(levels)
+    n = world_size_of(tp, pp, dp)
+    if not isinstance(k, int) or k < 1:
+        raise ReplicationError(f"resilience.k must be an int >= 1, got {k!r}")
+    if not levels or levels[0] != "node" or len(set(levels)) != len(levels):
+        raise ReplicationError(
+            f"resilience.placement_levels must start with 'node' (most specific first) and have no "
+            f"repeats, got {list(levels)}"
+        )
+    if len(node_of_rank) != n:
+        raise ReplicationError(f"node_of_rank has {len(node_of_rank)} entries, the grid has {n} ranks")
+    top = len(levels) - 1
+    keys = {
+        r: tuple(_domain_key(node_of_rank[r], li, levels, domains) for li in range(len(levels)))
+        for r in range(n)
+    }
+    load = dict.fromkeys(range(n), 0)
+    replicas: list[ReplicaPlacement] = []
+    shortfall: dict[str, list[str]] = {}
+    for p in range(pp):
+        for t in range(tp):
+            for i in range(dp):
+                owner = rank_of(GridCoord(p, i, t), tp, pp, dp)
+                shard = GridCoord(p, i, t).shard_prefix()
+                ring = [rank_of(GridCoord(p, (i + s) % dp, t), tp, pp, dp) for s in range(1, dp)]
+                cands = [r for r in ring if keys[r][0] != keys[owner][0]]
+                other_nodes = {node_of_rank[r] for r in cands}
+                if len(other_nodes) < k:
+                    raise ReplicationError(
+                        f"shard {shard} (rank {owner} on node {node_of_rank[owner]}) cannot get k={k} replicas "
+                        f"on distinct nodes: its {dp - 1} DP peers are on {len(other_nodes)} other node(s) "
+                        f"{sorted(other_nodes)}; lower resilience.k, raise dp, or spread DP peers over "
+                        "more nodes (e.g. tp>1 so that a node holds one rank per DP group)"
+                    )
+                chosen: list[int] = []
+                worst = top
+                for idx in range(k):
+                    best = None
+                    for dist, c in enumerate(cands):
+                        if c in chosen:
+                            continue
+                        taken = [keys[owner]] + [keys[h] for h in chosen]
+                        # most general level where c differs from the owner and every chosen holder
+                        lvl = max(
+                            (li for li in range(len(levels)) if all(keys[c][li] != tk[li] for tk in taken)),
+                            default=-1,
+                        )
+                        if lvl < 0:
+                            continue  # same node as a chosen holder
+                        score = (load[c] < 2 * k, lvl, load[c] < k, -dist)
+                        if best is None or score > best[0]:
+                            best = (score, c)
+                    assert best is not None  # guaranteed by the distinct-node count check above
+                    (_, lvl, _, _), holder = best
+                    worst = min(worst, lvl)
+                    chosen.append(holder)
+                    load[holder] += 1
+                    replicas.append(
+                        ReplicaPlacement(
+                            shard_id=shard,
+                            index=idx,
+                            owner_rank=owner,
+                            holder_rank=holder,
+                            owner_node=node_of_rank[owner],
+                            holder_node=node_of_rank[holder],
+                            distinct_at=levels[lvl],
+                        )
+                    )
+                if worst < top:
+                    shortfall.setdefault(levels[worst], []).append(shard)
+    warnings = []
+    for lv, shards in sorted(shortfall.items(), key=lambda x: levels.index(x[0])):
+        ex = ", ".join(shards[:3]) + (", ..." if len(shards) > 3 else "")
+        warnings.append(
+            f"{len(shards)} of {pp * tp * dp} shards cannot have the owner and its k={k} replica(s) in distinct "
+            f"'{levels[top]}' domains; they are distinct only down to '{lv}' ({ex}); a single '{levels[top]}' "
+            "failure can lose such a shard"
+        )
+    return Placement(k=k, levels=levels, replicas=tuple(replicas), warnings=tuple(warnings))
