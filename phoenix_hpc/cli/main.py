@@ -17,6 +17,7 @@ from phoenix_hpc.errors import PhoenixError
 
 # name -> "module:attribute" of a click command or group.
 SUBCOMMANDS: dict[str, str] = {
+    "submit": "phoenix_hpc.cli.submit:submit",
     "cluster": "phoenix_hpc.cli.cluster:cluster",
     "data": "phoenix_hpc.cli.data:data",
     "model": "phoenix_hpc.cli.model:model",

@@ -7,7 +7,9 @@ submitting process. Checks (all problems are collected and raised together in on
 - grid: ``tp x pp x dp = nodes x GPUs per node`` (dp derived when omitted);
 - batch: ``global_batch_size`` is a multiple of ``micro_batch_size x dp``;
 - resilience (mode ``phoenix``): ``k < dp`` (each shard's k holders are DP peers other than the owner);
-  ``placement_levels`` are levels of the site's failure-domain model; a warning when ``spares == 0``;
+  ``placement_levels`` are levels of the site's failure-domain model; every shard can get k holders on
+  nodes other than its owner's (:func:`phoenix_hpc.topology.place_replicas` at node level over the
+  generation-0 layout); a warning when ``spares == 0``;
 - scheduler: QOS / partition known to the profile; ``nodes + spares`` within the site, QOS and partition node
   limits; ``time_limit`` a valid Slurm time within the QOS / partition limit; values that go on ``#SBATCH``
   lines use a safe charset; node pinning (``-w``/``-x``) only where the site allows it;
@@ -19,9 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from phoenix_hpc.config.schema import JobConfig
-from phoenix_hpc.errors import ConfigError
+from phoenix_hpc.errors import ConfigError, ReplicationError
 from phoenix_hpc.profiles.model import SBATCH_SAFE, SiteProfile
 from phoenix_hpc.profiles.slurm_time import format_slurm_time, parse_slurm_time
+from phoenix_hpc.topology import node_of_rank_blocked, place_replicas
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,21 @@ def _grid(cfg: JobConfig, gpn: int, problems: list[str]) -> int | None:
         )
         return None
     return dp
+
+
+def _placement_problems(cfg: JobConfig, gpn: int, dp: int) -> list[str]:
+    """Node-level feasibility of replica placement at generation 0 (ranks fill nodes in order, ``gpn`` per
+    node, as a block-distributed srun gives): every shard needs k holders on nodes other than its owner's.
+    Levels above ``node`` depend on which nodes Slurm picks and are checked when the job starts."""
+    nodes = [f"node{i}" for i in range(cfg.resources.nodes)]
+    try:
+        place_replicas(
+            cfg.parallelism.tp, cfg.parallelism.pp, dp, cfg.resilience.k,
+            node_of_rank_blocked(nodes, gpn), domains=None, levels=("node",),
+        )
+    except ReplicationError as exc:
+        return [f"resilience.k: {exc}"]
+    return []
 
 
 def _limit_checks(label: str, limits, total_nodes: int, nodes: int, spares: int, time_s: int | None,
@@ -155,6 +173,13 @@ def resolve(
                 f"resilience.placement_levels: {unknown} are not failure-domain levels of site {profile.name} "
                 f"(allowed: {profile.failure_domains.levels})"
             )
+        if dp is not None and 1 <= rz.k < dp and not unknown:
+            problems += _placement_problems(cfg, gpn, dp)
+            if len(rz.placement_levels) > 1 and profile.failure_domains.source == "none":
+                warnings.append(
+                    f"resilience.placement_levels {rz.placement_levels}: site {profile.name} has no failure-domain "
+                    "source (failure_domains.source: none), so replicas can only be spread over nodes"
+                )
     if rz.enabled and res.spares == 0:
         warnings.append(
             "resources.spares is 0 with resilience enabled: a node loss cannot be hot-swapped and falls back to "

@@ -1,0 +1,174 @@
+"""``phoenix submit``: validate a job config against a site, render the sbatch script, record the run, submit.
+
+Exit codes: 0 submitted (or printed, with ``--dry-run``); 2 bad input (unknown site, malformed YAML, wrong
+types, impossible grid, limits exceeded, sbatch refused the job) with a message naming the field.
+
+Files written into the run directory (mode 0700; each file written to a temporary name and renamed, and
+removed again if sbatch refuses the job): ``job.sbatch`` (the script), ``config.yaml`` (the resolved config,
+loadable with :func:`phoenix_hpc.config.load_job_config`) and, once submitted, ``job.json``
+(``{"job_id", "site", "submitted_at"}``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import yaml
+
+from phoenix_hpc.config.load import load_job_config
+from phoenix_hpc.config.resolve import ResolvedJob, resolve
+from phoenix_hpc.errors import SubmitError
+from phoenix_hpc.profiles import load_profile
+from phoenix_hpc.slurm.render import render_sbatch, sbatch_cli_args
+
+SCRIPT_NAME = "job.sbatch"
+CONFIG_NAME = "config.yaml"
+JOB_NAME = "job.json"
+
+
+def default_run_dir(name: str, cwd: Path, now_s: float) -> Path:
+    """``CWD/runs/<name>-<YYYYmmdd-HHMMSS>`` (the name reduced to a safe file name)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:64] or "job"
+    return cwd / "runs" / f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now_s))}"
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same folder and a rename (never half-written)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def resolved_config_yaml(job: ResolvedJob) -> str:
+    """The resolved job config as YAML (what :func:`load_job_config` reads back)."""
+    return yaml.safe_dump(job.config.model_dump(mode="json"), sort_keys=False)
+
+
+def _echo_warnings(job: ResolvedJob) -> None:
+    for w in job.warnings:
+        click.echo(f"warning: {w}", err=True)
+
+
+@click.command("submit")
+@click.option("--site", required=True, metavar="NAME|PATH", help="site profile: a name in sites/ or a YAML file")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--dry-run", is_flag=True, help="print the script; submit nothing and write nothing (except --output)")
+@click.option("--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="also write the script to this file")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="run directory (default: run_dir of the config, else runs/<name>-<timestamp>)")
+@click.option("--python", "python", default=None, help="python on the compute nodes (default: this interpreter)")
+@click.option("--nodelist", default=None, help="sbatch -w hostlist (only where the site allows it)")
+@click.option("--exclude", default=None, help="sbatch -x hostlist (only where the site allows it)")
+@click.option("--json", "as_json", is_flag=True, help="print a JSON object instead of text")
+def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as_json):
+    """Validate CONFIG for a site, render its sbatch script, record the run directory and submit it."""
+    cfg = load_job_config(config)
+    profile = load_profile(site)
+    cwd = Path.cwd()
+    rd = run_dir or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.name, cwd, time.time()))
+    rd = Path(os.path.abspath(cwd / rd))
+    job = resolve(cfg, profile, run_dir=str(rd), default_python=sys.executable, python=python,
+                  nodelist=nodelist, exclude=exclude)
+    script = render_sbatch(job, profile)
+    _echo_warnings(job)
+
+    if output is not None:
+        try:
+            write_atomic(Path(os.path.abspath(output)), script, mode=0o644)
+        except OSError as exc:
+            raise SubmitError(f"--output: cannot write {str(output)!r}: {exc.strerror}") from None
+
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps(_summary(job, None, script), indent=2))
+        else:
+            click.echo(script, nl=False)
+        return
+
+    if (rd / CONFIG_NAME).exists():
+        raise SubmitError(f"run_dir: {str(rd)!r} already holds a job ({CONFIG_NAME}); pass another --run-dir")
+    created: list[Path] = []
+    try:
+        for d in reversed([rd, *rd.parents]):
+            if not d.exists():
+                d.mkdir(mode=0o700)
+                created.append(d)
+        os.chmod(rd, 0o700)
+        write_atomic(rd / CONFIG_NAME, resolved_config_yaml(job))
+        write_atomic(rd / SCRIPT_NAME, script, mode=0o700)
+    except OSError as exc:
+        _undo(rd, created)
+        raise SubmitError(f"run_dir: cannot write {str(rd)!r}: {exc.strerror}") from None
+
+    from phoenix_hpc.slurm.client import SlurmClient
+
+    try:
+        job_id = SlurmClient().submit(rd / SCRIPT_NAME, extra_args=sbatch_cli_args(job))
+    except Exception:
+        _undo(rd, created)
+        raise
+    write_atomic(rd / JOB_NAME, json.dumps({"job_id": job_id, "site": profile.name, "submitted_at": time.time()}))
+    if as_json:
+        click.echo(json.dumps(_summary(job, job_id, None), indent=2))
+    else:
+        _print_submitted(job, job_id)
+
+
+def _undo(rd: Path, created: list[Path]) -> None:
+    """Remove what this submit wrote (the job files, then the folders it created, if empty)."""
+    for name in (SCRIPT_NAME, CONFIG_NAME, JOB_NAME):
+        (rd / name).unlink(missing_ok=True)
+    for d in reversed(created):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
+def _summary(job: ResolvedJob, job_id: str | None, script: str | None) -> dict:
+    out = {
+        "job_id": job_id,
+        "run_dir": job.run_dir,
+        "site": job.site,
+        "name": job.config.name,
+        "nodes": job.nodes,
+        "spares": job.spares,
+        "gpus_per_node": job.gpus_per_node,
+        "grid": {"tp": job.tp, "pp": job.pp, "dp": job.dp},
+        "time_limit": job.time_limit,
+        "warnings": list(job.warnings),
+    }
+    if script is not None:
+        out["script"] = script
+    return out
+
+
+def _print_submitted(job: ResolvedJob, job_id: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("job id", job_id)
+    t.add_row("run dir", job.run_dir)
+    t.add_row("site", job.site)
+    t.add_row("nodes", f"{job.nodes} active + {job.spares} spare, {job.gpus_per_node} slots each")
+    t.add_row("grid", f"tp={job.tp} pp={job.pp} dp={job.dp} ({job.world_size} ranks)")
+    t.add_row("time limit", job.time_limit)
+    console = Console()
+    console.print(f"[green]Submitted[/green] {job.config.name}")
+    console.print(t)
