@@ -199,7 +199,8 @@ def loss_risk_cmd(shards, p_fail, k, steps, q_domain_fail, interruption_interval
 @click.option("--hotswap-s", type=str, default=None, help="PHOENIX hot-swap time per fault, same forms.")
 @click.option("--hotswap-journal", type=str, multiple=True,
               help="Instead of --hotswap-s: resample total_s of recovery_done records of these run directories "
-                   "or journal.jsonl files (repeatable).")
+                   "or journal.jsonl files (repeatable). total_s includes the measured run's replay, which the "
+                   "simulation adds again (at most one step), so PHOENIX's loss is slightly overstated.")
 @click.option("--ckpt-overhead-s", type=float, default=0.0, show_default=True,
               help="Checkpoint overhead charged per fault (Eq. 2), seconds.")
 @click.option("--ckpt-write-s", type=float, default=0.0, show_default=True,

@@ -19,6 +19,11 @@ Mechanics of one fault (progress is tracked in seconds of useful compute):
 
 Lost compute is redone, so wall = W + sum(downtime) + sum(rolled-back compute) + writes.
 
+Per-fault downtimes come from :mod:`phoenix_hpc.model.dist`: a distribution the user gives, or measured
+hot-swap recoveries resampled from PHOENIX journals (their ``total_s``; it includes the measured run's own
+replay phase, which the simulation then adds again as the rolled-back partial step -- a deliberate,
+conservative double count of at most one step per fault).
+
 Fault arrivals (``arrivals``): ``poisson`` -- exponential inter-arrival times of mean MTTF_sys; or
 ``weibull:SHAPE`` -- a bursty renewal process with Weibull inter-arrival times of the same mean (shape < 1
 clusters faults; field studies of HPC systems report shapes of about 0.7-0.8 for time between failures,

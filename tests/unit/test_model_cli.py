@@ -1,0 +1,172 @@
+"""``phoenix model``: JSON output, tables, plots and exit codes (CliRunner), plus the real executable."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from phoenix_hpc.cli.main import cli
+
+EFFICIENCY = ["model", "efficiency", "--mttf-s", "1080", "--step-s", "20", "--ckpt-every", "100", "--restart-s",
+              "600", "--ckpt-overhead-s", "5", "--hotswap-s", "30", "--phi", "0.5", "--json"]
+LOSS_RISK = ["model", "loss-risk", "--shards", "128", "--p-fail", "1e-6", "--k", "1", "--steps", "100000", "--json"]
+SIM = ["model", "simulate", "--mttf-s", "1080", "--step-s", "20", "--steps", "2000", "--ckpt-every", "100",
+       "--restart-s", "normal:600,60", "--trials", "50"]
+
+
+def run(args):
+    return CliRunner().invoke(cli, args)
+
+
+def check_efficiency(d):
+    assert d["checkpoint_restart"]["disruption_s"] == pytest.approx(1595)
+    assert round(d["checkpoint_restart"]["efficiency"], 3) == 0.404
+    assert d["phoenix"]["disruption_s"] == pytest.approx(40)
+    assert round(d["phoenix"]["efficiency"], 3) == 0.964
+    assert d["expected_replay_steps"] == 49.5
+
+
+def check_loss_risk(d):
+    ind = d["independent"]
+    assert ind["per_step"] == pytest.approx(1.28e-10, rel=1e-9)
+    assert ind["over_run_union_bound"] == pytest.approx(1.28e-5, rel=1e-9)
+
+
+def test_efficiency_json():
+    r = run(EFFICIENCY)
+    assert r.exit_code == 0, r.output
+    check_efficiency(json.loads(r.stdout))
+
+
+def test_loss_risk_json_and_domain_aware():
+    r = run(LOSS_RISK)
+    assert r.exit_code == 0, r.output
+    check_loss_risk(json.loads(r.stdout))
+    r = run(["model", "loss-risk", "--shards", "128", "--q-domain-fail", "1e-4", "--k", "1", "--steps", "100000",
+             "--json"])
+    d = json.loads(r.stdout)["domain_aware"]
+    assert d["over_run_union_bound"] == pytest.approx(0.128)
+    assert d["by_k"][2]["over_run_union_bound"] == pytest.approx(1.28e-5)
+
+
+def test_loss_risk_derives_p():
+    r = run(["model", "loss-risk", "--shards", "128", "--k", "1", "--steps", "100000", "--interruption-interval-s",
+             "1080", "--nodes", "25000", "--step-s", "20", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)["independent"]
+    assert 7.3e-7 < d["p_fail"] < 7.5e-7 and d["source"].startswith("derived")
+
+
+def test_tables_and_plots(tmp_path):
+    r = run(EFFICIENCY[:-1] + ["--plot", str(tmp_path / "eta.png")])
+    assert r.exit_code == 0, r.output
+    assert "1595" in r.stdout and "0.964" in r.stdout
+    assert (tmp_path / "eta.png").read_bytes()[:4] == b"\x89PNG"
+    r = run(LOSS_RISK[:-1] + ["--q-domain-fail", "1e-4", "--plot", str(tmp_path / "k.png")])
+    assert r.exit_code == 0, r.output
+    assert "1.28e-10" in r.stdout and "0.128" in r.stdout
+    assert (tmp_path / "k.png").stat().st_size > 1000
+    assert [p.name for p in tmp_path.iterdir()] and not list(tmp_path.glob(".*"))  # no temp files left
+
+
+def test_simulate_json_and_journal(tmp_path):
+    r = run(SIM + ["--hotswap-s", "30", "--json", "--seed", "3"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["trials"] == 50 and d["fault_clock"] == "wall"
+    assert d["lost_ratio"]["mean"] > 1
+    assert d["checkpoint_restart"]["lost_s"]["low"] <= d["checkpoint_restart"]["lost_s"]["mean"]
+    assert json.loads(run(SIM + ["--hotswap-s", "30", "--json", "--seed", "3"]).stdout) == d
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "journal.jsonl").write_text(
+        json.dumps({"ts": 1.0, "event": "recovery_done", "total_s": 25.0,
+                    "phases": {"detect": 2, "reconfigure": 20, "params": 1, "optimizer": 1, "replay": 1},
+                    "steps_replayed": 1}) + "\n")
+    r = run(SIM + ["--hotswap-journal", str(run_dir), "--plot", str(tmp_path / "h.png")])
+    assert r.exit_code == 0, r.output
+    assert "PHOENIX" in r.stdout and (tmp_path / "h.png").exists()
+
+
+def test_fit_csv_and_journals(tmp_path):
+    csv = tmp_path / "s.csv"
+    csv.write_text("gpus,seconds\n32,16.0\n64,17.1\n128,19.9\n256,24.6\n512,29.8\n")
+    r = run(["model", "fit", "--csv", str(csv), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["best"] != "constant" and {x["law"] for x in d["laws"]} == {"constant", "linear", "log", "power"}
+    assert [p["gpus"] for p in d["laws"][0]["predictions"]] == [10000, 100000]
+    r = run(["model", "fit", "--csv", str(csv), "--plot", str(tmp_path / "f.png")])
+    assert r.exit_code == 0 and "best:" in r.stdout and (tmp_path / "f.png").exists()
+    dirs = []
+    for n, ts in ((64, [17.0, 17.4]), (128, [19.8, 20.3]), (512, [29.5, 30.1])):
+        d = tmp_path / f"run{n}"
+        d.mkdir()
+        (d / "journal.jsonl").write_text("".join(
+            json.dumps({"ts": 1.0, "event": "recovery_done", "total_s": t,
+                        "phases": {"detect": 2, "reconfigure": t - 5, "params": 1, "optimizer": 1, "replay": 1},
+                        "steps_replayed": 1}) + "\n" for t in ts))
+        dirs += ["--journal", str(d), "--gpus", str(n)]
+    r = run(["model", "fit", *dirs, "--phase", "reconfigure", "--target-gpus", "4096", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["points"] == 6 and d["sizes"] == [64, 128, 512]
+    assert [p["gpus"] for p in d["laws"][0]["predictions"]] == [4096]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["model", "efficiency", "--mttf-s", "-1080", "--step-s", "20", "--ckpt-every", "100", "--restart-s", "600",
+      "--hotswap-s", "30"], "--mttf-s"),
+    (["model", "efficiency", "--mttf-s", "1080", "--step-s", "20", "--ckpt-every", "0", "--restart-s", "600",
+      "--hotswap-s", "30"], "--ckpt-every"),
+    (["model", "efficiency", "--mttf-s", "1080", "--step-s", "20", "--ckpt-every", "100", "--restart-s", "600",
+      "--hotswap-s", "30", "--phi", "1.5"], "--phi"),
+    (["model", "efficiency", "--mttf-s", "1080", "--step-s", "20", "--ckpt-every", "100", "--restart-s", "600",
+      "--hotswap-s", "30", "--plot", "out.pdf"], "--plot"),
+    (["model", "loss-risk", "--shards", "128", "--p-fail", "2", "--k", "1", "--steps", "100"], "--p-fail"),
+    (["model", "loss-risk", "--shards", "128", "--p-fail", "1e-6", "--k", "-1", "--steps", "100"], "--k"),
+    (["model", "loss-risk", "--shards", "128", "--k", "1", "--steps", "100"], "--p-fail"),
+    (["model", "loss-risk", "--shards", "128", "--q-domain-fail", "-0.1", "--steps", "100"], "--q-domain-fail"),
+    (["model", "loss-risk", "--shards", "128", "--k", "1", "--steps", "100", "--nodes", "4"], "--interruption"),
+    (SIM + ["--hotswap-s", "gamma:3,4"], "--hotswap-s"),
+    (SIM + ["--hotswap-s", "-30"], "--hotswap-s"),
+    (SIM, "--hotswap-s"),
+    (SIM + ["--hotswap-s", "30", "--arrivals", "weibull:-1"], "--arrivals"),
+    (SIM + ["--hotswap-s", "30", "--fault-clock", "gpu"], "--fault-clock"),
+    (SIM + ["--hotswap-journal", "/nonexistent/run"], "--journal"),
+    (["model", "fit"], "--csv"),
+    (["model", "fit", "--journal", "a", "--gpus", "1", "--gpus", "2"], "--gpus"),
+])
+def test_bad_input_exits_2_with_a_message(args, needle):
+    r = run(args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_fit_bad_csv_exits_2(tmp_path):
+    p = tmp_path / "s.csv"
+    p.write_text("gpus,time\n64,17\n")
+    r = run(["model", "fit", "--csv", str(p)])
+    assert r.exit_code == 2 and "missing column(s) seconds" in r.stderr
+    p.write_text("gpus,seconds\n64,17\n128,20\n")
+    r = run(["model", "fit", "--csv", str(p)])
+    assert r.exit_code == 2 and "at least 3" in r.stderr
+
+
+def _phoenix() -> str:
+    exe = Path(sys.executable).parent / "phoenix"
+    assert exe.exists(), f"the phoenix entry point is not installed beside {sys.executable}"
+    return str(exe)
+
+
+@pytest.mark.parametrize("args, check", [(EFFICIENCY, check_efficiency), (LOSS_RISK, check_loss_risk)])
+def test_real_executable(args, check):
+    out = subprocess.run([_phoenix(), *args], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    check(json.loads(out.stdout))
