@@ -81,9 +81,14 @@ def loss_risk_vs_k(path, rows: list[tuple[str, list[int], list[float]]], steps: 
 def lost_time_histogram(path, ckpt_lost_s: np.ndarray, phoenix_lost_s: np.ndarray) -> Path:
     """Histogram of the per-trial lost time (hours) of both schemes."""
     fig, ax = _figure()
-    ax.hist(ckpt_lost_s / 3600, bins=40, alpha=0.7, label="checkpoint-restart")
-    ax.hist(phoenix_lost_s / 3600, bins=40, alpha=0.7, label="PHOENIX")
-    ax.set_xscale("log")
+    both = np.concatenate([ckpt_lost_s, phoenix_lost_s]) / 3600
+    pos = both[both > 0]
+    log = pos.size == both.size and pos.size > 0 and pos.max() > pos.min()
+    bins = np.geomspace(pos.min(), pos.max(), 80) if log else 80
+    ax.hist(ckpt_lost_s / 3600, bins=bins, alpha=0.7, label="checkpoint-restart")
+    ax.hist(phoenix_lost_s / 3600, bins=bins, alpha=0.7, label="PHOENIX")
+    if log:
+        ax.set_xscale("log")
     ax.set_xlabel("lost time per campaign (h)")
     ax.set_ylabel("trials")
     ax.set_title("Monte Carlo: lost time per campaign")
@@ -109,6 +114,7 @@ def scaling_fit(path, gpus, seconds, result) -> Path:
                 fmt="o", color="red", capsize=4, label=f"{best.law}: 95 % prediction")
     ax.set_xscale("log")
     ax.set_xlabel("GPUs")
+    ax.set_yscale("log")
     ax.set_ylabel("recovery time (s)")
     ax.set_title("Recovery time against cluster size")
     ax.grid(True, which="both", alpha=0.3)
