@@ -1,0 +1,157 @@
+"""Process bookkeeping for the local cluster's daemons, read from Linux ``/proc``.
+
+A process is identified by ``(pid, start_ticks)`` (:class:`ProcId`): the PID plus its start time in clock
+ticks since boot (field 22 of ``/proc/<pid>/stat``, proc(5)), so a PID that the kernel reused for another
+process is never mistaken for one of ours and never signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class ProcId:
+    """A process as started: ``pid`` and ``start_ticks`` (field 22 of ``/proc/<pid>/stat``)."""
+
+    pid: int
+    start_ticks: int
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "start_ticks": self.start_ticks}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ProcId:
+        return cls(int(data["pid"]), int(data["start_ticks"]))
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command name, or None when the process does not exist.
+
+    The command name (field 2) is in parentheses and may contain spaces, so split after the last ')'.
+    Returned list index 0 is field 3 (state), index 1 field 4 (ppid), index 19 field 22 (starttime).
+    """
+    try:
+        raw = (PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return raw[raw.rindex(")") + 2:].split()
+
+
+def proc_id(pid: int) -> ProcId | None:
+    """The :class:`ProcId` of a running process, or None when it does not exist."""
+    fields = _stat_fields(pid)
+    return None if fields is None else ProcId(pid, int(fields[19]))
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of ``pid`` if it is our own child (so it does not linger as a zombie)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def is_alive(proc: ProcId) -> bool:
+    """True while ``proc`` (same PID *and* start time) runs and is not a zombie."""
+    _reap(proc.pid)
+    fields = _stat_fields(proc.pid)
+    return fields is not None and int(fields[19]) == proc.start_ticks and fields[0] != "Z"
+
+
+def parents() -> dict[int, int]:
+    """pid -> parent pid of every process visible in ``/proc``."""
+    out = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields is not None:
+                out[int(entry.name)] = int(fields[1])
+    return out
+
+
+def descendants(roots: Iterable[int], parent_of: dict[int, int] | None = None) -> set[int]:
+    """PIDs of all descendants of ``roots`` (children, grandchildren ...), roots excluded."""
+    parent_of = parents() if parent_of is None else parent_of
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent_of.items():
+        children.setdefault(ppid, []).append(pid)
+    out: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """The environment ``pid`` was started with (``/proc/<pid>/environ``); empty when unreadable."""
+    try:
+        raw = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def processes_with_env(marker: dict[str, str]) -> list[ProcId]:
+    """Running processes whose start environment contains every ``key=value`` of ``marker``."""
+    out = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        env = environ_of(int(entry.name))
+        if env and all(env.get(k) == v for k, v in marker.items()):
+            pid = proc_id(int(entry.name))
+            if pid is not None:
+                out.append(pid)
+    return out
+
+
+def signal_procs(procs: Iterable[ProcId], sig: int) -> list[ProcId]:
+    """Send ``sig`` to each process of ``procs`` that is still the same process; returns those signalled."""
+    sent = []
+    for proc in procs:
+        if is_alive(proc):
+            try:
+                os.kill(proc.pid, sig)
+                sent.append(proc)
+            except ProcessLookupError:
+                pass
+    return sent
+
+
+def wait_gone(procs: Iterable[ProcId], timeout_s: float, poll_s: float = 0.05) -> list[ProcId]:
+    """Wait up to ``timeout_s`` seconds for ``procs`` to exit; returns the ones still alive."""
+    left = list(procs)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [p for p in left if is_alive(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(poll_s)
+
+
+def stop_procs(procs: Iterable[ProcId], term_timeout_s: float = 10.0, kill_timeout_s: float = 5.0,
+               first_signal: int = signal.SIGTERM) -> list[ProcId]:
+    """Stop ``procs``: ``first_signal``, wait, then SIGKILL the rest. Returns those still alive (none if ok)."""
+    procs = list(procs)
+    signal_procs(procs, first_signal)
+    left = wait_gone(procs, term_timeout_s)
+    if left and first_signal != signal.SIGKILL:
+        signal_procs(left, signal.SIGKILL)
+        left = wait_gone(left, kill_timeout_s)
+    return left
