@@ -242,7 +242,7 @@ def resolve(
         warnings.append(f"engine megatron needs CUDA GPUs; site {profile.name} declares none (node.gpu_model)")
 
     interpreter = python or profile.launcher.python or default_python
-    if not interpreter or "\n" in interpreter or "\0" in interpreter:
+    if not interpreter or "\0" in interpreter:
         problems.append(f"launcher.python: {interpreter!r} is not a usable interpreter path")
 
     if problems:

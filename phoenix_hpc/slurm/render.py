@@ -16,7 +16,7 @@ Quoting: ``#SBATCH`` lines are parsed by sbatch, not bash, so values there are r
 (checked by :func:`phoenix_hpc.config.resolve.resolve`; the job name is reduced to ``[A-Za-z0-9._-]``; a run
 directory outside the safe charset is passed by ``phoenix submit`` on the sbatch command line instead, see
 :func:`sbatch_cli_args`). Everything in the bash body comes from the user or the profile and is quoted with
-:func:`shlex.quote`.
+:func:`shlex.quote` (ANSI-C ``$'...'`` quoting for values with control characters).
 """
 
 from __future__ import annotations
@@ -53,7 +53,17 @@ def sbatch_cli_args(job: ResolvedJob) -> list[str]:
 
 
 def _q(value: object) -> str:
-    return shlex.quote(str(value))
+    """Shell-quote ``value`` for bash. Values with control characters (newlines, ...) use ANSI-C quoting
+    (``$'...'`` with escapes), so every script line stays one line and no value can start a line of its own
+    (e.g. a line ``#SBATCH ...`` inside a quoted value)."""
+    s = str(value)
+    if not any(ord(c) < 32 or ord(c) == 127 for c in s):
+        return shlex.quote(s)
+    body = "".join(
+        "\\\\" if c == "\\" else "\\'" if c == "'" else f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c
+        for c in s
+    )
+    return f"$'{body}'"
 
 
 def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = None) -> str:
