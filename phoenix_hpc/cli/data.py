@@ -1,0 +1,59 @@
+"""``phoenix data``: build training datasets."""
+
+from __future__ import annotations
+
+import click
+
+from phoenix_hpc.errors import DataError
+
+
+@click.group()
+def data() -> None:
+    """Build and inspect training datasets (Megatron indexed .bin/.idx)."""
+
+
+@data.command("prepare")
+@click.argument("src_dir", required=False, type=click.Path(file_okay=False, path_type=str))
+@click.argument("out_prefix", required=False, type=click.Path(dir_okay=False, path_type=str))
+@click.option("--stdlib", "use_stdlib", is_flag=True, help="read this Python's standard library source instead of SRC_DIR")
+@click.option("--max-bytes", type=int, default=None, help="stop after N bytes of text (default: all)")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+def prepare(src_dir: str | None, out_prefix: str | None, use_stdlib: bool, max_bytes: int | None, as_json: bool) -> None:
+    """Build a byte-level dataset OUT_PREFIX.bin/.idx from the text files under SRC_DIR.
+
+    \b
+    phoenix data prepare SRC_DIR OUT_PREFIX [--max-bytes N]
+    phoenix data prepare --stdlib OUT_PREFIX [--max-bytes N]
+
+    Each UTF-8 text file becomes one document of byte tokens (vocabulary 256). Outputs are written under
+    temporary names and renamed when complete.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
+
+    if use_stdlib:
+        if out_prefix is not None:
+            raise DataError("with --stdlib give only OUT_PREFIX (no SRC_DIR)")
+        out_prefix, src_dir = src_dir, str(stdlib_dir())
+    if not src_dir or not out_prefix:
+        raise DataError("need SRC_DIR and OUT_PREFIX (or --stdlib OUT_PREFIX)")
+    with Progress(
+        TextColumn("[bold]reading"), BarColumn(), MofNCompleteColumn(), TextColumn("files"), TimeElapsedColumn(),
+        transient=True, disable=as_json,
+    ) as progress:
+        task = progress.add_task("files", total=None)
+
+        def on_file(seen: int, total: int) -> None:
+            progress.update(task, completed=seen, total=total)
+
+        result = prepare_dataset(src_dir, out_prefix, max_bytes=max_bytes, on_file=on_file)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(result.__dict__ | {"source": src_dir}))
+    else:
+        click.echo(
+            f"wrote {result.prefix}.bin/.idx: {result.documents} documents, {result.tokens:,} byte tokens "
+            f"from {src_dir} ({result.skipped} non-text files skipped)"
+        )

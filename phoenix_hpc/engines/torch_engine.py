@@ -1,0 +1,281 @@
+"""The ``torch`` engine: GPT decoder in plain PyTorch, pipeline over pp, ZeRO-1 AdamW over dp (CPU or GPU).
+
+One rank holds pipeline stage ``coord.pp`` of the model (:mod:`.torch_gpt`), a
+:class:`~.zero.ShardedAdamW` over its DP group, and reads its share of each step's global batch from a
+Megatron indexed dataset (:class:`phoenix_hpc.data.indexed.TokenSamples`).
+
+Batching: a step consumes ``global_batch_size`` samples at global data positions
+``[step * G, (step + 1) * G)``; DP rank ``d`` takes ``G / dp`` consecutive positions starting at
+``step * G + d * G / dp``, as ``n_micro = G / (micro_batch_size * dp)`` micro-batches. The data-iterator
+position in the envelope is the global position of the next step (``step * G``).
+
+Determinism: parameters start from a seed-derived init (identical on every DP peer), the model has no
+dropout, the data order is a pure function of (seed, position), every collective runs over a fixed group
+in a fixed order, and ``torch.use_deterministic_algorithms`` is on. Two runs of the same grid give
+bit-identical parameters and optimizer state (checked by the tests; different grids give different
+floating-point summation orders and therefore different bits).
+
+Tensor parallelism is not implemented in this engine (``tp`` must be 1; use the ``megatron`` engine).
+``model.dtype`` float32 or bfloat16 (no loss scaling needed); float16 needs the megatron engine's loss
+scaler.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from phoenix_hpc.engines.base import Engine, GridCoord, ProcessGroups
+from phoenix_hpc.engines.schedule import lr_at
+from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage, lm_loss
+from phoenix_hpc.engines.zero import ShardedAdamW
+from phoenix_hpc.errors import EngineError
+
+ENVELOPE_FORMAT = 1
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def micro_batches(global_batch: int, micro_batch: int, dp: int) -> int:
+    """Micro-batches per step per DP rank, ``G / (mbs * dp)``.
+
+    Raises:
+        EngineError: ``global_batch`` is not a multiple of ``micro_batch * dp``.
+    """
+    if global_batch % (micro_batch * dp):
+        raise EngineError(
+            f"training.global_batch_size ({global_batch}) must be a multiple of training.micro_batch_size "
+            f"({micro_batch}) x dp ({dp}) = {micro_batch * dp}"
+        )
+    return global_batch // (micro_batch * dp)
+
+
+class TorchEngine(Engine):
+    """See the module docstring.
+
+    Args:
+        cfg: the job config (:class:`phoenix_hpc.config.schema.JobConfig`).
+        coord: this rank's grid coordinate; ``groups``: its process groups (dp/pp groups ordered by
+            coordinate; sizes are read from them).
+        samples: the dataset reader (:class:`~phoenix_hpc.data.indexed.TokenSamples`).
+        device: where the model lives (default CPU).
+
+    Raises:
+        EngineError: tp != 1, float16, a batch size that does not split over dp, or a group size that
+            does not match the config.
+    """
+
+    def __init__(self, cfg, coord: GridCoord, groups: ProcessGroups, samples, device: torch.device | None = None):
+        self.cfg = cfg
+        self.coord = coord
+        self.groups = groups
+        self.device = device or torch.device("cpu")
+        self.samples = samples
+        m, t = cfg.model, cfg.training
+        self.tp = dist.get_world_size(groups.tp)
+        self.pp = dist.get_world_size(groups.pp)
+        self.dp = dist.get_world_size(groups.dp)
+        if self.tp != 1 or cfg.parallelism.tp != 1:
+            raise EngineError(
+                f"parallelism.tp ({cfg.parallelism.tp}) must be 1 for engine 'torch' (no tensor parallelism); "
+                "use engine: megatron for tp > 1"
+            )
+        if self.pp != cfg.parallelism.pp or (cfg.parallelism.dp is not None and self.dp != cfg.parallelism.dp):
+            raise EngineError(
+                f"process groups (pp={self.pp}, dp={self.dp}) do not match parallelism "
+                f"(pp={cfg.parallelism.pp}, dp={cfg.parallelism.dp})"
+            )
+        if m.dtype not in _DTYPES:
+            raise EngineError(f"model.dtype {m.dtype!r} is not supported by engine 'torch' (allowed: float32, bfloat16)")
+        self.dtype = _DTYPES[m.dtype]
+        self.n_micro = micro_batches(t.global_batch_size, t.micro_batch_size, self.dp)
+        self.tokens_per_step = t.global_batch_size * m.seq_length
+        self.shape = GPTShape(m.layers, m.hidden_size, m.heads, m.vocab_size, m.seq_length)
+        self.model = GPTStage(self.shape, self.pp, coord.pp, t.seed, self.dtype).to(self.device)
+        self.optimizer = ShardedAdamW(
+            list(self.model.named_parameters()), coord.dp, self.dp, weight_decay=t.weight_decay
+        )
+        self.step = 0
+        self.data_position = 0
+        self.last_lr = 0.0
+        self.last_grad_norm = 0.0
+        self._param_prefix = f"param/pp{coord.pp}/tp{coord.tp}"
+        self._opt_state = self.optimizer.named_state(coord.shard_prefix())
+        self._runner = self._make_runner()
+
+    # --- pipeline ------------------------------------------------------------------------------------
+    def _make_runner(self):
+        if self.pp == 1:
+            return None
+        from phoenix_hpc.engines.pipeline import PipelineRunner
+
+        m = self.shape
+        return PipelineRunner(
+            self.model, self.coord.pp, self.pp, self.groups.pp, self.device, self.n_micro,
+            self.cfg.training.micro_batch_size, m.seq_length, m.hidden_size, m.vocab_size, self.dtype, lm_loss,
+        )
+
+    # --- the step --------------------------------------------------------------------------------------
+    def _local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        per_dp = self.cfg.training.global_batch_size // self.dp
+        x, y = self.samples.batch(self.data_position + self.coord.dp * per_dp, per_dp)
+        return x.to(self.device), y.to(self.device)
+
+    def forward_backward(self) -> float | None:
+        """Forward and backward of step ``self.step + 1`` (``n_micro`` micro-batches). Returns the step's
+        mean loss (nats/token, averaged over the DP group) on the last stage, None elsewhere."""
+        for p in self.model.parameters():
+            p.grad = None
+        is_first, is_last = self.coord.pp == 0, self.coord.pp == self.pp - 1
+        x, y = self._local_batch() if (is_first or is_last) else (None, None)
+        if self._runner is None:
+            mbs = self.cfg.training.micro_batch_size
+            total = torch.zeros((), dtype=torch.float32, device=self.device)
+            for i in range(self.n_micro):
+                sl = slice(i * mbs, (i + 1) * mbs)
+                loss = lm_loss(self.model(x[sl]), y[sl])
+                (loss / self.n_micro).backward()
+                total += loss.detach()
+            loss_val: float | None = float(total / self.n_micro)
+        else:
+            loss_val = self._runner.run(x if is_first else None, y if is_last else None)
+        if loss_val is not None and self.dp > 1:
+            t = torch.tensor([loss_val], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, group=self.groups.dp)
+            loss_val = float(t) / self.dp
+        return loss_val
+
+    def reduce_gradients(self) -> None:
+        """Average gradients over the DP group into the own fp32 slice, then compute the global grad norm
+        (one all-reduce over the world group) for clipping."""
+        self.optimizer.reduce_gradients(self.groups.dp)
+        sq = self.optimizer.grad_sq_sum().reshape(1).to(self.device)
+        dist.all_reduce(sq, group=self.groups.world)
+        self.last_grad_norm = float(sq.sqrt())
+
+    def optimizer_step(self) -> None:
+        """AdamW on the own slice (grad-norm clip to ``training.grad_clip``), all-gather parameters over
+        the DP group, advance ``step`` and the data position."""
+        t = self.cfg.training
+        nxt = self.step + 1
+        lr = lr_at(nxt, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=t.steps)
+        scale = 1.0
+        if t.grad_clip > 0 and self.last_grad_norm > t.grad_clip:
+            scale = t.grad_clip / (self.last_grad_norm + 1e-6)
+        self.optimizer.step(lr, nxt, scale)
+        self.optimizer.gather_params(self.groups.dp)
+        self.step = nxt
+        self.last_lr = lr
+        self.data_position = nxt * t.global_batch_size
+
+    # --- state -----------------------------------------------------------------------------------------
+    def optimizer_shard(self) -> list[tuple[str, torch.Tensor]]:
+        """``opt/pp{pp}/tp0/dp{dp}/{param}/{main|exp_avg|exp_avg_sq}``: fp32 1-D views of the own slice
+        (see :mod:`.zero`); ``3 * 4 * shard_len`` bytes in total."""
+        return list(self._opt_state)
+
+    def param_shard(self) -> list[tuple[str, torch.Tensor]]:
+        """``param/pp{pp}/tp0/{param}``: the stage's parameters, model dtype, their own shapes."""
+        return [(f"{self._param_prefix}/{n}", p.data) for n, p in self.model.named_parameters()]
+
+    def envelope(self) -> dict[str, Any]:
+        """JSON-serialisable metadata: ``format``, ``engine``, ``step``, ``coord``, ``grid``, ``rng``
+        (torch CPU and, on GPU, CUDA generator states, base64), ``lr_scheduler`` (the schedule is a pure
+        function of the step; its settings and last lr are recorded), ``data`` (``position``: global sample
+        position of the next step, ``seed``), ``loss_scaler`` (None: no scaling in float32/bfloat16),
+        ``grad_norm`` of the last step."""
+        t = self.cfg.training
+        rng: dict[str, Any] = {"torch_cpu": _b64(torch.get_rng_state())}
+        if self.device.type == "cuda":
+            rng["torch_cuda"] = _b64(torch.cuda.get_rng_state(self.device))
+        return {
+            "format": ENVELOPE_FORMAT,
+            "engine": "torch",
+            "step": self.step,
+            "coord": {"pp": self.coord.pp, "dp": self.coord.dp, "tp": self.coord.tp},
+            "grid": {"tp": self.tp, "pp": self.pp, "dp": self.dp},
+            "rng": rng,
+            "lr_scheduler": {
+                "kind": t.lr_schedule, "lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps,
+                "total_steps": t.steps, "last_step": self.step, "last_lr": self.last_lr,
+            },
+            "data": {"position": self.data_position, "seed": t.seed, "global_batch_size": t.global_batch_size},
+            "loss_scaler": None,
+            "grad_norm": self.last_grad_norm,
+        }
+
+    def _check_and_copy(self, what: str, live: list[tuple[str, torch.Tensor]], tensors: dict[str, torch.Tensor]) -> None:
+        names = {n for n, _ in live}
+        missing, extra = sorted(names - tensors.keys()), sorted(tensors.keys() - names)
+        if missing or extra:
+            raise EngineError(
+                f"{what} for {self.coord.shard_prefix()} does not match: missing {missing[:3]}"
+                f"{'...' if len(missing) > 3 else ''}, unexpected {extra[:3]}{'...' if len(extra) > 3 else ''}"
+            )
+        for n, t in live:
+            src = tensors[n]
+            if src.shape != t.shape or src.dtype != t.dtype:
+                raise EngineError(
+                    f"{what} tensor {n}: got {tuple(src.shape)} {src.dtype}, expected {tuple(t.shape)} {t.dtype}"
+                )
+        with torch.no_grad():
+            for n, t in live:
+                t.copy_(tensors[n])
+
+    def load_optimizer_shard(self, tensors: dict[str, torch.Tensor]) -> None:
+        self._check_and_copy("optimizer shard", self._opt_state, tensors)
+
+    def load_param_shard(self, tensors: dict[str, torch.Tensor]) -> None:
+        self._check_and_copy("param shard", self.param_shard(), tensors)
+
+    def load_envelope(self, envelope: dict[str, Any]) -> None:
+        """Restore step, data position, LR-schedule position and RNG states.
+
+        Raises:
+            EngineError: the envelope is of another engine/format, or its coord or grid differs from this
+                rank's (a shard must be restored by its logical id).
+        """
+        if envelope.get("engine") != "torch" or envelope.get("format") != ENVELOPE_FORMAT:
+            raise EngineError(
+                f"envelope of engine {envelope.get('engine')!r} format {envelope.get('format')!r} cannot be "
+                f"loaded by engine 'torch' format {ENVELOPE_FORMAT}"
+            )
+        want = {"pp": self.coord.pp, "dp": self.coord.dp, "tp": self.coord.tp}
+        grid = {"tp": self.tp, "pp": self.pp, "dp": self.dp}
+        if envelope.get("coord") != want or envelope.get("grid") != grid:
+            raise EngineError(
+                f"envelope is for coord {envelope.get('coord')} grid {envelope.get('grid')}, this rank is "
+                f"{want} grid {grid}"
+            )
+        self.step = int(envelope["step"])
+        self.data_position = int(envelope["data"]["position"])
+        self.last_lr = float(envelope["lr_scheduler"]["last_lr"])
+        self.last_grad_norm = float(envelope.get("grad_norm", 0.0))
+        torch.set_rng_state(_unb64(envelope["rng"]["torch_cpu"]))
+        if self.device.type == "cuda" and "torch_cuda" in envelope["rng"]:
+            torch.cuda.set_rng_state(_unb64(envelope["rng"]["torch_cuda"]), self.device)
+
+    def rebind(self, groups: ProcessGroups, coord: GridCoord) -> None:
+        """Use the process groups of a new generation. The coordinate must stay the same (a shard keeps
+        its logical id; a spare takes over a coordinate by building a fresh engine and loading state).
+
+        Raises:
+            EngineError: ``coord`` differs from this engine's, or the new groups have other sizes.
+        """
+        if coord != self.coord:
+            raise EngineError(f"rebind cannot move {self.coord} to {coord}; build a new engine for {coord}")
+        sizes = tuple(dist.get_world_size(g) for g in (groups.tp, groups.pp, groups.dp))
+        if sizes != (self.tp, self.pp, self.dp):
+            raise EngineError(f"rebind: new groups have sizes tp/pp/dp={sizes}, engine has {(self.tp, self.pp, self.dp)}")
+        self.groups = groups
+        self._runner = self._make_runner()

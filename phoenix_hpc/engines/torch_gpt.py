@@ -1,0 +1,131 @@
+"""A GPT-style decoder in plain PyTorch, built as one pipeline stage's chunk.
+
+Architecture (GPT-2, Radford et al. 2019): learned token + position embeddings, ``layers`` pre-LayerNorm
+blocks (causal multi-head self-attention, then a 4x GELU MLP, each with a residual), a final LayerNorm and
+an untied output head. No dropout, so the forward pass uses no random numbers.
+
+Pipeline split: with ``pp`` stages, stage ``p`` holds blocks ``[p*L/pp, (p+1)*L/pp)``; stage 0 also holds the
+embeddings, the last stage the final LayerNorm and the head. The head is untied from the token embedding
+because tying across stages would need an extra all-reduce of the shared weight between first and last
+stage. Parameter names are global (``blocks.{layer}.…`` uses the layer index in the whole model), so a
+parameter has the same name whatever the pp split.
+
+Initialisation is a pure function of ``(seed, parameter's owner)``: every block draws from its own
+``torch.Generator`` seeded from ``(seed, layer)``, so a model built as 1 or 2 stages starts from the same
+weights, and every DP replica of a stage starts identical. Weights ~ N(0, 0.02); the residual output
+projections ~ N(0, 0.02 / sqrt(2 L)) (GPT-2 paper, section 2.3); LayerNorm weight 1, biases 0.
+
+Shapes: tokens ``(B, S)`` int64; hidden states ``(B, S, H)`` in the model dtype; logits ``(B, S, V)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    """Model shape. ``hidden_size`` must be divisible by ``heads``."""
+
+    layers: int
+    hidden_size: int
+    heads: int
+    vocab_size: int
+    seq_length: int
+
+
+def stage_layers(layers: int, pp: int, stage: int) -> range:
+    """Global indices of the blocks held by pipeline ``stage`` (``layers`` divisible by ``pp``)."""
+    if layers % pp:
+        raise ValueError(f"layers ({layers}) must be divisible by pp ({pp})")
+    per = layers // pp
+    return range(stage * per, (stage + 1) * per)
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``."""
+
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        h = shape.hidden_size
+        self.heads = shape.heads
+        self.ln1 = nn.LayerNorm(h)
+        self.qkv = nn.Linear(h, 3 * h)
+        self.proj = nn.Linear(h, h)
+        self.ln2 = nn.LayerNorm(h)
+        self.fc = nn.Linear(h, 4 * h)
+        self.fc_out = nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
+        return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPTStage(nn.Module):
+    """The chunk of the GPT model held by one pipeline stage.
+
+    ``forward`` takes tokens ``(B, S)`` int64 on the first stage, hidden states ``(B, S, H)`` otherwise, and
+    returns hidden states, or logits ``(B, S, V)`` on the last stage.
+    """
+
+    def __init__(self, shape: GPTShape, pp: int, stage: int, seed: int, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if shape.hidden_size % shape.heads:
+            raise ValueError(f"hidden_size ({shape.hidden_size}) must be divisible by heads ({shape.heads})")
+        self.shape = shape
+        self.is_first = stage == 0
+        self.is_last = stage == pp - 1
+        self.layer_ids = list(stage_layers(shape.layers, pp, stage))
+        if self.is_first:
+            self.tok_embed = nn.Embedding(shape.vocab_size, shape.hidden_size)
+            self.pos_embed = nn.Embedding(shape.seq_length, shape.hidden_size)
+        self.blocks = nn.ModuleDict({str(i): Block(shape) for i in self.layer_ids})
+        if self.is_last:
+            self.ln_f = nn.LayerNorm(shape.hidden_size)
+            self.head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        self._init_weights(seed)
+        self.to(dtype)
+
+    @torch.no_grad()
+    def _init_weights(self, seed: int) -> None:
+        std = 0.02
+        proj_std = 0.02 / math.sqrt(2 * self.shape.layers)
+
+        def gen(owner: int) -> torch.Generator:
+            return torch.Generator().manual_seed(seed * 100_003 + owner)
+
+        if self.is_first:
+            g = gen(0)
+            self.tok_embed.weight.normal_(0.0, std, generator=g)
+            self.pos_embed.weight.normal_(0.0, std, generator=g)
+        for i in self.layer_ids:
+            blk, g = self.blocks[str(i)], gen(1 + i)
+            for lin, s in ((blk.qkv, std), (blk.proj, proj_std), (blk.fc, std), (blk.fc_out, proj_std)):
+                lin.weight.normal_(0.0, s, generator=g)
+                lin.bias.zero_()
+        if self.is_last:
+            self.head.weight.normal_(0.0, std, generator=gen(1 + self.shape.layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.is_first:
+            pos = torch.arange(x.shape[1], device=x.device)
+            x = self.tok_embed(x) + self.pos_embed(pos)
+        for i in self.layer_ids:
+            x = self.blocks[str(i)](x)
+        if self.is_last:
+            x = self.head(self.ln_f(x))
+        return x
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats/token, fp32). logits ``(B, S, V)``, targets ``(B, S)`` int64."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

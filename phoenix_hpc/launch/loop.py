@@ -1,0 +1,92 @@
+"""The training loop of one active rank.
+
+Per step (DESIGN.md section 4)::
+
+    protector.start_snapshot(engine)   # only with a protector: D2H of S(k-1) + H2H in the background
+    loss = engine.forward_backward()
+    engine.reduce_gradients()
+    protector.wait_commit()            # only with a protector: S(k-1) committed locally and on the peers
+    engine.optimizer_step()            # -> S(k)
+
+With ``protector=None`` (resilience disabled) the loop makes no call besides the three engine calls.
+The time spent inside ``wait_commit`` is the *exposed wait* of the step and is logged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from phoenix_hpc.engines.base import Engine
+
+
+class Protector(Protocol):
+    """What the loop calls on the runtime's protector (phoenix_hpc.runtime) when resilience is enabled."""
+
+    def start_snapshot(self, engine: Engine) -> None:
+        """Begin D2H of the engine's current state S(step) into staging, then H2H of its optimizer part;
+        returns at once (the copies run in the background)."""
+
+    def wait_commit(self) -> None:
+        """Block until the snapshot started by the last :meth:`start_snapshot` is committed locally and
+        acknowledged by every replica holder; raise if that failed."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One finished step. ``loss`` is None except on the last pipeline stage; times in milliseconds;
+    ``tokens_per_s`` counts the whole job's tokens of the step (global batch x seq length)."""
+
+    step: int
+    loss: float | None
+    step_time_ms: float
+    tokens_per_s: float
+    exposed_wait_ms: float
+    lr: float
+    grad_norm: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def train(
+    engine: Engine,
+    until_step: int,
+    tokens_per_step: int,
+    protector: Protector | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[StepRecord]:
+    """Run steps ``engine.step + 1 .. until_step``; return their records (also passed to ``on_step``).
+
+    Exceptions from the engine or the protector propagate unchanged (the caller classifies them).
+    """
+    records: list[StepRecord] = []
+    while engine.step < until_step:
+        t0 = clock()
+        if protector is not None:
+            protector.start_snapshot(engine)
+        loss = engine.forward_backward()
+        engine.reduce_gradients()
+        wait = 0.0
+        if protector is not None:
+            tw = clock()
+            protector.wait_commit()
+            wait = clock() - tw
+        engine.optimizer_step()
+        dt = clock() - t0
+        rec = StepRecord(
+            step=engine.step,
+            loss=loss,
+            step_time_ms=dt * 1e3,
+            tokens_per_s=tokens_per_step / dt if dt > 0 else 0.0,
+            exposed_wait_ms=wait * 1e3,
+            lr=float(getattr(engine, "last_lr", 0.0)),
+            grad_norm=float(getattr(engine, "last_grad_norm", 0.0)),
+        )
+        records.append(rec)
+        if on_step is not None:
+            on_step(rec)
+    return records

@@ -1,0 +1,256 @@
+"""The rank entry point: ``python -m phoenix_hpc.launch.rank --run-dir RUN_DIR`` (console script
+``phoenix-rank``), run on every slot of the job's one srun step (or under ``mpirun`` for development).
+
+Sequence on every slot:
+
+1. Read the slot's launcher environment (:mod:`.env`) and the resolved config ``RUN_DIR/config.yaml``
+   (``--config`` overrides the path). Check the engine can run here (``megatron`` needs CUDA) and the
+   dataset is a Megatron indexed dataset. Any problem: message on stderr, exit 2, before MPI starts and
+   before any file is written (every slot sees the same problem, so all exit alike).
+2. MPI init (mpi4py, ``MPI.COMM_WORLD``); compare rank/size with the launcher's. Active slots are those on
+   the first ``resources.nodes`` nodes (``SLURM_NODEID``; all slots under mpirun); they must be world
+   ranks ``0..A-1`` (srun's default block distribution) and ``A`` must match the grid
+   (``tp x pp x dp``), else exit 2 naming both numbers.
+3. Rendezvous (:func:`.rendezvous.mpi_store_rendezvous`), then on active slots ``init_process_group``
+   (gloo on CPU, NCCL on GPU) for generation 0 with ``resilience.collective_timeout_s`` on every group,
+   the dp/pp/tp sub-groups (:mod:`.groups`), the engine, optionally its state restored from
+   ``--restore-dir``, and the training loop (:mod:`.loop`) up to ``training.steps``.
+   Standby slots idle in :func:`wait_for_role` (until the coordinator exists, that wait ends when the
+   active slots finish).
+4. Every slot ends with a barrier over ``MPI.COMM_WORLD`` (so the store host, world rank 0, outlives its
+   users and standby slots learn that the job is over). A rank that raised also reaches it: the other
+   ranks fail their next collective after the timeout and come there too.
+
+Files written by active rank ``r`` (logical rank):
+
+* ``RUN_DIR/ranks/rank{r}.steps.jsonl`` -- one JSON object per step: ``step, loss (null except on the
+  last pipeline stage), step_time_ms, tokens_per_s, exposed_wait_ms, lr, grad_norm``;
+* ``RUN_DIR/ranks/rank{r}.json`` (at the end, written atomically) -- summary: ``status`` (done | failed),
+  ``rank, world_rank, coord, grid, generation, engine, host, node_id, start_step, steps, first_loss,
+  final_loss, mean_step_time_ms, tokens_per_s, state_hash`` (:meth:`Engine.state_hash`), ``param_hash``,
+  ``optimizer_hash``, shard sizes in bytes, and on failure ``error``;
+* with ``--snapshot-at S``: the rank's state after step S in ``--snapshot-dir`` (default
+  ``RUN_DIR/snapshots/step{S}``), one file per logical coordinate (:mod:`.state_files`).
+
+The last pipeline stage's DP rank 0 also prints one line per ``training.log_interval`` steps and a final
+summary to stdout.
+
+Exit codes: 0 done; 2 bad input or environment (a PhoenixError); 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from phoenix_hpc.errors import EngineError, PhoenixError
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="phoenix-rank", description="Run one slot of a phoenix_hpc job.")
+    ap.add_argument("--run-dir", required=True, help="the job's run directory (holds config.yaml)")
+    ap.add_argument("--config", help="config file (default RUN_DIR/config.yaml)")
+    ap.add_argument("--snapshot-at", type=int, action="append", default=[], help="save each rank's state after this step")
+    ap.add_argument("--snapshot-dir", help="where --snapshot-at writes (default RUN_DIR/snapshots/step{S})")
+    ap.add_argument("--restore-dir", help="load each rank's state from here before training")
+    return ap.parse_args(argv)
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _hash(pairs) -> str:
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(pairs, key=lambda x: x[0]):
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _barrier(comm, poll_s: float = 0.05) -> None:
+    """Barrier over ``comm`` that sleeps while waiting (a blocking MPI barrier spins a core)."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(poll_s)
+
+
+def wait_for_role(comm) -> None:
+    """Standby: idle until given a role. Until the coordinator hands out roles, the only message is the
+    end of the job (the final barrier over ``comm``)."""
+    _barrier(comm, poll_s=0.2)
+
+
+def preflight(cfg) -> None:
+    """Checks every slot makes before MPI starts.
+
+    Raises:
+        EngineError: the engine cannot run here; DataError: the dataset is missing or not indexed.
+    """
+    from phoenix_hpc.data.indexed import check_indexed_dataset
+    from phoenix_hpc.engines.factory import check_engine_runnable
+
+    check_engine_runnable(cfg.engine)
+    check_indexed_dataset(cfg.data.path)
+
+
+def run_active(args, cfg, slot, grid, store, run_dir: Path) -> dict:
+    """Train as logical rank ``slot.world_rank`` (generation 0). Returns the summary written to
+    ``rank{r}.json``."""
+    import torch
+    import torch.distributed as dist
+
+    from phoenix_hpc.engines.factory import create_engine, default_device
+    from phoenix_hpc.launch.groups import init_generation
+    from phoenix_hpc.launch.loop import train
+    from phoenix_hpc.launch.state_files import load_rank_state, save_rank_state
+
+    rank = slot.world_rank
+    torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS") or 1))
+    device = default_device(slot.local_rank)
+    if device.type == "cpu":
+        torch.use_deterministic_algorithms(True)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    groups, coord = init_generation(
+        store, 0, rank, grid, backend, cfg.resilience.collective_timeout_s,
+        device_id=device if device.type == "cuda" else None,
+    )
+    summary: dict = {
+        "status": "failed", "rank": rank, "world_rank": slot.world_rank, "generation": 0, "engine": cfg.engine,
+        "coord": {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp},
+        "grid": {"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, "host": slot.hostname, "node_id": slot.node_id,
+    }
+    ranks_dir = run_dir / "ranks"
+    ranks_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = create_engine(cfg, coord, groups, device)
+        if args.restore_dir:
+            load_rank_state(engine, args.restore_dir)
+        start_step = engine.step
+        summary["start_step"] = start_step
+        reporter = coord.pp == grid.pp - 1 and coord.dp == 0
+        tokens_per_step = cfg.training.global_batch_size * cfg.model.seq_length
+        snapshot_at = set(args.snapshot_at)
+        log_every = cfg.training.log_interval
+        steps_log = (ranks_dir / f"rank{rank}.steps.jsonl").open("a")
+
+        def on_step(rec) -> None:
+            steps_log.write(json.dumps(rec.as_dict()) + "\n")
+            steps_log.flush()
+            if reporter and (rec.step % log_every == 0 or rec.step == cfg.training.steps):
+                print(
+                    f"step {rec.step:>6}/{cfg.training.steps} | loss {rec.loss:8.4f} | {rec.step_time_ms:8.1f} ms "
+                    f"| {rec.tokens_per_s:10,.0f} tok/s | lr {rec.lr:.2e} | wait {rec.exposed_wait_ms:.1f} ms",
+                    flush=True,
+                )
+            if rec.step in snapshot_at:
+                save_rank_state(engine, args.snapshot_dir or run_dir / "snapshots" / f"step{rec.step}")
+
+        try:
+            records = train(engine, cfg.training.steps, tokens_per_step, protector=None, on_step=on_step)
+        finally:
+            steps_log.close()
+        losses = [r.loss for r in records if r.loss is not None]
+        times = [r.step_time_ms for r in records]
+        opt, par = engine.optimizer_shard(), engine.param_shard()
+        summary.update(
+            status="done",
+            steps=engine.step,
+            first_loss=losses[0] if losses else None,
+            final_loss=losses[-1] if losses else None,
+            losses=losses,
+            mean_step_time_ms=sum(times) / len(times) if times else None,
+            tokens_per_s=tokens_per_step * len(times) / (sum(times) / 1e3) if times else None,
+            state_hash=engine.state_hash(),
+            param_hash=_hash(par),
+            optimizer_hash=_hash(opt),
+            optimizer_shard_bytes=sum(t.numel() * t.element_size() for _, t in opt),
+            param_shard_bytes=sum(t.numel() * t.element_size() for _, t in par),
+        )
+        if reporter:
+            print(
+                f"done: {engine.step} steps, loss {summary['first_loss']} -> {summary['final_loss']}, "
+                f"{summary['mean_step_time_ms']:.1f} ms/step, {summary['tokens_per_s']:,.0f} tok/s, "
+                f"state_hash[rank {rank}] {summary['state_hash'][:16]}",
+                flush=True,
+            )
+        return summary
+    except BaseException as exc:
+        summary["error"] = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        _write_json_atomic(ranks_dir / f"rank{rank}.json", summary)
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    run_dir = Path(args.run_dir)
+    from phoenix_hpc.config.load import load_job_config
+    from phoenix_hpc.launch.env import check_against_mpi, slot_from_env
+
+    try:
+        slot = slot_from_env(os.environ)
+        cfg = load_job_config(args.config or run_dir / "config.yaml")
+        preflight(cfg)
+    except PhoenixError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+
+    from mpi4py import MPI
+
+    from phoenix_hpc.launch.groups import resolve_grid
+    from phoenix_hpc.launch.rendezvous import mpi_store_rendezvous
+
+    comm = MPI.COMM_WORLD
+    try:
+        slot = check_against_mpi(slot, comm.Get_rank(), comm.Get_size())
+        active = slot.is_active(cfg.resources.nodes)
+        flags = comm.allgather(active)
+        n_active = sum(flags)
+        if flags != [True] * n_active + [False] * (len(flags) - n_active) or n_active == 0:
+            raise EngineError(
+                f"active slots must be world ranks 0..A-1 (srun block distribution); got active ranks "
+                f"{[i for i, f in enumerate(flags) if f]} of {len(flags)}"
+            )
+        p = cfg.parallelism
+        grid = resolve_grid(p.tp, p.pp, p.dp, n_active)
+    except PhoenixError as exc:
+        if comm.Get_rank() == 0:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+
+    store = mpi_store_rendezvous(comm, active, cfg.resilience.collective_timeout_s)
+    code = 0
+    try:
+        if active:
+            run_active(args, cfg, slot, grid, store, run_dir)
+        else:
+            wait_for_role(comm)
+            return 0
+    except PhoenixError as exc:
+        print(f"error [rank {slot.world_rank}]: {exc}", file=sys.stderr, flush=True)
+        code = exc.exit_code
+    except Exception:
+        traceback.print_exc()
+        code = 1
+    _barrier(comm)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
