@@ -1,0 +1,185 @@
+"""Ping-pong host buffers and their memory plan (DESIGN.md section 4).
+
+Every rank keeps two local snapshot buffers (committed / staging) and, for every shard it holds for another
+rank, two replica buffers (committed / receiving). A copy only ever writes the non-committed buffer of a
+pair, so a fault during a copy can damage only that buffer; the committed one is never written while it is
+committed and always verifies.
+
+Host memory per rank (DESIGN.md section 4)::
+
+    2 x snapshot_bytes + 2 x sum(replica_bytes of each held shard)   ( = 2 x snapshot + 2k x replica when the
+                                                                      rank holds k replicas of equal size)
+
+where ``replica_bytes`` = 64-byte header + index capacity + optimizer shard (see ``snapshot``). The check
+against ``MemAvailable`` (proc(5), ``/proc/meminfo``) happens before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from phoenix_hpc.errors import ReplicationError
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Host bytes this rank will pin/allocate. ``held`` maps each held shard id to its replica bytes."""
+
+    snapshot_bytes: int
+    held: tuple[tuple[str, int], ...]
+
+    @property
+    def local_bytes(self) -> int:
+        return 2 * self.snapshot_bytes
+
+    @property
+    def replica_bytes(self) -> int:
+        return 2 * sum(b for _, b in self.held)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.local_bytes + self.replica_bytes
+
+    def describe(self) -> str:
+        reps = " + ".join(f"2 x {b} ({s})" for s, b in self.held) or "0"
+        return (
+            f"host buffers: 2 x {self.snapshot_bytes} (local snapshot, committed/staging) + {reps} "
+            f"(held replicas, committed/receiving) = {self.total_bytes} bytes ({self.total_bytes / 2**20:.1f} MiB)"
+        )
+
+
+def parse_mem_available(meminfo_text: str) -> int:
+    """``MemAvailable`` in bytes from the text of ``/proc/meminfo`` (proc(5): "MemAvailable: N kB").
+
+    Raises ReplicationError when the field is missing (kernels before 3.14).
+    """
+    for line in meminfo_text.splitlines():
+        if line.startswith("MemAvailable:"):
+            parts = line.split()
+            return int(parts[1]) * (1024 if len(parts) > 2 and parts[2] == "kB" else 1)
+    raise ReplicationError("/proc/meminfo has no MemAvailable field; cannot check host memory for the buffers")
+
+
+def read_mem_available(path: str = "/proc/meminfo") -> int:
+    """``MemAvailable`` of this host in bytes (reads ``path``)."""
+    with open(path) as f:
+        return parse_mem_available(f.read())
+
+
+def check_host_memory(plan: MemoryPlan, available_bytes: int, ranks_per_node: int = 1, reserve_fraction: float = 0.1) -> None:
+    """Raise ReplicationError unless ``ranks_per_node`` ranks with this plan fit in ``available_bytes``
+    while leaving ``reserve_fraction`` of it free (for the training process itself, the page cache, ...).
+
+    All ranks of a node share one host's memory, so the need is ``ranks_per_node x plan.total_bytes``.
+    """
+    need = ranks_per_node * plan.total_bytes
+    budget = int(available_bytes * (1.0 - reserve_fraction))
+    if need > budget:
+        raise ReplicationError(
+            f"not enough host memory for the replication buffers: {ranks_per_node} rank(s) on this node x "
+            f"{plan.total_bytes} bytes = {need} bytes needed, MemAvailable is {available_bytes} bytes "
+            f"({budget} usable after keeping {reserve_fraction:.0%} free); {plan.describe()}. Lower "
+            "resilience.k, use more DP ranks (smaller optimizer shards), or more nodes"
+        )
+
+
+class PingPong:
+    """Two equally sized uint8 host buffers; one is *committed* (holds a complete, verified copy of
+    ``committed_step``), the other is the write target (*staging* locally, *receiving* for a held shard).
+
+    Thread safety: state changes take an internal lock. The committed buffer is written by nobody; the
+    target buffer by exactly one writer at a time (the runtime's copy or receive path).
+    """
+
+    def __init__(self, bufs: tuple[torch.Tensor, torch.Tensor], name: str):
+        self.bufs = bufs
+        self.name = name
+        self.steps: list[int | None] = [None, None]  # step of the verified content of each buffer
+        self.committed_idx: int | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return self.bufs[0].numel()
+
+    def target_idx(self) -> int:
+        """Index of the buffer a new copy must write (never the committed one)."""
+        with self._lock:
+            return 0 if self.committed_idx is None else 1 - self.committed_idx
+
+    def target_content_step(self) -> int | None:
+        """Step whose copy the next write will destroy (None if the target holds nothing valid)."""
+        with self._lock:
+            return self.steps[0 if self.committed_idx is None else 1 - self.committed_idx]
+
+    def begin_write(self, idx: int) -> torch.Tensor:
+        """Mark buffer ``idx`` invalid (about to be written) and return it. Raises if it is committed."""
+        with self._lock:
+            if idx == self.committed_idx:
+                raise RuntimeError(f"{self.name}: refusing to write the committed buffer")
+            self.steps[idx] = None
+            return self.bufs[idx]
+
+    def commit(self, idx: int, step: int) -> None:
+        """Flip: buffer ``idx`` (just written and verified, holding ``step``) becomes committed; the other
+        keeps its older verified content until it is next written."""
+        with self._lock:
+            self.steps[idx] = step
+            self.committed_idx = idx
+
+    def committed(self) -> tuple[int | None, torch.Tensor | None]:
+        """``(step, buffer)`` of the committed copy, ``(None, None)`` before the first commit."""
+        with self._lock:
+            if self.committed_idx is None:
+                return None, None
+            return self.steps[self.committed_idx], self.bufs[self.committed_idx]
+
+    def find(self, step: int) -> torch.Tensor | None:
+        """The buffer holding a verified copy of ``step`` (committed or the previous one), else None."""
+        with self._lock:
+            for i in (0, 1):
+                if self.steps[i] == step:
+                    return self.bufs[i]
+            return None
+
+
+def allocate_pair(nbytes: int, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two uint8 host tensors of ``nbytes`` each (page-locked when ``pin``)."""
+    return (
+        torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin),
+        torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin),
+    )
+
+
+@dataclass
+class BufferSet:
+    """All host buffers of one rank: ``local`` (committed/staging) and ``held[shard_id]``
+    (committed/receiving)."""
+
+    local: PingPong
+    held: dict[str, PingPong]
+
+    @property
+    def total_bytes(self) -> int:
+        return 2 * self.local.nbytes + sum(2 * p.nbytes for p in self.held.values())
+
+
+def allocate_buffers(plan: MemoryPlan, pin: bool) -> BufferSet:
+    """Allocate every buffer of ``plan`` or nothing: on any allocation failure the buffers already made are
+    released and ReplicationError is raised. Call :func:`check_host_memory` first."""
+    made: list[torch.Tensor] = []
+    try:
+        local = allocate_pair(plan.snapshot_bytes, pin)
+        made.extend(local)
+        held = {}
+        for shard, nbytes in plan.held:
+            pair = allocate_pair(nbytes, pin)
+            made.extend(pair)
+            held[shard] = PingPong(pair, f"replica {shard}")
+    except (RuntimeError, MemoryError) as e:
+        made.clear()
+        raise ReplicationError(f"allocating the replication buffers failed ({plan.describe()}): {e}") from e
+    return BufferSet(PingPong(local, "local snapshot"), held)

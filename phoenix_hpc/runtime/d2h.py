@@ -1,0 +1,58 @@
+"""D2H: copy the live engine state into a host snapshot buffer (DESIGN.md section 3, "D2H").
+
+Split in two halves so that only a negligible part runs on the training thread:
+
+- :meth:`D2H.mark` (training thread, in ``start_snapshot``): on CUDA records an event on the current
+  (compute) stream, so the copy is ordered after the ``optimizer_step`` that produced the state; on CPU it
+  does nothing.
+- :meth:`D2H.copy` (the runtime's copy thread): on CUDA, a dedicated stream waits for that event, the
+  tensors are copied with ``non_blocking=True`` into the pinned buffer, an event is recorded on the D2H
+  stream and the thread blocks on it; on CPU, a plain copy in that background thread (torch releases the
+  GIL while copying, so it overlaps the training thread's forward/backward).
+
+The engine contract (``engines/base.py``) keeps the state stable from the end of ``optimizer_step`` of
+step k-1 until ``optimizer_step`` of step k; the runtime's ``wait_commit`` (before ``optimizer_step``)
+waits for this copy, so it never reads a half-updated state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from phoenix_hpc.runtime.snapshot import SnapshotLayout, copy_in
+
+
+class D2H:
+    """Device-to-host copier for one rank. ``device`` is the engine's device (``cpu`` or ``cuda:N``)."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+
+    @property
+    def pin(self) -> bool:
+        """Whether host buffers should be page-locked (CUDA only: pinned memory makes the copy async)."""
+        return self.cuda
+
+    def mark(self) -> Any:
+        """Training thread: a token that orders the copy after all work queued so far (CUDA event)."""
+        if not self.cuda:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    def copy(self, token: Any, buf: torch.Tensor, layout: SnapshotLayout, opt: list, params: list) -> None:
+        """Copy thread: copy ``opt`` + ``params`` into ``buf``; returns when the bytes are in host memory."""
+        if not self.cuda:
+            copy_in(buf, layout, opt, params)
+            return
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            self._stream.wait_event(token)
+            copy_in(buf, layout, opt, params, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        done.synchronize()

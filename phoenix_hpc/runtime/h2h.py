@@ -1,0 +1,378 @@
+"""H2H: replicate optimizer shards between hosts over MPI point-to-point (DESIGN.md sections 3-4).
+
+One :class:`H2HEngine` per rank owns *every* MPI call the runtime makes after start-up. Other threads only
+enqueue commands (send a replica, send an acknowledgement, start a commit fence) and wait on results. This
+is what MPI's ``MPI_THREAD_SERIALIZED`` level allows (one thread in MPI at a time), and it is also correct
+under ``MPI_THREAD_MULTIPLE``. Under ``MPI_THREAD_FUNNELED`` or ``SINGLE`` only the main thread may call
+MPI, so the engine runs without a thread and the training thread drives it (:meth:`H2HEngine.poll`) while
+it waits in ``wait_commit``; copies then no longer overlap compute. Measured with this project's stack
+(Open MPI 4.1.4 + mpi4py 4.1, ``mpirun`` and ``srun --mpi=pmix``): ``MPI.Query_thread()`` returns
+``MPI_THREAD_MULTIPLE`` (mpi4py requests it by default).
+
+Wire protocol, on the runtime's private communicator (a ``Dup`` of the generation's communicator), for
+the replica of step s from owner O to holder H:
+
+1. O -> H, tag ``ANNOUNCE_TAG``: int64[3] = (step, generation, nbytes).
+2. O -> H, tags ``data_tag(step, i)``: chunk i of the replica (``buf[:opt_end]``), ``chunk_bytes`` each
+   (the last may be shorter). The step is part of the tag, so a stale chunk can never match.
+3. H verifies every optimizer tensor's CRC-32 against the index it received, flips its receiving buffer to
+   committed if all match, then H -> O, tag ``ACK_TAG``: int64[4] = (step, generation, status, combined
+   CRC) with status 0 = verified, 1 = checksum mismatch.
+
+Besides, each commit starts a non-blocking ``MIN`` all-reduce of the committed step over the communicator
+(the *commit fence*): its result is the job-wide recoverable step, and a buffer holding step j-2 is only
+overwritten once the fence shows every shard committed j-1 (see ``protector``).
+
+All operations are non-blocking (``Isend``/``Irecv``/``Iallreduce`` + ``Test``): Open MPI's blocking waits
+spin a core, which on a busy node steals it from compute. The engine polls with a short sleep while data is
+moving (``busy_sleep_s``) and a longer one while idle (``idle_sleep_s``).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from phoenix_hpc.errors import ReplicationError
+
+ANNOUNCE_TAG = 1
+ACK_TAG = 2
+DATA_TAG_BASE = 16
+ACK_OK, ACK_BAD_CHECKSUM = 0, 1
+
+
+def chunk_ranges(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """``[start, end)`` byte ranges of the chunks of an ``nbytes`` message. Raises ReplicationError when
+    ``chunk_bytes <= 0``; chunks are capped at 2**31-1 bytes (MPI counts are C ints)."""
+    if not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
+        raise ReplicationError(f"resilience.chunk_bytes must be a positive number of bytes, got {chunk_bytes!r}")
+    c = min(chunk_bytes, 2**31 - 1)
+    return [(s, min(s + c, nbytes)) for s in range(0, nbytes, c)] or [(0, 0)]
+
+
+@dataclass(frozen=True)
+class TagPlan:
+    """Data tags ``DATA_TAG_BASE + ((step mod step_mod) << chunk_bits | chunk)``, all <= the MPI tag bound."""
+
+    chunk_bits: int
+    step_mod: int
+
+    def data_tag(self, step: int, chunk: int) -> int:
+        return DATA_TAG_BASE + (((step % self.step_mod) << self.chunk_bits) | chunk)
+
+
+def make_tag_plan(max_chunks: int, tag_ub: int) -> TagPlan:
+    """Tag plan for messages of up to ``max_chunks`` chunks under ``MPI.TAG_UB`` = ``tag_ub``.
+
+    Raises ReplicationError when fewer than 4 steps fit in the tag space (chunk size far too small)."""
+    bits = max(1, (max(1, max_chunks) - 1).bit_length())
+    step_mod = (tag_ub - DATA_TAG_BASE) >> bits
+    if step_mod < 4:
+        raise ReplicationError(
+            f"a replica needs {max_chunks} chunks; with MPI_TAG_UB={tag_ub} that leaves no room for the step in "
+            "the tag. Raise resilience.chunk_bytes"
+        )
+    return TagPlan(bits, step_mod)
+
+
+@dataclass
+class HeldSpec:
+    """A shard this rank holds: its owner's rank in the runtime communicator, the expected replica size and
+    the ping-pong pair to receive into."""
+
+    shard_id: str
+    owner: int
+    nbytes: int
+    pingpong: Any  # buffers.PingPong
+
+
+@dataclass
+class _Incoming:
+    spec: HeldSpec
+    announce: np.ndarray = field(default_factory=lambda: np.zeros(3, dtype=np.int64))
+    announce_req: Any = None
+    step: int | None = None
+    idx: int | None = None
+    chunks: list = field(default_factory=list)
+    next_chunk: int = 0
+    reqs: list = field(default_factory=list)
+    t0: float = 0.0
+
+
+@dataclass
+class _Outgoing:
+    step: int
+    generation: int
+    holder: int
+    view: np.ndarray
+    chunks: list
+    announce: np.ndarray
+    next_chunk: int = 0
+    reqs: list = field(default_factory=list)
+    ack: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))
+    ack_req: Any = None
+    t0: float = 0.0
+
+
+class H2HEngine:
+    """The MPI side of replication for one rank (see the module doc for the protocol).
+
+    Args:
+        comm: the runtime's private communicator (mpi4py ``Intracomm``), used only by this engine.
+        holders: runtime-communicator ranks that hold this rank's shard.
+        held: the shards this rank holds for others.
+        generation: generation the communicator belongs to (checked in every announce/ack).
+        chunk_bytes: H2H chunk size in bytes (> 0).
+        tag_plan: from :func:`make_tag_plan`.
+        on_received: called (engine thread) with ``(spec, buffer_index, step)`` when a replica has fully
+            arrived; the receiver verifies it elsewhere and answers with :meth:`send_ack`.
+        window: chunks in flight per peer and direction.
+        fault_hook: test/drill hook called as ``fault_hook("h2h_send_chunk", step, chunk_index)`` before
+            each chunk is posted (may kill the process).
+    """
+
+    def __init__(
+        self,
+        comm: Any,
+        holders: list[int],
+        held: list[HeldSpec],
+        generation: int,
+        chunk_bytes: int,
+        tag_plan: TagPlan,
+        on_received: Callable[[HeldSpec, int, int], None],
+        window: int = 4,
+        busy_sleep_s: float = 50e-6,
+        idle_sleep_s: float = 1e-3,
+        fault_hook: Callable[[str, int, int], None] | None = None,
+    ):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.comm = comm
+        self.holders = list(holders)
+        self.generation = generation
+        self.chunk_bytes = chunk_bytes
+        self.tags = tag_plan
+        self.on_received = on_received
+        self.window = max(1, window)
+        self.busy_sleep_s, self.idle_sleep_s = busy_sleep_s, idle_sleep_s
+        self.fault_hook = fault_hook
+        self._cmds: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self._incoming = [_Incoming(s) for s in held]
+        self._outgoing: list[_Outgoing] = []
+        self._fences: list[tuple[int, Any, np.ndarray, np.ndarray]] = []
+        self._acks_out: list[tuple[Any, np.ndarray]] = []
+        self.acks: dict[int, dict[int, tuple[int, int]]] = {}  # step -> holder -> (status, crc)
+        self.send_s: dict[int, float] = {}  # step -> seconds from first post to last ack
+        self.fenced_step: int | None = None  # newest completed fence result (min committed step)
+        self.error: BaseException | None = None
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._started = False
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    def start(self, threaded: bool) -> None:
+        """Post the first receives; with ``threaded`` run :meth:`poll` in a daemon thread."""
+        for inc in self._incoming:
+            self._post_announce(inc)
+        self._started = True
+        if threaded:
+            self._thread = threading.Thread(target=self._run, name="phoenix-h2h", daemon=True)
+            self._thread.start()
+
+    @property
+    def threaded(self) -> bool:
+        return self._thread is not None
+
+    def stop(self, abandon: bool = False, timeout_s: float = 10.0) -> None:
+        """Stop the engine. Unless ``abandon``, first wait (up to ``timeout_s``) for outstanding sends,
+        acks and fences; then cancel the receives still posted for future steps."""
+        if not abandon and self.error is None:
+            deadline = time.monotonic() + timeout_s
+            while self._busy() and time.monotonic() < deadline and self.error is None:
+                if self._thread is None:
+                    self.poll()
+                time.sleep(self.busy_sleep_s)
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+        if not abandon:
+            for inc in self._incoming:
+                for r in [inc.announce_req] + inc.reqs:
+                    if r is not None and r != self._MPI.REQUEST_NULL:
+                        try:
+                            r.Cancel()
+                            r.Wait()
+                        except self._MPI.Exception:
+                            pass
+
+    def _busy(self) -> bool:
+        with self._cv:
+            cmds = bool(self._cmds)
+        return cmds or bool(self._outgoing or self._fences or self._acks_out) or any(
+            inc.step is not None for inc in self._incoming
+        )
+
+    # --- commands (any thread) --------------------------------------------------------------------------
+    def _enqueue(self, cmd: tuple) -> None:
+        with self._cv:
+            self._cmds.append(cmd)
+            self._cv.notify_all()
+
+    def send_replica(self, step: int, view: np.ndarray) -> None:
+        """Send ``view`` (uint8, the replica of ``step``) to every holder. ``view`` must stay unchanged
+        until every holder acknowledged."""
+        self._enqueue(("send", step, view))
+
+    def send_ack(self, spec: HeldSpec, step: int, status: int, crc: int) -> None:
+        self._enqueue(("ack", spec.owner, np.array([step, self.generation, status, crc], dtype=np.int64)))
+
+    def fence(self, committed_step: int) -> None:
+        """Start the commit fence for ``committed_step`` (every rank calls it once per commit, in order)."""
+        self._enqueue(("fence", committed_step))
+
+    def wait(self, predicate: Callable[[], bool], timeout_s: float | None, drive: bool = False) -> bool:
+        """Block until ``predicate()`` (evaluated under the engine's lock) is true, the engine failed or
+        stopped, or ``timeout_s`` passed. In unthreaded mode a caller with ``drive`` (the main thread: the
+        only one allowed to call MPI then) drives progress meanwhile; others just wait."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        drive = drive and self._thread is None
+        while True:
+            if drive:
+                self.poll()
+            with self._cv:
+                if predicate() or self.error is not None or self._stop:
+                    return predicate()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                if not drive:
+                    self._cv.wait(timeout=0.05 if left is None else min(left, 0.05))
+            if drive:
+                time.sleep(self.busy_sleep_s)
+
+    def notify(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    # --- progress (engine thread, or the main thread when unthreaded) --------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                if self._stop:
+                    return
+            try:
+                moving = self.poll()
+            except BaseException as e:  # noqa: BLE001 -- recorded and re-raised in the training thread
+                with self._cv:
+                    self.error = e
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                if not self._cmds and not self._stop:
+                    self._cv.wait(timeout=self.busy_sleep_s if moving else self.idle_sleep_s)
+
+    def poll(self) -> bool:
+        """One round of progress. Returns True when data transfers are in flight."""
+        MPI = self._MPI
+        while True:
+            with self._cv:
+                if not self._cmds:
+                    break
+                cmd = self._cmds.popleft()
+            kind = cmd[0]
+            if kind == "send":
+                self._start_send(cmd[1], cmd[2])
+            elif kind == "ack":
+                req = self.comm.Isend([cmd[2], MPI.INT64_T], dest=cmd[1], tag=ACK_TAG)
+                self._acks_out.append((req, cmd[2]))
+            elif kind == "fence":
+                send = np.array([cmd[1]], dtype=np.int64)
+                recv = np.zeros(1, dtype=np.int64)
+                req = self.comm.Iallreduce([send, MPI.INT64_T], [recv, MPI.INT64_T], op=MPI.MIN)
+                self._fences.append((cmd[1], req, send, recv))
+        moving = False
+        for inc in self._incoming:
+            moving |= self._progress_incoming(inc)
+        for out in list(self._outgoing):
+            moving |= self._progress_outgoing(out)
+        self._acks_out = [(r, b) for r, b in self._acks_out if not r.Test()]
+        while self._fences and self._fences[0][1].Test():
+            _, _, _, recv = self._fences.pop(0)
+            with self._cv:
+                self.fenced_step = int(recv[0])
+                self._cv.notify_all()
+        return moving
+
+    def _post_announce(self, inc: _Incoming) -> None:
+        inc.announce_req = self.comm.Irecv([inc.announce, self._MPI.INT64_T], source=inc.spec.owner, tag=ANNOUNCE_TAG)
+
+    def _progress_incoming(self, inc: _Incoming) -> bool:
+        MPI = self._MPI
+        if inc.step is None:
+            if not inc.announce_req.Test():
+                return False
+            step, gen, nbytes = (int(x) for x in inc.announce)
+            if gen != self.generation or nbytes != inc.spec.nbytes:
+                raise ReplicationError(
+                    f"replica announce for {inc.spec.shard_id} from rank {inc.spec.owner}: generation {gen}, "
+                    f"{nbytes} bytes; expected generation {self.generation}, {inc.spec.nbytes} bytes"
+                )
+            pp = inc.spec.pingpong
+            inc.step, inc.idx = step, pp.target_idx()
+            buf = pp.begin_write(inc.idx).numpy()
+            inc.chunks = [(i, buf[a:b]) for i, (a, b) in enumerate(chunk_ranges(nbytes, self.chunk_bytes))]
+            inc.next_chunk, inc.reqs, inc.t0 = 0, [], time.monotonic()
+        # keep up to `window` chunk receives posted
+        inc.reqs = [r for r in inc.reqs if not r.Test()]
+        while len(inc.reqs) < self.window and inc.next_chunk < len(inc.chunks):
+            i, view = inc.chunks[inc.next_chunk]
+            inc.reqs.append(self.comm.Irecv([view, MPI.BYTE], source=inc.spec.owner, tag=self.tags.data_tag(inc.step, i)))
+            inc.next_chunk += 1
+        if inc.next_chunk == len(inc.chunks) and not inc.reqs:
+            step, idx = inc.step, inc.idx
+            inc.step = inc.idx = None
+            self._post_announce(inc)
+            self.on_received(inc.spec, idx, step)
+            return False
+        return True
+
+    def _start_send(self, step: int, view: np.ndarray) -> None:
+        ranges = chunk_ranges(view.size, self.chunk_bytes)
+        for h in self.holders:
+            out = _Outgoing(step, self.generation, h, view, ranges,
+                            np.array([step, self.generation, view.size], dtype=np.int64), t0=time.monotonic())
+            out.ack_req = self.comm.Irecv([out.ack, self._MPI.INT64_T], source=h, tag=ACK_TAG)
+            out.reqs.append(self.comm.Isend([out.announce, self._MPI.INT64_T], dest=h, tag=ANNOUNCE_TAG))
+            self._outgoing.append(out)
+
+    def _progress_outgoing(self, out: _Outgoing) -> bool:
+        MPI = self._MPI
+        out.reqs = [r for r in out.reqs if not r.Test()]
+        while len(out.reqs) < self.window and out.next_chunk < len(out.chunks):
+            i = out.next_chunk
+            if self.fault_hook is not None:
+                self.fault_hook("h2h_send_chunk", out.step, i)
+            a, b = out.chunks[i]
+            out.reqs.append(self.comm.Isend([out.view[a:b], MPI.BYTE], dest=out.holder, tag=self.tags.data_tag(out.step, i)))
+            out.next_chunk += 1
+        if out.next_chunk == len(out.chunks) and not out.reqs and out.ack_req.Test():
+            step, gen, status, crc = (int(x) for x in out.ack)
+            self._outgoing.remove(out)
+            with self._cv:
+                if step != out.step or gen != out.generation:
+                    self.acks.setdefault(out.step, {})[out.holder] = (-1, 0)
+                else:
+                    self.acks.setdefault(step, {})[out.holder] = (status, crc)
+                self.send_s[out.step] = max(self.send_s.get(out.step, 0.0), time.monotonic() - out.t0)
+                self._cv.notify_all()
+            return False
+        return True

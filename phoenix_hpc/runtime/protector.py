@@ -1,0 +1,495 @@
+"""The per-step protector: what the training loop calls when resilience is enabled (DESIGN.md section 4).
+
+::
+
+    protector.start_snapshot(engine)   # before forward_backward of step k: D2H + H2H of S(k-1) start
+    loss = engine.forward_backward()
+    engine.reduce_gradients()
+    protector.wait_commit()            # before optimizer_step: local D2H done + k verified acks -> flip
+    engine.optimizer_step()            # -> S(k)
+
+With resilience disabled the loop calls none of this (no wrapper, no extra layer).
+
+Threads of a rank while a Protector runs:
+
+- the training thread: only ``start_snapshot`` (records a CUDA event, captures the tensor list and the
+  envelope, enqueues) and ``wait_commit`` (waits, checks acks, flips). It makes no MPI call, except that
+  under ``MPI_THREAD_FUNNELED``/``SINGLE`` it drives the H2H engine while waiting.
+- ``phoenix-copy``: D2H copy, CRC-32 of every tensor, the index; verification of replicas received for
+  others. No MPI.
+- ``phoenix-h2h`` (``h2h.H2HEngine``): every MPI call of the runtime, non-blocking.
+
+While a Protector runs, no other thread may call MPI unless the provided level is ``MPI_THREAD_MULTIPLE``;
+call :meth:`Protector.close` first (recovery does).
+
+Why a fault during a copy can only damage the buffer being written, and the newest *recoverable* step R
+(the minimum over shards of the committed step) is always restorable everywhere:
+
+- every pair of buffers is ping-pong: a D2H writes only the local *staging* buffer, a receive only the
+  holder's *receiving* buffer; the committed buffer is never written while committed, and it verified
+  before it became committed (locally: its CRCs were computed from it; at a holder: every CRC matched
+  before the flip and the ack);
+- the owner flips staging -> committed only after its own D2H and k acks with the CRC it computed; the
+  holder flips receiving -> committed on its side as soon as its copy verified (before it acks), so a
+  holder always has the owner's newest acknowledged step, and keeps the step before it in the other buffer;
+- *commit fence*: every commit starts a non-blocking MIN all-reduce of the committed step over all ranks;
+  a buffer holding step j-2 is overwritten (by the D2H of step j, or by the owner's send of step j at its
+  holders) only after the fence showed every shard committed j-1. Hence every rank and holder keeps S(R)
+  (committed or previous buffer) for the job-wide R, even if one rank dies mid-copy while others run ahead.
+  Lost work on a fault is therefore at most the steps since R: the current partial step plus at most one.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+from phoenix_hpc.errors import ReplicationError
+from phoenix_hpc.runtime.buffers import (
+    BufferSet,
+    MemoryPlan,
+    allocate_buffers,
+    check_host_memory,
+    read_mem_available,
+)
+from phoenix_hpc.runtime.d2h import D2H
+from phoenix_hpc.runtime.h2h import ACK_BAD_CHECKSUM, ACK_OK, H2HEngine, HeldSpec, chunk_ranges, make_tag_plan
+from phoenix_hpc.runtime.snapshot import OPT, PARAM, SnapshotLayout, Unpacked, plan_layout, seal, unpack, verify
+from phoenix_hpc.topology import Placement
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """Reported after every commit: shard ``shard_id`` has a verified local copy and k verified replicas
+    of ``step`` (the state after ``step`` optimizer steps). ``recoverable_step`` is the job-wide minimum
+    committed step known to this rank (from the last completed commit fence; None before the first)."""
+
+    shard_id: str
+    step: int
+    generation: int
+    holders: tuple[int, ...]
+    exposed_wait_s: float
+    recoverable_step: int | None
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Per protected step, in seconds: ``start_s`` spent in ``start_snapshot``; ``wait_s`` blocked in
+    ``wait_commit``; ``exposed_s`` = both (what training lost); ``d2h_s`` copy + checksums (background);
+    ``h2h_s`` first post to last ack (background)."""
+
+    step: int
+    start_s: float
+    wait_s: float
+    exposed_s: float
+    d2h_s: float
+    h2h_s: float
+
+
+def recoverable_step(committed: Mapping[str, int | None]) -> int | None:
+    """The newest step every shard can be restored to: the minimum over shards of their committed step
+    (DESIGN.md section 4); None while some shard has none."""
+    vals = list(committed.values())
+    if not vals or any(v is None for v in vals):
+        return None
+    return min(vals)  # type: ignore[arg-type]
+
+
+@dataclass
+class _Pending:
+    step: int
+    idx: int | None = None
+    crc: int | None = None
+    d2h_done: bool = False
+    error: BaseException | None = None
+    start_s: float = 0.0
+    d2h_s: float = 0.0
+
+
+@dataclass
+class _Setup:
+    layout: SnapshotLayout
+    plan: MemoryPlan
+    buffers: BufferSet
+    comm: Any
+    holders_logical: tuple[int, ...]
+    holders_comm: tuple[int, ...]
+    held: list[HeldSpec]
+    tag_plan: Any
+    thread_level: int
+    threaded: bool
+
+
+class Protector:
+    """PHOENIX protection of one rank for one generation. Build with :meth:`create` (collective over
+    ``comm``); never shared across generations (recovery closes it and creates a new one)."""
+
+    def __init__(self, *, engine_coord, shard_id: str, grid: Mapping[str, int], generation: int, setup: _Setup,
+                 chunk_bytes: int, commit_timeout_s: float | None, on_commit, log, fault_hook, device):
+        self.shard_id = shard_id
+        self.grid = dict(grid)
+        self.coord = {"pp": engine_coord.pp, "dp": engine_coord.dp, "tp": engine_coord.tp}
+        self.generation = generation
+        self.layout = setup.layout
+        self.memory_plan = setup.plan
+        self.buffers = setup.buffers
+        self.holders = setup.holders_logical
+        self.thread_level = setup.thread_level
+        self.commit_timeout_s = commit_timeout_s
+        self.on_commit = on_commit
+        self.log = log
+        self.fault_hook = fault_hook
+        self.d2h = D2H(device)
+        self.committed_step: int | None = None
+        self.timings: list[StepTiming] = []
+        self.held_steps: dict[str, int] = {}
+        self._pending: _Pending | None = None
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue = queue.Queue()
+        self._comm = setup.comm
+        self._closed = False
+        self.h2h = H2HEngine(setup.comm, list(setup.holders_comm), setup.held, generation, chunk_bytes,
+                             setup.tag_plan, self._on_received, fault_hook=fault_hook)
+        self._worker = threading.Thread(target=self._work, name="phoenix-copy", daemon=True)
+        self._worker.start()
+        self.h2h.start(threaded=setup.threaded)
+
+    # --- construction (collective) ---------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        *,
+        engine,
+        comm,
+        placement: Placement,
+        logical_rank: int,
+        grid: Mapping[str, int],
+        generation: int,
+        chunk_bytes: int,
+        comm_rank_of: Mapping[int, int] | None = None,
+        ranks_per_node: int = 1,
+        commit_timeout_s: float | None = 30.0,
+        on_commit: Callable[[CommitRecord], None] | None = None,
+        log: Callable[[str], None] | None = print,
+        mem_available_bytes: int | None = None,
+        threaded: bool | None = None,
+        fault_hook: Callable[[str, int, int], None] | None = None,
+        device: torch.device | str | None = None,
+    ) -> "Protector":
+        """Set up protection for ``engine`` (collective: every active rank of the generation calls it).
+
+        Args:
+            engine: an ``engines.base.Engine``; its ``optimizer_shard``/``param_shard``/``envelope`` size
+                the buffers.
+            comm: the generation's MPI communicator (mpi4py), spanning exactly the active ranks. It is
+                ``Dup``-ed; the runtime uses only its duplicate.
+            placement: from ``topology.place_replicas`` for this generation (logical ranks).
+            logical_rank: this rank's logical rank; ``comm_rank_of`` maps logical ranks to ranks of
+                ``comm`` (identity when None, as at generation 0).
+            grid: ``{"tp", "pp", "dp"}`` sizes (written into every snapshot).
+            chunk_bytes: H2H chunk size (``resilience.chunk_bytes``).
+            ranks_per_node: ranks sharing this host's memory (for the memory check).
+            commit_timeout_s: ``wait_commit`` gives up after this (None: never).
+            on_commit: called in the training thread with a :class:`CommitRecord` after each commit.
+            log: where the start-up memory line goes (None: nowhere).
+            mem_available_bytes: override of ``/proc/meminfo`` MemAvailable (tests).
+            threaded: force the H2H engine's mode; default: threaded iff ``MPI.Query_thread()`` >=
+                ``MPI_THREAD_SERIALIZED``.
+            fault_hook: drill hook, called as ``hook(phase, step, i)`` with phase ``d2h`` (copy thread,
+                before the copy of step) and ``h2h_send_chunk`` (H2H engine, before chunk i of step).
+            device: where the engine's tensors live (default: the first optimizer tensor's device).
+
+        Raises:
+            ReplicationError (on every rank, before anything is allocated): ``chunk_bytes <= 0``; this rank
+                missing from the placement; a replica too large for the MPI tag space; any rank lacking host
+                memory for its buffers (MemAvailable check); an allocation failure on any rank.
+        """
+        from mpi4py import MPI
+
+        chunk_ranges(0, chunk_bytes)  # validates chunk_bytes before any collective call
+        opt, params, env = engine.optimizer_shard(), engine.param_shard(), engine.envelope()
+        coord = engine.coord
+        shard_id = coord.shard_prefix()
+        mine = placement.holders_of(logical_rank)
+        if not mine or mine[0].shard_id != shard_id:
+            raise ReplicationError(
+                f"logical rank {logical_rank} ({shard_id}) has no replicas in the placement "
+                f"(placement covers ranks {sorted({r.owner_rank for r in placement.replicas})})"
+            )
+        held_pl = placement.held_by(logical_rank)
+        c_of = (lambda r: r) if comm_rank_of is None else (lambda r: comm_rank_of[r])
+        example = {"format": 1, "shard_id": shard_id, "step": 2**40, "generation": 2**20, "grid": dict(grid),
+                   "coord": {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp}, "envelope": env}
+        layout = plan_layout(opt, params, example)
+        if device is None:
+            device = (opt or params)[0][1].device if (opt or params) else torch.device("cpu")
+        pin = torch.device(device).type == "cuda"
+
+        pcomm = comm.Dup()
+        try:
+            sizes = pcomm.allgather(layout.replica_bytes)  # by comm rank
+            held_sizes = tuple((r.shard_id, sizes[c_of(r.owner_rank)]) for r in held_pl)
+            plan = MemoryPlan(layout.total_bytes, held_sizes)
+            problem = None
+            try:
+                max_chunks = max(len(chunk_ranges(s, chunk_bytes)) for s in sizes)
+                tag_plan = make_tag_plan(max_chunks, int(pcomm.Get_attr(MPI.TAG_UB)))
+                avail = read_mem_available() if mem_available_bytes is None else mem_available_bytes
+                check_host_memory(plan, avail, ranks_per_node)
+            except ReplicationError as e:
+                problem = str(e)
+            problems = pcomm.allgather(problem)
+            bad = [(r, p) for r, p in enumerate(problems) if p]
+            if bad:
+                raise ReplicationError(
+                    "replication cannot start: "
+                    + "; ".join(f"rank {r}: {p}" for r, p in bad[:4])
+                    + (f" (and {len(bad) - 4} more ranks)" if len(bad) > 4 else "")
+                )
+            buffers, problem = None, None
+            try:
+                buffers = allocate_buffers(plan, pin)
+            except ReplicationError as e:
+                problem = str(e)
+            problems = pcomm.allgather(problem)
+            bad = [(r, p) for r, p in enumerate(problems) if p]
+            if bad:
+                buffers = None
+                raise ReplicationError("replication cannot start: " + "; ".join(f"rank {r}: {p}" for r, p in bad[:4]))
+        except BaseException:
+            pcomm.Free()
+            raise
+        level = MPI.Query_thread()
+        if threaded is None:
+            threaded = level >= MPI.THREAD_SERIALIZED
+        held = [HeldSpec(r.shard_id, c_of(r.owner_rank), sizes[c_of(r.owner_rank)], buffers.held[r.shard_id])
+                for r in held_pl]
+        setup = _Setup(layout, plan, buffers, pcomm, tuple(r.holder_rank for r in mine),
+                       tuple(c_of(r.holder_rank) for r in mine), held, tag_plan, level, threaded)
+        if log is not None:
+            names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
+                     MPI.THREAD_SERIALIZED: "SERIALIZED", MPI.THREAD_MULTIPLE: "MULTIPLE"}
+            log(f"phoenix runtime rank {logical_rank} ({shard_id}) gen {generation}: {plan.describe()}; "
+                f"replicas to ranks {list(setup.holders_logical)}, holding {[s for s, _ in held_sizes]}; "
+                f"MPI thread level {names.get(level, level)}, H2H {'in a progress thread' if threaded else 'driven by the training thread'}")
+        return cls(engine_coord=coord, shard_id=shard_id, grid=grid, generation=generation, setup=setup,
+                   chunk_bytes=chunk_bytes, commit_timeout_s=commit_timeout_s, on_commit=on_commit, log=log,
+                   fault_hook=fault_hook, device=device)
+
+    # --- the two calls of the training loop -------------------------------------------------------------
+    def start_snapshot(self, engine) -> None:
+        """Start protecting the engine's current state S(engine.step): D2H into staging, then H2H of its
+        optimizer part to the holders, both in the background. Call before ``forward_backward``.
+
+        Raises ReplicationError if the previous snapshot was never committed or the runtime failed."""
+        t0 = time.perf_counter()
+        self._raise_if_failed()
+        if self._pending is not None:
+            raise ReplicationError(f"start_snapshot: step {self._pending.step} was started but never committed")
+        step = int(engine.step)
+        token = self.d2h.mark()
+        job = _Pending(step)
+        self._pending = job
+        self._jobs.put(("snapshot", job, token, engine.optimizer_shard(), engine.param_shard(), engine.envelope()))
+        if not self.h2h.threaded:
+            self.h2h.poll()
+        job.start_s = time.perf_counter() - t0
+
+    def wait_commit(self, timeout_s: float | None = None) -> CommitRecord:
+        """Wait for the local D2H and every holder's verified ack of the snapshot started last, then flip
+        staging -> committed and start the commit fence. Call before ``optimizer_step``.
+
+        Raises:
+            ReplicationError: no snapshot was started; the wait exceeded ``timeout_s`` (default
+                ``commit_timeout_s``), naming what is missing; a holder reported a checksum mismatch or
+                acked another step/generation; the copy or H2H thread failed.
+        """
+        t0 = time.perf_counter()
+        job = self._pending
+        if job is None:
+            raise ReplicationError("wait_commit called without start_snapshot")
+        timeout_s = self.commit_timeout_s if timeout_s is None else timeout_s
+        n = len(self.holders)
+
+        def ready() -> bool:
+            return job.error is not None or (job.d2h_done and len(self.h2h.acks.get(job.step, {})) >= n)
+
+        ok = self.h2h.wait(ready, timeout_s, drive=True)
+        self._raise_if_failed()
+        if job.error is not None:
+            self._pending = None
+            raise ReplicationError(f"snapshot of step {job.step} failed: {job.error}") from job.error
+        if not ok:
+            got = self.h2h.acks.get(job.step, {})
+            missing = [h for h, c in zip(self.holders, self.h2h.holders) if c not in got]
+            raise ReplicationError(
+                f"commit of step {job.step} of {self.shard_id} timed out after {timeout_s} s: "
+                + ("local D2H not done; " if not job.d2h_done else "")
+                + (f"no ack from holder rank(s) {missing}" if missing else "")
+            )
+        acks = self.h2h.acks.pop(job.step, {})
+        for (h, c) in zip(self.holders, self.h2h.holders):
+            status, crc = acks[c]
+            if status != ACK_OK or crc != job.crc:
+                self._pending = None
+                why = {ACK_BAD_CHECKSUM: "its copy failed the checksum", -1: "it acked another step or generation"}
+                raise ReplicationError(
+                    f"replica of {self.shard_id} step {job.step} at holder rank {h} is not valid: "
+                    f"{why.get(status, f'ack crc {crc:#x} != {job.crc:#x}')}"
+                )
+        self.buffers.local.commit(job.idx, job.step)
+        self.committed_step = job.step
+        self.h2h.fence(job.step)
+        wait_s = time.perf_counter() - t0
+        self.timings.append(StepTiming(job.step, job.start_s, wait_s, job.start_s + wait_s, job.d2h_s,
+                                       self.h2h.send_s.pop(job.step, 0.0)))
+        self._pending = None
+        rec = CommitRecord(self.shard_id, job.step, self.generation, self.holders, job.start_s + wait_s,
+                           self.h2h.fenced_step)
+        if self.on_commit is not None:
+            self.on_commit(rec)
+        return rec
+
+    def flush(self, engine, timeout_s: float | None = None) -> CommitRecord:
+        """Protect the final state (after the last ``optimizer_step``): ``start_snapshot`` + ``wait_commit``."""
+        self.start_snapshot(engine)
+        return self.wait_commit(timeout_s)
+
+    # --- reading copies (recovery, rollback, tests) -------------------------------------------------------
+    @property
+    def recoverable_step(self) -> int | None:
+        """Job-wide minimum committed step from the newest completed commit fence (None before one)."""
+        return self.h2h.fenced_step
+
+    def held_shards(self) -> list[str]:
+        return list(self.buffers.held)
+
+    def held_replica(self, shard_id: str, step: int | None = None) -> Unpacked:
+        """Verified copy of the replica of ``shard_id`` this rank holds: the committed one, or the one of
+        ``step`` (committed or previous buffer). Only the opt part (``opt/...`` tensors) and the envelope.
+
+        Reading the *previous* buffer while the runtime still runs may race with a receive; recovery reads
+        after :meth:`close`. Raises ReplicationError when this rank does not hold the shard, has no copy of
+        that step, or the copy fails a checksum."""
+        pp = self.buffers.held.get(shard_id)
+        if pp is None:
+            raise ReplicationError(f"this rank holds no replica of {shard_id} (holds {self.held_shards()})")
+        return self._read(pp, step, (OPT,), f"replica of {shard_id}")
+
+    def local_snapshot(self, step: int | None = None) -> Unpacked:
+        """Verified local snapshot (optimizer + param shard + envelope): committed, or of ``step``."""
+        return self._read(self.buffers.local, step, (OPT, PARAM), "local snapshot")
+
+    def _read(self, pp, step, parts, what) -> Unpacked:
+        if step is None:
+            s, buf = pp.committed()
+        else:
+            s, buf = step, pp.find(step)
+        if buf is None:
+            raise ReplicationError(f"no verified {what} of step {step if step is not None else '(committed)'}")
+        u = unpack(buf, parts)
+        if u.step != s:
+            raise ReplicationError(f"{what}: buffer says step {u.step}, expected {s}")
+        return u
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+    def close(self, abandon: bool = False) -> None:
+        """Stop the copy and H2H threads and free the runtime communicator. Without ``abandon`` (normal end)
+        outstanding transfers and fences complete first (all ranks close together); with ``abandon``
+        (after a fault) nothing waits on peers and the communicator is not freed. Buffers stay readable."""
+        if self._closed:
+            return
+        self._closed = True
+        self._jobs.put(None)
+        self._worker.join(timeout=30)
+        self.h2h.stop(abandon=abandon)
+        if not abandon:
+            self._comm.Free()
+
+    def stats(self) -> dict[str, Any]:
+        """Summary of the protected steps: counts, exposed wait (mean/max, s), background D2H/H2H (mean, s)."""
+        t = self.timings
+        if not t:
+            return {"steps": 0}
+        return {
+            "steps": len(t),
+            "exposed_wait_mean_s": sum(x.exposed_s for x in t) / len(t),
+            "exposed_wait_max_s": max(x.exposed_s for x in t),
+            "d2h_mean_s": sum(x.d2h_s for x in t) / len(t),
+            "h2h_mean_s": sum(x.h2h_s for x in t) / len(t),
+            "snapshot_bytes": self.layout.total_bytes,
+            "replica_bytes": self.layout.replica_bytes,
+            "host_buffer_bytes": self.memory_plan.total_bytes,
+        }
+
+    # --- internals ------------------------------------------------------------------------------------------
+    def _raise_if_failed(self) -> None:
+        if self.h2h.error is not None:
+            raise ReplicationError(f"H2H replication failed: {self.h2h.error}") from self.h2h.error
+
+    def _on_received(self, spec: HeldSpec, idx: int, step: int) -> None:
+        self._jobs.put(("verify", spec, idx, step))
+
+    def _work(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            if item[0] == "snapshot":
+                self._do_snapshot(*item[1:])
+            else:
+                self._do_verify(*item[1:])
+
+    def _do_snapshot(self, job: _Pending, token, opt, params, envelope) -> None:
+        try:
+            t0 = time.perf_counter()
+            local = self.buffers.local
+            old = local.target_content_step()
+            if old is not None:
+                # commit fence: overwrite step `old` only once every shard committed old+1
+                fenced = self.h2h.wait(
+                    lambda: self.h2h.fenced_step is not None and self.h2h.fenced_step >= old + 1, None, drive=False
+                )
+                self._raise_if_failed()
+                if not fenced:
+                    raise ReplicationError(f"stopped before every shard committed step {old + 1}")
+            if self.fault_hook is not None:
+                self.fault_hook("d2h", job.step, 0)
+            idx = local.target_idx()
+            buf = local.begin_write(idx)
+            self.d2h.copy(token, buf, self.layout, opt, params)
+            envelope = json.loads(json.dumps(envelope))
+            crc = seal(buf, self.layout, shard_id=self.shard_id, step=job.step, generation=self.generation,
+                       grid=self.grid, coord=self.coord, envelope=envelope)
+            job.idx, job.crc, job.d2h_s = idx, crc, time.perf_counter() - t0
+            if self.holders:
+                self.h2h.send_replica(job.step, buf.numpy()[: self.layout.opt_end])
+        except BaseException as e:  # noqa: BLE001 -- reported by wait_commit in the training thread
+            job.error = e
+        finally:
+            job.d2h_done = True
+            self.h2h.notify()
+
+    def _do_verify(self, spec: HeldSpec, idx: int, step: int) -> None:
+        buf = spec.pingpong.bufs[idx]
+        try:
+            h, crc = verify(buf, (OPT,))
+            if h.step != step or h.generation != self.generation or h.index["shard_id"] != spec.shard_id:
+                raise ReplicationError(
+                    f"received {h.index['shard_id']} step {h.step} gen {h.generation}, expected "
+                    f"{spec.shard_id} step {step} gen {self.generation}"
+                )
+        except ReplicationError as e:
+            if self.log is not None:
+                self.log(f"phoenix runtime: replica of {spec.shard_id} step {step} rejected: {e}")
+            self.h2h.send_ack(spec, step, ACK_BAD_CHECKSUM, 0)
+            return
+        spec.pingpong.commit(idx, step)
+        self.held_steps[spec.shard_id] = step
+        self.h2h.send_ack(spec, step, ACK_OK, crc)
