@@ -246,6 +246,9 @@ def _prepare_run_dir(run_dir: Path) -> None:
         for name in ("etc", "munge", "ctld", "nodes"):
             shutil.rmtree(run_dir / name, ignore_errors=True)
     run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    # Job steps of non-root users read their node's folders (PMIx directory, munge socket): 0755, not the
+    # 0700 of a fresh temporary directory.
+    run_dir.chmod(0o755)
 
 
 def _write_files(layout: ClusterLayout) -> None:
@@ -255,8 +258,9 @@ def _write_files(layout: ClusterLayout) -> None:
     layout.etc_dir.mkdir(parents=True)
     for name, text in configs.items():
         (layout.etc_dir / name).write_text(text)
-    # munged refuses keys and folders that others can read or write.
-    layout.munge_dir.mkdir(mode=0o700)
+    # munged refuses a key that others can read and folders that others can write; clients of any user must
+    # reach the socket, so the folder is 0755 and the key 0400.
+    layout.munge_dir.mkdir(mode=0o755)
     key = layout.munge_dir / "munge.key"
     fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
     with os.fdopen(fd, "wb") as out:
@@ -280,7 +284,9 @@ def _make_fake_gpu(path: Path) -> None:
 
     A character device with the numbers of /dev/null (1, 3; devices.txt of the Linux kernel), so Slurm's
     gres/gpu accepts it as a device and sets ``CUDA_VISIBLE_DEVICES`` in the tasks' environment as on a
-    real GPU node; reading or writing it does nothing. Where ``mknod`` is not allowed an empty regular file
+    real GPU node (checked on Slurm 22.05: set for ``--gpus-per-node=4``, but left unset with
+    ``--gpu-bind=none`` and several tasks per node; ``SLURM_GPUS_ON_NODE`` is set in every case); reading or
+    writing it does nothing. Where ``mknod`` is not allowed an empty regular file
     is used: Slurm still counts the GPU (and ``--gpus-per-node`` works) but sets no ``CUDA_VISIBLE_DEVICES``.
     """
     try:

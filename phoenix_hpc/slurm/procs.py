@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from phoenix_hpc.errors import ClusterError
+
 PROC = Path("/proc")
 
 
@@ -122,7 +124,10 @@ def processes_with_env(marker: dict[str, str]) -> list[ProcId]:
 
 
 def signal_procs(procs: Iterable[ProcId], sig: int) -> list[ProcId]:
-    """Send ``sig`` to each process of ``procs`` that is still the same process; returns those signalled."""
+    """Send ``sig`` to each process of ``procs`` that is still the same process; returns those signalled.
+
+    Raises :class:`ClusterError` when a process belongs to another user (no permission to signal it).
+    """
     sent = []
     for proc in procs:
         if is_alive(proc):
@@ -131,6 +136,9 @@ def signal_procs(procs: Iterable[ProcId], sig: int) -> list[ProcId]:
                 sent.append(proc)
             except ProcessLookupError:
                 pass
+            except PermissionError:
+                raise ClusterError(f"not allowed to signal pid {proc.pid} (another user's process; the local "
+                                   "cluster's daemons run as root, so stop them as root)") from None
     return sent
 
 

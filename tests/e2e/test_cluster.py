@@ -203,3 +203,18 @@ def test_second_cluster_runs_beside_and_down_stops_exactly_its_daemons(slurm_clu
     assert all(procs.is_alive(p) for p in slurm_cluster.daemons.values())
     assert {s["state"] for s in lc.node_states(slurm_cluster).values()} == {"idle"}
     assert slurm_env["SLURM_CONF"] == str(slurm_cluster.slurm_conf)
+
+
+def test_kill_node_with_mark_down_is_down_at_once_and_revives(slurm_cluster):
+    node = "nid00006"
+    t0 = time.monotonic()
+    try:
+        lc.kill_node(slurm_cluster, node, mark_down_reason="drill: node lost")
+        states = lc.node_states(slurm_cluster)
+        assert states[node]["state"] in {"down", "down*"} and states[node]["reason"] == "drill: node lost"
+        assert time.monotonic() - t0 < slurm_cluster.slurmd_timeout_s  # did not wait for SlurmdTimeout
+    finally:
+        lc.revive_node(slurm_cluster, node)
+    after = lc.load_cluster(slurm_cluster.run_dir)
+    assert procs.is_alive(after.daemons[f"slurmd:{node}"])  # the new PID is recorded in cluster.json
+    assert lc.node_states(slurm_cluster)[node] == {"state": "idle", "reason": ""}  # ReturnToService=2
