@@ -1,0 +1,129 @@
+"""`phoenix submit` bad input: exit code 2 and a message naming the field, never a traceback, nothing written.
+Also --dry-run (prints the script, writes nothing) and --output."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from phoenix_hpc.cli.main import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT_SMALL = ROOT / "examples" / "gpt-small.yaml"
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def invoke(*args, env=None):
+    return CliRunner().invoke(cli, ["submit", *map(str, args)], env=env)
+
+
+def write_cfg(tmp: Path, **changes) -> Path:
+    data = yaml.safe_load(GPT_SMALL.read_text())
+    data["data"]["path"] = str(ROOT / "data" / "stdlib")
+    for section, value in changes.items():
+        if isinstance(value, dict):
+            data.setdefault(section, {}).update(value)
+        else:
+            data[section] = value
+    p = tmp / "cfg.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def assert_bad(result, *needles):
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    for n in needles:
+        assert n in result.output, result.output
+
+
+def test_dry_run_prints_script_and_writes_nothing(in_tmp):
+    r = invoke("--site", "local", GPT_SMALL, "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("#!/bin/bash") and "#SBATCH --no-kill" in r.output
+    assert list(in_tmp.iterdir()) == []
+
+
+def test_dry_run_output_file(in_tmp):
+    r = invoke("--site", "perlmutter", ROOT / "examples" / "perlmutter-7b.yaml", "--dry-run", "--output", "job.sh")
+    assert r.exit_code == 0, r.output
+    assert (in_tmp / "job.sh").read_text() == r.output
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["job.sh"]
+
+
+def test_dry_run_json(in_tmp):
+    import json
+
+    r = invoke("--site", "vista", ROOT / "examples" / "vista-7b.yaml", "--dry-run", "--json")
+    d = json.loads(r.output)
+    assert d["grid"] == {"tp": 1, "pp": 4, "dp": 8} and d["nodes"] == 32 and d["script"].startswith("#!/bin/bash")
+
+
+def test_unknown_site(in_tmp):
+    assert_bad(invoke("--site", "nosuch", GPT_SMALL, "--dry-run"), "site", "nosuch", "perlmutter")
+
+
+def test_malformed_yaml(in_tmp):
+    p = in_tmp / "bad.yaml"
+    p.write_text("name: x\nmodel: {layers: [\n")
+    assert_bad(invoke("--site", "local", p, "--dry-run"), "not valid YAML", "line")
+
+
+def test_wrong_types(in_tmp):
+    p = write_cfg(in_tmp, model={"layers": "four"}, resources={"nodes": -1})
+    assert_bad(invoke("--site", "local", p, "--dry-run"), "model.layers", "resources.nodes")
+
+
+def test_impossible_grid(in_tmp):
+    p = write_cfg(in_tmp, parallelism={"tp": 1, "pp": 2, "dp": 3})
+    assert_bad(invoke("--site", "local", p, "--dry-run"), "tp(1) x pp(2) x dp(3) = 6 does not match 4 nodes x 1 GPUs = 4")
+
+
+def test_k_not_below_dp(in_tmp):
+    p = write_cfg(in_tmp, resilience={"k": 2})
+    assert_bad(invoke("--site", "local", p, "--dry-run"), "resilience.k: 2 must be < dp (2)")
+
+
+def test_too_many_spares(in_tmp):
+    p = write_cfg(in_tmp, resources={"spares": 3})
+    assert_bad(invoke("--site", "local", p, "--dry-run"), "resources.spares", "limit of 6 nodes")
+
+
+def test_time_over_qos_limit(in_tmp):
+    p = in_tmp / "pm.yaml"
+    data = yaml.safe_load((ROOT / "examples" / "perlmutter-7b.yaml").read_text())
+    data["resources"].update(qos="debug", time_limit="02:00:00")
+    p.write_text(yaml.safe_dump(data))
+    assert_bad(invoke("--site", "perlmutter", p, "--dry-run"), "resources.time_limit", "QOS 'debug'", "00:30:00")
+
+
+def test_pinning_forbidden_on_vista(in_tmp):
+    r = invoke("--site", "vista", ROOT / "examples" / "vista-7b.yaml", "--dry-run", "--nodelist", "c[1-34]")
+    assert_bad(r, "nodelist", "does not allow")
+
+
+def test_failed_sbatch_leaves_nothing_behind(in_tmp):
+    # a real sbatch pointed at an empty Slurm config fails at once; the run dir must not survive half-written
+    conf = in_tmp / "empty-slurm.conf"
+    conf.write_text("")
+    env = {"SLURM_CONF": str(conf)}
+    r = invoke("--site", "local", GPT_SMALL, "--run-dir", in_tmp / "runs" / "x", env=env)
+    assert_bad(r, "sbatch")
+    assert not (in_tmp / "runs").exists()
+
+
+def test_run_dir_in_use_is_refused(in_tmp):
+    rd = in_tmp / "used"
+    rd.mkdir()
+    (rd / "config.yaml").write_text("name: old\n")
+    assert_bad(invoke("--site", "local", GPT_SMALL, "--run-dir", rd), "already holds a job")
+    assert (rd / "config.yaml").read_text() == "name: old\n"
