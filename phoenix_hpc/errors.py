@@ -63,3 +63,7 @@ class FaultError(PhoenixError):
 
 class ModelError(PhoenixError):
     """Invalid input to the cost model, Monte Carlo simulator or scaling fit."""
+
+
+class StatusError(PhoenixError):
+    """A job's status cannot be shown: unknown job id, not a PHOENIX run directory, no job recorded."""

@@ -1,0 +1,279 @@
+"""The rank-side half of fault injection: make an injected fault happen at exactly its step and phase.
+
+The coordinator forwards an ``inject`` instruction ``{kind, at_step, phase, request_id}`` (wire names, see
+:mod:`phoenix_hpc.faults.kinds`) to every targeted slot; the slot's
+:class:`phoenix_hpc.control.client.CoordinatorClient` keeps it in ``client.injections`` when it polls. The
+training loop and the runtime call :meth:`FaultTrigger.check` at every phase; the trigger fires the pending
+injection whose step and phase match. Integration (the rank loop, ``phoenix_hpc.launch``)::
+
+    trigger = FaultTrigger(pending=client.injections,
+                           notify=FiredFile(run_dir, world_rank),
+                           on_link_down=[client.stop_heartbeat])
+    # iteration s = engine.step + 1, after client.poll():
+    trigger.check(s, "forward_backward")     # before engine.forward_backward()
+    trigger.check(s, "d2h")                  # in the D2H worker, before copying S(s-1)
+    trigger.check(s, "h2h")                  # in the H2H worker, before sending S(s-1)
+    trigger.check(s, "optimizer_step")       # before engine.optimizer_step()
+    trigger.check(live_step + 1, "recovery") # in the quiesce/restore handler
+    # an InjectedFault raised by check() is reported like any error inside the step:
+    #   client.report_fault(generation, s, phase, exc=e, kind=e.fault_kind)
+
+What each kind does (the process-level effect is the real thing, not a simulation of it):
+
+- ``crash``: :data:`EXIT_INJECTED_CRASH` via ``os._exit`` (no cleanup, like a segfaulting process);
+- ``node_loss``: SIGKILL to itself (every slot of the node gets the instruction; on the local cluster the
+  ``phoenix inject-fault`` command then kills the node's slurmd by its recorded PID);
+- ``hang``: SIGSTOP to itself: the process and all its threads (heartbeat included) stop; it stays in the
+  process table (state ``T``) until SIGCONT or SIGKILL;
+- ``link_down``: sets :attr:`FaultTrigger.link_down`, calls each ``on_link_down`` hook (e.g. stop the
+  heartbeat thread, close communicators), then blocks the calling thread: the slot stops talking while its
+  process lives, so its peers' collectives time out and the coordinator misses its heartbeats;
+- ``transient``: raises :class:`InjectedCommError` (a collective error; ``fault_kind = "comm_error"``);
+- ``gpu_error``: raises :class:`InjectedGPUError` (uncorrectable ECC, Xid 48; ``fault_kind = "gpu_memory"``);
+- ``nan`` / ``exception`` (accepted by the coordinator for clean-stop tests): raise
+  :class:`InjectedNumericalError` / :class:`InjectedSoftwareError`.
+
+Before the effect, ``notify(injection, step, phase)`` runs (default: nothing); :class:`FiredFile` writes
+``RUN_DIR/faults/fired-<request_id>-w<world_rank>.json`` with fsync, so the landing is on disk even when the
+effect is SIGKILL. ``phoenix status`` reads these files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, MutableSequence
+
+EXIT_INJECTED_CRASH = 70  # EX_SOFTWARE: an injected crash
+FAULTS_DIR = "faults"
+RECOVERY_PHASE = "recovery"
+
+
+class InjectedFault(Exception):
+    """Base of the exceptions an injected fault raises inside the step. ``fault_kind`` is the
+    :class:`phoenix_hpc.control.classify.FaultKind` value to report; the message alone also classifies
+    correctly through :func:`phoenix_hpc.control.classify.kind_from_exception`."""
+
+    fault_kind = "unknown"
+
+    def __init__(self, message: str, injection: "Injection | None" = None):
+        super().__init__(message)
+        self.injection = injection
+
+
+class InjectedCommError(InjectedFault, RuntimeError):
+    """A collective failed (as gloo/NCCL report a peer's connection reset); every process is alive."""
+
+    fault_kind = "comm_error"
+
+
+class InjectedGPUError(InjectedFault, RuntimeError):
+    """An uncorrectable GPU memory error (what CUDA reports for an HBM ECC fault, Xid 48)."""
+
+    fault_kind = "gpu_memory"
+
+
+class InjectedNumericalError(InjectedFault, FloatingPointError):
+    fault_kind = "numerical"
+
+
+class InjectedSoftwareError(InjectedFault, RuntimeError):
+    fault_kind = "software_bug"
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One pending injection as the coordinator forwards it (wire kind and phase names)."""
+
+    kind: str
+    at_step: int
+    phase: str
+    request_id: str = ""
+
+    @classmethod
+    def from_message(cls, msg: dict[str, Any]) -> "Injection":
+        """From an ``inject`` instruction body. Raises KeyError/ValueError on a malformed one."""
+        return cls(str(msg["kind"]), int(msg["at_step"]), str(msg["phase"]), str(msg.get("request_id", "")))
+
+
+def is_due(inj: Injection, step: int, phase: str) -> bool:
+    """Whether ``inj`` fires at ``(step, phase)``: same phase and same step; in the ``recovery`` phase the
+    first recovery at or after ``at_step`` (a recovery's step is not known in advance)."""
+    if inj.phase != phase:
+        return False
+    return step >= inj.at_step if phase == RECOVERY_PHASE else step == inj.at_step
+
+
+def take_due(pending: MutableSequence[Any], step: int, phase: str) -> Injection | None:
+    """Remove and return the first pending injection due at ``(step, phase)`` (entries may be
+    :class:`Injection` objects or ``inject`` message dicts; malformed dicts are dropped)."""
+    for i in range(len(pending)):
+        item = pending[i]
+        try:
+            inj = item if isinstance(item, Injection) else Injection.from_message(item)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if is_due(inj, step, phase):
+            del pending[i]
+            return inj
+    return None
+
+
+def _kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _stop_self() -> None:
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _block(release: threading.Event) -> None:
+    release.wait()
+
+
+@dataclass
+class Actions:
+    """The process-level effects, injectable so the dispatch can be unit-tested without dying."""
+
+    exit: Callable[[int], None] = os._exit
+    kill_self: Callable[[], None] = _kill_self
+    stop_self: Callable[[], None] = _stop_self
+    block: Callable[[threading.Event], None] = _block
+
+
+class FaultTrigger:
+    """Fires pending injections at their step and phase.
+
+    Args:
+        pending: the list the injections arrive in (``client.injections``); :meth:`arm` appends to it too.
+        notify: called as ``notify(injection, step, phase)`` just before the effect (must be durable on its
+            own: the effect may be SIGKILL).
+        on_link_down: hooks run when a ``link_down`` fires, before the thread blocks.
+        actions: the process-level effects (default: the real ones).
+
+    Thread-safe: :meth:`check` may be called from the training thread and the D2H/H2H workers.
+    """
+
+    def __init__(self, pending: MutableSequence[Any] | None = None, *,
+                 notify: Callable[[Injection, int, str], None] | None = None,
+                 on_link_down: Iterable[Callable[[], None]] = (), actions: Actions | None = None):
+        self.pending: MutableSequence[Any] = pending if pending is not None else []
+        self.notify = notify
+        self.on_link_down = list(on_link_down)
+        self.actions = actions or Actions()
+        self.link_down = threading.Event()
+        self.release = threading.Event()  # set it to let a link_down-blocked thread return (tests, shutdown)
+        self.fired: list[tuple[Injection, int, str]] = []
+        self._lock = threading.Lock()
+
+    def arm(self, kind: str, at_step: int, phase: str, request_id: str = "") -> Injection:
+        """Add an injection directly (wire kind/phase names), e.g. in a user's own step-targeted test."""
+        inj = Injection(kind, int(at_step), phase, request_id)
+        with self._lock:
+            self.pending.append(inj)
+        return inj
+
+    def check(self, step: int, phase: str) -> None:
+        """Fire the injection due at ``(step, phase)``, if any; otherwise return at once.
+
+        Raises:
+            InjectedCommError, InjectedGPUError, InjectedNumericalError, InjectedSoftwareError: for the
+                kinds that raise. Other kinds do not return (exit, SIGKILL, SIGSTOP, block).
+            ValueError: a pending injection has a kind this trigger does not know.
+        """
+        with self._lock:
+            inj = take_due(self.pending, step, phase) if self.pending else None
+        if inj is not None:
+            self.fire(inj, step, phase)
+
+    def fire(self, inj: Injection, step: int, phase: str) -> None:
+        """Produce the effect of ``inj`` now (see the module doc)."""
+        if inj.kind not in _EFFECTS:
+            raise ValueError(f"unknown injected fault kind {inj.kind!r}; known: {', '.join(_EFFECTS)}")
+        self.fired.append((inj, step, phase))
+        if self.notify is not None:
+            self.notify(inj, step, phase)
+        _EFFECTS[inj.kind](self, inj, step, phase)
+
+    # --- effects ---------------------------------------------------------------------------------------
+    def _crash(self, inj: Injection, step: int, phase: str) -> None:
+        self.actions.exit(EXIT_INJECTED_CRASH)
+
+    def _node_loss(self, inj: Injection, step: int, phase: str) -> None:
+        self.actions.kill_self()
+
+    def _hang(self, inj: Injection, step: int, phase: str) -> None:
+        self.actions.stop_self()
+
+    def _link_down(self, inj: Injection, step: int, phase: str) -> None:
+        self.link_down.set()
+        for hook in self.on_link_down:
+            hook()
+        self.actions.block(self.release)
+
+    def _transient(self, inj: Injection, step: int, phase: str) -> None:
+        raise InjectedCommError(f"DistBackendError: gloo collective failed: connection reset by peer "
+                                f"[injected transient fault at step {step}, {phase}]", inj)
+
+    def _gpu_error(self, inj: Injection, step: int, phase: str) -> None:
+        raise InjectedGPUError(f"CUDA error: uncorrectable ECC error encountered (Xid 48, HBM) "
+                               f"[injected at step {step}, {phase}]", inj)
+
+    def _nan(self, inj: Injection, step: int, phase: str) -> None:
+        raise InjectedNumericalError(f"non-finite loss (NaN) [injected at step {step}, {phase}]", inj)
+
+    def _exception(self, inj: Injection, step: int, phase: str) -> None:
+        raise InjectedSoftwareError(f"injected software exception at step {step}, {phase}", inj)
+
+
+_EFFECTS: dict[str, Callable[[FaultTrigger, Injection, int, str], None]] = {
+    "crash": FaultTrigger._crash,
+    "node_loss": FaultTrigger._node_loss,
+    "hang": FaultTrigger._hang,
+    "link_down": FaultTrigger._link_down,
+    "transient": FaultTrigger._transient,
+    "gpu_error": FaultTrigger._gpu_error,
+    "nan": FaultTrigger._nan,
+    "exception": FaultTrigger._exception,
+}
+KNOWN_WIRE_KINDS = tuple(_EFFECTS)
+
+
+@dataclass
+class FiredFile:
+    """``notify`` that records a landing in ``RUN_DIR/faults/fired-<request_id>-w<world_rank>.json``
+    (``{"ts", "request_id", "world_rank", "pid", "kind", "at_step", "step", "phase"}``; written to a
+    temporary name, fsynced and renamed, mode 0600)."""
+
+    run_dir: str | os.PathLike
+    world_rank: int
+    clock: Callable[[], float] = field(default=time.time)
+
+    def __call__(self, inj: Injection, step: int, phase: str) -> None:
+        from phoenix_hpc.control.journal import ensure_private_dir, write_private_file
+
+        d = ensure_private_dir(Path(self.run_dir) / FAULTS_DIR)
+        rid = "".join(c for c in (inj.request_id or "direct") if c.isalnum() or c in "-_")[:64] or "direct"
+        rec = {"ts": self.clock(), "request_id": inj.request_id, "world_rank": int(self.world_rank),
+               "pid": os.getpid(), "kind": inj.kind, "at_step": inj.at_step, "step": int(step), "phase": phase}
+        write_private_file(d / f"fired-{rid}-w{int(self.world_rank)}.json", json.dumps(rec) + "\n")
+
+
+def read_fired(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The landing records of a run (see :class:`FiredFile`), oldest first; unreadable files are skipped
+    (a rank killed mid-rename leaves only a temporary file, which is not matched)."""
+    d = Path(run_dir) / FAULTS_DIR
+    out = []
+    for p in sorted(d.glob("fired-*.json")) if d.is_dir() else []:
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and "ts" in rec:
+            out.append(rec)
+    return sorted(out, key=lambda r: r["ts"])

@@ -1,0 +1,130 @@
+"""Gather a job's status: read the run directory and ask Slurm, then :func:`derive_status` (pure).
+
+Read-only: nothing here writes to the run directory, talks to the coordinator or changes the job.
+
+Files read from RUN_DIR: ``journal.jsonl`` (:func:`phoenix_hpc.control.journal.read_journal`; a torn last
+line is skipped), ``config.yaml`` (plain YAML, not re-validated: a status must render even for a config an
+older version wrote), ``job.json``, ``coordinator.json``, ``faults/fired-*.json``.
+
+Slurm (through :class:`phoenix_hpc.slurm.client.SlurmClient`, the one module that runs Slurm commands):
+``scontrol show job`` (state, live NodeList, BatchHost), ``squeue --json`` (used when scontrol has no
+record), ``scontrol show node`` for the job's nodes, ``scontrol show topology`` (failure domains). A Slurm
+failure never fails the status: it becomes a warning and the status comes from the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phoenix_hpc.errors import SlurmError, StatusError
+from phoenix_hpc.status.derive import derive_status
+from phoenix_hpc.status.model import RunFiles, SlurmInfo, Status
+
+
+def _json_file(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise StatusError(f"{path}: unreadable ({exc})") from None
+    return data if isinstance(data, dict) else None
+
+
+def read_run_files(run_dir: Path) -> RunFiles:
+    """The run directory's files other than the journal.
+
+    Raises:
+        StatusError: ``config.yaml`` or a JSON file exists but cannot be parsed.
+    """
+    from phoenix_hpc.faults.trigger import read_fired
+
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except FileNotFoundError:
+        cfg = None
+    except (OSError, yaml.YAMLError) as exc:
+        raise StatusError(f"{run_dir / 'config.yaml'}: unreadable ({exc})") from None
+    return RunFiles(run_dir=str(run_dir), config=cfg if isinstance(cfg, dict) else None,
+                    job=_json_file(run_dir / "job.json"), coordinator=_json_file(run_dir / "coordinator.json"),
+                    fired=read_fired(run_dir))
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The journal's records (empty before the coordinator started).
+
+    Raises:
+        StatusError: a complete line of the journal is not a journal record.
+    """
+    from phoenix_hpc.control.journal import read_journal
+
+    try:
+        return read_journal(run_dir)
+    except ValueError as exc:
+        raise StatusError(f"journal: {exc}") from None
+
+
+def gather_slurm(client, job_id: str | None, extra_nodes: list[str] = ()) -> SlurmInfo:
+    """Slurm's view of ``job_id`` and of its nodes (``extra_nodes``: nodes the journal names, e.g. lost
+    ones no longer in the live node list). Never raises for Slurm failures: they go to ``error``."""
+    info = SlurmInfo()
+    if job_id is None:
+        info.error = "no Slurm job id recorded for this run (not submitted?); shown from the journal only"
+        return info
+    try:
+        info.job = client.show_job(job_id)
+    except SlurmError as exc:
+        try:
+            jobs = client.queue(job_id)
+            info.queue = jobs[0] if jobs else None
+        except SlurmError:
+            pass
+        if info.queue is None:
+            info.error = (f"Slurm has no record of job {job_id} (finished jobs are forgotten after MinJobAge, "
+                          f"or Slurm is unreachable: {str(exc).splitlines()[0][:160]}); shown from the journal")
+    from phoenix_hpc.slurm.hostlist import compress, expand
+
+    names: list[str] = list(extra_nodes)
+    if info.job:
+        for key in ("NodeList", "BatchHost"):
+            v = info.job.get(key)
+            if v and v != "(null)":
+                names += expand(v)
+    names = sorted(set(names))
+    if names:
+        try:
+            info.nodes = {r["NodeName"]: r for r in client.show_nodes(compress(names)) if "NodeName" in r}
+        except SlurmError as exc:
+            info.error = (info.error + "; " if info.error else "") + f"scontrol show node failed: {exc}"
+    try:
+        from phoenix_hpc.topology import parse_scontrol_topology
+
+        recs = client.show_topology()
+        text = "\n".join(" ".join(f"{k}={v}" for k, v in r.items()) for r in recs)
+        info.domains = parse_scontrol_topology(text) if text else {}
+    except Exception:  # noqa: BLE001 - topology is optional decoration; a status must still render
+        info.domains = {}
+    return info
+
+
+def collect_status(run_dir: Path, client=None, now: float | None = None) -> Status:
+    """The status of the job in ``run_dir``. ``client``: a SlurmClient (None: make a default one).
+
+    Raises:
+        StatusError: unreadable run files (see :func:`read_run_files`, :func:`read_records`).
+    """
+    if client is None:
+        from phoenix_hpc.slurm.client import SlurmClient
+
+        client = SlurmClient()
+    run = read_run_files(run_dir)
+    records = read_records(run_dir)
+    job_id = str(run.job["job_id"]) if run.job and run.job.get("job_id") is not None else None
+    nodes = sorted({str(r["node"]) for r in records if r.get("event") == "registered" and r.get("node")})
+    slurm = gather_slurm(client, job_id, nodes)
+    return derive_status(records, slurm, time.time() if now is None else now, run)

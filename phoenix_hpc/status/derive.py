@@ -1,0 +1,539 @@
+"""``derive_status``: a job's status from its journal records, Slurm's view and the run files. Pure.
+
+Journal events read (written by :mod:`phoenix_hpc.control.coordinator`; unknown events are ignored, so an
+older or newer coordinator still gives a status):
+
+================== ====================================================================================
+event              used for
+================== ====================================================================================
+coordinator_started start time, grid
+registered         slots: world rank, pid, node, role, logical rank (generation 0)
+job_running        rank map and standby slots at generation 0; job RUNNING
+heartbeat_summary  generation, job state, active/standby/dead world ranks, ``max_step`` (live progress)
+commit             ``recoverable_step`` (committed progress); optional per-shard detail:
+                   ``shard_steps {shard id: {logical rank: committed step}}``, ``shard_bytes {shard id:
+                   bytes}``, ``placement {shard id: [holder logical ranks]}``
+placement          ``replicas [[shard id, owner, holder], ...]`` (logical ranks): the replica placement
+fault, slots_dead  faults reported by ranks / detected by the coordinator; dead slots
+decision           action and reason of the next recovery (``fallback``: memory could not cover a loss)
+recovery_start     a recovery of generation g begins (survivors, dead)
+recovery_plan      new rank map, joins (spare -> logical rank), steps replayed
+recovery_restored  generation g restored: members ACTIVE at g
+recovery_done      ``total_s``, ``phases {detect, reconfigure, params, optimizer, replay}``, ``steps_replayed``
+recovery_aborted   a recovery cut short by a second fault
+inject_forwarded   an injection request the coordinator accepted (wire kind/phase names)
+inject_fired       where an injected fault landed (also from ``RUN_DIR/faults/fired-*.json``)
+checkpoint         newest persistent checkpoint step
+job_done, clean_stop, fallback, coordinator_stopped, coordinator_exit: the end of the job
+================== ====================================================================================
+
+When the journal does not name the replica holders, the placement is computed the way DESIGN.md section 5
+defines it (:func:`phoenix_hpc.topology.place_replicas` over the generation-0 node of every logical rank,
+with the config's ``k`` and ``placement_levels``; holders are logical ranks, so the placement survives
+renumbering) and marked ``source="planned"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from phoenix_hpc.faults.kinds import KIND_OF_WIRE, PHASE_OF_WIRE
+from phoenix_hpc.status.model import (
+    FaultStatus,
+    HolderStatus,
+    InjectionStatus,
+    JobInfo,
+    NodeStatus,
+    RecoveryStatus,
+    ReplicaStatus,
+    RunFiles,
+    SlotStatus,
+    SlurmInfo,
+    Status,
+    StatusWarning,
+)
+
+TERMINAL_STATES = frozenset({"done", "failed", "stopped", "ended"})
+SLURM_ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                                 "RESIZING", "SIGNALING", "STAGE_OUT"})
+_END_EVENTS = {"job_done": "done", "clean_stop": "failed", "fallback": "failed", "coordinator_stopped": "stopped"}
+LIVE_SLOT_STATES = frozenset({"active", "standby", "joining", "quiesced"})
+
+
+def node_is_down(slurm_state: str | None) -> bool:
+    """Whether an ``scontrol show node`` State (``IDLE``, ``DOWN*``, ``MIXED+DRAIN``, ``IDLE*``...) means the
+    node is lost: DOWN, FAIL, or not responding (``*`` suffix / ``NOT_RESPONDING`` flag; scontrol(1))."""
+    if not slurm_state:
+        return False
+    s = slurm_state.upper()
+    return "DOWN" in s or "FAIL" in s or s.endswith("*") or "NOT_RESPONDING" in s
+
+
+def _expand(nodelist: str | None) -> list[str]:
+    if not nodelist or nodelist in ("(null)", "None"):
+        return []
+    from phoenix_hpc.slurm.hostlist import expand
+
+    return expand(nodelist)
+
+
+def _get(d: Mapping[str, Any] | None, *path: str, default: Any = None) -> Any:
+    for p in path:
+        if not isinstance(d, Mapping) or p not in d:
+            return default
+        d = d[p]
+    return d
+
+
+def _coord(r: int, grid: tuple[int, int, int]) -> list[int]:
+    tp, pp, dp = grid
+    return [r // (tp * dp), (r // tp) % dp, r % tp]
+
+
+def shard_id(r: int, grid: tuple[int, int, int]) -> str:
+    """``opt/pp{pp}/tp{tp}/dp{dp}`` of logical rank ``r`` in a ``(tp, pp, dp)`` grid."""
+    pp, dp, tp = _coord(r, grid)
+    return f"opt/pp{pp}/tp{tp}/dp{dp}"
+
+
+def _domain(node: str | None, domains: Mapping[str, Mapping[str, str]], levels: list[str]) -> str | None:
+    if node is None:
+        return None
+    for lv in reversed(levels):
+        if lv == "node":
+            return node
+        name = _get(domains, node, lv)
+        if name:
+            return f"{lv}:{name}" if lv != "node" else name
+    return node
+
+
+class _State:
+    """Mutable accumulator while the records are replayed in order."""
+
+    def __init__(self) -> None:
+        self.slots: dict[int, dict[str, Any]] = {}
+        self.rank_map: dict[int, int] = {}
+        self.rank_map0: dict[int, int] = {}
+        self.generation = 0
+        self.job_state = "starting"
+        self.grid: tuple[int, int, int] | None = None
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.end_event: str | None = None
+        self.end_reason: str | None = None
+        self.final_hash: str | None = None
+        self.end_step: int | None = None
+        self.max_step: int | None = None
+        self.recoverable_step: int | None = None
+        self.checkpoint_step: int | None = None
+        self.progress: list[list[float]] = []
+        self.commits: list[list[float]] = []
+        self.last_commit_at: float | None = None
+        self.shard_steps: dict[str, dict[int, int]] = {}
+        self.shard_bytes: dict[str, int] = {}
+        self.shard_commit_at: dict[str, float] = {}
+        self.placement: dict[str, list[int]] = {}
+        self.recoveries: list[RecoveryStatus] = []
+        self.faults: list[FaultStatus] = []
+        self.injections: dict[str, InjectionStatus] = {}
+        self.pending_reason: str | None = None
+        self.pending_action: str | None = None
+
+    def step_seen(self, ts: float, step: Any) -> None:
+        if step is None:
+            return
+        step = int(step)
+        self.max_step = step if self.max_step is None else max(self.max_step, step)
+        self.progress.append([float(ts), float(step)])
+
+    def current_recovery(self) -> RecoveryStatus | None:
+        r = self.recoveries[-1] if self.recoveries else None
+        return r if r is not None and r.state == "in_progress" else None
+
+
+def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one branch per event, kept flat
+    ev, ts = rec["event"], float(rec["ts"])
+    if ev == "coordinator_started":
+        st.started_at = st.started_at or ts
+        g = rec.get("grid")
+        if g and st.grid is None:
+            st.grid = tuple(int(x) for x in g)  # type: ignore[assignment]
+    elif ev == "registered":
+        w = int(rec["world_rank"])
+        role = str(rec.get("role", "active"))
+        lr = rec.get("logical_rank")
+        st.slots[w] = {"world_rank": w, "node": str(rec.get("node", "?")), "pid": rec.get("pid"),
+                       "state": "active" if role == "active" else "standby",
+                       "logical_rank": None if lr is None else int(lr),
+                       "generation": 0 if role == "active" else None, "note": ""}
+        if lr is not None:
+            st.rank_map[int(lr)] = w
+            st.rank_map0[int(lr)] = w
+    elif ev == "job_running":
+        st.job_state = "running"
+        if rec.get("grid"):
+            st.grid = tuple(int(x) for x in rec["grid"])  # type: ignore[assignment]
+        for lr, w in rec.get("rank_map") or []:
+            st.rank_map[int(lr)] = int(w)
+            st.rank_map0.setdefault(int(lr), int(w))
+    elif ev == "heartbeat_summary":
+        st.generation = max(st.generation, int(rec.get("generation", 0)))
+        js = rec.get("job_state")
+        if js and st.job_state not in TERMINAL_STATES:
+            st.job_state = str(js)
+        for w in rec.get("dead") or []:
+            s = st.slots.get(int(w))
+            if s is not None and s["state"] != "dead":
+                s["state"] = "dead"
+        st.step_seen(ts, rec.get("max_step"))
+    elif ev in ("progress", "step"):
+        st.step_seen(ts, rec.get("step"))
+    elif ev == "commit":
+        rs = rec.get("recoverable_step")
+        if rs is not None:
+            st.recoverable_step = int(rs)
+            st.commits.append([ts, float(rs)])
+            st.last_commit_at = ts
+        for sid, copies in (rec.get("shard_steps") or {}).items():
+            st.shard_steps[str(sid)] = {int(k): int(v) for k, v in dict(copies).items()}
+            st.shard_commit_at[str(sid)] = ts
+        for sid, n in (rec.get("shard_bytes") or {}).items():
+            st.shard_bytes[str(sid)] = int(n)
+        for sid, holders in (rec.get("placement") or {}).items():
+            st.placement[str(sid)] = [int(h) for h in holders]
+    elif ev == "placement":
+        st.placement = {}
+        for sid, _owner, holder in rec.get("replicas") or []:
+            st.placement.setdefault(str(sid), []).append(int(holder))
+    elif ev == "checkpoint":
+        st.checkpoint_step = int(rec["step"]) if rec.get("step") is not None else st.checkpoint_step
+    elif ev == "fault":
+        st.faults.append(FaultStatus(ts, str(rec.get("kind", "unknown")), rec.get("world_rank"), rec.get("node"),
+                                     rec.get("step"), rec.get("phase"),
+                                     f"{rec.get('exc_type') or ''}: {rec.get('message') or ''}".strip(": "),
+                                     "reported"))
+    elif ev == "slots_dead":
+        for w in rec.get("slots") or []:
+            s = st.slots.get(int(w))
+            if s is not None:
+                s["state"] = "dead"
+                s["note"] = str(rec.get("reason", ""))[:120]
+        nodes = rec.get("nodes") or []
+        st.faults.append(FaultStatus(ts, str(rec.get("kind", "unknown")), None, ",".join(nodes) or None,
+                                     None, None, f"slots {list(rec.get('slots') or [])}: {rec.get('reason', '')}",
+                                     "detected"))
+    elif ev == "decision":
+        st.pending_action = rec.get("action")
+        st.pending_reason = rec.get("reason")
+        if rec.get("action") == "fallback":
+            cur = st.current_recovery()
+            if cur is not None:
+                cur.state, cur.action, cur.finished_at = "fallback", "fallback", ts
+                cur.reason = rec.get("reason") or cur.reason
+            st.job_state = "fallback"
+    elif ev == "recovery_start":
+        g = int(rec.get("generation", st.generation + 1))
+        st.generation = max(st.generation, g)
+        cur = st.current_recovery()
+        if cur is not None:  # a new start without an abort record: the old one was superseded
+            cur.state, cur.finished_at = "aborted", ts
+        st.recoveries.append(RecoveryStatus(
+            generation=g, action=rec.get("action") or st.pending_action, state="in_progress", started_at=ts,
+            finished_at=None, reason=st.pending_reason, dead_slots=[int(w) for w in rec.get("dead") or []],
+            joins=[], detect_s=rec.get("detect_s"), total_s=None, phases={}, steps_replayed=None,
+            recoverable_step=None))
+        if st.job_state not in TERMINAL_STATES:
+            st.job_state = "recovering"
+        for w in rec.get("survivors") or []:
+            s = st.slots.get(int(w))
+            if s is not None and s["state"] == "active":
+                s["state"] = "quiesced"
+    elif ev == "recovery_plan":
+        cur = st.current_recovery()
+        for lr, w in rec.get("rank_map") or []:
+            st.rank_map[int(lr)] = int(w)
+        for j in rec.get("joins") or []:
+            s = st.slots.get(int(j["world_rank"]))
+            if s is not None:
+                s["state"], s["logical_rank"] = "joining", int(j["logical_rank"])
+                s["note"] = f"replaces world rank {j.get('replaces_world_rank')}"
+            old = st.slots.get(int(j.get("replaces_world_rank", -1)))
+            if old is not None:
+                old["note"] = (old["note"] + "; " if old["note"] else "") + f"replaced by world rank {j['world_rank']}"
+        for w in rec.get("dead_world") or []:
+            s = st.slots.get(int(w))
+            if s is not None:
+                s["state"] = "dead"
+        if cur is not None:
+            cur.action = rec.get("action") or cur.action
+            cur.joins = [dict(j) for j in rec.get("joins") or []]
+            cur.steps_replayed = rec.get("steps_replayed")
+            cur.recoverable_step = rec.get("recoverable_step")
+            cur.dead_slots = sorted(set(cur.dead_slots) | {int(w) for w in rec.get("dead_world") or []})
+    elif ev == "recovery_restored":
+        g = int(rec.get("generation", st.generation))
+        members = set(st.rank_map.values())
+        for w, s in st.slots.items():
+            if w in members and s["state"] in ("joining", "quiesced", "active"):
+                s["state"], s["generation"] = "active", g
+        if st.job_state not in TERMINAL_STATES:
+            st.job_state = "running"
+        if rec.get("recoverable_step") is not None:
+            st.progress.append([ts, float(rec["recoverable_step"])])
+    elif ev == "recovery_done":
+        cur = st.current_recovery() or next((r for r in reversed(st.recoveries)
+                                             if r.generation == rec.get("generation")), None)
+        if cur is not None:
+            cur.state, cur.finished_at = "done", ts
+            cur.total_s = rec.get("total_s")
+            cur.phases = {k: float(v) for k, v in (rec.get("phases") or {}).items()}
+            cur.steps_replayed = rec.get("steps_replayed", cur.steps_replayed)
+            cur.recoverable_step = rec.get("recoverable_step", cur.recoverable_step)
+            cur.action = rec.get("action") or cur.action
+    elif ev == "recovery_aborted":
+        cur = st.current_recovery()
+        if cur is not None:
+            cur.state, cur.finished_at = "aborted", ts
+            cur.reason = f"{cur.reason or ''} (aborted: {rec.get('reason', '')})".strip()
+    elif ev == "inject_forwarded":
+        rid = str(rec.get("request_id") or f"t{ts}")
+        st.injections[rid] = InjectionStatus(
+            request_id=rid, ts=ts, kind=KIND_OF_WIRE.get(str(rec.get("kind")), str(rec.get("kind"))),
+            phase=PHASE_OF_WIRE.get(str(rec.get("phase")), str(rec.get("phase"))), at_step=rec.get("at_step"),
+            targets=[int(w) for w in rec.get("targets") or []], fired=[])
+    elif ev == "inject_fired":
+        rid = str(rec.get("request_id") or "")
+        inj = st.injections.get(rid)
+        if inj is None:
+            inj = st.injections[rid or f"t{ts}"] = InjectionStatus(
+                rid, ts, KIND_OF_WIRE.get(str(rec.get("kind")), str(rec.get("kind"))),
+                PHASE_OF_WIRE.get(str(rec.get("phase")), str(rec.get("phase"))), rec.get("at_step"), [], [])
+        landed = {"world_rank": rec.get("world_rank"), "step": rec.get("step"),
+                  "phase": PHASE_OF_WIRE.get(str(rec.get("phase")), rec.get("phase")), "ts": ts}
+        if landed not in inj.fired:
+            inj.fired.append(landed)
+    elif ev in _END_EVENTS:
+        if st.job_state not in TERMINAL_STATES:
+            st.job_state = _END_EVENTS[ev]
+            st.end_event = ev
+            st.end_reason = rec.get("message") or rec.get("reason")
+            st.ended_at = ts
+        if ev == "job_done":
+            st.final_hash = rec.get("final_hash")
+            st.end_step = rec.get("step")
+            st.step_seen(ts, rec.get("step"))
+            for s in st.slots.values():
+                if s["state"] in LIVE_SLOT_STATES:
+                    s["state"] = "done"
+        cur = st.current_recovery()
+        if cur is not None and ev != "job_done":
+            cur.state, cur.finished_at = ("fallback" if ev == "fallback" else "aborted"), ts
+    elif ev == "coordinator_exit":
+        js = rec.get("job_state")
+        if st.job_state not in TERMINAL_STATES and js in TERMINAL_STATES:
+            st.job_state = str(js)
+            st.ended_at = st.ended_at or ts
+        st.ended_at = st.ended_at or ts
+        st.end_event = st.end_event or ev
+
+
+def _config_grid(config: Mapping[str, Any] | None) -> tuple[int, int, int] | None:
+    par = _get(config, "parallelism") or {}
+    if par.get("dp"):
+        return int(par.get("tp", 1)), int(par.get("pp", 1)), int(par["dp"])
+    return None
+
+
+def _planned_placement(grid: tuple[int, int, int], k: int, levels: list[str], node_of: dict[int, str],
+                       domains: Mapping[str, Mapping[str, str]]) -> tuple[dict[str, list[int]], list[str]]:
+    """The DESIGN.md section 5 placement for the generation-0 nodes; (placement, notes)."""
+    from phoenix_hpc.errors import ReplicationError
+    from phoenix_hpc.topology import place_replicas
+
+    tp, pp, dp = grid
+    n = tp * pp * dp
+    if sorted(node_of) != list(range(n)):
+        return {}, []
+    usable = [lv for lv in levels if lv == "node" or all(_get(domains, node_of[r], lv) for r in range(n))]
+    notes = []
+    if usable != levels:
+        notes.append(f"failure domains {sorted(set(levels) - set(usable))} unknown to Slurm here; replica "
+                     "placement shown at the levels " + ", ".join(usable))
+    try:
+        pl = place_replicas(tp, pp, dp, k, [node_of[r] for r in range(n)], domains, usable or ["node"])
+    except ReplicationError as exc:
+        return {}, notes + [f"no replica placement possible: {exc}"]
+    out: dict[str, list[int]] = {}
+    for rp in pl.replicas:
+        out.setdefault(rp.shard_id, []).append(rp.holder_rank)
+    return out, notes + list(pl.warnings)
+
+
+def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None, now: float,
+                  run: RunFiles | None = None) -> Status:
+    """The job's :class:`Status` from its journal ``records`` (in file order), Slurm's view and the run files.
+
+    Pure: reads nothing, changes nothing. ``now`` (unix seconds) is used for ages only.
+
+    Raises:
+        KeyError/ValueError: a record lacks ``ts``/``event`` (the journal reader already refuses those).
+    """
+    slurm = slurm or SlurmInfo()
+    run = run or RunFiles(run_dir="")
+    cfg = run.config or {}
+    st = _State()
+    records = list(records)
+    fired = [{**f, "event": "inject_fired"} for f in run.fired]
+    merged = sorted(list(records) + fired, key=lambda r: float(r["ts"])) if fired else records
+    for rec in merged:
+        _apply(st, rec)
+
+    grid = st.grid or _config_grid(cfg)
+    k = _get(cfg, "resilience", "k")
+    levels = list(_get(cfg, "resilience", "placement_levels", default=None) or ["node"])
+    gpus = _get(cfg, "resources", "gpus_per_node")
+    domains = slurm.domains or {}
+
+    # --- Slurm's view --------------------------------------------------------------------------------------
+    sj = slurm.job or {}
+    slurm_state = (sj.get("JobState") or _get(slurm.queue, "job_state") or None)
+    if isinstance(slurm_state, list):  # newer squeue --json gives a list of flags
+        slurm_state = slurm_state[0] if slurm_state else None
+    slurm_state = str(slurm_state).upper() if slurm_state else None
+    live_nodes = _expand(sj.get("NodeList")) if sj else []
+    batch_host = sj.get("BatchHost") or None
+    node_state = {n: r.get("State") for n, r in slurm.nodes.items()}
+
+    # --- job state -----------------------------------------------------------------------------------------
+    state = st.job_state
+    warnings: list[StatusWarning] = []
+    if not merged:
+        state = "pending" if slurm_state == "PENDING" else ("starting" if slurm_state in SLURM_ACTIVE_STATES
+                                                             else ("ended" if slurm_state else "unknown"))
+    elif state not in TERMINAL_STATES and slurm_state and slurm_state not in SLURM_ACTIVE_STATES:
+        warnings.append(StatusWarning(
+            "coordinator_gone",
+            f"Slurm reports the job {slurm_state} but the journal has no final record: the coordinator was "
+            "killed or its node lost; the state below is the last one journalled"))
+        state = "ended"
+    job_id = str(_get(run.job, "job_id")) if _get(run.job, "job_id") is not None else (sj.get("JobId") or None)
+
+    # --- slots and nodes -------------------------------------------------------------------------------------
+    job_running = slurm_state in SLURM_ACTIVE_STATES if slurm_state else None
+    slots: list[SlotStatus] = []
+    for w in sorted(st.slots):
+        s = st.slots[w]
+        note = s["note"]
+        node_down = node_is_down(node_state.get(s["node"]))
+        removed = bool(live_nodes) and s["node"] not in live_nodes and job_running
+        if s["state"] in LIVE_SLOT_STATES and (node_down or removed):
+            note = (note + "; " if note else "") + ("node down" if node_down else "node removed from the job")
+            s["state"] = "dead"
+        lr = s["logical_rank"]
+        slots.append(SlotStatus(w, s["node"], s["pid"], s["state"], lr,
+                                _coord(lr, grid) if (lr is not None and grid) else None,
+                                s["generation"], note))
+    by_world = {s.world_rank: s for s in slots}
+    node_names = list(dict.fromkeys([s.node for s in slots] + live_nodes))
+    nodes: list[NodeStatus] = []
+    for n in node_names:
+        mine = [s for s in slots if s.node == n]
+        live = [s for s in mine if s.state in LIVE_SLOT_STATES or s.state == "done"]
+        if node_is_down(node_state.get(n)) or (mine and not live):
+            role = "lost"
+        elif any(s.state != "standby" for s in live):
+            role = "active"
+        elif live:
+            role = "spare"
+        else:
+            role = "idle" if n in live_nodes else "unknown"
+        nodes.append(NodeStatus(n, node_state.get(n), role, _domain(n, domains, levels),
+                                (n in live_nodes) if live_nodes else bool(live), [s.world_rank for s in mine]))
+
+    finished = state in TERMINAL_STATES
+    standby = [s for s in slots if s.state == "standby"]
+    spare_slots = len(standby) if st.slots else None
+    spare_nodes = None
+    if st.slots:
+        spare_nodes = sum(1 for nd in nodes if nd.role == "spare")
+    elif _get(cfg, "resources", "spares") is not None and not finished:
+        spare_nodes = int(cfg["resources"]["spares"])
+        spare_slots = spare_nodes * int(gpus) if gpus else None
+
+    # --- replicas --------------------------------------------------------------------------------------------
+    replicas: list[ReplicaStatus] = []
+    source = "reported" if st.placement else "unknown"
+    placement = dict(st.placement)
+    if grid and not placement and k:
+        node0 = {lr: st.slots[w]["node"] for lr, w in st.rank_map0.items() if w in st.slots}
+        placement, notes = _planned_placement(grid, int(k), levels, node0, domains)
+        source = "planned" if placement else "unknown"
+        for msg in notes:
+            warnings.append(StatusWarning("placement", msg))
+    under: list[str] = []
+    if grid:
+        tp, pp, dp = grid
+        for r in range(tp * pp * dp):
+            sid = shard_id(r, grid)
+            ow = st.rank_map.get(r)
+            owner = by_world.get(ow) if ow is not None else None
+            holders = []
+            copies = st.shard_steps.get(sid, {})
+            for h in placement.get(sid, []):
+                hw = st.rank_map.get(h)
+                hs = by_world.get(hw) if hw is not None else None
+                alive = hs is not None and (hs.state in LIVE_SLOT_STATES or hs.state == "done")
+                holders.append(HolderStatus(h, hw, hs.node if hs else None, _domain(hs.node if hs else None,
+                                                                                      domains, levels),
+                                            alive, copies.get(h)))
+            live_h = sum(1 for h in holders if h.alive)
+            if copies:
+                committed = min(copies.values())
+            else:
+                committed = st.recoverable_step
+            last = st.shard_commit_at.get(sid, st.last_commit_at)
+            owner_alive = owner is not None and (owner.state in LIVE_SLOT_STATES or owner.state == "done")
+            replicas.append(ReplicaStatus(
+                sid, r, ow, owner.node if owner else None, _domain(owner.node if owner else None, domains, levels),
+                owner_alive, holders, live_h, committed, st.shard_bytes.get(sid), last,
+                None if last is None else max(0.0, now - last), source))
+            if k and placement and live_h < int(k) and not finished:
+                under.append(f"{sid} ({live_h}/{k})")
+
+    # --- warnings ----------------------------------------------------------------------------------------------
+    if not finished and st.slots and spare_slots == 0:
+        warnings.append(StatusWarning(
+            "no_spares", "no spare left: the next node loss cannot be hot-swapped and falls back to the "
+                         "persistent checkpoint"))
+    if under:
+        warnings.append(StatusWarning(
+            "under_replicated", f"{len(under)} shard(s) with fewer than k={k} live replica holders: "
+                                + ", ".join(under[:6]) + (", ..." if len(under) > 6 else "")
+                                + "; one more loss there is unrecoverable from memory"))
+    if batch_host and slurm_state == "RUNNING" and node_is_down(node_state.get(batch_host)):
+        warnings.append(StatusWarning(
+            "batch_host_down", f"the batch host {batch_host} is {node_state.get(batch_host)}: the coordinator "
+                               "and the batch script are gone; Slurm keeps the job RUNNING with orphaned steps "
+                               "until its time limit",
+            action=f"phoenix status {job_id or run.run_dir} --cancel"))
+    if slurm.error:
+        warnings.append(StatusWarning("slurm", slurm.error))
+
+    # --- job summary -------------------------------------------------------------------------------------------
+    steps_total = _get(cfg, "training", "steps")
+    info = JobInfo(
+        job_id=job_id, name=_get(cfg, "name") or sj.get("JobName"), run_dir=run.run_dir,
+        site=_get(run.job, "site"), state=state, slurm_state=slurm_state, batch_host=batch_host,
+        node_list=live_nodes or [n.name for n in nodes if n.slots],
+        nodes=_get(cfg, "resources", "nodes"), spares=_get(cfg, "resources", "spares"), gpus_per_node=gpus,
+        grid={"tp": grid[0], "pp": grid[1], "dp": grid[2]} if grid else None, k=k, generation=st.generation,
+        step=st.max_step, steps_total=steps_total, recoverable_step=st.recoverable_step,
+        checkpoint_step=st.checkpoint_step, started_at=st.started_at, ended_at=st.ended_at,
+        end_event=st.end_event, end_reason=st.end_reason, final_hash=st.final_hash,
+        coordinator={k_: run.coordinator.get(k_) for k_ in ("host", "port", "pid")} if run.coordinator else None,
+    )
+    return Status(now=now, job=info, nodes=nodes, slots=slots, replicas=replicas,
+                  spare_slots_left=spare_slots, spare_nodes_left=spare_nodes, recoveries=st.recoveries,
+                  faults=st.faults, injections=list(st.injections.values()), warnings=warnings,
+                  progress=st.progress, commits=st.commits, journal_records=len(records))

@@ -1,0 +1,196 @@
+"""The status of one PHOENIX job as plain dataclasses (what ``phoenix status`` shows and ``--json`` prints).
+
+Times are unix seconds (float) unless a name says otherwise; ``*_s`` fields are durations in seconds;
+``bytes_`` are bytes. Grid coordinates are ``[pp, dp, tp]`` lists, grids ``{"tp", "pp", "dp"}`` dicts.
+Fields that cannot be known (no Slurm record, no journal yet) are ``None``, never guessed.
+
+Inputs of :func:`phoenix_hpc.status.derive.derive_status` are :class:`SlurmInfo` and :class:`RunFiles`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class SlurmInfo:
+    """What Slurm says about the job, gathered by :mod:`phoenix_hpc.status.collect`.
+
+    ``job``: the ``scontrol show job -o`` record (JobState, NodeList = the *live* node list, BatchHost, ...);
+    ``queue``: the job's ``squeue --json`` object; ``nodes``: ``scontrol show node -o`` record per node name;
+    ``domains``: failure domains per node (``{node: {"switch": ..., "group": ...}}``, from ``scontrol show
+    topology``); ``error``: why some of it is missing (Slurm down, job forgotten after MinJobAge).
+    """
+
+    job: dict[str, str] | None = None
+    queue: dict[str, Any] | None = None
+    nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    domains: dict[str, dict[str, str]] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass
+class RunFiles:
+    """The files of a run directory other than the journal: ``config`` (``config.yaml`` as a dict),
+    ``job`` (``job.json`` written by ``phoenix submit``), ``coordinator`` (``coordinator.json``),
+    ``fired`` (landing records of injected faults, :func:`phoenix_hpc.faults.trigger.read_fired`)."""
+
+    run_dir: str
+    config: dict[str, Any] | None = None
+    job: dict[str, Any] | None = None
+    coordinator: dict[str, Any] | None = None
+    fired: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class JobInfo:
+    job_id: str | None
+    name: str | None
+    run_dir: str
+    site: str | None
+    state: str  # coordinator's view: pending|starting|running|recovering|fallback|done|failed|stopped|unknown
+    slurm_state: str | None  # e.g. RUNNING, COMPLETED; None when Slurm has no record
+    batch_host: str | None
+    node_list: list[str]  # live node list (scontrol NodeList), else the nodes slots registered from
+    nodes: int | None  # active nodes requested
+    spares: int | None  # spare nodes requested
+    gpus_per_node: int | None
+    grid: dict[str, int] | None
+    k: int | None
+    generation: int
+    step: int | None  # newest step known to be done by the job
+    steps_total: int | None
+    recoverable_step: int | None
+    checkpoint_step: int | None
+    started_at: float | None
+    ended_at: float | None
+    end_event: str | None
+    end_reason: str | None
+    final_hash: str | None
+    coordinator: dict[str, Any] | None
+
+
+@dataclass
+class NodeStatus:
+    name: str
+    slurm_state: str | None
+    role: str  # active | spare | lost | idle (in the job, no live slot) | unknown
+    domain: str | None  # the failure domain at the most general placement level (e.g. the switch)
+    in_job: bool  # still in the job's live node list
+    slots: list[int] = field(default_factory=list)  # world ranks
+
+
+@dataclass
+class SlotStatus:
+    world_rank: int
+    node: str
+    pid: int | None
+    state: str  # active | standby | joining | quiesced | dead | done
+    logical_rank: int | None
+    coord: list[int] | None  # [pp, dp, tp]
+    generation: int | None  # generation the slot last joined (None for a standby slot)
+    note: str = ""  # e.g. "replaced world rank 3", "node down", the reason of a death
+
+
+@dataclass
+class HolderStatus:
+    logical_rank: int
+    world_rank: int | None
+    node: str | None
+    domain: str | None
+    alive: bool
+    step: int | None  # committed replica step, if reported
+
+
+@dataclass
+class ReplicaStatus:
+    shard_id: str
+    owner_rank: int
+    owner_world: int | None
+    owner_node: str | None
+    owner_domain: str | None
+    owner_alive: bool
+    holders: list[HolderStatus]
+    live_holders: int
+    committed_step: int | None  # newest step whose owner copy and all replicas are committed
+    bytes_: int | None
+    last_commit_at: float | None
+    age_s: float | None  # now - last_commit_at
+    source: str  # "reported" (commits named the holders) | "planned" (computed placement) | "unknown"
+
+
+@dataclass
+class RecoveryStatus:
+    generation: int
+    action: str | None  # hot_swap | local_recovery | fallback
+    state: str  # in_progress | done | aborted | fallback
+    started_at: float
+    finished_at: float | None
+    reason: str | None
+    dead_slots: list[int]
+    joins: list[dict[str, Any]]  # {world_rank, node, logical_rank, replaces_world_rank}
+    detect_s: float | None
+    total_s: float | None
+    phases: dict[str, float]
+    steps_replayed: int | None
+    recoverable_step: int | None
+
+
+@dataclass
+class FaultStatus:
+    ts: float
+    kind: str
+    world_rank: int | None
+    node: str | None
+    step: int | None
+    phase: str | None
+    message: str
+    source: str  # "reported" (by a rank) | "detected" (by the coordinator)
+
+
+@dataclass
+class InjectionStatus:
+    request_id: str
+    ts: float
+    kind: str  # user kind name (crash, kill-node, ...)
+    phase: str  # user phase name
+    at_step: int | None
+    targets: list[int]  # world ranks
+    fired: list[dict[str, Any]]  # {world_rank, step, phase, ts}: where it actually landed
+
+
+@dataclass
+class StatusWarning:
+    code: str  # no_spares | under_replicated | batch_host_down | coordinator_gone | slurm | placement
+    message: str
+    action: str | None = None  # what the user can do (e.g. "phoenix status 1234 --cancel")
+
+
+@dataclass
+class Status:
+    now: float
+    job: JobInfo
+    nodes: list[NodeStatus]
+    slots: list[SlotStatus]
+    replicas: list[ReplicaStatus]
+    spare_slots_left: int | None
+    spare_nodes_left: int | None
+    recoveries: list[RecoveryStatus]
+    faults: list[FaultStatus]
+    injections: list[InjectionStatus]
+    warnings: list[StatusWarning]
+    progress: list[list[float]]  # [ts, live step] points, in time order
+    commits: list[list[float]]  # [ts, recoverable step] points, in time order
+    journal_records: int
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (the ``--json`` output)."""
+        return asdict(self)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job has ended (journal's terminal event, or Slurm no longer runs it)."""
+        from phoenix_hpc.status.derive import TERMINAL_STATES
+
+        return self.job.state in TERMINAL_STATES

@@ -1,0 +1,232 @@
+"""derive_status on synthetic journals: slots, replicas, recoveries, warnings, injections, Slurm's view."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from phoenix_hpc.status.derive import derive_status, node_is_down
+from phoenix_hpc.status.model import RunFiles, SlurmInfo
+
+N1, N2, N3 = "nid00001", "nid00002", "nid00003"
+CONFIG = {
+    "name": "toy",
+    "parallelism": {"tp": 1, "pp": 1, "dp": 4},
+    "training": {"steps": 20},
+    "resilience": {"k": 1, "placement_levels": ["node"]},
+    "resources": {"nodes": 2, "spares": 1, "gpus_per_node": 2},
+}
+
+
+def run_files(**kw) -> RunFiles:
+    return RunFiles(run_dir="/runs/toy", config=CONFIG, job={"job_id": "77", "site": "local",
+                                                             "submitted_at": 0.0}, **kw)
+
+
+def start_records() -> list[dict]:
+    """World ranks 0,1 on N1 and 2,3 on N2 (active, logical = world); 4,5 standby on N3."""
+    r = [{"ts": 0.0, "event": "coordinator_started", "grid": [1, 1, 4], "host": N1, "port": 1, "pid": 9}]
+    for w, node in enumerate([N1, N1, N2, N2]):
+        r.append({"ts": 0.1 + w / 100, "event": "registered", "world_rank": w, "pid": 100 + w, "node": node,
+                  "role": "active", "logical_rank": w})
+    for w in (4, 5):
+        r.append({"ts": 0.2, "event": "registered", "world_rank": w, "pid": 100 + w, "node": N3, "role": "standby",
+                  "logical_rank": None})
+    r.append({"ts": 1.0, "event": "job_running", "generation": 0, "grid": [1, 1, 4],
+              "rank_map": [[i, i] for i in range(4)], "standby": [4, 5]})
+    r.append({"ts": 2.0, "event": "commit", "recoverable_step": 1, "shards": 4, "replicas": 4, "generation": 0})
+    r.append({"ts": 3.0, "event": "heartbeat_summary", "generation": 0, "job_state": "running",
+              "active": [0, 1, 2, 3], "standby": [4, 5], "dead": [], "max_step": 6})
+    return r
+
+
+def node_loss_records() -> list[dict]:
+    return [
+        {"ts": 10.0, "event": "slots_dead", "slots": [2, 3], "nodes": [N2], "kind": "heartbeat_timeout",
+         "reason": "no heartbeat for 10.0s"},
+        {"ts": 10.1, "event": "decision", "action": "hot_swap", "reason": "heartbeat_timeout on nodes nid00002",
+         "faults": []},
+        {"ts": 11.0, "event": "recovery_start", "generation": 1, "action": "hot_swap", "survivors": [0, 1],
+         "dead": [2, 3], "detect_s": 1.25},
+        {"ts": 12.0, "event": "recovery_plan", "generation": 1, "action": "hot_swap",
+         "rank_map": [[0, 0], [1, 1], [2, 4], [3, 5]], "dead_world": [2, 3], "released_spares": [],
+         "joins": [{"world_rank": 4, "node": N3, "logical_rank": 2, "coord": [0, 2, 0], "replaces_world_rank": 2},
+                   {"world_rank": 5, "node": N3, "logical_rank": 3, "coord": [0, 3, 0], "replaces_world_rank": 3}],
+         "transfers": [], "recoverable_step": 7, "rollbacks": [], "replication": [], "steps_replayed": 1},
+        {"ts": 13.0, "event": "recovery_restored", "generation": 1, "recoverable_step": 7},
+        {"ts": 15.0, "event": "recovery_done", "generation": 1, "action": "hot_swap", "total_s": 5.0,
+         "phases": {"detect": 1.25, "reconfigure": 0.5, "params": 0.25, "optimizer": 0.5, "replay": 2.0},
+         "steps_replayed": 1, "recoverable_step": 7, "replay_interrupted": False},
+    ]
+
+
+def done_records() -> list[dict]:
+    return [{"ts": 20.0, "event": "job_done", "final_hash": "abc123", "step": 20, "steps_agree": True,
+             "generation": 1, "rank_hashes": []},
+            {"ts": 20.5, "event": "coordinator_exit", "job_state": "done"}]
+
+
+def running_slurm(nodelist="nid0000[1-3]", states=None, batch="nid00001") -> SlurmInfo:
+    states = states or {}
+    return SlurmInfo(job={"JobId": "77", "JobState": "RUNNING", "NodeList": nodelist, "BatchHost": batch},
+                     nodes={n: {"NodeName": n, "State": states.get(n, "ALLOCATED")} for n in (N1, N2, N3)})
+
+
+def test_running_job_lists_every_slot_and_replica():
+    st = derive_status(start_records(), running_slurm(), now=5.0, run=run_files())
+    assert st.job.state == "running"
+    assert st.job.job_id == "77" and st.job.slurm_state == "RUNNING"
+    assert st.job.node_list == [N1, N2, N3]
+    assert st.job.grid == {"tp": 1, "pp": 1, "dp": 4}
+    assert st.job.step == 6 and st.job.recoverable_step == 1
+    assert [(s.world_rank, s.node, s.state, s.logical_rank) for s in st.slots] == [
+        (0, N1, "active", 0), (1, N1, "active", 1), (2, N2, "active", 2), (3, N2, "active", 3),
+        (4, N3, "standby", None), (5, N3, "standby", None)]
+    assert [s.coord for s in st.slots[:4]] == [[0, 0, 0], [0, 1, 0], [0, 2, 0], [0, 3, 0]]
+    assert st.spare_slots_left == 2 and st.spare_nodes_left == 1
+    assert {n.name: n.role for n in st.nodes} == {N1: "active", N2: "active", N3: "spare"}
+    # one replica per shard (k=1), on a DP peer of another node (DESIGN.md section 5), planned placement
+    assert [r.shard_id for r in st.replicas] == [f"opt/pp0/tp0/dp{i}" for i in range(4)]
+    for r in st.replicas:
+        assert r.source == "planned"
+        assert len(r.holders) == 1 and r.live_holders == 1
+        h = r.holders[0]
+        assert h.logical_rank != r.owner_rank and h.node != r.owner_node
+        assert r.committed_step == 1 and r.last_commit_at == 2.0 and r.age_s == pytest.approx(3.0)
+    assert st.warnings == []
+
+
+def test_node_loss_before_recovery_warns_under_replicated():
+    recs = start_records() + node_loss_records()[:1]
+    st = derive_status(recs, running_slurm(states={N2: "DOWN*"}), now=10.5, run=run_files())
+    dead = [s.world_rank for s in st.slots if s.state == "dead"]
+    assert dead == [2, 3]
+    assert {n.name: n.role for n in st.nodes}[N2] == "lost"
+    codes = [w.code for w in st.warnings]
+    assert "under_replicated" in codes
+    # shards owned on N1 have their replica on N2 -> 0 live holders
+    lost_holder = [r for r in st.replicas if r.owner_node == N1]
+    assert lost_holder and all(r.live_holders == 0 for r in lost_holder)
+    assert [f.source for f in st.faults] == ["detected"]
+
+
+def test_hot_swap_recovery_and_spares_consumed():
+    recs = start_records() + node_loss_records()
+    st = derive_status(recs, running_slurm(nodelist="nid0000[1,3]", states={N2: "DOWN*"}), now=16.0,
+                       run=run_files())
+    assert st.job.state == "running" and st.job.generation == 1
+    by_w = {s.world_rank: s for s in st.slots}
+    assert (by_w[4].state, by_w[4].logical_rank, by_w[4].generation) == ("active", 2, 1)
+    assert (by_w[5].state, by_w[5].logical_rank, by_w[5].coord) == ("active", 3, [0, 3, 0])
+    assert by_w[2].state == "dead" and "replaced by world rank 4" in by_w[2].note
+    assert st.spare_slots_left == 0 and st.spare_nodes_left == 0
+    assert [w.code for w in st.warnings] == ["no_spares"]
+    (rec,) = st.recoveries
+    assert rec.state == "done" and rec.action == "hot_swap" and rec.generation == 1
+    assert rec.total_s == 5.0 and rec.steps_replayed == 1 and rec.detect_s == 1.25
+    assert rec.phases == {"detect": 1.25, "reconfigure": 0.5, "params": 0.25, "optimizer": 0.5, "replay": 2.0}
+    assert [j["world_rank"] for j in rec.joins] == [4, 5]
+    # replicas follow the logical ranks to the new slots
+    shard2 = st.replicas[2]
+    assert shard2.owner_world == 4 and shard2.owner_node == N3 and shard2.owner_alive
+
+
+def test_recovery_in_progress():
+    recs = start_records() + node_loss_records()[:4]
+    st = derive_status(recs, running_slurm(), now=12.5, run=run_files())
+    assert st.job.state == "recovering"
+    assert st.recoveries[-1].state == "in_progress" and st.recoveries[-1].total_s is None
+    assert {s.world_rank: s.state for s in st.slots}[4] == "joining"
+
+
+def test_finished_job_without_slurm_record_still_renders():
+    recs = start_records() + node_loss_records() + done_records()
+    slurm = SlurmInfo(error="Slurm has no record of job 77")
+    st = derive_status(recs, slurm, now=1e6, run=run_files())
+    assert st.job.state == "done" and st.finished
+    assert st.job.final_hash == "abc123" and st.job.step == 20 and st.job.ended_at == 20.0
+    assert st.job.slurm_state is None
+    assert all(s.state in ("done", "dead") for s in st.slots)
+    assert [w.code for w in st.warnings] == ["slurm"]  # no spare warnings for a finished job
+    json.dumps(st.to_json())  # serialisable
+
+
+def test_batch_host_down_offers_cancel():
+    st = derive_status(start_records(), running_slurm(states={N1: "DOWN+NOT_RESPONDING"}), now=5.0,
+                       run=run_files())
+    w = next(w for w in st.warnings if w.code == "batch_host_down")
+    assert "nid00001" in w.message and w.action == "phoenix status 77 --cancel"
+
+
+def test_slurm_ended_without_final_record():
+    slurm = SlurmInfo(job={"JobId": "77", "JobState": "CANCELLED", "NodeList": "nid0000[1-3]",
+                           "BatchHost": N1})
+    st = derive_status(start_records(), slurm, now=5.0, run=run_files())
+    assert st.job.state == "ended"
+    assert "coordinator_gone" in [w.code for w in st.warnings]
+
+
+def test_node_removed_from_live_nodelist_marks_slots_dead():
+    st = derive_status(start_records(), running_slurm(nodelist="nid0000[1,3]"), now=5.0, run=run_files())
+    assert {s.world_rank: s.state for s in st.slots} == {0: "active", 1: "active", 2: "dead", 3: "dead",
+                                                         4: "standby", 5: "standby"}
+    assert "node removed" in st.slots[2].note
+
+
+def test_pending_job_without_journal():
+    slurm = SlurmInfo(job={"JobId": "77", "JobState": "PENDING", "NodeList": "", "BatchHost": ""})
+    st = derive_status([], slurm, now=1.0, run=run_files())
+    assert st.job.state == "pending" and st.slots == [] and st.replicas[0].holders == []
+    assert st.spare_nodes_left == 1 and st.spare_slots_left == 2
+
+
+def test_reported_per_shard_commits_override_plan():
+    recs = start_records() + [{
+        "ts": 4.0, "event": "commit", "recoverable_step": 5, "generation": 0,
+        "shard_steps": {"opt/pp0/tp0/dp0": {"0": 6, "3": 5}}, "shard_bytes": {"opt/pp0/tp0/dp0": 4096},
+        "placement": {"opt/pp0/tp0/dp0": [3]}}]
+    st = derive_status(recs, running_slurm(), now=6.0, run=run_files())
+    r0 = st.replicas[0]
+    assert r0.source == "reported" and [h.logical_rank for h in r0.holders] == [3]
+    assert r0.holders[0].step == 5 and r0.committed_step == 5 and r0.bytes_ == 4096 and r0.age_s == 2.0
+    assert st.replicas[1].holders == []  # not reported: not guessed once commits name holders
+
+
+def test_injection_forwarded_and_landed():
+    recs = start_records() + [{"ts": 4.0, "event": "inject_forwarded", "kind": "node_loss",
+                               "phase": "optimizer_step", "at_step": 9, "targets": [2, 3], "request_id": "r1"}]
+    fired = [{"ts": 4.5, "request_id": "r1", "world_rank": w, "pid": 1, "kind": "node_loss", "at_step": 9,
+              "step": 9, "phase": "optimizer_step"} for w in (2, 3)]
+    st = derive_status(recs, running_slurm(), now=6.0, run=run_files(fired=fired))
+    (inj,) = st.injections
+    assert (inj.kind, inj.phase, inj.at_step, inj.targets) == ("kill-node", "optimizer", 9, [2, 3])
+    assert [(f["world_rank"], f["step"], f["phase"]) for f in inj.fired] == [(2, 9, "optimizer"),
+                                                                            (3, 9, "optimizer")]
+
+
+def test_fallback_and_aborted_recoveries():
+    recs = start_records() + node_loss_records()[:3] + [
+        {"ts": 11.5, "event": "recovery_aborted", "generation": 1, "phase": "quiesce", "reason": "slot 1 died"},
+        {"ts": 11.6, "event": "recovery_start", "generation": 2, "action": "hot_swap", "survivors": [0],
+         "dead": [1, 2, 3], "detect_s": 1.0},
+        {"ts": 12.0, "event": "decision", "action": "fallback", "reason": "shard opt/pp0/tp0/dp2 lost"},
+        {"ts": 12.1, "event": "fallback", "reason": "shard lost", "message": "restart from checkpoint"},
+    ]
+    st = derive_status(recs, running_slurm(), now=13.0, run=run_files())
+    assert [r.state for r in st.recoveries] == ["aborted", "fallback"]
+    assert st.job.state == "failed" and st.job.end_reason == "restart from checkpoint"
+
+
+@pytest.mark.parametrize("state,down", [("IDLE", False), ("ALLOCATED", False), ("MIXED+DRAIN", False),
+                                        ("DOWN*", True), ("IDLE*", True), ("DOWN+NOT_RESPONDING", True),
+                                        ("FAIL", True), (None, False)])
+def test_node_is_down(state, down):
+    assert node_is_down(state) is down
+
+
+def test_derive_is_pure():
+    recs = start_records()
+    before = json.dumps(recs)
+    derive_status(recs, running_slurm(), now=5.0, run=run_files())
+    assert json.dumps(recs) == before
