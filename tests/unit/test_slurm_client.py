@@ -1,0 +1,57 @@
+"""Pure parts of the Slurm client and hostlist helpers: key=value parsing, job ids, backend selection."""
+
+from __future__ import annotations
+
+import pytest
+
+from phoenix_hpc.errors import SlurmError
+from phoenix_hpc.slurm.client import choose_backend, parse_job_id, parse_key_values, parse_records, parse_version
+from phoenix_hpc.slurm.hostlist import compress, expand, split_active_spare
+
+
+def test_key_values_keep_spaces_and_inner_equals():
+    rec = parse_key_values("JobId=7 JobName=my job UserId=u(1) TRES=cpu=6,node=6 NodeList=nid[00001-00006] "
+                           "Command=/runs/a b/job.sbatch Requeue=0")
+    assert rec["JobName"] == "my job" and rec["TRES"] == "cpu=6,node=6"
+    assert rec["Command"] == "/runs/a b/job.sbatch" and rec["Requeue"] == "0"
+
+
+def test_topology_records():
+    text = ("SwitchName=leaf0 Level=0 LinkSpeed=1 Nodes=nid[00001-00003]\n"
+            "SwitchName=spine Level=1 LinkSpeed=1 Nodes=nid[00001-00006] Switches=leaf[0-1]\n\n")
+    recs = parse_records(text)
+    assert [r["SwitchName"] for r in recs] == ["leaf0", "spine"] and recs[1]["Switches"] == "leaf[0-1]"
+
+
+@pytest.mark.parametrize("text, jid", [("123\n", "123"), ("45;cluster\n", "45")])
+def test_job_id(text, jid):
+    assert parse_job_id(text) == jid
+
+
+def test_job_id_missing():
+    with pytest.raises(SlurmError):
+        parse_job_id("sbatch: error: nope\n")
+
+
+@pytest.mark.parametrize(
+    "pyslurm, slurm, backend",
+    [("22.5.0", "slurm 22.05.8", "pyslurm"), ("25.11.0", "22.05.8", "commands"), (None, "22.05.8", "commands"),
+     ("23.2.2", "23.02.7", "pyslurm"), ("23.11.0", "23.02.7", "commands"), ("22.5.0", None, "commands")],
+)
+def test_backend_selection(pyslurm, slurm, backend):
+    assert choose_backend(pyslurm, slurm) == backend
+
+
+def test_parse_version():
+    assert parse_version("slurm 22.05.8") == (22, 5) and parse_version("garbage") is None
+
+
+def test_hostlists():
+    assert expand("nid[00001-00003],x1") == ["nid00001", "nid00002", "nid00003", "x1"]
+    assert compress(["nid00002", "nid00001"]) == "nid[00001-00002]"
+    s = split_active_spare("nid[00001-00006]", 4)
+    assert s.active == ("nid00001", "nid00002", "nid00003", "nid00004") and s.spare == ("nid00005", "nid00006")
+    with pytest.raises(SlurmError):
+        split_active_spare("nid[00001-00002]", 3)
+    with pytest.raises(SlurmError):
+        expand("nid[1-")
