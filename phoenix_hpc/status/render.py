@@ -1,0 +1,201 @@
+"""Rich rendering of a :class:`~phoenix_hpc.status.model.Status` for people (``phoenix status``).
+
+:func:`status_renderable` builds the whole view (header, warnings, nodes, slots, replicas, recoveries,
+faults and injections) as one rich renderable, so the same object serves a one-shot print and the
+``--watch`` live display. Times are shown relative to the job's start (``t+12.3s``) or as ages.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from phoenix_hpc.status.model import Status
+
+_STATE_STYLE = {"running": "green", "done": "green", "recovering": "yellow", "starting": "cyan",
+                "pending": "cyan", "fallback": "red", "failed": "red", "stopped": "yellow", "ended": "red",
+                "unknown": "dim"}
+_SLOT_STYLE = {"active": "green", "standby": "cyan", "joining": "yellow", "quiesced": "yellow", "dead": "red",
+               "done": "dim"}
+PHASES = ("detect", "reconfigure", "params", "optimizer", "replay")
+
+
+def _fmt_s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}s"
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _fmt_age(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 120:
+        return f"{s:.1f}s"
+    if s < 7200:
+        return f"{s / 60:.1f}min"
+    return f"{s / 3600:.1f}h"
+
+
+def _rel(ts: float | None, t0: float | None) -> str:
+    if ts is None:
+        return "-"
+    return f"t+{ts - t0:.1f}s" if t0 is not None else time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def _header(st: Status) -> Table:
+    j = st.job
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("job", f"{j.job_id or '-'}  {j.name or ''}".rstrip())
+    t.add_row("state", Text(j.state, style=_STATE_STYLE.get(j.state, "")).append(
+        f"   (Slurm: {j.slurm_state or 'no record'})", style="dim"))
+    t.add_row("run dir", j.run_dir)
+    if j.grid:
+        g = j.grid
+        t.add_row("grid", f"tp={g['tp']} pp={g['pp']} dp={g['dp']} ({g['tp'] * g['pp'] * g['dp']} ranks), "
+                          f"k={j.k if j.k is not None else '-'}")
+    step = "-" if j.step is None else str(j.step)
+    total = f"/{j.steps_total}" if j.steps_total else ""
+    t.add_row("step", f"{step}{total}   committed {j.recoverable_step if j.recoverable_step is not None else '-'}"
+                      f"   checkpoint {j.checkpoint_step if j.checkpoint_step is not None else '-'}"
+                      f"   generation {j.generation}")
+    spares = "-" if st.spare_nodes_left is None else f"{st.spare_nodes_left} node(s), {st.spare_slots_left} slot(s)"
+    t.add_row("spares left", spares)
+    if j.node_list:
+        from phoenix_hpc.slurm.hostlist import compress
+
+        t.add_row("nodes", f"{compress(j.node_list)}   batch host {j.batch_host or '-'}")
+    if j.end_event:
+        t.add_row("ended", f"{j.end_event}{': ' + j.end_reason if j.end_reason else ''}")
+    if j.final_hash:
+        t.add_row("final hash", j.final_hash)
+    return t
+
+
+def _warnings(st: Status) -> Text | None:
+    if not st.warnings:
+        return None
+    out = Text()
+    for w in st.warnings:
+        style = "yellow" if w.code in ("slurm", "placement") else "bold red"
+        out.append(f"! {w.message}\n", style=style)
+        if w.action:
+            out.append(f"  -> {w.action}\n", style="bold")
+    return out
+
+
+def _nodes(st: Status) -> Table:
+    t = Table(title="Nodes", title_justify="left")
+    for c in ("node", "Slurm state", "role", "domain", "in job", "slots"):
+        t.add_column(c)
+    for n in st.nodes:
+        style = {"lost": "red", "spare": "cyan", "active": "green"}.get(n.role, "")
+        t.add_row(n.name, n.slurm_state or "-", Text(n.role, style=style), n.domain or "-",
+                  "yes" if n.in_job else "no", ",".join(map(str, n.slots)) or "-")
+    return t
+
+
+def _slots(st: Status) -> Table:
+    t = Table(title="Slots", title_justify="left")
+    for c in ("world", "node", "pid", "state", "logical", "coord (pp,dp,tp)", "gen", "note"):
+        t.add_column(c)
+    for s in st.slots:
+        t.add_row(str(s.world_rank), s.node, str(s.pid or "-"), Text(s.state, style=_SLOT_STYLE.get(s.state, "")),
+                  "-" if s.logical_rank is None else str(s.logical_rank),
+                  "-" if s.coord is None else ",".join(map(str, s.coord)),
+                  "-" if s.generation is None else str(s.generation), s.note)
+    return t
+
+
+def _replicas(st: Status) -> Table:
+    k = st.job.k
+    src = {r.source for r in st.replicas}
+    title = "Replicas" + (" (placement planned from the config; not yet reported)" if src == {"planned"} else "")
+    t = Table(title=title, title_justify="left")
+    for c in ("shard", "owner", "holders", f"live/{k if k else '?'}", "committed", "bytes", "last commit"):
+        t.add_column(c)
+    for r in st.replicas:
+        owner = Text(f"{r.owner_rank}@{r.owner_node or '?'}", style="" if r.owner_alive else "red")
+        hs = Text()
+        for i, h in enumerate(r.holders):
+            if i:
+                hs.append(", ")
+            dom = f" [{h.domain}]" if h.domain and h.domain != h.node else ""
+            step = f" s{h.step}" if h.step is not None else ""
+            hs.append(f"{h.logical_rank}@{h.node or '?'}{dom}{step}", style="" if h.alive else "red")
+        live = Text(str(r.live_holders), style="red" if k and r.live_holders < k else "green")
+        t.add_row(r.shard_id, owner, hs if r.holders else "-", live,
+                  "-" if r.committed_step is None else str(r.committed_step), _fmt_bytes(r.bytes_),
+                  _fmt_age(r.age_s) + (" ago" if r.age_s is not None else ""))
+    return t
+
+
+def _recoveries(st: Status) -> Table:
+    t0 = st.job.started_at
+    t = Table(title="Recoveries", title_justify="left")
+    for c in ("gen", "action", "state", "start", *PHASES, "total", "replayed", "joins"):
+        t.add_column(c)
+    for r in st.recoveries:
+        joins = ", ".join(f"{j.get('world_rank')}->{j.get('logical_rank')}@{j.get('node')}" for j in r.joins)
+        t.add_row(str(r.generation), r.action or "-", r.state, _rel(r.started_at, t0),
+                  *(_fmt_s(r.phases.get(p)) if p in r.phases else "-" for p in PHASES),
+                  _fmt_s(r.total_s), "-" if r.steps_replayed is None else str(r.steps_replayed), joins or "-")
+    return t
+
+
+def _faults(st: Status) -> Table:
+    t0 = st.job.started_at
+    t = Table(title="Faults", title_justify="left")
+    for c in ("when", "kind", "source", "slot", "node", "step", "phase", "detail"):
+        t.add_column(c)
+    for f in st.faults:
+        t.add_row(_rel(f.ts, t0), f.kind, f.source, "-" if f.world_rank is None else str(f.world_rank),
+                  f.node or "-", "-" if f.step is None else str(f.step), f.phase or "-", f.message[:80])
+    return t
+
+
+def _injections(st: Status) -> Table:
+    t0 = st.job.started_at
+    t = Table(title="Injected faults", title_justify="left")
+    for c in ("when", "request", "kind", "at step", "phase", "targets", "landed"):
+        t.add_column(c)
+    for i in st.injections:
+        landed = ", ".join(f"w{f['world_rank']} step {f['step']} {f['phase']}" for f in i.fired) or "not yet"
+        t.add_row(_rel(i.ts, t0), i.request_id, i.kind, "-" if i.at_step is None else str(i.at_step), i.phase,
+                  ",".join(map(str, i.targets)) or "-", landed)
+    return t
+
+
+def status_renderable(st: Status) -> Group:
+    """The full human view of ``st``; empty sections are left out."""
+    parts: list = [_header(st)]
+    w = _warnings(st)
+    if w is not None:
+        parts.append(w)
+    if st.nodes:
+        parts.append(_nodes(st))
+    if st.slots:
+        parts.append(_slots(st))
+    if st.replicas:
+        parts.append(_replicas(st))
+    if st.recoveries:
+        parts.append(_recoveries(st))
+    if st.faults:
+        parts.append(_faults(st))
+    if st.injections:
+        parts.append(_injections(st))
+    if st.journal_records == 0:
+        parts.append(Text("(no journal yet: the coordinator has not started)", style="dim"))
+    return Group(*parts)
