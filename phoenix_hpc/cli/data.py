@@ -6,6 +6,8 @@ import click
 
 from phoenix_hpc.errors import DataError
 
+DEFAULT_OUT = "data/stdlib"
+
 
 @click.group()
 def data() -> None:
@@ -24,6 +26,7 @@ def prepare(src_dir: str | None, out_prefix: str | None, use_stdlib: bool, max_b
     \b
     phoenix data prepare SRC_DIR OUT_PREFIX [--max-bytes N]
     phoenix data prepare --stdlib OUT_PREFIX [--max-bytes N]
+    phoenix data prepare            (= --stdlib data/stdlib)
 
     Each UTF-8 text file becomes one document of byte tokens (vocabulary 256). Outputs are written under
     temporary names and renamed when complete.
@@ -32,10 +35,10 @@ def prepare(src_dir: str | None, out_prefix: str | None, use_stdlib: bool, max_b
 
     from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
 
-    if use_stdlib:
+    if use_stdlib or (src_dir is None and out_prefix is None):
         if out_prefix is not None:
             raise DataError("with --stdlib give only OUT_PREFIX (no SRC_DIR)")
-        out_prefix, src_dir = src_dir, str(stdlib_dir())
+        out_prefix, src_dir = src_dir or DEFAULT_OUT, str(stdlib_dir())
     if not src_dir or not out_prefix:
         raise DataError("need SRC_DIR and OUT_PREFIX (or --stdlib OUT_PREFIX)")
     with Progress(

@@ -3,7 +3,8 @@
 Each text file becomes one document of uint8 tokens (its raw bytes; vocabulary 256), written with
 megatron-core's :class:`~megatron.core.datasets.indexed_dataset.IndexedDatasetBuilder`. Files are taken in
 sorted path order, so the same folder always gives the same dataset. A file is "text" when it has no NUL
-byte and decodes as UTF-8; others (``.pyc``, images) are skipped. Both outputs are written under temporary
+byte and decodes as UTF-8; others (``.pyc``, images) are skipped, as are ``__pycache__``,
+``site-packages`` and ``dist-packages`` folders. Both outputs are written under temporary
 names in the target folder and renamed into place only when complete, so an interrupted or failed run
 leaves no partial dataset behind.
 """
@@ -37,10 +38,15 @@ def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+#: Folders never read: byte-code caches, and installed third-party packages (which live inside the
+#: standard library's folder on most installs and are not part of it).
+SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages"})
+
+
 def iter_files(src: Path) -> Iterator[Path]:
-    """Regular files under ``src`` in sorted path order, skipping ``__pycache__`` and hidden folders."""
+    """Regular files under ``src`` in sorted path order, skipping hidden folders and :data:`SKIP_DIRS`."""
     for root, dirs, files in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
         for name in sorted(files):
             p = Path(root) / name
             if p.is_file() and not p.is_symlink():

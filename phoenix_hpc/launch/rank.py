@@ -3,11 +3,13 @@
 
 Sequence on every slot:
 
-1. Read the slot's launcher environment (:mod:`.env`) and the resolved config ``RUN_DIR/config.yaml``
-   (``--config`` overrides the path). Check the engine can run here (``megatron`` needs CUDA) and the
-   dataset is a Megatron indexed dataset. Any problem: message on stderr, exit 2, before MPI starts and
-   before any file is written (every slot sees the same problem, so all exit alike).
-2. MPI init (mpi4py, ``MPI.COMM_WORLD``); compare rank/size with the launcher's. Active slots are those on
+1. Read the slot's launcher environment (:mod:`.env`); MPI init (mpi4py, ``MPI.COMM_WORLD``); compare
+   rank/size with the launcher's. Read the resolved config ``RUN_DIR/config.yaml`` (``--config``
+   overrides the path); check the engine can run here (``megatron`` needs CUDA) and the dataset is a
+   Megatron indexed dataset. The slots share their errors (one allgather), so a problem seen on any slot
+   stops every slot with exit 2 before training and before any file is written; world rank 0 prints each
+   distinct message once.
+2. Active slots are those on
    the first ``resources.nodes`` nodes (``SLURM_NODEID``; all slots under mpirun); they must be world
    ranks ``0..A-1`` (srun's default block distribution) and ``A`` must match the grid
    (``tp x pp x dp``), else exit 2 naming both numbers.
@@ -197,6 +199,27 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path) -> dict:
         dist.destroy_process_group()
 
 
+def _agree_on_errors(comm, error: PhoenixError | None) -> PhoenixError | None:
+    """Collective: share every slot's pre-training error so that all slots stop together (a problem seen
+    on one node only must not leave the others waiting in MPI). World rank 0 prints each distinct
+    message once, with the world ranks that hit it. Returns the first error, or None."""
+    errors = comm.allgather(None if error is None else (type(error).__name__, str(error), error.exit_code))
+    seen: dict[str, list[int]] = {}
+    for r, e in enumerate(errors):
+        if e is not None:
+            seen.setdefault(e[1], []).append(r)
+    if not seen:
+        return None
+    if comm.Get_rank() == 0:
+        for msg, ranks in seen.items():
+            where = "all slots" if len(ranks) == len(errors) else f"slots {ranks}"
+            print(f"error ({where}): {msg}", file=sys.stderr, flush=True)
+    first = next(e for e in errors if e is not None)
+    out = PhoenixError(first[1])
+    out.exit_code = first[2]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     run_dir = Path(args.run_dir)
@@ -205,8 +228,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         slot = slot_from_env(os.environ)
-        cfg = load_job_config(args.config or run_dir / "config.yaml")
-        preflight(cfg)
     except PhoenixError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
@@ -217,22 +238,33 @@ def main(argv: list[str] | None = None) -> int:
     from phoenix_hpc.launch.rendezvous import mpi_store_rendezvous
 
     comm = MPI.COMM_WORLD
+    cfg = None
+    err: PhoenixError | None = None
     try:
         slot = check_against_mpi(slot, comm.Get_rank(), comm.Get_size())
-        active = slot.is_active(cfg.resources.nodes)
-        flags = comm.allgather(active)
-        n_active = sum(flags)
-        if flags != [True] * n_active + [False] * (len(flags) - n_active) or n_active == 0:
-            raise EngineError(
-                f"active slots must be world ranks 0..A-1 (srun block distribution); got active ranks "
-                f"{[i for i, f in enumerate(flags) if f]} of {len(flags)}"
-            )
-        p = cfg.parallelism
-        grid = resolve_grid(p.tp, p.pp, p.dp, n_active)
+        cfg = load_job_config(args.config or run_dir / "config.yaml")
+        preflight(cfg)
     except PhoenixError as exc:
-        if comm.Get_rank() == 0:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
-        return exc.exit_code
+        err = exc
+    err = _agree_on_errors(comm, err)
+    if err is None:
+        try:
+            active = slot.is_active(cfg.resources.nodes)
+            flags = comm.allgather(active)
+            n_active = sum(flags)
+            if flags != [True] * n_active + [False] * (len(flags) - n_active) or n_active == 0:
+                raise EngineError(
+                    f"active slots must be world ranks 0..A-1 (srun block distribution); got active ranks "
+                    f"{[i for i, f in enumerate(flags) if f]} of {len(flags)}"
+                )
+            p = cfg.parallelism
+            grid = resolve_grid(p.tp, p.pp, p.dp, n_active)
+        except PhoenixError as exc:  # the same on every slot (computed from allgathered data)
+            if comm.Get_rank() == 0:
+                print(f"error (all slots): {exc}", file=sys.stderr, flush=True)
+            err = exc
+    if err is not None:
+        return err.exit_code
 
     store = mpi_store_rendezvous(comm, active, cfg.resilience.collective_timeout_s)
     code = 0
