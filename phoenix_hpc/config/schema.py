@@ -68,11 +68,13 @@ class TrainingConfig(BaseModel):
     global_batch_size: int = Field(16, ge=1, description="samples per step over all DP ranks")
     lr: float = Field(1e-3, gt=0, description="peak learning rate")
     min_lr: float = Field(0.0, ge=0, description="final learning rate of the decay")
-    lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.01, ge=0)
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        "cosine", description="decay from lr to min_lr after the warm-up (phoenix_hpc.engines.schedule)"
+    )
+    warmup_steps: int = Field(0, ge=0, description="steps of linear warm-up from 0 to lr")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW decoupled weight decay")
     grad_clip: float = Field(1.0, ge=0, description="global grad-norm clip; 0 disables")
-    seed: int = Field(1234, ge=0)
+    seed: int = Field(1234, ge=0, description="seed of parameter initialisation and data order")
     log_interval: int = Field(1, ge=1, description="log every N steps")
 
     @model_validator(mode="after")
@@ -109,18 +111,21 @@ class ResilienceConfig(BaseModel):
     extra layer at all."""
 
     model_config = _STRICT
-    enabled: bool = True
-    mode: Literal["phoenix", "checkpoint-restart"] = "phoenix"
+    enabled: bool = Field(True, description="false: plain training, no snapshot or replication")
+    mode: Literal["phoenix", "checkpoint-restart"] = Field(
+        "phoenix",
+        description="phoenix: in-memory replicas and hot swap; checkpoint-restart: the classic baseline",
+    )
     k: int = Field(1, ge=1, description="replicas of each optimizer shard (holders besides the owner)")
     placement_levels: list[str] = Field(
         default_factory=lambda: ["node", "switch"],
         description="failure-domain levels to spread replicas over, most specific last",
     )
-    heartbeat_interval_s: float = Field(1.0, gt=0)
-    heartbeat_timeout_s: float = Field(10.0, gt=0)
-    collective_timeout_s: float = Field(30.0, gt=0)
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="seconds between heartbeats")
+    heartbeat_timeout_s: float = Field(10.0, gt=0, description="seconds without a heartbeat before a slot is dead")
+    collective_timeout_s: float = Field(30.0, gt=0, description="timeout of every process-group collective, seconds")
     chunk_bytes: int = Field(4 << 20, gt=0, description="H2H message chunk size in bytes")
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="persistent checkpoints")
 
     @model_validator(mode="after")
     def _timeouts(self):
@@ -146,10 +151,10 @@ class ResourcesConfig(BaseModel):
     spares: int = Field(1, ge=0, description="spare nodes held in standby inside the same job")
     gpus_per_node: int | None = Field(None, ge=1, description="override of the site's GPUs per node")
     time_limit: str = Field("00:30:00", description="Slurm time limit, [D-]HH:MM:SS or minutes")
-    account: str | None = None
-    qos: str | None = None
-    partition: str | None = None
-    constraint: str | None = None
+    account: str | None = Field(None, description="Slurm account (-A); default: the site's")
+    qos: str | None = Field(None, description="Slurm QOS (-q); default: the site's")
+    partition: str | None = Field(None, description="Slurm partition (-p); default: the site's")
+    constraint: str | None = Field(None, description="node feature constraint (-C); default: the site's")
 
 
 class JobConfig(BaseModel):
@@ -157,7 +162,9 @@ class JobConfig(BaseModel):
 
     model_config = _STRICT
     name: str = Field(..., min_length=1, max_length=128, description="job name")
-    engine: Literal["torch", "megatron"] = "torch"
+    engine: Literal["torch", "megatron"] = Field(
+        "torch", description="torch: plain PyTorch (CPU or GPU); megatron: megatron-core (needs CUDA)"
+    )
     run_dir: str | None = Field(None, description="run directory; default runs/<name>-<timestamp>")
     model: ModelConfig = Field(default_factory=ModelConfig)
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
