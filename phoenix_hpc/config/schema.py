@@ -43,6 +43,7 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self):
+        """``hidden_size`` is divisible by ``heads``."""
         if self.hidden_size % self.heads:
             raise ValueError(
                 f"model.hidden_size ({self.hidden_size}) must be divisible by model.heads ({self.heads})"
@@ -79,6 +80,7 @@ class TrainingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _batches(self):
+        """``global_batch_size`` is a multiple of ``micro_batch_size``; ``min_lr <= lr``."""
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"training.global_batch_size ({self.global_batch_size}) must be a multiple of "
@@ -129,6 +131,8 @@ class ResilienceConfig(BaseModel):
 
     @model_validator(mode="after")
     def _timeouts(self):
+        """``heartbeat_interval_s < heartbeat_timeout_s < collective_timeout_s``; ``placement_levels`` contains
+        ``node``."""
         a, b, c = self.heartbeat_interval_s, self.heartbeat_timeout_s, self.collective_timeout_s
         if not a < b < c:
             raise ValueError(
@@ -175,6 +179,7 @@ class JobConfig(BaseModel):
 
     @model_validator(mode="after")
     def _model_vs_grid(self):
+        """``model.layers`` is divisible by ``parallelism.pp``; ``model.heads`` by ``parallelism.tp``."""
         problems = []
         if self.model.layers % self.parallelism.pp:
             problems.append(
