@@ -1,0 +1,130 @@
+"""Fault drills (``phoenix drill``): plan N faults at random steps and phases, then match what the journal
+says happened to each of them. Both halves are pure; the CLI does the submitting and waiting.
+
+Planning rules (so that every planned fault can be survived by design):
+
+- faults land in steps ``FIRST_STEP .. steps - 2``, one per equal segment of that range, so recoveries
+  (and their replays) do not overlap the next fault; the ``recovery`` phase is never drawn (a fault in
+  the recovery phase lands only if another recovery follows; drill it on purpose with ``inject-fault``);
+- the spare budget is respected: ``kill-node`` needs a whole spare node (G standby slots), ``crash``,
+  ``hang``, ``link-down`` and ``gpu-error`` one standby slot, ``transient`` none; kinds that no longer fit
+  are not drawn;
+- targets are logical ranks (``--rank``): after a hot swap the coordinator resolves them to the new slot.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from phoenix_hpc.errors import FaultError
+from phoenix_hpc.faults.kinds import KINDS
+from phoenix_hpc.status.model import Status
+
+FIRST_STEP = 3  # the first commits must exist before a fault can be recovered from memory
+
+
+@dataclass(frozen=True)
+class DrillFault:
+    index: int
+    kind: str
+    phase: str
+    at_step: int
+    rank: int  # logical rank targeted (kill-node: the node that holds it when the fault is sent)
+
+
+def slot_cost(kind: str, gpus_per_node: int) -> int:
+    """Standby slots a fault of ``kind`` consumes (DESIGN.md section 6: transient faults use no spare)."""
+    if KINDS[kind].action != "hot_swap":
+        return 0
+    return gpus_per_node if kind == "kill-node" else 1
+
+
+def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int, spare_nodes: int,
+               kinds: Sequence[str] = tuple(KINDS)) -> list[DrillFault]:
+    """``n`` faults for a job of ``steps`` steps and ``world`` logical ranks (see the module doc).
+
+    Raises:
+        FaultError: ``n < 1``, too few steps for ``n`` separated faults, or an unknown kind.
+    """
+    if n < 1:
+        raise FaultError(f"--faults: {n} is not allowed; at least 1")
+    for k in kinds:
+        if k not in KINDS:
+            raise FaultError(f"--kinds: {k!r} is not a fault kind; allowed: {', '.join(KINDS)}")
+    last = steps - 2
+    span = last - FIRST_STEP + 1
+    min_gap = 3
+    if span < n * min_gap:
+        raise FaultError(f"--faults: {n} fault(s) need at least {FIRST_STEP + 1 + n * min_gap} training steps "
+                         f"({min_gap} per fault after step {FIRST_STEP}); the config has training.steps = {steps}")
+    rng = random.Random(seed)
+    budget = spare_nodes * gpus_per_node
+    out = []
+    seg = span / n
+    for i in range(n):
+        lo = FIRST_STEP + int(round(i * seg))
+        hi = FIRST_STEP + int(round((i + 1) * seg)) - 1
+        step = rng.randint(lo, max(lo, hi - 1))  # leave the segment's last step for the recovery
+        affordable = [k for k in kinds if slot_cost(k, gpus_per_node) <= budget]
+        if not affordable:
+            raise FaultError(f"--faults: no spare capacity left for fault {i + 1} of {n} with kinds {list(kinds)} "
+                             f"({spare_nodes} spare node(s) x {gpus_per_node} slots); add 'transient' or spares")
+        kind = rng.choice(affordable)
+        budget -= slot_cost(kind, gpus_per_node)
+        phases = [p for p in KINDS[kind].phases if p != "recovery"]
+        out.append(DrillFault(i, kind, rng.choice(phases), step, rng.randrange(world)))
+    return out
+
+
+@dataclass
+class DrillOutcome:
+    """What happened to one planned fault, from the job's status (journal)."""
+
+    fault: DrillFault
+    request_id: str | None = None
+    at_step: int | None = None  # the step actually requested (may be later than planned if the job was ahead)
+    landed: list[dict[str, Any]] = field(default_factory=list)  # {world_rank, step, phase, ts}
+    action: str | None = None
+    detect_s: float | None = None
+    total_s: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    steps_replayed: int | None = None
+    recovery_state: str | None = None
+    error: str | None = None
+
+    @property
+    def landed_as_requested(self) -> bool:
+        return bool(self.landed) and all(f["step"] == self.at_step and f["phase"] == self.fault.phase
+                                         for f in self.landed)
+
+    @property
+    def recovered(self) -> bool:
+        return self.recovery_state == "done" and self.error is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.fault.index, "kind": self.fault.kind, "phase": self.fault.phase,
+                "planned_step": self.fault.at_step, "at_step": self.at_step, "rank": self.fault.rank,
+                "request_id": self.request_id, "landed": self.landed,
+                "landed_as_requested": self.landed_as_requested, "action": self.action,
+                "detect_s": self.detect_s, "total_s": self.total_s, "phases": self.phases,
+                "steps_replayed": self.steps_replayed, "recovery_state": self.recovery_state,
+                "recovered": self.recovered, "error": self.error}
+
+
+def match_outcome(out: DrillOutcome, st: Status) -> DrillOutcome:
+    """Fill ``out`` from the status: the landing records of its request, and the first recovery that started
+    at or after the fault landed (the one it caused)."""
+    inj = next((i for i in st.injections if i.request_id == out.request_id), None)
+    if inj is not None:
+        out.landed = list(inj.fired)
+    if not out.landed:
+        return out
+    t_landed = min(float(f["ts"]) for f in out.landed)
+    rec = next((r for r in st.recoveries if r.started_at >= t_landed), None)
+    if rec is not None:
+        out.action, out.recovery_state = rec.action, rec.state
+        out.total_s, out.phases, out.steps_replayed = rec.total_s, dict(rec.phases), rec.steps_replayed
+        out.detect_s = rec.phases.get("detect", rec.detect_s)
+    return out

@@ -1,0 +1,254 @@
+"""Build, validate and send a fault-injection request (``phoenix inject-fault``, ``phoenix drill``).
+
+Flow: :func:`build_request` checks a user's request against the job's current
+:class:`~phoenix_hpc.status.model.Status` (pure; every refusal is a :class:`FaultError` and nothing is
+sent); :func:`send_request` hands it to the job's coordinator through the control protocol (an ``inject``
+message on the job's store, signed with the job secret, :mod:`phoenix_hpc.control.protocol`); the
+coordinator resolves the target to world ranks and forwards the instruction, and each target's
+:class:`~phoenix_hpc.faults.trigger.FaultTrigger` fires at the requested step and phase.
+
+``kill-node`` on the local test cluster (site ``local``): once the coordinator has forwarded it, every slot
+of the node kills itself at the step and phase; :func:`finish_kill_node` then waits until the slot PIDs the
+coordinator recorded (``registered`` journal records) are gone and kills the node's slurmd and step
+daemons by the PIDs the cluster recorded (:func:`phoenix_hpc.slurm.cluster.kill_node`), marking the node
+DOWN, so Slurm sees the node loss as well. A node that holds only standby slots has no steps: there the
+node is killed at once. No process is ever found by a name pattern.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from phoenix_hpc.errors import FaultError
+from phoenix_hpc.faults.kinds import PHASE_WIRE, check_at_step, check_phase, kind_spec, parse_coord
+from phoenix_hpc.status.model import Status
+
+LIVE = ("active", "standby", "joining", "quiesced")
+STEP_MARGIN = 2  # default --at-step: the newest known step + this
+
+
+@dataclass(frozen=True)
+class InjectRequest:
+    """A validated request. ``target`` is the wire target (``{"logical_rank": r}``, ``{"node": name}`` or
+    ``{"coord": [pp, dp, tp]}``); ``slots`` the world ranks it names now; ``node`` the node for kill-node;
+    ``immediate``: a kill-node of a node without active slots (killed at once, no step)."""
+
+    kind: str
+    phase: str
+    at_step: int
+    target: dict[str, Any]
+    slots: tuple[int, ...]
+    pids: tuple[int, ...]
+    node: str | None = None
+    immediate: bool = False
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def body(self) -> dict[str, Any]:
+        """The ``inject`` message body of the control protocol (wire kind and phase names)."""
+        return {"type": "inject", "kind": kind_spec(self.kind).wire, "phase": PHASE_WIRE[self.phase],
+                "at_step": int(self.at_step), "target": dict(self.target), "request_id": self.request_id}
+
+
+def _grid(st: Status) -> tuple[int, int, int] | None:
+    g = st.job.grid
+    return (g["tp"], g["pp"], g["dp"]) if g else None
+
+
+def build_request(st: Status, kind: str, *, rank: int | None = None, node: str | None = None,
+                  coord: str | None = None, at_step: int | None = None, phase: str | None = None) -> InjectRequest:
+    """Validate a request against the job's status and resolve its target.
+
+    Args:
+        st: the job's current status.
+        kind: user kind name (:data:`phoenix_hpc.faults.kinds.KINDS`).
+        rank / node / coord: exactly one target: a logical rank, a node name, or ``"pp,dp,tp"``.
+        at_step: the iteration to fail in (default: the newest known step + :data:`STEP_MARGIN`).
+        phase: user phase name (default ``forward``).
+
+    Raises:
+        FaultError: unknown kind or phase, a phase the kind does not support, not exactly one target, a
+            target outside the job or without a live slot, a step already done or beyond the last step,
+            a job that is finished or not running yet.
+    """
+    spec = kind_spec(kind)
+    p = check_phase(kind, phase)
+    given = [n for n, v in (("--rank", rank), ("--node", node), ("--coord", coord)) if v is not None]
+    if len(given) != 1:
+        raise FaultError("target: give exactly one of --rank R, --node NODE, --coord pp,dp,tp"
+                         + (f" (got {', '.join(given)})" if given else ""))
+    job = st.job
+    if st.finished or job.state == "ended":
+        raise FaultError(f"job {job.job_id or job.run_dir} is {job.state}"
+                         f"{' (Slurm: ' + job.slurm_state + ')' if job.slurm_state else ''}: "
+                         "nothing to inject into; nothing was sent")
+    if job.slurm_state is not None and job.slurm_state not in ("RUNNING", "COMPLETING", "CONFIGURING"):
+        raise FaultError(f"job {job.job_id} is {job.slurm_state} in Slurm, not RUNNING: nothing was sent")
+    if not st.slots or job.coordinator is None or job.state in ("pending", "starting"):
+        raise FaultError(f"job {job.job_id or job.run_dir} has not started training yet (state {job.state}); "
+                         "inject once `phoenix status` shows it running; nothing was sent")
+    grid = _grid(st)
+    n = grid[0] * grid[1] * grid[2] if grid else len([s for s in st.slots if s.logical_rank is not None])
+    live = [s for s in st.slots if s.state in LIVE]
+    by_logical = {s.logical_rank: s for s in live if s.logical_rank is not None and s.state != "standby"}
+
+    if rank is not None:
+        if not 0 <= rank < n:
+            raise FaultError(f"--rank: {rank} is outside the job; logical ranks are 0..{n - 1}")
+        if rank not in by_logical:
+            raise FaultError(f"--rank: no live slot holds logical rank {rank} now; nothing was sent")
+        targets = [by_logical[rank]]
+        target: dict[str, Any] = {"logical_rank": int(rank)}
+    elif coord is not None:
+        pp, dp, tp = parse_coord(coord, grid)
+        if grid is None:
+            raise FaultError("--coord: the job's grid is not known yet; use --rank or --node")
+        r = (pp * grid[2] + dp) * grid[0] + tp
+        if r not in by_logical:
+            raise FaultError(f"--coord: no live slot holds ({pp},{dp},{tp}) (logical rank {r}) now; nothing was sent")
+        targets = [by_logical[r]]
+        target = {"coord": [pp, dp, tp]}
+    else:
+        names = sorted({s.node for s in st.slots} | set(job.node_list))
+        if node not in names:
+            raise FaultError(f"--node: {node!r} is not a node of job {job.job_id or job.run_dir}; its nodes: "
+                             f"{', '.join(names)}")
+        targets = [s for s in live if s.node == node]
+        if not targets:
+            raise FaultError(f"--node: {node} has no live slot (lost or released); nothing was sent")
+        target = {"node": node}
+
+    kill_node = spec.name == "kill-node"
+    the_node = targets[0].node if kill_node else None
+    if kill_node:
+        targets = [s for s in live if s.node == the_node]
+        target = {"node": the_node}
+    active = [s for s in targets if s.state != "standby"]
+    immediate = kill_node and not active
+    if not active and not immediate:
+        raise FaultError(f"target: {node} holds only standby slots, which run no steps; a {kind} fault cannot "
+                         "land there (only kill-node can, on the local cluster)")
+    step = at_step
+    if step is None:
+        step = (job.step or 0) + STEP_MARGIN
+    check_at_step(step, live_step=job.step if at_step is not None else None, total_steps=job.steps_total)
+    return InjectRequest(kind=spec.name, phase=p, at_step=int(step), target=target,
+                         slots=tuple(s.world_rank for s in targets),
+                         pids=tuple(int(s.pid) for s in targets if s.pid is not None), node=the_node,
+                         immediate=immediate)
+
+
+def send_request(run_dir: Path, req: InjectRequest, timeout_s: float = 30.0,
+                 client_factory: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Send ``req`` to the job's coordinator and wait for its answer. Returns the ``accepted`` reply
+    (``{"type": "accepted", "targets": [world ranks], "request_id"}``).
+
+    Raises:
+        FaultError: the coordinator refused the request (its reason is in the message: nothing injected).
+        ControlError: the coordinator cannot be reached or does not answer within ``timeout_s``.
+    """
+    if client_factory is None:
+        from phoenix_hpc.control.client import CoordinatorClient
+
+        def client_factory(rd, wait_s):  # noqa: E306 - a CLI process is not a slot: world rank -1
+            return CoordinatorClient(rd, -1, wait_s=wait_s, store_timeout_s=wait_s)
+    client = client_factory(run_dir, timeout_s)
+    try:
+        reply = client.request(req.body(), timeout_s=timeout_s)
+    finally:
+        close = getattr(client, "close", None)
+        if close is not None:
+            close()
+    if reply.get("type") != "accepted":
+        raise FaultError(f"the coordinator refused the injection: {reply.get('reason', reply)}; nothing was injected")
+    return reply
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists and is not a zombie (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_pids_gone(pids: tuple[int, ...], timeout_s: float, poll_s: float = 0.2,
+                   alive: Callable[[int], bool] = pid_alive, clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> list[int]:
+    """Wait until none of ``pids`` is alive; return those still alive after ``timeout_s``."""
+    deadline = clock() + timeout_s
+    while True:
+        left = [p for p in pids if alive(p)]
+        if not left or clock() >= deadline:
+            return left
+        sleep(poll_s)
+
+
+def local_cluster_for(st: Status, node: str):
+    """The local test cluster running ``node`` for a job of site ``local`` (None otherwise)."""
+    if st.job.site != "local":
+        return None
+    from phoenix_hpc.errors import ClusterError
+    from phoenix_hpc.slurm.cluster import load_cluster
+
+    try:
+        cluster = load_cluster()
+    except ClusterError:
+        return None
+    return cluster if node in cluster.nodes else None
+
+
+def finish_kill_node(cluster, req: InjectRequest, timeout_s: float) -> dict[str, Any]:
+    """Local cluster: after the node's slots died at their step (or at once for ``immediate``), kill the
+    node's slurmd and step daemons by their recorded PIDs and mark the node DOWN.
+
+    Returns ``{"node", "slots_gone", "killed_pids", "waited_s"}``.
+
+    Raises:
+        FaultError: the slots did not die within ``timeout_s`` (the fault has not landed; the node is left
+            up; the message says how to kill it by hand).
+    """
+    from phoenix_hpc.slurm.cluster import kill_node
+
+    t0 = time.monotonic()
+    if not req.immediate:
+        left = wait_pids_gone(req.pids, timeout_s)
+        if left:
+            raise FaultError(f"kill-node: slots of {req.node} (pids {left}) still run after {timeout_s:g}s; the "
+                             f"fault at step {req.at_step} has not landed yet; its slurmd is left running")
+    killed = kill_node(cluster, req.node, mark_down_reason=f"phoenix inject-fault kill-node {req.request_id}")
+    return {"node": req.node, "slots_gone": list(req.slots), "killed_pids": killed,
+            "waited_s": round(time.monotonic() - t0, 3)}
+
+
+def inject(run_dir: Path, st: Status, req: InjectRequest, timeout_s: float = 30.0,
+           land_timeout_s: float = 600.0, client_factory: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Carry out a validated request: send it (unless it is an immediate local kill-node) and, for kill-node
+    on the local cluster, kill the node's daemons once its slots are gone. Returns a summary dict
+    ``{"request_id", "kind", "phase", "at_step", "target", "targets", "node_kill"}``.
+
+    Raises:
+        FaultError, ControlError: see :func:`send_request` and :func:`finish_kill_node`; an immediate
+            kill-node outside the local cluster.
+    """
+    out: dict[str, Any] = {"request_id": req.request_id, "kind": req.kind, "phase": req.phase,
+                           "at_step": req.at_step, "target": req.target, "targets": list(req.slots),
+                           "node_kill": None}
+    cluster = local_cluster_for(st, req.node) if req.kind == "kill-node" else None
+    if req.immediate:
+        if cluster is None:
+            raise FaultError(f"kill-node: {req.node} holds only standby slots; killing such a node needs the local "
+                             "test cluster (site local); nothing was sent")
+        out["at_step"] = None
+        out["node_kill"] = finish_kill_node(cluster, req, timeout_s)
+        return out
+    reply = send_request(run_dir, req, timeout_s, client_factory)
+    out["targets"] = list(reply.get("targets", req.slots))
+    if cluster is not None:
+        out["node_kill"] = finish_kill_node(cluster, req, land_timeout_s)
+    return out

@@ -1,0 +1,178 @@
+"""phoenix status / inject-fault on run directories with synthetic journals: rendering, JSON, plot, and
+bad input (exit 2, a message naming the problem, nothing sent to the coordinator).
+
+Slurm is the real client: on this machine without a configured cluster ``scontrol`` fails, so the status
+comes from the journal with a Slurm warning (what a user sees after Slurm forgot a job)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from phoenix_hpc.cli.main import cli
+from phoenix_hpc.status.runs import record_run
+from test_status_derive import CONFIG, done_records, node_loss_records, start_records
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """Isolated home (runs index) and working directory; no Slurm cluster configured."""
+    monkeypatch.setenv("PHOENIX_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps tables to the terminal width
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def listener():
+    """A TCP socket the coordinator.json points at: a test can prove no connection was made to it."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(4)
+    s.setblocking(False)
+    yield s
+    s.close()
+
+
+def assert_nothing_sent(listener):
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+
+
+def make_run(root, name, records, job_id="424242", port=1, submitted_at=100.0):
+    rd = root / "runs" / name
+    rd.mkdir(parents=True)
+    (rd / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    (rd / "job.json").write_text(json.dumps({"job_id": job_id, "site": "local", "submitted_at": submitted_at}))
+    (rd / "journal.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (rd / "coordinator.json").write_text(json.dumps({"host": "127.0.0.1", "port": port, "pid": 1,
+                                                     "secret_file": "secret", "protocol": 1}))
+    (rd / "secret").write_text("00" * 32)
+    return rd
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_status_of_running_job_renders_slots_and_replicas(env):
+    rd = make_run(env, "a", start_records() + node_loss_records())
+    r = run("status", str(rd))
+    assert r.exit_code == 0, r.output
+    for text in ("424242", "running", "nid00003", "opt/pp0/tp0/dp3", "hot_swap", "replaces world rank 2",
+                 "no spare left", "Slurm has no record of job 424242"):
+        assert text in r.output
+
+
+def test_status_json_and_plot(env):
+    rd = make_run(env, "a", start_records() + node_loss_records() + done_records())
+    r = run("status", str(rd), "--json", "--plot", str(env / "t.png"))
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["job"]["state"] == "done" and data["job"]["final_hash"] == "abc123"
+    assert len(data["slots"]) == 6 and len(data["replicas"]) == 4
+    assert data["recoveries"][0]["phases"]["detect"] == 1.25
+    assert (env / "t.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_status_default_is_most_recent_job(env):
+    make_run(env, "old", start_records(), job_id="11", submitted_at=100.0)
+    new = make_run(env, "new", start_records() + done_records(), job_id="12", submitted_at=200.0)
+    r = run("status", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["job"]["run_dir"] == str(new)
+    # the runs index wins over ./runs when it names a newer job elsewhere
+    other = make_run(env / "elsewhere", "x", start_records(), job_id="13")
+    record_run(other, "13", submitted_at=300.0)
+    assert json.loads(run("status", "--json").output)["job"]["job_id"] == "13"
+    # and a job id is found through the index or ./runs
+    assert json.loads(run("status", "12", "--json").output)["job"]["run_dir"] == str(new)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["status", "999999"], "JOBID: 999999 is not a known job id"),
+    (["status", "not-a-dir"], "RUN_DIR: 'not-a-dir' does not exist"),
+])
+def test_status_bad_input(env, args, needle):
+    r = run(*args)
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
+
+
+def test_status_on_foreign_dir(env):
+    (env / "foreign").mkdir()
+    (env / "foreign" / "config.yaml").write_text("a: 1\n")
+    r = run("status", str(env / "foreign"))
+    assert r.exit_code == 2 and "is not a PHOENIX run directory" in r.output
+
+
+def test_status_no_job_at_all(env):
+    r = run("status")
+    assert r.exit_code == 2 and "no PHOENIX job found" in r.output
+
+
+def test_status_plot_bad_path(env):
+    rd = make_run(env, "a", start_records())
+    r = run("status", str(rd), "--plot", str(env / "nope" / "t.png"))
+    assert r.exit_code == 2 and "--plot: cannot write" in r.output
+    r = run("status", str(rd), "--plot", str(env / "t.jpg"))
+    assert r.exit_code == 2 and "must end in .png" in r.output
+
+
+def test_status_does_not_change_the_run_dir(env):
+    rd = make_run(env, "a", start_records())
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in rd.iterdir()}
+    assert run("status", str(rd), "--json").exit_code == 0
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in rd.iterdir()} == before
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--kind", "crash", "--rank", "4"], "--rank: 4 is outside the job; logical ranks are 0..3"),
+    (["--kind", "crash", "--rank", "-1"], "--rank: -1 is outside the job"),
+    (["--kind", "crash", "--node", "nid00099"], "--node: 'nid00099' is not a node of job"),
+    (["--kind", "crash", "--coord", "0,4,0"], "--coord: (0,4,0) is outside the job's grid"),
+    (["--kind", "crash", "--coord", "0,a"], "expected three integers pp,dp,tp"),
+    (["--kind", "transient", "--rank", "1", "--phase", "d2h"],
+     "--phase: a transient fault cannot land in phase 'd2h'; transient supports forward|h2h|optimizer"),
+    (["--kind", "gpu-error", "--rank", "1", "--phase", "h2h"], "gpu-error supports forward|d2h|optimizer|recovery"),
+    (["--kind", "crash", "--rank", "1", "--node", "nid00001"], "give exactly one of --rank R, --node NODE"),
+    (["--kind", "crash"], "give exactly one of"),
+    (["--kind", "crash", "--rank", "1", "--at-step", "3"], "--at-step: step 3 is already done (the job is at step 6)"),
+    (["--kind", "crash", "--rank", "1", "--at-step", "21"], "beyond the job's last step (training.steps = 20)"),
+    (["--kind", "crash", "--node", "nid00003"], "holds only standby slots"),
+    (["--kind", "meteor", "--rank", "1"], "Invalid value for '--kind'"),
+    (["--kind", "crash", "--rank", "1", "--phase", "backward"], "Invalid value for '--phase'"),
+])
+def test_inject_bad_input_sends_nothing(env, listener, args, needle):
+    rd = make_run(env, "a", start_records(), port=listener.getsockname()[1])
+    journal = (rd / "journal.jsonl").read_bytes()
+    r = run("inject-fault", str(rd), *args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "Traceback" not in r.output
+    assert_nothing_sent(listener)
+    assert (rd / "journal.jsonl").read_bytes() == journal
+
+
+def test_inject_into_finished_job(env, listener):
+    rd = make_run(env, "a", start_records() + done_records(), port=listener.getsockname()[1])
+    r = run("inject-fault", str(rd), "--kind", "crash", "--rank", "0")
+    assert r.exit_code == 2 and "is done" in r.output and "nothing was sent" in r.output
+    assert_nothing_sent(listener)
+
+
+def test_inject_into_dead_rank_slot(env, listener):
+    rd = make_run(env, "a", start_records() + node_loss_records()[:1], port=listener.getsockname()[1])
+    r = run("inject-fault", str(rd), "--kind", "hang", "--node", "nid00002")
+    assert r.exit_code == 2 and "nid00002 has no live slot" in r.output
+    assert_nothing_sent(listener)
+
+
+def test_inject_unknown_job(env):
+    r = run("inject-fault", "999999", "--kind", "crash", "--rank", "0")
+    assert r.exit_code == 2 and "JOBID: 999999 is not a known job id" in r.output
