@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "cluster": "phoenix_hpc.cli.cluster:cluster",
     "data": "phoenix_hpc.cli.data:data",
     "model": "phoenix_hpc.cli.model:model",
+    "config": "phoenix_hpc.cli.config_ref:config",
 }
 
 
