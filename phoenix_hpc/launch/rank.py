@@ -122,8 +122,9 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path) -> dict:
     rank = slot.world_rank
     torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS") or 1))
     device = default_device(slot.local_rank)
-    if device.type == "cpu":
-        torch.use_deterministic_algorithms(True)
+    if device.type == "cuda":  # deterministic cuBLAS needs this before the first cuBLAS call
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -1,0 +1,339 @@
+"""The ``megatron`` engine: megatron-core GPTModel + DistributedDataParallel + DistributedOptimizer (CUDA).
+
+Built on megatron-core (tested against 0.16): TP/PP/DP groups come from
+``megatron.core.parallel_state.initialize_model_parallel`` (Megatron's rank order, the same as
+:mod:`phoenix_hpc.topology`: tp fastest, then dp, then pp), the model is ``GPTModel`` with the local
+(non-Transformer-Engine) layer spec, wrapped in megatron-core ``DistributedDataParallel`` with
+``use_distributed_optimizer=True``; the optimizer is the ``DistributedOptimizer`` returned by
+``get_megatron_optimizer`` (Adam with decoupled weight decay, fp32 main params).
+
+Optimizer shard. ``DistributedOptimizer.get_parameter_state_dp_reshardable()`` returns, without copies or
+communication, for each grad buffer / bucket / parameter the rank's live fp32 tensors ``param`` (main
+params), ``exp_avg`` and ``exp_avg_sq`` for the part of the parameter in this DP rank's range of the bucket.
+They are exposed as ``opt/pp{pp}/tp{tp}/dp{dp}/{param}/{main|exp_avg|exp_avg_sq}`` (1-D fp32 views). Loading
+copies into the same live tensors (what ``load_parameter_state_from_dp_reshardable`` does through
+``_set_main_param_and_optimizer_states``), so nothing is ever gathered to DP rank 0. Adam's state is created
+lazily by torch; the engine initialises it at construction (``init_state_fn``) so that the shard exists
+before the first step.
+
+Needs CUDA: megatron-core's DDP, the distributed optimizer and the GPT forward pass allocate on CUDA, so the
+constructor raises :class:`EngineError` before touching megatron-core when CUDA is not available.
+The per-step split: ``forward_backward`` runs megatron's pipeline schedule with no gradient finalisation
+(``config.finalize_model_grads_func`` unset), ``reduce_gradients`` calls ``finalize_model_grads`` (DP
+reduce-scatter of the grad buffers, plus embedding/LayerNorm grad all-reduces where needed),
+``optimizer_step`` runs ``optimizer.step()`` (unscale, clip, Adam, copy to model params, param all-gather).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any
+
+import torch
+
+from phoenix_hpc.engines.base import Engine, GridCoord, ProcessGroups
+from phoenix_hpc.engines.schedule import lr_at
+from phoenix_hpc.errors import EngineError
+
+ENVELOPE_FORMAT = 1
+KINDS = {"param": "main", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def _quiet_import():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        from megatron.core import parallel_state, tensor_parallel
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.transformer import TransformerConfig
+    return dict(
+        parallel_state=parallel_state, tensor_parallel=tensor_parallel, DDP=DistributedDataParallel,
+        DDPConfig=DistributedDataParallelConfig, finalize_model_grads=finalize_model_grads, GPTModel=GPTModel,
+        local_spec=get_gpt_layer_local_spec, OptimizerConfig=OptimizerConfig,
+        get_megatron_optimizer=get_megatron_optimizer, get_forward_backward_func=get_forward_backward_func,
+        TransformerConfig=TransformerConfig,
+    )
+
+
+def initialize_megatron_parallel(tp: int, pp: int) -> None:
+    """``parallel_state.initialize_model_parallel(tp, pp)`` on the already initialised default group
+    (idempotent: does nothing when model parallel is already initialised)."""
+    mc = _quiet_import()
+    ps = mc["parallel_state"]
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+
+
+def groups_from_parallel_state(generation: int) -> tuple[ProcessGroups, GridCoord]:
+    """This rank's Megatron groups and coordinate, as :class:`ProcessGroups`/:class:`GridCoord`."""
+    import torch.distributed as dist
+
+    ps = _quiet_import()["parallel_state"]
+    groups = ProcessGroups(
+        world=dist.group.WORLD, dp=ps.get_data_parallel_group(), pp=ps.get_pipeline_model_parallel_group(),
+        tp=ps.get_tensor_model_parallel_group(), generation=generation,
+    )
+    coord = GridCoord(
+        pp=ps.get_pipeline_model_parallel_rank(), dp=ps.get_data_parallel_rank(), tp=ps.get_tensor_model_parallel_rank()
+    )
+    return groups, coord
+
+
+class MegatronEngine(Engine):
+    """See the module docstring.
+
+    Args:
+        cfg: the job config; ``coord``/``groups``: as built by the launcher (checked against
+            ``parallel_state``, which this engine initialises on the default group if needed);
+        device: a CUDA device.
+
+    Raises:
+        EngineError: no CUDA; the launcher's coordinate differs from Megatron's; a batch size that does
+            not split over dp.
+        DataError: the dataset cannot be read (see :class:`phoenix_hpc.data.indexed.TokenSamples`).
+    """
+
+    def __init__(self, cfg, coord: GridCoord, groups: ProcessGroups, device: torch.device):
+        if not torch.cuda.is_available() or device.type != "cuda":
+            raise EngineError(
+                "engine 'megatron' needs CUDA, and no CUDA device is available here "
+                "(megatron-core allocates on CUDA even in its forward pass); use engine: torch on CPU"
+            )
+        import torch.distributed as dist
+
+        from phoenix_hpc.data.indexed import TokenSamples
+        from phoenix_hpc.engines.torch_engine import micro_batches
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+        self.cfg, self.device = cfg, device
+        m, t, p = cfg.model, cfg.training, cfg.parallelism
+        mc = self._mc = _quiet_import()
+        initialize_megatron_parallel(p.tp, p.pp)
+        mg_groups, mg_coord = groups_from_parallel_state(groups.generation)
+        if mg_coord != coord:
+            raise EngineError(f"Megatron places this rank at {mg_coord}, the launcher at {coord}")
+        self.coord, self.groups = coord, mg_groups
+        ps = mc["parallel_state"]
+        self.tp, self.pp = p.tp, p.pp
+        self.dp = ps.get_data_parallel_world_size()
+        self.n_micro = micro_batches(t.global_batch_size, t.micro_batch_size, self.dp)
+        self.samples = TokenSamples(cfg.data.path, m.seq_length, t.seed, m.vocab_size)
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[m.dtype]
+        self.dtype = dtype
+        torch.manual_seed(t.seed + 100 * coord.pp)
+        mc["tensor_parallel"].model_parallel_cuda_manual_seed(t.seed + 100 * coord.pp)
+        self.tconfig = mc["TransformerConfig"](
+            num_layers=m.layers, hidden_size=m.hidden_size, num_attention_heads=m.heads,
+            ffn_hidden_size=4 * m.hidden_size, tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+            params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+            hidden_dropout=0.0, attention_dropout=0.0, deterministic_mode=True,
+        )
+        gpt = mc["GPTModel"](
+            config=self.tconfig, transformer_layer_spec=mc["local_spec"](), vocab_size=m.vocab_size,
+            max_sequence_length=m.seq_length, pre_process=ps.is_pipeline_first_stage(),
+            post_process=ps.is_pipeline_last_stage(), share_embeddings_and_output_weights=False,
+        ).to(device)
+        ddp_config = mc["DDPConfig"](grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True)
+        self.model = mc["DDP"](self.tconfig, ddp_config, gpt)
+        self.model.broadcast_params()  # identical start on every DP rank of a (pp, tp)
+        self.optimizer = mc["get_megatron_optimizer"](
+            mc["OptimizerConfig"](
+                optimizer="adam", lr=t.lr, min_lr=t.min_lr, weight_decay=t.weight_decay, adam_beta1=0.9,
+                adam_beta2=0.95, adam_eps=1e-8, clip_grad=t.grad_clip, bf16=dtype == torch.bfloat16,
+                fp16=dtype == torch.float16, params_dtype=dtype, use_distributed_optimizer=True,
+            ),
+            [self.model],
+        )
+        if dtype == torch.float16:
+            self.tconfig.grad_scale_func = self.optimizer.scale_loss
+        self.dist_opts = [o for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+        for o in self.dist_opts:  # create Adam state now, so the shard exists before step 1
+            if getattr(o, "init_state_fn", None) is not None:
+                o.init_state_fn(o.optimizer, o.config)
+            for group in o.optimizer.param_groups:  # torch's Adam creates 'step' only with empty state
+                on_dev = group.get("fused") or group.get("capturable")
+                for prm in group["params"]:
+                    st = o.optimizer.state[prm]
+                    if "step" not in st:
+                        st["step"] = torch.zeros((), dtype=torch.float32, device=prm.device if on_dev else "cpu")
+        self._names = {p: n.removeprefix("module.") for n, p in self.model.named_parameters()}
+        self._param_prefix = f"param/pp{coord.pp}/tp{coord.tp}"
+        self.step, self.data_position, self.last_lr, self.last_grad_norm = 0, 0, 0.0, 0.0
+        self._loss_dicts: list = []
+        self._dist = dist
+
+    # --- the step --------------------------------------------------------------------------------------
+    def _iterator(self):
+        t, m = self.cfg.training, self.cfg.model
+        per_dp = t.global_batch_size // self.dp
+        x, y = self.samples.batch(self.data_position + self.coord.dp * per_dp, per_dp)
+        x, y = x.to(self.device), y.to(self.device)
+        mbs, s = t.micro_batch_size, m.seq_length
+        pos = torch.arange(s, device=self.device).unsqueeze(0).expand(mbs, s)
+        mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=self.device), diagonal=1).view(1, 1, s, s)
+        for i in range(self.n_micro):
+            yield x[i * mbs : (i + 1) * mbs], y[i * mbs : (i + 1) * mbs], pos, mask
+
+    def forward_backward(self) -> float | None:
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+        def forward_step(data_iterator, model):
+            tokens, labels, pos, mask = next(data_iterator)
+            out = model(tokens, pos, mask, labels=labels)
+
+            def loss_func(output_tensor):
+                loss = output_tensor.float().mean()
+                return loss, {"lm loss": loss.detach()}
+
+            return out, loss_func
+
+        t, m = self.cfg.training, self.cfg.model
+        fb = self._mc["get_forward_backward_func"]()
+        dicts = fb(
+            forward_step_func=forward_step, data_iterator=self._iterator(), model=[self.model],
+            num_microbatches=self.n_micro, seq_length=m.seq_length, micro_batch_size=t.micro_batch_size,
+            forward_only=False,
+        )
+        if not self._mc["parallel_state"].is_pipeline_last_stage():
+            return None
+        loss = torch.stack([d["lm loss"].float() for d in dicts]).mean().reshape(1).double()
+        if self.dp > 1:
+            self._dist.all_reduce(loss, group=self.groups.dp)
+            loss /= self.dp
+        return float(loss)
+
+    def reduce_gradients(self) -> None:
+        self._mc["finalize_model_grads"]([self.model])
+
+    def optimizer_step(self) -> None:
+        t = self.cfg.training
+        nxt = self.step + 1
+        lr = lr_at(nxt, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=t.steps)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        ok, grad_norm, _ = self.optimizer.step()
+        self.last_grad_norm = float(grad_norm) if grad_norm is not None else 0.0
+        self.step, self.last_lr = nxt, lr
+        self.data_position = nxt * t.global_batch_size
+
+    # --- state -----------------------------------------------------------------------------------------
+    def _opt_entries(self):
+        prefix = self.coord.shard_prefix()
+        out = []
+        for oi, o in enumerate(self.dist_opts):
+            state = o.get_parameter_state_dp_reshardable()
+            for gbuf_idx, gbuf_ranges in enumerate(o.gbuf_ranges):
+                for dtype, buckets in gbuf_ranges.items():
+                    for b_idx, bucket in enumerate(buckets):
+                        for (model_param, _), tensors in zip(bucket["param_map"].items(), state[gbuf_idx][dtype][b_idx]):
+                            name = self._names[model_param]
+                            for key, kind in KINDS.items():
+                                out.append((f"{prefix}/{name}/{kind}", tensors[key].view(-1)))
+        return out
+
+    def optimizer_shard(self) -> list[tuple[str, torch.Tensor]]:
+        """Live fp32 1-D views of the DistributedOptimizer's main params and Adam moments of this rank
+        (``3 x 4`` bytes per element of the rank's part of the grad buffers)."""
+        return self._opt_entries()
+
+    def param_shard(self) -> list[tuple[str, torch.Tensor]]:
+        return [(f"{self._param_prefix}/{n.removeprefix('module.')}", p.data) for n, p in self.model.named_parameters()]
+
+    def envelope(self) -> dict[str, Any]:
+        t = self.cfg.training
+        tracker = self._mc["tensor_parallel"].get_cuda_rng_tracker().get_states()
+        scaler = None
+        for o in self.dist_opts:
+            if getattr(o, "grad_scaler", None) is not None:
+                scaler = {k: (float(v) if torch.is_tensor(v) else v) for k, v in o.grad_scaler.state_dict().items()}
+        return {
+            "format": ENVELOPE_FORMAT, "engine": "megatron", "step": self.step,
+            "coord": {"pp": self.coord.pp, "dp": self.coord.dp, "tp": self.coord.tp},
+            "grid": {"tp": self.tp, "pp": self.pp, "dp": self.dp},
+            "rng": {"torch_cpu": _b64(torch.get_rng_state()), "torch_cuda": _b64(torch.cuda.get_rng_state(self.device)),
+                    "tracker": {k: _b64(v) for k, v in tracker.items()}},
+            "lr_scheduler": {"kind": t.lr_schedule, "lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps,
+                             "total_steps": t.steps, "last_step": self.step, "last_lr": self.last_lr},
+            "data": {"position": self.data_position, "seed": t.seed, "global_batch_size": t.global_batch_size},
+            "adam_step": self._adam_step(),
+            "loss_scaler": scaler,
+            "grad_norm": self.last_grad_norm,
+        }
+
+    def _adam_step(self) -> int:
+        for o in self.dist_opts:
+            for st in o.optimizer.state.values():
+                if "step" in st:
+                    return int(st["step"])
+        return 0
+
+    def _check_and_copy(self, what, live, tensors) -> None:
+        names = {n for n, _ in live}
+        missing, extra = sorted(names - tensors.keys()), sorted(tensors.keys() - names)
+        if missing or extra:
+            raise EngineError(f"{what} for {self.coord.shard_prefix()} does not match: missing {missing[:3]}, unexpected {extra[:3]}")
+        for n, t in live:
+            if tensors[n].shape != t.shape or tensors[n].dtype != t.dtype:
+                raise EngineError(f"{what} tensor {n}: got {tuple(tensors[n].shape)} {tensors[n].dtype}, expected {tuple(t.shape)} {t.dtype}")
+        with torch.no_grad():
+            for n, t in live:
+                t.copy_(tensors[n])
+
+    def load_optimizer_shard(self, tensors: dict[str, torch.Tensor]) -> None:
+        self._check_and_copy("optimizer shard", self._opt_entries(), tensors)
+
+    def load_param_shard(self, tensors: dict[str, torch.Tensor]) -> None:
+        self._check_and_copy("param shard", self.param_shard(), tensors)
+
+    def load_envelope(self, envelope: dict[str, Any]) -> None:
+        if envelope.get("engine") != "megatron" or envelope.get("format") != ENVELOPE_FORMAT:
+            raise EngineError(f"envelope of engine {envelope.get('engine')!r} cannot be loaded by engine 'megatron'")
+        want = {"pp": self.coord.pp, "dp": self.coord.dp, "tp": self.coord.tp}
+        if envelope.get("coord") != want:
+            raise EngineError(f"envelope is for coord {envelope.get('coord')}, this rank is {want}")
+        self.step = int(envelope["step"])
+        self.data_position = int(envelope["data"]["position"])
+        self.last_lr = float(envelope["lr_scheduler"]["last_lr"])
+        self.last_grad_norm = float(envelope.get("grad_norm", 0.0))
+        torch.set_rng_state(_unb64(envelope["rng"]["torch_cpu"]))
+        torch.cuda.set_rng_state(_unb64(envelope["rng"]["torch_cuda"]), self.device)
+        self._mc["tensor_parallel"].get_cuda_rng_tracker().set_states(
+            {k: _unb64(v) for k, v in envelope["rng"]["tracker"].items()}
+        )
+        adam_step = int(envelope.get("adam_step", self.step))
+        for o in self.dist_opts:
+            for st in o.optimizer.state.values():
+                if "step" in st:
+                    if torch.is_tensor(st["step"]):
+                        st["step"].fill_(adam_step)
+                    else:
+                        st["step"] = adam_step
+            if envelope.get("loss_scaler") and getattr(o, "grad_scaler", None) is not None:
+                o.grad_scaler.load_state_dict(
+                    {k: torch.tensor(v, device=self.device) if isinstance(v, float) else v for k, v in envelope["loss_scaler"].items()}
+                )
+
+    def rebind(self, groups: ProcessGroups, coord: GridCoord) -> None:
+        """Not supported: Megatron keeps its groups in the global ``parallel_state``; rebuilding them for a
+        new generation means ``destroy_model_parallel`` + ``initialize_model_parallel`` and a new engine.
+
+        Raises:
+            EngineError: always.
+        """
+        raise EngineError("engine 'megatron' cannot rebind in place; rebuild parallel_state and the engine")
