@@ -22,6 +22,9 @@ SUBCOMMANDS: dict[str, str] = {
     "data": "phoenix_hpc.cli.data:data",
     "model": "phoenix_hpc.cli.model:model",
     "config": "phoenix_hpc.cli.config_ref:config",
+    "status": "phoenix_hpc.cli.status:status",
+    "inject-fault": "phoenix_hpc.cli.inject:inject_fault",
+    "drill": "phoenix_hpc.cli.drill:drill",
 }
 
 
