@@ -14,9 +14,18 @@ the end of ``optimizer_step`` of step k-1 until ``optimizer_step`` of step k sta
 Logical names are stable across renumbering (a spare taking a dead rank's place gets the same names):
 
 - optimizer shard: ``opt/pp{pp}/tp{tp}/dp{dp}/{param_name}/{main|exp_avg|exp_avg_sq}`` -- fp32 tensors, the
-  rank's 1/dp slice of the flat fp32 main parameters and both Adam moments (ZeRO-1 style).
-- param shard: ``param/pp{pp}/tp{tp}/{param_name}`` -- the model chunk's parameters in ``model.dtype``; they
-  are identical on every DP rank of the same (pp, tp), so the names carry no dp.
+  rank's 1/dp slice of the flat fp32 main parameters and both Adam moments (ZeRO-1 style). Each is 1-D and
+  holds the part of ``param_name`` that falls in the rank's slice (a parameter cut by a slice boundary
+  appears, with different elements, on two DP ranks; one that lies wholly in other slices is absent).
+  Size: ``3 x 4`` bytes per element of the slice, i.e. about ``12 x N_chunk / dp`` bytes for a model chunk
+  of ``N_chunk`` parameters.
+- param shard: ``param/pp{pp}/tp{tp}/{param_name}`` -- the model chunk's parameters in ``model.dtype``, in
+  their own shapes (``N_chunk x 4`` bytes in fp32, ``x 2`` in bf16); they are identical on every DP rank of
+  the same (pp, tp), so the names carry no dp.
+
+Implementations: :class:`phoenix_hpc.engines.torch_engine.TorchEngine` (CPU/GPU, plain PyTorch) and
+:class:`phoenix_hpc.engines.megatron_engine.MegatronEngine` (CUDA, megatron-core); build one with
+:func:`phoenix_hpc.engines.factory.create_engine`.
 """
 
 from __future__ import annotations

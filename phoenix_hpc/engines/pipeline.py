@@ -16,10 +16,12 @@ pipeline sub-group per DP replica (pp=2 x dp=2) (a) runtime shape inference dead
   ``requires_grad=False``, so the next stage computes no input gradient and stage 0 receives ``None``.
   Passing float examples with ``requires_grad=True`` (as done below) gives stage 0 the same gradients as
   runtime inference does.
-* (a) did not reproduce: runtime shape inference with sub-groups built by every rank in the same order
-  trained fine for both 1F1B and GPipe. A deadlock of that kind appears when ranks create their
-  ``new_group``s in different orders or only for their own groups; :mod:`phoenix_hpc.launch.groups`
-  creates every group on every rank in one fixed order.
+* (a) did not reproduce: with runtime shape inference, sub-groups created by every rank in the same
+  order, an embedding first stage and a linear last stage, 1F1B and GPipe both trained and gave the
+  same gradients as above. The earlier probe's code was not kept, so its cause is unknown; creating
+  ``new_group``s in different orders on different ranks (or only one's own groups) is a classic cause
+  of such hangs, which is why :mod:`phoenix_hpc.launch.groups` creates every group on every rank in
+  one fixed order.
 
 Static shapes are used anyway: they skip the metadata round trip (pickled objects over the pp group) on the
 first step and after every :meth:`rebind`, and every micro-batch has the same shape here.
