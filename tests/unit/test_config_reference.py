@@ -184,3 +184,20 @@ def test_cli_bad_option_exits_2_and_names_it(args):
     assert r.exit_code == 2
     assert args[0] in r.output and args[1] in r.output
     assert "Traceback" not in r.output
+
+
+# ------------------------------------------------------------------------------------------ docs/sites.md
+
+def test_site_profile_example_in_docs_is_valid(tmp_path):
+    """The complete example of docs/sites.md loads as a site profile (the doc cannot drift from the schema)."""
+    import re
+
+    from phoenix_hpc.profiles import load_profile
+
+    text = (DOC.parent / "sites.md").read_text()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) if b.startswith("name:")]
+    assert len(blocks) == 1, "docs/sites.md should hold one complete profile example (a yaml block starting name:)"
+    f = tmp_path / "example.yaml"
+    f.write_text(blocks[0])
+    prof = load_profile(str(f))
+    assert prof.name == "mycluster" and prof.failure_domains.source == "rule"
