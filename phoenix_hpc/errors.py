@@ -65,5 +65,9 @@ class ModelError(PhoenixError):
     """Invalid input to the cost model, Monte Carlo simulator or scaling fit."""
 
 
+class ControlError(PhoenixError):
+    """The job's coordinator cannot be reached or rejected a request (the reason is in the message)."""
+
+
 class StatusError(PhoenixError):
     """A job's status cannot be shown: unknown job id, not a PHOENIX run directory, no job recorded."""

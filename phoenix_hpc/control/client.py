@@ -1,0 +1,290 @@
+"""The rank-side client of the coordinator: register, heartbeat thread, reports, instructions, watchdog.
+
+One :class:`CoordinatorClient` per slot. It reads ``RUN_DIR/coordinator.json`` and ``RUN_DIR/secret``
+(waiting for them, bounded), and opens its own TCPStore client connections (one for the calling thread, one
+for the heartbeat thread: a store connection is not shared between threads). Messages are signed with the
+job secret (:mod:`phoenix_hpc.control.protocol`); instructions from the coordinator whose MAC does not verify
+are dropped.
+
+Coordinator watchdog (DESIGN.md section 7: ranks must not keep a dead job's allocation busy): the heartbeat
+thread reads the coordinator's beat counter every ``heartbeat_interval_s``; a separate watchdog thread calls
+``on_lost(reason)`` when the counter has not advanced for more than ``heartbeat_timeout_s`` (coordinator
+dead, hung, or unreachable: :func:`phoenix_hpc.control.detect.coordinator_lost`). The default ``on_lost``
+prints the reason and ends the process with exit code :data:`EXIT_COORDINATOR_LOST` (``os._exit``: the main
+thread may be blocked in a collective that will never finish).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+from phoenix_hpc.control import protocol as P
+from phoenix_hpc.control.detect import coordinator_lost
+from phoenix_hpc.errors import ControlError
+
+EXIT_COORDINATOR_LOST = 75  # EX_TEMPFAIL: the job's control plane is gone
+
+
+def _default_on_lost(reason: str) -> None:
+    print(f"[phoenix] coordinator lost ({reason}); exiting so the allocation is not held by an orphaned step",
+          file=sys.stderr, flush=True)
+    os._exit(EXIT_COORDINATOR_LOST)
+
+
+def wait_for_coordinator(run_dir: str | os.PathLike, timeout_s: float, poll_s: float = 0.1) -> dict[str, Any]:
+    """Wait until ``RUN_DIR/coordinator.json`` exists; return it.
+
+    Raises:
+        ControlError: not there after ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = P.read_coordinator_file(run_dir)
+        if info is not None:
+            return info
+        if time.monotonic() > deadline:
+            raise ControlError(f"no coordinator in {run_dir} after {timeout_s:g}s ({P.COORDINATOR_FILE} missing)")
+        time.sleep(poll_s)
+
+
+class CoordinatorClient:
+    """A slot's connection to the coordinator.
+
+    Args:
+        run_dir: the job's run directory.
+        world_rank: this slot's MPI world rank (stable for the life of the process).
+        wait_s: how long to wait for ``coordinator.json`` and for replies.
+        store_timeout_s: timeout of store operations (a hung coordinator makes them fail after this).
+        pid: the process id presented to the coordinator (default ``os.getpid()``).
+
+    Raises:
+        ControlError: the coordinator does not come up within ``wait_s``, or the secret cannot be read.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, world_rank: int, *, wait_s: float = 60.0,
+                 store_timeout_s: float = 10.0, pid: int | None = None):
+        import torch.distributed as dist
+
+        self.run_dir = Path(run_dir)
+        self.world_rank = int(world_rank)
+        self.pid = os.getpid() if pid is None else int(pid)
+        self.wait_s = wait_s
+        self.info = wait_for_coordinator(self.run_dir, wait_s)
+        try:
+            self.secret = P.read_secret(self.run_dir)
+        except OSError as exc:
+            raise ControlError(f"cannot read the job secret in {self.run_dir}: {exc}") from None
+        self.host, self.port = str(self.info["host"]), int(self.info["port"])
+        self._store_timeout = timedelta(seconds=store_timeout_s)
+        self.store = self._connect()
+        self._lock = threading.Lock()
+        self.injections: list[dict] = []
+        self.instructions: deque[dict] = deque()
+        self._hb_thread: threading.Thread | None = None
+        self._wd_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.last_ok = time.monotonic()
+        self.lost_reason: str | None = None
+        self._dist = dist
+
+    def _connect(self, timeout_s: float | None = None):
+        import torch.distributed as dist
+
+        timeout = self._store_timeout if timeout_s is None else timedelta(seconds=timeout_s)
+        return dist.TCPStore(self.host, self.port, is_master=False, timeout=timeout, wait_for_workers=False)
+
+    def tcp_store(self):
+        """A new TCPStore client to the coordinator's store (e.g. for ``PrefixStore(f"gen{g}", ...)``)."""
+        return self._connect()
+
+    # --- sending -----------------------------------------------------------------------------------
+    def send(self, body: dict[str, Any]) -> None:
+        """Sign ``body`` and push it to the coordinator's inbox."""
+        with self._lock:
+            self.store.queue_push(P.KEY_IN, P.encode(body, self.secret))
+
+    def request(self, body: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        """Send ``body`` with a fresh ``reply_to`` and wait for the signed reply.
+
+        Raises:
+            ControlError: no reply within ``timeout_s`` (default ``wait_s``).
+        """
+        nonce = uuid.uuid4().hex
+        self.send({**body, "reply_to": nonce})
+        deadline = time.monotonic() + (self.wait_s if timeout_s is None else timeout_s)
+        key = P.key_reply(nonce)
+        while time.monotonic() < deadline:
+            try:
+                with self._lock:
+                    raw = self.store.queue_pop(key, block=False)
+            except self._dist.QueueEmptyError:
+                time.sleep(0.01)
+                continue
+            try:
+                return P.decode(raw, self.secret)
+            except P.ProtocolError:
+                continue
+        raise ControlError(f"no reply from the coordinator to {body.get('type')} within {timeout_s or self.wait_s:g}s")
+
+    def register(self, *, node: str, role: str, logical_rank: int | None = None,
+                 grid: tuple[int, int, int] | None = None, world_size: int | None = None) -> dict[str, Any]:
+        """Register this slot. Returns the coordinator's ``registered`` reply.
+
+        Raises:
+            ControlError: the coordinator rejected the registration (the message says why) or did not answer.
+        """
+        reply = self.request({"type": "register", "world_rank": self.world_rank, "pid": self.pid, "node": node,
+                              "role": role, "logical_rank": logical_rank, "grid": list(grid) if grid else None,
+                              "world_size": world_size})
+        if reply.get("type") != "registered":
+            raise ControlError(f"registration of world rank {self.world_rank} rejected: {reply.get('reason')}")
+        return reply
+
+    def heartbeat(self, generation: int | None, step: int | None) -> None:
+        self.send({"type": "heartbeat", "world_rank": self.world_rank, "pid": self.pid,
+                   "generation": generation, "step": step})
+
+    def report_commit(self, generation: int, live_step: int, shards: dict[str, int],
+                      replicas: dict[str, int]) -> None:
+        """Committed steps: ``shards`` {own shard id: committed local step}, ``replicas`` {shard id: step}."""
+        self.send({"type": "commit", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
+                   "live_step": live_step, "shards": shards, "replicas": replicas})
+
+    def report_fault(self, generation: int, step: int, phase: str, exc: BaseException | None = None,
+                     kind: str | None = None, message: str = "") -> None:
+        """A fault seen inside the step (exception, collective timeout); ``kind`` overrides classification."""
+        self.send({"type": "fault", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
+                   "step": step, "phase": phase, "kind": kind,
+                   "exc_type": type(exc).__name__ if exc is not None else "",
+                   "message": str(exc) if exc is not None else message})
+
+    def report_checkpoint(self, step: int, path: str) -> None:
+        self.send({"type": "checkpoint", "world_rank": self.world_rank, "pid": self.pid, "step": step,
+                   "path": path})
+
+    def report_quiesced(self, generation: int, live_step: int, shards: dict[str, int],
+                        replicas: dict[str, int], dirty: bool) -> None:
+        """Answer a ``quiesce``: the live step (optimizer steps fully applied), committed steps of the own
+        shard and of held replicas, and ``dirty`` when the live state holds a partially applied update."""
+        self.send({"type": "quiesced", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
+                   "live_step": live_step, "shards": shards, "replicas": replicas, "dirty": dirty})
+
+    def report_recovered(self, generation: int, report: dict[str, Any], timings: dict[str, float]) -> None:
+        self.send({"type": "recovered", "world_rank": self.world_rank, "pid": self.pid,
+                   "generation": generation, "report": report, "timings": timings})
+
+    def report_done(self, generation: int, step: int, state_hash: str) -> None:
+        self.send({"type": "done", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
+                   "step": step, "state_hash": state_hash})
+
+    # --- receiving ---------------------------------------------------------------------------------
+    def poll(self) -> list[dict[str, Any]]:
+        """Pop every pending instruction. ``inject`` instructions are kept in :attr:`injections` (see
+        :meth:`take_injection`); the others are returned in order (and not kept).
+
+        Raises:
+            ControlError: the coordinator's store cannot be reached and nothing was received.
+        """
+        out = []
+        key = P.key_out(self.world_rank)
+        while True:
+            try:
+                with self._lock:
+                    raw = self.store.queue_pop(key, block=False)
+            except self._dist.QueueEmptyError:
+                break
+            except self._dist.DistError as exc:  # the store (coordinator) is gone
+                if out:
+                    break
+                raise ControlError(f"coordinator at {self.host}:{self.port} unreachable: {exc}".splitlines()[0]) from None
+            try:
+                msg = P.decode(raw, self.secret)
+            except P.ProtocolError:
+                continue
+            if msg["type"] == "inject":
+                self.injections.append(msg)
+            else:
+                out.append(msg)
+        return out
+
+    def wait_instruction(self, types: tuple[str, ...], timeout_s: float,
+                         poll_s: float = 0.02) -> dict[str, Any] | None:
+        """Wait up to ``timeout_s`` for an instruction whose type is in ``types`` (a ``stop`` always returns).
+        Other instructions are queued in :attr:`instructions`. Returns None on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for msg in self.poll():
+                if msg["type"] in types or msg["type"] == "stop":
+                    return msg
+                self.instructions.append(msg)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(poll_s)
+
+    def take_injection(self, step: int, phase: str) -> dict[str, Any] | None:
+        """The injection due at ``(step, phase)`` (removed from the pending list), or None."""
+        for i, inj in enumerate(self.injections):
+            if inj["at_step"] == step and inj["phase"] == phase:
+                return self.injections.pop(i)
+        return None
+
+    # --- heartbeat + watchdog ----------------------------------------------------------------------
+    def start_heartbeat(self, interval_s: float, timeout_s: float,
+                        state: Callable[[], tuple[int | None, int | None]],
+                        on_lost: Callable[[str], None] = _default_on_lost) -> None:
+        """Start the heartbeat thread (sends ``state() -> (generation, step)`` every ``interval_s``) and the
+        coordinator watchdog (``on_lost(reason)`` once the coordinator's beat stalls > ``timeout_s``)."""
+        self._stop.clear()
+        self.last_ok = time.monotonic()
+
+        def beat() -> None:
+            store = None
+            last_beat = None
+            while not self._stop.is_set():
+                try:
+                    if store is None:  # short timeout: an answer later than timeout_s proves nothing
+                        store = self._connect(timeout_s)
+                    g, step = state()
+                    store.queue_push(P.KEY_IN, P.encode(
+                        {"type": "heartbeat", "world_rank": self.world_rank, "pid": self.pid,
+                         "generation": g, "step": step}, self.secret))
+                    b = store.add(P.KEY_BEAT, 0)
+                    if b != last_beat:
+                        last_beat = b
+                        self.last_ok = time.monotonic()
+                except Exception:  # noqa: BLE001 - any store failure just means "no proof of life this round"
+                    store = None
+                self._stop.wait(interval_s)
+
+        def watch() -> None:
+            while not self._stop.wait(min(interval_s, timeout_s / 4)):
+                lost, reason = coordinator_lost(time.monotonic(), self.last_ok, timeout_s)
+                if lost:
+                    self.lost_reason = reason
+                    on_lost(reason)
+                    return
+
+        self._hb_thread = threading.Thread(target=beat, name=f"phoenix-heartbeat-{self.world_rank}", daemon=True)
+        self._wd_thread = threading.Thread(target=watch, name=f"phoenix-watchdog-{self.world_rank}", daemon=True)
+        self._hb_thread.start()
+        self._wd_thread.start()
+
+    def stop_heartbeat(self, join_timeout_s: float = 15.0) -> None:
+        """Stop the heartbeat and watchdog threads (waits for them)."""
+        self._stop.set()
+        for t in (self._hb_thread, self._wd_thread):
+            if t is not None and t is not threading.current_thread():
+                t.join(join_timeout_s)
+        self._hb_thread = self._wd_thread = None
+
+    def close(self) -> None:
+        self.stop_heartbeat()
+        self.store = None

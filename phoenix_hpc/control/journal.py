@@ -1,0 +1,138 @@
+"""The job's append-only journal: ``RUN_DIR/journal.jsonl``, one JSON object per line.
+
+Every record has ``"ts"`` (unix time, seconds, float) and ``"event"`` (str), plus event-specific fields.
+Events written by the coordinator (the only writer while a job runs): ``coordinator_started``,
+``registered``, ``rejected`` {reason, ...}, ``heartbeat_summary``, ``commit``, ``fault``, ``decision``
+{action, reason}, ``recovery_start``, ``recovery_phase``, ``recovery_done`` {total_s, phases{detect,
+reconfigure, params, optimizer, replay}, steps_replayed}, ``inject_forwarded``, ``job_done``, ...
+
+Durability: each append is one ``write`` of a whole line on a file opened with ``O_APPEND`` followed by
+``fsync``, so a crash can at worst leave a torn *last* line; :func:`read_journal` ignores such a line.
+Privacy: the run directory is made ``0700`` and the journal ``0600`` (the journal names nodes, PIDs and
+fault details of one user's job).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+JOURNAL_NAME = "journal.jsonl"
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def ensure_private_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` (and parents) if needed and set its mode to ``0700``. Returns it as a Path."""
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    os.chmod(p, DIR_MODE)
+    return p
+
+
+def write_private_file(path: str | os.PathLike, data: bytes | str) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder + ``os.replace``), mode ``0600``.
+
+    Readers never see a half-written file: they see the old content or the new one.
+    """
+    p = Path(path)
+    raw = data.encode() if isinstance(data, str) else data
+    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        os.write(fd, raw)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, FILE_MODE)
+    os.replace(tmp, p)
+    return p
+
+
+class Journal:
+    """Appends records to ``RUN_DIR/journal.jsonl``. Thread-safe; one instance per writing process.
+
+    Args:
+        run_dir: the job's run directory (created ``0700`` if missing).
+        clock: returns unix time in seconds; injectable for tests.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, clock: Callable[[], float] = time.time):
+        self.run_dir = ensure_private_dir(run_dir)
+        self.path = self.run_dir / JOURNAL_NAME
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+        os.chmod(self.path, FILE_MODE)
+
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Append one record ``{"ts", "event", **fields}`` and fsync it. Returns the record.
+
+        Raises:
+            TypeError: a field is not JSON-serialisable.
+            ValueError: ``event`` is empty or a field is named ``ts``/``event``.
+        """
+        if not event:
+            raise ValueError("journal event name must be a non-empty string")
+        if "ts" in fields or "event" in fields:
+            raise ValueError("journal fields may not be named 'ts' or 'event'")
+        record = {"ts": self._clock(), "event": event, **fields}
+        line = (json.dumps(record, separators=(",", ":"), sort_keys=False) + "\n").encode()
+        with self._lock:
+            if self._fd < 0:
+                raise ValueError(f"journal {self.path} is closed")
+            os.write(self._fd, line)
+            os.fsync(self._fd)
+        return record
+
+    def close(self) -> None:
+        """Close the file; further appends raise ValueError."""
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> "Journal":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def iter_journal(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Yield the records of a journal file in order.
+
+    A torn last line (no trailing newline and not valid JSON, as left by a crash mid-write) is skipped.
+    A complete line that is not a JSON object with ``ts`` and ``event`` raises ValueError naming the line.
+    A run directory or a journal path may be given; a missing journal yields nothing.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / JOURNAL_NAME
+    if not p.exists():
+        return
+    data = p.read_bytes()
+    lines = data.split(b"\n")
+    torn_tail = not data.endswith(b"\n")
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        last = i == len(lines) - 1
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError:
+            if last and torn_tail:
+                return
+            raise ValueError(f"{p}:{i + 1}: not a JSON line: {raw[:80]!r}") from None
+        if not isinstance(rec, dict) or "ts" not in rec or "event" not in rec:
+            raise ValueError(f"{p}:{i + 1}: journal record needs 'ts' and 'event': {raw[:80]!r}")
+        yield rec
+
+
+def read_journal(path: str | os.PathLike, event: str | None = None) -> list[dict[str, Any]]:
+    """All records of a journal (optionally only those whose ``event`` equals ``event``)."""
+    return [r for r in iter_journal(path) if event is None or r["event"] == event]

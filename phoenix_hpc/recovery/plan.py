@@ -1,0 +1,327 @@
+"""The recovery plan: a pure function from the job's membership and replica state to frozen records.
+
+Given who is dead, which standby slots are free, where every optimizer shard's replicas live and which step
+each copy holds, :func:`plan_recovery` decides (DESIGN.md section 6, steps 1, 4, 5, 6):
+
+- the new generation (``old + 1``) and the new rank map: a standby slot takes each dead logical rank, so
+  the logical rank, grid coordinate and logical shard id of the lost slot move to the spare unchanged;
+- the recoverable step ``R``: the newest step that *every* shard can provide from memory. A live owner can
+  provide its live state (``live_steps``) or its committed local snapshot; a dead owner's shard only a
+  replica on a live holder. ``R = min over shards of (newest step that shard can provide)`` and every shard
+  must be able to provide exactly ``R`` (the per-step protocol of DESIGN.md section 4 guarantees it when
+  replicas are committed; otherwise the plan fails over to the persistent checkpoint);
+- who sends what to whom: parameters from a live DP peer at the same ``(pp, tp)`` (they are identical on all
+  DP ranks of a ``(pp, tp)``, DESIGN.md section 3); the optimizer shard + envelope from a live holder whose
+  committed replica is at step ``R``;
+- which survivors roll back (live step > ``R``) from their committed local snapshot, and the replication
+  pairs to re-establish for and to the new members;
+- the invariants to assert afterwards (I1-I4, :mod:`phoenix_hpc.recovery.invariants`).
+
+With no dead slot it plans a *local recovery* (new generation, rollback, no spare). When memory cannot cover
+the loss (no standby slot left, owner and every holder of a shard dead, no live DP peer for parameters) it
+raises :class:`FallbackRequired` whose message says why; the caller then restarts from the newest persistent
+checkpoint.
+
+Shard ids are ``opt/pp{pp}/tp{tp}/dp{dp}`` (``GridCoord.shard_prefix``); ranks are *logical* ranks unless a
+name says ``world``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from phoenix_hpc.engines.base import GridCoord
+from phoenix_hpc.errors import RecoveryError
+from phoenix_hpc.topology import coord_of, dp_group_ranks, rank_of, world_size_of
+
+ALL_INVARIANTS = ("I1", "I2", "I3", "I4")
+
+
+class FallbackRequired(RecoveryError):
+    """Memory replicas cannot cover the loss: restart from the newest persistent checkpoint.
+
+    ``reason`` is the user-facing explanation; ``lost_shards`` the shard ids with no usable copy.
+    """
+
+    def __init__(self, reason: str, lost_shards: Sequence[str] = ()):
+        self.reason = reason
+        self.lost_shards = tuple(lost_shards)
+        super().__init__(f"recovery from memory impossible: {reason}; falling back to the persistent checkpoint")
+
+
+@dataclass(frozen=True)
+class Join:
+    """A standby slot taking a dead logical rank."""
+
+    world_rank: int
+    node: str
+    logical_rank: int
+    coord: GridCoord
+    replaces_world_rank: int
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One restore message. ``kind`` is ``"params"`` (the ``param/pp/tp`` shard) or ``"optimizer"`` (the
+    ``opt/...`` shard plus its envelope). Ranks are world ranks of the *new* generation's slots."""
+
+    kind: str
+    shard_id: str
+    sender_world: int
+    receiver_world: int
+    step: int
+
+
+@dataclass(frozen=True)
+class ReplicaPair:
+    """Replication to re-establish: ``owner`` logical rank sends its shard to ``holder`` logical rank."""
+
+    shard_id: str
+    owner: int
+    holder: int
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    """What a recovery will do. ``rank_map`` is ``((logical, world), ...)`` sorted by logical rank."""
+
+    action: str  # "hot_swap" | "local_recovery"
+    old_generation: int
+    generation: int
+    rank_map: tuple[tuple[int, int], ...]
+    dead_world: tuple[int, ...]
+    released_spares: tuple[int, ...]
+    joins: tuple[Join, ...]
+    transfers: tuple[Transfer, ...]
+    recoverable_step: int
+    rollbacks: tuple[tuple[int, int], ...]  # (logical rank, live step before the rollback)
+    replication: tuple[ReplicaPair, ...]
+    steps_replayed: int
+    grid: tuple[int, int, int] = (1, 1, 1)  # (tp, pp, dp)
+    invariants: tuple[str, ...] = field(default=ALL_INVARIANTS)
+
+    def world_of(self) -> dict[int, int]:
+        """logical rank -> world rank of the new generation."""
+        return dict(self.rank_map)
+
+    def shard_map(self) -> dict[str, int]:
+        """logical shard id -> owning world rank of the new generation."""
+        tp, pp, dp = self.grid
+        return {coord_of(r, tp, pp, dp).shard_prefix(): w for r, w in self.rank_map}
+
+    def to_json(self) -> dict:
+        """A JSON-serialisable summary (for the journal and for the instructions sent to ranks)."""
+        return {
+            "action": self.action,
+            "old_generation": self.old_generation,
+            "generation": self.generation,
+            "grid": {"tp": self.grid[0], "pp": self.grid[1], "dp": self.grid[2]},
+            "rank_map": [[r, w] for r, w in self.rank_map],
+            "dead_world": list(self.dead_world),
+            "released_spares": list(self.released_spares),
+            "joins": [
+                {
+                    "world_rank": j.world_rank,
+                    "node": j.node,
+                    "logical_rank": j.logical_rank,
+                    "coord": [j.coord.pp, j.coord.dp, j.coord.tp],
+                    "replaces_world_rank": j.replaces_world_rank,
+                }
+                for j in self.joins
+            ],
+            "transfers": [
+                {"kind": t.kind, "shard_id": t.shard_id, "sender": t.sender_world,
+                 "receiver": t.receiver_world, "step": t.step}
+                for t in self.transfers
+            ],
+            "recoverable_step": self.recoverable_step,
+            "rollbacks": [[r, s] for r, s in self.rollbacks],
+            "replication": [[p.shard_id, p.owner, p.holder] for p in self.replication],
+            "steps_replayed": self.steps_replayed,
+            "invariants": list(self.invariants),
+        }
+
+
+def shard_id_of(logical_rank: int, tp: int, pp: int, dp: int) -> str:
+    """The logical optimizer-shard id of ``logical_rank``: ``opt/pp{pp}/tp{tp}/dp{dp}``."""
+    return coord_of(logical_rank, tp, pp, dp).shard_prefix()
+
+
+def _choose_spares(
+    dead_by_node: Mapping[str, list[int]], spares: Sequence[int], nodes: Mapping[int, str]
+) -> dict[int, int]:
+    """dead logical rank -> spare world rank. The ranks of one dead node go to one spare node when it has
+    room (keeps TP groups and the node's failure domain together); otherwise they are spread in order."""
+    free: dict[str, list[int]] = defaultdict(list)
+    for w in spares:
+        free[nodes[w]].append(w)
+    out: dict[int, int] = {}
+    for dnode in sorted(dead_by_node):
+        ranks = sorted(dead_by_node[dnode])
+        fit = [n for n in free if len(free[n]) >= len(ranks)]
+        if fit:
+            n = min(fit, key=lambda n: (len(free[n]), n))  # best fit, then name
+            for r in ranks:
+                out[r] = free[n].pop(0)
+        else:
+            pool = [w for n in sorted(free) for w in free[n]]
+            for r, w in zip(ranks, pool):
+                out[r] = w
+                free[nodes[w]].remove(w)
+        for n in [n for n in free if not free[n]]:
+            del free[n]
+    return out
+
+
+def plan_recovery(
+    *,
+    generation: int,
+    grid: tuple[int, int, int],
+    rank_map: Mapping[int, int],
+    nodes: Mapping[int, str],
+    dead: Iterable[int],
+    spares: Sequence[int],
+    placement: Mapping[str, Sequence[int]],
+    committed: Mapping[str, Mapping[int, int]],
+    live_steps: Mapping[int, int],
+    restore: Iterable[int] = (),
+    dirty: Iterable[int] = (),
+) -> RecoveryPlan:
+    """Plan a hot swap (some active slot dead) or a local recovery (no active slot dead).
+
+    Args:
+        generation: the current generation ``g``; the plan's is ``g + 1``.
+        grid: ``(tp, pp, dp)``.
+        rank_map: logical rank -> world rank of every active slot of generation ``g`` (dead ones included).
+        nodes: world rank -> node name, for every slot (active and standby).
+        dead: world ranks of the dead slots (active or standby).
+        spares: world ranks of live standby slots, in order of preference.
+        placement: shard id -> logical ranks of its replica holders (k of them, DESIGN.md section 5).
+        committed: shard id -> {logical rank: step} of the committed copies of that shard: the owner's
+            committed local snapshot and each holder's committed replica.
+        live_steps: logical rank -> step of its live model state (number of optimizer steps applied), for
+            every live active slot.
+        restore: logical ranks whose slot is alive but whose state cannot be trusted (a spare whose
+            restore was cut short by a second fault): restored again in place, never used as a source.
+        dirty: live logical ranks whose live state holds a partially applied update (the fault hit inside
+            ``optimizer_step``): only their committed local snapshot counts, and they always roll back.
+
+    Returns:
+        A frozen :class:`RecoveryPlan`.
+
+    Raises:
+        FallbackRequired: not enough standby slots, a shard has no usable copy at the recoverable step, or a
+            dead rank has no live DP peer to take parameters from.
+        RecoveryError: inconsistent input (rank map does not cover the grid, unknown world rank).
+    """
+    tp, pp, dp = grid
+    n = world_size_of(tp, pp, dp)
+    if sorted(rank_map) != list(range(n)):
+        raise RecoveryError(f"rank map covers logical ranks {sorted(rank_map)}, grid needs 0..{n - 1}")
+    dead_set = set(dead)
+    for w in list(dead_set) + list(rank_map.values()) + list(spares):
+        if w not in nodes:
+            raise RecoveryError(f"world rank {w} has no known node")
+    world_to_logical = {w: r for r, w in rank_map.items()}
+    dead_logical = sorted(world_to_logical[w] for w in dead_set if w in world_to_logical)
+    released = tuple(sorted(w for w in dead_set if w not in world_to_logical))
+    live_spares = [w for w in spares if w not in dead_set and w not in world_to_logical]
+    restore_set = set(restore) - set(dead_logical)
+    dirty_set = set(dirty)
+    alive = [r for r in range(n) if r not in dead_logical and r not in restore_set]
+
+    # --- spares for the dead logical ranks --------------------------------------------------------
+    if len(dead_logical) > len(live_spares):
+        raise FallbackRequired(
+            f"no spare left: {len(dead_logical)} dead slot(s) ({', '.join(str(rank_map[r]) for r in dead_logical)})"
+            f" but {len(live_spares)} standby slot(s)"
+        )
+    dead_by_node: dict[str, list[int]] = defaultdict(list)
+    for r in dead_logical:
+        dead_by_node[nodes[rank_map[r]]].append(r)
+    assignment = _choose_spares(dead_by_node, live_spares, nodes)
+    new_map = dict(rank_map)
+    new_map.update(assignment)
+
+    # --- the recoverable step ----------------------------------------------------------------------
+    candidates: dict[str, set[int]] = {}
+    for r in range(n):
+        sid = shard_id_of(r, tp, pp, dp)
+        copies = committed.get(sid, {})
+        if r in dead_logical or r in restore_set:
+            cand = {s for h, s in copies.items() if h != r and h in alive}
+        else:
+            if r not in live_steps:
+                raise RecoveryError(f"live logical rank {r} reported no step")
+            cand = set() if r in dirty_set else {live_steps[r]}
+            cand |= {copies[r]} if r in copies else set()
+        if not cand:
+            holders = [h for h in placement.get(sid, ()) if h != r]
+            raise FallbackRequired(
+                f"shard {sid} lost: owner (logical rank {r}, {nodes[rank_map[r]]}) and all holders "
+                f"({', '.join(f'{h} on {nodes[rank_map[h]]}' for h in holders) or 'none'}) are dead"
+                " or hold no committed replica",
+                [sid],
+            )
+        candidates[sid] = cand
+    recoverable = min(max(c) for c in candidates.values())
+    missing = sorted(sid for sid, c in candidates.items() if recoverable not in c)
+    if missing:
+        raise FallbackRequired(
+            f"shard(s) {', '.join(missing)} have no copy at the recoverable step {recoverable} "
+            f"(copies: {', '.join(f'{s}={sorted(candidates[s])}' for s in missing)})",
+            missing,
+        )
+
+    # --- transfers ---------------------------------------------------------------------------------
+    transfers: list[Transfer] = []
+    joins: list[Join] = []
+    for r in sorted(set(dead_logical) | restore_set):
+        c = coord_of(r, tp, pp, dp)
+        sid = c.shard_prefix()
+        spare = new_map[r]
+        if r in assignment:
+            joins.append(Join(spare, nodes[spare], r, c, rank_map[r]))
+        peers = [p for p in dp_group_ranks(c, tp, pp, dp) if p != r and p in alive]
+        if not peers:
+            raise FallbackRequired(
+                f"no live DP peer of logical rank {r} at (pp={c.pp}, tp={c.tp}) to restore parameters from",
+                [sid],
+            )
+        transfers.append(Transfer("params", f"param/pp{c.pp}/tp{c.tp}", new_map[peers[0]], spare, recoverable))
+        copies = committed.get(sid, {})
+        order = [h for h in placement.get(sid, ()) if h in alive] + sorted(h for h in copies if h in alive)
+        holder = next(h for h in order if copies.get(h) == recoverable)
+        transfers.append(Transfer("optimizer", sid, new_map[holder], spare, recoverable))
+
+    rollbacks = tuple((r, live_steps[r]) for r in alive if live_steps[r] > recoverable or r in dirty_set)
+    newest = max([live_steps[r] for r in alive] + [recoverable])
+    dead_set_l = set(dead_logical)
+    replication = tuple(
+        ReplicaPair(sid, _owner(sid, tp, pp, dp), h)
+        for sid in sorted(placement)
+        for h in placement[sid]
+        if h in dead_set_l or _owner(sid, tp, pp, dp) in dead_set_l
+    )
+    return RecoveryPlan(
+        action="hot_swap" if dead_logical or restore_set else "local_recovery",
+        old_generation=generation,
+        generation=generation + 1,
+        rank_map=tuple(sorted(new_map.items())),
+        dead_world=tuple(sorted(dead_set)),
+        released_spares=released,
+        joins=tuple(joins),
+        transfers=tuple(transfers),
+        recoverable_step=recoverable,
+        rollbacks=rollbacks,
+        replication=replication,
+        steps_replayed=newest - recoverable,
+        grid=(tp, pp, dp),
+    )
+
+
+def _owner(shard_id: str, tp: int, pp: int, dp: int) -> int:
+    parts = dict((p[:2], int(p[2:])) for p in shard_id.split("/")[1:4])
+    return rank_of(GridCoord(pp=parts["pp"], dp=parts["dp"], tp=parts["tp"]), tp, pp, dp)

@@ -1,0 +1,243 @@
+"""The real coordinator process, driven by the real rank-side client over its TCPStore.
+
+The ranks' training side is played by the test through the client's protocol calls (quiesced/recovered
+reports); the coordinator, its store, its journal and its timing are all real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from phoenix_hpc.control import protocol as P
+from phoenix_hpc.control.client import CoordinatorClient
+from phoenix_hpc.control.journal import read_journal
+from phoenix_hpc.errors import ControlError
+
+CONFIG = """\
+name: coord-test
+data: {path: data/none}
+parallelism: {tp: 1, pp: 1, dp: 2}
+resources: {nodes: 1, spares: 1}
+resilience:
+  heartbeat_interval_s: 0.2
+  heartbeat_timeout_s: 1.5
+  collective_timeout_s: 3.0
+"""
+
+
+def _wait(pred, timeout_s=15.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _events(run_dir, name):
+    return read_journal(run_dir, name)
+
+
+@pytest.fixture
+def coordinator(tmp_path):
+    run_dir = tmp_path / "run dir; echo x"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(CONFIG)
+    proc = subprocess.Popen([sys.executable, "-m", "phoenix_hpc.control.coordinator", "--run-dir", str(run_dir),
+                             "--host", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    clients: list[CoordinatorClient] = []
+    try:
+        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists() or proc.poll() is not None, what="coordinator.json")
+        assert proc.poll() is None, proc.stdout.read()
+        yield run_dir, proc, clients
+    finally:
+        for c in clients:
+            c.close()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class Rank:
+    """A slot's control-plane side: the real client plus a heartbeat state."""
+
+    def __init__(self, run_dir, clients, world_rank, role, logical=None, node="nid00001"):
+        self.pid = os.getpid() * 100 + world_rank  # one test process plays several slots
+        self.c = CoordinatorClient(run_dir, world_rank, wait_s=10, pid=self.pid)
+        clients.append(self.c)
+        self.world_rank, self.role, self.logical, self.node = world_rank, role, logical, node
+        self.gen, self.step = (0 if role == "active" else None), 0
+        self.lost: list[str] = []
+
+    def register(self):
+        return self.c.register(node=self.node, role=self.role,
+                               logical_rank=self.logical, grid=(1, 1, 2) if self.role == "active" else None,
+                               world_size=3)
+
+    def beat(self, interval_s=0.2, timeout_s=1.5):
+        self.c.start_heartbeat(interval_s, timeout_s, lambda: (self.gen, self.step), on_lost=self.lost.append)
+
+    def send(self, typ, **kw):
+        self.c.send({"type": typ, "world_rank": self.world_rank, "pid": os.getpid() * 100 + self.world_rank, **kw})
+
+    def expect(self, typ, timeout_s=10):
+        msg = self.c.wait_instruction((typ,), timeout_s)
+        assert msg is not None and msg["type"] == typ, f"world rank {self.world_rank} expected {typ}, got {msg}"
+        return msg
+
+
+def _recovered_report(rank, gen, rank_map, step):
+    sid = f"opt/pp0/tp0/dp{rank.logical}"
+    return {"world_rank": rank.world_rank, "logical_rank": rank.logical, "generation": gen, "rank_map": rank_map,
+            "step": step, "partial": False, "owned_shards": [sid], "copies": [[sid, step]]}
+
+
+def test_coordinator_rejects_bad_messages_and_runs_a_local_recovery(coordinator):
+    run_dir, proc, clients = coordinator
+    info = json.loads((run_dir / P.COORDINATOR_FILE).read_text())
+    assert info["pid"] == proc.pid and info["port"] > 0 and info["secret_file"] == "secret"
+    assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+    for name in ("secret", "journal.jsonl", P.COORDINATOR_FILE):
+        assert stat.S_IMODE(os.stat(run_dir / name).st_mode) == 0o600, name
+
+    r0 = Rank(run_dir, clients, 0, "active", 0)
+    r1 = Rank(run_dir, clients, 1, "active", 1)
+    spare = Rank(run_dir, clients, 2, "standby", node="nid00002")
+    assert r0.register()["generation"] == 0
+    dup = Rank(run_dir, clients, 0, "active", 0)
+    with pytest.raises(ControlError, match="already registered"):
+        dup.register()
+    r1.register()
+    spare.register()
+    for r in (r0, r1, spare):
+        r.beat()
+
+    # Foreign and malformed messages: straight onto the store, without (or with a wrong) MAC.
+    foreign = r0.c.tcp_store()
+    foreign.queue_push(P.KEY_IN, json.dumps({"v": 1, "body": {"type": "stop", "reason": "evil"}}).encode())
+    foreign.queue_push(P.KEY_IN, P.encode({"type": "stop", "reason": "evil"}, b"not-the-secret"))
+    foreign.queue_push(P.KEY_IN, b"\x00garbage")
+    _wait(lambda: len(_events(run_dir, "rejected")) >= 4, what="rejections")
+    reasons = " | ".join(e["reason"] for e in _events(run_dir, "rejected"))
+    assert "already registered" in reasons
+    assert "without the job secret" in reasons and "does not verify" in reasons and "not JSON" in reasons
+    assert proc.poll() is None  # the job continues
+    _wait(lambda: _events(run_dir, "job_running"), what="job_running")
+
+    # A transient collective error with everyone alive -> local recovery, no spare used.
+    r0.step = r1.step = 3
+    r0.c.report_fault(0, 3, "reduce_gradients", kind="comm_error", message="Connection closed by peer")
+    for r in (r0, r1):
+        q = r.expect("quiesce")
+        assert q["generation"] == 1
+        r.c.report_quiesced(1, live_step=3, shards={f"opt/pp0/tp0/dp{r.logical}": 2},
+                            replicas={f"opt/pp0/tp0/dp{1 - r.logical}": 2}, dirty=False)
+    plans = [r.expect("recover") for r in (r0, r1)]
+    plan = plans[0]["plan"]
+    # the error hit reduce_gradients: live state S(3) is intact, nothing to roll back, nothing replayed
+    assert plan["action"] == "local_recovery" and plan["recoverable_step"] == 3 and plan["joins"] == []
+    for r in (r0, r1):
+        r.c.report_recovered(1, _recovered_report(r, 1, plan["rank_map"], 3),
+                             {"reconfigure": 0.01, "params": 0.0, "optimizer": 0.0})
+    for r in (r0, r1):
+        assert r.expect("resume")["step"] == 3
+        r.gen, r.step = 1, 3
+    done = _wait(lambda: _events(run_dir, "recovery_done"), what="recovery_done")[0]
+    assert done["steps_replayed"] == 0 and set(done["phases"]) == {"detect", "reconfigure", "params", "optimizer", "replay"}
+    dec = [e for e in _events(run_dir, "decision")]
+    assert dec[0]["action"] == "local_recovery" and "all processes alive" in dec[0]["reason"]
+
+    # A heartbeat from a stale generation is rejected; the job goes on.
+    r0.c.heartbeat(generation=0, step=3)
+    _wait(lambda: any("stale generation 0" in e["reason"] for e in _events(run_dir, "rejected")), what="stale")
+
+    # Fault injection: unknown target rejected with a reason, a good one forwarded to the target.
+    rep = r0.c.request({"type": "inject", "kind": "crash", "target": {"world_rank": 99}, "at_step": 9, "phase": "d2h"})
+    assert rep["type"] == "rejected" and "no live slot with world rank 99" in rep["reason"]
+    rep = r0.c.request({"type": "inject", "kind": "teleport", "target": {"world_rank": 1}, "at_step": 9, "phase": "d2h"})
+    assert rep["type"] == "rejected" and "teleport" in rep["reason"]
+    rep = r0.c.request({"type": "inject", "kind": "crash", "target": {"logical_rank": 1}, "at_step": 9, "phase": "h2h"})
+    assert rep["type"] == "accepted" and rep["targets"] == [1]
+    _wait(lambda: (r1.c.poll(), r1.c.take_injection(9, "h2h"))[1], what="injection at the target")
+
+    # Every active rank done -> job_done with the combined hash, standby told to stop, coordinator exits 0.
+    for r in (r0, r1):
+        r.c.report_done(1, 5, f"hash{r.logical}")
+    assert spare.expect("stop")["job_state"] == "done"
+    assert proc.wait(20) == 0
+    jd = _events(run_dir, "job_done")[0]
+    assert jd["step"] == 5 and jd["steps_agree"] and jd["rank_hashes"] == ["hash0", "hash1"]
+    assert [e["world_rank"] for e in _events(run_dir, "registered")] == [0, 1, 2]
+    # the ranks' watchdogs notice the coordinator is gone
+    _wait(lambda: r0.lost and r1.lost, what="watchdog", timeout_s=10)
+    assert "coordinator silent" in r0.lost[0]
+
+
+def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
+    run_dir, proc, clients = coordinator
+    r0 = Rank(run_dir, clients, 0, "active", 0)
+    r1 = Rank(run_dir, clients, 1, "active", 1, node="nid00002")
+    spare = Rank(run_dir, clients, 2, "standby", node="nid00003")
+    for r in (r0, r1, spare):
+        r.register()
+        r.beat()
+    r0.step = r1.step = 4
+    r0.c.report_commit(0, 4, {"opt/pp0/tp0/dp0": 3}, {"opt/pp0/tp0/dp1": 3})
+    r1.c.report_commit(0, 4, {"opt/pp0/tp0/dp1": 3}, {"opt/pp0/tp0/dp0": 3})
+    _wait(lambda: _events(run_dir, "commit"), what="commit summary")
+    r1.c.stop_heartbeat()  # rank 1 hangs: no more heartbeats
+    q = r0.expect("quiesce", timeout_s=15)
+    assert q["dead"] == [1]
+    r0.c.report_quiesced(1, live_step=4, shards={"opt/pp0/tp0/dp0": 3}, replicas={"opt/pp0/tp0/dp1": 3}, dirty=False)
+    plan = r0.expect("recover")["plan"]
+    assert spare.expect("recover")["plan"] == plan
+    assert plan["action"] == "hot_swap" and plan["rank_map"] == [[0, 0], [1, 2]] and plan["recoverable_step"] == 3
+    kinds = {(t["kind"], t["sender"], t["receiver"]) for t in plan["transfers"]}
+    assert kinds == {("params", 0, 2), ("optimizer", 0, 2)}
+    spare.logical = 1
+    for r in (r0, spare):
+        r.c.report_recovered(1, _recovered_report(r, 1, plan["rank_map"], 3), {"reconfigure": 0.1, "params": 0.2, "optimizer": 0.3})
+    for r in (r0, spare):
+        r.expect("resume")
+        r.gen, r.step = 1, 4
+    done = _wait(lambda: _events(run_dir, "recovery_done"), what="recovery_done")[0]
+    assert done["steps_replayed"] == 1 and done["phases"]["optimizer"] == 0.3
+    assert done["phases"]["detect"] >= 1.5  # the heartbeat timeout
+    # the fenced rank is told to stop when it shows up again
+    r1.c.heartbeat(0, 4)
+    assert r1.expect("stop")["reason"].startswith("this slot was declared dead")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    assert _events(run_dir, "coordinator_stopped")
+
+
+def test_no_spare_left_is_a_clean_fallback_with_a_message(coordinator):
+    run_dir, proc, clients = coordinator
+    r0 = Rank(run_dir, clients, 0, "active", 0)
+    r1 = Rank(run_dir, clients, 1, "active", 1, node="nid00002")
+    for r in (r0, r1):
+        r.register()
+        r.beat()
+    r1.c.stop_heartbeat()
+    r0.expect("quiesce", timeout_s=15)
+    r0.c.report_quiesced(1, live_step=2, shards={"opt/pp0/tp0/dp0": 1}, replicas={"opt/pp0/tp0/dp1": 1}, dirty=False)
+    stop = r0.expect("stop")
+    assert "no spare left" in stop["reason"] and "persistent checkpoint" in stop["reason"]
+    assert proc.wait(20) == 1
+    fb = _events(run_dir, "fallback")[0]
+    assert "no spare left" in fb["reason"]

@@ -1,0 +1,66 @@
+"""Journal: append-only JSON lines, fsync'd, private modes, tolerant of a torn last line."""
+
+import json
+import os
+import stat
+
+import pytest
+
+from phoenix_hpc.control.journal import Journal, read_journal, write_private_file
+
+
+def test_append_and_read_back_with_private_modes(tmp_path):
+    run = tmp_path / "run 'x'; echo"
+    clock = iter([10.0, 11.5])
+    with Journal(run, clock=lambda: next(clock)) as j:
+        j.append("registered", world_rank=0, node="nid00001")
+        j.append("commit", recoverable_step=3)
+    recs = read_journal(run)
+    assert recs == [
+        {"ts": 10.0, "event": "registered", "world_rank": 0, "node": "nid00001"},
+        {"ts": 11.5, "event": "commit", "recoverable_step": 3},
+    ]
+    assert read_journal(run, "commit")[0]["recoverable_step"] == 3
+    assert stat.S_IMODE(os.stat(run).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(run / "journal.jsonl").st_mode) == 0o600
+
+
+def test_reopen_appends_instead_of_truncating(tmp_path):
+    with Journal(tmp_path) as j:
+        j.append("a")
+    with Journal(tmp_path) as j:
+        j.append("b")
+    assert [r["event"] for r in read_journal(tmp_path)] == ["a", "b"]
+
+
+def test_torn_last_line_is_ignored_but_a_broken_middle_line_is_an_error(tmp_path):
+    with Journal(tmp_path) as j:
+        j.append("a", x=1)
+    path = tmp_path / "journal.jsonl"
+    with open(path, "ab") as f:
+        f.write(b'{"ts": 1.0, "event": "b", "x"')  # crash mid-write
+    assert [r["event"] for r in read_journal(tmp_path)] == ["a"]
+    path.write_bytes(b'{"ts": 1.0, "event": "a"}\nnot json\n{"ts": 2.0, "event": "c"}\n')
+    with pytest.raises(ValueError, match=r"journal.jsonl:2: not a JSON line"):
+        read_journal(tmp_path)
+
+
+def test_bad_records_rejected(tmp_path):
+    with Journal(tmp_path) as j:
+        with pytest.raises(ValueError, match="non-empty"):
+            j.append("")
+        with pytest.raises(ValueError, match="may not be named"):
+            j.append("x", ts=3)
+        with pytest.raises(TypeError):
+            j.append("x", obj=object())
+    assert read_journal(tmp_path) == []  # nothing half-written
+    (tmp_path / "journal.jsonl").write_text(json.dumps({"event": "no ts"}) + "\n")
+    with pytest.raises(ValueError, match="needs 'ts' and 'event'"):
+        read_journal(tmp_path)
+
+
+def test_missing_journal_reads_empty_and_private_file_is_atomic(tmp_path):
+    assert read_journal(tmp_path / "nope") == []
+    p = write_private_file(tmp_path / "coordinator.json", '{"port": 1}')
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o600 and json.loads(p.read_text()) == {"port": 1}
+    assert [x.name for x in tmp_path.iterdir()] == ["coordinator.json"]  # no temp file left behind

@@ -1,0 +1,141 @@
+"""The pure recovery plan: rank map, recoverable step, transfers, fallbacks."""
+
+import pytest
+
+from phoenix_hpc.recovery.plan import FallbackRequired, plan_recovery, shard_id_of
+
+# 8 active slots, tp=2 pp=1 dp=4 on nodes A (world 0-3) and B (world 4-7); spare node C (world 8-11).
+GRID = (2, 1, 4)
+NODES = {**{w: "A" for w in range(4)}, **{w: "B" for w in range(4, 8)}, **{w: "C" for w in range(8, 12)}}
+RANK_MAP = {r: r for r in range(8)}
+
+
+def _placement(k=1, stride=1):
+    """Holders of dp=i: DP ranks i+stride, i+2*stride, ... around the ring (same tp). stride=2 puts the
+    first holder on the other node (domain-aware); stride=1 is the naive ring (same node for dp0->dp1)."""
+    tp, _, dp = GRID
+    out = {}
+    for r in range(8):
+        t, d = r % tp, r // tp
+        out[shard_id_of(r, *GRID)] = tuple(((d + j * stride) % dp) * tp + t for j in range(1, k + 1))
+    return out
+
+
+def _committed(step, placement, owner_step=None):
+    out = {}
+    for sid, holders in placement.items():
+        owner = next(r for r in range(8) if shard_id_of(r, *GRID) == sid)
+        out[sid] = {owner: step if owner_step is None else owner_step, **{h: step for h in holders}}
+    return out
+
+
+def _plan(dead, live_step=10, committed_step=9, spares=range(8, 12), k=1, stride=1, **kw):
+    pl = _placement(k, stride)
+    return plan_recovery(
+        generation=3, grid=GRID, rank_map=RANK_MAP, nodes=NODES, dead=dead, spares=list(spares), placement=pl,
+        committed=kw.pop("committed", _committed(committed_step, pl)),
+        live_steps=kw.pop("live_steps", {r: live_step for r in range(8) if r not in dead}), **kw,
+    )
+
+
+def test_node_loss_moves_the_node_onto_the_spare_node():
+    p = _plan(dead=[4, 5, 6, 7], stride=2)
+    assert p.action == "hot_swap" and p.generation == 4 and p.old_generation == 3
+    assert p.world_of() == {0: 0, 1: 1, 2: 2, 3: 3, 4: 8, 5: 9, 6: 10, 7: 11}
+    assert [(j.world_rank, j.logical_rank, j.replaces_world_rank) for j in p.joins] == [(8, 4, 4), (9, 5, 5), (10, 6, 6), (11, 7, 7)]
+    assert p.recoverable_step == 9 and p.steps_replayed == 1
+    assert p.rollbacks == tuple((r, 10) for r in range(4))
+    by_kind = {(t.kind, t.receiver_world): t for t in p.transfers}
+    # params from a live DP peer at the same (pp, tp): logical 4 is (dp2, tp0) -> peer dp0 tp0 = rank 0
+    assert by_kind[("params", 8)].sender_world == 0 and by_kind[("params", 8)].shard_id == "param/pp0/tp0"
+    assert by_kind[("params", 9)].sender_world == 1
+    # optimizer shard of dp2 tp0 (rank 4) is held by dp0 tp0 (rank 0) on the other node
+    assert by_kind[("optimizer", 8)].sender_world == 0 and by_kind[("optimizer", 8)].shard_id == "opt/pp0/tp0/dp2"
+    assert all(t.step == 9 for t in p.transfers)
+
+
+def test_owner_and_its_only_holder_lost_falls_back_with_the_shard_named():
+    # naive ring placement, k=1: dp2's only holder dp3 is on the same node -> lost together
+    with pytest.raises(FallbackRequired, match=r"shard opt/pp0/tp0/dp2 lost: owner \(logical rank 4, B\)") as e:
+        _plan(dead=[4, 5, 6, 7])
+    assert "opt/pp0/tp0/dp2" in e.value.lost_shards and "persistent checkpoint" in str(e.value)
+
+
+def test_k2_survives_the_same_double_fault():
+    p = _plan(dead=[4, 5, 6, 7], k=2)
+    opt = {t.shard_id: t for t in p.transfers if t.kind == "optimizer"}
+    assert opt["opt/pp0/tp0/dp2"].sender_world == 0  # dp3 (dead) then dp0: the second holder
+    assert opt["opt/pp0/tp0/dp3"].sender_world == 0
+    assert all(t.step == 9 for t in p.transfers)
+
+
+def test_single_crash_uses_one_standby_slot_and_the_replica_holder():
+    p = _plan(dead=[5])
+    assert p.world_of()[5] == 8 and len(p.joins) == 1
+    (params,) = [t for t in p.transfers if t.kind == "params"]
+    (opt,) = [t for t in p.transfers if t.kind == "optimizer"]
+    assert params.sender_world == 1 and opt.sender_world == 7 and opt.shard_id == "opt/pp0/tp1/dp2"
+    # the new member holds dp1 tp1's replica and its own shard goes to dp3: both re-established
+    assert {(r.shard_id, r.owner, r.holder) for r in p.replication} == {("opt/pp0/tp1/dp1", 3, 5), ("opt/pp0/tp1/dp2", 5, 7)}
+
+
+def test_fault_after_commit_before_any_optimizer_step_replays_nothing():
+    p = _plan(dead=[5], live_step=9, committed_step=9)
+    assert p.recoverable_step == 9 and p.steps_replayed == 0 and p.rollbacks == ()
+
+
+def test_mixed_survivor_steps_roll_back_only_those_ahead():
+    live = {r: 10 for r in range(8) if r != 5}
+    live[0] = 9  # rank 0 had not applied step 10 yet
+    p = _plan(dead=[5], live_steps=live)
+    assert p.recoverable_step == 9 and (0, 9) not in p.rollbacks and (1, 10) in p.rollbacks
+
+
+def test_local_recovery_uses_no_spare():
+    p = _plan(dead=[])
+    assert p.action == "local_recovery" and p.joins == () and p.transfers == ()
+    assert p.recoverable_step == 10 and p.steps_replayed == 0 and p.generation == 4
+
+
+def test_dirty_rank_rolls_back_to_its_committed_snapshot():
+    p = _plan(dead=[], dirty=[3])
+    assert p.recoverable_step == 9 and p.steps_replayed == 1 and len(p.rollbacks) == 8
+
+
+def test_no_spare_left():
+    with pytest.raises(FallbackRequired, match=r"no spare left: 1 dead slot\(s\) \(5\) but 0 standby slot\(s\)"):
+        _plan(dead=[5], spares=[])
+
+
+def test_dead_standby_is_just_released():
+    p = _plan(dead=[8])
+    assert p.action == "local_recovery" and p.released_spares == (8,)
+
+
+def test_spare_pool_is_filled_per_node():
+    nodes = {**NODES, 12: "D", 13: "D", 14: "D", 15: "D"}
+    pl = _placement(2)
+    p = plan_recovery(generation=0, grid=GRID, rank_map=RANK_MAP, nodes=nodes, dead=[0, 1, 2, 3],
+                      spares=[8, 9, 12, 13, 14, 15], placement=pl, committed=_committed(9, pl),
+                      live_steps={r: 9 for r in range(4, 8)})
+    assert {p.world_of()[r] for r in range(4)} == {12, 13, 14, 15}  # one whole spare node, not split
+
+
+def test_spare_whose_restore_was_cut_short_is_restored_in_place():
+    p = _plan(dead=[], restore=[5], live_steps={r: 10 for r in range(8) if r != 5})
+    assert p.action == "hot_swap" and p.joins == ()
+    assert {(t.kind, t.receiver_world) for t in p.transfers} == {("params", 5), ("optimizer", 5)}
+
+
+def test_replica_at_an_older_step_cannot_serve():
+    pl = _placement(1)
+    committed = _committed(9, pl)
+    committed["opt/pp0/tp1/dp2"][7] = 8  # the holder never committed step 9
+    with pytest.raises(FallbackRequired, match=r"no copy at the recoverable step 8"):
+        _plan(dead=[5], committed=committed)
+
+
+def test_plan_json_is_stable():
+    p = _plan(dead=[5])
+    j = p.to_json()
+    assert j["rank_map"][5] == [5, 8] and j["joins"][0]["coord"] == [0, 2, 1] and j["invariants"] == ["I1", "I2", "I3", "I4"]
