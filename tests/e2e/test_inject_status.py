@@ -1,0 +1,173 @@
+"""``phoenix inject-fault`` and ``phoenix status`` against the real coordinator process.
+
+The coordinator (its TCPStore, journal and decisions) is real; slots are played by this test through the
+real rank-side client (register, heartbeats, polling instructions) with a real :class:`FaultTrigger`, so the
+path CLI -> coordinator -> target slot -> trigger at (step, phase) -> landing record -> status is exercised
+end to end without Slurm. Full-job tests on the local cluster live in ``test_status_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from phoenix_hpc.cli.main import cli
+from phoenix_hpc.control import protocol as P
+from phoenix_hpc.control.client import CoordinatorClient
+from phoenix_hpc.control.journal import read_journal
+from phoenix_hpc.faults.kinds import KINDS, PHASE_WIRE
+from phoenix_hpc.faults.trigger import Actions, FaultTrigger, FiredFile, InjectedFault
+
+CONFIG = """\
+name: inject-test
+data: {path: data/none}
+parallelism: {tp: 1, pp: 1, dp: 2}
+training: {steps: 40}
+resources: {nodes: 2, spares: 1, gpus_per_node: 1}
+resilience:
+  k: 1
+  placement_levels: [node]
+  heartbeat_interval_s: 0.2
+  heartbeat_timeout_s: 3.0
+  collective_timeout_s: 6.0
+"""
+
+
+def _wait(pred, timeout_s=15.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Slot:
+    def __init__(self, run_dir, world_rank, role, logical, node):
+        self.pid = os.getpid() * 100 + world_rank
+        self.c = CoordinatorClient(run_dir, world_rank, wait_s=10, pid=self.pid)
+        self.world_rank, self.role, self.logical, self.node = world_rank, role, logical, node
+        self.step = 0
+        self.effects: list = []
+        acts = Actions(exit=lambda c: self.effects.append(("exit", c)), kill_self=lambda: self.effects.append("kill"),
+                       stop_self=lambda: self.effects.append("stop"), block=lambda ev: self.effects.append("block"))
+        self.trigger = FaultTrigger(self.c.injections, notify=FiredFile(run_dir, world_rank), actions=acts)
+
+    def start(self):
+        self.c.register(node=self.node, role=self.role, logical_rank=self.logical,
+                        grid=(1, 1, 2) if self.role == "active" else None, world_size=3)
+        self.c.start_heartbeat(0.2, 3.0, lambda: (0 if self.role == "active" else None, self.step),
+                               on_lost=lambda r: None)
+
+    def run_steps(self, upto):
+        """Walk steps step+1..upto through every phase, as the rank loop does; return what fired."""
+        raised = []
+        while self.step < upto:
+            self.c.poll()
+            s = self.step + 1
+            for phase in ("forward_backward", "d2h", "h2h", "optimizer_step"):
+                try:
+                    self.trigger.check(s, phase)
+                except InjectedFault as exc:
+                    raised.append((s, phase, exc.fault_kind))
+            self.step = s
+        return raised
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    monkeypatch.setenv("PHOENIX_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    run_dir = tmp_path / "run dir"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(CONFIG)
+    proc = subprocess.Popen([sys.executable, "-m", "phoenix_hpc.control.coordinator", "--run-dir", str(run_dir),
+                             "--host", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    slots = []
+    try:
+        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists() or proc.poll() is not None, what="coordinator.json")
+        assert proc.poll() is None, proc.stdout.read()
+        slots = [Slot(run_dir, 0, "active", 0, "nid00001"), Slot(run_dir, 1, "active", 1, "nid00002"),
+                 Slot(run_dir, 2, "standby", None, "nid00003")]
+        for s in slots:
+            s.start()
+        _wait(lambda: read_journal(run_dir, "job_running"), what="job_running")
+        yield run_dir, slots
+    finally:
+        for s in slots:
+            s.c.close()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+CASES = [("crash", "d2h"), ("hang", "h2h"), ("transient", "optimizer"), ("kill-node", "forward"),
+         ("link-down", "h2h"), ("gpu-error", "optimizer")]
+
+
+def test_each_kind_lands_at_requested_step_and_phase(job):
+    """One job, one fault of every kind in turn at steps 5, 10, 15, ... (the slot's effects are recorded, so
+    it keeps stepping and the next kind can be injected)."""
+    run_dir, slots = job
+    target = slots[1]
+    for i, (kind, phase) in enumerate(CASES):
+        at = 5 * (i + 1)
+        r = invoke("inject-fault", str(run_dir), "--kind", kind, "--rank", "1", "--at-step", str(at),
+                   "--phase", phase, "--json")
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.output)
+        assert out["targets"] == [1] and out["at_step"] == at and out["kind"] == kind
+        _wait(lambda: (target.c.poll(), target.c.injections)[1], what="instruction at the target")
+        assert slots[0].run_steps(at + 2) == []  # the other slot is not affected
+        before = len(target.effects)
+        raised = target.run_steps(at + 2)
+        assert [(f[1], f[2]) for f in target.trigger.fired[-1:]] == [(at, PHASE_WIRE[phase])]
+        assert len(target.trigger.fired) == i + 1
+        if KINDS[kind].wire in ("transient", "gpu_error"):
+            assert raised == [(at, PHASE_WIRE[phase], KINDS[kind].fault_kind)]
+        else:
+            assert raised == [] and target.effects[before:] == [
+                {"crash": ("exit", 70), "hang": "stop", "kill-node": "kill", "link-down": "block"}[kind]]
+        fwd = read_journal(run_dir, "inject_forwarded")
+        assert fwd[-1]["targets"] == [1] and fwd[-1]["at_step"] == at and fwd[-1]["request_id"] == out["request_id"]
+        assert fwd[-1]["kind"] == KINDS[kind].wire and fwd[-1]["phase"] == PHASE_WIRE[phase]
+    st = json.loads(invoke("status", str(run_dir), "--json").output)
+    assert [(i["kind"], i["phase"], i["at_step"], [(f["world_rank"], f["step"], f["phase"]) for f in i["fired"]])
+            for i in st["injections"]] == [(k, p, 5 * (n + 1), [(1, 5 * (n + 1), p)]) for n, (k, p) in enumerate(CASES)]
+
+
+def test_status_lists_slots_and_refusals_send_nothing_harmful(job):
+    run_dir, slots = job
+    st = json.loads(invoke("status", str(run_dir), "--json").output)
+    assert st["job"]["state"] == "running" and st["job"]["grid"] == {"tp": 1, "pp": 1, "dp": 2}
+    assert [(s["world_rank"], s["node"], s["state"], s["logical_rank"]) for s in st["slots"]] == [
+        (0, "nid00001", "active", 0), (1, "nid00002", "active", 1), (2, "nid00003", "standby", None)]
+    assert [(r["shard_id"], r["owner_node"], [h["node"] for h in r["holders"]]) for r in st["replicas"]] == [
+        ("opt/pp0/tp0/dp0", "nid00001", ["nid00002"]), ("opt/pp0/tp0/dp1", "nid00002", ["nid00001"])]
+    assert st["spare_slots_left"] == 1
+    human = invoke("status", str(run_dir))
+    assert human.exit_code == 0 and "opt/pp0/tp0/dp1" in human.output and "standby" in human.output
+    # the coordinator refuses a step the target already did: exit 2, the reason, nothing injected
+    slots[1].step = 9
+    slots[1].c.heartbeat(0, 9)
+    time.sleep(0.5)
+    r = invoke("inject-fault", str(run_dir), "--kind", "crash", "--rank", "1", "--at-step", "4")
+    assert r.exit_code == 2 and "the coordinator refused the injection" in r.output and "already done" in r.output
+    assert read_journal(run_dir, "inject_forwarded") == []
