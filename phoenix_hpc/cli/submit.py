@@ -120,7 +120,11 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
     except Exception:
         _undo(rd, created)
         raise
-    write_atomic(rd / JOB_NAME, json.dumps({"job_id": job_id, "site": profile.name, "submitted_at": time.time()}))
+    submitted_at = time.time()
+    write_atomic(rd / JOB_NAME, json.dumps({"job_id": job_id, "site": profile.name, "submitted_at": submitted_at}))
+    from phoenix_hpc.status.runs import record_run
+
+    record_run(rd, job_id, submitted_at=submitted_at)
     if as_json:
         click.echo(json.dumps(_summary(job, job_id, None), indent=2))
     else:
