@@ -173,6 +173,7 @@ class H2HEngine:
         self.fenced_step: int | None = None  # newest completed fence result (min committed step)
         self.error: BaseException | None = None
         self._stop = False
+        self._barrier: list | None = None  # [request, done]
         self._thread: threading.Thread | None = None
         self._started = False
 
@@ -190,12 +191,14 @@ class H2HEngine:
     def threaded(self) -> bool:
         return self._thread is not None
 
-    def stop(self, abandon: bool = False, timeout_s: float = 10.0) -> None:
-        """Stop the engine. Unless ``abandon``, first wait (up to ``timeout_s``) for outstanding sends,
-        acks and fences; then cancel the receives still posted for future steps."""
+    def stop(self, abandon: bool = False, timeout_s: float = 30.0) -> None:
+        """Stop the engine. Unless ``abandon`` (collective then: every rank stops together), first wait for
+        this rank's outstanding sends and fences, then an ``Ibarrier`` (after it, no rank has a replica in
+        flight, so no holder can miss one), then cancel the receives still posted for future steps."""
         if not abandon and self.error is None:
             deadline = time.monotonic() + timeout_s
-            while self._busy() and time.monotonic() < deadline and self.error is None:
+            self._enqueue(("barrier",))
+            while (self._busy() or not self._barrier_done) and time.monotonic() < deadline and self.error is None:
                 if self._thread is None:
                     self.poll()
                 time.sleep(self.busy_sleep_s)
@@ -220,6 +223,19 @@ class H2HEngine:
         return cmds or bool(self._outgoing or self._fences or self._acks_out) or any(
             inc.step is not None for inc in self._incoming
         )
+
+    def describe(self) -> str:
+        """One line on what is in flight (for timeout messages)."""
+        outs = [f"to {o.holder} step {o.step}: {o.next_chunk}/{len(o.chunks)} chunks posted, {len(o.reqs)} pending"
+                for o in list(self._outgoing)]
+        ins = [f"from {i.spec.owner}: " + (f"step {i.step} {i.next_chunk}/{len(i.chunks)} posted, {len(i.reqs)} pending"
+               if i.step is not None else "waiting for announce") for i in self._incoming]
+        return (f"sends [{'; '.join(outs)}], receives [{'; '.join(ins)}], fences pending {len(self._fences)}, "
+                f"fenced step {self.fenced_step}, commands queued {len(self._cmds)}")
+
+    @property
+    def _barrier_done(self) -> bool:
+        return self._barrier is not None and self._barrier[1]
 
     # --- commands (any thread) --------------------------------------------------------------------------
     def _enqueue(self, cmd: tuple) -> None:
@@ -299,12 +315,21 @@ class H2HEngine:
                 recv = np.zeros(1, dtype=np.int64)
                 req = self.comm.Iallreduce([send, MPI.INT64_T], [recv, MPI.INT64_T], op=MPI.MIN)
                 self._fences.append((cmd[1], req, send, recv))
+            elif kind == "barrier":
+                # only once this rank's own replicas are all acknowledged
+                if self._outgoing or self._fences:
+                    with self._cv:
+                        self._cmds.append(cmd)
+                    break
+                self._barrier = [self.comm.Ibarrier(), False]
         moving = False
         for inc in self._incoming:
             moving |= self._progress_incoming(inc)
         for out in list(self._outgoing):
             moving |= self._progress_outgoing(out)
         self._acks_out = [(r, b) for r, b in self._acks_out if not r.Test()]
+        if self._barrier is not None and not self._barrier[1] and self._barrier[0].Test():
+            self._barrier[1] = True
         while self._fences and self._fences[0][1].Test():
             _, _, _, recv = self._fences.pop(0)
             with self._cv:

@@ -332,6 +332,7 @@ class Protector:
                 f"commit of step {job.step} of {self.shard_id} timed out after {timeout_s} s: "
                 + ("local D2H not done; " if not job.d2h_done else "")
                 + (f"no ack from holder rank(s) {missing}" if missing else "")
+                + f" (runtime communicator ranks; H2H: {self.h2h.describe()})"
             )
         acks = self.h2h.acks.pop(job.step, {})
         for (h, c) in zip(self.holders, self.h2h.holders):
@@ -406,9 +407,9 @@ class Protector:
         if self._closed:
             return
         self._closed = True
+        self.h2h.stop(abandon=abandon)  # first: draining needs the copy thread to verify incoming replicas
         self._jobs.put(None)
         self._worker.join(timeout=30)
-        self.h2h.stop(abandon=abandon)
         if not abandon:
             self._comm.Free()
 

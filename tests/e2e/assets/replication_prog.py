@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--kill", default=None)
     ap.add_argument("--commit-timeout-s", type=float, default=20.0)
     ap.add_argument("--node-per-rank", action="store_true", help="treat each rank as its own node (mpirun)")
+    ap.add_argument("--mem-available", default=None, help="RANK:BYTES -- pretend MemAvailable on one rank")
     a = ap.parse_args()
 
     import torch
@@ -101,11 +102,30 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
 
         logs: list[str] = []
-        protector = Protector.create(
-            engine=engine, comm=comm, placement=placement, logical_rank=rank,
-            grid={"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, generation=0, chunk_bytes=chunk,
-            commit_timeout_s=a.commit_timeout_s, log=logs.append, fault_hook=hook,
-        )
+        import phoenix_hpc.runtime.protector as pmod
+
+        allocations = []
+        real_alloc = pmod.allocate_buffers
+        pmod.allocate_buffers = lambda plan, pin: allocations.append(plan.total_bytes) or real_alloc(plan, pin)
+        mem = None
+        if a.mem_available:
+            mr, mb = (int(x) for x in a.mem_available.split(":"))
+            mem = mb if mr == rank else None
+        try:
+            protector = Protector.create(
+                engine=engine, comm=comm, placement=placement, logical_rank=rank,
+                grid={"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, generation=0, chunk_bytes=chunk,
+                commit_timeout_s=a.commit_timeout_s, log=logs.append, fault_hook=hook, mem_available_bytes=mem,
+            )
+        except ReplicationError as e:
+            rec.update(create_error=str(e), allocations=allocations)
+            (out / f"rank{rank}.json").write_text(json.dumps(rec))
+            dist.barrier(group=groups.world)
+            dist.destroy_process_group()
+            comm.Barrier()
+            MPI.Finalize()
+            return
+        rec["allocations"] = allocations
         rec["log"] = logs
         rec["placement"] = [[r.owner_rank, r.holder_rank, r.shard_id] for r in placement.replicas]
         rec["memory"] = {
@@ -129,6 +149,9 @@ def main() -> None:
         def wait_commit(self):
             c = protector.wait_commit()
             rec["owner"][str(c.step)] = sha_of(engine.optimizer_shard())
+            tmp = out / f"owner{rank}.json.tmp"  # survives this process being killed later
+            tmp.write_text(json.dumps(rec["owner"]))
+            os.replace(tmp, out / f"owner{rank}.json")
             if a.record:
                 dist.barrier(group=groups.world)
                 for s in protector.held_shards():

@@ -1,0 +1,130 @@
+"""Snapshot format, checksums, ping-pong buffers, memory plan and chunking (pure parts of the runtime)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from phoenix_hpc.errors import ReplicationError
+from phoenix_hpc.runtime import buffers as B
+from phoenix_hpc.runtime import snapshot as S
+from phoenix_hpc.runtime.h2h import chunk_ranges, make_tag_plan
+
+
+def state(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    opt = [(f"opt/pp0/tp0/dp1/w{i}/{kind}", torch.randn(37 + i, generator=g))
+           for i in range(2) for kind in ("main", "exp_avg", "exp_avg_sq")]
+    params = [("param/pp0/tp0/w0", torch.randn(5, 7, generator=g).to(torch.bfloat16)),
+              ("param/pp0/tp0/steps", torch.arange(3, dtype=torch.int64)),
+              ("param/pp0/tp0/empty", torch.zeros(0))]
+    return opt, params
+
+
+def sealed(seed=0, step=3):
+    opt, params = state(seed)
+    env = {"step": step, "rng": "abc" * 10, "lr": 1e-3}
+    ex = {"shard_id": "opt/pp0/tp0/dp1", "envelope": env}
+    lay = S.plan_layout(opt, params, ex)
+    buf = torch.zeros(lay.total_bytes, dtype=torch.uint8)
+    S.copy_in(buf, lay, opt, params)
+    crc = S.seal(buf, lay, shard_id="opt/pp0/tp0/dp1", step=step, generation=2, grid={"tp": 1, "pp": 1, "dp": 4},
+                 coord={"pp": 0, "dp": 1, "tp": 0}, envelope=env)
+    return opt, params, lay, buf, crc
+
+
+def test_roundtrip_full_snapshot_and_replica_prefix():
+    opt, params, lay, buf, crc = sealed()
+    assert lay.total_bytes % S.ALIGN == 0 and lay.opt_end <= lay.total_bytes
+    assert all(s.offset % S.ALIGN == 0 for s in lay.slots)
+    assert lay.opt_data_bytes == sum(t.numel() * 4 for _, t in opt)
+    u = S.unpack(buf, (S.OPT, S.PARAM))
+    assert (u.step, u.generation, u.shard_id, u.envelope["lr"]) == (3, 2, "opt/pp0/tp0/dp1", 1e-3)
+    for name, t in opt + params:
+        assert u.tensors[name].dtype == t.dtype and torch.equal(u.tensors[name], t), name
+    # the replica H2H sends is the prefix buf[:opt_end]; it verifies alone and gives the same ack CRC
+    rep = buf[: lay.opt_end].clone()
+    r = S.unpack(rep, (S.OPT,))
+    assert set(r.tensors) == {n for n, _ in opt} and r.opt_crc == crc
+
+
+@pytest.mark.parametrize("where", ["tensor", "index", "magic"])
+def test_a_corrupted_byte_fails_its_checksum(where):
+    opt, params, lay, buf, _ = sealed()
+    if where == "tensor":
+        slot = lay.slots[4]
+        buf[slot.offset + 3] ^= 1
+        match = f"tensor {slot.name} .* fails its checksum"
+    elif where == "index":
+        buf[S.HEADER_BYTES + 10] ^= 1
+        match = "index fails its checksum"
+    else:
+        buf[0] ^= 1
+        match = "not a snapshot"
+    with pytest.raises(ReplicationError, match=match):
+        S.unpack(buf, (S.OPT, S.PARAM))
+
+
+def test_param_corruption_does_not_fail_a_replica_read_but_fails_a_full_read():
+    opt, params, lay, buf, _ = sealed()
+    p = next(s for s in lay.slots if s.part == S.PARAM and s.nbytes)
+    buf[p.offset] ^= 0x80
+    S.unpack(buf, (S.OPT,))
+    with pytest.raises(ReplicationError, match=p.name):
+        S.unpack(buf, (S.OPT, S.PARAM))
+
+
+def test_layout_mismatch_and_index_overflow():
+    opt, params, lay, buf, _ = sealed()
+    with pytest.raises(ReplicationError, match="does not match the snapshot layout"):
+        S.copy_in(buf, lay, [(opt[0][0], torch.zeros(3))] + opt[1:], params)
+    with pytest.raises(ReplicationError, match="exceeds the reserved"):
+        S.seal(buf, lay, shard_id="x", step=1, generation=0, grid={}, coord={}, envelope={"big": "x" * lay.index_capacity})
+
+
+def test_memory_plan_formula_and_check():
+    plan = B.MemoryPlan(1000, (("opt/a", 300), ("opt/b", 300)))
+    assert plan.total_bytes == 2 * 1000 + 2 * 2 * 300  # 2 x snapshot + 2k x replica, k = 2
+    assert "= 3200 bytes" in plan.describe()
+    B.check_host_memory(plan, 10_000, ranks_per_node=2)
+    with pytest.raises(ReplicationError, match=r"4 rank\(s\) on this node x 3200 bytes = 12800 bytes needed, MemAvailable is 10000"):
+        B.check_host_memory(plan, 10_000, ranks_per_node=4)
+    assert B.parse_mem_available("MemTotal: 10 kB\nMemAvailable:    2048 kB\n") == 2048 * 1024
+    with pytest.raises(ReplicationError, match="MemAvailable"):
+        B.parse_mem_available("MemTotal: 10 kB\n")
+
+
+def test_allocate_buffers_sizes_and_pingpong():
+    plan = B.MemoryPlan(4096, (("opt/pp0/tp0/dp0", 1024),))
+    bs = B.allocate_buffers(plan, pin=False)
+    assert bs.total_bytes == plan.total_bytes
+    pp = bs.local
+    assert pp.committed() == (None, None) and pp.target_idx() == 0
+    pp.begin_write(0)
+    pp.commit(0, 5)
+    assert pp.target_idx() == 1 and pp.committed()[0] == 5
+    with pytest.raises(RuntimeError, match="committed"):
+        pp.begin_write(0)
+    pp.begin_write(1)
+    assert pp.find(5) is pp.bufs[0] and pp.target_content_step() is None
+    pp.commit(1, 6)
+    assert pp.find(5) is pp.bufs[0] and pp.find(6) is pp.bufs[1] and pp.target_content_step() == 5
+
+
+def test_allocation_failure_is_all_or_nothing():
+    plan = B.MemoryPlan(1024, (("opt/x", 1 << 62),))  # the second pair cannot be allocated
+    with pytest.raises(ReplicationError, match="allocating the replication buffers failed"):
+        B.allocate_buffers(plan, pin=False)
+
+
+def test_chunks_and_tags():
+    assert chunk_ranges(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert chunk_ranges(0, 4) == [(0, 0)]
+    for bad in (0, -1):
+        with pytest.raises(ReplicationError, match="chunk_bytes must be a positive"):
+            chunk_ranges(10, bad)
+    tp = make_tag_plan(3, 2**31 - 1)
+    tags = {tp.data_tag(s, i) for s in range(4) for i in range(3)}
+    assert len(tags) == 12 and max(tags) <= 2**31 - 1
+    with pytest.raises(ReplicationError, match="Raise resilience.chunk_bytes"):
+        make_tag_plan(10_000, 32767)
