@@ -110,22 +110,22 @@ def test_params_identical_on_dp_peers_and_shards_cover_params_once(runs):
 
 def test_bad_grid_missing_data_and_megatron_without_cuda(slurm_env, runs, tmp_path):
     grid = _config(tmp_path / "grid", runs["data"], parallelism={"tp": 1, "pp": 2, "dp": 3},
-                   resources={"nodes": 2, "spares": 0})
-    p = _srun(slurm_env, grid, 2)
+                   resources={"nodes": 1, "spares": 0})
+    p = _srun(slurm_env, grid, 1)
     assert p.returncode == 2
-    assert "tp (1) x pp (2) x dp (3) = 6 does not match the 2 active slots" in p.stderr
-    nodata = _config(tmp_path / "nodata", str(tmp_path / "no" / "such"), resources={"nodes": 2, "spares": 0})
-    p = _srun(slurm_env, nodata, 2)
+    assert "tp (1) x pp (2) x dp (3) = 6 does not match the 1 active slots" in p.stderr
+    nodata = _config(tmp_path / "nodata", str(tmp_path / "no" / "such"), resources={"nodes": 1, "spares": 0})
+    p = _srun(slurm_env, nodata, 1)
     assert p.returncode == 2 and "is not a Megatron indexed dataset" in p.stderr and "no/such" in p.stderr
     notidx = tmp_path / "notidx"
     (tmp_path / "notidx.idx").write_text("plain text, not an index")
     (tmp_path / "notidx.bin").write_text("x")
-    bad = _config(tmp_path / "badidx", str(notidx), resources={"nodes": 2, "spares": 0})
-    p = _srun(slurm_env, bad, 2)
+    bad = _config(tmp_path / "badidx", str(notidx), resources={"nodes": 1, "spares": 0})
+    p = _srun(slurm_env, bad, 1)
     assert p.returncode == 2 and "MMIDIDX" in p.stderr
     if not torch.cuda.is_available():
-        meg = _config(tmp_path / "meg", runs["data"], engine="megatron", resources={"nodes": 2, "spares": 0})
-        p = _srun(slurm_env, meg, 2)
+        meg = _config(tmp_path / "meg", runs["data"], engine="megatron", resources={"nodes": 1, "spares": 0})
+        p = _srun(slurm_env, meg, 1)
         assert p.returncode == 2 and "engine 'megatron' needs CUDA" in p.stderr
     for d in ("grid", "nodata", "badidx", "meg"):
         if (tmp_path / d).exists():
