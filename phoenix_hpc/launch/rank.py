@@ -108,7 +108,7 @@ def preflight(cfg) -> None:
     check_indexed_dataset(cfg.data.path)
 
 
-def run_active(args, cfg, slot, grid, store, run_dir: Path) -> dict:
+def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None) -> dict:
     """Train as logical rank ``slot.world_rank`` (generation 0). Returns the summary written to
     ``rank{r}.json``."""
     import torch
@@ -152,6 +152,8 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path) -> dict:
         steps_log = (ranks_dir / f"rank{rank}.steps.jsonl").open("a")
 
         def on_step(rec) -> None:
+            if progress is not None:  # what the coordinator heartbeat reports
+                progress.set(step=rec.step)
             steps_log.write(json.dumps(rec.as_dict()) + "\n")
             steps_log.flush()
             if reporter and (rec.step % log_every == 0 or rec.step == cfg.training.steps):
@@ -267,21 +269,43 @@ def main(argv: list[str] | None = None) -> int:
     if err is not None:
         return err.exit_code
 
-    store = mpi_store_rendezvous(comm, active, cfg.resilience.collective_timeout_s)
+    from phoenix_hpc.control.attach import attach, coordinator_present
+
+    att = None
+    if coordinator_present(run_dir):  # under the batch script: the coordinator's store and heartbeats
+        try:
+            att = attach(run_dir, comm.Get_rank(), comm.Get_size(), slot.hostname or f"node{slot.node_id}",
+                         active, (grid.tp, grid.pp, grid.dp), cfg.resilience)
+        except PhoenixError as exc:
+            print(f"error [world rank {comm.Get_rank()}]: {exc}", file=sys.stderr, flush=True)
+            return exc.exit_code
+        store = att.store
+    else:
+        store = mpi_store_rendezvous(comm, active, cfg.resilience.collective_timeout_s)
     code = 0
     try:
         if active:
-            run_active(args, cfg, slot, grid, store, run_dir)
+            summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None)
+            if att:
+                att.client.report_done(0, summary["steps"], summary["state_hash"])
         else:
             wait_for_role(comm)
+            if att:
+                att.client.close()
             return 0
     except PhoenixError as exc:
         print(f"error [rank {slot.world_rank}]: {exc}", file=sys.stderr, flush=True)
         code = exc.exit_code
-    except Exception:
+        if att:
+            att.client.report_fault(0, att.progress.step, "step", exc)
+    except Exception as exc:
         traceback.print_exc()
         code = 1
+        if att:
+            att.client.report_fault(0, att.progress.step, "step", exc)
     _barrier(comm)
+    if att:
+        att.client.close()
     return code
 
 
