@@ -71,3 +71,7 @@ class ControlError(PhoenixError):
 
 class StatusError(PhoenixError):
     """A job's status cannot be shown: unknown job id, not a PHOENIX run directory, no job recorded."""
+
+
+class BenchError(PhoenixError):
+    """A benchmark cannot run or be computed as asked (bad option, too few samples, a job that failed)."""
