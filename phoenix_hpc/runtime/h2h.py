@@ -275,6 +275,10 @@ class H2HEngine:
             if drive:
                 time.sleep(self.busy_sleep_s)
 
+    def queue_empty(self) -> bool:
+        """No command waits to be posted (a plain read; callers in :meth:`wait` hold the engine lock)."""
+        return not self._cmds
+
     def notify(self) -> None:
         with self._cv:
             self._cv.notify_all()

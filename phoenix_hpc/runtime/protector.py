@@ -14,7 +14,9 @@ Threads of a rank while a Protector runs:
 
 - the training thread: only ``start_snapshot`` (records a CUDA event, captures the tensor list and the
   envelope, enqueues) and ``wait_commit`` (waits, checks acks, flips). It makes no MPI call, except that
-  under ``MPI_THREAD_FUNNELED``/``SINGLE`` it drives the H2H engine while waiting.
+  under ``MPI_THREAD_FUNNELED``/``SINGLE`` it drives the H2H engine while waiting (then ``wait_commit``
+  also waits until the replicas this rank holds for the same step are verified and acknowledged, and the
+  copies no longer overlap compute).
 - ``phoenix-copy``: D2H copy, CRC-32 of every tensor, the index; verification of replicas received for
   others. No MPI.
 - ``phoenix-h2h`` (``h2h.H2HEngine``): every MPI call of the runtime, non-blocking.
@@ -318,7 +320,16 @@ class Protector:
         n = len(self.holders)
 
         def ready() -> bool:
-            return job.error is not None or (job.d2h_done and len(self.h2h.acks.get(job.step, {})) >= n)
+            if job.error is not None:
+                return True
+            if not (job.d2h_done and len(self.h2h.acks.get(job.step, {})) >= n):
+                return False
+            # Unthreaded (MPI_THREAD_FUNNELED): MPI progresses only while the training thread is in here, so
+            # also stay until the replicas this rank holds are verified and acknowledged for the same step;
+            # otherwise a peer could wait for an ack that sits in our queue while we block in a collective.
+            return self.h2h.threaded or (
+                all(self.held_steps.get(s, -1) >= job.step for s in self.buffers.held) and self.h2h.queue_empty()
+            )
 
         ok = self.h2h.wait(ready, timeout_s, drive=True)
         self._raise_if_failed()

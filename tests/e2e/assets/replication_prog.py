@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--kill", default=None)
     ap.add_argument("--commit-timeout-s", type=float, default=20.0)
     ap.add_argument("--node-per-rank", action="store_true", help="treat each rank as its own node (mpirun)")
+    ap.add_argument("--unthreaded", action="store_true", help="drive H2H from the training thread (FUNNELED mode)")
     ap.add_argument("--mem-available", default=None, help="RANK:BYTES -- pretend MemAvailable on one rank")
     a = ap.parse_args()
 
@@ -116,6 +117,7 @@ def main() -> None:
                 engine=engine, comm=comm, placement=placement, logical_rank=rank,
                 grid={"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, generation=0, chunk_bytes=chunk,
                 commit_timeout_s=a.commit_timeout_s, log=logs.append, fault_hook=hook, mem_available_bytes=mem,
+                threaded=False if a.unthreaded else None,
             )
         except ReplicationError as e:
             rec.update(create_error=str(e), allocations=allocations)
