@@ -1,0 +1,171 @@
+"""Sections 1 (per-step overhead) and 4 (host memory) of the benchmarks.
+
+One batch job on the local cluster (4 nodes, one slot each) runs one srun step of
+:mod:`phoenix_hpc.bench.overhead_rank` over every case: protection on and off interleaved in ABBA blocks
+inside the same processes, then two memory cases (dp=4, k=1 and k=2). :func:`analyze_case` and
+:func:`analyze_memory` are pure functions of the rank files.
+
+Cleaning of the step times (the published method, :mod:`phoenix_hpc.bench.stats`): the job's time of a
+step is the slowest rank's; the ``warmup`` unprotected steps at the start of a case are dropped; the first
+step of every block is dropped too (an on block's first step writes freshly allocated buffers and starts
+the runtime's threads; the same is dropped from off blocks for symmetry); then the slowest ``trim`` of each
+mode is trimmed and the ratio of the medians is taken with a bootstrap CI.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from phoenix_hpc.bench import jobs
+from phoenix_hpc.bench import stats as S
+from phoenix_hpc.errors import BenchError
+
+
+@dataclass(frozen=True)
+class Case:
+    """One overhead/memory case: model ``size``, pipeline depth ``pp`` over 4 ranks, ``k`` replicas."""
+
+    name: str
+    size: str
+    pp: int
+    k: int = 1
+    warmup: int = 10
+    block_steps: int = 10
+    rounds: int = 4
+    memory: bool = False
+
+    @property
+    def grid(self) -> str:
+        return f"pp={self.pp} x dp={4 // self.pp}"
+
+
+def plan_cases(quick: bool) -> list[Case]:
+    """Cases of sections 1 and 4. Full: sizes S and M x grids dp=4 and pp=2 x dp=2 (k=1), 4 ABBA rounds
+    of 10-step blocks; plus memory cases M, dp=4, k=1 and k=2. Quick: the same grid and sizes with 2
+    rounds of 6-step blocks and the memory cases on size S."""
+    rounds, block = (2, 6) if quick else (4, 10)
+    msize = "S" if quick else "M"
+    cases = [Case(f"mem-{msize}-k{k}", msize, 1, k, 2, 4, 1, memory=True) for k in (1, 2)]
+    cases += [Case(f"{size}-pp{pp}", size, pp, 1, 10, block, rounds) for size in ("S", "M") for pp in (1, 2)]
+    return cases
+
+
+def write_cases(cases: Sequence[Case], folder: Path, data_path: str) -> list[Path]:
+    paths = []
+    for i, c in enumerate(cases):
+        cfg = jobs.job_config(name=f"bench-{c.name}", size=c.size, pp=c.pp, nodes=4, spares=0, steps=100000,
+                              data_path=data_path, resilience={"k": c.k})
+        p = jobs.write_yaml(folder / f"case{i}.yaml", cfg)
+        p.with_suffix(".bench.json").write_text(json.dumps(
+            {"name": c.name, "warmup": c.warmup, "block_steps": c.block_steps, "rounds": c.rounds,
+             "memory": c.memory}))
+        paths.append(p)
+    return paths
+
+
+def run(client, work: Path, data_path: str, quick: bool, log=print) -> dict:
+    """Run the overhead/memory job; returns ``{"cases": [...], "memory": {...}, "job_id", "wall_s"}``.
+
+    Raises BenchError when the job fails or a rank file is missing (the job's output file is named)."""
+    import time
+
+    folder = work / "overhead"
+    out = folder / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    cases = plan_cases(quick)
+    paths = write_cases(cases, folder, data_path)
+    body = ("export OMP_NUM_THREADS=1\n"
+            f"srun --mpi=pmix --nodes=4 --ntasks-per-node=1 {sys.executable} -m phoenix_hpc.bench.overhead_rank "
+            + " ".join(str(x) for x in [out, *paths]) + "\n")
+    t0 = time.time()
+    job_id = jobs.submit_batch(client, folder / "overhead.sbatch", body, nodes=4, name="bench-overhead")
+    log(f"[bench] overhead/memory: job {job_id}, {len(cases)} cases on 4 ranks")
+    state, t1 = jobs.wait_job_end(client, job_id, timeout_s=900)
+    if state not in (None, "COMPLETED"):
+        raise BenchError(f"overhead job {job_id} ended {state}; see {folder / 'overhead.out'}")
+    results, memory = [], {}
+    for i, c in enumerate(cases):
+        ranks = []
+        for r in range(4):
+            f = out / f"case{i}.rank{r}.json"
+            if not f.exists():
+                raise BenchError(f"overhead case {c.name}: {f} missing; see {folder / 'overhead.out'}")
+            ranks.append(json.loads(f.read_text()))
+        if c.memory:
+            memory[f"k{c.k}"] = analyze_memory(ranks, c)
+        else:
+            results.append(analyze_case(ranks, c))
+    return {"job_id": job_id, "wall_s": round(t1 - t0, 1), "cases": results, "memory": memory}
+
+
+def _job_series(ranks: Sequence[dict], key: str) -> list[dict]:
+    """Per step of the case: mode, block and the slowest rank's ``key``."""
+    n = {len(r["steps"]) for r in ranks}
+    if len(n) != 1:
+        raise BenchError(f"ranks recorded different numbers of steps: {sorted(n)}")
+    out = []
+    for i in range(n.pop()):
+        s0 = ranks[0]["steps"][i]
+        out.append({"mode": s0["mode"], "block": s0["block"], "v": max(r["steps"][i][key] for r in ranks)})
+    return out
+
+
+def analyze_case(ranks: Sequence[dict], case: Case, trim: float = 0.05) -> dict:
+    """Per-step overhead of one case from its rank files (pure)."""
+    steps = _job_series(ranks, "step_ms")
+    waits = _job_series(ranks, "wait_ms")
+    first = {}
+    for i, s in enumerate(steps):
+        first.setdefault(s["block"], i)
+    keep = [i for i, s in enumerate(steps) if s["mode"] != "warmup" and first[s["block"]] != i]
+    on = [steps[i]["v"] for i in keep if steps[i]["mode"] == "on"]
+    off = [steps[i]["v"] for i in keep if steps[i]["mode"] == "off"]
+    wait = [waits[i]["v"] for i in keep if waits[i]["mode"] == "on"]
+    t_on, t_off = S.trim_slowest(on, trim), S.trim_slowest(off, trim)
+    ratio = S.median_ratio(t_on, t_off)
+    blocks = [b for r in ranks for b in r["blocks"] if b["mode"] == "on"]
+    d2h = statistics.fmean(b["stats"]["d2h_mean_s"] for b in blocks) * 1e3
+    h2h = statistics.fmean(b["stats"]["h2h_mean_s"] for b in blocks) * 1e3
+    on_s, off_s = S.summarize(t_on), S.summarize(t_off)
+    return {
+        "name": case.name, "size": case.size, "params": jobs.model_params(case.size), "grid": case.grid, "k": case.k,
+        "steps_on": len(t_on), "steps_off": len(t_off), "warmup": case.warmup, "trim": trim,
+        "step_ms_on": on_s.as_dict(), "step_ms_off": off_s.as_dict(),
+        "ratio": ratio.as_dict(), "exposed_wait_ms": S.summarize(wait).as_dict(),
+        "d2h_ms_mean": round(d2h, 2), "h2h_ms_mean": round(h2h, 2),
+        "snapshot_bytes": ranks[0]["snapshot_bytes"], "host_buffer_bytes": ranks[0]["host_buffer_bytes"],
+        "raw": {"on_ms": on, "off_ms": off, "wait_ms": wait},
+    }
+
+
+def analyze_memory(ranks: Sequence[dict], case: Case) -> dict:
+    """Host memory per rank of a memory case (pure), against the design's ``2 x snapshot + 2k x optimizer
+    shard`` and the runtime's own plan. ``measured_bytes`` is the RSS given back when the protector of the
+    first on block is freed (RSS at the block's end minus RSS after close + ``malloc_trim``); also reported:
+    the RSS growth over that on block and over the next off block (the control: training alone), and the
+    resident bytes of the runtime's buffers (mincore)."""
+    per_rank = []
+    for r in ranks:
+        on = [b for b in r["blocks"] if b["mode"] == "on"]
+        off = [b for b in r["blocks"] if b["mode"] == "off"]
+        released = on[0]["rss_after_bytes"] - on[0]["rss_after_close_bytes"]
+        growth = on[0]["rss_after_bytes"] - on[0]["rss_before_bytes"]
+        control = off[0]["rss_after_bytes"] - off[0]["rss_before_bytes"] if off else None
+        expected = S.expected_host_bytes(r["snapshot_bytes"], r["optimizer_shard_bytes"], case.k)
+        measured = released
+        per_rank.append({"rank": r["rank"], "measured_bytes": measured, "rss_growth_on_block_bytes": growth,
+                         "rss_growth_off_block_bytes": control,
+                         "buffers_resident_bytes": on[0]["buffers_resident_bytes"],
+                         "expected_bytes": expected, "planned_bytes": r["host_buffer_bytes"],
+                         "snapshot_bytes": r["snapshot_bytes"], "optimizer_shard_bytes": r["optimizer_shard_bytes"],
+                         "held_replica_bytes": r["held_replica_bytes"],
+                         "ratio": measured / expected if expected else None})
+    return {"name": case.name, "size": case.size, "k": case.k, "grid": case.grid,
+            "exact_rss": all(r.get("exact_rss") for r in ranks), "ranks": per_rank,
+            "ratio_median": statistics.median(p["ratio"] for p in per_rank),
+            "planned_over_expected": statistics.median(p["planned_bytes"] / p["expected_bytes"] for p in per_rank)}

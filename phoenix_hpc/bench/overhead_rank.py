@@ -1,0 +1,222 @@
+"""One rank of the overhead and memory benchmark: ``python -m phoenix_hpc.bench.overhead_rank OUT CFG...``.
+
+Started by the benchmark's batch job as one srun step over the active ranks (real Slurm, real MPI, real
+gloo). For each job config CFG (one *case*: a model size, a grid and k) the rank builds generation ``g``
+(= the case's index) on the MPI-rendezvoused store, builds the engine, and trains:
+
+1. ``warmup`` steps without protection (dropped by the statistics);
+2. blocks of ``block_steps`` steps in ABBA order (:func:`phoenix_hpc.bench.stats.interleaved_order`):
+   an *on* block creates a :class:`~phoenix_hpc.runtime.protector.Protector` (collective), trains with it
+   and closes it; an *off* block trains with ``protector=None`` -- the loop then makes no call besides the
+   three engine calls (DESIGN.md section 4), exactly as with ``resilience.enabled: false``.
+
+Interleaving inside one process, rather than one process per mode as ``scripts/bench-overhead`` does,
+keeps the process start-up (tens of seconds on a 2-core machine) out of the run and exposes both modes to
+the same drift of a shared machine.
+
+Memory, per on block: the bytes of the runtime's host buffers that are resident in RAM at the end of the
+block (mincore(2) over their pages: allocated *and* written). Per block: resident set size (``VmRSS`` of ``/proc/self/status``, proc(5)) just before the block
+(before ``Protector.create`` for an on block) and at its end (every ping-pong buffer has been written by
+then: a block has at least 2 steps), plus the protector's own accounting (``MemoryPlan``). Cases marked
+``memory`` (run first) set the mmap threshold to 64 KiB (:func:`fix_mmap_threshold`), so that the buffers
+get fresh pages and the RSS deltas show them; the other cases set it to 32 MiB, glibc's upper bound of
+its own dynamic threshold on 64-bit, i.e. what a long-running process ends up with.
+
+Writes ``OUT/case{i}.rank{r}.json``: ``{case, rank, coord, grid, k, steps: [{mode, block, step_ms,
+wait_ms}], blocks: [{mode, rss_before_bytes, rss_after_bytes, stats}], optimizer_shard_bytes,
+param_shard_bytes, snapshot_bytes, replica_bytes, host_buffer_bytes}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+from pathlib import Path
+
+
+def rss_bytes(status_path: str = "/proc/self/status") -> int:
+    """Resident set size of this process in bytes (``VmRSS`` line, in kB, of proc(5) status)."""
+    with open(status_path) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS line in {status_path}")
+
+
+M_MMAP_THRESHOLD = -3  # mallopt(3) parameter number in glibc's malloc.h
+
+
+def fix_mmap_threshold(threshold_bytes: int = 1 << 16) -> bool:
+    """Make glibc serve every allocation of ``threshold_bytes`` or more with its own ``mmap`` (mallopt(3),
+    ``M_MMAP_THRESHOLD``; setting it also turns off glibc's dynamic threshold). Without it, buffers of a
+    few MiB are carved out of heap memory that earlier temporaries already made resident, and an RSS delta
+    no longer shows them. Returns False where mallopt is unavailable (not glibc)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)))
+    except (OSError, AttributeError):
+        return False
+
+
+def trim_heap() -> None:
+    """Give free heap memory back to the kernel (glibc ``malloc_trim(0)``, malloc_trim(3)), so that memory
+    freed by an earlier case does not hide new allocations from an RSS delta. No-op where unavailable."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def resident_bytes(tensors) -> int:
+    """Bytes of the given host tensors' memory that are resident in RAM, asked from the kernel with
+    mincore(2) over the pages each tensor spans (a page shared by two tensors counts once per tensor;
+    the buffers are MiB-sized, so this is below one page per buffer). Tensors must be contiguous CPU
+    tensors. Raises OSError when mincore fails."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        if n == 0:
+            continue
+        start = t.data_ptr() // page * page
+        end = -(-(t.data_ptr() + n) // page) * page
+        pages = (end - start) // page
+        vec = (ctypes.c_ubyte * pages)()
+        if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(end - start), vec) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        total += sum(1 for v in vec if v & 1) * page
+    return total
+
+
+def buffer_tensors(prot) -> list:
+    """Every host buffer of a protector: the local ping-pong pair and the pairs of the replicas it holds."""
+    out = list(prot.buffers.local.bufs)
+    for pair in prot.buffers.held.values():
+        out += list(pair.bufs)
+    return out
+
+
+def _nbytes(pairs) -> int:
+    return sum(t.numel() * t.element_size() for _, t in pairs)
+
+
+def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from phoenix_hpc.bench.stats import interleaved_order
+    from phoenix_hpc.config.load import load_job_config
+    from phoenix_hpc.engines.factory import create_engine
+    from phoenix_hpc.launch.groups import init_generation, resolve_grid
+    from phoenix_hpc.launch.loop import train
+    from phoenix_hpc.runtime.protector import Protector
+    from phoenix_hpc.topology import place_replicas
+
+    cfg = load_job_config(cfg_path)
+    extra = json.loads(Path(cfg_path).with_suffix(".bench.json").read_text())
+    exact_rss = fix_mmap_threshold(1 << 16 if extra.get("memory") else 32 << 20)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    p, res = cfg.parallelism, cfg.resilience
+    grid = resolve_grid(p.tp, p.pp, p.dp, size)
+    groups, coord = init_generation(store, index, rank, grid, "gloo", res.collective_timeout_s)
+    engine = create_engine(cfg, coord, groups, torch.device("cpu"))
+    tokens = cfg.training.global_batch_size * cfg.model.seq_length
+    steps: list[dict] = []
+    blocks: list[dict] = []
+
+    def record(mode: str, block: int):
+        def on_step(rec) -> None:
+            steps.append({"mode": mode, "block": block, "step": rec.step, "step_ms": rec.step_time_ms,
+                          "wait_ms": rec.exposed_wait_ms})
+        return on_step
+
+    train(engine, engine.step + extra["warmup"], tokens, on_step=record("warmup", -1))
+    # every slot is its own failure domain here (one host): the node level is the process
+    placement = place_replicas(grid.tp, grid.pp, grid.dp, res.k, [f"slot{r}" for r in range(size)], None, ("node",))
+    plan = None
+    for b, on in enumerate(interleaved_order(extra["rounds"])):
+        until = engine.step + extra["block_steps"]
+        if on:
+            gc.collect()
+            trim_heap()
+            before = rss_bytes()
+            prot = Protector.create(engine=engine, comm=comm, placement=placement, logical_rank=rank,
+                                    grid={"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, generation=index,
+                                    chunk_bytes=res.chunk_bytes, log=None)
+            train(engine, until, tokens, protector=prot, on_step=record("on", b))
+            after = rss_bytes()
+            resident = resident_bytes(buffer_tensors(prot))
+            plan = prot.memory_plan
+            blocks.append({"mode": "on", "block": b, "rss_before_bytes": before, "rss_after_bytes": after,
+                           "buffers_resident_bytes": resident, "stats": prot.stats()})
+            prot.close()
+            del prot
+            gc.collect()
+            trim_heap()
+            blocks[-1]["rss_after_close_bytes"] = rss_bytes()
+        else:
+            gc.collect()
+            trim_heap()
+            before = rss_bytes()
+            train(engine, until, tokens, protector=None, on_step=record("off", b))
+            blocks.append({"mode": "off", "block": b, "rss_before_bytes": before, "rss_after_bytes": rss_bytes()})
+    opt, par = engine.optimizer_shard(), engine.param_shard()
+    result = {
+        "case": index, "name": extra["name"], "rank": rank, "k": res.k, "memory": bool(extra.get("memory")),
+        "exact_rss": exact_rss,
+        "coord": {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp},
+        "grid": {"tp": grid.tp, "pp": grid.pp, "dp": grid.dp},
+        "steps": steps, "blocks": blocks,
+        "optimizer_shard_bytes": _nbytes(opt), "param_shard_bytes": _nbytes(par),
+        "snapshot_bytes": plan.snapshot_bytes if plan else None,
+        "held_replica_bytes": [b for _, b in plan.held] if plan else [],
+        "host_buffer_bytes": plan.total_bytes if plan else None,
+    }
+    tmp = out / f".case{index}.rank{rank}.json.tmp"
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, out / f"case{index}.rank{rank}.json")
+    dist.barrier(group=groups.world)
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="phoenix-bench-overhead-rank")
+    ap.add_argument("out", help="folder for case{i}.rank{r}.json")
+    ap.add_argument("configs", nargs="+", help="job configs, one per case (each with CFG.bench.json beside it)")
+    a = ap.parse_args(argv)
+
+    import mpi4py
+
+    mpi4py.rc.finalize = False
+    from mpi4py import MPI
+
+    import torch
+
+    from phoenix_hpc.launch.rendezvous import mpi_store_rendezvous
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
+    comm = MPI.COMM_WORLD
+    store = mpi_store_rendezvous(comm, True, 120.0)
+    out = Path(a.out)
+    for i, cfg in enumerate(a.configs):
+        run_case(i, cfg, out, comm, store)
+        if comm.Get_rank() == 0:
+            print(f"[bench] case {i} done: {cfg}", flush=True)
+    comm.Barrier()
+    MPI.Finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
