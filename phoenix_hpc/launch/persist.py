@@ -1,0 +1,88 @@
+"""Persistent-checkpoint hooks of the training loop for ``resilience.mode: checkpoint-restart`` (the
+baseline of DESIGN.md section 6): a DCP checkpoint every ``resilience.checkpoint.interval_steps`` steps,
+and at start-up a restore from the newest complete one.
+
+Both hooks are collective over ``groups.world`` (every active rank calls them at the same step) and use
+:mod:`phoenix_hpc.recovery.checkpoint` (torch.distributed.checkpoint on that explicit group). The
+checkpoint root is ``resilience.checkpoint.path`` or ``RUN_DIR/checkpoints``; a restarted job points at
+the same root (an absolute ``checkpoint.path``) to find it.
+
+Timings for the benchmarks (unix seconds, wall clock) are appended by each rank to
+``RUN_DIR/ranks/rank{r}.persist.jsonl``: ``{"event": "save", "step", "t_start", "t_end"}`` and
+``{"event": "restore", "step", "t_start", "t_end"}`` (or ``{"event": "restore", "step": null, ...}`` when
+there was nothing to restore).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from phoenix_hpc.engines.base import Engine, ProcessGroups
+
+
+def checkpoint_root(cfg, run_dir: str | os.PathLike) -> Path:
+    """``resilience.checkpoint.path`` (relative paths are relative to ``run_dir``), else
+    ``RUN_DIR/checkpoints``."""
+    p = cfg.resilience.checkpoint.path
+    if not p:
+        return Path(run_dir) / "checkpoints"
+    return Path(run_dir) / p if not os.path.isabs(p) else Path(p)
+
+
+def enabled(cfg) -> bool:
+    """True when this job writes and restores persistent checkpoints (``mode: checkpoint-restart``)."""
+    return bool(cfg.resilience.enabled and cfg.resilience.mode == "checkpoint-restart")
+
+
+def is_due(step: int, interval_steps: int) -> bool:
+    """A checkpoint is written after steps ``K, 2K, ...`` (never after step 0)."""
+    return step > 0 and step % interval_steps == 0
+
+
+def _log(run_dir, rank: int, rec: dict) -> None:
+    d = Path(run_dir) / "ranks"
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / f"rank{rank}.persist.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def _rank(groups: ProcessGroups) -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank(groups.world)
+
+
+def save_if_due(engine: Engine, groups: ProcessGroups, step: int, cfg, run_dir: str | os.PathLike) -> Path | None:
+    """After ``step``: write S(step) when checkpoint-restart is on and the step is due. Collective over
+    ``groups.world``. Returns the checkpoint folder, or None when nothing was written. DCP/I-O errors
+    propagate (the caller reports a fault)."""
+    from phoenix_hpc.recovery.checkpoint import save_checkpoint
+
+    if not enabled(cfg) or not is_due(step, cfg.resilience.checkpoint.interval_steps):
+        return None
+    t0 = time.time()
+    path = save_checkpoint(engine, checkpoint_root(cfg, run_dir), groups.world)
+    _log(run_dir, _rank(groups), {"event": "save", "step": int(step), "t_start": t0, "t_end": time.time()})
+    return path
+
+
+def restore_latest(engine: Engine, groups: ProcessGroups, cfg, run_dir: str | os.PathLike) -> int | None:
+    """At start-up: load the newest complete checkpoint into ``engine`` when checkpoint-restart is on and
+    one exists. Collective over ``groups.world``. Returns the restored step, or None (nothing restored).
+
+    Raises RecoveryError (from :func:`load_checkpoint`) when ``latest`` names a checkpoint that is missing.
+    """
+    from phoenix_hpc.recovery.checkpoint import latest_step, load_checkpoint
+
+    if not enabled(cfg):
+        return None
+    root = checkpoint_root(cfg, run_dir)
+    t0 = time.time()
+    step = latest_step(root)
+    if step is not None:
+        step = load_checkpoint(engine, root, groups.world, step)
+    _log(run_dir, _rank(groups), {"event": "restore", "step": step, "t_start": t0, "t_end": time.time()})
+    return step
