@@ -10,6 +10,11 @@ Per step (DESIGN.md section 4)::
 
 With ``protector=None`` (resilience disabled) the loop makes no call besides the three engine calls.
 The time spent inside ``wait_commit`` is the *exposed wait* of the step and is logged.
+
+With a ``phase_hook`` the loop also calls ``phase_hook(s, phase)`` before each phase of iteration ``s``
+(``s = engine.step + 1``): ``forward_backward`` (before ``start_snapshot``), ``reduce_gradients``,
+``wait_commit`` and ``optimizer_step``. The resilient driver (:mod:`phoenix_hpc.recovery.execute`) uses it
+to poll the coordinator, fire injected faults at their phase, and know in which phase an error arose.
 """
 
 from __future__ import annotations
@@ -58,23 +63,34 @@ def train(
     protector: Protector | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    phase_hook: Callable[[int, str], None] | None = None,
 ) -> list[StepRecord]:
     """Run steps ``engine.step + 1 .. until_step``; return their records (also passed to ``on_step``).
 
-    Exceptions from the engine or the protector propagate unchanged (the caller classifies them).
+    Exceptions from the engine, the protector or ``phase_hook`` propagate unchanged (the caller classifies
+    them); a step interrupted that way is not recorded.
     """
     records: list[StepRecord] = []
     while engine.step < until_step:
         t0 = clock()
+        s = engine.step + 1
+        if phase_hook is not None:
+            phase_hook(s, "forward_backward")
         if protector is not None:
             protector.start_snapshot(engine)
         loss = engine.forward_backward()
+        if phase_hook is not None:
+            phase_hook(s, "reduce_gradients")
         engine.reduce_gradients()
         wait = 0.0
         if protector is not None:
+            if phase_hook is not None:
+                phase_hook(s, "wait_commit")
             tw = clock()
             protector.wait_commit()
             wait = clock() - tw
+        if phase_hook is not None:
+            phase_hook(s, "optimizer_step")
         engine.optimizer_step()
         dt = clock() - t0
         rec = StepRecord(

@@ -108,9 +108,39 @@ def preflight(cfg) -> None:
     check_indexed_dataset(cfg.data.path)
 
 
-def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None) -> dict:
-    """Train as logical rank ``slot.world_rank`` (generation 0). Returns the summary written to
-    ``rank{r}.json``."""
+def _resilient(cfg) -> bool:
+    """Whether training runs under PHOENIX protection (runtime protector, commits, hot swap)."""
+    return cfg.resilience.enabled and cfg.resilience.mode == "phoenix"
+
+
+def gather_nodes(comm, slot, levels) -> tuple[list[str], dict[str, dict[str, str]], tuple[str, ...]]:
+    """Collective over ``comm`` (every slot): node name of every world rank, the failure-domain model from
+    each task's ``SLURM_TOPOLOGY_ADDR``/``SLURM_TOPOLOGY_ADDR_PATTERN`` (topology/tree), and the placement
+    levels of ``levels`` that the model covers (``node`` always; a level no slot knows is dropped)."""
+    from phoenix_hpc.errors import ReplicationError
+    from phoenix_hpc.topology import parse_topology_addr
+
+    node = slot.hostname or f"node{slot.node_id}"
+    addr, pattern = os.environ.get("SLURM_TOPOLOGY_ADDR"), os.environ.get("SLURM_TOPOLOGY_ADDR_PATTERN")
+    dom = None
+    if addr and pattern:
+        try:
+            dom = parse_topology_addr(addr, pattern)
+        except ReplicationError:
+            dom = None
+    infos = comm.allgather((node, dom))
+    nodes = [n for n, _ in infos]
+    domains = {n: d for n, d in infos if d}
+    usable = tuple(lv for lv in levels if lv == "node" or all(lv in domains.get(n, {}) for n in nodes))
+    return nodes, domains, usable
+
+
+def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resilient=None,
+               join_plan: dict | None = None) -> dict:
+    """Train as logical rank ``slot.world_rank`` (generation 0), or, with ``join_plan``, as the logical rank
+    a recovery plan gives this standby slot. ``resilient`` (a dict with ``client``, ``nodes``, ``domains``,
+    ``levels``, ``world_comm``) turns on the protected driver (:class:`phoenix_hpc.recovery.execute.Member`).
+    Returns the summary written to ``rank{r}.json``."""
     import torch
     import torch.distributed as dist
 
@@ -119,7 +149,6 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None) -> di
     from phoenix_hpc.launch.loop import train
     from phoenix_hpc.launch.state_files import load_rank_state, save_rank_state
 
-    rank = slot.world_rank
     torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS") or 1))
     device = default_device(slot.local_rank)
     if device.type == "cuda":  # deterministic cuBLAS needs this before the first cuBLAS call
@@ -128,21 +157,41 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None) -> di
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    groups, coord = init_generation(
-        store, 0, rank, grid, backend, cfg.resilience.collective_timeout_s,
-        device_id=device if device.type == "cuda" else None,
-    )
+    member = None
+    if resilient is not None:
+        from phoenix_hpc.recovery.execute import Member, MemberEnv
+
+        member = Member(MemberEnv(
+            cfg=cfg, run_dir=run_dir, world_comm=resilient["world_comm"], world_rank=slot.world_rank,
+            client=resilient["client"], progress=progress, store=store, nodes=resilient["nodes"],
+            domains=resilient["domains"], levels=resilient["levels"], grid=grid, backend=backend, device=device,
+        ))
+        if join_plan is not None:
+            member.join(join_plan)
+        else:
+            member.start(restore=(lambda eng: load_rank_state(eng, args.restore_dir)) if args.restore_dir else None)
+        rank, groups, coord = member.logical, member.groups, member.coord
+    else:
+        rank = slot.world_rank
+        groups, coord = init_generation(
+            store, 0, rank, grid, backend, cfg.resilience.collective_timeout_s,
+            device_id=device if device.type == "cuda" else None,
+        )
     summary: dict = {
         "status": "failed", "rank": rank, "world_rank": slot.world_rank, "generation": 0, "engine": cfg.engine,
         "coord": {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp},
         "grid": {"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, "host": slot.hostname, "node_id": slot.node_id,
+        "joined": join_plan is not None,
     }
     ranks_dir = run_dir / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
     try:
-        engine = create_engine(cfg, coord, groups, device)
-        if args.restore_dir:
-            load_rank_state(engine, args.restore_dir)
+        if member is not None:
+            engine = member.engine
+        else:
+            engine = create_engine(cfg, coord, groups, device)
+            if args.restore_dir:
+                load_rank_state(engine, args.restore_dir)
         start_step = engine.step
         summary["start_step"] = start_step
         reporter = coord.pp == grid.pp - 1 and coord.dp == 0
@@ -166,7 +215,13 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None) -> di
                 save_rank_state(engine, args.snapshot_dir or run_dir / "snapshots" / f"step{rec.step}")
 
         try:
-            records = train(engine, cfg.training.steps, tokens_per_step, protector=None, on_step=on_step)
+            if member is not None:
+                records = member.run(cfg.training.steps, tokens_per_step, on_step=on_step)
+                engine = member.engine
+                coord = member.coord
+                member.finish()
+            else:
+                records = train(engine, cfg.training.steps, tokens_per_step, protector=None, on_step=on_step)
         finally:
             steps_log.close()
         losses = [r.loss for r in records if r.loss is not None]
@@ -198,8 +253,12 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None) -> di
         summary["error"] = f"{type(exc).__name__}: {exc}"
         raise
     finally:
+        if member is not None:
+            summary["generation"] = member.generation
+            summary["recoveries"] = [vars(r) for r in member.recoveries]
         _write_json_atomic(ranks_dir / f"rank{rank}.json", summary)
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _agree_on_errors(comm, error: PhoenixError | None) -> PhoenixError | None:
@@ -235,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
 
+    import mpi4py
+
+    # MPI_Finalize synchronises with every process of the job, dead ones included: it is called by hand,
+    # only when no slot can have died (see the end of this function).
+    mpi4py.rc.finalize = False
     from mpi4py import MPI
 
     from phoenix_hpc.launch.groups import resolve_grid
@@ -267,12 +331,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error (all slots): {exc}", file=sys.stderr, flush=True)
             err = exc
     if err is not None:
+        MPI.Finalize()
         return err.exit_code
 
     from phoenix_hpc.control.attach import attach, coordinator_present
 
     att = None
+    resilient = None
     if coordinator_present(run_dir):  # under the batch script: the coordinator's store and heartbeats
+        nodes, domains, levels = gather_nodes(comm, slot, cfg.resilience.placement_levels)
         try:
             att = attach(run_dir, comm.Get_rank(), comm.Get_size(), slot.hostname or f"node{slot.node_id}",
                          active, (grid.tp, grid.pp, grid.dp), cfg.resilience)
@@ -280,32 +347,56 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error [world rank {comm.Get_rank()}]: {exc}", file=sys.stderr, flush=True)
             return exc.exit_code
         store = att.store
+        if _resilient(cfg):
+            if comm.Get_rank() == 0 and tuple(levels) != tuple(cfg.resilience.placement_levels):
+                print(f"[phoenix] failure-domain levels {sorted(set(cfg.resilience.placement_levels) - set(levels))} "
+                      "unknown on this allocation (no SLURM_TOPOLOGY_ADDR); replicas are spread over "
+                      f"{list(levels)} only", file=sys.stderr, flush=True)
+            resilient = {"client": att.client, "nodes": nodes, "domains": domains, "levels": levels,
+                         "world_comm": comm}
     else:
         store = mpi_store_rendezvous(comm, active, cfg.resilience.collective_timeout_s)
     code = 0
+    summary = None
     try:
         if active:
-            summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None)
-            if att:
-                att.client.report_done(0, summary["steps"], summary["state_hash"])
+            summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None, resilient)
+        elif att is not None and resilient is not None:
+            from phoenix_hpc.recovery.execute import wait_for_join
+
+            plan = wait_for_join(att.client)  # None: the job ended (stop) without needing this spare
+            if plan is not None:
+                store = att.client.tcp_store()
+                summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress, resilient, join_plan=plan)
+        elif att is not None:
+            att.client.wait_instruction(("stop",), timeout_s=float("inf"))
         else:
             wait_for_role(comm)
-            if att:
-                att.client.close()
+            MPI.Finalize()
             return 0
+        if att and summary is not None:
+            att.client.report_done(int(summary.get("generation", 0)), summary["steps"], summary["state_hash"])
     except PhoenixError as exc:
-        print(f"error [rank {slot.world_rank}]: {exc}", file=sys.stderr, flush=True)
-        code = exc.exit_code
-        if att:
-            att.client.report_fault(0, att.progress.step, "step", exc)
+        from phoenix_hpc.recovery.execute import StopRequested
+
+        print(f"error [world rank {slot.world_rank}]: {exc}", file=sys.stderr, flush=True)
+        code = 1 if isinstance(exc, StopRequested) else exc.exit_code
+        if att and not isinstance(exc, StopRequested):
+            att.client.report_fault(att.progress.generation or 0, att.progress.step, "step", exc)
     except Exception as exc:
         traceback.print_exc()
         code = 1
         if att:
-            att.client.report_fault(0, att.progress.step, "step", exc)
-    _barrier(comm)
-    if att:
-        att.client.close()
+            att.client.report_fault(att.progress.generation or 0, att.progress.step, "step", exc)
+    if att is None:
+        _barrier(comm)
+        MPI.Finalize()
+        return code
+    if summary is not None:  # wait (bounded) for the coordinator's end of the job
+        att.client.wait_instruction(("stop",), timeout_s=max(30.0, 3 * cfg.resilience.heartbeat_timeout_s))
+    att.client.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
     return code
 
 

@@ -1,0 +1,517 @@
+"""The rank side of a recovery (DESIGN.md section 6, steps 1-7) and the protected training driver.
+
+One :class:`Member` per active slot (and per standby slot once it joins). It owns, for the current
+generation ``g``: the torch process groups (``PrefixStore(f"gen{g}")`` on the coordinator's store, explicit
+``resilience.collective_timeout_s`` on every group), the MPI communicator of the members
+(``COMM_WORLD.Create_group`` over the live members in logical-rank order, so communicator rank == logical
+rank), the engine, and the runtime's :class:`~phoenix_hpc.runtime.protector.Protector`.
+
+Training (:meth:`Member.run`) is :func:`phoenix_hpc.launch.loop.train` with a phase hook that, at the start
+of every iteration, polls the coordinator (``quiesce`` / ``stop`` instructions, ``inject`` requests) and at
+every phase fires due injections (:class:`~phoenix_hpc.faults.trigger.FaultTrigger`). After each commit the
+member reports its shard's committed step and the steps of the replicas it holds (``commit``).
+
+A recovery starts either with an error inside the step (a gloo collective that failed or timed out because
+a peer died, a commit that timed out, an injected fault: reported as ``fault``, then the member waits for
+the coordinator's ``quiesce``) or with a ``quiesce`` received at a step boundary. Then:
+
+1. *quiesce*: the partial step is abandoned, the protector is closed without waiting on peers (its buffers
+   stay readable), and the member answers ``quiesced`` with its live step (optimizer steps fully applied),
+   the committed steps of its shard and of the replicas it holds, and ``dirty`` when the error hit inside
+   ``optimizer_step`` (an update partially applied: only the committed snapshot may be used, I4);
+2. *plan*: it waits for ``recover`` {plan} (:class:`phoenix_hpc.recovery.plan.RecoveryPlan` JSON);
+3. *reconfigure*: ``destroy_process_group`` and :func:`phoenix_hpc.launch.groups.init_generation` for
+   ``g + 1`` with the plan's rank map, and the new MPI communicator (``Create_group`` involves only the
+   members of the group, never a dead rank; the spare's world rank joins it);
+4. *roll back*: a survivor whose live step is past the recoverable step ``R`` (or that is dirty) loads
+   S(R) from its committed local snapshot (checksums verified): optimizer shard, parameters, envelope (step,
+   data position, LR schedule, RNG);
+5. *restore the spare* (the plan's transfers, processed in plan order by every rank, so blocking pairs
+   cannot deadlock): parameters from a live DP peer at the same (pp, tp) with torch ``send``/``recv`` on the
+   new world group; optimizer shard + envelope as the holder's verified replica buffer of step R, sent over
+   the new MPI communicator and verified again (CRC-32 of every tensor) by the receiver before use;
+6. *re-establish replication*: a new protector for ``g + 1`` (placement recomputed from the new node list
+   with :func:`phoenix_hpc.topology.place_replicas`);
+7. it answers ``recovered`` {MemberReport, timings {reconfigure, params, optimizer} in seconds}, waits for
+   ``resume`` and continues training from step ``R``.
+
+A standby slot named in a plan's ``joins`` does steps 3, 5, 6, 7 with a freshly built engine
+(:meth:`Member.join`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from phoenix_hpc.errors import RecoveryError, ReplicationError
+
+COMM_TAG_BASE = 7000  # Create_group tag of generation g: COMM_TAG_BASE + g
+_TAG_OPT_HEADER = 11
+_TAG_OPT_DATA = 12
+
+
+class QuiesceRequested(Exception):
+    """The coordinator asked this member to stop at the step boundary (``msg`` is the ``quiesce`` body)."""
+
+    def __init__(self, msg: dict[str, Any]):
+        super().__init__(f"quiesce for generation {msg.get('generation')}")
+        self.msg = msg
+
+
+class StopRequested(RecoveryError):
+    """The coordinator told this slot to stop (job ended, clean stop, fallback, or this slot was fenced)."""
+
+    def __init__(self, msg: dict[str, Any]):
+        self.msg = msg
+        self.job_state = msg.get("job_state")
+        super().__init__(f"stopped by the coordinator: {msg.get('reason', 'no reason given')}")
+
+
+def fault_kind_of(exc: BaseException) -> str | None:
+    """The fault kind to report for an error raised inside the step, or None (the coordinator classifies
+    the message). An injected fault anywhere in the cause chain gives its own kind; a replication error
+    (H2H over MPI, commit timeout) is a communication error unless its text names something more specific
+    (a checksum: silent corruption)."""
+    from phoenix_hpc.control.classify import FaultKind, kind_from_exception
+    from phoenix_hpc.faults.trigger import InjectedFault
+
+    e: BaseException | None = exc
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, InjectedFault):
+            return e.fault_kind
+        e = e.__cause__ or e.__context__
+        seen += 1
+    if isinstance(exc, ReplicationError):
+        k = kind_from_exception(type(exc).__name__, str(exc))
+        return FaultKind.COMM_ERROR.value if k is FaultKind.UNKNOWN else k.value
+    return None
+
+
+def make_comm(world_comm, members_world: list[int], generation: int):
+    """The MPI communicator of a generation: ``Create_group`` over ``members_world`` (world ranks in
+    logical-rank order, so the new communicator's rank of a member is its logical rank). Collective over
+    the members only (MPI-3 ``MPI_Comm_create_group``); dead world ranks are not involved."""
+    group = world_comm.Get_group().Incl(list(members_world))
+    try:
+        return world_comm.Create_group(group, tag=COMM_TAG_BASE + generation)
+    finally:
+        group.Free()
+
+
+def _wait_mpi(reqs: list, timeout_s: float, what: str, poll_s: float = 0.001) -> None:
+    """Wait for MPI requests without spinning a core; raise RecoveryError after ``timeout_s``."""
+    from mpi4py import MPI
+
+    deadline = time.monotonic() + timeout_s
+    while not MPI.Request.Testall(reqs):
+        if time.monotonic() > deadline:
+            raise RecoveryError(f"{what}: no completion within {timeout_s:g} s")
+        time.sleep(poll_s)
+
+
+@dataclass
+class MemberEnv:
+    """What a member needs that does not change across generations.
+
+    ``nodes``: node name of every world rank; ``domains``: failure-domain model (node -> {level: name});
+    ``store``: a client of the coordinator's TCPStore; ``client``/``progress``: the slot's coordinator
+    attachment; ``grid``: :class:`phoenix_hpc.launch.groups.Grid`; ``levels``: the failure-domain levels
+    replicas are spread over (``resilience.placement_levels`` restricted to those ``domains`` covers).
+    """
+
+    cfg: Any
+    run_dir: Path
+    world_comm: Any
+    world_rank: int
+    client: Any
+    progress: Any
+    store: Any
+    nodes: list[str]
+    domains: dict[str, dict[str, str]]
+    grid: Any
+    backend: str
+    device: Any
+    levels: tuple[str, ...] = ("node",)
+    log: Callable[[str], None] = print
+    instruction_timeout_s: float = 0.0  # 0: derived from the resilience timeouts
+
+
+@dataclass
+class RecoveryRecord:
+    """One recovery as this member saw it (seconds)."""
+
+    generation: int
+    recoverable_step: int
+    live_step: int | None
+    dirty: bool
+    rolled_back: bool
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Member:
+    """This slot as a member of the job's generations. Build with :meth:`start` (active slot, generation
+    0) or :meth:`join` (standby slot named in a plan)."""
+
+    def __init__(self, env: MemberEnv):
+        from phoenix_hpc.faults.trigger import FaultTrigger, FiredFile
+
+        self.env = env
+        self.generation = 0
+        self.rank_map: dict[int, int] = {}
+        self.logical: int | None = None
+        self.engine = None
+        self.groups = None
+        self.coord = None
+        self.comm = None
+        self.protector = None
+        self.old_protector = None
+        self.phase: str | None = None
+        self.recoveries: list[RecoveryRecord] = []
+        self.trigger = FaultTrigger(env.client.injections, notify=FiredFile(env.run_dir, env.world_rank),
+                                    on_link_down=[env.client.stop_heartbeat])
+        r = env.cfg.resilience
+        self.wait_s = env.instruction_timeout_s or (
+            2 * r.heartbeat_timeout_s + 2 * r.collective_timeout_s + 30.0)
+
+    # --- generation set-up ---------------------------------------------------------------------------
+    @property
+    def n_ranks(self) -> int:
+        return self.env.grid.world_size
+
+    def _setup_groups(self) -> None:
+        import torch.distributed as dist
+
+        from phoenix_hpc.launch.groups import init_generation
+
+        e = self.env
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.groups, self.coord = init_generation(
+            e.store, self.generation, self.logical, e.grid, e.backend, e.cfg.resilience.collective_timeout_s,
+            device_id=e.device if e.backend == "nccl" else None,
+        )
+        # the old communicator may contain a dead rank: it is dropped, not freed (MPI_Comm_free is collective)
+        self.comm = make_comm(e.world_comm, [self.rank_map[r] for r in range(self.n_ranks)], self.generation)
+
+    def _build_protector(self):
+        from phoenix_hpc.runtime.protector import Protector
+        from phoenix_hpc.topology import place_replicas
+
+        e, res = self.env, self.env.cfg.resilience
+        g = e.grid
+        node_of_rank = [e.nodes[self.rank_map[r]] for r in range(self.n_ranks)]
+        placement = place_replicas(g.tp, g.pp, g.dp, res.k, node_of_rank, e.domains, tuple(e.levels))
+        me = node_of_rank[self.logical]
+        return Protector.create(
+            engine=self.engine, comm=self.comm, placement=placement, logical_rank=self.logical,
+            grid={"tp": g.tp, "pp": g.pp, "dp": g.dp}, generation=self.generation, chunk_bytes=res.chunk_bytes,
+            ranks_per_node=node_of_rank.count(me), commit_timeout_s=res.collective_timeout_s,
+            on_commit=self._on_commit, log=e.log if self.logical == 0 else None, fault_hook=self._fault_hook,
+            device=e.device,
+        )
+
+    def start(self, restore: Callable[[Any], None] | None = None) -> None:
+        """Generation 0 on an active slot (logical rank = world rank): groups, communicator, engine
+        (``restore(engine)`` may load saved state), protector. Collective over the active slots."""
+        from phoenix_hpc.engines.factory import create_engine
+
+        e = self.env
+        self.generation = 0
+        self.rank_map = {r: r for r in range(self.n_ranks)}
+        self.logical = e.world_rank
+        self._setup_groups()
+        self.engine = create_engine(e.cfg, self.coord, self.groups, e.device)
+        if restore is not None:
+            restore(self.engine)
+        self.protector = self._build_protector()
+
+    def join(self, plan: dict[str, Any]) -> None:
+        """A standby slot named in ``plan`` takes its logical rank: build the generation, restore, resume."""
+        self._apply_plan(plan, dirty=False)
+
+    # --- hooks ---------------------------------------------------------------------------------------
+    def _on_commit(self, rec) -> None:
+        prot = self.protector
+        held = dict(prot.held_steps) if prot is not None else {}
+        try:
+            self.env.client.report_commit(self.generation, int(self.engine.step), {rec.shard_id: rec.step}, held)
+        except Exception:  # noqa: BLE001 -- a lost report is repaired by the next commit; never fail a step
+            pass
+
+    def _fault_hook(self, phase: str, step: int, i: int) -> None:
+        # runtime phases -> injection phases of iteration step + 1 (the copy of S(step) runs in it)
+        if phase == "d2h":
+            self.trigger.check(step + 1, "d2h")
+        elif phase == "h2h_send_chunk" and i == 0:
+            self.trigger.check(step + 1, "h2h")
+
+    def _phase(self, s: int, phase: str) -> None:
+        if phase == "forward_backward":
+            self._poll()
+        self.trigger.check(s, phase)
+        self.phase = phase
+
+    def _poll(self) -> None:
+        from phoenix_hpc.errors import ControlError
+
+        c = self.env.client
+        try:
+            c.instructions.extend(c.poll())
+        except ControlError:
+            return  # the coordinator watchdog ends the process if the coordinator is really gone
+        while c.instructions:
+            msg = c.instructions.popleft()
+            if msg["type"] == "quiesce":
+                raise QuiesceRequested(msg)
+            if msg["type"] == "stop":
+                raise StopRequested(msg)
+
+    def _wait_for(self, types: tuple[str, ...], what: str) -> dict[str, Any]:
+        c = self.env.client
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            while c.instructions:
+                msg = c.instructions.popleft()
+                if msg["type"] == "stop":
+                    raise StopRequested(msg)
+                if msg["type"] in types:
+                    return msg
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RecoveryError(f"no {what} from the coordinator within {self.wait_s:g} s")
+            msg = c.wait_instruction(types, min(left, 1.0))
+            if msg is not None:
+                c.instructions.appendleft(msg)
+
+    # --- training ------------------------------------------------------------------------------------
+    def run(self, until_step: int, tokens_per_step: int, on_step=None) -> list:
+        """Train to ``until_step`` through any number of recoveries; return the step records (replayed
+        steps appear again). Raises StopRequested when the coordinator ends the job early."""
+        from phoenix_hpc.launch.loop import train
+
+        records: list = []
+        while True:
+            try:
+                self.phase = None
+                records += train(self.engine, until_step, tokens_per_step, protector=self.protector,
+                                 on_step=on_step, phase_hook=self._phase)
+                return records
+            except QuiesceRequested as q:
+                self.recover(q.msg, failed=False)
+            except (StopRequested, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # noqa: BLE001 -- an error inside the step: report, then recover
+                step = int(self.engine.step) + 1
+                self.env.log(f"[phoenix] rank {self.logical} gen {self.generation}: error in step {step} "
+                             f"({self.phase or 'start'}): {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+                try:
+                    self.env.client.report_fault(self.generation, step, self.phase or "forward_backward", exc,
+                                                 kind=fault_kind_of(exc))
+                except Exception:  # noqa: BLE001 -- heartbeats/peers' reports still reach the coordinator
+                    pass
+                msg = self._wait_for(("quiesce",), "quiesce after the error")
+                self.recover(msg, failed=True)
+
+    def finish(self) -> None:
+        """Normal end: close the protector (collective over the members)."""
+        if self.protector is not None:
+            self.protector.close()
+            self.protector = None
+
+    # --- recovery ------------------------------------------------------------------------------------
+    def recover(self, quiesce: dict[str, Any], failed: bool) -> RecoveryRecord:
+        """Steps 1-7 for a survivor (see the module doc)."""
+        g = int(quiesce["generation"])
+        dirty = bool(failed and self.phase == "optimizer_step")
+        live = int(self.engine.step)
+        self.trigger.check(live + 1, "recovery")
+        prot, self.protector = self.protector, None
+        shards: dict[str, int] = {}
+        replicas: dict[str, int] = {}
+        if prot is not None:
+            prot.close(abandon=True)
+            if prot.committed_step is not None:
+                shards[prot.shard_id] = int(prot.committed_step)
+            replicas = {s: int(v) for s, v in dict(prot.held_steps).items()}
+        self.old_protector = prot
+        self.env.client.report_quiesced(g, live, shards, replicas, dirty)
+        self.env.log(f"[phoenix] rank {self.logical}: quiesced for generation {g} (live step {live}, "
+                     f"committed {shards}, holding {replicas}, dirty={dirty})")
+        while True:
+            msg = self._wait_for(("recover", "quiesce"), "recovery plan")
+            if msg["type"] == "recover":
+                break
+            # a re-planned recovery (a fault during this one): answer the new quiesce the same way
+            g = int(msg["generation"])
+            self.env.client.report_quiesced(g, int(self.engine.step), shards, replicas, dirty)
+        return self._apply_plan(msg["plan"], dirty=dirty, live=live)
+
+    def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None) -> RecoveryRecord:
+        from phoenix_hpc.engines.factory import create_engine
+
+        e = self.env
+        g = int(plan["generation"])
+        rank_map = {int(r): int(w) for r, w in plan["rank_map"]}
+        R = int(plan["recoverable_step"])
+        mine = [r for r, w in rank_map.items() if w == e.world_rank]
+        if len(mine) != 1:
+            raise RecoveryError(f"world rank {e.world_rank} is not a member of generation {g}'s rank map {plan['rank_map']}")
+        if self.logical is not None and mine[0] != self.logical:
+            raise RecoveryError(f"plan moves world rank {e.world_rank} from logical rank {self.logical} to {mine[0]}")
+        self.generation, self.rank_map, self.logical = g, rank_map, mine[0]
+        e.progress.set(generation=g)
+        t0 = time.perf_counter()
+        self._setup_groups()
+        t_reconf = time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        rolled = False
+        if self.engine is not None:
+            self.engine.rebind(self.groups, self.coord)
+            if int(self.engine.step) != R or dirty:
+                self._rollback(R)
+                rolled = True
+        else:
+            self.engine = create_engine(e.cfg, self.coord, self.groups, e.device)
+        t_rollback = time.perf_counter() - t1
+
+        t_params, t_opt = self._transfers(plan.get("transfers", []), R)
+        if int(self.engine.step) != R:
+            raise RecoveryError(f"rank {self.logical} is at step {self.engine.step} after the restore, plan says {R}")
+
+        t2 = time.perf_counter()
+        self.protector = self._build_protector()
+        self.old_protector = None
+        t_repl = time.perf_counter() - t2
+        sid = self.coord.shard_prefix()
+        report = {"world_rank": e.world_rank, "logical_rank": self.logical, "generation": g,
+                  "rank_map": [[r, w] for r, w in sorted(rank_map.items())], "step": int(self.engine.step),
+                  "partial": False, "owned_shards": [sid], "copies": [[sid, int(self.engine.step)]]}
+        timings = {"reconfigure": t_reconf + t_repl, "params": t_params, "optimizer": t_opt + t_rollback}
+        self.trigger.check(R + 1, "recovery")
+        e.client.report_recovered(g, report, timings)
+        self._wait_for(("resume",), "resume")
+        e.progress.set(step=int(self.engine.step))
+        rec = RecoveryRecord(g, R, live, dirty, rolled, {k: round(v, 4) for k, v in timings.items()})
+        self.recoveries.append(rec)
+        e.log(f"[phoenix] rank {self.logical} (world {e.world_rank}): generation {g} resumed at step {R} "
+              f"({'rolled back from ' + str(live) if rolled else 'no rollback'}), timings {rec.timings}")
+        return rec
+
+    def _rollback(self, step: int) -> None:
+        """Load S(step) from the committed local snapshot (verified) into the engine (I4)."""
+        prot = self.old_protector
+        if prot is None:
+            raise RecoveryError(f"rank {self.logical} must roll back to step {step} but has no local snapshot")
+        u = prot.local_snapshot(step=step)
+        opt = {n: t for n, t in u.tensors.items() if n.startswith("opt/")}
+        par = {n: t for n, t in u.tensors.items() if not n.startswith("opt/")}
+        self.engine.load_optimizer_shard(opt)
+        self.engine.load_param_shard(par)
+        self.engine.load_envelope(u.envelope)
+
+    def _transfers(self, transfers: list[dict[str, Any]], step: int) -> tuple[float, float]:
+        """Run this rank's part of the plan's transfers, in plan order. Returns (params_s, optimizer_s)."""
+        me = self.env.world_rank
+        w2l = {w: r for r, w in self.rank_map.items()}
+        t_params = t_opt = 0.0
+        for t in transfers:
+            if me not in (t["sender"], t["receiver"]):
+                continue
+            t0 = time.perf_counter()
+            peer = w2l[t["receiver"] if t["sender"] == me else t["sender"]]
+            sending = t["sender"] == me
+            if int(t["step"]) != step:
+                raise RecoveryError(f"transfer {t} is for step {t['step']}, the recoverable step is {step}")
+            if t["kind"] == "params":
+                self._params(peer, sending)
+                t_params += time.perf_counter() - t0
+            elif t["kind"] == "optimizer":
+                self._optimizer(str(t["shard_id"]), peer, sending, step)
+                t_opt += time.perf_counter() - t0
+            else:
+                raise RecoveryError(f"unknown transfer kind {t['kind']!r}")
+        return t_params, t_opt
+
+    def _params(self, peer: int, sending: bool) -> None:
+        """Parameters (model dtype, own shapes) over the new world group: torch send/recv, name order."""
+        import torch
+        import torch.distributed as dist
+
+        pairs = sorted(self.engine.param_shard(), key=lambda x: x[0])
+        if sending:
+            for _, t in pairs:
+                dist.send(t.detach().contiguous(), dst=peer, group=self.groups.world)
+            return
+        got = {}
+        for name, t in pairs:
+            buf = torch.empty_like(t)
+            dist.recv(buf, src=peer, group=self.groups.world)
+            got[name] = buf
+        self.engine.load_param_shard(got)
+
+    def _optimizer(self, shard_id: str, peer: int, sending: bool, step: int) -> None:
+        """The optimizer shard + envelope as the holder's replica buffer of ``step`` over MPI, verified on
+        both sides (CRC-32 per tensor, :func:`phoenix_hpc.runtime.snapshot.verify`)."""
+        import torch
+
+        from phoenix_hpc.runtime.h2h import chunk_ranges
+        from phoenix_hpc.runtime.snapshot import OPT, unpack, verify
+
+        chunk = self.env.cfg.resilience.chunk_bytes
+        timeout = self.env.cfg.resilience.collective_timeout_s
+        if sending:
+            prot = self.old_protector
+            pp = prot.buffers.held.get(shard_id) if prot is not None else None
+            buf = pp.find(step) if pp is not None else None
+            if buf is None:
+                raise RecoveryError(f"rank {self.logical} holds no replica of {shard_id} at step {step}")
+            h, _ = verify(buf, (OPT,))
+            n = int(h.opt_end)
+            arr = buf.numpy()
+            reqs = [self.comm.Isend(np.array([n, step], dtype=np.int64), dest=peer, tag=_TAG_OPT_HEADER)]
+            for i, (a, b) in enumerate(chunk_ranges(n, chunk)):
+                reqs.append(self.comm.Isend(arr[a:b], dest=peer, tag=_TAG_OPT_DATA + 16 * i))
+            _wait_mpi(reqs, timeout, f"sending the replica of {shard_id} to rank {peer}")
+            return
+        hdr = np.zeros(2, dtype=np.int64)
+        _wait_mpi([self.comm.Irecv(hdr, source=peer, tag=_TAG_OPT_HEADER)], timeout,
+                  f"receiving the replica of {shard_id} from rank {peer}")
+        n, got_step = int(hdr[0]), int(hdr[1])
+        if got_step != step:
+            raise RecoveryError(f"holder rank {peer} sent {shard_id} of step {got_step}, expected {step}")
+        buf = torch.empty(n, dtype=torch.uint8)
+        arr = buf.numpy()
+        reqs = [self.comm.Irecv(arr[a:b], source=peer, tag=_TAG_OPT_DATA + 16 * i)
+                for i, (a, b) in enumerate(chunk_ranges(n, chunk))]
+        _wait_mpi(reqs, timeout, f"receiving the replica of {shard_id} from rank {peer}")
+        u = unpack(buf, (OPT,))  # raises ReplicationError when a checksum fails
+        if u.shard_id != shard_id or u.step != step:
+            raise RecoveryError(f"received replica is {u.shard_id} step {u.step}, expected {shard_id} step {step}")
+        self.engine.load_optimizer_shard(u.tensors)
+        self.engine.load_envelope(u.envelope)
+
+
+def wait_for_join(client, wait_s: float | None = None, poll_s: float = 0.1) -> dict[str, Any] | None:
+    """Standby: wait for a ``recover`` instruction naming this slot in its joins. Returns the plan, or None
+    when the coordinator says ``stop`` (or, with ``wait_s``, nothing came in time)."""
+    deadline = None if wait_s is None else time.monotonic() + wait_s
+    while True:
+        msg = client.wait_instruction(("recover",), 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic())))
+        if msg is not None:
+            if msg["type"] == "stop":
+                return None
+            plan = msg.get("plan") or {}
+            if any(int(j["world_rank"]) == client.world_rank for j in plan.get("joins", [])):
+                return plan
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_s)
+
+

@@ -1,0 +1,184 @@
+"""Hot swap end to end on the real local Slurm cluster: the correctness oracle of DESIGN.md section 10.
+
+Every job here is submitted with ``phoenix submit --site local`` (the real batch script: coordinator first,
+then one srun step over 2 active nodes + 1 spare node), trains a tiny GPT with the torch engine on gloo
+(dp=2, one slot per node), protected by the runtime (D2H + H2H over MPI, k=1). A fault-free run gives the
+reference final hash (the coordinator's ``job_done.final_hash``: SHA-256 over the ranks' state hashes of
+parameters + optimizer shards, in logical-rank order). Each fault test runs the same job, makes a real fault
+happen mid-run, and requires:
+
+- the job finishes (``job_done``) with a final hash *identical* to the fault-free one;
+- the journal has ``recovery_done`` with ``steps_replayed <= 1`` and the phase timings
+  (detect, reconfigure, params, optimizer, replay).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from phoenix_hpc.control.journal import read_journal
+from phoenix_hpc.slurm import cluster as lc
+from phoenix_hpc.slurm import procs
+from phoenix_hpc.slurm.client import SlurmClient
+
+ROOT = Path(__file__).resolve().parents[2]
+PHOENIX = str(ROOT / ".venv" / "bin" / "phoenix")
+
+pytestmark = pytest.mark.cluster
+
+STEPS = 40
+CONFIG = {
+    "name": "hotswap",
+    "engine": "torch",
+    "model": {"layers": 2, "hidden_size": 32, "heads": 2, "vocab_size": 256, "seq_length": 32},
+    "parallelism": {"tp": 1, "pp": 1, "dp": 2},
+    "training": {"steps": STEPS, "micro_batch_size": 2, "global_batch_size": 8, "seed": 7, "lr": 0.001,
+                 "warmup_steps": 2, "log_interval": 10},
+    "resilience": {"k": 1, "placement_levels": ["node", "switch"], "heartbeat_interval_s": 0.5,
+                   "heartbeat_timeout_s": 4.0, "collective_timeout_s": 8.0, "chunk_bytes": 65536},
+    "resources": {"nodes": 2, "spares": 1, "time_limit": "00:04:00"},
+}
+PHASES = {"detect", "reconfigure", "params", "optimizer", "replay"}
+
+
+def _wait(pred, timeout_s: float, what: str, poll_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+class Job:
+    """One submitted job: its run dir, Slurm id and journal."""
+
+    def __init__(self, env: dict[str, str], tmp: Path, data: Path, name: str):
+        self.env = env
+        self.run_dir = tmp / name
+        cfg = dict(CONFIG, data={"path": str(data)})
+        path = tmp / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        out = subprocess.run([PHOENIX, "submit", "--site", "local", str(path), "--run-dir", str(self.run_dir), "--json"],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        self.job_id = json.loads(out.stdout)["job_id"]
+        self.client = SlurmClient(env=env)
+        self.t0 = time.monotonic()
+
+    def events(self, name: str | None = None) -> list[dict]:
+        if not (self.run_dir / "journal.jsonl").exists():
+            return []
+        return read_journal(self.run_dir, name)
+
+    def step(self, logical: int) -> int:
+        p = self.run_dir / "ranks" / f"rank{logical}.steps.jsonl"
+        try:
+            return max((json.loads(line)["step"] for line in p.read_text().splitlines() if line.strip()), default=0)
+        except (OSError, ValueError):
+            return 0
+
+    def node_of(self, world_rank: int) -> str:
+        reg = _wait(lambda: [e for e in self.events("registered") if e["world_rank"] == world_rank], 120,
+                    f"registration of world rank {world_rank}")
+        return reg[0]["node"]
+
+    def wait_end(self, timeout_s: float = 150.0) -> dict:
+        """Wait for the coordinator to exit and the Slurm job to end; return ``job_done``."""
+        _wait(lambda: self.events("coordinator_exit"), timeout_s, f"the end of job {self.job_id} "
+              f"(journal: {[e['event'] for e in self.events()][-6:]})", poll_s=0.3)
+        _wait(lambda: self.client.show_job(self.job_id).get("JobState") not in ("RUNNING", "COMPLETING", "PENDING"),
+              60, f"Slurm job {self.job_id} to leave RUNNING", poll_s=0.5)
+        self.elapsed_s = time.monotonic() - self.t0
+        done = self.events("job_done")
+        assert done, f"no job_done; journal tail: {self.events()[-8:]}; output: {self.output()[-3000:]}"
+        return done[0]
+
+    def output(self) -> str:
+        p = self.run_dir / f"slurm-{self.job_id}.out"
+        return p.read_text() if p.exists() else ""
+
+    def cancel(self) -> None:
+        self.client.cancel(self.job_id)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
+
+    d = tmp_path_factory.mktemp("hotswap-data") / "stdlib"
+    prepare_dataset(stdlib_dir(), d, max_bytes=300_000)
+    return d
+
+
+@pytest.fixture(scope="module")
+def env(slurm_env, tmp_path_factory):
+    e = dict(slurm_env)
+    e["PHOENIX_HOME"] = str(tmp_path_factory.mktemp("phoenix-home"))
+    return e
+
+
+@pytest.fixture(scope="module")
+def reference(env, data, tmp_path_factory):
+    """The fault-free run: its job_done."""
+    job = Job(env, tmp_path_factory.mktemp("ref"), data, "ref")
+    try:
+        done = job.wait_end()
+    finally:
+        job.cancel()
+    assert done["step"] == STEPS and done["steps_agree"]
+    assert not job.events("fault") and not job.events("recovery_start")
+    print(f"fault-free run: {job.elapsed_s:.1f} s, final hash {done['final_hash'][:16]}")
+    return done
+
+
+def _check_recovery(job: Job, done: dict, reference: dict, action: str = "hot_swap") -> dict:
+    assert done["final_hash"] == reference["final_hash"], (
+        f"final hash {done['final_hash'][:16]} != fault-free {reference['final_hash'][:16]}; "
+        f"rank hashes {done['rank_hashes']} vs {reference['rank_hashes']}")
+    assert done["step"] == STEPS and done["steps_agree"]
+    (rec,) = job.events("recovery_done")
+    assert rec["action"] == action and rec["steps_replayed"] <= 1
+    assert set(rec["phases"]) == PHASES and all(v >= 0 for v in rec["phases"].values())
+    assert not job.events("invariant_violation")
+    print(f"{action}: job {job.elapsed_s:.1f} s, recovery {rec['total_s']} s {rec['phases']}, "
+          f"R={rec['recoverable_step']}, replayed {rec['steps_replayed']}")
+    return rec
+
+
+def test_node_loss_is_hot_swapped_to_the_spare_with_identical_final_hash(env, data, reference, slurm_cluster,
+                                                                         tmp_path):
+    job = Job(env, tmp_path, data, "node-loss")
+    victim = None
+    try:
+        victim = job.node_of(1)
+        _wait(lambda: job.step(1) >= 10, 120, "step 10 on logical rank 1", poll_s=0.01)
+        killed_at = job.step(1)
+        lc.kill_node(slurm_cluster, victim, mark_down_reason="hot-swap test: node loss")
+        assert killed_at < STEPS
+        done = job.wait_end()
+    finally:
+        job.cancel()
+        if victim and not procs.is_alive(slurm_cluster.daemons[f"slurmd:{victim}"]):
+            lc.revive_node(slurm_cluster, victim)
+    rec = _check_recovery(job, done, reference)
+    dead = job.events("slots_dead")
+    assert dead and dead[0]["slots"] == [1] and dead[0]["nodes"] == [victim]
+    (plan,) = job.events("recovery_plan")
+    (join,) = plan["joins"]
+    assert join["world_rank"] == 2 and join["logical_rank"] == 1 and join["node"] != victim
+    assert {t["kind"] for t in plan["transfers"]} == {"params", "optimizer"}
+    spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
+    assert spare["world_rank"] == 2 and spare["joined"] and spare["generation"] == 1
+    assert spare["state_hash"] == reference["rank_hashes"][1]
+    assert rec["recoverable_step"] <= killed_at + 3
