@@ -75,3 +75,12 @@ class StatusError(PhoenixError):
 
 class BenchError(PhoenixError):
     """A benchmark cannot run or be computed as asked (bad option, too few samples, a job that failed)."""
+
+
+class DemoError(PhoenixError):
+    """The demo cannot go on: bad option, a cluster or job that did not start or end in time. ``exit_code``
+    is 2 for bad input or environment, 1 when the demo ran and a check failed."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
