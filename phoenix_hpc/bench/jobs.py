@@ -26,6 +26,9 @@ from phoenix_hpc.errors import BenchError
 LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
                          "RESIZING", "SIGNALING", "STAGE_OUT"})
 
+#: The ``phoenix`` command run with this interpreter (the console script may not be on PATH).
+PHOENIX_CLI = (sys.executable, "-c", "import sys; from phoenix_hpc.cli.main import cli; sys.exit(cli())")
+
 #: Model sizes of the benchmarks (the CPU torch engine; byte-level vocabulary of ``phoenix data prepare``).
 MODEL_SIZES: dict[str, dict[str, int]] = {
     "S": {"layers": 4, "hidden_size": 128, "heads": 4, "seq_length": 64},
@@ -117,7 +120,7 @@ def phoenix_submit(config_path: Path, run_dir: Path, env: Mapping[str, str]) -> 
     """``phoenix submit --site local CONFIG --run-dir RUN_DIR --json`` (the CLI a user runs). Returns its
     JSON summary plus ``submitted_at`` (unix s, just before the command). Raises BenchError on failure."""
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "phoenix_hpc.cli.main", "submit", "--site", "local",
+    proc = subprocess.run([*PHOENIX_CLI, "submit", "--site", "local",
                            str(config_path), "--run-dir", str(run_dir), "--json"],
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:

@@ -46,12 +46,13 @@ class Case:
 
 def plan_cases(quick: bool) -> list[Case]:
     """Cases of sections 1 and 4. Full: sizes S and M x grids dp=4 and pp=2 x dp=2 (k=1), 4 ABBA rounds
-    of 10-step blocks; plus memory cases M, dp=4, k=1 and k=2. Quick: the same grid and sizes with 2
-    rounds of 6-step blocks and the memory cases on size S."""
+    of 10-step blocks; plus memory cases M, dp=4, k=1 and k=2 (run first). Quick: size S only, 2 rounds
+    of 6-step blocks, memory cases on size S."""
     rounds, block = (2, 6) if quick else (4, 10)
     msize = "S" if quick else "M"
+    sizes = ("S",) if quick else ("S", "M")
     cases = [Case(f"mem-{msize}-k{k}", msize, 1, k, 2, 4, 1, memory=True) for k in (1, 2)]
-    cases += [Case(f"{size}-pp{pp}", size, pp, 1, 10, block, rounds) for size in ("S", "M") for pp in (1, 2)]
+    cases += [Case(f"{size}-pp{pp}", size, pp, 1, 10, block, rounds) for size in sizes for pp in (1, 2)]
     return cases
 
 

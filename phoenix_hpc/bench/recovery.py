@@ -1,0 +1,211 @@
+"""Sections 2 (hot swap against checkpoint-restart) and 3 (hot-swap scaling) of the benchmarks.
+
+Every trial is a real ``phoenix submit`` job on the local cluster, and the fault is the same in every
+trial: once the job's logical rank 0 has finished step ``fault_step``, the node of the job's last active
+slot is killed with :func:`phoenix_hpc.slurm.cluster.kill_node` (its slurmd, step daemons and tasks get
+SIGKILL) and revived after the trial.
+
+PHOENIX (``mode: phoenix``, one spare node): the phases come from the coordinator's journal,
+``recovery_done {total_s, phases{detect, reconfigure, params, optimizer, replay}, steps_replayed}``
+(total: fault -> the members are past the replayed steps).
+
+Checkpoint-restart (``mode: checkpoint-restart``, a DCP checkpoint every K steps, no spare), phases in
+wall-clock seconds:
+
+* ``detect``: fault -> the first journal record of it (``slots_dead``/``fault``/``decision``), the same
+  heartbeat detection PHOENIX uses;
+* ``teardown``: ``scancel`` of the job -> Slurm shows it ended;
+* ``relaunch``: ``phoenix submit`` of the same config -> every active rank of the new job registered with
+  its coordinator (queueing, batch script, coordinator, srun, Python and MPI start);
+* ``init``: -> every rank starts loading (process groups, engine);
+* ``load``: the DCP load of the newest checkpoint (slowest rank);
+* ``replay``: the steps from the checkpoint to the fault step, *really replayed* by the new job: the sum
+  of its measured step times (slowest rank per step).
+
+The fault step is drawn at random (seeded) in ``[K, 2K)``, so the steps lost are uniform on ``0..K-1``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phoenix_hpc.bench import jobs
+from phoenix_hpc.bench import stats as S
+from phoenix_hpc.errors import BenchError
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One fault trial: ``mode`` phoenix or checkpoint-restart, ``nodes`` active nodes (one slot each),
+    model ``size``, pipeline depth ``pp``, checkpoint interval ``K`` (checkpoint-restart only)."""
+
+    name: str
+    mode: str
+    nodes: int
+    size: str
+    pp: int
+    fault_step: int
+    interval_steps: int | None = None
+
+
+def draw_fault_step(rng: random.Random, interval_steps: int) -> int:
+    """A fault step uniform in ``[K, 2K)``: at least one checkpoint exists and ``fault_step mod K`` is
+    uniform on ``0..K-1``."""
+    return interval_steps + rng.randrange(interval_steps)
+
+
+def _read_steps(run_dir: Path, rank: int) -> list[dict]:
+    f = run_dir / "ranks" / f"rank{rank}.steps.jsonl"
+    if not f.exists():
+        return []
+    out = []
+    for line in f.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # a line being written
+    return out
+
+
+def _journal(run_dir: Path) -> list[dict]:
+    from phoenix_hpc.control.journal import read_journal
+
+    p = run_dir / "journal.jsonl"
+    return read_journal(p) if p.exists() else []
+
+
+def _wait(what: str, cond, timeout_s: float, poll_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def _active_nodes(run_dir: Path) -> dict[int, str]:
+    return {r["logical_rank"]: r["node"] for r in _journal(run_dir)
+            if r["event"] == "registered" and r.get("role") == "active" and r.get("logical_rank") is not None}
+
+
+def _config(t: Trial, work: Path, data_path: str, steps: int, spares: int) -> dict:
+    res: dict[str, Any] = {"mode": t.mode}
+    if t.mode == "checkpoint-restart":
+        res["checkpoint"] = {"interval_steps": t.interval_steps, "path": str(work / t.name / "checkpoints")}
+    dp = t.nodes // t.pp
+    return jobs.job_config(name=f"bench-{t.name}", size=t.size, pp=t.pp, nodes=t.nodes, spares=spares,
+                           steps=steps, data_path=data_path, global_batch=2 * dp, micro_batch=2, resilience=res)
+
+
+def _start_and_kill(t: Trial, cfg: dict, run_dir: Path, ctx) -> dict:
+    """Submit, wait until rank 0 finished ``t.fault_step``, kill the last active node. Returns times."""
+    from phoenix_hpc.slurm.cluster import kill_node
+
+    cfg_path = jobs.write_yaml(run_dir.parent / f"{run_dir.name}.yaml", cfg)
+    sub = jobs.phoenix_submit(cfg_path, run_dir, ctx.env)
+    _wait(f"{t.name}: step {t.fault_step}",
+          lambda: any(s["step"] >= t.fault_step for s in _read_steps(run_dir, 0)), timeout_s=240)
+    nodes = _active_nodes(run_dir)
+    victim = nodes[max(nodes)]
+    t_fault = time.time()
+    kill_node(ctx.cluster, victim)
+    ctx.killed.append(victim)
+    return {"job_id": sub["job_id"], "submitted_at": sub["submitted_at"], "t_fault": t_fault, "node": victim,
+            "step_at_kill": max(s["step"] for s in _read_steps(run_dir, 0))}
+
+
+def run_hotswap(t: Trial, ctx) -> dict:
+    """One PHOENIX hot-swap trial; returns the journal's ``recovery_done`` fields plus trial facts.
+    Raises BenchError when no recovery completes within the timeout (the job is cancelled)."""
+    run_dir = ctx.work / "recovery" / t.name
+    cfg = _config(t, ctx.work, ctx.data_path, steps=t.fault_step + 25, spares=1)
+    info = _start_and_kill(t, cfg, run_dir, ctx)
+    try:
+        done = _wait(f"{t.name}: recovery_done in the journal",
+                     lambda: [r for r in _journal(run_dir) if r["event"] in ("recovery_done", "job_failed")
+                              or (r["event"] == "decision" and r.get("action") in ("fallback", "clean_stop"))],
+                     timeout_s=150)
+    finally:
+        try:
+            ctx.client.cancel(info["job_id"])
+            jobs.wait_job_end(ctx.client, info["job_id"], timeout_s=60)
+        except Exception:  # noqa: BLE001 - the trial's result matters more than a late cancel
+            pass
+        ctx.revive()
+    rec = done[0]
+    if rec["event"] != "recovery_done":
+        raise BenchError(f"{t.name}: no hot swap, the journal says {json.dumps(rec)[:300]}")
+    steps = [s["step_time_ms"] for s in _read_steps(run_dir, 0)]
+    return {"name": t.name, "nodes": t.nodes, "spares": 1, "size": t.size, "params": jobs.model_params(t.size),
+            "pp": t.pp, "fault_step": t.fault_step, **info, "total_s": rec["total_s"], "phases": rec["phases"],
+            "steps_replayed": rec.get("steps_replayed"), "recoverable_step": rec.get("recoverable_step"),
+            "step_ms_median": statistics.median(steps) if steps else None}
+
+
+def run_baseline(t: Trial, ctx) -> dict:
+    """One checkpoint-restart trial: fault, scancel, relaunch from the newest checkpoint, replay to the
+    fault step. Returns each phase in seconds. Raises BenchError when the relaunched job does not restore
+    (e.g. this build does not write checkpoints) or fails."""
+    run1 = ctx.work / "recovery" / f"{t.name}-a"
+    run2 = ctx.work / "recovery" / f"{t.name}-b"
+    cfg = _config(t, ctx.work, ctx.data_path, steps=t.fault_step + 25, spares=0)
+    info = _start_and_kill(t, cfg, run1, ctx)
+    try:
+        seen = _wait(f"{t.name}: detection in the journal",
+                     lambda: [r for r in _journal(run1) if r["ts"] >= info["t_fault"]
+                              and r["event"] in ("slots_dead", "fault", "decision")], timeout_s=60)
+        t_detect = min(r["ts"] for r in seen)
+        t_cancel = time.time()
+        ctx.client.cancel(info["job_id"])
+        _, t_ended = jobs.wait_job_end(ctx.client, info["job_id"], timeout_s=60, poll_s=0.05)
+    finally:
+        ctx.revive()
+    fault_step = info["step_at_kill"]
+    ck_root = Path(cfg["resilience"]["checkpoint"]["path"])
+    from phoenix_hpc.recovery.checkpoint import latest_step
+
+    ck_step = latest_step(ck_root)
+    if ck_step is None:
+        raise BenchError(f"{t.name}: the first job wrote no checkpoint under {ck_root} "
+                         "(is launch/persist wired into the rank loop?)")
+    cfg2 = dict(cfg)
+    cfg2["training"] = {**cfg["training"], "steps": fault_step}
+    cfg2_path = jobs.write_yaml(run2.parent / f"{run2.name}.yaml", cfg2)
+    sub = jobs.phoenix_submit(cfg2_path, run2, ctx.env)
+    state, t_end2 = jobs.wait_job_end(ctx.client, sub["job_id"], timeout_s=300)
+    n = t.nodes
+    reg = [r["ts"] for r in _journal(run2) if r["event"] == "registered" and r.get("role") == "active"]
+    restores = []
+    for r in range(n):
+        f = run2 / "ranks" / f"rank{r}.persist.jsonl"
+        recs = [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+        restores += [x for x in recs if x["event"] == "restore"]
+    if len(reg) < n or len(restores) < n or any(x["step"] != ck_step for x in restores):
+        raise BenchError(f"{t.name}: the relaunched job (state {state}) did not restore step {ck_step} on all "
+                         f"{n} ranks (registered {len(reg)}, restores {[x['step'] for x in restores]}); see {run2}")
+    per_rank = [[s["step_time_ms"] for s in _read_steps(run2, r)] for r in range(n)]
+    replay_ms = S.job_step_times(per_rank)
+    phases = {
+        "detect": t_detect - info["t_fault"],
+        "teardown": t_ended - t_cancel,
+        "relaunch": max(reg) - sub["submitted_at"],
+        "init": max(x["t_start"] for x in restores) - max(reg),
+        "load": max(x["t_end"] - x["t_start"] for x in restores),
+        "replay": sum(replay_ms) / 1e3,
+    }
+    phases = {k: round(v, 3) for k, v in phases.items()}
+    return {"name": t.name, "K": t.interval_steps, "nodes": n, "size": t.size, "pp": t.pp,
+            "fault_step": fault_step, "checkpoint_step": ck_step, "steps_replayed": len(replay_ms),
+            "replay_step_ms_median": statistics.median(replay_ms) if replay_ms else None,
+            "expected_replay_steps": S.expected_replay_steps(t.interval_steps),
+            "phases": phases, "total_s": round(sum(phases.values()), 3),
+            "jobs": [info["job_id"], sub["job_id"]], "second_job_state": state,
+            "replay_measured": "real: the relaunched job replayed these steps; time = sum of its step times"}

@@ -1,0 +1,371 @@
+"""Report writers of the benchmarks: ``BENCHMARKS.json`` (every raw number), ``BENCHMARKS.md`` (tables)
+and one PNG per section under ``benchmarks/`` (matplotlib, Agg backend, written atomically).
+
+:func:`render_markdown` is pure (results dict -> text); :func:`write_all` writes the files, each to a
+temporary name first and renamed, so a crash never leaves a half-written report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+
+PLOT_DIR = "benchmarks"
+PHOENIX_PHASES = ("detect", "reconfigure", "params", "optimizer", "replay")
+BASELINE_PHASES = ("detect", "teardown", "relaunch", "init", "load", "replay")
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _f(x, nd: int = 2, unit: str = "") -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, (int, float)):
+        return f"{x:.{nd}f}{unit}"
+    return str(x)
+
+
+def _mib(b) -> str:
+    return "n/a" if b is None else f"{b / 2**20:.2f}"
+
+
+def _errors(items) -> list[str]:
+    return [f"`{i.get('name', '?')}`: {i['error']}" for i in items if isinstance(i, dict) and "error" in i]
+
+
+def unattributed(h: dict) -> float:
+    """Seconds of a hot swap's journal total not covered by its five phases (pure)."""
+    return h["total_s"] - sum(h["phases"].get(p, 0.0) for p in PHOENIX_PHASES)
+
+
+def dominant_cost(case: dict) -> str:
+    """One sentence on what makes protection cost time in a case (pure): the exposed wait (copies not
+    hidden by compute) or the background copy threads slowing compute (CPU contention)."""
+    on, off = case["step_ms_on"]["median"], case["step_ms_off"]["median"]
+    extra = on - off
+    wait = case["exposed_wait_ms"]["median"]
+    if extra <= 0:
+        return "no measurable cost"
+    share = wait / extra if extra > 0 else 0.0
+    if share >= 0.5:
+        return (f"the exposed wait ({wait:.1f} ms of {extra:.1f} ms extra per step): the copies do not fit in "
+                "the compute window")
+    return (f"compute slowed by the background copies, not waiting (exposed wait {wait:.2f} ms of {extra:.1f} ms "
+            f"extra per step; D2H+CRC {case['d2h_ms_mean']:.0f} ms and H2H {case['h2h_ms_mean']:.0f} ms of "
+            "background work per step share the CPU cores with the ranks' compute)")
+
+
+def render_markdown(r: dict) -> str:
+    m = r.get("machine", {})
+    L: list[str] = []
+    a = L.append
+    a("# Benchmarks")
+    a("")
+    a(f"Run: **{r.get('mode')}** mode (`scripts/bench.sh{' --quick' if r.get('mode') == 'quick' else ''}`), "
+      f"{r.get('date')}, commit `{r.get('commit')}`, {r.get('wall_s', 0):.0f} s wall.  ")
+    a(f"Machine: {m.get('cpu')}, {m.get('logical_cpus')} logical CPUs, {m.get('mem_gib')} GiB, {m.get('gpu')}; "
+      f"{m.get('slurm')}; {m.get('mpi')}; Python {m.get('python')}, torch {m.get('torch')}; local Slurm cluster "
+      f"of {m.get('cluster_nodes')} nodes on this one host (one slot per node).  ")
+    a("Every number below was measured in this run on the local cluster with real Slurm jobs, srun, Open MPI "
+      "and gloo; raw values are in `BENCHMARKS.json`. All ranks share the machine's cores, so absolute times "
+      "are those of an oversubscribed CPU host: compare the ratios, which are taken inside one run.")
+    a("")
+    a("| key | value |")
+    a("| --- | --- |")
+    a(f"| overhead_ratio (median over cases of median step time on / off) | {_f(r.get('overhead_ratio'), 3)} |")
+    a(f"| exposed_wait_ms (median) | {_f(r.get('exposed_wait_ms'), 3)} |")
+    a(f"| hotswap_s (median total, fault -> past the replayed steps) | {_f(r.get('hotswap_s'))} |")
+    a(f"| detect_s | {_f(r.get('detect_s'))} |")
+    ck = r.get("ckpt_restart_s") or {}
+    a(f"| ckpt_restart_s | {', '.join(f'K={k}: {v:.2f}' for k, v in ck.items()) or 'n/a'} |")
+    a(f"| disruption_ratio (checkpoint-restart K=100 / hot swap) | {_f(r.get('disruption_ratio'))} |")
+    a(f"| host_mem_ratio (measured / expected, k=1) | {_f(r.get('host_mem_ratio'), 3)} |")
+    a("")
+
+    # 1. overhead
+    a("## 1. Per-step overhead of protection")
+    a("")
+    ov = r.get("overhead") or {}
+    if "error" in ov or not ov.get("cases"):
+        a(f"Not measured: {ov.get('error', 'section not run')}")
+    else:
+        c0 = ov["cases"][0]
+        a(f"One batch job, 4 nodes x 1 rank, one srun step; per case protection on and off alternate in ABBA "
+          f"blocks inside the same processes (k=1). Cleaning: {c0['warmup']} unprotected warm-up steps dropped, "
+          f"the first step of every block dropped, slowest {c0['trim']:.0%} of each mode trimmed; the job's step "
+          "time is the slowest rank's; ratio of medians with a 95 % bootstrap CI (2000 resamples).")
+        a("")
+        a("| case | params | grid | steps on/off | off ms (median, IQR) | on ms (median, IQR) | ratio [95 % CI] | "
+          "exposed wait ms (median, p75) | D2H+CRC ms/step | H2H ms/step |")
+        a("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for c in ov["cases"]:
+            q = c["ratio"]
+            a(f"| {c['name']} | {c['params'] / 1e6:.2f} M | {c['grid']} | {c['steps_on']}/{c['steps_off']} | "
+              f"{c['step_ms_off']['median']:.1f} ({c['step_ms_off']['iqr']:.1f}) | "
+              f"{c['step_ms_on']['median']:.1f} ({c['step_ms_on']['iqr']:.1f}) | "
+              f"{q['value']:.3f} [{q['lo']:.3f}, {q['hi']:.3f}] | {c['exposed_wait_ms']['median']:.2f} "
+              f"({c['exposed_wait_ms']['q75']:.2f}) | {c['d2h_ms_mean']:.1f} | {c['h2h_ms_mean']:.1f} |")
+        a("")
+        for c in ov["cases"]:
+            v = c["ratio"]["value"]
+            verdict = "meets" if v <= 1.05 else "misses"
+            a(f"- {c['name']}: ratio {v:.3f} {verdict} the 1.05 target" +
+              ("" if v <= 1.05 else f"; what dominates: {dominant_cost(c)}."))
+        a("")
+        a(f"![overhead]({PLOT_DIR}/overhead.png)")
+    a("")
+
+    # 2. recovery
+    a("## 2. Hot swap against checkpoint-restart")
+    a("")
+    rec = r.get("recovery") or {}
+    if not rec:
+        a("Not measured: section not run.")
+    else:
+        a("The same job (model S, pp=2 x dp=2, 4 active nodes) and the same fault: the node of the last active "
+          "rank is killed (slurmd, step daemons and tasks SIGKILLed) after rank 0 finished the fault step. "
+          "PHOENIX has one spare node in the job; checkpoint-restart writes a DCP checkpoint every K steps, the "
+          "job is cancelled on detection and submitted again, restores the newest checkpoint and **really "
+          "replays** the lost steps (replay time = the sum of the relaunched job's measured step times). "
+          "The fault step is random (seeded) in [K, 2K), so the lost steps are uniform on 0..K-1.")
+        a("")
+        hs = [h for h in rec.get("hotswap", []) if "total_s" in h]
+        if rec.get("hotswap_unavailable"):
+            a(f"PHOENIX hot swap: **not measured (hot swap unavailable: {rec['hotswap_unavailable']})**.")
+        if rec.get("baseline_unavailable"):
+            a(f"Checkpoint-restart: **not measured ({rec['baseline_unavailable']})**.")
+        a("")
+        if hs:
+            a("PHOENIX hot swap (phases from the coordinator's journal, seconds):")
+            a("")
+            a("| trial | fault step | steps replayed | " + " | ".join(PHOENIX_PHASES) + " | total - sum of phases | total |")
+            a("| --- | --- | --- | " + " | ".join("---" for _ in PHOENIX_PHASES) + " | --- | --- |")
+            for h in hs:
+                a(f"| {h['name']} | {h['fault_step']} | {h.get('steps_replayed')} | "
+                  + " | ".join(f"{h['phases'][p]:.2f}" for p in PHOENIX_PHASES)
+                  + f" | {unattributed(h):.2f} | **{h['total_s']:.2f}** |")
+            a("")
+            a("*total - sum of phases*: the journal's total (fault -> members past the replayed steps) minus its five "
+              "phases; positive where time falls between phases (quiesce round, messages), negative where phases "
+              "overlap (members restore parameters and optimizer shards concurrently).")
+            a("")
+        base = {k: b for k, b in (rec.get("baseline") or {}).items() if "total_s" in b}
+        if base:
+            a("Checkpoint-restart (seconds):")
+            a("")
+            a("| K | fault step | checkpoint step | steps replayed | " + " | ".join(BASELINE_PHASES) + " | total |")
+            a("| --- | --- | --- | --- | " + " | ".join("---" for _ in BASELINE_PHASES) + " | --- |")
+            for k, b in base.items():
+                a(f"| {k} | {b['fault_step']} | {b['checkpoint_step']} | {b['steps_replayed']} | "
+                  + " | ".join(f"{b['phases'][p]:.2f}" for p in BASELINE_PHASES) + f" | **{b['total_s']:.2f}** |")
+        a("")
+        errs = _errors(rec.get("hotswap", [])) + [f"K={k}: {v['error']}" for k, v in (rec.get("baseline") or {}).items()
+                                                   if "error" in v]
+        for e in errs:
+            a(f"- failed trial: {e}")
+        hs_med = statistics.median(h["total_s"] for h in hs) if hs else None
+        for k, b in (rec.get("baseline") or {}).items():
+            if "total_s" in b:
+                steps = b.get("replay_step_ms_median")
+                exp = b["expected_replay_steps"]
+                line = (f"- K={k}: disruption {b['total_s']:.1f} s with {b['steps_replayed']} steps replayed "
+                        f"(expected on average {(exp):.1f} steps"
+                        + (f" = {exp * steps / 1e3:.1f} s at the measured {steps:.0f} ms/step" if steps else "") + ")")
+                if hs_med:
+                    line += f"; ratio to the hot swap's {hs_med:.1f} s: **{b['total_s'] / hs_med:.1f}x**"
+                a(line)
+        a("")
+        a(f"![recovery]({PLOT_DIR}/recovery.png)")
+    a("")
+
+    # 3. scaling
+    a("## 3. Hot-swap scaling")
+    a("")
+    sc = r.get("scaling") or {}
+    if not sc:
+        a("Not measured: section not run.")
+    elif sc.get("unavailable"):
+        a(f"**Not measured ({sc['unavailable']})**.")
+    else:
+        a("The same fault as in section 2 (last active node killed), pp=1, dp = number of active slots, one spare "
+          "node; hot-swap phases from the journal.")
+        a("")
+        for title, key in (("by number of active slots (model S)", "by_slots"), ("by model size (4 active slots)", "by_size")):
+            a(f"{title}:")
+            a("")
+            a("| run | slots | params | " + " | ".join(PHOENIX_PHASES) + " | total - sum of phases | total s |")
+            a("| --- | --- | --- | " + " | ".join("---" for _ in PHOENIX_PHASES) + " | --- | --- |")
+            for h in sc.get(key, []):
+                if "total_s" not in h:
+                    a(f"| {h.get('name', '?')} | failed: {h.get('error', '?')[:120]} | | | | | | | | |")
+                    continue
+                a(f"| {h['name']} | {h['nodes']} | {h['params'] / 1e6:.2f} M | "
+                  + " | ".join(f"{h['phases'][p]:.2f}" for p in PHOENIX_PHASES) + f" | {unattributed(h):.2f} | {h['total_s']:.2f} |")
+            a("")
+        fit = sc.get("fit") or {}
+        if "result" in fit:
+            fr = fit["result"]
+            best = next((x for x in fr.get("laws", []) if x.get("law") == fr.get("best")), {})
+            a(f"`phoenix model fit --csv {fit['csv']}` (gpus = active slots, seconds = hot-swap total): best law "
+              f"**{fr.get('best')}** ({best.get('formula')}, params {json.dumps(best.get('params'))}, "
+              f"R^2 {_f(best.get('r2'), 3)}); extrapolated: "
+              + ", ".join(f"{p['gpus']} GPUs -> {p['seconds']:.0f} s [{p['low']:.0f}, {p['high']:.0f}]"
+                          for p in best.get("predictions", [])) + ". Four points on one host are a weak basis "
+              "for extrapolation; the numbers show the method, not a prediction for a real machine.")
+        elif fit:
+            a(f"Fit: {fit.get('error') or fit.get('text')}")
+        a("")
+        a(f"![scaling]({PLOT_DIR}/scaling.png)")
+    a("")
+
+    # 4. memory
+    a("## 4. Host memory per rank")
+    a("")
+    mem = ov.get("memory") if isinstance(ov, dict) else None
+    if not mem:
+        a("Not measured: " + (ov.get("error", "section not run") if isinstance(ov, dict) else "section not run"))
+    else:
+        a("Cases of the overhead job (dp=4, one rank per node), k=1 and k=2. Expected = 2 x snapshot + 2k x "
+          "optimizer shard (DESIGN.md section 4). Measured = the RSS given back when the runtime is freed "
+          "(RSS at the end of a protected block minus RSS after close + malloc_trim; glibc mmap threshold fixed "
+          "at 64 KiB so the buffers get their own pages). Also shown: the resident bytes of the runtime's "
+          "buffers (mincore), the runtime's own plan, and the RSS growth over a protected block and over an "
+          "unprotected one (training alone). Medians over the 4 ranks, MiB.")
+        a("")
+        a("| k | snapshot | optimizer shard | expected | planned by runtime | buffers resident | measured (RSS freed) | "
+          "RSS growth on / off block | measured / expected |")
+        a("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for key, mk in sorted(mem.items()):
+            rk = mk["ranks"]
+            med = lambda f: statistics.median(x[f] for x in rk if x.get(f) is not None)  # noqa: E731
+            a(f"| {mk['k']} | {_mib(med('snapshot_bytes'))} | {_mib(med('optimizer_shard_bytes'))} | "
+              f"{_mib(med('expected_bytes'))} | {_mib(med('planned_bytes'))} | {_mib(med('buffers_resident_bytes'))} | "
+              f"{_mib(med('measured_bytes'))} | {_mib(med('rss_growth_on_block_bytes'))} / "
+              f"{_mib(med('rss_growth_off_block_bytes'))} | {mk['ratio_median']:.3f} |")
+        a("")
+        a("The runtime plans slightly more than the formula: every replica carries a 64-byte header and a "
+          "per-tensor index with CRC-32s besides the optimizer shard.")
+        a("")
+        a(f"![memory]({PLOT_DIR}/memory.png)")
+    a("")
+    a("## Reproduce")
+    a("")
+    a("```\nscripts/bench.sh            # full run (about 15-20 min on 2 cores)\nscripts/bench.sh --quick    "
+      "# under 3 min: fewer steps, K=10 only, fewer scaling points\n```")
+    a("")
+    return "\n".join(L)
+
+
+def _plots(r: dict, folder: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def save(fig, name):
+        tmp = folder / f".{name}.tmp{os.getpid()}.png"
+        fig.tight_layout()
+        fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        os.replace(tmp, folder / name)
+        written.append(name)
+
+    ov = r.get("overhead") or {}
+    cases = ov.get("cases") or []
+    if cases:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+        names = [c["name"] for c in cases]
+        vals = [c["ratio"]["value"] for c in cases]
+        err = [[v - c["ratio"]["lo"] for v, c in zip(vals, cases)], [c["ratio"]["hi"] - v for v, c in zip(vals, cases)]]
+        ax1.bar(names, vals, yerr=err, capsize=4, color="#4c72b0")
+        ax1.axhline(1.0, color="k", lw=0.8)
+        ax1.axhline(1.05, color="r", ls="--", lw=0.8, label="target 1.05")
+        ax1.set_ylabel("step time on / off (median, 95 % CI)")
+        ax1.legend()
+        ax1.set_title("1. per-step overhead")
+        data = [c["raw"]["off_ms"] for c in cases] + [c["raw"]["on_ms"] for c in cases]
+        pos = list(range(1, 2 * len(cases), 2)) + list(range(2, 2 * len(cases) + 1, 2))
+        ax2.boxplot(data, positions=pos, widths=0.7)
+        ax2.set_xticks([i + 0.5 for i in range(1, 2 * len(cases), 2)], names)
+        ax2.set_ylabel("step time, ms (off | on)")
+        ax2.set_title("step times (left off, right on)")
+        save(fig, "overhead.png")
+    mem = ov.get("memory") or {}
+    if mem:
+        fig, ax = plt.subplots(figsize=(6, 3.8))
+        keys = sorted(mem)
+        series = (("expected_bytes", "expected 2S+2kO"), ("planned_bytes", "runtime plan"),
+                  ("buffers_resident_bytes", "buffers resident"), ("measured_bytes", "measured (RSS freed)"))
+        w = 0.2
+        for i, (f, label) in enumerate(series):
+            ys = [statistics.median(x[f] for x in mem[k]["ranks"]) / 2**20 for k in keys]
+            ax.bar([j + i * w for j in range(len(keys))], ys, w, label=label)
+        ax.set_xticks([j + 1.5 * w for j in range(len(keys))], [f"k={mem[k]['k']}" for k in keys])
+        ax.set_ylabel("MiB per rank")
+        ax.set_title("4. host memory per rank")
+        ax.legend(fontsize=8)
+        save(fig, "memory.png")
+    rec = r.get("recovery") or {}
+    bars = []
+    for h in rec.get("hotswap", []):
+        if "total_s" in h:
+            d = {p: h["phases"][p] for p in PHOENIX_PHASES}
+            d["between phases"] = max(0.0, unattributed(h))
+            bars.append((f"PHOENIX\n{h['name']}", d))
+    for k, b in (rec.get("baseline") or {}).items():
+        if "total_s" in b:
+            bars.append((f"ckpt-restart\nK={k}", dict(b["phases"])))
+    if bars:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        phases = list(dict.fromkeys([p for _, d in bars for p in d]))
+        cmap = plt.get_cmap("tab10")
+        for i, (label, d) in enumerate(bars):
+            bottom = 0.0
+            for j, p in enumerate(phases):
+                v = d.get(p, 0.0)
+                ax.bar(i, v, bottom=bottom, color=cmap(j), label=p if i == 0 or p not in d else None)
+                bottom += v
+        handles, labels = ax.get_legend_handles_labels()
+        uniq = dict(zip(labels, handles))
+        ax.legend(uniq.values(), uniq.keys(), fontsize=8)
+        ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+        ax.set_ylabel("seconds per fault")
+        ax.set_title("2. disruption per node loss, by phase")
+        save(fig, "recovery.png")
+    sc = r.get("scaling") or {}
+    pts = [h for h in sc.get("by_slots", []) if "total_s" in h]
+    szs = [h for h in sc.get("by_size", []) if "total_s" in h]
+    if pts or szs:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+        for ax, data, xkey, xlabel in ((ax1, pts, "nodes", "active slots"), (ax2, szs, "params", "parameters")):
+            data = sorted(data, key=lambda h: h[xkey])
+            xs = [h[xkey] for h in data]
+            ax.plot(xs, [h["total_s"] for h in data], "k-o", label="total")
+            for p in PHOENIX_PHASES:
+                ax.plot(xs, [h["phases"][p] for h in data], "--.", label=p)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("seconds")
+        ax2.set_xscale("log")
+        ax1.set_title("3. hot swap vs slots (model S)")
+        ax2.set_title("3. hot swap vs model size (4 slots)")
+        ax1.legend(fontsize=8)
+        save(fig, "scaling.png")
+    return written
+
+
+def write_all(results: dict, out: Path) -> None:
+    """Write ``out/BENCHMARKS.json``, ``out/BENCHMARKS.md`` and ``out/benchmarks/*.png``."""
+    out = Path(out)
+    _plots(results, out / PLOT_DIR)
+    _atomic_text(out / "BENCHMARKS.json", json.dumps(results, indent=1, sort_keys=True, default=str) + "\n")
+    _atomic_text(out / "BENCHMARKS.md", render_markdown(results))
