@@ -148,6 +148,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
     from phoenix_hpc.launch.groups import init_generation
     from phoenix_hpc.launch.loop import train
     from phoenix_hpc.launch.state_files import load_rank_state, save_rank_state
+    from phoenix_hpc.launch import persist
 
     torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS") or 1))
     device = default_device(slot.local_rank)
@@ -192,6 +193,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
             engine = create_engine(cfg, coord, groups, device)
             if args.restore_dir:
                 load_rank_state(engine, args.restore_dir)
+            persist.restore_latest(engine, groups, cfg, run_dir)  # checkpoint-restart mode only
         start_step = engine.step
         summary["start_step"] = start_step
         reporter = coord.pp == grid.pp - 1 and coord.dp == 0
@@ -213,6 +215,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                 )
             if rec.step in snapshot_at:
                 save_rank_state(engine, args.snapshot_dir or run_dir / "snapshots" / f"step{rec.step}")
+            persist.save_if_due(engine, groups, rec.step, cfg, run_dir)  # checkpoint-restart mode only
 
         try:
             if member is not None:
