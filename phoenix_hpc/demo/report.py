@@ -25,7 +25,11 @@ class RunSummary:
 
     ``recoveries``: the ``recovery_done`` records; ``joins``: ``recovery_plan.joins`` of every plan
     (``{world_rank, node, logical_rank, ...}``: a spare slot taking a logical rank); ``dead``: the
-    ``slots_dead`` records; ``fired``: the ``inject_fired`` records (where an injected fault landed).
+    ``slots_dead`` records; ``injections``: the ``inject_forwarded`` records (what was asked: wire kind and
+    phase names, ``at_step``, ``target``); ``fired``: where injected faults landed (``inject_fired``
+    records and ``RUN_DIR/faults/fired-*.json``: ``world_rank``, ``step``, ``phase``); ``transfers``: the
+    state transfers of every recovery plan (``kind`` params|optimizer, ``shard_id``, ``sender``,
+    ``receiver`` world ranks, ``step``).
     """
 
     run_dir: str
@@ -39,6 +43,8 @@ class RunSummary:
     joins: list[dict[str, Any]] = field(default_factory=list)
     dead: list[dict[str, Any]] = field(default_factory=list)
     fired: list[dict[str, Any]] = field(default_factory=list)
+    injections: list[dict[str, Any]] = field(default_factory=list)
+    transfers: list[dict[str, Any]] = field(default_factory=list)
     started_at: float | None = None
     ended_at: float | None = None
 
@@ -76,16 +82,24 @@ def final_loss(rank_summaries: Iterable[Mapping[str, Any]]) -> tuple[float | Non
 
 
 def summarize_run(run_dir: str, job_id: str | None, records: Iterable[Mapping[str, Any]],
-                  rank_summaries: Iterable[Mapping[str, Any]]) -> RunSummary:
-    """A :class:`RunSummary` from a run's journal records (in file order) and its rank summaries."""
+                  rank_summaries: Iterable[Mapping[str, Any]],
+                  fired: Iterable[Mapping[str, Any]] = ()) -> RunSummary:
+    """A :class:`RunSummary` from a run's journal records (in file order), its rank summaries and the
+    landing records of its injected faults (:func:`phoenix_hpc.faults.trigger.read_fired`)."""
     records = list(records)
     end = next((r for r in records if r["event"] in END_EVENTS), None)
     started = next((r for r in records if r["event"] == "coordinator_started"), None)
     loss, loss_ranks = final_loss(rank_summaries)
     joins: list[dict[str, Any]] = []
+    transfers: list[dict[str, Any]] = []
     for r in records:
         if r["event"] == "recovery_plan":
             joins.extend(dict(j) for j in r.get("joins", []))
+            transfers.extend(dict(t) for t in r.get("transfers", []))
+    landed = {(f.get("request_id"), f.get("world_rank")): dict(f) for f in fired}
+    for r in records:
+        if r["event"] == "inject_fired":
+            landed.setdefault((r.get("request_id"), r.get("world_rank")), dict(r))
     return RunSummary(
         run_dir=run_dir, job_id=job_id, end_event=end["event"] if end else None,
         steps=end.get("step") if end else None,
@@ -94,7 +108,9 @@ def summarize_run(run_dir: str, job_id: str | None, records: Iterable[Mapping[st
         recoveries=[dict(r) for r in records if r["event"] == "recovery_done"],
         joins=joins,
         dead=[dict(r) for r in records if r["event"] == "slots_dead"],
-        fired=[dict(r) for r in records if r["event"] == "inject_fired"],
+        fired=sorted(landed.values(), key=lambda f: float(f.get("ts", 0.0))),
+        injections=[dict(r) for r in records if r["event"] == "inject_forwarded"],
+        transfers=transfers,
         started_at=float(started["ts"]) if started else None,
         ended_at=float(end["ts"]) if end else None,
     )
@@ -139,6 +155,18 @@ def compare(reference: RunSummary, fault: RunSummary) -> Verdict:
     return Verdict(identical=identical, recovered=recovered, problems=problems)
 
 
+def _kind(wire: str | None) -> str:
+    from phoenix_hpc.faults.kinds import KIND_OF_WIRE
+
+    return KIND_OF_WIRE.get(wire, wire or "?")
+
+
+def _phase(wire: str | None) -> str:
+    from phoenix_hpc.faults.kinds import PHASE_OF_WIRE
+
+    return PHASE_OF_WIRE.get(wire, wire or "?")
+
+
 def _s(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f} s"
 
@@ -171,15 +199,26 @@ def format_report(reference: RunSummary, fault: RunSummary, verdict: Verdict, *,
     lines.append(f"  {'node-loss run':<{w - 2}}{fault.final_hash or '-'}")
     lines.append(f"{'identical final state':<{w}}{'YES: the hashes are equal' if verdict.identical else 'NO'}")
     lines.append("")
+    for inj in fault.injections:
+        target = ", ".join(f"{k} {v}" for k, v in (inj.get("target") or {}).items()) or "?"
+        lines.append(f"{'fault injected':<{w}}{_kind(inj.get('kind'))} on {target} at step {inj.get('at_step')}, "
+                     f"phase {_phase(inj.get('phase'))}")
+        for f in fault.fired:
+            if f.get("request_id") in (None, inj.get("request_id")):
+                lines.append(f"{'  landed':<{w}}world rank {f.get('world_rank')} died at step {f.get('step')}, "
+                             f"phase {_phase(f.get('phase'))}")
     for d in fault.dead:
         nodes = ", ".join(d.get("nodes") or []) or fault_node or "?"
-        lines.append(f"{'fault':<{w}}{d.get('kind', '?')}: node {nodes} lost, world rank(s) "
-                     f"{', '.join(str(s) for s in d.get('slots', []))} dead ({d.get('reason', '')})".rstrip())
-    for f in fault.fired[:1]:
-        lines.append(f"{'  injected at':<{w}}step {f.get('step')}, phase {f.get('phase')}")
+        lines.append(f"{'detected':<{w}}world rank(s) {', '.join(str(s) for s in d.get('slots', []))} on "
+                     f"{nodes} dead: {d.get('reason') or d.get('kind', '?')}")
     for j in fault.joins:
-        lines.append(f"{'hot swap':<{w}}spare world rank {j.get('world_rank')} on {j.get('node')} took logical "
-                     f"rank {j.get('logical_rank')}")
+        coord = ",".join(str(c) for c in j.get("coord") or []) or "?"
+        lines.append(f"{'hot swap':<{w}}spare world rank {j.get('world_rank')} on {j.get('node')} became logical "
+                     f"rank {j.get('logical_rank')} (pp,dp,tp = {coord})")
+    for t in fault.transfers:
+        what = "parameters" if t.get("kind") == "params" else "optimizer shard"
+        lines.append(f"{'  restored':<{w}}{what} {t.get('shard_id')} of step {t.get('step')}: world rank "
+                     f"{t.get('sender')} -> {t.get('receiver')}")
     for rec in fault.recoveries:
         phases = rec.get("phases", {})
         lines.append(f"{'recovery':<{w}}{rec.get('action', '?')}, generation {rec.get('generation', '?')}, "

@@ -48,6 +48,7 @@ EXIT_PASSED, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 REFERENCE, NODE_LOSS = "reference", "node-loss"
 POLL_S = 1.0
+WIDE_COLUMNS = 150
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,10 @@ class Demo:
         argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "phoenix_hpc.cli.main"]
         self.echo(f"\n$ phoenix {' '.join(shlex.quote(self._rel(a)) for a in args)}")
         sys.stdout.flush()
-        proc = subprocess.run([*argv, *args], check=False)
+        env = None
+        if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+            env = {**os.environ, "COLUMNS": str(WIDE_COLUMNS)}  # a log file: rich tables at a readable width
+        proc = subprocess.run([*argv, *args], check=False, env=env)
         if check and proc.returncode != 0:
             raise DemoError(f"`phoenix {' '.join(args)}` failed with exit code {proc.returncode}",
                             exit_code=EXIT_FAILED if proc.returncode == 1 else 2)
@@ -325,7 +329,9 @@ def _load_summary(run_dir: Path):
             ranks.append(json.loads(p.read_text()))
         except (OSError, ValueError):
             continue
-    return summarize_run(str(run_dir), job_id, records, ranks)
+    from phoenix_hpc.faults.trigger import read_fired
+
+    return summarize_run(str(run_dir), job_id, records, ranks, read_fired(run_dir))
 
 
 class _exclusive:
