@@ -33,7 +33,7 @@ PHOENIX_CLI = (sys.executable, "-c", "import sys; from phoenix_hpc.cli.main impo
 MODEL_SIZES: dict[str, dict[str, int]] = {
     "S": {"layers": 4, "hidden_size": 128, "heads": 4, "seq_length": 64},
     "M": {"layers": 4, "hidden_size": 256, "heads": 4, "seq_length": 128},
-    "L": {"layers": 8, "hidden_size": 384, "heads": 6, "seq_length": 128},
+    "L": {"layers": 6, "hidden_size": 384, "heads": 6, "seq_length": 128},
 }
 
 
@@ -140,6 +140,16 @@ def git_commit(repo: Path) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (head or "unknown") + ("+dirty" if dirty else "")
+
+
+def dirty_files(repo: Path) -> list[str]:
+    """Tracked files of ``repo`` that differ from HEAD (what a ``+dirty`` commit consisted of)."""
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line[3:] for line in out.splitlines() if line.strip()]
 
 
 def machine_info(slurm_version: str | None, meminfo: str = "/proc/meminfo", cpuinfo: str = "/proc/cpuinfo") -> dict:

@@ -45,10 +45,10 @@ class Case:
 
 
 def plan_cases(quick: bool) -> list[Case]:
-    """Cases of sections 1 and 4. Full: sizes S and M x grids dp=4 and pp=2 x dp=2 (k=1), 4 ABBA rounds
-    of 10-step blocks; plus memory cases M, dp=4, k=1 and k=2 (run first). Quick: size S only, 2 rounds
+    """Cases of sections 1 and 4. Full: sizes S and M x grids dp=4 and pp=2 x dp=2 (k=1), 3 ABBA rounds
+    of 8-step blocks; plus memory cases M, dp=4, k=1 and k=2 (run first). Quick: size S only, 2 rounds
     of 6-step blocks, memory cases on size S."""
-    rounds, block = (2, 6) if quick else (4, 10)
+    rounds, block = (2, 6) if quick else (3, 8)
     msize = "S" if quick else "M"
     sizes = ("S",) if quick else ("S", "M")
     cases = [Case(f"mem-{msize}-k{k}", msize, 1, k, 2, 4, 1, memory=True) for k in (1, 2)]

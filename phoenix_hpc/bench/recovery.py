@@ -136,10 +136,13 @@ def run_hotswap(t: Trial, ctx) -> dict:
     finally:
         try:
             ctx.client.cancel(info["job_id"])
-            jobs.wait_job_end(ctx.client, info["job_id"], timeout_s=60)
         except Exception:  # noqa: BLE001 - the trial's result matters more than a late cancel
             pass
-        ctx.revive()
+        ctx.revive()  # overlaps with Slurm ending the job
+        try:
+            jobs.wait_job_end(ctx.client, info["job_id"], timeout_s=60)
+        except Exception:  # noqa: BLE001
+            pass
     rec = done[0]
     if rec["event"] != "recovery_done":
         raise BenchError(f"{t.name}: no hot swap, the journal says {json.dumps(rec)[:300]}")

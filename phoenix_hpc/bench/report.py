@@ -70,6 +70,8 @@ def render_markdown(r: dict) -> str:
     a("")
     a(f"Run: **{r.get('mode')}** mode (`scripts/bench.sh{' --quick' if r.get('mode') == 'quick' else ''}`), "
       f"{r.get('date')}, commit `{r.get('commit')}`, {r.get('wall_s', 0):.0f} s wall.  ")
+    if r.get("dirty_files"):
+        a(f"Files that differed from that commit during the run: {', '.join(f'`{x}`' for x in r['dirty_files'])}.  ")
     a(f"Machine: {m.get('cpu')}, {m.get('logical_cpus')} logical CPUs, {m.get('mem_gib')} GiB, {m.get('gpu')}; "
       f"{m.get('slurm')}; {m.get('mpi')}; Python {m.get('python')}, torch {m.get('torch')}; local Slurm cluster "
       f"of {m.get('cluster_nodes')} nodes on this one host (one slot per node).  ")
@@ -181,6 +183,16 @@ def render_markdown(r: dict) -> str:
                 if hs_med:
                     line += f"; ratio to the hot swap's {hs_med:.1f} s: **{b['total_s'] / hs_med:.1f}x**"
                 a(line)
+        if any("total_s" in b for b in (rec.get("baseline") or {}).values()):
+            a("")
+            a("Reading the phases: the baseline's *detect* is the first journal record after the kill (usually a "
+              "survivor's collective error, reported at once); PHOENIX's *detect* runs from the dead slots' last "
+              "heartbeat to the decision, because a collective error alone could be transient and only missing "
+              "heartbeats prove a node lost (heartbeat timeout 3 s here). Steps on this machine take tens of "
+              "milliseconds, so the baseline's replay is small here; it grows with the step time: *computed, not "
+              "measured*, at the 20 s steps of DESIGN.md section 1 the average replay alone would be "
+              + ", ".join(f"K={k}: {b['expected_replay_steps'] * 20:.0f} s" for k, b in (rec.get('baseline') or {}).items()
+                          if "total_s" in b) + ".")
         a("")
         a(f"![recovery]({PLOT_DIR}/recovery.png)")
     a("")
