@@ -96,3 +96,55 @@ def test_expected_memory_and_replay():
     assert S.disruption_ratio(300.0, 20.0) == 15.0
     with pytest.raises(BenchError):
         S.disruption_ratio(1.0, 0.0)
+
+
+def _rank_file(rank, on_ms, off_ms, wait_ms=0.5):
+    """A synthetic overhead_rank output: 2 warm-up steps, then ABBA blocks of 3 steps."""
+    from phoenix_hpc.bench.stats import interleaved_order
+
+    steps = [{"mode": "warmup", "block": -1, "step_ms": 999.0, "wait_ms": 0.0} for _ in range(2)]
+    blocks = []
+    for b, on in enumerate(interleaved_order(2)):
+        for i in range(3):
+            first = 500.0 if i == 0 else 0.0  # the first step of a block is dropped
+            steps.append({"mode": "on" if on else "off", "block": b, "step_ms": (on_ms if on else off_ms) + first,
+                          "wait_ms": wait_ms if on else 0.0})
+        blocks.append({"mode": "on" if on else "off", "block": b, "rss_before_bytes": 100, "rss_after_bytes": 400,
+                       "rss_after_close_bytes": 130, "buffers_resident_bytes": 260,
+                       "stats": {"d2h_mean_s": 0.01, "h2h_mean_s": 0.02}})
+    return {"rank": rank, "steps": steps, "blocks": blocks, "snapshot_bytes": 100, "optimizer_shard_bytes": 30,
+            "host_buffer_bytes": 264, "held_replica_bytes": [32], "exact_rss": True}
+
+
+def test_analyze_case_drops_warmup_and_first_block_steps():
+    from phoenix_hpc.bench.overhead import Case, analyze_case
+
+    ranks = [_rank_file(0, 110.0, 100.0), _rank_file(1, 120.0, 100.0)]  # the slowest rank sets the job's step
+    c = analyze_case(ranks, Case("S-pp1", "S", 1, warmup=2, block_steps=3, rounds=2), trim=0.0)
+    assert c["steps_on"] == 4 and c["steps_off"] == 4  # 2 blocks x (3 - 1) steps per mode
+    assert c["step_ms_on"]["median"] == 120.0 and c["step_ms_off"]["median"] == 100.0
+    assert c["ratio"]["value"] == pytest.approx(1.2)
+    assert c["exposed_wait_ms"]["median"] == 0.5
+
+
+def test_analyze_memory_against_the_formula():
+    from phoenix_hpc.bench.overhead import Case, analyze_memory
+
+    m = analyze_memory([_rank_file(0, 1.0, 1.0), _rank_file(1, 1.0, 1.0)], Case("mem", "S", 1, k=1, memory=True))
+    r0 = m["ranks"][0]
+    assert r0["expected_bytes"] == 260  # 2 x 100 + 2 x 1 x 30
+    assert r0["measured_bytes"] == 270  # RSS at the block's end minus after close
+    assert m["ratio_median"] == pytest.approx(270 / 260)
+
+
+def test_summarize_top_keys_and_disruption_ratio():
+    from phoenix_hpc.bench.run import summarize_top
+
+    res = {"recovery": {"hotswap": [{"total_s": 10.0, "phases": {"detect": 2.0}},
+                                    {"total_s": 20.0, "phases": {"detect": 4.0}}, {"error": "x"}],
+                        "baseline": {"10": {"total_s": 40.0}, "100": {"total_s": 90.0}, "50": {"error": "y"}}}}
+    top = summarize_top(res)
+    assert top["hotswap_s"] == 15.0 and top["detect_s"] == 3.0
+    assert top["ckpt_restart_s"] == {"10": 40.0, "100": 90.0}
+    assert top["disruption_ratio"] == 6.0
+    assert top["overhead_ratio"] is None and top["host_mem_ratio"] is None
