@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "status": "phoenix_hpc.cli.status:status",
     "inject-fault": "phoenix_hpc.cli.inject:inject_fault",
     "drill": "phoenix_hpc.cli.drill:drill",
+    "bench": "phoenix_hpc.cli.bench:bench",
     "demo": "phoenix_hpc.demo.cli:demo",
 }
 
