@@ -150,21 +150,43 @@ class Demo:
         self.t0 = time.monotonic()
 
     # --- commands ---------------------------------------------------------------------------------
-    def phoenix(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        """Run ``phoenix ARGS`` (the console script of this interpreter), printing the command first;
-        its output goes straight to ours."""
+    def phoenix(self, *args: str, check: bool = True, watch: Callable[[], str | None] | None = None) -> int:
+        """Run ``phoenix ARGS`` (the console script of this interpreter), printing the command first; its
+        output goes straight to ours. Returns its exit code.
+
+        ``watch``: called every half second while the command runs; when it returns a message, the command
+        is stopped (SIGTERM to the PID this method started, SIGKILL after 10 s) and DemoError(message)
+        raised. ``check``: raise DemoError when the command fails.
+        """
         exe = Path(sys.executable).parent / "phoenix"
-        argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "phoenix_hpc.cli.main"]
+        argv = [str(exe)] if exe.exists() else [sys.executable, "-c", "from phoenix_hpc.cli.main import cli; cli()"]
         self.echo(f"\n$ phoenix {' '.join(shlex.quote(self._rel(a)) for a in args)}")
         sys.stdout.flush()
         env = None
         if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
             env = {**os.environ, "COLUMNS": str(WIDE_COLUMNS)}  # a log file: rich tables at a readable width
-        proc = subprocess.run([*argv, *args], check=False, env=env)
-        if check and proc.returncode != 0:
-            raise DemoError(f"`phoenix {' '.join(args)}` failed with exit code {proc.returncode}",
-                            exit_code=EXIT_FAILED if proc.returncode == 1 else 2)
-        return proc
+        proc = subprocess.Popen([*argv, *args], env=env)
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    problem = watch() if watch is not None else None
+                    if problem:
+                        raise DemoError(problem, exit_code=EXIT_FAILED)
+        finally:
+            if proc.poll() is None:  # interrupted or given up: stop the command we started, by its PID
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if check and code != 0:
+            raise DemoError(f"`phoenix {' '.join(args)}` failed with exit code {code}",
+                            exit_code=EXIT_FAILED if code == 1 else 2)
+        return code
 
     @staticmethod
     def _rel(arg: str) -> str:
@@ -267,9 +289,23 @@ class Demo:
             raise DemoError(f"the node-loss run ended ({st.job.state}) before it trained; see {job_dir}",
                             exit_code=EXIT_FAILED)
         victim = pick_victim(st.slots, st.job.batch_host, self.o.node)
-        at = fault_step(steps, self.o.at_step, st.job.step)
+        known = [s for s in (st.job.step, live_step(job_dir)) if s is not None]
+        at = fault_step(steps, self.o.at_step, max(known) if known else None)
         self.say(f"killing node {victim} (all its slots, then its slurmd) at step {at} of {steps}")
-        self.phoenix("inject-fault", str(job_dir), "--kind", "kill-node", "--node", victim, "--at-step", str(at))
+
+        def missed() -> str | None:
+            # A fault fires only in exactly step ``at``: if the job got past it before the request reached
+            # the slots, inject-fault would wait for a death that never comes.
+            from phoenix_hpc.faults.trigger import read_fired
+
+            live = live_step(job_dir)
+            if live is not None and live > at + 2 and not read_fired(job_dir):
+                return (f"the job reached step {live} before the fault request for step {at} arrived; nothing "
+                        f"was killed; run the demo again with a later --at-step or more --steps")
+            return None
+
+        self.phoenix("inject-fault", str(job_dir), "--kind", "kill-node", "--node", victim, "--at-step", str(at),
+                     watch=missed)
         self._wait(job_dir, lambda s: s.finished or bool(s.recoveries), "the recovery to start", steps, quiet=True)
         self.say("the job's status during the recovery")
         self.phoenix("status", str(job_dir), check=False)
@@ -300,8 +336,9 @@ class Demo:
             if until(st):
                 return st
             now = time.monotonic()
+            live = live_step(run_dir)
             line = (f"   {what}: job {st.job.job_id} {st.job.slurm_state or '-'}, {st.job.state}, step "
-                    f"{st.job.step if st.job.step is not None else '-'}/{steps}")
+                    f"{live if live is not None else '-'}/{steps}")
             if not quiet and line != last_line and now - last_print >= 5.0:
                 self.echo(line)
                 last_line, last_print = line, now
@@ -312,6 +349,28 @@ class Demo:
                                 f"{st.job.job_id}, state {st.job.state}, step {st.job.step}); its output is in "
                                 f"{run_dir}/slurm-{st.job.job_id}.out", exit_code=EXIT_FAILED)
             time.sleep(POLL_S)
+
+
+def live_step(run_dir: Path) -> int | None:
+    """The newest step any active rank has finished: the largest ``step`` among the last lines of
+    ``RUN_DIR/ranks/rank*.steps.jsonl`` (written by every rank after each step; finer-grained than the
+    journal's heartbeat summaries). None before the first step."""
+    best = None
+    for p in (run_dir / "ranks").glob("rank*.steps.jsonl"):
+        try:
+            with open(p, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                tail = f.read().decode(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in reversed(tail):
+            try:
+                step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn or partial line
+            best = step if best is None else max(best, step)
+            break
+    return best
 
 
 def _load_summary(run_dir: Path):

@@ -142,3 +142,16 @@ def test_bad_options_exit_2_naming_the_option_before_anything_starts(args, field
     assert res.exit_code == 2, res.output
     assert field in res.output and "Traceback" not in res.output
     assert not (tmp_path / "w").exists()
+
+
+def test_live_step_is_the_newest_step_of_any_rank_and_ignores_a_torn_line(tmp_path):
+    from phoenix_hpc.demo.run import live_step
+
+    assert live_step(tmp_path) is None
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    (ranks / "rank0.steps.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    (ranks / "rank1.steps.jsonl").write_text('{"step": 1}\n{"ste')
+    assert live_step(tmp_path) == 2
+    (ranks / "rank1.steps.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
+    assert live_step(tmp_path) == 3
