@@ -365,10 +365,13 @@ def main(argv: list[str] | None = None) -> int:
         if active:
             summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None, resilient)
         elif att is not None and resilient is not None:
-            from phoenix_hpc.recovery.execute import wait_for_join
+            from phoenix_hpc.recovery.execute import wait_for_join, warm_up
 
+            warm_up(cfg)
             plan = wait_for_join(att.client)  # None: the job ended (stop) without needing this spare
             if plan is not None:
+                print(f"[phoenix] standby world rank {slot.world_rank} on {slot.hostname}: joining generation "
+                      f"{plan.get('generation')}", flush=True)
                 store = att.client.tcp_store()
                 summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress, resilient, join_plan=plan)
         elif att is not None:

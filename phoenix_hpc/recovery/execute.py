@@ -152,6 +152,7 @@ class RecoveryRecord:
     dirty: bool
     rolled_back: bool
     timings: dict[str, float] = field(default_factory=dict)
+    detail: dict[str, float] = field(default_factory=dict)
 
 
 class Member:
@@ -184,20 +185,46 @@ class Member:
     def n_ranks(self) -> int:
         return self.env.grid.world_size
 
-    def _setup_groups(self) -> None:
+    def _setup_groups(self) -> dict[str, float]:
+        """Destroy the old torch groups, build this generation's groups and MPI communicator. Returns the
+        seconds spent per part: ``arrive`` (waiting for the slowest member), ``torch``, ``mpi``."""
         import torch.distributed as dist
 
         from phoenix_hpc.launch.groups import init_generation
 
         e = self.env
+        t = {}
+        t0 = time.perf_counter()
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self.generation > 0:
+            self._arrive_all()
+        t1 = time.perf_counter()
+        t["arrive"] = t1 - t0
         self.groups, self.coord = init_generation(
             e.store, self.generation, self.logical, e.grid, e.backend, e.cfg.resilience.collective_timeout_s,
             device_id=e.device if e.backend == "nccl" else None,
         )
+        t2 = time.perf_counter()
+        t["torch"] = t2 - t1
         # the old communicator may contain a dead rank: it is dropped, not freed (MPI_Comm_free is collective)
         self.comm = make_comm(e.world_comm, [self.rank_map[r] for r in range(self.n_ranks)], self.generation)
+        t["mpi"] = time.perf_counter() - t2
+        return t
+
+    def _arrive_all(self, poll_s: float = 0.01) -> None:
+        """Wait until every member of the generation reached its rebuild (a counter on the coordinator's
+        store). ``init_process_group`` would give up after ``collective_timeout_s``, which is meant to catch
+        a hung peer during training, not a spare that is still reading its plan on a busy node."""
+        key = f"phoenix/gen{self.generation}/arrived"
+        store = self.env.store
+        store.add(key, 1)
+        deadline = time.monotonic() + self.wait_s
+        while store.add(key, 0) < self.n_ranks:
+            if time.monotonic() > deadline:
+                raise RecoveryError(f"generation {self.generation}: only {store.add(key, 0)} of {self.n_ranks} "
+                                    f"members reached the rebuild within {self.wait_s:g} s")
+            time.sleep(poll_s)
 
     def _build_protector(self):
         from phoenix_hpc.runtime.protector import Protector
@@ -253,6 +280,7 @@ class Member:
 
     def _phase(self, s: int, phase: str) -> None:
         if phase == "forward_backward":
+            self.phase = None  # a new iteration: nothing of it is applied yet
             self._poll()
         self.trigger.check(s, phase)
         self.phase = phase
@@ -367,7 +395,7 @@ class Member:
         self.generation, self.rank_map, self.logical = g, rank_map, mine[0]
         e.progress.set(generation=g)
         t0 = time.perf_counter()
-        self._setup_groups()
+        detail = self._setup_groups()
         t_reconf = time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -377,8 +405,10 @@ class Member:
             if int(self.engine.step) != R or dirty:
                 self._rollback(R)
                 rolled = True
+            detail["rollback"] = time.perf_counter() - t1
         else:
             self.engine = create_engine(e.cfg, self.coord, self.groups, e.device)
+            detail["engine"] = time.perf_counter() - t1
         t_rollback = time.perf_counter() - t1
 
         t_params, t_opt = self._transfers(plan.get("transfers", []), R)
@@ -389,6 +419,7 @@ class Member:
         self.protector = self._build_protector()
         self.old_protector = None
         t_repl = time.perf_counter() - t2
+        detail["protector"] = t_repl
         sid = self.coord.shard_prefix()
         report = {"world_rank": e.world_rank, "logical_rank": self.logical, "generation": g,
                   "rank_map": [[r, w] for r, w in sorted(rank_map.items())], "step": int(self.engine.step),
@@ -398,10 +429,11 @@ class Member:
         e.client.report_recovered(g, report, timings)
         self._wait_for(("resume",), "resume")
         e.progress.set(step=int(self.engine.step))
-        rec = RecoveryRecord(g, R, live, dirty, rolled, {k: round(v, 4) for k, v in timings.items()})
+        rec = RecoveryRecord(g, R, live, dirty, rolled, {k: round(v, 4) for k, v in timings.items()},
+                             {k: round(v, 4) for k, v in detail.items()})
         self.recoveries.append(rec)
         e.log(f"[phoenix] rank {self.logical} (world {e.world_rank}): generation {g} resumed at step {R} "
-              f"({'rolled back from ' + str(live) if rolled else 'no rollback'}), timings {rec.timings}")
+              f"({'rolled back from ' + str(live) if rolled else 'no rollback'}), timings {rec.timings}, detail {rec.detail}")
         return rec
 
     def _rollback(self, step: int) -> None:
@@ -496,6 +528,21 @@ class Member:
             raise RecoveryError(f"received replica is {u.shard_id} step {u.step}, expected {shard_id} step {step}")
         self.engine.load_optimizer_shard(u.tensors)
         self.engine.load_envelope(u.envelope)
+
+
+def warm_up(cfg) -> None:
+    """What a standby slot does before it waits (a *warm* spare, DESIGN.md section 7): import the engine,
+    runtime and recovery code and open the dataset once, so that a recovery does not pay for it."""
+    import torch.distributed  # noqa: F401
+
+    from phoenix_hpc.data.indexed import open_indexed_dataset
+    from phoenix_hpc.engines import factory  # noqa: F401
+    from phoenix_hpc.launch import groups, loop  # noqa: F401
+    from phoenix_hpc.runtime import protector  # noqa: F401
+
+    if cfg.engine == "torch":
+        from phoenix_hpc.engines import torch_engine  # noqa: F401
+    open_indexed_dataset(cfg.data.path)  # imports megatron-core's reader: seconds on a busy node
 
 
 def wait_for_join(client, wait_s: float | None = None, poll_s: float = 0.1) -> dict[str, Any] | None:

@@ -182,3 +182,72 @@ def test_node_loss_is_hot_swapped_to_the_spare_with_identical_final_hash(env, da
     assert spare["world_rank"] == 2 and spare["joined"] and spare["generation"] == 1
     assert spare["state_hash"] == reference["rank_hashes"][1]
     assert rec["recoverable_step"] <= killed_at + 3
+
+
+AT_STEP = 20
+
+
+def _inject(job: Job, kind: str, phase: str, at_step: int = AT_STEP) -> dict:
+    """``phoenix inject-fault`` on logical rank 1, as soon as every active rank registered."""
+    _wait(lambda: job.events("job_running"), 120, "job_running")
+    out = subprocess.run([PHOENIX, "inject-fault", str(job.run_dir), "--kind", kind, "--rank", "1", "--at-step",
+                          str(at_step), "--phase", phase, "--json"], env=job.env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
+def _fired(job: Job) -> list[dict]:
+    from phoenix_hpc.faults.trigger import read_fired
+
+    return read_fired(job.run_dir)
+
+
+def _run_injected(env, data, tmp_path, name: str, kind: str, phase: str, stop_victim: bool = False):
+    job = Job(env, tmp_path, data, name)
+    try:
+        _inject(job, kind, phase)
+        if stop_victim:  # a stopped process keeps the srun step alive: end it once the coordinator is done
+            _wait(lambda: job.events("coordinator_exit"), 150, "the coordinator's end", poll_s=0.3)
+            for f in _fired(job):
+                try:
+                    os.kill(int(f["pid"]), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        done = job.wait_end()
+    finally:
+        job.cancel()
+    (fired,) = _fired(job)
+    assert (fired["world_rank"], fired["step"], fired["kind"]) == (1, AT_STEP, {"kill-node": "node_loss"}.get(kind, kind.replace("-", "_")))
+    return job, done
+
+
+@pytest.mark.parametrize("phase", ["forward", "d2h", "h2h", "optimizer"])
+def test_process_crash_in_each_phase_is_hot_swapped_with_identical_final_hash(env, data, reference, tmp_path, phase):
+    job, done = _run_injected(env, data, tmp_path, f"crash-{phase}", "crash", phase)
+    rec = _check_recovery(job, done, reference)
+    assert _fired(job)[0]["phase"] == {"forward": "forward_backward", "optimizer": "optimizer_step"}.get(phase, phase)
+    (dead,) = job.events("slots_dead")
+    assert dead["slots"] == [1]
+    # the crash in iteration 20 loses at most the copy of S(19): the recoverable step is 18 or 19
+    assert rec["recoverable_step"] in (AT_STEP - 2, AT_STEP - 1)
+    spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
+    assert spare["world_rank"] == 2 and spare["joined"]
+
+
+def test_hang_is_detected_by_heartbeat_timeout_and_hot_swapped(env, data, reference, tmp_path):
+    job, done = _run_injected(env, data, tmp_path, "hang", "hang", "forward", stop_victim=True)
+    _check_recovery(job, done, reference)
+    (dead,) = job.events("slots_dead")
+    assert dead["slots"] == [1] and dead["kind"] == "heartbeat_timeout"
+
+
+def test_transient_error_is_a_local_recovery_without_the_spare(env, data, reference, tmp_path):
+    job, done = _run_injected(env, data, tmp_path, "transient", "transient", "forward")
+    _check_recovery(job, done, reference, action="local_recovery")
+    assert not job.events("slots_dead")
+    (plan,) = job.events("recovery_plan")
+    assert plan["joins"] == [] and plan["transfers"] == []
+    ranks = [json.loads((job.run_dir / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_rank"] for r in ranks] == [0, 1] and all(r["generation"] == 1 for r in ranks)
+    assert not (job.run_dir / "ranks" / "rank2.json").exists()
