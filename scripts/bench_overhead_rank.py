@@ -49,8 +49,13 @@ def main() -> None:
                                      grid={"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, generation=0,
                                      chunk_bytes=res.chunk_bytes, log=None)
     tokens = cfg.training.global_batch_size * cfg.model.seq_length
-    records = train(engine, cfg.training.steps, tokens, protector=protector)
-    out = {"rank": rank, "step_ms": [r.step_time_ms for r in records], "wait_ms": [r.exposed_wait_ms for r in records]}
+    import time
+
+    cpu = [time.process_time()]  # CPU seconds of the whole process (all threads: training, copy, H2H)
+    records = train(engine, cfg.training.steps, tokens, protector=protector,
+                    on_step=lambda rec: cpu.append(time.process_time()))
+    out = {"rank": rank, "step_ms": [r.step_time_ms for r in records], "wait_ms": [r.exposed_wait_ms for r in records],
+           "cpu_ms": [1e3 * (b - a) for a, b in zip(cpu, cpu[1:])]}
     if protector is not None:
         out["stats"] = protector.stats()
         protector.close()
