@@ -13,22 +13,32 @@ Sequence on every slot:
    the first ``resources.nodes`` nodes (``SLURM_NODEID``; all slots under mpirun); they must be world
    ranks ``0..A-1`` (srun's default block distribution) and ``A`` must match the grid
    (``tp x pp x dp``), else exit 2 naming both numbers.
-3. Rendezvous (:func:`.rendezvous.mpi_store_rendezvous`), then on active slots ``init_process_group``
-   (gloo on CPU, NCCL on GPU) for generation 0 with ``resilience.collective_timeout_s`` on every group,
-   the dp/pp/tp sub-groups (:mod:`.groups`), the engine, optionally its state restored from
-   ``--restore-dir``, and the training loop (:mod:`.loop`) up to ``training.steps``.
-   Standby slots idle in :func:`wait_for_role` (until the coordinator exists, that wait ends when the
-   active slots finish).
-4. Every slot ends with a barrier over ``MPI.COMM_WORLD`` (so the store host, world rank 0, outlives its
-   users and standby slots learn that the job is over). A rank that raised also reaches it: the other
-   ranks fail their next collective after the timeout and come there too.
+3. Rendezvous (the coordinator's store when ``RUN_DIR/coordinator.json`` exists, see
+   :mod:`phoenix_hpc.control.attach`; else :func:`.rendezvous.mpi_store_rendezvous`), then on active
+   slots ``init_process_group`` (gloo on CPU, NCCL on GPU) for generation 0 with
+   ``resilience.collective_timeout_s`` on every group, the dp/pp/tp sub-groups (:mod:`.groups`), the
+   engine, optionally its state restored from ``--restore-dir``, and the training loop (:mod:`.loop`) up
+   to ``training.steps``.
+   Under a coordinator with ``resilience.enabled`` and ``mode: phoenix``, training runs in
+   :class:`phoenix_hpc.recovery.execute.Member`: the runtime protector (placement from
+   :func:`phoenix_hpc.topology.place_replicas` over the slots' nodes and the failure domains of their
+   ``SLURM_TOPOLOGY_ADDR``), commit reports, injected faults at every phase, and the rank side of local
+   recovery and hot swap. Standby slots warm up (imports, dataset reader) and wait for a ``recover``
+   plan naming them (:func:`phoenix_hpc.recovery.execute.wait_for_join`): they then take their logical
+   rank, are restored, and train to the end like any member; or for ``stop``.
+4. Without a coordinator every slot ends with a barrier over ``MPI.COMM_WORLD`` (so the store host,
+   world rank 0, outlives its users and standby slots learn that the job is over) and ``MPI_Finalize``.
+   Under a coordinator a slot reports ``done`` and waits (bounded) for the coordinator's ``stop``; it does
+   not call ``MPI_Finalize``, which would synchronise with slots that may have died.
 
 Files written by active rank ``r`` (logical rank):
 
 * ``RUN_DIR/ranks/rank{r}.steps.jsonl`` -- one JSON object per step: ``step, loss (null except on the
   last pipeline stage), step_time_ms, tokens_per_s, exposed_wait_ms, lr, grad_norm``;
 * ``RUN_DIR/ranks/rank{r}.json`` (at the end, written atomically) -- summary: ``status`` (done | failed),
-  ``rank, world_rank, coord, grid, generation, engine, host, node_id, start_step, steps, first_loss,
+  ``rank, world_rank, coord, grid, generation, joined`` (a standby slot that took this rank),
+  ``recoveries`` (under protection: per recovery the generation, recoverable step, live step, dirty,
+  rolled back, timings and their detail in seconds), ``engine, host, node_id, start_step, steps, first_loss,
   final_loss, mean_step_time_ms, tokens_per_s, state_hash`` (:meth:`Engine.state_hash`), ``param_hash``,
   ``optimizer_hash``, shard sizes in bytes, and on failure ``error``;
 * with ``--snapshot-at S``: the rank's state after step S in ``--snapshot-dir`` (default
