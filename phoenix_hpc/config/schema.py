@@ -121,7 +121,7 @@ class ResilienceConfig(BaseModel):
     k: int = Field(1, ge=1, description="replicas of each optimizer shard (holders besides the owner)")
     placement_levels: list[str] = Field(
         default_factory=lambda: ["node", "switch"],
-        description="failure-domain levels to spread replicas over, most specific last",
+        description="failure-domain levels to spread replicas over, most specific first, starting with node",
     )
     heartbeat_interval_s: float = Field(1.0, gt=0, description="seconds between heartbeats")
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="seconds without a heartbeat before a slot is dead")
