@@ -251,3 +251,30 @@ def test_transient_error_is_a_local_recovery_without_the_spare(env, data, refere
     ranks = [json.loads((job.run_dir / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_rank"] for r in ranks] == [0, 1] and all(r["generation"] == 1 for r in ranks)
     assert not (job.run_dir / "ranks" / "rank2.json").exists()
+
+
+def test_crash_during_a_recovery_is_queued_and_hot_swapped(env, data, reference, tmp_path):
+    """A transient error on rank 1 starts a local recovery; rank 0 crashes inside it (phase ``recovery``).
+    The coordinator aborts that recovery and runs a hot swap of rank 0 onto the spare; rank 1 answers the
+    second quiesce too. The final hash is still the fault-free one."""
+    job = Job(env, tmp_path, data, "during-recovery")
+    try:
+        _inject(job, "transient", "forward")
+        out = subprocess.run([PHOENIX, "inject-fault", str(job.run_dir), "--kind", "crash", "--rank", "0",
+                              "--at-step", str(AT_STEP), "--phase", "recovery", "--json"], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        done = job.wait_end()
+    finally:
+        job.cancel()
+    assert done["final_hash"] == reference["final_hash"] and done["step"] == STEPS
+    starts = job.events("recovery_start")
+    assert [s["action"] for s in starts] == ["local_recovery", "hot_swap"]
+    assert [a["generation"] for a in job.events("recovery_aborted")] == [1]
+    (rec,) = job.events("recovery_done")
+    assert rec["generation"] == 2 and rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1
+    assert set(rec["phases"]) == PHASES
+    assert sorted((f["world_rank"], f["phase"]) for f in _fired(job)) == [(0, "recovery"), (1, "forward_backward")]
+    spare = json.loads((job.run_dir / "ranks" / "rank0.json").read_text())
+    assert spare["world_rank"] == 2 and spare["joined"] and spare["generation"] == 2
+    print(f"fault during recovery: job {job.elapsed_s:.1f} s, recovery {rec['total_s']} s {rec['phases']}")
