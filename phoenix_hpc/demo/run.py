@@ -242,8 +242,10 @@ class Demo:
         os.environ[lc.RUN_DIR_ENV] = str(cdir)
 
     def _stop_cluster(self) -> None:
-        if not self.cluster_started:
-            return
+        from phoenix_hpc.slurm.cluster import CLUSTER_JSON
+
+        if not self.cluster_started or not (self.o.cluster_dir.absolute() / CLUSTER_JSON).exists():
+            return  # nothing was started (cluster up refused before writing anything)
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave daemons behind
         try:
             self.say("stopping the local cluster")
