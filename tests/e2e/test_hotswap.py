@@ -63,10 +63,11 @@ def _wait(pred, timeout_s: float, what: str, poll_s: float = 0.05):
 class Job:
     """One submitted job: its run dir, Slurm id and journal."""
 
-    def __init__(self, env: dict[str, str], tmp: Path, data: Path, name: str):
+    def __init__(self, env: dict[str, str], tmp: Path, data: Path, name: str, config: dict | None = None):
+        """Submit ``config`` (default: :data:`CONFIG`) with ``data.path`` set to ``data``."""
         self.env = env
         self.run_dir = tmp / name
-        cfg = dict(CONFIG, data={"path": str(data)})
+        cfg = dict(config or CONFIG, data={"path": str(data)})
         path = tmp / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         out = subprocess.run([PHOENIX, "submit", "--site", "local", str(path), "--run-dir", str(self.run_dir), "--json"],
