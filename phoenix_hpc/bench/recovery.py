@@ -147,10 +147,31 @@ def run_hotswap(t: Trial, ctx) -> dict:
     if rec["event"] != "recovery_done":
         raise BenchError(f"{t.name}: no hot swap, the journal says {json.dumps(rec)[:300]}")
     steps = [s["step_time_ms"] for s in _read_steps(run_dir, 0)]
-    return {"name": t.name, "nodes": t.nodes, "spares": 1, "size": t.size, "params": jobs.model_params(t.size),
+    marks = journal_marks(_journal(run_dir), rec["ts"])
+    return {"marks": marks,"name": t.name, "nodes": t.nodes, "spares": 1, "size": t.size, "params": jobs.model_params(t.size),
             "pp": t.pp, "fault_step": t.fault_step, **info, "total_s": rec["total_s"], "phases": rec["phases"],
             "steps_replayed": rec.get("steps_replayed"), "recoverable_step": rec.get("recoverable_step"),
             "step_ms_median": statistics.median(steps) if steps else None}
+
+
+def journal_marks(journal: list[dict], t_done: float) -> dict:
+    """Seconds from ``recovery_start`` of the last recovery to its ``recovery_plan``, ``recovery_restored``
+    and ``recovery_done`` (pure), and whether a survivor reported a collective timeout in between (a
+    survivor blocked in a collective with the dead rank delays the quiesce until
+    ``resilience.collective_timeout_s``)."""
+    starts = [r for r in journal if r["event"] == "recovery_start" and r["ts"] <= t_done]
+    if not starts:
+        return {}
+    t0 = starts[-1]["ts"]
+
+    def first(ev):
+        xs = [r["ts"] for r in journal if r["event"] == ev and t0 <= r["ts"] <= t_done]
+        return round(min(xs) - t0, 3) if xs else None
+
+    timeouts = [r for r in journal if r["event"] == "fault" and r.get("kind") == "collective_timeout"
+                and t0 <= r["ts"] <= t_done]
+    return {"quiesce_s": first("recovery_plan"), "to_restored_s": first("recovery_restored"),
+            "to_done_s": first("recovery_done"), "collective_timeout_in_quiesce": bool(timeouts)}
 
 
 def run_baseline(t: Trial, ctx) -> dict:

@@ -45,6 +45,23 @@ def unattributed(h: dict) -> float:
     return h["total_s"] - sum(h["phases"].get(p, 0.0) for p in PHOENIX_PHASES)
 
 
+def quiesce_findings(trials: list[dict]) -> list[str]:
+    """Sentences on hot swaps whose quiesce took most of the total (pure)."""
+    slow = [h for h in trials if (h.get("marks") or {}).get("quiesce_s") is not None
+            and h["marks"]["quiesce_s"] > 0.5 * h["total_s"]]
+    if not slow:
+        return []
+    blocked = [h for h in slow if h["marks"].get("collective_timeout_in_quiesce")]
+    each = ", ".join(f"{h['name']}: {h['marks']['quiesce_s']:.1f} of {h['total_s']:.1f} s" for h in slow)
+    out = [f"- In {len(slow)} of {len(trials)} hot swaps the quiesce took more than half of the total ({each})."]
+    if blocked:
+        out.append(f"  In {len(blocked)} of them a survivor reported a collective timeout during the quiesce: it was "
+                   "blocked in a gloo collective with the dead rank and answered only when "
+                   "`resilience.collective_timeout_s` (30 s in these jobs) expired. That wait, not detection, "
+                   "communicator rebuild or restore, dominates these hot swaps.")
+    return out
+
+
 def dominant_cost(case: dict) -> str:
     """One sentence on what makes protection cost time in a case (pure): the exposed wait (copies not
     hidden by compute) or the background copy threads slowing compute (CPU contention)."""
@@ -147,16 +164,20 @@ def render_markdown(r: dict) -> str:
         if hs:
             a("PHOENIX hot swap (phases from the coordinator's journal, seconds):")
             a("")
-            a("| trial | fault step | steps replayed | " + " | ".join(PHOENIX_PHASES) + " | total - sum of phases | total |")
-            a("| --- | --- | --- | " + " | ".join("---" for _ in PHOENIX_PHASES) + " | --- | --- |")
+            a("| trial | fault step | steps replayed | " + " | ".join(PHOENIX_PHASES)
+              + " | total - sum of phases | of which quiesce | total |")
+            a("| --- | --- | --- | " + " | ".join("---" for _ in PHOENIX_PHASES) + " | --- | --- | --- |")
             for h in hs:
                 a(f"| {h['name']} | {h['fault_step']} | {h.get('steps_replayed')} | "
                   + " | ".join(f"{h['phases'][p]:.2f}" for p in PHOENIX_PHASES)
-                  + f" | {unattributed(h):.2f} | **{h['total_s']:.2f}** |")
+                  + f" | {unattributed(h):.2f} | {_f((h.get('marks') or {}).get('quiesce_s'))} | **{h['total_s']:.2f}** |")
             a("")
             a("*total - sum of phases*: the journal's total (fault -> members past the replayed steps) minus its five "
-              "phases; positive where time falls between phases (quiesce round, messages), negative where phases "
-              "overlap (members restore parameters and optimizer shards concurrently).")
+              "phases; positive where time falls between phases, negative where phases overlap (members restore "
+              "parameters and optimizer shards concurrently). *of which quiesce*: `recovery_start` -> "
+              "`recovery_plan` in the journal (survivors stopping and answering).")
+            for line in quiesce_findings(hs):
+                a(line)
             a("")
         base = {k: b for k, b in (rec.get("baseline") or {}).items() if "total_s" in b}
         if base:
@@ -171,7 +192,7 @@ def render_markdown(r: dict) -> str:
         errs = _errors(rec.get("hotswap", [])) + [f"K={k}: {v['error']}" for k, v in (rec.get("baseline") or {}).items()
                                                    if "error" in v]
         for e in errs:
-            a(f"- failed trial: {e}")
+            a(f"- failed trial: {' '.join(e.split())}")
         hs_med = statistics.median(h["total_s"] for h in hs) if hs else None
         for k, b in (rec.get("baseline") or {}).items():
             if "total_s" in b:
@@ -212,15 +233,19 @@ def render_markdown(r: dict) -> str:
         for title, key in (("by number of active slots (model S)", "by_slots"), ("by model size (4 active slots)", "by_size")):
             a(f"{title}:")
             a("")
-            a("| run | slots | params | " + " | ".join(PHOENIX_PHASES) + " | total - sum of phases | total s |")
-            a("| --- | --- | --- | " + " | ".join("---" for _ in PHOENIX_PHASES) + " | --- | --- |")
+            a("| run | slots | params | " + " | ".join(PHOENIX_PHASES) + " | total - sum of phases | of which quiesce | total s |")
+            a("| --- | --- | --- | " + " | ".join("---" for _ in PHOENIX_PHASES) + " | --- | --- | --- |")
             for h in sc.get(key, []):
                 if "total_s" not in h:
-                    a(f"| {h.get('name', '?')} | failed: {h.get('error', '?')[:120]} | | | | | | | | |")
+                    a(f"| {h.get('name', '?')} | failed: {' '.join(str(h.get('error', '?')).split())[:200]} | | | | | | | | | |")
                     continue
                 a(f"| {h['name']} | {h['nodes']} | {h['params'] / 1e6:.2f} M | "
-                  + " | ".join(f"{h['phases'][p]:.2f}" for p in PHOENIX_PHASES) + f" | {unattributed(h):.2f} | {h['total_s']:.2f} |")
+                  + " | ".join(f"{h['phases'][p]:.2f}" for p in PHOENIX_PHASES)
+                  + f" | {unattributed(h):.2f} | {_f((h.get('marks') or {}).get('quiesce_s'))} | {h['total_s']:.2f} |")
             a("")
+        for line in quiesce_findings([h for k in ("by_slots", "by_size") for h in sc.get(k, []) if "total_s" in h]):
+            a(line)
+        a("")
         fit = sc.get("fit") or {}
         if "result" in fit:
             fr = fit["result"]
@@ -270,7 +295,8 @@ def render_markdown(r: dict) -> str:
     a("## Reproduce")
     a("")
     a("```\nscripts/bench.sh            # full run (about 15-20 min on 2 cores)\nscripts/bench.sh --quick    "
-      "# under 3 min: fewer steps, K=10 only, fewer scaling points\n```")
+      "# under 3 min: overhead and memory on model S, one hot swap\nphoenix bench [--quick]     # the same "
+      "from the CLI (after scripts/setup.sh)\n```")
     a("")
     return "\n".join(L)
 
