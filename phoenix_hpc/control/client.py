@@ -170,10 +170,11 @@ class CoordinatorClient:
         self.send({"type": "checkpoint", "world_rank": self.world_rank, "pid": self.pid, "step": step,
                    "path": path})
 
-    def report_quiesced(self, generation: int, live_step: int, shards: dict[str, int],
-                        replicas: dict[str, int], dirty: bool) -> None:
-        """Answer a ``quiesce``: the live step (optimizer steps fully applied), committed steps of the own
-        shard and of held replicas, and ``dirty`` when the live state holds a partially applied update."""
+    def report_quiesced(self, generation: int, live_step: int, shards: dict[str, list[int]],
+                        replicas: dict[str, list[int]], dirty: bool) -> None:
+        """Answer a ``quiesce``: the live step (optimizer steps fully applied), the steps of the verified
+        copies (committed buffer first, then the previous one) of the own shard and of held replicas, and
+        ``dirty`` when the live state holds a partially applied update."""
         self.send({"type": "quiesced", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
                    "live_step": live_step, "shards": shards, "replicas": replicas, "dirty": dirty})
 

@@ -83,6 +83,7 @@ class Timing:
     collective_timeout_s: float = 30.0
     checkpoint_path: str | None = None
     summary_interval_s: float = 30.0
+    progress_interval_s: float = 1.0  # at most one ``progress`` record per this many seconds
     commit_log_every: int = 10
     linger_s: float = 5.0
 
@@ -175,6 +176,8 @@ class Coordinator:
         self._end_at: float | None = None
         self._t_fault_hint: float | None = None
         self._last_summary = -1e18
+        self._last_progress: tuple[int, int] | None = None  # (min, max) step of the ACTIVE slots, journalled
+        self._last_progress_t = -1e18
         self.store = None
         self.journal: Journal | None = None
         self.secret = b""
@@ -547,6 +550,13 @@ class Coordinator:
             self._advance_recovery(now)
         if self.recovery is None and self.faults and self.job.state in (JobState.RUNNING,):
             self._decide(now)
+        if now - self._last_progress_t >= self.t.progress_interval_s:
+            # live progress for ``phoenix status``: the steps the ACTIVE slots last reported (heartbeats)
+            steps = [s.step for s in self.slots.values() if s.state is SlotState.ACTIVE]
+            span = (min(steps), max(steps)) if steps else None
+            if span is not None and span != self._last_progress:
+                self._last_progress, self._last_progress_t = span, now
+                self.journal.append("progress", step=span[1], min_step=span[0], generation=self.generation)
         if now - self._last_summary >= self.t.summary_interval_s:
             self._last_summary = now
             self.journal.append(
@@ -689,7 +699,8 @@ class Coordinator:
             if q.get("dirty"):
                 dirty.append(r)
             for sid, st in {**dict(q.get("shards", {})), **dict(q.get("replicas", {}))}.items():
-                committed.setdefault(sid, {})[r] = int(st)
+                # one step, or the steps of both ping-pong buffers (committed first)
+                committed.setdefault(sid, {})[r] = [int(st)] if isinstance(st, int) else [int(x) for x in st]
         spares = sorted((w for w, s in self.slots.items() if s.state is SlotState.STANDBY),
                         key=lambda w: (self.slots[w].node, w))
         dead = [w for w, s in self.slots.items() if s.state is SlotState.DEAD]

@@ -17,7 +17,8 @@ the coordinator's ``quiesce``) or with a ``quiesce`` received at a step boundary
 
 1. *quiesce*: the partial step is abandoned, the protector is closed without waiting on peers (its buffers
    stay readable), and the member answers ``quiesced`` with its live step (optimizer steps fully applied),
-   the committed steps of its shard and of the replicas it holds, and ``dirty`` when the error hit inside
+   the steps of the verified copies of its shard and of the replicas it holds (committed and previous
+   ping-pong buffer, committed first), and ``dirty`` when the error hit inside
    ``optimizer_step`` (an update partially applied: only the committed snapshot may be used, I4);
 2. *plan*: it waits for ``recover`` {plan} (:class:`phoenix_hpc.recovery.plan.RecoveryPlan` JSON);
 3. *reconfigure*: ``destroy_process_group`` and :func:`phoenix_hpc.launch.groups.init_generation` for
@@ -360,13 +361,15 @@ class Member:
         live = int(self.engine.step)
         self.trigger.check(live + 1, "recovery")
         prot, self.protector = self.protector, None
-        shards: dict[str, int] = {}
-        replicas: dict[str, int] = {}
+        shards: dict[str, list[int]] = {}
+        replicas: dict[str, list[int]] = {}
         if prot is not None:
             prot.close(abandon=True)
-            if prot.committed_step is not None:
-                shards[prot.shard_id] = int(prot.committed_step)
-            replicas = {s: int(v) for s, v in dict(prot.held_steps).items()}
+            # both ping-pong buffers count: a copy one step behind the others is still recoverable
+            local, held = prot.copy_steps()
+            if local:
+                shards[prot.shard_id] = local
+            replicas = {s: v for s, v in held.items() if v}
         self.old_protector = prot
         self.env.client.report_quiesced(g, live, shards, replicas, dirty)
         self.env.log(f"[phoenix] rank {self.logical}: quiesced for generation {g} (live step {live}, "

@@ -9,7 +9,8 @@ each copy holds, :func:`plan_recovery` decides (DESIGN.md section 6, steps 1, 4,
   provide its live state (``live_steps``) or its committed local snapshot; a dead owner's shard only a
   replica on a live holder. ``R = min over shards of (newest step that shard can provide)`` and every shard
   must be able to provide exactly ``R`` (the per-step protocol of DESIGN.md section 4 guarantees it when
-  replicas are committed; otherwise the plan fails over to the persistent checkpoint);
+  replicas are committed: every copy keeps S(R) in its committed or its previous ping-pong buffer, and both
+  count; otherwise the plan fails over to the persistent checkpoint);
 - who sends what to whom: parameters from a live DP peer at the same ``(pp, tp)`` (they are identical on all
   DP ranks of a ``(pp, tp)``, DESIGN.md section 3); the optimizer shard + envelope from a live holder whose
   committed replica is at step ``R``;
@@ -199,8 +200,11 @@ def plan_recovery(
         dead: world ranks of the dead slots (active or standby).
         spares: world ranks of live standby slots, in order of preference.
         placement: shard id -> logical ranks of its replica holders (k of them, DESIGN.md section 5).
-        committed: shard id -> {logical rank: step} of the committed copies of that shard: the owner's
-            committed local snapshot and each holder's committed replica.
+        committed: shard id -> {logical rank: step or steps} of the verified copies of that shard: the
+            owner's local snapshot and each holder's replica. A copy is one step (the committed buffer) or
+            a collection of steps (committed and previous buffer of the ping-pong pair, DESIGN.md section
+            4: the runtime keeps both, so a survivor that committed S(k) while a dead rank's replica is at
+            S(k-1) can still provide S(k-1) from its previous buffer).
         live_steps: logical rank -> step of its live model state (number of optimizer steps applied), for
             every live active slot.
         restore: logical ranks whose slot is alive but whose state cannot be trusted (a spare whose
@@ -246,17 +250,18 @@ def plan_recovery(
     new_map.update(assignment)
 
     # --- the recoverable step ----------------------------------------------------------------------
+    steps_of = {sid: {h: _steps(v) for h, v in copies.items()} for sid, copies in committed.items()}
     candidates: dict[str, set[int]] = {}
     for r in range(n):
         sid = shard_id_of(r, tp, pp, dp)
-        copies = committed.get(sid, {})
+        copies = steps_of.get(sid, {})
         if r in dead_logical or r in restore_set:
-            cand = {s for h, s in copies.items() if h != r and h in alive}
+            cand = {s for h, st in copies.items() if h != r and h in alive for s in st}
         else:
             if r not in live_steps:
                 raise RecoveryError(f"live logical rank {r} reported no step")
             cand = set() if r in dirty_set else {live_steps[r]}
-            cand |= {copies[r]} if r in copies else set()
+            cand |= copies.get(r, set())
         if not cand:
             holders = [h for h in placement.get(sid, ()) if h != r]
             raise FallbackRequired(
@@ -291,9 +296,9 @@ def plan_recovery(
                 [sid],
             )
         transfers.append(Transfer("params", f"param/pp{c.pp}/tp{c.tp}", new_map[peers[0]], spare, recoverable))
-        copies = committed.get(sid, {})
+        copies = steps_of.get(sid, {})
         order = [h for h in placement.get(sid, ()) if h in alive] + sorted(h for h in copies if h in alive)
-        holder = next(h for h in order if copies.get(h) == recoverable)
+        holder = next(h for h in order if recoverable in copies.get(h, ()))
         transfers.append(Transfer("optimizer", sid, new_map[holder], spare, recoverable))
 
     rollbacks = tuple((r, live_steps[r]) for r in alive if live_steps[r] > recoverable or r in dirty_set)
@@ -320,6 +325,13 @@ def plan_recovery(
         steps_replayed=newest - recoverable,
         grid=(tp, pp, dp),
     )
+
+
+def _steps(copy: int | Iterable[int]) -> set[int]:
+    """The steps one copy can provide: a single step, or the steps of its (committed, previous) buffers."""
+    if isinstance(copy, int):
+        return {copy}
+    return {int(s) for s in copy if s is not None}
 
 
 def _owner(shard_id: str, tp: int, pp: int, dp: int) -> int:

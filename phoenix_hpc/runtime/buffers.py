@@ -137,6 +137,13 @@ class PingPong:
                 return None, None
             return self.steps[self.committed_idx], self.bufs[self.committed_idx]
 
+    def verified_steps(self) -> list[int]:
+        """Steps of the verified copies this pair holds, the committed one first (at most two; a buffer
+        being written counts for nothing)."""
+        with self._lock:
+            order = [] if self.committed_idx is None else [self.committed_idx, 1 - self.committed_idx]
+            return [self.steps[i] for i in order if self.steps[i] is not None]
+
     def find(self, step: int) -> torch.Tensor | None:
         """The buffer holding a verified copy of ``step`` (committed or the previous one), else None."""
         with self._lock:

@@ -379,6 +379,13 @@ class Protector:
         """Job-wide minimum committed step from the newest completed commit fence (None before one)."""
         return self.h2h.fenced_step
 
+    def copy_steps(self) -> tuple[list[int], dict[str, list[int]]]:
+        """Steps this rank can still restore, committed first: its local snapshot's, and per held shard the
+        replica's (both ping-pong buffers, DESIGN.md section 4). Read with :meth:`local_snapshot` /
+        :meth:`held_replica` ``(step=...)``, which verify the checksums."""
+        return (self.buffers.local.verified_steps(),
+                {sid: pp.verified_steps() for sid, pp in self.buffers.held.items()})
+
     def held_shards(self) -> list[str]:
         return list(self.buffers.held)
 

@@ -139,3 +139,32 @@ def test_plan_json_is_stable():
     p = _plan(dead=[5])
     j = p.to_json()
     assert j["rank_map"][5] == [5, 8] and j["joins"][0]["coord"] == [0, 2, 1] and j["invariants"] == ["I1", "I2", "I3", "I4"]
+
+
+def test_survivor_ahead_of_the_dead_ranks_replica_serves_the_older_step_from_its_previous_buffer():
+    """The commit race: every survivor committed S(10) but the dead rank's only replica holds S(9). With
+    only the committed step per copy the plan cannot find S(9) on the survivors and must fall back; with
+    both ping-pong buffers reported (committed S(10), previous S(9)) it recovers at 9 from memory."""
+    pl = _placement(1)
+    committed = _committed(10, pl)
+    committed["opt/pp0/tp1/dp2"][7] = 9  # the holder of dead rank 5's shard verified only S(9)
+    live = {r: 10 for r in range(8) if r != 5}
+    with pytest.raises(FallbackRequired, match=r"no copy at the recoverable step 9"):
+        _plan(dead=[5], committed=committed, live_steps=live)
+    both = {sid: {h: ([s, s - 1] if h != 7 or sid != "opt/pp0/tp1/dp2" else [9, 8]) for h, s in c.items()}
+            for sid, c in committed.items()}
+    p = _plan(dead=[5], committed=both, live_steps=live)
+    assert p.recoverable_step == 9 and p.steps_replayed == 1
+    assert sorted(r for r, _ in p.rollbacks) == [r for r in range(8) if r != 5]
+    (opt,) = [t for t in p.transfers if t.kind == "optimizer"]
+    assert opt.sender_world == 7 and opt.step == 9
+
+
+def test_copy_steps_may_be_lists_and_a_destroyed_buffer_counts_for_nothing():
+    pl = _placement(1)
+    committed = {sid: {h: [s, None] for h, s in c.items()} for sid, c in _committed(9, pl).items()}
+    p = _plan(dead=[5], committed=committed)
+    assert p.recoverable_step == 9
+    committed["opt/pp0/tp1/dp2"][7] = [None, None]  # the holder's both buffers invalid (mid-receive)
+    with pytest.raises(FallbackRequired, match=r"shard opt/pp0/tp1/dp2 lost"):
+        _plan(dead=[5], committed=committed)

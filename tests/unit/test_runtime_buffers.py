@@ -128,3 +128,14 @@ def test_chunks_and_tags():
     assert len(tags) == 12 and max(tags) <= 2**31 - 1
     with pytest.raises(ReplicationError, match="Raise resilience.chunk_bytes"):
         make_tag_plan(10_000, 32767)
+
+
+def test_pingpong_keeps_the_previous_step_until_it_is_written_again():
+    """Recovery may use either buffer (the plan's recoverable step can be one behind the newest commit)."""
+    pp = B.PingPong(B.allocate_pair(8, pin=False), "t")
+    assert pp.verified_steps() == []
+    pp.commit(pp.target_idx(), 4)
+    pp.commit(pp.target_idx(), 5)
+    assert pp.verified_steps() == [5, 4] and pp.find(4) is not None and pp.find(5) is not None
+    pp.begin_write(pp.target_idx())  # the write of step 6 destroys step 4 only
+    assert pp.verified_steps() == [5] and pp.find(4) is None
