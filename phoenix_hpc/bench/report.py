@@ -401,9 +401,26 @@ def _plots(r: dict, folder: Path) -> list[str]:
     return written
 
 
-def write_all(results: dict, out: Path) -> None:
-    """Write ``out/BENCHMARKS.json``, ``out/BENCHMARKS.md`` and ``out/benchmarks/*.png``."""
+def scrub_paths(obj, replacements: dict[str, str]):
+    """``obj`` with every string's occurrences of each key replaced by its value (pure; longest key first),
+    so that a committed report names no folder of the machine it ran on."""
+    keys = sorted((k for k in replacements if k), key=len, reverse=True)
+    if isinstance(obj, str):
+        for k in keys:
+            obj = obj.replace(k, replacements[k])
+        return obj
+    if isinstance(obj, dict):
+        return {scrub_paths(k, replacements): scrub_paths(v, replacements) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [scrub_paths(v, replacements) for v in obj]
+    return obj
+
+
+def write_all(results: dict, out: Path, replacements: dict[str, str] | None = None) -> None:
+    """Write ``out/BENCHMARKS.json``, ``out/BENCHMARKS.md`` and ``out/benchmarks/*.png``; strings are first
+    passed through :func:`scrub_paths` with ``replacements`` (e.g. the work folder -> ``<work>``)."""
     out = Path(out)
+    results = scrub_paths(results, replacements or {})
     _plots(results, out / PLOT_DIR)
     _atomic_text(out / "BENCHMARKS.json", json.dumps(results, indent=1, sort_keys=True, default=str) + "\n")
     _atomic_text(out / "BENCHMARKS.md", render_markdown(results))

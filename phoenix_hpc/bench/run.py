@@ -144,14 +144,16 @@ def model_fit(points: list[dict], work: Path) -> dict:
         return {"error": f"only {len(good)} scaling point(s) measured; the fit needs at least 2"}
     csv = work / "scaling-points.csv"
     csv.write_text("gpus,seconds\n" + "".join(f"{p['nodes']},{p['total_s']}\n" for p in good))
+    rows = [{"gpus": p["nodes"], "seconds": p["total_s"]} for p in good]
     proc = subprocess.run([*jobs.PHOENIX_CLI, "model", "fit", "--csv", str(csv), "--json"],
                           capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
-        return {"error": f"phoenix model fit exited {proc.returncode}: {proc.stderr.strip()[:500]}", "csv": str(csv)}
+        return {"error": f"phoenix model fit exited {proc.returncode}: {proc.stderr.strip()[:500]}", "csv": csv.name,
+                "points": rows}
     try:
-        return {"csv": csv.name, "result": json.loads(proc.stdout)}
+        return {"csv": csv.name, "points": rows, "result": json.loads(proc.stdout)}
     except json.JSONDecodeError:
-        return {"csv": csv.name, "text": proc.stdout.strip()[:2000]}
+        return {"csv": csv.name, "points": rows, "text": proc.stdout.strip()[:2000]}
 
 
 def summarize_top(results: dict) -> dict:
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_s"] = round(time.time() - t0, 1)
     results.update(summarize_top(results))
     out = Path(a.out_dir).absolute()
-    report.write_all(results, out)
+    report.write_all(results, out, {str(work): "<work>", str(repo): "<repo>"})
     print(f"[bench] wrote {out / 'BENCHMARKS.md'} and {out / 'BENCHMARKS.json'} in {results['wall_s']:.0f} s", flush=True)
     return 0
 

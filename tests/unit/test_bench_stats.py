@@ -148,3 +148,11 @@ def test_summarize_top_keys_and_disruption_ratio():
     assert top["ckpt_restart_s"] == {"10": 40.0, "100": 90.0}
     assert top["disruption_ratio"] == 6.0
     assert top["overhead_ratio"] is None and top["host_mem_ratio"] is None
+
+
+def test_scrub_paths_removes_local_folders():
+    from phoenix_hpc.bench.report import scrub_paths
+
+    obj = {"error": "see /x/run/work/a.out", "list": ["/x/run/work", "/x/run/other"], "n": 3}
+    out = scrub_paths(obj, {"/x/run/work": "<work>", "/x/run": "<repo>"})
+    assert out == {"error": "see <work>/a.out", "list": ["<work>", "<repo>/other"], "n": 3}
