@@ -699,7 +699,8 @@ class Coordinator:
             if q.get("dirty"):
                 dirty.append(r)
             for sid, st in {**dict(q.get("shards", {})), **dict(q.get("replicas", {}))}.items():
-                committed.setdefault(sid, {})[r] = int(st)
+                # one step, or the steps of both ping-pong buffers (committed first)
+                committed.setdefault(sid, {})[r] = [int(st)] if isinstance(st, int) else [int(x) for x in st]
         spares = sorted((w for w, s in self.slots.items() if s.state is SlotState.STANDBY),
                         key=lambda w: (self.slots[w].node, w))
         dead = [w for w, s in self.slots.items() if s.state is SlotState.DEAD]
