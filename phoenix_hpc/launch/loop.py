@@ -42,7 +42,8 @@ class Protector(Protocol):
 @dataclass(frozen=True)
 class StepRecord:
     """One finished step. ``loss`` is None except on the last pipeline stage; times in milliseconds;
-    ``tokens_per_s`` counts the whole job's tokens of the step (global batch x seq length)."""
+    ``tokens_per_s`` counts the whole job's tokens of the step (global batch x seq length); ``ts``: wall
+    clock (unix seconds, ``time.time()``) when the step finished."""
 
     step: int
     loss: float | None
@@ -51,6 +52,7 @@ class StepRecord:
     exposed_wait_ms: float
     lr: float
     grad_norm: float
+    ts: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -101,6 +103,7 @@ def train(
             exposed_wait_ms=wait * 1e3,
             lr=float(getattr(engine, "last_lr", 0.0)),
             grad_norm=float(getattr(engine, "last_grad_norm", 0.0)),
+            ts=time.time(),
         )
         records.append(rec)
         if on_step is not None:
