@@ -10,7 +10,9 @@ What the script does (DESIGN.md section 7), in order:
 4. runs ONE srun step over all nodes with ``--no-kill --kill-on-bad-exit=0`` (srun(1): only the dead node's
    tasks end, the step goes on), the site's ``--mpi`` plugin and GPU binding; slots on spare nodes start in
    standby (the rank launcher decides from ``SLURM_NODEID``);
-5. stops the coordinator and exits with srun's status.
+5. ends the srun step if slots still run :func:`step_grace_s` seconds after the coordinator exited (a
+   stopped or hung process never exits by itself, and would hold the allocation until the time limit);
+6. stops the coordinator and exits with srun's status.
 
 Quoting: ``#SBATCH`` lines are parsed by sbatch, not bash, so values there are restricted to a safe charset
 (checked by :func:`phoenix_hpc.config.resolve.resolve`; the job name is reduced to ``[A-Za-z0-9._-]``; a run
@@ -33,6 +35,15 @@ _SAFE_PATH = re.compile(r"^[A-Za-z0-9_.,+=/@:-]+$")
 COORDINATOR_MODULE = "phoenix_hpc.control.coordinator"
 RANK_MODULE = "phoenix_hpc.launch.rank"
 COORDINATOR_STOP_GRACE_S = 30
+
+
+def step_grace_s(heartbeat_timeout_s: float) -> int:
+    """Seconds the batch script lets the srun step run on after the coordinator exited, before it ends the
+    step with ``scancel --signal=KILL JOBID.0`` (scancel(1): a signal to one step's tasks; SIGKILL also ends
+    a stopped process). A live slot exits at the coordinator's ``stop``, or by itself once the coordinator
+    has been gone for ``heartbeat_timeout_s`` (its watchdog); three heartbeat timeouts, at least 30 s,
+    leave room for both."""
+    return max(30, int(-(-3 * heartbeat_timeout_s // 1)))
 
 
 def slurm_job_name(name: str) -> str:
@@ -200,8 +211,28 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
     srun += [_q(a) for a in ln.extra_srun]
     out.append(" ".join(srun) + " \\")
     out.append(f'  "$PHOENIX_PYTHON" -m {RANK_MODULE} --run-dir "$RUN_DIR" &')
+    grace = step_grace_s(cfg.resilience.heartbeat_timeout_s)
     out += [
         "SRUN_PID=$!",
+        "# once the coordinator has ended the job, the slots have STEP_GRACE_S to exit by themselves; a slot",
+        "# that cannot (a stopped or hung process) would keep the step, and the allocation, alive: end the step",
+        f"STEP_GRACE_S={grace}",
+        "end_step_after_coordinator() {",
+        '  while kill -0 "$COORDINATOR_PID" 2>/dev/null; do sleep 1; done',
+        "  for _ in $(seq \"$STEP_GRACE_S\"); do",
+        '    kill -0 "$SRUN_PID" 2>/dev/null || return 0',
+        "    sleep 1",
+        "  done",
+        '  echo "[phoenix] slots still running $STEP_GRACE_S s after the coordinator ended; ending the step" >&2',
+        '  scancel --signal=KILL "${SLURM_JOB_ID}.0" 2>/dev/null',
+        "  for _ in $(seq 10); do",
+        '    kill -0 "$SRUN_PID" 2>/dev/null || return 0',
+        "    sleep 1",
+        "  done",
+        '  kill -KILL "$SRUN_PID" 2>/dev/null || true',
+        "}",
+        "end_step_after_coordinator &",
+        "STEP_WATCH_PID=$!",
         "# wait returns early when a trapped signal arrives; keep waiting until srun itself has ended",
         "while :; do",
         '  wait "$SRUN_PID"',
@@ -211,6 +242,7 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         'echo "[phoenix] srun step ended with status $SRUN_RC"',
         "",
         "# 3. stop the coordinator",
+        'kill "$STEP_WATCH_PID" 2>/dev/null',
         "stop_coordinator",
         'exit "$SRUN_RC"',
     ]
