@@ -30,8 +30,13 @@ Recovery (one at a time; faults arriving meanwhile are queued), DESIGN.md sectio
 
 If a member of the recovery dies before it completes, the recovery is aborted and re-planned with the
 queued fault (spares whose restore was cut short are restored again in place). When memory cannot cover the
-loss the plan raises :class:`~phoenix_hpc.recovery.plan.FallbackRequired`: ``fallback`` {reason,
-checkpoint} goes to the live slots and the job enters FALLBACK.
+loss the plan raises :class:`~phoenix_hpc.recovery.plan.FallbackRequired`. With a persistent checkpoint and
+enough spares the recovery goes on as an in-job restart from it
+(:func:`~phoenix_hpc.recovery.plan.plan_checkpoint_restart`; journal ``checkpoint_restart`` {reason,
+lost_shards, checkpoint_step, lost_steps, checkpoint_path}; every member of the new generation loads the
+checkpoint and the lost steps are trained again). Otherwise the job enters FALLBACK and stops (``fallback``
+{reason, message, checkpoint_step, lost_steps, checkpoint_path}), the message naming the checkpoint step
+and how to resubmit.
 
 The job ends (``job_done`` with the final hash) when every active rank reported ``done``; or on a ``stop``
 message, SIGTERM (the batch script's stop) or SIGUSR1 (time limit). It then tells every live slot ``stop``
@@ -68,7 +73,7 @@ from phoenix_hpc.control.states import (
     slot_machine,
 )
 from phoenix_hpc.recovery.invariants import Expected, check_all, report_from_json
-from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, plan_recovery
+from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, plan_checkpoint_restart, plan_recovery
 from phoenix_hpc.topology import coord_of
 
 _COMM_KINDS = (FaultKind.COMM_ERROR, FaultKind.COLLECTIVE_TIMEOUT)
@@ -713,11 +718,14 @@ class Coordinator:
                 restore=sorted(self.restore_pending), dirty=dirty,
             )
         except FallbackRequired as exc:
-            return self._fallback(rec, exc, live_steps, now)
+            return self._fallback(rec, exc, live_steps, spares, dead, now)
+        self._send_plan(rec, plan, now, time.perf_counter() - t0)
+
+    def _send_plan(self, rec: _Recovery, plan: RecoveryPlan, now: float, plan_s: float) -> None:
         # the plan was made for generation - 1 -> generation; keep the coordinator's numbering
         rec.plan = plan
         rec.phase = "restore"
-        rec.phases["plan_s"] = time.perf_counter() - t0
+        rec.phases["plan_s"] = plan_s
         rec.deadline = now + self.t.collective_timeout_s + self.t.heartbeat_timeout_s
         self.rank_map = plan.world_of()
         self.restore_pending = set()
@@ -775,16 +783,51 @@ class Coordinator:
                             replay_interrupted=interrupted)
         self.recovery = None
 
-    def _fallback(self, rec: _Recovery, exc: FallbackRequired, live_steps: dict[int, int], now: float) -> None:
+    def _newest_checkpoint(self) -> int | None:
+        """The newest complete persistent checkpoint: reported by rank 0 or found under the checkpoint root."""
+        from phoenix_hpc.recovery.checkpoint import latest_step
+
+        on_disk = latest_step(self.t.checkpoint_path) if self.t.checkpoint_path else None
+        steps = [s for s in (self.checkpoint_step, on_disk) if s is not None]
+        return max(steps) if steps else None
+
+    def _fallback(self, rec: _Recovery, exc: FallbackRequired, live_steps: dict[int, int], spares: list[int],
+                  dead: list[int], now: float) -> None:
+        """Memory replicas cannot cover the loss (DESIGN.md section 6): restart generation g+1 in this job
+        from the newest persistent checkpoint (spares take the dead ranks, every member loads it); when
+        there is no checkpoint or not enough spares, stop cleanly naming the checkpoint to resubmit from."""
+        ck = self._newest_checkpoint()
         newest = max(live_steps.values(), default=0)
-        lost = None if self.checkpoint_step is None else newest - self.checkpoint_step
+        lost = None if ck is None else newest - ck
+        if ck is not None:
+            t0 = time.perf_counter()
+            try:
+                plan = plan_checkpoint_restart(
+                    generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),
+                    nodes={w: s.node for w, s in self.slots.items()}, dead=dead, spares=spares,
+                    checkpoint_step=ck, live_steps=live_steps)
+            except FallbackRequired as exc2:
+                exc = exc2
+            else:
+                self.journal.append("decision", action="checkpoint_restart", reason=exc.reason, checkpoint_step=ck,
+                                    lost_steps=lost)
+                self.journal.append("checkpoint_restart", generation=rec.generation, reason=exc.reason,
+                                    lost_shards=list(exc.lost_shards), checkpoint_step=ck, lost_steps=lost,
+                                    checkpoint_path=self.t.checkpoint_path)
+                return self._send_plan(rec, plan, now, time.perf_counter() - t0)
         self.journal.append("decision", action="fallback", reason=exc.reason, lost_shards=list(exc.lost_shards),
-                            checkpoint_step=self.checkpoint_step, lost_steps=lost)
+                            checkpoint_step=ck, lost_steps=lost)
         self.recovery = None
         self.job.to(JobState.FALLBACK, exc.reason)
-        msg = (f"{exc}. Newest persistent checkpoint: "
-               + (f"step {self.checkpoint_step} ({lost} step(s) lost)" if self.checkpoint_step is not None else "none"))
-        self._end(JobState.FAILED, "fallback", reason=exc.reason, message=msg, checkpoint_step=self.checkpoint_step,
+        if ck is not None:
+            msg = (f"{exc}. The job stops. Newest persistent checkpoint: step {ck} under {self.t.checkpoint_path} "
+                   f"({lost} step(s) since then are lost). To resume from it, resubmit the job with "
+                   f"resilience.checkpoint.path: {self.t.checkpoint_path} (phoenix submit CONFIG): "
+                   f"training restarts at step {ck}")
+        else:
+            msg = (f"{exc}. The job stops. No persistent checkpoint was written yet "
+                   "(resilience.checkpoint.interval_steps): resubmitting starts the training over")
+        self._end(JobState.FAILED, "fallback", reason=exc.reason, message=msg, checkpoint_step=ck,
                   lost_steps=lost, checkpoint_path=self.t.checkpoint_path)
 
     # --- the end -----------------------------------------------------------------------------------
@@ -821,8 +864,10 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
     from phoenix_hpc.config import load_job_config
 
     cfg = load_job_config(cfg_path)
+    from phoenix_hpc.launch.persist import checkpoint_root
+
     r = cfg.resilience
-    ck = r.checkpoint.path or str(run_dir / "checkpoints")
+    ck = str(checkpoint_root(cfg, run_dir))
     t = Timing(r.heartbeat_interval_s, r.heartbeat_timeout_s, r.collective_timeout_s, ck,
                linger_s=max(2.0, 2 * r.heartbeat_interval_s))
     par = cfg.parallelism

@@ -1,6 +1,10 @@
-"""Persistent-checkpoint hooks of the training loop for ``resilience.mode: checkpoint-restart`` (the
-baseline of DESIGN.md section 6): a DCP checkpoint every ``resilience.checkpoint.interval_steps`` steps,
-and at start-up a restore from the newest complete one.
+"""Persistent-checkpoint hooks of the training loop (DESIGN.md section 6): a DCP checkpoint every
+``resilience.checkpoint.interval_steps`` steps, and at start-up a restore from the newest complete one.
+
+With ``resilience.mode: checkpoint-restart`` (the baseline) this is the whole mechanism. With
+``mode: phoenix`` it is the coarse fallback: when memory replicas cannot cover a loss the members of the
+next generation load the newest checkpoint in the job (:func:`restore_step`), and a resubmitted job
+resumes from it at start-up.
 
 Both hooks are collective over ``groups.world`` (every active rank calls them at the same step) and use
 :mod:`phoenix_hpc.recovery.checkpoint` (torch.distributed.checkpoint on that explicit group). The
@@ -33,8 +37,9 @@ def checkpoint_root(cfg, run_dir: str | os.PathLike) -> Path:
 
 
 def enabled(cfg) -> bool:
-    """True when this job writes and restores persistent checkpoints (``mode: checkpoint-restart``)."""
-    return bool(cfg.resilience.enabled and cfg.resilience.mode == "checkpoint-restart")
+    """True when this job writes and restores persistent checkpoints: resilience on, ``mode`` either
+    ``checkpoint-restart`` (the baseline) or ``phoenix`` (the fallback behind the memory replicas)."""
+    return bool(cfg.resilience.enabled and cfg.resilience.mode in ("checkpoint-restart", "phoenix"))
 
 
 def is_due(step: int, interval_steps: int) -> bool:
@@ -56,7 +61,7 @@ def _rank(groups: ProcessGroups) -> int:
 
 
 def save_if_due(engine: Engine, groups: ProcessGroups, step: int, cfg, run_dir: str | os.PathLike) -> Path | None:
-    """After ``step``: write S(step) when checkpoint-restart is on and the step is due. Collective over
+    """After ``step``: write S(step) when persistent checkpoints are on and the step is due. Collective over
     ``groups.world``. Returns the checkpoint folder, or None when nothing was written. DCP/I-O errors
     propagate (the caller reports a fault)."""
     from phoenix_hpc.recovery.checkpoint import save_checkpoint
@@ -70,8 +75,8 @@ def save_if_due(engine: Engine, groups: ProcessGroups, step: int, cfg, run_dir: 
 
 
 def restore_latest(engine: Engine, groups: ProcessGroups, cfg, run_dir: str | os.PathLike) -> int | None:
-    """At start-up: load the newest complete checkpoint into ``engine`` when checkpoint-restart is on and
-    one exists. Collective over ``groups.world``. Returns the restored step, or None (nothing restored).
+    """At start-up: load the newest complete checkpoint into ``engine`` when persistent checkpoints are on
+    and one exists. Collective over ``groups.world``. Returns the restored step, or None (nothing restored).
 
     Raises RecoveryError (from :func:`load_checkpoint`) when ``latest`` names a checkpoint that is missing.
     """
@@ -86,3 +91,17 @@ def restore_latest(engine: Engine, groups: ProcessGroups, cfg, run_dir: str | os
         step = load_checkpoint(engine, root, groups.world, step)
     _log(run_dir, _rank(groups), {"event": "restore", "step": step, "t_start": t0, "t_end": time.time()})
     return step
+
+
+def restore_step(engine: Engine, groups: ProcessGroups, cfg, run_dir: str | os.PathLike, step: int) -> int:
+    """In the job (the fallback of a recovery plan): load the checkpoint of ``step`` into ``engine``.
+    Collective over ``groups.world`` of the new generation. Returns ``step``.
+
+    Raises RecoveryError when that checkpoint is missing."""
+    from phoenix_hpc.recovery.checkpoint import load_checkpoint
+
+    t0 = time.time()
+    got = load_checkpoint(engine, checkpoint_root(cfg, run_dir), groups.world, int(step))
+    _log(run_dir, _rank(groups), {"event": "restore", "step": got, "t_start": t0, "t_end": time.time(),
+                                  "in_job": True})
+    return got

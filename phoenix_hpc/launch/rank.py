@@ -180,7 +180,12 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
         if join_plan is not None:
             member.join(join_plan)
         else:
-            member.start(restore=(lambda eng: load_rank_state(eng, args.restore_dir)) if args.restore_dir else None)
+            def restore(eng) -> None:
+                if args.restore_dir:
+                    load_rank_state(eng, args.restore_dir)
+                persist.restore_latest(eng, member.groups, cfg, run_dir)  # a resubmitted job resumes
+
+            member.start(restore=restore)
         rank, groups, coord = member.logical, member.groups, member.coord
     else:
         rank = slot.world_rank
@@ -203,7 +208,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
             engine = create_engine(cfg, coord, groups, device)
             if args.restore_dir:
                 load_rank_state(engine, args.restore_dir)
-            persist.restore_latest(engine, groups, cfg, run_dir)  # checkpoint-restart mode only
+            persist.restore_latest(engine, groups, cfg, run_dir)
         start_step = engine.step
         summary["start_step"] = start_step
         reporter = coord.pp == grid.pp - 1 and coord.dp == 0
@@ -225,7 +230,12 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                 )
             if rec.step in snapshot_at:
                 save_rank_state(engine, args.snapshot_dir or run_dir / "snapshots" / f"step{rec.step}")
-            persist.save_if_due(engine, groups, rec.step, cfg, run_dir)  # checkpoint-restart mode only
+            if member is None:
+                persist.save_if_due(engine, groups, rec.step, cfg, run_dir)
+            else:  # the member's engine and groups of the current generation
+                path = persist.save_if_due(member.engine, member.groups, rec.step, cfg, run_dir)
+                if path is not None and member.logical == 0:
+                    resilient["client"].report_checkpoint(rec.step, str(path))
 
         try:
             if member is not None:

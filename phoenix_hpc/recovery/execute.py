@@ -38,6 +38,10 @@ the coordinator's ``quiesce``) or with a ``quiesce`` received at a step boundary
 
 A standby slot named in a plan's ``joins`` does steps 3, 5, 6, 7 with a freshly built engine
 (:meth:`Member.join`).
+
+A plan with ``action == "checkpoint_restart"`` (memory replicas could not cover the loss) replaces steps 4
+and 5: every member of the new generation loads the persistent checkpoint of the plan's recoverable step
+(:func:`phoenix_hpc.launch.persist.restore_step`, collective over the new world group).
 """
 
 from __future__ import annotations
@@ -403,9 +407,10 @@ class Member:
 
         t1 = time.perf_counter()
         rolled = False
+        from_checkpoint = plan.get("action") == "checkpoint_restart"
         if self.engine is not None:
             self.engine.rebind(self.groups, self.coord)
-            if int(self.engine.step) != R or dirty:
+            if not from_checkpoint and (int(self.engine.step) != R or dirty):
                 self._rollback(R)
                 rolled = True
             detail["rollback"] = time.perf_counter() - t1
@@ -414,7 +419,16 @@ class Member:
             detail["engine"] = time.perf_counter() - t1
         t_rollback = time.perf_counter() - t1
 
-        t_params, t_opt = self._transfers(plan.get("transfers", []), R)
+        if from_checkpoint:  # memory could not cover the loss: every member loads the persistent checkpoint
+            from phoenix_hpc.launch.persist import restore_step
+
+            t3 = time.perf_counter()
+            restore_step(self.engine, self.groups, e.cfg, e.run_dir, R)
+            rolled = live is not None
+            detail["checkpoint_load"] = time.perf_counter() - t3
+            t_params, t_opt = 0.0, detail["checkpoint_load"]
+        else:
+            t_params, t_opt = self._transfers(plan.get("transfers", []), R)
         if int(self.engine.step) != R:
             raise RecoveryError(f"rank {self.logical} is at step {self.engine.step} after the restore, plan says {R}")
 

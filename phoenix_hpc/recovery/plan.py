@@ -337,3 +337,73 @@ def _steps(copy: int | Iterable[int]) -> set[int]:
 def _owner(shard_id: str, tp: int, pp: int, dp: int) -> int:
     parts = dict((p[:2], int(p[2:])) for p in shard_id.split("/")[1:4])
     return rank_of(GridCoord(pp=parts["pp"], dp=parts["dp"], tp=parts["tp"]), tp, pp, dp)
+
+
+def plan_checkpoint_restart(
+    *,
+    generation: int,
+    grid: tuple[int, int, int],
+    rank_map: Mapping[int, int],
+    nodes: Mapping[int, str],
+    dead: Iterable[int],
+    spares: Sequence[int],
+    checkpoint_step: int,
+    live_steps: Mapping[int, int],
+) -> RecoveryPlan:
+    """The in-job fallback of DESIGN.md section 6 when memory replicas cannot cover a loss: standby slots
+    take the dead logical ranks (as in :func:`plan_recovery`), generation ``g + 1`` is built, and *every*
+    member loads the persistent checkpoint of ``checkpoint_step`` (no memory transfer). The work since that
+    checkpoint is lost and trained again: ``steps_replayed = newest live step - checkpoint_step``.
+
+    Args: as :func:`plan_recovery`; ``checkpoint_step`` is the newest complete persistent checkpoint.
+
+    Returns:
+        A :class:`RecoveryPlan` with ``action == "checkpoint_restart"``, no transfers,
+        ``recoverable_step == checkpoint_step`` and every live member in ``rollbacks``.
+
+    Raises:
+        FallbackRequired: fewer live standby slots than dead active slots (the job cannot go on in this
+            allocation: the caller stops it cleanly and names the checkpoint to resubmit from).
+        RecoveryError: inconsistent input (as :func:`plan_recovery`).
+    """
+    tp, pp, dp = grid
+    n = world_size_of(tp, pp, dp)
+    if sorted(rank_map) != list(range(n)):
+        raise RecoveryError(f"rank map covers logical ranks {sorted(rank_map)}, grid needs 0..{n - 1}")
+    dead_set = set(dead)
+    for w in list(dead_set) + list(rank_map.values()) + list(spares):
+        if w not in nodes:
+            raise RecoveryError(f"world rank {w} has no known node")
+    world_to_logical = {w: r for r, w in rank_map.items()}
+    dead_logical = sorted(world_to_logical[w] for w in dead_set if w in world_to_logical)
+    live_spares = [w for w in spares if w not in dead_set and w not in world_to_logical]
+    if len(dead_logical) > len(live_spares):
+        raise FallbackRequired(
+            f"no spare left: {len(dead_logical)} dead slot(s) ({', '.join(str(rank_map[r]) for r in dead_logical)})"
+            f" but {len(live_spares)} standby slot(s)"
+        )
+    dead_by_node: dict[str, list[int]] = defaultdict(list)
+    for r in dead_logical:
+        dead_by_node[nodes[rank_map[r]]].append(r)
+    assignment = _choose_spares(dead_by_node, live_spares, nodes)
+    new_map = dict(rank_map)
+    new_map.update(assignment)
+    joins = tuple(Join(assignment[r], nodes[assignment[r]], r, coord_of(r, tp, pp, dp), rank_map[r])
+                  for r in dead_logical)
+    alive = [r for r in range(n) if r not in dead_logical]
+    newest = max([live_steps.get(r, checkpoint_step) for r in alive] + [checkpoint_step])
+    return RecoveryPlan(
+        action="checkpoint_restart",
+        old_generation=generation,
+        generation=generation + 1,
+        rank_map=tuple(sorted(new_map.items())),
+        dead_world=tuple(sorted(dead_set)),
+        released_spares=tuple(sorted(w for w in dead_set if w not in world_to_logical)),
+        joins=joins,
+        transfers=(),
+        recoverable_step=int(checkpoint_step),
+        rollbacks=tuple((r, live_steps.get(r, checkpoint_step)) for r in alive),
+        replication=(),
+        steps_replayed=newest - int(checkpoint_step),
+        grid=(tp, pp, dp),
+    )

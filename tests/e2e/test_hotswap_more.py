@@ -99,3 +99,91 @@ def test_pp2_node_loss_is_hot_swapped_with_identical_final_hash(env, data, pp_re
     assert spare["state_hash"] == pp_reference["rank_hashes"][victim]
     print(f"pp=2 node loss of logical {victim}: job {job.elapsed_s:.1f} s, recovery {rec['total_s']} s {rec['phases']}, "
           f"R={rec['recoverable_step']}, replayed {rec['steps_replayed']}")
+
+
+# dp=3 on 3 active nodes + 2 spares, replicas on the plain DP ring (shard i held by i+1, then i+2), a
+# persistent checkpoint every 5 steps. Killing the nodes of logical ranks 1 and 2 in the same step loses
+# shard dp1's owner and its first holder.
+def _dp3_config(k: int) -> dict:
+    return _config(parallelism={"dp": 3}, resources={"nodes": 3, "spares": 2},
+                   training={"global_batch_size": 6},
+                   resilience={"k": k, "placement_levels": ["node"], "checkpoint": {"interval_steps": 5}})
+
+
+@pytest.fixture(scope="module")
+def dp3_reference(env, data, tmp_path_factory):  # noqa: F811
+    return _run_reference(env, data, tmp_path_factory.mktemp("ref-dp3"), "ref-dp3", _dp3_config(1))
+
+
+def _double_fault(env, data, cluster, tmp_path, name: str, k: int) -> Job:  # noqa: F811
+    job = Job(env, tmp_path, data, name, _dp3_config(k))
+    nodes: list[str] = []
+    try:
+        nodes = _kill_nodes(cluster, job, [1, 2], 8)
+        job.done = job.wait_end(240)
+    finally:
+        job.cancel()
+        _revive(cluster, nodes)
+    return job
+
+
+def test_k2_owner_and_one_holder_lost_in_one_step_is_survived_in_memory(env, data, dp3_reference,  # noqa: F811
+                                                                        slurm_cluster, tmp_path):
+    job = _double_fault(env, data, slurm_cluster, tmp_path, "double-k2", k=2)
+    _same_hash(job.done, dp3_reference)
+    (rec,) = job.events("recovery_done")
+    assert rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1 and set(rec["phases"]) == PHASES
+    assert not job.events("checkpoint_restart") and not job.events("fallback")
+    plan = job.events("recovery_plan")[-1]
+    assert sorted(j["logical_rank"] for j in plan["joins"]) == [1, 2]
+    opt = {t["shard_id"]: t["sender"] for t in plan["transfers"] if t["kind"] == "optimizer"}
+    assert opt == {"opt/pp0/tp0/dp1": 0, "opt/pp0/tp0/dp2": 0}  # both from the second holder, logical 0
+    print(f"k=2 double fault: job {job.elapsed_s:.1f} s, recovery {rec['total_s']} s {rec['phases']}, "
+          f"R={rec['recoverable_step']}")
+
+
+def test_k1_owner_and_its_holder_lost_restarts_in_the_job_from_the_persistent_checkpoint(
+        env, data, dp3_reference, slurm_cluster, tmp_path):  # noqa: F811
+    job = _double_fault(env, data, slurm_cluster, tmp_path, "double-k1", k=1)
+    _same_hash(job.done, dp3_reference)
+    (restart,) = job.events("checkpoint_restart")
+    assert "opt/pp0/tp0/dp1" in restart["lost_shards"]
+    ck = restart["checkpoint_step"]
+    assert ck is not None and ck % 5 == 0 and ck >= 5 and restart["lost_steps"] >= 1
+    (rec,) = job.events("recovery_done")
+    assert rec["action"] == "checkpoint_restart" and rec["recoverable_step"] == ck
+    assert rec["steps_replayed"] == restart["lost_steps"] and set(rec["phases"]) == PHASES
+    assert not job.events("invariant_violation") and not job.events("fallback")
+    loads = [json.loads(x) for r in range(3)
+             for x in (job.run_dir / "ranks" / f"rank{r}.persist.jsonl").read_text().splitlines()]
+    assert sorted(x["step"] for x in loads if x.get("in_job")) == [ck] * 3
+    print(f"k=1 double fault: job {job.elapsed_s:.1f} s, restart from checkpoint step {ck}, "
+          f"{restart['lost_steps']} step(s) lost and trained again, recovery {rec['total_s']} s {rec['phases']}")
+
+
+def test_no_spare_left_stops_cleanly_naming_the_checkpoint(env, data, slurm_cluster, tmp_path):  # noqa: F811
+    """1 spare, two node losses one after the other: the first is hot swapped, the second finds no spare;
+    the job stops (no training on) with a message naming the newest checkpoint and how to resubmit."""
+    cfg = _config(resilience={"checkpoint": {"interval_steps": 5}})
+    job = Job(env, tmp_path, data, "no-spare", cfg)
+    nodes: list[str] = []
+    try:
+        nodes = _kill_nodes(slurm_cluster, job, [1], 6)
+        nodes.append(job.node_of(2))  # the spare, logical rank 1 after the hot swap
+        _wait(lambda: job.events("recovery_done"), 120, "the first hot swap", poll_s=0.2)
+        _wait(lambda: job.step(1) >= 12, 120, "step 12 after the hot swap", poll_s=0.01)
+        lc.kill_node(slurm_cluster, nodes[1], mark_down_reason="hot-swap test: second node loss")
+        _wait(lambda: job.events("coordinator_exit"), 150, "the end of the job", poll_s=0.3)
+        _wait(lambda: job.client.show_job(job.job_id).get("JobState") not in ("RUNNING", "COMPLETING", "PENDING"),
+              90, "the Slurm job to end", poll_s=0.5)
+    finally:
+        job.cancel()
+        _revive(slurm_cluster, nodes)
+    assert not job.events("job_done")
+    (fb,) = job.events("fallback")
+    assert "no spare left" in fb["reason"]
+    ck = fb["checkpoint_step"]
+    assert ck is not None and ck >= 10 and ck % 5 == 0
+    assert f"step {ck}" in fb["message"] and "resilience.checkpoint.path" in fb["message"]
+    assert (job.run_dir / "checkpoints" / f"step_{ck:08d}" / ".metadata").exists()
+    print(f"no spare left: {fb['message']}")

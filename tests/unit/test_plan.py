@@ -168,3 +168,17 @@ def test_copy_steps_may_be_lists_and_a_destroyed_buffer_counts_for_nothing():
     committed["opt/pp0/tp1/dp2"][7] = [None, None]  # the holder's both buffers invalid (mid-receive)
     with pytest.raises(FallbackRequired, match=r"shard opt/pp0/tp1/dp2 lost"):
         _plan(dead=[5], committed=committed)
+
+
+def test_checkpoint_restart_plan_puts_spares_in_and_reloads_everyone_at_the_checkpoint():
+    from phoenix_hpc.recovery.plan import plan_checkpoint_restart
+
+    live = {r: 14 for r in range(4)}
+    p = plan_checkpoint_restart(generation=2, grid=GRID, rank_map=RANK_MAP, nodes=NODES, dead=[4, 5, 6, 7],
+                                spares=list(range(8, 12)), checkpoint_step=10, live_steps=live)
+    assert p.action == "checkpoint_restart" and p.generation == 3 and p.transfers == ()
+    assert p.world_of() == {0: 0, 1: 1, 2: 2, 3: 3, 4: 8, 5: 9, 6: 10, 7: 11}
+    assert p.recoverable_step == 10 and p.steps_replayed == 4 and [r for r, _ in p.rollbacks] == [0, 1, 2, 3]
+    with pytest.raises(FallbackRequired, match=r"no spare left: 4 dead slot\(s\) \(4, 5, 6, 7\) but 2 standby"):
+        plan_checkpoint_restart(generation=2, grid=GRID, rank_map=RANK_MAP, nodes=NODES, dead=[4, 5, 6, 7],
+                                spares=[8, 9], checkpoint_step=10, live_steps=live)
