@@ -9,7 +9,9 @@ event              used for
 coordinator_started start time, grid
 registered         slots: world rank, pid, node, role, logical rank (generation 0)
 job_running        rank map and standby slots at generation 0; job RUNNING
-heartbeat_summary  generation, job state, active/standby/dead world ranks, ``max_step`` (live progress)
+heartbeat_summary  generation, job state, active/standby/dead world ranks; ``max_step`` feeds the live step
+                   only in journals without ``progress`` records (older coordinators)
+progress           ``step``: the newest step the ACTIVE slots reported (live progress, at most every ~1 s)
 commit             ``recoverable_step`` (committed progress); optional per-shard detail:
                    ``shard_steps {shard id: {logical rank: committed step}}``, ``shard_bytes {shard id:
                    bytes}``, ``placement {shard id: [holder logical ranks]}``
@@ -26,6 +28,13 @@ inject_fired       where an injected fault landed (also from ``RUN_DIR/faults/fi
 checkpoint         newest persistent checkpoint step
 job_done, clean_stop, fallback, coordinator_stopped, coordinator_exit: the end of the job
 ================== ====================================================================================
+
+The live step (``JobInfo.step``, ``Status.progress``) is the newest step the job's active slots have finished.
+Every source is a lower bound on it, so within a generation it never decreases: ``progress`` records,
+``heartbeat_summary`` (older journals), ``commit`` (a committed step is finished), a ``fault`` or an injected
+fault that landed in step ``s`` (step ``s - 1`` was finished), ``job_done``. It moves down only where the
+job really rolls back: ``recovery_restored`` sets it to the recoverable step the members resume from. It
+is never below the committed (recoverable) step.
 
 When the journal does not name the replica holders, the placement is computed the way DESIGN.md section 5
 defines it (:func:`phoenix_hpc.topology.place_replicas` over the generation-0 node of every logical rank,
@@ -124,7 +133,9 @@ class _State:
         self.end_reason: str | None = None
         self.final_hash: str | None = None
         self.end_step: int | None = None
-        self.max_step: int | None = None
+        self.max_step: int | None = None  # newest step ever finished (a rollback does not lower it)
+        self.live: int | None = None  # current live step (see module doc)
+        self.heartbeat_progress = True  # heartbeat_summary's max_step counts (no progress records)
         self.recoverable_step: int | None = None
         self.checkpoint_step: int | None = None
         self.progress: list[list[float]] = []
@@ -140,12 +151,19 @@ class _State:
         self.pending_reason: str | None = None
         self.pending_action: str | None = None
 
-    def step_seen(self, ts: float, step: Any) -> None:
+    def step_seen(self, ts: float, step: Any, rollback: bool = False) -> None:
+        """The live step is at least ``step`` at ``ts`` (``rollback``: it *is* ``step``, the job rolled back)."""
         if step is None:
             return
         step = int(step)
+        if not rollback and self.live is not None:
+            step = max(step, self.live)
+        if self.recoverable_step is not None:
+            step = max(step, self.recoverable_step)
         self.max_step = step if self.max_step is None else max(self.max_step, step)
-        self.progress.append([float(ts), float(step)])
+        if step != self.live or not self.progress:
+            self.progress.append([float(ts), float(step)])
+        self.live = step
 
     def current_recovery(self) -> RecoveryStatus | None:
         r = self.recoveries[-1] if self.recoveries else None
@@ -186,7 +204,8 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             s = st.slots.get(int(w))
             if s is not None and s["state"] != "dead":
                 s["state"] = "dead"
-        st.step_seen(ts, rec.get("max_step"))
+        if st.heartbeat_progress:
+            st.step_seen(ts, rec.get("max_step"))
     elif ev in ("progress", "step"):
         st.step_seen(ts, rec.get("step"))
     elif ev == "commit":
@@ -195,6 +214,7 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             st.recoverable_step = int(rs)
             st.commits.append([ts, float(rs)])
             st.last_commit_at = ts
+            st.step_seen(ts, rs)
         for sid, copies in (rec.get("shard_steps") or {}).items():
             st.shard_steps[str(sid)] = {int(k): int(v) for k, v in dict(copies).items()}
             st.shard_commit_at[str(sid)] = ts
@@ -209,6 +229,8 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
     elif ev == "checkpoint":
         st.checkpoint_step = int(rec["step"]) if rec.get("step") is not None else st.checkpoint_step
     elif ev == "fault":
+        if rec.get("step") is not None and int(rec.get("generation", st.generation)) == st.generation:
+            st.step_seen(ts, int(rec["step"]) - 1)  # the step the fault interrupted: the one before was finished
         st.faults.append(FaultStatus(ts, str(rec.get("kind", "unknown")), rec.get("world_rank"), rec.get("node"),
                                      rec.get("step"), rec.get("phase"),
                                      f"{rec.get('exc_type') or ''}: {rec.get('message') or ''}".strip(": "),
@@ -279,8 +301,12 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
                 s["state"], s["generation"] = "active", g
         if st.job_state not in TERMINAL_STATES:
             st.job_state = "running"
-        if rec.get("recoverable_step") is not None:
-            st.progress.append([ts, float(rec["recoverable_step"])])
+        rs = rec.get("recoverable_step")
+        if rs is not None:  # the members resume from rs: that is now the committed and the live step
+            if st.recoverable_step != int(rs):
+                st.commits.append([ts, float(rs)])
+            st.recoverable_step = int(rs)
+            st.step_seen(ts, rs, rollback=True)
     elif ev == "recovery_done":
         cur = st.current_recovery() or next((r for r in reversed(st.recoveries)
                                              if r.generation == rec.get("generation")), None)
@@ -313,6 +339,8 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
                   "phase": PHASE_OF_WIRE.get(str(rec.get("phase")), rec.get("phase")), "ts": ts}
         if landed not in inj.fired:
             inj.fired.append(landed)
+        if rec.get("step") is not None:
+            st.step_seen(ts, int(rec["step"]) - 1)
     elif ev in _END_EVENTS:
         if st.job_state not in TERMINAL_STATES:
             st.job_state = _END_EVENTS[ev]
@@ -384,6 +412,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     cfg = run.config or {}
     st = _State()
     records = list(records)
+    st.heartbeat_progress = not any(r.get("event") == "progress" for r in records)
     fired = [{**f, "event": "inject_fired"} for f in run.fired]
     merged = sorted(list(records) + fired, key=lambda r: float(r["ts"])) if fired else records
     for rec in merged:
@@ -528,7 +557,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         node_list=live_nodes or [n.name for n in nodes if n.slots],
         nodes=_get(cfg, "resources", "nodes"), spares=_get(cfg, "resources", "spares"), gpus_per_node=gpus,
         grid={"tp": grid[0], "pp": grid[1], "dp": grid[2]} if grid else None, k=k, generation=st.generation,
-        step=st.max_step, steps_total=steps_total, recoverable_step=st.recoverable_step,
+        step=st.live, steps_total=steps_total, recoverable_step=st.recoverable_step,
         checkpoint_step=st.checkpoint_step, started_at=st.started_at, ended_at=st.ended_at,
         end_event=st.end_event, end_reason=st.end_reason, final_hash=st.final_hash,
         coordinator={k_: run.coordinator.get(k_) for k_ in ("host", "port", "pid")} if run.coordinator else None,

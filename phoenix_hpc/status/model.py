@@ -59,7 +59,7 @@ class JobInfo:
     grid: dict[str, int] | None
     k: int | None
     generation: int
-    step: int | None  # newest step known to be done by the job
+    step: int | None  # live step: newest step the active slots finished (>= recoverable_step; see derive)
     steps_total: int | None
     recoverable_step: int | None
     checkpoint_step: int | None
@@ -180,7 +180,7 @@ class Status:
     faults: list[FaultStatus]
     injections: list[InjectionStatus]
     warnings: list[StatusWarning]
-    progress: list[list[float]]  # [ts, live step] points, in time order
+    progress: list[list[float]]  # [ts, live step] points where it changed, in time order
     commits: list[list[float]]  # [ts, recoverable step] points, in time order
     journal_records: int
 

@@ -5,9 +5,12 @@ Drawn with matplotlib's object API on an Agg canvas (no pyplot, no global state,
 
 Elements (labels are stable, tests look for them):
 
-- line ``live step`` (``Status.progress``: heartbeat summaries, job end) and line ``committed step``
-  (``Status.commits``: the recoverable step over time), as steps;
-- markers ``fault`` (red x) at each fault, ``injected`` (black triangle) where an injected fault landed;
+- line ``live step`` (``Status.progress``: the coordinator's ``progress`` records and the other lower bounds
+  :mod:`phoenix_hpc.status.derive` lists; never below the committed step) and line ``committed step``
+  (``Status.commits``: the recoverable step over time), as steps held until the job's end (or ``now``);
+- markers ``fault`` (red x) at each fault, ``injected`` (black triangle) where an injected fault landed,
+  at the step the fault interrupted, or else at the live step at that time; a fault before any known step
+  is a vertical dotted line (it has no place on the step axis);
 - for each finished recovery, consecutive spans from the fault time ``finished - total_s``: ``detect``,
   ``reconfigure``, ``params``, ``optimizer``, then ``quiesce/other`` (whatever the phases do not account
   for) and ``replay`` ending at ``finished``. Durations come from the ``recovery_done`` record. A recovery
@@ -79,18 +82,41 @@ def _step_at(points: list[list[float]], t: float) -> float | None:
     return best
 
 
+def _held(xs: list[float], ys: list[float], x_end: float) -> tuple[list[float], list[float]]:
+    """The step series extended to ``x_end`` with its last value (a step line otherwise stops at its last
+    change)."""
+    if xs and x_end > xs[-1]:
+        return xs + [x_end], ys + [ys[-1]]
+    return xs, ys
+
+
+def _place(points: list[tuple[float, int | None]], ref: list[list[float]]) -> tuple[list[tuple[float, float]],
+                                                                                  list[float]]:
+    """Markers ``(ts, step or None)`` as ``(placed (ts, y), unplaced ts)``: y is the step itself, else the
+    last known step of ``ref`` at ``ts``; a marker with neither is unplaced (drawn as a vertical line)."""
+    placed, unplaced = [], []
+    for ts, step in points:
+        y = float(step) if step is not None else _step_at(ref, ts)
+        if y is None:
+            unplaced.append(ts)
+        else:
+            placed.append((ts, y))
+    return placed, unplaced
+
+
 def build_figure(st: Status, width_in: float = 10.0, height_in: float = 4.5) -> Figure:
     """The timeline of ``st`` as a matplotlib Figure (Agg canvas attached)."""
     fig = Figure(figsize=(width_in, height_in), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     t0 = _t0(st)
+    t_end = st.job.ended_at if st.job.ended_at is not None else st.now
     if st.progress:
-        ax.step([p[0] - t0 for p in st.progress], [p[1] for p in st.progress], where="post", color="black",
-                linewidth=1.6, label="live step")
+        xs, ys = _held([p[0] - t0 for p in st.progress], [p[1] for p in st.progress], t_end - t0)
+        ax.step(xs, ys, where="post", color="black", linewidth=1.6, label="live step")
     if st.commits:
-        ax.step([p[0] - t0 for p in st.commits], [p[1] for p in st.commits], where="post", color="#1f77b4",
-                linestyle="--", linewidth=1.2, label="committed step")
+        xs, ys = _held([p[0] - t0 for p in st.commits], [p[1] for p in st.commits], t_end - t0)
+        ax.step(xs, ys, where="post", color="#1f77b4", linestyle="--", linewidth=1.2, label="committed step")
     seen: set[str] = set()
     for label, a, b in recovery_spans(st):
         kw = {"hatch": "//", "alpha": 0.35} if label == "in progress" else {"alpha": 0.35}
@@ -98,20 +124,16 @@ def build_figure(st: Status, width_in: float = 10.0, height_in: float = 4.5) -> 
                    label=label if label not in seen else None, **kw)
         seen.add(label)
     ref = st.progress or st.commits
-    fx, fy = [], []
-    for f in st.faults:
-        y = f.step if f.step is not None else _step_at(ref, f.ts)
-        fx.append(f.ts - t0)
-        fy.append(0 if y is None else y)
-    if fx:
-        ax.scatter(fx, fy, marker="x", s=70, color="#d62728", zorder=5, label="fault")
-    ix, iy = [], []
-    for inj in st.injections:
-        for f in inj.fired:
-            ix.append(float(f["ts"]) - t0)
-            iy.append(float(f["step"]) if f.get("step") is not None else 0.0)
-    if ix:
-        ax.scatter(ix, iy, marker="v", s=60, color="black", zorder=6, label="injected")
+    faults = [(f.ts, f.step) for f in st.faults]
+    fired = [(float(f["ts"]), f.get("step")) for inj in st.injections for f in inj.fired]
+    for pts, label, kw in ((faults, "fault", {"marker": "x", "s": 70, "color": "#d62728", "zorder": 5}),
+                           (fired, "injected", {"marker": "v", "s": 60, "color": "black", "zorder": 6})):
+        placed, unplaced = _place(pts, ref)
+        if placed:
+            ax.scatter([t - t0 for t, _ in placed], [y for _, y in placed], label=label, **kw)
+        for i, t in enumerate(unplaced):
+            ax.axvline(t - t0, color=kw["color"], linestyle=":", linewidth=1.2,
+                       label=label if not placed and i == 0 else None)
     j = st.job
     ax.set_xlabel("wall-clock time since job start (s)")
     ax.set_ylabel("training step")

@@ -230,3 +230,80 @@ def test_derive_is_pure():
     before = json.dumps(recs)
     derive_status(recs, running_slurm(), now=5.0, run=run_files())
     assert json.dumps(recs) == before
+
+
+def _live_at(st, t):
+    """The live step of ``st`` at time ``t`` (None before the first point)."""
+    best = None
+    for ts, step in st.progress:
+        if ts <= t:
+            best = step
+    return best
+
+
+def _committed_at(st, t):
+    best = None
+    for ts, step in st.commits:
+        if ts <= t:
+            best = step
+    return best
+
+
+def test_live_step_is_never_below_the_committed_step():
+    # heartbeat summaries lag (every 30 s): the one at t=3 says 6, a commit at t=4 already says 9
+    recs = start_records() + [
+        {"ts": 4.0, "event": "commit", "recoverable_step": 9, "shards": 4, "replicas": 4, "generation": 0},
+        {"ts": 5.0, "event": "heartbeat_summary", "generation": 0, "job_state": "running",
+         "active": [0, 1, 2, 3], "standby": [4, 5], "dead": [], "max_step": 4}]
+    st = derive_status(recs, running_slurm(), now=6.0, run=run_files())
+    assert st.job.step == 9 and st.job.recoverable_step == 9
+    for t, _ in st.progress + st.commits:
+        assert _live_at(st, t) >= (_committed_at(st, t) or 0)
+    assert [p[1] for p in st.progress] == sorted(p[1] for p in st.progress)  # no fake dip within a generation
+
+
+def test_progress_records_drive_the_live_step_and_a_restore_rolls_it_back():
+    recs = start_records()[:-1] + [  # no heartbeat summary with max_step 6
+        {"ts": 1.5, "event": "progress", "step": 1, "min_step": 1, "generation": 0},
+        {"ts": 2.5, "event": "progress", "step": 4, "min_step": 3, "generation": 0},
+        {"ts": 3.0, "event": "heartbeat_summary", "generation": 0, "job_state": "running", "active": [0, 1, 2, 3],
+         "standby": [4, 5], "dead": [], "max_step": 99},  # ignored: progress records are the live source
+        {"ts": 9.5, "event": "progress", "step": 8, "min_step": 8, "generation": 0},
+        {"ts": 9.8, "event": "fault", "world_rank": 0, "node": N1, "generation": 0, "step": 9,
+         "phase": "forward_backward", "kind": "comm_error", "exc_type": "RuntimeError", "message": "peer"},
+    ] + node_loss_records()[:4] + [
+        # a stale generation-0 fault naming step 12 arrives after the recovery began: not live progress
+        {"ts": 12.5, "event": "fault", "world_rank": 1, "node": N1, "generation": 0, "step": 12,
+         "phase": "reduce_gradients", "kind": "collective_timeout", "exc_type": "RuntimeError", "message": "t"},
+    ] + node_loss_records()[4:5] + [
+        {"ts": 14.0, "event": "progress", "step": 8, "min_step": 8, "generation": 1}]
+    recs.sort(key=lambda r: r["ts"])  # journal order
+    st = derive_status(recs, running_slurm(), now=14.5, run=run_files())
+    assert st.progress == [[1.5, 1.0], [2.5, 4.0], [9.5, 8.0], [13.0, 7.0], [14.0, 8.0]]
+    assert _live_at(st, 3.5) == 4  # not 99 (heartbeat summary ignored), not 6
+    assert _live_at(st, 9.9) == 8  # the fault interrupted step 9: step 8 was done
+    assert _live_at(st, 12.9) == 8  # the stale fault did not raise it to 11
+    assert _live_at(st, 13.0) == 7  # recovery_restored: members resume from the recoverable step 7
+    assert st.commits[-1] == [13.0, 7.0]
+    assert st.job.step == 8 and st.job.recoverable_step == 7
+
+
+def test_real_node_loss_journal_gives_a_live_step_from_the_start():
+    """A demo run's journal (tp=1 pp=2 dp=2, node loss at step 25, hot swap, recoverable step 23)."""
+    from pathlib import Path
+
+    from phoenix_hpc.control.journal import read_journal
+    from phoenix_hpc.faults.trigger import read_fired
+
+    d = Path(__file__).parent / "data" / "status_node_loss"
+    recs = read_journal(d)
+    st = derive_status(recs, SlurmInfo(), now=recs[-1]["ts"], run=RunFiles(run_dir=str(d), fired=read_fired(d)))
+    assert st.job.state == "done" and st.job.step == 50
+    for t, _ in st.progress + st.commits:
+        assert _live_at(st, t) >= (_committed_at(st, t) or 0)
+    ts = {r["event"]: r["ts"] for r in recs}
+    first_commit = next(r for r in recs if r["event"] == "commit" and r["recoverable_step"] == 10)
+    assert _live_at(st, first_commit["ts"]) == 10  # the heartbeat summary alone said 0 until 30 s
+    assert _live_at(st, ts["recovery_start"]) == 24  # the fault interrupted step 25
+    assert _live_at(st, ts["recovery_restored"]) == 23  # hot swap resumed from the committed step 23
+    assert [f.step for f in st.faults if f.source == "reported"] == [25, 25, 25]

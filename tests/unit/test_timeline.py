@@ -61,3 +61,29 @@ def test_in_progress_recovery_and_empty_job(tmp_path):
 def test_unwritable_folder_raises_and_leaves_nothing(tmp_path, finished_status):
     with pytest.raises(OSError):
         save_timeline(finished_status, tmp_path / "missing" / "t.png")
+
+
+def _fault(ts, step=None):
+    return {"ts": ts, "event": "fault", "world_rank": 1, "node": "nid00001", "generation": 0, "step": step,
+            "phase": None, "kind": "exception", "exc_type": "", "message": "x"}
+
+
+def test_fault_without_step_sits_at_the_live_step_or_is_a_vertical_line():
+    # the fault at t=0.5 precedes any known step: a vertical line, no point at step 0; the one at t=2.5
+    # has no step either: placed at the live step then (commit at t=2 says step 1 is done)
+    recs = sorted(start_records() + [_fault(0.5), _fault(2.5)], key=lambda r: r["ts"])
+    st = derive_status(recs, running_slurm(), now=4.0, run=run_files())
+    fig = build_figure(st)
+    (ax,) = fig.axes
+    (pts,) = [c for c in ax.collections if c.get_label() == "fault"]
+    assert pts.get_offsets().tolist() == [[pytest.approx(2.5), 1.0]]
+    t0 = st.job.started_at
+    vlines = [ln for ln in ax.get_lines() if list(ln.get_xdata()) == [0.5 - t0, 0.5 - t0]]
+    assert len(vlines) == 1 and vlines[0].get_linestyle() == ":"
+
+
+def test_live_step_line_of_a_running_job_is_held_until_now():
+    st = derive_status(start_records(), running_slurm(), now=30.0, run=run_files())
+    (ax,) = build_figure(st).axes
+    live = next(line for line in ax.get_lines() if line.get_label() == "live step")
+    assert live.get_xdata()[-1] == pytest.approx(30.0) and live.get_ydata()[-1] == 6
