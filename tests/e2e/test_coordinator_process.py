@@ -217,6 +217,11 @@ def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
         r.gen, r.step = 1, 4
     done = _wait(lambda: _events(run_dir, "recovery_done"), what="recovery_done")[0]
     assert done["steps_replayed"] == 1 and done["phases"]["optimizer"] == 0.3
+    # live progress journalled from the heartbeats: step 4 at generation 0; from the restored step 3 back to 4
+    _wait(lambda: any(e["generation"] == 1 and e["step"] == 4 for e in _events(run_dir, "progress")),
+          what="progress at generation 1")
+    prog = [(e["generation"], e["step"]) for e in _events(run_dir, "progress")]
+    assert (0, 4) in prog and prog.index((1, 3)) < prog.index((1, 4))
     assert done["phases"]["detect"] >= 1.5  # the heartbeat timeout
     # the fenced rank is told to stop when it shows up again
     r1.c.heartbeat(0, 4)
