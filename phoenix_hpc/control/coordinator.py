@@ -820,12 +820,12 @@ class Coordinator:
         self.recovery = None
         self.job.to(JobState.FALLBACK, exc.reason)
         if ck is not None:
-            msg = (f"{exc}. The job stops. Newest persistent checkpoint: step {ck} under {self.t.checkpoint_path} "
+            msg = (f"recovery from memory impossible: {exc.reason}. The job stops. Newest persistent checkpoint: step {ck} under {self.t.checkpoint_path} "
                    f"({lost} step(s) since then are lost). To resume from it, resubmit the job with "
                    f"resilience.checkpoint.path: {self.t.checkpoint_path} (phoenix submit CONFIG): "
                    f"training restarts at step {ck}")
         else:
-            msg = (f"{exc}. The job stops. No persistent checkpoint was written yet "
+            msg = (f"recovery from memory impossible: {exc.reason}. The job stops. No persistent checkpoint was written yet "
                    "(resilience.checkpoint.interval_steps): resubmitting starts the training over")
         self._end(JobState.FAILED, "fallback", reason=exc.reason, message=msg, checkpoint_step=ck,
                   lost_steps=lost, checkpoint_path=self.t.checkpoint_path)
