@@ -181,7 +181,7 @@ class Coordinator:
         self._end_at: float | None = None
         self._t_fault_hint: float | None = None
         self._last_summary = -1e18
-        self._last_progress: tuple[int, int] | None = None  # (min, max) step of the ACTIVE slots, journalled
+        self._last_progress: tuple[int, int, int] | None = None  # (generation, min, max) step of the ACTIVE slots, journalled
         self._last_progress_t = -1e18
         self.store = None
         self.journal: Journal | None = None
@@ -558,7 +558,7 @@ class Coordinator:
         if now - self._last_progress_t >= self.t.progress_interval_s:
             # live progress for ``phoenix status``: the steps the ACTIVE slots last reported (heartbeats)
             steps = [s.step for s in self.slots.values() if s.state is SlotState.ACTIVE]
-            span = (min(steps), max(steps)) if steps else None
+            span = (self.generation, min(steps), max(steps)) if steps else None
             if span is not None and span != self._last_progress:
                 self._last_progress, self._last_progress_t = span, now
                 self.journal.append("progress", step=span[1], min_step=span[0], generation=self.generation)
