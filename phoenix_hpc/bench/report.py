@@ -36,6 +36,11 @@ def _mib(b) -> str:
     return "n/a" if b is None else f"{b / 2**20:.2f}"
 
 
+def _by_k(d) -> list:
+    """Items of a dict keyed by K (strings once read back from JSON) in numeric order."""
+    return sorted((d or {}).items(), key=lambda kv: int(kv[0]))
+
+
 def _errors(items) -> list[str]:
     return [f"`{i.get('name', '?')}`: {i['error']}" for i in items if isinstance(i, dict) and "error" in i]
 
@@ -103,7 +108,7 @@ def render_markdown(r: dict) -> str:
     a(f"| hotswap_s (median total, fault -> past the replayed steps) | {_f(r.get('hotswap_s'))} |")
     a(f"| detect_s | {_f(r.get('detect_s'))} |")
     ck = r.get("ckpt_restart_s") or {}
-    a(f"| ckpt_restart_s | {', '.join(f'K={k}: {v:.2f}' for k, v in ck.items()) or 'n/a'} |")
+    a(f"| ckpt_restart_s | {', '.join(f'K={k}: {v:.2f}' for k, v in _by_k(ck)) or 'n/a'} |")
     a(f"| disruption_ratio (checkpoint-restart K=100 / hot swap) | {_f(r.get('disruption_ratio'))} |")
     a(f"| host_mem_ratio (measured / expected, k=1) | {_f(r.get('host_mem_ratio'), 3)} |")
     a("")
@@ -119,7 +124,9 @@ def render_markdown(r: dict) -> str:
         a(f"One batch job, 4 nodes x 1 rank, one srun step; per case protection on and off alternate in ABBA "
           f"blocks inside the same processes (k=1). Cleaning: {c0['warmup']} unprotected warm-up steps dropped, "
           f"the first step of every block dropped, slowest {c0['trim']:.0%} of each mode trimmed; the job's step "
-          "time is the slowest rank's; ratio of medians with a 95 % bootstrap CI (2000 resamples).")
+          "time is the slowest rank's; ratio of medians with a 95 % bootstrap CI (2000 resamples). Interleaving "
+          "inside one process keeps the process start (tens of seconds here) out of the comparison; "
+          "`scripts/bench-overhead` measures the same with one process per mode.")
         a("")
         a("| case | params | grid | steps on/off | off ms (median, IQR) | on ms (median, IQR) | ratio [95 % CI] | "
           "exposed wait ms (median, p75) | D2H+CRC ms/step | H2H ms/step |")
@@ -179,7 +186,7 @@ def render_markdown(r: dict) -> str:
             for line in quiesce_findings(hs):
                 a(line)
             a("")
-        base = {k: b for k, b in (rec.get("baseline") or {}).items() if "total_s" in b}
+        base = {k: b for k, b in _by_k(rec.get("baseline")) if "total_s" in b}
         if base:
             a("Checkpoint-restart (seconds):")
             a("")
@@ -189,12 +196,12 @@ def render_markdown(r: dict) -> str:
                 a(f"| {k} | {b['fault_step']} | {b['checkpoint_step']} | {b['steps_replayed']} | "
                   + " | ".join(f"{b['phases'][p]:.2f}" for p in BASELINE_PHASES) + f" | **{b['total_s']:.2f}** |")
         a("")
-        errs = _errors(rec.get("hotswap", [])) + [f"K={k}: {v['error']}" for k, v in (rec.get("baseline") or {}).items()
+        errs = _errors(rec.get("hotswap", [])) + [f"K={k}: {v['error']}" for k, v in _by_k(rec.get("baseline"))
                                                    if "error" in v]
         for e in errs:
             a(f"- failed trial: {' '.join(e.split())}")
         hs_med = statistics.median(h["total_s"] for h in hs) if hs else None
-        for k, b in (rec.get("baseline") or {}).items():
+        for k, b in _by_k(rec.get("baseline")):
             if "total_s" in b:
                 steps = b.get("replay_step_ms_median")
                 exp = b["expected_replay_steps"]
@@ -212,7 +219,7 @@ def render_markdown(r: dict) -> str:
               "heartbeats prove a node lost (heartbeat timeout 3 s here). Steps on this machine take tens of "
               "milliseconds, so the baseline's replay is small here; it grows with the step time: *computed, not "
               "measured*, at the 20 s steps of DESIGN.md section 1 the average replay alone would be "
-              + ", ".join(f"K={k}: {b['expected_replay_steps'] * 20:.0f} s" for k, b in (rec.get('baseline') or {}).items()
+              + ", ".join(f"K={k}: {b['expected_replay_steps'] * 20:.0f} s" for k, b in _by_k(rec.get('baseline'))
                           if "total_s" in b) + ".")
         a("")
         a(f"![recovery]({PLOT_DIR}/recovery.png)")
@@ -243,7 +250,8 @@ def render_markdown(r: dict) -> str:
                   + " | ".join(f"{h['phases'][p]:.2f}" for p in PHOENIX_PHASES)
                   + f" | {unattributed(h):.2f} | {_f((h.get('marks') or {}).get('quiesce_s'))} | {h['total_s']:.2f} |")
             a("")
-        for line in quiesce_findings([h for k in ("by_slots", "by_size") for h in sc.get(k, []) if "total_s" in h]):
+        uniq = {h["name"]: h for k in ("by_slots", "by_size") for h in sc.get(k, []) if "total_s" in h}
+        for line in quiesce_findings(list(uniq.values())):
             a(line)
         a("")
         fit = sc.get("fit") or {}
@@ -254,7 +262,7 @@ def render_markdown(r: dict) -> str:
               f"**{fr.get('best')}** ({best.get('formula')}, params {json.dumps(best.get('params'))}, "
               f"R^2 {_f(best.get('r2'), 3)}); extrapolated: "
               + ", ".join(f"{p['gpus']} GPUs -> {p['seconds']:.0f} s [{p['low']:.0f}, {p['high']:.0f}]"
-                          for p in best.get("predictions", [])) + ". Four points on one host are a weak basis "
+                          for p in best.get("predictions", [])) + ". A handful of points on one host is a weak basis "
               "for extrapolation; the numbers show the method, not a prediction for a real machine.")
         elif fit:
             a(f"Fit: {fit.get('error') or fit.get('text')}")
@@ -294,7 +302,7 @@ def render_markdown(r: dict) -> str:
     a("")
     a("## Reproduce")
     a("")
-    a("```\nscripts/bench.sh            # full run (about 15-20 min on 2 cores)\nscripts/bench.sh --quick    "
+    a("```\nscripts/bench.sh            # full run (about 12-15 min on 2 cores)\nscripts/bench.sh --quick    "
       "# under 3 min: overhead and memory on model S, one hot swap\nphoenix bench [--quick]     # the same "
       "from the CLI (after scripts/setup.sh)\n```")
     a("")
@@ -358,9 +366,9 @@ def _plots(r: dict, folder: Path) -> list[str]:
     for h in rec.get("hotswap", []):
         if "total_s" in h:
             d = {p: h["phases"][p] for p in PHOENIX_PHASES}
-            d["between phases"] = max(0.0, unattributed(h))
+            d["between phases (mostly quiesce)"] = max(0.0, unattributed(h))
             bars.append((f"PHOENIX\n{h['name']}", d))
-    for k, b in (rec.get("baseline") or {}).items():
+    for k, b in _by_k(rec.get("baseline")):
         if "total_s" in b:
             bars.append((f"ckpt-restart\nK={k}", dict(b["phases"])))
     if bars:
