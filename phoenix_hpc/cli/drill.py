@@ -7,12 +7,19 @@
 3. submit the drill job; once it trains, inject the faults one at a time through the coordinator
    (``phoenix inject-fault``'s code), each after the previous one's recovery ended;
 4. wait for the job to end and report per fault: kind, where it landed, detection time, recovery breakdown,
-   steps replayed; and whether the final state hash equals the reference's (DESIGN.md section 10).
+   steps replayed; and whether the final state hash equals the reference's (DESIGN.md section 10);
+5. on the local cluster, start the slurmd of every node a ``kill-node`` took down again, so the cluster is
+   whole for the next run. A drill job still running when the drill gives up or is interrupted is cancelled.
+
+Faults are drawn from the kinds verified end to end (:data:`phoenix_hpc.faults.drill.VERIFIED_KINDS`) unless
+``--kinds`` names others. A fault is sent only after the previous fault's recovery ended, at its planned
+step or two steps after the live step, whichever is later.
 
 Runs go under ``--run-dir`` (default ``runs/drill-<name>-<time>``): ``reference/`` and ``job/``; both are
 recorded in the runs index, so ``phoenix status`` shows them. ``--dry-run`` prints the plan only.
 
-Exit codes: 0 every fault landed where requested, was recovered, and the final state equals the reference;
+Exit codes: 0 every fault landed where requested, was recovered with the action its kind calls for, and the
+final state equals the reference;
 1 the drill ran but one of those failed (the report says which); 2 bad input (config, site, too many faults
 for the steps or spares).
 """
@@ -30,6 +37,7 @@ from typing import Callable
 import click
 
 from phoenix_hpc.errors import FaultError, SubmitError
+from phoenix_hpc.faults.drill import VERIFIED_KINDS, match_outcome
 from phoenix_hpc.faults.kinds import KINDS
 
 POLL_S = 1.0
@@ -77,7 +85,9 @@ def _wait(collect, until: Callable, timeout_s: float, on_poll: Callable, what: s
 @click.option("--site", required=True, metavar="NAME|PATH", help="site profile (e.g. local)")
 @click.option("--faults", "n_faults", type=int, default=3, show_default=True, help="number of faults to inject")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random plan")
-@click.option("--kinds", default=",".join(KINDS), show_default=True, help="comma-separated kinds to draw from")
+@click.option("--kinds", default=",".join(VERIFIED_KINDS), show_default=True,
+              help=f"comma-separated kinds to draw from (of {', '.join(KINDS)}; link-down and gpu-error are not "
+                   "verified end to end)")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="folder for the drill's runs (default runs/drill-<name>-<time>)")
 @click.option("--reference", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -123,94 +133,147 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from phoenix_hpc.faults.drill import DrillOutcome, match_outcome
+    from phoenix_hpc.faults.drill import DrillOutcome, landed_ts, resolve_target
     from phoenix_hpc.faults.inject import build_request, inject
     from phoenix_hpc.status.runs import check_run_dir
 
     steps = cfg.training.steps
     console = Console(stderr=True)
     outcomes = [DrillOutcome(f) for f in plan]
-    report: dict = {"config": str(config), "site": site, "base": str(base), "faults": [], "passed": False}
+    report: dict = {"config": str(config), "site": site, "base": str(base), "faults": [], "passed": False,
+                    "nodes_killed": [], "nodes_revived": []}
+    job_id = None
+    st = None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=as_json) as progress:
         task = progress.add_task("reference", total=steps)
 
         def show(desc):
-            return lambda st: progress.update(task, description=desc, completed=st.job.step or 0)
+            return lambda s: progress.update(task, description=desc, completed=s.job.step or 0)
 
-        # --- the fault-free reference -----------------------------------------------------------------
-        if reference is not None:
-            ref_dir = check_run_dir(reference)
-        else:
-            ref_dir = base / "reference"
-            _submit(config, site, ref_dir)
-        ref = _wait(_collector(ref_dir), lambda s: s.finished, timeout_s, show("reference run"), "reference run")
-        report["reference"] = {"run_dir": str(ref_dir), "state": ref.job.state, "final_hash": ref.job.final_hash}
-        if ref.job.state != "done" or not ref.job.final_hash:
-            raise FaultError(f"--reference: {ref_dir} did not finish cleanly (state {ref.job.state}); "
-                             "a drill needs a fault-free final hash to compare with")
-
-        # --- the drill job ----------------------------------------------------------------------------
-        job_dir = base / "job"
-        job_id = _submit(config, site, job_dir)
-        report["job"] = {"run_dir": str(job_dir), "job_id": job_id}
-        collect = _collector(job_dir)
-        progress.reset(task, total=steps, description="waiting for the job to train")
-        st = _wait(collect, lambda s: s.finished or (s.job.state == "running" and s.job.coordinator is not None
-                                                     and s.slots), timeout_s, show("starting"), "job start")
-        for out in outcomes:
-            f = out.fault
-            if st.finished:
-                out.error = f"job ended ({st.job.state}) before this fault"
-                continue
-            label = f"fault {f.index + 1}/{len(outcomes)}: {f.kind} @ {f.phase}"
-            step = max(f.at_step, (st.job.step or 0) + 2)
-            try:
-                req = build_request(st, f.kind, rank=f.rank, at_step=step, phase=f.phase)
-                out.at_step = req.at_step
-                sent = inject(job_dir, st, req, land_timeout_s=timeout_s)
-                out.request_id = sent["request_id"]
-            except (FaultError, OSError) as exc:
-                out.error = f"not injected: {exc}"
-                continue
-            except Exception as exc:  # noqa: BLE001 - ControlError etc.: report it, continue the drill
-                out.error = f"not injected: {exc}"
-                continue
-
-            def settled(s, out=out):
-                match_outcome(out, s)
-                return s.finished or out.recovery_state in ("done", "fallback", "aborted")
-
-            try:
-                st = _wait(collect, settled, timeout_s, show(label), label)
-            except TimeoutError as exc:
-                out.error = str(exc)
-                break
         try:
-            st = _wait(collect, lambda s: s.finished, timeout_s, show("finishing"), "job end")
+            # --- the fault-free reference -------------------------------------------------------------
+            if reference is not None:
+                ref_dir = check_run_dir(reference)
+            else:
+                ref_dir = base / "reference"
+                _submit(config, site, ref_dir)
+            ref = _wait(_collector(ref_dir), lambda s: s.finished, timeout_s, show("fault-free reference run"),
+                        "reference run")
+            report["reference"] = {"run_dir": str(ref_dir), "job_id": ref.job.job_id, "state": ref.job.state,
+                                   "final_hash": ref.job.final_hash}
+            if ref.job.state != "done" or not ref.job.final_hash:
+                raise FaultError(f"--reference: {ref_dir} did not finish cleanly (state {ref.job.state}); "
+                                 "a drill needs a fault-free final hash to compare with")
+
+            # --- the drill job ------------------------------------------------------------------------
+            job_dir = base / "job"
+            job_id = _submit(config, site, job_dir)
+            report["job"] = {"run_dir": str(job_dir), "job_id": job_id}
+            collect = _collector(job_dir)
+            progress.reset(task, total=steps, description="waiting for the job to train")
+            st = _wait(collect, lambda s: s.finished or (s.job.state == "running" and s.job.coordinator is not None
+                                                         and bool(s.slots)), timeout_s, show("starting"), "job start")
+            for i, out in enumerate(outcomes):
+                f = out.fault
+                if st.finished:
+                    out.error = f"job ended ({st.job.state}) before this fault"
+                    continue
+                label = f"fault {f.index + 1}/{len(outcomes)}: {f.kind} @ {f.phase}"
+                step = max(f.at_step, (st.job.step or 0) + 2)
+                try:
+                    out.rank, out.target_world_rank, out.target_node = resolve_target(f, st)
+                    req = build_request(st, f.kind, rank=out.rank, at_step=step, phase=f.phase)
+                    out.at_step = req.at_step
+                    if req.kind == "kill-node":
+                        report["nodes_killed"].append(req.node)
+                    sent = inject(job_dir, st, req, land_timeout_s=timeout_s)
+                    out.request_id = sent["request_id"]
+                except Exception as exc:  # noqa: BLE001 - FaultError, ControlError, OSError: report, go on
+                    out.error = f"not injected: {exc}"
+                    continue
+
+                def settled(s, out=out):
+                    match_outcome(out, s)
+                    return s.finished or out.recovery_state in ("done", "fallback", "aborted")
+
+                try:
+                    st = _wait(collect, settled, timeout_s, show(label), label)
+                except TimeoutError as exc:
+                    out.error = str(exc)
+                    break
+            try:
+                st = _wait(collect, lambda s: s.finished, timeout_s, show("finishing"), "job end")
+            except TimeoutError as exc:
+                report["error"] = str(exc)
+        except KeyboardInterrupt:
+            report["error"] = "interrupted"
+            raise
         except TimeoutError as exc:
             report["error"] = str(exc)
-        for out in outcomes:
-            match_outcome(out, st)
+        finally:
+            if job_id is not None and (st is None or not st.finished):
+                _cancel(job_id)
+            report["nodes_revived"] = _revive(site, report["nodes_killed"])
+    if st is not None:
+        # each fault's recovery started after it landed and before the next one landed
+        ts = [landed_ts(o) for o in outcomes]
+        for i, out in enumerate(outcomes):
+            later = [t for t in ts[i + 1:] if t is not None]
+            match_outcome(out, st, before_ts=min(later) if later else None)
     report["faults"] = [o.to_json() for o in outcomes]
-    report["final_state"] = st.job.state
-    report["final_hash"] = st.job.final_hash
-    report["hash_equal"] = bool(st.job.final_hash) and st.job.final_hash == report["reference"]["final_hash"]
-    report["passed"] = (report["hash_equal"] and st.job.state == "done"
-                        and all(o.landed_as_requested and o.recovered for o in outcomes))
+    report["final_state"] = st.job.state if st is not None else None
+    report["final_hash"] = st.job.final_hash if st is not None else None
+    ref_hash = report.get("reference", {}).get("final_hash")
+    report["hash_equal"] = bool(report["final_hash"]) and report["final_hash"] == ref_hash
+    report["passed"] = (report["hash_equal"] and report["final_state"] == "done" and "error" not in report
+                        and all(o.passed for o in outcomes))
     return report
 
 
+def _cancel(job_id: str) -> None:
+    """scancel a drill job left running (interrupted or given up)."""
+    from phoenix_hpc.slurm.client import SlurmClient
+
+    with contextlib.suppress(Exception):
+        SlurmClient().cancel(job_id)
+
+
+def _revive(site: str, nodes: list[str]) -> list[str]:
+    """Local cluster: start the slurmd of the nodes the drill killed again, so the cluster is whole for the
+    next run (:func:`phoenix_hpc.slurm.cluster.revive_node`). Returns the nodes revived."""
+    if site != "local" or not nodes:
+        return []
+    from phoenix_hpc.errors import ClusterError
+    from phoenix_hpc.slurm import procs
+    from phoenix_hpc.slurm.cluster import load_cluster, revive_node
+
+    try:
+        cluster = load_cluster()
+    except ClusterError:
+        return []
+    done = []
+    for node in dict.fromkeys(nodes):
+        key = f"slurmd:{node}"
+        if node in cluster.nodes and key in cluster.daemons and not procs.is_alive(cluster.daemons[key]):
+            with contextlib.suppress(Exception):
+                cluster = revive_node(cluster, node)
+                done.append(node)
+    return done
+
+
 def _print_report(report: dict, as_json: bool) -> None:
+    """The per-fault table, the hashes and the verdict (``--json``: the report dict as JSON)."""
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"Drill of {report['config']} on {report['site']}", title_justify="left")
-    for c in ("#", "kind", "at step", "phase", "rank", "landed", "action", "detect", "reconfigure", "params",
-              "optimizer", "replay", "total", "replayed", "result"):
+    t = Table(title=f"Drill of {report['config']} on {report['site']} (job {report.get('job', {}).get('job_id')})",
+              title_justify="left")
+    for c in ("#", "kind", "target", "step/phase", "landed", "action", "detect", "quiesce", "reconfigure",
+              "params", "optimizer", "replay", "total", "replayed", "result"):
         t.add_column(c)
 
     def s(v):
@@ -218,15 +281,32 @@ def _print_report(report: dict, as_json: bool) -> None:
 
     for f in report["faults"]:
         landed = ", ".join(f"w{x['world_rank']}:{x['step']}/{x['phase']}" for x in f["landed"]) or "-"
-        ok = f["landed_as_requested"] and f["recovered"]
-        t.add_row(str(f["index"] + 1), f["kind"], str(f["at_step"] or f["planned_step"]), f["phase"], str(f["rank"]),
-                  landed, f["action"] or "-", s(f["detect_s"]),
+        target = (f"rank {f['rank']}" + (f" (w{f['target_world_rank']}@{f['target_node']})"
+                                          if f["target_node"] else ""))
+        if f["passed"]:
+            result = "[green]ok[/green]"
+        elif f["error"]:
+            result = f"[red]{f['error']}[/red]"
+        elif not f["landed_as_requested"]:
+            result = "[red]not landed as requested[/red]"
+        elif f["action"] != f["expected_action"]:
+            result = f"[red]{f['action'] or 'no recovery'}, expected {f['expected_action']}[/red]"
+        else:
+            result = f"[red]{f['recovery_state'] or 'not recovered'}[/red]"
+        t.add_row(str(f["index"] + 1), f["kind"], target, f"{f['at_step'] or f['planned_step']}/{f['phase']}",
+                  landed, f["action"] or "-", s(f["detect_s"]), s(f["quiesce_s"]),
                   *(s(f["phases"].get(p)) for p in ("reconfigure", "params", "optimizer", "replay")),
-                  s(f["total_s"]), "-" if f["steps_replayed"] is None else str(f["steps_replayed"]),
-                  "[green]ok[/green]" if ok else f"[red]{f['error'] or f['recovery_state'] or 'not landed'}[/red]")
+                  s(f["total_s"]), "-" if f["steps_replayed"] is None else str(f["steps_replayed"]), result)
     c = Console()
     c.print(t)
-    same = "[green]equal[/green]" if report["hash_equal"] else "[red]DIFFERENT[/red]"
-    c.print(f"final state: {report['final_state']}; final hash {report.get('final_hash') or '-'} vs reference "
-            f"{report['reference']['final_hash']}: {same}")
+    c.print("quiesce = total - named phases: survivors leaving the collective they were blocked in")
+    if report.get("nodes_revived"):
+        c.print(f"nodes killed by the drill and revived afterwards: {', '.join(report['nodes_revived'])}")
+    if report.get("error"):
+        c.print(f"[red]error: {report['error']}[/red]")
+    ref_hash = report.get("reference", {}).get("final_hash")
+    c.print(f"reference (fault-free) final hash: {ref_hash or '-'}")
+    c.print(f"drill job final hash:             {report.get('final_hash') or '-'} (job state {report['final_state']})")
+    c.print("final state: [green]identical to the fault-free reference[/green]" if report["hash_equal"]
+            else "final state: [red]DIFFERENT from the fault-free reference[/red]")
     c.print("[green]drill passed[/green]" if report["passed"] else "[red]drill failed[/red]")

@@ -3,13 +3,19 @@ says happened to each of them. Both halves are pure; the CLI does the submitting
 
 Planning rules (so that every planned fault can be survived by design):
 
+- by default only the kinds whose recovery is verified end to end on the local cluster are drawn
+  (:data:`VERIFIED_KINDS`: crash, kill-node, hang, transient); ``link-down`` and ``gpu-error`` are drawn only
+  when named in ``kinds``;
+
 - faults land in steps ``FIRST_STEP .. steps - 2``, one per equal segment of that range, so recoveries
   (and their replays) do not overlap the next fault; the ``recovery`` phase is never drawn (a fault in
   the recovery phase lands only if another recovery follows; drill it on purpose with ``inject-fault``);
 - the spare budget is respected: ``kill-node`` needs a whole spare node (G standby slots), ``crash``,
   ``hang``, ``link-down`` and ``gpu-error`` one standby slot, ``transient`` none; kinds that no longer fit
   are not drawn;
-- targets are logical ranks (``--rank``): after a hot swap the coordinator resolves them to the new slot.
+- targets are logical ranks (``--rank``): after a hot swap the coordinator resolves them to the new slot;
+  a ``kill-node`` never takes the batch host (it runs the job's coordinator, whose loss ends the job by
+  design, DESIGN.md section 7): :func:`resolve_target` moves it to the next node with an active slot.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ from phoenix_hpc.faults.kinds import KINDS
 from phoenix_hpc.status.model import Status
 
 FIRST_STEP = 3  # the first commits must exist before a fault can be recovered from memory
+
+VERIFIED_KINDS: tuple[str, ...] = ("crash", "kill-node", "hang", "transient")
+"""Kinds a drill draws by default: each one's recovery (hot swap or local recovery) to the fault-free final
+state is checked end to end on the local cluster (tests/e2e). ``link-down`` and ``gpu-error`` are not."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +52,7 @@ def slot_cost(kind: str, gpus_per_node: int) -> int:
 
 
 def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int, spare_nodes: int,
-               kinds: Sequence[str] = tuple(KINDS)) -> list[DrillFault]:
+               kinds: Sequence[str] = VERIFIED_KINDS) -> list[DrillFault]:
     """``n`` faults for a job of ``steps`` steps and ``world`` logical ranks (see the module doc).
 
     Raises:
@@ -93,6 +103,10 @@ class DrillOutcome:
     steps_replayed: int | None = None
     recovery_state: str | None = None
     error: str | None = None
+    rank: int | None = None  # logical rank actually targeted (differs from the plan when moved off the batch host)
+    target_world_rank: int | None = None  # the slot holding ``rank`` when the fault was sent
+    target_node: str | None = None
+    generation: int | None = None  # generation of the recovery this fault caused
 
     @property
     def landed_as_requested(self) -> bool:
@@ -103,9 +117,32 @@ class DrillOutcome:
     def recovered(self) -> bool:
         return self.recovery_state == "done" and self.error is None
 
+    @property
+    def expected_action(self) -> str:
+        """The action the design takes for this kind (DESIGN.md section 6)."""
+        return KINDS[self.fault.kind].action
+
+    @property
+    def quiesce_s(self) -> float | None:
+        """Recovery time not in a named phase: ``total_s - sum(phases)``, the wait between the recovery's start
+        and the plan, while survivors leave the collective they were blocked in (bounded by
+        ``resilience.collective_timeout_s``)."""
+        if self.total_s is None or not self.phases:
+            return None
+        return max(0.0, round(self.total_s - sum(self.phases.values()), 3))
+
+    @property
+    def passed(self) -> bool:
+        """Landed at the requested step and phase, recovered with the expected action."""
+        return self.landed_as_requested and self.recovered and self.action == self.expected_action
+
     def to_json(self) -> dict[str, Any]:
         return {"index": self.fault.index, "kind": self.fault.kind, "phase": self.fault.phase,
-                "planned_step": self.fault.at_step, "at_step": self.at_step, "rank": self.fault.rank,
+                "planned_step": self.fault.at_step, "at_step": self.at_step, "planned_rank": self.fault.rank,
+                "rank": self.fault.rank if self.rank is None else self.rank,
+                "target_world_rank": self.target_world_rank, "target_node": self.target_node,
+                "expected_action": self.expected_action, "generation": self.generation,
+                "quiesce_s": self.quiesce_s, "passed": self.passed,
                 "request_id": self.request_id, "landed": self.landed,
                 "landed_as_requested": self.landed_as_requested, "action": self.action,
                 "detect_s": self.detect_s, "total_s": self.total_s, "phases": self.phases,
@@ -113,18 +150,50 @@ class DrillOutcome:
                 "recovered": self.recovered, "error": self.error}
 
 
-def match_outcome(out: DrillOutcome, st: Status) -> DrillOutcome:
+def match_outcome(out: DrillOutcome, st: Status, before_ts: float | None = None) -> DrillOutcome:
     """Fill ``out`` from the status: the landing records of its request, and the first recovery that started
-    at or after the fault landed (the one it caused)."""
+    at or after the fault landed (the one it caused) and, when ``before_ts`` is given (the time the next
+    fault landed), before that."""
     inj = next((i for i in st.injections if i.request_id == out.request_id), None)
     if inj is not None:
         out.landed = list(inj.fired)
     if not out.landed:
         return out
     t_landed = min(float(f["ts"]) for f in out.landed)
-    rec = next((r for r in st.recoveries if r.started_at >= t_landed), None)
+    rec = next((r for r in st.recoveries
+                if r.started_at >= t_landed and (before_ts is None or r.started_at < before_ts)), None)
     if rec is not None:
-        out.action, out.recovery_state = rec.action, rec.state
+        out.action, out.recovery_state, out.generation = rec.action, rec.state, rec.generation
         out.total_s, out.phases, out.steps_replayed = rec.total_s, dict(rec.phases), rec.steps_replayed
         out.detect_s = rec.phases.get("detect", rec.detect_s)
     return out
+
+
+def landed_ts(out: DrillOutcome) -> float | None:
+    """When ``out``'s fault first fired (None: not yet)."""
+    return min((float(f["ts"]) for f in out.landed), default=None)
+
+
+def resolve_target(fault: DrillFault, st: Status) -> tuple[int, int, str]:
+    """The ``(logical rank, world rank, node)`` a planned fault hits in the job as it is now.
+
+    The planned logical rank, except for a ``kill-node`` whose rank lives on the batch host (the coordinator's
+    node, which the design does not recover, DESIGN.md section 7): then the lowest logical rank on another
+    node is taken.
+
+    Raises:
+        FaultError: no live active slot holds the rank, or (kill-node) every active slot is on the batch host.
+    """
+    active = sorted((s.logical_rank, s.world_rank, s.node) for s in st.slots
+                    if s.state == "active" and s.logical_rank is not None)
+    by_rank = {r: (r, w, n) for r, w, n in active}
+    if fault.rank not in by_rank:
+        raise FaultError(f"fault {fault.index + 1}: no active slot holds logical rank {fault.rank} now")
+    hit = by_rank[fault.rank]
+    host = st.job.batch_host
+    if fault.kind == "kill-node" and host is not None and hit[2] == host:
+        others = [a for a in active if a[2] != host]
+        if not others:
+            raise FaultError(f"fault {fault.index + 1}: kill-node needs an active slot outside the batch host {host}")
+        hit = others[0]
+    return hit
