@@ -40,7 +40,9 @@ from phoenix_hpc.errors import FaultError, SubmitError
 from phoenix_hpc.faults.drill import VERIFIED_KINDS, match_outcome
 from phoenix_hpc.faults.kinds import KINDS
 
-POLL_S = 1.0
+POLL_S = 0.25  # seconds between polls of the job's journal
+SEND_ATTEMPTS = 4  # a fault refused because its target already passed the step is sent again, later
+LATE_STEP_BUMP = 5  # steps added to such a fault's step per new attempt
 
 
 def _submit(config: Path, site: str, run_dir: Path) -> str:
@@ -59,12 +61,32 @@ def _submit(config: Path, site: str, run_dir: Path) -> str:
     return job_id
 
 
-def _collector(run_dir: Path):
-    from phoenix_hpc.slurm.client import SlurmClient
-    from phoenix_hpc.status.collect import collect_status
+class _Collector:
+    """The job's status for the drill's polling: the run files and journal are read on every call, Slurm's view
+    (``scontrol``) at most every ``slurm_every_s`` seconds (a poll must be cheap: after a recovery ends, the
+    next fault must be sent before the job has run past its step)."""
 
-    client = SlurmClient()
-    return lambda: collect_status(run_dir, client)
+    def __init__(self, run_dir: Path, slurm_every_s: float = 3.0):
+        from phoenix_hpc.slurm.client import SlurmClient
+
+        self.run_dir, self.client, self.slurm_every_s = run_dir, SlurmClient(), slurm_every_s
+        self._slurm, self._slurm_t, self._job_id = None, -1e9, None
+
+    def __call__(self):
+        from phoenix_hpc.status.collect import gather_slurm, read_records, read_run_files
+        from phoenix_hpc.status.derive import derive_status
+
+        run = read_run_files(self.run_dir)
+        records = read_records(self.run_dir)
+        job_id = str(run.job["job_id"]) if run.job and run.job.get("job_id") is not None else None
+        if self._slurm is None or job_id != self._job_id or time.monotonic() - self._slurm_t >= self.slurm_every_s:
+            nodes = sorted({str(r["node"]) for r in records if r.get("event") == "registered" and r.get("node")})
+            self._slurm, self._slurm_t, self._job_id = gather_slurm(self.client, job_id, nodes), time.monotonic(), job_id
+        return derive_status(records, self._slurm, time.time(), run)
+
+
+def _collector(run_dir: Path) -> _Collector:
+    return _Collector(run_dir)
 
 
 def _wait(collect, until: Callable, timeout_s: float, on_poll: Callable, what: str):
@@ -133,8 +155,7 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from phoenix_hpc.faults.drill import DrillOutcome, landed_ts, resolve_target
-    from phoenix_hpc.faults.inject import build_request, inject
+    from phoenix_hpc.faults.drill import DrillOutcome, landed_ts
     from phoenix_hpc.status.runs import check_run_dir
 
     steps = cfg.training.steps
@@ -172,35 +193,17 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
             report["job"] = {"run_dir": str(job_dir), "job_id": job_id}
             collect = _collector(job_dir)
             progress.reset(task, total=steps, description="waiting for the job to train")
-            st = _wait(collect, lambda s: s.finished or (s.job.state == "running" and s.job.coordinator is not None
-                                                         and bool(s.slots)), timeout_s, show("starting"), "job start")
-            for i, out in enumerate(outcomes):
-                f = out.fault
+            def trains(s):
+                return s.finished or (s.job.state == "running" and s.job.coordinator is not None and bool(s.slots)
+                                      and s.job.slurm_state in (None, "RUNNING"))
+
+            st = _wait(collect, trains, timeout_s, show("starting"), "job start")
+            for out in outcomes:
                 if st.finished:
                     out.error = f"job ended ({st.job.state}) before this fault"
                     continue
-                label = f"fault {f.index + 1}/{len(outcomes)}: {f.kind} @ {f.phase}"
-                step = max(f.at_step, (st.job.step or 0) + 2)
-                try:
-                    out.rank, out.target_world_rank, out.target_node = resolve_target(f, st)
-                    req = build_request(st, f.kind, rank=out.rank, at_step=step, phase=f.phase)
-                    out.at_step = req.at_step
-                    if req.kind == "kill-node":
-                        report["nodes_killed"].append(req.node)
-                    sent = inject(job_dir, st, req, land_timeout_s=timeout_s)
-                    out.request_id = sent["request_id"]
-                except Exception as exc:  # noqa: BLE001 - FaultError, ControlError, OSError: report, go on
-                    out.error = f"not injected: {exc}"
-                    continue
-
-                def settled(s, out=out):
-                    match_outcome(out, s)
-                    return s.finished or out.recovery_state in ("done", "fallback", "aborted")
-
-                try:
-                    st = _wait(collect, settled, timeout_s, show(label), label)
-                except TimeoutError as exc:
-                    out.error = str(exc)
+                st, stop = _drill_fault(out, st, collect, job_dir, report, timeout_s, show, len(outcomes))
+                if stop:
                     break
             try:
                 st = _wait(collect, lambda s: s.finished, timeout_s, show("finishing"), "job end")
@@ -229,6 +232,68 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
     report["passed"] = (report["hash_equal"] and report["final_state"] == "done" and "error" not in report
                         and all(o.passed for o in outcomes))
     return report
+
+
+def _drill_fault(out, st, collect, job_dir: Path, report: dict, timeout_s: float, show, n: int):
+    """Send one planned fault and wait until the recovery it causes has ended. Returns ``(status, give_up)``.
+
+    The step is the planned one or, when the job is too close to it, later (:func:`fault_step`). A request
+    the coordinator refuses because the target already passed the step, or one whose step the job passed
+    without it firing (the live step lags the slots), is sent again at a later step, up to
+    :data:`SEND_ATTEMPTS` times. ``give_up``: a wait timed out (the drill stops sending faults).
+    """
+    from phoenix_hpc.faults.drill import fault_step, resolve_target, step_rate
+    from phoenix_hpc.faults.inject import build_request, inject
+
+    f = out.fault
+    label = f"fault {f.index + 1}/{n}: {f.kind} @ {f.phase}"
+    step = None
+    for attempt in range(SEND_ATTEMPTS):
+        last = attempt == SEND_ATTEMPTS - 1
+        live = st.job.step or 0
+        step = fault_step(f.at_step if step is None else step + LATE_STEP_BUMP, live,
+                          step_rate(st.progress, time.time()))
+        try:
+            out.rank, out.target_world_rank, out.target_node = resolve_target(f, st)
+            req = build_request(st, f.kind, rank=out.rank, at_step=step, phase=f.phase)
+            if req.kind == "kill-node":
+                report["nodes_killed"].append(req.node)
+
+            def missed(req=req):  # the job ran past the step and the fault did not fire
+                s = collect()
+                return s.finished or ((s.job.step or 0) >= req.at_step + 2
+                                      and not any(i.fired for i in s.injections if i.request_id == req.request_id))
+
+            sent = inject(job_dir, st, req, land_timeout_s=timeout_s, give_up=missed)
+        except FaultError as exc:
+            if "already done" in str(exc) and not last:  # the coordinator's refusal of a passed step
+                st = collect()
+                continue
+            if "still run after" in str(exc) and not last:  # a kill-node that did not fire
+                out.request_id = None
+                st = collect()
+                continue
+            out.error = f"not injected: {exc}"
+            return st, False
+        except Exception as exc:  # noqa: BLE001 - ControlError, OSError: report it, go on with the drill
+            out.error = f"not injected: {exc}"
+            return st, False
+        out.at_step, out.request_id = req.at_step, sent["request_id"]
+
+        def settled(s, out=out):
+            match_outcome(out, s)
+            return (s.finished or out.recovery_state in ("done", "fallback", "aborted")
+                    or (not out.landed and (s.job.step or 0) >= (out.at_step or 0) + 2))
+
+        try:
+            st = _wait(collect, settled, timeout_s, show(label), label)
+        except TimeoutError as exc:
+            out.error = str(exc)
+            return st, True
+        if out.landed or st.finished or last:
+            return st, False
+        out.request_id = None  # missed: send it again, later
+    return st, False
 
 
 def _cancel(job_id: str) -> None:

@@ -20,6 +20,7 @@ Planning rules (so that every planned fault can be survived by design):
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -167,6 +168,30 @@ def match_outcome(out: DrillOutcome, st: Status, before_ts: float | None = None)
         out.total_s, out.phases, out.steps_replayed = rec.total_s, dict(rec.phases), rec.steps_replayed
         out.detect_s = rec.phases.get("detect", rec.detect_s)
     return out
+
+
+def step_rate(progress: Sequence[Sequence[float]], now: float, window_s: float = 10.0) -> float:
+    """Steps per second of the job over the last ``window_s`` seconds of its progress points
+    (``Status.progress``: ``[ts, live step]`` in time order); 0.0 when unknown. A rollback (restore) starts the
+    window anew. Pure."""
+    pts = [(float(t), float(v)) for t, v in progress if float(t) >= now - window_s]
+    for i in range(len(pts) - 1, 0, -1):
+        if pts[i][1] < pts[i - 1][1]:
+            pts = pts[i:]
+            break
+    if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+        return 0.0
+    return max(0.0, (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]))
+
+
+def fault_step(planned: int, live_step: int | None, rate_steps_per_s: float, *, lead_s: float = 3.0,
+               min_margin: int = 2) -> int:
+    """The step to send a fault for: ``planned``, or later when the job is too close to it. The request
+    reaches the target about ``lead_s`` seconds after the live step was journalled (progress records every
+    1 s, heartbeats, the drill's poll, the send), so the step must lie at least ``rate * lead_s`` steps
+    (and ``min_margin``) ahead of the live step. Pure."""
+    margin = max(min_margin, math.ceil(rate_steps_per_s * lead_s))
+    return max(int(planned), int(live_step or 0) + margin)
 
 
 def landed_ts(out: DrillOutcome) -> float | None:

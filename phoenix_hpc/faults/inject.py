@@ -179,12 +179,14 @@ def pid_alive(pid: int) -> bool:
 
 def wait_pids_gone(pids: tuple[int, ...], timeout_s: float, poll_s: float = 0.2,
                    alive: Callable[[int], bool] = pid_alive, clock: Callable[[], float] = time.monotonic,
-                   sleep: Callable[[float], None] = time.sleep) -> list[int]:
-    """Wait until none of ``pids`` is alive; return those still alive after ``timeout_s``."""
+                   sleep: Callable[[float], None] = time.sleep,
+                   give_up: Callable[[], bool] | None = None) -> list[int]:
+    """Wait until none of ``pids`` is alive; return those still alive after ``timeout_s`` or once
+    ``give_up()`` returns true (checked every poll)."""
     deadline = clock() + timeout_s
     while True:
         left = [p for p in pids if alive(p)]
-        if not left or clock() >= deadline:
+        if not left or clock() >= deadline or (give_up is not None and give_up()):
             return left
         sleep(poll_s)
 
@@ -203,23 +205,25 @@ def local_cluster_for(st: Status, node: str):
     return cluster if node in cluster.nodes else None
 
 
-def finish_kill_node(cluster, req: InjectRequest, timeout_s: float) -> dict[str, Any]:
+def finish_kill_node(cluster, req: InjectRequest, timeout_s: float,
+                     give_up: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Local cluster: after the node's slots died at their step (or at once for ``immediate``), kill the
     node's slurmd and step daemons by their recorded PIDs and mark the node DOWN.
 
     Returns ``{"node", "slots_gone", "killed_pids", "waited_s"}``.
 
     Raises:
-        FaultError: the slots did not die within ``timeout_s`` (the fault has not landed; the node is left
-            up; the message says how to kill it by hand).
+        FaultError: the slots did not die within ``timeout_s`` or before ``give_up()`` returned true (e.g. the
+            target ran past the step without firing; the fault has not landed; the node is left up).
     """
     from phoenix_hpc.slurm.cluster import kill_node
 
     t0 = time.monotonic()
     if not req.immediate:
-        left = wait_pids_gone(req.pids, timeout_s)
+        left = wait_pids_gone(req.pids, timeout_s, give_up=give_up)
         if left:
-            raise FaultError(f"kill-node: slots of {req.node} (pids {left}) still run after {timeout_s:g}s; the "
+            raise FaultError(f"kill-node: slots of {req.node} (pids {left}) still run after "
+                             f"{time.monotonic() - t0:.1f}s; the "
                              f"fault at step {req.at_step} has not landed yet; its slurmd is left running")
     killed = kill_node(cluster, req.node, mark_down_reason=f"phoenix inject-fault kill-node {req.request_id}")
     return {"node": req.node, "slots_gone": list(req.slots), "killed_pids": killed,
@@ -227,13 +231,15 @@ def finish_kill_node(cluster, req: InjectRequest, timeout_s: float) -> dict[str,
 
 
 def inject(run_dir: Path, st: Status, req: InjectRequest, timeout_s: float = 30.0,
-           land_timeout_s: float = 600.0, client_factory: Callable[..., Any] | None = None) -> dict[str, Any]:
+           land_timeout_s: float = 600.0, client_factory: Callable[..., Any] | None = None,
+           give_up: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Carry out a validated request: send it (unless it is an immediate local kill-node) and, for kill-node
     on the local cluster, kill the node's daemons once its slots are gone. Returns a summary dict
     ``{"request_id", "kind", "phase", "at_step", "target", "targets", "node_kill"}``.
 
     Raises:
-        FaultError, ControlError: see :func:`send_request` and :func:`finish_kill_node`; an immediate
+        FaultError, ControlError: see :func:`send_request` and :func:`finish_kill_node` (``give_up``: stop
+            waiting for a local kill-node's slots to die); an immediate
             kill-node outside the local cluster.
     """
     out: dict[str, Any] = {"request_id": req.request_id, "kind": req.kind, "phase": req.phase,
@@ -250,5 +256,5 @@ def inject(run_dir: Path, st: Status, req: InjectRequest, timeout_s: float = 30.
     reply = send_request(run_dir, req, timeout_s, client_factory)
     out["targets"] = list(reply.get("targets", req.slots))
     if cluster is not None:
-        out["node_kill"] = finish_kill_node(cluster, req, land_timeout_s)
+        out["node_kill"] = finish_kill_node(cluster, req, land_timeout_s, give_up)
     return out

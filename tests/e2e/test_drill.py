@@ -1,0 +1,172 @@
+"""``phoenix drill`` end to end on the real local Slurm cluster.
+
+One drill of a small job (the gpt-small model on 2 active nodes + 2 spare nodes, dp=2, one slot per node,
+torch engine on gloo, runtime protection with k=1, 40 steps of about 0.1 s) with two faults drawn from a fixed seed. With seed 7 the plan is a
+``kill-node`` of logical rank 0 (on the batch host, so the drill must move it to the node of rank 1) and then
+a ``crash`` of logical rank 0; both are hot swaps, which use both spare nodes. The drill submits the
+fault-free reference and the drill job with the real ``phoenix submit``, injects through the coordinator,
+kills the node's slurmd, and revives it at the end.
+
+Checked: exit code 0 and an identical final hash; every fault landed at its step and phase and caused one
+recovery; the drill's report, the journal and ``phoenix status --json`` agree on what happened; the cluster
+is whole again afterwards (the killed node's slurmd runs, every node idle).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from phoenix_hpc.control.journal import read_journal
+from phoenix_hpc.faults.drill import plan_drill
+from phoenix_hpc.faults.kinds import PHASE_WIRE
+from phoenix_hpc.slurm import cluster as lc
+from phoenix_hpc.slurm import procs
+from phoenix_hpc.slurm.client import SlurmClient
+
+ROOT = Path(__file__).resolve().parents[2]
+PHOENIX = str(ROOT / ".venv" / "bin" / "phoenix")
+
+pytestmark = pytest.mark.cluster
+
+STEPS = 40
+SEED = 7
+CONFIG = {
+    "name": "drill",
+    "engine": "torch",
+    "model": {"layers": 4, "hidden_size": 128, "heads": 4, "vocab_size": 256, "seq_length": 64},
+    "parallelism": {"tp": 1, "pp": 1, "dp": 2},
+    "training": {"steps": STEPS, "micro_batch_size": 2, "global_batch_size": 8, "seed": 11, "lr": 0.001,
+                 "warmup_steps": 2, "log_interval": 10},
+    "resilience": {"k": 1, "placement_levels": ["node", "switch"], "heartbeat_interval_s": 0.5,
+                   "heartbeat_timeout_s": 4.0, "collective_timeout_s": 8.0, "chunk_bytes": 65536},
+    "resources": {"nodes": 2, "spares": 2, "time_limit": "00:05:00"},
+}
+
+
+def _wait(pred, timeout_s: float, what: str, poll_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+@pytest.fixture(scope="module")
+def drill_run(slurm_cluster, slurm_env, tmp_path_factory):
+    """Run the drill once; returns (report, base dir, env, elapsed seconds, the drill's stderr)."""
+    from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
+
+    tmp = tmp_path_factory.mktemp("drill")
+    data = tmp / "data" / "stdlib"
+    prepare_dataset(stdlib_dir(), data, max_bytes=300_000)
+    cfg_path = tmp / "drill.yaml"
+    cfg_path.write_text(yaml.safe_dump(dict(CONFIG, data={"path": str(data)})))
+    env = dict(slurm_env, PHOENIX_HOME=str(tmp / "home"), PHOENIX_CLUSTER_DIR=str(slurm_cluster.run_dir))
+    base = tmp / "runs"
+    t0 = time.monotonic()
+    out = subprocess.run([PHOENIX, "drill", str(cfg_path), "--site", "local", "--faults", "2", "--seed", str(SEED),
+                          "--run-dir", str(base), "--timeout-s", "150", "--json"],
+                         env=env, capture_output=True, text=True, timeout=420)
+    elapsed = time.monotonic() - t0
+    # the drill restarted the killed node's slurmd and recorded its new PID in cluster.json: later tests read
+    # daemon PIDs from the session object, so it must hold the new ones
+    slurm_cluster.daemons.update(lc.load_cluster(slurm_cluster.run_dir).daemons)
+    try:
+        report = json.loads(out.stdout)
+    except ValueError:
+        report = None
+    assert out.returncode == 0 and report is not None, (
+        f"drill exit {out.returncode}\nstdout:\n{out.stdout[-4000:]}\nstderr:\n{out.stderr[-4000:]}")
+    print(f"drill: {elapsed:.1f} s")
+    return report, base, env, elapsed
+
+
+def test_drill_recovers_every_fault_to_the_fault_free_final_hash(drill_run):
+    report, base, env, _ = drill_run
+    ref_done = read_journal(base / "reference", "job_done")
+    job_done = read_journal(base / "job", "job_done")
+    assert len(ref_done) == 1 and len(job_done) == 1
+    assert not read_journal(base / "reference", "fault") and not read_journal(base / "reference", "recovery_start")
+    assert report["passed"] and report["hash_equal"] and report["final_state"] == "done"
+    assert report["reference"]["final_hash"] == ref_done[0]["final_hash"]
+    assert report["final_hash"] == job_done[0]["final_hash"] == ref_done[0]["final_hash"]
+    assert job_done[0]["step"] == STEPS and job_done[0]["steps_agree"]
+
+    plan = plan_drill(2, SEED, steps=STEPS, world=2, gpus_per_node=1, spare_nodes=2)
+    faults = report["faults"]
+    assert [(f["kind"], f["phase"], f["planned_step"], f["planned_rank"]) for f in faults] == [
+        (p.kind, p.phase, p.at_step, p.rank) for p in plan]
+    assert [f["kind"] for f in faults] == ["kill-node", "crash"]
+    # kill-node planned on logical rank 0 (the batch host) is moved to the other node
+    kill = faults[0]
+    assert kill["planned_rank"] == 0 and kill["rank"] == 1 and kill["target_node"] != "nid00001"
+    for f in faults:
+        assert f["passed"] and f["landed_as_requested"] and f["recovered"] and f["action"] == "hot_swap"
+        assert f["at_step"] >= f["planned_step"]
+        assert all(x["step"] == f["at_step"] and x["phase"] == f["phase"] for x in f["landed"])
+        assert set(f["phases"]) == {"detect", "reconfigure", "params", "optimizer", "replay"}
+        assert f["steps_replayed"] is not None and f["steps_replayed"] <= 1
+        assert f["detect_s"] == f["phases"]["detect"] > 0
+    # each fault landed after the previous one's recovery ended
+    assert faults[1]["at_step"] > faults[0]["at_step"]
+    assert report["nodes_revived"] == [kill["target_node"]]
+
+
+def test_journal_and_status_json_agree_with_the_drill_report(drill_run):
+    report, base, env, _ = drill_run
+    job_dir = base / "job"
+    faults = report["faults"]
+    forwarded = {r["request_id"]: r for r in read_journal(job_dir, "inject_forwarded")}
+    assert set(forwarded) == {f["request_id"] for f in faults}
+    done = {r["generation"]: r for r in read_journal(job_dir, "recovery_done")}
+    assert sorted(done) == [1, 2]
+    dead = read_journal(job_dir, "slots_dead")
+    for f in faults:
+        fw = forwarded[f["request_id"]]
+        assert fw["at_step"] == f["at_step"] and fw["phase"] == PHASE_WIRE[f["phase"]]
+        rec = done[f["generation"]]
+        assert (rec["action"], rec["total_s"], rec["phases"], rec["steps_replayed"]) == (
+            f["action"], f["total_s"], f["phases"], f["steps_replayed"])
+    assert faults[0]["target_node"] in dead[0]["nodes"] and faults[0]["target_world_rank"] in dead[0]["slots"]
+    assert faults[1]["target_world_rank"] in dead[1]["slots"]
+
+    out = subprocess.run([PHOENIX, "status", str(job_dir), "--json"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    st = json.loads(out.stdout)
+    assert st["job"]["state"] == "done" and st["job"]["final_hash"] == report["final_hash"]
+    assert st["job"]["job_id"] == report["job"]["job_id"] and st["job"]["generation"] == 2
+    recs = {r["generation"]: r for r in st["recoveries"]}
+    assert sorted(recs) == [1, 2]
+    injections = {i["request_id"]: i for i in st["injections"]}
+    for f in faults:
+        r = recs[f["generation"]]
+        assert (r["action"], r["state"], r["total_s"], r["phases"], r["steps_replayed"]) == (
+            f["action"], "done", f["total_s"], f["phases"], f["steps_replayed"])
+        inj = injections[f["request_id"]]
+        assert (inj["kind"], inj["phase"], inj["at_step"]) == (f["kind"], f["phase"], f["at_step"])
+        assert inj["fired"] == f["landed"]
+    assert st["spare_nodes_left"] == 0
+
+
+def test_drill_leaves_the_cluster_whole(drill_run, slurm_cluster):
+    report, base, env, elapsed = drill_run
+    client = SlurmClient(env=env)
+    job_id = report["job"]["job_id"]
+    _wait(lambda: client.show_job(job_id).get("JobState") not in ("RUNNING", "COMPLETING", "PENDING"), 90,
+          f"drill job {job_id} to end")
+    cluster = lc.load_cluster(slurm_cluster.run_dir)
+    node = report["faults"][0]["target_node"]
+    assert procs.is_alive(cluster.daemons[f"slurmd:{node}"])
+    _wait(lambda: all(n.get("State", "").lower().startswith("idle") for n in client.show_nodes()), 60,
+          "every node idle")
+    print(f"drill took {elapsed:.1f} s")

@@ -1,0 +1,84 @@
+"""Drill pacing and targeting (pure): the step a fault is sent for, the batch host rule, outcome matching."""
+
+from __future__ import annotations
+
+import pytest
+
+from phoenix_hpc.errors import FaultError
+from phoenix_hpc.faults.drill import (VERIFIED_KINDS, DrillFault, DrillOutcome, fault_step, match_outcome,
+                                      plan_drill, resolve_target, step_rate)
+from phoenix_hpc.status.model import InjectionStatus, RecoveryStatus
+
+
+def test_step_rate_over_the_window_and_after_a_rollback():
+    assert step_rate([], 100.0) == 0.0
+    assert step_rate([[90.0, 0], [95.0, 50], [100.0, 100]], 100.0) == pytest.approx(10.0)
+    # points older than the window are ignored
+    assert step_rate([[10.0, 0], [95.0, 50], [100.0, 100]], 100.0, window_s=10) == pytest.approx(10.0)
+    # a restore rolled the live step back: only the points after it count
+    assert step_rate([[90.0, 40], [96.0, 38], [98.0, 48]], 100.0) == pytest.approx(5.0)
+
+
+def test_fault_step_keeps_the_plan_or_leads_the_job_by_the_send_latency():
+    assert fault_step(20, 5, 1.0) == 20
+    assert fault_step(20, 19, 0.0) == 21  # at least two steps ahead
+    assert fault_step(20, 19, 10.0) == 49  # 10 steps/s x 3 s lead
+    assert fault_step(7, None, 0.0) == 7
+
+
+def test_default_kinds_are_the_verified_ones():
+    assert set(VERIFIED_KINDS) == {"crash", "kill-node", "hang", "transient"}
+    for seed in range(40):
+        plan = plan_drill(3, seed, steps=60, world=4, gpus_per_node=1, spare_nodes=2)
+        assert {f.kind for f in plan} <= set(VERIFIED_KINDS)
+
+
+class _Slot:
+    def __init__(self, w, node, r, state="active"):
+        self.world_rank, self.node, self.logical_rank, self.state = w, node, r, state
+
+
+class _Job:
+    batch_host = "nid00001"
+
+
+class _St:
+    def __init__(self, slots, injections=(), recoveries=()):
+        self.slots, self.job = slots, _Job()
+        self.injections, self.recoveries = list(injections), list(recoveries)
+
+
+SLOTS = [_Slot(0, "nid00001", 0), _Slot(1, "nid00002", 1), _Slot(2, "nid00003", None, "standby")]
+
+
+def test_kill_node_is_moved_off_the_batch_host_other_kinds_are_not():
+    assert resolve_target(DrillFault(0, "kill-node", "forward", 9, 0), _St(SLOTS)) == (1, 1, "nid00002")
+    assert resolve_target(DrillFault(0, "crash", "forward", 9, 0), _St(SLOTS)) == (0, 0, "nid00001")
+    assert resolve_target(DrillFault(0, "kill-node", "forward", 9, 1), _St(SLOTS)) == (1, 1, "nid00002")
+    with pytest.raises(FaultError, match="outside the batch host"):
+        resolve_target(DrillFault(0, "kill-node", "forward", 9, 0), _St(SLOTS[:1]))
+    with pytest.raises(FaultError, match="no active slot holds logical rank 1"):
+        resolve_target(DrillFault(0, "crash", "forward", 9, 1), _St(SLOTS[:1]))
+
+
+def _rec(gen, t0, action="hot_swap"):
+    return RecoveryStatus(generation=gen, action=action, state="done", started_at=t0, finished_at=t0 + 5,
+                          reason=None, dead_slots=[1], joins=[], detect_s=4.0, total_s=9.0,
+                          phases={"detect": 4.0, "reconfigure": 1.0, "params": 0.5, "optimizer": 0.5, "replay": 0.5},
+                          steps_replayed=1, recoverable_step=5)
+
+
+def test_outcome_takes_the_recovery_between_its_landing_and_the_next_fault():
+    inj = [InjectionStatus("a", 1.0, "crash", "forward", 7, [1], [{"world_rank": 1, "step": 7, "phase": "forward",
+                                                                   "ts": 10.0}]),
+           InjectionStatus("b", 20.0, "crash", "forward", 20, [1], [{"world_rank": 2, "step": 20,
+                                                                     "phase": "forward", "ts": 30.0}])]
+    st = _St(SLOTS, inj, [_rec(1, 31.0)])  # fault a caused no recovery; the only one follows fault b
+    a = match_outcome(DrillOutcome(DrillFault(0, "crash", "forward", 7, 1), request_id="a", at_step=7), st,
+                      before_ts=30.0)
+    assert a.landed_as_requested and a.recovery_state is None and not a.passed
+    b = match_outcome(DrillOutcome(DrillFault(1, "crash", "forward", 20, 1), request_id="b", at_step=20), st)
+    assert b.passed and b.generation == 1 and b.quiesce_s == pytest.approx(2.5)
+    # a transient fault expects a local recovery: a hot swap is reported, not passed
+    t = match_outcome(DrillOutcome(DrillFault(1, "transient", "forward", 20, 1), request_id="b", at_step=20), st)
+    assert t.recovered and t.expected_action == "local_recovery" and not t.passed
