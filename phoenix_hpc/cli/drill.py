@@ -155,7 +155,7 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from phoenix_hpc.faults.drill import DrillOutcome, landed_ts
+    from phoenix_hpc.faults.drill import DrillOutcome, landed_ts, quiesce_by_generation
     from phoenix_hpc.status.runs import check_run_dir
 
     steps = cfg.training.steps
@@ -224,6 +224,12 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
         for i, out in enumerate(outcomes):
             later = [t for t in ts[i + 1:] if t is not None]
             match_outcome(out, st, before_ts=min(later) if later else None)
+        with contextlib.suppress(Exception):  # the quiesce column is informative only
+            from phoenix_hpc.status.collect import read_records
+
+            quiesce = quiesce_by_generation(read_records(base / "job"))
+            for out in outcomes:
+                out.quiesce_s = quiesce.get(out.generation) if out.generation is not None else None
     report["faults"] = [o.to_json() for o in outcomes]
     report["final_state"] = st.job.state if st is not None else None
     report["final_hash"] = st.job.final_hash if st is not None else None
@@ -364,7 +370,8 @@ def _print_report(report: dict, as_json: bool) -> None:
                   s(f["total_s"]), "-" if f["steps_replayed"] is None else str(f["steps_replayed"]), result)
     c = Console()
     c.print(t)
-    c.print("quiesce = total - named phases: survivors leaving the collective they were blocked in")
+    c.print("quiesce: recovery start -> plan, survivors leaving the step they were in (bounded by the collective "
+            "timeout); reconfigure/params/optimizer: the slowest member's time each; total: fault -> replay done")
     if report.get("nodes_revived"):
         c.print(f"nodes killed by the drill and revived afterwards: {', '.join(report['nodes_revived'])}")
     if report.get("error"):

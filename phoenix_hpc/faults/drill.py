@@ -108,6 +108,7 @@ class DrillOutcome:
     target_world_rank: int | None = None  # the slot holding ``rank`` when the fault was sent
     target_node: str | None = None
     generation: int | None = None  # generation of the recovery this fault caused
+    quiesce_s: float | None = None  # recovery_start -> recovery_plan of that generation (see quiesce_by_generation)
 
     @property
     def landed_as_requested(self) -> bool:
@@ -122,15 +123,6 @@ class DrillOutcome:
     def expected_action(self) -> str:
         """The action the design takes for this kind (DESIGN.md section 6)."""
         return KINDS[self.fault.kind].action
-
-    @property
-    def quiesce_s(self) -> float | None:
-        """Recovery time not in a named phase: ``total_s - sum(phases)``, the wait between the recovery's start
-        and the plan, while survivors leave the collective they were blocked in (bounded by
-        ``resilience.collective_timeout_s``)."""
-        if self.total_s is None or not self.phases:
-            return None
-        return max(0.0, round(self.total_s - sum(self.phases.values()), 3))
 
     @property
     def passed(self) -> bool:
@@ -192,6 +184,16 @@ def fault_step(planned: int, live_step: int | None, rate_steps_per_s: float, *, 
     (and ``min_margin``) ahead of the live step. Pure."""
     margin = max(min_margin, math.ceil(rate_steps_per_s * lead_s))
     return max(int(planned), int(live_step or 0) + margin)
+
+
+def quiesce_by_generation(records: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """Seconds from each recovery's ``recovery_start`` to its ``recovery_plan`` in the journal: the wait until
+    every survivor has left the step it was in (a survivor blocked in a collective with a dead slot is freed
+    by ``resilience.collective_timeout_s``). Not one of ``recovery_done.phases``: those are detect,
+    reconfigure, params, optimizer (each the slowest member's own time) and replay. Pure."""
+    start = {int(r["generation"]): float(r["ts"]) for r in records if r.get("event") == "recovery_start"}
+    return {g: round(float(r["ts"]) - start[g], 3) for r in records
+            if r.get("event") == "recovery_plan" and (g := int(r["generation"])) in start}
 
 
 def landed_ts(out: DrillOutcome) -> float | None:

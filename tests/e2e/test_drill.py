@@ -130,12 +130,15 @@ def test_journal_and_status_json_agree_with_the_drill_report(drill_run):
     done = {r["generation"]: r for r in read_journal(job_dir, "recovery_done")}
     assert sorted(done) == [1, 2]
     dead = read_journal(job_dir, "slots_dead")
+    starts = {r["generation"]: r["ts"] for r in read_journal(job_dir, "recovery_start")}
+    plans = {r["generation"]: r["ts"] for r in read_journal(job_dir, "recovery_plan")}
     for f in faults:
         fw = forwarded[f["request_id"]]
         assert fw["at_step"] == f["at_step"] and fw["phase"] == PHASE_WIRE[f["phase"]]
         rec = done[f["generation"]]
         assert (rec["action"], rec["total_s"], rec["phases"], rec["steps_replayed"]) == (
             f["action"], f["total_s"], f["phases"], f["steps_replayed"])
+        assert f["quiesce_s"] == pytest.approx(plans[f["generation"]] - starts[f["generation"]], abs=1e-3)
     assert faults[0]["target_node"] in dead[0]["nodes"] and faults[0]["target_world_rank"] in dead[0]["slots"]
     assert faults[1]["target_world_rank"] in dead[1]["slots"]
 

@@ -6,7 +6,7 @@ import pytest
 
 from phoenix_hpc.errors import FaultError
 from phoenix_hpc.faults.drill import (VERIFIED_KINDS, DrillFault, DrillOutcome, fault_step, match_outcome,
-                                      plan_drill, resolve_target, step_rate)
+                                      plan_drill, quiesce_by_generation, resolve_target, step_rate)
 from phoenix_hpc.status.model import InjectionStatus, RecoveryStatus
 
 
@@ -78,7 +78,14 @@ def test_outcome_takes_the_recovery_between_its_landing_and_the_next_fault():
                       before_ts=30.0)
     assert a.landed_as_requested and a.recovery_state is None and not a.passed
     b = match_outcome(DrillOutcome(DrillFault(1, "crash", "forward", 20, 1), request_id="b", at_step=20), st)
-    assert b.passed and b.generation == 1 and b.quiesce_s == pytest.approx(2.5)
+    assert b.passed and b.generation == 1
     # a transient fault expects a local recovery: a hot swap is reported, not passed
     t = match_outcome(DrillOutcome(DrillFault(1, "transient", "forward", 20, 1), request_id="b", at_step=20), st)
     assert t.recovered and t.expected_action == "local_recovery" and not t.passed
+
+
+def test_quiesce_is_start_to_plan_per_generation():
+    recs = [{"ts": 10.0, "event": "recovery_start", "generation": 1}, {"ts": 13.5, "event": "recovery_plan",
+                                                                       "generation": 1},
+            {"ts": 20.0, "event": "recovery_start", "generation": 2}]
+    assert quiesce_by_generation(recs) == {1: 3.5}
