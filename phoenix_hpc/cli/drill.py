@@ -258,7 +258,7 @@ def _drill_fault(out, st, collect, job_dir: Path, report: dict, timeout_s: float
         last = attempt == SEND_ATTEMPTS - 1
         live = st.job.step or 0
         step = fault_step(f.at_step if step is None else step + LATE_STEP_BUMP, live,
-                          step_rate(st.progress, time.time()))
+                          step_rate(st.progress, time.time()), last_step=st.job.steps_total)
         try:
             out.rank, out.target_world_rank, out.target_node = resolve_target(f, st)
             req = build_request(st, f.kind, rank=out.rank, at_step=step, phase=f.phase)

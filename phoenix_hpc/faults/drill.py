@@ -7,8 +7,8 @@ Planning rules (so that every planned fault can be survived by design):
   (:data:`VERIFIED_KINDS`: crash, kill-node, hang, transient); ``link-down`` and ``gpu-error`` are drawn only
   when named in ``kinds``;
 
-- faults land in steps ``FIRST_STEP .. steps - 2``, one per equal segment of that range, so recoveries
-  (and their replays) do not overlap the next fault; the ``recovery`` phase is never drawn (a fault in
+- faults land in steps ``FIRST_STEP .. steps - 2``, one in the first half of each of ``n`` equal segments of
+  that range, so recoveries (and their replays) end before the next fault's step; the ``recovery`` phase is never drawn (a fault in
   the recovery phase lands only if another recovery follows; drill it on purpose with ``inject-fault``);
 - the spare budget is respected: ``kill-node`` needs a whole spare node (G standby slots), ``crash``,
   ``hang``, ``link-down`` and ``gpu-error`` one standby slot, ``transient`` none; kinds that no longer fit
@@ -77,7 +77,9 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
     for i in range(n):
         lo = FIRST_STEP + int(round(i * seg))
         hi = FIRST_STEP + int(round((i + 1) * seg)) - 1
-        step = rng.randint(lo, max(lo, hi - 1))  # leave the segment's last step for the recovery
+        # the first half of the segment: at least half a segment lies between two faults for the recovery
+        # (and its replay) to end before the next fault's step
+        step = rng.randint(lo, max(lo, lo + (hi - lo) // 2))
         affordable = [k for k in kinds if slot_cost(k, gpus_per_node) <= budget]
         if not affordable:
             raise FaultError(f"--faults: no spare capacity left for fault {i + 1} of {n} with kinds {list(kinds)} "
@@ -176,14 +178,18 @@ def step_rate(progress: Sequence[Sequence[float]], now: float, window_s: float =
     return max(0.0, (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]))
 
 
-def fault_step(planned: int, live_step: int | None, rate_steps_per_s: float, *, lead_s: float = 3.0,
-               min_margin: int = 2) -> int:
+def fault_step(planned: int, live_step: int | None, rate_steps_per_s: float, *, last_step: int | None = None,
+               lead_s: float = 1.0, min_margin: int = 2) -> int:
     """The step to send a fault for: ``planned``, or later when the job is too close to it. The request
-    reaches the target about ``lead_s`` seconds after the live step was journalled (progress records every
-    1 s, heartbeats, the drill's poll, the send), so the step must lie at least ``rate * lead_s`` steps
-    (and ``min_margin``) ahead of the live step. Pure."""
-    margin = max(min_margin, math.ceil(rate_steps_per_s * lead_s))
-    return max(int(planned), int(live_step or 0) + margin)
+    reaches the target about ``lead_s`` seconds after the live step was journalled (the drill's poll, the
+    send, the slot's poll of its instructions), so the step must lie at least ``rate * lead_s`` steps (and
+    ``min_margin``) ahead of the live step; but not beyond ``last_step`` while ``live + min_margin`` still
+    fits (a late try beats a certain refusal; a fault that does not fire is sent again). Pure."""
+    live = int(live_step or 0)
+    step = max(int(planned), live + max(min_margin, math.ceil(rate_steps_per_s * lead_s)))
+    if last_step is not None and step > last_step >= live + min_margin:
+        step = last_step
+    return step
 
 
 def quiesce_by_generation(records: Sequence[dict[str, Any]]) -> dict[int, float]:

@@ -1,8 +1,8 @@
 """``phoenix drill`` end to end on the real local Slurm cluster.
 
 One drill of a small job (the gpt-small model on 2 active nodes + 2 spare nodes, dp=2, one slot per node,
-torch engine on gloo, runtime protection with k=1, 40 steps of about 0.1 s) with two faults drawn from a fixed seed. With seed 7 the plan is a
-``kill-node`` of logical rank 0 (on the batch host, so the drill must move it to the node of rank 1) and then
+torch engine on gloo, runtime protection with k=1, 60 steps of about 0.1 s) with two faults drawn from a
+fixed seed. With seed 7 the plan is a ``kill-node`` of logical rank 0 (on the batch host, so the drill must move it to the node of rank 1) and then
 a ``crash`` of logical rank 0; both are hot swaps, which use both spare nodes. The drill submits the
 fault-free reference and the drill job with the real ``phoenix submit``, injects through the coordinator,
 kills the node's slurmd, and revives it at the end.
@@ -34,7 +34,7 @@ PHOENIX = str(ROOT / ".venv" / "bin" / "phoenix")
 
 pytestmark = pytest.mark.cluster
 
-STEPS = 40
+STEPS = 60
 SEED = 7
 CONFIG = {
     "name": "drill",

@@ -22,8 +22,10 @@ def test_step_rate_over_the_window_and_after_a_rollback():
 def test_fault_step_keeps_the_plan_or_leads_the_job_by_the_send_latency():
     assert fault_step(20, 5, 1.0) == 20
     assert fault_step(20, 19, 0.0) == 21  # at least two steps ahead
-    assert fault_step(20, 19, 10.0) == 49  # 10 steps/s x 3 s lead
+    assert fault_step(20, 19, 10.0) == 29  # 10 steps/s x 1 s lead
     assert fault_step(7, None, 0.0) == 7
+    assert fault_step(20, 19, 10.0, last_step=25) == 25  # late, but still inside the job
+    assert fault_step(20, 24, 10.0, last_step=25) == 34  # no room left: build_request refuses it
 
 
 def test_default_kinds_are_the_verified_ones():
@@ -89,3 +91,9 @@ def test_quiesce_is_start_to_plan_per_generation():
                                                                        "generation": 1},
             {"ts": 20.0, "event": "recovery_start", "generation": 2}]
     assert quiesce_by_generation(recs) == {1: 3.5}
+
+
+def test_plan_leaves_half_a_segment_between_faults():
+    for seed in range(40):
+        steps = [f.at_step for f in plan_drill(2, seed, steps=60, world=2, gpus_per_node=1, spare_nodes=2)]
+        assert steps[1] - steps[0] >= 14 and 3 <= steps[0] and steps[1] <= 58
