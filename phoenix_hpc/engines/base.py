@@ -133,6 +133,11 @@ class Engine(abc.ABC):
         """Use new process groups (a new generation after a reconfiguration); model and optimizer state
         stay as they are."""
 
+    def release_groups(self) -> None:
+        """Drop every reference this engine holds to its process groups (after a fault, before
+        :meth:`rebind`), so that a destroyed gloo group is freed and its connections close at once. The
+        engine cannot run a step until :meth:`rebind`. The default holds no references of its own."""
+
     def state_hash(self) -> str:
         """SHA-256 hex digest over this rank's param shard and optimizer shard (names, dtypes, bytes), in
         name order. The correctness oracle compares these across runs."""

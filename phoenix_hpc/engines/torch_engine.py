@@ -279,3 +279,8 @@ class TorchEngine(Engine):
             raise EngineError(f"rebind: new groups have sizes tp/pp/dp={sizes}, engine has {(self.tp, self.pp, self.dp)}")
         self.groups = groups
         self._runner = self._make_runner()
+
+    def release_groups(self) -> None:
+        """Forget the groups and the pipeline runner bound to the pp group (:meth:`rebind` makes new ones)."""
+        self.groups = None
+        self._runner = None

@@ -186,7 +186,8 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                 persist.restore_latest(eng, member.groups, cfg, run_dir)  # a resubmitted job resumes
 
             member.start(restore=restore)
-        rank, groups, coord = member.logical, member.groups, member.coord
+        # no local reference to the member's groups: a recovery frees them (Member.release_groups)
+        rank, groups, coord = member.logical, None, member.coord
     else:
         rank = slot.world_rank
         groups, coord = init_generation(

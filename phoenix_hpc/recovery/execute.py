@@ -15,8 +15,10 @@ A recovery starts either with an error inside the step (a gloo collective that f
 a peer died, a commit that timed out, an injected fault: reported as ``fault``, then the member waits for
 the coordinator's ``quiesce``) or with a ``quiesce`` received at a step boundary. Then:
 
-1. *quiesce*: the partial step is abandoned, the protector is closed without waiting on peers (its buffers
-   stay readable), and the member answers ``quiesced`` with its live step (optimizer steps fully applied),
+1. *quiesce*: the partial step is abandoned, the torch process groups of ``g`` are destroyed at once
+   (:meth:`Member.release_groups`: a member still blocked in a collective with this one fails with a closed
+   connection instead of waiting for ``collective_timeout_s``), the protector is closed without waiting on
+   peers (its buffers stay readable), and the member answers ``quiesced`` with its live step (optimizer steps fully applied),
    the steps of the verified copies of its shard and of the replicas it holds (committed and previous
    ping-pong buffer, committed first), and ``dirty`` when the error hit inside
    ``optimizer_step`` (an update partially applied: only the committed snapshot may be used, I4);
@@ -217,6 +219,34 @@ class Member:
         t["mpi"] = time.perf_counter() - t2
         return t
 
+    def release_groups(self) -> float:
+        """Destroy this generation's torch process groups now, at the first sign of a recovery (an error
+        in the step, or ``quiesce``), not only when the next generation is built. A member still blocked
+        in a collective with this one then fails at once with a closed connection instead of waiting for
+        ``resilience.collective_timeout_s``, and releases its own peers the same way, so the quiesce of
+        every survivor is bounded by detection, not by the collective timeout. Every fault leads to a new
+        generation (or the end of the job), so the old groups are never used again.
+
+        gloo closes a group's connections only when the group is freed (``ProcessGroup.abort`` and
+        ``shutdown`` leave them open on the gloo backend of torch 2.x), so besides
+        ``destroy_process_group`` (torch's own references, and ``shutdown`` of NCCL communicators) the
+        member and its engine drop theirs (:meth:`Engine.release_groups`) and a garbage collection frees
+        cycles. Idempotent. Returns the seconds spent."""
+        import gc
+
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        if self.groups is None and not dist.is_initialized():
+            return 0.0
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.groups = None
+        if self.engine is not None:
+            self.engine.release_groups()
+        gc.collect()
+        return time.perf_counter() - t0
+
     def _arrive_all(self, poll_s: float = 0.01) -> None:
         """Wait until every member of the generation reached its rebuild (a counter on the coordinator's
         store). ``init_process_group`` would give up after ``collective_timeout_s``, which is meant to catch
@@ -330,16 +360,18 @@ class Member:
 
         records: list = []
         while True:
+            quiesce: dict[str, Any] | None = None
             try:
                 self.phase = None
                 records += train(self.engine, until_step, tokens_per_step, protector=self.protector,
                                  on_step=on_step, phase_hook=self._phase)
                 return records
             except QuiesceRequested as q:
-                self.recover(q.msg, failed=False)
+                quiesce, failed = q.msg, False
             except (StopRequested, KeyboardInterrupt):
                 raise
             except Exception as exc:  # noqa: BLE001 -- an error inside the step: report, then recover
+                failed = True
                 step = int(self.engine.step) + 1
                 self.env.log(f"[phoenix] rank {self.logical} gen {self.generation}: error in step {step} "
                              f"({self.phase or 'start'}): {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
@@ -348,8 +380,11 @@ class Member:
                                                  kind=fault_kind_of(exc))
                 except Exception:  # noqa: BLE001 -- heartbeats/peers' reports still reach the coordinator
                     pass
-                msg = self._wait_for(("quiesce",), "quiesce after the error")
-                self.recover(msg, failed=True)
+            # outside the handler: the error's traceback (whose frames hold the groups) is gone
+            self.release_groups()
+            if quiesce is None:
+                quiesce = self._wait_for(("quiesce",), "quiesce after the error")
+            self.recover(quiesce, failed=failed)
 
     def finish(self) -> None:
         """Normal end: close the protector (collective over the members)."""

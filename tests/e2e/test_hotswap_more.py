@@ -91,6 +91,10 @@ def test_pp2_node_loss_is_hot_swapped_with_identical_final_hash(env, data, pp_re
     _same_hash(done, pp_reference)
     (rec,) = job.events("recovery_done")
     assert rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1 and set(rec["phases"]) == PHASES
+    # a survivor blocked in a collective with a survivor that saw the dead rank is released by that
+    # survivor's destroyed groups (Member.release_groups), not by resilience.collective_timeout_s
+    timeouts = [f for f in job.events("fault") if f.get("kind") == "collective_timeout"]
+    assert not timeouts, f"a survivor waited for the collective timeout: {timeouts}"
     (plan,) = job.events("recovery_plan")
     (join,) = plan["joins"]
     assert join["logical_rank"] == victim and join["world_rank"] == 4
