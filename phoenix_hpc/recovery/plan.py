@@ -150,6 +150,26 @@ def shard_id_of(logical_rank: int, tp: int, pp: int, dp: int) -> str:
     return coord_of(logical_rank, tp, pp, dp).shard_prefix()
 
 
+def _assign_spares(dead_logical, live_spares, rank_map, nodes):
+    """Give every dead logical rank a standby slot; returns ``(assignment, new rank map)``.
+
+    Raises:
+        FallbackRequired: fewer live standby slots than dead logical ranks.
+    """
+    if len(dead_logical) > len(live_spares):
+        raise FallbackRequired(
+            f"no spare left: {len(dead_logical)} dead slot(s) ({', '.join(str(rank_map[r]) for r in dead_logical)})"
+            f" but {len(live_spares)} standby slot(s)"
+        )
+    dead_by_node: dict[str, list[int]] = defaultdict(list)
+    for r in dead_logical:
+        dead_by_node[nodes[rank_map[r]]].append(r)
+    assignment = _choose_spares(dead_by_node, live_spares, nodes)
+    new_map = dict(rank_map)
+    new_map.update(assignment)
+    return assignment, new_map
+
+
 def _choose_spares(
     dead_by_node: Mapping[str, list[int]], spares: Sequence[int], nodes: Mapping[int, str]
 ) -> dict[int, int]:
@@ -237,17 +257,7 @@ def plan_recovery(
     alive = [r for r in range(n) if r not in dead_logical and r not in restore_set]
 
     # --- spares for the dead logical ranks --------------------------------------------------------
-    if len(dead_logical) > len(live_spares):
-        raise FallbackRequired(
-            f"no spare left: {len(dead_logical)} dead slot(s) ({', '.join(str(rank_map[r]) for r in dead_logical)})"
-            f" but {len(live_spares)} standby slot(s)"
-        )
-    dead_by_node: dict[str, list[int]] = defaultdict(list)
-    for r in dead_logical:
-        dead_by_node[nodes[rank_map[r]]].append(r)
-    assignment = _choose_spares(dead_by_node, live_spares, nodes)
-    new_map = dict(rank_map)
-    new_map.update(assignment)
+    assignment, new_map = _assign_spares(dead_logical, live_spares, rank_map, nodes)
 
     # --- the recoverable step ----------------------------------------------------------------------
     steps_of = {sid: {h: _steps(v) for h, v in copies.items()} for sid, copies in committed.items()}
@@ -377,17 +387,7 @@ def plan_checkpoint_restart(
     world_to_logical = {w: r for r, w in rank_map.items()}
     dead_logical = sorted(world_to_logical[w] for w in dead_set if w in world_to_logical)
     live_spares = [w for w in spares if w not in dead_set and w not in world_to_logical]
-    if len(dead_logical) > len(live_spares):
-        raise FallbackRequired(
-            f"no spare left: {len(dead_logical)} dead slot(s) ({', '.join(str(rank_map[r]) for r in dead_logical)})"
-            f" but {len(live_spares)} standby slot(s)"
-        )
-    dead_by_node: dict[str, list[int]] = defaultdict(list)
-    for r in dead_logical:
-        dead_by_node[nodes[rank_map[r]]].append(r)
-    assignment = _choose_spares(dead_by_node, live_spares, nodes)
-    new_map = dict(rank_map)
-    new_map.update(assignment)
+    assignment, new_map = _assign_spares(dead_logical, live_spares, rank_map, nodes)
     joins = tuple(Join(assignment[r], nodes[assignment[r]], r, coord_of(r, tp, pp, dp), rank_map[r])
                   for r in dead_logical)
     alive = [r for r in range(n) if r not in dead_logical]
