@@ -188,6 +188,9 @@ def main() -> None:
     rec["state_hash"] = engine.state_hash()
     if protector is not None:
         final = protector.flush(engine)
+        # every owner's final replica is acknowledged once all ranks pass this barrier, so no held buffer
+        # flips while the checks below read (and corrupt) it
+        dist.barrier(group=groups.world)
         rec["owner"][str(final.step)] = sha_of(engine.optimizer_shard())
         rec["stats"] = protector.stats()
         rec["recoverable_step"] = protector.recoverable_step
@@ -204,7 +207,7 @@ def main() -> None:
                 off = e["offset"] + e["nbytes"] // 2
                 buf[off] ^= 0xFF
                 try:
-                    protector.held_replica(s)
+                    protector.held_replica(s, step)
                     rec["corrupt"][s] = "not detected"
                 except ReplicationError as err:
                     rec["corrupt"][s] = str(err)
