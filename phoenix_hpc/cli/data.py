@@ -50,7 +50,11 @@ def prepare(src_dir: str | None, out_prefix: str | None, use_stdlib: bool, max_b
         def on_file(seen: int, total: int) -> None:
             progress.update(task, completed=seen, total=total)
 
-        result = prepare_dataset(src_dir, out_prefix, max_bytes=max_bytes, on_file=on_file)
+        try:
+            result = prepare_dataset(src_dir, out_prefix, max_bytes=max_bytes, on_file=on_file)
+        except OSError as exc:  # the output location cannot be written (read-only, a file in the path, ...)
+            raise DataError(f"OUT_PREFIX {out_prefix!r}: cannot write the dataset there: "
+                            f"{exc.strerror or exc} ({exc.filename})") from None
     if as_json:
         import json
 

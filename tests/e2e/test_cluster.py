@@ -123,7 +123,8 @@ def test_killed_node_goes_down_and_job_keeps_running(slurm_cluster, tmp_path):
         info = wait_job(slurm_cluster, job, {"RUNNING"}, 60)
         assert info["NodeList"] == "nid[00001-00004]" and info["BatchHost"] == "nid00001"
         deadline = time.monotonic() + 30  # the step's task on the victim runs
-        while not any(line.endswith(victim) for line in (tmp_path / "out.txt").read_text().splitlines()):
+        out = tmp_path / "out.txt"  # created by slurmstepd once the batch step starts, maybe after RUNNING
+        while not any(line.endswith(victim) for line in (out.read_text() if out.exists() else "").splitlines()):
             assert time.monotonic() < deadline, "step never started on " + victim
             time.sleep(0.2)
         stepds = lc.node_step_daemons(slurm_cluster, victim)
