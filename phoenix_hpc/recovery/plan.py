@@ -150,6 +150,27 @@ def shard_id_of(logical_rank: int, tp: int, pp: int, dp: int) -> str:
     return coord_of(logical_rank, tp, pp, dp).shard_prefix()
 
 
+def _membership(grid, rank_map, dead, spares, nodes):
+    """Check the inputs shared by both plans and derive ``(n, dead world ranks, world -> logical map,
+    dead logical ranks, live standby world ranks)``.
+
+    Raises:
+        RecoveryError: the rank map does not cover the grid, or a world rank has no known node.
+    """
+    tp, pp, dp = grid
+    n = world_size_of(tp, pp, dp)
+    if sorted(rank_map) != list(range(n)):
+        raise RecoveryError(f"rank map covers logical ranks {sorted(rank_map)}, grid needs 0..{n - 1}")
+    dead_set = set(dead)
+    for w in list(dead_set) + list(rank_map.values()) + list(spares):
+        if w not in nodes:
+            raise RecoveryError(f"world rank {w} has no known node")
+    world_to_logical = {w: r for r, w in rank_map.items()}
+    dead_logical = sorted(world_to_logical[w] for w in dead_set if w in world_to_logical)
+    live_spares = [w for w in spares if w not in dead_set and w not in world_to_logical]
+    return n, dead_set, world_to_logical, dead_logical, live_spares
+
+
 def _assign_spares(dead_logical, live_spares, rank_map, nodes):
     """Give every dead logical rank a standby slot; returns ``(assignment, new rank map)``.
 
@@ -241,17 +262,8 @@ def plan_recovery(
         RecoveryError: inconsistent input (rank map does not cover the grid, unknown world rank).
     """
     tp, pp, dp = grid
-    n = world_size_of(tp, pp, dp)
-    if sorted(rank_map) != list(range(n)):
-        raise RecoveryError(f"rank map covers logical ranks {sorted(rank_map)}, grid needs 0..{n - 1}")
-    dead_set = set(dead)
-    for w in list(dead_set) + list(rank_map.values()) + list(spares):
-        if w not in nodes:
-            raise RecoveryError(f"world rank {w} has no known node")
-    world_to_logical = {w: r for r, w in rank_map.items()}
-    dead_logical = sorted(world_to_logical[w] for w in dead_set if w in world_to_logical)
+    n, dead_set, world_to_logical, dead_logical, live_spares = _membership(grid, rank_map, dead, spares, nodes)
     released = tuple(sorted(w for w in dead_set if w not in world_to_logical))
-    live_spares = [w for w in spares if w not in dead_set and w not in world_to_logical]
     restore_set = set(restore) - set(dead_logical)
     dirty_set = set(dirty)
     alive = [r for r in range(n) if r not in dead_logical and r not in restore_set]
@@ -377,16 +389,7 @@ def plan_checkpoint_restart(
         RecoveryError: inconsistent input (as :func:`plan_recovery`).
     """
     tp, pp, dp = grid
-    n = world_size_of(tp, pp, dp)
-    if sorted(rank_map) != list(range(n)):
-        raise RecoveryError(f"rank map covers logical ranks {sorted(rank_map)}, grid needs 0..{n - 1}")
-    dead_set = set(dead)
-    for w in list(dead_set) + list(rank_map.values()) + list(spares):
-        if w not in nodes:
-            raise RecoveryError(f"world rank {w} has no known node")
-    world_to_logical = {w: r for r, w in rank_map.items()}
-    dead_logical = sorted(world_to_logical[w] for w in dead_set if w in world_to_logical)
-    live_spares = [w for w in spares if w not in dead_set and w not in world_to_logical]
+    n, dead_set, world_to_logical, dead_logical, live_spares = _membership(grid, rank_map, dead, spares, nodes)
     assignment, new_map = _assign_spares(dead_logical, live_spares, rank_map, nodes)
     joins = tuple(Join(assignment[r], nodes[assignment[r]], r, coord_of(r, tp, pp, dp), rank_map[r])
                   for r in dead_logical)
