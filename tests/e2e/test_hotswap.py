@@ -131,14 +131,19 @@ def env(slurm_env, tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(env, data, tmp_path_factory):
     """The fault-free run: its job_done."""
-    job = Job(env, tmp_path_factory.mktemp("ref"), data, "ref")
+    return _run_reference(env, data, tmp_path_factory.mktemp("ref"), "ref")
+
+
+def _run_reference(env, data, tmp, name, config=None) -> dict:
+    """Run a job without faults to its end; its ``job_done`` record (the oracle's reference hash)."""
+    job = Job(env, tmp, data, name, config)
     try:
         done = job.wait_end()
     finally:
         job.cancel()
-    assert done["step"] == STEPS and done["steps_agree"]
+    assert done["step"] == (config or CONFIG)["training"]["steps"] and done["steps_agree"]
     assert not job.events("fault") and not job.events("recovery_start")
-    print(f"fault-free run: {job.elapsed_s:.1f} s, final hash {done['final_hash'][:16]}")
+    print(f"fault-free {name}: {job.elapsed_s:.1f} s, final hash {done['final_hash'][:16]}")
     return done
 
 

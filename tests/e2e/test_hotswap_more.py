@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from test_hotswap import CONFIG, PHASES, Job, _wait, data, env  # noqa: F401 -- fixtures reused
+from test_hotswap import CONFIG, PHASES, Job, _run_reference, _wait, data, env  # noqa: F401 -- fixtures reused
 from phoenix_hpc.slurm import cluster as lc
 from phoenix_hpc.slurm import procs
 
@@ -33,18 +33,6 @@ def _config(**over) -> dict:
 
 # pp=2 x dp=2 on 4 active nodes + 1 spare (the shape of examples/gpt-small.yaml)
 PP_CONFIG = _config(parallelism={"pp": 2, "dp": 2}, resources={"nodes": 4, "spares": 1})
-
-
-def _run_reference(env, data, tmp, name, config) -> dict:  # noqa: F811
-    job = Job(env, tmp, data, name, config)
-    try:
-        done = job.wait_end()
-    finally:
-        job.cancel()
-    assert done["step"] == STEPS and done["steps_agree"]
-    assert not job.events("fault") and not job.events("recovery_start")
-    print(f"fault-free {name}: {job.elapsed_s:.1f} s, final hash {done['final_hash'][:16]}")
-    return done
 
 
 def _kill_nodes(cluster, job: Job, logicals: list[int], at_step: int) -> list[str]:
