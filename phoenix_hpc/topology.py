@@ -11,7 +11,22 @@ and the ``pp`` ranks of one (dp, tp) are ``dp_size * tp_size`` apart. All functi
 
 from __future__ import annotations
 
-from phoenix_hpc.engines.base import GridCoord
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, order=True)
+class GridCoord:
+    """A rank's logical position. Logical rank (Megatron order: tp fastest, then dp, then pp) is
+    ``(pp * dp_size + dp) * tp_size + tp``."""
+
+    pp: int
+    dp: int
+    tp: int
+
+    def shard_prefix(self) -> str:
+        """``opt/pp{pp}/tp{tp}/dp{dp}`` -- the logical id of this rank's optimizer shard."""
+        return f"opt/pp{self.pp}/tp{self.tp}/dp{self.dp}"
+
 
 # --- grid maths ------------------------------------------------------------------------------------------
 

@@ -36,19 +36,7 @@ from typing import Any
 
 import torch
 
-
-@dataclass(frozen=True, order=True)
-class GridCoord:
-    """A rank's logical position. Logical rank (Megatron order: tp fastest, then dp, then pp) is
-    ``(pp * dp_size + dp) * tp_size + tp``."""
-
-    pp: int
-    dp: int
-    tp: int
-
-    def shard_prefix(self) -> str:
-        """``opt/pp{pp}/tp{tp}/dp{dp}`` -- the logical id of this rank's optimizer shard."""
-        return f"opt/pp{self.pp}/tp{self.tp}/dp{self.dp}"
+from phoenix_hpc.topology import GridCoord  # re-exported: engines speak in grid coordinates
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from phoenix_hpc.engines.base import GridCoord
+from phoenix_hpc.topology import GridCoord
 from phoenix_hpc.errors import RecoveryError
 from phoenix_hpc.topology import coord_of, dp_group_ranks, rank_of, world_size_of
 
