@@ -192,14 +192,22 @@ def test_node_loss_is_hot_swapped_to_the_spare_with_identical_final_hash(env, da
 AT_STEP = 20
 
 
-def _inject(job: Job, kind: str, phase: str, at_step: int = AT_STEP) -> dict:
-    """``phoenix inject-fault`` on logical rank 1, as soon as every active rank registered."""
+def _inject(job: Job, kind: str, phase: str, at_step: int = AT_STEP, rank: int = 1) -> dict:
+    """``phoenix inject-fault`` on logical rank ``rank``, as soon as every active rank registered.
+
+    The command runs in this process (click's runner, the job's environment): the same code as the
+    executable without the seconds a fresh interpreter spends importing torch for the coordinator's
+    TCPStore, seconds in which this small job runs many steps."""
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
+
     _wait(lambda: job.events("job_running"), 120, "job_running")
-    out = subprocess.run([PHOENIX, "inject-fault", str(job.run_dir), "--kind", kind, "--rank", "1", "--at-step",
-                          str(at_step), "--phase", phase, "--json"], env=job.env, capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return json.loads(out.stdout)
+    r = CliRunner().invoke(cli, ["inject-fault", str(job.run_dir), "--kind", kind, "--rank", str(rank),
+                                 "--at-step", str(at_step), "--phase", phase, "--json"], env=job.env,
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
 
 
 def _fired(job: Job) -> list[dict]:
@@ -227,7 +235,7 @@ def test_process_crash_in_each_phase_is_hot_swapped_with_identical_final_hash(en
     assert _fired(job)[0]["phase"] == {"forward": "forward_backward", "optimizer": "optimizer_step"}.get(phase, phase)
     (dead,) = job.events("slots_dead")
     assert dead["slots"] == [1]
-    # the crash in iteration 20 loses at most the copy of S(19): the recoverable step is 18 or 19
+    # the crash in iteration AT_STEP loses at most the copy of S(AT_STEP-1): the recoverable step is AT_STEP-2 or -1
     assert rec["recoverable_step"] in (AT_STEP - 2, AT_STEP - 1)
     spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
     assert spare["world_rank"] == 2 and spare["joined"]
@@ -270,11 +278,8 @@ def test_crash_during_a_recovery_is_queued_and_hot_swapped(env, data, reference,
     second quiesce too. The final hash is still the fault-free one."""
     job = Job(env, tmp_path, data, "during-recovery")
     try:
+        _inject(job, "crash", "recovery", rank=0)  # pending until the first recovery at or after AT_STEP
         _inject(job, "transient", "forward")
-        out = subprocess.run([PHOENIX, "inject-fault", str(job.run_dir), "--kind", "crash", "--rank", "0",
-                              "--at-step", str(AT_STEP), "--phase", "recovery", "--json"], env=env,
-                             capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stdout + out.stderr
         done = job.wait_end()
     finally:
         job.cancel()
