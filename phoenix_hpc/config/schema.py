@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -159,6 +159,19 @@ class ResourcesConfig(BaseModel):
     qos: str | None = Field(None, description="Slurm QOS (-q); default: the site's")
     partition: str | None = Field(None, description="Slurm partition (-p); default: the site's")
     constraint: str | None = Field(None, description="node feature constraint (-C); default: the site's")
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time_limit_is_text(cls, v):
+        """``resources.time_limit`` is quoted text: a YAML number is rejected, with the reason (YAML 1.1 reads
+        an unquoted ``12:00:00`` as the base-60 number 43200)."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            raise ValueError(  # noqa: TRY003
+                f"got the number {v!r}; must be a quoted string ([D-]HH:MM:SS or minutes); a YAML number here is ambiguous (an "
+                "unquoted 12:00:00 is read as the base-60 number 43200): write e.g. time_limit: \"12:00:00\" "
+                "or time_limit: \"720\""
+            )
+        return v
 
 
 class JobConfig(BaseModel):

@@ -106,6 +106,17 @@ def test_time_over_qos_limit(in_tmp):
     assert_bad(invoke("--site", "perlmutter", p, "--dry-run"), "resources.time_limit", "QOS 'debug'", "00:30:00")
 
 
+def test_unquoted_time_limit_is_explained(in_tmp):
+    # YAML 1.1 reads an unquoted 12:00:00 as the base-60 integer 43200
+    p = in_tmp / "pm.yaml"
+    text = (ROOT / "examples" / "perlmutter-7b.yaml").read_text()
+    data = yaml.safe_load(text)
+    data["resources"]["time_limit"] = "TL"
+    p.write_text(yaml.safe_dump(data).replace("time_limit: TL", "time_limit: 12:00:00"))
+    assert yaml.safe_load(p.read_text())["resources"]["time_limit"] == 43200
+    assert_bad(invoke("--site", "perlmutter", p, "--dry-run"), "resources.time_limit", "43200", '"12:00:00"')
+
+
 def test_pinning_forbidden_on_vista(in_tmp):
     r = invoke("--site", "vista", ROOT / "examples" / "vista-7b.yaml", "--dry-run", "--nodelist", "c[1-34]")
     assert_bad(r, "nodelist", "does not allow")
