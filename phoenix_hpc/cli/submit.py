@@ -23,7 +23,7 @@ import yaml
 
 from phoenix_hpc.config.load import load_job_config
 from phoenix_hpc.config.resolve import ResolvedJob, resolve
-from phoenix_hpc.errors import SubmitError
+from phoenix_hpc.errors import ConfigError, SubmitError
 from phoenix_hpc.profiles import load_profile
 from phoenix_hpc.slurm.render import render_sbatch, sbatch_cli_args
 
@@ -75,8 +75,13 @@ def _echo_warnings(job: ResolvedJob) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print a JSON object instead of text")
 def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as_json):
     """Validate CONFIG for a site, render its sbatch script, record the run directory and submit it."""
-    cfg = load_job_config(config)
     profile = load_profile(site)
+    try:
+        cfg = load_job_config(config)
+    except ConfigError as exc:
+        raise ConfigError([*exc.problems, f"(not checked yet: the config against site {profile.name!r}, i.e. grid vs "
+                                          "GPUs per node, node, spare and time limits; that runs once the problems "
+                                          "above are fixed)"], exc.source) from None
     cwd = Path.cwd()
     rd = run_dir or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.name, cwd, time.time()))
     rd = Path(os.path.abspath(cwd / rd))

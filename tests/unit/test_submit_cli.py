@@ -114,7 +114,8 @@ def test_unquoted_time_limit_is_explained(in_tmp):
     data["resources"]["time_limit"] = "TL"
     p.write_text(yaml.safe_dump(data).replace("time_limit: TL", "time_limit: 12:00:00"))
     assert yaml.safe_load(p.read_text())["resources"]["time_limit"] == 43200
-    assert_bad(invoke("--site", "perlmutter", p, "--dry-run"), "resources.time_limit", "43200", '"12:00:00"')
+    assert_bad(invoke("--site", "perlmutter", p, "--dry-run"), "resources.time_limit", "43200", '"12:00:00"',
+               "not checked yet: the config against site 'perlmutter'")
 
 
 def test_pinning_forbidden_on_vista(in_tmp):
