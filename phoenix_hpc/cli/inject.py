@@ -25,7 +25,7 @@ from phoenix_hpc.faults.kinds import KINDS, PHASES
 @click.option("--node", default=None, help="target: every slot of a node")
 @click.option("--coord", default=None, metavar="PP,DP,TP", help="target: a grid coordinate")
 @click.option("--at-step", type=int, default=None,
-              help="the step to fail in (default: the newest journalled step + 2)")
+              help="the step to fail in (default: 3 steps after the target's live step when the coordinator gets the request)")
 @click.option("--phase", type=click.Choice(list(PHASES)), default=None,
               help="where in the step (default forward); each kind supports some phases only")
 @click.option("--timeout-s", type=click.FloatRange(min=1), default=30.0, show_default=True,
@@ -43,6 +43,10 @@ def inject_fault(job, kind, rank, node, coord, at_step, phase, timeout_s, as_jso
     st = collect_status(run_dir, client)
     req = build_request(st, kind, rank=rank, node=node, coord=coord, at_step=at_step, phase=phase)
     out = inject(run_dir, st, req, timeout_s=timeout_s)
+    total = st.job.steps_total
+    if out["at_step"] is not None and total and out["at_step"] > total:
+        click.echo(f"warning: the job ends at step {total}, before step {out['at_step']}: this fault will not "
+                   "land", err=True)
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return

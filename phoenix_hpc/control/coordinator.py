@@ -512,6 +512,11 @@ class Coordinator:
         if not targets:
             return self._reject(f"inject: {why}", body)
         live_step = max((self.slots[w].step for w in targets), default=0)
+        ahead = body.get("steps_ahead")
+        if ahead is not None:
+            if not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 1:
+                return self._reject(f"inject: steps_ahead {ahead!r} must be an integer >= 1", body)
+            at_step = max(at_step, live_step + ahead)
         if at_step <= live_step:
             return self._reject(f"inject: step {at_step} already done by the target (at step {live_step})", body)
         rid = str(body.get("request_id") or uuid.uuid4().hex[:12])
@@ -519,7 +524,7 @@ class Coordinator:
             self._send(w, {"type": "inject", "kind": kind, "at_step": at_step, "phase": phase, "request_id": rid})
         self.journal.append("inject_forwarded", kind=kind, phase=phase, at_step=at_step, targets=targets,
                             target=body.get("target"), request_id=rid)
-        self._reply(body, {"type": "accepted", "targets": targets, "request_id": rid})
+        self._reply(body, {"type": "accepted", "targets": targets, "request_id": rid, "at_step": at_step})
 
     def _resolve_target(self, target: Any) -> tuple[list[int], str]:
         live = {w: s for w, s in self.slots.items() if s.state in LIVE_SLOT_STATES}

@@ -29,7 +29,8 @@ fault           world_rank, generation, step, phase, exc_type, message [, kind]
 done            world_rank, generation, step, state_hash
 recovered       world_rank, generation, report (MemberReport JSON), timings {phase: seconds}
 inject          kind, target {world_rank | logical_rank | node | coord [pp, dp, tp]}, at_step, phase,
-                reply_to
+                [steps_ahead: at_step is a lower bound, the fault lands at max(at_step, the target's
+                live step + steps_ahead); the reply's at_step says which], reply_to
 stop            reason [, reply_to]
 ==============  ==========================================================================================
 """

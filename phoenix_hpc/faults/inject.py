@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,7 +28,7 @@ from phoenix_hpc.faults.kinds import PHASE_WIRE, check_at_step, check_phase, kin
 from phoenix_hpc.status.model import Status
 
 LIVE = ("active", "standby", "joining", "quiesced")
-STEP_MARGIN = 2  # default --at-step: the newest known step + this
+STEP_MARGIN = 3  # default --at-step: the target's live step (as the coordinator knows it) + this
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,16 @@ class InjectRequest:
     pids: tuple[int, ...]
     node: str | None = None
     immediate: bool = False
+    steps_ahead: int | None = None  # set: at_step is a lower bound; the coordinator picks its live step + this
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def body(self) -> dict[str, Any]:
         """The ``inject`` message body of the control protocol (wire kind and phase names)."""
-        return {"type": "inject", "kind": kind_spec(self.kind).wire, "phase": PHASE_WIRE[self.phase],
+        body = {"type": "inject", "kind": kind_spec(self.kind).wire, "phase": PHASE_WIRE[self.phase],
                 "at_step": int(self.at_step), "target": dict(self.target), "request_id": self.request_id}
+        if self.steps_ahead is not None:
+            body["steps_ahead"] = int(self.steps_ahead)
+        return body
 
 
 def _grid(st: Status) -> tuple[int, int, int] | None:
@@ -66,7 +70,9 @@ def build_request(st: Status, kind: str, *, rank: int | None = None, node: str |
         st: the job's current status.
         kind: user kind name (:data:`phoenix_hpc.faults.kinds.KINDS`).
         rank / node / coord: exactly one target: a logical rank, a node name, or ``"pp,dp,tp"``.
-        at_step: the iteration to fail in (default: the newest known step + :data:`STEP_MARGIN`).
+        at_step: the iteration to fail in. None: :data:`STEP_MARGIN` steps after the target's live step, which
+            the coordinator resolves when the request arrives (the journal's step can lag the job by many
+            steps, and a command takes seconds to start); the accepted reply carries the step chosen.
         phase: user phase name (default ``forward``).
 
     Raises:
@@ -136,6 +142,7 @@ def build_request(st: Status, kind: str, *, rank: int | None = None, node: str |
         step = (job.step or 0) + STEP_MARGIN
     check_at_step(step, live_step=job.step if at_step is not None else None, total_steps=job.steps_total)
     return InjectRequest(kind=spec.name, phase=p, at_step=int(step), target=target,
+                         steps_ahead=STEP_MARGIN if at_step is None else None,
                          slots=tuple(s.world_rank for s in targets),
                          pids=tuple(int(s.pid) for s in targets if s.pid is not None), node=the_node,
                          immediate=immediate)
@@ -255,6 +262,9 @@ def inject(run_dir: Path, st: Status, req: InjectRequest, timeout_s: float = 30.
         return out
     reply = send_request(run_dir, req, timeout_s, client_factory)
     out["targets"] = list(reply.get("targets", req.slots))
+    if isinstance(reply.get("at_step"), int):
+        out["at_step"] = reply["at_step"]
+        req = replace(req, at_step=reply["at_step"])
     if cluster is not None:
         out["node_kill"] = finish_kill_node(cluster, req, land_timeout_s, give_up)
     return out

@@ -174,6 +174,18 @@ def test_coordinator_rejects_bad_messages_and_runs_a_local_recovery(coordinator)
     rep = r0.c.request({"type": "inject", "kind": "crash", "target": {"logical_rank": 1}, "at_step": 9, "phase": "h2h"})
     assert rep["type"] == "accepted" and rep["targets"] == [1]
     _wait(lambda: (r1.c.poll(), r1.c.take_injection(9, "h2h"))[1], what="injection at the target")
+    # steps_ahead: at_step is only a lower bound; the coordinator picks the target's live step + steps_ahead
+    rep = r0.c.request({"type": "inject", "kind": "crash", "target": {"logical_rank": 1}, "at_step": 1,
+                        "steps_ahead": 0, "phase": "h2h"})
+    assert rep["type"] == "rejected" and "steps_ahead 0" in rep["reason"]
+    r1.step = 4
+    time.sleep(1.0)  # r1's heartbeat thread (every 0.2 s) reports step 4 well within this
+    rep = r0.c.request({"type": "inject", "kind": "crash", "target": {"logical_rank": 1}, "at_step": 1,
+                        "steps_ahead": 3, "phase": "h2h"})
+    assert rep["type"] == "accepted" and rep["at_step"] == 4 + 3, rep
+    (fwd,) = [e for e in _events(run_dir, "inject_forwarded") if e["request_id"] == rep["request_id"]]
+    assert fwd["at_step"] == rep["at_step"]
+    _wait(lambda: (r1.c.poll(), r1.c.take_injection(rep["at_step"], "h2h"))[1], what="resolved injection at the target")
 
     # Every active rank done -> job_done with the combined hash, standby told to stop, coordinator exits 0.
     for r in (r0, r1):

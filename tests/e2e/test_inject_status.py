@@ -22,6 +22,7 @@ from phoenix_hpc.cli.main import cli
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.client import CoordinatorClient
 from phoenix_hpc.control.journal import read_journal
+from phoenix_hpc.faults.inject import STEP_MARGIN
 from phoenix_hpc.faults.kinds import KINDS, PHASE_WIRE
 from phoenix_hpc.faults.trigger import Actions, FaultTrigger, FiredFile, InjectedFault
 
@@ -171,3 +172,13 @@ def test_status_lists_slots_and_refusals_send_nothing_harmful(job):
     r = invoke("inject-fault", str(run_dir), "--kind", "crash", "--rank", "1", "--at-step", "4")
     assert r.exit_code == 2 and "the coordinator refused the injection" in r.output and "already done" in r.output
     assert read_journal(run_dir, "inject_forwarded") == []
+    # without --at-step the coordinator picks the step: the target's live step (9, newer than anything the
+    # journal says) + STEP_MARGIN; the fault lands there
+    r = invoke("inject-fault", str(run_dir), "--kind", "transient", "--rank", "1", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["at_step"] == 9 + STEP_MARGIN
+    (fwd,) = read_journal(run_dir, "inject_forwarded")
+    assert fwd["at_step"] == out["at_step"] and fwd["request_id"] == out["request_id"]
+    _wait(lambda: (slots[1].c.poll(), slots[1].c.injections)[1], what="instruction at the target")
+    assert slots[1].run_steps(9 + STEP_MARGIN + 1) == [(9 + STEP_MARGIN, "forward_backward", "comm_error")]

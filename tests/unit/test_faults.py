@@ -16,7 +16,7 @@ import pytest
 from phoenix_hpc.control.classify import Action, Fault, FaultKind, classify, kind_from_exception
 from phoenix_hpc.errors import FaultError
 from phoenix_hpc.faults.drill import DrillOutcome, match_outcome, plan_drill, slot_cost
-from phoenix_hpc.faults.inject import build_request, wait_pids_gone
+from phoenix_hpc.faults.inject import STEP_MARGIN, build_request, wait_pids_gone
 from phoenix_hpc.faults.kinds import KINDS, PHASE_WIRE, PHASES, check_at_step, check_phase, parse_coord
 from phoenix_hpc.faults.trigger import (
     EXIT_INJECTED_CRASH,
@@ -104,7 +104,9 @@ def test_build_request_by_rank_coord_and_node():
                     "request_id": req.request_id}
     req = build_request(st, "transient", coord="0,3,0", phase="optimizer")
     assert req.target == {"coord": [0, 3, 0]} and req.slots == (3,) and req.body()["phase"] == "optimizer_step"
-    assert req.at_step == 6 + 2  # newest journalled step (heartbeat summary max_step 6) + 2
+    # no --at-step: a lower bound from the journal (heartbeat summary max_step 6) + STEP_MARGIN, and the
+    # coordinator is asked to pick the target's live step + STEP_MARGIN when the request arrives
+    assert req.at_step == 6 + STEP_MARGIN and req.body()["steps_ahead"] == STEP_MARGIN
     # kill-node named by a rank hits every slot of that rank's node
     req = build_request(st, "kill-node", rank=1)
     assert req.target == {"node": "nid00001"} and req.slots == (0, 1) and req.body()["kind"] == "node_loss"
