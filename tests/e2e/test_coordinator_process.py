@@ -22,6 +22,7 @@ from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.client import CoordinatorClient
 from phoenix_hpc.control.journal import read_journal
 from phoenix_hpc.errors import ControlError
+from waiting import wait_for
 
 CONFIG = """\
 name: coord-test
@@ -35,15 +36,7 @@ resilience:
 """
 
 
-def _wait(pred, timeout_s=15.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
+_wait = wait_for
 
 def _events(run_dir, name):
     return read_journal(run_dir, name)

@@ -28,6 +28,8 @@ from phoenix_hpc.faults.kinds import PHASE_WIRE
 from phoenix_hpc.slurm import cluster as lc
 from phoenix_hpc.slurm import procs
 from phoenix_hpc.slurm.client import SlurmClient
+from functools import partial
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PHOENIX = str(ROOT / ".venv" / "bin" / "phoenix")
@@ -49,16 +51,7 @@ CONFIG = {
 }
 
 
-def _wait(pred, timeout_s: float, what: str, poll_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(poll_s)
-
+_wait = partial(wait_for, poll_s=0.5)
 
 @pytest.fixture(scope="module")
 def drill_run(slurm_cluster, slurm_env, tmp_path_factory):

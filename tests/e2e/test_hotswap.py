@@ -27,6 +27,7 @@ from phoenix_hpc.control.journal import read_journal
 from phoenix_hpc.slurm import cluster as lc
 from phoenix_hpc.slurm import procs
 from phoenix_hpc.slurm.client import SlurmClient
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PHOENIX = str(ROOT / ".venv" / "bin" / "phoenix")
@@ -48,16 +49,7 @@ CONFIG = {
 PHASES = {"detect", "reconfigure", "params", "optimizer", "replay"}
 
 
-def _wait(pred, timeout_s: float, what: str, poll_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(poll_s)
-
+_wait = wait_for
 
 class Job:
     """One submitted job: its run dir, Slurm id and journal."""

@@ -25,6 +25,7 @@ from phoenix_hpc.control.journal import read_journal
 from phoenix_hpc.faults.inject import STEP_MARGIN
 from phoenix_hpc.faults.kinds import KINDS, PHASE_WIRE
 from phoenix_hpc.faults.trigger import Actions, FaultTrigger, FiredFile, InjectedFault
+from waiting import wait_for
 
 CONFIG = """\
 name: inject-test
@@ -41,15 +42,7 @@ resilience:
 """
 
 
-def _wait(pred, timeout_s=15.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
+_wait = wait_for
 
 class Slot:
     def __init__(self, run_dir, world_rank, role, logical, node):

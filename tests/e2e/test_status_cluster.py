@@ -18,6 +18,8 @@ from phoenix_hpc.slurm import cluster as lc
 from phoenix_hpc.slurm import procs
 from phoenix_hpc.slurm.run import run_slurm
 from phoenix_hpc.status.runs import record_run
+from functools import partial
+from waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -26,16 +28,7 @@ CONFIG = {"name": "status-e2e", "data": {"path": "data/none"}, "parallelism": {"
           "resources": {"nodes": 3, "spares": 1, "gpus_per_node": 1}}
 
 
-def _wait(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
-
+_wait = partial(wait_for, poll_s=0.3)
 
 def status_json(*args):
     r = CliRunner().invoke(cli, ["status", *args, "--json"], catch_exceptions=False)
