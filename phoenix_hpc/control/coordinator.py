@@ -89,7 +89,7 @@ class Timing:
     checkpoint_path: str | None = None
     summary_interval_s: float = 30.0
     progress_interval_s: float = 1.0  # at most one ``progress`` record per this many seconds
-    commit_log_every: int = 10
+    commit_log_every: int = 10  # a ``commit`` record every this many recoverable steps, or per progress interval
     linger_s: float = 5.0
 
 
@@ -177,6 +177,7 @@ class Coordinator:
         self.counters = {"accepted": 0, "rejected": 0, "heartbeats": 0}
         self._rejected_once: set[tuple] = set()
         self._last_commit_logged = -1
+        self._last_commit_log_t = float("-inf")
         self._stop_reason: str | None = None
         self._end_at: float | None = None
         self._t_fault_hint: float | None = None
@@ -417,8 +418,12 @@ class Coordinator:
         rs = self._recoverable_step()
         if rs is None or rs == self._last_commit_logged:
             return
-        if self._last_commit_logged < 0 or rs - self._last_commit_logged >= self.t.commit_log_every:
-            self._last_commit_logged = rs
+        now = self.clock()
+        # every commit_log_every steps, and at least once per progress interval (a slow job's steps take
+        # minutes: `phoenix status` must not show a recoverable step many minutes old)
+        if (self._last_commit_logged < 0 or rs - self._last_commit_logged >= self.t.commit_log_every
+                or now - self._last_commit_log_t >= self.t.progress_interval_s):
+            self._last_commit_logged, self._last_commit_log_t = rs, now
             self.journal.append("commit", recoverable_step=rs, shards=len(self.committed),
                                 replicas=sum(len(v) for v in self.placement.values()), generation=self.generation)
 

@@ -205,6 +205,11 @@ def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
     r0.c.report_commit(0, 4, {"opt/pp0/tp0/dp0": 3}, {"opt/pp0/tp0/dp1": 3})
     r1.c.report_commit(0, 4, {"opt/pp0/tp0/dp1": 3}, {"opt/pp0/tp0/dp0": 3})
     _wait(lambda: _events(run_dir, "commit"), what="commit summary")
+    # a slow job (a step per second or more): every new recoverable step is journalled, not every 10th
+    time.sleep(1.1)
+    r0.c.report_commit(0, 5, {"opt/pp0/tp0/dp0": 4}, {"opt/pp0/tp0/dp1": 4})
+    r1.c.report_commit(0, 5, {"opt/pp0/tp0/dp1": 4}, {"opt/pp0/tp0/dp0": 4})
+    _wait(lambda: [e for e in _events(run_dir, "commit") if e["recoverable_step"] == 4], what="commit of step 4")
     r1.c.stop_heartbeat()  # rank 1 hangs: no more heartbeats
     q = r0.expect("quiesce", timeout_s=15)
     assert q["dead"] == [1]
