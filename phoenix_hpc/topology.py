@@ -92,7 +92,7 @@ def all_tp_groups(tp: int, pp: int, dp: int) -> list[list[int]]:
 
 # --- failure domains and replica placement ----------------------------------------------------------------
 #
-# DESIGN.md section 5. A failure-domain model maps every node name to its domain names per level, most
+# docs/design.md section 5. A failure-domain model maps every node name to its domain names per level, most
 # specific first, e.g. ``{"node": "nid00001", "switch": "s0", "group": "g0"}``. The caller builds it (from
 # ``scontrol show topology`` text, from each task's ``SLURM_TOPOLOGY_ADDR``, or from a site-profile rule);
 # the functions below only parse text they are given and never read the machine.
@@ -253,7 +253,7 @@ def place_replicas(
     domains: DomainMap | None = None,
     levels: _Sequence[str] = ("node", "switch"),
 ) -> Placement:
-    """Choose ``k`` holders for every optimizer shard (DESIGN.md section 5).
+    """Choose ``k`` holders for every optimizer shard (docs/design.md section 5).
 
     For the shard of ``(pp, tp, dp=i)`` (logical id ``opt/pp{pp}/tp{tp}/dp{i}``) the candidates are its DP
     peers ``(pp, tp, dp=j), j != i`` not on the owner's node, in DP-ring order ``i+1, i+2, ...`` (mod dp).

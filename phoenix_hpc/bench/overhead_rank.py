@@ -8,7 +8,7 @@ gloo). For each job config CFG (one *case*: a model size, a grid and k) the rank
 2. blocks of ``block_steps`` steps in ABBA order (:func:`phoenix_hpc.bench.stats.interleaved_order`):
    an *on* block creates a :class:`~phoenix_hpc.runtime.protector.Protector` (collective), trains with it
    and closes it; an *off* block trains with ``protector=None`` -- the loop then makes no call besides the
-   three engine calls (DESIGN.md section 4), exactly as with ``resilience.enabled: false``.
+   three engine calls (docs/design.md section 4), exactly as with ``resilience.enabled: false``.
 
 Interleaving inside one process, rather than one process per mode as ``scripts/bench-overhead`` does,
 keeps the process start-up (tens of seconds on a 2-core machine) out of the run and exposes both modes to

@@ -218,7 +218,7 @@ def render_markdown(r: dict) -> str:
               "heartbeat to the decision, because a collective error alone could be transient and only missing "
               "heartbeats prove a node lost (heartbeat timeout 3 s here). Steps on this machine take tens of "
               "milliseconds, so the baseline's replay is small here; it grows with the step time: *computed, not "
-              "measured*, at the 20 s steps of DESIGN.md section 1 the average replay alone would be "
+              "measured*, at the 20 s steps of docs/design.md section 1 the average replay alone would be "
               + ", ".join(f"K={k}: {b['expected_replay_steps'] * 20:.0f} s" for k, b in _by_k(rec.get('baseline'))
                           if "total_s" in b) + ".")
         a("")
@@ -278,11 +278,11 @@ def render_markdown(r: dict) -> str:
         a("Not measured: " + (ov.get("error", "section not run") if isinstance(ov, dict) else "section not run"))
     else:
         a("Cases of the overhead job (dp=4, one rank per node), k=1 and k=2. Expected = 2 x snapshot + 2k x "
-          "optimizer shard (DESIGN.md section 4). Measured = the RSS given back when the runtime is freed "
-          "(RSS at the end of a protected block minus RSS after close + malloc_trim; glibc mmap threshold fixed "
-          "at 64 KiB so the buffers get their own pages). Also shown: the resident bytes of the runtime's "
-          "buffers (mincore), the runtime's own plan, and the RSS growth over a protected block and over an "
-          "unprotected one (training alone). Medians over the 4 ranks, MiB.")
+          "optimizer shard (docs/design.md section 4). Measured = the RSS given back when the runtime is "
+          "freed (RSS at the end of a protected block minus RSS after close + malloc_trim; glibc mmap "
+          "threshold fixed at 64 KiB so the buffers get their own pages). Also shown: the resident bytes of "
+          "the runtime's buffers (mincore), the runtime's own plan, and the RSS growth over a protected block "
+          "and over an unprotected one (training alone). Medians over the 4 ranks, MiB.")
         a("")
         a("| k | snapshot | optimizer shard | expected | planned by runtime | buffers resident | measured (RSS freed) | "
           "RSS growth on / off block | measured / expected |")

@@ -1,6 +1,6 @@
 """Pure statistics of the benchmarks (no I/O, no clock, no randomness except a seeded generator).
 
-The per-step overhead method follows the one published for PHOENIX (DESIGN.md section 1, paper note):
+The per-step overhead method follows the one published for PHOENIX (docs/design.md section 1):
 protection on and off run interleaved inside the same job (so drifts of a shared machine hit both), the
 first warm-up steps are dropped, the slowest few percent of the remaining steps are trimmed (stragglers
 from other tenants), and the ratio is taken of the medians. Its uncertainty is a percentile bootstrap
@@ -165,7 +165,7 @@ def job_step_times(per_rank: Sequence[Sequence[float]]) -> list[float]:
 
 
 def expected_host_bytes(snapshot_bytes: int, optimizer_shard_bytes: int, k: int) -> int:
-    """Host memory per rank the design budgets (DESIGN.md section 4): ``2 x snapshot + 2k x optimizer
+    """Host memory per rank the design budgets (docs/design.md section 4): ``2 x snapshot + 2k x optimizer
     shard`` (ping-pong local snapshot; ping-pong buffers for the k replicas a rank holds for its peers,
     equal shard sizes assumed)."""
     if k < 0 or snapshot_bytes < 0 or optimizer_shard_bytes < 0:
@@ -175,7 +175,7 @@ def expected_host_bytes(snapshot_bytes: int, optimizer_shard_bytes: int, k: int)
 
 def expected_replay_steps(interval_steps: int) -> float:
     """Mean steps replayed after a restart from a checkpoint every K steps with the fault at a uniformly
-    random step: the lost steps are uniform on 0..K-1, mean (K - 1) / 2 (DESIGN.md section 1)."""
+    random step: the lost steps are uniform on 0..K-1, mean (K - 1) / 2 (docs/design.md section 1)."""
     if interval_steps < 1:
         raise BenchError(f"interval_steps: must be >= 1, got {interval_steps}")
     return (interval_steps - 1) / 2

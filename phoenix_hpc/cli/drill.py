@@ -7,7 +7,7 @@
 3. submit the drill job; once it trains, inject the faults one at a time through the coordinator
    (``phoenix inject-fault``'s code), each after the previous one's recovery ended;
 4. wait for the job to end and report per fault: kind, where it landed, detection time, recovery breakdown,
-   steps replayed; and whether the final state hash equals the reference's (DESIGN.md section 10);
+   steps replayed; and whether the final state hash equals the reference's (docs/design.md section 10);
 5. on the local cluster, start the slurmd of every node a ``kill-node`` took down again, so the cluster is
    whole for the next run. A drill job still running when the drill gives up or is interrupted is cancelled.
 

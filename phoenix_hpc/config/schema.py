@@ -109,7 +109,7 @@ class CheckpointConfig(BaseModel):
 
 
 class ResilienceConfig(BaseModel):
-    """PHOENIX protection settings (DESIGN.md sections 4-6). With ``enabled: false`` training runs with no
+    """PHOENIX protection settings (docs/design.md sections 4-6). With ``enabled: false`` training runs with no
     extra layer at all."""
 
     model_config = _STRICT

@@ -1,4 +1,4 @@
-"""Fault classification: the table of DESIGN.md section 6 as a pure function.
+"""Fault classification: the table of docs/design.md section 6 as a pure function.
 
 =====================================================================  ==================
 signal                                                                 action
@@ -105,7 +105,7 @@ def _where(f: Fault) -> str:
 
 
 def classify(fault: Fault) -> Decision:
-    """The action for ``fault`` (DESIGN.md section 6 table), with a reason a user can read."""
+    """The action for ``fault`` (docs/design.md section 6 table), with a reason a user can read."""
     k = fault.kind
     if k in _COMM:
         if fault.all_alive:

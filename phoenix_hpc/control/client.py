@@ -6,12 +6,12 @@ for the heartbeat thread: a store connection is not shared between threads). Mes
 job secret (:mod:`phoenix_hpc.control.protocol`); instructions from the coordinator whose MAC does not verify
 are dropped.
 
-Coordinator watchdog (DESIGN.md section 7: ranks must not keep a dead job's allocation busy): the heartbeat
-thread reads the coordinator's beat counter every ``heartbeat_interval_s``; a separate watchdog thread calls
-``on_lost(reason)`` when the counter has not advanced for more than ``heartbeat_timeout_s`` (coordinator
-dead, hung, or unreachable: :func:`phoenix_hpc.control.detect.coordinator_lost`). The default ``on_lost``
-prints the reason and ends the process with exit code :data:`EXIT_COORDINATOR_LOST` (``os._exit``: the main
-thread may be blocked in a collective that will never finish).
+Coordinator watchdog (docs/design.md section 7: ranks must not keep a dead job's allocation busy): the
+heartbeat thread reads the coordinator's beat counter every ``heartbeat_interval_s``; a separate watchdog
+thread calls ``on_lost(reason)`` when the counter has not advanced for more than ``heartbeat_timeout_s``
+(coordinator dead, hung, or unreachable: :func:`phoenix_hpc.control.detect.coordinator_lost`). The default
+``on_lost`` prints the reason and ends the process with exit code :data:`EXIT_COORDINATOR_LOST`
+(``os._exit``: the main thread may be blocked in a collective that will never finish).
 """
 
 from __future__ import annotations

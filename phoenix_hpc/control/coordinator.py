@@ -15,7 +15,7 @@ replies missing past a deadline during a recovery. Classification: :mod:`phoenix
 Collective errors are only called transient once every active slot has heartbeated *after* the report
 (proof that all processes are alive); a slot that goes silent instead turns the fault into a hot swap.
 
-Recovery (one at a time; faults arriving meanwhile are queued), DESIGN.md section 6:
+Recovery (one at a time; faults arriving meanwhile are queued), docs/design.md section 6:
 
 1. ``recovery_start``: bump the generation, mark dead slots DEAD, send ``quiesce`` to the survivors;
 2. each survivor stops (abandoning a partial step) and answers ``quiesced`` with its live step and the
@@ -803,7 +803,7 @@ class Coordinator:
 
     def _fallback(self, rec: _Recovery, exc: FallbackRequired, live_steps: dict[int, int], spares: list[int],
                   dead: list[int], now: float) -> None:
-        """Memory replicas cannot cover the loss (DESIGN.md section 6): restart generation g+1 in this job
+        """Memory replicas cannot cover the loss (docs/design.md section 6): restart generation g+1 in this job
         from the newest persistent checkpoint (spares take the dead ranks, every member loads it); when
         there is no checkpoint or not enough spares, stop cleanly naming the checkpoint to resubmit from."""
         ck = self._newest_checkpoint()

@@ -1,6 +1,6 @@
 """Explicit lifecycles of a slot and of a job: an Enum each and an allowed-transition table.
 
-Slot (one process of the job, DESIGN.md section 2)::
+Slot (one process of the job, docs/design.md section 2)::
 
     STARTING --register--> STANDBY (spare node) | ACTIVE (holds a logical rank)
     STANDBY  --taken by a recovery--> JOINING --restored--> ACTIVE

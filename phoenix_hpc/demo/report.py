@@ -4,7 +4,7 @@ the report printed at the end of ``phoenix demo``. Pure: inputs are the records 
 A run's *final state hash* is the coordinator's ``job_done.final_hash`` (SHA-256 over every rank's
 :meth:`~phoenix_hpc.engines.base.Engine.state_hash` -- parameters and optimizer shards -- in logical-rank
 order). Two runs of the same config reached an identical training state exactly when these are equal (the
-correctness oracle of DESIGN.md section 10). The *final loss* is the training loss of the last step as the
+correctness oracle of docs/design.md section 10). The *final loss* is the training loss of the last step as the
 last pipeline stage computed it, averaged over that stage's data-parallel ranks (each rank's own
 micro-batches, ``final_loss`` of ``RUN_DIR/ranks/rank{r}.json``); with equal micro-batch counts per rank this
 mean is the loss of the whole global batch.

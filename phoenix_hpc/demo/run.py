@@ -108,7 +108,7 @@ def pick_victim(slots: list[Any], batch_host: str | None, requested: str | None)
     :class:`phoenix_hpc.status.model.SlotStatus` objects.
 
     The batch host is refused: it runs the job's coordinator, and the design recovers lost training
-    slots, not a lost control plane (the job would end; DESIGN.md section 7).
+    slots, not a lost control plane (the job would end; docs/design.md section 7).
 
     Raises:
         DemoError: ``requested`` is the batch host or holds no active slot of the job.

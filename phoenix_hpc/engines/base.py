@@ -1,7 +1,7 @@
 """The engine interface: what the PHOENIX runtime needs from a training framework.
 
 An engine owns one rank's model chunk, its sharded optimizer and its data iterator. The runtime never looks
-inside; it only uses the calls below. The per-step protocol (DESIGN.md section 4) drives an engine as::
+inside; it only uses the calls below. The per-step protocol (docs/design.md section 4) drives an engine as::
 
     loss = engine.forward_backward()      # step k's compute (D2H/H2H of S(k-1) overlaps this)
     engine.reduce_gradients()             # gradient sync over the DP group (reduce-scatter / all-reduce)

@@ -13,7 +13,7 @@ torch versions) -> AdamW on the slice (decoupled weight decay, Loshchilov & Hutt
 ``torch.optim.AdamW``; decay only on parameters with >= 2 dimensions) -> all-gather of the updated slices
 cast to the model dtype -> copy into the parameters. So parameters are bit-identical on all DP peers.
 
-Logical names of the shard (DESIGN.md section 2): for each parameter that intersects the slice,
+Logical names of the shard (docs/design.md section 2): for each parameter that intersects the slice,
 ``{prefix}/{param}/main``, ``.../exp_avg``, ``.../exp_avg_sq`` -- 1-D fp32 views (live storage) of the part
 of the slice that belongs to that parameter. :meth:`ShardedAdamW.pieces` says which elements of the
 parameter each view covers. Across the DP ranks these pieces cover every element of every parameter

@@ -15,7 +15,7 @@ Planning rules (so that every planned fault can be survived by design):
   are not drawn;
 - targets are logical ranks (``--rank``): after a hot swap the coordinator resolves them to the new slot;
   a ``kill-node`` never takes the batch host (it runs the job's coordinator, whose loss ends the job by
-  design, DESIGN.md section 7): :func:`resolve_target` moves it to the next node with an active slot.
+  design, docs/design.md section 7): :func:`resolve_target` moves it to the next node with an active slot.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class DrillFault:
 
 
 def slot_cost(kind: str, gpus_per_node: int) -> int:
-    """Standby slots a fault of ``kind`` consumes (DESIGN.md section 6: transient faults use no spare)."""
+    """Standby slots a fault of ``kind`` consumes (docs/design.md section 6: transient faults use no spare)."""
     if KINDS[kind].action != "hot_swap":
         return 0
     return gpus_per_node if kind == "kill-node" else 1
@@ -123,7 +123,7 @@ class DrillOutcome:
 
     @property
     def expected_action(self) -> str:
-        """The action the design takes for this kind (DESIGN.md section 6)."""
+        """The action the design takes for this kind (docs/design.md section 6)."""
         return KINDS[self.fault.kind].action
 
     @property
@@ -211,7 +211,7 @@ def resolve_target(fault: DrillFault, st: Status) -> tuple[int, int, str]:
     """The ``(logical rank, world rank, node)`` a planned fault hits in the job as it is now.
 
     The planned logical rank, except for a ``kill-node`` whose rank lives on the batch host (the coordinator's
-    node, which the design does not recover, DESIGN.md section 7): then the lowest logical rank on another
+    node, which the design does not recover, docs/design.md section 7): then the lowest logical rank on another
     node is taken.
 
     Raises:

@@ -2,7 +2,7 @@
 
 A fault is injected at a *step* and a *phase* of one target (a logical rank, a node or a grid coordinate).
 ``at_step = s`` means "during the training iteration that produces S(s)", i.e. while the target has
-completed ``s - 1`` optimizer steps; the phases of that iteration (DESIGN.md section 4) are:
+completed ``s - 1`` optimizer steps; the phases of that iteration (docs/design.md section 4) are:
 
 =========== ==================================================================================
 phase       where in iteration s (wire name sent to the coordinator)
@@ -15,7 +15,7 @@ recovery    during a recovery (quiesce, rebuild, restore) that happens at or aft
             (``recovery``): a second fault while the first is being handled
 =========== ==================================================================================
 
-The kinds, what each does to its target, and the coordinator's expected reaction (DESIGN.md section 6):
+The kinds, what each does to its target, and the coordinator's expected reaction (docs/design.md section 6):
 
 ============ ======================================================= ================ =============
 kind         effect on every targeted slot                           classified as    action

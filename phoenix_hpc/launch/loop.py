@@ -1,6 +1,6 @@
 """The training loop of one active rank.
 
-Per step (DESIGN.md section 4)::
+Per step (docs/design.md section 4)::
 
     protector.start_snapshot(engine)   # only with a protector: D2H of S(k-1) + H2H in the background
     loss = engine.forward_backward()

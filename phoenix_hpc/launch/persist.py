@@ -1,4 +1,4 @@
-"""Persistent-checkpoint hooks of the training loop (DESIGN.md section 6): a DCP checkpoint every
+"""Persistent-checkpoint hooks of the training loop (docs/design.md section 6): a DCP checkpoint every
 ``resilience.checkpoint.interval_steps`` steps, and at start-up a restore from the newest complete one.
 
 With ``resilience.mode: checkpoint-restart`` (the baseline) this is the whole mechanism. With

@@ -126,8 +126,8 @@ def loss_bound_per_step(shards: int, p_fail: float, k: int) -> float:
     Eq. (6). A shard is unrecoverable when its owner and its k replica holders fail in the same step; with
     independent failures of probability ``p_fail`` per unit per step that is p^(k+1), and the union bound
     over the D = ``shards`` shards gives D * p^(k+1). With domain-aware placement (owner and k holders in
-    k+1 distinct failure domains, DESIGN §5) the same formula holds with the per-domain, per-step failure
-    probability q in place of p. The bound is capped at 1 (a bound >= 1 says nothing).
+    k+1 distinct failure domains, docs/design.md section 5) the same formula holds with the per-domain,
+    per-step failure probability q in place of p. The bound is capped at 1 (a bound >= 1 says nothing).
 
     Raises ModelError if ``shards`` < 1, ``p_fail`` outside [0, 1] or ``k`` < 0.
     """

@@ -1,7 +1,7 @@
 """Read measured recoveries from a PHOENIX run journal.
 
-The journal is the JSON-lines file ``journal.jsonl`` in a run directory (DESIGN §7): one JSON object per
-line with at least ``{"ts": float, "event": str}``. A finished recovery is recorded as::
+The journal is the JSON-lines file ``journal.jsonl`` in a run directory (docs/design.md section 7): one JSON
+object per line with at least ``{"ts": float, "event": str}``. A finished recovery is recorded as::
 
     {"ts": ..., "event": "recovery_done", "total_s": float,
      "phases": {"detect": s, "reconfigure": s, "params": s, "optimizer": s, "replay": s},

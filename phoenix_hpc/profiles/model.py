@@ -175,9 +175,10 @@ class DomainRule(BaseModel):
 
 
 class FailureDomainProfile(BaseModel):
-    """The failure-domain model (DESIGN.md section 5): levels from most specific (``node``) to least specific,
-    and where a node's domains come from: ``slurm_topology`` (``scontrol show topology``, topology/tree),
-    ``topology_addr`` (``SLURM_TOPOLOGY_ADDR`` in each task, e.g. ``spine.leaf0.nid00001``), or ``rule``."""
+    """The failure-domain model (docs/design.md section 5): levels from most specific (``node``) to least
+    specific, and where a node's domains come from: ``slurm_topology`` (``scontrol show topology``,
+    topology/tree), ``topology_addr`` (``SLURM_TOPOLOGY_ADDR`` in each task, e.g. ``spine.leaf0.nid00001``),
+    or ``rule``."""
 
     model_config = _STRICT
     levels: list[str] = Field(default_factory=lambda: ["node"], description="domain levels, node first")

@@ -1,7 +1,7 @@
 """Persistent checkpoints with ``torch.distributed.checkpoint`` (DCP), on an explicit process group.
 
-The coarse fallback of DESIGN.md section 6 (memory replicas cannot cover a loss) and the whole mechanism of
-``resilience.mode: checkpoint-restart`` (the baseline). Every ``resilience.checkpoint.interval_steps`` steps
+The coarse fallback of docs/design.md section 6 (memory replicas cannot cover a loss) and the whole mechanism
+of ``resilience.mode: checkpoint-restart`` (the baseline). Every ``resilience.checkpoint.interval_steps`` steps
 each rank of the group calls :func:`save_checkpoint`; on a restart every rank calls
 :func:`load_checkpoint`.
 

@@ -1,4 +1,4 @@
-"""The recovery invariants I1-I4 (DESIGN.md section 6) as pure checks over the members' reports.
+"""The recovery invariants I1-I4 (docs/design.md section 6) as pure checks over the members' reports.
 
 After a recovery every live active member reports a :class:`MemberReport`; the coordinator compares them
 with the :class:`Expected` state of the plan:

@@ -1,19 +1,19 @@
 """The recovery plan: a pure function from the job's membership and replica state to frozen records.
 
 Given who is dead, which standby slots are free, where every optimizer shard's replicas live and which step
-each copy holds, :func:`plan_recovery` decides (DESIGN.md section 6, steps 1, 4, 5, 6):
+each copy holds, :func:`plan_recovery` decides (docs/design.md section 6, steps 1, 4, 5, 6):
 
 - the new generation (``old + 1``) and the new rank map: a standby slot takes each dead logical rank, so
   the logical rank, grid coordinate and logical shard id of the lost slot move to the spare unchanged;
 - the recoverable step ``R``: the newest step that *every* shard can provide from memory. A live owner can
   provide its live state (``live_steps``) or its committed local snapshot; a dead owner's shard only a
   replica on a live holder. ``R = min over shards of (newest step that shard can provide)`` and every shard
-  must be able to provide exactly ``R`` (the per-step protocol of DESIGN.md section 4 guarantees it when
+  must be able to provide exactly ``R`` (the per-step protocol of docs/design.md section 4 guarantees it when
   replicas are committed: every copy keeps S(R) in its committed or its previous ping-pong buffer, and both
   count; otherwise the plan fails over to the persistent checkpoint);
 - who sends what to whom: parameters from a live DP peer at the same ``(pp, tp)`` (they are identical on all
-  DP ranks of a ``(pp, tp)``, DESIGN.md section 3); the optimizer shard + envelope from a live holder whose
-  committed replica is at step ``R``;
+  DP ranks of a ``(pp, tp)``, docs/design.md section 3); the optimizer shard + envelope from a live holder
+  whose committed replica is at step ``R``;
 - which survivors roll back (live step > ``R``) from their committed local snapshot, and the replication
   pairs to re-establish for and to the new members;
 - the invariants to assert afterwards (I1-I4, :mod:`phoenix_hpc.recovery.invariants`).
@@ -240,10 +240,10 @@ def plan_recovery(
         nodes: world rank -> node name, for every slot (active and standby).
         dead: world ranks of the dead slots (active or standby).
         spares: world ranks of live standby slots, in order of preference.
-        placement: shard id -> logical ranks of its replica holders (k of them, DESIGN.md section 5).
+        placement: shard id -> logical ranks of its replica holders (k of them, docs/design.md section 5).
         committed: shard id -> {logical rank: step or steps} of the verified copies of that shard: the
             owner's local snapshot and each holder's replica. A copy is one step (the committed buffer) or
-            a collection of steps (committed and previous buffer of the ping-pong pair, DESIGN.md section
+            a collection of steps (committed and previous buffer of the ping-pong pair, docs/design.md section
             4: the runtime keeps both, so a survivor that committed S(k) while a dead rank's replica is at
             S(k-1) can still provide S(k-1) from its previous buffer).
         live_steps: logical rank -> step of its live model state (number of optimizer steps applied), for
@@ -372,7 +372,7 @@ def plan_checkpoint_restart(
     checkpoint_step: int,
     live_steps: Mapping[int, int],
 ) -> RecoveryPlan:
-    """The in-job fallback of DESIGN.md section 6 when memory replicas cannot cover a loss: standby slots
+    """The in-job fallback of docs/design.md section 6 when memory replicas cannot cover a loss: standby slots
     take the dead logical ranks (as in :func:`plan_recovery`), generation ``g + 1`` is built, and *every*
     member loads the persistent checkpoint of ``checkpoint_step`` (no memory transfer). The work since that
     checkpoint is lost and trained again: ``steps_replayed = newest live step - checkpoint_step``.

@@ -1,11 +1,11 @@
-"""Ping-pong host buffers and their memory plan (DESIGN.md section 4).
+"""Ping-pong host buffers and their memory plan (docs/design.md section 4).
 
 Every rank keeps two local snapshot buffers (committed / staging) and, for every shard it holds for another
 rank, two replica buffers (committed / receiving). A copy only ever writes the non-committed buffer of a
 pair, so a fault during a copy can damage only that buffer; the committed one is never written while it is
 committed and always verifies.
 
-Host memory per rank (DESIGN.md section 4)::
+Host memory per rank (docs/design.md section 4)::
 
     2 x snapshot_bytes + 2 x sum(replica_bytes of each held shard)   ( = 2 x snapshot + 2k x replica when the
                                                                       rank holds k replicas of equal size)

@@ -1,4 +1,4 @@
-"""D2H: copy the live engine state into a host snapshot buffer (DESIGN.md section 3, "D2H").
+"""D2H: copy the live engine state into a host snapshot buffer (docs/design.md section 3, "D2H").
 
 Split in two halves so that only a negligible part runs on the training thread:
 

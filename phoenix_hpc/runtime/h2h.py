@@ -1,4 +1,4 @@
-"""H2H: replicate optimizer shards between hosts over MPI point-to-point (DESIGN.md sections 3-4).
+"""H2H: replicate optimizer shards between hosts over MPI point-to-point (docs/design.md sections 3-4).
 
 One :class:`H2HEngine` per rank owns *every* MPI call the runtime makes after start-up. Other threads only
 enqueue commands (send a replica, send an acknowledgement, start a commit fence) and wait on results. This

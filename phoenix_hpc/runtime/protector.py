@@ -1,4 +1,4 @@
-"""The per-step protector: what the training loop calls when resilience is enabled (DESIGN.md section 4).
+"""The per-step protector: what the training loop calls when resilience is enabled (docs/design.md section 4).
 
 ::
 
@@ -96,7 +96,7 @@ class StepTiming:
 
 def recoverable_step(committed: Mapping[str, int | None]) -> int | None:
     """The newest step every shard can be restored to: the minimum over shards of their committed step
-    (DESIGN.md section 4); None while some shard has none."""
+    (docs/design.md section 4); None while some shard has none."""
     vals = list(committed.values())
     if not vals or any(v is None for v in vals):
         return None
@@ -381,7 +381,7 @@ class Protector:
 
     def copy_steps(self) -> tuple[list[int], dict[str, list[int]]]:
         """Steps this rank can still restore, committed first: its local snapshot's, and per held shard the
-        replica's (both ping-pong buffers, DESIGN.md section 4). Read with :meth:`local_snapshot` /
+        replica's (both ping-pong buffers, docs/design.md section 4). Read with :meth:`local_snapshot` /
         :meth:`held_replica` ``(step=...)``, which verify the checksums."""
         return (self.buffers.local.verified_steps(),
                 {sid: pp.verified_steps() for sid, pp in self.buffers.held.items()})

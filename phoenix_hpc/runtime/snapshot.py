@@ -1,5 +1,5 @@
 """Snapshot packing: one rank's state in ONE contiguous host byte buffer, with an index and a checksum per
-tensor (DESIGN.md sections 2-4).
+tensor (docs/design.md sections 2-4).
 
 Buffer format (all integers little-endian)::
 
@@ -12,7 +12,7 @@ Buffer format (all integers little-endian)::
     [opt_end, total)             the param shard's tensors ("param" part), each 64-byte aligned
 
 The optimizer part comes first so that a *replica* (what H2H sends: header + index + optimizer shard,
-DESIGN.md section 3) is the prefix ``buf[:opt_end]`` of the local snapshot: no second packing, no copy.
+docs/design.md section 3) is the prefix ``buf[:opt_end]`` of the local snapshot: no second packing, no copy.
 A replica's index still lists the param tensors (with their checksums) but its readers ignore them.
 
 Checksum: CRC-32 (``zlib.crc32``) per tensor. Measured on this project's 2-core test machine: crc32

@@ -1,6 +1,6 @@
 """The sbatch script of a PHOENIX job, as a pure function of (resolved job, site profile, run directory).
 
-What the script does (DESIGN.md section 7), in order:
+What the script does (docs/design.md section 7), in order:
 
 1. asks for ``nodes + spares`` nodes with ``--no-kill --no-requeue`` (sbatch(1): without ``--no-kill`` a node
    failure ends the job as NODE_FAIL, and Slurm then requeues it) and ``--signal=B:<SIG>@<s>`` so the batch

@@ -36,7 +36,7 @@ fault that landed in step ``s`` (step ``s - 1`` was finished), ``job_done``. It 
 job really rolls back: ``recovery_restored`` sets it to the recoverable step the members resume from. It
 is never below the committed (recoverable) step.
 
-When the journal does not name the replica holders, the placement is computed the way DESIGN.md section 5
+When the journal does not name the replica holders, the placement is computed the way docs/design.md section 5
 defines it (:func:`phoenix_hpc.topology.place_replicas` over the generation-0 node of every logical rank,
 with the config's ``k`` and ``placement_levels``; holders are logical ranks, so the placement survives
 renumbering) and marked ``source="planned"``.
@@ -375,7 +375,7 @@ def _config_grid(config: Mapping[str, Any] | None) -> tuple[int, int, int] | Non
 
 def _planned_placement(grid: tuple[int, int, int], k: int, levels: list[str], node_of: dict[int, str],
                        domains: Mapping[str, Mapping[str, str]]) -> tuple[dict[str, list[int]], list[str]]:
-    """The DESIGN.md section 5 placement for the generation-0 nodes; (placement, notes)."""
+    """The docs/design.md section 5 placement for the generation-0 nodes; (placement, notes)."""
     from phoenix_hpc.errors import ReplicationError
     from phoenix_hpc.topology import place_replicas
 

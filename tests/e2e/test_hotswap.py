@@ -1,4 +1,4 @@
-"""Hot swap end to end on the real local Slurm cluster: the correctness oracle of DESIGN.md section 10.
+"""Hot swap end to end on the real local Slurm cluster: the correctness oracle of docs/design.md section 10.
 
 Every job here is submitted with ``phoenix submit --site local`` (the real batch script: coordinator first,
 then one srun step over 2 active nodes + 1 spare node), trains a tiny GPT with the torch engine on gloo

@@ -1,4 +1,4 @@
-"""More recovery paths on the real local Slurm cluster (same oracle as :mod:`test_hotswap`, DESIGN.md
+"""More recovery paths on the real local Slurm cluster (same oracle as :mod:`test_hotswap`, docs/design.md
 section 10): pipeline parallelism, double faults (k=2 in memory, k=1 via the persistent checkpoint) and an
 exhausted spare pool.
 

@@ -88,7 +88,7 @@ def test_job_step_times_take_the_slowest_rank():
 
 
 def test_expected_memory_and_replay():
-    # DESIGN.md section 4: 2 x snapshot + 2k x optimizer shard
+    # docs/design.md section 4: 2 x snapshot + 2k x optimizer shard
     assert S.expected_host_bytes(100, 30, 1) == 260
     assert S.expected_host_bytes(100, 30, 2) == 320
     assert S.expected_replay_steps(100) == 49.5

@@ -1,4 +1,4 @@
-"""DESIGN.md section 6 table: local recovery, hot swap, clean stop."""
+"""docs/design.md section 6 table: local recovery, hot swap, clean stop."""
 
 import pytest
 

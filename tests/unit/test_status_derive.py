@@ -86,7 +86,7 @@ def test_running_job_lists_every_slot_and_replica():
     assert [s.coord for s in st.slots[:4]] == [[0, 0, 0], [0, 1, 0], [0, 2, 0], [0, 3, 0]]
     assert st.spare_slots_left == 2 and st.spare_nodes_left == 1
     assert {n.name: n.role for n in st.nodes} == {N1: "active", N2: "active", N3: "spare"}
-    # one replica per shard (k=1), on a DP peer of another node (DESIGN.md section 5), planned placement
+    # one replica per shard (k=1), on a DP peer of another node (docs/design.md section 5), planned placement
     assert [r.shard_id for r in st.replicas] == [f"opt/pp0/tp0/dp{i}" for i in range(4)]
     for r in st.replicas:
         assert r.source == "planned"
