@@ -63,6 +63,7 @@ from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine, kind_from_exception
 from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.journal import Journal, ensure_private_dir, write_private_file
+from phoenix_hpc.control.operator import REPLY_PREFIX as OPERATOR_REPLY_PREFIX, OperatorServer
 from phoenix_hpc.control.states import (
     LIVE_SLOT_STATES,
     TERMINAL_JOB_STATES,
@@ -185,6 +186,7 @@ class Coordinator:
         self._last_progress: tuple[int, int, int] | None = None  # (generation, min, max) step of the ACTIVE slots, journalled
         self._last_progress_t = -1e18
         self.store = None
+        self.operator: OperatorServer | None = None
         self.journal: Journal | None = None
         self.secret = b""
 
@@ -201,6 +203,8 @@ class Coordinator:
         )
         self.port = self.store.port
         self.store.set(P.KEY_BEAT, "0")
+        self.operator = OperatorServer()
+        operator_port = self.operator.start()
         self.journal.append(
             "coordinator_started", host=self.host, port=self.port, pid=os.getpid(),
             heartbeat_interval_s=self.t.heartbeat_interval_s, heartbeat_timeout_s=self.t.heartbeat_timeout_s,
@@ -208,7 +212,7 @@ class Coordinator:
         )
         write_private_file(
             self.run_dir / P.COORDINATOR_FILE,
-            _json({"host": self.host, "port": self.port, "pid": os.getpid(),
+            _json({"host": self.host, "port": self.port, "operator_port": operator_port, "pid": os.getpid(),
                    "secret_file": P.SECRET_FILE, "protocol": P.PROTOCOL_VERSION}),
         )
 
@@ -226,6 +230,7 @@ class Coordinator:
             if self._stop_reason and self.job.state not in TERMINAL_JOB_STATES:
                 self._end(JobState.STOPPED, "coordinator_stopped", reason=self._stop_reason)
             busy = self._drain_inbox()
+            busy = self._drain_operator() or busy
             now = self.clock()
             if now >= next_beat:
                 self.store.add(P.KEY_BEAT, 1)
@@ -246,6 +251,8 @@ class Coordinator:
         return self.job.state
 
     def close(self) -> None:
+        if self.operator is not None:
+            self.operator.close()
         if self.journal:
             self.journal.close()
         self.store = None  # the TCPStore server stops when the object is collected
@@ -264,12 +271,32 @@ class Coordinator:
             self._handle(raw)
         return n > 0
 
+    def _drain_operator(self) -> bool:
+        """Requests from the operator channel (:mod:`phoenix_hpc.control.operator`): handled like store
+        messages; the reply goes back over the request's connection."""
+        if self.operator is None:
+            return False
+        reqs = self.operator.poll()
+        for cid, raw in reqs:
+            try:
+                body = P.decode(raw, self.secret)
+            except P.ProtocolError as exc:
+                self._reject(f"operator channel: {exc}", None, key=("operator-decode", str(exc)[:40]))
+                self.operator.finish(cid)
+                continue
+            self._dispatch({**body, "reply_to": f"{OPERATOR_REPLY_PREFIX}{cid}"})
+            self.operator.finish(cid)
+        return bool(reqs)
+
     def _handle(self, raw: bytes) -> None:
         try:
             body = P.decode(raw, self.secret)
         except P.ProtocolError as exc:
             self._reject(str(exc), None, key=("decode", str(exc)[:40]))
             return
+        self._dispatch(body)
+
+    def _dispatch(self, body: dict) -> None:
         handler = getattr(self, f"_on_{body['type']}", None)
         if handler is None:
             self._reject(f"unknown message type {body['type']!r}", body)
@@ -284,7 +311,11 @@ class Coordinator:
 
     def _reply(self, body: dict, reply: dict) -> None:
         to = body.get("reply_to")
-        if isinstance(to, str) and to:
+        if isinstance(to, str) and to.startswith(OPERATOR_REPLY_PREFIX):
+            cid = to[len(OPERATOR_REPLY_PREFIX):]
+            if self.operator is not None and cid.isdigit():
+                self.operator.reply(int(cid), P.encode(reply, self.secret))
+        elif isinstance(to, str) and to:
             self.store.queue_push(P.key_reply(to), P.encode(reply, self.secret))
 
     def _reject(self, reason: str, body: dict | None, key: tuple | None = None, reply: bool = True) -> None:

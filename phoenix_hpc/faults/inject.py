@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from phoenix_hpc.errors import FaultError
+from phoenix_hpc.errors import ControlError, FaultError
 from phoenix_hpc.faults.kinds import PHASE_WIRE, check_at_step, check_phase, kind_spec, parse_coord
 from phoenix_hpc.status.model import Status
 
@@ -153,11 +153,28 @@ def send_request(run_dir: Path, req: InjectRequest, timeout_s: float = 30.0,
     """Send ``req`` to the job's coordinator and wait for its answer. Returns the ``accepted`` reply
     (``{"type": "accepted", "targets": [world ranks], "request_id"}``).
 
+    Through the coordinator's operator channel (:mod:`phoenix_hpc.control.operator`: standard library only,
+    so the command does not spend seconds importing torch while the job runs on) when ``coordinator.json``
+    names one, else through the store. ``client_factory`` forces the store path with a given client.
+
     Raises:
         FaultError: the coordinator refused the request (its reason is in the message: nothing injected).
         ControlError: the coordinator cannot be reached or does not answer within ``timeout_s``.
     """
     if client_factory is None:
+        from phoenix_hpc.control import protocol as P
+
+        info = P.read_coordinator_file(run_dir)
+        if info is not None and info.get("operator_port"):
+            # the operator channel: no torch import, no store connection (phoenix_hpc.control.operator)
+            from phoenix_hpc.control.operator import operator_request
+
+            try:
+                secret = P.read_secret(run_dir)
+            except OSError as exc:
+                raise ControlError(f"cannot read the job secret in {run_dir}: {exc}") from None
+            reply = operator_request(str(info["host"]), int(info["operator_port"]), req.body(), secret, timeout_s)
+            return _accepted(reply)
         from phoenix_hpc.control.client import CoordinatorClient
 
         def client_factory(rd, wait_s):  # noqa: E306 - a CLI process is not a slot: world rank -1
@@ -169,6 +186,10 @@ def send_request(run_dir: Path, req: InjectRequest, timeout_s: float = 30.0,
         close = getattr(client, "close", None)
         if close is not None:
             close()
+    return _accepted(reply)
+
+
+def _accepted(reply: dict[str, Any]) -> dict[str, Any]:
     if reply.get("type") != "accepted":
         raise FaultError(f"the coordinator refused the injection: {reply.get('reason', reply)}; nothing was injected")
     return reply

@@ -1,4 +1,4 @@
-"""The rank side of a recovery (DESIGN.md section 6, steps 1-7) and the protected training driver.
+"""The rank side of a recovery (docs/design.md section 6, steps 1-7) and the protected training driver.
 
 One :class:`Member` per active slot (and per standby slot once it joins). It owns, for the current
 generation ``g``: the torch process groups (``PrefixStore(f"gen{g}")`` on the coordinator's store, explicit
@@ -269,6 +269,9 @@ class Member:
         g = e.grid
         node_of_rank = [e.nodes[self.rank_map[r]] for r in range(self.n_ranks)]
         placement = place_replicas(g.tp, g.pp, g.dp, res.k, node_of_rank, e.domains, tuple(e.levels))
+        if self.logical == 0:  # said once per generation: the allocation (or what is left of it) decides
+            for w in placement.warnings:
+                e.log(f"[phoenix] generation {self.generation}: replica placement: {w}")
         me = node_of_rank[self.logical]
         return Protector.create(
             engine=self.engine, comm=self.comm, placement=placement, logical_rank=self.logical,
@@ -583,7 +586,7 @@ class Member:
 
 
 def warm_up(cfg) -> None:
-    """What a standby slot does before it waits (a *warm* spare, DESIGN.md section 7): import the engine,
+    """What a standby slot does before it waits (a *warm* spare, docs/design.md section 7): import the engine,
     runtime and recovery code and open the dataset once, so that a recovery does not pay for it."""
     import torch.distributed  # noqa: F401
 

@@ -175,3 +175,30 @@ def test_status_lists_slots_and_refusals_send_nothing_harmful(job):
     assert fwd["at_step"] == out["at_step"] and fwd["request_id"] == out["request_id"]
     _wait(lambda: (slots[1].c.poll(), slots[1].c.injections)[1], what="instruction at the target")
     assert slots[1].run_steps(9 + STEP_MARGIN + 1) == [(9 + STEP_MARGIN, "forward_backward", "comm_error")]
+
+
+def test_the_command_reaches_the_coordinator_without_torch(job):
+    """`phoenix inject-fault` in a fresh interpreter uses the operator channel: no torch import (seconds,
+    during which a job runs on), the coordinator forwards the request; a forged request is refused."""
+    run_dir, slots = job
+    code = ("import sys\nfrom phoenix_hpc.cli.main import cli\n"
+            "try:\n    cli(sys.argv[1:], standalone_mode=False)\n"
+            "finally:\n    print('torch imported:', 'torch' in sys.modules, file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code, "inject-fault", str(run_dir), "--kind", "crash", "--rank", "0",
+                          "--at-step", "30", "--phase", "d2h", "--json"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PHOENIX_HOME": os.environ["PHOENIX_HOME"]})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "torch imported: False" in out.stderr
+    (fwd,) = read_journal(run_dir, "inject_forwarded")
+    assert fwd["at_step"] == 30 and fwd["targets"] == [0] and fwd["request_id"] == json.loads(out.stdout)["request_id"]
+    _wait(lambda: (slots[0].c.poll(), slots[0].c.injections)[1], what="instruction at the target")
+
+    from phoenix_hpc.control.operator import operator_request
+    from phoenix_hpc.errors import ControlError
+
+    info = json.loads((run_dir / P.COORDINATOR_FILE).read_text())
+    with pytest.raises(ControlError, match="without replying"):
+        operator_request(info["host"], info["operator_port"], {"type": "stop", "reason": "forged"}, b"not-the-secret")
+    _wait(lambda: [e for e in read_journal(run_dir, "rejected") if "operator channel" in e["reason"]],
+          what="the forged request's rejection")
+    assert not read_journal(run_dir, "coordinator_stopped")
