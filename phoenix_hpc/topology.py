@@ -112,6 +112,14 @@ tree the leaf switch is ``switch`` and the tier above it ``group`` (a dragonfly 
 on Vista's fat tree). Deeper tiers are named ``tier2``, ``tier3``, ..."""
 
 
+def switch_levels_of(levels: _Sequence[str]) -> tuple[str, ...]:
+    """The switch-tier names of a site's failure-domain ``levels`` (most specific first, ``node`` left out),
+    for naming the tiers of ``SLURM_TOPOLOGY_ADDR`` / ``scontrol show topology``; the defaults
+    (:data:`DEFAULT_SWITCH_LEVELS`) when ``levels`` names no switch tier. Pure."""
+    tiers = tuple(lv for lv in levels if lv != "node")
+    return tiers or DEFAULT_SWITCH_LEVELS
+
+
 def _switch_level_names(n: int, names: _Sequence[str]) -> list[str]:
     return [names[i] if i < len(names) else f"tier{i}" for i in range(n)]
 

@@ -6,7 +6,7 @@ types, impossible grid, limits exceeded, sbatch refused the job) with a message 
 Files written into the run directory (mode 0700; each file written to a temporary name and renamed, and
 removed again if sbatch refuses the job): ``job.sbatch`` (the script), ``config.yaml`` (the resolved config,
 loadable with :func:`phoenix_hpc.config.load_job_config`) and, once submitted, ``job.json``
-(``{"job_id", "site", "submitted_at"}``).
+(``{"job_id", "site", "submitted_at", "failure_domain_levels"}``).
 """
 
 from __future__ import annotations
@@ -126,7 +126,8 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
         _undo(rd, created)
         raise
     submitted_at = time.time()
-    write_atomic(rd / JOB_NAME, json.dumps({"job_id": job_id, "site": profile.name, "submitted_at": submitted_at}))
+    write_atomic(rd / JOB_NAME, json.dumps({"job_id": job_id, "site": profile.name, "submitted_at": submitted_at,
+                                            "failure_domain_levels": list(profile.failure_domains.levels)}))
     from phoenix_hpc.status.runs import record_run
 
     record_run(rd, job_id, submitted_at=submitted_at)

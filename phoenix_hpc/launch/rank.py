@@ -128,14 +128,16 @@ def gather_nodes(comm, slot, levels) -> tuple[list[str], dict[str, dict[str, str
     each task's ``SLURM_TOPOLOGY_ADDR``/``SLURM_TOPOLOGY_ADDR_PATTERN`` (topology/tree), and the placement
     levels of ``levels`` that the model covers (``node`` always; a level no slot knows is dropped)."""
     from phoenix_hpc.errors import ReplicationError
-    from phoenix_hpc.topology import parse_topology_addr
+    from phoenix_hpc.topology import DEFAULT_SWITCH_LEVELS, parse_topology_addr
 
     node = slot.hostname or f"node{slot.node_id}"
     addr, pattern = os.environ.get("SLURM_TOPOLOGY_ADDR"), os.environ.get("SLURM_TOPOLOGY_ADDR_PATTERN")
+    # the site's tier names (the batch script exports them; e.g. Vista's leaf,spine)
+    tiers = tuple(t for t in os.environ.get("PHOENIX_SWITCH_LEVELS", "").split(",") if t) or DEFAULT_SWITCH_LEVELS
     dom = None
     if addr and pattern:
         try:
-            dom = parse_topology_addr(addr, pattern)
+            dom = parse_topology_addr(addr, pattern, tiers)
         except ReplicationError:
             dom = None
     infos = comm.allgather((node, dom))

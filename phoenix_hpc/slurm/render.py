@@ -30,6 +30,7 @@ from phoenix_hpc import __version__
 from phoenix_hpc.config.resolve import ResolvedJob
 from phoenix_hpc.errors import SubmitError
 from phoenix_hpc.profiles.model import SiteProfile
+from phoenix_hpc.topology import switch_levels_of
 
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_.,+=/@:-]+$")
 COORDINATOR_MODULE = "phoenix_hpc.control.coordinator"
@@ -140,7 +141,9 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         f"ACTIVE_NODES={job.nodes}",
         f"SPARE_NODES={job.spares}",
         f"COORDINATOR_TIMEOUT_S={ln.coordinator_timeout_s}",
-        "export PHOENIX_JOB_NAME RUN_DIR ACTIVE_NODES SPARE_NODES",
+        "# the site's switch tiers, leaf first: the names of the SLURM_TOPOLOGY_ADDR components",
+        f"PHOENIX_SWITCH_LEVELS={_q(','.join(switch_levels_of(profile.failure_domains.levels)))}",
+        "export PHOENIX_JOB_NAME RUN_DIR ACTIVE_NODES SPARE_NODES PHOENIX_SWITCH_LEVELS",
         "",
     ]
     if env.modules or env.env:

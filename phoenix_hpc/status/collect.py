@@ -69,9 +69,11 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
         raise StatusError(f"journal: {exc}") from None
 
 
-def gather_slurm(client, job_id: str | None, extra_nodes: list[str] = ()) -> SlurmInfo:
+def gather_slurm(client, job_id: str | None, extra_nodes: list[str] = (),
+                 site_levels: list[str] = ()) -> SlurmInfo:
     """Slurm's view of ``job_id`` and of its nodes (``extra_nodes``: nodes the journal names, e.g. lost
-    ones no longer in the live node list). Never raises for Slurm failures: they go to ``error``."""
+    ones no longer in the live node list; ``site_levels``: the site's failure-domain levels, which name the
+    switch tiers). Never raises for Slurm failures: they go to ``error``."""
     info = SlurmInfo()
     if job_id is None:
         info.error = "no Slurm job id recorded for this run (not submitted?); shown from the journal only"
@@ -102,11 +104,11 @@ def gather_slurm(client, job_id: str | None, extra_nodes: list[str] = ()) -> Slu
         except SlurmError as exc:
             info.error = (info.error + "; " if info.error else "") + f"scontrol show node failed: {exc}"
     try:
-        from phoenix_hpc.topology import parse_scontrol_topology
+        from phoenix_hpc.topology import parse_scontrol_topology, switch_levels_of
 
         recs = client.show_topology()
         text = "\n".join(" ".join(f"{k}={v}" for k, v in r.items()) for r in recs)
-        info.domains = parse_scontrol_topology(text) if text else {}
+        info.domains = parse_scontrol_topology(text, switch_levels_of(site_levels)) if text else {}
     except Exception:  # noqa: BLE001 - topology is optional decoration; a status must still render
         info.domains = {}
     return info
@@ -126,5 +128,5 @@ def collect_status(run_dir: Path, client=None, now: float | None = None) -> Stat
     records = read_records(run_dir)
     job_id = str(run.job["job_id"]) if run.job and run.job.get("job_id") is not None else None
     nodes = sorted({str(r["node"]) for r in records if r.get("event") == "registered" and r.get("node")})
-    slurm = gather_slurm(client, job_id, nodes)
+    slurm = gather_slurm(client, job_id, nodes, list((run.job or {}).get("failure_domain_levels") or ()))
     return derive_status(records, slurm, time.time() if now is None else now, run)

@@ -185,6 +185,19 @@ def test_randomised_invariants_and_balance():
     assert worst_ratio <= 2
 
 
+def test_site_levels_name_the_switch_tiers():
+    from phoenix_hpc.profiles import load_profile
+    from phoenix_hpc.topology import switch_levels_of
+
+    vista = switch_levels_of(load_profile("vista").failure_domains.levels)
+    assert vista == ("leaf", "spine")
+    assert switch_levels_of(load_profile("perlmutter").failure_domains.levels) == ("switch", "group")
+    assert switch_levels_of(["node"]) == ("switch", "group")  # no switch tier named: the defaults
+    # Vista's placement levels [node, leaf, spine] are all found on a two-tier address
+    assert parse_topology_addr("s1.l3.c609-001", "switch.switch.node", vista) == {
+        "node": "c609-001", "leaf": "l3", "spine": "s1"}
+
+
 def test_parse_topology_addr():
     assert parse_topology_addr("spine.leaf0.nid00001", "switch.switch.node") == {
         "node": "nid00001",
