@@ -87,6 +87,7 @@ class CoordinatorClient:
         self.store = self._connect()
         self._lock = threading.Lock()
         self.injections: list[dict] = []
+        self._alive = None  # the liveness connection (phoenix_hpc.control.liveness), after registration
         self.instructions: deque[dict] = deque()
         self._hb_thread: threading.Thread | None = None
         self._wd_thread: threading.Thread | None = None
@@ -146,6 +147,11 @@ class CoordinatorClient:
                               "world_size": world_size})
         if reply.get("type") != "registered":
             raise ControlError(f"registration of world rank {self.world_rank} rejected: {reply.get('reason')}")
+        port = self.info.get("liveness_port")
+        if port and self._alive is None:  # held until the process ends: its closing is the exit signal
+            from phoenix_hpc.control.liveness import connect_alive
+
+            self._alive = connect_alive(self.host, int(port), self.world_rank, self.pid, self.secret)
         return reply
 
     def heartbeat(self, generation: int | None, step: int | None) -> None:
@@ -287,5 +293,10 @@ class CoordinatorClient:
         self._hb_thread = self._wd_thread = None
 
     def close(self) -> None:
+        """Stop the heartbeat; close the liveness connection (from then on the coordinator reads this slot
+        as exited unless it finished or was already declared dead)."""
         self.stop_heartbeat()
+        if self._alive is not None:
+            self._alive.close()
+            self._alive = None
         self.store = None

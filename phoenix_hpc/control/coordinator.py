@@ -63,6 +63,7 @@ from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine, kind_from_exception
 from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.journal import Journal, ensure_private_dir, write_private_file
+from phoenix_hpc.control.liveness import LivenessServer
 from phoenix_hpc.control.operator import REPLY_PREFIX as OPERATOR_REPLY_PREFIX, OperatorServer
 from phoenix_hpc.control.states import (
     LIVE_SLOT_STATES,
@@ -187,6 +188,7 @@ class Coordinator:
         self._last_progress_t = -1e18
         self.store = None
         self.operator: OperatorServer | None = None
+        self.liveness: LivenessServer | None = None
         self.journal: Journal | None = None
         self.secret = b""
 
@@ -205,6 +207,8 @@ class Coordinator:
         self.store.set(P.KEY_BEAT, "0")
         self.operator = OperatorServer()
         operator_port = self.operator.start()
+        self.liveness = LivenessServer(self.secret)
+        liveness_port = self.liveness.start()
         self.journal.append(
             "coordinator_started", host=self.host, port=self.port, pid=os.getpid(),
             heartbeat_interval_s=self.t.heartbeat_interval_s, heartbeat_timeout_s=self.t.heartbeat_timeout_s,
@@ -212,7 +216,8 @@ class Coordinator:
         )
         write_private_file(
             self.run_dir / P.COORDINATOR_FILE,
-            _json({"host": self.host, "port": self.port, "operator_port": operator_port, "pid": os.getpid(),
+            _json({"host": self.host, "port": self.port, "operator_port": operator_port,
+                   "liveness_port": liveness_port, "pid": os.getpid(),
                    "secret_file": P.SECRET_FILE, "protocol": P.PROTOCOL_VERSION}),
         )
 
@@ -231,6 +236,7 @@ class Coordinator:
                 self._end(JobState.STOPPED, "coordinator_stopped", reason=self._stop_reason)
             busy = self._drain_inbox()
             busy = self._drain_operator() or busy
+            busy = self._drain_exits() or busy
             now = self.clock()
             if now >= next_beat:
                 self.store.add(P.KEY_BEAT, 1)
@@ -253,6 +259,8 @@ class Coordinator:
     def close(self) -> None:
         if self.operator is not None:
             self.operator.close()
+        if self.liveness is not None:
+            self.liveness.close()
         if self.journal:
             self.journal.close()
         self.store = None  # the TCPStore server stops when the object is collected
@@ -287,6 +295,28 @@ class Coordinator:
             self._dispatch({**body, "reply_to": f"{OPERATOR_REPLY_PREFIX}{cid}"})
             self.operator.finish(cid)
         return bool(reqs)
+
+    def _drain_exits(self) -> bool:
+        """Slots whose process ended (their liveness connection closed, :mod:`phoenix_hpc.control.liveness`)
+        are declared dead at once, unless they already finished, died, or the job ended."""
+        if self.liveness is None:
+            return False
+        exits = self.liveness.poll_exits()
+        if not exits:
+            return False
+        self._drain_inbox()  # what a slot sent before it exited (e.g. ``done``) counts first
+        gone = []
+        for w, pid in exits:
+            slot = self.slots.get(w)
+            if slot is None or slot.pid != pid or slot.state not in LIVE_SLOT_STATES:
+                continue
+            if slot.logical_rank is not None and slot.logical_rank in self.done:
+                continue
+            gone.append(w)
+        if gone and self.job.state not in TERMINAL_JOB_STATES:
+            detail = ", ".join(f"world rank {w} (pid {self.slots[w].pid} on {self.slots[w].node})" for w in gone)
+            self._declare_dead(gone, FaultKind.PROCESS_EXIT, f"process exited: {detail}", self.clock())
+        return True
 
     def _handle(self, raw: bytes) -> None:
         try:

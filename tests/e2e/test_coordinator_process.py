@@ -212,7 +212,7 @@ def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
     _wait(lambda: [e for e in _events(run_dir, "commit") if e["recoverable_step"] == 4], what="commit of step 4")
     r1.c.stop_heartbeat()  # rank 1 hangs: no more heartbeats
     q = r0.expect("quiesce", timeout_s=15)
-    assert q["dead"] == [1]
+    assert q["dead"] == [1], _events(run_dir, "slots_dead")
     r0.c.report_quiesced(1, live_step=4, shards={"opt/pp0/tp0/dp0": 3}, replicas={"opt/pp0/tp0/dp1": 3}, dirty=False)
     plan = r0.expect("recover")["plan"]
     assert spare.expect("recover")["plan"] == plan
@@ -258,3 +258,42 @@ def test_no_spare_left_is_a_clean_fallback_with_a_message(coordinator):
     assert proc.wait(20) == 1
     fb = _events(run_dir, "fallback")[0]
     assert "no spare left" in fb["reason"]
+
+
+RANK_PROCESS = """
+import os, sys, time
+from phoenix_hpc.control.client import CoordinatorClient
+c = CoordinatorClient(sys.argv[1], 1, wait_s=10)
+c.register(node="nid00002", role="active", logical_rank=1, grid=(1, 1, 2), world_size=3)
+c.start_heartbeat(0.2, 30.0, lambda: (0, 2), on_lost=lambda r: None)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_rank_process_is_declared_dead_by_its_exit_not_by_heartbeats(coordinator):
+    """Rank 1 is a real process; SIGKILL closes its liveness connection, so the coordinator declares it dead
+    as ``process_exit`` right away (its heartbeats would only have timed out later) and starts the hot swap."""
+    run_dir, proc, clients = coordinator
+    r0 = Rank(run_dir, clients, 0, "active", 0)
+    spare = Rank(run_dir, clients, 2, "standby", node="nid00003")
+    for r in (r0, spare):
+        r.register()
+        r.beat()
+    rank1 = subprocess.Popen([sys.executable, "-c", RANK_PROCESS, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank1.stdout.readline().strip() == "ready"
+        _wait(lambda: _events(run_dir, "job_running"), what="job_running")
+        rank1.kill()
+        rank1.wait(10)
+        q = r0.c.wait_instruction(("quiesce", "stop"), 15)
+        assert q and q["type"] == "quiesce", [(e["event"], e.get("reason"), e.get("slots")) for e in _events(run_dir, None)]
+    finally:
+        if rank1.poll() is None:
+            rank1.kill()
+            rank1.wait()
+    assert q["dead"] == [1], _events(run_dir, "slots_dead")
+    (dead,) = _events(run_dir, "slots_dead")
+    assert dead["slots"] == [1] and dead["kind"] == "process_exit" and f"pid {rank1.pid}" in dead["reason"]
+    (dec,) = _events(run_dir, "decision")
+    assert dec["action"] == "hot_swap"
