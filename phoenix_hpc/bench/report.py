@@ -215,8 +215,9 @@ def render_markdown(r: dict) -> str:
             a("")
             a("Reading the phases: the baseline's *detect* is the first journal record after the kill (usually a "
               "survivor's collective error, reported at once); PHOENIX's *detect* runs from the dead slots' last "
-              "heartbeat to the decision, because a collective error alone could be transient and only missing "
-              "heartbeats prove a node lost (heartbeat timeout 3 s here). Steps on this machine take tens of "
+              "sign of life to the decision. Here the killed tasks' liveness connections close at once (kind "
+              "process_exit); a node that vanishes without closing its connections (power loss) is found only by "
+              "the heartbeat timeout (3 s here), as a collective error alone could be transient. Steps on this machine take tens of "
               "milliseconds, so the baseline's replay is small here; it grows with the step time: *computed, not "
               "measured*, at the 20 s steps of docs/design.md section 1 the average replay alone would be "
               + ", ".join(f"K={k}: {b['expected_replay_steps'] * 20:.0f} s" for k, b in _by_k(rec.get('baseline'))
@@ -302,7 +303,7 @@ def render_markdown(r: dict) -> str:
     a("")
     a("## Reproduce")
     a("")
-    a("```\nscripts/bench.sh            # full run (about 12-15 min on 2 cores)\nscripts/bench.sh --quick    "
+    a("```\nscripts/bench.sh            # full run (about 7-15 min on 2 cores)\nscripts/bench.sh --quick    "
       "# under 3 min: overhead and memory on model S, one hot swap\nphoenix bench [--quick]     # the same "
       "from the CLI (after scripts/setup.sh)\n```")
     a("")
