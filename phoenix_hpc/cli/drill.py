@@ -11,7 +11,7 @@
 5. on the local cluster, start the slurmd of every node a ``kill-node`` took down again, so the cluster is
    whole for the next run. A drill job still running when the drill gives up or is interrupted is cancelled.
 
-Faults are drawn from the kinds verified end to end (:data:`phoenix_hpc.faults.drill.VERIFIED_KINDS`) unless
+Faults are drawn from the kinds of :data:`phoenix_hpc.faults.drill.VERIFIED_KINDS` unless
 ``--kinds`` names others. A fault is sent only after the previous fault's recovery ended, at its planned
 step or two steps after the live step, whichever is later.
 
@@ -108,8 +108,8 @@ def _wait(collect, until: Callable, timeout_s: float, on_poll: Callable, what: s
 @click.option("--faults", "n_faults", type=int, default=3, show_default=True, help="number of faults to inject")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random plan")
 @click.option("--kinds", default=",".join(VERIFIED_KINDS), show_default=True,
-              help=f"comma-separated kinds to draw from (of {', '.join(KINDS)}; link-down and gpu-error are not "
-                   "verified end to end)")
+              help=f"comma-separated kinds to draw from (of {', '.join(KINDS)}; link-down and gpu-error only when "
+                   "named)")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="folder for the drill's runs (default runs/drill-<name>-<time>)")
 @click.option("--reference", type=click.Path(file_okay=False, path_type=Path), default=None,

@@ -680,8 +680,11 @@ class Coordinator:
         dead_now = sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD and
                           (w in self.rank_map.values()))
         if decision.action is Action.HOT_SWAP and not dead_now and not self.restore_pending:
-            # e.g. a reported hardware error on a live slot: fence the slot, then replace it
+            # e.g. a reported hardware error on a live slot: fence the slot, then replace it. Only the slots
+            # a replacement fault names: a peer that reported the collective error it caused stays a member
             for f in faults:
+                if f.kind in _COMM_KINDS:
+                    continue
                 self._declare_dead([w for w in f.slots if w in self.rank_map.values()], f.kind, f.detail, now)
             self.faults.clear()
         self.journal.append("decision", action=decision.action.value, reason=decision.reason,

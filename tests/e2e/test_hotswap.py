@@ -286,3 +286,28 @@ def test_crash_during_a_recovery_is_queued_and_hot_swapped(env, data, reference,
     spare = json.loads((job.run_dir / "ranks" / "rank0.json").read_text())
     assert spare["world_rank"] == 2 and spare["joined"] and spare["generation"] == 2
     print(f"fault during recovery: job {job.elapsed_s:.1f} s, recovery {rec['total_s']} s {rec['phases']}")
+
+
+def test_gpu_error_fences_the_slot_and_hot_swaps_it(env, data, reference, tmp_path):
+    """An uncorrectable-memory error (Xid 48 signature) raised in the optimizer step of a live slot: the
+    coordinator classifies it for replacement, fences the slot (declared dead although its process lives)
+    and hot swaps it onto the spare; the final state is the fault-free one."""
+    job, done = _run_injected(env, data, tmp_path, "gpu-error", "gpu-error", "optimizer")
+    _check_recovery(job, done, reference)
+    (dead,) = job.events("slots_dead")
+    assert dead["slots"] == [1] and dead["kind"] == "gpu_memory"
+    (dec,) = job.events("decision")
+    assert dec["action"] == "hot_swap"
+    spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
+    assert spare["world_rank"] == 2 and spare["joined"]
+
+
+def test_link_down_is_detected_by_heartbeat_timeout_and_hot_swapped(env, data, reference, tmp_path):
+    """The slot stops talking in forward (heartbeats stop, its thread blocks, its process and connections
+    stay): found by the heartbeat timeout, hot swapped; the final state is the fault-free one."""
+    job, done = _run_injected(env, data, tmp_path, "link-down", "link-down", "forward")
+    _check_recovery(job, done, reference)
+    (dead,) = job.events("slots_dead")
+    assert dead["slots"] == [1] and dead["kind"] == "heartbeat_timeout"
+    spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
+    assert spare["world_rank"] == 2 and spare["joined"]
