@@ -188,8 +188,8 @@ def _inject(job: Job, kind: str, phase: str, at_step: int = AT_STEP, rank: int =
     """``phoenix inject-fault`` on logical rank ``rank``, as soon as every active rank registered.
 
     The command runs in this process (click's runner, the job's environment): the same code as the
-    executable without the seconds a fresh interpreter spends importing torch for the coordinator's
-    TCPStore, seconds in which this small job runs many steps."""
+    executable without a fresh interpreter's start, while this small job runs several steps a second.
+    (The executable itself is checked in tests/e2e/test_inject_status.py.)"""
     from click.testing import CliRunner
 
     from phoenix_hpc.cli.main import cli
