@@ -228,8 +228,10 @@ class CoordinatorClient:
         Other instructions are queued in :attr:`instructions`. Returns None on timeout."""
         deadline = time.monotonic() + timeout_s
         while True:
-            for msg in self.poll():
+            msgs = self.poll()
+            for i, msg in enumerate(msgs):
                 if msg["type"] in types or msg["type"] == "stop":
+                    self.instructions.extend(msgs[i + 1:])  # what came after it (e.g. a re-plan's quiesce)
                     return msg
                 self.instructions.append(msg)
             if time.monotonic() >= deadline:

@@ -178,7 +178,9 @@ def test_node_loss_is_hot_swapped_to_the_spare_with_identical_final_hash(env, da
     spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
     assert spare["world_rank"] == 2 and spare["joined"] and spare["generation"] == 1
     assert spare["state_hash"] == reference["rank_hashes"][1]
-    assert rec["recoverable_step"] <= killed_at + 3
+    # memory holds the state of the moment the node died: never older than when the kill began (the kill
+    # itself takes a moment of Slurm commands, while the job runs on), and at most one step is replayed
+    assert rec["recoverable_step"] >= killed_at - 2 and rec["steps_replayed"] <= 1
 
 
 AT_STEP = 20
