@@ -977,7 +977,19 @@ def main(argv: list[str] | None = None) -> int:
         state = coord.run()
     finally:
         coord.close()
-    return 1 if state in (JobState.FAILED,) else 0
+    return exit_code_of(state)
+
+
+EXIT_DONE, EXIT_FAILED, EXIT_STOPPED = 0, 1, 3
+
+
+def exit_code_of(state: JobState) -> int:
+    """The coordinator's exit status, which the batch script makes the job's: 0 the training finished
+    (``job_done``, also after recoveries), 1 it failed (clean stop, no recovery possible), 3 it was stopped
+    before its end (time limit, ``stop`` request, SIGTERM). Pure."""
+    if state is JobState.DONE:
+        return EXIT_DONE
+    return EXIT_FAILED if state is JobState.FAILED else EXIT_STOPPED
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ What the script does (docs/design.md section 7), in order:
    standby (the rank launcher decides from ``SLURM_NODEID``);
 5. ends the srun step if slots still run :func:`step_grace_s` seconds after the coordinator exited (a
    stopped or hung process never exits by itself, and would hold the allocation until the time limit);
-6. stops the coordinator and exits with srun's status.
+6. stops the coordinator and exits with the job's status: 0 when the coordinator recorded ``job_done``
+   (training finished, also after hot swaps: the lost slots' exit codes make srun's status non-zero, and
+   ``--dependency=afterok`` chains, ``sacct`` and mails must see a finished job), else srun's status
+   (or the coordinator's, 1 failed / 3 stopped, when srun's is 0).
 
 Quoting: ``#SBATCH`` lines are parsed by sbatch, not bash, so values there are restricted to a safe charset
 (checked by :func:`phoenix_hpc.config.resolve.resolve`; the job name is reduced to ``[A-Za-z0-9._-]``; a run
@@ -244,9 +247,17 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         "done",
         'echo "[phoenix] srun step ended with status $SRUN_RC"',
         "",
-        "# 3. stop the coordinator",
+        "# 3. stop the coordinator; the job's status is its verdict: 0 once training finished (job_done),",
+        "#    even when slots were lost on the way (their exit codes make srun's status non-zero)",
         'kill "$STEP_WATCH_PID" 2>/dev/null',
         "stop_coordinator",
-        'exit "$SRUN_RC"',
+        'wait "$COORDINATOR_PID"',
+        "COORDINATOR_RC=$?",
+        'if [ "$COORDINATOR_RC" -eq 0 ]; then',
+        '  [ "$SRUN_RC" -eq 0 ] || echo "[phoenix] training finished (job_done); the step status $SRUN_RC is that of lost slots"',
+        "  exit 0",
+        "fi",
+        'if [ "$SRUN_RC" -ne 0 ]; then exit "$SRUN_RC"; fi',
+        'exit "$COORDINATOR_RC"',
     ]
     return "\n".join(out) + "\n"

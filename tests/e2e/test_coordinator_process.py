@@ -239,7 +239,7 @@ def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
     r1.c.heartbeat(0, 4)
     assert r1.expect("stop")["reason"].startswith("this slot was declared dead")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(20) == 0
+    assert proc.wait(20) == 3  # stopped before the job's end
     assert _events(run_dir, "coordinator_stopped")
 
 

@@ -89,8 +89,11 @@ class Job:
         """Wait for the coordinator to exit and the Slurm job to end; return ``job_done``."""
         _wait(lambda: self.events("coordinator_exit"), timeout_s, f"the end of job {self.job_id} "
               f"(journal: {[e['event'] for e in self.events()][-6:]})", poll_s=0.3)
-        _wait(lambda: self.client.show_job(self.job_id).get("JobState") not in ("RUNNING", "COMPLETING", "PENDING"),
-              60, f"Slurm job {self.job_id} to leave RUNNING", poll_s=0.5)
+        def ended() -> str | None:
+            state = self.client.show_job(self.job_id).get("JobState")
+            return state if state not in (None, "RUNNING", "COMPLETING", "PENDING") else None
+
+        self.slurm_state = _wait(ended, 60, f"Slurm job {self.job_id} to leave RUNNING", poll_s=0.5)
         self.elapsed_s = time.monotonic() - self.t0
         done = self.events("job_done")
         assert done, f"no job_done; journal tail: {self.events()[-8:]}; output: {self.output()[-3000:]}"
@@ -144,6 +147,8 @@ def _check_recovery(job: Job, done: dict, reference: dict, action: str = "hot_sw
         f"final hash {done['final_hash'][:16]} != fault-free {reference['final_hash'][:16]}; "
         f"rank hashes {done['rank_hashes']} vs {reference['rank_hashes']}")
     assert done["step"] == STEPS and done["steps_agree"]
+    # the job finished: Slurm must say so (afterok chains, sacct), although lost slots exited non-zero
+    assert job.slurm_state == "COMPLETED", (job.slurm_state, job.output()[-1500:])
     (rec,) = job.events("recovery_done")
     assert rec["action"] == action and rec["steps_replayed"] <= 1
     assert set(rec["phases"]) == PHASES and all(v >= 0 for v in rec["phases"].values())
