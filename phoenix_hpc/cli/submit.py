@@ -51,6 +51,11 @@ def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
         raise
 
 
+def missing_dataset_files(prefix: str) -> list[str]:
+    """The files of the indexed dataset ``prefix`` (``PREFIX.bin``, ``PREFIX.idx``) that do not exist here."""
+    return [f"{prefix}{ext}" for ext in (".bin", ".idx") if not Path(f"{prefix}{ext}").is_file()]
+
+
 def resolved_config_yaml(job: ResolvedJob) -> str:
     """The resolved job config as YAML (what :func:`load_job_config` reads back)."""
     return yaml.safe_dump(job.config.model_dump(mode="json"), sort_keys=False)
@@ -89,6 +94,14 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
                   nodelist=nodelist, exclude=exclude)
     script = render_sbatch(job, profile)
     _echo_warnings(job)
+    missing = missing_dataset_files(cfg.data.path)
+    if missing and dry_run:
+        click.echo(f"warning: data.path: {cfg.data.path!r}: {', '.join(missing)} not found here; the ranks need "
+                   "them (on a file system the compute nodes see)", err=True)
+    elif missing:
+        raise SubmitError(f"data.path: {cfg.data.path!r}: {', '.join(missing)} not found; allowed: the prefix of a "
+                          "Megatron indexed dataset (PREFIX.bin + PREFIX.idx, e.g. from `phoenix data prepare`) on a "
+                          "file system the compute nodes see; nothing was submitted")
 
     if output is not None:
         try:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from phoenix_hpc.config import load_job_config
 from phoenix_hpc.slurm.client import SlurmClient
@@ -33,8 +34,14 @@ def wait_started(client: SlurmClient, job_id: str, timeout_s: float = 90.0) -> d
 
 def test_generated_local_script_starts_on_all_nodes(slurm_cluster, slurm_env, tmp_path):
     run_dir = tmp_path / "run"
+    # the example, with a dataset that exists (submit refuses a missing one; this job is cancelled once started)
+    cfg = yaml.safe_load((ROOT / "examples" / "gpt-small.yaml").read_text())
+    for ext in (".bin", ".idx"):
+        (tmp_path / f"ds{ext}").write_bytes(b"")
+    cfg["data"]["path"] = str(tmp_path / "ds")
+    (tmp_path / "gpt-small.yaml").write_text(yaml.safe_dump(cfg))
     proc = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "phoenix"), "submit", "--site", "local", str(ROOT / "examples" / "gpt-small.yaml"),
+        [str(ROOT / ".venv" / "bin" / "phoenix"), "submit", "--site", "local", str(tmp_path / "gpt-small.yaml"),
          "--run-dir", str(run_dir), "--json"],
         env=slurm_env, capture_output=True, text=True, timeout=120,
     )

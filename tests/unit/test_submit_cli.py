@@ -26,6 +26,13 @@ def invoke(*args, env=None):
     return CliRunner().invoke(cli, ["submit", *map(str, args)], env=env)
 
 
+def fake_dataset(tmp: Path) -> Path:
+    """A dataset prefix whose .bin/.idx exist (submit only checks that they are there)."""
+    (tmp / "ds.bin").write_bytes(b"")
+    (tmp / "ds.idx").write_bytes(b"")
+    return tmp / "ds"
+
+
 def write_cfg(tmp: Path, **changes) -> Path:
     data = yaml.safe_load(GPT_SMALL.read_text())
     data["data"]["path"] = str(ROOT / "data" / "stdlib")
@@ -49,14 +56,14 @@ def assert_bad(result, *needles):
 def test_dry_run_prints_script_and_writes_nothing(in_tmp):
     r = invoke("--site", "local", GPT_SMALL, "--dry-run")
     assert r.exit_code == 0, r.output
-    assert r.output.startswith("#!/bin/bash") and "#SBATCH --no-kill" in r.output
+    assert r.stdout.startswith("#!/bin/bash") and "#SBATCH --no-kill" in r.stdout
     assert list(in_tmp.iterdir()) == []
 
 
 def test_dry_run_output_file(in_tmp):
     r = invoke("--site", "perlmutter", ROOT / "examples" / "perlmutter-7b.yaml", "--dry-run", "--output", "job.sh")
     assert r.exit_code == 0, r.output
-    assert (in_tmp / "job.sh").read_text() == r.output
+    assert (in_tmp / "job.sh").read_text() == r.stdout
     assert sorted(p.name for p in in_tmp.iterdir()) == ["job.sh"]
 
 
@@ -64,7 +71,7 @@ def test_dry_run_json(in_tmp):
     import json
 
     r = invoke("--site", "vista", ROOT / "examples" / "vista-7b.yaml", "--dry-run", "--json")
-    d = json.loads(r.output)
+    d = json.loads(r.stdout)
     assert d["grid"] == {"tp": 1, "pp": 4, "dp": 8} and d["nodes"] == 32 and d["script"].startswith("#!/bin/bash")
 
 
@@ -128,14 +135,26 @@ def test_failed_sbatch_leaves_nothing_behind(in_tmp):
     conf = in_tmp / "empty-slurm.conf"
     conf.write_text("")
     env = {"SLURM_CONF": str(conf)}
-    r = invoke("--site", "local", GPT_SMALL, "--run-dir", in_tmp / "runs" / "x", env=env)
+    r = invoke("--site", "local", write_cfg(in_tmp, data={"path": str(fake_dataset(in_tmp))}), "--run-dir",
+               in_tmp / "runs" / "x", env=env)
     assert_bad(r, "sbatch")
     assert not (in_tmp / "runs").exists()
+
+
+def test_missing_dataset_is_refused_at_submit_and_warned_at_dry_run(in_tmp):
+    p = write_cfg(in_tmp, data={"path": str(in_tmp / "nowhere" / "stdlib")})
+    r = invoke("--site", "local", p, "--run-dir", in_tmp / "runs" / "x")
+    assert_bad(r, "data.path", "nowhere/stdlib.bin", "PREFIX.bin + PREFIX.idx", "nothing was submitted")
+    assert not (in_tmp / "runs").exists()
+    r = invoke("--site", "local", p, "--dry-run")
+    assert r.exit_code == 0 and r.stdout.startswith("#!/bin/bash")
+    assert "warning: data.path" in r.stderr and "not found here" in r.stderr
 
 
 def test_run_dir_in_use_is_refused(in_tmp):
     rd = in_tmp / "used"
     rd.mkdir()
     (rd / "config.yaml").write_text("name: old\n")
-    assert_bad(invoke("--site", "local", GPT_SMALL, "--run-dir", rd), "already holds a job")
+    cfg = write_cfg(in_tmp, data={"path": str(fake_dataset(in_tmp))})
+    assert_bad(invoke("--site", "local", cfg, "--run-dir", rd), "already holds a job")
     assert (rd / "config.yaml").read_text() == "name: old\n"
