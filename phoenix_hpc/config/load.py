@@ -32,11 +32,27 @@ def format_validation_error(exc: ValidationError) -> list[str]:
     return lines
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error: plain YAML keeps the
+    last value silently (``pp: 2`` then ``pp: 4`` would change the grid without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (first at line {seen[key].line + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path, what: str = "config") -> dict[str, Any]:
     """Parse a YAML mapping from ``path``.
 
     Raises:
-        ConfigError: the file is missing, unreadable, not YAML, or not a mapping.
+        ConfigError: the file is missing, unreadable, not YAML, not a mapping, or gives a key twice in one
+            mapping.
     """
     p = Path(path)
     try:
@@ -46,7 +62,7 @@ def read_yaml(path: str | Path, what: str = "config") -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{what} file {str(p)!r} cannot be read: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -125,6 +125,12 @@ def test_unquoted_time_limit_is_explained(in_tmp):
                "not checked yet: the config against site 'perlmutter'")
 
 
+def test_a_key_given_twice_is_refused(in_tmp):
+    p = in_tmp / "dup.yaml"
+    p.write_text(GPT_SMALL.read_text().replace("parallelism:", "parallelism:\n  pp: 4", 1))
+    assert_bad(invoke("--site", "local", p, "--dry-run"), "key 'pp' is given twice", "not valid YAML")
+
+
 def test_pinning_forbidden_on_vista(in_tmp):
     r = invoke("--site", "vista", ROOT / "examples" / "vista-7b.yaml", "--dry-run", "--nodelist", "c[1-34]")
     assert_bad(r, "nodelist", "does not allow")
