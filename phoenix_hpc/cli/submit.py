@@ -23,7 +23,7 @@ import yaml
 
 from phoenix_hpc.config.load import load_job_config
 from phoenix_hpc.config.resolve import ResolvedJob, resolve
-from phoenix_hpc.errors import ConfigError, SubmitError
+from phoenix_hpc.errors import ConfigError, SlurmError, SubmitError
 from phoenix_hpc.profiles import load_profile
 from phoenix_hpc.slurm.render import render_sbatch, sbatch_cli_args
 
@@ -138,6 +138,13 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
 
     try:
         job_id = SlurmClient().submit(rd / SCRIPT_NAME, extra_args=sbatch_cli_args(job))
+    except SlurmError as exc:
+        _undo(rd, created)
+        if profile.name == "local" and not os.environ.get("SLURM_CONF"):
+            raise SubmitError(f"{exc}\n(site local: SLURM_CONF is not set; start the local cluster with "
+                              "`phoenix cluster up` and point Slurm's commands at it with "
+                              "eval \"$(phoenix cluster env)\")") from None
+        raise
     except Exception:
         _undo(rd, created)
         raise

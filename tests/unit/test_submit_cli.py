@@ -147,6 +147,13 @@ def test_failed_sbatch_leaves_nothing_behind(in_tmp):
     assert not (in_tmp / "runs").exists()
 
 
+def test_local_site_without_a_cluster_says_how_to_point_at_one(in_tmp):
+    cfg = write_cfg(in_tmp, data={"path": str(fake_dataset(in_tmp))})
+    r = invoke("--site", "local", cfg, "--run-dir", in_tmp / "runs" / "x", env={"SLURM_CONF": None})
+    assert_bad(r, "sbatch", "SLURM_CONF is not set", 'eval "$(phoenix cluster env)"')
+    assert not (in_tmp / "runs").exists()
+
+
 def test_missing_dataset_is_refused_at_submit_and_warned_at_dry_run(in_tmp):
     p = write_cfg(in_tmp, data={"path": str(in_tmp / "nowhere" / "stdlib")})
     r = invoke("--site", "local", p, "--run-dir", in_tmp / "runs" / "x")
