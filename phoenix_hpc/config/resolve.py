@@ -187,6 +187,9 @@ def resolve(
         )
 
     account = res.account if res.account is not None else sch.account
+    if account is None and sch.account_expected:
+        warnings.append(f"resources.account is not set: site {profile.name} expects -A (your project; see the "
+                        "site profile); sbatch falls back to your default account, if Slurm has one for you")
     qos = res.qos if res.qos is not None else sch.qos
     partition = res.partition if res.partition is not None else sch.partition
     constraint = res.constraint if res.constraint is not None else sch.constraint

@@ -65,6 +65,7 @@ class SchedulerProfile(BaseModel):
 
     model_config = _STRICT
     account: str | None = Field(None, description="default account (-A); usually set per job")
+    account_expected: bool = Field(False, description="warn at submit when no account (-A) is set")
     qos: str | None = Field(None, description="default QOS (-q)")
     partition: str | None = Field(None, description="default partition (-p)")
     constraint: str | None = Field(None, description="default node feature constraint (-C)")

@@ -20,7 +20,7 @@ def job(**sections) -> JobConfig:
         "name": "t",
         "data": {"path": "/data/x"},
         "training": {"micro_batch_size": 1, "global_batch_size": 64},
-        "resources": {"nodes": 4, "spares": 1, "time_limit": "01:00:00"},
+        "resources": {"nodes": 4, "spares": 1, "time_limit": "01:00:00", "account": "m0000_g"},
     }
     for k, v in sections.items():
         d[k] = {**d.get(k, {}), **v} if isinstance(v, dict) else v
@@ -75,6 +75,13 @@ def test_dp_peers_all_on_one_node_is_reported():
     # 1 node x 4 GPUs, tp=1: every DP peer is on the owner's node -> no replica can leave the node.
     ps = problems(job(resources={"nodes": 1}))
     assert any(p.startswith("resilience.k:") and "distinct nodes" in p for p in ps), ps
+
+
+def test_missing_account_warns_where_the_site_expects_one():
+    r = run(job(resources={"account": None}))
+    assert [w for w in r.warnings if "resources.account is not set" in w and "perlmutter" in w]
+    assert not [w for w in run(job(resources={"account": None}, resilience={"placement_levels": ["node"]}),
+                               site="vista").warnings if "account" in w]
 
 
 def test_spares_zero_warns_with_resilience_on():
