@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 
 import click
-from rich.console import Console
+from phoenix_hpc.cli.output import make_console
 from rich.table import Table
 
 from phoenix_hpc.slurm import cluster as lc
@@ -32,7 +32,7 @@ def cluster() -> None:
 
 
 def _print_status(info: dict) -> None:
-    console = Console()
+    console = make_console()
     console.print(f"cluster in [bold]{info['run_dir']}[/]: {info['state']}, slurmctld port {info['ctld_port']}")
     nodes = Table("node", "state", "switch", "slurmd port", "slurmd", "reason")
     for n in info["nodes"]:

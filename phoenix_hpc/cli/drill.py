@@ -152,14 +152,14 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
 
 
 def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> dict:
-    from rich.console import Console
+    from phoenix_hpc.cli.output import make_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from phoenix_hpc.faults.drill import DrillOutcome, landed_ts, quiesce_by_generation
     from phoenix_hpc.status.runs import check_run_dir
 
     steps = cfg.training.steps
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     outcomes = [DrillOutcome(f) for f in plan]
     report: dict = {"config": str(config), "site": site, "base": str(base), "faults": [], "passed": False,
                     "nodes_killed": [], "nodes_revived": []}
@@ -338,7 +338,7 @@ def _print_report(report: dict, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    from rich.console import Console
+    from phoenix_hpc.cli.output import make_console
     from rich.table import Table
 
     t = Table(title=f"Drill of {report['config']} on {report['site']} (job {report.get('job', {}).get('job_id')})",
@@ -368,7 +368,7 @@ def _print_report(report: dict, as_json: bool) -> None:
                   landed, f["action"] or "-", s(f["detect_s"]), s(f["quiesce_s"]),
                   *(s(f["phases"].get(p)) for p in ("reconfigure", "params", "optimizer", "replay")),
                   s(f["total_s"]), "-" if f["steps_replayed"] is None else str(f["steps_replayed"]), result)
-    c = Console()
+    c = make_console()
     c.print(t)
     c.print("quiesce: recovery start -> plan, survivors leaving the step they were in (bounded by the collective "
             "timeout); reconfigure/params/optimizer: the slowest member's time each; total: fault -> replay done")

@@ -33,9 +33,9 @@ def _emit_json(obj: dict) -> None:
 
 
 def _console():
-    from rich.console import Console
+    from phoenix_hpc.cli.output import make_console
 
-    return Console()
+    return make_console()
 
 
 def _table(title: str, *columns: str):

@@ -52,13 +52,13 @@ def _plot(st, path: Path) -> None:
 @click.option("--yes", is_flag=True, help="do not ask before --cancel")
 def status(target, as_json, watch, interval_s, plot, cancel, yes):
     """Show a PHOENIX job: Slurm state and live nodes, slots, replicas, spares, recoveries, warnings."""
-    from rich.console import Console
+    from phoenix_hpc.cli.output import make_console
 
     from phoenix_hpc.status.render import status_renderable
 
     run_dir, client, collect = _load(target)
     st = collect()
-    console = Console()
+    console = make_console()
     if cancel:
         _cancel(st, client, yes, console)
         return

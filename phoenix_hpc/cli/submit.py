@@ -190,7 +190,7 @@ def _summary(job: ResolvedJob, job_id: str | None, script: str | None) -> dict:
 
 
 def _print_submitted(job: ResolvedJob, job_id: str) -> None:
-    from rich.console import Console
+    from phoenix_hpc.cli.output import make_console
     from rich.table import Table
 
     t = Table(show_header=False, box=None, pad_edge=False)
@@ -202,6 +202,6 @@ def _print_submitted(job: ResolvedJob, job_id: str) -> None:
     t.add_row("nodes", f"{job.nodes} active + {job.spares} spare, {job.gpus_per_node} slots each")
     t.add_row("grid", f"tp={job.tp} pp={job.pp} dp={job.dp} ({job.world_size} ranks)")
     t.add_row("time limit", job.time_limit)
-    console = Console()
+    console = make_console()
     console.print(f"[green]Submitted[/green] {job.config.name}")
     console.print(t)
