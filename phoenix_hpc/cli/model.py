@@ -214,7 +214,7 @@ def loss_risk_cmd(shards, p_fail, k, steps, q_domain_fail, interruption_interval
                    "(the assumption of Eq. 4).")
 @click.option("--trials", type=int, default=1000, show_default=True, help="Number of simulated campaigns.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random generators.")
-@click.option("--max-faults", type=int, default=1_000_000, show_default=True,
+@click.option("--max-faults", type=int, default=100_000, show_default=True,
               help="Stop a trial after this many faults (it is then reported as unfinished).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--plot", "plot_path", type=str, default=None, help="Also write a lost-time histogram to FILE.png.")

@@ -107,7 +107,7 @@ class Campaign:
     fault_clock: str = "wall"
     trials: int = 1000
     seed: int = 0
-    max_faults: int = 1_000_000
+    max_faults: int = 100_000
 
 
 @dataclass(frozen=True)
