@@ -273,13 +273,15 @@ class Member:
             for w in placement.warnings:
                 e.log(f"[phoenix] generation {self.generation}: replica placement: {w}")
         me = node_of_rank[self.logical]
-        return Protector.create(
+        protector = Protector.create(
             engine=self.engine, comm=self.comm, placement=placement, logical_rank=self.logical,
             grid={"tp": g.tp, "pp": g.pp, "dp": g.dp}, generation=self.generation, chunk_bytes=res.chunk_bytes,
             ranks_per_node=node_of_rank.count(me), commit_timeout_s=res.collective_timeout_s,
             on_commit=self._on_commit, log=e.log if self.logical == 0 else None, fault_hook=self._fault_hook,
             device=e.device,
         )
+        protector.abort_check = self._poll  # a quiesce also ends a commit wait on a peer that is gone
+        return protector
 
     def start(self, restore: Callable[[Any], None] | None = None) -> None:
         """Generation 0 on an active slot (logical rank = world rank): groups, communicator, engine

@@ -66,6 +66,9 @@ from phoenix_hpc.runtime.snapshot import OPT, PARAM, SnapshotLayout, Unpacked, p
 from phoenix_hpc.topology import Placement
 
 
+ABORT_CHECK_S = 0.1  # how often a blocked wait_commit calls Protector.abort_check, seconds
+
+
 @dataclass(frozen=True)
 class CommitRecord:
     """Reported after every commit: shard ``shard_id`` has a verified local copy and k verified replicas
@@ -147,6 +150,9 @@ class Protector:
         self.on_commit = on_commit
         self.log = log
         self.fault_hook = fault_hook
+        # called about every ABORT_CHECK_S while wait_commit blocks; it may raise to leave the wait (the
+        # recovery driver polls the coordinator, so a quiesce ends a wait on a peer that will never ack)
+        self.abort_check: Callable[[], None] | None = None
         self.d2h = D2H(device)
         self.committed_step: int | None = None
         self.timings: list[StepTiming] = []
@@ -311,6 +317,7 @@ class Protector:
             ReplicationError: no snapshot was started; the wait exceeded ``timeout_s`` (default
                 ``commit_timeout_s``), naming what is missing; a holder reported a checksum mismatch or
                 acked another step/generation; the copy or H2H thread failed.
+            Whatever :attr:`abort_check` raises (checked about every ``ABORT_CHECK_S`` seconds of waiting).
         """
         t0 = time.perf_counter()
         job = self._pending
@@ -331,7 +338,14 @@ class Protector:
                 all(self.held_steps.get(s, -1) >= job.step for s in self.buffers.held) and self.h2h.queue_empty()
             )
 
-        ok = self.h2h.wait(ready, timeout_s, drive=True)
+        deadline = time.monotonic() + (float("inf") if timeout_s is None else timeout_s)
+        while True:
+            left = deadline - time.monotonic()
+            ok = self.h2h.wait(ready, max(0.0, min(left, ABORT_CHECK_S)), drive=True)
+            if ok or self.h2h.error is not None or job.error is not None or left <= ABORT_CHECK_S:
+                break
+            if self.abort_check is not None:
+                self.abort_check()  # may raise (e.g. the coordinator asked this rank to quiesce)
         self._raise_if_failed()
         if job.error is not None:
             self._pending = None

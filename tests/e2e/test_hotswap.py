@@ -318,3 +318,13 @@ def test_link_down_is_detected_by_heartbeat_timeout_and_hot_swapped(env, data, r
     assert dead["slots"] == [1] and dead["kind"] == "heartbeat_timeout"
     spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
     assert spare["world_rank"] == 2 and spare["joined"]
+
+
+def test_transient_error_in_h2h_releases_the_peer_waiting_for_its_ack(env, data, reference, tmp_path):
+    """A transient error in rank 1's H2H send: rank 0 waits in wait_commit for an acknowledgement that will
+    not come. The coordinator's quiesce ends that wait (it does not run into the commit timeout), and the
+    local recovery ends in the fault-free state."""
+    job, done = _run_injected(env, data, tmp_path, "transient-h2h", "transient", "h2h")
+    _check_recovery(job, done, reference, action="local_recovery")
+    timeouts = [f for f in job.events("fault") if "timed out" in str(f.get("message", ""))]
+    assert not timeouts, timeouts
