@@ -90,6 +90,18 @@ def env(run_dir: Path | None) -> None:
 
 
 @cluster.command()
+@click.argument("nodes", nargs=-1, required=True)
+@_run_dir_option
+def revive(nodes: tuple[str, ...], run_dir: Path | None) -> None:
+    """Start the slurmd of NODES again (after `phoenix inject-fault --kind kill-node` took them down) and wait
+    until Slurm returns them to service (idle)."""
+    c = lc.load_cluster(run_dir)
+    for node in nodes:
+        lc.revive_node(c, node)
+        click.echo(f"{node}: slurmd started again; idle")
+
+
+@cluster.command()
 @_run_dir_option
 def down(run_dir: Path | None) -> None:
     """Cancel the cluster's jobs and stop exactly the daemons `up` started (by recorded PID)."""

@@ -207,15 +207,24 @@ def test_second_cluster_runs_beside_and_down_stops_exactly_its_daemons(slurm_clu
 
 
 def test_kill_node_with_mark_down_is_down_at_once_and_revives(slurm_cluster):
+    """Killed and marked down at once; `phoenix cluster revive` brings it back."""
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
+
     node = "nid00006"
     t0 = time.monotonic()
+    revived = None
     try:
         lc.kill_node(slurm_cluster, node, mark_down_reason="drill: node lost")
         states = lc.node_states(slurm_cluster)
         assert states[node]["state"] in {"down", "down*"} and states[node]["reason"] == "drill: node lost"
         assert time.monotonic() - t0 < slurm_cluster.slurmd_timeout_s  # did not wait for SlurmdTimeout
+        revived = CliRunner().invoke(cli, ["cluster", "revive", node, "--run-dir", str(slurm_cluster.run_dir)])
+        assert revived.exit_code == 0 and f"{node}: slurmd started again; idle" in revived.output, revived.output
     finally:
-        lc.revive_node(slurm_cluster, node)
+        if revived is None or revived.exit_code != 0:
+            lc.revive_node(slurm_cluster, node)
     after = lc.load_cluster(slurm_cluster.run_dir)
     assert procs.is_alive(after.daemons[f"slurmd:{node}"])  # the new PID is recorded in cluster.json
     assert lc.node_states(slurm_cluster)[node] == {"state": "idle", "reason": ""}  # ReturnToService=2
