@@ -89,6 +89,19 @@ def _collector(run_dir: Path) -> _Collector:
     return _Collector(run_dir)
 
 
+def _pending_reason(st) -> str:
+    """``", reason <Slurm's Reason>"`` for a job Slurm holds PENDING (e.g. a node left down), else ``""``."""
+    if st.job.slurm_state != "PENDING" or not st.job.job_id:
+        return ""
+    from phoenix_hpc.slurm.client import SlurmClient
+
+    try:
+        reason = SlurmClient().show_job(st.job.job_id).get("Reason")
+    except Exception:  # noqa: BLE001 - the reason is decoration of a timeout message
+        return ""
+    return f", reason {reason}" if reason else ""
+
+
 def _wait(collect, until: Callable, timeout_s: float, on_poll: Callable, what: str):
     deadline = time.monotonic() + timeout_s
     while True:
@@ -97,8 +110,8 @@ def _wait(collect, until: Callable, timeout_s: float, on_poll: Callable, what: s
         if until(st):
             return st
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not reached within {timeout_s:g}s (job state {st.job.state}, "
-                               f"step {st.job.step})")
+            raise TimeoutError(f"{what}: not reached within {timeout_s:g}s (job {st.job.job_id}: state {st.job.state}, "
+                               f"Slurm {st.job.slurm_state or '-'}{_pending_reason(st)}, step {st.job.step})")
         time.sleep(POLL_S)
 
 
@@ -163,8 +176,8 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
     outcomes = [DrillOutcome(f) for f in plan]
     report: dict = {"config": str(config), "site": site, "base": str(base), "faults": [], "passed": False,
                     "nodes_killed": [], "nodes_revived": []}
-    job_id = None
-    st = None
+    job_id = ref_job_id = None
+    st = ref = None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=as_json) as progress:
         task = progress.add_task("reference", total=steps)
@@ -178,7 +191,7 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
                 ref_dir = check_run_dir(reference)
             else:
                 ref_dir = base / "reference"
-                _submit(config, site, ref_dir)
+                ref_job_id = _submit(config, site, ref_dir)
             ref = _wait(_collector(ref_dir), lambda s: s.finished, timeout_s, show("fault-free reference run"),
                         "reference run")
             report["reference"] = {"run_dir": str(ref_dir), "job_id": ref.job.job_id, "state": ref.job.state,
@@ -217,6 +230,8 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
         finally:
             if job_id is not None and (st is None or not st.finished):
                 _cancel(job_id)
+            if ref_job_id is not None and (ref is None or not ref.finished):
+                _cancel(ref_job_id)
             report["nodes_revived"] = _revive(site, report["nodes_killed"])
     if st is not None:
         # each fault's recovery started after it landed and before the next one landed
@@ -379,6 +394,11 @@ def _print_report(report: dict, as_json: bool) -> None:
     ref_hash = report.get("reference", {}).get("final_hash")
     c.print(f"reference (fault-free) final hash: {ref_hash or '-'}")
     c.print(f"drill job final hash:             {report.get('final_hash') or '-'} (job state {report['final_state']})")
-    c.print("final state: [green]identical to the fault-free reference[/green]" if report["hash_equal"]
-            else "final state: [red]DIFFERENT from the fault-free reference[/red]")
+    if report["hash_equal"]:
+        c.print("final state: [green]identical to the fault-free reference[/green]")
+    elif not report.get("final_hash") or not ref_hash:
+        c.print("final state: [red]not compared: " + ("the drill job" if ref_hash else "the reference run")
+                + " did not finish[/red]")
+    else:
+        c.print("final state: [red]DIFFERENT from the fault-free reference[/red]")
     c.print("[green]drill passed[/green]" if report["passed"] else "[red]drill failed[/red]")
