@@ -475,14 +475,14 @@ class Coordinator:
             steps.append(min(copies.values()))
         return min(steps)
 
-    def _maybe_log_commit(self) -> None:
+    def _maybe_log_commit(self, force: bool = False) -> None:
         rs = self._recoverable_step()
         if rs is None or rs == self._last_commit_logged:
             return
         now = self.clock()
         # every commit_log_every steps, and at least once per progress interval (a slow job's steps take
-        # minutes: `phoenix status` must not show a recoverable step many minutes old)
-        if (self._last_commit_logged < 0 or rs - self._last_commit_logged >= self.t.commit_log_every
+        # minutes: `phoenix status` must not show a recoverable step many minutes old); ``force``: the last one
+        if (force or self._last_commit_logged < 0 or rs - self._last_commit_logged >= self.t.commit_log_every
                 or now - self._last_commit_log_t >= self.t.progress_interval_s):
             self._last_commit_logged, self._last_commit_log_t = rs, now
             self.journal.append("commit", recoverable_step=rs, shards=len(self.committed),
@@ -552,6 +552,7 @@ class Coordinator:
                 rec is None or rec.phase == "replay"):
             if rec is not None:
                 self._finish_recovery(rec, self.clock(), interrupted=False)
+            self._maybe_log_commit(force=True)  # the newest recoverable step, for status after the end
             steps = {d["step"] for d in self.done.values()}
             h = hashlib.sha256()
             for r in sorted(self.done):
