@@ -951,7 +951,8 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point. Exit codes: 0 job done or stopped; 1 job failed (clean stop, fallback); 2 bad input."""
+    """Entry point. Exit codes: see :func:`exit_code_of` (also written to ``RUN_DIR/job_exit_status`` before
+    the process tears down, which the batch script reads); 2 bad input."""
     from phoenix_hpc.errors import PhoenixError
 
     ap = argparse.ArgumentParser(prog="python -m phoenix_hpc.control.coordinator", description=__doc__.split("\n")[0])
@@ -976,6 +977,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[coordinator] serving on {coord.host}:{coord.port} pid {os.getpid()}", file=sys.stderr, flush=True)
     try:
         state = coord.run()
+        # the verdict as a file too: a process status can still be lost in teardown (store, threads)
+        write_private_file(run_dir / P.EXIT_STATUS_FILE, f"{exit_code_of(state)}\n")
     finally:
         coord.close()
     return exit_code_of(state)

@@ -50,6 +50,7 @@ from phoenix_hpc.control.journal import write_private_file
 PROTOCOL_VERSION = 1
 COORDINATOR_FILE = "coordinator.json"
 SECRET_FILE = "secret"
+EXIT_STATUS_FILE = "job_exit_status"  # the coordinator's verdict (0 done, 1 failed, 3 stopped), for the batch script
 
 KEY_IN = "ctl/in"
 KEY_BEAT = "ctl/beat"

@@ -31,6 +31,7 @@ import shlex
 
 from phoenix_hpc import __version__
 from phoenix_hpc.config.resolve import ResolvedJob
+from phoenix_hpc.control.protocol import EXIT_STATUS_FILE
 from phoenix_hpc.errors import SubmitError
 from phoenix_hpc.profiles.model import SiteProfile
 from phoenix_hpc.topology import switch_levels_of
@@ -165,7 +166,7 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         ' ($ACTIVE_NODES active + $SPARE_NODES spare)"',
         "",
         "# 1. the coordinator (control plane) first, on the batch host",
-        'rm -f "$RUN_DIR/coordinator.json"',
+        f'rm -f "$RUN_DIR/coordinator.json" "$RUN_DIR/{EXIT_STATUS_FILE}"',
         f'"$PHOENIX_PYTHON" -m {COORDINATOR_MODULE} --run-dir "$RUN_DIR" >>"$RUN_DIR/logs/coordinator.log" 2>&1 &',
         "COORDINATOR_PID=$!",
         "stop_coordinator() {",
@@ -253,7 +254,11 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         'kill "$STEP_WATCH_PID" 2>/dev/null',
         "stop_coordinator",
         'wait "$COORDINATOR_PID"',
-        "COORDINATOR_RC=$?",
+        "COORDINATOR_PROCESS_RC=$?",
+        "# the verdict the coordinator wrote (0 done, 1 failed, 3 stopped); its process status if it wrote none",
+        "COORDINATOR_RC=$COORDINATOR_PROCESS_RC",
+        f'if [ -s "$RUN_DIR/{EXIT_STATUS_FILE}" ]; then COORDINATOR_RC=$(cat "$RUN_DIR/{EXIT_STATUS_FILE}"); fi',
+        'echo "[phoenix] coordinator verdict $COORDINATOR_RC (process status $COORDINATOR_PROCESS_RC)"',
         'if [ "$COORDINATOR_RC" -eq 0 ]; then',
         '  [ "$SRUN_RC" -eq 0 ] || echo "[phoenix] training finished (job_done); the step status $SRUN_RC is that of lost slots"',
         "  exit 0",
