@@ -185,6 +185,7 @@ def test_coordinator_rejects_bad_messages_and_runs_a_local_recovery(coordinator)
         r.c.report_done(1, 5, f"hash{r.logical}")
     assert spare.expect("stop")["job_state"] == "done"
     assert proc.wait(20) == 0
+    assert (run_dir / P.EXIT_STATUS_FILE).read_text() == "0\n"  # the verdict the batch script reads
     jd = _events(run_dir, "job_done")[0]
     assert jd["step"] == 5 and jd["steps_agree"] and jd["rank_hashes"] == ["hash0", "hash1"]
     assert [e["world_rank"] for e in _events(run_dir, "registered")] == [0, 1, 2]
@@ -240,6 +241,7 @@ def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
     assert r1.expect("stop")["reason"].startswith("this slot was declared dead")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 3  # stopped before the job's end
+    assert (run_dir / P.EXIT_STATUS_FILE).read_text() == "3\n"
     assert _events(run_dir, "coordinator_stopped")
 
 
