@@ -23,7 +23,8 @@ import yaml
 
 from phoenix_hpc.config.load import load_job_config
 from phoenix_hpc.config.resolve import ResolvedJob, resolve
-from phoenix_hpc.errors import ConfigError, SlurmError, SubmitError
+from phoenix_hpc.data.format import check_indexed_dataset
+from phoenix_hpc.errors import ConfigError, DataError, SlurmError, SubmitError
 from phoenix_hpc.profiles import load_profile
 from phoenix_hpc.slurm.render import render_sbatch, sbatch_cli_args
 
@@ -49,11 +50,6 @@ def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def missing_dataset_files(prefix: str) -> list[str]:
-    """The files of the indexed dataset ``prefix`` (``PREFIX.bin``, ``PREFIX.idx``) that do not exist here."""
-    return [f"{prefix}{ext}" for ext in (".bin", ".idx") if not Path(f"{prefix}{ext}").is_file()]
 
 
 def resolved_config_yaml(job: ResolvedJob) -> str:
@@ -97,14 +93,13 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
                   nodelist=nodelist, exclude=exclude)
     script = render_sbatch(job, profile)
     _echo_warnings(job)
-    missing = missing_dataset_files(cfg.data.path)
-    if missing and dry_run:
-        click.echo(f"warning: data.path: {cfg.data.path!r}: {', '.join(missing)} not found here; the ranks need "
-                   "them (on a file system the compute nodes see)", err=True)
-    elif missing:
-        raise SubmitError(f"data.path: {cfg.data.path!r}: {', '.join(missing)} not found; allowed: the prefix of a "
-                          "Megatron indexed dataset (PREFIX.bin + PREFIX.idx, e.g. from `phoenix data prepare`) on a "
-                          "file system the compute nodes see; nothing was submitted")
+    try:  # the ranks run the same check before they train; here it costs no queue wait
+        check_indexed_dataset(cfg.data.path)
+    except DataError as exc:
+        if not dry_run:
+            raise SubmitError(f"{exc}; it must be readable on a file system the compute nodes see; nothing was "
+                              "submitted") from None
+        click.echo(f"warning: {exc} (here; the compute nodes need it)", err=True)
 
     if output is not None:
         try:

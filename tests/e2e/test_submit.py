@@ -36,8 +36,10 @@ def test_generated_local_script_starts_on_all_nodes(slurm_cluster, slurm_env, tm
     run_dir = tmp_path / "run"
     # the example, with a dataset that exists (submit refuses a missing one; this job is cancelled once started)
     cfg = yaml.safe_load((ROOT / "examples" / "gpt-small.yaml").read_text())
-    for ext in (".bin", ".idx"):
-        (tmp_path / f"ds{ext}").write_bytes(b"")
+    from phoenix_hpc.data.format import INDEX_HEADER
+
+    (tmp_path / "ds.bin").write_bytes(b"")
+    (tmp_path / "ds.idx").write_bytes(INDEX_HEADER + (1).to_bytes(8, "little") + bytes(9))
     cfg["data"]["path"] = str(tmp_path / "ds")
     (tmp_path / "gpt-small.yaml").write_text(yaml.safe_dump(cfg))
     proc = subprocess.run(

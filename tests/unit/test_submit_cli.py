@@ -4,6 +4,7 @@ Also --dry-run (prints the script, writes nothing) and --output."""
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from phoenix_hpc.cli.main import cli
+from phoenix_hpc.data.format import INDEX_HEADER
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT_SMALL = ROOT / "examples" / "gpt-small.yaml"
@@ -27,9 +29,9 @@ def invoke(*args, env=None):
 
 
 def fake_dataset(tmp: Path) -> Path:
-    """A dataset prefix whose .bin/.idx exist (submit only checks that they are there)."""
+    """A dataset prefix whose .idx has the MMIDIDX header, version 1 (all that submit checks)."""
     (tmp / "ds.bin").write_bytes(b"")
-    (tmp / "ds.idx").write_bytes(b"")
+    (tmp / "ds.idx").write_bytes(INDEX_HEADER + struct.pack("<Q", 1) + bytes(9))
     return tmp / "ds"
 
 
@@ -157,11 +159,15 @@ def test_local_site_without_a_cluster_says_how_to_point_at_one(in_tmp):
 def test_missing_dataset_is_refused_at_submit_and_warned_at_dry_run(in_tmp):
     p = write_cfg(in_tmp, data={"path": str(in_tmp / "nowhere" / "stdlib")})
     r = invoke("--site", "local", p, "--run-dir", in_tmp / "runs" / "x")
-    assert_bad(r, "data.path", "nowhere/stdlib.bin", "PREFIX.bin + PREFIX.idx", "nothing was submitted")
+    assert_bad(r, "data.path", "nowhere/stdlib.idx", "not a Megatron indexed dataset", "nothing was submitted")
     assert not (in_tmp / "runs").exists()
     r = invoke("--site", "local", p, "--dry-run")
     assert r.exit_code == 0 and r.stdout.startswith("#!/bin/bash")
-    assert "warning: data.path" in r.stderr and "not found here" in r.stderr
+    assert "warning: data.path" in r.stderr and "the compute nodes need it" in r.stderr
+    (in_tmp / "bad.idx").write_bytes(b"not an index")
+    (in_tmp / "bad.bin").write_bytes(b"")
+    r = invoke("--site", "local", write_cfg(in_tmp, data={"path": str(in_tmp / "bad")}), "--run-dir", in_tmp / "runs" / "y")
+    assert_bad(r, "data.path", "no MMIDIDX header", "nothing was submitted")
 
 
 def test_run_dir_in_use_is_refused(in_tmp):
