@@ -14,15 +14,16 @@ class PhoenixError(Exception):
 
 
 class ConfigError(PhoenixError):
-    """A job config or site profile is invalid. ``problems`` lists every problem found, one string each."""
+    """A job config or site profile is invalid. ``problems`` lists every problem found, one string each;
+    ``note``: a line printed after them (e.g. which checks have not run yet)."""
 
-    def __init__(self, problems: list[str] | str, source: str | None = None):
+    def __init__(self, problems: list[str] | str, source: str | None = None, note: str | None = None):
         if isinstance(problems, str):
             problems = [problems]
         self.problems = list(problems)
         self.source = source
         head = f"invalid configuration{f' in {source}' if source else ''}"
-        super().__init__(head + ":\n" + "\n".join(f"  - {p}" for p in self.problems))
+        super().__init__(head + ":\n" + "\n".join(f"  - {p}" for p in self.problems) + (f"\n{note}" if note else ""))
 
 
 class ProfileError(ConfigError):

@@ -82,10 +82,9 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
     except ConfigError as exc:
         if exc.source is None:  # the file itself (missing, not YAML): nothing more to say
             raise
-        err = ConfigError(exc.problems, exc.source)
-        err.args = (f"{err}\nnot checked yet: the config against site {profile.name!r} (grid vs GPUs per node, node, "
-                    "spare and time limits); that runs once the problems above are fixed",)
-        raise err from None
+        raise ConfigError(exc.problems, exc.source,
+                          note=f"not checked yet: the config against site {profile.name!r} (grid vs GPUs per node, "
+                               "node, spare and time limits); that runs once the problems above are fixed") from None
     cwd = Path.cwd()
     rd = run_dir or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.name, cwd, time.time()))
     rd = Path(os.path.abspath(cwd / rd))
