@@ -3,7 +3,7 @@
 Flow: :func:`build_request` checks a user's request against the job's current
 :class:`~phoenix_hpc.status.model.Status` (pure; every refusal is a :class:`FaultError` and nothing is
 sent); :func:`send_request` hands it to the job's coordinator through the control protocol (an ``inject``
-message on the job's store, signed with the job secret, :mod:`phoenix_hpc.control.protocol`); the
+message on the coordinator's operator channel, signed with the job secret, :mod:`phoenix_hpc.control.protocol`); the
 coordinator resolves the target to world ranks and forwards the instruction, and each target's
 :class:`~phoenix_hpc.faults.trigger.FaultTrigger` fires at the requested step and phase.
 
@@ -148,45 +148,28 @@ def build_request(st: Status, kind: str, *, rank: int | None = None, node: str |
                          immediate=immediate)
 
 
-def send_request(run_dir: Path, req: InjectRequest, timeout_s: float = 30.0,
-                 client_factory: Callable[..., Any] | None = None) -> dict[str, Any]:
-    """Send ``req`` to the job's coordinator and wait for its answer. Returns the ``accepted`` reply
-    (``{"type": "accepted", "targets": [world ranks], "request_id"}``).
-
-    Through the coordinator's operator channel (:mod:`phoenix_hpc.control.operator`: standard library only,
-    so the command does not spend seconds importing torch while the job runs on) when ``coordinator.json``
-    names one, else through the store. ``client_factory`` forces the store path with a given client.
+def send_request(run_dir: Path, req: InjectRequest, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Send ``req`` to the job's coordinator through its operator channel (:mod:`phoenix_hpc.control.operator`:
+    standard library only, so the command does not spend seconds importing torch while the job runs on) and
+    wait for its answer. Returns the ``accepted`` reply (``{"type": "accepted", "targets": [world ranks],
+    "request_id", "at_step"}``).
 
     Raises:
         FaultError: the coordinator refused the request (its reason is in the message: nothing injected).
-        ControlError: the coordinator cannot be reached or does not answer within ``timeout_s``.
+        ControlError: no ``coordinator.json`` naming an operator port, an unreadable job secret, or the
+            coordinator cannot be reached or does not answer within ``timeout_s``.
     """
-    if client_factory is None:
-        from phoenix_hpc.control import protocol as P
+    from phoenix_hpc.control import protocol as P
+    from phoenix_hpc.control.operator import operator_request
 
-        info = P.read_coordinator_file(run_dir)
-        if info is not None and info.get("operator_port"):
-            # the operator channel: no torch import, no store connection (phoenix_hpc.control.operator)
-            from phoenix_hpc.control.operator import operator_request
-
-            try:
-                secret = P.read_secret(run_dir)
-            except OSError as exc:
-                raise ControlError(f"cannot read the job secret in {run_dir}: {exc}") from None
-            reply = operator_request(str(info["host"]), int(info["operator_port"]), req.body(), secret, timeout_s)
-            return _accepted(reply)
-        from phoenix_hpc.control.client import CoordinatorClient
-
-        def client_factory(rd, wait_s):  # noqa: E306 - a CLI process is not a slot: world rank -1
-            return CoordinatorClient(rd, -1, wait_s=wait_s, store_timeout_s=wait_s)
-    client = client_factory(run_dir, timeout_s)
+    info = P.read_coordinator_file(run_dir)
+    if not info or not info.get("operator_port"):
+        raise ControlError(f"{run_dir}/{P.COORDINATOR_FILE} names no coordinator operator port; nothing was sent")
     try:
-        reply = client.request(req.body(), timeout_s=timeout_s)
-    finally:
-        close = getattr(client, "close", None)
-        if close is not None:
-            close()
-    return _accepted(reply)
+        secret = P.read_secret(run_dir)
+    except OSError as exc:
+        raise ControlError(f"cannot read the job secret in {run_dir}: {exc}") from None
+    return _accepted(operator_request(str(info["host"]), int(info["operator_port"]), req.body(), secret, timeout_s))
 
 
 def _accepted(reply: dict[str, Any]) -> dict[str, Any]:
@@ -259,8 +242,7 @@ def finish_kill_node(cluster, req: InjectRequest, timeout_s: float,
 
 
 def inject(run_dir: Path, st: Status, req: InjectRequest, timeout_s: float = 30.0,
-           land_timeout_s: float = 600.0, client_factory: Callable[..., Any] | None = None,
-           give_up: Callable[[], bool] | None = None) -> dict[str, Any]:
+           land_timeout_s: float = 600.0, give_up: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Carry out a validated request: send it (unless it is an immediate local kill-node) and, for kill-node
     on the local cluster, kill the node's daemons once its slots are gone. Returns a summary dict
     ``{"request_id", "kind", "phase", "at_step", "target", "targets", "node_kill"}``.
@@ -281,7 +263,7 @@ def inject(run_dir: Path, st: Status, req: InjectRequest, timeout_s: float = 30.
         out["at_step"] = None
         out["node_kill"] = finish_kill_node(cluster, req, timeout_s)
         return out
-    reply = send_request(run_dir, req, timeout_s, client_factory)
+    reply = send_request(run_dir, req, timeout_s)
     out["targets"] = list(reply.get("targets", req.slots))
     if isinstance(reply.get("at_step"), int):
         out["at_step"] = reply["at_step"]
