@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -54,11 +54,41 @@ class ProcessGroups:
     generation: int
 
 
+#: The two ways an engine takes part in a recovery (docs/design.md section 6).
+RECOVERY_STYLES = ("rebind", "rebuild")
+
+
 class Engine(abc.ABC):
-    """One rank's training engine. Subclasses: the torch engine (CPU/GPU) and the Megatron engine (CUDA)."""
+    """One rank's training engine. Subclasses: the torch engine (CPU/GPU) and the Megatron engine (CUDA).
+
+    Recovery styles (:attr:`recovery_style`; ``resilience.recovery_path`` may force ``rebuild`` for an engine
+    that supports both):
+
+    - ``rebind``: a survivor keeps its engine object and calls :meth:`rebind` with the new generation's
+      groups; only a joining spare constructs an engine, so construction must run no collective.
+    - ``rebuild``: for engines that keep global state (Megatron's ``parallel_state``). In the new generation
+      every member, survivors and joining spares together, calls :meth:`teardown` on its old engine (if any)
+      and then constructs a new one, in lockstep: each collective of construction is entered by every member
+      of the generation in the same order. Survivors then load S(R) from their own host copy; spares take
+      parameters from a DP peer and the optimizer shard from a replica, as in ``rebind``.
+
+    Groups (:attr:`owns_groups`): ``False`` -- the launcher builds ``world``/``dp``/``pp``/``tp`` of every
+    generation and passes them to the constructor; ``True`` -- the launcher builds only the generation's
+    default (world) group and passes ``ProcessGroups(world, None, None, None, g)``; the constructor creates
+    the dp/pp/tp groups itself (Megatron: ``initialize_model_parallel``) and exposes the complete set as
+    :attr:`groups`, which the runtime then uses for everything (no duplicate groups).
+    """
 
     coord: GridCoord
     step: int  # number of optimizer steps completed; S(step) is the current state
+    groups: ProcessGroups | None
+
+    #: ``"rebind"`` or ``"rebuild"`` (see the class docstring); the style this engine needs by default.
+    recovery_style: ClassVar[str] = "rebind"
+    #: Styles this engine supports; ``resilience.recovery_path`` must name one of them.
+    supported_recovery_styles: ClassVar[tuple[str, ...]] = ("rebind",)
+    #: ``True`` when the constructor creates the dp/pp/tp groups itself (see the class docstring).
+    owns_groups: ClassVar[bool] = False
 
     # --- the step, split where the runtime has to act -------------------------------------------------
     @abc.abstractmethod
@@ -125,6 +155,15 @@ class Engine(abc.ABC):
         """Drop every reference this engine holds to its process groups (after a fault, before
         :meth:`rebind`), so that a destroyed gloo group is freed and its connections close at once. The
         engine cannot run a step until :meth:`rebind`. The default holds no references of its own."""
+
+    def teardown(self) -> None:
+        """End this engine for good before a new one is constructed in the same process (the ``rebuild``
+        recovery path, or the end of the job): drop the model, optimizer, data iterator and groups, and
+        clear any global state the constructor set up (Megatron: ``parallel_state.destroy_model_parallel()``,
+        after which ``model_parallel_is_initialized()`` is false). Must run no collective (peers may be dead)
+        and must not destroy communicators that may contain a dead peer (the launcher aborts those).
+        Idempotent. The default calls :meth:`release_groups`."""
+        self.release_groups()
 
     def state_hash(self) -> str:
         """SHA-256 hex digest over this rank's param shard and optimizer shard (names, dtypes, bytes), in
