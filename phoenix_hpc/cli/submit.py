@@ -1,7 +1,9 @@
 """``phoenix submit``: validate a job config against a site, render the sbatch script, record the run, submit.
 
 Exit codes: 0 submitted (or printed, with ``--dry-run``); 2 bad input (unknown site, malformed YAML, wrong
-types, impossible grid, limits exceeded, sbatch refused the job) with a message naming the field.
+types, impossible grid, limits exceeded, engine ``megatron`` where it cannot run: no real CUDA GPUs, an
+unsupported megatron-core, a model megatron-core cannot build, more GPU memory than the site's GPU has;
+sbatch refused the job) with a message naming the field.
 
 Files written into the run directory (mode 0700; each file written to a temporary name and renamed, and
 removed again if sbatch refuses the job): ``job.sbatch`` (the script), ``config.yaml`` (the resolved config,
@@ -88,8 +90,10 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
     cwd = Path.cwd()
     rd = run_dir or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.name, cwd, time.time()))
     rd = Path(os.path.abspath(cwd / rd))
+    from phoenix_hpc.engines.megatron_spec import submit_problems
+
     job = resolve(cfg, profile, run_dir=str(rd), default_python=sys.executable, python=python,
-                  nodelist=nodelist, exclude=exclude)
+                  nodelist=nodelist, exclude=exclude, extra_problems=submit_problems(cfg))
     script = render_sbatch(job, profile)
     _echo_warnings(job)
     try:  # the ranks run the same check before they train; here it costs no queue wait
@@ -177,6 +181,7 @@ def _summary(job: ResolvedJob, job_id: str | None, script: str | None) -> dict:
         "grid": {"tp": job.tp, "pp": job.pp, "dp": job.dp},
         "time_limit": job.time_limit,
         "warnings": list(job.warnings),
+        "gpu_memory_per_rank_gb": None if job.memory is None else round(job.memory.total / 1e9, 2),
     }
     if script is not None:
         out["script"] = script

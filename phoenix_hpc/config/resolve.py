@@ -13,13 +13,17 @@ submitting process. Checks (all problems are collected and raised together in on
 - scheduler: QOS / partition known to the profile; ``nodes + spares`` within the site, QOS and partition node
   limits; ``time_limit`` a valid Slurm time within the QOS / partition limit; values that go on ``#SBATCH``
   lines use a safe charset; node pinning (``-w``/``-x``) only where the site allows it;
-- engine: ``megatron`` on a site without GPUs is a warning (it needs CUDA).
+- engine ``megatron``: refused on a site without real CUDA GPUs (``node.gpu_model`` null); the GPU memory
+  per rank (:func:`phoenix_hpc.config.memory.estimate_gpu_memory`) must fit ``node.gpu_mem_gb``; problems
+  found by the caller that need megatron-core itself (version, model build; ``extra_problems``) are listed
+  with the others.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from phoenix_hpc.config.memory import GB, MemoryEstimate, estimate_gpu_memory, memory_advice
 from phoenix_hpc.config.schema import JobConfig
 from phoenix_hpc.errors import ConfigError, ReplicationError
 from phoenix_hpc.profiles.model import SBATCH_SAFE, SiteProfile
@@ -48,6 +52,7 @@ class ResolvedJob:
     nodelist: str | None = None  # sbatch -w (only where the site allows pinning)
     exclude: str | None = None  # sbatch -x (only where the site allows pinning)
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    memory: MemoryEstimate | None = None  # GPU memory per rank (engine megatron on a site with gpu_mem_gb)
 
     @property
     def run_dir(self) -> str:
@@ -126,6 +131,7 @@ def resolve(
     python: str | None = None,
     nodelist: str | None = None,
     exclude: str | None = None,
+    extra_problems: tuple[str, ...] | list[str] = (),
 ) -> ResolvedJob:
     """Resolve ``cfg`` for ``profile``.
 
@@ -135,11 +141,13 @@ def resolve(
             (``phoenix submit`` passes ``sys.executable``, i.e. the project's venv).
         python: explicit interpreter override (``phoenix submit --python``).
         nodelist / exclude: Slurm hostlists for ``-w`` / ``-x``.
+        extra_problems: problems the caller found (``phoenix submit``: the megatron-core checks of
+            :func:`phoenix_hpc.engines.megatron_spec.submit_problems`), reported with these.
 
     Raises:
         ConfigError: every violated relation, one line each, naming the field, the value and what is allowed.
     """
-    problems: list[str] = []
+    problems: list[str] = list(extra_problems)
     warnings: list[str] = []
     res, sch = cfg.resources, profile.scheduler
 
@@ -241,8 +249,9 @@ def resolve(
         elif not SBATCH_SAFE.match(val):
             problems.append(f"{fname}: {val!r} is not a Slurm hostlist")
 
-    if cfg.engine == "megatron" and profile.node.gpu_model is None:
-        warnings.append(f"engine megatron needs CUDA GPUs; site {profile.name} declares none (node.gpu_model)")
+    memory = None
+    if cfg.engine == "megatron":
+        memory = _megatron_memory(cfg, profile, dp, problems, warnings)
 
     interpreter = python or profile.launcher.python or default_python
     if not interpreter or "\0" in interpreter:
@@ -280,4 +289,30 @@ def resolve(
         nodelist=nodelist,
         exclude=exclude,
         warnings=tuple(warnings),
+        memory=memory,
     )
+
+
+def _megatron_memory(cfg: JobConfig, profile: SiteProfile, dp: int | None, problems: list[str],
+                     warnings: list[str]) -> MemoryEstimate | None:
+    """Engine ``megatron``: real CUDA GPUs on the site, and the estimated GPU memory per rank within
+    ``node.gpu_mem_gb``."""
+    node = profile.node
+    if node.gpu_model is None:
+        problems.append(
+            f"engine: 'megatron' needs real CUDA GPUs, and site {profile.name} has none (node.gpu_model is null"
+            f"{'; its GPUs are fake gres' if profile.name == 'local' else ''}) (allowed here: torch)"
+        )
+        return None
+    if dp is None:
+        return None
+    est = estimate_gpu_memory(cfg, dp)
+    if node.gpu_mem_gb is None:
+        warnings.append(f"GPU memory per rank not checked: site {profile.name} sets no node.gpu_mem_gb "
+                        f"(estimate {est.summary()})")
+    elif est.total > node.gpu_mem_gb * GB:
+        problems.append(
+            f"GPU memory: a rank needs about {est.summary()}, more than the {node.gpu_mem_gb:g} GB of one "
+            f"{node.gpu_model} (site {profile.name}, node.gpu_mem_gb); change {memory_advice(cfg)}"
+        )
+    return est

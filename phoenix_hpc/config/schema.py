@@ -5,7 +5,10 @@ Shape of the file (every section but ``name`` and ``data`` has defaults)::
     name: gpt-small                 # job name (Slurm --job-name)
     engine: torch                   # torch | megatron
     run_dir: runs/gpt-small         # where the script, resolved config, journal and logs go
-    model:      {layers, hidden_size, heads, vocab_size, seq_length, dtype}
+    model:      {layers, hidden_size, heads, vocab_size, seq_length, dtype, ffn_hidden_size, num_query_groups,
+                 position_embedding_type, rotary_base, activation, normalization, add_bias_linear,
+                 untie_embeddings_and_output_weights}
+    megatron:   {transformer_impl, attention_backend, recompute_granularity, sequence_parallel}
     parallelism: {tp, pp, dp}       # dp may be omitted: derived from nodes x GPUs per node / (tp x pp)
     training:   {steps, micro_batch_size, global_batch_size, lr, min_lr, lr_schedule, warmup_steps,
                  weight_decay, grad_clip, seed, log_interval}
@@ -15,7 +18,8 @@ Shape of the file (every section but ``name`` and ``data`` has defaults)::
     resources:  {nodes, spares, gpus_per_node, time_limit, account, qos, partition, constraint}
 
 Relations that need only the config are checked here (heartbeat interval < heartbeat timeout < collective
-timeout; micro batch divides global batch; hidden size divisible by heads). Relations that need the site
+timeout; micro batch divides global batch; hidden size divisible by heads; query groups dividing heads and
+divisible by tp; the model options and ``megatron`` section the chosen engine can build). Relations that need the site
 profile (GPUs per node, QOS limits, failure domains) are checked by :func:`phoenix_hpc.config.resolve`.
 A rejection lists every problem (field, value, what is allowed) in one :class:`ConfigError`.
 """
@@ -40,13 +44,106 @@ class ModelConfig(BaseModel):
     vocab_size: int = Field(256, ge=2, description="vocabulary size (256 for the byte-level datasets)")
     seq_length: int = Field(64, ge=2, description="tokens per sample")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
+    ffn_hidden_size: int | None = Field(
+        None, ge=1, description="MLP inner size; null: 4 x hidden_size (GPT); Llama-2-7B: 11008"
+    )
+    num_query_groups: int | None = Field(
+        None, ge=1,
+        description="key/value head groups of grouped-query attention (must divide heads, be divisible by tp); "
+        "null: heads (multi-head attention)",
+    )
+    position_embedding_type: Literal["learned_absolute", "rope"] = Field(
+        "learned_absolute", description="learned_absolute: learned position embeddings (GPT); rope: rotary (Llama)"
+    )
+    rotary_base: int = Field(10000, ge=1, description="RoPE base (theta); used with position_embedding_type rope")
+    activation: Literal["gelu", "swiglu"] = Field(
+        "gelu", description="MLP activation: gelu (GPT) or swiglu (gated SiLU, Llama)"
+    )
+    normalization: Literal["LayerNorm", "RMSNorm"] = Field(
+        "LayerNorm", description="LayerNorm (GPT) or RMSNorm (Llama)"
+    )
+    add_bias_linear: bool = Field(True, description="biases in the linear layers (GPT: true; Llama: false)")
+    untie_embeddings_and_output_weights: bool = Field(
+        True, description="separate input embedding and output head (Llama: true); false: tied (megatron only)"
+    )
+
+    @property
+    def ffn_size(self) -> int:
+        """``ffn_hidden_size``, or ``4 x hidden_size`` when unset."""
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def query_groups(self) -> int:
+        """``num_query_groups``, or ``heads`` when unset (multi-head attention)."""
+        return self.num_query_groups or self.heads
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self):
-        """``hidden_size`` is divisible by ``heads``."""
+        """``hidden_size`` is divisible by ``heads``; ``num_query_groups`` divides ``heads``."""
         if self.hidden_size % self.heads:
             raise ValueError(
                 f"model.hidden_size ({self.hidden_size}) must be divisible by model.heads ({self.heads})"
+            )
+        if self.heads % self.query_groups:
+            raise ValueError(
+                f"model.num_query_groups: {self.num_query_groups} must divide model.heads ({self.heads}) "
+                f"(allowed: the divisors of {self.heads})"
+            )
+        return self
+
+
+#: The model options the torch engine's GPT (:mod:`phoenix_hpc.engines.torch_gpt`) implements; anything else
+#: needs engine ``megatron``.
+TORCH_ENGINE_MODEL = {
+    "position_embedding_type": "learned_absolute", "activation": "gelu", "normalization": "LayerNorm",
+    "add_bias_linear": True, "untie_embeddings_and_output_weights": True,
+}
+
+
+class MegatronOptions(BaseModel):
+    """megatron-core's standard performance options (engine ``megatron`` only; Megatron-LM's argument names).
+    None of them changes the model's maths beyond floating-point rounding."""
+
+    model_config = _STRICT
+    transformer_impl: Literal["transformer_engine", "local"] = Field(
+        "local",
+        description="layer implementation: transformer_engine (fused kernels; Transformer Engine must be "
+        "installed on the compute nodes) or local (megatron-core's own PyTorch layers)",
+    )
+    attention_backend: Literal["auto", "flash", "fused", "unfused", "local"] | None = Field(
+        None,
+        description="attention kernel (megatron-core AttnBackend): flash / fused (cuDNN) / unfused / auto "
+        "(Transformer Engine picks) with transformer_engine; local with local; null: auto or local",
+    )
+    recompute_granularity: Literal["none", "selective", "full"] = Field(
+        "none",
+        description="activation recomputation: none; selective (the attention core, Korthikanti et al. 2022); "
+        "full (every layer's input only, method uniform, 1 layer per chunk)",
+    )
+    sequence_parallel: bool = Field(
+        False, description="split LayerNorm/dropout activations over the tp ranks (needs parallelism.tp > 1)"
+    )
+
+    @property
+    def backend(self) -> str:
+        """``attention_backend``, or the implementation's default (``auto`` / ``local``) when unset."""
+        if self.attention_backend is not None:
+            return self.attention_backend
+        return "auto" if self.transformer_impl == "transformer_engine" else "local"
+
+    @model_validator(mode="after")
+    def _backend_matches_impl(self):
+        """``local`` layers have one attention kernel (``local``); Transformer Engine has the others."""
+        b = self.attention_backend
+        if self.transformer_impl == "local" and b not in (None, "local"):
+            raise ValueError(
+                f"megatron.attention_backend: {b!r} needs megatron.transformer_impl: transformer_engine "
+                "(allowed with transformer_impl local: local)"
+            )
+        if self.transformer_impl == "transformer_engine" and b == "local":
+            raise ValueError(
+                "megatron.attention_backend: 'local' needs megatron.transformer_impl: local "
+                "(allowed with transformer_engine: auto, flash, fused, unfused)"
             )
         return self
 
@@ -184,6 +281,7 @@ class JobConfig(BaseModel):
     )
     run_dir: str | None = Field(None, description="run directory; default runs/<name>-<timestamp>")
     model: ModelConfig = Field(default_factory=ModelConfig)
+    megatron: MegatronOptions = Field(default_factory=MegatronOptions, description="megatron-core options")
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     data: DataConfig
@@ -192,7 +290,9 @@ class JobConfig(BaseModel):
 
     @model_validator(mode="after")
     def _model_vs_grid(self):
-        """``model.layers`` is divisible by ``parallelism.pp``; ``model.heads`` by ``parallelism.tp``."""
+        """``model.layers`` is divisible by ``parallelism.pp``; ``model.heads`` and ``model.num_query_groups``
+        by ``parallelism.tp``; engine ``torch`` gets only the model options its GPT implements and no
+        ``megatron`` section; ``megatron.sequence_parallel`` needs tp > 1."""
         problems = []
         if self.model.layers % self.parallelism.pp:
             problems.append(
@@ -202,6 +302,33 @@ class JobConfig(BaseModel):
             problems.append(
                 f"model.heads ({self.model.heads}) must be divisible by parallelism.tp ({self.parallelism.tp})"
             )
+        tp, groups = self.parallelism.tp, self.model.query_groups
+        if self.model.num_query_groups is not None and groups % tp:
+            problems.append(
+                f"model.num_query_groups: {groups} must be divisible by parallelism.tp ({tp}) "
+                "(each tensor-parallel rank holds whole key/value groups)"
+            )
+        if self.engine == "torch":
+            problems += self._torch_engine_problems()
+        elif self.megatron.sequence_parallel and tp == 1:
+            problems.append("megatron.sequence_parallel: true needs parallelism.tp > 1 (allowed with tp 1: false)")
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _torch_engine_problems(self) -> list[str]:
+        m, out = self.model, []
+        for name, allowed in TORCH_ENGINE_MODEL.items():
+            if getattr(m, name) != allowed:
+                out.append(f"model.{name}: {getattr(m, name)!r} is not supported by engine torch (allowed: "
+                           f"{allowed!r}); use engine: megatron")
+        if m.ffn_hidden_size is not None and m.ffn_hidden_size != 4 * m.hidden_size:
+            out.append(f"model.ffn_hidden_size: {m.ffn_hidden_size} is not supported by engine torch (allowed: "
+                       f"null or 4 x hidden_size = {4 * m.hidden_size}); use engine: megatron")
+        if m.num_query_groups is not None and m.num_query_groups != m.heads:
+            out.append(f"model.num_query_groups: {m.num_query_groups} is not supported by engine torch (allowed: "
+                       f"null or heads = {m.heads}); use engine: megatron")
+        if self.megatron != MegatronOptions():
+            out.append("megatron: options are set but engine is torch (allowed: no megatron section, or "
+                       "engine: megatron)")
+        return out

@@ -146,10 +146,20 @@ class Engine(abc.ABC):
     def load_envelope(self, envelope: dict[str, Any]) -> None:
         """Restore step counter, RNG states, LR schedule, data position and loss scaler from an envelope."""
 
-    @abc.abstractmethod
     def rebind(self, groups: ProcessGroups, coord: GridCoord) -> None:
         """Use new process groups (a new generation after a reconfiguration); model and optimizer state
-        stay as they are."""
+        stay as they are. Engines whose :attr:`supported_recovery_styles` include ``rebind`` implement it;
+        the recovery protocol never calls it on the others.
+
+        Raises:
+            EngineError: this engine does not support ``rebind`` (the default).
+        """
+        from phoenix_hpc.errors import EngineError
+
+        raise EngineError(
+            f"engine {type(self).__name__} recovers by {self.recovery_style!r} only "
+            f"(supported: {list(self.supported_recovery_styles)}); rebind is not one of them"
+        )
 
     def release_groups(self) -> None:
         """Drop every reference this engine holds to its process groups (after a fault, before

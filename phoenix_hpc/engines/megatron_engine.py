@@ -1,11 +1,17 @@
 """The ``megatron`` engine: megatron-core GPTModel + DistributedDataParallel + DistributedOptimizer (CUDA).
 
-Built on megatron-core (tested against 0.16): TP/PP/DP groups come from
-``megatron.core.parallel_state.initialize_model_parallel`` (Megatron's rank order, the same as
-:mod:`phoenix_hpc.topology`: tp fastest, then dp, then pp), the model is ``GPTModel`` with the local
-(non-Transformer-Engine) layer spec, wrapped in megatron-core ``DistributedDataParallel`` with
-``use_distributed_optimizer=True``; the optimizer is the ``DistributedOptimizer`` returned by
-``get_megatron_optimizer`` (Adam with decoupled weight decay, fp32 main params).
+Built on megatron-core (versions: :mod:`phoenix_hpc.engines.megatron_version`, tested with 0.16). The engine
+owns its process groups and recovers by rebuilding (:class:`phoenix_hpc.engines.base.Engine`,
+``recovery_style = "rebuild"``, ``owns_groups = True``): the constructor receives the generation's default
+group only and has megatron-core create the tp/pp/dp groups on it (:mod:`.megatron_parallel`: every group with
+``resilience.collective_timeout_s``, no gloo DP groups); :meth:`teardown` destroys that parallel state, so a
+new generation's engine is built from scratch by every member in lockstep. The model is ``GPTModel`` with the
+layer spec and options of the job config (:mod:`.megatron_spec`: GPT or Llama shape, Transformer Engine or
+local layers, attention backend, recomputation, sequence parallelism), wrapped in megatron-core
+``DistributedDataParallel`` with ``use_distributed_optimizer=True``; the optimizer is the
+``DistributedOptimizer`` returned by ``get_megatron_optimizer`` (Adam with decoupled weight decay, fp32 main
+params; weight decay is not applied to biases and 1-D parameters (norms), megatron-core's default
+``wd_mult = 0`` groups, applied by :func:`group_weight_decay`).
 
 Optimizer shard. ``DistributedOptimizer.get_parameter_state_dp_reshardable()`` returns, without copies or
 communication, for each grad buffer / bucket / parameter the rank's live fp32 tensors ``param`` (main
@@ -14,7 +20,8 @@ They are exposed as ``opt/pp{pp}/tp{tp}/dp{dp}/{param}/{main|exp_avg|exp_avg_sq}
 copies into the same live tensors (what ``load_parameter_state_from_dp_reshardable`` does through
 ``_set_main_param_and_optimizer_states``), so nothing is ever gathered to DP rank 0. Adam's state is created
 lazily by torch; the engine initialises it at construction (``init_state_fn``) so that the shard exists
-before the first step.
+before the first step. Adam's step counter is in the envelope (:mod:`.adam_step`: per parameter for torch's
+Adam, per group for Transformer Engine / Apex FusedAdam).
 
 Needs CUDA: megatron-core's DDP, the distributed optimizer and the GPT forward pass allocate on CUDA, so the
 constructor raises :class:`EngineError` before touching megatron-core when CUDA is not available.
@@ -27,11 +34,13 @@ reduce-scatter of the grad buffers, plus embedding/LayerNorm grad all-reduces wh
 from __future__ import annotations
 
 import base64
+import gc
 import os
 from typing import Any
 
 import torch
 
+from phoenix_hpc.engines.adam_step import ensure_step_entries, read_adam_step, step_location, write_adam_step
 from phoenix_hpc.engines.base import Engine, GridCoord, ProcessGroups
 from phoenix_hpc.engines.schedule import lr_at
 from phoenix_hpc.errors import EngineError
@@ -53,60 +62,71 @@ def _quiet_import():
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
+        warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         from megatron.core import parallel_state, tensor_parallel
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
         from megatron.core.models.gpt import GPTModel
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.transformer import TransformerConfig
     return dict(
         parallel_state=parallel_state, tensor_parallel=tensor_parallel, DDP=DistributedDataParallel,
         DDPConfig=DistributedDataParallelConfig, finalize_model_grads=finalize_model_grads, GPTModel=GPTModel,
-        local_spec=get_gpt_layer_local_spec, OptimizerConfig=OptimizerConfig,
-        get_megatron_optimizer=get_megatron_optimizer, get_forward_backward_func=get_forward_backward_func,
-        TransformerConfig=TransformerConfig,
+        OptimizerConfig=OptimizerConfig, get_megatron_optimizer=get_megatron_optimizer,
+        get_forward_backward_func=get_forward_backward_func, TransformerConfig=TransformerConfig,
     )
 
 
-def initialize_megatron_parallel(tp: int, pp: int) -> None:
-    """``parallel_state.initialize_model_parallel(tp, pp)`` on the already initialised default group
-    (idempotent: does nothing when model parallel is already initialised)."""
-    mc = _quiet_import()
-    ps = mc["parallel_state"]
-    if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+def group_weight_decay(group: dict, weight_decay: float) -> float:
+    """The weight decay of one optimizer parameter group: ``weight_decay x group["wd_mult"]`` (megatron-core
+    puts biases and 1-D parameters, i.e. norms, in groups with ``wd_mult = 0``; its own LR scheduler applies
+    the multiplier the same way, ``OptimizerParamScheduler.step``). A group without ``wd_mult`` decays fully."""
+    return weight_decay * float(group.get("wd_mult", 1.0))
 
 
-def groups_from_parallel_state(generation: int) -> tuple[ProcessGroups, GridCoord]:
-    """This rank's Megatron groups and coordinate, as :class:`ProcessGroups`/:class:`GridCoord`."""
-    import torch.distributed as dist
+def build_gpt_model(cfg, pre_process: bool, post_process: bool, mc=None):
+    """``(TransformerConfig, GPTModel)`` of ``cfg`` for one pipeline stage, on the current device
+    (megatron-core's default; ``use_cpu_initialization`` is not set). Parallel state must be initialised.
 
-    ps = _quiet_import()["parallel_state"]
-    groups = ProcessGroups(
-        world=dist.group.WORLD, dp=ps.get_data_parallel_group(), pp=ps.get_pipeline_model_parallel_group(),
-        tp=ps.get_tensor_model_parallel_group(), generation=generation,
-    )
-    coord = GridCoord(
-        pp=ps.get_pipeline_model_parallel_rank(), dp=ps.get_data_parallel_rank(), tp=ps.get_tensor_model_parallel_rank()
-    )
-    return groups, coord
+    Raises:
+        EngineError: ``megatron.transformer_impl: transformer_engine`` without Transformer Engine installed.
+    """
+    from phoenix_hpc.engines.megatron_spec import gpt_model_kwargs, layer_spec, transformer_config_kwargs
+
+    mc = mc or _quiet_import()
+    tconfig = mc["TransformerConfig"](**transformer_config_kwargs(cfg))
+    try:
+        spec = layer_spec(cfg)
+    except ImportError as exc:
+        raise EngineError(
+            f"megatron.transformer_impl: 'transformer_engine' needs Transformer Engine on this node ({exc}); "
+            "install it or use transformer_impl: local"
+        ) from None
+    gpt = mc["GPTModel"](config=tconfig, transformer_layer_spec=spec, pre_process=pre_process,
+                         post_process=post_process, **gpt_model_kwargs(cfg))
+    return tconfig, gpt
 
 
 class MegatronEngine(Engine):
     """See the module docstring.
 
     Args:
-        cfg: the job config; ``coord``/``groups``: as built by the launcher (checked against
-            ``parallel_state``, which this engine initialises on the default group if needed);
+        cfg: the job config; ``groups``: the generation's default group in ``groups.world`` (dp/pp/tp may be
+            None; any given are not used: megatron-core builds its own); ``coord``: the launcher's
+            coordinate, checked against megatron-core's;
         device: a CUDA device.
 
     Raises:
-        EngineError: no CUDA; the launcher's coordinate differs from Megatron's; a batch size that does
-            not split over dp.
+        EngineError: no CUDA; an unsupported megatron-core version; megatron-core's parallel state is
+            still initialised (the previous engine was not torn down); the launcher's coordinate differs from
+            Megatron's; Transformer Engine chosen but missing.
         DataError: the dataset cannot be read (see :class:`phoenix_hpc.data.indexed.TokenSamples`).
     """
+
+    recovery_style = "rebuild"
+    supported_recovery_styles = ("rebuild",)
+    owns_groups = True
 
     def __init__(self, cfg, coord: GridCoord, groups: ProcessGroups, device: torch.device):
         if not torch.cuda.is_available() or device.type != "cuda":
@@ -117,18 +137,28 @@ class MegatronEngine(Engine):
         import torch.distributed as dist
 
         from phoenix_hpc.data.indexed import TokenSamples
+        from phoenix_hpc.engines.megatron_parallel import groups_and_coord, init_parallel_state
+        from phoenix_hpc.engines.megatron_version import installed_version, version_problem
         from phoenix_hpc.engines.torch_engine import micro_batches
 
+        problem = version_problem(installed_version())
+        if problem is not None:
+            raise EngineError(problem)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
         self.cfg, self.device = cfg, device
         m, t, p = cfg.model, cfg.training, cfg.parallelism
         mc = self._mc = _quiet_import()
-        initialize_megatron_parallel(p.tp, p.pp)
-        mg_groups, mg_coord = groups_from_parallel_state(groups.generation)
+        ps = mc["parallel_state"]
+        try:
+            init_parallel_state(p.tp, p.pp, cfg.resilience.collective_timeout_s)
+        except RuntimeError as exc:
+            raise EngineError(f"engine 'megatron': {exc} (the previous engine's teardown() did not run)") from None
+        mg_groups, mg_coord = groups_and_coord(groups.world if groups.world is not None else dist.group.WORLD,
+                                               groups.generation)
         if mg_coord != coord:
+            ps.destroy_model_parallel()
             raise EngineError(f"Megatron places this rank at {mg_coord}, the launcher at {coord}")
         self.coord, self.groups = coord, mg_groups
-        ps = mc["parallel_state"]
         self.tp, self.pp = p.tp, p.pp
         self.dp = ps.get_data_parallel_world_size()
         self.n_micro = micro_batches(t.global_batch_size, t.micro_batch_size, self.dp)
@@ -137,17 +167,8 @@ class MegatronEngine(Engine):
         self.dtype = dtype
         torch.manual_seed(t.seed + 100 * coord.pp)
         mc["tensor_parallel"].model_parallel_cuda_manual_seed(t.seed + 100 * coord.pp)
-        self.tconfig = mc["TransformerConfig"](
-            num_layers=m.layers, hidden_size=m.hidden_size, num_attention_heads=m.heads,
-            ffn_hidden_size=4 * m.hidden_size, tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
-            params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
-            hidden_dropout=0.0, attention_dropout=0.0, deterministic_mode=True,
-        )
-        gpt = mc["GPTModel"](
-            config=self.tconfig, transformer_layer_spec=mc["local_spec"](), vocab_size=m.vocab_size,
-            max_sequence_length=m.seq_length, pre_process=ps.is_pipeline_first_stage(),
-            post_process=ps.is_pipeline_last_stage(), share_embeddings_and_output_weights=False,
-        ).to(device)
+        self.tconfig, gpt = build_gpt_model(cfg, ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage(), mc)
+        gpt = gpt.to(device)
         ddp_config = mc["DDPConfig"](grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True)
         self.model = mc["DDP"](self.tconfig, ddp_config, gpt)
         self.model.broadcast_params()  # identical start on every DP rank of a (pp, tp)
@@ -158,6 +179,7 @@ class MegatronEngine(Engine):
                 fp16=dtype == torch.float16, params_dtype=dtype, use_distributed_optimizer=True,
             ),
             [self.model],
+            use_gloo_process_groups=False,
         )
         if dtype == torch.float16:
             self.tconfig.grad_scale_func = self.optimizer.scale_loss
@@ -165,12 +187,9 @@ class MegatronEngine(Engine):
         for o in self.dist_opts:  # create Adam state now, so the shard exists before step 1
             if getattr(o, "init_state_fn", None) is not None:
                 o.init_state_fn(o.optimizer, o.config)
-            for group in o.optimizer.param_groups:  # torch's Adam creates 'step' only with empty state
-                on_dev = group.get("fused") or group.get("capturable")
-                for prm in group["params"]:
-                    st = o.optimizer.state[prm]
-                    if "step" not in st:
-                        st["step"] = torch.zeros((), dtype=torch.float32, device=prm.device if on_dev else "cpu")
+            ensure_step_entries(o.optimizer)
+        for g in self.optimizer.param_groups:
+            g["weight_decay"] = group_weight_decay(g, t.weight_decay)
         self._names = {p: n.removeprefix("module.") for n, p in self.model.named_parameters()}
         self._param_prefix = f"param/pp{coord.pp}/tp{coord.tp}"
         self.step, self.data_position, self.last_lr, self.last_grad_norm = 0, 0, 0.0, 0.0
@@ -227,6 +246,7 @@ class MegatronEngine(Engine):
         lr = lr_at(nxt, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=t.steps)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
+            g["weight_decay"] = group_weight_decay(g, t.weight_decay)
         ok, grad_norm, _ = self.optimizer.step()
         self.last_grad_norm = float(grad_norm) if grad_norm is not None else 0.0
         self.step, self.last_lr = nxt, lr
@@ -271,17 +291,11 @@ class MegatronEngine(Engine):
             "lr_scheduler": {"kind": t.lr_schedule, "lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps,
                              "total_steps": t.steps, "last_step": self.step, "last_lr": self.last_lr},
             "data": {"position": self.data_position, "seed": t.seed, "global_batch_size": t.global_batch_size},
-            "adam_step": self._adam_step(),
+            "adam_step": read_adam_step([o.optimizer for o in self.dist_opts]),
+            "adam_step_location": sorted({step_location(o.optimizer) for o in self.dist_opts}),
             "loss_scaler": scaler,
             "grad_norm": self.last_grad_norm,
         }
-
-    def _adam_step(self) -> int:
-        for o in self.dist_opts:
-            for st in o.optimizer.state.values():
-                if "step" in st:
-                    return int(st["step"])
-        return 0
 
     def _check_and_copy(self, what, live, tensors) -> None:
         names = {n for n, _ in live}
@@ -316,24 +330,31 @@ class MegatronEngine(Engine):
         self._mc["tensor_parallel"].get_cuda_rng_tracker().set_states(
             {k: _unb64(v) for k, v in envelope["rng"]["tracker"].items()}
         )
-        adam_step = int(envelope.get("adam_step", self.step))
+        write_adam_step([o.optimizer for o in self.dist_opts], int(envelope.get("adam_step", self.step)))
         for o in self.dist_opts:
-            for st in o.optimizer.state.values():
-                if "step" in st:
-                    if torch.is_tensor(st["step"]):
-                        st["step"].fill_(adam_step)
-                    else:
-                        st["step"] = adam_step
             if envelope.get("loss_scaler") and getattr(o, "grad_scaler", None) is not None:
                 o.grad_scaler.load_state_dict(
                     {k: torch.tensor(v, device=self.device) if isinstance(v, float) else v for k, v in envelope["loss_scaler"].items()}
                 )
 
-    def rebind(self, groups: ProcessGroups, coord: GridCoord) -> None:
-        """Not supported: Megatron keeps its groups in the global ``parallel_state``; rebuilding them for a
-        new generation means ``destroy_model_parallel`` + ``initialize_model_parallel`` and a new engine.
+    def release_groups(self) -> None:
+        """Forget this generation's groups: ``destroy_model_parallel()`` (megatron-core's references) and the
+        engine's own. The model and optimizer still hold theirs until :meth:`teardown`. No collective."""
+        from phoenix_hpc.engines.megatron_parallel import destroy_parallel_state
 
-        Raises:
-            EngineError: always.
-        """
-        raise EngineError("engine 'megatron' cannot rebind in place; rebuild parallel_state and the engine")
+        self.groups = None
+        destroy_parallel_state()
+
+    def teardown(self) -> None:
+        """End this engine before the next generation's is built (the rebuild recovery path): destroy
+        megatron-core's parallel state (afterwards ``model_parallel_is_initialized()`` is False), drop the
+        model, optimizer and data iterator, and return cached CUDA memory. Runs no collective, destroys no
+        communicator (the launcher aborts those). Idempotent."""
+        self.release_groups()
+        for name in ("model", "optimizer", "dist_opts", "samples", "_names", "tconfig"):
+            if hasattr(self, name):
+                setattr(self, name, None)
+        self._loss_dicts = []
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -6,7 +6,7 @@ Shape of a profile file (see ``sites/perlmutter.yaml`` for a commented one)::
     description: ...
     scheduler:  {account, qos, partition, constraint, limits, qos_limits, partition_limits, allow_node_pinning,
                  request_gpus, request_mem, signal, signal_before_end_s, extra_sbatch}
-    node:       {gpus_per_node, gpu_model, cores_per_node, mem_gb, nics}
+    node:       {gpus_per_node, gpu_model, gpu_mem_gb, cores_per_node, mem_gb, nics}
     launcher:   {srun_mpi, gpu_bind, cpus_per_task, cpu_bind, extra_srun, python, coordinator_timeout_s}
     environment: {modules, env}
     failure_domains: {levels, source, rule}
@@ -105,10 +105,25 @@ class NodeProfile(BaseModel):
 
     model_config = _STRICT
     gpus_per_node: int = Field(..., ge=1, description="GPUs per node; on CPU-only sites the rank slots per node")
-    gpu_model: str | None = Field(None, description="e.g. A100-40GB; null on CPU-only sites")
+    gpu_model: str | None = Field(
+        None, description="e.g. A100-40GB; null: no real CUDA GPUs (CPU-only sites, and the local cluster, "
+        "whose gres GPUs are fake): engine megatron is refused there"
+    )
+    gpu_mem_gb: float | None = Field(
+        None, gt=0, description="memory of one GPU in GB; submit checks a megatron job's estimate against it "
+        "(null: not checked)"
+    )
     cores_per_node: int = Field(..., ge=1, description="physical CPU cores per node")
     mem_gb: int | None = Field(None, ge=1, description="host memory per node in GB")
     nics: int = Field(1, ge=0, description="high-speed network interfaces per node")
+
+
+    @model_validator(mode="after")
+    def _mem_needs_gpu(self):
+        """``gpu_mem_gb`` only with a ``gpu_model``."""
+        if self.gpu_mem_gb is not None and self.gpu_model is None:
+            raise ValueError(f"node.gpu_mem_gb ({self.gpu_mem_gb}) needs node.gpu_model (null means no real GPUs)")
+        return self
 
 
 class LauncherProfile(BaseModel):
