@@ -33,7 +33,8 @@ def ensure_step_entries(opt) -> None:
     """Create the counter at 0 where a fresh optimizer has none yet, so that the state saved before the first
     step has the same entries as after it: ``state[p]["step"]`` for torch (as torch creates it: float32, on
     the parameter's device with ``fused``/``capturable``, else on CPU), ``group["step"] = 0`` for the fused
-    ones (their ``step()`` adds 1 to an existing counter, as from a missing one)."""
+    ones (their ``step()`` adds 1 to an existing counter, as from a missing one). Call it after the moments
+    exist (megatron-core's ``init_state_fn``): torch creates a parameter's state only when it is empty."""
     for group in opt.param_groups:
         if not group["params"]:
             continue

@@ -132,10 +132,36 @@ def test_node_pinning_forbidden_on_vista():
     assert run(job(), nodelist="nid[001-005]").nodelist == "nid[001-005]"
 
 
-def test_megatron_on_cpu_site_warns():
+def test_megatron_on_a_site_without_real_gpus_is_refused():
     cfg = job(engine="megatron", resources={"nodes": 4, "spares": 2},
               training={"global_batch_size": 8}, parallelism={"pp": 2})
-    assert any("needs CUDA" in w for w in run(cfg, "local").warnings)
+    ps = problems(cfg, "local")
+    assert any(p.startswith("engine: 'megatron' needs real CUDA GPUs") and "node.gpu_model is null" in p
+               and "fake gres" in p and "allowed here: torch" in p for p in ps), ps
+
+
+def test_extra_problems_are_listed_with_the_others():
+    ps = problems(job(training={"global_batch_size": 63}), extra_problems=["engine: from the caller"])
+    assert ps[0] == "engine: from the caller" and any(p.startswith("training.global_batch_size") for p in ps)
+
+
+def test_megatron_memory_estimate_is_attached_and_a_config_that_cannot_fit_is_refused():
+    cfg = load_job_config(EXAMPLES / "vista-7b.yaml")
+    r = run(cfg, "vista")
+    assert r.memory is not None and 20e9 < r.memory.total < 96e9 and r.memory.stage == 0
+    too_big = cfg.model_copy(update={"training": cfg.training.model_copy(update={"micro_batch_size": 8}),
+                                     "megatron": cfg.megatron.model_copy(update={"transformer_impl": "local",
+                                                                                 "attention_backend": None})})
+    ps = problems(too_big, "vista")
+    mem = [p for p in ps if p.startswith("GPU memory:")]
+    assert len(mem) == 1 and "more than the 96 GB of one GH200-96GB" in mem[0] and "node.gpu_mem_gb" in mem[0]
+    assert "megatron.recompute_granularity: full" in mem[0] and "training.micro_batch_size" in mem[0]
+    assert "activations" in mem[0]
+    assert run(cfg.model_copy(update={"engine": "torch", "megatron": type(cfg.megatron)(),
+                                      "model": cfg.model.model_copy(update=dict(
+                                          position_embedding_type="learned_absolute", activation="gelu",
+                                          normalization="LayerNorm", add_bias_linear=True, ffn_hidden_size=None,
+                                          num_query_groups=None))}), "vista").memory is None
 
 
 @pytest.mark.parametrize("site, example, dp", [("local", "gpt-small", 2), ("perlmutter", "perlmutter-7b", 8),
