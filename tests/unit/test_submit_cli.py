@@ -35,8 +35,8 @@ def fake_dataset(tmp: Path) -> Path:
     return tmp / "ds"
 
 
-def write_cfg(tmp: Path, **changes) -> Path:
-    data = yaml.safe_load(GPT_SMALL.read_text())
+def write_cfg(tmp: Path, src: Path = GPT_SMALL, **changes) -> Path:
+    data = yaml.safe_load(src.read_text())
     data["data"]["path"] = str(ROOT / "data" / "stdlib")
     for section, value in changes.items():
         if isinstance(value, dict):
@@ -177,3 +177,53 @@ def test_run_dir_in_use_is_refused(in_tmp):
     cfg = write_cfg(in_tmp, data={"path": str(fake_dataset(in_tmp))})
     assert_bad(invoke("--site", "local", cfg, "--run-dir", rd), "already holds a job")
     assert (rd / "config.yaml").read_text() == "name: old\n"
+
+
+PERLMUTTER_7B = ROOT / "examples" / "perlmutter-7b.yaml"
+VISTA_7B = ROOT / "examples" / "vista-7b.yaml"
+
+
+# --- engine megatron --------------------------------------------------------------------------------------
+def test_submit_dry_run_prints_the_memory_estimate(in_tmp):
+    r = invoke("--site", "vista", VISTA_7B, "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "# GPU memory per rank, estimated by phoenix_hpc.config.memory (one GPU of this site: 96 GB):" in r.output
+    assert "optimizer shard" in r.output and "activations" in r.output
+    assert list(in_tmp.iterdir()) == []
+
+
+def test_submit_refuses_megatron_on_the_local_site(in_tmp):
+    p = write_cfg(in_tmp, engine="megatron", data={"path": str(in_tmp / "d")})
+    assert_bad(invoke("--site", "local", p, "--dry-run"), "engine: 'megatron' needs real CUDA GPUs",
+               "node.gpu_model is null", "allowed here: torch")
+
+
+def test_submit_refuses_an_unsupported_megatron_core(in_tmp, monkeypatch):
+    import phoenix_hpc.engines.megatron_version as mv
+
+    monkeypatch.setattr(mv, "installed_version", lambda: "0.12.3")
+    assert_bad(invoke("--site", "vista", VISTA_7B, "--dry-run"),
+               "engine: 'megatron' does not support the installed megatron-core 0.12.3", ">=0.15,<0.17")
+    monkeypatch.setattr(mv, "installed_version", lambda: None)
+    assert_bad(invoke("--site", "vista", VISTA_7B, "--dry-run"), "megatron-core, which is not installed here")
+
+
+@pytest.mark.parametrize("model,parallelism,needle", [
+    ({"num_query_groups": 5}, {}, "model.num_query_groups: 5 must divide model.heads (32)"),
+    ({"num_query_groups": 2}, {"tp": 4}, "model.num_query_groups: 2 must be divisible by parallelism.tp (4)"),
+    ({"normalization": "BatchNorm"}, {}, "normalization"),
+    ({"position_embedding_type": "alibi"}, {}, "position_embedding_type"),
+])
+def test_submit_refuses_llama_options_megatron_cannot_build(in_tmp, model, parallelism, needle):
+    p = write_cfg(in_tmp, PERLMUTTER_7B, model=model, parallelism=parallelism)
+    assert_bad(invoke("--site", "perlmutter", p, "--dry-run"), needle)
+
+
+def test_submit_refuses_a_config_that_cannot_fit(in_tmp):
+    p = write_cfg(in_tmp, PERLMUTTER_7B, training={"micro_batch_size": 8, "global_batch_size": 512},
+              megatron={"transformer_impl": "local", "attention_backend": None, "sequence_parallel": False,
+                        "recompute_granularity": "none"})
+    r = invoke("--site", "perlmutter", p, "--dry-run")
+    assert_bad(r, "GPU memory: a rank needs about", "more than the 40 GB of one A100-40GB",
+               "megatron.recompute_granularity: full", "megatron.sequence_parallel: true")
+    assert list(in_tmp.iterdir()) == [p]
