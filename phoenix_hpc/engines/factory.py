@@ -13,7 +13,8 @@ def check_engine_runnable(engine: str, cuda_available: bool | None = None) -> No
 
     Raises:
         EngineError: ``engine: megatron`` without CUDA (megatron-core allocates on CUDA in DDP, the
-            distributed optimizer and the GPT forward pass), or an unknown engine name.
+            distributed optimizer and the GPT forward pass) or with a megatron-core version outside
+            :data:`phoenix_hpc.engines.megatron_version.SUPPORTED`, or an unknown engine name.
     """
     if engine not in ("torch", "megatron"):
         raise EngineError(f"engine {engine!r} is unknown (allowed: torch, megatron)")
@@ -24,6 +25,12 @@ def check_engine_runnable(engine: str, cuda_available: bool | None = None) -> No
             "engine 'megatron' needs CUDA, and no CUDA device is available here "
             "(megatron-core allocates on CUDA even in its forward pass); use engine: torch on CPU"
         )
+    if engine == "megatron":
+        from phoenix_hpc.engines.megatron_version import installed_version, version_problem
+
+        problem = version_problem(installed_version())
+        if problem is not None:
+            raise EngineError(problem)
 
 
 def default_device(local_rank: int) -> torch.device:

@@ -57,6 +57,17 @@ def groups_and_coord(world, generation: int) -> tuple[ProcessGroups, GridCoord]:
     return groups, coord
 
 
+def created_groups() -> list:
+    """Every process group megatron-core created for this rank in :func:`init_parallel_state` (its
+    ``_global_process_group_list``, the list its own ``update_pg_timeout`` walks; the default group is left
+    out): what an abort of the generation's communicators has to cover besides the default group. Empty
+    when parallel state is not initialised."""
+    ps = parallel_state()
+    if not ps.model_parallel_is_initialized():
+        return []
+    return [g for g in (getattr(ps, "_global_process_group_list", None) or []) if g is not None]
+
+
 def destroy_parallel_state() -> None:
     """``destroy_model_parallel()``: megatron-core forgets every group (no collective runs; the groups are
     freed once nothing else references them). Afterwards ``model_parallel_is_initialized()`` is False.

@@ -6,7 +6,8 @@ compares them). The floor is 0.15.0: ``DistributedOptimizer.get_parameter_state_
 engine's view of the optimizer shard) first appears in megatron-core 0.15.0 (0.12 to 0.14 have only
 ``get_parameter_state_dp_zero``, which gathers to DP rank 0). The ceiling excludes 0.17: 0.16.1 is the newest
 version the engine is tested with. :data:`API` lists every megatron-core module attribute, keyword argument
-and method the engine uses; a unit test checks each against the installed version.
+and method the engine uses; a unit test checks each against the installed version (each was also found in
+the megatron-core 0.15.0 source).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ API: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
       "create_gloo_process_groups", "order")),
     ("megatron.core.parallel_state", "destroy_model_parallel", "attr", ()),
     ("megatron.core.parallel_state", "model_parallel_is_initialized", "attr", ()),
+    ("megatron.core.parallel_state", "_global_process_group_list", "attr", ()),
     ("megatron.core.parallel_state", "get_data_parallel_group", "attr", ()),
     ("megatron.core.parallel_state", "get_pipeline_model_parallel_group", "attr", ()),
     ("megatron.core.parallel_state", "get_tensor_model_parallel_group", "attr", ()),

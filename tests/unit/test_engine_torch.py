@@ -61,6 +61,15 @@ def test_megatron_without_cuda_is_refused():
     check_engine_runnable("torch", cuda_available=False)
 
 
+def test_megatron_with_an_unsupported_megatron_core_is_refused(monkeypatch):
+    import phoenix_hpc.engines.megatron_version as mv
+
+    check_engine_runnable("megatron", cuda_available=True)  # the installed version is supported
+    monkeypatch.setattr(mv, "installed_version", lambda: "0.14.0")
+    with pytest.raises(EngineError, match=r"megatron-core 0\.14\.0 .*>=0\.15,<0\.17"):
+        check_engine_runnable("megatron", cuda_available=True)
+
+
 def test_grid_must_match_active_slots():
     assert resolve_grid(1, 2, None, 4).dp == 2
     assert resolve_grid(2, 2, 2, 8).world_size == 8

@@ -148,12 +148,18 @@ def gloo_world():
 def test_parallel_state_timeout_on_every_group_no_gloo_and_teardown(gloo_world):
     from megatron.core import parallel_state as ps
 
-    from phoenix_hpc.engines.megatron_parallel import destroy_parallel_state, groups_and_coord, init_parallel_state
+    from phoenix_hpc.engines.megatron_parallel import (
+        created_groups,
+        destroy_parallel_state,
+        groups_and_coord,
+        init_parallel_state,
+    )
 
+    assert created_groups() == []
     init_parallel_state(1, 1, timeout_s=7.5)
     try:
-        created = [g for g in ps._global_process_group_list if g is not None]
-        assert len(created) >= 5
+        created = created_groups()
+        assert len(created) >= 5 and ps.get_data_parallel_group() in created
         for g in created:
             assert g._get_backend(torch.device("cpu")).options._timeout.total_seconds() == 7.5
         with pytest.raises(AssertionError, match="gloo"):
@@ -165,7 +171,7 @@ def test_parallel_state_timeout_on_every_group_no_gloo_and_teardown(gloo_world):
             init_parallel_state(1, 1, timeout_s=7.5)
     finally:
         destroy_parallel_state()
-    assert not ps.model_parallel_is_initialized()
+    assert not ps.model_parallel_is_initialized() and created_groups() == []
     destroy_parallel_state()  # idempotent
     init_parallel_state(1, 1, timeout_s=3.0)  # the next generation builds afresh
     assert ps.model_parallel_is_initialized()
