@@ -281,7 +281,9 @@ class JobConfig(BaseModel):
     )
     run_dir: str | None = Field(None, description="run directory; default runs/<name>-<timestamp>")
     model: ModelConfig = Field(default_factory=ModelConfig)
-    megatron: MegatronOptions = Field(default_factory=MegatronOptions, description="megatron-core options")
+    megatron: MegatronOptions = Field(
+        default_factory=MegatronOptions, description="megatron-core performance options (engine megatron only)"
+    )
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     data: DataConfig

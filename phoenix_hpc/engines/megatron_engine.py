@@ -134,29 +134,39 @@ class MegatronEngine(Engine):
                 "engine 'megatron' needs CUDA, and no CUDA device is available here "
                 "(megatron-core allocates on CUDA even in its forward pass); use engine: torch on CPU"
             )
-        import torch.distributed as dist
-
-        from phoenix_hpc.data.indexed import TokenSamples
-        from phoenix_hpc.engines.megatron_parallel import groups_and_coord, init_parallel_state
+        from phoenix_hpc.engines.megatron_parallel import init_parallel_state
         from phoenix_hpc.engines.megatron_version import installed_version, version_problem
-        from phoenix_hpc.engines.torch_engine import micro_batches
 
         problem = version_problem(installed_version())
         if problem is not None:
             raise EngineError(problem)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
         self.cfg, self.device = cfg, device
-        m, t, p = cfg.model, cfg.training, cfg.parallelism
-        mc = self._mc = _quiet_import()
-        ps = mc["parallel_state"]
+        p = cfg.parallelism
+        self._mc = _quiet_import()
+        ps = self._mc["parallel_state"]
         try:
             init_parallel_state(p.tp, p.pp, cfg.resilience.collective_timeout_s)
         except RuntimeError as exc:
             raise EngineError(f"engine 'megatron': {exc} (the previous engine's teardown() did not run)") from None
+        try:  # a failed construction leaves no parallel state behind (the next attempt builds afresh)
+            self._build(cfg, coord, groups, device)
+        except BaseException:
+            ps.destroy_model_parallel()
+            raise
+
+    def _build(self, cfg, coord: GridCoord, groups: ProcessGroups, device: torch.device) -> None:
+        import torch.distributed as dist
+
+        from phoenix_hpc.data.indexed import TokenSamples
+        from phoenix_hpc.engines.megatron_parallel import groups_and_coord
+        from phoenix_hpc.engines.torch_engine import micro_batches
+
+        m, t, p = cfg.model, cfg.training, cfg.parallelism
+        mc, ps = self._mc, self._mc["parallel_state"]
         mg_groups, mg_coord = groups_and_coord(groups.world if groups.world is not None else dist.group.WORLD,
                                                groups.generation)
         if mg_coord != coord:
-            ps.destroy_model_parallel()
             raise EngineError(f"Megatron places this rank at {mg_coord}, the launcher at {coord}")
         self.coord, self.groups = coord, mg_groups
         self.tp, self.pp = p.tp, p.pp
