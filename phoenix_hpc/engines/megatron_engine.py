@@ -141,6 +141,9 @@ class MegatronEngine(Engine):
         if problem is not None:
             raise EngineError(problem)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+        # deterministic Transformer Engine attention: megatron-core's TE attention refuses deterministic_mode
+        # unless this is 0 (megatron/core/extensions/transformer_engine.py)
+        os.environ.setdefault("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")
         self.cfg, self.device = cfg, device
         p = cfg.parallelism
         self._mc = _quiet_import()
