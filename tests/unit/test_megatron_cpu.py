@@ -271,3 +271,22 @@ def test_megatron_engine_without_cuda_raises_before_touching_megatron():
         pytest.skip("this machine has CUDA")
     with pytest.raises(EngineError, match="needs CUDA"):
         MegatronEngine(job(), GridCoord(0, 0, 0), ProcessGroups(None, None, None, None, 0), torch.device("cpu"))
+
+
+def test_teardown_destroys_parallel_state_drops_state_and_is_idempotent(gloo_world):
+    """teardown() on an engine whose CUDA parts are stand-ins (its own code runs no collective and needs no
+    GPU): parallel state gone, model / optimizer / data dropped, a second call harmless."""
+    from megatron.core import parallel_state as ps
+
+    from phoenix_hpc.engines.megatron_engine import MegatronEngine
+    from phoenix_hpc.engines.megatron_parallel import groups_and_coord, init_parallel_state
+
+    init_parallel_state(1, 1, timeout_s=30.0)
+    e = MegatronEngine.__new__(MegatronEngine)
+    e.groups, _ = groups_and_coord(gloo_world, 0)
+    e.model, e.optimizer, e.dist_opts, e.samples = torch.nn.Linear(2, 2), object(), [object()], object()
+    e.teardown()
+    assert not ps.model_parallel_is_initialized()
+    assert e.groups is None and e.model is None and e.optimizer is None and e.dist_opts is None and e.samples is None
+    e.teardown()
+    assert not ps.model_parallel_is_initialized()
