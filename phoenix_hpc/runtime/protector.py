@@ -197,7 +197,9 @@ class Protector:
                 the buffers.
             comm: the generation's MPI communicator (mpi4py), spanning exactly the active ranks. It is
                 ``Dup``-ed; the runtime uses only its duplicate.
-            placement: from ``topology.place_replicas`` for this generation (logical ranks).
+            placement: from ``topology.place_replicas`` for this generation (logical ranks). A placement
+                with ``k == 0`` and no replicas protects the local snapshot only (no H2H; what the one-GPU
+                check measures -- a job config always has k >= 1).
             logical_rank: this rank's logical rank; ``comm_rank_of`` maps logical ranks to ranks of
                 ``comm`` (identity when None, as at generation 0).
             grid: ``{"tp", "pp", "dp"}`` sizes (written into every snapshot).
@@ -225,7 +227,7 @@ class Protector:
         coord = engine.coord
         shard_id = coord.shard_prefix()
         mine = placement.holders_of(logical_rank)
-        if not mine or mine[0].shard_id != shard_id:
+        if placement.k > 0 and (not mine or mine[0].shard_id != shard_id):
             raise ReplicationError(
                 f"logical rank {logical_rank} ({shard_id}) has no replicas in the placement "
                 f"(placement covers ranks {sorted({r.owner_rank for r in placement.replicas})})"

@@ -1,0 +1,182 @@
+"""CUDA D2H of the protector: pinned buffers, a side stream ordered by an event; overhead on a 1B model.
+
+Items:
+
+- ``d2h.exact``: state updated by work still queued on the compute stream is copied by ``D2H.copy`` from a
+  background thread (as the runtime's copy thread does) into a pinned buffer and packs byte-exact;
+- ``d2h.overhead``: a ~1B-parameter torch-engine model (bf16 weights, fp32 ZeRO-1 AdamW state: 14 bytes
+  per parameter in the snapshot) trains in ABBA blocks with protection on and off in one process
+  (:func:`phoenix_hpc.gpucheck.protect.abba`); numbers: the per-step ratio on/off with its 95 % interval,
+  the exposed wait before ``optimizer_step`` (``wait_commit``), the background D2H+CRC time per step, the
+  D2H copy's GB/s alone against the host link's limit (nvidia-smi's PCIe generation and width) and a plain
+  pinned copy's GB/s, and the CRC-32 rate. It fails when a protected step fails or the committed snapshot
+  differs from the live state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from phoenix_hpc.gpucheck import common, protect
+from phoenix_hpc.gpucheck.report import item
+
+NAME = "d2h"
+TIMEOUT_S = 240
+ITEMS = ("d2h.exact", "d2h.overhead")
+MODEL = {"layers": 20, "hidden_size": 2048, "heads": 16, "vocab_size": 256, "seq_length": 1024, "dtype": "bfloat16"}
+TRAINING = {"steps": 1000, "micro_batch_size": 4, "global_batch_size": 8, "lr": 1e-4, "warmup_steps": 2, "seed": 3}
+WARMUP, ROUNDS, BLOCK_STEPS = 3, 2, 4
+
+
+def config(work: Path):
+    """The job config of the overhead item (CPU only)."""
+    return common.job_config("torch", common.dataset(work), MODEL, TRAINING)
+
+
+def param_count(layers: int, hidden: int, vocab: int, seq: int) -> int:
+    """Parameters of the torch engine's GPT (:mod:`phoenix_hpc.engines.torch_gpt`): per layer 12 h^2 + 13 h
+    (QKV, projection, 4h MLP, biases, two LayerNorms), embeddings ``(vocab + seq) x h``, final LayerNorm
+    ``2h``, untied output head ``vocab x h``."""
+    return layers * (12 * hidden * hidden + 13 * hidden) + (vocab + seq) * hidden + 2 * hidden + vocab * hidden
+
+
+def plan(work: Path) -> dict:
+    """Dry run: the config and the model's size (no CUDA call)."""
+    m = config(work).model
+    return {"model": m.model_dump(), "params": param_count(m.layers, m.hidden_size, m.vocab_size, m.seq_length)}
+
+
+def exact_item() -> dict:
+    """``d2h.exact`` (see the module docstring)."""
+    import torch
+
+    from phoenix_hpc.runtime import snapshot as S
+    from phoenix_hpc.runtime.buffers import allocate_pair
+    from phoenix_hpc.runtime.d2h import D2H
+
+    dev = torch.device("cuda", 0)
+    opt = [(f"opt/pp0/tp0/dp0/w/{k}", torch.randn(1 << 20, device=dev)) for k in ("main", "exp_avg", "exp_avg_sq")]
+    params = [("param/pp0/tp0/w", torch.randn(1024, 1024, device=dev).to(torch.bfloat16))]
+    lay = S.plan_layout(opt, params, {"envelope": {}})
+    d2h = D2H(dev)
+    buf, _ = allocate_pair(lay.total_bytes, pin=d2h.pin)
+    a = torch.randn(4096, 4096, device=dev)
+    for _ in range(20):  # long work queued on the compute stream before the update the copy must see
+        a = a @ a / 64
+    for _, t in opt:
+        t.add_(a[0, 0] * 0 + 1.0)
+    params[0][1].mul_(2)
+    token = d2h.mark()  # nothing synchronises the device before the copy
+    errors: list[BaseException] = []
+
+    def copier() -> None:
+        try:
+            d2h.copy(token, buf, lay, opt, params)
+        except BaseException as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+
+    th = threading.Thread(target=copier)
+    th.start()
+    th.join()
+    if errors:
+        return item(ITEMS[0], "failed", f"D2H.copy raised {errors[0]!r}")
+    expected = {n: t.cpu() for n, t in opt + params}
+    S.seal(buf, lay, shard_id="opt/pp0/tp0/dp0", step=1, generation=0, grid={}, coord={}, envelope={})
+    u = S.unpack(buf, (S.OPT, S.PARAM))
+    bad = [n for n, t in expected.items() if not torch.equal(u.tensors[n], t)]
+    nums = {"pinned": bool(buf.is_pinned()), "bytes": lay.total_bytes}
+    if bad or not buf.is_pinned():
+        return item(ITEMS[0], "failed", f"copy differs for {bad}" if bad else "host buffer is not pinned", nums)
+    return item(ITEMS[0], "passed", numbers=nums)
+
+
+def raw_copy_gbs(nbytes: int = 1 << 30, reps: int = 3) -> float:
+    """Best GB/s of a plain ``copy_`` of ``nbytes`` from the GPU into pinned host memory."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    best = 0.0
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        best = max(best, protect.gbs(nbytes, time.perf_counter() - t0))
+    return best
+
+
+def overhead_item(work: Path) -> dict:
+    """``d2h.overhead`` (see the module docstring)."""
+    import torch
+    from mpi4py import MPI
+
+    from phoenix_hpc.engines.factory import create_engine
+    from phoenix_hpc.gpucheck import env
+    from phoenix_hpc.launch.groups import Grid, init_generation
+    from phoenix_hpc.launch.loop import train
+    from phoenix_hpc.runtime import snapshot as S
+
+    import torch.distributed as dist
+
+    cfg = config(work)
+    dev = common.prepare_cuda()
+    groups, coord = init_generation(dist.HashStore(), 0, 0, Grid(1, 1, 1), "nccl", 300.0, device_id=dev)
+    engine = create_engine(cfg, coord, groups, dev)
+    tokens = cfg.training.global_batch_size * cfg.model.seq_length
+    opt, par = engine.optimizer_shard(), engine.param_shard()
+    n_params = sum(t.numel() for _, t in par)
+    state_bytes = sum(t.numel() * t.element_size() for _, t in opt + par)
+    nums: dict = {"params": n_params, "snapshot_bytes_state": state_bytes, "tokens_per_step": tokens}
+    train(engine, WARMUP, tokens)
+    t0 = time.perf_counter()
+    prot = protect.make_protector(engine, MPI.COMM_SELF, dev)
+    nums["protector_create_s"] = round(time.perf_counter() - t0, 2)
+    try:
+        steps = protect.abba(engine, prot, tokens, ROUNDS, BLOCK_STEPS)
+        nums.update(protect.summarize_abba(steps))
+        st = prot.stats()
+        nums["d2h_crc_ms_mean"] = round(st["d2h_mean_s"] * 1e3, 1)
+        nums["host_buffer_bytes"] = st["host_buffer_bytes"]
+        prot.flush(engine)
+        bad = protect.snapshot_matches(prot, engine)
+    finally:
+        prot.close()
+    # the copy alone, through the runtime's D2H (side stream + event), into the non-committed buffer
+    local = prot.buffers.local
+    buf = local.begin_write(local.target_idx())
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        prot.d2h.copy(prot.d2h.mark(), buf, prot.layout, opt, par)
+        times.append(time.perf_counter() - t0)
+    nums["d2h_gbs"] = protect.gbs(state_bytes, min(times))
+    t0 = time.perf_counter()
+    S.seal(buf, prot.layout, shard_id=prot.shard_id, step=engine.step, generation=0, grid=prot.grid,
+           coord=prot.coord, envelope=engine.envelope())
+    nums["crc32_gbs"] = protect.gbs(prot.layout.total_bytes, time.perf_counter() - t0)
+    nums["raw_pinned_copy_gbs"] = raw_copy_gbs()
+    pcie = env.pcie_facts(env.nvidia_smi())
+    if "limit_gbs" in pcie:
+        nums["host_link_limit_gbs"] = pcie["limit_gbs"]
+        nums["host_link"] = f"PCIe gen {pcie['gen_max']} x{pcie['width_max']}"
+        nums["d2h_of_link_limit"] = round(nums["d2h_gbs"] / pcie["limit_gbs"], 3)
+    if bad:
+        return item(ITEMS[1], "failed", f"committed snapshot differs from the live state in {bad[:3]}", nums,
+                    protect.NO_PEER)
+    return item(ITEMS[1], "passed", numbers=nums, limit=protect.NO_PEER)
+
+
+def run(work: Path) -> list[dict]:
+    common.prepare_cuda()
+    out = [exact_item()]
+    try:
+        out.append(overhead_item(work))
+    except Exception as e:  # noqa: BLE001 -- the report names it; the log has the traceback
+        import traceback
+
+        traceback.print_exc()
+        out.append(item(ITEMS[1], "failed", f"{type(e).__name__}: {e}", limit=protect.NO_PEER))
+    return out

@@ -1,0 +1,85 @@
+"""NCCL: a process group created, aborted and created again (the abort path of a GPU recovery), with times.
+
+Item ``nccl.create_abort_create``: on the default NCCL group of world size 1, a new group is created and
+its communicator brought up by a first all-reduce; the group is aborted (:func:`abort_function`); a second
+group is created and its all-reduce must give the right sum, and the default group must still work.
+Times in ms: group creation, first collective (communicator set-up), abort, re-creation, its first
+collective.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from phoenix_hpc.gpucheck import common
+from phoenix_hpc.gpucheck.report import item
+
+NAME = "nccl"
+TIMEOUT_S = 60
+ITEMS = ("nccl.create_abort_create",)
+LIMIT = ("world size 1: the communicator has no peer, so no network transport is set up and the abort "
+         "releases no rank blocked on a dead peer; the times are a lower bound of a multi-node group's")
+
+
+def abort_function():
+    """``(abort(group), name)``: torch's ``distributed_c10d._abort_process_group`` where it exists, else
+    the NCCL backend object's ``abort()``."""
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    fn = getattr(c10d, "_abort_process_group", None)
+    if fn is not None:
+        return fn, "torch.distributed.distributed_c10d._abort_process_group"
+
+    def backend_abort(group) -> None:
+        group._get_backend(torch.device("cuda", torch.cuda.current_device())).abort()
+
+    return backend_abort, "ProcessGroupNCCL.abort()"
+
+
+def plan(work: Path) -> dict:
+    """Dry run: the abort function torch offers (no CUDA call)."""
+    return {"abort": abort_function()[1]}
+
+
+def ms(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1e3, 2)
+
+
+def run(work: Path) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    common.init_nccl_world()
+    abort, how = abort_function()
+    nums: dict = {"abort_api": how}
+
+    def bring_up(key: str):
+        t0 = time.perf_counter()
+        g = dist.new_group([0], backend="nccl")
+        nums[f"{key}_create_ms"] = ms(t0)
+        x = torch.ones(1 << 20, device="cuda")
+        t0 = time.perf_counter()
+        dist.all_reduce(x, group=g)
+        torch.cuda.synchronize()
+        nums[f"{key}_first_allreduce_ms"] = ms(t0)
+        return g, x
+
+    g1, _ = bring_up("first")
+    t0 = time.perf_counter()
+    abort(g1)
+    torch.cuda.synchronize()
+    nums["abort_ms"] = ms(t0)
+    del g1
+    g2, x = bring_up("again")
+    ok_again = bool(torch.all(x == 1.0))  # sum over one rank
+    w = torch.full((4,), 2.0, device="cuda")
+    dist.all_reduce(w)
+    torch.cuda.synchronize()
+    ok_world = bool(torch.all(w == 2.0))
+    if ok_again and ok_world:
+        return [item(ITEMS[0], "passed", numbers=nums, limit=LIMIT)]
+    why = [] if ok_again else ["the re-created group's all-reduce gave a wrong sum"]
+    why += [] if ok_world else ["the default group's all-reduce failed after the abort"]
+    return [item(ITEMS[0], "failed", "; ".join(why), nums, LIMIT)]

@@ -1,0 +1,89 @@
+"""The runtime's protector on one rank, as the GPU checks drive it (device-agnostic: CPU or CUDA).
+
+One rank has no peer to hold a replica, so the protector runs with a placement of ``k = 0``: every step's
+D2H into the pinned ping-pong buffers, the CRC-32 of every tensor, the commit and the commit fence run as
+in a job; H2H does not. :func:`abba` interleaves protected and unprotected blocks in one process
+(docs/design.md section 1's method, :func:`phoenix_hpc.bench.stats.interleaved_order`);
+:func:`summarize_abba` is its pure analysis.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from phoenix_hpc.bench import stats as S
+
+#: Limit shared by the checks that protect one rank.
+NO_PEER = ("one rank has no DP peer, so k=0: no H2H, no replica held for a peer (the 2k x shard term is 0); "
+           "H2H and held replicas are measured on CPU nodes (BENCHMARKS.md sections 1 and 4)")
+
+
+def local_placement():
+    """A placement with ``k = 0`` and no replicas (local snapshot only)."""
+    from phoenix_hpc.topology import Placement
+
+    return Placement(k=0, levels=("node",), replicas=(), warnings=())
+
+
+def make_protector(engine, comm, device, commit_timeout_s: float = 600.0):
+    """``Protector.create`` for logical rank 0 of a 1x1x1 grid with :func:`local_placement`."""
+    from phoenix_hpc.runtime.protector import Protector
+
+    return Protector.create(engine=engine, comm=comm, placement=local_placement(), logical_rank=0,
+                            grid={"tp": 1, "pp": 1, "dp": 1}, generation=0, chunk_bytes=64 << 20, log=None,
+                            device=device, commit_timeout_s=commit_timeout_s)
+
+
+def abba(engine, protector, tokens: int, rounds: int, block_steps: int) -> list[dict]:
+    """Train ``rounds`` ABBA pairs of ``block_steps``-step blocks, protected (``on``) and not (``off``).
+    Returns one ``{"mode", "block", "step", "step_ms", "wait_ms"}`` per step (``wait_ms``: the time blocked
+    in ``wait_commit`` before ``optimizer_step``, 0 when off)."""
+    from phoenix_hpc.launch.loop import train
+
+    out: list[dict] = []
+    for b, on in enumerate(S.interleaved_order(rounds)):
+        recs = train(engine, engine.step + block_steps, tokens, protector=protector if on else None)
+        out += [{"mode": "on" if on else "off", "block": b, "step": r.step, "step_ms": r.step_time_ms,
+                 "wait_ms": r.exposed_wait_ms} for r in recs]
+    return out
+
+
+def summarize_abba(steps: list[dict], drop_first: int = 1, trim: float = 0.05) -> dict[str, Any]:
+    """Per-step overhead from :func:`abba`'s steps (pure): the first ``drop_first`` steps of every block are
+    dropped (the step after a switch pays for it), the slowest ``trim`` of each mode trimmed; the ratio of
+    medians on/off with a 95 % bootstrap interval; the exposed wait (median, p75, max, ms) of on steps.
+
+    Raises:
+        BenchError: a mode without steps left.
+    """
+    first: dict[int, int] = {}
+    for s in steps:
+        first[s["block"]] = min(first.get(s["block"], s["step"]), s["step"])
+    kept = [s for s in steps if s["step"] >= first[s["block"]] + drop_first]
+    on = S.trim_slowest([s["step_ms"] for s in kept if s["mode"] == "on"], trim)
+    off = S.trim_slowest([s["step_ms"] for s in kept if s["mode"] == "off"], trim)
+    wait = [s["wait_ms"] for s in kept if s["mode"] == "on"]
+    r = S.median_ratio(on, off)
+    return {"ratio": round(r.value, 4), "ratio_ci95": [round(r.lo, 4), round(r.hi, 4)],
+            "steps_on": len(on), "steps_off": len(off),
+            "on_ms_median": round(statistics.median(on), 2), "off_ms_median": round(statistics.median(off), 2),
+            "exposed_wait_ms_median": round(statistics.median(wait), 3),
+            "exposed_wait_ms_p75": round(S.quantile(wait, 0.75), 3), "exposed_wait_ms_max": round(max(wait), 3)}
+
+
+def snapshot_matches(protector, engine) -> list[str]:
+    """Names of the tensors whose committed local snapshot differs from the engine's live state (call right
+    after ``protector.flush(engine)``); compared on the engine's device."""
+    u = protector.local_snapshot()
+    bad = []
+    for n, t in engine.optimizer_shard() + engine.param_shard():
+        got = u.tensors.get(n)
+        if got is None or got.dtype != t.dtype or not bool((got.to(t.device).reshape(t.shape) == t).all()):
+            bad.append(n)
+    return bad
+
+
+def gbs(nbytes: int, seconds: float) -> float:
+    """GB/s (1e9 bytes per second), rounded to 0.01; 0 for a zero time."""
+    return round(nbytes / seconds / 1e9, 2) if seconds > 0 else 0.0

@@ -1,0 +1,232 @@
+"""Run every GPU check and write ``OUT_DIR/gpu-report.json`` and ``OUT_DIR/gpu-report.md``.
+
+::
+
+    python -m phoenix_hpc.gpucheck.run [--dry-run] [--budget-s S] [--only NAME,...] OUT_DIR
+
+Each check (:data:`phoenix_hpc.gpucheck.CHECKS`) runs in its own process (``--one``), so that a crash, a
+hang or the global state of one (NCCL, Megatron's ``parallel_state``) cannot touch the next, under
+``min(its TIMEOUT_S, what is left of --budget-s)``; its output goes to ``OUT_DIR/logs/NAME.log``.
+``--dry-run`` makes no CUDA call: it imports every check and the packages of the wheels, builds every
+check's config and dataset (``plan``), and writes a report whose items are all ``skipped``.
+
+Exit codes: 0 no item failed; 1 an item failed (the report says which and why); 2 bad input or no CUDA
+device (nothing is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from phoenix_hpc.gpucheck import CHECKS, report
+
+#: Packages the wheels bring, by import name (distribution names in wheels.GPU_MISSING).
+WHEEL_IMPORTS = ("megatron.core", "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "hostlist")
+DEFAULT_BUDGET_S = 450.0  # under the 8 minutes the whole command may take, leaving time for set-up
+
+
+def check_module(name: str):
+    """The module of check ``name``; raises ValueError when it lacks the interface."""
+    mod = importlib.import_module(f"phoenix_hpc.gpucheck.check_{name}")
+    missing = [a for a in ("NAME", "TIMEOUT_S", "ITEMS", "plan", "run") if not hasattr(mod, a)]
+    if missing:
+        raise ValueError(f"check module {mod.__name__} lacks {missing}")
+    return mod
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _origin(mod) -> str:
+    target = os.environ.get("PHOENIX_GPU_WHEEL_TARGET")
+    f = str(getattr(mod, "__file__", "") or "")
+    return "the wheels" if target and f.startswith(target) else "the interpreter's site-packages"
+
+
+def _import_wheels() -> list[str]:
+    import warnings
+    from importlib.metadata import version
+
+    out = []
+    for name in WHEEL_IMPORTS:
+        with warnings.catch_warnings():  # megatron-core warns that Transformer Engine and Apex are absent
+            warnings.simplefilter("ignore")
+            mod = importlib.import_module(name)
+        dist = {"megatron.core": "megatron-core", "hostlist": "python-hostlist"}.get(name, name.replace("_", "-"))
+        out.append(f"imported {name} {version(dist)} from {_origin(mod)}")
+    return out
+
+
+def dry_run(out: Path, names: list[str]) -> int:
+    from phoenix_hpc.gpucheck import env
+
+    t0, started = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+    work = out / "work"
+    prep, checks, failed = [], [], False
+    if os.environ.get("PHOENIX_GPU_WHEELS_NOTE"):
+        prep.append(os.environ["PHOENIX_GPU_WHEELS_NOTE"])
+    try:
+        prep += _import_wheels()
+    except ImportError as e:
+        prep.append(f"import failed: {e}")
+        failed = True
+    for name in names:
+        c0 = time.perf_counter()
+        try:
+            mod = check_module(name)
+            planned = mod.plan(work)
+            items = [report.item(n, "skipped", f"dry run (planned: {json.dumps(planned, sort_keys=True)})")
+                     for n in mod.ITEMS]
+            prep.append(f"check {name}: {len(mod.ITEMS)} items, timeout {mod.TIMEOUT_S} s, planned")
+        except Exception as e:  # noqa: BLE001 -- a dry run reports every broken check, then exits 1
+            failed = True
+            items = [report.item(f"{name}.plan", "failed", f"{type(e).__name__}: {e}")]
+            mod = None
+        checks.append({"check": name, "wall_s": round(time.perf_counter() - c0, 1),
+                       "timeout_s": getattr(mod, "TIMEOUT_S", None), "items": items})
+    rep = report.build_report("dry-run", started, time.perf_counter() - t0, env.versions(with_cuda=False),
+                              {"name": "not queried (dry run)"}, checks, prep)
+    _write(out, rep)
+    for p in prep:
+        print(f"gpu-check: {p}")
+    print(f"gpu-check: dry run {'FAILED' if failed else 'ok'}: {sum(len(c['items']) for c in checks)} items "
+          f"of {len(checks)} checks planned; report in {out}/gpu-report.md")
+    return 1 if failed else 0
+
+
+def _write(out: Path, rep: dict) -> None:
+    _atomic_write(out / "gpu-report.json", json.dumps(rep, indent=1, sort_keys=True) + "\n")
+    _atomic_write(out / "gpu-report.md", report.render_markdown(rep))
+
+
+def _tail(path: Path, n: int = 6) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " / ".join(lines[-n:])
+
+
+def run_check(name: str, out: Path, timeout_s: float) -> dict:
+    """Run check ``name`` in a child process under ``timeout_s``; its items (failed ones for a crash or a
+    timeout, with the log's last lines)."""
+    mod = check_module(name)
+    logs, result = out / "logs", out / "work" / f"{name}.result.json"
+    logs.mkdir(parents=True, exist_ok=True)
+    result.unlink(missing_ok=True)
+    log = logs / f"{name}.log"
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "phoenix_hpc.gpucheck.run", "--one", name, str(out / "work"), str(result)]
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+            why = "" if rc == 0 else f"the check's process exited {rc}: {_tail(log)}"
+        except subprocess.TimeoutExpired:
+            why = f"timed out after {timeout_s:.0f} s: {_tail(log)}"
+    wall = round(time.perf_counter() - t0, 1)
+    items = []
+    if not why:
+        try:
+            items = json.loads(result.read_text())
+        except (OSError, ValueError) as e:
+            why = f"no result from the check ({e}): {_tail(log)}"
+    got = {it["name"] for it in items}
+    items += report.failed_items([n for n in mod.ITEMS if n not in got], why or "the check did not report this item")
+    return {"check": name, "wall_s": wall, "timeout_s": round(timeout_s), "items": items}
+
+
+def gpu_run(out: Path, names: list[str], budget_s: float) -> int:
+    """Run ``names`` on CUDA device 0 (the caller checked that CUDA is available) and write the report."""
+    from phoenix_hpc.gpucheck import common, env
+
+    t0, started = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+    prep = [os.environ["PHOENIX_GPU_WHEELS_NOTE"]] if os.environ.get("PHOENIX_GPU_WHEELS_NOTE") else []
+    prep += _import_wheels()
+    common.dataset(out / "work")
+    versions, device = env.versions(with_cuda=True), env.device_facts()
+    print(f"gpu-check: {device['name']}, torch {versions['torch']}, CUDA {versions['cuda']}, driver "
+          f"{versions['driver']}, megatron-core {versions['megatron_core']}", flush=True)
+    checks = []
+    for name in names:
+        left = budget_s - (time.perf_counter() - t0)
+        mod = check_module(name)
+        if left < 20:
+            checks.append({"check": name, "wall_s": 0, "timeout_s": 0, "items": report.failed_items(
+                list(mod.ITEMS), f"not run: {left:.0f} s of the {budget_s:.0f} s budget left")})
+        else:
+            checks.append(run_check(name, out, min(float(mod.TIMEOUT_S), left - 5)))
+        for it in checks[-1]["items"]:
+            print(f"gpu-check: {it['name']:28s} {it['status']:8s} {it['reason'][:160]}", flush=True)
+    rep = report.build_report("gpu", started, time.perf_counter() - t0, versions, device, checks, prep)
+    _write(out, rep)
+    s = rep["summary"]
+    print(f"gpu-check: {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped in {rep['wall_s']} s; "
+          f"report in {out}/gpu-report.md")
+    return report.exit_code(rep)
+
+
+def one(name: str, work: Path, result: Path) -> int:
+    """Child process: run check ``name`` and write its items to ``result``."""
+    mod = check_module(name)
+    try:
+        items = mod.run(work)
+    except Exception as e:  # noqa: BLE001 -- every item failed with the error; the traceback goes to the log
+        import traceback
+
+        traceback.print_exc()
+        items = report.failed_items(list(mod.ITEMS), f"{type(e).__name__}: {e}")
+    _atomic_write(result, json.dumps(items))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--one"] and len(argv) == 4:
+        return one(argv[1], Path(argv[2]), Path(argv[3]))
+    ap = argparse.ArgumentParser(prog="scripts/gpu-check.sh", description="Run the one-GPU checks.")
+    ap.add_argument("--dry-run", action="store_true", help="everything up to the first CUDA call")
+    ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget of all checks")
+    ap.add_argument("--only", default=",".join(CHECKS), help=f"comma-separated checks (of {', '.join(CHECKS)})")
+    ap.add_argument("out_dir", help="folder for gpu-report.json, gpu-report.md, logs/ and work/")
+    a = ap.parse_args(argv)
+    names = [n for n in a.only.split(",") if n]
+    bad = [n for n in names if n not in CHECKS]
+    if bad or not names:
+        print(f"gpu-check: --only {a.only!r}: unknown check(s) {bad or '(none given)'}; allowed: {', '.join(CHECKS)}",
+              file=sys.stderr)
+        return 2
+    if a.budget_s <= 0:
+        print(f"gpu-check: --budget-s {a.budget_s}: must be > 0 seconds", file=sys.stderr)
+        return 2
+    out = Path(a.out_dir)
+    if out.exists() and not out.is_dir():
+        print(f"gpu-check: OUT_DIR {out} exists and is not a folder", file=sys.stderr)
+        return 2
+    if a.dry_run:
+        out.mkdir(parents=True, exist_ok=True)
+        return dry_run(out, names)
+    import torch
+
+    if not torch.cuda.is_available():  # before anything is written
+        print("gpu-check: no CUDA device is visible (torch.cuda.is_available() is False; torch "
+              f"{torch.__version__}, CUDA build {torch.version.cuda}); run on a machine with a CUDA GPU, or "
+              "use --dry-run here", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    return gpu_run(out, names, a.budget_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
