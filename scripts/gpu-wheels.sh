@@ -13,8 +13,9 @@ mapfile -t PINS < <("$PY" -m phoenix_hpc.gpucheck.wheels pins)
 mkdir -p .whl
 TAGS=(--python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_28_x86_64
       --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+missing=$("$PY" -m phoenix_hpc.gpucheck.wheels check .whl 2>&1 || true)
 for pin in "${PINS[@]}"; do
-  if "$PY" -m phoenix_hpc.gpucheck.wheels check .whl 2>&1 | grep -q -- "- $pin:" ; then
+  if grep -q -F -- "- $pin:" <<<"$missing"; then
     echo "[gpu-wheels] fetching $pin"
     if ! err=$("$PY" -m pip download -q --no-deps --only-binary=:all: "${TAGS[@]}" -d .whl "$pin" 2>&1 >/dev/null); then
       if grep -q "No matching distribution" <<<"$err"; then

@@ -132,7 +132,7 @@ def overhead_item(work: Path) -> dict:
     nums: dict = {"params": n_params, "snapshot_bytes_state": state_bytes, "tokens_per_step": tokens}
     train(engine, WARMUP, tokens)
     t0 = time.perf_counter()
-    prot = protect.make_protector(engine, MPI.COMM_SELF, dev)
+    prot = protect.make_protector(engine, MPI.COMM_WORLD, dev)
     nums["protector_create_s"] = round(time.perf_counter() - t0, 2)
     try:
         steps = protect.abba(engine, prot, tokens, ROUNDS, BLOCK_STEPS)

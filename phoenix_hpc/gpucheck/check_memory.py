@@ -66,7 +66,7 @@ def run(work: Path) -> list[dict]:
     state_bytes = opt_bytes + sum(t.numel() * t.element_size() for _, t in engine.param_shard())
     gc.collect()
     before = rss_bytes()
-    prot = protect.make_protector(engine, MPI.COMM_SELF, dev)
+    prot = protect.make_protector(engine, MPI.COMM_WORLD, dev)
     try:
         train(engine, engine.step + 2, tokens, protector=prot)
         after = rss_bytes()

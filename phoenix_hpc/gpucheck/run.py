@@ -2,7 +2,7 @@
 
 ::
 
-    python -m phoenix_hpc.gpucheck.run [--dry-run] [--budget-s S] [--only NAME,...] OUT_DIR
+    python -m phoenix_hpc.gpucheck.run [--dry-run] [--budget-s S] [--only NAME,...] [OUT_DIR]
 
 Each check (:data:`phoenix_hpc.gpucheck.CHECKS`) runs in its own process (``--one``), so that a crash, a
 hang or the global state of one (NCCL, Megatron's ``parallel_state``) cannot touch the next, under
@@ -29,7 +29,8 @@ from pathlib import Path
 from phoenix_hpc.gpucheck import CHECKS, report
 
 #: Packages the wheels bring, by import name (distribution names in wheels.GPU_MISSING).
-WHEEL_IMPORTS = ("megatron.core", "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "hostlist")
+WHEEL_IMPORTS = ("megatron.core", "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "hostlist",
+                 "typing_extensions")
 DEFAULT_BUDGET_S = 450.0  # under the 8 minutes the whole command may take, leaving time for set-up
 
 
@@ -199,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="everything up to the first CUDA call")
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget of all checks")
     ap.add_argument("--only", default=",".join(CHECKS), help=f"comma-separated checks (of {', '.join(CHECKS)})")
-    ap.add_argument("out_dir", help="folder for gpu-report.json, gpu-report.md, logs/ and work/")
+    ap.add_argument("out_dir", nargs="?", default="gpu-report",
+                    help="folder for gpu-report.json, gpu-report.md, logs/ and work/ (default: gpu-report)")
     a = ap.parse_args(argv)
     names = [n for n in a.only.split(",") if n]
     bad = [n for n in names if n not in CHECKS]

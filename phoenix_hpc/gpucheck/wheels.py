@@ -17,9 +17,11 @@ import re
 import sys
 from pathlib import Path
 
-#: Distributions the GPU machine lacks: the project's own dependencies and theirs (pydantic's).
+#: Distributions the GPU machine lacks: the project's own dependencies and theirs (pydantic's). Its
+#: typing-extensions (there for torch) travels too: pydantic-core imports ``typing_extensions.Sentinel``
+#: (4.14.1 or newer), which a torch install's copy may predate; newer versions keep every older name.
 GPU_MISSING = ("megatron-core", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
-               "python-hostlist")
+               "python-hostlist", "typing-extensions")
 PYTHON_TAG, ABI_TAG = "cp312", "cp312"
 FETCH = "scripts/gpu-wheels.sh"  # the command that fetches them (needs the package index)
 

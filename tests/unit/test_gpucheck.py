@@ -1,0 +1,166 @@
+"""The GPU check's pure parts: report items and rendering, wheel pins and tags, the PCIe limit, the ABBA
+analysis, Llama options, the model size formula and the memory verdict; and the runner's bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from phoenix_hpc.gpucheck import CHECKS, env, protect, report, wheels
+from phoenix_hpc.gpucheck.check_d2h import param_count
+from phoenix_hpc.gpucheck.check_megatron import describe_fields, llama_options
+from phoenix_hpc.gpucheck.check_memory import verdict
+from phoenix_hpc.gpucheck.run import check_module
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_item_needs_a_known_status_and_a_reason_unless_passed():
+    assert report.item("a.b", "passed")["reason"] == ""
+    with pytest.raises(ValueError, match="status 'ok'"):
+        report.item("a.b", "ok")
+    with pytest.raises(ValueError, match="needs a reason"):
+        report.item("a.b", "skipped")
+    assert report.equal_item("x", 1, 1, "n")["status"] == "passed"
+    it = report.equal_item("x", (1, [2.0]), (1, [2.5]), "hash, losses")
+    assert it["status"] == "failed" and "got (1, [2.0]), expected (1, [2.5])" in it["reason"]
+
+
+def test_report_summary_exit_code_and_markdown():
+    checks = [{"check": "nccl", "wall_s": 1.0, "timeout_s": 60, "items": [report.item("nccl.x", "passed", numbers={"abort_ms": 1.5})]},
+              {"check": "megatron", "wall_s": 2.0, "timeout_s": 150, "items": [
+                  report.item("megatron.rebuild", "skipped", "engine has no teardown yet"),
+                  report.item("megatron.restore", "failed", "hash | differs", limit="world size 1")]}]
+    rep = report.build_report("gpu", "2026-01-01T00:00:00+00:00", 3.0, {"torch": "2.11"}, {"name": "H200"}, checks)
+    assert rep["summary"] == {"passed": 1, "failed": 1, "skipped": 1}
+    assert report.exit_code(rep) == 1
+    md = report.render_markdown(rep)
+    assert "| megatron | megatron.rebuild | **skipped** | engine has no teardown yet |" in md
+    assert "hash / differs" in md and "- abort_ms: 1.5" in md and "- one GPU: world size 1" in md
+    assert report.exit_code(report.build_report("gpu", "t", 0, {}, {}, checks[:1])) == 0
+    with pytest.raises(ValueError, match="mode"):
+        report.build_report("cpu", "t", 0, {}, {}, [])
+
+
+def test_gpu_pins_come_from_pyproject_and_match_the_installed_versions():
+    pins = wheels.read_pins(ROOT / "pyproject.toml")
+    assert [n for n, _ in pins] == list(wheels.GPU_MISSING)
+    for name, ver in pins:  # the CPU suite runs exactly the versions the GPU machine gets
+        assert version(name) == ver, name
+    with pytest.raises(ValueError, match="exact pin"):
+        wheels.gpu_pins(["pydantic>=2.6"], ("pydantic",))
+    with pytest.raises(ValueError, match="no dependency 'megatron-core'"):
+        wheels.gpu_pins(["pydantic==2.1"], ("megatron-core",))
+    assert wheels.gpu_pins(["Python_Hostlist == 2.3.0"], ("python-hostlist",)) == [("python-hostlist", "2.3.0")]
+
+
+def test_wheel_tags_and_matching_name_the_fetch_command():
+    assert wheels.parse_wheel_name("megatron_core-0.16.1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl") == (
+        "megatron_core", "0.16.1", "cp312", "cp312", "manylinux_2_24_x86_64.manylinux_2_28_x86_64")
+    assert wheels.parse_wheel_name("x-1-1b-py3-none-any.whl")[1:] == ("1", "py3", "none", "any")
+    assert wheels.parse_wheel_name("x-1.tar.gz") is None
+    assert wheels.tags_fit("py3", "none", "any")
+    assert wheels.tags_fit("cp312", "cp312", "manylinux2014_x86_64.manylinux_2_17_x86_64")
+    assert not wheels.tags_fit("cp311", "cp311", "manylinux_2_28_x86_64")
+    assert not wheels.tags_fit("cp312", "cp312", "macosx_11_0_arm64")
+    assert not wheels.tags_fit("cp312", "cp312", "manylinux_2_28_aarch64")
+    pins = [("megatron-core", "0.16.1"), ("pydantic", "2.14.4"), ("python-hostlist", "2.3.0")]
+    files = ["megatron_core-0.16.1-cp312-cp312-macosx_11_0_arm64.whl", "pydantic-2.13.0-py3-none-any.whl",
+             "python_hostlist-2.3.0-py3-none-any.whl"]
+    chosen, problems = wheels.match_wheels(pins, files)
+    assert chosen == ["python_hostlist-2.3.0-py3-none-any.whl"]
+    assert problems[0].startswith("megatron-core==0.16.1: no wheel for CPython 3.12 on manylinux x86-64")
+    assert problems[1].startswith("pydantic==2.14.4: only other versions (pydantic-2.13.0-py3-none-any.whl)")
+    assert all("fetch it with scripts/gpu-wheels.sh" in p for p in problems)
+
+
+def test_pcie_limit_and_nvidia_smi_parsing():
+    assert env.link_limit_gbs(5, 16) == pytest.approx(63.02, abs=0.01)  # 32 GT/s x 16 x 128/130 / 8
+    assert env.link_limit_gbs(4, 16) == pytest.approx(31.51, abs=0.01)
+    assert env.link_limit_gbs(2, 8) == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="gen 7"):
+        env.link_limit_gbs(7, 16)
+    smi = env.parse_smi_csv("570.86.15, 5, 16, 1, 16\n")
+    assert smi["driver_version"] == "570.86.15"
+    assert env.pcie_facts(smi) == {"gen_max": 5, "width_max": 16, "limit_gbs": 63.0, "gen_current": "1",
+                                   "width_current": "16"}
+    assert env.pcie_facts(env.parse_smi_csv("570.1, [N/A], [N/A], [N/A], [N/A]")) == {}
+
+
+def _steps(on_ms, off_ms, block=3):
+    out, step, b = [], 0, 0
+    for on in (True, False, False, True):
+        for i in range(block):
+            step += 1
+            ms = (on_ms if on else off_ms) + (50.0 if i == 0 else 0.0)  # the first step of a block is slow
+            out.append({"mode": "on" if on else "off", "block": b, "step": step, "step_ms": ms,
+                        "wait_ms": 2.0 if on else 0.0})
+        b += 1
+    return out
+
+
+def test_abba_summary_drops_the_first_step_of_each_block():
+    s = protect.summarize_abba(_steps(120.0, 100.0))
+    assert s["ratio"] == pytest.approx(1.2) and s["steps_on"] == s["steps_off"] == 4
+    assert s["exposed_wait_ms_median"] == 2.0 and s["on_ms_median"] == 120.0
+    kept_all = protect.summarize_abba(_steps(120.0, 100.0), drop_first=0, trim=0.0)
+    assert kept_all["steps_on"] == 6 and kept_all["on_ms_median"] == 120.0
+    assert protect.gbs(2 * 10**9, 0.5) == 4.0 and protect.gbs(1, 0) == 0.0
+
+
+def test_llama_options_found_by_field_kind():
+    fields = {"normalization": ("literal", ("LayerNorm", "RMSNorm")), "swiglu": ("bool", ()),
+              "position_embedding": ("literal", ("learned_absolute", "rope")), "dtype": ("literal", ("float32",)),
+              "layers": ("other", ())}
+    assert llama_options(fields) == {"normalization": "RMSNorm", "swiglu": True, "position_embedding": "rope"}
+    from phoenix_hpc.config.schema import ModelConfig
+
+    desc = describe_fields(ModelConfig)
+    assert desc["dtype"][0] == "literal" and "bfloat16" in desc["dtype"][1] and desc["layers"][0] == "other"
+
+
+def test_param_count_formula_matches_the_torch_gpt():
+    import torch
+
+    from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage
+
+    m = GPTStage(GPTShape(3, 32, 4, 50, 16), 1, 0, 0, torch.float32)
+    assert param_count(3, 32, 50, 16) == sum(p.numel() for p in m.parameters())
+    assert 0.95e9 < param_count(20, 2048, 256, 1024) < 1.05e9  # the D2H check's ~1B model
+
+
+def test_memory_verdict():
+    assert verdict(1000 << 20, (1000 << 20) + 4096, 2000 << 20) == ""
+    assert "formula gives" in verdict(1000 << 20, 999 << 20, 2000 << 20)
+    assert "formula gives" in verdict(1000 << 20, 1100 << 20, 2000 << 20)
+    assert "resident" in verdict(1000 << 20, 1000 << 20, 10)
+
+
+def test_every_check_module_has_the_interface():
+    for name in CHECKS:
+        mod = check_module(name)
+        assert mod.NAME == name and mod.TIMEOUT_S > 0 and all(i.split(".")[0] for i in mod.ITEMS)
+    assert sum(check_module(n).TIMEOUT_S for n in CHECKS) >= 300  # the budget, not the sum, bounds the run
+
+
+def test_runner_refuses_bad_input_and_no_cuda(tmp_path):
+    def run(*args, **env_extra):
+        import os
+
+        return subprocess.run([sys.executable, "-m", "phoenix_hpc.gpucheck.run", *args], capture_output=True,
+                              text=True, env={**os.environ, **env_extra}, timeout=120)
+
+    r = run("--only", "nccl,gpu", str(tmp_path / "o"))
+    assert r.returncode == 2 and "unknown check(s) ['gpu']" in r.stderr and not (tmp_path / "o").exists()
+    r = run("--budget-s", "0", str(tmp_path / "o"))
+    assert r.returncode == 2 and "--budget-s 0.0: must be > 0" in r.stderr
+    (tmp_path / "f").write_text("x")
+    r = run("--dry-run", str(tmp_path / "f"))
+    assert r.returncode == 2 and "exists and is not a folder" in r.stderr
+    r = run(str(tmp_path / "o"), CUDA_VISIBLE_DEVICES="")
+    assert r.returncode == 2 and "no CUDA device is visible" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
