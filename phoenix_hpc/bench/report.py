@@ -301,6 +301,7 @@ def render_markdown(r: dict) -> str:
         a("")
         a(f"![memory]({PLOT_DIR}/memory.png)")
     a("")
+    L.extend(gpu_section(r.get("gpu_report")))
     a("## Reproduce")
     a("")
     a("```\nscripts/bench.sh            # full run (about 7-15 min on 2 cores)\nscripts/bench.sh --quick    "
@@ -308,6 +309,46 @@ def render_markdown(r: dict) -> str:
       "from the CLI (after scripts/setup.sh)\n```")
     a("")
     return "\n".join(L)
+
+
+#: Where BENCHMARKS.md's GPU section reads the last GPU report from (relative to the repository).
+GPU_REPORT = "benchmarks/gpu-report.json"
+_KEY_NUMBERS = ("ratio", "ratio_ci95", "exposed_wait_ms_median", "d2h_gbs", "host_link_limit_gbs", "host_link",
+                "raw_pinned_copy_gbs", "crc32_gbs", "d2h_crc_ms_mean", "abort_ms", "again_create_ms",
+                "rss_growth_over_expected", "teardown_ms", "rebuild_and_load_ms")
+
+
+def gpu_section(gpu_report: dict | None) -> list[str]:
+    """The GPU section of BENCHMARKS.md (lines) from the last ``gpu-report.json`` of ``scripts/gpu-check.sh``
+    (format: :mod:`phoenix_hpc.gpucheck.report`): device, versions, verdicts and key numbers, or a plain
+    statement that no GPU check has run yet."""
+    L = ["## GPU (one-GPU check)", ""]
+    if not gpu_report or gpu_report.get("mode") != "gpu":
+        return L + [
+            "**No GPU check has run yet**: no GPU was available where this project has been run, so the Megatron "
+            "engine, the CUDA D2H path and NCCL groups have never executed, and every number above comes from "
+            "CPU ranks. `scripts/gpu-check.sh OUT_DIR` runs every check on one CUDA GPU in under 8 minutes "
+            f"(after `scripts/gpu-wheels.sh` where the package index is reachable); copy `OUT_DIR/gpu-report.json` "
+            f"to `{GPU_REPORT}`, and the next `scripts/bench.sh` shows it here.", ""]
+    v, d, s = gpu_report["versions"], gpu_report["device"], gpu_report["summary"]
+    L += [f"Last GPU check: {gpu_report['started']}, {d.get('name')}, torch {v.get('torch')}, CUDA {v.get('cuda')}, "
+          f"driver {v.get('driver')}, megatron-core {v.get('megatron_core')}: {s['passed']} passed, "
+          f"{s['failed']} failed, {s['skipped']} skipped ({gpu_report['wall_s']} s).", "",
+          "| item | status | key numbers | reason |", "| --- | --- | --- | --- |"]
+    for c in gpu_report["checks"]:
+        for it in c["items"]:
+            nums = ", ".join(f"{k} {fmt_number(it['numbers'][k])}" for k in _KEY_NUMBERS if k in it["numbers"])
+            L.append(f"| {it['name']} | {it['status']} | {nums} | {it['reason'].replace('|', '/')} |")
+    return L + ["", f"Full report: `{GPU_REPORT}`.", ""]
+
+
+def fmt_number(v) -> str:
+    """A number for a report table: floats to 4 significant digits, lists element-wise, others as str."""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(fmt_number(x) for x in v) + "]"
+    return str(v)
 
 
 def _plots(r: dict, folder: Path) -> list[str]:

@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx.revive()
     results["wall_s"] = round(time.time() - t0, 1)
     results.update(summarize_top(results))
+    gpu = repo / report.GPU_REPORT  # the last one-GPU check (scripts/gpu-check.sh), if one was kept
+    results["gpu_report"] = json.loads(gpu.read_text()) if gpu.exists() else None
     out = Path(a.out_dir).absolute()
     report.write_all(results, out, {str(work): "<work>", str(repo): "<repo>"})
     print(f"[bench] wrote {out / 'BENCHMARKS.md'} and {out / 'BENCHMARKS.json'} in {results['wall_s']:.0f} s", flush=True)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from phoenix_hpc.bench.report import fmt_number
+
 STATUSES = ("passed", "failed", "skipped")
 FORMAT = 1
 
@@ -72,14 +74,6 @@ def build_report(mode: str, started: str, wall_s: float, versions: dict, device:
             "device": device, "checks": checks, "summary": summarize(checks), "preparation": list(preparation or [])}
 
 
-def _num(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_num(x) for x in v) + "]"
-    return str(v)
-
-
 def render_markdown(report: dict) -> str:
     """``gpu-report.md``: versions, device, one table row per item, then each item's numbers and limits."""
     v, d, s = report["versions"], report["device"], report["summary"]
@@ -93,7 +87,7 @@ def render_markdown(report: dict) -> str:
         lines.append(f"| {k} | {v.get(k, 'unknown')} |")
     for k in ("name", "memory_gib", "capability", "pcie"):
         if k in d:
-            lines.append(f"| device {k} | {_num(d[k])} |")
+            lines.append(f"| device {k} | {fmt_number(d[k])} |")
     if report.get("preparation"):
         lines += ["", "Preparation:", ""] + [f"- {p}" for p in report["preparation"]]
     lines += ["", "| check | item | status | reason |", "| --- | --- | --- | --- |"]
@@ -107,7 +101,8 @@ def render_markdown(report: dict) -> str:
             if not it["numbers"] and not it["limit"]:
                 continue
             lines += ["", f"{it['name']} ({it['status']}):"]
-            lines += [f"- {k}: {_num(val)}" for k, val in it["numbers"].items()]
+            lines += [f"- {k}: {fmt_number(val)}" for k, val in it["numbers"].items()]
             if it["limit"]:
                 lines.append(f"- one GPU: {it['limit']}")
     return "\n".join(lines) + "\n"
+

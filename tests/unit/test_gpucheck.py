@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from phoenix_hpc.bench.report import GPU_REPORT, gpu_section
 from phoenix_hpc.gpucheck import CHECKS, env, protect, report, wheels
 from phoenix_hpc.gpucheck.check_d2h import param_count
 from phoenix_hpc.gpucheck.check_megatron import describe_fields, llama_options
@@ -164,3 +165,25 @@ def test_runner_refuses_bad_input_and_no_cuda(tmp_path):
     r = run(str(tmp_path / "o"), CUDA_VISIBLE_DEVICES="")
     assert r.returncode == 2 and "no CUDA device is visible" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_benchmarks_section_says_plainly_when_no_gpu_check_ran():
+    none = "\n".join(gpu_section(None))
+    assert "**No GPU check has run yet**" in none
+    dry = report.build_report("dry-run", "t", 1.0, {}, {}, [])
+    assert "**No GPU check has run yet**" in "\n".join(gpu_section(dry))
+    checks = [{"check": "d2h", "items": [report.item("d2h.overhead", "passed", numbers={"ratio": 1.31234, "d2h_gbs": 48.2,
+                                                                                         "params": 10})]}]
+    rep = report.build_report("gpu", "2026-01-01", 300.0, {"torch": "2.11", "cuda": "13.0", "driver": "580",
+                                                           "megatron_core": "0.16.1"}, {"name": "NVIDIA H200"}, checks)
+    text = "\n".join(gpu_section(rep))
+    assert "NVIDIA H200, torch 2.11, CUDA 13.0, driver 580, megatron-core 0.16.1: 1 passed, 0 failed" in text
+    assert "| d2h.overhead | passed | ratio 1.312, d2h_gbs 48.2 |  |" in text
+
+
+def test_benchmarks_md_has_the_generated_gpu_section():
+    import json
+
+    kept = ROOT / GPU_REPORT
+    last = json.loads(kept.read_text()) if kept.exists() else None
+    assert "\n".join(gpu_section(last)) in (ROOT / "BENCHMARKS.md").read_text()
