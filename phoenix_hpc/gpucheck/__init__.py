@@ -7,5 +7,5 @@ check in its own process under its timeout and writes the report. The pure parts
 link limits, ABBA analysis, Llama options) are unit-tested on CPU.
 """
 
-#: Check modules in run order: the short ones first, the 1B-parameter D2H measurement last.
-CHECKS = ("nccl", "torch_engine", "megatron", "memory", "d2h")
+#: Check modules in run order: the short ones first; host memory, the least news on one GPU, last.
+CHECKS = ("nccl", "torch_engine", "megatron", "d2h", "memory")

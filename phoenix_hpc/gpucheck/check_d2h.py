@@ -23,7 +23,7 @@ from phoenix_hpc.gpucheck import common, protect
 from phoenix_hpc.gpucheck.report import item
 
 NAME = "d2h"
-TIMEOUT_S = 240
+TIMEOUT_S = 200
 ITEMS = ("d2h.exact", "d2h.overhead")
 MODEL = {"layers": 20, "hidden_size": 2048, "heads": 16, "vocab_size": 256, "seq_length": 1024, "dtype": "bfloat16"}
 TRAINING = {"steps": 1000, "micro_batch_size": 4, "global_batch_size": 8, "lr": 1e-4, "warmup_steps": 2, "seed": 3}

@@ -28,7 +28,7 @@ from phoenix_hpc.gpucheck import common
 from phoenix_hpc.gpucheck.report import equal_item, item
 
 NAME = "megatron"
-TIMEOUT_S = 150
+TIMEOUT_S = 120
 ITEMS = ("megatron.shards", "megatron.determinism", "megatron.restore", "megatron.rebuild", "megatron.adam_step")
 STEPS, SAVE_AT = 12, 6
 MODEL = {"layers": 2, "hidden_size": 128, "heads": 4, "vocab_size": 256, "seq_length": 128, "dtype": "bfloat16"}
@@ -135,7 +135,7 @@ def run(work: Path) -> list[dict]:
     opt, par = dict(a.optimizer_shard()), dict(a.param_shard())
     bad = [n for n, t in opt.items() if not n.startswith("opt/pp0/tp0/dp0/") or t.dtype != torch.float32]
     bad += [n for n, p in par.items() if p.dtype != torch.bfloat16
-            or not torch.equal(opt.get(f"opt/pp0/tp0/dp0/{n.split('/', 3)[3]}/main", torch.empty(0)), p.reshape(-1).float())]
+            or not torch.equal(opt.get(f"opt/pp0/tp0/dp0/{n.split('/', 3)[3]}/main", torch.empty(0, device=p.device)), p.reshape(-1).float())]
     optim = sorted({f"{type(o.optimizer).__module__}.{type(o.optimizer).__qualname__}" for o in a.dist_opts})
     items.append(item("megatron.shards", "failed" if bad or not opt else "passed",
                       f"names/dtypes/main params wrong for {bad[:3]}" if bad else ("" if opt else "empty optimizer shard"),

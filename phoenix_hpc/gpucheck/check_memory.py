@@ -18,7 +18,7 @@ from phoenix_hpc.gpucheck import common, protect
 from phoenix_hpc.gpucheck.report import item
 
 NAME = "memory"
-TIMEOUT_S = 90
+TIMEOUT_S = 60
 ITEMS = ("memory.host",)
 MODEL = {"layers": 8, "hidden_size": 1024, "heads": 16, "vocab_size": 256, "seq_length": 512, "dtype": "bfloat16"}
 TRAINING = {"steps": 100, "micro_batch_size": 4, "global_batch_size": 4, "lr": 1e-4, "warmup_steps": 2, "seed": 3}

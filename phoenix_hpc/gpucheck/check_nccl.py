@@ -16,7 +16,7 @@ from phoenix_hpc.gpucheck import common
 from phoenix_hpc.gpucheck.report import item
 
 NAME = "nccl"
-TIMEOUT_S = 60
+TIMEOUT_S = 45
 ITEMS = ("nccl.create_abort_create",)
 LIMIT = ("world size 1: the communicator has no peer, so no network transport is set up and the abort "
          "releases no rank blocked on a dead peer; the times are a lower bound of a multi-node group's")

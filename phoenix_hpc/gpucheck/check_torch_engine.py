@@ -16,7 +16,7 @@ from phoenix_hpc.gpucheck import common
 from phoenix_hpc.gpucheck.report import equal_item
 
 NAME = "torch_engine"
-TIMEOUT_S = 90
+TIMEOUT_S = 75
 ITEMS = ("torch.determinism", "torch.restore")
 STEPS, SAVE_AT = 12, 6
 MODEL = {"layers": 2, "hidden_size": 128, "heads": 4, "vocab_size": 256, "seq_length": 128, "dtype": "bfloat16"}

@@ -92,8 +92,9 @@ def versions(with_cuda: bool) -> dict[str, str]:
     if with_cuda:
         out["driver"] = nvidia_smi().get("driver_version", "unknown (no nvidia-smi)")
         try:
-            out["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
-        except (AttributeError, RuntimeError):
+            v = torch.cuda.nccl.version()
+            out["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+        except (AttributeError, RuntimeError, TypeError):
             out["nccl"] = "unknown"
     return out
 

@@ -32,6 +32,7 @@ from phoenix_hpc.gpucheck import CHECKS, report
 WHEEL_IMPORTS = ("megatron.core", "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "hostlist",
                  "typing_extensions")
 DEFAULT_BUDGET_S = 450.0  # under the 8 minutes the whole command may take, leaving time for set-up
+MIN_CHECK_S = 30.0  # budget kept for each check still to come (a process start, torch and CUDA set-up)
 
 
 def check_module(name: str):
@@ -119,6 +120,12 @@ def _tail(path: Path, n: int = 6) -> str:
     return " / ".join(lines[-n:])
 
 
+def check_timeout(own_s: float, left_s: float, after: int) -> float:
+    """A check's timeout: its own ``TIMEOUT_S``, but leaving ``MIN_CHECK_S`` of the budget to each of the
+    ``after`` checks still to come (pure)."""
+    return max(0.0, min(float(own_s), left_s - after * MIN_CHECK_S))
+
+
 def run_check(name: str, out: Path, timeout_s: float) -> dict:
     """Run check ``name`` in a child process under ``timeout_s``; its items (failed ones for a crash or a
     timeout, with the log's last lines)."""
@@ -160,14 +167,14 @@ def gpu_run(out: Path, names: list[str], budget_s: float) -> int:
     print(f"gpu-check: {device['name']}, torch {versions['torch']}, CUDA {versions['cuda']}, driver "
           f"{versions['driver']}, megatron-core {versions['megatron_core']}", flush=True)
     checks = []
-    for name in names:
-        left = budget_s - (time.perf_counter() - t0)
+    for i, name in enumerate(names):
         mod = check_module(name)
-        if left < 20:
+        timeout = check_timeout(mod.TIMEOUT_S, budget_s - (time.perf_counter() - t0), len(names) - i - 1)
+        if timeout < MIN_CHECK_S:
             checks.append({"check": name, "wall_s": 0, "timeout_s": 0, "items": report.failed_items(
-                list(mod.ITEMS), f"not run: {left:.0f} s of the {budget_s:.0f} s budget left")})
+                list(mod.ITEMS), f"not run: the {budget_s:.0f} s budget was spent by the checks before it")})
         else:
-            checks.append(run_check(name, out, min(float(mod.TIMEOUT_S), left - 5)))
+            checks.append(run_check(name, out, timeout))
         for it in checks[-1]["items"]:
             print(f"gpu-check: {it['name']:28s} {it['status']:8s} {it['reason'][:160]}", flush=True)
     rep = report.build_report("gpu", started, time.perf_counter() - t0, versions, device, checks, prep)

@@ -187,3 +187,30 @@ def test_benchmarks_md_has_the_generated_gpu_section():
     kept = ROOT / GPU_REPORT
     last = json.loads(kept.read_text()) if kept.exists() else None
     assert "\n".join(gpu_section(last)) in (ROOT / "BENCHMARKS.md").read_text()
+
+
+def test_check_timeout_keeps_budget_for_the_checks_to_come():
+    from phoenix_hpc.gpucheck.run import MIN_CHECK_S, check_timeout
+
+    assert check_timeout(120, 450, 2) == 120
+    assert check_timeout(200, 150, 1) == 150 - MIN_CHECK_S
+    assert check_timeout(200, 20, 1) == 0.0
+
+
+def test_runner_orchestration_on_cpu_records_a_check_that_fails_and_one_that_times_out(tmp_path, monkeypatch):
+    """The GPU path of the runner (child process per check, result file, report) on a CPU machine: the NCCL
+    check's child fails at its first CUDA call, and the report says so; a tiny timeout kills the child."""
+    import json
+
+    from phoenix_hpc.gpucheck import run as R
+
+    monkeypatch.setattr(env, "device_facts", lambda: {"name": "none (CPU test)"})
+    rc = R.gpu_run(tmp_path, ["nccl"], 300.0)
+    rep = json.loads((tmp_path / "gpu-report.json").read_text())
+    assert rc == 1 and rep["mode"] == "gpu" and rep["summary"] == {"passed": 0, "failed": 1, "skipped": 0}
+    it = rep["checks"][0]["items"][0]
+    assert it["name"] == "nccl.create_abort_create" and it["status"] == "failed" and "cuda" in it["reason"].lower()
+    assert (tmp_path / "logs" / "nccl.log").exists() and "**failed**" in (tmp_path / "gpu-report.md").read_text()
+    timed = R.run_check("megatron", tmp_path, 0.5)
+    assert [i["status"] for i in timed["items"]] == ["failed"] * len(timed["items"])
+    assert timed["items"][0]["reason"].startswith("timed out after 0 s")
