@@ -5,7 +5,7 @@
 # 1. the wheels in .whl/ (fetched by scripts/gpu-wheels.sh where the package index is reachable) are
 #    checked against pyproject.toml's pins and installed with pip, without network, into a temporary folder;
 # 2. the checks run from this checkout (PYTHONPATH, no install), each in its own process under its timeout,
-#    all within --budget-s (default 450 s) -- see phoenix_hpc/gpucheck/.
+#    all within --budget-s (default 420 s) -- see phoenix_hpc/gpucheck/.
 # --dry-run does everything up to the first CUDA call (wheel check and install, imports, the checks' configs
 # and dataset) on any machine; where the interpreter is not CPython 3.12 on x86-64 the wheels are installed
 # for that target but not imported, and the imports use the interpreter's own copies (the report says so).
@@ -38,13 +38,19 @@ WHEEL_DIR=${PHOENIX_GPU_WHEELS:-.whl}
 WHEELS=$(PYTHONPATH="$ROOT" "$PY" -m phoenix_hpc.gpucheck.wheels check "$WHEEL_DIR") || exit 2
 TARGET=$(mktemp -d "${TMPDIR:-/tmp}/phoenix-gpu-wheels.XXXXXX")
 trap 'rm -rf "$TARGET"' EXIT
-# shellcheck disable=SC2086
-if ! "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$TARGET" \
-     --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
-     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-     --platform manylinux2014_x86_64 $WHEELS; then
-  echo "gpu-check: pip could not install the wheels in $WHEEL_DIR/ for CPython 3.12 x86-64; fetch them again with scripts/gpu-wheels.sh" >&2
-  exit 2
+if "$PY" -m pip --version >/dev/null 2>&1; then
+  # shellcheck disable=SC2086
+  if ! "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$TARGET" \
+       --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+       --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+       --platform manylinux2014_x86_64 $WHEELS; then
+    echo "gpu-check: pip could not install the wheels in $WHEEL_DIR/ for CPython 3.12 x86-64; fetch them again with scripts/gpu-wheels.sh" >&2
+    exit 2
+  fi
+else
+  # no pip here: a wheel is a zip archive whose root is the install folder (PEP 427), so unpack them
+  for w in $WHEELS; do "$PY" -m zipfile -e "$w" "$TARGET"; done
+  echo "gpu-check: $PY has no pip; unpacked the wheels with zipfile instead"
 fi
 NWHEELS=$(wc -w <<<"$WHEELS")
 if "$PY" -c 'import platform, sys; sys.exit(0 if sys.version_info[:2] == (3, 12) and platform.machine() == "x86_64" and sys.implementation.name == "cpython" else 1)'; then

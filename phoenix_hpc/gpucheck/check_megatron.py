@@ -68,20 +68,32 @@ def describe_fields(model_cls) -> dict[str, tuple[str, tuple]]:
 
 
 def config(work: Path):
-    """The job config of every item (CPU only; the dry run builds it). Returns ``(cfg, llama options)``."""
+    """The job config of every item (CPU only; the dry run builds it). Returns ``(cfg, style)``: the Llama
+    options used, or why the model is GPT-style (none offered, or the config refused them)."""
     from phoenix_hpc.config.schema import ModelConfig
 
+    data = common.dataset(work)
     opts = llama_options(describe_fields(ModelConfig))
-    return common.job_config("megatron", common.dataset(work), {**MODEL, **opts}, TRAINING), opts
+    if not opts:
+        return common.job_config("megatron", data, MODEL, TRAINING), "GPT-style (the model config offers no Llama options)"
+    try:
+        return common.job_config("megatron", data, {**MODEL, **opts}, TRAINING), f"Llama options {opts}"
+    except Exception as e:  # noqa: BLE001 -- reported in every item's numbers
+        return (common.job_config("megatron", data, MODEL, TRAINING),
+                f"GPT-style (the config refused the Llama options {opts}: {str(e).splitlines()[-1]})")
 
 
 def plan(work: Path) -> dict:
     """Dry run: build the config and import megatron-core (no CUDA call)."""
-    cfg, opts = config(work)
+    cfg, style = config(work)
+    import warnings
+
     from phoenix_hpc.engines import megatron_engine
 
-    megatron_engine._quiet_import()
-    return {"model": cfg.model.model_dump(), "llama_options": opts}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Apex / Transformer Engine absent: megatron-core falls back
+        megatron_engine._quiet_import()
+    return {"model": cfg.model.model_dump(), "style": style}
 
 
 def has_teardown(engine_cls) -> bool:
@@ -91,10 +103,18 @@ def has_teardown(engine_cls) -> bool:
     return getattr(engine_cls, "teardown", Engine.teardown) is not Engine.teardown
 
 
+def megatron_optimizers(engine) -> list:
+    """The megatron-core optimizer(s) of the engine (``DistributedOptimizer`` s; one per chained part)."""
+    opts = getattr(engine, "dist_opts", None)
+    if opts is None:
+        opts = getattr(engine.optimizer, "chained_optimizers", [engine.optimizer])
+    return list(opts)
+
+
 def adam_steps(engine) -> list[int]:
     """The ``step`` of every parameter's Adam state in the engine's optimizer(s) (distinct values)."""
     seen = set()
-    for o in getattr(engine, "dist_opts", []):
+    for o in megatron_optimizers(engine):
         for st in o.optimizer.state.values():
             if "step" in st:
                 seen.add(int(st["step"]))
@@ -108,13 +128,12 @@ def run(work: Path) -> list[dict]:
     from phoenix_hpc.engines.factory import create_engine
     from phoenix_hpc.engines.megatron_engine import MegatronEngine
 
-    cfg, opts = config(work)
+    cfg, style = config(work)
     world = common.init_nccl_world()
     dev = torch.device("cuda", 0)
     owns = bool(getattr(MegatronEngine, "owns_groups", False))
     groups = ProcessGroups(world, None, None, None, 0) if owns else ProcessGroups(world, world, world, world, 0)
     tokens = cfg.training.global_batch_size * cfg.model.seq_length
-    style = f"Llama options {opts}" if opts else "GPT-style (the model config offers no Llama options yet)"
     limit = common.ONE_RANK
     teardown = has_teardown(MegatronEngine)
 
@@ -136,7 +155,7 @@ def run(work: Path) -> list[dict]:
     bad = [n for n, t in opt.items() if not n.startswith("opt/pp0/tp0/dp0/") or t.dtype != torch.float32]
     bad += [n for n, p in par.items() if p.dtype != torch.bfloat16
             or not torch.equal(opt.get(f"opt/pp0/tp0/dp0/{n.split('/', 3)[3]}/main", torch.empty(0, device=p.device)), p.reshape(-1).float())]
-    optim = sorted({f"{type(o.optimizer).__module__}.{type(o.optimizer).__qualname__}" for o in a.dist_opts})
+    optim = sorted({f"{type(o.optimizer).__module__}.{type(o.optimizer).__qualname__}" for o in megatron_optimizers(a)})
     items.append(item("megatron.shards", "failed" if bad or not opt else "passed",
                       f"names/dtypes/main params wrong for {bad[:3]}" if bad else ("" if opt else "empty optimizer shard"),
                       {"optimizer_tensors": len(opt), "param_tensors": len(par), "optimizer": optim,

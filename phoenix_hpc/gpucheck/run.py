@@ -31,7 +31,7 @@ from phoenix_hpc.gpucheck import CHECKS, report
 #: Packages the wheels bring, by import name (distribution names in wheels.GPU_MISSING).
 WHEEL_IMPORTS = ("megatron.core", "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "hostlist",
                  "typing_extensions")
-DEFAULT_BUDGET_S = 450.0  # under the 8 minutes the whole command may take, leaving time for set-up
+DEFAULT_BUDGET_S = 420.0  # under the 8 minutes the whole command may take, leaving time for set-up
 MIN_CHECK_S = 30.0  # budget kept for each check still to come (a process start, torch and CUDA set-up)
 
 
