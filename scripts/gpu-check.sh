@@ -29,7 +29,7 @@ if ! command -v "$PY" >/dev/null 2>&1; then
   echo "gpu-check: PHOENIX_GPU_PYTHON=$PY: no such interpreter" >&2
   exit 2
 fi
-if ! "$PY" -c "import torch" 2>/dev/null; then
+if ! "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null; then
   echo "gpu-check: $PY cannot import torch; the check needs a Python with torch (set PHOENIX_GPU_PYTHON)" >&2
   exit 2
 fi
