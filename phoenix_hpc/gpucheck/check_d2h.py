@@ -28,6 +28,7 @@ ITEMS = ("d2h.exact", "d2h.overhead")
 MODEL = {"layers": 20, "hidden_size": 2048, "heads": 16, "vocab_size": 256, "seq_length": 1024, "dtype": "bfloat16"}
 TRAINING = {"steps": 1000, "micro_batch_size": 4, "global_batch_size": 8, "lr": 1e-4, "warmup_steps": 2, "seed": 3}
 WARMUP, ROUNDS, BLOCK_STEPS = 3, 2, 4
+TARGET_RATIO = 1.05  # the per-step overhead the design aims at (docs/design.md section 1), reported not asserted
 
 
 def config(work: Path):
@@ -137,6 +138,8 @@ def overhead_item(work: Path) -> dict:
     try:
         steps = protect.abba(engine, prot, tokens, ROUNDS, BLOCK_STEPS)
         nums.update(protect.summarize_abba(steps))
+        nums["target_ratio"] = TARGET_RATIO
+        nums["meets_target"] = nums["ratio"] <= TARGET_RATIO
         st = prot.stats()
         nums["d2h_crc_ms_mean"] = round(st["d2h_mean_s"] * 1e3, 1)
         nums["host_buffer_bytes"] = st["host_buffer_bytes"]
