@@ -13,7 +13,6 @@ import pytest
 from phoenix_hpc.bench.report import GPU_REPORT, gpu_section
 from phoenix_hpc.gpucheck import CHECKS, env, protect, report, wheels
 from phoenix_hpc.gpucheck.check_d2h import param_count
-from phoenix_hpc.gpucheck.check_megatron import describe_fields, llama_options
 from phoenix_hpc.gpucheck.check_memory import verdict
 from phoenix_hpc.gpucheck.run import check_module
 
@@ -111,17 +110,6 @@ def test_abba_summary_drops_the_first_step_of_each_block():
     kept_all = protect.summarize_abba(_steps(120.0, 100.0), drop_first=0, trim=0.0)
     assert kept_all["steps_on"] == 6 and kept_all["on_ms_median"] == 120.0
     assert protect.gbs(2 * 10**9, 0.5) == 4.0 and protect.gbs(1, 0) == 0.0
-
-
-def test_llama_options_found_by_field_kind():
-    fields = {"normalization": ("literal", ("LayerNorm", "RMSNorm")), "swiglu": ("bool", ()),
-              "position_embedding": ("literal", ("learned_absolute", "rope")), "dtype": ("literal", ("float32",)),
-              "layers": ("other", ())}
-    assert llama_options(fields) == {"normalization": "RMSNorm", "swiglu": True, "position_embedding": "rope"}
-    from phoenix_hpc.config.schema import ModelConfig
-
-    desc = describe_fields(ModelConfig)
-    assert desc["dtype"][0] == "literal" and "bfloat16" in desc["dtype"][1] and desc["layers"][0] == "other"
 
 
 def test_param_count_formula_matches_the_torch_gpt():
