@@ -1,7 +1,7 @@
 """What several GPU checks share: the dataset, job configs, the one-rank NCCL world, host snapshots.
 
 Everything runs in one process on CUDA device 0 with torch.distributed of world size 1 over NCCL (several
-ranks cannot share one GPU in one NCCL communicator). Only :func:`init_nccl_world` and the snapshot helpers
+ranks cannot share one GPU in one NCCL communicator). Only :func:`init_nccl_world` and the snapshot functions
 touch CUDA; :func:`dataset` and :func:`job_config` run on CPU (the dry run calls them).
 """
 
