@@ -59,6 +59,14 @@ def resolved_config_yaml(job: ResolvedJob) -> str:
     return yaml.safe_dump(job.config.model_dump(mode="json"), sort_keys=False)
 
 
+def _names_user_code(cfg) -> bool:
+    """Whether the config names code of the user's (a non-built-in engine or a factory): only then does
+    submit import torch and that code."""
+    from phoenix_hpc.engines.user_code import is_builtin_engine
+
+    return not is_builtin_engine(cfg.engine) or cfg.model.factory is not None or cfg.data.factory is not None
+
+
 def _echo_warnings(job: ResolvedJob) -> None:
     for w in job.warnings:
         click.echo(f"warning: {w}", err=True)
@@ -96,8 +104,13 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
                   nodelist=nodelist, exclude=exclude, extra_problems=submit_problems(cfg))
     script = render_sbatch(job, profile)
     _echo_warnings(job)
+    if _names_user_code(cfg):  # the ranks import it the same way (python_path) before they train
+        from phoenix_hpc.engines.factory import check_user_code
+
+        check_user_code(cfg)
     try:  # the ranks run the same check before they train; here it costs no queue wait
-        check_indexed_dataset(cfg.data.path)
+        if cfg.data.path is not None:
+            check_indexed_dataset(cfg.data.path)
     except DataError as exc:
         if not dry_run:
             raise SubmitError(f"{exc}; it must be readable on a file system the compute nodes see; nothing was "

@@ -83,8 +83,8 @@ def parse_model(cls: type[BaseModel], data: dict[str, Any], source: str) -> Base
 def load_job_config(path: str | Path) -> JobConfig:
     """Load and validate a job config file.
 
-    A relative ``data.path`` is made absolute against the config file's folder, so the resolved config
-    can be used from any working directory.
+    A relative ``data.path`` and relative ``python_path`` entries are made absolute against the config
+    file's folder, so the resolved config can be used from any working directory.
 
     Raises:
         ConfigError: unreadable file, bad YAML, unknown or missing fields, wrong types, broken relations.
@@ -92,7 +92,9 @@ def load_job_config(path: str | Path) -> JobConfig:
     p = Path(path)
     data = read_yaml(p, "config")
     cfg = parse_model(JobConfig, data, source=str(p))
-    dpath = Path(cfg.data.path)
-    if not dpath.is_absolute():
-        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str((p.parent / dpath).resolve())})})
-    return cfg
+    if cfg.data.path is not None:
+        dpath = Path(cfg.data.path)
+        if not dpath.is_absolute():
+            cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str((p.parent / dpath).resolve())})})
+    folders = [str((p.parent / f).resolve()) for f in cfg.python_path]
+    return cfg.model_copy(update={"python_path": folders})

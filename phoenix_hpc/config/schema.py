@@ -3,16 +3,17 @@
 Shape of the file (every section but ``name`` and ``data`` has defaults)::
 
     name: gpt-small                 # job name (Slurm --job-name)
-    engine: torch                   # torch | megatron
+    engine: torch                   # torch | megatron | package.module:Class | entry-point name
+    python_path: ["."]              # folders (relative to this file) searched first for user code
     run_dir: runs/gpt-small         # where the script, resolved config, journal and logs go
     model:      {layers, hidden_size, heads, vocab_size, seq_length, dtype, ffn_hidden_size, num_query_groups,
                  position_embedding_type, rotary_base, activation, normalization, add_bias_linear,
-                 untie_embeddings_and_output_weights}
+                 untie_embeddings_and_output_weights, factory, options}
     megatron:   {transformer_impl, attention_backend, recompute_granularity, sequence_parallel}
     parallelism: {tp, pp, dp}       # dp may be omitted: derived from nodes x GPUs per node / (tp x pp)
     training:   {steps, micro_batch_size, global_batch_size, lr, min_lr, lr_schedule, warmup_steps,
                  weight_decay, grad_clip, seed, log_interval}
-    data:       {path}              # prefix of a Megatron indexed dataset (PREFIX.bin + PREFIX.idx)
+    data:       {path, factory, options}  # a Megatron indexed dataset (PREFIX.bin + .idx), or your factory
     resilience: {enabled, mode, k, placement_levels, heartbeat_interval_s, heartbeat_timeout_s,
                  collective_timeout_s, chunk_bytes, checkpoint: {interval_steps, path}}
     resources:  {nodes, spares, gpus_per_node, time_limit, account, qos, partition, constraint}
@@ -26,11 +27,29 @@ A rejection lists every problem (field, value, what is allowed) in one :class:`C
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_reference(value: str | None) -> str | None:
+    """A ``"package.module:attribute"`` reference is well formed (the import is checked at submit)."""
+    if value is None:
+        return None
+    from phoenix_hpc.engines.user_code import split_reference
+    from phoenix_hpc.errors import ConfigError
+
+    try:
+        split_reference("", value)
+    except ConfigError as exc:
+        raise ValueError(f"got {value!r}; " + exc.problems[0].split(" -- ", 1)[-1]) from None
+    return value
+
+
+#: ``"package.module:function"`` or unset, checked for its form when loaded.
+_Reference = Annotated[str | None, AfterValidator(_check_reference)]
 
 
 class ModelConfig(BaseModel):
@@ -77,9 +96,19 @@ class ModelConfig(BaseModel):
         """``num_query_groups``, or ``heads`` when unset (multi-head attention)."""
         return self.num_query_groups or self.heads
 
+    # --- a model of your own (docs/engines.md): the torch engine and engines derived from it ---
+    factory: _Reference = Field(
+        None, description="'package.module:function' building your torch.nn.Module for one pipeline stage "
+        "(called as f(stage=, num_stages=, seed=, options=)); unset: the built-in GPT (docs/engines.md)")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="free-form mapping passed to model.factory as options=")
+
     @model_validator(mode="after")
     def _heads_divide_hidden(self):
-        """``hidden_size`` is divisible by ``heads``; ``num_query_groups`` divides ``heads``."""
+        """``hidden_size`` is divisible by ``heads``; ``num_query_groups`` divides ``heads`` (the built-in models
+        only: a factory's model has its own)."""
+        if self.factory is not None:
+            return self
         if self.hidden_size % self.heads:
             raise ValueError(
                 f"model.hidden_size ({self.hidden_size}) must be divisible by model.heads ({self.heads})"
@@ -190,10 +219,27 @@ class TrainingConfig(BaseModel):
 
 class DataConfig(BaseModel):
     """Training data: a Megatron indexed dataset (``PREFIX.bin`` + ``PREFIX.idx``), e.g. made by
-    ``phoenix data prepare``. A relative path is relative to the config file's folder."""
+    ``phoenix data prepare``, or a map-style dataset built by ``factory`` (docs/engines.md). A relative path
+    is relative to the config file's folder. Exactly one of ``path`` and ``factory`` is set."""
 
     model_config = _STRICT
-    path: str = Field(..., min_length=1, description="dataset path prefix, without .bin/.idx")
+    path: str | None = Field(None, min_length=1, description="dataset path prefix, without .bin/.idx")
+    factory: _Reference = Field(
+        None, description="'package.module:function' returning a map-style dataset of samples indexed by "
+        "global sample position (called as f(seq_length=, seed=, options=)); the torch engine and engines derived "
+        "from it")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="free-form mapping passed to data.factory as options=")
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        """Exactly one of ``path`` and ``factory``."""
+        if (self.path is None) == (self.factory is None):
+            raise ValueError(
+                "set exactly one of data.path (a Megatron indexed dataset) and data.factory "
+                f"(your dataset), got path={self.path!r}, factory={self.factory!r}"
+            )
+        return self
 
 
 class CheckpointConfig(BaseModel):
@@ -276,8 +322,15 @@ class JobConfig(BaseModel):
 
     model_config = _STRICT
     name: str = Field(..., min_length=1, max_length=128, description="job name")
-    engine: Literal["torch", "megatron"] = Field(
-        "torch", description="torch: plain PyTorch (CPU or GPU); megatron: megatron-core (needs CUDA)"
+    engine: str = Field(
+        "torch", min_length=1,
+        description="torch: plain PyTorch (CPU or GPU); megatron: megatron-core (needs CUDA); "
+        "'package.module:Class': your Engine subclass; or an entry point of group phoenix_hpc.engines",
+    )
+    python_path: list[str] = Field(
+        default_factory=lambda: ["."],
+        description="folders put first on sys.path (at submit and on every rank) to import engine, model.factory "
+        "and data.factory; relative to the config file's folder",
     )
     run_dir: str | None = Field(None, description="run directory; default runs/<name>-<timestamp>")
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -290,22 +343,36 @@ class JobConfig(BaseModel):
     resilience: ResilienceConfig = Field(default_factory=ResilienceConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
 
+    @field_validator("engine")
+    @classmethod
+    def _engine_name(cls, v):
+        """``engine`` is a built-in name, ``package.module:Class`` or an entry-point name."""
+        if ":" in v:
+            return _check_reference(v)
+        if not all(p.isidentifier() for p in v.replace("-", "_").split(".")):
+            raise ValueError(
+                f"got {v!r}; expected torch, megatron, 'package.module:Class' or an entry-point name"
+            )
+        return v
+
     @model_validator(mode="after")
     def _model_vs_grid(self):
         """``model.layers`` is divisible by ``parallelism.pp``; ``model.heads`` and ``model.num_query_groups``
-        by ``parallelism.tp``; engine ``torch`` gets only the model options its GPT implements and no
-        ``megatron`` section; ``megatron.sequence_parallel`` needs tp > 1."""
+        by ``parallelism.tp`` (the built-in models only: a ``model.factory`` decides its own split); engine
+        ``torch`` gets only the model options its GPT implements (none with a factory) and no ``megatron``
+        section; ``megatron.sequence_parallel`` needs tp > 1."""
         problems = []
-        if self.model.layers % self.parallelism.pp:
+        builtin = self.model.factory is None
+        if builtin and self.model.layers % self.parallelism.pp:
             problems.append(
                 f"model.layers ({self.model.layers}) must be divisible by parallelism.pp ({self.parallelism.pp})"
             )
-        if self.model.heads % self.parallelism.tp:
+        if builtin and self.model.heads % self.parallelism.tp:
             problems.append(
                 f"model.heads ({self.model.heads}) must be divisible by parallelism.tp ({self.parallelism.tp})"
             )
         tp, groups = self.parallelism.tp, self.model.query_groups
-        if self.model.num_query_groups is not None and groups % tp:
+        if builtin and self.model.num_query_groups is not None and groups % tp:
             problems.append(
                 f"model.num_query_groups: {groups} must be divisible by parallelism.tp ({tp}) "
                 "(each tensor-parallel rank holds whole key/value groups)"
@@ -320,16 +387,18 @@ class JobConfig(BaseModel):
 
     def _torch_engine_problems(self) -> list[str]:
         m, out = self.model, []
+        hint = ("use engine: megatron" if m.factory is None else
+                "model.factory builds the model: pass your model's settings in model.options")
         for name, allowed in TORCH_ENGINE_MODEL.items():
             if getattr(m, name) != allowed:
                 out.append(f"model.{name}: {getattr(m, name)!r} is not supported by engine torch (allowed: "
-                           f"{allowed!r}); use engine: megatron")
+                           f"{allowed!r}); {hint}")
         if m.ffn_hidden_size is not None and m.ffn_hidden_size != 4 * m.hidden_size:
             out.append(f"model.ffn_hidden_size: {m.ffn_hidden_size} is not supported by engine torch (allowed: "
-                       f"null or 4 x hidden_size = {4 * m.hidden_size}); use engine: megatron")
+                       f"null or 4 x hidden_size = {4 * m.hidden_size}); {hint}")
         if m.num_query_groups is not None and m.num_query_groups != m.heads:
             out.append(f"model.num_query_groups: {m.num_query_groups} is not supported by engine torch (allowed: "
-                       f"null or heads = {m.heads}); use engine: megatron")
+                       f"null or heads = {m.heads}); {hint}")
         if self.megatron != MegatronOptions():
             out.append("megatron: options are set but engine is torch (allowed: no megatron section, or "
                        "engine: megatron)")

@@ -24,8 +24,9 @@ Logical names are stable across renumbering (a spare taking a dead rank's place 
   the same (pp, tp), so the names carry no dp.
 
 Implementations: :class:`phoenix_hpc.engines.torch_engine.TorchEngine` (CPU/GPU, plain PyTorch) and
-:class:`phoenix_hpc.engines.megatron_engine.MegatronEngine` (CUDA, megatron-core); build one with
-:func:`phoenix_hpc.engines.factory.create_engine`.
+:class:`phoenix_hpc.engines.megatron_engine.MegatronEngine` (CUDA, megatron-core), or a subclass of the
+user's own (``engine: "package.module:Class"``, docs/engines.md; check it with :mod:`phoenix_hpc.testing`);
+build one with :func:`phoenix_hpc.engines.factory.create_engine`.
 """
 
 from __future__ import annotations
@@ -177,12 +178,17 @@ class Engine(abc.ABC):
 
     def state_hash(self) -> str:
         """SHA-256 hex digest over this rank's param shard and optimizer shard (names, dtypes, bytes), in
-        name order. The correctness oracle compares these across runs."""
-        import hashlib
+        name order (:func:`tensors_digest`). The correctness oracle compares these across runs."""
+        return tensors_digest(self.param_shard() + self.optimizer_shard())
 
-        h = hashlib.sha256()
-        for name, t in sorted(self.param_shard() + self.optimizer_shard(), key=lambda x: x[0]):
-            h.update(name.encode())
-            h.update(str(t.dtype).encode())
-            h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+
+def tensors_digest(pairs: list[tuple[str, torch.Tensor]]) -> str:
+    """SHA-256 hex digest over ``(name, dtype, bytes)`` of named tensors, in name order (no copy kept)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(pairs, key=lambda x: x[0]):
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

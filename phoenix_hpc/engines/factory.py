@@ -1,4 +1,9 @@
-"""Choosing and building an engine from the job config (imports the chosen engine only)."""
+"""Choosing and building an engine from the job config (imports the chosen engine only).
+
+``engine`` is ``torch``, ``megatron``, ``"package.module:Class"`` or the name of an entry point in group
+``phoenix_hpc.engines`` (:mod:`.user_code`). A user engine is constructed as ``Class(cfg, coord, groups,
+device)``, the signature of the built-in engines (docs/engines.md).
+"""
 
 from __future__ import annotations
 
@@ -14,10 +19,11 @@ def check_engine_runnable(engine: str, cuda_available: bool | None = None) -> No
     Raises:
         EngineError: ``engine: megatron`` without CUDA (megatron-core allocates on CUDA in DDP, the
             distributed optimizer and the GPT forward pass) or with a megatron-core version outside
-            :data:`phoenix_hpc.engines.megatron_version.SUPPORTED`, or an unknown engine name.
+            :data:`phoenix_hpc.engines.megatron_version.SUPPORTED`. A user engine (not ``torch``/``megatron``)
+            is not checked here (:func:`check_user_code` imports it).
     """
     if engine not in ("torch", "megatron"):
-        raise EngineError(f"engine {engine!r} is unknown (allowed: torch, megatron)")
+        return
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
     if engine == "megatron" and not cuda_available:
@@ -40,20 +46,87 @@ def default_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def check_user_code(cfg) -> None:
+    """Import every piece of user code the config names, exactly as the ranks will (same ``python_path``),
+    and check it: the engine class, and for the torch engine (or a user engine derived from it)
+    ``model.factory`` (every stage built on the meta device, output shapes;
+    :func:`phoenix_hpc.engines.custom_model.check_model_factory`) and ``data.factory`` (item 0); another
+    user engine reads the factories, if at all, itself. Run by
+    ``phoenix submit`` (also with ``--dry-run``) and by every rank before MPI starts. Collects every problem.
+
+    Raises:
+        ConfigError: one line per problem, each naming the field, the value and what is expected; a factory
+            set for an engine that does not read it.
+    """
+    from phoenix_hpc.engines.user_code import is_builtin_engine, load_engine_class
+    from phoenix_hpc.errors import ConfigError
+
+    problems: list[str] = []
+
+    def run(check, *args) -> None:
+        try:
+            check(*args)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+
+    torch_like = cfg.engine == "torch"
+    if not is_builtin_engine(cfg.engine):
+        try:
+            from phoenix_hpc.engines.torch_engine import TorchEngine
+
+            torch_like = issubclass(load_engine_class(cfg.engine, cfg.python_path), TorchEngine)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    for fld, val in (("model.factory", cfg.model.factory), ("data.factory", cfg.data.factory)):
+        if val is not None and cfg.engine == "megatron":
+            problems.append(f"{fld}: value {val!r} -- engine 'megatron' builds its own model and data; "
+                            "set engine: torch (or your own engine) to use a factory")
+    if torch_like:
+        if cfg.model.factory is not None:
+            from phoenix_hpc.engines.custom_model import check_model_factory
+
+            run(check_model_factory, cfg)
+        if cfg.data.factory is not None:
+            from phoenix_hpc.engines.custom_model import open_dataset
+
+            run(open_dataset, cfg)
+    if problems:
+        raise ConfigError(problems, source=f"job {cfg.name!r}")
+
+
+def open_samples(cfg):
+    """The torch engine's sample reader: ``data.factory``'s dataset when set, else the indexed dataset at
+    ``data.path`` (both: ``batch(position, count) -> (inputs, targets)``, ``(count, seq_length)`` int64).
+
+    Raises:
+        DataError: the indexed dataset is missing or malformed; ConfigError: the factory's dataset is.
+    """
+    if cfg.data.factory is not None:
+        from phoenix_hpc.engines.custom_model import FactorySamples
+
+        return FactorySamples(cfg)
+    from phoenix_hpc.data.indexed import TokenSamples
+
+    return TokenSamples(cfg.data.path, cfg.model.seq_length, cfg.training.seed, cfg.model.vocab_size)
+
+
 def create_engine(cfg, coord: GridCoord, groups: ProcessGroups, device: torch.device) -> Engine:
     """Build the engine named by ``cfg.engine`` for this rank (the dataset is opened here).
 
     Raises:
-        EngineError / DataError: see :func:`check_engine_runnable`, the engine's constructor and
-            :class:`phoenix_hpc.data.indexed.TokenSamples`.
+        EngineError / DataError / ConfigError: see :func:`check_engine_runnable`,
+            :func:`phoenix_hpc.engines.user_code.load_engine_class`, the engine's constructor and
+            :func:`open_samples`.
     """
+    from phoenix_hpc.engines.user_code import is_builtin_engine, load_engine_class
+
+    if not is_builtin_engine(cfg.engine):
+        return load_engine_class(cfg.engine, cfg.python_path)(cfg, coord, groups, device)
     check_engine_runnable(cfg.engine, device.type == "cuda")
     if cfg.engine == "megatron":
         from phoenix_hpc.engines.megatron_engine import MegatronEngine
 
         return MegatronEngine(cfg, coord, groups, device)
-    from phoenix_hpc.data.indexed import TokenSamples
     from phoenix_hpc.engines.torch_engine import TorchEngine
 
-    samples = TokenSamples(cfg.data.path, cfg.model.seq_length, cfg.training.seed, cfg.model.vocab_size)
-    return TorchEngine(cfg, coord, groups, samples, device)
+    return TorchEngine(cfg, coord, groups, open_samples(cfg), device)

@@ -1,8 +1,10 @@
 """The ``torch`` engine: GPT decoder in plain PyTorch, pipeline over pp, ZeRO-1 AdamW over dp (CPU or GPU).
 
-One rank holds pipeline stage ``coord.pp`` of the model (:mod:`.torch_gpt`), a
-:class:`~.zero.ShardedAdamW` over its DP group, and reads its share of each step's global batch from a
-Megatron indexed dataset (:class:`phoenix_hpc.data.indexed.TokenSamples`).
+One rank holds pipeline stage ``coord.pp`` of the model (:mod:`.torch_gpt`, or the module that
+``model.factory`` builds, see :mod:`.custom_model`), a :class:`~.zero.ShardedAdamW` over its DP group, and
+reads its share of each step's global batch from a Megatron indexed dataset
+(:class:`phoenix_hpc.data.indexed.TokenSamples`) or the ``data.factory`` dataset
+(:class:`.custom_model.FactorySamples`).
 
 Batching: a step consumes ``global_batch_size`` samples at global data positions
 ``[step * G, (step + 1) * G)``; DP rank ``d`` takes ``G / dp`` consecutive positions starting at
@@ -67,12 +69,14 @@ class TorchEngine(Engine):
         cfg: the job config (:class:`phoenix_hpc.config.schema.JobConfig`).
         coord: this rank's grid coordinate; ``groups``: its process groups (dp/pp groups ordered by
             coordinate; sizes are read from them).
-        samples: the dataset reader (:class:`~phoenix_hpc.data.indexed.TokenSamples`).
+        samples: the dataset reader (:class:`~phoenix_hpc.data.indexed.TokenSamples` or
+            :class:`~.custom_model.FactorySamples`: ``batch(position, count) -> (inputs, targets)``).
         device: where the model lives (default CPU).
 
     Raises:
         EngineError: tp != 1, float16, a batch size that does not split over dp, or a group size that
             does not match the config.
+        ConfigError: ``model.factory`` fails or its module is malformed (see :mod:`.custom_model`).
     """
 
     def __init__(self, cfg, coord: GridCoord, groups: ProcessGroups, samples, device: torch.device | None = None):
@@ -100,8 +104,7 @@ class TorchEngine(Engine):
         self.dtype = _DTYPES[m.dtype]
         self.n_micro = micro_batches(t.global_batch_size, t.micro_batch_size, self.dp)
         self.tokens_per_step = t.global_batch_size * m.seq_length
-        self.shape = GPTShape(m.layers, m.hidden_size, m.heads, m.vocab_size, m.seq_length)
-        self.model = GPTStage(self.shape, self.pp, coord.pp, t.seed, self.dtype).to(self.device)
+        self.model = self._build_model(coord.pp)
         self.optimizer = ShardedAdamW(
             list(self.model.named_parameters()), coord.dp, self.dp, weight_decay=t.weight_decay
         )
@@ -113,13 +116,34 @@ class TorchEngine(Engine):
         self._opt_state = self.optimizer.named_state(coord.shard_prefix())
         self._runner = self._make_runner()
 
+    # --- model construction ---------------------------------------------------------------------------
+    def _build_model(self, stage: int) -> torch.nn.Module:
+        """The stage's module: the built-in GPT, or ``model.factory``'s module after a shape probe (one
+        micro-batch of zeros through the stage, no gradients), cast to ``model.dtype`` on ``self.device``.
+
+        Raises:
+            ConfigError: the factory's module is malformed (:mod:`.custom_model`).
+        """
+        m, t = self.cfg.model, self.cfg.training
+        if m.factory is None:
+            shape = GPTShape(m.layers, m.hidden_size, m.heads, m.vocab_size, m.seq_length)
+            return GPTStage(shape, self.pp, stage, t.seed, self.dtype).to(self.device)
+        from phoenix_hpc.engines.custom_model import build_stage, check_stage_output, stage_io_shapes
+
+        module = build_stage(self.cfg, stage, self.pp).to(device=self.device, dtype=self.dtype)
+        inp, _ = stage_io_shapes(self.cfg, stage, self.pp)
+        x = torch.zeros(inp, dtype=torch.long if stage == 0 else self.dtype, device=self.device)
+        with torch.no_grad():
+            check_stage_output(self.cfg, stage, self.pp, module(x))
+        return module
+
     # --- pipeline ------------------------------------------------------------------------------------
     def _make_runner(self):
         if self.pp == 1:
             return None
         from phoenix_hpc.engines.pipeline import PipelineRunner
 
-        m = self.shape
+        m = self.cfg.model
         return PipelineRunner(
             self.model, self.coord.pp, self.pp, self.groups.pp, self.device, self.n_micro,
             self.cfg.training.micro_batch_size, m.seq_length, m.hidden_size, m.vocab_size, self.dtype, lm_loss,

@@ -5,8 +5,9 @@ Sequence on every slot:
 
 1. Read the slot's launcher environment (:mod:`.env`); MPI init (mpi4py, ``MPI.COMM_WORLD``); compare
    rank/size with the launcher's. Read the resolved config ``RUN_DIR/config.yaml`` (``--config``
-   overrides the path); check the engine can run here (``megatron`` needs CUDA) and the dataset is a
-   Megatron indexed dataset. The slots share their errors (one allgather), so a problem seen on any slot
+   overrides the path); check the engine can run here (``megatron`` needs CUDA), the user code the config
+   names imports and checks as at submit (:func:`phoenix_hpc.engines.factory.check_user_code`), and the
+   dataset is a Megatron indexed dataset. The slots share their errors (one allgather), so a problem seen on any slot
    stops every slot with exit 2 before training and before any file is written; world rank 0 prints each
    distinct message once.
 2. Active slots are those on
@@ -53,7 +54,6 @@ Exit codes: 0 done; 2 bad input or environment (a PhoenixError); 1 anything else
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -82,14 +82,9 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
 
 
 def _hash(pairs) -> str:
-    import torch
+    from phoenix_hpc.engines.base import tensors_digest
 
-    h = hashlib.sha256()
-    for name, t in sorted(pairs, key=lambda x: x[0]):
-        h.update(name.encode())
-        h.update(str(t.dtype).encode())
-        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    return tensors_digest(pairs)
 
 
 def _barrier(comm, poll_s: float = 0.05) -> None:
@@ -109,13 +104,17 @@ def preflight(cfg) -> None:
     """Checks every slot makes before MPI starts.
 
     Raises:
-        EngineError: the engine cannot run here; DataError: the dataset is missing or not indexed.
+        EngineError: the engine cannot run here; DataError: the dataset is missing or not indexed;
+        ConfigError: user code named in the config (engine, model.factory, data.factory) does not import or
+            is malformed (the same check as ``phoenix submit``'s).
     """
     from phoenix_hpc.data.indexed import check_indexed_dataset
-    from phoenix_hpc.engines.factory import check_engine_runnable
+    from phoenix_hpc.engines.factory import check_engine_runnable, check_user_code
 
     check_engine_runnable(cfg.engine)
-    check_indexed_dataset(cfg.data.path)
+    check_user_code(cfg)
+    if cfg.data.path is not None:
+        check_indexed_dataset(cfg.data.path)
 
 
 def _resilient(cfg) -> bool:

@@ -599,7 +599,8 @@ def warm_up(cfg) -> None:
 
     if cfg.engine == "torch":
         from phoenix_hpc.engines import torch_engine  # noqa: F401
-    open_indexed_dataset(cfg.data.path)  # imports megatron-core's reader: seconds on a busy node
+    if cfg.data.path is not None:
+        open_indexed_dataset(cfg.data.path)  # imports megatron-core's reader: seconds on a busy node
 
 
 def wait_for_join(client, wait_s: float | None = None, poll_s: float = 0.1) -> dict[str, Any] | None:

@@ -1,0 +1,166 @@
+"""A model, a dataset and an engine of one's own: config fields, the checks at submit (exit 2 naming field,
+value and what is expected), and the torch engine training a factory's model on a factory's dataset."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from phoenix_hpc.cli.main import cli
+from phoenix_hpc.config.load import load_job_config
+from phoenix_hpc.engines.base import GridCoord
+from phoenix_hpc.engines.factory import create_engine
+from phoenix_hpc.engines.user_code import load_engine_class, split_reference
+from phoenix_hpc.errors import ConfigError
+from phoenix_hpc.launch.loop import train
+from test_engine_torch import world1  # noqa: F401 -- fixture: a world of one gloo process
+from test_submit_cli import assert_bad
+
+ROOT = Path(__file__).resolve().parents[2]
+KIT = Path(__file__).resolve().parent / "kit_engines"
+EXAMPLE = ROOT / "examples" / "custom-model"
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    """A config folder holding the test factories (imported through python_path: ['.'])."""
+    for f in ("user_factories.py", "broken_engines.py", "broken_import.py"):
+        shutil.copy(KIT / f, tmp_path / f)
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    import sys
+
+    for m in ("user_factories", "broken_engines", "broken_import"):
+        sys.modules.pop(m, None)
+
+
+def write(folder: Path, **over) -> Path:
+    cfg = {
+        "name": "mine", "engine": "torch",
+        "model": {"factory": "user_factories:good_model", "hidden_size": 16, "seq_length": 8, "vocab_size": 256},
+        "parallelism": {"tp": 1, "pp": 1},
+        "training": {"steps": 3, "micro_batch_size": 2, "global_batch_size": 4, "seed": 3},
+        "data": {"factory": "user_factories:good_data"},
+        "resources": {"nodes": 2, "spares": 1},
+    }
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+            cfg[k] = {**cfg[k], **v}
+        else:
+            cfg[k] = v
+    p = folder / "job.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def dry_run(path: Path):
+    r = CliRunner().invoke(cli, ["submit", "--site", "local", str(path), "--dry-run"])
+    return r
+
+
+
+
+def test_reference_syntax():
+    assert split_reference("model.factory", "a.b:c.d") == ("a.b", "c.d")
+    for v in ("a.b.c", "a.b:", ":c", "a b:c", "a:1x"):
+        with pytest.raises(ConfigError, match="expected 'package.module:attribute'"):
+            split_reference("model.factory", v)
+
+
+def test_good_config_passes_dry_run_and_python_path_is_absolute(folder):
+    p = write(folder)
+    r = dry_run(p)
+    assert r.exit_code == 0, r.output
+    assert load_job_config(p).python_path == [str(folder.resolve())]
+
+
+@pytest.mark.parametrize("over, needles", [
+    ({"model": {"factory": "user_factories.good_model"}}, ["model.factory", "user_factories.good_model",
+                                                         "package.module:attribute"]),
+    ({"model": {"factory": "no_such_pkg.mod:f"}}, ["model.factory", "'no_such_pkg.mod:f'", "does not import",
+                                                 "ModuleNotFoundError", "no_such_pkg"]),
+    ({"model": {"factory": "broken_import:f"}}, ["model.factory", "does not import",
+                                               "No module named 'phoenix_hpc_no_such_module'"]),
+    ({"model": {"factory": "user_factories:missing"}}, ["model.factory", "has no attribute 'missing'"]),
+    ({"model": {"factory": "user_factories:NOT_CALLABLE"}}, ["model.factory", "expected a callable, got a int"]),
+    ({"model": {"factory": "user_factories:no_keywords"}}, ["model.factory", "keyword arguments stage, num_stages"]),
+    ({"model": {"factory": "user_factories:returns_string"}}, ["model.factory", "returned a str",
+                                                             "expected a torch.nn.Module"]),
+    ({"model": {"factory": "user_factories:two_stages"}}, ["model.factory", "returned 2 stage modules",
+                                                         "parallelism.pp = 1"]),
+    ({"model": {"factory": "user_factories:wrong_vocab"}}, ["model.factory", "returned (2, 8, 100)",
+                                                          "expected logits", "(2, 8, 256)"]),
+    ({"data": {"factory": "user_factories:float_data"}}, ["data.factory", "item 0", "dtype torch.float32",
+                                                        "expected shape (9,)", "torch.int64"]),
+    ({"data": {"factory": "user_factories:short_data"}}, ["data.factory", "item 0 has shape (8,)",
+                                                        "expected shape (9,)"]),
+    ({"data": {"factory": "user_factories:good_data", "path": "x"}}, ["data", "set exactly one of data.path"]),
+    ({"engine": "broken_engines:NotAnEngine"}, ["engine", "'broken_engines:NotAnEngine'",
+                                                "expected a subclass of phoenix_hpc.engines.base.Engine"]),
+    ({"engine": "no_such_engine_name"}, ["engine", "'no_such_engine_name'", "entry point", "phoenix_hpc.engines"]),
+    ({"engine": "megatron"}, ["model.factory", "engine 'megatron' builds its own model"]),
+])
+def test_bad_user_code_exits_2_at_submit(folder, over, needles):
+    r = dry_run(write(folder, **over))
+    assert_bad(r, *needles)
+    assert not (folder / "runs").exists()
+
+
+def test_stage_count_checked_for_every_stage_of_pp(folder):
+    p = write(folder, parallelism={"tp": 1, "pp": 2}, model={"factory": "user_factories:two_stages"},
+              resources={"nodes": 4, "spares": 1})
+    # two_stages returns 2 modules, pp=2: accepted as a list, but stage 0's output must then be hidden states
+    assert_bad(dry_run(p), "model.factory", "stage 0 of 2 returned (2, 8, 256)", "hidden states")
+
+
+def test_example_config_dry_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = dry_run(EXAMPLE / "job.yaml")
+    assert r.exit_code == 0, r.output
+    assert_bad(dry_run(_edited(tmp_path, parallelism={"tp": 1, "pp": 3}, resources={"nodes": 6, "spares": 0})),
+        "model.factory", "raised ValueError", "options.layers (4) must be divisible by the number of stages (3)")
+
+
+def _edited(tmp: Path, **over) -> Path:
+    d = yaml.safe_load((EXAMPLE / "job.yaml").read_text())
+    d.update(over)
+    d["python_path"] = [str(EXAMPLE)]
+    d["data"] = {"path": str(ROOT / "data" / "stdlib")}
+    p = tmp / "job.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+# --- the torch engine with both factories, one process -------------------------------------------------
+def test_torch_engine_trains_factory_model_on_factory_data(folder, world1):
+    cfg = load_job_config(write(folder))
+    eng = create_engine(cfg, GridCoord(0, 0, 0), world1, torch.device("cpu"))
+    assert type(eng.model).__name__ == "TinyLM"
+    names = [n for n, _ in eng.param_shard()]
+    assert names == ["param/pp0/tp0/embed.weight", "param/pp0/tp0/head.weight", "param/pp0/tp0/head.bias"]
+    recs = train(eng, 3, 32)
+    assert len(recs) == 3 and all(r.loss is not None and r.loss > 0 for r in recs)
+    # same seed -> same init (the factory runs under torch's RNG seeded with training.seed)
+    other = create_engine(cfg, GridCoord(0, 0, 0), world1, torch.device("cpu"))
+    first = create_engine(cfg, GridCoord(0, 0, 0), world1, torch.device("cpu"))
+    assert other.state_hash() == first.state_hash()
+
+
+def test_bad_item_at_run_time_names_field_and_item(folder, world1):
+    cfg = load_job_config(write(folder, data={"factory": "user_factories:good_data", "options": {"bad_at": 5}}))
+    eng = create_engine(cfg, GridCoord(0, 0, 0), world1, torch.device("cpu"))
+    train(eng, 1, 32)  # items 0..3
+    with pytest.raises(ConfigError, match=r"data.factory: value 'user_factories:good_data' -- item 5 has shape "
+                                          r"\(9,\) dtype torch.int32, expected shape \(9,\)"):
+        train(eng, 2, 32)
+
+
+def test_engine_class_loads_from_reference(folder):
+    cls = load_engine_class("broken_engines:ClockEngine", [str(folder)])
+    assert cls.__name__ == "ClockEngine"
+    assert load_engine_class("torch").__name__ == "TorchEngine"
