@@ -103,12 +103,26 @@ def test_good_config_passes_dry_run_and_python_path_is_absolute(folder):
     ({"engine": "broken_engines:NotAnEngine"}, ["engine", "'broken_engines:NotAnEngine'",
                                                 "expected a subclass of phoenix_hpc.engines.base.Engine"]),
     ({"engine": "no_such_engine_name"}, ["engine", "'no_such_engine_name'", "entry point", "phoenix_hpc.engines"]),
-    ({"engine": "megatron"}, ["model.factory", "engine 'megatron' builds its own model"]),
 ])
 def test_bad_user_code_exits_2_at_submit(folder, over, needles):
     r = dry_run(write(folder, **over))
     assert_bad(r, *needles)
     assert not (folder / "runs").exists()
+
+
+def test_factories_are_refused_for_the_megatron_engine(folder):
+    from phoenix_hpc.engines.factory import check_user_code
+
+    with pytest.raises(ConfigError) as exc:
+        check_user_code(load_job_config(write(folder, engine="megatron")))
+    assert [p.split(" -- ")[0] for p in exc.value.problems] == [
+        "model.factory: value 'user_factories:good_model'", "data.factory: value 'user_factories:good_data'"]
+    assert "engine 'megatron' builds its own model and data" in exc.value.problems[0]
+
+
+def test_gpt_options_with_a_factory_point_at_model_options(folder):
+    assert_bad(dry_run(write(folder, model={"activation": "swiglu"})), "model.activation",
+               "pass your model's settings in model.options")
 
 
 def test_stage_count_checked_for_every_stage_of_pp(folder):
