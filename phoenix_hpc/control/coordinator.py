@@ -633,7 +633,7 @@ class Coordinator:
             span = (self.generation, min(steps), max(steps)) if steps else None
             if span is not None and span != self._last_progress:
                 self._last_progress, self._last_progress_t = span, now
-                self.journal.append("progress", step=span[1], min_step=span[0], generation=self.generation)
+                self.journal.append("progress", step=span[2], min_step=span[1], generation=self.generation)
         if now - self._last_summary >= self.t.summary_interval_s:
             self._last_summary = now
             self.journal.append(
@@ -704,6 +704,7 @@ class Coordinator:
         return sorted(w for w in self.rank_map.values() if self.slots[w].state is not SlotState.DEAD)
 
     def _start_recovery(self, decision: Decision, faults: list[Fault], t_fault: float, now: float) -> None:
+        self._maybe_log_commit(force=True)  # journal the committed step this recovery starts from, first
         if self.job.state is JobState.RUNNING:
             self.job.to(JobState.RECOVERING, decision.reason)
         self.generation += 1

@@ -19,13 +19,16 @@ placement          ``replicas [[shard id, owner, holder], ...]`` (logical ranks)
 fault, slots_dead  faults reported by ranks / detected by the coordinator; dead slots
 decision           action and reason of the next recovery (``fallback``: memory could not cover a loss)
 recovery_start     a recovery of generation g begins (survivors, dead)
-recovery_plan      new rank map, joins (spare -> logical rank), steps replayed
+recovery_plan      new rank map, joins (spare -> logical rank), steps replayed; ``recoverable_step``: the
+                   step the recovery resumes from, the committed step from then on
 recovery_restored  generation g restored: members ACTIVE at g
 recovery_done      ``total_s``, ``phases {detect, reconfigure, params, optimizer, replay}``, ``steps_replayed``
 recovery_aborted   a recovery cut short by a second fault
 inject_forwarded   an injection request the coordinator accepted (wire kind/phase names)
 inject_fired       where an injected fault landed (also from ``RUN_DIR/faults/fired-*.json``)
-checkpoint         newest persistent checkpoint step
+checkpoint         newest persistent checkpoint step (written after that step finished: a lower bound on the
+                   live step); shown once the committed step covers it, or at the end of the job, so the
+                   status always reads checkpoint <= committed <= live
 job_done, clean_stop, fallback, coordinator_stopped, coordinator_exit: the end of the job
 ================== ====================================================================================
 
@@ -138,6 +141,7 @@ class _State:
         self.heartbeat_progress = True  # heartbeat_summary's max_step counts (no progress records)
         self.recoverable_step: int | None = None
         self.checkpoint_step: int | None = None
+        self.checkpoint_pending: int | None = None  # reported, not yet covered by the committed step
         self.progress: list[list[float]] = []
         self.commits: list[list[float]] = []
         self.last_commit_at: float | None = None
@@ -164,6 +168,25 @@ class _State:
         if step != self.live or not self.progress:
             self.progress.append([float(ts), float(step)])
         self.live = step
+
+    def committed(self, ts: float, step: Any) -> None:
+        """The committed (recoverable) step is ``step`` from ``ts`` on; a checkpoint it now covers is shown."""
+        step = int(step)
+        if self.recoverable_step != step:
+            self.commits.append([float(ts), float(step)])
+        self.recoverable_step = step
+        if self.checkpoint_pending is not None and self.checkpoint_pending <= step:
+            self.checkpoint_step = max(self.checkpoint_pending, self.checkpoint_step or self.checkpoint_pending)
+            self.checkpoint_pending = None
+
+    def checkpoint(self, ts: float, step: int) -> None:
+        """A persistent checkpoint of ``step`` was written: step ``step`` is finished. It is shown once the
+        committed step reaches it (or the job ended), so the status never shows checkpoint > committed."""
+        self.step_seen(ts, step)
+        if self.recoverable_step is not None and step <= self.recoverable_step:
+            self.checkpoint_step = max(step, self.checkpoint_step or step)
+        else:
+            self.checkpoint_pending = max(step, self.checkpoint_pending or step)
 
     def current_recovery(self) -> RecoveryStatus | None:
         r = self.recoveries[-1] if self.recoveries else None
@@ -211,8 +234,7 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
     elif ev == "commit":
         rs = rec.get("recoverable_step")
         if rs is not None:
-            st.recoverable_step = int(rs)
-            st.commits.append([ts, float(rs)])
+            st.committed(ts, rs)
             st.last_commit_at = ts
             st.step_seen(ts, rs)
         for sid, copies in (rec.get("shard_steps") or {}).items():
@@ -227,7 +249,8 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
         for sid, _owner, holder in rec.get("replicas") or []:
             st.placement.setdefault(str(sid), []).append(int(holder))
     elif ev == "checkpoint":
-        st.checkpoint_step = int(rec["step"]) if rec.get("step") is not None else st.checkpoint_step
+        if rec.get("step") is not None:
+            st.checkpoint(ts, int(rec["step"]))
     elif ev == "fault":
         if rec.get("step") is not None and int(rec.get("generation", st.generation)) == st.generation:
             st.step_seen(ts, int(rec["step"]) - 1)  # the step the fault interrupted: the one before was finished
@@ -292,6 +315,9 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             cur.joins = [dict(j) for j in rec.get("joins") or []]
             cur.steps_replayed = rec.get("steps_replayed")
             cur.recoverable_step = rec.get("recoverable_step")
+        if rec.get("recoverable_step") is not None:  # the step this recovery resumes from: committed from now on
+            st.committed(ts, rec["recoverable_step"])
+            st.step_seen(ts, rec["recoverable_step"])
             cur.dead_slots = sorted(set(cur.dead_slots) | {int(w) for w in rec.get("dead_world") or []})
     elif ev == "recovery_restored":
         g = int(rec.get("generation", st.generation))
@@ -303,9 +329,7 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             st.job_state = "running"
         rs = rec.get("recoverable_step")
         if rs is not None:  # the members resume from rs: that is now the committed and the live step
-            if st.recoverable_step != int(rs):
-                st.commits.append([ts, float(rs)])
-            st.recoverable_step = int(rs)
+            st.committed(ts, rs)
             st.step_seen(ts, rs, rollback=True)
     elif ev == "recovery_done":
         cur = st.current_recovery() or next((r for r in reversed(st.recoveries)
@@ -418,6 +442,8 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     for rec in merged:
         _apply(st, rec)
 
+    if st.checkpoint_pending is not None and st.job_state in TERMINAL_STATES:  # nothing more will commit
+        st.checkpoint_step = max(st.checkpoint_pending, st.checkpoint_step or st.checkpoint_pending)
     grid = st.grid or _config_grid(cfg)
     k = _get(cfg, "resilience", "k")
     levels = list(_get(cfg, "resilience", "placement_levels", default=None) or ["node"])

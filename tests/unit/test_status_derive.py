@@ -284,7 +284,7 @@ def test_progress_records_drive_the_live_step_and_a_restore_rolls_it_back():
     assert _live_at(st, 9.9) == 8  # the fault interrupted step 9: step 8 was done
     assert _live_at(st, 12.9) == 8  # the stale fault did not raise it to 11
     assert _live_at(st, 13.0) == 7  # recovery_restored: members resume from the recoverable step 7
-    assert st.commits[-1] == [13.0, 7.0]
+    assert st.commits[-1] == [12.0, 7.0]  # the plan names the step the recovery resumes from
     assert st.job.step == 8 and st.job.recoverable_step == 7
 
 
@@ -307,3 +307,27 @@ def test_real_node_loss_journal_gives_a_live_step_from_the_start():
     assert _live_at(st, ts["recovery_start"]) == 24  # the fault interrupted step 25
     assert _live_at(st, ts["recovery_restored"]) == 23  # hot swap resumed from the committed step 23
     assert [f.step for f in st.faults if f.source == "reported"] == [25, 25, 25]
+
+
+def test_counters_agree_checkpoint_not_newer_than_committed_not_newer_than_live():
+    # the watch: progress 13 (slowest slot), commit record 10, a checkpoint of step 20 reported at once
+    recs = start_records()[:-1] + [
+        {"ts": 3.0, "event": "commit", "recoverable_step": 10, "shards": 4, "replicas": 4, "generation": 0},
+        {"ts": 3.5, "event": "progress", "step": 13, "min_step": 12, "generation": 0},
+        {"ts": 4.0, "event": "checkpoint", "step": 20, "path": "/ck/20", "world_rank": 0},
+    ]
+    mid = derive_status(recs, running_slurm(), now=4.1, run=run_files())
+    j = mid.job
+    assert j.step >= 20  # the checkpoint of step 20 was written after step 20 finished
+    assert (j.checkpoint_step or 0) <= (j.recoverable_step or 0) <= j.step
+    recs.append({"ts": 4.5, "event": "commit", "recoverable_step": 20, "shards": 4, "replicas": 4, "generation": 0})
+    j = derive_status(recs, running_slurm(), now=5.0, run=run_files()).job
+    assert (j.checkpoint_step, j.recoverable_step) == (20, 20) and j.step >= 20
+
+
+def test_committed_step_during_a_recovery_is_the_one_it_resumes_from():
+    recs = start_records() + node_loss_records()[:4]  # plan says recoverable step 7; last commit record said 1
+    st = derive_status(recs, running_slurm(), now=12.5, run=run_files())
+    assert st.job.state == "recovering"
+    assert st.job.recoverable_step == st.recoveries[-1].recoverable_step == 7
+    assert st.commits[-1] == [12.0, 7.0]

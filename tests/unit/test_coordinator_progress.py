@@ -1,0 +1,55 @@
+"""The coordinator's journal cadence records, driven in-process without a store: ``progress`` names the
+newest step the active slots finished (``step``) and the slowest one (``min_step``); a recovery journals the
+committed step it starts from before ``recovery_start``."""
+
+from __future__ import annotations
+
+from phoenix_hpc.control.classify import Action, Decision
+from phoenix_hpc.control.coordinator import Coordinator, Slot
+from phoenix_hpc.control.journal import Journal, read_journal
+from phoenix_hpc.control.states import JobState, SlotState, job_machine, slot_machine
+
+
+class _DictStore:
+    """Stands in for the TCPStore: only ``set`` and ``queue_push`` are called on these paths."""
+
+    def __init__(self) -> None:
+        self.kv: dict[str, str] = {}
+        self.queues: dict[str, list] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.kv[key] = value
+
+    def queue_push(self, key: str, value) -> None:
+        self.queues.setdefault(key, []).append(value)
+
+
+def _coordinator(tmp_path, steps: list[int], now: float) -> Coordinator:
+    c = Coordinator(tmp_path, grid=(1, 1, len(steps)), clock=lambda: now)
+    c.journal = Journal(tmp_path)
+    c.store = _DictStore()
+    c.job = job_machine(JobState.RUNNING)
+    for w, step in enumerate(steps):
+        c.slots[w] = Slot(w, f"n{w}", 100 + w, "active", slot_machine(f"slot {w}", SlotState.ACTIVE), now,
+                          logical_rank=w, generation=0, step=step)
+        c.rank_map[w] = w
+    return c
+
+
+def test_progress_record_names_the_newest_and_the_slowest_step(tmp_path):
+    c = _coordinator(tmp_path, [13, 15, 14], now=100.0)
+    c._tick(100.0)
+    prog = [r for r in read_journal(tmp_path) if r["event"] == "progress"]
+    assert len(prog) == 1
+    assert (prog[0]["step"], prog[0]["min_step"], prog[0]["generation"]) == (15, 13, 0)
+
+
+def test_recovery_start_is_preceded_by_the_committed_step_it_starts_from(tmp_path):
+    c = _coordinator(tmp_path, [23, 23], now=100.0)
+    # commits of step 23 arrived after the last journalled commit (19), inside the cadence window
+    c.committed = {"opt/pp0/tp0/dp0": {0: 23, 1: 23}, "opt/pp0/tp0/dp1": {1: 23, 0: 23}}
+    c._last_commit_logged, c._last_commit_log_t = 19, 100.0
+    c._start_recovery(Decision(Action.HOT_SWAP, "test"), [], t_fault=99.0, now=100.0)
+    recs = [r for r in read_journal(tmp_path) if r["event"] in ("commit", "recovery_start")]
+    assert [r["event"] for r in recs] == ["commit", "recovery_start"]
+    assert recs[0]["recoverable_step"] == 23 and recs[0]["generation"] == 0
