@@ -132,9 +132,18 @@ class RecoveryStatus:
     joins: list[dict[str, Any]]  # {world_rank, node, logical_rank, replaces_world_rank}
     detect_s: float | None
     total_s: float | None
-    phases: dict[str, float]
+    phases: dict[str, float]  # detect, quiesce, reconfigure, params, optimizer, replay (seconds)
     steps_replayed: int | None
     recoverable_step: int | None
+    planned_at: float | None = None  # when the recovery plan was journalled (end of the quiesce phase)
+
+    @property
+    def other_s(self) -> float | None:
+        """``total_s`` minus the sum of ``phases``: time no phase accounts for (messages between the
+        coordinator and the members, invariant checks). None until the recovery is done."""
+        if self.total_s is None or not self.phases:
+            return None
+        return round(float(self.total_s) - sum(self.phases.values()), 3)
 
 
 @dataclass

@@ -20,7 +20,7 @@ _STATE_STYLE = {"running": "green", "done": "green", "recovering": "yellow", "st
                 "unknown": "dim"}
 _SLOT_STYLE = {"active": "green", "standby": "cyan", "joining": "yellow", "quiesced": "yellow", "dead": "red",
                "done": "dim"}
-PHASES = ("detect", "reconfigure", "params", "optimizer", "replay")
+PHASES = ("detect", "quiesce", "reconfigure", "params", "optimizer", "replay")
 
 
 def _fmt_s(v: float | None) -> str:
@@ -145,12 +145,12 @@ def _replicas(st: Status) -> Table:
 def _recoveries(st: Status) -> Table:
     t0 = st.job.started_at
     t = Table(title="Recoveries", title_justify="left")
-    for c in ("gen", "action", "state", "start", *PHASES, "total", "replayed", "joins"):
+    for c in ("gen", "action", "state", "start", *PHASES, "other", "total", "replayed", "joins"):
         t.add_column(c)
     for r in st.recoveries:
         joins = ", ".join(f"{j.get('world_rank')}->{j.get('logical_rank')}@{j.get('node')}" for j in r.joins)
         t.add_row(str(r.generation), r.action or "-", r.state, _rel(r.started_at, t0),
-                  *(_fmt_s(r.phases.get(p)) if p in r.phases else "-" for p in PHASES),
+                  *(_fmt_s(r.phases.get(p)) if p in r.phases else "-" for p in PHASES), _fmt_s(r.other_s),
                   _fmt_s(r.total_s), "-" if r.steps_replayed is None else str(r.steps_replayed), joins or "-")
     return t
 

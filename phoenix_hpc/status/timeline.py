@@ -12,8 +12,9 @@ Elements (labels are stable, tests look for them):
   at the step the fault interrupted, or else at the live step at that time; a fault before any known step
   is a vertical dotted line (it has no place on the step axis);
 - for each finished recovery, consecutive spans from the fault time ``finished - total_s``: ``detect``,
-  ``reconfigure``, ``params``, ``optimizer``, then ``quiesce/other`` (whatever the phases do not account
-  for) and ``replay`` ending at ``finished``. Durations come from the ``recovery_done`` record. A recovery
+  ``quiesce``, ``reconfigure``, ``params``, ``optimizer``, then ``other`` (whatever the phases do not account
+  for) and ``replay`` ending at ``finished``. Durations come from the ``recovery_done`` record and the
+  journal (quiesce, see :mod:`phoenix_hpc.status.derive`). A recovery
   still in progress is a hatched ``in progress`` span; an aborted one a grey ``aborted`` span.
 """
 
@@ -33,7 +34,8 @@ PHASE_COLOURS = {
     "reconfigure": "#ff7f0e",
     "params": "#2ca02c",
     "optimizer": "#1f77b4",
-    "quiesce/other": "#bbbbbb",
+    "quiesce": "#8c564b",
+    "other": "#bbbbbb",
     "replay": "#9467bd",
     "in progress": "#e7ba52",
     "aborted": "#7f7f7f",
@@ -55,14 +57,14 @@ def recovery_spans(st: Status) -> list[tuple[str, float, float]]:
         if r.state == "done" and r.total_s is not None and r.finished_at is not None:
             end = r.finished_at - t0
             t = end - float(r.total_s)
-            for ph in ("detect", "reconfigure", "params", "optimizer"):
+            for ph in ("detect", "quiesce", "reconfigure", "params", "optimizer"):
                 d = float(r.phases.get(ph, 0.0))
                 if d > 0:
                     out.append((ph, t, t + d))
                     t += d
             replay = float(r.phases.get("replay", 0.0))
             if end - replay - t > 1e-6:
-                out.append(("quiesce/other", t, end - replay))
+                out.append(("other", t, end - replay))
             if replay > 0:
                 out.append(("replay", end - replay, end))
         elif r.state == "in_progress":

@@ -125,7 +125,8 @@ def test_hot_swap_recovery_and_spares_consumed():
     (rec,) = st.recoveries
     assert rec.state == "done" and rec.action == "hot_swap" and rec.generation == 1
     assert rec.total_s == 5.0 and rec.steps_replayed == 1 and rec.detect_s == 1.25
-    assert rec.phases == {"detect": 1.25, "reconfigure": 0.5, "params": 0.25, "optimizer": 0.5, "replay": 2.0}
+    assert rec.phases == {"detect": 1.25, "quiesce": 1.0, "reconfigure": 0.5, "params": 0.25, "optimizer": 0.5,
+                          "replay": 2.0}
     assert [j["world_rank"] for j in rec.joins] == [4, 5]
     # replicas follow the logical ranks to the new slots
     shard2 = st.replicas[2]
@@ -331,3 +332,24 @@ def test_committed_step_during_a_recovery_is_the_one_it_resumes_from():
     assert st.job.state == "recovering"
     assert st.job.recoverable_step == st.recoveries[-1].recoverable_step == 7
     assert st.commits[-1] == [12.0, 7.0]
+
+
+def test_recovery_phases_and_other_add_up_to_the_total():
+    from rich.console import Console
+
+    from phoenix_hpc.status.render import status_renderable
+
+    recs = start_records() + node_loss_records()
+    recs[-1] = {**recs[-1], "total_s": 9.17, "phases": {"detect": 4.09, "reconfigure": 0.51, "params": 0.10,
+                                                         "optimizer": 0.10, "replay": 0.21}}
+    st = derive_status(recs, running_slurm(), now=16.0, run=run_files())
+    (rec,) = st.recoveries
+    assert rec.phases["quiesce"] == 1.0  # recovery_start (t=11) -> recovery_plan (t=12)
+    assert sum(rec.phases.values()) + rec.other_s == pytest.approx(rec.total_s)
+    console = Console(width=250, record=True, color_system=None)
+    console.print(status_renderable(st))
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "reconfigure" in line)
+    assert "quiesce" in header and "other" in header
+    row = next(line for line in text.splitlines() if "hot_swap" in line and "9.17s" in line)
+    assert "1.00s" in row and "3.16s" in row  # quiesce, and other = 9.17 - 4.09 - 1.0 - 0.51 - 0.1 - 0.1 - 0.21

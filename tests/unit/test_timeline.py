@@ -32,10 +32,10 @@ def test_png_written_and_non_empty(tmp_path, finished_status):
 def test_recovery_spans_follow_the_journal_breakdown(finished_status):
     spans = recovery_spans(finished_status)
     # recovery_done at t=15 with total 5.0: fault at t=10; phases laid out from there; replay ends at 15
-    assert [s[0] for s in spans] == ["detect", "reconfigure", "params", "optimizer", "quiesce/other", "replay"]
+    assert [s[0] for s in spans] == ["detect", "quiesce", "reconfigure", "params", "optimizer", "replay"]
     assert spans[0][1] == pytest.approx(10.0) and spans[0][2] == pytest.approx(11.25)
+    assert spans[1] == ("quiesce", pytest.approx(11.25), pytest.approx(12.25))  # recovery_start -> plan: 1.0 s
     assert spans[-1] == ("replay", pytest.approx(13.0), pytest.approx(15.0))
-    assert spans[3][2] == pytest.approx(12.5) and spans[4][1] == pytest.approx(12.5)
 
 
 def test_figure_has_expected_elements(finished_status):
