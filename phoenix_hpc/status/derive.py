@@ -67,6 +67,7 @@ from phoenix_hpc.status.model import (
     Status,
     StatusWarning,
 )
+from phoenix_hpc.status.text import fault_cause, shorten
 
 TERMINAL_STATES = frozenset({"done", "failed", "stopped", "ended"})
 SLURM_ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -259,17 +260,18 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             st.step_seen(ts, int(rec["step"]) - 1)  # the step the fault interrupted: the one before was finished
         st.faults.append(FaultStatus(ts, str(rec.get("kind", "unknown")), rec.get("world_rank"), rec.get("node"),
                                      rec.get("step"), rec.get("phase"),
-                                     f"{rec.get('exc_type') or ''}: {rec.get('message') or ''}".strip(": "),
+                                     fault_cause(rec.get("exc_type"), rec.get("message")),
                                      "reported"))
     elif ev == "slots_dead":
         for w in rec.get("slots") or []:
             s = st.slots.get(int(w))
             if s is not None:
                 s["state"] = "dead"
-                s["note"] = str(rec.get("reason", ""))[:120]
+                s["note"] = shorten(fault_cause("", str(rec.get("reason", ""))), 120)
         nodes = rec.get("nodes") or []
         st.faults.append(FaultStatus(ts, str(rec.get("kind", "unknown")), None, ",".join(nodes) or None,
-                                     None, None, f"slots {list(rec.get('slots') or [])}: {rec.get('reason', '')}",
+                                     None, None,
+                                     f"slots {list(rec.get('slots') or [])}: {fault_cause('', rec.get('reason'))}",
                                      "detected"))
     elif ev == "decision":
         st.pending_action = rec.get("action")

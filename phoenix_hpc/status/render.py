@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from phoenix_hpc.status.model import Status
+from phoenix_hpc.status.text import shorten
 
 _STATE_STYLE = {"running": "green", "done": "green", "recovering": "yellow", "starting": "cyan",
                 "pending": "cyan", "fallback": "red", "failed": "red", "stopped": "yellow", "ended": "red",
@@ -162,7 +163,7 @@ def _faults(st: Status) -> Table:
         t.add_column(c)
     for f in st.faults:
         t.add_row(_rel(f.ts, t0), f.kind, f.source, "-" if f.world_rank is None else str(f.world_rank),
-                  f.node or "-", "-" if f.step is None else str(f.step), f.phase or "-", f.message[:80])
+                  f.node or "-", "-" if f.step is None else str(f.step), f.phase or "-", shorten(f.message, 100))
     return t
 
 

@@ -353,3 +353,20 @@ def test_recovery_phases_and_other_add_up_to_the_total():
     assert "quiesce" in header and "other" in header
     row = next(line for line in text.splitlines() if "hot_swap" in line and "9.17s" in line)
     assert "1.00s" in row and "3.16s" in row  # quiesce, and other = 9.17 - 4.09 - 1.0 - 0.51 - 0.1 - 0.1 - 0.21
+
+
+def test_faults_table_shows_the_cause_of_a_gloo_error():
+    from rich.console import Console
+
+    from phoenix_hpc.status.render import status_renderable
+
+    msg = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+           "[127.0.0.1]:41234")
+    recs = start_records() + [{"ts": 4.0, "event": "fault", "world_rank": 1, "node": N1, "generation": 0,
+                               "step": 9, "phase": "forward_backward", "kind": "comm_error",
+                               "exc_type": "RuntimeError", "message": msg}]
+    st = derive_status(recs, running_slurm(), now=5.0, run=run_files())
+    assert st.faults[-1].message == "RuntimeError: Connection closed by peer [127.0.0.1]:41234"
+    console = Console(width=250, record=True, color_system=None)
+    console.print(status_renderable(st))
+    assert "Connection closed by peer" in console.export_text()
