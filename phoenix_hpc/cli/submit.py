@@ -67,9 +67,30 @@ def _names_user_code(cfg) -> bool:
     return not is_builtin_engine(cfg.engine) or cfg.model.factory is not None or cfg.data.factory is not None
 
 
-def _echo_warnings(job: ResolvedJob) -> None:
-    for w in job.warnings:
+def _echo_warnings(warnings: list[str]) -> None:
+    for w in warnings:
         click.echo(f"warning: {w}", err=True)
+
+
+def node_shortfall(job: ResolvedJob, usable: int, total: int, partition: str | None) -> str | None:
+    """A warning when Slurm has fewer usable nodes than the job asks for (None when enough). Pure."""
+    if usable >= job.total_nodes:
+        return None
+    where = f"partition {partition}" if partition else "the cluster"
+    return (f"{where} has {usable} usable node(s) of {total} (the others are down, drained or failed) but the job "
+            f"needs {job.total_nodes} ({job.nodes} active + {job.spares} spare): it stays PENDING until enough "
+            "nodes are up (`sinfo -R` says why nodes are down; on the local cluster `phoenix cluster revive NODE`)")
+
+
+def _node_warning(client, job: ResolvedJob) -> str | None:
+    """:func:`node_shortfall` for the cluster ``client`` reaches; None when Slurm cannot be asked (sbatch then
+    reports the problem itself)."""
+    partition = job.config.resources.partition
+    try:
+        usable, total = client.node_counts(partition)
+    except SlurmError:
+        return None
+    return node_shortfall(job, usable, total, partition)
 
 
 @click.command("submit")
@@ -103,19 +124,24 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
     job = resolve(cfg, profile, run_dir=str(rd), default_python=sys.executable, python=python,
                   nodelist=nodelist, exclude=exclude, extra_problems=submit_problems(cfg))
     script = render_sbatch(job, profile)
-    _echo_warnings(job)
+    warnings = list(job.warnings)
     if _names_user_code(cfg):  # the ranks import it the same way (python_path) before they train
         from phoenix_hpc.engines.factory import check_user_code
 
-        check_user_code(cfg)
+        try:
+            check_user_code(cfg)
+        except Exception:
+            _echo_warnings(warnings)
+            raise
     try:  # the ranks run the same check before they train; here it costs no queue wait
         if cfg.data.path is not None:
-            check_indexed_dataset(cfg.data.path)
+            check_indexed_dataset(cfg.data.path, cfg.model.vocab_size)
     except DataError as exc:
         if not dry_run:
+            _echo_warnings(warnings)
             raise SubmitError(f"{exc}; it must be readable on a file system the compute nodes see; nothing was "
                               "submitted") from None
-        click.echo(f"warning: {exc} (here; the compute nodes need it)", err=True)
+        warnings.append(f"{exc} (here; the compute nodes need it)")
 
     if output is not None:
         try:
@@ -124,8 +150,9 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
             raise SubmitError(f"--output: cannot write {str(output)!r}: {exc.strerror}") from None
 
     if dry_run:
+        _echo_warnings(warnings)
         if as_json:
-            click.echo(json.dumps(_summary(job, None, script), indent=2))
+            click.echo(json.dumps(_summary(job, None, script, warnings), indent=2))
         else:
             click.echo(script, nl=False)
         return
@@ -147,8 +174,13 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
 
     from phoenix_hpc.slurm.client import SlurmClient
 
+    client = SlurmClient()
+    shortfall = _node_warning(client, job)
+    if shortfall is not None:
+        warnings.append(shortfall)
+    _echo_warnings(warnings)
     try:
-        job_id = SlurmClient().submit(rd / SCRIPT_NAME, extra_args=sbatch_cli_args(job))
+        job_id = client.submit(rd / SCRIPT_NAME, extra_args=sbatch_cli_args(job))
     except SlurmError as exc:
         _undo(rd, created)
         if profile.name == "local" and not os.environ.get("SLURM_CONF"):
@@ -166,7 +198,7 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
 
     record_run(rd, job_id, submitted_at=submitted_at)
     if as_json:
-        click.echo(json.dumps(_summary(job, job_id, None), indent=2))
+        click.echo(json.dumps(_summary(job, job_id, None, warnings), indent=2))
     else:
         _print_submitted(job, job_id)
 
@@ -182,7 +214,7 @@ def _undo(rd: Path, created: list[Path]) -> None:
             pass
 
 
-def _summary(job: ResolvedJob, job_id: str | None, script: str | None) -> dict:
+def _summary(job: ResolvedJob, job_id: str | None, script: str | None, warnings: list[str]) -> dict:
     out = {
         "job_id": job_id,
         "run_dir": job.run_dir,
@@ -193,7 +225,7 @@ def _summary(job: ResolvedJob, job_id: str | None, script: str | None) -> dict:
         "gpus_per_node": job.gpus_per_node,
         "grid": {"tp": job.tp, "pp": job.pp, "dp": job.dp},
         "time_limit": job.time_limit,
-        "warnings": list(job.warnings),
+        "warnings": list(warnings),  # every warning printed to stderr
         "gpu_memory_per_rank_gb": None if job.memory is None else round(job.memory.total / 1e9, 2),
     }
     if script is not None:

@@ -31,6 +31,10 @@ from phoenix_hpc.profiles.slurm_time import format_slurm_time, parse_slurm_time
 from phoenix_hpc.topology import node_of_rank_blocked, place_replicas
 
 
+#: Accounts the shipped examples use as placeholders (examples/perlmutter-7b.yaml): warned about at submit.
+PLACEHOLDER_ACCOUNTS = frozenset({"m0000_g"})
+
+
 @dataclass(frozen=True)
 class ResolvedJob:
     """A job config made concrete for one site.
@@ -198,6 +202,9 @@ def resolve(
     if account is None and sch.account_expected:
         warnings.append(f"resources.account is not set: site {profile.name} expects -A (your project; see the "
                         "site profile); sbatch falls back to your default account, if Slurm has one for you")
+    if account in PLACEHOLDER_ACCOUNTS:
+        warnings.append(f"resources.account: {account!r} is the example's placeholder, not a project: set your "
+                        f"project on site {profile.name} (sbatch refuses an account that does not exist)")
     qos = res.qos if res.qos is not None else sch.qos
     partition = res.partition if res.partition is not None else sch.partition
     constraint = res.constraint if res.constraint is not None else sch.constraint

@@ -11,8 +11,21 @@ from phoenix_hpc.errors import DataError
 INDEX_HEADER = b"MMIDIDX\x00\x00"  # Megatron indexed dataset .idx magic (megatron.core.datasets)
 
 
-def check_indexed_dataset(prefix: str | Path) -> None:
+BYTE_VOCAB = 256  # the vocabulary of the byte-level datasets `phoenix data prepare` makes
+
+
+def how_to_make(vocab_size: int | None) -> str:
+    """How to make a dataset for a model of ``vocab_size`` tokens (None: unknown)."""
+    if vocab_size is None or vocab_size == BYTE_VOCAB:
+        return "make one with `phoenix data prepare SRC_DIR OUT_PREFIX` (byte-level, vocabulary 256)"
+    return (f"tokenize the text with the tokenizer of model.vocab_size={vocab_size} into Megatron's indexed format, "
+            "e.g. with Megatron-LM's tools/preprocess_data.py; `phoenix data prepare` makes only byte-level "
+            "datasets (vocabulary 256)")
+
+
+def check_indexed_dataset(prefix: str | Path, vocab_size: int | None = None) -> None:
     """Check that ``PREFIX.idx`` and ``PREFIX.bin`` exist and look like a Megatron indexed dataset.
+    ``vocab_size``: the model's, so that a missing dataset's message says how to make a fitting one.
 
     Raises:
         DataError: a file is missing, the .idx lacks the ``MMIDIDX`` header or version 1, or the .bin is
@@ -24,7 +37,7 @@ def check_indexed_dataset(prefix: str | Path) -> None:
     if missing:
         raise DataError(
             f"data.path {prefix!r} is not a Megatron indexed dataset: missing {', '.join(missing)} "
-            "(make one with `phoenix data prepare SRC_DIR OUT_PREFIX`)"
+            f"({how_to_make(vocab_size)})"
         )
     with idx.open("rb") as f:
         head = f.read(9 + 8 + 1 + 8)

@@ -78,6 +78,32 @@ def parse_job_id(text: str) -> str:
     return job_id
 
 
+_UNUSABLE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "FUTURE", "MAINT", "POWERED_DOWN", "POWER_DOWN")
+
+
+def node_usable(state: str | None) -> bool:
+    """Whether a node in ``scontrol show node`` State ``state`` (``IDLE``, ``MIXED+DRAIN``, ``DOWN*``, ...) can
+    be allocated: not DOWN, DRAIN(ED/ING), FAIL(ING), FUTURE, MAINT or powered down, and responding (no ``*``
+    suffix); scontrol(1), "NODE STATE CODES" of sinfo(1)."""
+    if not state:
+        return False
+    s = state.upper()
+    return not s.endswith("*") and not any(u in s for u in _UNUSABLE_STATES)
+
+
+def usable_node_names(records: Sequence[Mapping[str, str]], partition: str | None = None) -> list[str]:
+    """The ``NodeName`` of each ``scontrol show node -o`` record that :func:`node_usable` accepts and, when
+    ``partition`` is given, whose ``Partitions`` list names it."""
+    out = []
+    for r in records:
+        parts = [p for p in str(r.get("Partitions") or "").split(",") if p]
+        if partition is not None and partition not in parts:
+            continue
+        if node_usable(r.get("State")) and r.get("NodeName"):
+            out.append(str(r["NodeName"]))
+    return out
+
+
 class SlurmClient:
     """Slurm operations for jobs. ``env`` is added to each command's environment (e.g. the local cluster's
     ``SLURM_CONF``); ``runner`` defaults to :func:`run_slurm` (tests of parsing may pass another)."""
@@ -147,6 +173,18 @@ class SlurmClient:
     def show_nodes(self, nodes: str | None = None) -> list[dict[str, str]]:
         """``scontrol show node -o [NODES]``: one dict per node (NodeName, State, ...)."""
         return parse_records(self._out(["scontrol", "show", "node", "-o", *([nodes] if nodes else [])]))
+
+    def node_counts(self, partition: str | None = None) -> tuple[int, int]:
+        """``(usable, all)`` nodes of the cluster (of ``partition`` when given), from ``scontrol show node``
+        (:func:`usable_node_names`).
+
+        Raises:
+            SlurmError: scontrol failed (Slurm not reachable).
+        """
+        recs = self.show_nodes()
+        if partition is not None:
+            recs = [r for r in recs if partition in str(r.get("Partitions") or "").split(",")]
+        return len(usable_node_names(recs)), len(recs)
 
     def show_steps(self, job_id: str) -> list[dict[str, str]]:
         """``scontrol show step -o JOB``: one dict per step of the job (StepId, State, NodeList, ...)."""

@@ -85,6 +85,27 @@ def node_is_down(slurm_state: str | None) -> bool:
     return "DOWN" in s or "FAIL" in s or s.endswith("*") or "NOT_RESPONDING" in s
 
 
+# Slurm's pending reasons (squeue(1) "JOB REASON CODES") that a user can act on, with what to do
+_PENDING_HINTS = {
+    "ReqNodeNotAvail": "a node the job needs is DOWN, DRAINED or reserved: it waits until enough nodes are up "
+                       "(`sinfo -R` lists why nodes are down; on the local cluster `phoenix cluster revive NODE`)",
+    "Resources": "waiting for free nodes",
+    "Priority": "jobs of higher priority are ahead in the queue",
+    "PartitionNodeLimit": "the job asks for more nodes than the partition allows: it will never start",
+    "PartitionTimeLimit": "the time limit exceeds the partition's: it will never start",
+    "QOSMaxNodePerJobLimit": "the job asks for more nodes than its QOS allows: it will never start",
+    "BadConstraints": "no node satisfies the job's constraints: it will never start",
+}
+
+
+def pending_hint(reason: str | None) -> str | None:
+    """What a Slurm pending ``Reason`` (``ReqNodeNotAvail,_UnavailableNodes:nid00002``) means for the user,
+    or None for reasons that need no action (``None``, ``BeginTime``, ...). Source: squeue(1)."""
+    if not reason or reason == "None":
+        return None
+    return _PENDING_HINTS.get(reason.split(",")[0].split("(")[0].strip())
+
+
 def _expand(nodelist: str | None) -> list[str]:
     if not nodelist or nodelist in ("(null)", "None"):
         return []
@@ -464,6 +485,10 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     if isinstance(slurm_state, list):  # newer squeue --json gives a list of flags
         slurm_state = slurm_state[0] if slurm_state else None
     slurm_state = str(slurm_state).upper() if slurm_state else None
+    slurm_reason = None
+    if slurm_state == "PENDING":
+        slurm_reason = sj.get("Reason") or _get(slurm.queue, "state_reason") or None
+        slurm_reason = None if slurm_reason in (None, "None") else str(slurm_reason)
     live_nodes = _expand(sj.get("NodeList")) if sj else []
     batch_host = sj.get("BatchHost") or None
     node_state = {n: r.get("State") for n, r in slurm.nodes.items()}
@@ -580,6 +605,10 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
                                "and the batch script are gone; Slurm keeps the job RUNNING with orphaned steps "
                                "until its time limit",
             action=f"phoenix status {job_id or run.run_dir} --cancel"))
+    if slurm_reason is not None:
+        hint = pending_hint(slurm_reason)
+        warnings.append(StatusWarning(
+            "pending", f"Slurm keeps the job pending: {slurm_reason}" + (f" ({hint})" if hint else "")))
     if slurm.error:
         warnings.append(StatusWarning("slurm", slurm.error))
 
@@ -587,7 +616,8 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     steps_total = _get(cfg, "training", "steps")
     info = JobInfo(
         job_id=job_id, name=_get(cfg, "name") or sj.get("JobName"), run_dir=run.run_dir,
-        site=_get(run.job, "site"), state=state, slurm_state=slurm_state, batch_host=batch_host,
+        site=_get(run.job, "site"), state=state, slurm_state=slurm_state, slurm_reason=slurm_reason,
+        batch_host=batch_host,
         node_list=live_nodes or [n.name for n in nodes if n.slots],
         nodes=_get(cfg, "resources", "nodes"), spares=_get(cfg, "resources", "spares"), gpus_per_node=gpus,
         grid={"tp": grid[0], "pp": grid[1], "dp": grid[2]} if grid else None, k=k, generation=st.generation,

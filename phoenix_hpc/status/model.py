@@ -51,6 +51,7 @@ class JobInfo:
     site: str | None
     state: str  # coordinator's view: pending|starting|running|recovering|fallback|done|failed|stopped|unknown
     slurm_state: str | None  # e.g. RUNNING, COMPLETED; None when Slurm has no record
+    slurm_reason: str | None  # Slurm's Reason while PENDING (Resources, Priority, ReqNodeNotAvail, ...), else None
     batch_host: str | None
     node_list: list[str]  # live node list (scontrol NodeList), else the nodes slots registered from
     nodes: int | None  # active nodes requested
@@ -171,7 +172,7 @@ class InjectionStatus:
 
 @dataclass
 class StatusWarning:
-    code: str  # no_spares | under_replicated | batch_host_down | coordinator_gone | slurm | placement
+    code: str  # no_spares | under_replicated | batch_host_down | coordinator_gone | slurm | placement | pending
     message: str
     action: str | None = None  # what the user can do (e.g. "phoenix status 1234 --cancel")
 

@@ -61,7 +61,8 @@ def _header(st: Status) -> Table:
     t.add_column()
     t.add_row("job", f"{j.job_id or '-'}  {j.name or ''}".rstrip())
     t.add_row("state", Text(j.state, style=_STATE_STYLE.get(j.state, "")).append(
-        f"   (Slurm: {j.slurm_state or 'no record'})", style="dim"))
+        f"   (Slurm: {j.slurm_state or 'no record'}" + (f", reason {j.slurm_reason}" if j.slurm_reason else "")
+        + ")", style="dim"))
     t.add_row("run dir", j.run_dir)
     if j.grid:
         g = j.grid
@@ -90,7 +91,7 @@ def _warnings(st: Status) -> Text | None:
         return None
     out = Text()
     for w in st.warnings:
-        style = "yellow" if w.code in ("slurm", "placement") else "bold red"
+        style = "yellow" if w.code in ("slurm", "placement", "pending") else "bold red"
         out.append(f"! {w.message}\n", style=style)
         if w.action:
             out.append(f"  -> {w.action}\n", style="bold")

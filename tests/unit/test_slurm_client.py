@@ -55,3 +55,28 @@ def test_hostlists():
         split_active_spare("nid[00001-00002]", 3)
     with pytest.raises(SlurmError):
         expand("nid[1-")
+
+
+@pytest.mark.parametrize("state, ok", [("IDLE", True), ("ALLOCATED", True), ("MIXED", True), ("DOWN*", False),
+                                       ("IDLE*", False), ("IDLE+DRAIN", False), ("DRAINED", False),
+                                       ("FAIL", False), ("DOWN+NOT_RESPONDING", False), (None, False)])
+def test_node_usable(state, ok):
+    from phoenix_hpc.slurm.client import node_usable
+
+    assert node_usable(state) is ok
+
+
+def test_usable_node_names_and_counts():
+    from phoenix_hpc.slurm.client import SlurmClient, usable_node_names
+
+    text = ("NodeName=nid00001 State=IDLE Partitions=debug,gpu\nNodeName=nid00002 State=DOWN* Partitions=debug\n"
+            "NodeName=nid00003 State=ALLOCATED Partitions=gpu\n")
+    recs = parse_records(text)
+    assert usable_node_names(recs) == ["nid00001", "nid00003"]
+    assert usable_node_names(recs, "debug") == ["nid00001"]
+
+    class _Out:
+        stdout = text
+
+    client = SlurmClient(runner=lambda args, **kw: _Out())
+    assert client.node_counts() == (2, 3) and client.node_counts("debug") == (1, 2)

@@ -370,3 +370,22 @@ def test_faults_table_shows_the_cause_of_a_gloo_error():
     console = Console(width=250, record=True, color_system=None)
     console.print(status_renderable(st))
     assert "Connection closed by peer" in console.export_text()
+
+
+def test_pending_job_shows_slurms_reason():
+    from rich.console import Console
+
+    from phoenix_hpc.status.render import status_renderable
+
+    reason = "ReqNodeNotAvail,_UnavailableNodes:nid00002"
+    slurm = SlurmInfo(job={"JobId": "77", "JobState": "PENDING", "NodeList": "", "BatchHost": "", "Reason": reason})
+    st = derive_status([], slurm, now=1.0, run=run_files())
+    assert st.job.slurm_reason == reason
+    (w,) = [w for w in st.warnings if w.code == "pending"]
+    assert reason in w.message and "phoenix cluster revive" in w.message
+    console = Console(width=250, record=True, color_system=None)
+    console.print(status_renderable(st))
+    assert f"reason {reason}" in console.export_text()
+    # a running job has no pending reason, even if scontrol still prints Reason=None
+    st = derive_status([], SlurmInfo(job={"JobId": "77", "JobState": "RUNNING", "Reason": "None"}), 1.0, run_files())
+    assert st.job.slurm_reason is None and not [w for w in st.warnings if w.code == "pending"]

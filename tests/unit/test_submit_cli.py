@@ -227,3 +227,30 @@ def test_submit_refuses_a_config_that_cannot_fit(in_tmp):
     assert_bad(r, "GPU memory: a rank needs about", "more than the 40 GB of one A100-40GB",
                "megatron.recompute_granularity: full", "megatron.sequence_parallel: true")
     assert list(in_tmp.iterdir()) == [p]
+
+
+def test_dry_run_json_holds_every_warning_stderr_shows(in_tmp):
+    import json
+
+    r = invoke("--site", "perlmutter", ROOT / "examples" / "perlmutter-7b.yaml", "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    printed = [line[len("warning: "):] for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    d = json.loads(r.stdout)
+    assert printed and d["warnings"] == printed
+    # the placeholder account of the example, and a dataset hint that fits a 32,000-token vocabulary
+    assert any("'m0000_g' is the example's placeholder" in w for w in d["warnings"])
+    (data_w,) = [w for w in d["warnings"] if "data.path" in w]
+    assert "preprocess_data.py" in data_w and "model.vocab_size=32000" in data_w
+    assert "phoenix data prepare SRC_DIR" not in data_w
+
+
+def test_node_shortfall_warning():
+    from phoenix_hpc.cli.submit import node_shortfall
+    from phoenix_hpc.config.load import load_job_config
+    from phoenix_hpc.config.resolve import resolve
+    from phoenix_hpc.profiles import load_profile
+
+    job = resolve(load_job_config(GPT_SMALL), load_profile("local"), run_dir="/tmp/x", default_python="python3")
+    assert node_shortfall(job, 6, 6, None) is None
+    w = node_shortfall(job, 5, 6, None)
+    assert "5 usable node(s) of 6" in w and "needs 6 (4 active + 2 spare)" in w and "PENDING" in w
