@@ -78,6 +78,29 @@ def parse_job_id(text: str) -> str:
     return job_id
 
 
+# What Slurm's clients print when no controller can be reached (slurm 22.05: src/common/read_config.c,
+# src/api/*: "Unable to contact slurm controller", "fetch_config: DNS SRV lookup failed", ...)
+_UNREACHABLE = ("Unable to contact slurm controller", "Could not establish a configuration source",
+                "DNS SRV lookup failed", "Unable to process configuration file", "Connection refused",
+                "Socket timed out", "is not installed")
+
+
+def slurm_unreachable(message: str) -> bool:
+    """Whether a failed Slurm command's message (a :class:`SlurmError`) means no Slurm controller could be
+    reached (none configured, daemons stopped, commands missing), rather than an answer such as "Invalid job
+    id specified"."""
+    return any(m.lower() in message.lower() for m in _UNREACHABLE)
+
+
+def error_line(exc: Exception) -> str:
+    """A Slurm failure as one short line: "Slurm not reachable" when :func:`slurm_unreachable`, else the
+    first line of the message."""
+    msg = str(exc)
+    if slurm_unreachable(msg):
+        return "Slurm not reachable"
+    return (msg.splitlines() or [""])[0][:160]
+
+
 _UNUSABLE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "FUTURE", "MAINT", "POWERED_DOWN", "POWER_DOWN")
 
 

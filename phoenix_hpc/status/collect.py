@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from phoenix_hpc.errors import SlurmError, StatusError
+from phoenix_hpc.slurm.client import error_line, slurm_unreachable
 from phoenix_hpc.status.derive import derive_status
 from phoenix_hpc.status.model import RunFiles, SlurmInfo, Status
 
@@ -87,8 +88,11 @@ def gather_slurm(client, job_id: str | None, extra_nodes: list[str] = (),
         except SlurmError:
             pass
         if info.queue is None:
-            info.error = (f"Slurm has no record of job {job_id} (finished jobs are forgotten after MinJobAge, "
-                          f"or Slurm is unreachable: {str(exc).splitlines()[0][:160]}); shown from the journal")
+            if slurm_unreachable(str(exc)):
+                info.error = "Slurm not reachable; shown from the journal"
+                return info
+            info.error = (f"Slurm has no record of job {job_id} (finished jobs are forgotten after MinJobAge: "
+                          f"{error_line(exc)}); shown from the journal")
     from phoenix_hpc.slurm.hostlist import compress, expand
 
     names: list[str] = list(extra_nodes)
@@ -102,7 +106,7 @@ def gather_slurm(client, job_id: str | None, extra_nodes: list[str] = (),
         try:
             info.nodes = {r["NodeName"]: r for r in client.show_nodes(compress(names)) if "NodeName" in r}
         except SlurmError as exc:
-            info.error = (info.error + "; " if info.error else "") + f"scontrol show node failed: {exc}"
+            info.error = (info.error + "; " if info.error else "") + f"scontrol show node failed: {error_line(exc)}"
     try:
         from phoenix_hpc.topology import parse_scontrol_topology, switch_levels_of
 

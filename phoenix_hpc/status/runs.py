@@ -112,14 +112,16 @@ def known_runs(home: Path | None = None, cwd: Path | None = None) -> list[dict[s
 
 def find_run(target: str | None, *, slurm=None, home: Path | None = None, cwd: Path | None = None) -> Path:
     """The run directory for ``target``: a run directory path, a Slurm job id (digits, optionally
-    ``ID_STEP``-free), or None for the most recent job.
+    ``ID_STEP``-free), or None for the most recent job. A job id that several recorded runs share (Slurm's
+    ids restart with a new cluster) names the one Slurm runs under that id now, else it is refused.
 
     Args:
         slurm: a :class:`phoenix_hpc.slurm.client.SlurmClient` to ask about job ids unknown locally
             (None: do not ask Slurm).
 
     Raises:
-        StatusError: no job recorded (None), unknown job id, or a path that is not a PHOENIX run directory.
+        StatusError: no job recorded (None), unknown or ambiguous job id (the message lists the candidate run
+            directories), or a path that is not a PHOENIX run directory.
     """
     if target is None:
         runs = known_runs(home, cwd)
@@ -129,16 +131,28 @@ def find_run(target: str | None, *, slurm=None, home: Path | None = None, cwd: P
         return Path(runs[0]["run_dir"])
     if not target.isdigit():
         return check_run_dir(target)
-    for e in known_runs(home, cwd):
-        if e["job_id"] == target:
-            return Path(e["run_dir"])
-    if slurm is not None:
-        from phoenix_hpc.errors import SlurmError
+    from phoenix_hpc.errors import SlurmError
 
+    rec = None
+    if slurm is not None:
         try:
             rec = slurm.show_job(target)
         except SlurmError:
             rec = None
+    cands = [e for e in known_runs(home, cwd) if e["job_id"] == target]
+    if len(cands) == 1:
+        return Path(cands[0]["run_dir"])
+    if len(cands) > 1:
+        # Slurm knows the job it runs now: its batch script names the run directory
+        cmd = (rec or {}).get("Command") or ""
+        live = [e for e in cands if cmd and Path(cmd).parent == Path(e["run_dir"])]
+        if len(live) == 1:
+            return Path(live[0]["run_dir"])
+        listed = "; ".join(f"{e['run_dir']} (submitted {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['submitted_at']))})"
+                           for e in cands)
+        raise StatusError(f"JOBID: {target} names {len(cands)} runs (Slurm job ids restart when a cluster is "
+                          f"restarted): {listed}; pass the run directory instead")
+    if slurm is not None:
         if rec:
             cmd = rec.get("Command") or ""
             cand = Path(cmd).parent if cmd else None

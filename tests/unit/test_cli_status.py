@@ -2,7 +2,7 @@
 bad input (exit 2, a message naming the problem, nothing sent to the coordinator).
 
 Slurm is the real client: on this machine without a configured cluster ``scontrol`` fails, so the status
-comes from the journal with a Slurm warning (what a user sees after Slurm forgot a job)."""
+comes from the journal with a one-line "Slurm not reachable" warning."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_status_of_running_job_renders_slots_and_replicas(env):
     r = run("status", str(rd))
     assert r.exit_code == 0, r.output
     for text in ("424242", "running", "nid00003", "opt/pp0/tp0/dp3", "hot_swap", "replaces world rank 2",
-                 "no spare left", "Slurm has no record of job 424242"):
+                 "no spare left", "Slurm not reachable; shown from the journal"):
         assert text in r.output
 
 
@@ -176,3 +176,20 @@ def test_inject_into_dead_rank_slot(env, listener):
 def test_inject_unknown_job(env):
     r = run("inject-fault", "999999", "--kind", "crash", "--rank", "0")
     assert r.exit_code == 2 and "JOBID: 999999 is not a known job id" in r.output
+
+
+def test_ambiguous_job_id_is_refused_listing_the_candidates(env):
+    # job ids restart at 1 on every `phoenix cluster up`: two runs recorded with job id 1
+    a = make_run(env, "first", start_records() + done_records(), job_id="1", submitted_at=100.0)
+    b = make_run(env, "second", start_records(), job_id="1", submitted_at=200.0)
+    r = run("status", "1")
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "JOBID: 1 names 2 runs" in r.output and str(a) in r.output and str(b) in r.output
+    assert json.loads(run("status", str(b), "--json").output)["job"]["run_dir"] == str(b)  # a run dir is exact
+
+
+def test_slurm_not_reachable_is_one_line(env):
+    make_run(env, "r", start_records(), job_id="5")
+    d = json.loads(run("status", "5", "--json").output)
+    (w,) = [w for w in d["warnings"] if w["code"] == "slurm"]
+    assert w["message"] == "Slurm not reachable; shown from the journal"

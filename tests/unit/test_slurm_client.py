@@ -80,3 +80,17 @@ def test_usable_node_names_and_counts():
 
     client = SlurmClient(runner=lambda args, **kw: _Out())
     assert client.node_counts() == (2, 3) and client.node_counts("debug") == (1, 2)
+
+
+def test_unreachable_slurm_is_one_line():
+    from phoenix_hpc.slurm.client import error_line, slurm_unreachable
+
+    down = SlurmError("scontrol show job -o 1 failed (exit 1): scontrol: error: resolve_ctls_from_dns_srv: "
+                      "res_nsearch error: Unknown host\nscontrol: error: fetch_config: DNS SRV lookup failed\n"
+                      "scontrol: fatal: Could not establish a configuration source")
+    stopped = SlurmError("scontrol show job -o 1 failed (exit 1): slurm_load_jobs error: Unable to contact slurm "
+                         "controller (connect failure)")
+    forgotten = SlurmError("scontrol show job -o 1 failed (exit 1): slurm_load_jobs error: Invalid job id specified")
+    assert slurm_unreachable(str(down)) and slurm_unreachable(str(stopped)) and not slurm_unreachable(str(forgotten))
+    assert error_line(down) == error_line(stopped) == "Slurm not reachable"
+    assert error_line(forgotten) == str(forgotten)
