@@ -91,15 +91,7 @@ def _collector(run_dir: Path) -> _Collector:
 
 def _pending_reason(st) -> str:
     """``", reason <Slurm's Reason>"`` for a job Slurm holds PENDING (e.g. a node left down), else ``""``."""
-    if st.job.slurm_state != "PENDING" or not st.job.job_id:
-        return ""
-    from phoenix_hpc.slurm.client import SlurmClient
-
-    try:
-        reason = SlurmClient().show_job(st.job.job_id).get("Reason")
-    except Exception:  # noqa: BLE001 - the reason is decoration of a timeout message
-        return ""
-    return f", reason {reason}" if reason else ""
+    return f", reason {st.job.slurm_reason}" if st.job.slurm_reason else ""
 
 
 def _wait(collect, until: Callable, timeout_s: float, on_poll: Callable, what: str):
@@ -165,7 +157,7 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
 
 
 def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> dict:
-    from phoenix_hpc.cli.output import make_console
+    from phoenix_hpc.cli.output import LineProgress, make_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from phoenix_hpc.faults.drill import DrillOutcome, landed_ts, quiesce_by_generation
@@ -178,12 +170,17 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
                     "nodes_killed": [], "nodes_revived": []}
     job_id = ref_job_id = None
     st = ref = None
+    lines = None if as_json or console.is_terminal else LineProgress(lambda t: click.echo(t, err=True))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, disable=as_json) as progress:
+                  console=console, disable=as_json or lines is not None) as progress:
         task = progress.add_task("reference", total=steps)
 
         def show(desc):
-            return lambda s: progress.update(task, description=desc, completed=s.job.step or 0)
+            def update(s):
+                progress.update(task, description=desc, completed=s.job.step or 0)
+                if lines is not None:  # not a terminal: a line per stage, and every few seconds of progress
+                    lines.update(desc, s.job.step, s.job.steps_total)
+            return update
 
         try:
             # --- the fault-free reference -------------------------------------------------------------

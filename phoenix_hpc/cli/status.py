@@ -43,7 +43,8 @@ def _plot(st, path: Path) -> None:
 @click.command("status")
 @click.argument("target", required=False, metavar="[JOBID | RUN_DIR]")
 @click.option("--json", "as_json", is_flag=True, help="print the status as JSON (with --watch: one object per line)")
-@click.option("--watch", is_flag=True, help="refresh until the job ends (Ctrl-C to leave)")
+@click.option("--watch", is_flag=True, help="refresh until the job ends (Ctrl-C to leave); into a pipe: one line "
+                                          "per change, then the full view")
 @click.option("--interval-s", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
               help="refresh interval of --watch")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -80,6 +81,20 @@ def status(target, as_json, watch, interval_s, plot, cancel, yes):
                     break
                 time.sleep(interval_s)
                 st = collect()
+        elif not console.is_terminal:  # a pipe or a log: a line per change, the full view at the end
+            from phoenix_hpc.status.render import status_line
+
+            last = None
+            while True:
+                line = status_line(st)
+                if line.split("  ", 1)[1] != last:  # the same but for the time: nothing new to say
+                    click.echo(line)
+                    last = line.split("  ", 1)[1]
+                if st.finished:
+                    break
+                time.sleep(interval_s)
+                st = collect()
+            console.print(status_renderable(st))
         else:
             from rich.live import Live
 

@@ -180,6 +180,26 @@ def _injections(st: Status) -> Table:
     return t
 
 
+def status_line(st: Status) -> str:
+    """One line of the job's progress, for ``--watch`` into a pipe: time since start, state, step, committed
+    and checkpoint steps, generation, spares left, recoveries and faults so far."""
+    j = st.job
+    rec = st.recoveries[-1] if st.recoveries else None
+    parts = [_rel(st.now, j.started_at), j.state + (f" (Slurm: {j.slurm_state})" if j.slurm_state else ""),
+             f"step {'-' if j.step is None else j.step}{f'/{j.steps_total}' if j.steps_total else ''}",
+             f"committed {'-' if j.recoverable_step is None else j.recoverable_step}",
+             f"checkpoint {'-' if j.checkpoint_step is None else j.checkpoint_step}",
+             f"generation {j.generation}"]
+    if st.spare_nodes_left is not None:
+        parts.append(f"spares {st.spare_nodes_left}")
+    if rec is not None:
+        parts.append(f"recoveries {len(st.recoveries)} (last: gen {rec.generation} {rec.state}"
+                     + (f" {rec.total_s:.2f}s" if rec.total_s is not None else "") + ")")
+    if st.faults:
+        parts.append(f"faults {len(st.faults)}")
+    return "  ".join(parts)
+
+
 def status_renderable(st: Status) -> Group:
     """The full human view of ``st``; empty sections are left out."""
     parts: list = [_header(st)]

@@ -193,3 +193,38 @@ def test_slurm_not_reachable_is_one_line(env):
     d = json.loads(run("status", "5", "--json").output)
     (w,) = [w for w in d["warnings"] if w["code"] == "slurm"]
     assert w["message"] == "Slurm not reachable; shown from the journal"
+
+
+def test_watch_into_a_pipe_prints_a_line_per_change_then_the_full_view(env, monkeypatch):
+    import phoenix_hpc.cli.status as status_cli
+
+    recs = start_records()[:-1] + [{"ts": 2.5, "event": "progress", "step": 3, "min_step": 3, "generation": 0}]
+    rd = make_run(env, "w", recs, job_id="31")
+    later = [[{"ts": 4.0, "event": "progress", "step": 9, "min_step": 8, "generation": 0}], done_records()]
+
+    def sleep(_s):  # the job moves on while the watcher waits
+        with (rd / "journal.jsonl").open("a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in later.pop(0)))
+
+    monkeypatch.setattr(status_cli.time, "sleep", sleep)
+    r = run("status", str(rd), "--watch", "--interval-s", "0.2")  # CliRunner's stdout is not a terminal
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    progress = [line for line in lines if line.startswith("t+")]
+    assert [next(p for p in line.split("  ") if p.startswith("step ")) for line in progress] == [
+        "step 3/20", "step 9/20", "step 20/20"]
+    assert "running" in progress[0] and "done" in progress[-1]
+    assert any(line.startswith("job") and "31" in line for line in lines)  # the full view at the end
+
+
+def test_line_progress_prints_stage_changes_and_paced_progress():
+    from phoenix_hpc.cli.output import LineProgress
+
+    out, now = [], [0.0]
+    lp = LineProgress(out.append, every_s=5.0, clock=lambda: now[0])
+    for t, desc, step in [(0, "reference", 1), (1, "reference", 2), (6, "reference", 9), (7, "starting", None),
+                          (8, "fault 1/3: crash @ forward", 12), (20, "fault 1/3: crash @ forward", 12)]:
+        now[0] = t
+        lp.update(desc, step, 50)
+    assert out == ["reference: step 1/50", "reference: step 9/50", "starting: step -/50",
+                   "fault 1/3: crash @ forward: step 12/50"]
