@@ -67,6 +67,29 @@ def _names_user_code(cfg) -> bool:
     return not is_builtin_engine(cfg.engine) or cfg.model.factory is not None or cfg.data.factory is not None
 
 
+def _with_site_problems(exc: ConfigError, config: Path, profile) -> ConfigError:
+    """``exc`` (schema problems) plus the site checks' problems of the rest of the config
+    (:func:`phoenix_hpc.config.partial.without_invalid_fields`), so that all problems are listed at once."""
+    from phoenix_hpc.config.load import read_yaml
+    from phoenix_hpc.config.partial import about_dropped, relative_data_path, without_invalid_fields
+
+    cfg, dropped, revealed = without_invalid_fields(read_yaml(config))
+    revealed = [p for p in revealed if p not in exc.problems]
+    if cfg is None:
+        return ConfigError(exc.problems + revealed, exc.source,
+                           note=f"not checked yet: the config against site {profile.name!r} (grid vs GPUs per node, "
+                                "node, spare and time limits); that runs once the problems above are fixed")
+    try:
+        resolve(relative_data_path(cfg, config), profile, run_dir="/", default_python=sys.executable)
+        more: list[str] = []
+    except ConfigError as site_exc:
+        more = [p for p in site_exc.problems if not about_dropped(p, dropped) and p not in exc.problems]
+    more = revealed + [p for p in more if p not in revealed]
+    return ConfigError(exc.problems + more, exc.source,
+                       note=f"also checked against site {profile.name!r}, with {', '.join(dropped)} left out (defaults "
+                            "used)" + ("" if more else ": no further problems"))
+
+
 def _echo_warnings(warnings: list[str]) -> None:
     for w in warnings:
         click.echo(f"warning: {w}", err=True)
@@ -113,9 +136,7 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
     except ConfigError as exc:
         if exc.source is None:  # the file itself (missing, not YAML): nothing more to say
             raise
-        raise ConfigError(exc.problems, exc.source,
-                          note=f"not checked yet: the config against site {profile.name!r} (grid vs GPUs per node, "
-                               "node, spare and time limits); that runs once the problems above are fixed") from None
+        raise _with_site_problems(exc, config, profile) from None
     cwd = Path.cwd()
     rd = run_dir or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.name, cwd, time.time()))
     rd = Path(os.path.abspath(cwd / rd))

@@ -124,7 +124,7 @@ def test_unquoted_time_limit_is_explained(in_tmp):
     p.write_text(yaml.safe_dump(data).replace("time_limit: TL", "time_limit: 12:00:00"))
     assert yaml.safe_load(p.read_text())["resources"]["time_limit"] == 43200
     assert_bad(invoke("--site", "perlmutter", p, "--dry-run"), "resources.time_limit", "43200", '"12:00:00"',
-               "not checked yet: the config against site 'perlmutter'")
+               "also checked against site 'perlmutter', with resources.time_limit left out")
 
 
 def test_a_key_given_twice_is_refused(in_tmp):
@@ -254,3 +254,20 @@ def test_node_shortfall_warning():
     assert node_shortfall(job, 6, 6, None) is None
     w = node_shortfall(job, 5, 6, None)
     assert "5 usable node(s) of 6" in w and "needs 6 (4 active + 2 spare)" in w and "PENDING" in w
+
+
+def test_one_invalid_field_does_not_hide_the_other_checks(in_tmp):
+    # a wrong type and an unknown field (schema), k >= dp and too many spares (site checks): all listed at once
+    p = write_cfg(in_tmp, training={"steps": "abc"}, model={"bogus": 1}, resilience={"k": 5},
+                  resources={"spares": 50})
+    r = invoke("--site", "local", p, "--dry-run")
+    assert_bad(r, "training.steps: value 'abc'", "model.bogus: unknown field", "resilience.k: 5 must be < dp",
+               "resources.spares: nodes(4) + spares(50) = 54 exceeds", "with model.bogus, training.steps left out")
+    assert "not checked yet" not in r.output
+
+
+def test_relation_problems_show_with_type_problems(in_tmp):
+    p = write_cfg(in_tmp, training={"steps": "abc"}, parallelism={"pp": 3})
+    r = invoke("--site", "local", p, "--dry-run")
+    assert_bad(r, "training.steps: value 'abc'", "model.layers (4) must be divisible by parallelism.pp (3)",
+               "not checked yet: the config against site 'local'")
