@@ -1,4 +1,4 @@
-"""``phoenix data``: build training datasets."""
+"""``phoenix data``: build training datasets (``prepare``) and show what one holds (``inspect``)."""
 
 from __future__ import annotations
 
@@ -64,3 +64,26 @@ def prepare(src_dir: str | None, out_prefix: str | None, use_stdlib: bool, max_b
             f"wrote {result.prefix}.bin/.idx: {result.documents} documents, {result.tokens:,} byte tokens "
             f"from {src_dir} ({result.skipped} non-text files skipped)"
         )
+
+
+@data.command("inspect")
+@click.argument("prefix", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
+def inspect(prefix: str, as_json: bool) -> None:
+    """Show what the dataset PREFIX.bin/.idx holds: documents, tokens and the vocabulary it needs.
+
+    The smallest model.vocab_size that fits is the largest token id + 1 (256 for the byte-level datasets of
+    `phoenix data prepare`).
+    """
+    from phoenix_hpc.data.summary import summarize_dataset
+
+    s = summarize_dataset(prefix)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(s.to_json()))
+        return
+    click.echo(f"{s.prefix}.bin/.idx: {s.documents:,} documents, {s.sequences:,} sequences, {s.tokens:,} tokens "
+               f"({s.dtype})")
+    click.echo(f"vocabulary: {s.distinct_tokens:,} distinct token ids, largest {s.max_token_id}; "
+               f"needs model.vocab_size >= {s.min_vocab_size}")

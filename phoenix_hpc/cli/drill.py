@@ -141,14 +141,15 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
                       gpus_per_node=job.gpus_per_node, spare_nodes=job.spares,
                       kinds=[k.strip() for k in kinds.split(",") if k.strip()])
     if dry_run:
-        rows = [{"index": f.index, "kind": f.kind, "phase": f.phase, "at_step": f.at_step, "rank": f.rank}
+        rows = [{"index": f.index, "kind": f.kind, "phase": f.phase, "at_step": f.at_step,
+                 "planned_logical_rank": f.rank}
                 for f in plan]
         if as_json:
             click.echo(json.dumps({"plan": rows}, indent=2))
         else:
             for r in rows:
                 click.echo(f"fault {r['index'] + 1}: {r['kind']} at step {r['at_step']}, phase {r['phase']}, "
-                           f"logical rank {r['rank']}")
+                           f"logical rank {r['planned_logical_rank']}")
         return
     report = _run(config, site, cfg, base, plan, reference, timeout_s, as_json)
     _print_report(report, as_json)
@@ -351,6 +352,7 @@ def _print_report(report: dict, as_json: bool) -> None:
         click.echo(json.dumps(report, indent=2))
         return
     from phoenix_hpc.cli.output import make_console
+    from phoenix_hpc.status.text import REPLAYED_MEANS
     from rich.table import Table
 
     t = Table(title=f"Drill of {report['config']} on {report['site']} (job {report.get('job', {}).get('job_id')})",
@@ -364,7 +366,7 @@ def _print_report(report: dict, as_json: bool) -> None:
 
     for f in report["faults"]:
         landed = ", ".join(f"w{x['world_rank']}:{x['step']}/{x['phase']}" for x in f["landed"]) or "-"
-        target = (f"rank {f['rank']}" + (f" (w{f['target_world_rank']}@{f['target_node']})"
+        target = (f"rank {f['target_logical_rank']}" + (f" (w{f['target_world_rank']}@{f['target_node']})"
                                           if f["target_node"] else ""))
         if f["passed"]:
             result = "[green]ok[/green]"
@@ -384,6 +386,7 @@ def _print_report(report: dict, as_json: bool) -> None:
     c.print(t)
     c.print("quiesce: recovery start -> plan, survivors leaving the step they were in (bounded by the collective "
             "timeout); reconfigure/params/optimizer: the slowest member's time each; total: fault -> replay done")
+    c.print(REPLAYED_MEANS)
     if report.get("nodes_revived"):
         c.print(f"nodes killed by the drill and revived afterwards: {', '.join(report['nodes_revived'])}")
     if report.get("error"):

@@ -134,8 +134,11 @@ class DrillOutcome:
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.fault.index, "kind": self.fault.kind, "phase": self.fault.phase,
-                "planned_step": self.fault.at_step, "at_step": self.at_step, "planned_rank": self.fault.rank,
-                "rank": self.fault.rank if self.rank is None else self.rank,
+                "planned_step": self.fault.at_step, "at_step": self.at_step,
+                # the logical rank the plan drew, and the one the fault was sent to: the same, except for a
+                # kill-node planned on the batch host's rank, which goes to the lowest rank on another node
+                "planned_logical_rank": self.fault.rank,
+                "target_logical_rank": self.fault.rank if self.rank is None else self.rank,
                 "target_world_rank": self.target_world_rank, "target_node": self.target_node,
                 "expected_action": self.expected_action, "generation": self.generation,
                 "quiesce_s": self.quiesce_s, "passed": self.passed,

@@ -23,9 +23,9 @@ recovery_plan      new rank map, joins (spare -> logical rank), steps replayed; 
                    step the recovery resumes from, the committed step from then on
 recovery_restored  generation g restored: members ACTIVE at g
 recovery_done      ``total_s``, ``phases {detect, reconfigure, params, optimizer, replay}``, ``steps_replayed``;
-                   the ``quiesce`` phase is added from the journal: ``recovery_start`` -> ``recovery_plan``
-                   (survivors leaving the step they were in), and ``RecoveryStatus.other_s`` is what no
-                   phase accounts for, so the phases and ``other_s`` add up to ``total_s``
+                   ``RecoveryStatus.quiesce_s`` comes from the journal: ``recovery_start`` ->
+                   ``recovery_plan`` (survivors leaving the step they were in), and ``other_s`` is what no
+                   phase accounts for, so phases + quiesce + other add up to ``total_s``
 recovery_aborted   a recovery cut short by a second fault
 inject_forwarded   an injection request the coordinator accepted (wire kind/phase names)
 inject_fired       where an injected fault landed (also from ``RUN_DIR/faults/fired-*.json``)
@@ -342,6 +342,7 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             cur.steps_replayed = rec.get("steps_replayed")
             cur.recoverable_step = rec.get("recoverable_step")
             cur.planned_at = ts
+            cur.quiesce_s = round(ts - cur.started_at, 3)
         if rec.get("recoverable_step") is not None:  # the step this recovery resumes from: committed from now on
             st.committed(ts, rec["recoverable_step"])
             st.step_seen(ts, rec["recoverable_step"])
@@ -365,8 +366,6 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             cur.state, cur.finished_at = "done", ts
             cur.total_s = rec.get("total_s")
             cur.phases = {k: float(v) for k, v in (rec.get("phases") or {}).items()}
-            if "quiesce" not in cur.phases and cur.planned_at is not None:  # recovery_start -> recovery_plan
-                cur.phases["quiesce"] = round(cur.planned_at - cur.started_at, 3)
             cur.steps_replayed = rec.get("steps_replayed", cur.steps_replayed)
             cur.recoverable_step = rec.get("recoverable_step", cur.recoverable_step)
             cur.action = rec.get("action") or cur.action

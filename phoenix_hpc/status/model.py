@@ -133,18 +133,19 @@ class RecoveryStatus:
     joins: list[dict[str, Any]]  # {world_rank, node, logical_rank, replaces_world_rank}
     detect_s: float | None
     total_s: float | None
-    phases: dict[str, float]  # detect, quiesce, reconfigure, params, optimizer, replay (seconds)
+    phases: dict[str, float]  # recovery_done's: detect, reconfigure, params, optimizer, replay (seconds)
     steps_replayed: int | None
     recoverable_step: int | None
     planned_at: float | None = None  # when the recovery plan was journalled (end of the quiesce phase)
+    quiesce_s: float | None = None  # recovery_start -> recovery_plan: survivors leaving the step they were in
 
     @property
     def other_s(self) -> float | None:
-        """``total_s`` minus the sum of ``phases``: time no phase accounts for (messages between the
-        coordinator and the members, invariant checks). None until the recovery is done."""
+        """``total_s`` minus ``phases`` and ``quiesce_s``: time no phase accounts for (messages between the
+        coordinator and the members, invariant checks; negative where phases overlap). None until done."""
         if self.total_s is None or not self.phases:
             return None
-        return round(float(self.total_s) - sum(self.phases.values()), 3)
+        return round(float(self.total_s) - sum(self.phases.values()) - (self.quiesce_s or 0.0), 3)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from phoenix_hpc.status.model import Status
-from phoenix_hpc.status.text import shorten
+from phoenix_hpc.status.text import REPLAYED_MEANS, shorten
 
 _STATE_STYLE = {"running": "green", "done": "green", "recovering": "yellow", "starting": "cyan",
                 "pending": "cyan", "fallback": "red", "failed": "red", "stopped": "yellow", "ended": "red",
@@ -144,15 +144,19 @@ def _replicas(st: Status) -> Table:
     return t
 
 
+def _phase(r, name: str) -> float | None:
+    return r.quiesce_s if name == "quiesce" else r.phases.get(name)
+
+
 def _recoveries(st: Status) -> Table:
     t0 = st.job.started_at
-    t = Table(title="Recoveries", title_justify="left")
+    t = Table(title="Recoveries", title_justify="left", caption=REPLAYED_MEANS, caption_justify="left")
     for c in ("gen", "action", "state", "start", *PHASES, "other", "total", "replayed", "joins"):
         t.add_column(c)
     for r in st.recoveries:
         joins = ", ".join(f"{j.get('world_rank')}->{j.get('logical_rank')}@{j.get('node')}" for j in r.joins)
         t.add_row(str(r.generation), r.action or "-", r.state, _rel(r.started_at, t0),
-                  *(_fmt_s(r.phases.get(p)) if p in r.phases else "-" for p in PHASES), _fmt_s(r.other_s),
+                  *(_fmt_s(_phase(r, p)) for p in PHASES), _fmt_s(r.other_s),
                   _fmt_s(r.total_s), "-" if r.steps_replayed is None else str(r.steps_replayed), joins or "-")
     return t
 

@@ -28,3 +28,8 @@ def fault_cause(exc_type: str | None, message: str | None) -> str:
 def shorten(text: str, width: int) -> str:
     """``text`` cut to ``width`` characters, ending in "..." when cut."""
     return text if len(text) <= width else text[: max(0, width - 3)].rstrip() + "..."
+
+
+#: The one definition of "replayed" the status, the drill and the demo print (docs/design.md section 2).
+REPLAYED_MEANS = ("replayed: completed steps the recovery discarded and trained again (newest live step - the step "
+                  "it resumed from; the interrupted step is not counted); at most 2, see docs/design.md section 2")

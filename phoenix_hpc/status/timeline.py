@@ -58,7 +58,7 @@ def recovery_spans(st: Status) -> list[tuple[str, float, float]]:
             end = r.finished_at - t0
             t = end - float(r.total_s)
             for ph in ("detect", "quiesce", "reconfigure", "params", "optimizer"):
-                d = float(r.phases.get(ph, 0.0))
+                d = float((r.quiesce_s if ph == "quiesce" else r.phases.get(ph)) or 0.0)
                 if d > 0:
                     out.append((ph, t, t + d))
                     t += d

@@ -96,12 +96,12 @@ def test_drill_recovers_every_fault_to_the_fault_free_final_hash(drill_run):
 
     plan = plan_drill(2, SEED, steps=STEPS, world=2, gpus_per_node=1, spare_nodes=2)
     faults = report["faults"]
-    assert [(f["kind"], f["phase"], f["planned_step"], f["planned_rank"]) for f in faults] == [
+    assert [(f["kind"], f["phase"], f["planned_step"], f["planned_logical_rank"]) for f in faults] == [
         (p.kind, p.phase, p.at_step, p.rank) for p in plan]
     assert [f["kind"] for f in faults] == ["kill-node", "crash"]
     # kill-node planned on logical rank 0 (the batch host) is moved to the other node
     kill = faults[0]
-    assert kill["planned_rank"] == 0 and kill["rank"] == 1 and kill["target_node"] != "nid00001"
+    assert kill["planned_logical_rank"] == 0 and kill["target_logical_rank"] == 1 and kill["target_node"] != "nid00001"
     for f in faults:
         assert f["passed"] and f["landed_as_requested"] and f["recovered"] and f["action"] == "hot_swap"
         assert f["at_step"] >= f["planned_step"]

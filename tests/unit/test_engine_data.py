@@ -97,3 +97,24 @@ def test_cli_prepare(text_dir, tmp_path):
     r = CliRunner().invoke(cli, ["data", "prepare", "--stdlib", str(tmp_path / "std"), "--max-bytes", "5000"])
     assert r.exit_code == 0, r.output
     assert str(stdlib_dir()) in r.output and "5,000 byte tokens" in r.output
+
+
+def test_data_inspect_prints_documents_tokens_and_vocabulary(text_dir, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
+
+    prefix = tmp_path / "out" / "ds"
+    prepare_dataset(text_dir, prefix)
+    a, b = (text_dir / "a.txt").read_bytes(), (text_dir / "sub" / "b.py").read_bytes()
+    r = CliRunner().invoke(cli, ["data", "inspect", str(prefix), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert (d["documents"], d["tokens"], d["dtype"]) == (2, len(a) + len(b), "uint8")
+    assert d["distinct_tokens"] == len(set(a + b)) and d["min_vocab_size"] == max(a + b) + 1
+    text = CliRunner().invoke(cli, ["data", "inspect", str(prefix)]).output
+    assert "2 documents" in text and f"needs model.vocab_size >= {max(a + b) + 1}" in text
+    bad = CliRunner().invoke(cli, ["data", "inspect", str(tmp_path / "nope")])
+    assert bad.exit_code == 2 and "missing" in bad.output and "Traceback" not in bad.output

@@ -125,8 +125,8 @@ def test_hot_swap_recovery_and_spares_consumed():
     (rec,) = st.recoveries
     assert rec.state == "done" and rec.action == "hot_swap" and rec.generation == 1
     assert rec.total_s == 5.0 and rec.steps_replayed == 1 and rec.detect_s == 1.25
-    assert rec.phases == {"detect": 1.25, "quiesce": 1.0, "reconfigure": 0.5, "params": 0.25, "optimizer": 0.5,
-                          "replay": 2.0}
+    assert rec.phases == {"detect": 1.25, "reconfigure": 0.5, "params": 0.25, "optimizer": 0.5, "replay": 2.0}
+    assert rec.quiesce_s == 1.0  # recovery_start (t=11) -> recovery_plan (t=12), from the journal
     assert [j["world_rank"] for j in rec.joins] == [4, 5]
     # replicas follow the logical ranks to the new slots
     shard2 = st.replicas[2]
@@ -344,8 +344,8 @@ def test_recovery_phases_and_other_add_up_to_the_total():
                                                          "optimizer": 0.10, "replay": 0.21}}
     st = derive_status(recs, running_slurm(), now=16.0, run=run_files())
     (rec,) = st.recoveries
-    assert rec.phases["quiesce"] == 1.0  # recovery_start (t=11) -> recovery_plan (t=12)
-    assert sum(rec.phases.values()) + rec.other_s == pytest.approx(rec.total_s)
+    assert rec.quiesce_s == 1.0  # recovery_start (t=11) -> recovery_plan (t=12)
+    assert sum(rec.phases.values()) + rec.quiesce_s + rec.other_s == pytest.approx(rec.total_s)
     console = Console(width=250, record=True, color_system=None)
     console.print(status_renderable(st))
     text = console.export_text()
@@ -389,3 +389,14 @@ def test_pending_job_shows_slurms_reason():
     # a running job has no pending reason, even if scontrol still prints Reason=None
     st = derive_status([], SlurmInfo(job={"JobId": "77", "JobState": "RUNNING", "Reason": "None"}), 1.0, run_files())
     assert st.job.slurm_reason is None and not [w for w in st.warnings if w.code == "pending"]
+
+
+def test_recoveries_table_says_what_replayed_means():
+    from rich.console import Console
+
+    from phoenix_hpc.status.render import status_renderable
+
+    st = derive_status(start_records() + node_loss_records(), running_slurm(), now=16.0, run=run_files())
+    console = Console(width=250, record=True, color_system=None)
+    console.print(status_renderable(st))
+    assert "replayed: completed steps the recovery discarded and trained again" in console.export_text()
