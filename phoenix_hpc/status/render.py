@@ -124,9 +124,14 @@ def _slots(st: Status) -> Table:
 def _replicas(st: Status) -> Table:
     k = st.job.k
     src = {r.source for r in st.replicas}
-    title = "Replicas" + (" (placement planned from the config; not yet reported)" if src == {"planned"} else "")
+    title = "Replicas"
+    if src == {"planned"}:  # the journal does not name the holders: they are computed from the config
+        title += (" (holders: the placement planned from the config; committed: as the ranks reported)"
+                  if st.commits else " (placement planned from the config; no commit reported yet)")
+    with_bytes = any(r.bytes_ is not None for r in st.replicas)
     t = Table(title=title, title_justify="left")
-    for c in ("shard", "owner", "holders", f"live/{k if k else '?'}", "committed", "bytes", "last commit"):
+    for c in ("shard", "owner", "holders", f"live/{k if k else '?'}", "committed", *(("bytes",) if with_bytes else ()),
+              "last commit"):
         t.add_column(c)
     for r in st.replicas:
         owner = Text(f"{r.owner_rank}@{r.owner_node or '?'}", style="" if r.owner_alive else "red")
@@ -139,7 +144,8 @@ def _replicas(st: Status) -> Table:
             hs.append(f"{h.logical_rank}@{h.node or '?'}{dom}{step}", style="" if h.alive else "red")
         live = Text(str(r.live_holders), style="red" if k and r.live_holders < k else "green")
         t.add_row(r.shard_id, owner, hs if r.holders else "-", live,
-                  "-" if r.committed_step is None else str(r.committed_step), _fmt_bytes(r.bytes_),
+                  "-" if r.committed_step is None else str(r.committed_step),
+                  *((_fmt_bytes(r.bytes_),) if with_bytes else ()),
                   _fmt_age(r.age_s) + (" ago" if r.age_s is not None else ""))
     return t
 

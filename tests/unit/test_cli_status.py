@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import types
 
 import pytest
 import yaml
@@ -206,7 +207,7 @@ def test_watch_into_a_pipe_prints_a_line_per_change_then_the_full_view(env, monk
         with (rd / "journal.jsonl").open("a") as f:
             f.write("".join(json.dumps(r) + "\n" for r in later.pop(0)))
 
-    monkeypatch.setattr(status_cli.time, "sleep", sleep)
+    monkeypatch.setattr(status_cli, "time", types.SimpleNamespace(sleep=sleep))  # only the watch loop's sleep
     r = run("status", str(rd), "--watch", "--interval-s", "0.2")  # CliRunner's stdout is not a terminal
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()

@@ -400,3 +400,19 @@ def test_recoveries_table_says_what_replayed_means():
     console = Console(width=250, record=True, color_system=None)
     console.print(status_renderable(st))
     assert "replayed: completed steps the recovery discarded and trained again" in console.export_text()
+
+
+def test_replicas_of_a_finished_job_are_not_called_unreported():
+    from rich.console import Console
+
+    from phoenix_hpc.status.render import status_renderable
+
+    st = derive_status(start_records() + node_loss_records() + done_records(), None, now=30.0, run=run_files())
+    assert st.commits and {r.source for r in st.replicas} == {"planned"}
+    console = Console(width=250, record=True, color_system=None)
+    console.print(status_renderable(st))
+    text = console.export_text()
+    assert "not yet reported" not in text and "no commit reported yet" not in text
+    assert "committed: as the ranks reported" in " ".join(text.split())
+    header = next(line for line in text.splitlines() if "shard" in line and "owner" in line)
+    assert "bytes" not in header  # no shard sizes in the journal: no column of dashes
