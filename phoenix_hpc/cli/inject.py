@@ -1,7 +1,8 @@
-"""``phoenix inject-fault JOB --kind KIND (--rank R | --node NODE | --coord pp,dp,tp) [--at-step S] [--phase P]``
+"""``phoenix inject-fault [JOB] --kind KIND (--rank R | --node NODE | --coord pp,dp,tp) [--at-step S] [--phase P]``
 
 Injects one fault into a running PHOENIX job through its coordinator, so it lands at exactly the requested
-step and phase (:mod:`phoenix_hpc.faults`). JOB is a Slurm job id or a run directory.
+step and phase (:mod:`phoenix_hpc.faults`). JOB is a Slurm job id or a run directory; without it, the most
+recent job (as for ``phoenix status``).
 
 Exit codes: 0 the coordinator accepted the request (and, for kill-node on the local cluster, the node was
 killed); 2 bad input or a refusal (unknown job, target outside the job, a phase the kind does not support,
@@ -18,7 +19,7 @@ from phoenix_hpc.faults.kinds import KINDS, PHASES
 
 
 @click.command("inject-fault")
-@click.argument("job", metavar="JOBID|RUN_DIR")
+@click.argument("job", metavar="[JOBID | RUN_DIR]", required=False)
 @click.option("--kind", required=True, type=click.Choice(list(KINDS)),
               help="; ".join(f"{k.name}: {k.effect}" for k in KINDS.values()))
 @click.option("--rank", type=int, default=None, help="target: a logical rank")

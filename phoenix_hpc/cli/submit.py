@@ -22,6 +22,7 @@ from pathlib import Path
 
 import click
 import yaml
+from pydantic import ValidationError
 
 from phoenix_hpc.config.load import load_job_config
 from phoenix_hpc.config.resolve import ResolvedJob, resolve
@@ -65,6 +66,24 @@ def _names_user_code(cfg) -> bool:
     from phoenix_hpc.engines.user_code import is_builtin_engine
 
     return not is_builtin_engine(cfg.engine) or cfg.model.factory is not None or cfg.data.factory is not None
+
+
+def with_steps(cfg, steps: int):
+    """``cfg`` with ``training.steps = steps``, validated again (its relations, e.g. warm-up < steps).
+
+    Raises:
+        ConfigError: naming ``--steps`` and what is allowed.
+    """
+    from phoenix_hpc.config.schema import JobConfig
+
+    data = cfg.model_dump(mode="json")
+    data["training"]["steps"] = steps
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as exc:
+        from phoenix_hpc.config.load import format_validation_error
+
+        raise ConfigError([f"--steps: {steps} is not allowed: {p}" for p in format_validation_error(exc)]) from None
 
 
 def _with_site_problems(exc: ConfigError, config: Path, profile) -> ConfigError:
@@ -127,8 +146,10 @@ def _node_warning(client, job: ResolvedJob) -> str | None:
 @click.option("--python", "python", default=None, help="python on the compute nodes (default: this interpreter)")
 @click.option("--nodelist", default=None, help="sbatch -w hostlist (only where the site allows it)")
 @click.option("--exclude", default=None, help="sbatch -x hostlist (only where the site allows it)")
+@click.option("--steps", type=int, default=None,
+              help="train this many steps instead of the config's training.steps (e.g. a longer job to follow)")
 @click.option("--json", "as_json", is_flag=True, help="print a JSON object instead of text")
-def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as_json):
+def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, steps, as_json):
     """Validate CONFIG for a site, render its sbatch script, record the run directory and submit it."""
     profile = load_profile(site)
     try:
@@ -137,6 +158,8 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, as
         if exc.source is None:  # the file itself (missing, not YAML): nothing more to say
             raise
         raise _with_site_problems(exc, config, profile) from None
+    if steps is not None:
+        cfg = with_steps(cfg, steps)
     cwd = Path.cwd()
     rd = run_dir or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.name, cwd, time.time()))
     rd = Path(os.path.abspath(cwd / rd))

@@ -271,3 +271,21 @@ def test_relation_problems_show_with_type_problems(in_tmp):
     r = invoke("--site", "local", p, "--dry-run")
     assert_bad(r, "training.steps: value 'abc'", "model.layers (4) must be divisible by parallelism.pp (3)",
                "not checked yet: the config against site 'local'")
+
+
+def test_steps_option_overrides_training_steps(in_tmp):
+    import json
+
+    r = invoke("--site", "local", GPT_SMALL, "--dry-run", "--json", "--steps", "1500")
+    assert r.exit_code == 0, r.output
+    assert "--steps 1500" not in json.loads(r.stdout)["script"]  # the config carries it, not the command line
+    bad = invoke("--site", "local", GPT_SMALL, "--dry-run", "--steps", "0")
+    assert_bad(bad, "--steps: 0 is not allowed", "training.steps")
+
+
+def test_steps_option_is_written_to_the_run_config(in_tmp, monkeypatch):
+    from phoenix_hpc.cli import submit as submit_mod
+    from phoenix_hpc.config.load import load_job_config
+
+    cfg = submit_mod.with_steps(load_job_config(GPT_SMALL), 1500)
+    assert cfg.training.steps == 1500 and cfg.name == "gpt-small"
