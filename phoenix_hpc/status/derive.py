@@ -30,8 +30,9 @@ recovery_aborted   a recovery cut short by a second fault
 inject_forwarded   an injection request the coordinator accepted (wire kind/phase names)
 inject_fired       where an injected fault landed (also from ``RUN_DIR/faults/fired-*.json``)
 checkpoint         newest persistent checkpoint step (written after that step finished: a lower bound on the
-                   live step); shown once the committed step covers it, or at the end of the job, so the
-                   status always reads checkpoint <= committed <= live
+                   live step); shown once the committed step covers it, so the status always reads
+                   checkpoint <= committed <= live. At the end of the job (no commit follows) a newer
+                   checkpoint is shown and counts as committed: a resubmitted job resumes from it
 job_done, clean_stop, fallback, coordinator_stopped, coordinator_exit: the end of the job
 ================== ====================================================================================
 
@@ -470,8 +471,9 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     for rec in merged:
         _apply(st, rec)
 
-    if st.checkpoint_pending is not None and st.job_state in TERMINAL_STATES:  # nothing more will commit
-        st.checkpoint_step = max(st.checkpoint_pending, st.checkpoint_step or st.checkpoint_pending)
+    if st.checkpoint_pending is not None and st.job_state in TERMINAL_STATES:
+        # nothing more will commit: the complete checkpoint is the newest step a resubmitted job resumes from
+        st.committed(st.ended_at or now, st.checkpoint_pending)
     grid = st.grid or _config_grid(cfg)
     k = _get(cfg, "resilience", "k")
     levels = list(_get(cfg, "resilience", "placement_levels", default=None) or ["node"])

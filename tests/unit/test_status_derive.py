@@ -324,6 +324,11 @@ def test_counters_agree_checkpoint_not_newer_than_committed_not_newer_than_live(
     recs.append({"ts": 4.5, "event": "commit", "recoverable_step": 20, "shards": 4, "replicas": 4, "generation": 0})
     j = derive_status(recs, running_slurm(), now=5.0, run=run_files()).job
     assert (j.checkpoint_step, j.recoverable_step) == (20, 20) and j.step >= 20
+    # the last step's checkpoint: no commit of it follows the end of the job; it is what a resubmit resumes from
+    recs += [{"ts": 6.0, "event": "checkpoint", "step": 30, "path": "/ck/30", "world_rank": 0},
+             {"ts": 6.5, "event": "job_done", "final_hash": "h", "step": 30, "steps_agree": True, "generation": 0}]
+    j = derive_status(recs, None, now=7.0, run=run_files()).job
+    assert j.state == "done" and (j.checkpoint_step, j.recoverable_step, j.step) == (30, 30, 30)
 
 
 def test_committed_step_during_a_recovery_is_the_one_it_resumes_from():
