@@ -15,12 +15,13 @@ Shape of the file (every section but ``name`` and ``data`` has defaults)::
                  weight_decay, grad_clip, seed, log_interval}
     data:       {path, factory, options}  # a Megatron indexed dataset (PREFIX.bin + .idx), or your factory
     resilience: {enabled, mode, k, placement_levels, heartbeat_interval_s, heartbeat_timeout_s,
-                 collective_timeout_s, chunk_bytes, checkpoint: {interval_steps, path}}
+                 collective_timeout_s, chunk_bytes, recovery_path, checkpoint: {interval_steps, path}}
     resources:  {nodes, spares, gpus_per_node, time_limit, account, qos, partition, constraint}
 
 Relations that need only the config are checked here (heartbeat interval < heartbeat timeout < collective
 timeout; micro batch divides global batch; hidden size divisible by heads; query groups dividing heads and
-divisible by tp; the model options and ``megatron`` section the chosen engine can build). Relations that need the site
+divisible by tp; the model options and ``megatron`` section the chosen engine can build; ``resilience.recovery_path``
+a style the engine supports). Relations that need the site
 profile (GPUs per node, QOS limits, failure domains) are checked by :func:`phoenix_hpc.config.resolve`.
 A rejection lists every problem (field, value, what is allowed) in one :class:`ConfigError`.
 """
@@ -30,6 +31,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from phoenix_hpc.engines.styles import recovery_path_of
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -270,6 +273,12 @@ class ResilienceConfig(BaseModel):
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="seconds without a heartbeat before a slot is dead")
     collective_timeout_s: float = Field(30.0, gt=0, description="timeout of every process-group collective, seconds")
     chunk_bytes: int = Field(4 << 20, gt=0, description="H2H message chunk size in bytes")
+    recovery_path: Literal["auto", "rebind", "rebuild"] = Field(
+        "auto",
+        description="how members take part in a recovery (design section 6): rebind keeps each survivor's engine "
+        "and gives it the new groups; rebuild tears every engine down and builds the next generation's anew; "
+        "auto is the engine's own (torch: rebind, megatron: rebuild; megatron supports only rebuild)",
+    )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="persistent checkpoints")
 
     @model_validator(mode="after")
@@ -360,7 +369,9 @@ class JobConfig(BaseModel):
         """``model.layers`` is divisible by ``parallelism.pp``; ``model.heads`` and ``model.num_query_groups``
         by ``parallelism.tp`` (the built-in models only: a ``model.factory`` decides its own split); engine
         ``torch`` gets only the model options its GPT implements (none with a factory) and no ``megatron``
-        section; ``megatron.sequence_parallel`` needs tp > 1."""
+        section; ``megatron.sequence_parallel`` needs tp > 1; ``resilience.recovery_path`` is ``auto`` or a style
+        a built-in engine supports (:data:`phoenix_hpc.engines.styles.ENGINE_RECOVERY_STYLES`; a user engine's
+        class is checked at submit, :func:`phoenix_hpc.engines.factory.check_user_code`)."""
         problems = []
         builtin = self.model.factory is None
         if builtin and self.model.layers % self.parallelism.pp:
@@ -381,6 +392,10 @@ class JobConfig(BaseModel):
             problems += self._torch_engine_problems()
         elif self.megatron.sequence_parallel and tp == 1:
             problems.append("megatron.sequence_parallel: true needs parallelism.tp > 1 (allowed with tp 1: false)")
+        try:
+            recovery_path_of(self.engine, self.resilience.recovery_path)
+        except ValueError as exc:
+            problems.append(str(exc))
         if problems:
             raise ValueError("; ".join(problems))
         return self

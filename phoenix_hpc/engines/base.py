@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from phoenix_hpc.engines.styles import RECOVERY_STYLES  # noqa: F401 -- re-exported
 from phoenix_hpc.topology import GridCoord  # re-exported: engines speak in grid coordinates
 
 
@@ -53,10 +54,6 @@ class ProcessGroups:
     pp: Any
     tp: Any
     generation: int
-
-
-#: The two ways an engine takes part in a recovery (docs/design.md section 6).
-RECOVERY_STYLES = ("rebind", "rebuild")
 
 
 class Engine(abc.ABC):

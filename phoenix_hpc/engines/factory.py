@@ -48,7 +48,8 @@ def default_device(local_rank: int) -> torch.device:
 
 def check_user_code(cfg) -> None:
     """Import every piece of user code the config names, exactly as the ranks will (same ``python_path``),
-    and check it: the engine class, and for the torch engine (or a user engine derived from it)
+    and check it: the engine class (and ``resilience.recovery_path`` against its recovery styles), and for
+    the torch engine (or a user engine derived from it)
     ``model.factory`` (every stage built on the meta device, output shapes;
     :func:`phoenix_hpc.engines.custom_model.check_model_factory`) and ``data.factory`` (item 0); another
     user engine reads the factories, if at all, itself. Run by
@@ -72,11 +73,16 @@ def check_user_code(cfg) -> None:
     torch_like = cfg.engine == "torch"
     if not is_builtin_engine(cfg.engine):
         try:
+            from phoenix_hpc.engines.styles import recovery_path_of_class
             from phoenix_hpc.engines.torch_engine import TorchEngine
 
-            torch_like = issubclass(load_engine_class(cfg.engine, cfg.python_path), TorchEngine)
+            cls = load_engine_class(cfg.engine, cfg.python_path)
+            torch_like = issubclass(cls, TorchEngine)
+            recovery_path_of_class(cls, cfg.resilience.recovery_path, cfg.engine)
         except ConfigError as exc:
             problems.extend(exc.problems)
+        except ValueError as exc:  # resilience.recovery_path names a style the class does not support
+            problems.append(str(exc))
     for fld, val in (("model.factory", cfg.model.factory), ("data.factory", cfg.data.factory)):
         if val is not None and cfg.engine == "megatron":
             problems.append(f"{fld}: value {val!r} -- engine 'megatron' builds its own model and data; "

@@ -17,6 +17,13 @@ in a fixed order, and ``torch.use_deterministic_algorithms`` is on. Two runs of 
 bit-identical parameters and optimizer state (checked by the tests; different grids give different
 floating-point summation orders and therefore different bits).
 
+Recovery: both styles (docs/design.md section 6). ``rebind`` keeps the engine and swaps its groups;
+``rebuild`` ends it with :meth:`TorchEngine.teardown` and constructs a new one, whose state after
+loading a param shard, an optimizer shard and an envelope is the saved state exactly: construction runs no
+collective, is a pure function of the config and the coordinate, and the only global state it touches,
+torch's default generator (module constructors draw from it before the seeded init overwrites every
+parameter), is set again by :meth:`TorchEngine.load_envelope`.
+
 Tensor parallelism is not implemented in this engine (``tp`` must be 1; use the ``megatron`` engine).
 ``model.dtype`` float32 or bfloat16 (no loss scaling needed); float16 needs the megatron engine's loss
 scaler.
@@ -32,6 +39,7 @@ import torch.distributed as dist
 
 from phoenix_hpc.engines.base import Engine, GridCoord, ProcessGroups
 from phoenix_hpc.engines.schedule import lr_at
+from phoenix_hpc.engines.styles import ENGINE_RECOVERY_STYLES
 from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage, lm_loss
 from phoenix_hpc.engines.zero import ShardedAdamW
 from phoenix_hpc.errors import EngineError
@@ -78,6 +86,9 @@ class TorchEngine(Engine):
             does not match the config.
         ConfigError: ``model.factory`` fails or its module is malformed (see :mod:`.custom_model`).
     """
+
+    recovery_style = ENGINE_RECOVERY_STYLES["torch"][0]
+    supported_recovery_styles = ENGINE_RECOVERY_STYLES["torch"][1]
 
     def __init__(self, cfg, coord: GridCoord, groups: ProcessGroups, samples, device: torch.device | None = None):
         self.cfg = cfg
@@ -308,3 +319,13 @@ class TorchEngine(Engine):
         """Forget the groups and the pipeline runner bound to the pp group (:meth:`rebind` makes new ones)."""
         self.groups = None
         self._runner = None
+
+    def teardown(self) -> None:
+        """End this engine before a new one is built in its place (the ``rebuild`` recovery path): drop the
+        model, the optimizer and its shard views, the pipeline runner, the dataset reader and the groups. Runs
+        no collective; the engine cannot be used afterwards. Idempotent."""
+        self.release_groups()
+        self.model = None
+        self.optimizer = None
+        self._opt_state = []
+        self.samples = None

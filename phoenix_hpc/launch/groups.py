@@ -3,7 +3,8 @@
 :func:`resolve_grid` (pure) turns ``parallelism`` and the number of active slots into ``(tp, pp, dp)``.
 :func:`init_generation` initialises torch.distributed for one generation over a generation-prefixed store
 (``PrefixStore(f"gen{g}", store)``, so members of an older generation can never join) and builds the
-dp/pp/tp sub-groups. torch requires every rank to call ``new_group`` for every group, in the same order
+dp/pp/tp sub-groups, or, for an engine that creates them itself (``Engine.owns_groups``), only the world
+group. torch requires every rank to call ``new_group`` for every group, in the same order
 (torch.distributed.new_group docs); the order used is :func:`phoenix_hpc.topology.all_tp_groups`, then
 ``all_pp_groups``, then ``all_dp_groups``.
 """
@@ -59,6 +60,7 @@ def init_generation(
     backend: str,
     timeout_s: float,
     device_id=None,
+    sub_groups: bool = True,
 ) -> tuple[ProcessGroups, GridCoord]:
     """``init_process_group`` for generation ``generation`` and build this rank's groups.
 
@@ -67,6 +69,8 @@ def init_generation(
             ``PrefixStore(f"gen{generation}", store)``.
         rank: logical rank in the generation; ``grid``: sizes; ``backend``: ``gloo`` or ``nccl``;
         timeout_s: timeout of every collective (``resilience.collective_timeout_s``).
+        sub_groups: False for an engine that owns its groups: no ``new_group`` call, and the returned groups
+            are ``ProcessGroups(world, None, None, None, generation)`` (the engine's constructor completes them).
 
     Returns:
         ``(groups, coord)`` of this rank.
@@ -84,6 +88,8 @@ def init_generation(
         **kwargs,
     )
     coord = coord_of(rank, grid.tp, grid.pp, grid.dp)
+    if not sub_groups:
+        return ProcessGroups(world=dist.group.WORLD, dp=None, pp=None, tp=None, generation=generation), coord
     mine = {}
     for kind, lists in (
         ("tp", all_tp_groups(grid.tp, grid.pp, grid.dp)),

@@ -156,6 +156,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
     import torch.distributed as dist
 
     from phoenix_hpc.engines.factory import create_engine, default_device
+    from phoenix_hpc.engines.user_code import load_engine_class
     from phoenix_hpc.launch.groups import init_generation
     from phoenix_hpc.launch.loop import train
     from phoenix_hpc.launch.state_files import load_rank_state, save_rank_state
@@ -191,9 +192,10 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
         rank, groups, coord = member.logical, None, member.coord
     else:
         rank = slot.world_rank
+        owns_groups = load_engine_class(cfg.engine, cfg.python_path).owns_groups
         groups, coord = init_generation(
             store, 0, rank, grid, backend, cfg.resilience.collective_timeout_s,
-            device_id=device if device.type == "cuda" else None,
+            device_id=device if device.type == "cuda" else None, sub_groups=not owns_groups,
         )
     summary: dict = {
         "status": "failed", "rank": rank, "world_rank": slot.world_rank, "generation": 0, "engine": cfg.engine,
@@ -208,6 +210,8 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
             engine = member.engine
         else:
             engine = create_engine(cfg, coord, groups, device)
+            if owns_groups:  # the engine completed the world group with its own dp/pp/tp groups
+                groups = engine.groups
             if args.restore_dir:
                 load_rank_state(engine, args.restore_dir)
             persist.restore_latest(engine, groups, cfg, run_dir)
@@ -230,8 +234,9 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                     f"| {rec.tokens_per_s:10,.0f} tok/s | lr {rec.lr:.2e} | wait {rec.exposed_wait_ms:.1f} ms",
                     flush=True,
                 )
-            if rec.step in snapshot_at:
-                save_rank_state(engine, args.snapshot_dir or run_dir / "snapshots" / f"step{rec.step}")
+            if rec.step in snapshot_at:  # the member's engine is a new object after a rebuild
+                save_rank_state(engine if member is None else member.engine,
+                                args.snapshot_dir or run_dir / "snapshots" / f"step{rec.step}")
             if member is None:
                 persist.save_if_due(engine, groups, rec.step, cfg, run_dir)
             else:  # the member's engine and groups of the current generation

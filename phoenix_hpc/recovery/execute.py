@@ -41,6 +41,26 @@ the coordinator's ``quiesce``) or with a ``quiesce`` received at a step boundary
 A standby slot named in a plan's ``joins`` does steps 3, 5, 6, 7 with a freshly built engine
 (:meth:`Member.join`).
 
+Steps 3 and 4 above are the ``rebind`` recovery path: a survivor keeps its engine and gives it the new
+groups (:meth:`Engine.rebind`). On the ``rebuild`` path (``resilience.recovery_path``, default the engine's
+own style; an engine with global state, such as megatron-core's ``parallel_state``, supports only this one)
+every member of the new generation, survivors and joining spares together, builds the generation anew:
+
+3'. a survivor first takes its own host copy of S(R): the committed local snapshot of R from its old
+   protector when its live step is past R or it is dirty, else (live step R, clean) a copy of its live
+   state (param shard, optimizer shard, envelope) to host memory; then it ends its engine
+   (:meth:`Engine.teardown`: no object or global state of the old generation is left);
+3''. every member builds the generation's groups (only the world group when the engine owns its groups,
+   ``Engine.owns_groups``; the engine's constructor creates dp/pp/tp and the member uses ``engine.groups``)
+   and constructs a new engine, in lockstep: every collective of construction is entered by every member
+   in the same order;
+4'. a survivor loads its host copy of S(R) into the new engine; a spare is restored by the transfers of
+   step 5 as on the ``rebind`` path (a survivor sends parameters from its new engine, already at S(R)).
+
+A ``checkpoint_restart`` plan takes the same steps 3' (without the host copy) and 3'', then loads the
+checkpoint. :attr:`RecoveryRecord.path` (also in ``rank{r}.json`` and the rank's log line) says which path
+ran.
+
 A plan with ``action == "checkpoint_restart"`` (memory replicas could not cover the loss) replaces steps 4
 and 5: every member of the new generation loads the persistent checkpoint of the plan's recoverable step
 (:func:`phoenix_hpc.launch.persist.restore_step`, collective over the new world group).
@@ -48,6 +68,8 @@ and 5: every member of the new generation loads the persistent checkpoint of the
 
 from __future__ import annotations
 
+import gc
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,6 +182,7 @@ class RecoveryRecord:
     rolled_back: bool
     timings: dict[str, float] = field(default_factory=dict)
     detail: dict[str, float] = field(default_factory=dict)
+    path: str = "rebind"  # the recovery path that ran: rebind | rebuild
 
 
 class Member:
@@ -167,6 +190,8 @@ class Member:
     0) or :meth:`join` (standby slot named in a plan)."""
 
     def __init__(self, env: MemberEnv):
+        from phoenix_hpc.engines.factory import engine_class
+        from phoenix_hpc.engines.styles import resolve_recovery_path
         from phoenix_hpc.faults.trigger import FaultTrigger, FiredFile
 
         self.env = env
@@ -186,6 +211,11 @@ class Member:
         r = env.cfg.resilience
         self.wait_s = env.instruction_timeout_s or (
             2 * r.heartbeat_timeout_s + 2 * r.collective_timeout_s + 30.0)
+        cls = engine_class(env.cfg.engine)
+        #: ``rebind`` or ``rebuild``: how this member takes part in every recovery (module doc)
+        self.recovery_path = resolve_recovery_path(r.recovery_path, cls.recovery_style,
+                                                   cls.supported_recovery_styles, env.cfg.engine)
+        self.owns_groups = bool(cls.owns_groups)
 
     # --- generation set-up ---------------------------------------------------------------------------
     @property
@@ -210,7 +240,7 @@ class Member:
         t["arrive"] = t1 - t0
         self.groups, self.coord = init_generation(
             e.store, self.generation, self.logical, e.grid, e.backend, e.cfg.resilience.collective_timeout_s,
-            device_id=e.device if e.backend == "nccl" else None,
+            device_id=e.device if e.backend == "nccl" else None, sub_groups=not self.owns_groups,
         )
         t2 = time.perf_counter()
         t["torch"] = t2 - t1
@@ -286,17 +316,24 @@ class Member:
     def start(self, restore: Callable[[Any], None] | None = None) -> None:
         """Generation 0 on an active slot (logical rank = world rank): groups, communicator, engine
         (``restore(engine)`` may load saved state), protector. Collective over the active slots."""
-        from phoenix_hpc.engines.factory import create_engine
-
         e = self.env
         self.generation = 0
         self.rank_map = {r: r for r in range(self.n_ranks)}
         self.logical = e.world_rank
         self._setup_groups()
-        self.engine = create_engine(e.cfg, self.coord, self.groups, e.device)
+        self._construct_engine()
         if restore is not None:
             restore(self.engine)
         self.protector = self._build_protector()
+
+    def _construct_engine(self) -> None:
+        """Build this generation's engine on its groups (collective over the generation when the engine
+        runs collectives in its constructor); take the engine's groups when it owns them."""
+        from phoenix_hpc.engines.factory import create_engine
+
+        self.engine = create_engine(self.env.cfg, self.coord, self.groups, self.env.device)
+        if self.owns_groups:
+            self.groups = self.engine.groups
 
     def join(self, plan: dict[str, Any]) -> None:
         """A standby slot named in ``plan`` takes its logical rank: build the generation, restore, resume."""
@@ -428,8 +465,6 @@ class Member:
         return self._apply_plan(msg["plan"], dirty=dirty, live=live)
 
     def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None) -> RecoveryRecord:
-        from phoenix_hpc.engines.factory import create_engine
-
         e = self.env
         g = int(plan["generation"])
         rank_map = {int(r): int(w) for r, w in plan["rank_map"]}
@@ -441,22 +476,38 @@ class Member:
             raise RecoveryError(f"plan moves world rank {e.world_rank} from logical rank {self.logical} to {mine[0]}")
         self.generation, self.rank_map, self.logical = g, rank_map, mine[0]
         e.progress.set(generation=g)
+        from_checkpoint = plan.get("action") == "checkpoint_restart"
+        rebuild = self.recovery_path == "rebuild"
+        rolled = False
+        held: tuple[dict, dict, dict] | None = None
+        detail: dict[str, float] = {}
         t0 = time.perf_counter()
-        detail = self._setup_groups()
-        t_reconf = time.perf_counter() - t0
+        if rebuild and self.engine is not None:  # 3': own host copy of S(R), then end the old engine
+            if not from_checkpoint:
+                rolled = int(self.engine.step) != R or dirty
+                held = self._snapshot_state(R) if rolled else self._live_state()
+            self._teardown_engine()
+            detail["teardown"] = time.perf_counter() - t0
+        detail.update(self._setup_groups())
+        t_reconf = time.perf_counter() - t0  # rebuild: teardown, groups and (below) the new engine
 
         t1 = time.perf_counter()
-        rolled = False
-        from_checkpoint = plan.get("action") == "checkpoint_restart"
-        if self.engine is not None:
+        if self.engine is not None:  # rebind: keep the engine, give it the new groups
             self.engine.rebind(self.groups, self.coord)
             if not from_checkpoint and (int(self.engine.step) != R or dirty):
                 self._rollback(R)
                 rolled = True
             detail["rollback"] = time.perf_counter() - t1
-        else:
-            self.engine = create_engine(e.cfg, self.coord, self.groups, e.device)
+        else:  # a joining spare, or every member on the rebuild path (3'')
+            self._construct_engine()
             detail["engine"] = time.perf_counter() - t1
+            if rebuild:
+                t_reconf += detail["engine"]
+                t1 = time.perf_counter()
+            if held is not None:  # 4': the survivor's own S(R)
+                self._load_state(*held)
+                held = None
+                detail["rollback"] = time.perf_counter() - t1
         t_rollback = time.perf_counter() - t1
 
         if from_checkpoint:  # memory could not cover the loss: every member loads the persistent checkpoint
@@ -487,23 +538,52 @@ class Member:
         self._wait_for(("resume",), "resume")
         e.progress.set(step=int(self.engine.step))
         rec = RecoveryRecord(g, R, live, dirty, rolled, {k: round(v, 4) for k, v in timings.items()},
-                             {k: round(v, 4) for k, v in detail.items()})
+                             {k: round(v, 4) for k, v in detail.items()}, self.recovery_path)
         self.recoveries.append(rec)
         e.log(f"[phoenix] rank {self.logical} (world {e.world_rank}): generation {g} resumed at step {R} "
-              f"({'rolled back from ' + str(live) if rolled else 'no rollback'}), timings {rec.timings}, detail {rec.detail}")
+              f"({'rolled back from ' + str(live) if rolled else 'no rollback'}) on the {rec.path} path, "
+              f"timings {rec.timings}, detail {rec.detail}")
         return rec
 
-    def _rollback(self, step: int) -> None:
-        """Load S(step) from the committed local snapshot (verified) into the engine (I4)."""
+    def _teardown_engine(self) -> None:
+        """The rebuild path: end the old engine (:meth:`Engine.teardown`, which also clears the global state
+        its constructor set up) and drop every reference to it, before the next generation is built."""
+        engine, self.engine = self.engine, None
+        engine.teardown()
+        del engine
+        gc.collect()
+
+    def _snapshot_state(self, step: int) -> tuple[dict, dict, dict]:
+        """S(step) from the committed local snapshot of the old protector (verified; host memory):
+        ``(optimizer shard, param shard, envelope)``.
+
+        Raises:
+            RecoveryError: there is no old protector; ReplicationError: no verified snapshot of ``step``."""
         prot = self.old_protector
         if prot is None:
             raise RecoveryError(f"rank {self.logical} must roll back to step {step} but has no local snapshot")
         u = prot.local_snapshot(step=step)
         opt = {n: t for n, t in u.tensors.items() if n.startswith("opt/")}
         par = {n: t for n, t in u.tensors.items() if not n.startswith("opt/")}
+        return opt, par, u.envelope
+
+    def _live_state(self) -> tuple[dict, dict, dict]:
+        """A host copy of the engine's live state (its step is the recoverable step and it is clean), taken
+        before :meth:`_teardown_engine`: ``(optimizer shard, param shard, envelope)``, tensors copied to CPU,
+        the envelope through JSON (nothing shared with the old engine)."""
+        eng = self.engine
+        opt = {n: t.detach().to("cpu", copy=True) for n, t in eng.optimizer_shard()}
+        par = {n: t.detach().to("cpu", copy=True) for n, t in eng.param_shard()}
+        return opt, par, json.loads(json.dumps(eng.envelope()))
+
+    def _load_state(self, opt: dict, par: dict, envelope: dict) -> None:
         self.engine.load_optimizer_shard(opt)
         self.engine.load_param_shard(par)
-        self.engine.load_envelope(u.envelope)
+        self.engine.load_envelope(envelope)
+
+    def _rollback(self, step: int) -> None:
+        """Load S(step) from the committed local snapshot (verified) into the engine (I4)."""
+        self._load_state(*self._snapshot_state(step))
 
     def _transfers(self, transfers: list[dict[str, Any]], step: int) -> tuple[float, float]:
         """Run this rank's part of the plan's transfers, in plan order. Returns (params_s, optimizer_s)."""
