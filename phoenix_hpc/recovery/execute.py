@@ -77,7 +77,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from phoenix_hpc.errors import RecoveryError, ReplicationError
+from phoenix_hpc.errors import ConfigError, RecoveryError, ReplicationError
 
 COMM_TAG_BASE = 7000  # Create_group tag of generation g: COMM_TAG_BASE + g
 _TAG_OPT_HEADER = 11
@@ -212,9 +212,11 @@ class Member:
         self.wait_s = env.instruction_timeout_s or (
             2 * r.heartbeat_timeout_s + 2 * r.collective_timeout_s + 30.0)
         cls = engine_class(env.cfg.engine)
-        #: ``rebind`` or ``rebuild``: how this member takes part in every recovery (module doc)
-        self.recovery_path = resolve_recovery_path(r.recovery_path, cls.recovery_style,
-                                                   cls.supported_recovery_styles, env.cfg.engine)
+        try:  #: ``rebind`` or ``rebuild``: how this member takes part in every recovery (module doc)
+            self.recovery_path = resolve_recovery_path(r.recovery_path, cls.recovery_style,
+                                                       cls.supported_recovery_styles, env.cfg.engine)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.owns_groups = bool(cls.owns_groups)
 
     # --- generation set-up ---------------------------------------------------------------------------

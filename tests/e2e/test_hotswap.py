@@ -10,6 +10,11 @@ happen mid-run, and requires:
 - the job finishes (``job_done``) with a final hash *identical* to the fault-free one;
 - the journal has ``recovery_done`` with ``steps_replayed <= 1`` and the phase timings
   (detect, reconfigure, params, optimizer, replay).
+
+Tests parametrized with ``path`` run the job on both recovery paths (docs/design.md section 6): ``rebind``
+(the torch engine's own, ``resilience.recovery_path: auto``) and ``rebuild`` (every member tears its engine
+down and builds a new one); each checks in the ranks' summaries which path ran. A fault-free run never
+recovers, so one reference serves both.
 """
 
 from __future__ import annotations
@@ -47,6 +52,31 @@ CONFIG = {
     "resources": {"nodes": 2, "spares": 1, "time_limit": "00:04:00"},
 }
 PHASES = {"detect", "reconfigure", "params", "optimizer", "replay"}
+PATHS = ["rebind", "rebuild"]
+
+
+def with_path(config: dict, path: str) -> dict:
+    """``config`` on recovery path ``path``: ``rebind`` is the torch engine's own (``auto``), ``rebuild`` is
+    asked for with ``resilience.recovery_path``."""
+    if path == "rebind":
+        return config
+    return dict(config, resilience=dict(config["resilience"], recovery_path=path))
+
+
+def check_path(job: "Job", config: dict, path: str) -> None:
+    """Every member of the final generation ran every recovery it took part in on ``path``: on ``rebuild``
+    each built a new engine and each survivor tore its old one down first; on ``rebind`` none did."""
+    p = config["parallelism"]
+    for r in range(p.get("tp", 1) * p.get("pp", 1) * p["dp"]):
+        summary = json.loads((job.run_dir / "ranks" / f"rank{r}.json").read_text())
+        recs = summary["recoveries"]
+        assert recs and {x["path"] for x in recs} == {path}, (r, recs)
+        for x in recs:
+            torn_down, built = "teardown" in x["detail"], "engine" in x["detail"]
+            if path == "rebuild":
+                assert built and torn_down != summary["joined"], (r, summary["joined"], x)
+            else:
+                assert not torn_down and built == summary["joined"], (r, summary["joined"], x)
 
 
 _wait = wait_for
@@ -158,9 +188,10 @@ def _check_recovery(job: Job, done: dict, reference: dict, action: str = "hot_sw
     return rec
 
 
+@pytest.mark.parametrize("path", PATHS)
 def test_node_loss_is_hot_swapped_to_the_spare_with_identical_final_hash(env, data, reference, slurm_cluster,
-                                                                         tmp_path):
-    job = Job(env, tmp_path, data, "node-loss")
+                                                                         tmp_path, path):
+    job = Job(env, tmp_path, data, f"node-loss-{path}", with_path(CONFIG, path))
     victim = None
     try:
         victim = job.node_of(1)
@@ -186,6 +217,7 @@ def test_node_loss_is_hot_swapped_to_the_spare_with_identical_final_hash(env, da
     # memory holds the state of the moment the node died: never older than when the kill began (the kill
     # itself takes a moment of Slurm commands, while the job runs on), and at most one step is replayed
     assert rec["recoverable_step"] >= killed_at - 2 and rec["steps_replayed"] <= 1
+    check_path(job, CONFIG, path)
 
 
 AT_STEP = 20
@@ -215,8 +247,8 @@ def _fired(job: Job) -> list[dict]:
     return read_fired(job.run_dir)
 
 
-def _run_injected(env, data, tmp_path, name: str, kind: str, phase: str):
-    job = Job(env, tmp_path, data, name)
+def _run_injected(env, data, tmp_path, name: str, kind: str, phase: str, config: dict | None = None):
+    job = Job(env, tmp_path, data, name, config)
     try:
         _inject(job, kind, phase)
         done = job.wait_end()
@@ -227,9 +259,11 @@ def _run_injected(env, data, tmp_path, name: str, kind: str, phase: str):
     return job, done
 
 
-@pytest.mark.parametrize("phase", ["forward", "d2h", "h2h", "optimizer"])
-def test_process_crash_in_each_phase_is_hot_swapped_with_identical_final_hash(env, data, reference, tmp_path, phase):
-    job, done = _run_injected(env, data, tmp_path, f"crash-{phase}", "crash", phase)
+@pytest.mark.parametrize("phase,path", [(ph, "rebind") for ph in ("forward", "d2h", "h2h", "optimizer")]
+                         + [(ph, "rebuild") for ph in ("forward", "h2h", "optimizer")])
+def test_process_crash_in_each_phase_is_hot_swapped_with_identical_final_hash(env, data, reference, tmp_path, phase,
+                                                                               path):
+    job, done = _run_injected(env, data, tmp_path, f"crash-{phase}-{path}", "crash", phase, with_path(CONFIG, path))
     rec = _check_recovery(job, done, reference)
     assert _fired(job)[0]["phase"] == {"forward": "forward_backward", "optimizer": "optimizer_step"}.get(phase, phase)
     (dead,) = job.events("slots_dead")
@@ -238,6 +272,7 @@ def test_process_crash_in_each_phase_is_hot_swapped_with_identical_final_hash(en
     assert rec["recoverable_step"] in (AT_STEP - 2, AT_STEP - 1)
     spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
     assert spare["world_rank"] == 2 and spare["joined"]
+    check_path(job, CONFIG, path)
 
 
 def test_hang_is_detected_by_heartbeat_timeout_and_hot_swapped(env, data, reference, tmp_path):
@@ -260,8 +295,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def test_transient_error_is_a_local_recovery_without_the_spare(env, data, reference, tmp_path):
-    job, done = _run_injected(env, data, tmp_path, "transient", "transient", "forward")
+@pytest.mark.parametrize("path", PATHS)
+def test_transient_error_is_a_local_recovery_without_the_spare(env, data, reference, tmp_path, path):
+    job, done = _run_injected(env, data, tmp_path, f"transient-{path}", "transient", "forward", with_path(CONFIG, path))
     _check_recovery(job, done, reference, action="local_recovery")
     assert not job.events("slots_dead")
     (plan,) = job.events("recovery_plan")
@@ -269,6 +305,7 @@ def test_transient_error_is_a_local_recovery_without_the_spare(env, data, refere
     ranks = [json.loads((job.run_dir / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_rank"] for r in ranks] == [0, 1] and all(r["generation"] == 1 for r in ranks)
     assert not (job.run_dir / "ranks" / "rank2.json").exists()
+    check_path(job, CONFIG, path)
 
 
 def test_crash_during_a_recovery_is_queued_and_hot_swapped(env, data, reference, tmp_path):

@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from test_hotswap import CONFIG, PHASES, Job, _run_reference, _wait, data, env  # noqa: F401 -- fixtures reused
+from test_hotswap import (CONFIG, PHASES, PATHS, Job, _run_reference, _wait, check_path, data, env,  # noqa: F401 -- fixtures reused
+                          with_path)
 from phoenix_hpc.slurm import cluster as lc
 from phoenix_hpc.slurm import procs
 
@@ -64,11 +65,12 @@ def pp_reference(env, data, tmp_path_factory):  # noqa: F811
     return _run_reference(env, data, tmp_path_factory.mktemp("ref-pp"), "ref-pp", PP_CONFIG)
 
 
-@pytest.mark.parametrize("victim", [1, 3], ids=["first-stage", "last-stage"])
+@pytest.mark.parametrize("victim,path", [(1, "rebind"), (3, "rebind"), (3, "rebuild")],
+                         ids=["first-stage-rebind", "last-stage-rebind", "last-stage-rebuild"])
 def test_pp2_node_loss_is_hot_swapped_with_identical_final_hash(env, data, pp_reference, slurm_cluster,  # noqa: F811
-                                                                 tmp_path, victim):
+                                                                 tmp_path, victim, path):
     """Logical 1 = (pp0, dp1), first pipeline stage; logical 3 = (pp1, dp1), the stage computing the loss."""
-    job = Job(env, tmp_path, data, f"pp-node-loss-{victim}", PP_CONFIG)
+    job = Job(env, tmp_path, data, f"pp-node-loss-{victim}-{path}", with_path(PP_CONFIG, path))
     nodes: list[str] = []
     try:
         nodes = _kill_nodes(slurm_cluster, job, [victim], 8)
@@ -89,6 +91,7 @@ def test_pp2_node_loss_is_hot_swapped_with_identical_final_hash(env, data, pp_re
     spare = json.loads((job.run_dir / "ranks" / f"rank{victim}.json").read_text())
     assert spare["world_rank"] == 4 and spare["joined"]
     assert spare["state_hash"] == pp_reference["rank_hashes"][victim]
+    check_path(job, PP_CONFIG, path)
     print(f"pp=2 node loss of logical {victim}: job {job.elapsed_s:.1f} s, recovery {rec['total_s']} s {rec['phases']}, "
           f"R={rec['recoverable_step']}, replayed {rec['steps_replayed']}")
 
@@ -107,8 +110,8 @@ def dp3_reference(env, data, tmp_path_factory):  # noqa: F811
     return _run_reference(env, data, tmp_path_factory.mktemp("ref-dp3"), "ref-dp3", _dp3_config(1))
 
 
-def _double_fault(env, data, cluster, tmp_path, name: str, k: int) -> Job:  # noqa: F811
-    job = Job(env, tmp_path, data, name, _dp3_config(k))
+def _double_fault(env, data, cluster, tmp_path, name: str, k: int, path: str = "rebind") -> Job:  # noqa: F811
+    job = Job(env, tmp_path, data, name, with_path(_dp3_config(k), path))
     nodes: list[str] = []
     try:
         nodes = _kill_nodes(cluster, job, [1, 2], 8)
@@ -119,9 +122,10 @@ def _double_fault(env, data, cluster, tmp_path, name: str, k: int) -> Job:  # no
     return job
 
 
+@pytest.mark.parametrize("path", PATHS)
 def test_k2_owner_and_one_holder_lost_in_one_step_is_survived_in_memory(env, data, dp3_reference,  # noqa: F811
-                                                                        slurm_cluster, tmp_path):
-    job = _double_fault(env, data, slurm_cluster, tmp_path, "double-k2", k=2)
+                                                                        slurm_cluster, tmp_path, path):
+    job = _double_fault(env, data, slurm_cluster, tmp_path, f"double-k2-{path}", k=2, path=path)
     _same_hash(job.done, dp3_reference)
     (rec,) = job.events("recovery_done")
     assert rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1 and set(rec["phases"]) == PHASES
@@ -130,13 +134,15 @@ def test_k2_owner_and_one_holder_lost_in_one_step_is_survived_in_memory(env, dat
     assert sorted(j["logical_rank"] for j in plan["joins"]) == [1, 2]
     opt = {t["shard_id"]: t["sender"] for t in plan["transfers"] if t["kind"] == "optimizer"}
     assert opt == {"opt/pp0/tp0/dp1": 0, "opt/pp0/tp0/dp2": 0}  # both from the second holder, logical 0
+    check_path(job, _dp3_config(2), path)
     print(f"k=2 double fault: job {job.elapsed_s:.1f} s, recovery {rec['total_s']} s {rec['phases']}, "
           f"R={rec['recoverable_step']}")
 
 
+@pytest.mark.parametrize("path", PATHS)
 def test_k1_owner_and_its_holder_lost_restarts_in_the_job_from_the_persistent_checkpoint(
-        env, data, dp3_reference, slurm_cluster, tmp_path):  # noqa: F811
-    job = _double_fault(env, data, slurm_cluster, tmp_path, "double-k1", k=1)
+        env, data, dp3_reference, slurm_cluster, tmp_path, path):  # noqa: F811
+    job = _double_fault(env, data, slurm_cluster, tmp_path, f"double-k1-{path}", k=1, path=path)
     _same_hash(job.done, dp3_reference)
     (restart,) = job.events("checkpoint_restart")
     assert "opt/pp0/tp0/dp1" in restart["lost_shards"]
@@ -149,6 +155,7 @@ def test_k1_owner_and_its_holder_lost_restarts_in_the_job_from_the_persistent_ch
     loads = [json.loads(x) for r in range(3)
              for x in (job.run_dir / "ranks" / f"rank{r}.persist.jsonl").read_text().splitlines()]
     assert sorted(x["step"] for x in loads if x.get("in_job")) == [ck] * 3
+    check_path(job, _dp3_config(1), path)
     print(f"k=1 double fault: job {job.elapsed_s:.1f} s, restart from checkpoint step {ck}, "
           f"{restart['lost_steps']} step(s) lost and trained again, recovery {rec['total_s']} s {rec['phases']}")
 

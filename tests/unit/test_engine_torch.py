@@ -6,11 +6,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from phoenix_hpc.config.load import parse_model
 from phoenix_hpc.config.schema import JobConfig
 from phoenix_hpc.data.indexed import TokenSamples
 from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
 from phoenix_hpc.engines.base import GridCoord, ProcessGroups
-from phoenix_hpc.engines.factory import check_engine_runnable
+from phoenix_hpc.engines.factory import check_engine_runnable, engine_class
+from phoenix_hpc.engines.styles import ENGINE_RECOVERY_STYLES, recovery_path_of
 from phoenix_hpc.engines.schedule import lr_at
 from phoenix_hpc.engines.torch_engine import TorchEngine, micro_batches
 from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage
@@ -155,6 +157,48 @@ def test_engine_learns_and_restores_bit_identically(dataset, world1):
     assert b.state_hash() == a.state_hash()
     # an untouched fresh engine differs
     assert _engine(cfg, world1).state_hash() != a.state_hash()
+
+
+def test_rebuilt_engine_on_new_groups_continues_bit_identically(dataset, world1):
+    """The rebuild recovery path on one rank: the live state copied to host, the engine torn down, the
+    process group of the next generation built, a new engine constructed and loaded; it continues exactly
+    as the engine that never stopped."""
+    cfg = _cfg(dataset)
+    ref = _engine(cfg, world1)
+    train(ref, 9, 128)
+    a = _engine(cfg, world1)
+    train(a, 5, 128)
+    saved = ({n: t.detach().to("cpu", copy=True) for n, t in a.optimizer_shard()},
+             {n: t.detach().to("cpu", copy=True) for n, t in a.param_shard()}, a.envelope())
+    a.teardown()
+    a.teardown()  # idempotent
+    assert a.model is None and a.optimizer is None and a.groups is None and a.optimizer_shard() == []
+    torch.manual_seed(99)  # construction and anything before it may move torch's generator
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    g = dist.group.WORLD
+    b = _engine(cfg, ProcessGroups(world=g, dp=g, pp=g, tp=g, generation=1))
+    b.load_optimizer_shard(saved[0])
+    b.load_param_shard(saved[1])
+    b.load_envelope(saved[2])
+    train(b, 9, 128)
+    assert b.state_hash() == ref.state_hash()
+
+
+def test_recovery_styles_table_matches_the_engine_classes():
+    """The config checks ``resilience.recovery_path`` against a torch-free table; the ranks use the engine
+    classes' attributes. They must agree."""
+    cls = engine_class("torch")
+    assert ENGINE_RECOVERY_STYLES["torch"] == (cls.recovery_style, cls.supported_recovery_styles)
+    assert cls.owns_groups is False
+    assert recovery_path_of("torch", "auto") == "rebind" and recovery_path_of("torch", "rebuild") == "rebuild"
+    assert recovery_path_of("megatron", "auto") == "rebuild"
+    with pytest.raises(ValueError, match=r"recovery_path: value 'rebind' is not supported by engine 'megatron' "
+                                         r"\(allowed: auto, rebuild\)"):
+        recovery_path_of("megatron", "rebind")
+    with pytest.raises(ConfigError, match="resilience.recovery_path: value 'rebind'"):
+        parse_model(JobConfig, {"name": "t", "engine": "megatron", "data": {"path": "x"},
+                                "resilience": {"recovery_path": "rebind"}}, source="t")
 
 
 def test_state_shapes_names_and_bad_loads(dataset, world1):

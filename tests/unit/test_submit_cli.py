@@ -97,6 +97,16 @@ def test_impossible_grid(in_tmp):
     assert_bad(invoke("--site", "local", p, "--dry-run"), "tp(1) x pp(2) x dp(3) = 6 does not match 4 nodes x 1 GPUs = 4")
 
 
+@pytest.mark.parametrize("engine,path,allowed", [
+    ("megatron", "rebind", "(allowed: auto, rebuild)"),
+    ("torch", "restart", "Input should be 'auto', 'rebind' or 'rebuild'"),
+])
+def test_recovery_path_the_engine_cannot_run(in_tmp, engine, path, allowed):
+    p = write_cfg(in_tmp, engine=engine, resilience={"recovery_path": path})
+    assert_bad(invoke("--site", "local", p, "--dry-run"), "resilience.recovery_path", repr(path), allowed)
+    assert not (in_tmp / "runs").exists()
+
+
 def test_k_not_below_dp(in_tmp):
     p = write_cfg(in_tmp, resilience={"k": 2})
     assert_bad(invoke("--site", "local", p, "--dry-run"), "resilience.k: 2 must be < dp (2)")

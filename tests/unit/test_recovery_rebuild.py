@@ -1,0 +1,286 @@
+"""The rebuild recovery path of :class:`phoenix_hpc.recovery.execute.Member`, in one process, with a fake
+engine that keeps module-level global state the way megatron-core's ``parallel_state`` does.
+
+The fake engine owns its groups (the launcher builds only the world group), refuses to be constructed while
+the global state of an earlier generation is still set (``model_parallel_is_initialized()`` must be false),
+and its :meth:`teardown` clears that state and overwrites its tensors (as freed device memory would be), so a
+survivor that read its state after teardown, or kept a view into the old engine, loads garbage and the test
+fails. The real pieces run: :meth:`Member.recover`, ``_apply_plan``, ``_setup_groups`` (with
+``init_generation`` and ``make_comm`` replaced by recorders, since there is no process group or MPI here), the
+host copy, teardown, construction and loading. The protector is a stand-in holding committed snapshots.
+
+The torch engine's own rebuild (teardown, new engine, load, continue bitwise) is in test_engine_torch.py.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from phoenix_hpc.engines.base import Engine, ProcessGroups
+from phoenix_hpc.errors import ConfigError
+from phoenix_hpc.launch.groups import Grid
+from phoenix_hpc.recovery import execute
+from phoenix_hpc.recovery.execute import Member, MemberEnv
+
+#: the fake engine's "parallel_state": set by construction, cleared by teardown
+PARALLEL_STATE: dict = {}
+EVENTS: list[tuple] = []
+
+
+class FakeGlobalEngine(Engine):
+    """One rank's engine of a single-rank grid: a parameter, an optimizer shard, a step counter."""
+
+    recovery_style = "rebuild"
+    supported_recovery_styles = ("rebuild",)
+    owns_groups = True
+
+    def __init__(self, cfg, coord, groups: ProcessGroups, device):
+        if PARALLEL_STATE:
+            raise AssertionError(f"parallel state of generation {PARALLEL_STATE['generation']} still initialised")
+        assert groups.dp is None and groups.pp is None and groups.tp is None, "the launcher built sub-groups"
+        g = groups.generation
+        self.groups = ProcessGroups(groups.world, ("dp", g), ("pp", g), ("tp", g), g)
+        PARALLEL_STATE.update(generation=g, groups=self.groups)
+        EVENTS.append(("construct", g))
+        self.coord, self.step = coord, 0
+        self.param = torch.zeros(4)
+        self.opt = torch.zeros(4)
+        self.rng = 0
+
+    def forward_backward(self):
+        return 0.0
+
+    def reduce_gradients(self):
+        pass
+
+    def optimizer_step(self):
+        self.step += 1
+        self.param += 1.0
+        self.opt += 0.5
+        self.rng += 7
+
+    def optimizer_shard(self):
+        return [("opt/pp0/tp0/dp0/w/main", self.opt)]
+
+    def param_shard(self):
+        return [("param/pp0/tp0/w", self.param)]
+
+    def envelope(self):
+        return {"step": self.step, "rng": self.rng}
+
+    def load_optimizer_shard(self, tensors):
+        self.opt.copy_(tensors["opt/pp0/tp0/dp0/w/main"])
+        EVENTS.append(("load", self.groups.generation))
+
+    def load_param_shard(self, tensors):
+        self.param.copy_(tensors["param/pp0/tp0/w"])
+
+    def load_envelope(self, envelope):
+        self.step, self.rng = int(envelope["step"]), int(envelope["rng"])
+
+    def rebind(self, groups, coord):
+        raise AssertionError("an engine with global state is never rebound")
+
+    def teardown(self):
+        EVENTS.append(("teardown", self.groups.generation if self.groups else None))
+        self.param.fill_(float("nan"))  # what is left of freed memory
+        self.opt.fill_(float("nan"))
+        self.groups = None
+        PARALLEL_STATE.clear()
+
+
+class FakeProtector:
+    """Committed local snapshots by step (host copies), as :meth:`Protector.local_snapshot` returns them."""
+
+    shard_id = "opt/pp0/tp0/dp0"
+
+    def __init__(self, snapshots: dict[int, tuple[torch.Tensor, torch.Tensor, dict]]):
+        self.snapshots = snapshots
+
+    def close(self, abandon=False):
+        pass
+
+    def copy_steps(self):
+        return sorted(self.snapshots), {}
+
+    def local_snapshot(self, step):
+        opt, par, env = self.snapshots[step]
+        return SimpleNamespace(tensors={"opt/pp0/tp0/dp0/w/main": opt.clone(), "param/pp0/tp0/w": par.clone()},
+                               envelope=dict(env), step=step)
+
+
+class FakeClient:
+    def __init__(self):
+        self.instructions: deque = deque()
+        self.injections: list = []
+        self.sent: list[tuple] = []
+
+    def stop_heartbeat(self):
+        pass
+
+    def report_quiesced(self, g, live, shards, replicas, dirty):
+        self.sent.append(("quiesced", g, live, dirty))
+
+    def report_recovered(self, g, report, timings):
+        self.sent.append(("recovered", g, report["step"], dict(timings)))
+
+    def wait_instruction(self, types, timeout_s):
+        raise AssertionError(f"waited for {types} with nothing queued")
+
+    def poll(self):
+        return []
+
+
+class FakeStore:
+    def __init__(self):
+        self.counters: dict[str, int] = {}
+
+    def add(self, key, n):
+        self.counters[key] = self.counters.get(key, 0) + n
+        return self.counters[key]
+
+
+@pytest.fixture()
+def member(monkeypatch, tmp_path):
+    from phoenix_hpc.engines import factory
+    from phoenix_hpc.launch import groups as groups_mod
+
+    PARALLEL_STATE.clear()
+    EVENTS.clear()
+    monkeypatch.setattr(factory, "engine_class", lambda name: FakeGlobalEngine)
+    monkeypatch.setattr(factory, "create_engine", lambda cfg, coord, groups, device: FakeGlobalEngine(cfg, coord, groups, device))
+
+    def init_generation(store, generation, rank, grid, backend, timeout_s, device_id=None, sub_groups=True):
+        EVENTS.append(("groups", generation, sub_groups))
+        return ProcessGroups(("world", generation), None, None, None, generation), execute_coord()
+
+    def execute_coord():
+        from phoenix_hpc.topology import coord_of
+
+        return coord_of(0, 1, 1, 1)
+
+    monkeypatch.setattr(groups_mod, "init_generation", init_generation)
+    monkeypatch.setattr(execute, "make_comm", lambda world, ranks, g: ("comm", g))
+    cfg = SimpleNamespace(engine="fake", resilience=SimpleNamespace(
+        recovery_path="auto", heartbeat_timeout_s=1.0, collective_timeout_s=2.0, chunk_bytes=1 << 16))
+    env = MemberEnv(cfg=cfg, run_dir=Path(tmp_path), world_comm=None, world_rank=0, client=FakeClient(),
+                    progress=SimpleNamespace(set=lambda **kw: None), store=FakeStore(), nodes=["n0"],
+                    domains={}, grid=Grid(1, 1, 1), backend="gloo", device=torch.device("cpu"),
+                    log=lambda msg: EVENTS.append(("log", msg)), instruction_timeout_s=5.0)
+    m = Member(env)
+    monkeypatch.setattr(m, "_build_protector", lambda: FakeProtector({}))
+    return m
+
+
+def _train(m: Member, steps: int, snapshots: dict) -> None:
+    """``steps`` optimizer steps; after each, a committed snapshot of that step (as the protector keeps)."""
+    for _ in range(steps):
+        m.engine.optimizer_step()
+        e = m.engine
+        snapshots[e.step] = (e.opt.clone(), e.param.clone(), e.envelope())
+    m.protector = FakeProtector(snapshots)
+
+
+def _recover(m: Member, R: int, generation: int, failed: bool = False, action: str = "local_recovery"):
+    plan = {"generation": generation, "rank_map": [[0, 0]], "recoverable_step": R, "action": action,
+            "transfers": [], "joins": []}
+    m.env.client.instructions.extend([{"type": "recover", "generation": generation, "plan": plan},
+                                      {"type": "resume", "generation": generation}])
+    m.release_groups()
+    return m.recover({"type": "quiesce", "generation": generation}, failed=failed)
+
+
+def _kinds(events, *names):
+    return [e for e in events if e[0] in names]
+
+
+def test_start_builds_only_the_world_group_and_takes_the_engines_groups(member):
+    member.start()
+    assert _kinds(EVENTS, "groups", "construct") == [("groups", 0, False), ("construct", 0)]
+    assert member.groups is member.engine.groups and member.groups.dp == ("dp", 0)
+    assert member.recovery_path == "rebuild"
+
+
+def test_rebuild_at_the_live_step_keeps_the_live_state_and_leaves_nothing_of_the_old_generation(member):
+    snaps: dict = {}
+    member.start()
+    _train(member, 3, snaps)
+    old = member.engine
+    live = (old.param.clone(), old.opt.clone(), old.envelope())
+    old_ref = weakref.ref(old)
+    del old
+    EVENTS.clear()
+    rec = _recover(member, R=3, generation=1)  # live step == R, clean: the live state, copied before teardown
+    # teardown, then the world group, then construction, then the load: every step in this order
+    assert _kinds(EVENTS, "teardown", "groups", "construct", "load") == [
+        ("teardown", 0), ("groups", 1, False), ("construct", 1), ("load", 1)]
+    new = member.engine
+    assert torch.equal(new.param, live[0]) and torch.equal(new.opt, live[1]) and new.envelope() == live[2]
+    # nothing of generation 0: global state, member's groups and the old engine object itself
+    assert PARALLEL_STATE == {"generation": 1, "groups": new.groups}
+    assert member.groups is new.groups and member.groups.generation == 1
+    assert old_ref() is None, "the old engine is still referenced"
+    assert (rec.path, rec.rolled_back, rec.recoverable_step) == ("rebuild", False, 3)
+    assert {"teardown", "engine", "rollback"} <= set(rec.detail)
+    assert any(e[0] == "log" and "on the rebuild path" in e[1] for e in EVENTS)
+    assert member.env.client.sent[-1][:3] == ("recovered", 1, 3)
+
+
+def test_rebuild_past_the_recoverable_step_loads_the_committed_snapshot(member):
+    snaps: dict = {}
+    member.start()
+    _train(member, 5, snaps)
+    rec = _recover(member, R=4, generation=1)  # live 5 > R: the committed snapshot of step 4
+    e = member.engine
+    assert e.step == 4 and torch.equal(e.param, snaps[4][1]) and torch.equal(e.opt, snaps[4][0])
+    assert e.envelope() == snaps[4][2] and rec.rolled_back
+    # a second recovery of the new generation works the same way
+    _train(member, 2, snaps)
+    rec2 = _recover(member, R=6, generation=2)
+    assert member.engine.step == 6 and torch.equal(member.engine.param, snaps[6][1])
+    assert PARALLEL_STATE["generation"] == 2 and rec2.path == "rebuild"
+
+
+def test_a_dirty_survivor_at_the_recoverable_step_loads_its_snapshot_not_its_live_state(member):
+    snaps: dict = {}
+    member.start()
+    _train(member, 3, snaps)
+    member.phase = "optimizer_step"  # the error hit inside the update: the live state is not S(3)
+    member.engine.param += 100.0
+    rec = _recover(member, R=3, generation=1, failed=True)
+    assert rec.dirty and rec.rolled_back
+    assert torch.equal(member.engine.param, snaps[3][1])
+
+
+def test_checkpoint_restart_on_the_rebuild_path(member, monkeypatch):
+    from phoenix_hpc.launch import persist
+
+    snaps: dict = {}
+    member.start()
+    _train(member, 4, snaps)
+
+    def restore_step(engine, groups, cfg, run_dir, step):
+        assert groups is engine.groups and groups.generation == 1
+        EVENTS.append(("checkpoint", step))
+        engine.load_envelope({"step": step, "rng": 0})
+        return step
+
+    monkeypatch.setattr(persist, "restore_step", restore_step)
+    EVENTS.clear()
+    rec = _recover(member, R=2, generation=1, action="checkpoint_restart")
+    assert _kinds(EVENTS, "teardown", "groups", "construct", "load", "checkpoint") == [
+        ("teardown", 0), ("groups", 1, False), ("construct", 1), ("checkpoint", 2)]
+    assert member.engine.step == 2 and rec.path == "rebuild" and "checkpoint_load" in rec.detail
+
+
+def test_rebind_is_refused_for_an_engine_that_only_rebuilds(member):
+    cfg = member.env.cfg
+    cfg.resilience.recovery_path = "rebind"
+    with pytest.raises(ConfigError, match=r"recovery_path: value 'rebind' .* engine 'fake' \(allowed: auto, rebuild\)"):
+        Member(member.env)
