@@ -488,8 +488,10 @@ class Member:
             if not from_checkpoint:
                 rolled = int(self.engine.step) != R or dirty
                 held = self._snapshot_state(R) if rolled else self._live_state()
+                detail["host_copy"] = time.perf_counter() - t0
+            t_down = time.perf_counter()
             self._teardown_engine()
-            detail["teardown"] = time.perf_counter() - t0
+            detail["teardown"] = time.perf_counter() - t_down
         detail.update(self._setup_groups())
         t_reconf = time.perf_counter() - t0  # rebuild: teardown, groups and (below) the new engine
 
@@ -549,11 +551,15 @@ class Member:
 
     def _teardown_engine(self) -> None:
         """The rebuild path: end the old engine (:meth:`Engine.teardown`, which also clears the global state
-        its constructor set up) and drop every reference to it, before the next generation is built."""
+        its constructor set up) and drop every reference to it, before the next generation is built. On a GPU
+        a garbage collection follows, so that device memory held in reference cycles is back before the new
+        engine allocates (a full collection takes about a second in a rank's heap, so not on CPU, where
+        nothing waits for that memory)."""
         engine, self.engine = self.engine, None
         engine.teardown()
         del engine
-        gc.collect()
+        if getattr(self.env.device, "type", "cpu") == "cuda":
+            gc.collect()
 
     def _snapshot_state(self, step: int) -> tuple[dict, dict, dict]:
         """S(step) from the committed local snapshot of the old protector (verified; host memory):

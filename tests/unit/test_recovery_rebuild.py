@@ -227,7 +227,7 @@ def test_rebuild_at_the_live_step_keeps_the_live_state_and_leaves_nothing_of_the
     assert member.groups is new.groups and member.groups.generation == 1
     assert old_ref() is None, "the old engine is still referenced"
     assert (rec.path, rec.rolled_back, rec.recoverable_step) == ("rebuild", False, 3)
-    assert {"teardown", "engine", "rollback"} <= set(rec.detail)
+    assert {"host_copy", "teardown", "engine", "rollback"} <= set(rec.detail)
     assert any(e[0] == "log" and "on the rebuild path" in e[1] for e in EVENTS)
     assert member.env.client.sent[-1][:3] == ("recovered", 1, 3)
 
