@@ -188,9 +188,10 @@ def test_rebuilt_engine_on_new_groups_continues_bit_identically(dataset, world1)
 def test_recovery_styles_table_matches_the_engine_classes():
     """The config checks ``resilience.recovery_path`` against a torch-free table; the ranks use the engine
     classes' attributes. They must agree."""
-    cls = engine_class("torch")
-    assert ENGINE_RECOVERY_STYLES["torch"] == (cls.recovery_style, cls.supported_recovery_styles)
-    assert cls.owns_groups is False
+    for name, owns_groups in (("torch", False), ("megatron", True)):
+        cls = engine_class(name)
+        assert ENGINE_RECOVERY_STYLES[name] == (cls.recovery_style, cls.supported_recovery_styles), name
+        assert cls.owns_groups is owns_groups, name
     assert recovery_path_of("torch", "auto") == "rebind" and recovery_path_of("torch", "rebuild") == "rebuild"
     assert recovery_path_of("megatron", "auto") == "rebuild"
     with pytest.raises(ValueError, match=r"recovery_path: value 'rebind' is not supported by engine 'megatron' "
