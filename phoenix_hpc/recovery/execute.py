@@ -190,8 +190,8 @@ class Member:
     0) or :meth:`join` (standby slot named in a plan)."""
 
     def __init__(self, env: MemberEnv):
-        from phoenix_hpc.engines.factory import engine_class
-        from phoenix_hpc.engines.styles import resolve_recovery_path
+        from phoenix_hpc.engines.styles import recovery_path_of_class
+        from phoenix_hpc.engines.user_code import load_engine_class
         from phoenix_hpc.faults.trigger import FaultTrigger, FiredFile
 
         self.env = env
@@ -211,10 +211,9 @@ class Member:
         r = env.cfg.resilience
         self.wait_s = env.instruction_timeout_s or (
             2 * r.heartbeat_timeout_s + 2 * r.collective_timeout_s + 30.0)
-        cls = engine_class(env.cfg.engine)
+        cls = load_engine_class(env.cfg.engine, env.cfg.python_path)
         try:  #: ``rebind`` or ``rebuild``: how this member takes part in every recovery (module doc)
-            self.recovery_path = resolve_recovery_path(r.recovery_path, cls.recovery_style,
-                                                       cls.supported_recovery_styles, env.cfg.engine)
+            self.recovery_path = recovery_path_of_class(cls, r.recovery_path, env.cfg.engine)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.owns_groups = bool(cls.owns_groups)

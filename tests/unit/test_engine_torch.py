@@ -11,8 +11,9 @@ from phoenix_hpc.config.schema import JobConfig
 from phoenix_hpc.data.indexed import TokenSamples
 from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
 from phoenix_hpc.engines.base import GridCoord, ProcessGroups
-from phoenix_hpc.engines.factory import check_engine_runnable, engine_class
+from phoenix_hpc.engines.factory import check_engine_runnable
 from phoenix_hpc.engines.styles import ENGINE_RECOVERY_STYLES, recovery_path_of
+from phoenix_hpc.engines.user_code import load_engine_class
 from phoenix_hpc.engines.schedule import lr_at
 from phoenix_hpc.engines.torch_engine import TorchEngine, micro_batches
 from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage
@@ -189,11 +190,12 @@ def test_recovery_styles_table_matches_the_engine_classes():
     """The config checks ``resilience.recovery_path`` against a torch-free table; the ranks use the engine
     classes' attributes. They must agree."""
     for name, owns_groups in (("torch", False), ("megatron", True)):
-        cls = engine_class(name)
+        cls = load_engine_class(name)
         assert ENGINE_RECOVERY_STYLES[name] == (cls.recovery_style, cls.supported_recovery_styles), name
         assert cls.owns_groups is owns_groups, name
     assert recovery_path_of("torch", "auto") == "rebind" and recovery_path_of("torch", "rebuild") == "rebuild"
     assert recovery_path_of("megatron", "auto") == "rebuild"
+    assert recovery_path_of("mypkg.engine:Mine", "rebuild") is None  # a user engine: its class decides
     with pytest.raises(ValueError, match=r"recovery_path: value 'rebind' is not supported by engine 'megatron' "
                                          r"\(allowed: auto, rebuild\)"):
         recovery_path_of("megatron", "rebind")

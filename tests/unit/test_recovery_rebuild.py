@@ -148,12 +148,12 @@ class FakeStore:
 
 @pytest.fixture()
 def member(monkeypatch, tmp_path):
-    from phoenix_hpc.engines import factory
+    from phoenix_hpc.engines import factory, user_code
     from phoenix_hpc.launch import groups as groups_mod
 
     PARALLEL_STATE.clear()
     EVENTS.clear()
-    monkeypatch.setattr(factory, "engine_class", lambda name: FakeGlobalEngine)
+    monkeypatch.setattr(user_code, "load_engine_class", lambda name, python_path=(): FakeGlobalEngine)
     monkeypatch.setattr(factory, "create_engine", lambda cfg, coord, groups, device: FakeGlobalEngine(cfg, coord, groups, device))
 
     def init_generation(store, generation, rank, grid, backend, timeout_s, device_id=None, sub_groups=True):
@@ -167,7 +167,7 @@ def member(monkeypatch, tmp_path):
 
     monkeypatch.setattr(groups_mod, "init_generation", init_generation)
     monkeypatch.setattr(execute, "make_comm", lambda world, ranks, g: ("comm", g))
-    cfg = SimpleNamespace(engine="fake", resilience=SimpleNamespace(
+    cfg = SimpleNamespace(engine="fake", python_path=[], resilience=SimpleNamespace(
         recovery_path="auto", heartbeat_timeout_s=1.0, collective_timeout_s=2.0, chunk_bytes=1 << 16))
     env = MemberEnv(cfg=cfg, run_dir=Path(tmp_path), world_comm=None, world_rank=0, client=FakeClient(),
                     progress=SimpleNamespace(set=lambda **kw: None), store=FakeStore(), nodes=["n0"],
@@ -284,3 +284,32 @@ def test_rebind_is_refused_for_an_engine_that_only_rebuilds(member):
     cfg.resilience.recovery_path = "rebind"
     with pytest.raises(ConfigError, match=r"recovery_path: value 'rebind' .* engine 'fake' \(allowed: auto, rebuild\)"):
         Member(member.env)
+
+
+def test_a_user_engine_is_checked_against_its_own_recovery_styles(tmp_path, monkeypatch):
+    """``engine: package.module:Class``: the config cannot know the class's styles, so the user-code check
+    (at submit and on every rank before MPI) refuses a recovery path the class does not support."""
+    import sys
+
+    from phoenix_hpc.config.load import load_job_config
+    from phoenix_hpc.engines.factory import check_user_code
+
+    (tmp_path / "rebind_only_engine.py").write_text(
+        "from phoenix_hpc.engines.torch_engine import TorchEngine\n\n\n"
+        "class RebindOnly(TorchEngine):\n    supported_recovery_styles = ('rebind',)\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "rebind_only_engine", raising=False)
+
+    def cfg(path):
+        p = tmp_path / f"{path}.yaml"
+        p.write_text(f"name: x\nengine: rebind_only_engine:RebindOnly\ndata: {{path: ds}}\n"
+                     f"resilience: {{recovery_path: {path}}}\n")
+        return load_job_config(p)
+
+    check_user_code(cfg("auto"))
+    check_user_code(cfg("rebind"))
+    with pytest.raises(ConfigError) as exc:
+        check_user_code(cfg("rebuild"))
+    assert exc.value.problems == ["resilience.recovery_path: value 'rebuild' is not supported by engine "
+                                  "'rebind_only_engine:RebindOnly' (allowed: auto, rebind)"]
+    sys.modules.pop("rebind_only_engine", None)
