@@ -22,7 +22,6 @@ turned off, so MPI's default ``ERRORS_ARE_FATAL`` holds unless the runtime sets 
 
 import json
 import os
-import signal
 import sys
 import time
 
@@ -35,6 +34,7 @@ from mpi4py import MPI  # noqa: E402
 
 from phoenix_hpc.recovery.execute import make_comm  # noqa: E402
 from phoenix_hpc.runtime.mpi_faults import abandon_requests, errors_return, returns_errors  # noqa: E402
+from victim import die, wait_gone  # noqa: E402  (this folder)
 
 
 def _test_for(reqs, seconds):
@@ -64,7 +64,6 @@ def main() -> None:
     got = gen0.sendrecv(rank, dest=(rank + 1) % size, source=(rank - 1) % size)
     assert got == (rank - 1) % size
     print(f"STARTED world_rank={rank} size={size}", flush=True)
-    pid_file = os.path.join(shared, "victim.pid")
     big = np.ones(4 << 20, dtype=np.uint8)
     inbox = np.zeros(16, dtype=np.uint8)
     reqs = []
@@ -73,20 +72,8 @@ def main() -> None:
                 (gen0.Isend([big, MPI.BYTE], dest=victim, tag=6), big)]
     gen0.allreduce(1, op=MPI.SUM)  # every request is posted
     if rank == victim:
-        tmp = pid_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(str(os.getpid()))
-        os.replace(tmp, pid_file)
-        os.kill(os.getpid(), signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while not os.path.exists(pid_file) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    victim_pid = int(open(pid_file).read())
-    while os.path.exists(f"/proc/{victim_pid}") and time.monotonic() < deadline:
-        with open(f"/proc/{victim_pid}/stat") as stat:
-            if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-        time.sleep(0.05)
+        die(shared)
+    wait_gone(shared)
     pending, errors = _test_for([r for r, _ in reqs], 2.0)
     out["posted"], out["pending_after_death"], out["errors_after_death"] = len(reqs), len(pending), errors
     small = np.ones(8, dtype=np.uint8)
