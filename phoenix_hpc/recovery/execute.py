@@ -405,7 +405,6 @@ class Member:
         records: list = []
         while True:
             quiesce: dict[str, Any] | None = None
-            heard = None
             try:
                 self.phase = None
                 self.watchdog.arm()
@@ -414,14 +413,15 @@ class Member:
                                      on_step=on_step, phase_hook=self._phase)
                 finally:
                     self.watchdog.disarm()
-                    heard = self.watchdog.take_fired()
                 return records
             except QuiesceRequested as q:
+                self.watchdog.take_fired()  # the same message, if the watchdog heard it too
                 quiesce, failed = q.msg, False
             except (StopRequested, KeyboardInterrupt):
                 raise
             except Exception as exc:  # noqa: BLE001 -- an error inside the step: report, then recover
                 failed = True
+                heard = self.watchdog.take_fired()
                 step = int(self.engine.step) + 1
                 why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
                 if heard is not None:  # the watchdog aborted the groups under this step: not a new fault
