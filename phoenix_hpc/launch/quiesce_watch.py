@@ -79,12 +79,13 @@ class QuiesceWatchdog:
         with self._pump_lock:
             pass
 
-    def take_fired(self) -> dict[str, Any] | None:
-        """The message the watchdog fired on since the last :meth:`arm` (removed from
-        ``client.instructions``), or None."""
+    def take_fired(self, remove: bool = True) -> dict[str, Any] | None:
+        """The message the watchdog fired on since the last :meth:`arm`, or None; with ``remove`` it is
+        taken out of ``client.instructions`` (the caller acts on it), else left there for whoever reads
+        the instructions next."""
         with self._cv:
             msg, self._fired = self._fired, None
-        if msg is not None:
+        if msg is not None and remove:
             try:
                 self.client.instructions.remove(msg)
             except ValueError:  # the training thread took it already

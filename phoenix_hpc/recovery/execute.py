@@ -415,7 +415,7 @@ class Member:
                     self.watchdog.disarm()
                 return records
             except QuiesceRequested as q:
-                self.watchdog.take_fired()  # the same message, if the watchdog heard it too
+                self.watchdog.take_fired(remove=False)  # a later quiesce it heard stays queued
                 quiesce, failed = q.msg, False
             except (StopRequested, KeyboardInterrupt):
                 raise

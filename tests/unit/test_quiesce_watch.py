@@ -49,6 +49,12 @@ def test_armed_watchdog_fires_once_on_quiesce_and_keeps_every_instruction_in_ord
         assert wd.take_fired() == q
         assert list(c.instructions) == [{"type": "resume"}, {"type": "quiesce", "generation": 2}]
         assert wd.take_fired() is None
+        wd.arm()
+        c.push({"type": "quiesce", "generation": 3})
+        _until(lambda: len(fired) == 2)
+        wd.disarm()
+        assert wd.take_fired(remove=False) == {"type": "quiesce", "generation": 3}
+        assert list(c.instructions)[-1] == {"type": "quiesce", "generation": 3}  # left for the reader
     finally:
         wd.close()
     assert not any(t.name == "phoenix-quiesce" for t in threading.enumerate())
