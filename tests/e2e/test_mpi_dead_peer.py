@@ -18,12 +18,19 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 
 
-def test_survivors_of_a_killed_peer_abandon_its_requests_and_continue(slurm_cluster, slurm_env, tmp_path):
+@pytest.mark.parametrize("btl", ["default", "self,tcp"])
+def test_survivors_of_a_killed_peer_abandon_its_requests_and_continue(slurm_cluster, slurm_env, tmp_path, btl):
+    """``default``: Open MPI picks its transports; all "nodes" of the local cluster are one host, so that is
+    the shared-memory BTL, in which a peer's death is invisible. ``self,tcp``: TCP between the ranks, as
+    between real nodes without a high-speed fabric: the dead peer's connections fail."""
     victim = 2
+    env = dict(slurm_env)
+    if btl != "default":
+        env["OMPI_MCA_btl"] = btl
     proc = subprocess.run(
         ["srun", "-N", "4", "--ntasks-per-node=1", "--mpi=pmix", "--no-kill", "--kill-on-bad-exit=0",
          "-t", "00:03:00", str(PYTHON), str(ASSETS / "mpi_dead_peer.py"), str(victim), str(tmp_path)],
-        env=slurm_env, capture_output=True, text=True, timeout=180)
+        env=env, capture_output=True, text=True, timeout=180)
     out = proc.stdout + proc.stderr
     print(out)
     assert len(re.findall(r"STARTED world_rank=\d size=4", proc.stdout)) == 4, out
