@@ -462,7 +462,12 @@ class Member:
         shards: dict[str, list[int]] = {}
         replicas: dict[str, list[int]] = {}
         if prot is not None:
-            prot.close(abandon=True)
+            prot.close(abandon=True)  # MPI requests still posted are cancelled or freed (runtime/mpi_faults.py)
+            ab = getattr(getattr(prot, "h2h", None), "abandon_report", None)
+            if ab is not None and (ab.cancelled or ab.freed or ab.kept or ab.errors):
+                self.env.log(f"[phoenix] rank {self.logical}: abandoned MPI requests of generation "
+                             f"{self.generation}: {ab.cancelled} cancelled, {ab.freed} freed, {ab.kept} "
+                             f"collectives kept, {ab.completed} completed, errors {ab.errors[:2]}")
             # both ping-pong buffers count: a copy one step behind the others is still recoverable
             local, held = prot.copy_steps()
             if local:

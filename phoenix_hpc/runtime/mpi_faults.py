@@ -13,7 +13,7 @@ fault-tolerance extensions:
    explicitly so that neither an rc setting nor an implementation's inheritance is relied on.)
 2. **Nothing posted to a dead peer is left to fail later.** When a generation is abandoned,
    :func:`abandon_requests` cancels every point-to-point request still active (``MPI_Cancel``; a
-   cancelled receive completes locally, MPI 4.1 section 3.8.4), waits for it a bounded time (``Test``),
+   cancelled receive completes locally, MPI 4.1 section 3.8.4), tests it for at most 0.1 s,
    and frees what did not complete (``MPI_Request_free``, local). Open MPI's ob1 cannot cancel a send
    that has started: such a send is freed, and its buffer is kept referenced for the life of the process
    (:data:`KEPT_BUFFERS`), because MPI may still read it. A non-blocking *collective* (the commit fence
@@ -83,7 +83,7 @@ class AbandonReport:
 
 
 def abandon_requests(p2p: Iterable[tuple[Any, Any]], collectives: Iterable[tuple[Any, Any]] = (),
-                     MPI: Any | None = None, wait_s: float = 0.5, poll_s: float = 0.001) -> AbandonReport:
+                     MPI: Any | None = None, wait_s: float = 0.1, poll_s: float = 0.001) -> AbandonReport:
     """Leave nothing of an abandoned generation posted (rule 2 of the module doc). Local: no call here
     waits for another process.
 
