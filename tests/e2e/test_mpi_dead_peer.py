@@ -20,9 +20,11 @@ PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 
 @pytest.mark.parametrize("btl", ["default", "self,tcp"])
 def test_survivors_of_a_killed_peer_abandon_its_requests_and_continue(slurm_cluster, slurm_env, tmp_path, btl):
-    """``default``: Open MPI picks its transports; all "nodes" of the local cluster are one host, so that is
-    the shared-memory BTL, in which a peer's death is invisible. ``self,tcp``: TCP between the ranks, as
-    between real nodes without a high-speed fabric: the dead peer's connections fail."""
+    """``default``: the transports Open MPI picks (on the local cluster TCP as well: PMIx reports every slurmd
+    as a node of its own); ``self,tcp``: TCP pinned, as between real nodes without a high-speed fabric. A
+    survivor that had no connection to the victim yet tries to open one for its send and fails (Open MPI
+    prints "failed to TCP connect to a peer MPI process"): the transport noticed the death, and the job goes
+    on."""
     victim = 2
     env = dict(slurm_env)
     if btl != "default":
@@ -47,3 +49,5 @@ def test_survivors_of_a_killed_peer_abandon_its_requests_and_continue(slurm_clus
         assert r["gen1_size"] == 3 and r["gen1_sum"] == expected_sum, r
         assert r["ring_left"] == {0: 3, 1: 0, 3: 1}[w], r
     assert "task 2: Killed" in proc.stderr, proc.stderr
+    if btl == "self,tcp":
+        assert "failed to TCP connect to a peer MPI process" in proc.stderr, proc.stderr
