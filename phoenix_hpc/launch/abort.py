@@ -136,12 +136,14 @@ def abort_nccl_groups(extra: Iterable[Any] = (), c10d: Any = None) -> str:
     if c10d is None:
         import torch.distributed.distributed_c10d as c10d
     how = choose_nccl_abort(c10d)
-    groups = list(dict.fromkeys([*registered_groups(c10d), *extra]))
+    registered = registered_groups(c10d)
+    groups = list(dict.fromkeys([*registered, *extra]))
     if how == "abort_process_group":
         if c10d.is_initialized():
             c10d._abort_process_group()
-        for pg in extra:  # groups torch no longer lists (already unregistered) are aborted directly
-            _try(lambda: pg.abort())
+        for pg in extra:  # groups torch does not list (already unregistered) are aborted directly
+            if pg not in registered:
+                _try(lambda: pg.abort())
         return how
     for pg in groups:
         if how == "group_abort":

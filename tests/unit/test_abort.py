@@ -111,10 +111,11 @@ def _c10d(log, with_abort_pg=True, with_pg_abort=True, initialized=True):
 
 def test_nccl_uses_the_group_abort_of_every_group_when_torch_has_it():
     log = []
-    c10d, _ = _c10d(log)
+    c10d, (a, _) = _c10d(log)
+    gone = FakePG("gone", log)  # a group torch no longer lists
     assert choose_nccl_abort(c10d) == "abort_process_group"
-    assert abort_nccl_groups((), c10d=c10d) == "abort_process_group"
-    assert log == [("abort_process_group", None)]
+    assert abort_nccl_groups((a, gone), c10d=c10d) == "abort_process_group"
+    assert log == [("abort_process_group", None), ("abort", "gone")]  # a registered group is not aborted twice
 
 
 @pytest.mark.parametrize("pg_abort,expected", [(True, "abort"), (False, "backend_abort")])
