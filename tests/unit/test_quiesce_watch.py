@@ -33,68 +33,71 @@ def _until(pred, timeout_s=5.0):
         time.sleep(0.005)
 
 
-def test_armed_watchdog_fires_once_on_quiesce_and_keeps_every_instruction_in_order():
-    c = FakeClient()
-    fired = []
-    wd = QuiesceWatchdog(c, fired.append, interval_s=0.01)
-    try:
-        wd.arm()
-        q = {"type": "quiesce", "generation": 1}
-        c.push({"type": "resume"}, q, {"type": "quiesce", "generation": 2})
-        _until(lambda: fired)
-        time.sleep(0.05)
-        assert fired == [q]  # once per arming
-        wd.disarm()
-        assert list(c.instructions) == [{"type": "resume"}, q, {"type": "quiesce", "generation": 2}]
-        assert wd.take_fired() == q
-        assert list(c.instructions) == [{"type": "resume"}, {"type": "quiesce", "generation": 2}]
-        assert wd.take_fired() is None
-        wd.arm()
-        c.push({"type": "quiesce", "generation": 3})
-        _until(lambda: len(fired) == 2)
-        wd.disarm()
-        assert wd.take_fired(remove=False) == {"type": "quiesce", "generation": 3}
-        assert list(c.instructions)[-1] == {"type": "quiesce", "generation": 3}  # left for the reader
-    finally:
+@pytest.fixture
+def make():
+    """``make(on_quiesce) -> (client, watchdog)``; every watchdog is closed after the test."""
+    made = []
+
+    def build(on_quiesce):
+        c = FakeClient()
+        made.append(QuiesceWatchdog(c, on_quiesce, interval_s=0.01))
+        return c, made[-1]
+
+    yield build
+    for wd in made:
         wd.close()
     assert not any(t.name == "phoenix-quiesce" for t in threading.enumerate())
 
 
-def test_disarmed_watchdog_takes_nothing_and_fires_on_nothing():
-    c = FakeClient()
+def test_armed_watchdog_fires_once_on_quiesce_and_keeps_every_instruction_in_order(make):
     fired = []
-    wd = QuiesceWatchdog(c, fired.append, interval_s=0.01)
-    try:
-        wd.arm()
-        wd.disarm()
-        c.push({"type": "quiesce", "generation": 1})
-        time.sleep(0.1)
-        assert fired == [] and list(c.instructions) == [] and list(c.pending)
-        wd.pump()  # the training thread's own poll moves it
-        assert list(c.instructions) == [{"type": "quiesce", "generation": 1}]
-    finally:
-        wd.close()
+    c, wd = make(fired.append)
+    wd.arm()
+    q = {"type": "quiesce", "generation": 1}
+    c.push({"type": "resume"}, q, {"type": "quiesce", "generation": 2})
+    _until(lambda: fired)
+    time.sleep(0.05)
+    assert fired == [q]  # once per arming
+    wd.disarm()
+    assert list(c.instructions) == [{"type": "resume"}, q, {"type": "quiesce", "generation": 2}]
+    assert wd.take_fired() == q
+    assert list(c.instructions) == [{"type": "resume"}, {"type": "quiesce", "generation": 2}]
+    assert wd.take_fired() is None
+    wd.arm()
+    c.push({"type": "quiesce", "generation": 3})
+    _until(lambda: len(fired) == 2)
+    wd.disarm()
+    assert wd.take_fired(remove=False) == {"type": "quiesce", "generation": 3}
+    assert list(c.instructions)[-1] == {"type": "quiesce", "generation": 3}  # left for the reader
 
 
-def test_stop_fires_too_and_a_failing_abort_does_not_kill_the_thread():
-    c = FakeClient()
+def test_disarmed_watchdog_takes_nothing_and_fires_on_nothing(make):
+    fired = []
+    c, wd = make(fired.append)
+    wd.arm()
+    wd.disarm()
+    c.push({"type": "quiesce", "generation": 1})
+    time.sleep(0.1)
+    assert fired == [] and list(c.instructions) == [] and list(c.pending)
+    wd.pump()  # the training thread's own poll moves it
+    assert list(c.instructions) == [{"type": "quiesce", "generation": 1}]
+
+
+def test_stop_fires_too_and_a_failing_abort_does_not_kill_the_thread(make):
     calls = []
 
     def boom(msg):
         calls.append(msg)
         raise RuntimeError("abort failed")
 
-    wd = QuiesceWatchdog(c, boom, interval_s=0.01)
-    try:
-        wd.arm()
-        c.push({"type": "stop", "reason": "x"})
-        _until(lambda: calls)
-        wd.arm()  # a new arming may fire again
-        c.push({"type": "quiesce", "generation": 3})
-        _until(lambda: len(calls) == 2)
-        assert [m["type"] for m in calls] == ["stop", "quiesce"]
-    finally:
-        wd.close()
+    c, wd = make(boom)
+    wd.arm()
+    c.push({"type": "stop", "reason": "x"})
+    _until(lambda: calls)
+    wd.arm()  # a new arming may fire again
+    c.push({"type": "quiesce", "generation": 3})
+    _until(lambda: len(calls) == 2)
+    assert [m["type"] for m in calls] == ["stop", "quiesce"]
 
 
 def test_interval_must_be_positive():
