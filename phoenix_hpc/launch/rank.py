@@ -117,6 +117,26 @@ def preflight(cfg) -> None:
         check_indexed_dataset(cfg.data.path)
 
 
+def set_nccl_error_env(cfg, env=None) -> dict[str, str]:
+    """Set torch's NCCL error-handling variables for a protected job on CUDA before any process group
+    exists (:func:`phoenix_hpc.launch.nccl_env.nccl_error_env`). Returns what was set.
+
+    Raises:
+        EngineError: a variable holds a value under which torch would end a surviving rank.
+    """
+    import torch
+
+    from phoenix_hpc.launch.nccl_env import nccl_error_env
+
+    env = os.environ if env is None else env
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    updates, problems = nccl_error_env(env, backend, _resilient(cfg))
+    if problems:
+        raise EngineError("; ".join(problems))
+    env.update(updates)
+    return updates
+
+
 def _resilient(cfg) -> bool:
     """Whether training runs under PHOENIX protection (runtime protector, commits, hot swap)."""
     return cfg.resilience.enabled and cfg.resilience.mode == "phoenix"
@@ -334,13 +354,16 @@ def main(argv: list[str] | None = None) -> int:
     from phoenix_hpc.launch.groups import resolve_grid
     from phoenix_hpc.launch.rendezvous import mpi_store_rendezvous
 
-    comm = MPI.COMM_WORLD
+    from phoenix_hpc.runtime.mpi_faults import errors_return
+
+    comm = errors_return(MPI.COMM_WORLD)  # a dead slot's errors are returned (MPI.Exception), never fatal
     cfg = None
     err: PhoenixError | None = None
     try:
         slot = check_against_mpi(slot, comm.Get_rank(), comm.Get_size())
         cfg = load_job_config(args.config or run_dir / "config.yaml")
         preflight(cfg)
+        set_nccl_error_env(cfg)  # before the first NCCL group: torch reads it when a group is created
     except PhoenixError as exc:
         err = exc
     err = _agree_on_errors(comm, err)

@@ -125,12 +125,31 @@ def fault_kind_of(exc: BaseException) -> str | None:
 def make_comm(world_comm, members_world: list[int], generation: int):
     """The MPI communicator of a generation: ``Create_group`` over ``members_world`` (world ranks in
     logical-rank order, so the new communicator's rank of a member is its logical rank). Collective over
-    the members only (MPI-3 ``MPI_Comm_create_group``); dead world ranks are not involved."""
+    the members only (MPI-3 ``MPI_Comm_create_group``); dead world ranks are not involved. Its error
+    handler is ``MPI.ERRORS_RETURN`` (:func:`phoenix_hpc.runtime.mpi_faults.errors_return`)."""
+    from phoenix_hpc.runtime.mpi_faults import errors_return
+
     group = world_comm.Get_group().Incl(list(members_world))
-    try:
-        return world_comm.Create_group(group, tag=COMM_TAG_BASE + generation)
+    try:  # errors returned, not fatal: a member may die while the communicator is in use
+        return errors_return(world_comm.Create_group(group, tag=COMM_TAG_BASE + generation))
     finally:
         group.Free()
+
+
+def _quiesce_watchdog(client, on_quiesce, world_rank: int):
+    from phoenix_hpc.launch.quiesce_watch import QuiesceWatchdog
+
+    return QuiesceWatchdog(client, on_quiesce, name=f"phoenix-quiesce-{world_rank}")
+
+
+def generation_abort(backend: str, generation: int, sockets: dict[int, str], groups):
+    """The :class:`phoenix_hpc.launch.abort.GenerationAbort` of a generation: the gloo sockets captured
+    while its groups were built, and (NCCL) its groups, aborted besides those torch has registered."""
+    from phoenix_hpc.launch.abort import GenerationAbort
+
+    pgs = () if backend != "nccl" or groups is None else tuple(
+        g for g in (groups.world, groups.dp, groups.pp, groups.tp) if g is not None)
+    return GenerationAbort(backend, generation, dict(sockets) if backend != "nccl" else {}, pgs)
 
 
 def _wait_mpi(reqs: list, timeout_s: float, what: str, poll_s: float = 0.001) -> None:
@@ -217,6 +236,8 @@ class Member:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.owns_groups = bool(cls.owns_groups)
+        self.aborter = None  # launch.abort.GenerationAbort of the current generation
+        self.watchdog = _quiesce_watchdog(env.client, self._abort_on_quiesce, env.world_rank)
 
     # --- generation set-up ---------------------------------------------------------------------------
     @property
@@ -228,6 +249,7 @@ class Member:
         seconds spent per part: ``arrive`` (waiting for the slowest member), ``torch``, ``mpi``."""
         import torch.distributed as dist
 
+        from phoenix_hpc.launch.abort import SocketCapture
         from phoenix_hpc.launch.groups import init_generation
 
         e = self.env
@@ -239,10 +261,12 @@ class Member:
             self._arrive_all()
         t1 = time.perf_counter()
         t["arrive"] = t1 - t0
-        self.groups, self.coord = init_generation(
-            e.store, self.generation, self.logical, e.grid, e.backend, e.cfg.resilience.collective_timeout_s,
-            device_id=e.device if e.backend == "nccl" else None, sub_groups=not self.owns_groups,
-        )
+        with SocketCapture() as cap:  # the gloo connections of this generation's groups (launch/abort.py)
+            self.groups, self.coord = init_generation(
+                e.store, self.generation, self.logical, e.grid, e.backend, e.cfg.resilience.collective_timeout_s,
+                device_id=e.device if e.backend == "nccl" else None, sub_groups=not self.owns_groups,
+            )
+        self.aborter = generation_abort(e.backend, self.generation, cap.sockets, self.groups)
         t2 = time.perf_counter()
         t["torch"] = t2 - t1
         # the old communicator may contain a dead rank: it is dropped, not freed (MPI_Comm_free is collective)
@@ -259,15 +283,19 @@ class Member:
         generation (or the end of the job), so the old groups are never used again.
 
         gloo closes a group's connections only when the group is freed (``ProcessGroup.abort`` and
-        ``shutdown`` leave them open on the gloo backend of torch 2.x), so besides
-        ``destroy_process_group`` (torch's own references, and ``shutdown`` of NCCL communicators) the
-        member and its engine drop theirs (:meth:`Engine.release_groups`) and a garbage collection frees
-        cycles. Idempotent. Returns the seconds spent."""
+        ``shutdown`` leave them open on the gloo backend of torch 2.x), so the generation's communicators
+        are first aborted (:class:`phoenix_hpc.launch.abort.GenerationAbort`: NCCL communicators are
+        aborted, never destroyed; gloo connections are shut down, which fails their pending operations),
+        then ``destroy_process_group`` drops torch's own references (a no-op after an NCCL abort, which
+        unregisters the groups), the member and its engine drop theirs (:meth:`Engine.release_groups`) and a
+        garbage collection frees cycles. Idempotent. Returns the seconds spent."""
         import gc
 
         import torch.distributed as dist
 
         t0 = time.perf_counter()
+        if self.aborter is not None:  # NCCL: abort, never destroy; gloo: fail the pending operations
+            self.aborter.abort("release")
         if self.groups is None and not dist.is_initialized():
             return 0.0
         if dist.is_initialized():
@@ -368,7 +396,7 @@ class Member:
 
         c = self.env.client
         try:
-            c.instructions.extend(c.poll())
+            self.watchdog.pump()  # one lock with the quiesce watchdog: instructions keep their order
         except ControlError:
             return  # the coordinator watchdog ends the process if the coordinator is really gone
         while c.instructions:
@@ -377,6 +405,17 @@ class Member:
                 raise QuiesceRequested(msg)
             if msg["type"] == "stop":
                 raise StopRequested(msg)
+
+    def _abort_on_quiesce(self, msg: dict[str, Any]) -> None:
+        """Quiesce watchdog thread: the coordinator ended this generation while the training thread may be
+        blocked in a collective; abort the generation's communicators so that it returns with an error."""
+        aborter = self.aborter
+        if aborter is None or aborter.aborted:
+            return
+        rec = aborter.abort(f"{msg.get('type')} for generation {msg.get('generation')}")
+        self.env.log(f"[phoenix] rank {self.logical} gen {aborter.generation}: {rec.reason} heard while "
+                     f"training; communicators aborted ({rec.method}, {rec.sockets} connections) in "
+                     f"{rec.duration_s:.3f} s")
 
     def _wait_for(self, types: tuple[str, ...], what: str) -> dict[str, Any]:
         c = self.env.client
@@ -406,23 +445,37 @@ class Member:
             quiesce: dict[str, Any] | None = None
             try:
                 self.phase = None
-                records += train(self.engine, until_step, tokens_per_step, protector=self.protector,
-                                 on_step=on_step, phase_hook=self._phase)
+                self.watchdog.arm()
+                try:
+                    records += train(self.engine, until_step, tokens_per_step, protector=self.protector,
+                                     on_step=on_step, phase_hook=self._phase)
+                finally:
+                    self.watchdog.disarm()
                 return records
             except QuiesceRequested as q:
+                self.watchdog.take_fired(remove=False)  # a later quiesce it heard stays queued
                 quiesce, failed = q.msg, False
             except (StopRequested, KeyboardInterrupt):
                 raise
             except Exception as exc:  # noqa: BLE001 -- an error inside the step: report, then recover
                 failed = True
+                heard = self.watchdog.take_fired()
                 step = int(self.engine.step) + 1
-                self.env.log(f"[phoenix] rank {self.logical} gen {self.generation}: error in step {step} "
-                             f"({self.phase or 'start'}): {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
-                try:
-                    self.env.client.report_fault(self.generation, step, self.phase or "forward_backward", exc,
-                                                 kind=fault_kind_of(exc))
-                except Exception:  # noqa: BLE001 -- heartbeats/peers' reports still reach the coordinator
-                    pass
+                why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                if heard is not None:  # the watchdog aborted the groups under this step: not a new fault
+                    if heard["type"] == "stop":
+                        raise StopRequested(heard) from None
+                    quiesce = heard
+                    self.env.log(f"[phoenix] rank {self.logical} gen {self.generation}: left step {step} "
+                                 f"({self.phase or 'start'}) on the coordinator's quiesce: {why}")
+                else:
+                    self.env.log(f"[phoenix] rank {self.logical} gen {self.generation}: error in step {step} "
+                                 f"({self.phase or 'start'}): {why}")
+                    try:
+                        self.env.client.report_fault(self.generation, step, self.phase or "forward_backward", exc,
+                                                     kind=fault_kind_of(exc))
+                    except Exception:  # noqa: BLE001 -- heartbeats/peers' reports still reach the coordinator
+                        pass
             # outside the handler: the error's traceback (whose frames hold the groups) is gone
             self.release_groups()
             if quiesce is None:
@@ -431,6 +484,7 @@ class Member:
 
     def finish(self) -> None:
         """Normal end: close the protector (collective over the members)."""
+        self.watchdog.close()
         if self.protector is not None:
             self.protector.close()
             self.protector = None
@@ -446,7 +500,12 @@ class Member:
         shards: dict[str, list[int]] = {}
         replicas: dict[str, list[int]] = {}
         if prot is not None:
-            prot.close(abandon=True)
+            prot.close(abandon=True)  # MPI requests still posted are cancelled or freed (runtime/mpi_faults.py)
+            ab = getattr(getattr(prot, "h2h", None), "abandon_report", None)
+            if ab is not None and (ab.cancelled or ab.freed or ab.kept or ab.errors):
+                self.env.log(f"[phoenix] rank {self.logical}: abandoned MPI requests of generation "
+                             f"{self.generation}: {ab.cancelled} cancelled, {ab.freed} freed, {ab.kept} "
+                             f"collectives kept, {ab.completed} completed, errors {ab.errors[:2]}")
             # both ping-pong buffers count: a copy one step behind the others is still recoverable
             local, held = prot.copy_steps()
             if local:

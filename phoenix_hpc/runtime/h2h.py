@@ -176,6 +176,7 @@ class H2HEngine:
         self._barrier: list | None = None  # [request, done]
         self._thread: threading.Thread | None = None
         self._started = False
+        self.abandon_report = None  # mpi_faults.AbandonReport after stop(abandon=True)
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def start(self, threaded: bool) -> None:
@@ -207,7 +208,9 @@ class H2HEngine:
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
-        if not abandon:
+        if abandon and (self._thread is None or not self._thread.is_alive()):
+            self.abandon_report = self._abandon_posted()
+        else:
             for inc in self._incoming:
                 for r in [inc.announce_req] + inc.reqs:
                     if r is not None and r != self._MPI.REQUEST_NULL:
@@ -216,6 +219,26 @@ class H2HEngine:
                             r.Wait()
                         except self._MPI.Exception:
                             pass
+
+    def _abandon_posted(self):
+        """Cancel or free every request still posted (the generation is abandoned, a peer may be dead;
+        :func:`phoenix_hpc.runtime.mpi_faults.abandon_requests`). Called after the engine thread ended."""
+        from phoenix_hpc.runtime.mpi_faults import abandon_requests
+
+        p2p = []
+        for inc in self._incoming:
+            p2p.append((inc.announce_req, inc.announce))
+            p2p += [(r, inc.chunks) for r in inc.reqs]
+        for out in self._outgoing:
+            p2p += [(r, out.view) for r in out.reqs]
+            p2p.append((out.ack_req, out.ack))
+        p2p += list(self._acks_out)
+        colls = [(req, (send, recv)) for _, req, send, recv in self._fences]
+        if self._barrier is not None and not self._barrier[1]:
+            colls.append((self._barrier[0], None))
+        rep = abandon_requests(p2p, colls, MPI=self._MPI)
+        self._incoming, self._outgoing, self._acks_out, self._fences = [], [], [], []
+        return rep
 
     def _busy(self) -> bool:
         with self._cv:

@@ -61,6 +61,7 @@ from phoenix_hpc.runtime.buffers import (
     read_mem_available,
 )
 from phoenix_hpc.runtime.d2h import D2H
+from phoenix_hpc.runtime.mpi_faults import errors_return
 from phoenix_hpc.runtime.h2h import ACK_BAD_CHECKSUM, ACK_OK, H2HEngine, HeldSpec, chunk_ranges, make_tag_plan
 from phoenix_hpc.runtime.snapshot import OPT, PARAM, SnapshotLayout, Unpacked, plan_layout, seal, unpack, verify
 from phoenix_hpc.topology import Placement
@@ -241,7 +242,7 @@ class Protector:
             device = (opt or params)[0][1].device if (opt or params) else torch.device("cpu")
         pin = torch.device(device).type == "cuda"
 
-        pcomm = comm.Dup()
+        pcomm = errors_return(comm.Dup())  # a dead peer's errors are returned, never fatal
         try:
             sizes = pcomm.allgather(layout.replica_bytes)  # by comm rank
             held_sizes = tuple((r.shard_id, sizes[c_of(r.owner_rank)]) for r in held_pl)

@@ -15,14 +15,13 @@ Usage: python mpi_survivors.py VICTIM_RANK ROUNDS SHARED_DIR
 """
 
 import os
-import signal
 import sys
-import time
 
 import mpi4py
 
 mpi4py.rc.finalize = False  # MPI_Finalize would synchronise with the dead rank
 from mpi4py import MPI  # noqa: E402
+from victim import die, wait_gone  # noqa: E402  (this folder)
 
 
 def main() -> None:
@@ -34,22 +33,9 @@ def main() -> None:
         print(f"BAD world_rank={rank} world_sum={total}", flush=True)
         os._exit(3)
     print(f"STARTED world_rank={rank} size={size} node={os.environ.get('SLURMD_NODENAME')}", flush=True)
-    pid_file = os.path.join(shared, "victim.pid")
     if rank == victim:
-        tmp = pid_file + ".tmp"
-        with open(tmp, "w") as out:
-            out.write(str(os.getpid()))
-        os.replace(tmp, pid_file)
-        os.kill(os.getpid(), signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while not os.path.exists(pid_file) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    victim_pid = int(open(pid_file).read())
-    while os.path.exists(f"/proc/{victim_pid}") and time.monotonic() < deadline:
-        with open(f"/proc/{victim_pid}/stat") as stat:
-            if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-        time.sleep(0.05)
+        die(shared)
+    wait_gone(shared)
     survivors = world.Get_group().Excl([victim])
     comm = world.Create_group(survivors, tag=7)
     me, n = comm.Get_rank(), comm.Get_size()

@@ -1,0 +1,53 @@
+"""MPI when a peer dies, on the real local Slurm cluster (``srun --mpi=pmix``, Open MPI 4.1): the runtime's
+communicators return errors instead of aborting the job, the requests a survivor had posted to the dead
+peer are cancelled or freed, and the survivors go on in a new generation (docs/design.md section 12)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+ASSETS = Path(__file__).parent / "assets"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
+
+
+@pytest.mark.parametrize("btl", ["default", "self,tcp"])
+def test_survivors_of_a_killed_peer_abandon_its_requests_and_continue(slurm_cluster, slurm_env, tmp_path, btl):
+    """``default``: the transports Open MPI picks (on the local cluster TCP as well: PMIx reports every slurmd
+    as a node of its own); ``self,tcp``: TCP pinned, as between real nodes without a high-speed fabric. A
+    survivor that had no connection to the victim yet tries to open one for its send and fails (Open MPI
+    prints "failed to TCP connect to a peer MPI process"): the transport noticed the death, and the job goes
+    on."""
+    victim = 2
+    env = dict(slurm_env)
+    if btl != "default":
+        env["OMPI_MCA_btl"] = btl
+    proc = subprocess.run(
+        ["srun", "-N", "4", "--ntasks-per-node=1", "--mpi=pmix", "--no-kill", "--kill-on-bad-exit=0",
+         "-t", "00:03:00", str(PYTHON), str(ASSETS / "mpi_dead_peer.py"), str(victim), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    print(out)
+    assert len(re.findall(r"STARTED world_rank=\d size=4", proc.stdout)) == 4, out
+    survivors = {r["world_rank"]: r for r in
+                 (json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("SURVIVOR "))}
+    assert sorted(survivors) == [0, 1, 3], out  # the job was not aborted: every survivor finished
+    expected_sum = sum(w + 4 for w in (0, 1, 3))
+    for w, r in survivors.items():
+        assert r["world_returns_errors"] and r["gen0_returns_errors"] and r["gen1_returns_errors"], r
+        assert r["posted"] == 2
+        a = r["abandon"]
+        # every request of the abandoned generation ended: completed (in error or not), cancelled, or freed
+        assert a["completed"] + a["cancelled"] + a["freed"] == 3 and a["kept"] == 0, r
+        assert r["gen1_size"] == 3 and r["gen1_sum"] == expected_sum, r
+        assert r["ring_left"] == {0: 3, 1: 0, 3: 1}[w], r
+    assert "task 2: Killed" in proc.stderr, proc.stderr
+    if btl == "self,tcp":
+        assert "failed to TCP connect to a peer MPI process" in proc.stderr, proc.stderr
