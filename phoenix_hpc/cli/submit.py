@@ -8,7 +8,12 @@ sbatch refused the job) with a message naming the field.
 Files written into the run directory (mode 0700; each file written to a temporary name and renamed, and
 removed again if sbatch refuses the job): ``job.sbatch`` (the script), ``config.yaml`` (the resolved config,
 loadable with :func:`phoenix_hpc.config.load_job_config`) and, once submitted, ``job.json``
-(``{"job_id", "site", "submitted_at", "failure_domain_levels"}``).
+(``{"job_id", "site", "submitted_at", "failure_domain_levels", "jobs": [{"job_id", "submitted_at",
+"resume_step"}, ...]}``: the run's jobs, oldest first).
+
+``--resume RUN_DIR`` continues a stopped run in a new Slurm job from its newest complete checkpoint: same
+run directory, its ``config.yaml`` (or CONFIG, which must keep the grid), same site unless ``--site`` says
+otherwise (:mod:`phoenix_hpc.cli.resume` lists what is refused).
 """
 
 from __future__ import annotations
@@ -136,8 +141,11 @@ def _node_warning(client, job: ResolvedJob) -> str | None:
 
 
 @click.command("submit")
-@click.option("--site", required=True, metavar="NAME|PATH", help="site profile: a name in sites/ or a YAML file")
-@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--site", default=None, metavar="NAME|PATH",
+              help="site profile: a name in sites/ or a YAML file (with --resume: default the run's site)")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
+@click.option("--resume", "resume", type=click.Path(file_okay=False, path_type=Path), default=None,
+              metavar="RUN_DIR", help="continue this stopped run from its newest complete checkpoint, in a new job")
 @click.option("--dry-run", is_flag=True, help="print the script; submit nothing and write nothing (except --output)")
 @click.option("--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="also write the script to this file")
@@ -149,11 +157,25 @@ def _node_warning(client, job: ResolvedJob) -> str | None:
 @click.option("--steps", type=int, default=None,
               help="train this many steps instead of the config's training.steps (e.g. a longer job to follow)")
 @click.option("--json", "as_json", is_flag=True, help="print a JSON object instead of text")
-def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, steps, as_json):
+def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, steps, as_json, resume):
     """Validate CONFIG for a site, render its sbatch script, record the run directory and submit it."""
+    point = None
+    if resume is not None:
+        from phoenix_hpc.cli.resume import check_resume
+        from phoenix_hpc.slurm.client import SlurmClient
+
+        if run_dir is not None:
+            raise SubmitError("--run-dir: not allowed with --resume (a resumed run stays in its run directory)")
+        point = check_resume(resume, config, slurm=SlurmClient())
+        site = site or point.site
+        run_dir = point.run_dir
+    if site is None:
+        raise SubmitError("--site: missing; name a site profile (e.g. --site local)")
+    if config is None and point is None:
+        raise SubmitError("CONFIG: missing; pass a job config file, or --resume RUN_DIR")
     profile = load_profile(site)
     try:
-        cfg = load_job_config(config)
+        cfg = point.config if point is not None else load_job_config(config)
     except ConfigError as exc:
         if exc.source is None:  # the file itself (missing, not YAML): nothing more to say
             raise
@@ -167,6 +189,12 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
 
     job = resolve(cfg, profile, run_dir=str(rd), default_python=sys.executable, python=python,
                   nodelist=nodelist, exclude=exclude, extra_problems=submit_problems(cfg))
+    if point is not None:
+        from phoenix_hpc.recovery.ckpt_files import check_checkpoint
+
+        problems = check_checkpoint(point.root, point.step, (job.tp, job.pp, job.dp), verify=False)
+        if problems:
+            raise SubmitError("--resume: " + "; ".join(problems))
     script = render_sbatch(job, profile)
     warnings = list(job.warnings)
     if _names_user_code(cfg):  # the ranks import it the same way (python_path) before they train
@@ -201,8 +229,11 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
             click.echo(script, nl=False)
         return
 
+    if point is not None:
+        return _submit_resumed(point, job, profile, script, as_json)
     if (rd / CONFIG_NAME).exists():
-        raise SubmitError(f"run_dir: {str(rd)!r} already holds a job ({CONFIG_NAME}); pass another --run-dir")
+        raise SubmitError(f"run_dir: {str(rd)!r} already holds a job ({CONFIG_NAME}); continue it with "
+                          f"`phoenix submit --resume {rd}`, or pass another --run-dir")
     created: list[Path] = []
     try:
         for d in reversed([rd, *rd.parents]):
@@ -237,13 +268,51 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         raise
     submitted_at = time.time()
     write_atomic(rd / JOB_NAME, json.dumps({"job_id": job_id, "site": profile.name, "submitted_at": submitted_at,
-                                            "failure_domain_levels": list(profile.failure_domains.levels)}))
+                                            "failure_domain_levels": list(profile.failure_domains.levels),
+                                            "jobs": [{"job_id": job_id, "submitted_at": submitted_at,
+                                                      "resume_step": None}]}))
     from phoenix_hpc.status.runs import record_run
 
     record_run(rd, job_id, submitted_at=submitted_at)
     if as_json:
         click.echo(json.dumps(_summary(job, job_id, None, warnings), indent=2))
     else:
+        _print_submitted(job, job_id)
+
+
+def _submit_resumed(point, job: ResolvedJob, profile, script: str, as_json: bool) -> None:
+    """Submit the next job of a resumed run into its run directory; the old files are put back if sbatch
+    refuses it."""
+    from phoenix_hpc.slurm.client import SlurmClient
+    from phoenix_hpc.status.runs import record_run
+
+    rd = point.run_dir
+    saved = {n: (rd / n).read_text() for n in (CONFIG_NAME, SCRIPT_NAME, JOB_NAME) if (rd / n).exists()}
+    try:
+        write_atomic(rd / CONFIG_NAME, resolved_config_yaml(job))
+        write_atomic(rd / SCRIPT_NAME, script, mode=0o700)
+        job_id = SlurmClient().submit(rd / SCRIPT_NAME, extra_args=sbatch_cli_args(job))
+    except BaseException as exc:
+        for n, text in saved.items():
+            write_atomic(rd / n, text, mode=0o700 if n == SCRIPT_NAME else 0o600)
+        if isinstance(exc, OSError):
+            raise SubmitError(f"--resume: cannot write {str(rd)!r}: {exc.strerror}") from None
+        raise
+    submitted_at = time.time()
+    old = json.loads(saved.get(JOB_NAME, "{}") or "{}")
+    jobs = list(old.get("jobs") or ([{"job_id": old["job_id"], "submitted_at": old.get("submitted_at"),
+                                       "resume_step": None}] if old.get("job_id") else []))
+    jobs.append({"job_id": job_id, "submitted_at": submitted_at, "resume_step": point.step})
+    write_atomic(rd / JOB_NAME, json.dumps({**old, "job_id": job_id, "site": profile.name,
+                                            "submitted_at": submitted_at, "jobs": jobs,
+                                            "failure_domain_levels": list(profile.failure_domains.levels)}))
+    record_run(rd, job_id, submitted_at=submitted_at)
+    if as_json:
+        click.echo(json.dumps({**_summary(job, job_id, None), "resume_step": point.step,
+                               "jobs": [j["job_id"] for j in jobs]}, indent=2))
+    else:
+        click.echo(f"resuming {rd} from the checkpoint of step {point.step} (jobs so far: "
+                   f"{', '.join(j['job_id'] for j in jobs[:-1]) or 'none'})")
         _print_submitted(job, job_id)
 
 

@@ -94,6 +94,7 @@ class CoordinatorClient:
         self._stop = threading.Event()
         self.last_ok = time.monotonic()
         self.lost_reason: str | None = None
+        self.pending_signal: str | None = None  # a signal to pass on (note_signal), sent by the heartbeat thread
         self._dist = dist
 
     def _connect(self, timeout_s: float | None = None):
@@ -188,6 +189,23 @@ class CoordinatorClient:
         self.send({"type": "recovered", "world_rank": self.world_rank, "pid": self.pid,
                    "generation": generation, "report": report, "timings": timings})
 
+    def report_stopping(self, generation: int, steps: list[int]) -> None:
+        """Answer a planned end's ``stop``: the steps of this member's verified host snapshots
+        (:mod:`phoenix_hpc.control.ending`)."""
+        self.send({"type": "stopping", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
+                   "steps": [int(s) for s in steps]})
+
+    def report_shard_written(self, step: int, info: dict[str, Any]) -> None:
+        """This member's shard of the final checkpoint of ``step`` is on disk (``info``: file, sha256,
+        bytes, write_s), or could not be written (``info``: error)."""
+        self.send({"type": "shard_written", "world_rank": self.world_rank, "pid": self.pid, "step": int(step),
+                   **info})
+
+    def note_signal(self, signame: str) -> None:
+        """Called from a signal handler: the heartbeat thread passes ``signame`` on to the coordinator
+        (``signal``), which ends the job as planned. Only sets a field (signal-safe)."""
+        self.pending_signal = signame
+
     def report_done(self, generation: int, step: int, state_hash: str) -> None:
         self.send({"type": "done", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
                    "step": step, "state_hash": state_hash})
@@ -262,6 +280,11 @@ class CoordinatorClient:
                     if store is None:  # short timeout: an answer later than timeout_s proves nothing
                         store = self._connect(timeout_s)
                     g, step = state()
+                    sig = self.pending_signal
+                    if sig is not None:
+                        store.queue_push(P.KEY_IN, P.encode({"type": "signal", "world_rank": self.world_rank,
+                                                             "pid": self.pid, "signal": sig}, self.secret))
+                        self.pending_signal = None
                     store.queue_push(P.KEY_IN, P.encode(
                         {"type": "heartbeat", "world_rank": self.world_rank, "pid": self.pid,
                          "generation": g, "step": step}, self.secret))

@@ -48,7 +48,12 @@ Files written by active rank ``r`` (logical rank):
 The last pipeline stage's DP rank 0 also prints one line per ``training.log_interval`` steps and a final
 summary to stdout.
 
-Exit codes: 0 done; 2 bad input or environment (a PhoenixError); 1 anything else.
+A slot under a coordinator turns SIGTERM (``scancel``, ``scancel --signal=TERM``, preemption: Slurm signals
+the step's tasks) into a ``signal`` report: the coordinator then ends the job as planned, the members
+writing the final checkpoint from their host snapshots (:mod:`phoenix_hpc.control.ending`).
+
+Exit codes: 0 done; 2 bad input or environment (a PhoenixError); 3 the coordinator stopped the job before
+its end (time limit, SIGTERM, a stop request: one line says why and names the checkpoint); 1 anything else.
 """
 
 from __future__ import annotations
@@ -56,12 +61,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import traceback
 from pathlib import Path
 
 from phoenix_hpc.errors import EngineError, PhoenixError
+
+EXIT_STOPPED = 3  # the job was stopped before its end (the coordinator's verdict of the same name)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -372,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error [world rank {comm.Get_rank()}]: {exc}", file=sys.stderr, flush=True)
             return exc.exit_code
         store = att.store
+        # Slurm delivers scancel's/preemption's SIGTERM to the step's tasks: pass it on to the coordinator,
+        # which ends the job as planned (final checkpoint), instead of dying in the middle of a step
+        signal.signal(signal.SIGTERM, lambda *_: att.client.note_signal("TERM"))
         if _resilient(cfg):
             if comm.Get_rank() == 0 and tuple(levels) != tuple(cfg.resilience.placement_levels):
                 print(f"[phoenix] failure-domain levels {sorted(set(cfg.resilience.placement_levels) - set(levels))} "
@@ -407,8 +418,12 @@ def main(argv: list[str] | None = None) -> int:
     except PhoenixError as exc:
         from phoenix_hpc.recovery.execute import StopRequested
 
-        print(f"error [world rank {slot.world_rank}]: {exc}", file=sys.stderr, flush=True)
-        code = 1 if isinstance(exc, StopRequested) else exc.exit_code
+        if isinstance(exc, StopRequested) and exc.job_state == "stopped":  # a planned end: one line, code 3
+            print(f"[phoenix] world rank {slot.world_rank}: {exc}", file=sys.stderr, flush=True)
+            code = EXIT_STOPPED
+        else:
+            print(f"error [world rank {slot.world_rank}]: {exc}", file=sys.stderr, flush=True)
+            code = 1 if isinstance(exc, StopRequested) else exc.exit_code
         if att and not isinstance(exc, StopRequested):
             att.client.report_fault(att.progress.generation or 0, att.progress.step, "step", exc)
     except Exception as exc:

@@ -6,7 +6,8 @@ older or newer coordinator still gives a status):
 ================== ====================================================================================
 event              used for
 ================== ====================================================================================
-coordinator_started start time, grid
+coordinator_started start time, grid; a resumed run has one per job, and only the newest job's records
+                   are read (:func:`current_job_records`)
 registered         slots: world rank, pid, node, role, logical rank (generation 0)
 job_running        rank map and standby slots at generation 0; job RUNNING
 heartbeat_summary  generation, job state, active/standby/dead world ranks; ``max_step`` feeds the live step
@@ -451,6 +452,14 @@ def _planned_placement(grid: tuple[int, int, int], k: int, levels: list[str], no
     return out, notes + list(pl.warnings)
 
 
+def current_job_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records of the run's newest job: from its last ``coordinator_started`` on (a resumed run's
+    journal holds one such record per job, ``phoenix submit --resume``). Pure."""
+    records = list(records)
+    starts = [i for i, r in enumerate(records) if r.get("event") == "coordinator_started"]
+    return records[starts[-1]:] if starts else records
+
+
 def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None, now: float,
                   run: RunFiles | None = None) -> Status:
     """The job's :class:`Status` from its journal ``records`` (in file order), Slurm's view and the run files.
@@ -464,7 +473,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     run = run or RunFiles(run_dir="")
     cfg = run.config or {}
     st = _State()
-    records = list(records)
+    records = current_job_records(records)
     st.heartbeat_progress = not any(r.get("event") == "progress" for r in records)
     fired = [{**f, "event": "inject_fired"} for f in run.fired]
     merged = sorted(list(records) + fired, key=lambda r: float(r["ts"])) if fired else records
