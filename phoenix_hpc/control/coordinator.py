@@ -67,6 +67,7 @@ from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.journal import Journal, ensure_private_dir, write_private_file
 from phoenix_hpc.control.liveness import LivenessServer
 from phoenix_hpc.control.operator import REPLY_PREFIX as OPERATOR_REPLY_PREFIX, OperatorServer
+from phoenix_hpc.control.ending import resume_hint
 from phoenix_hpc.control.planned_end import PlannedEndMixin
 from phoenix_hpc.control.states import (
     LIVE_SLOT_STATES,
@@ -701,9 +702,11 @@ class Coordinator(PlannedEndMixin):
         self.journal.append("decision", action=decision.action.value, reason=decision.reason,
                             faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes)} for f in faults])
         if decision.action is Action.CLEAN_STOP:
-            self._end(JobState.FAILED, "clean_stop", reason=decision.reason,
-                      checkpoint_step=self.checkpoint_step,
-                      message="stopped without training on; restart from the persistent checkpoint")
+            ck = self._newest_checkpoint()
+            self._end(JobState.FAILED, "clean_stop", reason=decision.reason, checkpoint_step=ck,
+                      message="stopped without training on; " + (
+                          f"to continue from the persistent checkpoint of step {ck}: {resume_hint(str(self.run_dir))}"
+                          if ck is not None else "no persistent checkpoint yet: submit the config again"))
             return
         t_fault = min([self._t_fault_hint if self._t_fault_hint is not None else now] + [p.t for p in pend])
         self._t_fault_hint = None
@@ -907,9 +910,8 @@ class Coordinator(PlannedEndMixin):
         self.job.to(JobState.FALLBACK, exc.reason)
         if ck is not None:
             msg = (f"recovery from memory impossible: {exc.reason}. The job stops. Newest persistent checkpoint: step {ck} under {self.t.checkpoint_path} "
-                   f"({lost} step(s) since then are lost). To resume from it, resubmit the job with "
-                   f"resilience.checkpoint.path: {self.t.checkpoint_path} (phoenix submit CONFIG): "
-                   f"training restarts at step {ck}")
+                   f"({lost} step(s) since then are lost). To continue from it: {resume_hint(str(self.run_dir))} "
+                   f"(training restarts at step {ck})")
         else:
             msg = (f"recovery from memory impossible: {exc.reason}. The job stops. No persistent checkpoint was written yet "
                    "(resilience.checkpoint.interval_steps): resubmitting starts the training over")
