@@ -41,10 +41,28 @@ CONFIG_NAME = "config.yaml"
 JOB_NAME = "job.json"
 
 
-def default_run_dir(name: str, cwd: Path, now_s: float) -> Path:
-    """``CWD/runs/<name>-<YYYYmmdd-HHMMSS>`` (the name reduced to a safe file name)."""
+def default_run_dir(name: str, cwd: Path, now_s: float, run_root: str | None = None,
+                    environ: dict[str, str] | None = None) -> Path:
+    """``RUN_ROOT/<name>-<YYYYmmdd-HHMMSS>`` (the name reduced to a safe file name). ``run_root``: the site
+    profile's ``scheduler.run_root`` with ``$VARS`` expanded from ``environ`` (a site's scratch file
+    system: a checkpoint of a 7B model is about 100 GB); none: ``CWD/runs``.
+
+    Raises:
+        SubmitError: ``run_root`` names a variable that is not set.
+    """
+    import re
+
+    env = os.environ if environ is None else environ
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:64] or "job"
-    return cwd / "runs" / f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now_s))}"
+    leaf = f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now_s))}"
+    if not run_root:
+        return cwd / "runs" / leaf
+    missing = [m[0] or m[1] for m in re.findall(r"\$\{(\w+)\}|\$(\w+)", run_root) if not env.get(m[0] or m[1])]
+    if missing:
+        raise SubmitError(f"scheduler.run_root {run_root!r} of the site profile: ${missing[0]} is not set here; "
+                          "pass --run-dir, or set run_dir in the config")
+    root = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env[m.group(1) or m.group(2)], run_root)
+    return cwd / root / leaf
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
@@ -183,7 +201,15 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
     if steps is not None:
         cfg = with_steps(cfg, steps)
     cwd = Path.cwd()
-    rd = run_dir or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.name, cwd, time.time()))
+    rd = run_dir or (Path(cfg.run_dir) if cfg.run_dir else None)
+    if rd is None:
+        try:
+            rd = default_run_dir(cfg.name, cwd, time.time(), profile.scheduler.run_root)
+        except SubmitError as exc:
+            if not dry_run:
+                raise
+            rd = default_run_dir(cfg.name, cwd, time.time())
+            click.echo(f"warning: {exc}; the script below uses {rd.parent} instead", err=True)
     rd = Path(os.path.abspath(cwd / rd))
     from phoenix_hpc.engines.megatron_spec import submit_problems
 

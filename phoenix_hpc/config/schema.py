@@ -249,6 +249,8 @@ class CheckpointConfig(BaseModel):
     model_config = _STRICT
     interval_steps: int = Field(100, ge=1, description="write a persistent checkpoint every K steps")
     path: str | None = Field(None, description="checkpoint folder; default RUN_DIR/checkpoints")
+    keep: int = Field(2, ge=1, description="complete checkpoints kept; older complete ones are deleted when a new "
+                                          "one is complete (never the newest complete one)")
 
 
 class ResilienceConfig(BaseModel):

@@ -99,6 +99,7 @@ class Timing:
     linger_s: float = 5.0
     final_checkpoint: bool = False  # a planned end writes a checkpoint from host memory (mode: phoenix)
     final_write_timeout_s: float = 120.0  # the members' write of that checkpoint
+    checkpoint_keep: int = 2  # complete checkpoints kept (resilience.checkpoint.keep)
 
 
 @dataclass
@@ -958,7 +959,7 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
     ck = str(checkpoint_root(cfg, run_dir))
     t = Timing(r.heartbeat_interval_s, r.heartbeat_timeout_s, r.collective_timeout_s, ck,
                linger_s=max(2.0, 2 * r.heartbeat_interval_s),
-               final_checkpoint=bool(r.enabled and r.mode == "phoenix"))
+               final_checkpoint=bool(r.enabled and r.mode == "phoenix"), checkpoint_keep=r.checkpoint.keep)
     par = cfg.parallelism
     grid = (par.tp, par.pp, par.dp) if par.dp else None
     return t, grid

@@ -80,6 +80,11 @@ class PlannedEndMixin:
         path = mark_complete(self.t.checkpoint_path, end.step, "snapshot", grid=list(self.grid), files=files,
                              generation=self.generation, write_s=round(write_s, 3))
         self.checkpoint_step = end.step
+        from phoenix_hpc.recovery.ckpt_files import prune
+
+        pruned = prune(self.t.checkpoint_path, self.t.checkpoint_keep)
+        if pruned:
+            self.journal.append("checkpoints_pruned", steps=pruned, keep=self.t.checkpoint_keep)
         self.journal.append("checkpoint", step=end.step, path=str(path), source="final", write_s=round(write_s, 3),
                             total_s=round(now - end.t_start, 3), bytes=sum(f["bytes"] for f in files.values()))
         self._end_stopped(end.step, f"final checkpoint of step {end.step} written")

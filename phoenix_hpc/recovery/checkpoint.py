@@ -44,6 +44,7 @@ from phoenix_hpc.recovery.ckpt_files import (  # noqa: F401 -- the layout, re-ex
     complete_steps,
     latest_step,
     mark_complete,
+    prune,
     read_marker,
     shard_file,
     step_dir,
@@ -81,8 +82,10 @@ def _envelope_key(engine: Engine) -> str:
     return f"envelope/pp{c.pp}/tp{c.tp}/dp{c.dp}"
 
 
-def save_checkpoint(engine: Engine, root: str | os.PathLike, process_group) -> Path:
-    """Write S(engine.step) of every rank of ``process_group`` (collective: all ranks must call it).
+def save_checkpoint(engine: Engine, root: str | os.PathLike, process_group, keep: int | None = None) -> Path:
+    """Write S(engine.step) of every rank of ``process_group`` (collective: all ranks must call it). With
+    ``keep``, group rank 0 then deletes the complete checkpoints older than the newest ``keep``
+    (:func:`phoenix_hpc.recovery.ckpt_files.prune`).
 
     Returns the checkpoint folder. Raises whatever DCP raises on I/O errors (the caller reports a fault).
     """
@@ -99,6 +102,8 @@ def save_checkpoint(engine: Engine, root: str | os.PathLike, process_group) -> P
     dist.barrier(group=process_group)
     if dist.get_rank(process_group) == 0:
         mark_complete(root, step, "dcp")
+        if keep is not None:
+            prune(root, keep)
     dist.barrier(group=process_group)
     return path
 

@@ -102,3 +102,28 @@ def check_checkpoint(root: str | os.PathLike, step: int, grid: tuple[int, int, i
         elif verify and file_sha256(p) != info["sha256"]:
             problems.append(f"checkpoint of step {step}: {p} fails its SHA-256 check")
     return problems
+
+
+def prune_plan(steps: list[int], keep: int) -> list[int]:
+    """Which of the complete checkpoint ``steps`` to delete so that the newest ``keep`` (at least one) stay.
+    Pure; never names the newest step."""
+    kept = sorted(steps)[-max(1, int(keep)):]
+    return [s for s in sorted(steps) if s not in kept]
+
+
+def prune(root: str | os.PathLike, keep: int) -> list[int]:
+    """Delete the complete checkpoints under ``root`` older than the newest ``keep``; incomplete ones (a
+    save in progress) are left alone. Its ``complete.json`` goes first, so a folder half deleted is never
+    taken for a complete checkpoint. Returns the steps deleted."""
+    import shutil
+
+    gone = []
+    for s in prune_plan(complete_steps(root), keep):
+        d = step_dir(root, s)
+        try:
+            (d / COMPLETE).unlink()
+        except OSError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        gone.append(s)
+    return gone

@@ -116,3 +116,30 @@ def test_a_snapshot_shard_round_trips_and_a_corrupt_one_is_refused(tmp_path):
     p.write_bytes(bytes(raw))
     with pytest.raises(RecoveryError, match="SHA-256"):
         load_checkpoint(_Engine(coord), tmp_path, None)
+
+
+def test_pruning_keeps_the_newest_complete_checkpoints_and_never_the_newest(tmp_path):
+    from phoenix_hpc.recovery.ckpt_files import prune, prune_plan
+
+    assert prune_plan([10, 20, 30], 2) == [10]
+    assert prune_plan([10, 20, 30], 0) == [10, 20]  # at least the newest stays
+    assert prune_plan([30], 1) == [] and prune_plan([], 3) == []
+    for s in (10, 20, 30):
+        step_dir(tmp_path, s).mkdir()
+        mark_complete(tmp_path, s, "snapshot", files={})
+    step_dir(tmp_path, 5).mkdir()  # incomplete (a save in progress): left alone
+    assert prune(tmp_path, 1) == [10, 20]
+    assert complete_steps(tmp_path) == [30] and step_dir(tmp_path, 5).is_dir() and not step_dir(tmp_path, 10).exists()
+
+
+def test_run_dirs_default_to_the_sites_run_root(tmp_path):
+    import pytest
+
+    from phoenix_hpc.cli.submit import default_run_dir
+    from phoenix_hpc.errors import SubmitError
+
+    assert default_run_dir("a b", tmp_path, 0.0).parent == tmp_path / "runs"
+    got = default_run_dir("gpt", tmp_path, 0.0, "$SCRATCH/phoenix/runs", {"SCRATCH": "/scratch/u"})
+    assert got.parent == tmp_path / "/scratch/u/phoenix/runs" and got.name.startswith("gpt-")
+    with pytest.raises(SubmitError, match=r"scheduler.run_root '\$SCRATCH/phoenix/runs' .*\$SCRATCH is not set"):
+        default_run_dir("gpt", tmp_path, 0.0, "$SCRATCH/phoenix/runs", {})
