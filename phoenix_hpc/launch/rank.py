@@ -36,7 +36,8 @@ Files written by active rank ``r`` (logical rank):
 
 * ``RUN_DIR/ranks/rank{r}.steps.jsonl`` -- one JSON object per step: ``step, loss (null except on the
   last pipeline stage), step_time_ms, tokens_per_s, exposed_wait_ms, lr, grad_norm``;
-* ``RUN_DIR/ranks/rank{r}.json`` (at the end, written atomically) -- summary: ``status`` (done | failed),
+* ``RUN_DIR/ranks/rank{r}.json`` (at the end, written atomically) -- summary: ``status`` (done | stopped |
+  failed),
   ``rank, world_rank, coord, grid, generation, joined`` (a standby slot that took this rank),
   ``recoveries`` (under protection: per recovery the generation, recoverable step, live step, dirty,
   rolled back, timings and their detail in seconds), ``engine, host, node_id, start_step, steps, first_loss,
@@ -284,6 +285,8 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
         return summary
     except BaseException as exc:
         summary["error"] = f"{type(exc).__name__}: {exc}"
+        if getattr(exc, "job_state", None) == "stopped":  # a planned end (StopRequested), not a failure
+            summary["status"] = "stopped"
         raise
     finally:
         if member is not None:
