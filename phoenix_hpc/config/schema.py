@@ -271,6 +271,10 @@ class ResilienceConfig(BaseModel):
     heartbeat_interval_s: float = Field(1.0, gt=0, description="seconds between heartbeats")
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="seconds without a heartbeat before a slot is dead")
     collective_timeout_s: float = Field(30.0, gt=0, description="timeout of every process-group collective, seconds")
+    coordinator_timeout_s: float = Field(
+        60.0, gt=0, description="seconds a slot goes without proof that the coordinator lives (its beat counter "
+                                "advancing, read by the slot's heartbeat thread) before it stops with exit code 75; "
+                                "must exceed heartbeat_timeout_s (a busy coordinator answers late, it is not gone)")
     chunk_bytes: int = Field(4 << 20, gt=0, description="H2H message chunk size in bytes")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="persistent checkpoints")
 
@@ -284,6 +288,9 @@ class ResilienceConfig(BaseModel):
                 "need heartbeat_interval_s < heartbeat_timeout_s < collective_timeout_s, "
                 f"got {a} < {b} < {c}"
             )
+        if not self.coordinator_timeout_s > b:
+            raise ValueError(f"need coordinator_timeout_s > heartbeat_timeout_s, got {self.coordinator_timeout_s} "
+                             f"and {b}")
         if "node" not in self.placement_levels:
             raise ValueError(
                 f"resilience.placement_levels ({self.placement_levels}) must contain 'node' "

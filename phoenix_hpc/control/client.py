@@ -8,7 +8,8 @@ are dropped.
 
 Coordinator watchdog (docs/design.md section 7: ranks must not keep a dead job's allocation busy): the
 heartbeat thread reads the coordinator's beat counter every ``heartbeat_interval_s``; a separate watchdog
-thread calls ``on_lost(reason)`` when the counter has not advanced for more than ``heartbeat_timeout_s``
+thread calls ``on_lost(reason)`` when the counter has not advanced for more than ``coordinator_timeout_s``
+(much longer than ``heartbeat_timeout_s``: a coordinator that answers late under load is not gone)
 (coordinator dead, hung, or unreachable: :func:`phoenix_hpc.control.detect.coordinator_lost`). The default
 ``on_lost`` prints the reason and ends the process with exit code :data:`EXIT_COORDINATOR_LOST`
 (``os._exit``: the main thread may be blocked in a collective that will never finish).
@@ -266,9 +267,12 @@ class CoordinatorClient:
     # --- heartbeat + watchdog ----------------------------------------------------------------------
     def start_heartbeat(self, interval_s: float, timeout_s: float,
                         state: Callable[[], tuple[int | None, int | None]],
-                        on_lost: Callable[[str], None] = _default_on_lost) -> None:
-        """Start the heartbeat thread (sends ``state() -> (generation, step)`` every ``interval_s``) and the
-        coordinator watchdog (``on_lost(reason)`` once the coordinator's beat stalls > ``timeout_s``)."""
+                        on_lost: Callable[[str], None] = _default_on_lost, lost_after_s: float | None = None) -> None:
+        """Start the heartbeat thread (sends ``state() -> (generation, step)`` every ``interval_s``; a store
+        operation slower than ``timeout_s`` counts as no answer) and the coordinator watchdog
+        (``on_lost(reason)`` once the coordinator's beat has not advanced for ``lost_after_s``, default
+        ``timeout_s``: ``resilience.coordinator_timeout_s`` under the rank entry point)."""
+        lost_after_s = timeout_s if lost_after_s is None else lost_after_s
         self._stop.clear()
         self.last_ok = time.monotonic()
 
@@ -297,8 +301,8 @@ class CoordinatorClient:
                 self._stop.wait(interval_s)
 
         def watch() -> None:
-            while not self._stop.wait(min(interval_s, timeout_s / 4)):
-                lost, reason = coordinator_lost(time.monotonic(), self.last_ok, timeout_s)
+            while not self._stop.wait(min(interval_s, lost_after_s / 4)):
+                lost, reason = coordinator_lost(time.monotonic(), self.last_ok, lost_after_s)
                 if lost:
                     self.lost_reason = reason
                     on_lost(reason)

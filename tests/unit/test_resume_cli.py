@@ -75,3 +75,9 @@ def test_resume_refuses_run_dir_and_a_missing_site_or_config(tmp_path):
     assert_bad(invoke("--resume", rd, "--run-dir", tmp_path / "x"), "--run-dir: not allowed with --resume")
     assert_bad(invoke(), "--site: missing")
     assert_bad(invoke("--site", "local"), "CONFIG: missing")
+
+
+def test_a_coordinator_timeout_not_above_the_heartbeat_timeout_is_refused(tmp_path):
+    cfg = write_cfg(tmp_path, data={"path": str(fake_dataset(tmp_path))},
+                    resilience={"heartbeat_timeout_s": 4.0, "coordinator_timeout_s": 4.0})
+    assert_bad(invoke("--site", "local", cfg, "--dry-run"), "coordinator_timeout_s > heartbeat_timeout_s", "4.0")
