@@ -178,6 +178,7 @@ def _node_warning(client, job: ResolvedJob) -> str | None:
 def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, steps, as_json, resume):
     """Validate CONFIG for a site, render its sbatch script, record the run directory and submit it."""
     point = None
+    run_root_warning = None  # --dry-run where the site's run_root names a variable not set here
     if resume is not None:
         from phoenix_hpc.cli.resume import check_resume
         from phoenix_hpc.slurm.client import SlurmClient
@@ -209,7 +210,7 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
             if not dry_run:
                 raise
             rd = default_run_dir(cfg.name, cwd, time.time())
-            click.echo(f"warning: {exc}; the script below uses {rd.parent} instead", err=True)
+            run_root_warning = f"{exc}; the script below uses {rd.parent} instead"
     rd = Path(os.path.abspath(cwd / rd))
     from phoenix_hpc.engines.megatron_spec import submit_problems
 
@@ -222,7 +223,7 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         if problems:
             raise SubmitError("--resume: " + "; ".join(problems))
     script = render_sbatch(job, profile)
-    warnings = list(job.warnings)
+    warnings = list(job.warnings) + ([run_root_warning] if run_root_warning else [])
     if _names_user_code(cfg):  # the ranks import it the same way (python_path) before they train
         from phoenix_hpc.engines.factory import check_user_code
 
