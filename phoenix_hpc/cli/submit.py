@@ -8,7 +8,12 @@ sbatch refused the job) with a message naming the field.
 Files written into the run directory (mode 0700; each file written to a temporary name and renamed, and
 removed again if sbatch refuses the job): ``job.sbatch`` (the script), ``config.yaml`` (the resolved config,
 loadable with :func:`phoenix_hpc.config.load_job_config`) and, once submitted, ``job.json``
-(``{"job_id", "site", "submitted_at", "failure_domain_levels"}``).
+(``{"job_id", "site", "submitted_at", "failure_domain_levels", "jobs": [{"job_id", "submitted_at",
+"resume_step"}, ...]}``: the run's jobs, oldest first).
+
+``--resume RUN_DIR`` continues a stopped run in a new Slurm job from its newest complete checkpoint: same
+run directory, its ``config.yaml`` (or CONFIG, which must keep the grid), same site unless ``--site`` says
+otherwise (:mod:`phoenix_hpc.cli.resume` lists what is refused).
 """
 
 from __future__ import annotations
@@ -36,10 +41,28 @@ CONFIG_NAME = "config.yaml"
 JOB_NAME = "job.json"
 
 
-def default_run_dir(name: str, cwd: Path, now_s: float) -> Path:
-    """``CWD/runs/<name>-<YYYYmmdd-HHMMSS>`` (the name reduced to a safe file name)."""
+def default_run_dir(name: str, cwd: Path, now_s: float, run_root: str | None = None,
+                    environ: dict[str, str] | None = None) -> Path:
+    """``RUN_ROOT/<name>-<YYYYmmdd-HHMMSS>`` (the name reduced to a safe file name). ``run_root``: the site
+    profile's ``scheduler.run_root`` with ``$VARS`` expanded from ``environ`` (a site's scratch file
+    system: a checkpoint of a 7B model is about 100 GB); none: ``CWD/runs``.
+
+    Raises:
+        SubmitError: ``run_root`` names a variable that is not set.
+    """
+    import re
+
+    env = os.environ if environ is None else environ
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:64] or "job"
-    return cwd / "runs" / f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now_s))}"
+    leaf = f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now_s))}"
+    if not run_root:
+        return cwd / "runs" / leaf
+    missing = [m[0] or m[1] for m in re.findall(r"\$\{(\w+)\}|\$(\w+)", run_root) if not env.get(m[0] or m[1])]
+    if missing:
+        raise SubmitError(f"scheduler.run_root {run_root!r} of the site profile: ${missing[0]} is not set here; "
+                          "pass --run-dir, or set run_dir in the config")
+    root = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env[m.group(1) or m.group(2)], run_root)
+    return cwd / root / leaf
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
@@ -136,8 +159,11 @@ def _node_warning(client, job: ResolvedJob) -> str | None:
 
 
 @click.command("submit")
-@click.option("--site", required=True, metavar="NAME|PATH", help="site profile: a name in sites/ or a YAML file")
-@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--site", default=None, metavar="NAME|PATH",
+              help="site profile: a name in sites/ or a YAML file (with --resume: default the run's site)")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
+@click.option("--resume", "resume", type=click.Path(file_okay=False, path_type=Path), default=None,
+              metavar="RUN_DIR", help="continue this stopped run from its newest complete checkpoint, in a new job")
 @click.option("--dry-run", is_flag=True, help="print the script; submit nothing and write nothing (except --output)")
 @click.option("--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="also write the script to this file")
@@ -149,11 +175,26 @@ def _node_warning(client, job: ResolvedJob) -> str | None:
 @click.option("--steps", type=int, default=None,
               help="train this many steps instead of the config's training.steps (e.g. a longer job to follow)")
 @click.option("--json", "as_json", is_flag=True, help="print a JSON object instead of text")
-def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, steps, as_json):
+def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, steps, as_json, resume):
     """Validate CONFIG for a site, render its sbatch script, record the run directory and submit it."""
+    point = None
+    run_root_warning = None  # --dry-run where the site's run_root names a variable not set here
+    if resume is not None:
+        from phoenix_hpc.cli.resume import check_resume
+        from phoenix_hpc.slurm.client import SlurmClient
+
+        if run_dir is not None:
+            raise SubmitError("--run-dir: not allowed with --resume (a resumed run stays in its run directory)")
+        point = check_resume(resume, config, slurm=SlurmClient())
+        site = site or point.site
+        run_dir = point.run_dir
+    if site is None:
+        raise SubmitError("--site: missing; name a site profile (e.g. --site local)")
+    if config is None and point is None:
+        raise SubmitError("CONFIG: missing; pass a job config file, or --resume RUN_DIR")
     profile = load_profile(site)
     try:
-        cfg = load_job_config(config)
+        cfg = point.config if point is not None else load_job_config(config)
     except ConfigError as exc:
         if exc.source is None:  # the file itself (missing, not YAML): nothing more to say
             raise
@@ -161,14 +202,28 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
     if steps is not None:
         cfg = with_steps(cfg, steps)
     cwd = Path.cwd()
-    rd = run_dir or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.name, cwd, time.time()))
+    rd = run_dir or (Path(cfg.run_dir) if cfg.run_dir else None)
+    if rd is None:
+        try:
+            rd = default_run_dir(cfg.name, cwd, time.time(), profile.scheduler.run_root)
+        except SubmitError as exc:
+            if not dry_run:
+                raise
+            rd = default_run_dir(cfg.name, cwd, time.time())
+            run_root_warning = f"{exc}; the script below uses {rd.parent} instead"
     rd = Path(os.path.abspath(cwd / rd))
     from phoenix_hpc.engines.megatron_spec import submit_problems
 
     job = resolve(cfg, profile, run_dir=str(rd), default_python=sys.executable, python=python,
                   nodelist=nodelist, exclude=exclude, extra_problems=submit_problems(cfg))
+    if point is not None:
+        from phoenix_hpc.recovery.ckpt_files import check_checkpoint
+
+        problems = check_checkpoint(point.root, point.step, (job.tp, job.pp, job.dp), verify=False)
+        if problems:
+            raise SubmitError("--resume: " + "; ".join(problems))
     script = render_sbatch(job, profile)
-    warnings = list(job.warnings)
+    warnings = list(job.warnings) + ([run_root_warning] if run_root_warning else [])
     if _names_user_code(cfg):  # the ranks import it the same way (python_path) before they train
         from phoenix_hpc.engines.factory import check_user_code
 
@@ -201,8 +256,11 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
             click.echo(script, nl=False)
         return
 
+    if point is not None:
+        return _submit_resumed(point, job, profile, script, as_json)
     if (rd / CONFIG_NAME).exists():
-        raise SubmitError(f"run_dir: {str(rd)!r} already holds a job ({CONFIG_NAME}); pass another --run-dir")
+        raise SubmitError(f"run_dir: {str(rd)!r} already holds a job ({CONFIG_NAME}); continue it with "
+                          f"`phoenix submit --resume {rd}`, or pass another --run-dir")
     created: list[Path] = []
     try:
         for d in reversed([rd, *rd.parents]):
@@ -237,13 +295,51 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         raise
     submitted_at = time.time()
     write_atomic(rd / JOB_NAME, json.dumps({"job_id": job_id, "site": profile.name, "submitted_at": submitted_at,
-                                            "failure_domain_levels": list(profile.failure_domains.levels)}))
+                                            "failure_domain_levels": list(profile.failure_domains.levels),
+                                            "jobs": [{"job_id": job_id, "submitted_at": submitted_at,
+                                                      "resume_step": None}]}))
     from phoenix_hpc.status.runs import record_run
 
     record_run(rd, job_id, submitted_at=submitted_at)
     if as_json:
         click.echo(json.dumps(_summary(job, job_id, None, warnings), indent=2))
     else:
+        _print_submitted(job, job_id)
+
+
+def _submit_resumed(point, job: ResolvedJob, profile, script: str, as_json: bool) -> None:
+    """Submit the next job of a resumed run into its run directory; the old files are put back if sbatch
+    refuses it."""
+    from phoenix_hpc.slurm.client import SlurmClient
+    from phoenix_hpc.status.runs import record_run
+
+    rd = point.run_dir
+    saved = {n: (rd / n).read_text() for n in (CONFIG_NAME, SCRIPT_NAME, JOB_NAME) if (rd / n).exists()}
+    try:
+        write_atomic(rd / CONFIG_NAME, resolved_config_yaml(job))
+        write_atomic(rd / SCRIPT_NAME, script, mode=0o700)
+        job_id = SlurmClient().submit(rd / SCRIPT_NAME, extra_args=sbatch_cli_args(job))
+    except BaseException as exc:
+        for n, text in saved.items():
+            write_atomic(rd / n, text, mode=0o700 if n == SCRIPT_NAME else 0o600)
+        if isinstance(exc, OSError):
+            raise SubmitError(f"--resume: cannot write {str(rd)!r}: {exc.strerror}") from None
+        raise
+    submitted_at = time.time()
+    old = json.loads(saved.get(JOB_NAME, "{}") or "{}")
+    jobs = list(old.get("jobs") or ([{"job_id": old["job_id"], "submitted_at": old.get("submitted_at"),
+                                       "resume_step": None}] if old.get("job_id") else []))
+    jobs.append({"job_id": job_id, "submitted_at": submitted_at, "resume_step": point.step})
+    write_atomic(rd / JOB_NAME, json.dumps({**old, "job_id": job_id, "site": profile.name,
+                                            "submitted_at": submitted_at, "jobs": jobs,
+                                            "failure_domain_levels": list(profile.failure_domains.levels)}))
+    record_run(rd, job_id, submitted_at=submitted_at)
+    if as_json:
+        click.echo(json.dumps({**_summary(job, job_id, None), "resume_step": point.step,
+                               "jobs": [j["job_id"] for j in jobs]}, indent=2))
+    else:
+        click.echo(f"resuming {rd} from the checkpoint of step {point.step} (jobs so far: "
+                   f"{', '.join(j['job_id'] for j in jobs[:-1]) or 'none'})")
         _print_submitted(job, job_id)
 
 

@@ -252,6 +252,8 @@ class CheckpointConfig(BaseModel):
     model_config = _STRICT
     interval_steps: int = Field(100, ge=1, description="write a persistent checkpoint every K steps")
     path: str | None = Field(None, description="checkpoint folder; default RUN_DIR/checkpoints")
+    keep: int = Field(2, ge=1, description="complete checkpoints kept; older complete ones are deleted when a new "
+                                          "one is complete (never the newest complete one)")
 
 
 class ResilienceConfig(BaseModel):
@@ -272,6 +274,10 @@ class ResilienceConfig(BaseModel):
     heartbeat_interval_s: float = Field(1.0, gt=0, description="seconds between heartbeats")
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="seconds without a heartbeat before a slot is dead")
     collective_timeout_s: float = Field(30.0, gt=0, description="timeout of every process-group collective, seconds")
+    coordinator_timeout_s: float = Field(
+        60.0, gt=0, description="seconds a slot goes without proof that the coordinator lives (its beat counter "
+                                "advancing, read by the slot's heartbeat thread) before it stops with exit code 75; "
+                                "must exceed heartbeat_timeout_s (a busy coordinator answers late, it is not gone)")
     chunk_bytes: int = Field(4 << 20, gt=0, description="H2H message chunk size in bytes")
     recovery_path: Literal["auto", "rebind", "rebuild"] = Field(
         "auto",
@@ -291,6 +297,9 @@ class ResilienceConfig(BaseModel):
                 "need heartbeat_interval_s < heartbeat_timeout_s < collective_timeout_s, "
                 f"got {a} < {b} < {c}"
             )
+        if not self.coordinator_timeout_s > b:
+            raise ValueError(f"need coordinator_timeout_s > heartbeat_timeout_s, got {self.coordinator_timeout_s} "
+                             f"and {b}")
         if "node" not in self.placement_levels:
             raise ValueError(
                 f"resilience.placement_levels ({self.placement_levels}) must contain 'node' "

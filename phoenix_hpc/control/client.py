@@ -8,7 +8,8 @@ are dropped.
 
 Coordinator watchdog (docs/design.md section 7: ranks must not keep a dead job's allocation busy): the
 heartbeat thread reads the coordinator's beat counter every ``heartbeat_interval_s``; a separate watchdog
-thread calls ``on_lost(reason)`` when the counter has not advanced for more than ``heartbeat_timeout_s``
+thread calls ``on_lost(reason)`` when the counter has not advanced for more than ``coordinator_timeout_s``
+(much longer than ``heartbeat_timeout_s``: a coordinator that answers late under load is not gone)
 (coordinator dead, hung, or unreachable: :func:`phoenix_hpc.control.detect.coordinator_lost`). The default
 ``on_lost`` prints the reason and ends the process with exit code :data:`EXIT_COORDINATOR_LOST`
 (``os._exit``: the main thread may be blocked in a collective that will never finish).
@@ -94,6 +95,7 @@ class CoordinatorClient:
         self._stop = threading.Event()
         self.last_ok = time.monotonic()
         self.lost_reason: str | None = None
+        self.pending_signal: str | None = None  # a signal to pass on (note_signal), sent by the heartbeat thread
         self._dist = dist
 
     def _connect(self, timeout_s: float | None = None):
@@ -188,6 +190,23 @@ class CoordinatorClient:
         self.send({"type": "recovered", "world_rank": self.world_rank, "pid": self.pid,
                    "generation": generation, "report": report, "timings": timings})
 
+    def report_stopping(self, generation: int, steps: list[int]) -> None:
+        """Answer a planned end's ``stop``: the steps of this member's verified host snapshots
+        (:mod:`phoenix_hpc.control.ending`)."""
+        self.send({"type": "stopping", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
+                   "steps": [int(s) for s in steps]})
+
+    def report_shard_written(self, step: int, info: dict[str, Any]) -> None:
+        """This member's shard of the final checkpoint of ``step`` is on disk (``info``: file, sha256,
+        bytes, write_s), or could not be written (``info``: error)."""
+        self.send({"type": "shard_written", "world_rank": self.world_rank, "pid": self.pid, "step": int(step),
+                   **info})
+
+    def note_signal(self, signame: str) -> None:
+        """Called from a signal handler: the heartbeat thread passes ``signame`` on to the coordinator
+        (``signal``), which ends the job as planned. Only sets a field (signal-safe)."""
+        self.pending_signal = signame
+
     def report_done(self, generation: int, step: int, state_hash: str) -> None:
         self.send({"type": "done", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
                    "step": step, "state_hash": state_hash})
@@ -248,9 +267,12 @@ class CoordinatorClient:
     # --- heartbeat + watchdog ----------------------------------------------------------------------
     def start_heartbeat(self, interval_s: float, timeout_s: float,
                         state: Callable[[], tuple[int | None, int | None]],
-                        on_lost: Callable[[str], None] = _default_on_lost) -> None:
-        """Start the heartbeat thread (sends ``state() -> (generation, step)`` every ``interval_s``) and the
-        coordinator watchdog (``on_lost(reason)`` once the coordinator's beat stalls > ``timeout_s``)."""
+                        on_lost: Callable[[str], None] = _default_on_lost, lost_after_s: float | None = None) -> None:
+        """Start the heartbeat thread (sends ``state() -> (generation, step)`` every ``interval_s``; a store
+        operation slower than ``timeout_s`` counts as no answer) and the coordinator watchdog
+        (``on_lost(reason)`` once the coordinator's beat has not advanced for ``lost_after_s``, default
+        ``timeout_s``: ``resilience.coordinator_timeout_s`` under the rank entry point)."""
+        lost_after_s = timeout_s if lost_after_s is None else lost_after_s
         self._stop.clear()
         self.last_ok = time.monotonic()
 
@@ -262,6 +284,11 @@ class CoordinatorClient:
                     if store is None:  # short timeout: an answer later than timeout_s proves nothing
                         store = self._connect(timeout_s)
                     g, step = state()
+                    sig = self.pending_signal
+                    if sig is not None:
+                        store.queue_push(P.KEY_IN, P.encode({"type": "signal", "world_rank": self.world_rank,
+                                                             "pid": self.pid, "signal": sig}, self.secret))
+                        self.pending_signal = None
                     store.queue_push(P.KEY_IN, P.encode(
                         {"type": "heartbeat", "world_rank": self.world_rank, "pid": self.pid,
                          "generation": g, "step": step}, self.secret))
@@ -274,8 +301,8 @@ class CoordinatorClient:
                 self._stop.wait(interval_s)
 
         def watch() -> None:
-            while not self._stop.wait(min(interval_s, timeout_s / 4)):
-                lost, reason = coordinator_lost(time.monotonic(), self.last_ok, timeout_s)
+            while not self._stop.wait(min(interval_s, lost_after_s / 4)):
+                lost, reason = coordinator_lost(time.monotonic(), self.last_ok, lost_after_s)
                 if lost:
                     self.lost_reason = reason
                     on_lost(reason)

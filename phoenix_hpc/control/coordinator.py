@@ -39,8 +39,10 @@ checkpoint and the lost steps are trained again). Otherwise the job enters FALLB
 and how to resubmit.
 
 The job ends (``job_done`` with the final hash) when every active rank reported ``done``; or on a ``stop``
-message, SIGTERM (the batch script's stop) or SIGUSR1 (time limit). It then tells every live slot ``stop``
-and exits after their instruction queues drained (bounded by ``linger_s``).
+message, SIGTERM (to the coordinator, or to a slot, which passes it on as ``signal``) or SIGUSR1 (time
+limit): a planned end, which first writes the final checkpoint from the members' host snapshots
+(:mod:`phoenix_hpc.control.planned_end`). It then tells every live slot ``stop`` and exits after their
+instruction queues drained (bounded by ``linger_s``).
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.journal import Journal, ensure_private_dir, write_private_file
 from phoenix_hpc.control.liveness import LivenessServer
 from phoenix_hpc.control.operator import REPLY_PREFIX as OPERATOR_REPLY_PREFIX, OperatorServer
+from phoenix_hpc.control.ending import resume_hint
+from phoenix_hpc.control.planned_end import PlannedEndMixin
 from phoenix_hpc.control.states import (
     LIVE_SLOT_STATES,
     TERMINAL_JOB_STATES,
@@ -93,6 +97,9 @@ class Timing:
     progress_interval_s: float = 1.0  # at most one ``progress`` record per this many seconds
     commit_log_every: int = 10  # a ``commit`` record every this many recoverable steps, or per progress interval
     linger_s: float = 5.0
+    final_checkpoint: bool = False  # a planned end writes a checkpoint from host memory (mode: phoenix)
+    final_write_timeout_s: float = 120.0  # the members' write of that checkpoint
+    checkpoint_keep: int = 2  # complete checkpoints kept (resilience.checkpoint.keep)
 
 
 @dataclass
@@ -136,7 +143,7 @@ class _Recovery:
     target_step: int = 0
 
 
-class Coordinator:
+class Coordinator(PlannedEndMixin):
     """The control-plane state machine plus its store and journal. Single-threaded: :meth:`run` drains the
     inbox and runs periodic work (beat, detection, decisions, deadlines); handlers never block.
 
@@ -181,6 +188,8 @@ class Coordinator:
         self._last_commit_logged = -1
         self._last_commit_log_t = float("-inf")
         self._stop_reason: str | None = None
+        self._stop_signal: str | None = None  # the external signal behind the stop (USR1, TERM), if any
+        self.ending = None  # a planned end in progress (control/ending.py)
         self._end_at: float | None = None
         self._t_fault_hint: float | None = None
         self._last_summary = -1e18
@@ -211,6 +220,7 @@ class Coordinator:
         liveness_port = self.liveness.start()
         self.journal.append(
             "coordinator_started", host=self.host, port=self.port, pid=os.getpid(),
+            job_id=os.environ.get("SLURM_JOB_ID"),
             heartbeat_interval_s=self.t.heartbeat_interval_s, heartbeat_timeout_s=self.t.heartbeat_timeout_s,
             grid=list(self.grid) if self.grid else None,
         )
@@ -221,10 +231,6 @@ class Coordinator:
                    "secret_file": P.SECRET_FILE, "protocol": P.PROTOCOL_VERSION}),
         )
 
-    def request_stop(self, reason: str) -> None:
-        """Ask the loop to end the job (thread- and signal-safe: only sets a field)."""
-        self._stop_reason = reason
-
     def run(self, max_s: float | None = None) -> JobState:
         """Serve until the job ends (done, failed, stopped) and the slots' queues drained. Returns the final
         job state."""
@@ -233,7 +239,7 @@ class Coordinator:
         while True:
             now = self.clock()
             if self._stop_reason and self.job.state not in TERMINAL_JOB_STATES:
-                self._end(JobState.STOPPED, "coordinator_stopped", reason=self._stop_reason)
+                self._maybe_begin_end(now)  # planned_end.py: the final checkpoint, then the end
             busy = self._drain_inbox()
             busy = self._drain_operator() or busy
             busy = self._drain_exits() or busy
@@ -305,6 +311,9 @@ class Coordinator:
         if not exits:
             return False
         self._drain_inbox()  # what a slot sent before it exited (e.g. ``done``) counts first
+        if self.ending is not None:
+            self._exits_during_end(exits)
+            return True
         gone = []
         for w, pid in exits:
             slot = self.slots.get(w)
@@ -505,7 +514,8 @@ class Coordinator:
         kind = FaultKind(kind_s) if kind_s in FaultKind._value2member_map_ else kind_from_exception(
             str(body.get("exc_type", "")), str(body.get("message", "")))
         g = int(body.get("generation", slot.generation))
-        superseded = g < self.generation
+        # an error of an older generation's collectives, or of the collectives a planned end broke off
+        superseded = g < self.generation or self.ending is not None
         self.journal.append(
             "fault", world_rank=slot.world_rank, node=slot.node, generation=g, step=body.get("step"),
             phase=body.get("phase"), kind=kind.value, exc_type=body.get("exc_type"),
@@ -619,6 +629,8 @@ class Coordinator:
     def _tick(self, now: float) -> None:
         if self.job.state in TERMINAL_JOB_STATES:
             return
+        if self.ending is not None:  # members leave on purpose: no detection, no decisions
+            return self._advance_end(now)
         watched = {w: s.last_seen for w, s in self.slots.items() if s.state in LIVE_SLOT_STATES}
         dead, reason = detect(now, watched, self.t)
         if dead:
@@ -691,9 +703,11 @@ class Coordinator:
         self.journal.append("decision", action=decision.action.value, reason=decision.reason,
                             faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes)} for f in faults])
         if decision.action is Action.CLEAN_STOP:
-            self._end(JobState.FAILED, "clean_stop", reason=decision.reason,
-                      checkpoint_step=self.checkpoint_step,
-                      message="stopped without training on; restart from the persistent checkpoint")
+            ck = self._newest_checkpoint()
+            self._end(JobState.FAILED, "clean_stop", reason=decision.reason, checkpoint_step=ck,
+                      message="stopped without training on; " + (
+                          f"to continue from the persistent checkpoint of step {ck}: {resume_hint(str(self.run_dir))}"
+                          if ck is not None else "no persistent checkpoint yet: submit the config again"))
             return
         t_fault = min([self._t_fault_hint if self._t_fault_hint is not None else now] + [p.t for p in pend])
         self._t_fault_hint = None
@@ -897,9 +911,8 @@ class Coordinator:
         self.job.to(JobState.FALLBACK, exc.reason)
         if ck is not None:
             msg = (f"recovery from memory impossible: {exc.reason}. The job stops. Newest persistent checkpoint: step {ck} under {self.t.checkpoint_path} "
-                   f"({lost} step(s) since then are lost). To resume from it, resubmit the job with "
-                   f"resilience.checkpoint.path: {self.t.checkpoint_path} (phoenix submit CONFIG): "
-                   f"training restarts at step {ck}")
+                   f"({lost} step(s) since then are lost). To continue from it: {resume_hint(str(self.run_dir))} "
+                   f"(training restarts at step {ck})")
         else:
             msg = (f"recovery from memory impossible: {exc.reason}. The job stops. No persistent checkpoint was written yet "
                    "(resilience.checkpoint.interval_steps): resubmitting starts the training over")
@@ -945,7 +958,8 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
     r = cfg.resilience
     ck = str(checkpoint_root(cfg, run_dir))
     t = Timing(r.heartbeat_interval_s, r.heartbeat_timeout_s, r.collective_timeout_s, ck,
-               linger_s=max(2.0, 2 * r.heartbeat_interval_s))
+               linger_s=max(2.0, 2 * r.heartbeat_interval_s),
+               final_checkpoint=bool(r.enabled and r.mode == "phoenix"), checkpoint_keep=r.checkpoint.keep)
     par = cfg.parallelism
     grid = (par.tp, par.pp, par.dp) if par.dp else None
     return t, grid
@@ -972,9 +986,9 @@ def main(argv: list[str] | None = None) -> int:
         timing.summary_interval_s = args.summary_interval_s
     coord = Coordinator(run_dir, grid=grid, timing=timing, host=args.host, port=args.port)
     coord.open()
-    signal.signal(signal.SIGTERM, lambda *_: coord.request_stop("SIGTERM (batch script stop)"))
-    signal.signal(signal.SIGINT, lambda *_: coord.request_stop("SIGINT"))
-    signal.signal(signal.SIGUSR1, lambda *_: coord.request_stop("time limit (SIGUSR1)"))
+    signal.signal(signal.SIGTERM, lambda *_: coord.request_stop("SIGTERM to the batch script (scancel, preemption)", "TERM"))
+    signal.signal(signal.SIGINT, lambda *_: coord.request_stop("SIGINT", "INT"))
+    signal.signal(signal.SIGUSR1, lambda *_: coord.request_stop("time limit (SIGUSR1 before the limit)", "USR1"))
     print(f"[coordinator] serving on {coord.host}:{coord.port} pid {os.getpid()}", file=sys.stderr, flush=True)
     try:
         state = coord.run()

@@ -69,7 +69,7 @@ def save_if_due(engine: Engine, groups: ProcessGroups, step: int, cfg, run_dir: 
     if not enabled(cfg) or not is_due(step, cfg.resilience.checkpoint.interval_steps):
         return None
     t0 = time.time()
-    path = save_checkpoint(engine, checkpoint_root(cfg, run_dir), groups.world)
+    path = save_checkpoint(engine, checkpoint_root(cfg, run_dir), groups.world, keep=cfg.resilience.checkpoint.keep)
     _log(run_dir, _rank(groups), {"event": "save", "step": int(step), "t_start": t0, "t_end": time.time()})
     return path
 

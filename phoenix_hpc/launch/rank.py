@@ -36,7 +36,8 @@ Files written by active rank ``r`` (logical rank):
 
 * ``RUN_DIR/ranks/rank{r}.steps.jsonl`` -- one JSON object per step: ``step, loss (null except on the
   last pipeline stage), step_time_ms, tokens_per_s, exposed_wait_ms, lr, grad_norm``;
-* ``RUN_DIR/ranks/rank{r}.json`` (at the end, written atomically) -- summary: ``status`` (done | failed),
+* ``RUN_DIR/ranks/rank{r}.json`` (at the end, written atomically) -- summary: ``status`` (done | stopped |
+  failed),
   ``rank, world_rank, coord, grid, generation, joined`` (a standby slot that took this rank),
   ``recoveries`` (under protection: per recovery the generation, recoverable step, live step, dirty,
   rolled back, timings and their detail in seconds), ``engine, host, node_id, start_step, steps, first_loss,
@@ -48,7 +49,12 @@ Files written by active rank ``r`` (logical rank):
 The last pipeline stage's DP rank 0 also prints one line per ``training.log_interval`` steps and a final
 summary to stdout.
 
-Exit codes: 0 done; 2 bad input or environment (a PhoenixError); 1 anything else.
+A slot under a coordinator turns SIGTERM (``scancel``, ``scancel --signal=TERM``, preemption: Slurm signals
+the step's tasks) into a ``signal`` report: the coordinator then ends the job as planned, the members
+writing the final checkpoint from their host snapshots (:mod:`phoenix_hpc.control.ending`).
+
+Exit codes: 0 done; 2 bad input or environment (a PhoenixError); 3 the coordinator stopped the job before
+its end (time limit, SIGTERM, a stop request: one line says why and names the checkpoint); 1 anything else.
 """
 
 from __future__ import annotations
@@ -56,12 +62,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import traceback
 from pathlib import Path
 
 from phoenix_hpc.errors import EngineError, PhoenixError
+
+EXIT_STOPPED = 3  # the job was stopped before its end (the coordinator's verdict of the same name)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -301,6 +310,8 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
         return summary
     except BaseException as exc:
         summary["error"] = f"{type(exc).__name__}: {exc}"
+        if getattr(exc, "job_state", None) == "stopped":  # a planned end (StopRequested), not a failure
+            summary["status"] = "stopped"
         raise
     finally:
         if member is not None:
@@ -400,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error [world rank {comm.Get_rank()}]: {exc}", file=sys.stderr, flush=True)
             return exc.exit_code
         store = att.store
+        # Slurm delivers scancel's/preemption's SIGTERM to the step's tasks: pass it on to the coordinator,
+        # which ends the job as planned (final checkpoint), instead of dying in the middle of a step
+        signal.signal(signal.SIGTERM, lambda *_: att.client.note_signal("TERM"))
         if _resilient(cfg):
             if comm.Get_rank() == 0 and tuple(levels) != tuple(cfg.resilience.placement_levels):
                 print(f"[phoenix] failure-domain levels {sorted(set(cfg.resilience.placement_levels) - set(levels))} "
@@ -435,8 +449,12 @@ def main(argv: list[str] | None = None) -> int:
     except PhoenixError as exc:
         from phoenix_hpc.recovery.execute import StopRequested
 
-        print(f"error [world rank {slot.world_rank}]: {exc}", file=sys.stderr, flush=True)
-        code = 1 if isinstance(exc, StopRequested) else exc.exit_code
+        if isinstance(exc, StopRequested) and exc.job_state == "stopped":  # a planned end: one line, code 3
+            print(f"[phoenix] world rank {slot.world_rank}: {exc}", file=sys.stderr, flush=True)
+            code = EXIT_STOPPED
+        else:
+            print(f"error [world rank {slot.world_rank}]: {exc}", file=sys.stderr, flush=True)
+            code = 1 if isinstance(exc, StopRequested) else exc.exit_code
         if att and not isinstance(exc, StopRequested):
             att.client.report_fault(att.progress.generation or 0, att.progress.step, "step", exc)
     except Exception as exc:

@@ -76,7 +76,10 @@ class SchedulerProfile(BaseModel):
     request_gpus: bool = Field(True, description="ask for GPUs with --gpus-per-node (False: whole nodes only)")
     request_mem: bool = Field(False, description="whether --mem may be rendered")
     signal: str = Field("USR1", description="signal sent to the batch shell before the time limit")
-    signal_before_end_s: int = Field(120, ge=0, le=65535, description="seconds before the limit (sbatch --signal)")
+    signal_before_end_s: int = Field(120, ge=0, le=65535, description="seconds before the limit (sbatch --signal); must cover the final checkpoint write")
+    run_root: str | None = Field(None, description="where `phoenix submit` puts run directories (and so their "
+                                                   "checkpoints) by default; $VARS are expanded (e.g. "
+                                                   "$SCRATCH/phoenix/runs); none: ./runs")
     extra_sbatch: list[str] = Field(default_factory=list, description="extra sbatch options, one token each")
 
     @field_validator("account", "qos", "partition", "constraint")

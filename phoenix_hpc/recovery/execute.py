@@ -437,7 +437,19 @@ class Member:
     # --- training ------------------------------------------------------------------------------------
     def run(self, until_step: int, tokens_per_step: int, on_step=None) -> list:
         """Train to ``until_step`` through any number of recoveries; return the step records (replayed
-        steps appear again). Raises StopRequested when the coordinator ends the job early."""
+        steps appear again). Raises StopRequested when the coordinator ends the job early; on a planned end
+        (``stop`` with ``checkpoint``) first writes this member's shard of the final checkpoint
+        (:func:`phoenix_hpc.recovery.final.final_checkpoint`) and raises with the coordinator's last ``stop``."""
+        try:
+            return self._train_through_recoveries(until_step, tokens_per_step, on_step)
+        except StopRequested as stop:
+            if not stop.msg.get("checkpoint"):
+                raise
+            from phoenix_hpc.recovery.final import final_checkpoint
+
+            raise StopRequested(final_checkpoint(self, stop.msg)) from None
+
+    def _train_through_recoveries(self, until_step: int, tokens_per_step: int, on_step=None) -> list:
         from phoenix_hpc.launch.loop import train
 
         records: list = []

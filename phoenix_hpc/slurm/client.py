@@ -168,9 +168,12 @@ class SlurmClient:
         """
         return parse_job_id(self._out(["sbatch", "--parsable", *extra_args, str(script)]))
 
-    def cancel(self, job_id: str, signal: str | None = None) -> None:
-        """``scancel [--signal=SIG] JOB``."""
-        self._out(["scancel", *([f"--signal={signal}"] if signal else []), str(job_id)])
+    def cancel(self, job_id: str, signal: str | None = None, batch: bool = False) -> None:
+        """``scancel [--batch] [--signal=SIG] JOB``. scancel(1): with ``--signal`` alone the signal goes to the
+        job's steps, not to the batch shell; ``--batch`` sends it to the batch shell only (what Slurm does
+        before the time limit for ``sbatch --signal=B:SIG@s``)."""
+        self._out(["scancel", *(["--batch"] if batch else []), *([f"--signal={signal}"] if signal else []),
+                   str(job_id)])
 
     # --- reading ------------------------------------------------------------------------------------------
     def queue(self, job_id: str | None = None) -> list[dict[str, Any]]:

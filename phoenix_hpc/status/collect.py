@@ -51,9 +51,14 @@ def read_run_files(run_dir: Path) -> RunFiles:
         cfg = None
     except (OSError, yaml.YAMLError) as exc:
         raise StatusError(f"{run_dir / 'config.yaml'}: unreadable ({exc})") from None
-    return RunFiles(run_dir=str(run_dir), config=cfg if isinstance(cfg, dict) else None,
+    from phoenix_hpc.recovery.ckpt_files import complete_steps
+
+    cfg = cfg if isinstance(cfg, dict) else None
+    ck = ((cfg or {}).get("resilience") or {}).get("checkpoint") or {}
+    root = Path(run_dir) / (ck.get("path") or "checkpoints")  # an absolute path replaces run_dir
+    return RunFiles(run_dir=str(run_dir), config=cfg,
                     job=_json_file(run_dir / "job.json"), coordinator=_json_file(run_dir / "coordinator.json"),
-                    fired=read_fired(run_dir))
+                    fired=read_fired(run_dir), checkpoints=complete_steps(root))
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:

@@ -6,7 +6,8 @@ older or newer coordinator still gives a status):
 ================== ====================================================================================
 event              used for
 ================== ====================================================================================
-coordinator_started start time, grid
+coordinator_started start time, grid; a resumed run has one per job, and only the newest job's records
+                   are read (:func:`current_job_records`)
 registered         slots: world rank, pid, node, role, logical rank (generation 0)
 job_running        rank map and standby slots at generation 0; job RUNNING
 heartbeat_summary  generation, job state, active/standby/dead world ranks; ``max_step`` feeds the live step
@@ -32,8 +33,11 @@ inject_fired       where an injected fault landed (also from ``RUN_DIR/faults/fi
 checkpoint         newest persistent checkpoint step (written after that step finished: a lower bound on the
                    live step); shown once the committed step covers it, so the status always reads
                    checkpoint <= committed <= live. At the end of the job (no commit follows) a newer
-                   checkpoint is shown and counts as committed: a resubmitted job resumes from it
+                   checkpoint is shown and counts as committed: a resubmitted job resumes from it; the newest complete
+                   checkpoint on disk (``RunFiles.checkpoints``) counts too: a job killed before it journalled it
 job_done, clean_stop, fallback, coordinator_stopped, coordinator_exit: the end of the job
+                   (``coordinator_stopped.signal``: the external signal that ended it; standby slots stay
+                   standby at ``job_done``: the spares left at the end)
 ================== ====================================================================================
 
 The live step (``JobInfo.step``, ``Status.progress``) is the newest step the job's active slots have finished.
@@ -168,6 +172,7 @@ class _State:
         self.recoverable_step: int | None = None
         self.checkpoint_step: int | None = None
         self.checkpoint_pending: int | None = None  # reported, not yet covered by the committed step
+        self.end_signal: str | None = None
         self.progress: list[list[float]] = []
         self.commits: list[list[float]] = []
         self.last_commit_at: float | None = None
@@ -400,12 +405,13 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             st.end_event = ev
             st.end_reason = rec.get("message") or rec.get("reason")
             st.ended_at = ts
+            st.end_signal = rec.get("signal")
         if ev == "job_done":
             st.final_hash = rec.get("final_hash")
             st.end_step = rec.get("step")
             st.step_seen(ts, rec.get("step"))
-            for s in st.slots.values():
-                if s["state"] in LIVE_SLOT_STATES:
+            for s in st.slots.values():  # spares never used stay spares: the pool as it was at the end
+                if s["state"] in LIVE_SLOT_STATES and s["state"] != "standby":
                     s["state"] = "done"
         cur = st.current_recovery()
         if cur is not None and ev != "job_done":
@@ -417,6 +423,11 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             st.ended_at = st.ended_at or ts
         st.ended_at = st.ended_at or ts
         st.end_event = st.end_event or ev
+
+
+def _run_jobs(job: Mapping[str, Any] | None) -> list[str]:
+    jobs = [str(j["job_id"]) for j in (job or {}).get("jobs") or [] if isinstance(j, dict) and "job_id" in j]
+    return jobs or ([str(job["job_id"])] if job and job.get("job_id") is not None else [])
 
 
 def _config_grid(config: Mapping[str, Any] | None) -> tuple[int, int, int] | None:
@@ -451,6 +462,14 @@ def _planned_placement(grid: tuple[int, int, int], k: int, levels: list[str], no
     return out, notes + list(pl.warnings)
 
 
+def current_job_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records of the run's newest job: from its last ``coordinator_started`` on (a resumed run's
+    journal holds one such record per job, ``phoenix submit --resume``). Pure."""
+    records = list(records)
+    starts = [i for i, r in enumerate(records) if r.get("event") == "coordinator_started"]
+    return records[starts[-1]:] if starts else records
+
+
 def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None, now: float,
                   run: RunFiles | None = None) -> Status:
     """The job's :class:`Status` from its journal ``records`` (in file order), Slurm's view and the run files.
@@ -464,7 +483,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     run = run or RunFiles(run_dir="")
     cfg = run.config or {}
     st = _State()
-    records = list(records)
+    records = current_job_records(records)
     st.heartbeat_progress = not any(r.get("event") == "progress" for r in records)
     fired = [{**f, "event": "inject_fired"} for f in run.fired]
     merged = sorted(list(records) + fired, key=lambda r: float(r["ts"])) if fired else records
@@ -623,9 +642,13 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         nodes=_get(cfg, "resources", "nodes"), spares=_get(cfg, "resources", "spares"), gpus_per_node=gpus,
         grid={"tp": grid[0], "pp": grid[1], "dp": grid[2]} if grid else None, k=k, generation=st.generation,
         step=st.live, steps_total=steps_total, recoverable_step=st.recoverable_step,
-        checkpoint_step=st.checkpoint_step, started_at=st.started_at, ended_at=st.ended_at,
+        # after the end, the newest complete checkpoint on disk too (a job killed before it journalled it)
+        checkpoint_step=max([s for s in (st.checkpoint_step, *(run.checkpoints[-1:] if finished else ()))
+                             if s is not None], default=None),
+        started_at=st.started_at, ended_at=st.ended_at,
         end_event=st.end_event, end_reason=st.end_reason, final_hash=st.final_hash,
         coordinator={k_: run.coordinator.get(k_) for k_ in ("host", "port", "pid")} if run.coordinator else None,
+        end_signal=st.end_signal, jobs=_run_jobs(run.job),
     )
     return Status(now=now, job=info, nodes=nodes, slots=slots, replicas=replicas,
                   spare_slots_left=spare_slots, spare_nodes_left=spare_nodes, recoveries=st.recoveries,

@@ -34,13 +34,15 @@ class SlurmInfo:
 class RunFiles:
     """The files of a run directory other than the journal: ``config`` (``config.yaml`` as a dict),
     ``job`` (``job.json`` written by ``phoenix submit``), ``coordinator`` (``coordinator.json``),
-    ``fired`` (landing records of injected faults, :func:`phoenix_hpc.faults.trigger.read_fired`)."""
+    ``fired`` (landing records of injected faults, :func:`phoenix_hpc.faults.trigger.read_fired`),
+    ``checkpoints`` (steps of the complete checkpoints on disk, :func:`phoenix_hpc.recovery.ckpt_files.complete_steps`)."""
 
     run_dir: str
     config: dict[str, Any] | None = None
     job: dict[str, Any] | None = None
     coordinator: dict[str, Any] | None = None
     fired: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -70,6 +72,8 @@ class JobInfo:
     end_reason: str | None
     final_hash: str | None
     coordinator: dict[str, Any] | None
+    end_signal: str | None = None  # the external signal that ended the job (USR1: time limit, TERM), if any
+    jobs: list[str] = field(default_factory=list)  # the run's Slurm jobs, oldest first (phoenix submit --resume)
 
 
 @dataclass

@@ -79,8 +79,11 @@ def _header(st: Status) -> Table:
         from phoenix_hpc.slurm.hostlist import compress
 
         t.add_row("nodes", f"{compress(j.node_list)}   batch host {j.batch_host or '-'}")
+    if len(j.jobs) > 1:
+        t.add_row("jobs", f"{', '.join(j.jobs)} (one run, resumed {len(j.jobs) - 1} time(s); this is the newest job)")
     if j.end_event:
-        t.add_row("ended", f"{j.end_event}{': ' + j.end_reason if j.end_reason else ''}")
+        sig = f" [SIG{j.end_signal}]" if j.end_signal else ""
+        t.add_row("ended", f"{j.end_event}{sig}{': ' + j.end_reason if j.end_reason else ''}")
     if j.final_hash:
         t.add_row("final hash", j.final_hash)
     return t

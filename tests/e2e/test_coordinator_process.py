@@ -299,3 +299,78 @@ def test_a_killed_rank_process_is_declared_dead_by_its_exit_not_by_heartbeats(co
     assert dead["slots"] == [1] and dead["kind"] == "process_exit" and f"pid {rank1.pid}" in dead["reason"]
     (dec,) = _events(run_dir, "decision")
     assert dec["action"] == "hot_swap"
+
+
+def _write_shard(run_dir, rank, step):
+    """What a member writes for the final checkpoint (a real shard file, through the real writer)."""
+    import torch
+
+    from phoenix_hpc.engines.base import GridCoord
+    from phoenix_hpc.recovery.checkpoint import write_snapshot_shard
+
+    tensors = {f"opt/pp0/tp0/dp{rank.logical}/w": torch.full((3,), float(rank.logical)), "param/pp0/tp0/w": torch.ones(2)}
+    return write_snapshot_shard(run_dir / "checkpoints", step, GridCoord(0, rank.logical, 0), tensors, {"step": step})
+
+
+def test_time_limit_warning_writes_the_final_checkpoint_of_the_newest_common_step(coordinator):
+    from phoenix_hpc.recovery.ckpt_files import check_checkpoint, latest_step, read_marker
+
+    run_dir, proc, clients = coordinator
+    ranks = [Rank(run_dir, clients, w, "active", w, node=f"nid0000{w + 1}") for w in (0, 1)]
+    spare = Rank(run_dir, clients, 2, "standby", node="nid00003")
+    for r in (*ranks, spare):
+        r.register()
+        r.beat()
+    _wait(lambda: _events(run_dir, "job_running"), what="job_running")
+    proc.send_signal(signal.SIGUSR1)  # what the batch shell forwards before the time limit
+    for r in ranks:
+        stop = r.expect("stop")
+        assert stop["checkpoint"] is True and "time limit" in stop["reason"]
+    # rank 0 holds steps 288 and 287, rank 1 (one step behind) 287 and 286: the newest common step is 287
+    ranks[0].c.report_stopping(0, [288, 287])
+    ranks[1].c.report_stopping(0, [287, 286])
+    for r in ranks:
+        assert r.expect("write_checkpoint")["step"] == 287
+    assert latest_step(run_dir / "checkpoints") is None  # nothing is complete before every shard is written
+    ranks[0].c.report_shard_written(287, {**_write_shard(run_dir, ranks[0], 287), "write_s": 0.01})
+    time.sleep(0.5)
+    assert latest_step(run_dir / "checkpoints") is None
+    ranks[1].c.report_shard_written(287, {**_write_shard(run_dir, ranks[1], 287), "write_s": 0.02})
+    for r in (*ranks, spare):
+        assert "To continue: phoenix submit --resume" in r.expect("stop")["reason"]
+    assert proc.wait(20) == 3
+    assert latest_step(run_dir / "checkpoints") == 287
+    assert read_marker(run_dir / "checkpoints", 287)["kind"] == "snapshot"
+    assert check_checkpoint(run_dir / "checkpoints", 287, (1, 1, 2)) == []
+    (ck,) = _events(run_dir, "checkpoint")
+    assert ck["step"] == 287 and ck["source"] == "final" and ck["write_s"] == 0.02
+    (end,) = _events(run_dir, "coordinator_stopped")
+    assert end["signal"] == "USR1" and end["checkpoint_step"] == 287
+    assert not _events(run_dir, "slots_dead") and not _events(run_dir, "fault")
+
+
+def test_a_member_that_fails_its_write_leaves_the_checkpoint_incomplete(coordinator):
+    from phoenix_hpc.recovery.ckpt_files import complete_steps
+
+    run_dir, proc, clients = coordinator
+    ranks = [Rank(run_dir, clients, w, "active", w, node=f"nid0000{w + 1}") for w in (0, 1)]
+    for r in ranks:
+        r.register()
+        r.beat()
+    _wait(lambda: _events(run_dir, "job_running"), what="job_running")
+    ranks[1].c.note_signal("TERM")  # scancel --signal=TERM reached a slot: it passes the signal on
+    for r in ranks:
+        assert r.expect("stop")["checkpoint"] is True
+        r.c.report_stopping(0, [12, 11])
+    for r in ranks:
+        assert r.expect("write_checkpoint")["step"] == 12
+    ranks[0].c.report_shard_written(12, {**_write_shard(run_dir, ranks[0], 12), "write_s": 0.01})
+    ranks[1].c.report_shard_written(12, {"error": "OSError: [Errno 28] No space left on device"})
+    assert "incomplete" in ranks[0].expect("stop")["reason"]
+    assert proc.wait(20) == 3
+    assert complete_steps(run_dir / "checkpoints") == []
+    (inc,) = _events(run_dir, "checkpoint_incomplete")
+    assert inc["step"] == 12 and "No space left" in inc["reasons"][0]
+    (sig,) = _events(run_dir, "signal")
+    assert sig["signal"] == "TERM" and sig["world_rank"] == 1
+    assert _events(run_dir, "coordinator_stopped")[0]["signal"] == "TERM"

@@ -162,7 +162,7 @@ def test_k1_owner_and_its_holder_lost_restarts_in_the_job_from_the_persistent_ch
 
 def test_no_spare_left_stops_cleanly_naming_the_checkpoint(env, data, slurm_cluster, tmp_path):  # noqa: F811
     """1 spare, two node losses one after the other: the first is hot swapped, the second finds no spare;
-    the job stops (no training on) with a message naming the newest checkpoint and how to resubmit."""
+    the job stops (no training on) with a message naming the newest checkpoint and the command that resumes the run."""
     cfg = _config(resilience={"checkpoint": {"interval_steps": 5}})
     job = Job(env, tmp_path, data, "no-spare", cfg)
     nodes: list[str] = []
@@ -183,6 +183,6 @@ def test_no_spare_left_stops_cleanly_naming_the_checkpoint(env, data, slurm_clus
     assert "no spare left" in fb["reason"]
     ck = fb["checkpoint_step"]
     assert ck is not None and ck >= 10 and ck % 5 == 0
-    assert f"step {ck}" in fb["message"] and "resilience.checkpoint.path" in fb["message"]
+    assert f"step {ck}" in fb["message"] and "phoenix submit --resume" in fb["message"]
     assert (job.run_dir / "checkpoints" / f"step_{ck:08d}" / ".metadata").exists()
     print(f"no spare left: {fb['message']}")

@@ -421,3 +421,30 @@ def test_replicas_of_a_finished_job_are_not_called_unreported():
     assert "committed: as the ranks reported" in " ".join(text.split())
     header = next(line for line in text.splitlines() if "shard" in line and "owner" in line)
     assert "bytes" not in header  # no shard sizes in the journal: no column of dashes
+
+
+def test_after_the_end_status_keeps_the_spares_the_signal_the_jobs_and_the_checkpoint_on_disk():
+    done = derive_status(start_records() + done_records(), None, now=30.0, run=run_files())
+    assert {s.world_rank: s.state for s in done.slots} == {0: "done", 1: "done", 2: "done", 3: "done",
+                                                           4: "standby", 5: "standby"}
+    assert done.spare_nodes_left == 1 and done.spare_slots_left == 2
+    assert {n.name: n.role for n in done.nodes} == {N1: "active", N2: "active", N3: "spare"}
+    stopped = start_records() + [
+        {"ts": 9.0, "event": "checkpoint", "step": 5, "source": "final"},
+        {"ts": 9.1, "event": "coordinator_stopped", "reason": "time limit", "signal": "USR1", "checkpoint_step": 5},
+        {"ts": 9.2, "event": "coordinator_exit", "job_state": "stopped"}]
+    job = {"job_id": "78", "site": "local", "jobs": [{"job_id": "77"}, {"job_id": "78"}]}
+    st = derive_status(stopped, None, now=30.0, run=RunFiles(run_dir="/runs/toy", config=CONFIG, job=job,
+                                                             checkpoints=[4, 8]))
+    assert st.job.state == "stopped" and st.job.end_signal == "USR1"
+    assert st.job.checkpoint_step == 8  # the newest complete checkpoint on disk
+    assert st.job.jobs == ["77", "78"]
+    assert not [n for n in st.nodes if n.role == "lost"]
+
+
+def test_a_resumed_run_shows_its_newest_job_only():
+    first = start_records() + [{"ts": 9.1, "event": "coordinator_stopped", "reason": "SIGTERM", "signal": "TERM"},
+                               {"ts": 9.2, "event": "coordinator_exit", "job_state": "stopped"}]
+    second = [{**r, "ts": r["ts"] + 100} for r in start_records()]
+    st = derive_status(first + second, running_slurm(), now=105.0, run=run_files())
+    assert st.job.state == "running" and st.job.end_event is None and st.job.end_signal is None

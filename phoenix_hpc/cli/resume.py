@@ -1,0 +1,115 @@
+"""``phoenix submit --resume RUN_DIR``: what may be resumed, and from which checkpoint.
+
+A resumed run is the same logical run: the same run directory, its resolved ``config.yaml`` (unless a
+config file overrides it), its checkpoint root, in a new Slurm job that starts from the newest complete
+checkpoint (``launch/persist.py`` loads it at start-up). ``job.json`` keeps the list of the run's jobs.
+
+:func:`check_resume` refuses (``SubmitError``, exit code 2, nothing submitted) a directory that is not a
+run directory, a run that finished (``job_done``), a run whose job Slurm still shows pending or running,
+a run without a complete checkpoint, a newest complete checkpoint that fails its checks (a shard file
+missing, of another size or failing its SHA-256), a config whose grid cannot load it, and a checkpoint
+already at or past ``training.steps``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from phoenix_hpc.errors import ConfigError, SlurmError, SubmitError
+
+_ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING"}
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run starts: ``run_dir`` (absolute), the ``config`` to run, the checkpoint ``root``
+    and ``step``, the ``previous`` job ids of the run, and the site it ran on."""
+
+    run_dir: Path
+    config: object
+    root: Path
+    step: int
+    previous: list[str]
+    site: str | None
+
+
+def _job_json(run_dir: Path) -> dict:
+    try:
+        d = json.loads((run_dir / "job.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def run_jobs(job: dict) -> list[str]:
+    """The Slurm job ids of a run, oldest first, from its ``job.json``."""
+    jobs = [str(j["job_id"]) for j in job.get("jobs", []) if isinstance(j, dict) and "job_id" in j]
+    if not jobs and job.get("job_id") is not None:
+        jobs = [str(job["job_id"])]
+    return jobs
+
+
+def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm=None) -> ResumePoint:
+    """Check that ``run_dir`` can be resumed; return where it resumes.
+
+    Args:
+        run_dir: the run directory to resume.
+        config_override: a job config file to run instead of the run's ``config.yaml`` (same grid).
+        slurm: a :class:`phoenix_hpc.slurm.client.SlurmClient` to ask whether the run's job still runs
+            (None: not asked).
+
+    Raises:
+        SubmitError: the run cannot be resumed; the message names the reason.
+        ConfigError: ``config_override`` is not a valid config.
+    """
+    from phoenix_hpc.config.load import load_job_config
+    from phoenix_hpc.control.journal import read_journal
+    from phoenix_hpc.launch.persist import checkpoint_root
+    from phoenix_hpc.recovery.ckpt_files import check_checkpoint, complete_steps
+    from phoenix_hpc.status.runs import is_run_dir
+
+    rd = Path(run_dir).absolute()
+    if not is_run_dir(rd):
+        raise SubmitError(f"--resume: {str(run_dir)!r} is not a run directory (expected config.yaml and job.json, "
+                          "as written by `phoenix submit`)")
+    try:
+        records = read_journal(rd)
+    except (OSError, ValueError):
+        records = []
+    done = [r for r in records if r.get("event") == "job_done"]
+    if done:
+        raise SubmitError(f"--resume: the run in {rd} finished (job_done at step {done[-1].get('step')}); "
+                          "there is nothing to resume")
+    job = _job_json(rd)
+    jobs = run_jobs(job)
+    if slurm is not None and jobs:
+        try:
+            state = (slurm.show_job(jobs[-1]) or {}).get("JobState")
+        except SlurmError:
+            state = None  # Slurm no longer knows the job: it ended long ago
+        if state in _ACTIVE:
+            raise SubmitError(f"--resume: job {jobs[-1]} of this run is still {state}; stop it first "
+                              f"(scancel --signal=TERM {jobs[-1]} writes a final checkpoint)")
+    try:
+        cfg = load_job_config(config_override or rd / "config.yaml")
+    except ConfigError:
+        raise
+    root = checkpoint_root(cfg, rd)
+    steps = complete_steps(root)
+    if not steps:
+        partial = sorted(p.name for p in root.glob("step_*")) if root.is_dir() else []
+        raise SubmitError(f"--resume: no complete checkpoint under {root}"
+                          + (f" (incomplete: {', '.join(partial)})" if partial else "")
+                          + "; submit the config again to start the training over")
+    step = steps[-1]
+    p = cfg.parallelism
+    grid = (p.tp, p.pp, p.dp) if p.dp else None
+    problems = check_checkpoint(root, step, grid)
+    if problems:
+        raise SubmitError("--resume: the newest complete checkpoint cannot be loaded: " + "; ".join(problems))
+    if step >= cfg.training.steps:
+        raise SubmitError(f"--resume: the checkpoint is at step {step}, training.steps is {cfg.training.steps}: "
+                          "nothing left to train (raise training.steps in a config passed with --resume)")
+    return ResumePoint(rd, cfg, root, step, jobs, job.get("site"))

@@ -1,0 +1,83 @@
+"""A planned end of a job: the final checkpoint written from the ranks' host snapshots (docs/design.md
+section 7, "Planned ends").
+
+A planned end is one the job is told about rather than one it suffers: Slurm's warning before the time
+limit (``--signal=B:USR1@s``, forwarded by the batch shell to the coordinator), SIGTERM (``scancel``,
+preemption, maintenance: to the coordinator, or to the ranks, which pass it on), or a ``stop`` request
+(``phoenix`` commands). The coordinator then runs two rounds with the members of the current generation:
+
+1. ``stop`` {reason, ``checkpoint: true``} to every member. Each member leaves training at once (at its
+   next step boundary, or when the collective it is blocked in fails because a peer already left and freed
+   its groups), closes its runtime protector without waiting on peers, and answers ``stopping``
+   {world_rank, pid, steps: the steps of its verified host snapshots, newest first}.
+2. The coordinator picks the newest step every member holds (:func:`choose_step`) and sends
+   ``write_checkpoint`` {step}. Each member writes its shard of that step from the host snapshot it
+   already holds (file I/O only, no training step, no collective) and answers ``shard_written``
+   {step, file, sha256, bytes, write_s} or {step, error}.
+
+When every shard is reported, the coordinator marks the checkpoint complete (``complete.json``, then
+``latest``; :func:`phoenix_hpc.recovery.ckpt_files.mark_complete`), journals ``checkpoint`` {step, path,
+source: "final", write_s} and ends the job (``coordinator_stopped`` naming the checkpoint and the command
+that resumes it). A member that does not answer within the round's deadline, or fails to write, leaves the
+checkpoint incomplete (``checkpoint_incomplete``): it is never loaded. Nothing is written when the newest
+complete checkpoint on disk is already at that step or newer.
+
+This module holds the state of one planned end and the pure decisions; the coordinator sends and journals.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+
+def choose_step(copies: dict[int, list[int]]) -> int | None:
+    """The newest step of which every member holds a verified host snapshot (``copies``: world rank ->
+    steps), or None when there is no such step (or no member). Pure."""
+    common: set[int] | None = None
+    for steps in copies.values():
+        common = set(int(s) for s in steps) if common is None else common & {int(s) for s in steps}
+    return max(common) if common else None
+
+
+def resume_hint(run_dir: str) -> str:
+    """The command that continues a run from its newest complete checkpoint (the path shell-quoted)."""
+    return f"phoenix submit --resume {shlex.quote(run_dir)}"
+
+
+@dataclass
+class PlannedEnd:
+    """One planned end in progress (coordinator clock, seconds).
+
+    ``members``: world ranks of the current generation; ``phase``: ``stop`` (waiting for ``stopping``)
+    then ``write`` (waiting for ``shard_written``); ``exited``: members whose process ended meanwhile.
+    """
+
+    reason: str
+    signal: str | None
+    members: set[int]
+    t_start: float
+    deadline: float
+    phase: str = "stop"
+    copies: dict[int, list[int]] = field(default_factory=dict)
+    written: dict[int, dict] = field(default_factory=dict)
+    exited: set[int] = field(default_factory=set)
+    step: int | None = None
+    t_write: float = 0.0
+
+    def missing(self) -> list[int]:
+        """Members that have not answered the current round."""
+        got = self.copies if self.phase == "stop" else self.written
+        return sorted(self.members - set(got))
+
+    def round_over(self, now: float) -> bool:
+        """Every member answered, or one that has not answered exited, or the deadline passed."""
+        missing = self.missing()
+        return not missing or bool(set(missing) & self.exited) or now > self.deadline
+
+    def failures(self) -> list[str]:
+        """Why the checkpoint cannot be complete (empty when every member wrote its shard)."""
+        out = [f"world rank {w}: {b['error']}" for w, b in sorted(self.written.items()) if b.get("error")]
+        out += [f"world rank {w}: no answer" + (" (its process exited)" if w in self.exited else "")
+                for w in self.missing()]
+        return out

@@ -1,0 +1,145 @@
+"""The pure parts of a planned end: which step the final checkpoint takes, when a round is over, and when a
+checkpoint on disk counts as complete."""
+
+from __future__ import annotations
+
+import json
+
+from phoenix_hpc.control.ending import PlannedEnd, choose_step
+from phoenix_hpc.recovery.ckpt_files import (
+    check_checkpoint,
+    complete_steps,
+    latest_step,
+    mark_complete,
+    step_dir,
+)
+
+
+def test_choose_step_is_the_newest_step_every_member_holds():
+    assert choose_step({0: [288, 287], 1: [287, 286]}) == 287
+    assert choose_step({0: [288, 287], 1: [288, 287], 2: [288]}) == 288
+    assert choose_step({0: [5], 1: [7, 6]}) is None
+    assert choose_step({0: [], 1: [3]}) is None
+    assert choose_step({}) is None
+
+
+def test_a_round_is_over_when_all_answered_a_silent_member_exited_or_the_deadline_passed():
+    end = PlannedEnd("time limit", "USR1", {0, 1}, t_start=0.0, deadline=10.0)
+    end.copies[0] = [3]
+    assert not end.round_over(5.0) and end.missing() == [1]
+    assert end.round_over(10.5)
+    end.exited.add(1)
+    assert end.round_over(5.0) and end.failures() == ["world rank 1: no answer (its process exited)"]
+    end.copies[1] = [3]
+    end.phase = "write"
+    end.written = {0: {"file": "a"}, 1: {"error": "OSError: disk full"}}
+    assert end.round_over(0.0) and end.failures() == ["world rank 1: OSError: disk full"]
+
+
+def _shard(root, step, name, data=b"x" * 10):
+    d = step_dir(root, step)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data)
+    import hashlib
+
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def test_only_marked_checkpoints_are_complete_and_latest_follows_the_newest(tmp_path):
+    a = _shard(tmp_path, 100, "pp0-tp0-dp0.pt")
+    _shard(tmp_path, 200, "pp0-tp0-dp0.pt")  # written, never marked: not complete
+    assert complete_steps(tmp_path) == [] and latest_step(tmp_path) is None
+    mark_complete(tmp_path, 100, "snapshot", grid=[1, 1, 1], files={"pp0-tp0-dp0.pt": a})
+    assert complete_steps(tmp_path) == [100] and latest_step(tmp_path) == 100
+    assert (tmp_path / "latest").read_text() == "100\n"
+    (step_dir(tmp_path, 300)).mkdir()
+    (step_dir(tmp_path, 300) / "complete.json").write_text("{not json")  # a torn marker is not a marker
+    assert latest_step(tmp_path) == 100
+    assert latest_step(tmp_path / "missing") is None
+
+
+def test_check_checkpoint_names_the_problem(tmp_path):
+    good = _shard(tmp_path, 10, "pp0-tp0-dp0.pt")
+    mark_complete(tmp_path, 10, "snapshot", grid=[1, 1, 2],
+                  files={"pp0-tp0-dp0.pt": good, "pp0-tp0-dp1.pt": {"sha256": "0" * 64, "bytes": 10}})
+    problems = check_checkpoint(tmp_path, 10, (1, 1, 2))
+    assert len(problems) == 1 and "pp0-tp0-dp1.pt is missing" in problems[0]
+    assert any("grid" in p for p in check_checkpoint(tmp_path, 10, (1, 2, 1)))
+    (step_dir(tmp_path, 10) / "pp0-tp0-dp0.pt").write_bytes(b"y" * 10)  # same size, other bytes
+    assert any("SHA-256" in p for p in check_checkpoint(tmp_path, 10))
+    assert check_checkpoint(tmp_path, 11) == [f"checkpoint of step 11 in {step_dir(tmp_path, 11)} is not complete "
+                                              "(no complete.json)"]
+    marker = json.loads((step_dir(tmp_path, 10) / "complete.json").read_text())
+    assert marker["kind"] == "snapshot" and marker["step"] == 10
+
+
+class _Engine:
+    """The part of the Engine interface a checkpoint load uses."""
+
+    def __init__(self, coord):
+        self.coord, self.step, self.loaded = coord, 0, {}
+
+    def load_param_shard(self, t):
+        self.loaded["params"] = t
+
+    def load_optimizer_shard(self, t):
+        self.loaded["opt"] = t
+
+    def load_envelope(self, env):
+        self.step = env["step"]
+
+
+def test_a_snapshot_shard_round_trips_and_a_corrupt_one_is_refused(tmp_path):
+    import pytest
+    import torch
+
+    from phoenix_hpc.engines.base import GridCoord
+    from phoenix_hpc.errors import RecoveryError
+    from phoenix_hpc.recovery.checkpoint import load_checkpoint, write_snapshot_shard
+
+    coord = GridCoord(0, 1, 0)
+    tensors = {"opt/pp0/tp0/dp1/w/main": torch.arange(4.0), "param/pp0/tp0/w": torch.ones(2, 2)}
+    info = write_snapshot_shard(tmp_path, 7, coord, tensors, {"step": 7})
+    assert info["file"] == "pp0-tp0-dp1.pt" and not list(step_dir(tmp_path, 7).glob(".*tmp*"))
+    eng = _Engine(coord)
+    with pytest.raises(RecoveryError, match="no complete persistent checkpoint"):
+        load_checkpoint(eng, tmp_path, None)  # written but not marked complete
+    mark_complete(tmp_path, 7, "snapshot", grid=[1, 1, 2], files={info["file"]: {k: info[k] for k in ("sha256", "bytes")}})
+    assert load_checkpoint(eng, tmp_path, None) == 7 and eng.step == 7
+    assert torch.equal(eng.loaded["opt"]["opt/pp0/tp0/dp1/w/main"], torch.arange(4.0))
+    assert set(eng.loaded["params"]) == {"param/pp0/tp0/w"}
+    with pytest.raises(RecoveryError, match="no shard pp0-tp0-dp0.pt"):
+        load_checkpoint(_Engine(GridCoord(0, 0, 0)), tmp_path, None)
+    p = step_dir(tmp_path, 7) / info["file"]
+    raw = bytearray(p.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte, same size
+    p.write_bytes(bytes(raw))
+    with pytest.raises(RecoveryError, match="SHA-256"):
+        load_checkpoint(_Engine(coord), tmp_path, None)
+
+
+def test_pruning_keeps_the_newest_complete_checkpoints_and_never_the_newest(tmp_path):
+    from phoenix_hpc.recovery.ckpt_files import prune, prune_plan
+
+    assert prune_plan([10, 20, 30], 2) == [10]
+    assert prune_plan([10, 20, 30], 0) == [10, 20]  # at least the newest stays
+    assert prune_plan([30], 1) == [] and prune_plan([], 3) == []
+    for s in (10, 20, 30):
+        step_dir(tmp_path, s).mkdir()
+        mark_complete(tmp_path, s, "snapshot", files={})
+    step_dir(tmp_path, 5).mkdir()  # incomplete (a save in progress): left alone
+    assert prune(tmp_path, 1) == [10, 20]
+    assert complete_steps(tmp_path) == [30] and step_dir(tmp_path, 5).is_dir() and not step_dir(tmp_path, 10).exists()
+
+
+def test_run_dirs_default_to_the_sites_run_root(tmp_path):
+    import pytest
+
+    from phoenix_hpc.cli.submit import default_run_dir
+    from phoenix_hpc.errors import SubmitError
+
+    assert default_run_dir("a b", tmp_path, 0.0).parent == tmp_path / "runs"
+    got = default_run_dir("gpt", tmp_path, 0.0, "$SCRATCH/phoenix/runs", {"SCRATCH": "/scratch/u"})
+    assert got.parent == tmp_path / "/scratch/u/phoenix/runs" and got.name.startswith("gpt-")
+    with pytest.raises(SubmitError, match=r"scheduler.run_root '\$SCRATCH/phoenix/runs' .*\$SCRATCH is not set"):
+        default_run_dir("gpt", tmp_path, 0.0, "$SCRATCH/phoenix/runs", {})

@@ -1,0 +1,83 @@
+"""`phoenix submit --resume RUN_DIR` bad input: exit code 2 naming the reason, nothing submitted, nothing
+changed in the run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from phoenix_hpc.recovery.ckpt_files import mark_complete, step_dir
+from test_submit_cli import assert_bad, fake_dataset, invoke, write_cfg
+
+
+def make_run(tmp: Path, journal=(), steps_done=(), dp=2) -> Path:
+    """A run directory as `phoenix submit` and a stopped job leave it (config, job.json, journal,
+    checkpoints of ``steps_done`` with one shard per DP rank)."""
+    import hashlib
+
+    cfg = yaml.safe_load(write_cfg(tmp, data={"path": str(fake_dataset(tmp))}).read_text())
+    rd = tmp / "run"
+    rd.mkdir()
+    (rd / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (rd / "job.json").write_text(json.dumps({"job_id": "123", "site": "local"}))
+    (rd / "journal.jsonl").write_text("".join(json.dumps({"ts": 1.0, "event": e, **f}) + "\n" for e, f in journal))
+    grid = [cfg["parallelism"].get("tp", 1), cfg["parallelism"].get("pp", 1), dp]
+    for s in steps_done:
+        files = {}
+        for d in range(dp):
+            name = f"pp0-tp0-dp{d}.pt"
+            (step_dir(rd / "checkpoints", s)).mkdir(parents=True, exist_ok=True)
+            (step_dir(rd / "checkpoints", s) / name).write_bytes(b"shard %d" % d)
+            files[name] = {"sha256": hashlib.sha256(b"shard %d" % d).hexdigest(), "bytes": 7}
+        mark_complete(rd / "checkpoints", s, "snapshot", grid=grid, files=files)
+    return rd
+
+
+def _snapshot(rd: Path) -> dict:
+    return {p.name: p.read_bytes() for p in rd.iterdir() if p.is_file()}
+
+
+def test_resume_refuses_what_is_not_a_run_dir(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert_bad(invoke("--resume", tmp_path / "empty"), "is not a run directory")
+
+
+def test_resume_refuses_a_finished_run(tmp_path):
+    rd = make_run(tmp_path, journal=[("job_done", {"step": 50})], steps_done=[20])
+    before = _snapshot(rd)
+    assert_bad(invoke("--resume", rd), "finished (job_done at step 50)", "nothing to resume")
+    assert _snapshot(rd) == before
+
+
+def test_resume_refuses_a_run_without_a_complete_checkpoint(tmp_path):
+    rd = make_run(tmp_path)
+    (step_dir(rd / "checkpoints", 30)).mkdir(parents=True)  # written, never marked complete
+    assert_bad(invoke("--resume", rd), "no complete checkpoint", "incomplete: step_00000030")
+
+
+def test_resume_refuses_a_corrupt_checkpoint(tmp_path):
+    rd = make_run(tmp_path, steps_done=[20])
+    (step_dir(rd / "checkpoints", 20) / "pp0-tp0-dp1.pt").write_bytes(b"shard X")
+    assert_bad(invoke("--resume", rd), "cannot be loaded", "pp0-tp0-dp1.pt fails its SHA-256 check")
+    (step_dir(rd / "checkpoints", 20) / "pp0-tp0-dp1.pt").unlink()
+    assert_bad(invoke("--resume", rd), "pp0-tp0-dp1.pt is missing")
+
+
+def test_resume_refuses_a_config_whose_grid_cannot_load_the_checkpoint(tmp_path):
+    rd = make_run(tmp_path, steps_done=[20], dp=4)  # written by a dp=4 grid; the config has another
+    assert_bad(invoke("--resume", rd), "written for grid")
+
+
+def test_resume_refuses_run_dir_and_a_missing_site_or_config(tmp_path):
+    rd = make_run(tmp_path, steps_done=[20])
+    assert_bad(invoke("--resume", rd, "--run-dir", tmp_path / "x"), "--run-dir: not allowed with --resume")
+    assert_bad(invoke(), "--site: missing")
+    assert_bad(invoke("--site", "local"), "CONFIG: missing")
+
+
+def test_a_coordinator_timeout_not_above_the_heartbeat_timeout_is_refused(tmp_path):
+    cfg = write_cfg(tmp_path, data={"path": str(fake_dataset(tmp_path))},
+                    resilience={"heartbeat_timeout_s": 4.0, "coordinator_timeout_s": 4.0})
+    assert_bad(invoke("--site", "local", cfg, "--dry-run"), "coordinator_timeout_s > heartbeat_timeout_s", "4.0")
