@@ -257,7 +257,8 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         return
 
     if point is not None:
-        return _submit_resumed(point, job, profile, script, as_json)
+        _echo_warnings(warnings)
+        return _submit_resumed(point, job, profile, script, as_json, warnings)
     if (rd / CONFIG_NAME).exists():
         raise SubmitError(f"run_dir: {str(rd)!r} already holds a job ({CONFIG_NAME}); continue it with "
                           f"`phoenix submit --resume {rd}`, or pass another --run-dir")
@@ -307,7 +308,7 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         _print_submitted(job, job_id)
 
 
-def _submit_resumed(point, job: ResolvedJob, profile, script: str, as_json: bool) -> None:
+def _submit_resumed(point, job: ResolvedJob, profile, script: str, as_json: bool, warnings: list[str]) -> None:
     """Submit the next job of a resumed run into its run directory; the old files are put back if sbatch
     refuses it."""
     from phoenix_hpc.slurm.client import SlurmClient
@@ -335,7 +336,7 @@ def _submit_resumed(point, job: ResolvedJob, profile, script: str, as_json: bool
                                             "failure_domain_levels": list(profile.failure_domains.levels)}))
     record_run(rd, job_id, submitted_at=submitted_at)
     if as_json:
-        click.echo(json.dumps({**_summary(job, job_id, None), "resume_step": point.step,
+        click.echo(json.dumps({**_summary(job, job_id, None, warnings), "resume_step": point.step,
                                "jobs": [j["job_id"] for j in jobs]}, indent=2))
     else:
         click.echo(f"resuming {rd} from the checkpoint of step {point.step} (jobs so far: "
