@@ -3,8 +3,8 @@
 One :class:`CoordinatorClient` per slot. It reads ``RUN_DIR/coordinator.json`` and ``RUN_DIR/secret``
 (waiting for them, bounded), and opens its own TCPStore client connections (one for the calling thread, one
 for the heartbeat thread: a store connection is not shared between threads). Messages are signed with the
-job secret (:mod:`phoenix_hpc.control.protocol`); instructions from the coordinator whose MAC does not verify
-are dropped.
+job secret (:mod:`phoenix_hpc.control.protocol`); instructions from the coordinator whose MAC does not verify,
+or whose nonce was already received (a replay), are dropped.
 
 Coordinator watchdog (docs/design.md section 7: ranks must not keep a dead job's allocation busy): the
 heartbeat thread reads the coordinator's beat counter every ``heartbeat_interval_s``; a separate watchdog
@@ -79,10 +79,7 @@ class CoordinatorClient:
         self.pid = os.getpid() if pid is None else int(pid)
         self.wait_s = wait_s
         self.info = wait_for_coordinator(self.run_dir, wait_s)
-        try:
-            self.secret = P.read_secret(self.run_dir)
-        except OSError as exc:
-            raise ControlError(f"cannot read the job secret in {self.run_dir}: {exc}") from None
+        self.secret = P.read_secret(self.run_dir)
         self.host, self.port = str(self.info["host"]), int(self.info["port"])
         self._store_timeout = timedelta(seconds=store_timeout_s)
         self.store = self._connect()
@@ -90,6 +87,8 @@ class CoordinatorClient:
         self.injections: list[dict] = []
         self._alive = None  # the liveness connection (phoenix_hpc.control.liveness), after registration
         self.instructions: deque[dict] = deque()
+        # duplicates only: an instruction may wait in the queue through a long step, so no age limit
+        self._guard = P.ReplayGuard(max_age_s=None)
         self._hb_thread: threading.Thread | None = None
         self._wd_thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -132,7 +131,9 @@ class CoordinatorClient:
                 time.sleep(0.01)
                 continue
             try:
-                return P.decode(raw, self.secret)
+                reply = P.decode(raw, self.secret)
+                self._guard.check(reply)
+                return reply
             except P.ProtocolError:
                 continue
         raise ControlError(f"no reply from the coordinator to {body.get('type')} within {timeout_s or self.wait_s:g}s")
@@ -233,6 +234,7 @@ class CoordinatorClient:
                 raise ControlError(f"coordinator at {self.host}:{self.port} unreachable: {exc}".splitlines()[0]) from None
             try:
                 msg = P.decode(raw, self.secret)
+                self._guard.check(msg)  # an instruction sent again (a replayed stop, inject) is dropped
             except P.ProtocolError:
                 continue
             if msg["type"] == "inject":

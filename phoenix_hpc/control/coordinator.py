@@ -200,6 +200,7 @@ class Coordinator(PlannedEndMixin):
         self.liveness: LivenessServer | None = None
         self.journal: Journal | None = None
         self.secret = b""
+        self.replay_guard = P.ReplayGuard()  # replayed or stale signed messages are rejected (and journalled)
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def open(self) -> None:
@@ -294,8 +295,9 @@ class Coordinator(PlannedEndMixin):
         for cid, raw in reqs:
             try:
                 body = P.decode(raw, self.secret)
+                self.replay_guard.check(body)
             except P.ProtocolError as exc:
-                self._reject(f"operator channel: {exc}", None, key=("operator-decode", str(exc)[:40]))
+                self._reject(f"operator channel: {exc}", None, key=("operator", *exc.key))
                 self.operator.finish(cid)
                 continue
             self._dispatch({**body, "reply_to": f"{OPERATOR_REPLY_PREFIX}{cid}"})
@@ -330,8 +332,9 @@ class Coordinator(PlannedEndMixin):
     def _handle(self, raw: bytes) -> None:
         try:
             body = P.decode(raw, self.secret)
+            self.replay_guard.check(body)
         except P.ProtocolError as exc:
-            self._reject(str(exc), None, key=("decode", str(exc)[:40]))
+            self._reject(str(exc), None, key=("decode", *exc.key))
             return
         self._dispatch(body)
 
@@ -350,6 +353,7 @@ class Coordinator(PlannedEndMixin):
 
     def _reply(self, body: dict, reply: dict) -> None:
         to = body.get("reply_to")
+        reply = {**reply, "in_reply_to": body.get("nonce")}
         if isinstance(to, str) and to.startswith(OPERATOR_REPLY_PREFIX):
             cid = to[len(OPERATOR_REPLY_PREFIX):]
             if self.operator is not None and cid.isdigit():

@@ -165,10 +165,7 @@ def send_request(run_dir: Path, req: InjectRequest, timeout_s: float = 30.0) -> 
     info = P.read_coordinator_file(run_dir)
     if not info or not info.get("operator_port"):
         raise ControlError(f"{run_dir}/{P.COORDINATOR_FILE} names no coordinator operator port; nothing was sent")
-    try:
-        secret = P.read_secret(run_dir)
-    except OSError as exc:
-        raise ControlError(f"cannot read the job secret in {run_dir}: {exc}") from None
+    secret = P.read_secret(run_dir)
     return _accepted(operator_request(str(info["host"]), int(info["operator_port"]), req.body(), secret, timeout_s))
 
 
