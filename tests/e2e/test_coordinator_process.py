@@ -269,13 +269,19 @@ def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
     assert _events(run_dir, "coordinator_stopped")
 
 
-def test_no_spare_left_is_a_clean_fallback_with_a_message(coordinator):
-    run_dir, proc, clients = coordinator
+def _two_active_ranks(run_dir, clients):
+    """Logical ranks 0 and 1 on two nodes, registered and heartbeating."""
     r0 = Rank(run_dir, clients, 0, "active", 0)
     r1 = Rank(run_dir, clients, 1, "active", 1, node="nid00002")
     for r in (r0, r1):
         r.register()
         r.beat()
+    return r0, r1
+
+
+def test_no_spare_left_is_a_clean_fallback_with_a_message(coordinator):
+    run_dir, proc, clients = coordinator
+    r0, r1 = _two_active_ranks(run_dir, clients)
     r1.c.stop_heartbeat()
     r0.expect("quiesce", timeout_s=15)
     r0.c.report_quiesced(1, live_step=2, shards={"opt/pp0/tp0/dp0": 1}, replicas={"opt/pp0/tp0/dp1": 1}, dirty=False)
@@ -409,11 +415,7 @@ def test_replayed_and_stale_signed_messages_are_rejected_and_journalled(coordina
     from phoenix_hpc.control.operator import operator_request
 
     run_dir, proc, clients = coordinator
-    r0 = Rank(run_dir, clients, 0, "active", 0)
-    r1 = Rank(run_dir, clients, 1, "active", 1, node="nid00002")
-    for r in (r0, r1):
-        r.register()
-        r.beat()
+    _two_active_ranks(run_dir, clients)
     _wait(lambda: _events(run_dir, "job_running"), what="job_running")
     secret = P.read_secret(run_dir)
     info = json.loads((run_dir / P.COORDINATOR_FILE).read_text())

@@ -107,7 +107,8 @@ def job(tmp_path, monkeypatch):
                              "--host", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     slots = []
     try:
-        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists() or proc.poll() is not None, what="coordinator.json")
+        # the coordinator imports torch first: tens of seconds on a loaded 2-core host
+        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists() or proc.poll() is not None, 90, "coordinator.json")
         assert proc.poll() is None, proc.stdout.read()
         slots = [Slot(run_dir, 0, "active", 0, "nid00001"), Slot(run_dir, 1, "active", 1, "nid00002"),
                  Slot(run_dir, 2, "standby", None, "nid00003")]
