@@ -38,6 +38,11 @@ checkpoint and the lost steps are trained again). Otherwise the job enters FALLB
 {reason, message, checkpoint_step, lost_steps, checkpoint_path}), the message naming the checkpoint step
 and how to resubmit.
 
+Fault injection (``inject``): forwarded to the target slots, which arm or refuse it; answered once they did;
+armed requests that can no longer land are journalled missed (:mod:`phoenix_hpc.control.injects`).
+Every message passes a :class:`~phoenix_hpc.control.protocol.ReplayGuard`: replayed or stale signed
+messages are rejected and journalled.
+
 The job ends (``job_done`` with the final hash) when every active rank reported ``done``; or on a ``stop``
 message, SIGTERM (to the coordinator, or to a slot, which passes it on as ``signal``) or SIGUSR1 (time
 limit): a planned end, which first writes the final checkpoint from the members' host snapshots

@@ -37,10 +37,17 @@ fault           world_rank, generation, step, phase, exc_type, message [, kind]
 done            world_rank, generation, step, state_hash
 recovered       world_rank, generation, report (MemberReport JSON), timings {phase: seconds}
 inject          kind, target {world_rank | logical_rank | node | coord [pp, dp, tp]}, at_step, phase,
-                [steps_ahead: at_step is a lower bound, the fault lands at max(at_step, the target's
-                live step + steps_ahead); the reply's at_step says which], reply_to
+                [steps_ahead: at_step is a lower bound, the fault lands at max(at_step, the step the
+                target is in + steps_ahead); the reply's at_step says which], [confirm_within_s],
+                reply_to; answered once the targets armed or refused it (control/injects.py)
+inject_ack      world_rank, request_id, armed, at_step (armed at), started_step, reason (refused: why)
+inject_fired    world_rank, request_id, step, phase (sent just before the effect)
 stop            reason [, reply_to]
 ==============  ==========================================================================================
+
+Every body also carries ``sent_at`` and ``nonce`` (added by :func:`encode`). Instructions to a slot:
+``quiesce``, ``recover``, ``resume``, ``inject`` {kind, at_step, phase, request_id [, steps_ahead]},
+``disarm`` {request_id}, ``stop``.
 """
 
 from __future__ import annotations

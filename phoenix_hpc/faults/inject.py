@@ -34,7 +34,7 @@ from phoenix_hpc.faults.kinds import PHASE_WIRE, check_at_step, check_phase, kin
 from phoenix_hpc.status.model import Status
 
 LIVE = ("active", "standby", "joining", "quiesced")
-STEP_MARGIN = 3  # default --at-step: the target's live step (as the coordinator knows it) + this
+STEP_MARGIN = 3  # default --at-step: the step the target is in when it gets the request + this
 
 
 @dataclass(frozen=True)

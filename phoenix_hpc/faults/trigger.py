@@ -2,7 +2,9 @@
 
 The coordinator forwards an ``inject`` instruction ``{kind, at_step, phase, request_id}`` (wire names, see
 :mod:`phoenix_hpc.faults.kinds`) to every targeted slot; the slot's
-:class:`phoenix_hpc.control.client.CoordinatorClient` keeps it in ``client.injections`` when it polls. The
+:class:`phoenix_hpc.control.client.CoordinatorClient` arms it (keeps it in ``client.injections``) when it
+polls, if the slot has not started that step yet (:func:`arm_decision`), and refuses it otherwise; it
+answers ``inject_ack`` either way, so a request is never accepted for a step that can no longer come. The
 training loop and the runtime call :meth:`FaultTrigger.check` at every phase; the trigger fires the pending
 injection whose step and phase match. Integration (the rank loop, ``phoenix_hpc.launch``)::
 
