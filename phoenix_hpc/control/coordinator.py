@@ -650,6 +650,7 @@ class Coordinator(PlannedEndMixin):
         if slot is None or req is None:
             return
         armed = req.armed_steps().get(slot.world_rank)
+        req.fired.add(slot.world_rank)
         self.journal.append("inject_landed", request_id=req.request_id, world_rank=slot.world_rank,
                             step=body.get("step"), phase=body.get("phase"), at_step=armed,
                             exact=body.get("step") == armed and body.get("phase") == req.phase)
@@ -664,7 +665,7 @@ class Coordinator(PlannedEndMixin):
     def _refuse_inject(self, req: PendingInject, reason: str) -> None:
         """Refuse a request still being confirmed: disarm it where it was armed, journal, answer."""
         req.state = "refused"
-        for w in req.armed_steps():
+        for w in req.targets:  # also those yet to answer: their queue holds the inject, then this disarm
             if self.slots[w].state in LIVE_SLOT_STATES:
                 self._send(w, {"type": "disarm", "request_id": req.request_id})
         self.journal.append("inject_refused", request_id=req.request_id, reason=reason, targets=req.targets)

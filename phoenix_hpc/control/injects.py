@@ -8,9 +8,10 @@ coordinator answers the request once every target answered:
 
 - all armed: ``accepted`` {at_step, armed_steps {world rank: step}}; journal ``inject_armed``;
 - any refused, or no answer within the request's ``confirm_within_s``, or a target lost or the job ended
-  first: ``rejected`` {reason}; journal ``inject_refused``; the targets that armed it are sent ``disarm``
-  (an instruction queue is read in order at the start of every iteration, before any phase of it, so a
-  disarm sent before the target started the armed step always wins).
+  first: ``rejected`` {reason}; journal ``inject_refused``; every live target is sent ``disarm`` (an
+  instruction queue is read in order at the start of every iteration, before any phase of it, so a target
+  that has not read the inject yet arms and disarms it in one read, and a disarm sent before the target
+  started the armed step always wins).
 
 An armed request that can no longer land is *missed*: its target slot was declared dead before it fired, or
 the job ended first. The coordinator journals ``inject_missed`` {request_id, world_rank, at_step, reason}
@@ -47,6 +48,7 @@ class PendingInject:
     acks: dict[int, dict[str, Any]] = field(default_factory=dict)
     state: str = "confirming"
     missed: set[int] = field(default_factory=set)
+    fired: set[int] = field(default_factory=set)  # targets whose inject_fired arrived
 
     def armed_steps(self) -> dict[int, int]:
         """World rank -> step it armed the fault at."""
@@ -85,4 +87,5 @@ def verdict(req: PendingInject) -> str | None:
 def unfired(req: PendingInject, run_dir: str | Path, worlds: list[int] | None = None) -> list[int]:
     """Targets of an armed request (of ``worlds`` if given) that have not fired and are not already missed."""
     cand = req.targets if worlds is None else [w for w in req.targets if w in worlds]
-    return [w for w in cand if w not in req.missed and not fired_path(run_dir, req.request_id, w).exists()]
+    return [w for w in cand if w not in req.missed and w not in req.fired
+            and not fired_path(run_dir, req.request_id, w).exists()]
