@@ -62,6 +62,18 @@ class FaultError(PhoenixError):
     """A fault injection request is invalid (unknown target, unsupported phase, finished job)."""
 
 
+class FaultMissed(FaultError):
+    """An injection was armed by its targets but did not land (the target was lost or the job ended before
+    its step): exit code 1, the request ran and its outcome is a miss, not bad input. ``outcome``: the
+    summary of what landed and what was missed."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, outcome: dict | None = None):
+        super().__init__(message)
+        self.outcome = outcome or {}
+
+
 class ModelError(PhoenixError):
     """Invalid input to the cost model, Monte Carlo simulator or scaling fit."""
 

@@ -12,13 +12,15 @@
    whole for the next run. A drill job still running when the drill gives up or is interrupted is cancelled.
 
 Faults are drawn from the kinds of :data:`phoenix_hpc.faults.drill.VERIFIED_KINDS` unless
-``--kinds`` names others. A fault is sent only after the previous fault's recovery ended, at its planned
-step or two steps after the live step, whichever is later.
+``--kinds`` names others. A fault is sent once, after the previous fault's recovery ended, for exactly its
+planned step and phase; the target slot arms it only if it has not started that step. A fault refused that
+way, or armed and missed (its target lost, the job ended), is not sent again: it did not land where planned,
+and the drill fails.
 
 Runs go under ``--run-dir`` (default ``runs/drill-<name>-<time>``): ``reference/`` and ``job/``; both are
 recorded in the runs index, so ``phoenix status`` shows them. ``--dry-run`` prints the plan only.
 
-Exit codes: 0 every fault landed where requested, was recovered with the action its kind calls for, and the
+Exit codes: 0 every fault landed at its planned step and phase, was recovered with the action its kind calls for, and the
 final state equals the reference;
 1 the drill ran but one of those failed (the report says which); 2 bad input (config, site, too many faults
 for the steps or spares).
@@ -41,8 +43,6 @@ from phoenix_hpc.faults.drill import VERIFIED_KINDS, match_outcome
 from phoenix_hpc.faults.kinds import KINDS
 
 POLL_S = 0.25  # seconds between polls of the job's journal
-SEND_ATTEMPTS = 4  # a fault refused because its target already passed the step is sent again, later
-LATE_STEP_BUMP = 5  # steps added to such a fault's step per new attempt
 
 
 def _submit(config: Path, site: str, run_dir: Path) -> str:
@@ -254,64 +254,50 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
 
 
 def _drill_fault(out, st, collect, job_dir: Path, report: dict, timeout_s: float, show, n: int):
-    """Send one planned fault and wait until the recovery it causes has ended. Returns ``(status, give_up)``.
+    """Send one planned fault at its planned step, wait until it landed, then until the recovery it causes
+    has ended. Returns ``(status, give_up)``.
 
-    The step is the planned one or, when the job is too close to it, later (:func:`fault_step`). A request
-    the coordinator refuses because the target already passed the step, or one whose step the job passed
-    without it firing (the live step lags the slots), is sent again at a later step, up to
-    :data:`SEND_ATTEMPTS` times. ``give_up``: a wait timed out (the drill stops sending faults).
+    The fault is sent once, for exactly its planned step and phase: a request the target refuses (it had
+    already started the step) or one that missed it (the target was lost, the job ended) is not sent again
+    later; the fault fails and so does the drill (it did not land where planned). ``give_up``: a wait timed
+    out (the drill stops sending faults).
     """
-    from phoenix_hpc.faults.drill import fault_step, resolve_target, step_rate
-    from phoenix_hpc.faults.inject import build_request, inject
+    from phoenix_hpc.errors import FaultMissed
+    from phoenix_hpc.faults.drill import resolve_target
+    from phoenix_hpc.faults.inject import build_request, inject, job_over_probe
+    from phoenix_hpc.slurm.client import SlurmClient
 
     f = out.fault
     label = f"fault {f.index + 1}/{n}: {f.kind} @ {f.phase}"
-    step = None
-    for attempt in range(SEND_ATTEMPTS):
-        last = attempt == SEND_ATTEMPTS - 1
-        live = st.job.step or 0
-        step = fault_step(f.at_step if step is None else step + LATE_STEP_BUMP, live,
-                          step_rate(st.progress, time.time()), last_step=st.job.steps_total)
-        try:
-            out.rank, out.target_world_rank, out.target_node = resolve_target(f, st)
-            req = build_request(st, f.kind, rank=out.rank, at_step=step, phase=f.phase)
-            if req.kind == "kill-node":
-                report["nodes_killed"].append(req.node)
+    progress = show(label)
+    progress(st)
+    try:
+        out.rank, out.target_world_rank, out.target_node = resolve_target(f, st)
+        req = build_request(st, f.kind, rank=out.rank, at_step=f.at_step, phase=f.phase)
+        if req.kind == "kill-node":
+            report["nodes_killed"].append(req.node)
+        out.at_step, out.request_id = req.at_step, req.request_id
+        inject(job_dir, st, req, land_timeout_s=timeout_s, job_over=job_over_probe(job_dir, SlurmClient()))
+    except FaultMissed as exc:
+        out.error = f"missed: {exc}"
+        return collect(), False
+    except FaultError as exc:
+        out.request_id = None
+        out.error = f"not injected: {exc}"
+        return collect(), False
+    except Exception as exc:  # noqa: BLE001 - ControlError, OSError: report it, go on with the drill
+        out.error = f"not injected: {exc}"
+        return collect(), False
 
-            def missed(req=req):  # the job ran past the step and the fault did not fire
-                s = collect()
-                return s.finished or ((s.job.step or 0) >= req.at_step + 2
-                                      and not any(i.fired for i in s.injections if i.request_id == req.request_id))
+    def settled(s, out=out):
+        match_outcome(out, s)
+        return s.finished or out.recovery_state in ("done", "fallback", "aborted")
 
-            sent = inject(job_dir, st, req, land_timeout_s=timeout_s, give_up=missed)
-        except FaultError as exc:
-            if "already done" in str(exc) and not last:  # the coordinator's refusal of a passed step
-                st = collect()
-                continue
-            if "still run after" in str(exc) and not last:  # a kill-node that did not fire
-                out.request_id = None
-                st = collect()
-                continue
-            out.error = f"not injected: {exc}"
-            return st, False
-        except Exception as exc:  # noqa: BLE001 - ControlError, OSError: report it, go on with the drill
-            out.error = f"not injected: {exc}"
-            return st, False
-        out.at_step, out.request_id = req.at_step, sent["request_id"]
-
-        def settled(s, out=out):
-            match_outcome(out, s)
-            return (s.finished or out.recovery_state in ("done", "fallback", "aborted")
-                    or (not out.landed and (s.job.step or 0) >= (out.at_step or 0) + 2))
-
-        try:
-            st = _wait(collect, settled, timeout_s, show(label), label)
-        except TimeoutError as exc:
-            out.error = str(exc)
-            return st, True
-        if out.landed or st.finished or last:
-            return st, False
-        out.request_id = None  # missed: send it again, later
+    try:
+        st = _wait(collect, settled, timeout_s, progress, label)
+    except TimeoutError as exc:
+        out.error = str(exc)
+        return st, True
     return st, False
 
 

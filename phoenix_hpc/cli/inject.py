@@ -2,11 +2,15 @@
 
 Injects one fault into a running PHOENIX job through its coordinator, so it lands at exactly the requested
 step and phase (:mod:`phoenix_hpc.faults`). JOB is a Slurm job id or a run directory; without it, the most
-recent job (as for ``phoenix status``).
+recent job (as for ``phoenix status``). The target slots themselves arm the fault, only if they have not
+started the step yet; then the command waits until it landed (``--no-wait``: returns once it is armed;
+``phoenix status`` shows the outcome).
 
-Exit codes: 0 the coordinator accepted the request (and, for kill-node on the local cluster, the node was
-killed); 2 bad input or a refusal (unknown job, target outside the job, a phase the kind does not support,
-a finished job, the coordinator refused): the message says why and nothing was injected.
+Exit codes: 0 the fault landed at the requested step and phase (``--no-wait``: it is armed; kill-node on the
+local cluster: the node was also killed); 1 it was armed but missed: the target was lost or the job ended
+before the step (journal ``inject_missed``; ``phoenix status`` shows it); 2 bad input or a refusal (unknown
+job, target outside the job, a phase the kind does not support, a finished job, a step the target already
+started): the message says why and nothing was injected.
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ from phoenix_hpc.faults.kinds import KINDS, PHASES
               help="where in the step (default forward); each kind supports some phases only")
 @click.option("--timeout-s", type=click.FloatRange(min=1), default=30.0, show_default=True,
               help="how long to wait for the coordinator's answer")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="wait until the fault landed or was missed (--no-wait: return once the targets armed it)")
 @click.option("--json", "as_json", is_flag=True, help="print a JSON object")
-def inject_fault(job, kind, rank, node, coord, at_step, phase, timeout_s, as_json):
+def inject_fault(job, kind, rank, node, coord, at_step, phase, timeout_s, wait, as_json):
     """Inject a fault into a running job at a given step and phase."""
-    from phoenix_hpc.faults.inject import build_request, inject
+    from phoenix_hpc.errors import FaultMissed
+    from phoenix_hpc.faults.inject import build_request, inject, job_over_probe
     from phoenix_hpc.slurm.client import SlurmClient
     from phoenix_hpc.status.collect import collect_status
     from phoenix_hpc.status.runs import find_run
@@ -43,17 +50,23 @@ def inject_fault(job, kind, rank, node, coord, at_step, phase, timeout_s, as_jso
     run_dir = find_run(job, slurm=client)
     st = collect_status(run_dir, client)
     req = build_request(st, kind, rank=rank, node=node, coord=coord, at_step=at_step, phase=phase)
-    out = inject(run_dir, st, req, timeout_s=timeout_s)
-    total = st.job.steps_total
-    if out["at_step"] is not None and total and out["at_step"] > total:
-        click.echo(f"warning: the job ends at step {total}, before step {out['at_step']}: this fault will not "
-                   "land", err=True)
+    try:
+        out = inject(run_dir, st, req, timeout_s=timeout_s, wait=wait,
+                     job_over=job_over_probe(run_dir, client if st.job.job_id else None))
+    except FaultMissed as exc:
+        if as_json:
+            click.echo(json.dumps(exc.outcome, indent=2))
+        raise
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
     when = f"step {out['at_step']}, phase {out['phase']}" if out["at_step"] is not None else "now"
-    click.echo(f"injected {kind} into {json.dumps(out['target'])} (world ranks {out['targets']}) at {when}; "
-               f"request {out['request_id']}")
+    if out["state"] == "landed":
+        where = ", ".join(f"w{x['world_rank']} step {x['step']} {x['phase']}" for x in out["landed"])
+        click.echo(f"{kind} landed in {json.dumps(out['target'])} at {when} ({where}); request {out['request_id']}")
+    else:
+        click.echo(f"{kind} armed by {json.dumps(out['target'])} (world ranks {out['targets']}) for {when}; "
+                   f"request {out['request_id']}")
     if out["node_kill"]:
         nk = out["node_kill"]
         click.echo(f"node {nk['node']}: slots gone, slurmd and step daemons killed (pids {nk['killed_pids']}), "

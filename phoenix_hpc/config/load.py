@@ -13,10 +13,21 @@ from pydantic import BaseModel, ValidationError
 
 from phoenix_hpc.config.schema import JobConfig
 from phoenix_hpc.errors import ConfigError
+from phoenix_hpc.files import read_text
+
+
+# What a value read from YAML is, in the words of a YAML user (for "wrong type" messages).
+_YAML_TYPE = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+              dict: "a mapping", type(None): "null"}
+
+
+def _of_type(value: Any) -> str:
+    return _YAML_TYPE.get(type(value), type(value).__name__)
 
 
 def format_validation_error(exc: ValidationError) -> list[str]:
-    """One line per problem: ``field.path: value <v> -- <what is allowed>``."""
+    """One line per problem: ``field.path: value <v> -- <what is allowed>``; for a value of the wrong type
+    also what it is (``resilience.k: value True (a boolean) -- Input should be a valid integer``)."""
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
@@ -25,10 +36,14 @@ def format_validation_error(exc: ValidationError) -> list[str]:
             lines.append(f"{loc}: unknown field (check the spelling; see the config reference)")
         elif err["type"] == "missing":
             lines.append(f"{loc}: required field is missing")
+        elif err["loc"] and err["type"].endswith("_type"):
+            lines.append(f"{loc}: value {err.get('input')!r} ({_of_type(err.get('input'))}) -- {msg}")
         elif err["loc"] and err["type"] != "value_error":
             lines.append(f"{loc}: value {err.get('input')!r} -- {msg}")
         else:
-            lines.append(f"{loc}: {msg}" if err["loc"] else msg)
+            scalar = err["loc"] and not isinstance(err.get("input"), (dict, list))  # a field's, not a section's
+            lines.append(f"{loc}: value {err.get('input')!r} -- {msg}" if scalar else f"{loc}: {msg}" if err["loc"]
+                         else msg)
     return lines
 
 
@@ -47,28 +62,23 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def read_yaml(path: str | Path, what: str = "config") -> dict[str, Any]:
-    """Parse a YAML mapping from ``path``.
+def read_yaml(path: str | Path, what: str = "config", error: type[ConfigError] = ConfigError) -> dict[str, Any]:
+    """Parse a YAML mapping from ``path`` (read with :func:`phoenix_hpc.files.read_text`).
 
     Raises:
-        ConfigError: the file is missing, unreadable, not YAML, not a mapping, or gives a key twice in one
-            mapping.
+        error (ConfigError or a subclass): the file is missing, a directory, unreadable, empty, not UTF-8, not
+            YAML, not a mapping, or gives a key twice in one mapping.
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{what} file {str(p)!r} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"{what} file {str(p)!r} cannot be read: {exc.strerror}") from None
+    text = read_text(p, what, error=error)
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{what} file {str(p)!r} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        raise error(f"{what} file {str(p)!r} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{what} file {str(p)!r} must hold a YAML mapping, got {type(data).__name__}")
+        raise error(f"{what} file {str(p)!r} must hold a YAML mapping, got {type(data).__name__}")
     return data
 
 

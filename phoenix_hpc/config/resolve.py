@@ -29,6 +29,7 @@ from phoenix_hpc.errors import ConfigError, ReplicationError
 from phoenix_hpc.profiles.model import SBATCH_SAFE, SiteProfile
 from phoenix_hpc.profiles.slurm_time import format_slurm_time, parse_slurm_time
 from phoenix_hpc.topology import node_of_rank_blocked, place_replicas
+from phoenix_hpc.slurm.hostlist import check_hostlist
 
 
 #: Accounts the shipped examples use as placeholders (examples/perlmutter-7b.yaml): warned about at submit.
@@ -253,8 +254,11 @@ def resolve(
             problems.append(
                 f"{fname}: site {profile.name} does not allow requesting or excluding specific nodes at submission"
             )
-        elif not SBATCH_SAFE.match(val):
-            problems.append(f"{fname}: {val!r} is not a Slurm hostlist")
+        else:
+            try:
+                check_hostlist(val, f"--{fname}")
+            except ConfigError as exc:
+                problems += exc.problems
 
     memory = None
     if cfg.engine == "megatron":

@@ -34,7 +34,24 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from phoenix_hpc.engines.styles import recovery_path_of
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+# strict: a value of the wrong type is refused, not coerced (``k: true`` is not k = 1, ``steps: "50"`` is not
+# 50, ``steps: 2.5`` is not 2); an int where a float is expected is still a float (YAML reads ``lr: 1`` as
+# an int). allow_inf_nan=False: ``.inf`` / ``.nan`` are refused in every float field.
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+# Lower bounds of the resilience timings, with the reason a shorter value cannot work on a real network.
+TIMING_FLOORS_S: dict[str, tuple[float, str]] = {
+    "heartbeat_interval_s": (
+        0.1, "every slot sends a signed TCP message to the coordinator each interval; faster beats load the "
+             "coordinator of a large job without finding a dead slot any sooner than heartbeat_timeout_s"),
+    "heartbeat_timeout_s": (
+        1.0, "a live slot's heartbeat can be late by a TCP retransmission (Linux's minimum retransmission "
+             "timeout is 200 ms, doubling per retry) or by scheduling delays on a busy node; a shorter "
+             "timeout declares healthy slots dead"),
+    "collective_timeout_s": (
+        2.0, "it bounds every collective and every commit of a replica (H2H), which need TCP connections "
+             "between nodes and a whole step's transfer; a shorter timeout fails healthy steps"),
+}
 
 
 def _check_reference(value: str | None) -> str | None:
@@ -271,9 +288,11 @@ class ResilienceConfig(BaseModel):
         default_factory=lambda: ["node", "switch"],
         description="failure-domain levels to spread replicas over, most specific first, starting with node",
     )
-    heartbeat_interval_s: float = Field(1.0, gt=0, description="seconds between heartbeats")
-    heartbeat_timeout_s: float = Field(10.0, gt=0, description="seconds without a heartbeat before a slot is dead")
-    collective_timeout_s: float = Field(30.0, gt=0, description="timeout of every process-group collective, seconds")
+    heartbeat_interval_s: float = Field(1.0, ge=0.1, description="seconds between heartbeats (at least 0.1)")
+    heartbeat_timeout_s: float = Field(
+        10.0, ge=1.0, description="seconds without a heartbeat before a slot is dead (at least 1)")
+    collective_timeout_s: float = Field(
+        30.0, ge=2.0, description="timeout of every process-group collective and replica commit, seconds (at least 2)")
     coordinator_timeout_s: float = Field(
         60.0, gt=0, description="seconds a slot goes without proof that the coordinator lives (its beat counter "
                                 "advancing, read by the slot's heartbeat thread) before it stops with exit code 75; "
@@ -286,6 +305,17 @@ class ResilienceConfig(BaseModel):
         "auto is the engine's own (torch: rebind, megatron: rebuild; megatron supports only rebuild)",
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="persistent checkpoints")
+
+    @field_validator("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", mode="before")
+    @classmethod
+    def _timing_floor(cls, v, info):
+        """Lower bounds a real network can meet: ``heartbeat_interval_s`` >= 0.1 s, ``heartbeat_timeout_s`` >= 1 s,
+        ``collective_timeout_s`` (also the replica commit timeout) >= 2 s; a shorter value is refused with the
+        reason."""
+        floor, why = TIMING_FLOORS_S[info.field_name]
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v < floor:
+            raise ValueError(f"{v:g} s is below the lower bound of {floor:g} s: {why}")
+        return v
 
     @model_validator(mode="after")
     def _timeouts(self):

@@ -3,8 +3,8 @@
 One :class:`CoordinatorClient` per slot. It reads ``RUN_DIR/coordinator.json`` and ``RUN_DIR/secret``
 (waiting for them, bounded), and opens its own TCPStore client connections (one for the calling thread, one
 for the heartbeat thread: a store connection is not shared between threads). Messages are signed with the
-job secret (:mod:`phoenix_hpc.control.protocol`); instructions from the coordinator whose MAC does not verify
-are dropped.
+job secret (:mod:`phoenix_hpc.control.protocol`); instructions from the coordinator whose MAC does not verify,
+or whose nonce was already received (a replay), are dropped.
 
 Coordinator watchdog (docs/design.md section 7: ranks must not keep a dead job's allocation busy): the
 heartbeat thread reads the coordinator's beat counter every ``heartbeat_interval_s``; a separate watchdog
@@ -79,17 +79,19 @@ class CoordinatorClient:
         self.pid = os.getpid() if pid is None else int(pid)
         self.wait_s = wait_s
         self.info = wait_for_coordinator(self.run_dir, wait_s)
-        try:
-            self.secret = P.read_secret(self.run_dir)
-        except OSError as exc:
-            raise ControlError(f"cannot read the job secret in {self.run_dir}: {exc}") from None
+        self.secret = P.read_secret(self.run_dir)
         self.host, self.port = str(self.info["host"]), int(self.info["port"])
         self._store_timeout = timedelta(seconds=store_timeout_s)
         self.store = self._connect()
         self._lock = threading.Lock()
-        self.injections: list[dict] = []
+        self.injections: list[dict] = []  # armed injections (inject instructions this slot accepted)
+        self.injections_lock = threading.Lock()  # shared with the FaultTrigger that takes them
+        self.started_step = 0  # the iteration this slot is in (set by the training loop), for arming
+        self.last_step: int | None = None  # the job's last step, when known
         self._alive = None  # the liveness connection (phoenix_hpc.control.liveness), after registration
         self.instructions: deque[dict] = deque()
+        # duplicates only: an instruction may wait in the queue through a long step, so no age limit
+        self._guard = P.ReplayGuard(max_age_s=None)
         self._hb_thread: threading.Thread | None = None
         self._wd_thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -132,7 +134,9 @@ class CoordinatorClient:
                 time.sleep(0.01)
                 continue
             try:
-                return P.decode(raw, self.secret)
+                reply = P.decode(raw, self.secret)
+                self._guard.check(reply)
+                return reply
             except P.ProtocolError:
                 continue
         raise ControlError(f"no reply from the coordinator to {body.get('type')} within {timeout_s or self.wait_s:g}s")
@@ -213,8 +217,10 @@ class CoordinatorClient:
 
     # --- receiving ---------------------------------------------------------------------------------
     def poll(self) -> list[dict[str, Any]]:
-        """Pop every pending instruction. ``inject`` instructions are kept in :attr:`injections` (see
-        :meth:`take_injection`); the others are returned in order (and not kept).
+        """Pop every pending instruction. An ``inject`` instruction is armed (kept in :attr:`injections`)
+        when this slot has not started its step yet (:attr:`started_step`; the training loop keeps it) and
+        refused otherwise, and a ``disarm`` drops one; both are answered with ``inject_ack``. The other
+        instructions are returned in order (and not kept).
 
         Raises:
             ControlError: the coordinator's store cannot be reached and nothing was received.
@@ -233,13 +239,48 @@ class CoordinatorClient:
                 raise ControlError(f"coordinator at {self.host}:{self.port} unreachable: {exc}".splitlines()[0]) from None
             try:
                 msg = P.decode(raw, self.secret)
+                self._guard.check(msg)  # an instruction sent again (a replayed stop, inject) is dropped
             except P.ProtocolError:
                 continue
             if msg["type"] == "inject":
-                self.injections.append(msg)
+                self._arm(msg)
+            elif msg["type"] == "disarm":
+                self._disarm(msg)
             else:
                 out.append(msg)
         return out
+
+    def _ack(self, msg: dict[str, Any], armed: bool, at_step: int | None, reason: str) -> None:
+        try:
+            self.send({"type": "inject_ack", "world_rank": self.world_rank, "pid": self.pid,
+                       "request_id": str(msg.get("request_id", "")), "armed": armed, "at_step": at_step,
+                       "started_step": self.started_step, "reason": reason})
+        except Exception:  # noqa: BLE001 -- no answer: the coordinator refuses the request when it times out
+            pass
+
+    def _arm(self, msg: dict[str, Any]) -> None:
+        """An ``inject`` instruction: arm it if this slot has not started its step
+        (:func:`phoenix_hpc.faults.trigger.arm_decision`), else refuse it; answer ``inject_ack`` either way."""
+        from phoenix_hpc.faults.trigger import arm_decision
+
+        try:
+            step, why = arm_decision(int(msg["at_step"]), str(msg["phase"]), self.started_step, self.last_step,
+                                     msg.get("steps_ahead"))
+        except (KeyError, TypeError, ValueError) as exc:
+            return self._ack(msg, False, None, f"malformed inject instruction: {exc}")
+        if step is not None:
+            with self.injections_lock:
+                self.injections.append({**msg, "at_step": step})
+        self._ack(msg, step is not None, step, why)
+
+    def _disarm(self, msg: dict[str, Any]) -> None:
+        """A ``disarm`` instruction: drop the pending injection ``request_id`` (unless it already fired)."""
+        rid = str(msg.get("request_id", ""))
+        with self.injections_lock:
+            keep = [i for i in self.injections if not (isinstance(i, dict) and i.get("request_id") == rid)]
+            dropped = len(keep) != len(self.injections)
+            self.injections[:] = keep
+        self._ack(msg, False, None, "disarmed" if dropped else "disarm: not pending (already fired or never armed)")
 
     def wait_instruction(self, types: tuple[str, ...], timeout_s: float,
                          poll_s: float = 0.02) -> dict[str, Any] | None:

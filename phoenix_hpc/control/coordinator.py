@@ -38,6 +38,11 @@ checkpoint and the lost steps are trained again). Otherwise the job enters FALLB
 {reason, message, checkpoint_step, lost_steps, checkpoint_path}), the message naming the checkpoint step
 and how to resubmit.
 
+Fault injection (``inject``): forwarded to the target slots, which arm or refuse it; answered once they did;
+armed requests that can no longer land are journalled missed (:mod:`phoenix_hpc.control.injects`).
+Every message passes a :class:`~phoenix_hpc.control.protocol.ReplayGuard`: replayed or stale signed
+messages are rejected and journalled.
+
 The job ends (``job_done`` with the final hash) when every active rank reported ``done``; or on a ``stop``
 message, SIGTERM (to the coordinator, or to a slot, which passes it on as ``signal``) or SIGUSR1 (time
 limit): a planned end, which first writes the final checkpoint from the members' host snapshots
@@ -64,6 +69,7 @@ from typing import Any, Callable
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine, kind_from_exception
 from phoenix_hpc.control.detect import detect
+from phoenix_hpc.control.injects import PendingInject, confirm_within, unfired, verdict
 from phoenix_hpc.control.journal import Journal, ensure_private_dir, write_private_file
 from phoenix_hpc.control.liveness import LivenessServer
 from phoenix_hpc.control.operator import REPLY_PREFIX as OPERATOR_REPLY_PREFIX, OperatorServer
@@ -200,6 +206,9 @@ class Coordinator(PlannedEndMixin):
         self.liveness: LivenessServer | None = None
         self.journal: Journal | None = None
         self.secret = b""
+        self.replay_guard = P.ReplayGuard()  # replayed or stale signed messages are rejected (and journalled)
+        self.injects: dict[str, PendingInject] = {}  # fault-injection requests by request id (control/injects.py)
+        self._held_replies: set[str] = set()  # reply_to of requests answered later (injects being confirmed)
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def open(self) -> None:
@@ -294,12 +303,15 @@ class Coordinator(PlannedEndMixin):
         for cid, raw in reqs:
             try:
                 body = P.decode(raw, self.secret)
+                self.replay_guard.check(body)
             except P.ProtocolError as exc:
-                self._reject(f"operator channel: {exc}", None, key=("operator-decode", str(exc)[:40]))
+                self._reject(f"operator channel: {exc}", None, key=("operator", *exc.key))
                 self.operator.finish(cid)
                 continue
-            self._dispatch({**body, "reply_to": f"{OPERATOR_REPLY_PREFIX}{cid}"})
-            self.operator.finish(cid)
+            to = f"{OPERATOR_REPLY_PREFIX}{cid}"
+            self._dispatch({**body, "reply_to": to})
+            if to not in self._held_replies:  # an inject is answered once its targets confirmed it
+                self.operator.finish(cid)
         return bool(reqs)
 
     def _drain_exits(self) -> bool:
@@ -330,8 +342,9 @@ class Coordinator(PlannedEndMixin):
     def _handle(self, raw: bytes) -> None:
         try:
             body = P.decode(raw, self.secret)
+            self.replay_guard.check(body)
         except P.ProtocolError as exc:
-            self._reject(str(exc), None, key=("decode", str(exc)[:40]))
+            self._reject(str(exc), None, key=("decode", *exc.key))
             return
         self._dispatch(body)
 
@@ -350,6 +363,7 @@ class Coordinator(PlannedEndMixin):
 
     def _reply(self, body: dict, reply: dict) -> None:
         to = body.get("reply_to")
+        reply = {**reply, "in_reply_to": body.get("nonce")}
         if isinstance(to, str) and to.startswith(OPERATOR_REPLY_PREFIX):
             cid = to[len(OPERATOR_REPLY_PREFIX):]
             if self.operator is not None and cid.isdigit():
@@ -597,11 +611,104 @@ class Coordinator(PlannedEndMixin):
         if at_step <= live_step:
             return self._reject(f"inject: step {at_step} already done by the target (at step {live_step})", body)
         rid = str(body.get("request_id") or uuid.uuid4().hex[:12])
+        if rid in self.injects:
+            return self._reject(f"inject: request id {rid!r} was already used", body)
+        # the targets decide (they know the step they are in); the answer waits for them (control/injects.py)
+        self.injects[rid] = PendingInject(rid, kind, phase, at_step, targets, body,
+                                          deadline=self.clock() + confirm_within(body))
+        self._held_replies.add(str(body.get("reply_to")))
+        msg = {"type": "inject", "kind": kind, "at_step": at_step, "phase": phase, "request_id": rid}
+        if ahead is not None:
+            msg["steps_ahead"] = ahead
         for w in targets:
-            self._send(w, {"type": "inject", "kind": kind, "at_step": at_step, "phase": phase, "request_id": rid})
+            self._send(w, msg)
         self.journal.append("inject_forwarded", kind=kind, phase=phase, at_step=at_step, targets=targets,
                             target=body.get("target"), request_id=rid)
-        self._reply(body, {"type": "accepted", "targets": targets, "request_id": rid, "at_step": at_step})
+
+    def _on_inject_ack(self, body: dict) -> None:
+        """A target armed or refused an injection (or answered a ``disarm``)."""
+        slot = self._slot_of(body, "inject_ack")
+        req = self.injects.get(str(body.get("request_id")))
+        if slot is None or req is None or slot.world_rank not in req.targets or req.state != "confirming":
+            return
+        req.acks[slot.world_rank] = body
+        v = verdict(req)
+        if v == "refused":
+            self._refuse_inject(req, "; ".join(req.refusals()))
+        elif v == "armed":
+            req.state = "armed"
+            steps = req.armed_steps()
+            self.journal.append("inject_armed", request_id=req.request_id, armed_steps=sorted(steps.items()),
+                                started_steps=sorted((w, a.get("started_step")) for w, a in req.acks.items()))
+            self._release_reply(req, {"type": "accepted", "targets": req.targets, "request_id": req.request_id,
+                                      "at_step": max(steps.values()), "armed_steps": sorted(steps.items())})
+
+    def _on_inject_fired(self, body: dict) -> None:
+        """A target's injection fired (sent just before the effect; the landing file is written first)."""
+        slot = self._slot_of(body, "inject_fired")
+        req = self.injects.get(str(body.get("request_id")))
+        if slot is None or req is None:
+            return
+        armed = req.armed_steps().get(slot.world_rank)
+        req.fired.add(slot.world_rank)
+        self.journal.append("inject_landed", request_id=req.request_id, world_rank=slot.world_rank,
+                            step=body.get("step"), phase=body.get("phase"), at_step=armed,
+                            exact=body.get("step") == armed and body.get("phase") == req.phase)
+
+    def _release_reply(self, req: PendingInject, reply: dict) -> None:
+        self._held_replies.discard(str(req.request.get("reply_to")))
+        self._reply(req.request, reply)
+        to = str(req.request.get("reply_to"))
+        if to.startswith(OPERATOR_REPLY_PREFIX) and to[len(OPERATOR_REPLY_PREFIX):].isdigit() and self.operator:
+            self.operator.finish(int(to[len(OPERATOR_REPLY_PREFIX):]))  # closed, if the reply did not go out
+
+    def _refuse_inject(self, req: PendingInject, reason: str) -> None:
+        """Refuse a request still being confirmed: disarm it where it was armed, journal, answer."""
+        req.state = "refused"
+        for w in req.targets:  # also those yet to answer: their queue holds the inject, then this disarm
+            if self.slots[w].state in LIVE_SLOT_STATES:
+                self._send(w, {"type": "disarm", "request_id": req.request_id})
+        self.journal.append("inject_refused", request_id=req.request_id, reason=reason, targets=req.targets)
+        self.counters["rejected"] += 1
+        self._release_reply(req, {"type": "rejected", "reason": f"inject: {reason}"})
+
+    def _injects_lost(self, worlds: list[int], why: str) -> None:
+        """Slots ``worlds`` are gone: requests they still had to confirm are refused, armed ones they had not
+        fired are missed."""
+        for req in list(self.injects.values()):
+            hit = [w for w in worlds if w in req.targets]
+            if not hit:
+                continue
+            if req.state == "confirming":
+                self._refuse_inject(req, f"world rank(s) {hit} lost before confirming ({why})")
+            elif req.state == "armed":
+                for w in unfired(req, self.run_dir, hit):
+                    req.missed.add(w)
+                    self.journal.append("inject_missed", request_id=req.request_id, world_rank=w,
+                                        at_step=req.armed_steps().get(w),
+                                        reason=f"world rank {w} was lost before step {req.armed_steps().get(w)} "
+                                               f"({why})")
+
+    def _injects_tick(self, now: float) -> None:
+        for req in list(self.injects.values()):
+            if req.state == "confirming" and now > req.deadline:
+                silent = sorted(set(req.targets) - set(req.acks))
+                self._refuse_inject(req, f"world rank(s) {silent} did not confirm within "
+                                         f"{confirm_within(req.request):g} s (a slot reads instructions once per "
+                                         "step; allow a longer --timeout-s)")
+
+    def _injects_at_end(self, state: JobState) -> None:
+        """The job ends: requests being confirmed are refused, armed ones that did not fire are missed."""
+        for req in list(self.injects.values()):
+            if req.state == "confirming":
+                self._refuse_inject(req, f"the job ended ({state.value})")
+            elif req.state == "armed":
+                for w in unfired(req, self.run_dir):
+                    req.missed.add(w)
+                    self.journal.append("inject_missed", request_id=req.request_id, world_rank=w,
+                                        at_step=req.armed_steps().get(w),
+                                        reason=f"the job ended ({state.value}) before step "
+                                               f"{req.armed_steps().get(w)}, phase {req.phase}")
 
     def _resolve_target(self, target: Any) -> tuple[list[int], str]:
         live = {w: s for w, s in self.slots.items() if s.state in LIVE_SLOT_STATES}
@@ -629,6 +736,7 @@ class Coordinator(PlannedEndMixin):
     def _tick(self, now: float) -> None:
         if self.job.state in TERMINAL_JOB_STATES:
             return
+        self._injects_tick(now)
         if self.ending is not None:  # members leave on purpose: no detection, no decisions
             return self._advance_end(now)
         watched = {w: s.last_seen for w, s in self.slots.items() if s.state in LIVE_SLOT_STATES}
@@ -665,6 +773,7 @@ class Coordinator(PlannedEndMixin):
             self.slots[w].machine.to(SlotState.DEAD, reason)
         nodes = tuple(sorted({self.slots[w].node for w in worlds}))
         self.journal.append("slots_dead", slots=worlds, nodes=list(nodes), kind=kind.value, reason=reason)
+        self._injects_lost(worlds, reason)
         members = set(self.rank_map.values())
         if not any(w in members for w in worlds):
             spares = sorted(w for w, s in self.slots.items() if s.state is SlotState.STANDBY)
@@ -924,6 +1033,7 @@ class Coordinator(PlannedEndMixin):
         if self.job.state not in TERMINAL_JOB_STATES:
             self.job.to(state, event)
         self.journal.append(event, **fields)
+        self._injects_at_end(state)
         reason = fields.get("message") or fields.get("reason") or event
         for w, s in sorted(self.slots.items()):
             if s.state in LIVE_SLOT_STATES:

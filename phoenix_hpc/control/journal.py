@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from phoenix_hpc.errors import StatusError
+from phoenix_hpc.files import decode_utf8, read_bytes
+
 JOURNAL_NAME = "journal.jsonl"
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -109,13 +112,18 @@ def iter_journal(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     A torn last line (no trailing newline and not valid JSON, as left by a crash mid-write) is skipped.
     A complete line that is not a JSON object with ``ts`` and ``event`` raises ValueError naming the line.
     A run directory or a journal path may be given; a missing journal yields nothing.
+
+    Raises:
+        StatusError: the journal is a directory, cannot be read, or is not UTF-8
+            (:func:`phoenix_hpc.files.read_bytes`).
     """
     p = Path(path)
     if p.is_dir():
         p = p / JOURNAL_NAME
-    if not p.exists():
+    data = read_bytes(p, "journal", error=StatusError, allow_empty=True, missing_ok=True)
+    if data is None:
         return
-    data = p.read_bytes()
+    decode_utf8(data[:data.rfind(b"\n") + 1], "journal", p, error=StatusError)  # a torn tail may end mid-character
     lines = data.split(b"\n")
     torn_tail = not data.endswith(b"\n")
     for i, raw in enumerate(lines):

@@ -8,7 +8,8 @@ nothing at all: those two are still found by heartbeat timeouts (:mod:`phoenix_h
 Wire format: after its registration is accepted, a slot connects to ``coordinator.json``'s ``host`` and
 ``liveness_port`` and sends one signed line (:func:`phoenix_hpc.control.protocol.encode`) with body
 ``{"type": "alive", "world_rank", "pid"}``; then it never sends again. The coordinator trusts only a line
-that verifies with the job secret, and reports an end-of-file only for such a connection.
+that verifies with the job secret and is neither replayed nor stale (:class:`~phoenix_hpc.control.protocol.ReplayGuard`),
+and reports an end-of-file only for such a connection.
 
 Threads: :class:`LivenessServer` runs one daemon thread (a :mod:`selectors` loop over every connection, so
 thousands of slots cost one thread); the coordinator's loop collects the exits with :meth:`poll_exits`.
@@ -33,6 +34,7 @@ class LivenessServer:
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
+        self._guard = P.ReplayGuard()
         self._sel = selectors.DefaultSelector()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -105,6 +107,7 @@ class LivenessServer:
             body = P.decode(bytes(state["buf"][:i]), self._secret)
             if body.get("type") != "alive":
                 raise P.ProtocolError("not an alive message")
+            self._guard.check(body)  # a replayed hello, closed later, would fake the slot's exit
             state["who"] = (int(body["world_rank"]), int(body["pid"]))
         except (P.ProtocolError, KeyError, TypeError, ValueError):
             self._drop(conn)  # not a slot of this job: forget it

@@ -138,8 +138,10 @@ def operator_request(host: str, port: int, body: dict[str, Any], secret: bytes,
 
     Raises:
         ControlError: the coordinator cannot be reached, closes without a reply, answers with a message that
-            does not verify with ``secret``, or does not answer within ``timeout_s`` seconds.
+            does not verify with ``secret`` or does not answer this request (``in_reply_to`` is not its
+            nonce), or does not answer within ``timeout_s`` seconds.
     """
+    body = P.stamp(body)
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as conn:
             conn.settimeout(timeout_s)
@@ -154,6 +156,10 @@ def operator_request(host: str, port: int, body: dict[str, Any], secret: bytes,
         raise ControlError(f"the coordinator at {host}:{port} closed the connection without replying to "
                            f"{body.get('type')}")
     try:
-        return P.decode(raw, secret)
+        reply = P.decode(raw, secret)
     except P.ProtocolError as exc:
         raise ControlError(f"the coordinator's reply does not verify: {exc}") from None
+    if reply.get("in_reply_to") != body["nonce"]:
+        raise ControlError(f"the coordinator's reply answers another request (in_reply_to "
+                           f"{reply.get('in_reply_to')!r}, this request's nonce {body['nonce']!r}): a replayed reply")
+    return reply

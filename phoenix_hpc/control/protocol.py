@@ -17,6 +17,14 @@ HMAC-SHA256(secret, canonical JSON of body) and the secret is the per-job key in
 message that is not JSON, lacks a MAC or whose MAC does not verify, and journals the rejection with a reason;
 ranks verify the coordinator's messages the same way.
 
+Replay protection: :func:`encode` puts ``sent_at`` (unix time, seconds) and ``nonce`` (96 random bits, hex)
+into every body, so both are covered by the MAC. A :class:`ReplayGuard` at the receiver refuses a body whose
+nonce it has already seen, and (where messages cannot wait long: the coordinator's inbox and operator
+channel) one sent more than :data:`MAX_MESSAGE_AGE_S` before or after its own clock; a nonce is remembered
+as long as a message carrying it could still pass the age check. A captured signed message (an inject, a
+stop) sent again is therefore rejected, and the coordinator journals the rejection. Replies on the operator
+channel carry ``in_reply_to`` = the request's nonce, so an old reply cannot answer a new request.
+
 Request bodies (``type`` field) sent to ``ctl/in``:
 
 ==============  ==========================================================================================
@@ -29,10 +37,17 @@ fault           world_rank, generation, step, phase, exc_type, message [, kind]
 done            world_rank, generation, step, state_hash
 recovered       world_rank, generation, report (MemberReport JSON), timings {phase: seconds}
 inject          kind, target {world_rank | logical_rank | node | coord [pp, dp, tp]}, at_step, phase,
-                [steps_ahead: at_step is a lower bound, the fault lands at max(at_step, the target's
-                live step + steps_ahead); the reply's at_step says which], reply_to
+                [steps_ahead: at_step is a lower bound, the fault lands at max(at_step, the step the
+                target is in + steps_ahead); the reply's at_step says which], [confirm_within_s],
+                reply_to; answered once the targets armed or refused it (control/injects.py)
+inject_ack      world_rank, request_id, armed, at_step (armed at), started_step, reason (refused: why)
+inject_fired    world_rank, request_id, step, phase (sent just before the effect)
 stop            reason [, reply_to]
 ==============  ==========================================================================================
+
+Every body also carries ``sent_at`` and ``nonce`` (added by :func:`encode`). Instructions to a slot:
+``quiesce``, ``recover``, ``resume``, ``inject`` {kind, at_step, phase, request_id [, steps_ahead]},
+``disarm`` {request_id}, ``stop``.
 """
 
 from __future__ import annotations
@@ -40,12 +55,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import os
 import secrets
+import time
+from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from phoenix_hpc.control.journal import write_private_file
+from phoenix_hpc.errors import ControlError
+from phoenix_hpc.files import read_text
 
 PROTOCOL_VERSION = 1
 COORDINATOR_FILE = "coordinator.json"
@@ -72,7 +92,74 @@ INJECT_PHASES = ("forward_backward", "reduce_gradients", "d2h", "h2h", "wait_com
 
 
 class ProtocolError(ValueError):
-    """A message could not be decoded or authenticated. ``str()`` is the reason journalled."""
+    """A message could not be decoded or authenticated. ``str()`` is the reason journalled; ``key``: what
+    makes two rejections the same one (a receiver journals each distinct rejection once)."""
+
+    def __init__(self, reason: str, key: tuple | None = None):
+        super().__init__(reason)
+        self.key = key if key is not None else (reason[:40],)
+
+
+MAX_MESSAGE_AGE_S = 120.0
+"""How far a message's ``sent_at`` may lie from the receiver's clock (either way) at the coordinator. Its
+inbox is drained continuously, so a genuine message is seconds old at most; the rest is room for the clock
+differences of NTP-synchronised nodes."""
+
+
+def stamp(body: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """``body`` with ``sent_at`` (``time.time()`` or ``now``) and a fresh ``nonce`` added (kept if present)."""
+    out = dict(body)
+    out.setdefault("sent_at", time.time() if now is None else float(now))
+    out.setdefault("nonce", secrets.token_hex(12))
+    return out
+
+
+class ReplayGuard:
+    """Refuses replayed and stale message bodies (see the module docstring).
+
+    Args:
+        max_age_s: the most ``|now - sent_at|`` may be; None: no age check (ranks: an instruction can wait in
+            the queue for a whole long step), then every nonce is remembered for the life of the guard.
+        clock: unix time in seconds (injectable for tests).
+    """
+
+    def __init__(self, max_age_s: float | None = MAX_MESSAGE_AGE_S, clock: Callable[[], float] = time.time):
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self._seen: dict[str, float] = {}  # nonce -> sent_at
+        self._order: deque[tuple[float, str]] = deque()  # (time received, nonce), oldest first
+
+    def check(self, body: dict[str, Any]) -> None:
+        """Accept ``body`` once (records its nonce).
+
+        Raises:
+            ProtocolError: no ``sent_at``/``nonce``, ``sent_at`` too far from now, or the nonce was seen before.
+        """
+        sent, nonce = body.get("sent_at"), body.get("nonce")
+        if isinstance(sent, bool) or not isinstance(sent, (int, float)) or not isinstance(nonce, str) or not nonce:
+            raise ProtocolError(f"{body.get('type')} message without sent_at and nonce (replay protection); "
+                                "sent by an older or foreign sender", key=("unstamped", body.get("type")))
+        now = self.clock()
+        if self.max_age_s is not None:
+            self._forget(now)
+            age = now - float(sent)
+            if not math.isfinite(age) or abs(age) > self.max_age_s:
+                what = "stale" if age > 0 else "from the future"
+                when = f"{age:.1f} s ago" if age > 0 else f"{-age:.1f} s in the future"
+                raise ProtocolError(f"{what} {body.get('type')} message: sent {when}, outside the "
+                                    f"+-{self.max_age_s:g} s a message may take (a replay, or clocks apart)",
+                                    key=(what, body.get("type"), body.get("world_rank")))
+        if nonce in self._seen:
+            raise ProtocolError(f"replayed {body.get('type')} message: nonce {nonce[:24]} was already received",
+                                key=("replayed", nonce))
+        self._seen[nonce] = float(sent)
+        self._order.append((now, nonce))
+
+    def _forget(self, now: float) -> None:
+        """Drop nonces no message could still carry past the age check."""
+        while self._order and now - self._order[0][0] > 2 * self.max_age_s:
+            _, n = self._order.popleft()
+            self._seen.pop(n, None)
 
 
 def new_secret(run_dir: str | os.PathLike) -> bytes:
@@ -87,9 +174,10 @@ def read_secret(run_dir: str | os.PathLike) -> bytes:
     """The job's secret from ``RUN_DIR/secret``.
 
     Raises:
-        FileNotFoundError: no secret file (the coordinator has not started yet).
+        ControlError: no secret file (the coordinator has not started yet), or it is a directory, unreadable,
+            empty or not UTF-8 (:func:`phoenix_hpc.files.read_text`).
     """
-    return (Path(run_dir) / SECRET_FILE).read_text().strip().encode()
+    return read_text(Path(run_dir) / SECRET_FILE, "job secret", error=ControlError).strip().encode()
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
@@ -97,7 +185,8 @@ def _canonical(body: dict[str, Any]) -> bytes:
 
 
 def encode(body: dict[str, Any], secret: bytes) -> bytes:
-    """Sign and serialise one message body."""
+    """Sign and serialise one message body, :func:`stamp`-ed with ``sent_at`` and ``nonce`` first."""
+    body = stamp(body)
     mac = hmac.new(secret, _canonical(body), hashlib.sha256).hexdigest()
     return json.dumps({"v": PROTOCOL_VERSION, "body": body, "mac": mac}, separators=(",", ":")).encode()
 
@@ -128,9 +217,19 @@ def decode(raw: bytes, secret: bytes) -> dict[str, Any]:
 
 
 def read_coordinator_file(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """``RUN_DIR/coordinator.json`` as a dict, or None if it does not exist (yet)."""
+    """``RUN_DIR/coordinator.json`` as a dict, or None if it does not exist (yet).
+
+    Raises:
+        ControlError: it is a directory, unreadable, empty, not UTF-8, or not a JSON object.
+    """
     p = Path(run_dir) / COORDINATOR_FILE
-    try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
+    text = read_text(p, "run directory", error=ControlError, missing_ok=True)
+    if text is None:
         return None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ControlError(f"run directory file {str(p)!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ControlError(f"run directory file {str(p)!r} must hold a JSON object")
+    return data

@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 from phoenix_hpc.errors import DataError
+from phoenix_hpc.files import read_bytes
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"  # Megatron indexed dataset .idx magic (megatron.core.datasets)
 
@@ -28,19 +29,21 @@ def check_indexed_dataset(prefix: str | Path, vocab_size: int | None = None) -> 
     ``vocab_size``: the model's, so that a missing dataset's message says how to make a fitting one.
 
     Raises:
-        DataError: a file is missing, the .idx lacks the ``MMIDIDX`` header or version 1, or the .bin is
-            shorter than the index says.
+        DataError: a file is missing; the .idx is a directory, unreadable or empty
+            (:func:`phoenix_hpc.files.read_bytes`); the .bin is a directory; the .idx lacks the ``MMIDIDX``
+            header or version 1.
     """
     prefix = str(prefix)
     idx, bin_ = Path(prefix + ".idx"), Path(prefix + ".bin")
-    missing = [str(p) for p in (idx, bin_) if not p.is_file()]
+    missing = [str(p) for p in (idx, bin_) if not p.exists()]
     if missing:
         raise DataError(
             f"data.path {prefix!r} is not a Megatron indexed dataset: missing {', '.join(missing)} "
             f"({how_to_make(vocab_size)})"
         )
-    with idx.open("rb") as f:
-        head = f.read(9 + 8 + 1 + 8)
+    head = read_bytes(idx, "dataset index", error=DataError, max_bytes=9 + 8 + 1 + 8)
+    if bin_.is_dir():
+        raise DataError(f"dataset file {str(bin_)!r} is a directory, not a file")
     if len(head) < 26 or head[:9] != INDEX_HEADER:
         raise DataError(f"data.path {prefix!r}: {idx} is not a Megatron .idx file (no MMIDIDX header)")
     version = struct.unpack("<Q", head[9:17])[0]

@@ -19,7 +19,6 @@ Planning rules (so that every planned fault can be survived by design):
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -98,7 +97,7 @@ class DrillOutcome:
 
     fault: DrillFault
     request_id: str | None = None
-    at_step: int | None = None  # the step actually requested (may be later than planned if the job was ahead)
+    at_step: int | None = None  # the step requested (always the planned one; None: not sent)
     landed: list[dict[str, Any]] = field(default_factory=list)  # {world_rank, step, phase, ts}
     action: str | None = None
     detect_s: float | None = None
@@ -115,7 +114,8 @@ class DrillOutcome:
 
     @property
     def landed_as_requested(self) -> bool:
-        return bool(self.landed) and all(f["step"] == self.at_step and f["phase"] == self.fault.phase
+        """Every landing record is at the planned step and phase."""
+        return bool(self.landed) and all(f["step"] == self.fault.at_step and f["phase"] == self.fault.phase
                                          for f in self.landed)
 
     @property
@@ -166,34 +166,6 @@ def match_outcome(out: DrillOutcome, st: Status, before_ts: float | None = None)
         out.total_s, out.phases, out.steps_replayed = rec.total_s, dict(rec.phases), rec.steps_replayed
         out.detect_s = rec.phases.get("detect", rec.detect_s)
     return out
-
-
-def step_rate(progress: Sequence[Sequence[float]], now: float, window_s: float = 10.0) -> float:
-    """Steps per second of the job over the last ``window_s`` seconds of its progress points
-    (``Status.progress``: ``[ts, live step]`` in time order); 0.0 when unknown. A rollback (restore) starts the
-    window anew. Pure."""
-    pts = [(float(t), float(v)) for t, v in progress if float(t) >= now - window_s]
-    for i in range(len(pts) - 1, 0, -1):
-        if pts[i][1] < pts[i - 1][1]:
-            pts = pts[i:]
-            break
-    if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
-        return 0.0
-    return max(0.0, (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]))
-
-
-def fault_step(planned: int, live_step: int | None, rate_steps_per_s: float, *, last_step: int | None = None,
-               lead_s: float = 1.0, min_margin: int = 2) -> int:
-    """The step to send a fault for: ``planned``, or later when the job is too close to it. The request
-    reaches the target about ``lead_s`` seconds after the live step was journalled (the drill's poll, the
-    send, the slot's poll of its instructions), so the step must lie at least ``rate * lead_s`` steps (and
-    ``min_margin``) ahead of the live step; but not beyond ``last_step`` while ``live + min_margin`` still
-    fits (a late try beats a certain refusal; a fault that does not fire is sent again). Pure."""
-    live = int(live_step or 0)
-    step = max(int(planned), live + max(min_margin, math.ceil(rate_steps_per_s * lead_s)))
-    if last_step is not None and step > last_step >= live + min_margin:
-        step = last_step
-    return step
 
 
 def quiesce_by_generation(records: Sequence[dict[str, Any]]) -> dict[int, float]:

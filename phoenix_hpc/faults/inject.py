@@ -1,34 +1,40 @@
-"""Build, validate and send a fault-injection request (``phoenix inject-fault``, ``phoenix drill``).
+"""Build, validate and send a fault-injection request (``phoenix inject-fault``, ``phoenix drill``), then follow
+it until it landed or was missed.
 
 Flow: :func:`build_request` checks a user's request against the job's current
 :class:`~phoenix_hpc.status.model.Status` (pure; every refusal is a :class:`FaultError` and nothing is
 sent); :func:`send_request` hands it to the job's coordinator through the control protocol (an ``inject``
 message on the coordinator's operator channel, signed with the job secret, :mod:`phoenix_hpc.control.protocol`); the
-coordinator resolves the target to world ranks and forwards the instruction, and each target's
-:class:`~phoenix_hpc.faults.trigger.FaultTrigger` fires at the requested step and phase.
+coordinator resolves the target to world ranks and forwards the instruction, and each target slot arms it
+only if it has not started the step yet, or refuses it (:func:`phoenix_hpc.faults.trigger.arm_decision`).
+The coordinator answers once every target answered (:mod:`phoenix_hpc.control.injects`): accepted means
+*armed by the targets themselves*, not judged from the coordinator's lagging view of the job. Each
+target's :class:`~phoenix_hpc.faults.trigger.FaultTrigger` then fires at the step and phase.
+:func:`wait_outcome` follows an armed request until every target landed (its landing record) or was missed
+(the coordinator's ``inject_missed``: the target was lost, or the job ended, before the step).
 
-``kill-node`` on the local test cluster (site ``local``): once the coordinator has forwarded it, every slot
-of the node kills itself at the step and phase; :func:`finish_kill_node` then waits until the slot PIDs the
-coordinator recorded (``registered`` journal records) are gone and kills the node's slurmd and step
-daemons by the PIDs the cluster recorded (:func:`phoenix_hpc.slurm.cluster.kill_node`), marking the node
-DOWN, so Slurm sees the node loss as well. A node that holds only standby slots has no steps: there the
-node is killed at once. No process is ever found by a name pattern.
+``kill-node`` on the local test cluster (site ``local``): once the node's slots landed at the step and phase,
+:func:`finish_kill_node` waits until their PIDs are gone and, only while the job still runs, kills the
+node's slurmd and step daemons by the PIDs the cluster recorded (:func:`phoenix_hpc.slurm.cluster.kill_node`),
+marking the node DOWN, so Slurm sees the node loss as well. A node that holds only standby slots has no
+steps: there the node is killed at once. Nothing is done to a node after its job ended, and no process is
+ever found by a name pattern.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from phoenix_hpc.errors import ControlError, FaultError
+from phoenix_hpc.errors import ControlError, FaultError, FaultMissed
 from phoenix_hpc.faults.kinds import PHASE_WIRE, check_at_step, check_phase, kind_spec, parse_coord
 from phoenix_hpc.status.model import Status
 
 LIVE = ("active", "standby", "joining", "quiesced")
-STEP_MARGIN = 3  # default --at-step: the target's live step (as the coordinator knows it) + this
+STEP_MARGIN = 3  # default --at-step: the step the target is in when it gets the request + this
 
 
 @dataclass(frozen=True)
@@ -151,11 +157,13 @@ def build_request(st: Status, kind: str, *, rank: int | None = None, node: str |
 def send_request(run_dir: Path, req: InjectRequest, timeout_s: float = 30.0) -> dict[str, Any]:
     """Send ``req`` to the job's coordinator through its operator channel (:mod:`phoenix_hpc.control.operator`:
     standard library only, so the command does not spend seconds importing torch while the job runs on) and
-    wait for its answer. Returns the ``accepted`` reply (``{"type": "accepted", "targets": [world ranks],
-    "request_id", "at_step"}``).
+    wait for its answer, which comes once every target slot armed the fault (it had not started the step)
+    or one refused it (:mod:`phoenix_hpc.control.injects`). Returns the ``accepted`` reply (``{"type":
+    "accepted", "targets": [world ranks], "request_id", "at_step", "armed_steps": [[world rank, step]]}``).
 
     Raises:
-        FaultError: the coordinator refused the request (its reason is in the message: nothing injected).
+        FaultError: the coordinator or a target refused the request (the reason is in the message: nothing
+            is armed anywhere).
         ControlError: no ``coordinator.json`` naming an operator port, an unreadable job secret, or the
             coordinator cannot be reached or does not answer within ``timeout_s``.
     """
@@ -165,17 +173,75 @@ def send_request(run_dir: Path, req: InjectRequest, timeout_s: float = 30.0) -> 
     info = P.read_coordinator_file(run_dir)
     if not info or not info.get("operator_port"):
         raise ControlError(f"{run_dir}/{P.COORDINATOR_FILE} names no coordinator operator port; nothing was sent")
-    try:
-        secret = P.read_secret(run_dir)
-    except OSError as exc:
-        raise ControlError(f"cannot read the job secret in {run_dir}: {exc}") from None
-    return _accepted(operator_request(str(info["host"]), int(info["operator_port"]), req.body(), secret, timeout_s))
+    secret = P.read_secret(run_dir)
+    body = {**req.body(), "confirm_within_s": max(1.0, timeout_s - CONFIRM_MARGIN_S)}
+    return _accepted(operator_request(str(info["host"]), int(info["operator_port"]), body, secret, timeout_s))
+
+
+CONFIRM_MARGIN_S = 3.0  # the targets' confirmation must come this much before the command stops waiting
 
 
 def _accepted(reply: dict[str, Any]) -> dict[str, Any]:
     if reply.get("type") != "accepted":
         raise FaultError(f"the coordinator refused the injection: {reply.get('reason', reply)}; nothing was injected")
     return reply
+
+
+def is_exact(landed: dict[str, Any], at_step: int, phase_wire: str) -> bool:
+    """Whether a landing record is where the request asked: its step (for the ``recovery`` phase, the first
+    recovery at or after it) and phase. Pure."""
+    from phoenix_hpc.faults.trigger import RECOVERY_PHASE
+
+    step = landed.get("step")
+    if landed.get("phase") != phase_wire or not isinstance(step, int):
+        return False
+    return step >= at_step if phase_wire == RECOVERY_PHASE else step == at_step
+
+
+def outcome_of(request_id: str, armed: dict[int, int], phase_wire: str, fired: list[dict[str, Any]],
+               records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where an armed request stands, from the landing records (``faults/fired-*.json``) and the journal's
+    ``inject_missed`` records. Pure.
+
+    Returns ``{"landed": {w: record}, "missed": {w: reason}, "pending": [w], "exact": bool}`` (``exact``:
+    every target landed at its armed step and the requested phase)."""
+    landed = {int(f["world_rank"]): f for f in fired if f.get("request_id") == request_id
+              and f.get("world_rank") is not None}
+    missed = {int(r["world_rank"]): str(r.get("reason", "")) for r in records
+              if r.get("event") == "inject_missed" and r.get("request_id") == request_id
+              and int(r["world_rank"]) not in landed}
+    pending = sorted(w for w in armed if w not in landed and w not in missed)
+    exact = not missed and not pending and all(is_exact(landed[w], armed[w], phase_wire) for w in armed)
+    return {"landed": {w: landed[w] for w in sorted(landed) if w in armed}, "missed": missed, "pending": pending,
+            "exact": exact}
+
+
+def wait_outcome(run_dir: Path, request_id: str, armed: dict[int, int], phase_wire: str, *,
+                 job_over: Callable[[], str | None], poll_s: float = 0.2, grace_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+                 ) -> dict[str, Any]:
+    """Wait until every target of an armed request has landed or was missed (see :func:`outcome_of`).
+
+    ``job_over()`` returns why the job is over (None while it runs); once it does, the coordinator's own
+    ``inject_missed`` records get ``grace_s`` to appear, then the targets still pending are missed with
+    that reason (e.g. a coordinator that ended without journalling)."""
+    from phoenix_hpc.control.journal import read_journal
+    from phoenix_hpc.faults.trigger import read_fired
+
+    over_at = None
+    while True:
+        out = outcome_of(request_id, armed, phase_wire, read_fired(run_dir), read_journal(run_dir))
+        if not out["pending"]:
+            return out
+        why = job_over()
+        if why is not None:
+            over_at = clock() if over_at is None else over_at
+            if clock() - over_at >= grace_s:
+                for w in out["pending"]:
+                    out["missed"][w] = f"{why} before step {armed[w]}"
+                out["pending"] = []
+                return out
+        sleep(poll_s)
 
 
 def pid_alive(pid: int) -> bool:
@@ -217,57 +283,115 @@ def local_cluster_for(st: Status, node: str):
 
 
 def finish_kill_node(cluster, req: InjectRequest, timeout_s: float,
-                     give_up: Callable[[], bool] | None = None) -> dict[str, Any]:
+                     job_over: Callable[[], str | None] | None = None) -> dict[str, Any]:
     """Local cluster: after the node's slots died at their step (or at once for ``immediate``), kill the
-    node's slurmd and step daemons by their recorded PIDs and mark the node DOWN.
+    node's slurmd and step daemons by their recorded PIDs and mark the node DOWN; only while the job runs.
 
     Returns ``{"node", "slots_gone", "killed_pids", "waited_s"}``.
 
     Raises:
-        FaultError: the slots did not die within ``timeout_s`` or before ``give_up()`` returned true (e.g. the
-            target ran past the step without firing; the fault has not landed; the node is left up).
+        FaultError: the slots did not die within ``timeout_s``, or the job is over (``job_over()`` says why):
+            nothing is done to a node after its job ended; the node is left up.
     """
     from phoenix_hpc.slurm.cluster import kill_node
 
     t0 = time.monotonic()
     if not req.immediate:
-        left = wait_pids_gone(req.pids, timeout_s, give_up=give_up)
+        left = wait_pids_gone(req.pids, timeout_s)
         if left:
-            raise FaultError(f"kill-node: slots of {req.node} (pids {left}) still run after "
-                             f"{time.monotonic() - t0:.1f}s; the "
-                             f"fault at step {req.at_step} has not landed yet; its slurmd is left running")
+            raise FaultError(f"kill-node: slots of {req.node} (pids {left}) still run {time.monotonic() - t0:.1f}s "
+                             f"after the fault landed; its slurmd is left running")
+    why = job_over() if job_over is not None else None
+    if why is not None:
+        raise FaultError(f"kill-node: {why}; nothing was done to node {req.node} (its slurmd is left running)")
     killed = kill_node(cluster, req.node, mark_down_reason=f"phoenix inject-fault kill-node {req.request_id}")
     return {"node": req.node, "slots_gone": list(req.slots), "killed_pids": killed,
             "waited_s": round(time.monotonic() - t0, 3)}
 
 
+def job_over_probe(run_dir: Path, slurm=None) -> Callable[[], str | None]:
+    """A ``job_over()`` for :func:`wait_outcome` and :func:`finish_kill_node`: the reason the job is over
+    (its journal records the end, or Slurm no longer runs it), or None while it runs. Slurm is asked at
+    most once per 2 s."""
+    from phoenix_hpc.control.journal import read_journal
+
+    ends = {"job_done": "the job finished", "clean_stop": "the job stopped", "fallback": "the job stopped",
+            "coordinator_stopped": "the job was stopped", "coordinator_exit": "the job's coordinator exited"}
+    last = {"t": float("-inf"), "why": None}
+
+    def probe() -> str | None:
+        for r in read_journal(run_dir):
+            if r.get("event") in ends:
+                return ends[r["event"]]
+        if slurm is not None and time.monotonic() - last["t"] >= 2.0:
+            last["t"] = time.monotonic()
+            from phoenix_hpc.status.collect import collect_status
+
+            try:
+                st = collect_status(run_dir, slurm)
+            except Exception:  # noqa: BLE001 -- an unreadable status proves nothing
+                return last["why"]
+            last["why"] = (f"the job ended (Slurm: {st.job.slurm_state or st.job.state})"
+                           if st.finished or st.job.state == "ended" else None)
+        return last["why"]
+
+    return probe
+
+
 def inject(run_dir: Path, st: Status, req: InjectRequest, timeout_s: float = 30.0,
-           land_timeout_s: float = 600.0, give_up: Callable[[], bool] | None = None) -> dict[str, Any]:
-    """Carry out a validated request: send it (unless it is an immediate local kill-node) and, for kill-node
-    on the local cluster, kill the node's daemons once its slots are gone. Returns a summary dict
-    ``{"request_id", "kind", "phase", "at_step", "target", "targets", "node_kill"}``.
+           land_timeout_s: float = 600.0, wait: bool = True,
+           job_over: Callable[[], str | None] | None = None) -> dict[str, Any]:
+    """Carry out a validated request: send it (unless it is an immediate local kill-node), and with ``wait``
+    wait until it landed or was missed; for kill-node on the local cluster, kill the node's daemons once its
+    slots are gone (only while the job runs). Returns a summary dict ``{"request_id", "kind", "phase",
+    "at_step", "armed_steps", "target", "targets", "state", "landed", "missed", "node_kill"}``; ``state``
+    is ``armed`` (``wait=False``), ``landed`` (every target at its step and phase) or ``immediate``.
 
     Raises:
-        FaultError, ControlError: see :func:`send_request` and :func:`finish_kill_node` (``give_up``: stop
-            waiting for a local kill-node's slots to die); an immediate
-            kill-node outside the local cluster.
+        FaultError, ControlError: see :func:`send_request` and :func:`finish_kill_node`; an immediate
+            kill-node outside the local cluster; ``wait=False`` with a local kill-node (the node can only be
+            killed after its slots fired).
+        FaultMissed: the request was armed but a target was lost or the job ended first, or it landed
+            elsewhere than requested (exit code 1; ``outcome`` holds the summary).
     """
     out: dict[str, Any] = {"request_id": req.request_id, "kind": req.kind, "phase": req.phase,
-                           "at_step": req.at_step, "target": req.target, "targets": list(req.slots),
+                           "at_step": req.at_step, "armed_steps": None, "target": req.target,
+                           "targets": list(req.slots), "state": None, "landed": [], "missed": [],
                            "node_kill": None}
+    job_over = job_over or job_over_probe(run_dir)
     cluster = local_cluster_for(st, req.node) if req.kind == "kill-node" else None
     if req.immediate:
         if cluster is None:
             raise FaultError(f"kill-node: {req.node} holds only standby slots; killing such a node needs the local "
                              "test cluster (site local); nothing was sent")
-        out["at_step"] = None
-        out["node_kill"] = finish_kill_node(cluster, req, timeout_s)
+        out["at_step"], out["state"] = None, "immediate"
+        out["node_kill"] = finish_kill_node(cluster, req, timeout_s, job_over)
         return out
+    if cluster is not None and not wait:
+        raise FaultError("--no-wait: a kill-node on the local cluster kills the node's slurmd after its slots "
+                         "fired, so the command waits for that; nothing was sent")
     reply = send_request(run_dir, req, timeout_s)
     out["targets"] = list(reply.get("targets", req.slots))
-    if isinstance(reply.get("at_step"), int):
-        out["at_step"] = reply["at_step"]
-        req = replace(req, at_step=reply["at_step"])
+    armed = {int(w): int(s) for w, s in reply.get("armed_steps") or [(w, reply.get("at_step", req.at_step))
+                                                                      for w in out["targets"]]}
+    out["armed_steps"] = {str(w): s for w, s in sorted(armed.items())}
+    out["at_step"] = max(armed.values()) if armed else reply.get("at_step", req.at_step)
+    out["state"] = "armed"
+    if not wait:
+        return out
+    res = wait_outcome(run_dir, req.request_id, armed, PHASE_WIRE[req.phase], job_over=job_over)
+    out["landed"] = [{"world_rank": w, "step": f.get("step"), "phase": f.get("phase")}
+                     for w, f in res["landed"].items()]
+    out["missed"] = [{"world_rank": w, "at_step": armed[w], "reason": why} for w, why in sorted(res["missed"].items())]
+    if not res["exact"]:
+        out["state"] = "missed"
+        what = "; ".join([f"world rank {m['world_rank']}: {m['reason']}" for m in out["missed"]]
+                         + [f"world rank {x['world_rank']} landed at step {x['step']}, {x['phase']} instead of step "
+                            f"{armed[x['world_rank']]}, {PHASE_WIRE[req.phase]}" for x in out["landed"]
+                            if not is_exact(x, armed[x["world_rank"]], PHASE_WIRE[req.phase])])
+        raise FaultMissed(f"the {req.kind} fault {req.request_id} was armed but did not land as requested: {what}",
+                          out)
+    out["state"] = "landed"
     if cluster is not None:
-        out["node_kill"] = finish_kill_node(cluster, req, land_timeout_s, give_up)
+        out["node_kill"] = finish_kill_node(cluster, req, land_timeout_s, job_over)
     return out

@@ -2,7 +2,9 @@
 
 The coordinator forwards an ``inject`` instruction ``{kind, at_step, phase, request_id}`` (wire names, see
 :mod:`phoenix_hpc.faults.kinds`) to every targeted slot; the slot's
-:class:`phoenix_hpc.control.client.CoordinatorClient` keeps it in ``client.injections`` when it polls. The
+:class:`phoenix_hpc.control.client.CoordinatorClient` arms it (keeps it in ``client.injections``) when it
+polls, if the slot has not started that step yet (:func:`arm_decision`), and refuses it otherwise; it
+answers ``inject_ack`` either way, so a request is never accepted for a step that can no longer come. The
 training loop and the runtime call :meth:`FaultTrigger.check` at every phase; the trigger fires the pending
 injection whose step and phase match. Integration (the rank loop, ``phoenix_hpc.launch``)::
 
@@ -124,6 +126,33 @@ def take_due(pending: MutableSequence[Any], step: int, phase: str) -> Injection 
     return None
 
 
+def arm_decision(at_step: int, phase: str, started_step: int, last_step: int | None,
+                 steps_ahead: int | None = None) -> tuple[int | None, str]:
+    """Whether a slot arms an injection, decided by the slot itself when the instruction arrives. Pure.
+
+    ``started_step``: the iteration the slot is in (or was last in), 0 before its first; an instruction is
+    read at the start of every iteration *before* the iteration is marked started, so a fault for the
+    next iteration, any phase, is still in time. ``last_step``: the job's last step (None: unknown).
+    ``steps_ahead``: ``at_step`` is a lower bound and the slot picks ``max(at_step, started_step +
+    steps_ahead)``.
+
+    Returns ``(step armed at, "")`` or ``(None, reason refused)``.
+    """
+    step = max(int(at_step), started_step + int(steps_ahead)) if steps_ahead is not None else int(at_step)
+    if step <= started_step:
+        return None, (f"the target already started step {started_step} (asked for step {step}, phase {phase}); "
+                      "nothing armed")
+    if last_step is not None and step > last_step and phase != RECOVERY_PHASE:
+        return None, f"the job ends at step {last_step}, before step {step}; nothing armed"
+    return step, ""
+
+
+def fired_name(request_id: str, world_rank: int) -> str:
+    """The file name of a landing record (see :class:`FiredFile`)."""
+    rid = "".join(c for c in (request_id or "direct") if c.isalnum() or c in "-_")[:64] or "direct"
+    return f"fired-{rid}-w{int(world_rank)}.json"
+
+
 def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -155,13 +184,16 @@ class FaultTrigger:
             own: the effect may be SIGKILL).
         on_link_down: hooks run when a ``link_down`` fires, before the thread blocks.
         actions: the process-level effects (default: the real ones).
+        lock: guards ``pending`` (pass the lock of whoever else changes it, e.g. the client's
+            ``injections_lock``, which arms and disarms injections as instructions arrive).
 
     Thread-safe: :meth:`check` may be called from the training thread and the D2H/H2H workers.
     """
 
     def __init__(self, pending: MutableSequence[Any] | None = None, *,
                  notify: Callable[[Injection, int, str], None] | None = None,
-                 on_link_down: Iterable[Callable[[], None]] = (), actions: Actions | None = None):
+                 on_link_down: Iterable[Callable[[], None]] = (), actions: Actions | None = None,
+                 lock: threading.Lock | None = None):
         self.pending: MutableSequence[Any] = pending if pending is not None else []
         self.notify = notify
         self.on_link_down = list(on_link_down)
@@ -169,7 +201,7 @@ class FaultTrigger:
         self.link_down = threading.Event()
         self.release = threading.Event()  # set it to let a link_down-blocked thread return (tests, shutdown)
         self.fired: list[tuple[Injection, int, str]] = []
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()
 
     def arm(self, kind: str, at_step: int, phase: str, request_id: str = "") -> Injection:
         """Add an injection directly (wire kind/phase names), e.g. in a user's own step-targeted test."""
@@ -258,10 +290,9 @@ class FiredFile:
         from phoenix_hpc.control.journal import ensure_private_dir, write_private_file
 
         d = ensure_private_dir(Path(self.run_dir) / FAULTS_DIR)
-        rid = "".join(c for c in (inj.request_id or "direct") if c.isalnum() or c in "-_")[:64] or "direct"
         rec = {"ts": self.clock(), "request_id": inj.request_id, "world_rank": int(self.world_rank),
                "pid": os.getpid(), "kind": inj.kind, "at_step": inj.at_step, "step": int(step), "phase": phase}
-        write_private_file(d / f"fired-{rid}-w{int(self.world_rank)}.json", json.dumps(rec) + "\n")
+        write_private_file(d / fired_name(inj.request_id, self.world_rank), json.dumps(rec) + "\n")
 
 
 def read_fired(run_dir: str | os.PathLike) -> list[dict[str, Any]]:

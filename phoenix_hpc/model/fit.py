@@ -37,6 +37,7 @@ bounds are clipped at 0 s.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import warnings
 from dataclasses import asdict, dataclass
@@ -46,6 +47,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from phoenix_hpc.errors import ModelError
+from phoenix_hpc.files import read_text
 from phoenix_hpc.model import validate as v
 
 LAWS = ("constant", "linear", "log", "power")
@@ -225,9 +227,10 @@ def read_csv(path: str | Path) -> tuple[list[float], list[float]]:
     lacks a column or holds a value that is not a number.
     """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise v.fail("csv", str(path), "expected an existing CSV file with columns gpus,seconds")
-    with p.open(newline="", encoding="utf-8") as fh:
+    text = read_text(p, "--csv", error=ModelError)
+    with io.StringIO(text, newline="") as fh:
         reader = csv.DictReader(fh)
         cols = [c.strip() for c in (reader.fieldnames or [])]
         missing = [c for c in ("gpus", "seconds") if c not in cols]

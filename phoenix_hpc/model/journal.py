@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 
 from phoenix_hpc.errors import ModelError
+from phoenix_hpc.files import read_text
 
 JOURNAL_NAME = "journal.jsonl"
 PHASES = ("detect", "reconfigure", "params", "optimizer", "replay")
@@ -32,7 +33,7 @@ def journal_path(path: str | Path) -> Path:
     p = Path(path)
     if p.is_dir():
         p = p / JOURNAL_NAME
-    if not p.is_file():
+    if not p.exists():
         raise ModelError(f"--journal: {str(path)!r} is not allowed; expected a run directory holding "
                          f"{JOURNAL_NAME} or a journal file")
     return p
@@ -49,7 +50,7 @@ def read_recoveries(path: str | Path, field: str = "total") -> list[float]:
     if field != "total" and field not in PHASES:
         raise ModelError(f"--phase: {field!r} is not allowed; expected total or one of {', '.join(PHASES)}")
     p = journal_path(path)
-    text = p.read_text(encoding="utf-8")
+    text = read_text(p, "journal", error=ModelError, allow_empty=True)
     lines = text.split("\n")
     out: list[float] = []
     for no, line in enumerate(lines, start=1):

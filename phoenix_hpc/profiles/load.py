@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from phoenix_hpc.config.load import format_validation_error, read_yaml
-from phoenix_hpc.errors import ConfigError, ProfileError
+from phoenix_hpc.errors import ProfileError
 from phoenix_hpc.profiles.model import SiteProfile
 
 BUILTIN_SITES_DIR = Path(__file__).resolve().parents[2] / "sites"
@@ -48,9 +48,9 @@ def find_profile(site: str, environ: Mapping[str, str] | None = None) -> Path:
     """
     if _looks_like_path(site):
         p = Path(site)
-        if not p.is_file():
+        if not p.exists():
             raise ProfileError(f"site: profile file {site!r} does not exist")
-        return p
+        return p  # a directory or an unreadable file is refused, with the reason, when it is read
     for d in site_dirs(environ):
         p = d / f"{site}.yaml"
         if p.is_file():
@@ -67,10 +67,7 @@ def load_profile(site: str, environ: Mapping[str, str] | None = None) -> SitePro
             problem is listed with its field.
     """
     path = find_profile(site, environ)
-    try:
-        data = read_yaml(path, "site profile")
-    except ConfigError as exc:  # re-raised as the profile-specific subclass
-        raise ProfileError(exc.problems) from None
+    data = read_yaml(path, "site profile", error=ProfileError)
     data.setdefault("name", path.stem)
     try:
         return SiteProfile.model_validate(data)

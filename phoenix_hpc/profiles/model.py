@@ -24,7 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from phoenix_hpc.profiles.slurm_time import parse_slurm_time
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+# strict types (no bool as a number, no number as text, no 2.5 as an int) and no NaN/infinity, as in the job
+# config (phoenix_hpc.config.schema)
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 # Characters allowed in values that go on ``#SBATCH`` lines. sbatch parses those lines itself (not bash), so
 # they are restricted to a charset that needs no quoting at all instead of being quoted.

@@ -204,6 +204,25 @@ class RecoveryRecord:
     path: str = "rebind"  # the recovery path that ran: rebind | rebuild
 
 
+def fired_notice(client, run_dir, world_rank: int) -> Callable[[Any, int, str], None]:
+    """The ``notify`` of this slot's :class:`~phoenix_hpc.faults.trigger.FaultTrigger`: the landing record
+    (:class:`~phoenix_hpc.faults.trigger.FiredFile`, durable before the effect), then an ``inject_fired``
+    message to the coordinator, which journals the landing (best effort: the file is what counts)."""
+    from phoenix_hpc.faults.trigger import FiredFile
+
+    record = FiredFile(run_dir, world_rank)
+
+    def notify(inj, step: int, phase: str) -> None:
+        record(inj, step, phase)
+        try:
+            client.send({"type": "inject_fired", "world_rank": int(world_rank), "pid": client.pid,
+                         "request_id": inj.request_id, "step": int(step), "phase": phase})
+        except Exception:  # noqa: BLE001 -- the coordinator also finds the landing record
+            pass
+
+    return notify
+
+
 class Member:
     """This slot as a member of the job's generations. Build with :meth:`start` (active slot, generation
     0) or :meth:`join` (standby slot named in a plan)."""
@@ -211,7 +230,7 @@ class Member:
     def __init__(self, env: MemberEnv):
         from phoenix_hpc.engines.styles import recovery_path_of_class
         from phoenix_hpc.engines.user_code import load_engine_class
-        from phoenix_hpc.faults.trigger import FaultTrigger, FiredFile
+        from phoenix_hpc.faults.trigger import FaultTrigger
 
         self.env = env
         self.generation = 0
@@ -225,8 +244,8 @@ class Member:
         self.old_protector = None
         self.phase: str | None = None
         self.recoveries: list[RecoveryRecord] = []
-        self.trigger = FaultTrigger(env.client.injections, notify=FiredFile(env.run_dir, env.world_rank),
-                                    on_link_down=[env.client.stop_heartbeat])
+        self.trigger = FaultTrigger(env.client.injections, notify=fired_notice(env.client, env.run_dir, env.world_rank),
+                                    on_link_down=[env.client.stop_heartbeat], lock=env.client.injections_lock)
         r = env.cfg.resilience
         self.wait_s = env.instruction_timeout_s or (
             2 * r.heartbeat_timeout_s + 2 * r.collective_timeout_s + 30.0)
@@ -387,7 +406,8 @@ class Member:
     def _phase(self, s: int, phase: str) -> None:
         if phase == "forward_backward":
             self.phase = None  # a new iteration: nothing of it is applied yet
-            self._poll()
+            self._poll()  # an injection for step s, any phase, is still armed here
+            self.env.client.started_step = s  # from now on, instructions for step s come too late
         self.trigger.check(s, phase)
         self.phase = phase
 
@@ -453,6 +473,7 @@ class Member:
         from phoenix_hpc.launch.loop import train
 
         records: list = []
+        self.env.client.last_step = int(until_step)  # an injection past the last step is refused at once
         while True:
             quiesce: dict[str, Any] | None = None
             try:

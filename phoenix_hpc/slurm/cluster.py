@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phoenix_hpc.errors import ClusterError, SlurmError
+from phoenix_hpc.files import read_text
 from phoenix_hpc.slurm import ports as _ports
 from phoenix_hpc.slurm import procs as _procs
 from phoenix_hpc.slurm.cluster_config import (
@@ -177,12 +178,13 @@ def load_cluster(run_dir: Path | str | None = None) -> Cluster:
     """
     run_dir = Path(run_dir).absolute() if run_dir is not None else default_run_dir()
     path = run_dir / CLUSTER_JSON
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    text = read_text(path, "cluster", error=ClusterError, missing_ok=True)
+    if text is None:
         raise ClusterError(f"no local cluster in {run_dir} (no {CLUSTER_JSON}); start one with "
-                           f"`phoenix cluster up --run-dir {run_dir}`") from None
-    except (OSError, ValueError) as exc:
+                           f"`phoenix cluster up --run-dir {run_dir}`")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
         raise ClusterError(f"{path}: cannot read ({exc})") from None
     try:
         return Cluster.from_json(data)

@@ -22,18 +22,20 @@ from typing import Any
 import yaml
 
 from phoenix_hpc.errors import SlurmError, StatusError
+from phoenix_hpc.files import read_text
 from phoenix_hpc.slurm.client import error_line, slurm_unreachable
 from phoenix_hpc.status.derive import derive_status
 from phoenix_hpc.status.model import RunFiles, SlurmInfo, Status
 
 
 def _json_file(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    text = read_text(path, "run directory", error=StatusError, missing_ok=True)
+    if text is None:
         return None
-    except (OSError, ValueError) as exc:
-        raise StatusError(f"{path}: unreadable ({exc})") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise StatusError(f"run directory file {str(path)!r} is not valid JSON: {exc}") from None
     return data if isinstance(data, dict) else None
 
 
@@ -45,12 +47,11 @@ def read_run_files(run_dir: Path) -> RunFiles:
     """
     from phoenix_hpc.faults.trigger import read_fired
 
+    text = read_text(run_dir / "config.yaml", "run directory", error=StatusError, missing_ok=True)
     try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except FileNotFoundError:
-        cfg = None
-    except (OSError, yaml.YAMLError) as exc:
-        raise StatusError(f"{run_dir / 'config.yaml'}: unreadable ({exc})") from None
+        cfg = None if text is None else yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise StatusError(f"run directory file {str(run_dir / 'config.yaml')!r} is not valid YAML: {exc}") from None
     from phoenix_hpc.recovery.ckpt_files import complete_steps
 
     cfg = cfg if isinstance(cfg, dict) else None

@@ -28,8 +28,11 @@ recovery_done      ``total_s``, ``phases {detect, reconfigure, params, optimizer
                    ``recovery_plan`` (survivors leaving the step they were in), and ``other_s`` is what no
                    phase accounts for, so phases + quiesce + other add up to ``total_s``
 recovery_aborted   a recovery cut short by a second fault
-inject_forwarded   an injection request the coordinator accepted (wire kind/phase names)
-inject_fired       where an injected fault landed (also from ``RUN_DIR/faults/fired-*.json``)
+inject_forwarded   an injection request sent to its targets (wire kind/phase names)
+inject_armed       every target armed it {armed_steps [[world rank, step]]}
+inject_refused     a target refused it (already in the step) or did not confirm {reason}
+inject_missed      an armed target was lost, or the job ended, before its step {world_rank, at_step, reason}
+inject_landed      where an injected fault landed (also ``inject_fired`` from ``RUN_DIR/faults/fired-*.json``)
 checkpoint         newest persistent checkpoint step (written after that step finished: a lower bound on the
                    live step); shown once the committed step covers it, so the status always reads
                    checkpoint <= committed <= live. At the end of the job (no commit follows) a newer
@@ -386,7 +389,19 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             request_id=rid, ts=ts, kind=KIND_OF_WIRE.get(str(rec.get("kind")), str(rec.get("kind"))),
             phase=PHASE_OF_WIRE.get(str(rec.get("phase")), str(rec.get("phase"))), at_step=rec.get("at_step"),
             targets=[int(w) for w in rec.get("targets") or []], fired=[])
-    elif ev == "inject_fired":
+    elif ev in ("inject_armed", "inject_refused", "inject_missed"):
+        inj = st.injections.get(str(rec.get("request_id")))
+        if inj is not None:
+            if ev == "inject_armed":
+                inj.armed_steps = {int(w): int(x) for w, x in rec.get("armed_steps") or []}
+                inj.at_step = max(inj.armed_steps.values(), default=inj.at_step)
+            elif ev == "inject_refused":
+                inj.reason = str(rec.get("reason", ""))
+            else:
+                inj.missed.append({"world_rank": rec.get("world_rank"), "at_step": rec.get("at_step"),
+                                   "reason": str(rec.get("reason", ""))})
+            _injection_state(inj)
+    elif ev in ("inject_fired", "inject_landed"):
         rid = str(rec.get("request_id") or "")
         inj = st.injections.get(rid)
         if inj is None:
@@ -395,8 +410,11 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
                 PHASE_OF_WIRE.get(str(rec.get("phase")), str(rec.get("phase"))), rec.get("at_step"), [], [])
         landed = {"world_rank": rec.get("world_rank"), "step": rec.get("step"),
                   "phase": PHASE_OF_WIRE.get(str(rec.get("phase")), rec.get("phase")), "ts": ts}
-        if landed not in inj.fired:
+        # the landing file and the coordinator's record of the same landing count once
+        if not any((f["world_rank"], f["step"], f["phase"]) == (landed["world_rank"], landed["step"], landed["phase"])
+                   for f in inj.fired):
             inj.fired.append(landed)
+        _injection_state(inj)
         if rec.get("step") is not None:
             st.step_seen(ts, int(rec["step"]) - 1)
     elif ev in _END_EVENTS:
@@ -468,6 +486,19 @@ def current_job_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[st
     records = list(records)
     starts = [i for i, r in enumerate(records) if r.get("event") == "coordinator_started"]
     return records[starts[-1]:] if starts else records
+
+
+def _injection_state(inj: InjectionStatus) -> None:
+    """``refused`` / ``missed`` (a target lost or the job over before its step) / ``landed`` (every target
+    fired) / ``armed`` / ``forwarded``, from what the journal and the landing records said so far."""
+    if inj.reason is not None:
+        inj.state = "refused"
+    elif inj.missed:
+        inj.state = "missed"
+    elif inj.fired and {f["world_rank"] for f in inj.fired} >= set(inj.targets):
+        inj.state = "landed"
+    elif inj.armed_steps:
+        inj.state = "armed"
 
 
 def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None, now: float,

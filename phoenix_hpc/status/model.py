@@ -173,6 +173,11 @@ class InjectionStatus:
     at_step: int | None
     targets: list[int]  # world ranks
     fired: list[dict[str, Any]]  # {world_rank, step, phase, ts}: where it actually landed
+    # forwarded (targets asked) | armed (every target confirmed) | refused | landed | missed
+    state: str = "forwarded"
+    armed_steps: dict[int, int] = field(default_factory=dict)  # world rank -> step it armed the fault at
+    missed: list[dict[str, Any]] = field(default_factory=list)  # {world_rank, at_step, reason}
+    reason: str | None = None  # why it was refused
 
 
 @dataclass

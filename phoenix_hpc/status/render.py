@@ -187,7 +187,14 @@ def _injections(st: Status) -> Table:
     for c in ("when", "request", "kind", "at step", "phase", "targets", "landed"):
         t.add_column(c)
     for i in st.injections:
-        landed = ", ".join(f"w{f['world_rank']} step {f['step']} {f['phase']}" for f in i.fired) or "not yet"
+        landed = ", ".join(f"w{f['world_rank']} step {f['step']} {f['phase']}" for f in i.fired)
+        if i.state == "refused":
+            landed = f"[red]refused[/red]: {i.reason}"
+        elif i.missed:
+            landed = "; ".join([landed] * bool(landed) + [f"[red]missed[/red] w{m['world_rank']}: {m['reason']}"
+                                                          for m in i.missed])
+        elif not landed:
+            landed = "armed, not yet" if i.state == "armed" else "not confirmed yet"
         t.add_row(_rel(i.ts, t0), i.request_id, i.kind, "-" if i.at_step is None else str(i.at_step), i.phase,
                   ",".join(map(str, i.targets)) or "-", landed)
     return t

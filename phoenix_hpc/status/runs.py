@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from phoenix_hpc.errors import StatusError
+from phoenix_hpc.files import read_text
 
 INDEX_NAME = "runs.jsonl"
 HOME_ENV = "PHOENIX_HOME"
@@ -90,8 +91,9 @@ def known_runs(home: Path | None = None, cwd: Path | None = None) -> list[dict[s
     cwd = cwd or Path.cwd()
     out: dict[str, dict[str, Any]] = {}
     idx = home / INDEX_NAME
-    if idx.is_file():
-        for line in idx.read_text(errors="replace").splitlines():
+    text = read_text(idx, "runs index", error=StatusError, allow_empty=True, missing_ok=True)
+    if text:
+        for line in text.splitlines():
             try:
                 e = json.loads(line)
                 out[str(Path(e["run_dir"]))] = {"job_id": str(e["job_id"]), "run_dir": str(e["run_dir"]),

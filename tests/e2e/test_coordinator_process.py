@@ -94,6 +94,19 @@ class Rank:
         return msg
 
 
+def _request_polled(sender, target, body):
+    """``sender``'s request, answered once ``target`` (polling meanwhile, as a rank does every step) armed or
+    refused it."""
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("reply", sender.c.request(body)))
+    t.start()
+    while t.is_alive():
+        target.c.poll()
+        time.sleep(0.02)
+    t.join()
+    return box["reply"]
+
+
 def _recovered_report(rank, gen, rank_map, step):
     sid = f"opt/pp0/tp0/dp{rank.logical}"
     return {"world_rank": rank.world_rank, "logical_rank": rank.logical, "generation": gen, "rank_map": rank_map,
@@ -164,21 +177,32 @@ def test_coordinator_rejects_bad_messages_and_runs_a_local_recovery(coordinator)
     assert rep["type"] == "rejected" and "no live slot with world rank 99" in rep["reason"]
     rep = r0.c.request({"type": "inject", "kind": "teleport", "target": {"world_rank": 1}, "at_step": 9, "phase": "d2h"})
     assert rep["type"] == "rejected" and "teleport" in rep["reason"]
-    rep = r0.c.request({"type": "inject", "kind": "crash", "target": {"logical_rank": 1}, "at_step": 9, "phase": "h2h"})
-    assert rep["type"] == "accepted" and rep["targets"] == [1]
-    _wait(lambda: (r1.c.poll(), r1.c.take_injection(9, "h2h"))[1], what="injection at the target")
+    r1.c.started_step = 3
+    rep = _request_polled(r0, r1, {"type": "inject", "kind": "crash", "target": {"logical_rank": 1}, "at_step": 9,
+                                   "phase": "h2h"})
+    assert rep["type"] == "accepted" and rep["targets"] == [1] and rep["armed_steps"] == [[1, 9]]
+    assert r1.c.take_injection(9, "h2h")
     # steps_ahead: at_step is only a lower bound; the coordinator picks the target's live step + steps_ahead
     rep = r0.c.request({"type": "inject", "kind": "crash", "target": {"logical_rank": 1}, "at_step": 1,
                         "steps_ahead": 0, "phase": "h2h"})
     assert rep["type"] == "rejected" and "steps_ahead 0" in rep["reason"]
-    r1.step = 4
+    r1.step = r1.c.started_step = 4
     time.sleep(1.0)  # r1's heartbeat thread (every 0.2 s) reports step 4 well within this
-    rep = r0.c.request({"type": "inject", "kind": "crash", "target": {"logical_rank": 1}, "at_step": 1,
-                        "steps_ahead": 3, "phase": "h2h"})
+    rep = _request_polled(r0, r1, {"type": "inject", "kind": "crash", "target": {"logical_rank": 1}, "at_step": 1,
+                                   "steps_ahead": 3, "phase": "h2h"})
     assert rep["type"] == "accepted" and rep["at_step"] == 4 + 3, rep
     (fwd,) = [e for e in _events(run_dir, "inject_forwarded") if e["request_id"] == rep["request_id"]]
     assert fwd["at_step"] == rep["at_step"]
-    _wait(lambda: (r1.c.poll(), r1.c.take_injection(rep["at_step"], "h2h"))[1], what="resolved injection at the target")
+    assert r1.c.take_injection(rep["at_step"], "h2h")
+    # the coordinator's view (step 4, from heartbeats) lags the target, which already started step 12:
+    # the target refuses step 10 and the request is rejected with its reason; nothing stays armed
+    r1.c.started_step = 12
+    rep = _request_polled(r0, r1, {"type": "inject", "kind": "crash", "target": {"logical_rank": 1}, "at_step": 10,
+                                   "phase": "forward_backward"})
+    assert rep["type"] == "rejected" and "already started step 12" in rep["reason"], rep
+    assert not r1.c.take_injection(10, "forward_backward")
+    (ref,) = [e for e in _events(run_dir, "inject_refused") if "already started step 12" in e["reason"]]
+    assert ref["targets"] == [1]
 
     # Every active rank done -> job_done with the combined hash, standby told to stop, coordinator exits 0.
     for r in (r0, r1):
@@ -245,13 +269,19 @@ def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
     assert _events(run_dir, "coordinator_stopped")
 
 
-def test_no_spare_left_is_a_clean_fallback_with_a_message(coordinator):
-    run_dir, proc, clients = coordinator
+def _two_active_ranks(run_dir, clients):
+    """Logical ranks 0 and 1 on two nodes, registered and heartbeating."""
     r0 = Rank(run_dir, clients, 0, "active", 0)
     r1 = Rank(run_dir, clients, 1, "active", 1, node="nid00002")
     for r in (r0, r1):
         r.register()
         r.beat()
+    return r0, r1
+
+
+def test_no_spare_left_is_a_clean_fallback_with_a_message(coordinator):
+    run_dir, proc, clients = coordinator
+    r0, r1 = _two_active_ranks(run_dir, clients)
     r1.c.stop_heartbeat()
     r0.expect("quiesce", timeout_s=15)
     r0.c.report_quiesced(1, live_step=2, shards={"opt/pp0/tp0/dp0": 1}, replicas={"opt/pp0/tp0/dp1": 1}, dirty=False)
@@ -374,3 +404,45 @@ def test_a_member_that_fails_its_write_leaves_the_checkpoint_incomplete(coordina
     (sig,) = _events(run_dir, "signal")
     assert sig["signal"] == "TERM" and sig["world_rank"] == 1
     assert _events(run_dir, "coordinator_stopped")[0]["signal"] == "TERM"
+
+
+def test_replayed_and_stale_signed_messages_are_rejected_and_journalled(coordinator):
+    """A captured, correctly signed message sent again (a stop, an inject) is refused: its nonce was seen.
+    A message signed with a timestamp far in the past is refused as stale. Both are journalled; the job
+    goes on; the operator channel refuses the same replay."""
+    import torch.distributed as dist
+
+    from phoenix_hpc.control.operator import operator_request
+
+    run_dir, proc, clients = coordinator
+    _two_active_ranks(run_dir, clients)
+    _wait(lambda: _events(run_dir, "job_running"), what="job_running")
+    secret = P.read_secret(run_dir)
+    info = json.loads((run_dir / P.COORDINATOR_FILE).read_text())
+    store = dist.TCPStore("127.0.0.1", info["port"], is_master=False, wait_for_workers=False)
+
+    # a signed inject, as captured on the wire, delivered twice through the store
+    captured = P.encode({"type": "inject", "kind": "crash", "target": {"world_rank": 1}, "at_step": 50,
+                         "phase": "d2h", "request_id": "replayme"}, secret)
+    store.queue_push(P.KEY_IN, captured)
+    _wait(lambda: [e for e in _events(run_dir, "inject_forwarded") if e["request_id"] == "replayme"], what="first copy")
+    store.queue_push(P.KEY_IN, captured)
+    _wait(lambda: [e for e in _events(run_dir, "rejected") if "replayed inject message" in e["reason"]],
+          what="replay rejected")
+    assert len([e for e in _events(run_dir, "inject_forwarded") if e["request_id"] == "replayme"]) == 1
+
+    # a signed stop with a timestamp from ten minutes ago: stale, rejected, the job is not stopped
+    old_stop = P.encode({"type": "stop", "reason": "captured long ago", "sent_at": time.time() - 600}, secret)
+    store.queue_push(P.KEY_IN, old_stop)
+    _wait(lambda: [e for e in _events(run_dir, "rejected") if "stale stop message" in e["reason"]], what="stale")
+    # the same captured stop on the operator channel: the first copy is obeyed only once it is fresh; a
+    # fresh one sent twice stops the job once and the second is a replay
+    fresh = P.stamp({"type": "status_probe"})
+    rep = operator_request("127.0.0.1", info["operator_port"], fresh, secret, timeout_s=10)
+    assert rep["type"] == "rejected" and "unknown message type" in rep["reason"] and rep["in_reply_to"] == fresh["nonce"]
+    with pytest.raises(ControlError, match="without replying"):
+        operator_request("127.0.0.1", info["operator_port"], fresh, secret, timeout_s=10)
+    _wait(lambda: [e for e in _events(run_dir, "rejected") if "operator channel: replayed status_probe" in e["reason"]],
+          what="operator replay rejected")
+    assert proc.poll() is None and not _events(run_dir, "coordinator_stopped")
+

@@ -223,7 +223,7 @@ def test_node_loss_is_hot_swapped_to_the_spare_with_identical_final_hash(env, da
 AT_STEP = 20
 
 
-def _inject(job: Job, kind: str, phase: str, at_step: int = AT_STEP, rank: int = 1) -> dict:
+def _inject(job: Job, kind: str, phase: str, at_step: int = AT_STEP, rank: int = 1, wait: bool = True) -> dict:
     """``phoenix inject-fault`` on logical rank ``rank``, as soon as every active rank registered.
 
     The command runs in this process (click's runner, the job's environment): the same code as the
@@ -235,8 +235,8 @@ def _inject(job: Job, kind: str, phase: str, at_step: int = AT_STEP, rank: int =
 
     _wait(lambda: job.events("job_running"), 120, "job_running")
     r = CliRunner().invoke(cli, ["inject-fault", str(job.run_dir), "--kind", kind, "--rank", str(rank),
-                                 "--at-step", str(at_step), "--phase", phase, "--json"], env=job.env,
-                           catch_exceptions=False)
+                                 "--at-step", str(at_step), "--phase", phase, "--json",
+                                 "--wait" if wait else "--no-wait"], env=job.env, catch_exceptions=False)
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
 
@@ -314,7 +314,7 @@ def test_crash_during_a_recovery_is_queued_and_hot_swapped(env, data, reference,
     second quiesce too. The final hash is still the fault-free one."""
     job = Job(env, tmp_path, data, "during-recovery")
     try:
-        _inject(job, "crash", "recovery", rank=0)  # pending until the first recovery at or after AT_STEP
+        _inject(job, "crash", "recovery", rank=0, wait=False)  # armed until the first recovery at or after AT_STEP
         _inject(job, "transient", "forward")
         done = job.wait_end()
     finally:

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -60,6 +61,23 @@ class Slot:
                         grid=(1, 1, 2) if self.role == "active" else None, world_size=3)
         self.c.start_heartbeat(0.2, 3.0, lambda: (0 if self.role == "active" else None, self.step),
                                on_lost=lambda r: None)
+        self.c.last_step = 40
+        # between steps a rank reads its instructions at least once per step; here, every 20 ms
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll_loop, daemon=True)
+        self._poller.start()
+
+    def _poll_loop(self):
+        while not self._stop.wait(0.02):
+            try:
+                self.c.poll()
+            except Exception:  # noqa: BLE001 -- the coordinator is gone at teardown
+                return
+
+    def close(self):
+        self._stop.set()
+        self._poller.join(5)
+        self.c.close()
 
     def run_steps(self, upto):
         """Walk steps step+1..upto through every phase, as the rank loop does; return what fired."""
@@ -67,6 +85,7 @@ class Slot:
         while self.step < upto:
             self.c.poll()
             s = self.step + 1
+            self.c.started_step = s
             for phase in ("forward_backward", "d2h", "h2h", "optimizer_step"):
                 try:
                     self.trigger.check(s, phase)
@@ -88,7 +107,8 @@ def job(tmp_path, monkeypatch):
                              "--host", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     slots = []
     try:
-        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists() or proc.poll() is not None, what="coordinator.json")
+        # the coordinator imports torch first: tens of seconds on a loaded 2-core host
+        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists() or proc.poll() is not None, 90, "coordinator.json")
         assert proc.poll() is None, proc.stdout.read()
         slots = [Slot(run_dir, 0, "active", 0, "nid00001"), Slot(run_dir, 1, "active", 1, "nid00002"),
                  Slot(run_dir, 2, "standby", None, "nid00003")]
@@ -98,7 +118,7 @@ def job(tmp_path, monkeypatch):
         yield run_dir, slots
     finally:
         for s in slots:
-            s.c.close()
+            s.close()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -124,11 +144,12 @@ def test_each_kind_lands_at_requested_step_and_phase(job):
     for i, (kind, phase) in enumerate(CASES):
         at = 5 * (i + 1)
         r = invoke("inject-fault", str(run_dir), "--kind", kind, "--rank", "1", "--at-step", str(at),
-                   "--phase", phase, "--json")
+                   "--phase", phase, "--json", "--no-wait")
         assert r.exit_code == 0, r.output
         out = json.loads(r.output)
         assert out["targets"] == [1] and out["at_step"] == at and out["kind"] == kind
-        _wait(lambda: (target.c.poll(), target.c.injections)[1], what="instruction at the target")
+        assert out["state"] == "armed" and out["armed_steps"] == {"1": at}
+        assert target.c.injections  # armed by the target itself before the command returned
         assert slots[0].run_steps(at + 2) == []  # the other slot is not affected
         before = len(target.effects)
         raised = target.run_steps(at + 2)
@@ -167,13 +188,14 @@ def test_status_lists_slots_and_refusals_send_nothing_harmful(job):
     assert read_journal(run_dir, "inject_forwarded") == []
     # without --at-step the coordinator picks the step: the target's live step (9, newer than anything the
     # journal says) + STEP_MARGIN; the fault lands there
-    r = invoke("inject-fault", str(run_dir), "--kind", "transient", "--rank", "1", "--json")
+    slots[1].c.started_step = 9
+    r = invoke("inject-fault", str(run_dir), "--kind", "transient", "--rank", "1", "--json", "--no-wait")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["at_step"] == 9 + STEP_MARGIN
     (fwd,) = read_journal(run_dir, "inject_forwarded")
     assert fwd["at_step"] == out["at_step"] and fwd["request_id"] == out["request_id"]
-    _wait(lambda: (slots[1].c.poll(), slots[1].c.injections)[1], what="instruction at the target")
+    assert slots[1].c.injections
     assert slots[1].run_steps(9 + STEP_MARGIN + 1) == [(9 + STEP_MARGIN, "forward_backward", "comm_error")]
 
 
@@ -185,13 +207,14 @@ def test_the_command_reaches_the_coordinator_without_torch(job):
             "try:\n    cli(sys.argv[1:], standalone_mode=False)\n"
             "finally:\n    print('torch imported:', 'torch' in sys.modules, file=sys.stderr)\n")
     out = subprocess.run([sys.executable, "-c", code, "inject-fault", str(run_dir), "--kind", "crash", "--rank", "0",
-                          "--at-step", "30", "--phase", "d2h", "--json"], capture_output=True, text=True, timeout=60,
+                          "--at-step", "30", "--phase", "d2h", "--json", "--no-wait"], capture_output=True, text=True,
+                         timeout=60,
                          env={**os.environ, "PHOENIX_HOME": os.environ["PHOENIX_HOME"]})
     assert out.returncode == 0, out.stdout + out.stderr
     assert "torch imported: False" in out.stderr
     (fwd,) = read_journal(run_dir, "inject_forwarded")
     assert fwd["at_step"] == 30 and fwd["targets"] == [0] and fwd["request_id"] == json.loads(out.stdout)["request_id"]
-    _wait(lambda: (slots[0].c.poll(), slots[0].c.injections)[1], what="instruction at the target")
+    assert slots[0].c.injections
 
     from phoenix_hpc.control.operator import operator_request
     from phoenix_hpc.errors import ControlError
@@ -202,3 +225,72 @@ def test_the_command_reaches_the_coordinator_without_torch(job):
     _wait(lambda: [e for e in read_journal(run_dir, "rejected") if "operator channel" in e["reason"]],
           what="the forged request's rejection")
     assert not read_journal(run_dir, "coordinator_stopped")
+
+
+def test_a_step_the_target_already_started_is_refused_by_the_target(job):
+    """The coordinator's view of the target (heartbeats: step 3) lags the target, which already started step
+    20. `phoenix inject-fault --at-step 15` is refused by the target itself: exit 2, nothing armed, the
+    refusal in the journal and in `phoenix status`."""
+    run_dir, slots = job
+    slots[1].step = 3
+    slots[1].c.started_step = 20
+    r = invoke("inject-fault", str(run_dir), "--kind", "crash", "--rank", "1", "--at-step", "15", "--no-wait")
+    assert r.exit_code == 2, r.output
+    assert "already started step 20" in r.output and "nothing was injected" in r.output
+    assert slots[1].c.injections == []
+    (ref,) = read_journal(run_dir, "inject_refused")
+    assert ref["targets"] == [1] and "already started step 20" in ref["reason"]
+    st = json.loads(invoke("status", str(run_dir), "--json").output)
+    (inj,) = st["injections"]
+    assert inj["state"] == "refused" and inj["fired"] == []
+    assert "refused" in invoke("status", str(run_dir)).output
+
+
+def test_an_armed_fault_the_job_never_reaches_is_reported_missed(job):
+    """Armed for step 35; the job ends at step 30: the waiting command exits 1 naming the miss, the journal
+    has inject_missed, `phoenix status` says missed. Nothing fired."""
+    run_dir, slots = job
+    result = {}
+
+    def waiting_command():
+        result["r"] = CliRunner().invoke(cli, ["inject-fault", str(run_dir), "--kind", "crash", "--rank", "1",
+                                               "--at-step", "35", "--json"])
+
+    t = threading.Thread(target=waiting_command)
+    t.start()
+    _wait(lambda: read_journal(run_dir, "inject_armed"), what="armed")
+    assert t.is_alive()  # the command waits for the landing
+    for s in slots[:2]:
+        s.run_steps(30)
+        s.c.report_done(0, 30, f"h{s.world_rank}")
+    t.join(60)
+    r = result["r"]
+    assert r.exit_code == 1, r.output
+    assert "armed but did not land" in r.output and "the job ended (done) before step 35" in r.output
+    (miss,) = read_journal(run_dir, "inject_missed")
+    assert miss["world_rank"] == 1 and miss["at_step"] == 35
+    st = json.loads(invoke("status", str(run_dir), "--json").output)
+    (inj,) = st["injections"]
+    assert inj["state"] == "missed" and inj["fired"] == [] and inj["missed"][0]["world_rank"] == 1
+    assert "missed" in invoke("status", str(run_dir)).output
+    assert slots[1].trigger.fired == []
+
+
+def test_a_fault_the_target_fires_is_reported_landed_by_the_waiting_command(job):
+    """Without --no-wait the command returns once the fault landed, at the armed step and phase (exit 0)."""
+    run_dir, slots = job
+    result = {}
+
+    def waiting_command():
+        result["r"] = CliRunner().invoke(cli, ["inject-fault", str(run_dir), "--kind", "transient", "--rank", "1",
+                                               "--at-step", "6", "--phase", "h2h", "--json"])
+
+    t = threading.Thread(target=waiting_command)
+    t.start()
+    _wait(lambda: read_journal(run_dir, "inject_armed"), what="armed")
+    assert slots[1].run_steps(7) == [(6, "h2h", "comm_error")]
+    t.join(60)
+    r = result["r"]
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["state"] == "landed" and out["landed"] == [{"world_rank": 1, "step": 6, "phase": "h2h"}]

@@ -115,7 +115,7 @@ def test_markdown_rows_and_json_agree():
     jfields = {f["path"]: f for s in doc["schemas"][0]["sections"] for f in s["fields"]}
     assert jfields["resilience.heartbeat_timeout_s"] == {
         "path": "resilience.heartbeat_timeout_s", "type": "float", "required": False, "default": 10.0,
-        "constraints": {"gt": 0}, "choices": [], "description": jfields["resilience.heartbeat_timeout_s"]["description"],
+        "constraints": {"ge": 1.0}, "choices": [], "description": jfields["resilience.heartbeat_timeout_s"]["description"],
     }
     assert set(jfields) == set(_all_paths(JobConfig))
 

@@ -1,31 +1,13 @@
-"""Drill pacing and targeting (pure): the step a fault is sent for, the batch host rule, outcome matching."""
+"""Drill planning and targeting (pure): the batch host rule, outcome matching."""
 
 from __future__ import annotations
 
 import pytest
 
 from phoenix_hpc.errors import FaultError
-from phoenix_hpc.faults.drill import (VERIFIED_KINDS, DrillFault, DrillOutcome, fault_step, match_outcome,
-                                      plan_drill, quiesce_by_generation, resolve_target, step_rate)
+from phoenix_hpc.faults.drill import (VERIFIED_KINDS, DrillFault, DrillOutcome, match_outcome, plan_drill,
+                                      quiesce_by_generation, resolve_target)
 from phoenix_hpc.status.model import InjectionStatus, RecoveryStatus
-
-
-def test_step_rate_over_the_window_and_after_a_rollback():
-    assert step_rate([], 100.0) == 0.0
-    assert step_rate([[90.0, 0], [95.0, 50], [100.0, 100]], 100.0) == pytest.approx(10.0)
-    # points older than the window are ignored
-    assert step_rate([[10.0, 0], [95.0, 50], [100.0, 100]], 100.0, window_s=10) == pytest.approx(10.0)
-    # a restore rolled the live step back: only the points after it count
-    assert step_rate([[90.0, 40], [96.0, 38], [98.0, 48]], 100.0) == pytest.approx(5.0)
-
-
-def test_fault_step_keeps_the_plan_or_leads_the_job_by_the_send_latency():
-    assert fault_step(20, 5, 1.0) == 20
-    assert fault_step(20, 19, 0.0) == 21  # at least two steps ahead
-    assert fault_step(20, 19, 10.0) == 29  # 10 steps/s x 1 s lead
-    assert fault_step(7, None, 0.0) == 7
-    assert fault_step(20, 19, 10.0, last_step=25) == 25  # late, but still inside the job
-    assert fault_step(20, 24, 10.0, last_step=25) == 34  # no room left: build_request refuses it
 
 
 def test_default_kinds_are_the_verified_ones():

@@ -89,7 +89,7 @@ def test_read_csv(tmp_path):
     with pytest.raises(ModelError, match="no data rows"):
         fit.read_csv(p)
     p.write_text("")
-    with pytest.raises(ModelError, match="missing column"):
+    with pytest.raises(ModelError, match="--csv file .* is empty"):
         fit.read_csv(p)
     with pytest.raises(ModelError, match="--csv"):
         fit.read_csv(tmp_path / "absent.csv")

@@ -1,0 +1,97 @@
+"""Exact fault injection on the real local Slurm cluster: a request lands exactly, or is refused, or is
+reported missed; never accepted and then silently dropped.
+
+One job (a tiny GPT, dp=2, one slot per node, torch engine on gloo, k=1) trains many short steps. The
+test reads the live step of logical rank 1 from its own step log (``ranks/rank1.steps.jsonl``, written
+after every step, so it is the newest finished step, ahead of anything the coordinator knows) and runs
+``phoenix inject-fault --rank 1 --at-step LIVE+d --phase forward --kind transient`` for d = 0, 1, 2, 3, 4,
+... 20 times. ``d = 0`` names a step the target has already started, so it must be refused; for larger
+``d`` the target decides by where it is when the request arrives. Every outcome is checked against the
+journal and the landing records: exit 0 means landed at exactly that step and phase; exit 2 means refused
+(journal ``inject_refused``, nothing armed, no landing); exit 1 means missed (journal ``inject_missed``).
+A transient fault is a local recovery without the spare, so the job goes on after each landing and ends
+with ``job_done``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from phoenix_hpc.cli.main import cli
+from phoenix_hpc.faults.trigger import read_fired
+
+from test_hotswap import CONFIG, Job, data, env  # noqa: F401 -- the Job class and its module fixtures
+
+pytestmark = pytest.mark.cluster
+
+REQUESTS = 20
+STEPS = 2000  # long enough for 20 requests and their recoveries; the job is cancelled once they are done
+
+
+def _live_step(job: Job, logical: int) -> int:
+    """The newest step the rank finished, from its own step log."""
+    return job.step(logical)
+
+
+def test_requests_at_the_targets_live_step_land_exactly_or_are_refused(env, data, tmp_path):  # noqa: F811
+    cfg = json.loads(json.dumps(CONFIG))
+    cfg["training"]["steps"] = STEPS
+    cfg["resources"]["time_limit"] = "00:10:00"
+    job = Job(env, tmp_path, data, "exact", cfg)
+    results = []
+    try:
+        _ = job.node_of(1)
+        deadline = time.monotonic() + 120
+        while _live_step(job, 1) < 3:
+            assert time.monotonic() < deadline, "rank 1 did not train"
+            time.sleep(0.2)
+        for i in range(REQUESTS):
+            live = _live_step(job, 1)
+            at = live + i % 5
+            r = CliRunner().invoke(cli, ["inject-fault", str(job.run_dir), "--kind", "transient", "--rank", "1",
+                                         "--at-step", str(at), "--phase", "forward", "--json"], env=job.env)
+            results.append((at, live, r.exit_code, r.stdout, r.output))
+            assert r.exit_code in (0, 1, 2), r.output
+            time.sleep(0.3)
+    finally:
+        job.cancel()
+    journal = job.events()
+    fired = read_fired(job.run_dir)
+    forwarded = {e["request_id"]: e for e in journal if e["event"] == "inject_forwarded"}
+    armed = {e["request_id"]: e for e in journal if e["event"] == "inject_armed"}
+    refused = {e["request_id"]: e for e in journal if e["event"] == "inject_refused"}
+    missed = {e["request_id"]: e for e in journal if e["event"] == "inject_missed"}
+    landed = {f["request_id"]: f for f in fired}
+    counts = {"landed": 0, "refused": 0, "missed": 0}
+    for at, live, code, stdout, output in results:
+        if code == 0:
+            out = json.loads(stdout)
+            rid = out["request_id"]
+            assert out["state"] == "landed" and out["landed"] == [{"world_rank": 1, "step": at,
+                                                                    "phase": "forward_backward"}], output
+            assert landed[rid]["step"] == at and landed[rid]["phase"] == "forward_backward"
+            assert rid in armed and rid not in refused and rid not in missed
+            counts["landed"] += 1
+        elif code == 2:
+            assert "nothing was injected" in output or "is already done" in output, output
+            if at == live:
+                assert "already" in output, output  # the target had started (or done) that step
+            counts["refused"] += 1
+        else:
+            assert "armed but did not land" in output, output
+            counts["missed"] += 1
+    # zero silent misses: every request the coordinator forwarded was refused, or armed and then landed or
+    # reported missed; a landing record exists exactly for the armed requests that landed
+    for rid in forwarded:
+        assert (rid in refused) != (rid in armed), (rid, forwarded[rid])
+        if rid in armed:
+            assert (rid in landed) != (rid in missed), rid
+    assert set(landed) <= set(armed)
+    assert counts["landed"] + counts["refused"] + counts["missed"] == REQUESTS
+    assert counts["refused"] >= REQUESTS // 5  # every d = 0 request
+    print(f"{REQUESTS} requests at the live step + 0..4: {counts}")
