@@ -195,9 +195,13 @@ def test_runner_orchestration_on_cpu_records_a_check_that_fails_and_one_that_tim
     monkeypatch.setattr(env, "device_facts", lambda: {"name": "none (CPU test)"})
     rc = R.gpu_run(tmp_path, ["nccl"], 300.0)
     rep = json.loads((tmp_path / "gpu-report.json").read_text())
-    assert rc == 1 and rep["mode"] == "gpu" and rep["summary"] == {"passed": 0, "failed": 1, "skipped": 0}
-    it = rep["checks"][0]["items"][0]
-    assert it["name"] == "nccl.create_abort_create" and it["status"] == "failed" and "cuda" in it["reason"].lower()
+    from phoenix_hpc.gpucheck import check_nccl
+
+    n = len(check_nccl.ITEMS)
+    assert rc == 1 and rep["mode"] == "gpu" and rep["summary"] == {"passed": 0, "failed": n, "skipped": 0}
+    items = rep["checks"][0]["items"]
+    assert [i["name"] for i in items] == ["nccl.create_abort_create", "nccl.generation_abort"]
+    assert all(i["status"] == "failed" and "cuda" in i["reason"].lower() for i in items)
     assert (tmp_path / "logs" / "nccl.log").exists() and "**failed**" in (tmp_path / "gpu-report.md").read_text()
     timed = R.run_check("megatron", tmp_path, 0.5)
     assert [i["status"] for i in timed["items"]] == ["failed"] * len(timed["items"])
