@@ -109,5 +109,5 @@ def test_missing_checkpoint_is_a_recovery_error(tmp_path):
     from phoenix_hpc.errors import RecoveryError
 
     assert latest_step(tmp_path) is None
-    with pytest.raises(RecoveryError, match="no persistent checkpoint under"):
+    with pytest.raises(RecoveryError, match="no complete persistent checkpoint under"):
         load_checkpoint(TinyEngine(0, 1), tmp_path, process_group=None)
