@@ -14,6 +14,8 @@ The torch engine's own rebuild (teardown, new engine, load, continue bitwise) is
 
 from __future__ import annotations
 
+import threading
+
 import weakref
 from collections import deque
 from pathlib import Path
@@ -119,6 +121,7 @@ class FakeClient:
     def __init__(self):
         self.instructions: deque = deque()
         self.injections: list = []
+        self.injections_lock = threading.Lock()  # as control/client.py: shared with the FaultTrigger
         self.sent: list[tuple] = []
 
     def stop_heartbeat(self):
