@@ -28,19 +28,15 @@ LIMIT = ("world size 1: the communicator has no peer, so no network transport is
 
 
 def abort_function():
-    """``(abort(group), name)``: torch's ``distributed_c10d._abort_process_group`` where it exists, else
-    the NCCL backend object's ``abort()``."""
-    import torch
+    """``(abort(group), name)``: the one-group NCCL abort the recovery uses
+    (:func:`phoenix_hpc.launch.abort.abort_group` with :func:`~phoenix_hpc.launch.abort.choose_nccl_abort`'s
+    choice for the installed torch)."""
     import torch.distributed.distributed_c10d as c10d
 
-    fn = getattr(c10d, "_abort_process_group", None)
-    if fn is not None:
-        return fn, "torch.distributed.distributed_c10d._abort_process_group"
+    from phoenix_hpc.launch.abort import abort_group, choose_nccl_abort
 
-    def backend_abort(group) -> None:
-        group._get_backend(torch.device("cuda", torch.cuda.current_device())).abort()
-
-    return backend_abort, "ProcessGroupNCCL.abort()"
+    how = choose_nccl_abort(c10d)
+    return (lambda group: abort_group(group, how, c10d)), how
 
 
 def plan(work: Path) -> dict:

@@ -128,11 +128,22 @@ def registered_groups(c10d: Any) -> list[Any]:
     return list(names)[::-1]  # a dict in creation order
 
 
+def abort_group(pg: Any, how: str, c10d: Any) -> None:
+    """Abort the NCCL communicators of the one process group ``pg`` with method ``how``
+    (:func:`choose_nccl_abort`); raises what torch raises (e.g. ``RuntimeError`` for a destroyed group)."""
+    import torch
+
+    if how == "abort_process_group":
+        c10d._abort_process_group(pg)
+    elif how == "group_abort":
+        pg.abort()
+    else:
+        pg._get_backend(torch.device("cuda")).abort()
+
+
 def abort_nccl_groups(extra: Iterable[Any] = (), c10d: Any = None) -> str:
     """Abort every NCCL communicator of the process (see the module doc); never destroys one. ``extra``:
     groups to abort besides the registered ones (with the per-group fallbacks). Returns the method used."""
-    import torch
-
     if c10d is None:
         import torch.distributed.distributed_c10d as c10d
     how = choose_nccl_abort(c10d)
@@ -146,10 +157,7 @@ def abort_nccl_groups(extra: Iterable[Any] = (), c10d: Any = None) -> str:
                 _try(lambda: pg.abort())
         return how
     for pg in groups:
-        if how == "group_abort":
-            _try(lambda: pg.abort())
-        else:
-            _try(lambda: pg._get_backend(torch.device("cuda")).abort())
+        _try(lambda: abort_group(pg, how, c10d))
     return how
 
 
