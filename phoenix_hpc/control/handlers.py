@@ -1,0 +1,122 @@
+"""The handlers of the training messages a member sends while it trains: ``commit`` (the committed steps of
+the shards and replicas it holds), ``checkpoint``, ``fault`` (from inside a step), ``done`` and ``stop``; and
+the journal's ``commit`` record of the recoverable step.
+
+:class:`HandlersMixin` is part of :class:`phoenix_hpc.control.coordinator.Coordinator`. The recovery's own
+messages (``quiesced``, ``recovered``) are in :mod:`phoenix_hpc.control.recovery_machine`, registration and
+heartbeats in :mod:`phoenix_hpc.control.membership`, fault injection in :mod:`phoenix_hpc.control.inject_relay`
+and the planned end's in :mod:`phoenix_hpc.control.planned_end`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from phoenix_hpc.control.classify import Fault, FaultKind, kind_from_exception
+from phoenix_hpc.control.records import PendingFault
+from phoenix_hpc.control.states import JobState
+from phoenix_hpc.topology import coord_of
+
+
+class HandlersMixin:
+    """Training-message handlers for the coordinator."""
+
+    def _on_commit(self, body: dict) -> None:
+        slot = self._slot_of(body, "commit")
+        if slot is None or not self._gen_ok(slot, body.get("generation"), "commit", body) or slot.logical_rank is None:
+            return
+        slot.last_seen = self.clock()
+        if body.get("live_step") is not None:
+            slot.step = int(body["live_step"])
+        r = slot.logical_rank
+        for sid, step in dict(body.get("shards", {})).items():
+            self.committed.setdefault(sid, {})[r] = int(step)
+        for sid, step in dict(body.get("replicas", {})).items():
+            self.committed.setdefault(sid, {})[r] = int(step)
+            holders = self.placement.setdefault(sid, [])
+            if r not in holders:
+                holders.append(r)
+        self._maybe_log_commit()
+
+    def _recoverable_step(self) -> int | None:
+        """min over shards of the newest step whose owner copy and every reported replica are committed."""
+        if not self.grid or not self.committed:
+            return None
+        tp, pp, dp = self.grid
+        steps = []
+        for r in range(tp * pp * dp):
+            sid = coord_of(r, tp, pp, dp).shard_prefix()
+            copies = self.committed.get(sid)
+            if not copies or r not in copies:
+                return None
+            steps.append(min(copies.values()))
+        return min(steps)
+
+    def _maybe_log_commit(self, force: bool = False) -> None:
+        rs = self._recoverable_step()
+        if rs is None or rs == self._last_commit_logged:
+            return
+        now = self.clock()
+        # every commit_log_every steps, and at least once per progress interval (a slow job's steps take
+        # minutes: `phoenix status` must not show a recoverable step many minutes old); ``force``: the last one
+        if (force or self._last_commit_logged < 0 or rs - self._last_commit_logged >= self.t.commit_log_every
+                or now - self._last_commit_log_t >= self.t.progress_interval_s):
+            self._last_commit_logged, self._last_commit_log_t = rs, now
+            self.journal.append("commit", recoverable_step=rs, shards=len(self.committed),
+                                replicas=sum(len(v) for v in self.placement.values()), generation=self.generation)
+
+    def _on_checkpoint(self, body: dict) -> None:
+        slot = self._slot_of(body, "checkpoint")
+        if slot is None:
+            return
+        step = int(body["step"])
+        if self.checkpoint_step is None or step > self.checkpoint_step:
+            self.checkpoint_step = step
+            self.journal.append("checkpoint", step=step, path=body.get("path"), world_rank=slot.world_rank)
+
+    def _on_fault(self, body: dict) -> None:
+        slot = self._slot_of(body, "fault")
+        if slot is None:
+            return
+        kind_s = body.get("kind")
+        kind = FaultKind(kind_s) if kind_s in FaultKind._value2member_map_ else kind_from_exception(
+            str(body.get("exc_type", "")), str(body.get("message", "")))
+        g = int(body.get("generation", slot.generation))
+        # an error of an older generation's collectives, or of the collectives a planned end broke off
+        superseded = g < self.generation or self.ending is not None
+        self.journal.append(
+            "fault", world_rank=slot.world_rank, node=slot.node, generation=g, step=body.get("step"),
+            phase=body.get("phase"), kind=kind.value, exc_type=body.get("exc_type"),
+            message=str(body.get("message", ""))[:500], superseded=superseded,
+        )
+        if superseded:
+            return  # an error of an older generation's collectives: a consequence of a fault being handled
+        self.faults.append(PendingFault(
+            Fault(kind, (slot.world_rank,), (slot.node,), False, f"{body.get('exc_type', '')}: {body.get('message', '')}"[:300]),
+            self.clock()))
+
+    def _on_done(self, body: dict) -> None:
+        slot = self._slot_of(body, "done")
+        if slot is None or slot.logical_rank is None or not self._gen_ok(slot, body.get("generation"), "done", body):
+            return
+        self.done[slot.logical_rank] = {"step": int(body["step"]), "state_hash": str(body["state_hash"]),
+                                        "world_rank": slot.world_rank}
+        slot.step = int(body["step"])
+        n = len(self.rank_map)
+        rec = self.recovery
+        if self.grid and len(self.done) == n and self.job.state is JobState.RUNNING and (
+                rec is None or rec.phase == "replay"):
+            if rec is not None:
+                self._finish_recovery(rec, self.clock(), interrupted=False)
+            self._maybe_log_commit(force=True)  # the newest recoverable step, for status after the end
+            steps = {d["step"] for d in self.done.values()}
+            h = hashlib.sha256()
+            for r in sorted(self.done):
+                h.update(self.done[r]["state_hash"].encode())
+            self._end(JobState.DONE, "job_done", final_hash=h.hexdigest(), step=max(steps),
+                      steps_agree=len(steps) == 1, generation=self.generation,
+                      rank_hashes=[self.done[r]["state_hash"] for r in sorted(self.done)])
+
+    def _on_stop(self, body: dict) -> None:
+        self._reply(body, {"type": "ok"})
+        self.request_stop(str(body.get("reason", "stop requested")))

@@ -1,0 +1,153 @@
+"""Membership and liveness: which slots belong to the job and whether they are alive.
+
+:class:`MembershipMixin` is part of :class:`phoenix_hpc.control.coordinator.Coordinator`. It handles
+``register`` (active slots at start, standby slots any time; the grid is taken from the first active
+registration) and ``heartbeat``; fences messages from unregistered, re-spawned, dead or wrong-generation slots
+(:meth:`~MembershipMixin._slot_of`, :meth:`~MembershipMixin._gen_ok`); turns a closed liveness connection
+(:mod:`phoenix_hpc.control.liveness`) or a heartbeat timeout (:func:`phoenix_hpc.control.detect.detect`,
+called from the coordinator's tick) into :meth:`~MembershipMixin._declare_dead`, which marks the slots DEAD and
+queues a fault for the recovery machine (:mod:`phoenix_hpc.control.recovery_machine`) unless only spares died.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phoenix_hpc.control.classify import Fault, FaultKind
+from phoenix_hpc.control.records import PendingFault, Slot
+from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, SlotState, slot_machine
+
+
+class MembershipMixin:
+    """Registration, heartbeats and declaring slots dead, for the coordinator."""
+
+    def _drain_exits(self) -> bool:
+        """Slots whose process ended (their liveness connection closed, :mod:`phoenix_hpc.control.liveness`)
+        are declared dead at once, unless they already finished, died, or the job ended."""
+        if self.liveness is None:
+            return False
+        exits = self.liveness.poll_exits()
+        if not exits:
+            return False
+        self._drain_inbox()  # what a slot sent before it exited (e.g. ``done``) counts first
+        if self.ending is not None:
+            self._exits_during_end(exits)
+            return True
+        gone = []
+        for w, pid in exits:
+            slot = self.slots.get(w)
+            if slot is None or slot.pid != pid or slot.state not in LIVE_SLOT_STATES:
+                continue
+            if slot.logical_rank is not None and slot.logical_rank in self.done:
+                continue
+            gone.append(w)
+        if gone and self.job.state not in TERMINAL_JOB_STATES:
+            detail = ", ".join(f"world rank {w} (pid {self.slots[w].pid} on {self.slots[w].node})" for w in gone)
+            self._declare_dead(gone, FaultKind.PROCESS_EXIT, f"process exited: {detail}", self.clock())
+        return True
+
+    def _slot_of(self, body: dict, what: str) -> Slot | None:
+        w = int(body["world_rank"])
+        slot = self.slots.get(w)
+        if slot is None:
+            self._reject(f"{what} from unregistered world rank {w}", body, key=(what, "unregistered", w))
+            return None
+        if int(body.get("pid", slot.pid)) != slot.pid:
+            self._reject(f"{what} for world rank {w} from pid {body.get('pid')}, registered pid is {slot.pid}", body,
+                         key=(what, "pid", w))
+            return None
+        if slot.state is SlotState.DEAD:
+            self._reject(f"{what} from world rank {w}, which was declared dead (fenced; it must exit)", body,
+                         key=(what, "dead", w))
+            self._send(w, {"type": "stop", "reason": "this slot was declared dead and replaced"})
+            return None
+        return slot
+
+    def _on_register(self, body: dict) -> None:
+        w, pid, node, role = int(body["world_rank"]), int(body["pid"]), str(body["node"]), str(body["role"])
+        if w < 0 or (body.get("world_size") is not None and w >= int(body["world_size"])):
+            return self._reject(f"world rank {w} out of range (world size {body.get('world_size')})", body)
+        if role not in ("active", "standby"):
+            return self._reject(f"role {role!r} is not 'active' or 'standby'", body)
+        old = self.slots.get(w)
+        if old is not None:
+            why = "was declared dead; a restarted process cannot rejoin" if old.state is SlotState.DEAD else (
+                f"already registered (pid {old.pid} on {old.node}, {old.state.value})")
+            return self._reject(f"register: world rank {w} {why}", body, key=("register", w, pid))
+        logical = None
+        if role == "active":
+            grid = tuple(int(x) for x in body["grid"])
+            if self.grid is None:
+                self.grid = grid  # type: ignore[assignment]
+            elif grid != tuple(self.grid):
+                return self._reject(f"register: world rank {w} has grid {grid}, job grid is {tuple(self.grid)}", body)
+            logical = int(body["logical_rank"])
+            n = self.grid[0] * self.grid[1] * self.grid[2]
+            if not 0 <= logical < n:
+                return self._reject(f"register: logical rank {logical} out of range 0..{n - 1}", body)
+            if logical in self.rank_map:
+                return self._reject(f"register: logical rank {logical} already held by world rank "
+                                    f"{self.rank_map[logical]}", body)
+        if self.job.state is not JobState.STARTING and role == "active":
+            return self._reject(f"register: the job is {self.job.state.value}; active slots register only at start", body)
+        slot = Slot(w, node, pid, role, slot_machine(f"slot {w}"), self.clock(), logical, self.generation)
+        slot.machine.to(SlotState.ACTIVE if role == "active" else SlotState.STANDBY, "registered")
+        self.slots[w] = slot
+        if logical is not None:
+            self.rank_map[logical] = w
+        self.counters["accepted"] += 1
+        self.journal.append("registered", world_rank=w, pid=pid, node=node, role=role, logical_rank=logical)
+        self._reply(body, {"type": "registered", "generation": self.generation, "role": role,
+                           "logical_rank": logical})
+        if self.grid and len(self.rank_map) == self.grid[0] * self.grid[1] * self.grid[2] \
+                and self.job.state is JobState.STARTING:
+            self.job.to(JobState.RUNNING, "all active ranks registered")
+            self.journal.append("job_running", generation=self.generation, grid=list(self.grid),
+                                rank_map=sorted(self.rank_map.items()),
+                                standby=sorted(s.world_rank for s in self.slots.values() if s.role == "standby"))
+
+    def _gen_ok(self, slot: Slot, g: Any, what: str, body: dict) -> bool:
+        if g is None and slot.state in (SlotState.STANDBY, SlotState.JOINING):
+            return True  # a spare has no generation until its restore completes
+        g = int(g)
+        if g > self.generation:
+            self._reject(f"{what} from world rank {slot.world_rank} with future generation {g} "
+                         f"(current {self.generation})", body, key=(what, "future", slot.world_rank, g))
+            return False
+        if g < slot.generation:
+            self._reject(f"{what} from world rank {slot.world_rank} with stale generation {g} "
+                         f"(slot is at {slot.generation}, job at {self.generation})", body,
+                         key=(what, "stale", slot.world_rank, g))
+            return False
+        return True
+
+    def _on_heartbeat(self, body: dict) -> None:
+        slot = self._slot_of(body, "heartbeat")
+        if slot is None or not self._gen_ok(slot, body.get("generation"), "heartbeat", body):
+            return
+        slot.last_seen = self.clock()
+        if body.get("step") is not None:
+            slot.step = int(body["step"])
+        self.counters["heartbeats"] += 1
+
+    def _declare_dead(self, worlds: list[int], kind: FaultKind, reason: str, now: float) -> None:
+        worlds = [w for w in worlds if self.slots[w].state is not SlotState.DEAD]
+        if not worlds:
+            return
+        t_fault = min(self.slots[w].last_seen for w in worlds)
+        for w in worlds:
+            self.slots[w].machine.to(SlotState.DEAD, reason)
+        nodes = tuple(sorted({self.slots[w].node for w in worlds}))
+        self.journal.append("slots_dead", slots=worlds, nodes=list(nodes), kind=kind.value, reason=reason)
+        self._injects_lost(worlds, reason)
+        members = set(self.rank_map.values())
+        if not any(w in members for w in worlds):
+            spares = sorted(w for w, s in self.slots.items() if s.state is SlotState.STANDBY)
+            self.journal.append("spare_lost", slots=worlds, spares_left=spares)
+            return  # only standby slots died: the spare pool shrinks, training is not affected
+        f = Fault(kind, tuple(worlds), nodes, False, reason)
+        self.faults.append(PendingFault(f, now))
+        self._t_fault_hint = t_fault if self._t_fault_hint is None else min(self._t_fault_hint, t_fault)
+
+    def _live_members(self) -> list[int]:
+        return sorted(w for w in self.rank_map.values() if self.slots[w].state is not SlotState.DEAD)

@@ -1,0 +1,95 @@
+"""The coordinator's message transport: reading the inbox and the operator channel, decoding and checking
+signed messages, dispatching them to the ``_on_<type>`` handlers, and sending, replying and rejecting.
+
+:class:`MessagingMixin` is part of :class:`phoenix_hpc.control.coordinator.Coordinator`; it uses the
+coordinator's store, operator server, secret, replay guard, journal and counters. Every message passes a
+:class:`~phoenix_hpc.control.protocol.ReplayGuard`: replayed or stale signed messages are rejected and
+journalled (each distinct rejection once). A handler raising ``KeyError``/``TypeError``/``ValueError`` on a
+malformed body is turned into a rejection, never a crash of the coordinator.
+"""
+
+from __future__ import annotations
+
+from phoenix_hpc.control import protocol as P
+from phoenix_hpc.control.operator import REPLY_PREFIX as OPERATOR_REPLY_PREFIX
+
+
+class MessagingMixin:
+    """Message transport and dispatch for the coordinator (single-threaded, like the rest of it)."""
+
+    def _drain_inbox(self) -> bool:
+        import torch.distributed as dist
+
+        n = 0
+        while n < 1000:
+            try:
+                raw = self.store.queue_pop(P.KEY_IN, block=False)
+            except dist.QueueEmptyError:
+                break
+            n += 1
+            self._handle(raw)
+        return n > 0
+
+    def _drain_operator(self) -> bool:
+        """Requests from the operator channel (:mod:`phoenix_hpc.control.operator`): handled like store
+        messages; the reply goes back over the request's connection."""
+        if self.operator is None:
+            return False
+        reqs = self.operator.poll()
+        for cid, raw in reqs:
+            try:
+                body = P.decode(raw, self.secret)
+                self.replay_guard.check(body)
+            except P.ProtocolError as exc:
+                self._reject(f"operator channel: {exc}", None, key=("operator", *exc.key))
+                self.operator.finish(cid)
+                continue
+            to = f"{OPERATOR_REPLY_PREFIX}{cid}"
+            self._dispatch({**body, "reply_to": to})
+            if to not in self._held_replies:  # an inject is answered once its targets confirmed it
+                self.operator.finish(cid)
+        return bool(reqs)
+
+    def _handle(self, raw: bytes) -> None:
+        try:
+            body = P.decode(raw, self.secret)
+            self.replay_guard.check(body)
+        except P.ProtocolError as exc:
+            self._reject(str(exc), None, key=("decode", *exc.key))
+            return
+        self._dispatch(body)
+
+    def _dispatch(self, body: dict) -> None:
+        handler = getattr(self, f"_on_{body['type']}", None)
+        if handler is None:
+            self._reject(f"unknown message type {body['type']!r}", body)
+            return
+        try:
+            handler(body)
+        except (KeyError, TypeError, ValueError) as exc:
+            self._reject(f"malformed {body['type']} message: {type(exc).__name__}: {exc}", body)
+
+    def _send(self, world_rank: int, body: dict) -> None:
+        self.store.queue_push(P.key_out(world_rank), P.encode(body, self.secret))
+
+    def _reply(self, body: dict, reply: dict) -> None:
+        to = body.get("reply_to")
+        reply = {**reply, "in_reply_to": body.get("nonce")}
+        if isinstance(to, str) and to.startswith(OPERATOR_REPLY_PREFIX):
+            cid = to[len(OPERATOR_REPLY_PREFIX):]
+            if self.operator is not None and cid.isdigit():
+                self.operator.reply(int(cid), P.encode(reply, self.secret))
+        elif isinstance(to, str) and to:
+            self.store.queue_push(P.key_reply(to), P.encode(reply, self.secret))
+
+    def _reject(self, reason: str, body: dict | None, key: tuple | None = None, reply: bool = True) -> None:
+        self.counters["rejected"] += 1
+        key = key or (reason,)
+        if key not in self._rejected_once:  # journal each distinct rejection once (stale heartbeats repeat)
+            self._rejected_once.add(key)
+            self.journal.append(
+                "rejected", reason=reason, message_type=(body or {}).get("type"),
+                world_rank=(body or {}).get("world_rank"),
+            )
+        if body is not None and reply:
+            self._reply(body, {"type": "rejected", "reason": reason})

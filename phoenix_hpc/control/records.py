@@ -1,0 +1,56 @@
+"""The coordinator's records of slots and recoveries (plain data; the logic is in the mixins of
+:class:`phoenix_hpc.control.coordinator.Coordinator`).
+
+:class:`Slot`: one training process as the coordinator knows it (world rank, node, pid, role, lifecycle,
+logical rank, generation, last reported step). :class:`PendingFault`: a fault waiting for a decision.
+:class:`Recovery`: the one recovery in progress (:mod:`phoenix_hpc.control.recovery_machine`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from phoenix_hpc.control.classify import Decision, Fault
+from phoenix_hpc.control.states import SlotState, StateMachine
+from phoenix_hpc.recovery.plan import RecoveryPlan
+
+
+@dataclass
+class Slot:
+    world_rank: int
+    node: str
+    pid: int
+    role: str  # "active" | "standby"
+    machine: StateMachine
+    last_seen: float
+    logical_rank: int | None = None
+    generation: int = 0
+    step: int = 0
+
+    @property
+    def state(self) -> SlotState:
+        return self.machine.state
+
+
+@dataclass
+class PendingFault:
+    fault: Fault
+    t: float  # coordinator clock when it arrived
+
+
+@dataclass
+class Recovery:
+    decision: Decision
+    faults: list[Fault]
+    generation: int
+    survivors: set[int]
+    t_fault: float  # estimated time the fault happened (coordinator clock)
+    t_start: float
+    phase: str = "quiesce"  # quiesce -> restore -> replay
+    deadline: float = 0.0
+    quiesced: dict[int, dict] = field(default_factory=dict)
+    plan: RecoveryPlan | None = None
+    recovered: dict[int, dict] = field(default_factory=dict)
+    t_restored: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    target_step: int = 0

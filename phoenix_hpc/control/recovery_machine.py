@@ -1,0 +1,314 @@
+"""The coordinator's recovery state machine (docs/design.md section 6). One recovery at a time; faults
+arriving meanwhile are queued.
+
+Faults (reported by a member, or found by membership/liveness) wait in ``faults`` until :meth:`_decide`
+classifies them (:func:`phoenix_hpc.control.classify.combine`). Collective errors are only called transient
+once every active slot has heartbeated *after* the report (proof that all processes are alive); a slot that
+goes silent instead turns the fault into a hot swap. Then, in phases of :class:`~phoenix_hpc.control.records.Recovery`:
+
+1. ``recovery_start``: bump the generation, mark dead slots DEAD, send ``quiesce`` to the survivors;
+2. each survivor stops (abandoning a partial step) and answers ``quiesced`` with its live step and the
+   committed steps of the shards and replicas it holds;
+3. the pure plan (:func:`phoenix_hpc.recovery.plan.plan_recovery`) picks spares, the recoverable step and
+   the transfers; ``recover`` {plan} goes to every member of the new generation (spares: STANDBY ->
+   JOINING, idempotent);
+4. members rebuild groups, restore, roll back, and answer ``recovered`` with a
+   :class:`~phoenix_hpc.recovery.invariants.MemberReport` and their phase timings;
+5. I1-I4 are checked (violation: journal + stop every slot, job FAILED); then ``resume`` and, once the
+   members are past the replayed steps, ``recovery_done`` {total_s, phases, steps_replayed}.
+
+If a member of the recovery dies before it completes, or does not answer within its deadline, the recovery
+is aborted and re-planned with the queued fault (spares whose restore was cut short are restored again in
+place). When memory cannot cover the loss the plan raises :class:`~phoenix_hpc.recovery.plan.FallbackRequired`.
+With a persistent checkpoint and enough spares the recovery goes on as an in-job restart from it
+(:func:`~phoenix_hpc.recovery.plan.plan_checkpoint_restart`; journal ``checkpoint_restart`` {reason,
+lost_shards, checkpoint_step, lost_steps, checkpoint_path}; every member of the new generation loads the
+checkpoint and the lost steps are trained again). Otherwise the job enters FALLBACK and stops (``fallback``
+{reason, message, checkpoint_step, lost_steps, checkpoint_path}), the message naming the checkpoint step
+and how to resubmit.
+
+:class:`RecoveryMixin` is part of :class:`phoenix_hpc.control.coordinator.Coordinator`; :meth:`_advance_recovery`
+is called from the coordinator's tick.
+"""
+
+from __future__ import annotations
+
+import time
+
+from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine
+from phoenix_hpc.control.ending import resume_hint
+from phoenix_hpc.control.records import PendingFault, Recovery
+from phoenix_hpc.control.states import JobState, SlotState
+from phoenix_hpc.recovery.invariants import Expected, check_all, report_from_json
+from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, plan_checkpoint_restart, plan_recovery
+from phoenix_hpc.topology import coord_of
+
+
+_COMM_KINDS = (FaultKind.COMM_ERROR, FaultKind.COLLECTIVE_TIMEOUT)
+
+
+class RecoveryMixin:
+    """The recovery state machine of the coordinator."""
+
+    def _on_quiesced(self, body: dict) -> None:
+        slot = self._slot_of(body, "quiesced")
+        rec = self.recovery
+        if slot is None:
+            return
+        if rec is None or rec.phase != "quiesce" or int(body["generation"]) != rec.generation:
+            return self._reject(f"quiesced from world rank {slot.world_rank} for generation {body.get('generation')} "
+                                "outside a quiesce", body, key=("quiesced", slot.world_rank, body.get("generation")))
+        rec.quiesced[slot.world_rank] = body
+        slot.last_seen = self.clock()
+
+    def _on_recovered(self, body: dict) -> None:
+        slot = self._slot_of(body, "recovered")
+        rec = self.recovery
+        if slot is None:
+            return
+        if rec is None or rec.phase != "restore" or int(body["generation"]) != rec.generation:
+            return self._reject(f"recovered from world rank {slot.world_rank} for generation {body.get('generation')}"
+                                " outside a restore", body, key=("recovered", slot.world_rank, body.get("generation")))
+        rec.recovered[slot.world_rank] = body  # idempotent: a repeated report replaces the first
+        slot.last_seen = self.clock()
+
+    def _decide(self, now: float) -> None:
+        # A collective error is transient only if every active slot proved alive after it was reported.
+        pend = list(self.faults)
+        active = [s for s in self.slots.values() if s.state in (SlotState.ACTIVE,)]
+        comm = [p for p in pend if p.fault.kind in _COMM_KINDS]
+        if comm and len(comm) == len(pend):
+            t_last = max(p.t for p in comm)
+            if not all(s.last_seen > t_last for s in active):
+                if now - t_last <= self.t.heartbeat_timeout_s:
+                    return  # wait for fresh heartbeats or for detect() to declare the silent ones dead
+            else:
+                pend = [PendingFault(Fault(p.fault.kind, p.fault.slots, p.fault.nodes, True, p.fault.detail), p.t)
+                        for p in pend]
+        self.faults.clear()
+        faults = [p.fault for p in pend]
+        decision = combine(faults)
+        dead_now = sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD and
+                          (w in self.rank_map.values()))
+        if decision.action is Action.HOT_SWAP and not dead_now and not self.restore_pending:
+            # e.g. a reported hardware error on a live slot: fence the slot, then replace it. Only the slots
+            # a replacement fault names: a peer that reported the collective error it caused stays a member
+            for f in faults:
+                if f.kind in _COMM_KINDS:
+                    continue
+                self._declare_dead([w for w in f.slots if w in self.rank_map.values()], f.kind, f.detail, now)
+            self.faults.clear()
+        self.journal.append("decision", action=decision.action.value, reason=decision.reason,
+                            faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes)} for f in faults])
+        if decision.action is Action.CLEAN_STOP:
+            ck = self._newest_checkpoint()
+            self._end(JobState.FAILED, "clean_stop", reason=decision.reason, checkpoint_step=ck,
+                      message="stopped without training on; " + (
+                          f"to continue from the persistent checkpoint of step {ck}: {resume_hint(str(self.run_dir))}"
+                          if ck is not None else "no persistent checkpoint yet: submit the config again"))
+            return
+        t_fault = min([self._t_fault_hint if self._t_fault_hint is not None else now] + [p.t for p in pend])
+        self._t_fault_hint = None
+        self._start_recovery(decision, faults, t_fault, now)
+
+    def _start_recovery(self, decision: Decision, faults: list[Fault], t_fault: float, now: float) -> None:
+        self._maybe_log_commit(force=True)  # journal the committed step this recovery starts from, first
+        if self.job.state is JobState.RUNNING:
+            self.job.to(JobState.RECOVERING, decision.reason)
+        self.generation += 1
+        self.store.set("ctl/generation", str(self.generation))
+        survivors = set(self._live_members())
+        rec = Recovery(decision, faults, self.generation, survivors, t_fault, now,
+                        deadline=now + self.t.collective_timeout_s + self.t.heartbeat_timeout_s)
+        self.recovery = rec
+        dead = sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD)
+        self.journal.append("recovery_start", generation=self.generation, action=decision.action.value,
+                            survivors=sorted(survivors), dead=dead, detect_s=round(now - t_fault, 3))
+        for w in sorted(survivors):
+            s = self.slots[w]
+            if s.state is SlotState.ACTIVE:
+                s.machine.to(SlotState.QUIESCED, f"recovery to generation {self.generation}")
+            self._send(w, {"type": "quiesce", "generation": self.generation, "dead": dead,
+                           "reason": decision.reason})
+
+    def _abort_recovery(self, reason: str, now: float) -> None:
+        rec = self.recovery
+        self.journal.append("recovery_aborted", generation=rec.generation, phase=rec.phase, reason=reason)
+        if rec.plan is not None and rec.phase == "restore":
+            self.restore_pending |= {j.logical_rank for j in rec.plan.joins if self.slots[j.world_rank].state is not SlotState.DEAD}
+        self.recovery = None
+        # survivors stay QUIESCED; the queued fault starts the next recovery at once
+        if not self.faults:
+            self.faults.append(PendingFault(Fault(FaultKind.UNKNOWN, (), (), False, reason), now))
+        pend = list(self.faults)
+        self.faults.clear()
+        faults = [p.fault for p in pend]
+        decision = combine(faults)
+        if decision.action is Action.CLEAN_STOP:
+            self.journal.append("decision", action=decision.action.value, reason=decision.reason)
+            self._end(JobState.FAILED, "clean_stop", reason=decision.reason)
+            return
+        self.journal.append("decision", action="hot_swap", reason=f"second fault during recovery: {decision.reason}",
+                            faults=[{"kind": f.kind.value, "slots": list(f.slots)} for f in faults])
+        self._start_recovery(Decision(Action.HOT_SWAP, decision.reason), faults, rec.t_fault, now)
+
+    def _advance_recovery(self, now: float) -> None:
+        rec = self.recovery
+        members = rec.survivors if rec.phase == "quiesce" else (
+            {w for _, w in rec.plan.rank_map} if rec.plan else set())
+        lost = sorted(w for w in members if self.slots[w].state is SlotState.DEAD)
+        if lost and rec.phase in ("quiesce", "restore"):
+            return self._abort_recovery(f"slot(s) {lost} died during the {rec.phase} phase", now)
+        if rec.phase in ("quiesce", "restore") and now > rec.deadline:
+            got = rec.quiesced if rec.phase == "quiesce" else rec.recovered
+            silent = sorted(members - set(got))
+            self._declare_dead(silent, FaultKind.HEARTBEAT_TIMEOUT,
+                               f"no {rec.phase} answer within {rec.deadline - rec.t_start:.0f}s", now)
+            return self._abort_recovery(f"slot(s) {silent} did not answer the {rec.phase}", now)
+        if rec.phase == "quiesce" and set(rec.quiesced) >= rec.survivors:
+            self._plan(rec, now)
+        elif rec.phase == "restore" and set(rec.recovered) >= {w for _, w in rec.plan.rank_map}:
+            self._check_and_resume(rec, now)
+        elif rec.phase == "replay":
+            members = [w for _, w in rec.plan.rank_map]
+            if all(self.slots[w].step >= rec.target_step for w in members):
+                self._finish_recovery(rec, now, interrupted=False)
+            elif self.faults:
+                self._finish_recovery(rec, now, interrupted=True)
+
+    def _plan(self, rec: Recovery, now: float) -> None:
+        committed: dict[str, dict[int, int]] = {}
+        live_steps: dict[int, int] = {}
+        dirty: list[int] = []
+        for w, q in rec.quiesced.items():
+            r = self.slots[w].logical_rank
+            if r is None or r in self.restore_pending:
+                continue
+            live_steps[r] = int(q["live_step"])
+            if q.get("dirty"):
+                dirty.append(r)
+            for sid, st in {**dict(q.get("shards", {})), **dict(q.get("replicas", {}))}.items():
+                # one step, or the steps of both ping-pong buffers (committed first)
+                committed.setdefault(sid, {})[r] = [int(st)] if isinstance(st, int) else [int(x) for x in st]
+        spares = sorted((w for w, s in self.slots.items() if s.state is SlotState.STANDBY),
+                        key=lambda w: (self.slots[w].node, w))
+        dead = [w for w, s in self.slots.items() if s.state is SlotState.DEAD]
+        t0 = time.perf_counter()
+        try:
+            plan = plan_recovery(
+                generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),
+                nodes={w: s.node for w, s in self.slots.items()}, dead=dead, spares=spares,
+                placement=self.placement, committed=committed, live_steps=live_steps,
+                restore=sorted(self.restore_pending), dirty=dirty,
+            )
+        except FallbackRequired as exc:
+            return self._fallback(rec, exc, live_steps, spares, dead, now)
+        self._send_plan(rec, plan, now, time.perf_counter() - t0)
+
+    def _send_plan(self, rec: Recovery, plan: RecoveryPlan, now: float, plan_s: float) -> None:
+        # the plan was made for generation - 1 -> generation; keep the coordinator's numbering
+        rec.plan = plan
+        rec.phase = "restore"
+        rec.phases["plan_s"] = plan_s
+        rec.deadline = now + self.t.collective_timeout_s + self.t.heartbeat_timeout_s
+        self.rank_map = plan.world_of()
+        self.restore_pending = set()
+        for j in plan.joins:
+            s = self.slots[j.world_rank]
+            if s.state is SlotState.STANDBY:  # idempotent admission: only a STANDBY slot is taken
+                s.machine.to(SlotState.JOINING, f"replaces world rank {j.replaces_world_rank}")
+                s.logical_rank = j.logical_rank
+                s.role = "active"
+        self.journal.append("recovery_plan", generation=rec.generation, **{k: v for k, v in plan.to_json().items()
+                                                                           if k not in ("generation", "old_generation")})
+        body = {"type": "recover", "generation": rec.generation, "plan": plan.to_json()}
+        body["plan"]["generation"] = rec.generation
+        for _, w in plan.rank_map:
+            self._send(w, body)
+
+    def _check_and_resume(self, rec: Recovery, now: float) -> None:
+        plan = rec.plan
+        reports = {w: report_from_json(b["report"]) for w, b in rec.recovered.items()}
+        T, PP, D = self.grid
+        expected = Expected(rec.generation, plan.rank_map,
+                            {coord_of(r, T, PP, D).shard_prefix(): r for r, _ in plan.rank_map},
+                            plan.recoverable_step)
+        bad = check_all(expected, reports, plan.invariants)
+        if bad:
+            self.journal.append("invariant_violation", generation=rec.generation, violations=[str(v) for v in bad])
+            self._end(JobState.FAILED, "clean_stop", reason="recovery invariant violated: " + "; ".join(map(str, bad)))
+            return
+        for key in ("reconfigure", "params", "optimizer"):
+            rec.phases[key] = max((float(b.get("timings", {}).get(key, 0.0)) for b in rec.recovered.values()), default=0.0)
+        for _, w in plan.rank_map:
+            s = self.slots[w]
+            s.generation = rec.generation
+            s.step = plan.recoverable_step
+            if s.state in (SlotState.QUIESCED, SlotState.JOINING):
+                s.machine.to(SlotState.ACTIVE, f"generation {rec.generation} restored")
+        rec.t_restored = now
+        rec.phase = "replay"
+        rec.target_step = plan.recoverable_step + plan.steps_replayed
+        self.job.to(JobState.RUNNING, f"generation {rec.generation} restored")
+        self.journal.append("recovery_restored", generation=rec.generation, recoverable_step=plan.recoverable_step,
+                            invariants=list(plan.invariants), restore_s=round(now - rec.t_start, 3))
+        for _, w in plan.rank_map:
+            self._send(w, {"type": "resume", "generation": rec.generation, "step": plan.recoverable_step})
+
+    def _finish_recovery(self, rec: Recovery, now: float, interrupted: bool) -> None:
+        detect_s = rec.t_start - rec.t_fault
+        phases = {"detect": round(detect_s, 3), "reconfigure": round(rec.phases.get("reconfigure", 0.0), 3),
+                  "params": round(rec.phases.get("params", 0.0), 3),
+                  "optimizer": round(rec.phases.get("optimizer", 0.0), 3),
+                  "replay": round(now - rec.t_restored, 3)}
+        self.journal.append("recovery_done", generation=rec.generation, action=rec.plan.action,
+                            total_s=round(now - rec.t_fault, 3), phases=phases,
+                            steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
+                            replay_interrupted=interrupted)
+        self.recovery = None
+
+    def _newest_checkpoint(self) -> int | None:
+        """The newest complete persistent checkpoint: reported by rank 0 or found under the checkpoint root."""
+        from phoenix_hpc.recovery.checkpoint import latest_step
+
+        on_disk = latest_step(self.t.checkpoint_path) if self.t.checkpoint_path else None
+        steps = [s for s in (self.checkpoint_step, on_disk) if s is not None]
+        return max(steps) if steps else None
+
+    def _fallback(self, rec: Recovery, exc: FallbackRequired, live_steps: dict[int, int], spares: list[int],
+                  dead: list[int], now: float) -> None:
+        """Memory replicas cannot cover the loss (docs/design.md section 6): restart generation g+1 in this job
+        from the newest persistent checkpoint (spares take the dead ranks, every member loads it); when
+        there is no checkpoint or not enough spares, stop cleanly naming the checkpoint to resubmit from."""
+        ck = self._newest_checkpoint()
+        newest = max(live_steps.values(), default=0)
+        lost = None if ck is None else newest - ck
+        if ck is not None:
+            t0 = time.perf_counter()
+            try:
+                plan = plan_checkpoint_restart(
+                    generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),
+                    nodes={w: s.node for w, s in self.slots.items()}, dead=dead, spares=spares,
+                    checkpoint_step=ck, live_steps=live_steps)
+            except FallbackRequired as exc2:
+                exc = exc2
+            else:
+                self.journal.append("decision", action="checkpoint_restart", reason=exc.reason, checkpoint_step=ck,
+                                    lost_steps=lost)
+                self.journal.append("checkpoint_restart", generation=rec.generation, reason=exc.reason,
+                                    lost_shards=list(exc.lost_shards), checkpoint_step=ck, lost_steps=lost,
+                                    checkpoint_path=self.t.checkpoint_path)
+                return self._send_plan(rec, plan, now, time.perf_counter() - t0)
+        self.journal.append("decision", action="fallback", reason=exc.reason, lost_shards=list(exc.lost_shards),
+                            checkpoint_step=ck, lost_steps=lost)
+        self.recovery = None
+        self.job.to(JobState.FALLBACK, exc.reason)
+        if ck is not None:
+            msg = (f"recovery from memory impossible: {exc.reason}. The job stops. Newest persistent checkpoint: step {ck} under {self.t.checkpoint_path} "
+                   f"({lost} step(s) since then are lost). To continue from it: {resume_hint(str(self.run_dir))} "
+                   f"(training restarts at step {ck})")
+        else:
+            msg = (f"recovery from memory impossible: {exc.reason}. The job stops. No persistent checkpoint was written yet "
+                   "(resilience.checkpoint.interval_steps): resubmitting starts the training over")
+        self._end(JobState.FAILED, "fallback", reason=exc.reason, message=msg, checkpoint_step=ck,
+                  lost_steps=lost, checkpoint_path=self.t.checkpoint_path)
