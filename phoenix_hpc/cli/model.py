@@ -216,13 +216,30 @@ def loss_risk_cmd(shards, p_fail, k, steps, q_domain_fail, interruption_interval
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random generators.")
 @click.option("--max-faults", type=int, default=100_000, show_default=True,
               help="Stop a trial after this many faults (it is then reported as unfinished).")
+@click.option("--spares", type=int, default=None,
+              help="PHOENIX spare nodes; the (S+1)-th fault shrinks the job (needs --dp) [default: unlimited].")
+@click.option("--dp", type=int, default=None, help="Data-parallel size at the start (with --spares).")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (what a shrink frees).")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel size (what a shrink frees).")
+@click.option("--gpus-per-node", type=int, default=1, show_default=True,
+              help="Rank slots per node (what a shrink frees).")
+@click.option("--shrink-s", type=str, default=None,
+              help="Downtime of a shrink, same forms as --hotswap-s [default: the hot-swap law].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--plot", "plot_path", type=str, default=None, help="Also write a lost-time histogram to FILE.png.")
 def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswap_journal, ckpt_overhead_s,
-                 ckpt_write_s, phoenix_overhead_s, arrivals, fault_clock, trials, seed, max_faults, as_json,
-                 plot_path):
-    """Monte Carlo over whole campaigns: mean and 95 % CI of lost time, eta, and the ckpt/PHOENIX ratio."""
+                 ckpt_write_s, phoenix_overhead_s, arrivals, fault_clock, trials, seed, max_faults, spares, dp, tp,
+                 pp, gpus_per_node, shrink_s, as_json, plot_path):
+    """Monte Carlo over whole campaigns: mean and 95 % CI of lost time, eta, and the ckpt/PHOENIX ratio.
+
+    With --spares S and --dp D, the (S+1)-th fault shrinks the job instead of being hot-swapped: dp drops by
+    the replica(s) of the dead node, their healthy nodes become spares, and training goes on at (dp-1)/dp of
+    the throughput (phoenix_hpc.model.spares); with no replica left the job stops and restarts from its
+    checkpoint.
+    """
     from phoenix_hpc.model import analytic, dist, journal, montecarlo, plots
+    from phoenix_hpc.model import spares as spm
+    from phoenix_hpc.model import validate as v
 
     if plot_path:
         plots.check_target(plot_path)
@@ -236,11 +253,21 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
         hotswap = dist.parse_dist("hotswap_s", hotswap_s)
     else:
         raise ModelError("--hotswap-s: missing; give --hotswap-s or --hotswap-journal")
+    elastic: dict = {}
+    if spares is None and (dp is not None or shrink_s is not None):
+        raise ModelError("--spares: missing; --dp and --shrink-s only apply with --spares")
+    if spares is not None:
+        if dp is None:
+            raise ModelError("--dp: missing; --spares needs the data-parallel size (a shrink costs 1/dp)")
+        elastic = {"spares": v.integer_at_least("spares", spares, 0),
+                   "dp": v.integer_at_least("dp", dp, 1),
+                   "shape": spm.shrink_shape(tp, pp, dp, gpus_per_node),
+                   "shrink": None if shrink_s is None else dist.parse_dist("shrink_s", shrink_s)}
     camp = montecarlo.Campaign(
         mttf_s=mttf_s, step_s=step_s, steps=steps, ckpt_every=ckpt_every, restart=restart, hotswap=hotswap,
         ckpt_overhead_s=ckpt_overhead_s, phoenix_overhead_s=phoenix_overhead_s, ckpt_write_s=ckpt_write_s,
         arrivals=montecarlo.parse_arrivals(arrivals), fault_clock=fault_clock, trials=trials, seed=seed,
-        max_faults=max_faults)
+        max_faults=max_faults, **elastic)
     ck, px = montecarlo.run_trials(camp)
     res = montecarlo.summarise(camp, ck, px)
     ref = analytic.compare_schemes(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart.mean_s,
@@ -249,7 +276,10 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
     out = res.to_dict()
     out["inputs"] = {"restart_s": restart.label, "hotswap_s": hotswap.label, "ckpt_every": ckpt_every,
                      "mttf_s": mttf_s, "step_s": step_s, "steps": steps, "ckpt_overhead_s": ckpt_overhead_s,
-                     "ckpt_write_s": ckpt_write_s, "phoenix_overhead_s": phoenix_overhead_s}
+                     "ckpt_write_s": ckpt_write_s, "phoenix_overhead_s": phoenix_overhead_s,
+                     "spares": spares, "dp": dp,
+                     "shrink_shape": elastic["shape"].to_dict() if elastic else None,
+                     "shrink_s": (camp.shrink or hotswap).label if elastic else None}
     out["analytic_eq4"] = {"checkpoint_restart_efficiency": ref.checkpoint_restart.efficiency,
                            "phoenix_efficiency": ref.phoenix.efficiency,
                            "checkpoint_restart_disruption_s": ref.checkpoint_restart.disruption_s,
@@ -275,8 +305,18 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
     t.add_row("  downtime, h", f"{ck_s.downtime_s / 3600:.2f}", f"{px_s.downtime_s / 3600:.2f}")
     t.add_row("  replayed compute, h", f"{ck_s.replay_s / 3600:.2f}", f"{px_s.replay_s / 3600:.2f}")
     t.add_row("  checkpoint writes, h", f"{ck_s.write_s / 3600:.2f}", "-")
+    if elastic:
+        t.add_row("  running shrunk, h", "-", f"{px_s.slow_s / 3600:.2f}")
+        t.add_row("shrinks", "-", ci(px_s.shrinks, fmt=".2f"))
+        t.add_row("stops (no replica left)", "-", f"{px_s.stops:.3f}")
+        t.add_row("dp at the end (mean)", "-", f"{px_s.final_dp:.2f} of {dp}")
     t.add_row("eta by Eq. 4 (means)", f"{ref.checkpoint_restart.efficiency:.4f}", f"{ref.phoenix.efficiency:.4f}")
     con.print(t)
+    if elastic:
+        sh = elastic["shape"]
+        con.print(f"PHOENIX with {spares} spare(s): a shrink removes {sh.replicas} DP replica(s) "
+                  f"(throughput x {spm.shrink_throughput(dp, sh.replicas):.3f} the first time) and frees "
+                  f"{sh.freed_spares} node(s) as spares; Eq. 4 above assumes unlimited spares")
     r = res.lost_ratio
     con.print(f"lost time checkpoint-restart / PHOENIX: {_g(r.mean)} (95 % CI {_g(r.low)} - {_g(r.high)})")
     for name, s in (("checkpoint-restart", res.checkpoint_restart), ("PHOENIX", res.phoenix)):
@@ -285,6 +325,100 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
                       "time is a lower bound[/yellow]")
     if plot_path:
         con.print(f"plot written to {out['plot']}")
+
+
+@model.command("spares")
+@click.option("--nodes", type=int, default=None, help="Active nodes N [default: resources.nodes of --config].")
+@click.option("--mttf-node-h", type=float, default=None,
+              help="Mean time to failure of one node, hours [default: node.mttf_h of the --site profile].")
+@click.option("--hours", type=float, default=None, help="Run time T, hours [default: the --config's time limit].")
+@click.option("--target", type=float, default=0.99, show_default=True,
+              help="Probability that no fault has to shrink the job, strictly between 0 and 1.")
+@click.option("--dp", type=int, default=None, help="Data-parallel size: the throughput a shrink costs.")
+@click.option("--tp", type=int, default=None, help="Tensor-parallel size (what a shrink frees) [default: 1].")
+@click.option("--pp", type=int, default=None, help="Pipeline-parallel size (what a shrink frees) [default: 1].")
+@click.option("--gpus-per-node", type=int, default=None, help="Rank slots per node [default: 1].")
+@click.option("--spares", type=int, default=None, help="The job's spares: its odds and expected shrinks.")
+@click.option("--config", "config", type=str, default=None,
+              help="Job config: nodes, hours (time limit), grid and spares default to its values (needs --site).")
+@click.option("--site", type=str, default=None, help="Site profile for --config (and node.mttf_h).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def spares_cmd(nodes, mttf_node_h, hours, target, dp, tp, pp, gpus_per_node, spares, config, site, as_json):
+    """Spare nodes needed so that no fault shrinks the job with probability --target, and the cost of a shrink.
+
+    Node failures as a Poisson process: X ~ Poisson(N T / MTTF_node); spares needed = the smallest S with
+    P(X <= S) >= target. A shrink removes the DP replica of the failed node: throughput (dp-1)/dp.
+    """
+    from phoenix_hpc.model import spares as spm
+
+    mttf_source = "given"
+    if site is not None and config is None and mttf_node_h is None:
+        from phoenix_hpc.profiles import load_profile
+
+        prof = load_profile(site)
+        mttf_node_h, mttf_source = prof.node.mttf_h, f"site {prof.name} ({prof.node.mttf_source})"
+    if config is not None:
+        job, prof = _resolve_for_model(config, site)
+        nodes = job.nodes if nodes is None else nodes
+        hours = job.time_limit_s / 3600 if hours is None else hours
+        dp = job.dp if dp is None else dp
+        tp = job.tp if tp is None else tp
+        pp = job.pp if pp is None else pp
+        gpus_per_node = job.gpus_per_node if gpus_per_node is None else gpus_per_node
+        spares = job.spares if spares is None else spares
+        if mttf_node_h is None:
+            mttf_node_h, mttf_source = prof.node.mttf_h, f"site {prof.name} ({prof.node.mttf_source})"
+    for name, val in (("nodes", nodes), ("hours", hours)):
+        if val is None:
+            raise ModelError(f"--{name}: missing; give --{name} or --config CONFIG --site SITE")
+    if mttf_node_h is None:
+        raise ModelError("--mttf-node-h: missing; give --mttf-node-h, or --site with a profile that sets "
+                         "node.mttf_h")
+    if spares is not None and dp is None:
+        raise ModelError("--dp: missing; --spares needs the data-parallel size (what a shrink costs)")
+    shape = None
+    if dp is not None:
+        shape = spm.shrink_shape(tp or 1, pp or 1, dp, gpus_per_node or 1)
+    plan = spm.plan_spares(nodes, mttf_node_h, hours, target, dp=dp, shape=shape, spares=spares)
+    out = plan.to_dict()
+    out["mttf_source"] = mttf_source
+    out["formula"] = "X ~ Poisson(nodes x hours / mttf_node_h); spares_needed = min S with P(X <= S) >= target"
+    if as_json:
+        _emit_json(out)
+        return
+    con = _console()
+    t = _table(f"{nodes} nodes x {hours:g} h / MTTF {mttf_node_h:g} h per node ({mttf_source}): "
+               f"{plan.expected_failures:.3g} node failures expected", "spares S", "P(no shrink) = P(X <= S)")
+    for s_, pr in plan.by_spares:
+        mark = " < needed" if s_ == plan.spares_needed else (" < the job's" if s_ == spares else "")
+        t.add_row(f"{s_}{mark}", f"{pr:.4f}")
+    con.print(t)
+    con.print(f"spares needed for P(no shrink) >= {target:g}: {plan.spares_needed}")
+    if plan.dp is not None:
+        con.print(f"a shrink removes {plan.shape.replicas} of dp={plan.dp} replica(s): throughput "
+                  f"x {plan.throughput_after_shrink:.4f} ({plan.lost_per_shrink:.2%} lost), and frees "
+                  f"{plan.shape.freed_spares} node(s) as spares")
+    if plan.spares is not None:
+        con.print(f"with the job's {plan.spares} spare(s): P(no shrink) {plan.p_no_shrink:.4f}, expected shrinks "
+                  f"{plan.expected_shrinks:.3g}, P(stop: no replica left) {plan.p_stop:.3g}")
+
+
+def _resolve_for_model(config: str, site: str | None):
+    """``(ResolvedJob, SiteProfile)`` of ``config`` on ``site`` for ``phoenix model`` (no files written).
+
+    Raises ModelError without ``--site``; ConfigError for an invalid config."""
+    import sys
+    from pathlib import Path
+
+    from phoenix_hpc.config.load import load_job_config
+    from phoenix_hpc.config.resolve import resolve
+    from phoenix_hpc.profiles import load_profile
+
+    if site is None:
+        raise ModelError("--site: missing; --config needs the site profile it is resolved against")
+    prof = load_profile(site)
+    cfg = load_job_config(Path(config))
+    return resolve(cfg, prof, run_dir="/", default_python=sys.executable), prof
 
 
 @model.command("fit")

@@ -2,8 +2,14 @@
 
 Exit codes: 0 submitted (or printed, with ``--dry-run``); 2 bad input (unknown site, malformed YAML, wrong
 types, impossible grid, limits exceeded, engine ``megatron`` where it cannot run: no real CUDA GPUs, an
-unsupported megatron-core, a model megatron-core cannot build, more GPU memory than the site's GPU has;
-sbatch refused the job) with a message naming the field.
+unsupported megatron-core, a model megatron-core cannot build, more GPU memory than the site's GPU has, more
+host memory for PHOENIX's buffers per node than the site's node.mem_gb leaves after its headroom; sbatch
+refused the job) with a message naming the field.
+
+The script's header (printed by ``--dry-run``), the table after a submit and ``--json`` give the planned host
+memory per node (:mod:`phoenix_hpc.config.host_memory`) and, where the site profile sets ``node.mttf_h``, the
+node failures expected over the time limit and the spares needed (:mod:`phoenix_hpc.model.spares`); every
+warning is printed to stderr and listed in ``--json``'s ``warnings``.
 
 Files written into the run directory (mode 0700; each file written to a temporary name and renamed, and
 removed again if sbatch refuses the job): ``job.sbatch`` (the script), ``config.yaml`` (the resolved config,
@@ -368,6 +374,21 @@ def _summary(job: ResolvedJob, job_id: str | None, script: str | None, warnings:
         "time_limit": job.time_limit,
         "warnings": list(warnings),  # every warning printed to stderr
         "gpu_memory_per_rank_gb": None if job.memory is None else round(job.memory.total / 1e9, 2),
+        "host_memory": None if job.host_memory is None else {
+            "per_node_gb": round(job.host_memory.per_node / 1e9, 2),
+            "per_rank_gb": round(job.host_memory.per_rank / 1e9, 2),
+            "budget_gb": None if job.host_memory.budget is None else round(job.host_memory.budget / 1e9, 2),
+            "summary": job.host_memory.summary(),
+        },
+        "node_failures": None if job.spares_plan is None else {
+            "expected": job.spares_plan.expected_failures,
+            "mttf_node_h": job.spares_plan.mttf_node_h,
+            "mttf_source": job.mttf_source,
+            "hours": job.spares_plan.hours,
+            "target": job.spares_plan.target,
+            "spares_needed": job.spares_plan.spares_needed,
+            "p_no_shrink": job.spares_plan.p_no_shrink,
+        },
     }
     if script is not None:
         out["script"] = script
@@ -387,6 +408,12 @@ def _print_submitted(job: ResolvedJob, job_id: str) -> None:
     t.add_row("nodes", f"{job.nodes} active + {job.spares} spare, {job.gpus_per_node} slots each")
     t.add_row("grid", f"tp={job.tp} pp={job.pp} dp={job.dp} ({job.world_size} ranks)")
     t.add_row("time limit", job.time_limit)
+    if job.host_memory is not None:
+        t.add_row("host memory", job.host_memory.summary())
+    if job.spares_plan is not None:
+        from phoenix_hpc.slurm.render import failure_line
+
+        t.add_row("node failures", failure_line(job).removeprefix("Node failures expected over the time limit: "))
     console = make_console()
     console.print(f"[green]Submitted[/green] {job.config.name}")
     console.print(t)

@@ -13,6 +13,12 @@ submitting process. Checks (all problems are collected and raised together in on
 - scheduler: QOS / partition known to the profile; ``nodes + spares`` within the site, QOS and partition node
   limits; ``time_limit`` a valid Slurm time within the QOS / partition limit; values that go on ``#SBATCH``
   lines use a safe charset; node pinning (``-w``/``-x``) only where the site allows it;
+- host memory (resilience mode ``phoenix``, built-in engine and model): the buffers PHOENIX holds per node
+  (:func:`phoenix_hpc.config.host_memory.plan_host_memory`, ``2 x snapshot + 2k x optimizer shard`` per rank)
+  must fit the site's ``node.mem_gb`` minus the headroom; close to it is a warning;
+- node failures (site ``node.mttf_h`` set): the expected node failures over the time limit and the spares
+  needed so that none has to shrink the job with probability 0.99
+  (:func:`phoenix_hpc.model.spares.plan_spares`); a warning when ``spares`` is fewer;
 - engine ``megatron``: refused on a site without real CUDA GPUs (``node.gpu_model`` null); the GPU memory
   per rank (:func:`phoenix_hpc.config.memory.estimate_gpu_memory`) must fit ``node.gpu_mem_gb``; problems
   found by the caller that need megatron-core itself (version, model build; ``extra_problems``) are listed
@@ -23,9 +29,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from phoenix_hpc.config.host_memory import HostMemoryPlan, host_memory_check, plan_host_memory
 from phoenix_hpc.config.memory import GB, MemoryEstimate, estimate_gpu_memory, memory_advice
 from phoenix_hpc.config.schema import JobConfig
-from phoenix_hpc.errors import ConfigError, ReplicationError
+from phoenix_hpc.errors import ConfigError, ModelError, ReplicationError
+from phoenix_hpc.model.spares import SparesPlan, plan_spares, shrink_shape
 from phoenix_hpc.profiles.model import SBATCH_SAFE, SiteProfile
 from phoenix_hpc.profiles.slurm_time import format_slurm_time, parse_slurm_time
 from phoenix_hpc.topology import node_of_rank_blocked, place_replicas
@@ -58,6 +66,9 @@ class ResolvedJob:
     exclude: str | None = None  # sbatch -x (only where the site allows pinning)
     warnings: tuple[str, ...] = field(default_factory=tuple)
     memory: MemoryEstimate | None = None  # GPU memory per rank (engine megatron on a site with gpu_mem_gb)
+    host_memory: HostMemoryPlan | None = None  # PHOENIX's host buffers per node (mode phoenix, built-in model)
+    spares_plan: SparesPlan | None = None  # node failures over the time limit (site node.mttf_h set)
+    mttf_source: str | None = None  # "published" or "assumption" (the site profile's node.mttf_source)
 
     @property
     def run_dir(self) -> str:
@@ -263,6 +274,16 @@ def resolve(
     memory = None
     if cfg.engine == "megatron":
         memory = _megatron_memory(cfg, profile, dp, problems, warnings)
+    host = None
+    if rz.enabled and rz.mode == "phoenix" and dp is not None and cfg.model.factory is None \
+            and cfg.engine in ("torch", "megatron"):
+        host = plan_host_memory(cfg, dp, gpn, profile.node)
+        problem, warning = host_memory_check(host, cfg, dp, profile.name)
+        problems += [problem] if problem else []
+        warnings += [warning] if warning else []
+    spares_plan = None
+    if profile.node.mttf_h is not None and dp is not None and time_s is not None:
+        spares_plan = _spares_plan(cfg, profile, dp, gpn, time_s, warnings)
 
     interpreter = python or profile.launcher.python or default_python
     if not interpreter or "\0" in interpreter:
@@ -301,7 +322,37 @@ def resolve(
         exclude=exclude,
         warnings=tuple(warnings),
         memory=memory,
+        host_memory=host,
+        spares_plan=spares_plan,
+        mttf_source=profile.node.mttf_source if spares_plan is not None else None,
     )
+
+
+#: probability that no node failure has to shrink the job, which ``spares`` should reach (a warning if not)
+SPARES_TARGET = 0.99
+
+
+def _spares_plan(cfg: JobConfig, profile: SiteProfile, dp: int, gpn: int, time_s: int,
+                 warnings: list[str]) -> SparesPlan | None:
+    """The expected node failures of the active nodes over the time limit (site ``node.mttf_h``), and a
+    warning when ``resources.spares`` is below the spares needed for :data:`SPARES_TARGET`."""
+    node, res = profile.node, cfg.resources
+    try:
+        plan = plan_spares(res.nodes, node.mttf_h, time_s / 3600, SPARES_TARGET, dp=dp,
+                           shape=shrink_shape(cfg.parallelism.tp, cfg.parallelism.pp, dp, gpn), spares=res.spares)
+    except ModelError:  # a grid that does not fill whole nodes: the grid check reports it
+        return None
+    if res.spares < plan.spares_needed:
+        tag = "" if node.mttf_source == "published" else " [assumption of the site profile]"
+        warnings.append(
+            f"resources.spares: {res.spares} is fewer than the {plan.spares_needed} needed for P(no shrink) >= "
+            f"{SPARES_TARGET:g}: {plan.expected_failures:.2f} node failures expected over the time limit "
+            f"({res.nodes} nodes x {time_s / 3600:g} h / node MTTF {node.mttf_h:g} h{tag}); with {res.spares} "
+            f"spare(s) P(no shrink) = {plan.p_no_shrink:.3f}, and a node loss beyond the spares cannot be "
+            f"hot-swapped (a shrink costs {plan.lost_per_shrink:.1%} of the throughput); more resources.spares, "
+            f"or `phoenix model spares` to plan them"
+        )
+    return plan
 
 
 def _megatron_memory(cfg: JobConfig, profile: SiteProfile, dp: int | None, problems: list[str],

@@ -17,7 +17,18 @@ Mechanics of one fault (progress is tracked in seconds of useful compute):
 - PHOENIX: progress rolls back to the last completed step (only the partial step, phi x t_step, is lost);
   then ``phoenix_overhead_s`` (Eq. 5; 0 by default) + a draw of the hot-swap time pass as downtime.
 
-Lost compute is redone, so wall = W + sum(downtime) + sum(rolled-back compute) + writes.
+Lost compute is redone, so wall = W + sum(downtime) + sum(rolled-back compute) + writes (+ slow-down, below).
+
+Spares (``spares``, PHOENIX only; ``None``: as many as needed). Every fault needs a replacement node and the
+rules of :func:`phoenix_hpc.model.spares.next_event` decide its cost: while a spare is left it is a hot swap;
+the (S+1)-th fault (with S spares) is a **shrink**: a draw of ``shrink`` (default: the hot-swap law) passes as
+downtime, the DP replica(s) of the dead node are removed (``dp -> dp - r``) and their healthy nodes become
+spares, and from then on progress runs at ``dp' / dp0`` of full speed (the global batch is unchanged, so each
+step takes ``dp0 / dp'`` times as long; perfect DP scaling assumed); the extra wall time is ``slow_s``. A
+fault that would leave dp below 1 **stops** the job: progress rolls back to the last checkpoint, a draw of
+the restart time passes, and the resubmitted job starts again with ``dp0`` and ``spares``. The fault rate
+stays ``1 / MTTF_sys`` after a shrink (a shrunk job has fewer active nodes, so this slightly overstates its
+faults).
 
 Per-fault downtimes come from :mod:`phoenix_hpc.model.dist`: a distribution the user gives, or measured
 hot-swap recoveries resampled from PHOENIX journals (their ``total_s``; it includes the measured run's own
@@ -51,6 +62,7 @@ from scipy import special, stats
 
 from phoenix_hpc.model import validate as v
 from phoenix_hpc.model.dist import CostDist
+from phoenix_hpc.model.spares import ShrinkShape
 
 CLOCKS = ("wall", "progress")
 
@@ -108,6 +120,10 @@ class Campaign:
     trials: int = 1000
     seed: int = 0
     max_faults: int = 100_000
+    spares: int | None = None  # PHOENIX spare nodes; None: unlimited (every fault a hot swap)
+    dp: int = 1  # data-parallel size at the start (with spares)
+    shape: ShrinkShape = field(default_factory=lambda: ShrinkShape(1, 1, 0))  # what one shrink removes/frees
+    shrink: CostDist | None = None  # downtime of a shrink; None: the hot-swap law
 
 
 @dataclass(frozen=True)
@@ -138,10 +154,15 @@ class SchemeTrials:
     replay_s: np.ndarray  # compute rolled back by faults (and redone)
     write_s: np.ndarray  # checkpoint writes
     finished: np.ndarray  # bool: False where max_faults was hit first
+    slow_s: np.ndarray | None = None  # extra wall time of running shrunk (dp below dp0)
+    shrinks: np.ndarray | None = None  # counts
+    stops: np.ndarray | None = None  # counts (faults that found no replica left to shrink to)
+    final_dp: np.ndarray | None = None
 
     @property
     def lost_s(self) -> np.ndarray:
-        return self.downtime_s + self.replay_s + self.write_s
+        slow = 0.0 if self.slow_s is None else self.slow_s
+        return self.downtime_s + self.replay_s + self.write_s + slow
 
 
 @dataclass(frozen=True)
@@ -154,6 +175,10 @@ class SchemeSummary:
     replay_s: float
     write_s: float
     unfinished_trials: int
+    slow_s: float = 0.0  # mean per trial
+    shrinks: Estimate | None = None  # with spares only
+    stops: float | None = None  # mean per trial, with spares only
+    final_dp: float | None = None  # mean per trial, with spares only
 
 
 @dataclass(frozen=True)
@@ -172,28 +197,68 @@ class SimulationResult:
 
 
 def _run_scheme(c: Campaign, rng: np.random.Generator, rollback_s: float, dist: CostDist, overhead_s: float,
-                write_every_s: float | None) -> SchemeTrials:
-    """Simulate all trials of one scheme, vectorised over trials (one loop iteration per fault)."""
+                write_every_s: float | None, elastic: bool = False) -> SchemeTrials:
+    """Simulate all trials of one scheme, vectorised over trials (one loop iteration per fault).
+
+    ``elastic``: apply the spares rules (module doc) to every fault; ``rollback_s`` is then the step and a
+    stop rolls back to the checkpoint (``c.ckpt_every x c.step_s``) at the cost of a restart draw."""
     n = c.trials
     work = c.steps * c.step_s
-    p = np.zeros(n)  # progress, s of useful compute
+    p = np.zeros(n)  # progress, s of useful compute at full dp
     hwm = np.zeros(n)  # highest progress ever reached
     tau = c.arrivals.sample(rng, c.mttf_s, n)  # remaining time on the fault clock
     wall = np.zeros(n)
     down = np.zeros(n)
     rep = np.zeros(n)
     wr = np.zeros(n)
+    slow = np.zeros(n)
     nf = np.zeros(n, dtype=np.int64)
+    n_shrink = np.zeros(n, dtype=np.int64)
+    n_stop = np.zeros(n, dtype=np.int64)
+    dp0 = c.dp if elastic else 1
+    sp = np.full(n, c.spares if elastic else 0, dtype=np.int64)
+    dpn = np.full(n, dp0, dtype=np.int64)
     active = np.ones(n, dtype=bool)
     finished = np.zeros(n, dtype=bool)
     wall_clock = c.fault_clock == "wall"
+    ckpt_s = c.ckpt_every * c.step_s
+    shrink_dist = c.shrink or dist
+
+    def event(g: np.ndarray) -> np.ndarray:
+        """Apply the spares rules to one fault of each trial in ``g``; return its downtime (s), shape (g.size,)."""
+        d = np.full(g.size, overhead_s)
+        if not elastic:
+            return d + dist.sample(rng, g.size)
+        hs = sp[g] > 0
+        st = ~hs & (dpn[g] - c.shape.replicas < 1)
+        sh = ~hs & ~st
+        sp[g[hs]] -= 1
+        gs = g[sh]
+        dpn[gs] -= c.shape.replicas
+        sp[gs] += c.shape.freed_spares
+        n_shrink[gs] += 1
+        gt = g[st]
+        n_stop[gt] += 1
+        back = np.floor(p[gt] / ckpt_s) * ckpt_s  # the stopped job resumes from its checkpoint
+        rep[gt] += p[gt] - back
+        p[gt] = back
+        dpn[gt] = dp0
+        sp[gt] = c.spares
+        for mask, law in ((hs, dist), (sh, shrink_dist), (st, c.restart)):
+            if mask.any():
+                d[mask] += law.sample(rng, int(mask.sum()))
+        return d
+
     while active.any():
         idx = np.flatnonzero(active)
         pi = p[idx]
-        pf = (pi if wall_clock else hwm[idx]) + tau[idx]  # progress at which the next fault strikes
+        rate = dpn[idx] / dp0  # progress per wall second
+        pf = (pi if wall_clock else np.maximum(pi, hwm[idx])) + rate * tau[idx]  # progress at the next fault
         done = pf >= work
         end = np.where(done, work, pf)
-        wall[idx] += end - pi
+        seg = (end - pi) / rate
+        wall[idx] += seg
+        slow[idx] += seg - (end - pi)
         if write_every_s is not None and c.ckpt_write_s > 0:
             w = (np.floor(end / write_every_s) - np.floor(pi / write_every_s)) * c.ckpt_write_s
             wall[idx] += w
@@ -211,7 +276,7 @@ def _run_scheme(c: Campaign, rng: np.random.Generator, rollback_s: float, dist: 
         hwm[f] = np.maximum(hwm[f], pff)
         p[f] = newp
         nf[f] += 1
-        d = overhead_s + dist.sample(rng, f.size)
+        d = event(f)
         nxt = c.arrivals.sample(rng, c.mttf_s, f.size)
         if wall_clock:  # faults during the recovery restart it
             hit = np.flatnonzero(nxt < d)
@@ -220,7 +285,7 @@ def _run_scheme(c: Campaign, rng: np.random.Generator, rollback_s: float, dist: 
                 wall[g] += nxt[hit]
                 down[g] += nxt[hit]
                 nf[g] += 1
-                d[hit] = overhead_s + dist.sample(rng, hit.size)
+                d[hit] = event(g)
                 nxt[hit] = c.arrivals.sample(rng, c.mttf_s, hit.size)
                 hit = hit[nxt[hit] < d[hit]]
             tau[f] = nxt - d
@@ -229,7 +294,11 @@ def _run_scheme(c: Campaign, rng: np.random.Generator, rollback_s: float, dist: 
         wall[f] += d
         down[f] += d
         active[f[nf[f] >= c.max_faults]] = False
-    return SchemeTrials(wall, nf.astype(np.float64), down, rep, wr, finished)
+    extra = {}
+    if elastic:
+        extra = {"slow_s": slow, "shrinks": n_shrink.astype(np.float64), "stops": n_stop.astype(np.float64),
+                 "final_dp": dpn.astype(np.float64)}
+    return SchemeTrials(wall, nf.astype(np.float64), down, rep, wr, finished, **extra)
 
 
 def _summarise(t: SchemeTrials, work: float) -> SchemeSummary:
@@ -243,6 +312,10 @@ def _summarise(t: SchemeTrials, work: float) -> SchemeSummary:
         replay_s=float(t.replay_s.mean()),
         write_s=float(t.write_s.mean()),
         unfinished_trials=int((~t.finished).sum()),
+        slow_s=0.0 if t.slow_s is None else float(t.slow_s.mean()),
+        shrinks=None if t.shrinks is None else Estimate.of(t.shrinks),
+        stops=None if t.stops is None else float(t.stops.mean()),
+        final_dp=None if t.final_dp is None else float(t.final_dp.mean()),
     )
 
 
@@ -273,6 +346,12 @@ def validate(c: Campaign) -> None:
     v.integer_at_least("trials", c.trials, 2)
     v.integer_at_least("seed", c.seed, 0)
     v.integer_at_least("max_faults", c.max_faults, 1)
+    if c.spares is not None:
+        v.integer_at_least("spares", c.spares, 0)
+        v.integer_at_least("dp", c.dp, 1)
+        if not 1 <= c.shape.replicas <= c.dp:
+            raise v.fail("shrink_replicas", c.shape.replicas, f"must be in 1..dp ({c.dp})")
+        v.integer_at_least("freed_spares", c.shape.freed_spares, 0)
 
 
 def run_trials(c: Campaign) -> tuple[SchemeTrials, SchemeTrials]:
@@ -281,7 +360,7 @@ def run_trials(c: Campaign) -> tuple[SchemeTrials, SchemeTrials]:
     ss = np.random.SeedSequence(c.seed)
     g_ck, g_px = (np.random.default_rng(s) for s in ss.spawn(2))
     ck = _run_scheme(c, g_ck, c.ckpt_every * c.step_s, c.restart, c.ckpt_overhead_s, c.ckpt_every * c.step_s)
-    px = _run_scheme(c, g_px, c.step_s, c.hotswap, c.phoenix_overhead_s, None)
+    px = _run_scheme(c, g_px, c.step_s, c.hotswap, c.phoenix_overhead_s, None, elastic=c.spares is not None)
     return ck, px
 
 

@@ -74,3 +74,12 @@ def integer_at_least(name: str, value: object, minimum: int) -> int:
     if value < minimum:
         raise fail(name, value, f"must be an integer >= {minimum}")
     return int(value)
+
+
+def open_unit(name: str, value: object) -> float:
+    """Return ``value`` as float if it lies strictly between 0 and 1, else raise ModelError (e.g. a target
+    probability: 0 asks for nothing, 1 for infinitely many spares)."""
+    v = _number(name, value)
+    if not 0.0 < v < 1.0:
+        raise fail(name, value, "must be strictly between 0 and 1")
+    return v

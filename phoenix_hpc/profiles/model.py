@@ -6,7 +6,8 @@ Shape of a profile file (see ``sites/perlmutter.yaml`` for a commented one)::
     description: ...
     scheduler:  {account, qos, partition, constraint, limits, qos_limits, partition_limits, allow_node_pinning,
                  request_gpus, request_mem, signal, signal_before_end_s, extra_sbatch}
-    node:       {gpus_per_node, gpu_model, gpu_mem_gb, cores_per_node, mem_gb, nics}
+    node:       {gpus_per_node, gpu_model, gpu_mem_gb, cores_per_node, mem_gb, nics, host_reserved_gb,
+                 host_per_rank_gb, mttf_h, mttf_source}
     launcher:   {srun_mpi, gpu_bind, cpus_per_task, cpu_bind, extra_srun, python, coordinator_timeout_s}
     environment: {modules, env}
     failure_domains: {levels, source, rule}
@@ -119,8 +120,25 @@ class NodeProfile(BaseModel):
         "(null: not checked)"
     )
     cores_per_node: int = Field(..., ge=1, description="physical CPU cores per node")
-    mem_gb: int | None = Field(None, ge=1, description="host memory per node in GB")
+    mem_gb: int | None = Field(None, ge=1, description="host memory per node in GB; submit checks the host "
+                               "memory PHOENIX plans per node against it (null: not checked)")
     nics: int = Field(1, ge=0, description="high-speed network interfaces per node")
+    host_reserved_gb: float = Field(
+        8.0, ge=0, description="host memory per node kept for the OS, Slurm, file-system clients and the page "
+        "cache (part of the headroom submit leaves below node.mem_gb)"
+    )
+    host_per_rank_gb: float = Field(
+        6.0, ge=0, description="host memory of each rank's process besides PHOENIX's buffers: Python, torch and "
+        "the CUDA context, NCCL/MPI buffers, data-loader workers, pinned staging (part of the headroom)"
+    )
+    mttf_h: float | None = Field(
+        None, gt=0, description="mean time to failure of one node, hours; submit prints the expected node "
+        "failures over the time limit and warns when spares are fewer than needed (null: not computed)"
+    )
+    mttf_source: Literal["published", "assumption"] = Field(
+        "assumption", description="where node.mttf_h comes from: published by the site, or an assumption of the "
+        "profile (submit tags the numbers so)"
+    )
 
 
     @model_validator(mode="after")

@@ -82,6 +82,15 @@ def _q(value: object) -> str:
     return f"$'{body}'"
 
 
+def failure_line(job: ResolvedJob) -> str:
+    """One line: node failures expected over the job's time limit and the spares needed (site node.mttf_h)."""
+    sp = job.spares_plan
+    tag = "published by the site" if job.mttf_source == "published" else "an assumption of the site profile"
+    return (f"Node failures expected over the time limit: {sp.expected_failures:.3g} ({sp.nodes} nodes x "
+            f"{sp.hours:g} h / node MTTF {sp.mttf_node_h:g} h, {tag}); spares for P(no shrink) >= {sp.target:g}: "
+            f"{sp.spares_needed} (this job: {job.spares})")
+
+
 def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = None) -> str:
     """The complete batch script text (ends with a newline).
 
@@ -115,6 +124,11 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         out.append(f"# GPU memory per rank, estimated by phoenix_hpc.config.memory"
                    + (f" (one GPU of this site: {mem:g} GB):" if mem is not None else ":"))
         out.append(f"#   {job.memory.summary()}")
+    if job.host_memory is not None:
+        out.append("# Host memory PHOENIX holds per node, planned by phoenix_hpc.config.host_memory:")
+        out.append(f"#   {job.host_memory.summary()}")
+    if job.spares_plan is not None:
+        out.append("# " + failure_line(job))
 
     d = [
         f"--job-name={slurm_job_name(cfg.name)}",

@@ -170,3 +170,27 @@ def test_real_executable(args, check):
     out = subprocess.run([_phoenix(), *args], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     check(json.loads(out.stdout))
+
+
+def test_simulate_with_spares_reports_shrinks():
+    r = run(SIM + ["--hotswap-s", "30", "--spares", "0", "--dp", "4", "--pp", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["inputs"]["spares"] == 0 and d["inputs"]["shrink_shape"] == {"replicas": 1, "nodes_per_shrink": 2,
+                                                                           "freed_spares": 1}
+    assert d["phoenix"]["shrinks"]["mean"] > 0 and d["phoenix"]["slow_s"] > 0
+    r = run(SIM + ["--hotswap-s", "30", "--spares", "1", "--dp", "4"])
+    assert r.exit_code == 0, r.output
+    assert "shrinks" in r.output and "running shrunk" in r.output
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--spares", "1"], "--dp: missing"),
+    (["--dp", "4"], "--spares: missing"),
+    (["--spares", "-1", "--dp", "4"], "--spares"),
+    (["--spares", "1", "--dp", "4", "--shrink-s", "soon"], "--shrink-s"),
+])
+def test_simulate_spares_bad_input(extra, needle):
+    r = run(SIM + ["--hotswap-s", "30", *extra])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "Traceback" not in r.output

@@ -169,3 +169,57 @@ def test_journal_errors(tmp_path):
     with pytest.raises(ModelError, match="no recovery_done"):
         dist.empirical([], "run")
     assert math.isfinite(dist.parse_dist("x", "exp:0").sample(np.random.default_rng(0), 2).sum())
+
+
+# --- spares running out: the (S+1)-th fault shrinks the job (phoenix_hpc.model.spares rules) ----------------
+
+def test_shrinks_are_the_faults_beyond_the_spares():
+    """dp large and nothing freed by a shrink: every fault after the S-th is a shrink, per trial."""
+    c = campaign(spares=2, dp=10_000, shape=mc.ShrinkShape(1, 1, 0), trials=200)
+    _, px = mc.run_trials(c)
+    assert np.array_equal(px.shrinks, np.maximum(0.0, px.faults - 2))
+    assert px.stops.sum() == 0 and px.shrinks.sum() > 0
+    assert np.array_equal(px.final_dp, 10_000 - px.shrinks)
+
+
+@pytest.mark.parametrize("clock", ["progress", "wall"])
+def test_lost_time_accounts_for_running_shrunk(clock):
+    """wall = W + downtime + replay + slow-down: nothing is lost or double counted."""
+    c = campaign(spares=1, dp=4, shape=mc.ShrinkShape(1, 2, 1), fault_clock=clock, trials=200)
+    _, px = mc.run_trials(c)
+    work = c.steps * c.step_s
+    assert np.allclose(px.wall_s - work, px.lost_s)
+    assert (px.slow_s > 0).any() and (px.slow_s >= 0).all()
+
+
+def test_enough_spares_is_the_unlimited_case():
+    base = mc.run_trials(campaign(trials=100))[1]
+    many = mc.run_trials(campaign(trials=100, spares=10**6, dp=8))[1]
+    assert np.array_equal(base.wall_s, many.wall_s) and many.shrinks.sum() == 0 and many.slow_s.sum() == 0
+
+
+def test_fewer_spares_lose_more_time():
+    lost = [mc.simulate(campaign(trials=200, spares=s, dp=4, shape=mc.ShrinkShape(1, 1, 0))).phoenix.lost_s.mean
+            for s in (0, 50, 500)]
+    assert lost[0] > lost[1] > 0 and lost[1] >= lost[2]
+
+
+def test_a_stop_rolls_back_to_the_checkpoint_and_restores_the_job():
+    """dp=1: no shrink is possible, so the first fault without a spare stops the job (a restart from the
+    checkpoint), and the resubmitted job has its spares and dp again."""
+    c = campaign(spares=0, dp=1, shape=mc.ShrinkShape(1, 1, 0), trials=100)
+    ck, px = mc.run_trials(c)
+    assert np.array_equal(px.stops, px.faults) and px.shrinks.sum() == 0
+    assert (px.final_dp == 1).all()
+    # each stop costs a restart (600 s) as the checkpoint scheme's faults do
+    assert px.downtime_s.mean() == pytest.approx(600 * px.faults.mean())
+
+
+@pytest.mark.parametrize("kw, option", [
+    (dict(spares=-1, dp=4), "--spares"),
+    (dict(spares=1, dp=0), "--dp"),
+    (dict(spares=1, dp=2, shape=mc.ShrinkShape(3, 1, 0)), "--shrink-replicas"),
+])
+def test_bad_spares_inputs(kw, option):
+    with pytest.raises(ModelError, match=option):
+        mc.simulate(campaign(**kw))

@@ -100,3 +100,25 @@ def test_slurm_time_rejects(text):
 
 def test_format_slurm_time():
     assert format_slurm_time(1800) == "00:30:00" and format_slurm_time(93784) == "1-02:03:04"
+
+
+@pytest.mark.parametrize("extra, field", [
+    ("mttf_h: -5", "node.mttf_h"),
+    ("mttf_h: 0", "node.mttf_h"),
+    ("mttf_source: guessed", "node.mttf_source"),
+    ("host_reserved_gb: -1", "node.host_reserved_gb"),
+    ("host_per_rank_gb: -0.5", "node.host_per_rank_gb"),
+])
+def test_bad_node_reliability_and_headroom_fields(tmp_path, extra, field):
+    f = tmp_path / "bad.yaml"
+    f.write_text(f"name: x\nnode: {{gpus_per_node: 1, cores_per_node: 4, {extra}}}\nlauncher: {{srun_mpi: pmix}}\n")
+    with pytest.raises(ProfileError) as ei:
+        load_profile(str(f))
+    assert field in str(ei.value)
+
+
+def test_builtin_gpu_sites_state_node_mttf_as_assumption():
+    for name in ("perlmutter", "vista"):
+        node = load_profile(name).node
+        assert node.mttf_h > 0 and node.mttf_source == "assumption" and node.mem_gb
+    assert load_profile("local").node.mttf_h is None

@@ -299,3 +299,65 @@ def test_steps_option_is_written_to_the_run_config(in_tmp, monkeypatch):
 
     cfg = submit_mod.with_steps(load_job_config(GPT_SMALL), 1500)
     assert cfg.training.steps == 1500 and cfg.name == "gpt-small"
+
+
+# --- host memory and node failures planned at submit --------------------------------------------------------
+
+VISTA_7B = ROOT / "examples" / "vista-7b.yaml"
+PERLMUTTER_7B = ROOT / "examples" / "perlmutter-7b.yaml"
+LLAMA_13B = {"layers": 40, "hidden_size": 5120, "heads": 40, "num_query_groups": 40, "ffn_hidden_size": 13824}
+
+
+@pytest.mark.parametrize("site, src, per_node", [("vista", VISTA_7B, "17.50 GB per node = 1 rank(s)"),
+                                                 ("perlmutter", PERLMUTTER_7B, "33.70 GB per node = 4 rank(s)")])
+def test_dry_run_prints_planned_host_memory_and_node_failures(in_tmp, site, src, per_node):
+    r = invoke("--site", site, src, "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "# Host memory PHOENIX holds per node" in r.stdout and per_node in r.stdout
+    assert "# Node failures expected over the time limit: " in r.stdout
+    assert "an assumption of the site profile" in r.stdout
+
+
+def test_json_gives_host_memory_and_node_failures(in_tmp):
+    import json
+
+    r = invoke("--site", "vista", VISTA_7B, "--dry-run", "--json")
+    d = json.loads(r.stdout)
+    # stage 3 of pp=4: 1.75e9 parameters N; bf16 snapshot 2N + 12N/8, M = 2 x snapshot + 2 x 12N/8 = 10N
+    assert d["host_memory"]["per_node_gb"] == pytest.approx(17.5, abs=0.05)
+    assert d["host_memory"]["budget_gb"] == pytest.approx(0.9 * (120 - 8 - 6))
+    nf = d["node_failures"]
+    assert nf["expected"] == pytest.approx(32 * 24 / 50700) and nf["mttf_source"] == "assumption"
+    assert nf["spares_needed"] == 1
+
+
+def test_host_memory_that_cannot_fit_exits_2(in_tmp):
+    p = write_cfg(in_tmp, VISTA_7B, model=LLAMA_13B, parallelism={"pp": 2}, resources={"nodes": 8},
+                  resilience={"k": 3}, megatron={"recompute_granularity": "full"})
+    assert_bad(invoke("--site", "vista", p, "--dry-run"), "host memory", "182.2", "per node", "budget 95.4 GB",
+               "120 GB node.mem_gb", "resilience.k", "parallelism.tp or parallelism.pp", "resources.nodes")
+    assert list(in_tmp.iterdir()) == [p]
+
+
+def test_host_memory_close_to_the_budget_warns_also_in_json(in_tmp):
+    import json
+
+    p = write_cfg(in_tmp, VISTA_7B, model=LLAMA_13B, parallelism={"pp": 4}, resources={"nodes": 16},
+                  resilience={"k": 3}, megatron={"recompute_granularity": "full"})
+    r = invoke("--site", "vista", p, "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    warn = [w for w in json.loads(r.stdout)["warnings"] if w.startswith("host memory")]
+    assert len(warn) == 1 and "of the 95.4 GB budget" in warn[0]
+    assert "warning: host memory" in r.stderr
+
+
+def test_fewer_spares_than_needed_warns_also_in_json(in_tmp):
+    import json
+
+    p = write_cfg(in_tmp, VISTA_7B, resources={"spares": 0})
+    r = invoke("--site", "vista", p, "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    warn = [w for w in json.loads(r.stdout)["warnings"] if "needed for P(no shrink)" in w]
+    assert len(warn) == 1 and "resources.spares: 0 is fewer than the 1 needed" in warn[0]
+    assert "[assumption of the site profile]" in warn[0]
+    assert "needed for P(no shrink)" in r.stderr
