@@ -387,20 +387,23 @@ def spares_cmd(nodes, mttf_node_h, hours, target, dp, tp, pp, gpus_per_node, spa
         _emit_json(out)
         return
     con = _console()
-    t = _table(f"{nodes} nodes x {hours:g} h / MTTF {mttf_node_h:g} h per node ({mttf_source}): "
-               f"{plan.expected_failures:.3g} node failures expected", "spares S", "P(no shrink) = P(X <= S)")
+    con.print(f"node failures expected: {plan.expected_failures:.3g} = {nodes} nodes x {hours:g} h / node MTTF "
+              f"{mttf_node_h:g} h ({mttf_source}); X ~ Poisson({plan.expected_failures:.3g})")
+    t = _table("Spares and the probability that no fault shrinks the job", "spares S", "P(X <= S)", "")
     for s_, pr in plan.by_spares:
-        mark = " < needed" if s_ == plan.spares_needed else (" < the job's" if s_ == spares else "")
-        t.add_row(f"{s_}{mark}", f"{pr:.4f}")
+        marks = [m for m, on in (("needed", s_ == plan.spares_needed), ("the job's", s_ == spares)) if on]
+        t.add_row(str(s_), f"{pr:.4f}", ", ".join(marks))
     con.print(t)
     con.print(f"spares needed for P(no shrink) >= {target:g}: {plan.spares_needed}")
     if plan.dp is not None:
-        con.print(f"a shrink removes {plan.shape.replicas} of dp={plan.dp} replica(s): throughput "
+        con.print(f"a shrink removes {plan.shape.replicas} DP replica(s) of dp={plan.dp}: throughput "
                   f"x {plan.throughput_after_shrink:.4f} ({plan.lost_per_shrink:.2%} lost), and frees "
                   f"{plan.shape.freed_spares} node(s) as spares")
     if plan.spares is not None:
         con.print(f"with the job's {plan.spares} spare(s): P(no shrink) {plan.p_no_shrink:.4f}, expected shrinks "
                   f"{plan.expected_shrinks:.3g}, P(stop: no replica left) {plan.p_stop:.3g}")
+        con.print(f"mean throughput over the {hours:g} h: {plan.mean_throughput:.4f} of a run without shrinks "
+                  "(recovery downtime not counted; phoenix model simulate --spares counts it)")
 
 
 def _resolve_for_model(config: str, site: str | None):

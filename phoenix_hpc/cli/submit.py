@@ -388,6 +388,8 @@ def _summary(job: ResolvedJob, job_id: str | None, script: str | None, warnings:
             "target": job.spares_plan.target,
             "spares_needed": job.spares_plan.spares_needed,
             "p_no_shrink": job.spares_plan.p_no_shrink,
+            "expected_shrinks": job.spares_plan.expected_shrinks,
+            "mean_throughput": job.spares_plan.mean_throughput,
         },
     }
     if script is not None:

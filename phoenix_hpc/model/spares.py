@@ -180,6 +180,7 @@ class SparesPlan:
     p_no_shrink: float | None = None  # with the job's spares
     expected_shrinks: float | None = None  # with the job's spares (and the shrink shape)
     p_stop: float | None = None  # probability that the faults exhaust every replica
+    mean_throughput: float | None = None  # over the run, relative to no shrink (with the job's spares)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -211,6 +212,29 @@ def shrink_statistics(mu: float, spares: int, dp: int, shape: ShrinkShape, tail:
     return exp_shrinks, p_stop
 
 
+def mean_throughput(mu: float, spares: int, dp: int, shape: ShrinkShape, tail: float = 1e-12) -> float:
+    """Expected throughput over a run of fixed length (the time limit), relative to a run without shrinks:
+    ``E[(1/T) int_0^T dp(t) / dp dt]`` with ``dp(t)`` after the node failures up to ``t`` (:func:`events_for`;
+    0 once the job stopped).
+
+    With ``N(t) ~ Poisson(mu t / T)``, ``(1/T) int_0^T P(N(t) = x) dt = P(X >= x + 1) / mu`` for
+    ``X ~ Poisson(mu)`` (the (x+1)-th failure time is Erlang(x+1); Ross, chapter 5), so the result is
+    ``sum_x dp_after(x) / dp x P(X >= x + 1) / mu``, summed until the Poisson tail left is below ``tail``.
+    Recovery downtime is not counted here (see :mod:`phoenix_hpc.model.montecarlo`). 1.0 for ``mu == 0``.
+    Pure.
+    """
+    from scipy import stats
+
+    m = v.non_negative("mu", mu)
+    d0 = v.integer_at_least("dp", dp, 1)
+    if m == 0:
+        return 1.0
+    hi = int(stats.poisson.isf(tail, m)) + 1
+    dps = [d0] + [0 if ev == STOP else d for ev, _, d in events_for(hi, spares, d0, shape)]
+    dps += [dps[-1]] * (hi + 1 - len(dps))
+    return sum(dps[x] / d0 * float(stats.poisson.sf(x, m)) for x in range(hi + 1)) / m
+
+
 def plan_spares(nodes: int, mttf_node_h: float, hours: float, target: float = 0.99, *, dp: int | None = None,
                 shape: ShrinkShape | None = None, spares: int | None = None) -> SparesPlan:
     """Spares needed for ``nodes`` active nodes of ``mttf_node_h`` over ``hours`` at probability ``target``;
@@ -230,7 +254,8 @@ def plan_spares(nodes: int, mttf_node_h: float, hours: float, target: float = 0.
     if spares is not None:
         s = v.integer_at_least("spares", spares, 0)
         e_shr, p_stop = shrink_statistics(mu, s, d, sh)
-        extra = {"spares": s, "p_no_shrink": prob_at_most(mu, s), "expected_shrinks": e_shr, "p_stop": p_stop}
+        extra = {"spares": s, "p_no_shrink": prob_at_most(mu, s), "expected_shrinks": e_shr, "p_stop": p_stop,
+                 "mean_throughput": mean_throughput(mu, s, d, sh)}
     return SparesPlan(nodes, float(mttf_node_h), float(hours), float(target), mu, need, rows, dp=d, shape=sh,
                       throughput_after_shrink=kept, lost_per_shrink=1.0 - kept, **extra)
 

@@ -154,3 +154,14 @@ def test_cli_bad_input_exit_2(args, needles):
     assert "Traceback" not in r.output
     for n in needles:
         assert n in r.output, r.output
+
+
+def test_mean_throughput_hand_case():
+    """S=0, dp=2, nothing freed: dp 2 -> 1 after the first failure, 0 (stop) after the second. Over [0, T]:
+    [1 x P(X >= 1) + 1/2 x P(X >= 2)] / mu; mu = 2: (0.864665 + 0.5 x 0.593994) / 2 = 0.580831."""
+    assert sp.mean_throughput(2.0, 0, 2, sp.ShrinkShape(1, 1, 0)) == pytest.approx(0.580831, abs=2e-6)
+    assert sp.mean_throughput(0.0, 0, 2, sp.ShrinkShape(1, 1, 0)) == 1.0
+    assert sp.mean_throughput(1e-6, 0, 8, sp.ShrinkShape(1, 1, 0)) == pytest.approx(1.0, abs=1e-6)
+    # more spares never lose throughput
+    vals = [sp.mean_throughput(2.0, s, 8, sp.ShrinkShape(1, 2, 1)) for s in range(5)]
+    assert vals == sorted(vals) and vals[-1] < 1.0
