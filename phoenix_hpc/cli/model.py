@@ -397,7 +397,7 @@ def spares_cmd(nodes, mttf_node_h, hours, target, dp, tp, pp, gpus_per_node, spa
     con.print(f"spares needed for P(no shrink) >= {target:g}: {plan.spares_needed}")
     if plan.dp is not None:
         con.print(f"a shrink removes {plan.shape.replicas} DP replica(s) of dp={plan.dp}: throughput "
-                  f"x {plan.throughput_after_shrink:.4f} ({plan.lost_per_shrink:.2%} lost), and frees "
+                  f"x {plan.throughput_after_shrink:.6g} ({100 * plan.lost_per_shrink:.3g} % lost), and frees "
                   f"{plan.shape.freed_spares} node(s) as spares")
     if plan.spares is not None:
         con.print(f"with the job's {plan.spares} spare(s): P(no shrink) {plan.p_no_shrink:.4f}, expected shrinks "

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from phoenix_hpc.model import validate as v
 
 HOT_SWAP, SHRINK, STOP = "hot_swap", "shrink", "stop"
+#: more expected node failures than this in one run is refused (a unit mistake; the sums below are over it)
+MAX_EXPECTED_FAILURES = 1e5
 
 
 def expected_node_failures(nodes: int, mttf_node_h: float, hours: float) -> float:
@@ -46,7 +48,11 @@ def expected_node_failures(nodes: int, mttf_node_h: float, hours: float) -> floa
     n = v.integer_at_least("nodes", nodes, 1)
     m = v.positive("mttf_node_h", mttf_node_h)
     t = v.positive("hours", hours)
-    return n * t / m
+    mu = n * t / m
+    if mu > MAX_EXPECTED_FAILURES:
+        raise v.fail("mttf_node_h", mttf_node_h, f"nodes x hours / mttf_node_h = {mu:.3g} expected node failures "
+                     f"is more than this model handles ({MAX_EXPECTED_FAILURES:g}); check the units (hours)")
+    return mu
 
 
 def prob_at_most(mu: float, spares: int) -> float:
@@ -129,12 +135,11 @@ def shrink_shape(tp: int, pp: int, dp: int, gpus_per_node: int) -> ShrinkShape:
     world = t * p * d
     if world % g:
         raise v.fail("gpus_per_node", g, f"must divide tp x pp x dp = {world}")
-    hit = {coord_of(r, t, p, d).dp for r in range(g)}
-    nodes_all: dict[int, set[int]] = {}
-    for r in range(world):
-        nodes_all.setdefault(r // g, set()).add(coord_of(r, t, p, d).dp)
-    used = [n for n, dps in nodes_all.items() if dps & hit]
-    freed = [n for n in used if n != 0 and nodes_all[n] <= hit]
+    from phoenix_hpc.topology import GridCoord, rank_of
+
+    hit = {coord_of(r, t, p, d).dp for r in range(g)}  # node 0 holds ranks 0..g-1
+    used = {rank_of(GridCoord(pi, di, ti), t, p, d) // g for di in hit for pi in range(p) for ti in range(t)}
+    freed = [n for n in used if n != 0 and all(coord_of(r, t, p, d).dp in hit for r in range(n * g, n * g + g))]
     return ShrinkShape(replicas=len(hit), nodes_per_shrink=len(used), freed_spares=len(freed))
 
 
@@ -171,7 +176,7 @@ class SparesPlan:
     target: float
     expected_failures: float
     spares_needed: int
-    by_spares: tuple[tuple[int, float], ...]  # (S, P(no shrink with S spares)) for S = 0 .. needed + 2
+    by_spares: tuple[tuple[int, float], ...]  # (S, P(no shrink with S spares)), S = needed - 6 .. needed + 2 (>= 0)
     dp: int | None = None
     shape: ShrinkShape | None = None
     throughput_after_shrink: float | None = None  # (dp - r) / dp
@@ -194,22 +199,26 @@ def shrink_statistics(mu: float, spares: int, dp: int, shape: ShrinkShape, tail:
     left is below ``tail``. Pure."""
     from scipy import stats
 
+    import numpy as np
+
     m = v.non_negative("mu", mu)
     if m == 0:
         return 0.0, 0.0
-    hi = int(stats.poisson.isf(tail, m)) + 1
-    evs = events_for(hi, spares, dp, shape)
-    shrinks_by = [0]
-    stopped_at = None
-    for i, (ev, _, _) in enumerate(evs, start=1):
-        shrinks_by.append(shrinks_by[-1] + (ev == SHRINK))
-        if ev == STOP:
-            stopped_at = i
-    exp_shrinks = 0.0
-    for x in range(hi + 1):
-        exp_shrinks += float(stats.poisson.pmf(x, m)) * shrinks_by[min(x, len(shrinks_by) - 1)]
-    p_stop = 0.0 if stopped_at is None else float(stats.poisson.sf(stopped_at - 1, m))
+    evs = events_for(_horizon(m, tail), spares, dp, shape)
+    shrinks_by = np.concatenate([[0], np.cumsum([ev == SHRINK for ev, _, _ in evs])]).astype(np.float64)
+    # P(X = x) for x < len(evs), then P(X >= len(evs)) for the last count (after a stop nothing changes)
+    x = np.arange(len(evs))
+    w = np.append(stats.poisson.pmf(x, m), stats.poisson.sf(len(evs) - 1, m))
+    exp_shrinks = float(w @ shrinks_by)
+    p_stop = float(stats.poisson.sf(len(evs) - 1, m)) if evs and evs[-1][0] == STOP else 0.0
     return exp_shrinks, p_stop
+
+
+def _horizon(mu: float, tail: float) -> int:
+    """Failure counts beyond this have Poisson probability below ``tail``."""
+    from scipy import stats
+
+    return int(stats.poisson.isf(tail, mu)) + 1
 
 
 def mean_throughput(mu: float, spares: int, dp: int, shape: ShrinkShape, tail: float = 1e-12) -> float:
@@ -225,14 +234,17 @@ def mean_throughput(mu: float, spares: int, dp: int, shape: ShrinkShape, tail: f
     """
     from scipy import stats
 
+    import numpy as np
+
     m = v.non_negative("mu", mu)
     d0 = v.integer_at_least("dp", dp, 1)
     if m == 0:
         return 1.0
-    hi = int(stats.poisson.isf(tail, m)) + 1
-    dps = [d0] + [0 if ev == STOP else d for ev, _, d in events_for(hi, spares, d0, shape)]
-    dps += [dps[-1]] * (hi + 1 - len(dps))
-    return sum(dps[x] / d0 * float(stats.poisson.sf(x, m)) for x in range(hi + 1)) / m
+    evs = events_for(_horizon(m, tail), spares, d0, shape)
+    frac = np.array([d0] + [0 if ev == STOP else d for ev, _, d in evs], dtype=np.float64) / d0
+    sf = stats.poisson.sf(np.arange(len(evs)), m)
+    # counts from len(evs) on keep the last value: sum_{x >= L} P(X > x) = mu - sum_{x < L} P(X > x)
+    return float(frac[:-1] @ sf + frac[-1] * max(0.0, m - float(sf.sum()))) / m
 
 
 def plan_spares(nodes: int, mttf_node_h: float, hours: float, target: float = 0.99, *, dp: int | None = None,
@@ -244,7 +256,7 @@ def plan_spares(nodes: int, mttf_node_h: float, hours: float, target: float = 0.
     """
     mu = expected_node_failures(nodes, mttf_node_h, hours)
     need = spares_needed(mu, target)
-    rows = tuple((s, prob_at_most(mu, s)) for s in range(need + 3))
+    rows = tuple((s, prob_at_most(mu, s)) for s in range(max(0, need - 6), need + 3))
     if dp is None:
         return SparesPlan(nodes, float(mttf_node_h), float(hours), float(target), mu, need, rows)
     d = v.integer_at_least("dp", dp, 1)

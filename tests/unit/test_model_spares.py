@@ -165,3 +165,12 @@ def test_mean_throughput_hand_case():
     # more spares never lose throughput
     vals = [sp.mean_throughput(2.0, s, 8, sp.ShrinkShape(1, 2, 1)) for s in range(5)]
     assert vals == sorted(vals) and vals[-1] < 1.0
+
+
+def test_large_inputs_stay_fast_or_are_refused():
+    """Sums run over the Poisson horizon and the events up to a stop, never over dp or spares themselves."""
+    plan = sp.plan_spares(1000, 10, 1000, dp=10**6, shape=sp.shrink_shape(8, 16, 10**6, 4), spares=10**9)
+    assert plan.expected_shrinks == 0.0 and plan.mean_throughput == pytest.approx(1.0)
+    assert len(plan.by_spares) == 9
+    with pytest.raises(ModelError, match="--mttf-node-h.*expected node failures"):
+        sp.expected_node_failures(100000, 1, 10)
