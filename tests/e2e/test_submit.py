@@ -53,6 +53,9 @@ def test_generated_local_script_starts_on_all_nodes(slurm_cluster, slurm_env, tm
     client = SlurmClient(env=slurm_cluster.env)
     try:
         assert (out["nodes"], out["spares"]) == (4, 2)
+        # the local site has no node.mem_gb and no node.mttf_h: the host memory is planned, not checked
+        assert out["host_memory"]["per_node_gb"] > 0 and out["host_memory"]["budget_gb"] is None
+        assert out["node_failures"] is None
         # what was recorded in the run dir
         assert oct((run_dir).stat().st_mode & 0o777) == "0o700"
         cfg = load_job_config(run_dir / "config.yaml")

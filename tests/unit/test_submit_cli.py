@@ -361,3 +361,18 @@ def test_fewer_spares_than_needed_warns_also_in_json(in_tmp):
     assert len(warn) == 1 and "resources.spares: 0 is fewer than the 1 needed" in warn[0]
     assert "[assumption of the site profile]" in warn[0]
     assert "needed for P(no shrink)" in r.stderr
+
+
+def test_the_table_after_a_submit_shows_host_memory_and_node_failures(capsys):
+    import sys
+
+    from phoenix_hpc.cli.submit import _print_submitted
+    from phoenix_hpc.config import load_job_config
+    from phoenix_hpc.config.resolve import resolve
+    from phoenix_hpc.profiles import load_profile
+
+    job = resolve(load_job_config(PERLMUTTER_7B), load_profile("perlmutter"), run_dir="/r", default_python=sys.executable)
+    _print_submitted(job, "4242")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "host memory" in out and "33.70 GB per node" in out
+    assert "node failures" in out and "0.0151" in out and "an assumption of the site profile" in out
