@@ -90,11 +90,12 @@ def resolved_config_yaml(job: ResolvedJob) -> str:
 
 
 def _names_user_code(cfg) -> bool:
-    """Whether the config names code of the user's (a non-built-in engine or a factory): only then does
-    submit import torch and that code."""
+    """Whether the config names code of the user's (a non-built-in engine, a factory or a provider): only then
+    does submit import torch and that code."""
     from phoenix_hpc.engines.user_code import is_builtin_engine
 
-    return not is_builtin_engine(cfg.engine) or cfg.model.factory is not None or cfg.data.factory is not None
+    return (not is_builtin_engine(cfg.engine) or cfg.model.factory is not None or cfg.model.provider is not None
+            or cfg.data.factory is not None)
 
 
 def with_steps(cfg, steps: int):

@@ -358,7 +358,7 @@ def _spares_plan(cfg: JobConfig, profile: SiteProfile, dp: int, gpn: int, time_s
 def _megatron_memory(cfg: JobConfig, profile: SiteProfile, dp: int | None, problems: list[str],
                      warnings: list[str]) -> MemoryEstimate | None:
     """Engine ``megatron``: real CUDA GPUs on the site, and the estimated GPU memory per rank within
-    ``node.gpu_mem_gb``."""
+    ``node.gpu_mem_gb`` (with ``model.provider``: estimated from the model fields, and a warning says so)."""
     node = profile.node
     if node.gpu_model is None:
         problems.append(
@@ -369,6 +369,9 @@ def _megatron_memory(cfg: JobConfig, profile: SiteProfile, dp: int | None, probl
     if dp is None:
         return None
     est = estimate_gpu_memory(cfg, dp)
+    if cfg.model.provider is not None:
+        warnings.append(f"GPU memory per rank estimated for the GPTModel of the model fields ({est.summary()}): "
+                        f"model.provider {cfg.model.provider!r} builds its own model, which the estimate cannot see")
     if node.gpu_mem_gb is None:
         warnings.append(f"GPU memory per rank not checked: site {profile.name} sets no node.gpu_mem_gb "
                         f"(estimate {est.summary()})")

@@ -8,7 +8,7 @@ Shape of the file (every section but ``name`` and ``data`` has defaults)::
     run_dir: runs/gpt-small         # where the script, resolved config, journal and logs go
     model:      {layers, hidden_size, heads, vocab_size, seq_length, dtype, ffn_hidden_size, num_query_groups,
                  position_embedding_type, rotary_base, activation, normalization, add_bias_linear,
-                 untie_embeddings_and_output_weights, factory, options}
+                 untie_embeddings_and_output_weights, factory, provider, options}
     megatron:   {transformer_impl, attention_backend, recompute_granularity, sequence_parallel}
     parallelism: {tp, pp, dp}       # dp may be omitted: derived from nodes x GPUs per node / (tp x pp)
     training:   {steps, micro_batch_size, global_batch_size, lr, min_lr, lr_schedule, warmup_steps,
@@ -120,13 +120,23 @@ class ModelConfig(BaseModel):
     factory: _Reference = Field(
         None, description="'package.module:function' building your torch.nn.Module for one pipeline stage "
         "(called as f(stage=, num_stages=, seed=, options=)); unset: the built-in GPT (docs/engines.md)")
+    provider: _Reference = Field(
+        None, description="'package.module:function' building your megatron-core model for one pipeline stage, "
+        "Megatron-LM's model_provider convention (called as f(pre_process=, post_process=, config=, vocab_size=, "
+        "max_sequence_length=, options=)); engine megatron only; unset: GPTModel from these fields (docs/engines.md)")
     options: dict[str, Any] = Field(
-        default_factory=dict, description="free-form mapping passed to model.factory as options=")
+        default_factory=dict, description="free-form mapping passed to model.factory or model.provider as options=")
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self):
-        """``hidden_size`` is divisible by ``heads``; ``num_query_groups`` divides ``heads`` (the built-in models
-        only: a factory's model has its own)."""
+        """At most one of ``factory`` and ``provider``; ``hidden_size`` is divisible by ``heads``;
+        ``num_query_groups`` divides ``heads`` (the built-in models and ``provider``, whose ``config`` is built
+        from these fields; a factory's model has its own)."""
+        if self.factory is not None and self.provider is not None:
+            raise ValueError(
+                f"set at most one of model.factory (your torch.nn.Module, engine torch) and model.provider (your "
+                f"megatron-core model, engine megatron), got factory={self.factory!r}, provider={self.provider!r}"
+            )
         if self.factory is not None:
             return self
         if self.hidden_size % self.heads:
@@ -377,8 +387,8 @@ class JobConfig(BaseModel):
     )
     python_path: list[str] = Field(
         default_factory=lambda: ["."],
-        description="folders put first on sys.path (at submit and on every rank) to import engine, model.factory "
-        "and data.factory; relative to the config file's folder",
+        description="folders put first on sys.path (at submit and on every rank) to import engine, model.factory, "
+        "model.provider and data.factory; relative to the config file's folder",
     )
     run_dir: str | None = Field(None, description="run directory; default runs/<name>-<timestamp>")
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -48,16 +48,18 @@ def default_device(local_rank: int) -> torch.device:
 
 def check_user_code(cfg) -> None:
     """Import every piece of user code the config names, exactly as the ranks will (same ``python_path``),
-    and check it: the engine class (and ``resilience.recovery_path`` against its recovery styles), and for
+    and check it: the engine class (and ``resilience.recovery_path`` against its recovery styles); for
     the torch engine (or a user engine derived from it)
     ``model.factory`` (every stage built on the meta device, output shapes;
-    :func:`phoenix_hpc.engines.custom_model.check_model_factory`) and ``data.factory`` (item 0); another
-    user engine reads the factories, if at all, itself. Run by
+    :func:`phoenix_hpc.engines.custom_model.check_model_factory`) and ``data.factory`` (item 0); for the
+    Megatron engine (or one derived from it) ``model.provider`` (import and signature:
+    :func:`phoenix_hpc.engines.megatron_provider.check_provider`; a provider named with the torch engine, or
+    one derived from it, is refused); another user engine reads these fields, if at all, itself. Run by
     ``phoenix submit`` (also with ``--dry-run``) and by every rank before MPI starts. Collects every problem.
 
     Raises:
         ConfigError: one line per problem, each naming the field, the value and what is expected; a factory
-            set for an engine that does not read it.
+            or provider set for a built-in engine that does not read it.
     """
     from phoenix_hpc.engines.user_code import is_builtin_engine, load_engine_class
     from phoenix_hpc.errors import ConfigError
@@ -70,23 +72,31 @@ def check_user_code(cfg) -> None:
         except ConfigError as exc:
             problems.extend(exc.problems)
 
-    torch_like = cfg.engine == "torch"
+    torch_like, megatron_like = cfg.engine == "torch", cfg.engine == "megatron"
     if not is_builtin_engine(cfg.engine):
         try:
+            from phoenix_hpc.engines.megatron_engine import MegatronEngine
             from phoenix_hpc.engines.styles import recovery_path_of_class
             from phoenix_hpc.engines.torch_engine import TorchEngine
 
             cls = load_engine_class(cfg.engine, cfg.python_path)
-            torch_like = issubclass(cls, TorchEngine)
+            torch_like, megatron_like = issubclass(cls, TorchEngine), issubclass(cls, MegatronEngine)
             recovery_path_of_class(cls, cfg.resilience.recovery_path, cfg.engine)
         except ConfigError as exc:
             problems.extend(exc.problems)
         except ValueError as exc:  # resilience.recovery_path names a style the class does not support
             problems.append(str(exc))
+    hints = {"model.factory": "its model comes from model.provider (a megatron-core model-provider function) or "
+                              "from the model fields; set engine: torch (or your own engine) to use a factory",
+             "data.factory": "it reads the Megatron indexed dataset of data.path; set engine: torch (or your own "
+                             "engine) to use a factory"}
     for fld, val in (("model.factory", cfg.model.factory), ("data.factory", cfg.data.factory)):
         if val is not None and cfg.engine == "megatron":
-            problems.append(f"{fld}: value {val!r} -- engine 'megatron' builds its own model and data; "
-                            "set engine: torch (or your own engine) to use a factory")
+            problems.append(f"{fld}: value {val!r} -- engine 'megatron' does not read {fld}: {hints[fld]}")
+    if cfg.model.provider is not None and (megatron_like or torch_like):
+        from phoenix_hpc.engines.megatron_provider import check_provider
+
+        run(check_provider, cfg, megatron_like)
     if torch_like:
         if cfg.model.factory is not None:
             from phoenix_hpc.engines.custom_model import check_model_factory

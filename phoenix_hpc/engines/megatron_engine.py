@@ -7,7 +7,8 @@ group only and has megatron-core create the tp/pp/dp groups on it (:mod:`.megatr
 ``resilience.collective_timeout_s``, no gloo DP groups); :meth:`teardown` destroys that parallel state, so a
 new generation's engine is built from scratch by every member in lockstep. The model is ``GPTModel`` with the
 layer spec and options of the job config (:mod:`.megatron_spec`: GPT or Llama shape, Transformer Engine or
-local layers, attention backend, recomputation, sequence parallelism), wrapped in megatron-core
+local layers, attention backend, recomputation, sequence parallelism), or the stage ``model.provider`` returns
+(:mod:`.megatron_provider`, Megatron-LM's model-provider convention), wrapped in megatron-core
 ``DistributedDataParallel`` with ``use_distributed_optimizer=True``; the optimizer is the
 ``DistributedOptimizer`` returned by ``get_megatron_optimizer`` (Adam with decoupled weight decay, fp32 main
 params; weight decay is not applied to biases and 1-D parameters (norms), megatron-core's default
@@ -121,6 +122,8 @@ class MegatronEngine(Engine):
         EngineError: no CUDA; an unsupported megatron-core version; megatron-core's parallel state is
             still initialised (the previous engine was not torn down); the launcher's coordinate differs from
             Megatron's; Transformer Engine chosen but missing.
+        ConfigError: ``model.provider`` does not import, raises, or returns something other than a
+            ``MegatronModule`` for this stage (:func:`phoenix_hpc.engines.megatron_provider.build_stage`).
         DataError: the dataset cannot be read (see :class:`phoenix_hpc.data.indexed.TokenSamples`).
     """
 
@@ -180,7 +183,14 @@ class MegatronEngine(Engine):
         self.dtype = dtype
         torch.manual_seed(t.seed + 100 * coord.pp)
         mc["tensor_parallel"].model_parallel_cuda_manual_seed(t.seed + 100 * coord.pp)
-        self.tconfig, gpt = build_gpt_model(cfg, ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage(), mc)
+        first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+        if m.provider is not None:  # the user's model-provider function (docs/engines.md)
+            from phoenix_hpc.engines.megatron_provider import build_stage
+
+            gpt = build_stage(cfg, coord.pp, first, last)
+            self.tconfig = gpt.config  # the provider's own (possibly derived) TransformerConfig
+        else:
+            self.tconfig, gpt = build_gpt_model(cfg, first, last, mc)
         gpt = gpt.to(device)
         ddp_config = mc["DDPConfig"](grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True)
         self.model = mc["DDP"](self.tconfig, ddp_config, gpt)

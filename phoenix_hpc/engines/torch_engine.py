@@ -42,7 +42,7 @@ from phoenix_hpc.engines.schedule import lr_at
 from phoenix_hpc.engines.styles import ENGINE_RECOVERY_STYLES
 from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage, lm_loss
 from phoenix_hpc.engines.zero import ShardedAdamW
-from phoenix_hpc.errors import EngineError
+from phoenix_hpc.errors import ConfigError, EngineError
 
 ENVELOPE_FORMAT = 1
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -133,7 +133,7 @@ class TorchEngine(Engine):
         micro-batch of zeros through the stage, no gradients), cast to ``model.dtype`` on ``self.device``.
 
         Raises:
-            ConfigError: the factory's module is malformed (:mod:`.custom_model`).
+            ConfigError: the factory's module is malformed (:mod:`.custom_model`), or raises on the probe.
         """
         m, t = self.cfg.model, self.cfg.training
         if m.factory is None:
@@ -144,8 +144,15 @@ class TorchEngine(Engine):
         module = build_stage(self.cfg, stage, self.pp).to(device=self.device, dtype=self.dtype)
         inp, _ = stage_io_shapes(self.cfg, stage, self.pp)
         x = torch.zeros(inp, dtype=torch.long if stage == 0 else self.dtype, device=self.device)
-        with torch.no_grad():
-            check_stage_output(self.cfg, stage, self.pp, module(x))
+        try:
+            with torch.no_grad():
+                y = module(x)
+        except Exception as exc:  # noqa: BLE001 - the user's module: report, do not crash
+            raise ConfigError(
+                f"model.factory: value {m.factory!r} -- the module of stage {stage} of {self.pp} raised "
+                f"{type(exc).__name__}: {exc} on one micro-batch of zeros of shape {tuple(inp)} (expected: "
+                "docs/engines.md, 'A model of your own')") from None
+        check_stage_output(self.cfg, stage, self.pp, y)
         return module
 
     # --- pipeline ------------------------------------------------------------------------------------

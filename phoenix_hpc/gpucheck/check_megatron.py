@@ -15,7 +15,13 @@ default group only):
   continues bitwise;
 - ``megatron.adam_step``: Adam's step counter of the optimizer megatron-core picks
   (:func:`phoenix_hpc.engines.adam_step.read_adam_step`, either location) equals the engine step after a
-  restore and after the continuation.
+  restore and after the continuation;
+- ``megatron.provider``: the engine with ``model.provider`` (examples/megatron-provider's Llama provider,
+  megatron-core's own layer specs, with its ``qk_layernorm`` option) builds the provider's model (query/key
+  norms present, no biases, no learned position embeddings), learns, and rebuilt from the host snapshot of
+  step ``SAVE_AT`` continues bitwise;
+- ``megatron.provider_refused``: a provider that returns a plain ``torch.nn.Module`` stops the engine's
+  construction with a ConfigError naming ``model.provider`` (exit 2 on a rank), leaving no parallel state.
 """
 
 from __future__ import annotations
@@ -27,9 +33,9 @@ from phoenix_hpc.gpucheck import common
 from phoenix_hpc.gpucheck.report import equal_item, item
 
 NAME = "megatron"
-TIMEOUT_S = 120
+TIMEOUT_S = 180
 ITEMS = ("megatron.shards", "megatron.learns", "megatron.determinism", "megatron.restore", "megatron.rebuild",
-         "megatron.adam_step")
+         "megatron.adam_step", "megatron.provider", "megatron.provider_refused")
 STEPS, SAVE_AT, LEARN_DROP = 12, 6, 0.3
 MODEL = {"layers": 2, "hidden_size": 128, "heads": 4, "vocab_size": 256, "seq_length": 128, "dtype": "bfloat16"}
 #: Llama-style options of ``model`` (RoPE, SwiGLU, RMSNorm, no biases, grouped-query attention).
@@ -37,22 +43,47 @@ LLAMA = {"position_embedding_type": "rope", "activation": "swiglu", "normalizati
          "add_bias_linear": False, "num_query_groups": 2, "ffn_hidden_size": 352}
 TRAINING = {"steps": STEPS, "micro_batch_size": 4, "global_batch_size": 8, "lr": 3e-3, "warmup_steps": 2, "seed": 3}
 
+#: examples/megatron-provider: the Llama provider and its options (qk_layernorm: a setting of its own).
+PROVIDER_DIR = Path(__file__).resolve().parents[2] / "examples" / "megatron-provider"
+PROVIDER = "llama_provider.provider:llama_stage"
+PROVIDER_OPTIONS = {"num_query_groups": 2, "qk_layernorm": True, "transformer_impl": "local"}
+
+
 def config(work: Path):
-    """The job config of every item (CPU only; the dry run builds it)."""
+    """The job config of every item but the provider's (CPU only; the dry run builds it)."""
     return common.job_config("megatron", common.dataset(work), {**MODEL, **LLAMA}, TRAINING)
 
 
+def provider_config(work: Path, provider: str = PROVIDER):
+    """The job config of ``megatron.provider``: ``MODEL``'s shape, the model from ``provider``."""
+    return common.job_config("megatron", common.dataset(work),
+                             {**MODEL, "ffn_hidden_size": LLAMA["ffn_hidden_size"], "provider": provider,
+                              "options": PROVIDER_OPTIONS}, TRAINING, python_path=[str(PROVIDER_DIR)])
+
+
+def plain_torch_provider(*, pre_process, post_process, config, vocab_size, max_sequence_length, options):
+    """A provider that breaks the contract: a plain ``torch.nn.Module``, not a megatron-core module."""
+    import torch
+
+    return torch.nn.Linear(4, 4)
+
+
 def plan(work: Path) -> dict:
-    """Dry run: build the config and import megatron-core (no CUDA call)."""
+    """Dry run: build the configs, import megatron-core and the example provider as submit does (no CUDA
+    call)."""
     cfg = config(work)
     import warnings
 
     from phoenix_hpc.engines import megatron_engine
+    from phoenix_hpc.engines.factory import check_user_code
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Apex / Transformer Engine absent: megatron-core falls back
         megatron_engine._quiet_import()
-    return {"model": cfg.model.model_dump()}
+    pcfg = provider_config(work)
+    check_user_code(pcfg)
+    check_user_code(provider_config(work, f"{__name__}:plain_torch_provider"))
+    return {"model": cfg.model.model_dump(), "provider": pcfg.model.provider}
 
 
 def adam_step(engine) -> int:
@@ -154,5 +185,57 @@ def run(work: Path) -> list[dict]:
                             {"teardown_ms": round(t_down * 1e3, 1), "rebuild_and_load_ms": round(t_up * 1e3, 1),
                              "save_at": SAVE_AT}, limit))
     finish(e)
+    return items + provider_items(work, groups, dev, tokens)
+
+
+def provider_items(work: Path, groups, dev, tokens: int) -> list[dict]:
+    """``megatron.provider`` and ``megatron.provider_refused`` (see the module docstring)."""
+    from megatron.core import parallel_state
+
+    from phoenix_hpc.engines.base import GridCoord
+    from phoenix_hpc.engines.factory import create_engine
+    from phoenix_hpc.errors import ConfigError
+    from phoenix_hpc.launch.loop import train
+
+    limit, cfg = common.ONE_RANK, provider_config(work)
+    a = create_engine(cfg, GridCoord(0, 0, 0), groups, dev)
+    par = dict(a.param_shard())
+    norms = [n for n in par if n.endswith(("q_layernorm.weight", "k_layernorm.weight"))]
+    bad = [n for n in par if n.endswith(".bias") or "position_embeddings" in n]
+    ra = train(a, SAVE_AT, tokens)
+    snap = common.host_snapshot(a)
+    ra += train(a, STEPS, tokens)
+    hash_a, loss_a = a.state_hash(), common.losses(ra)
+    a.teardown()
+    b = create_engine(cfg, GridCoord(0, 0, 0), groups, dev)
+    common.load_snapshot(b, snap)
+    rb = train(b, STEPS, tokens)
+    got = (b.state_hash(), common.losses(rb))
+    b.teardown()
+    drop = loss_a[0] - loss_a[-1]
+    detail = {"provider": cfg.model.provider, "options": PROVIDER_OPTIONS, "param_tensors": len(par),
+              "qk_norms": len(norms), "loss_first": loss_a[0], "loss_last": loss_a[-1], "save_at": SAVE_AT}
+    if not norms or bad or drop <= LEARN_DROP:
+        why = ("no q/k layernorm parameters (options.qk_layernorm)" if not norms else
+               f"not the Llama shape: {bad[:3]}" if bad else
+               f"loss fell by {drop:.3f} nats over {STEPS} steps, not > {LEARN_DROP}")
+        items = [item("megatron.provider", "failed", why, detail, limit)]
+    else:
+        items = [equal_item("megatron.provider", got, (hash_a, loss_a[SAVE_AT:]),
+                            f"provider's model rebuilt at step {SAVE_AT}, continued (hash, losses) vs uninterrupted",
+                            detail, limit)]
+    bad_cfg = provider_config(work, f"{__name__}:plain_torch_provider")
+    try:
+        e = create_engine(bad_cfg, GridCoord(0, 0, 0), groups, dev)
+        e.teardown()
+        items.append(item("megatron.provider_refused", "failed", "a provider returning torch.nn.Linear was accepted",
+                          limit=limit))
+    except ConfigError as exc:
+        ok = "model.provider" in str(exc) and "MegatronModule" in str(exc)
+        left = parallel_state.model_parallel_is_initialized()
+        items.append(item("megatron.provider_refused", "passed" if ok and not left else "failed",
+                          "" if ok and not left else
+                          ("parallel state left initialised" if left else f"message does not name the field: {exc}"),
+                          {"message": str(exc).splitlines()[-1]}, limit))
     return items
 

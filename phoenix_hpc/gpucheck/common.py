@@ -29,17 +29,19 @@ def dataset(work: Path) -> str:
     return str(prefix)
 
 
-def job_config(engine: str, data: str, model: dict, training: dict):
-    """A validated :class:`~phoenix_hpc.config.schema.JobConfig` for one rank (tp=pp=dp=1).
+def job_config(engine: str, data: str, model: dict, training: dict, python_path: list[str] | None = None):
+    """A validated :class:`~phoenix_hpc.config.schema.JobConfig` for one rank (tp=pp=dp=1); ``python_path``:
+    absolute folders for user code (default the schema's).
 
     Raises:
         ConfigError / pydantic.ValidationError: a field the schema rejects.
     """
     from phoenix_hpc.config.schema import JobConfig
 
+    extra = {} if python_path is None else {"python_path": python_path}
     return JobConfig.model_validate({
         "name": f"gpucheck-{engine}", "engine": engine, "data": {"path": data}, "model": model,
-        "parallelism": {"tp": 1, "pp": 1, "dp": 1}, "training": training,
+        "parallelism": {"tp": 1, "pp": 1, "dp": 1}, "training": training, **extra,
     })
 
 

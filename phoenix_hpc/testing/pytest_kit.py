@@ -1,4 +1,5 @@
-"""The conformance kit as a pytest base class: one test per rule of :data:`phoenix_hpc.testing.rules.RULES`.
+"""The conformance kit as a pytest base class: one test per rule of :data:`phoenix_hpc.testing.rules.RULE_TABLE`
+(a test parametrized over the table: ``test_rule[ordering]``, ``test_rule[determinism]``, ...).
 
 Usage (in your test module)::
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import pytest
 
 from phoenix_hpc.testing.harness import ConformanceReport, run_conformance
+from phoenix_hpc.testing.rules import RULE_TABLE, RULES
 
 
 class EngineConformance:
@@ -40,37 +42,17 @@ class EngineConformance:
                                timeout_s=cls.timeout_s, base_dir=cls.base_dir)
 
     def _check(self, report: ConformanceReport, rule: str) -> None:
+        """Fail naming ``rule``, what it requires and every rank's violation; skip a recovery-style rule the
+        engine does not support."""
         msgs = report.failures(rule)
         if msgs:
-            pytest.fail(f"conformance rule {rule!r} failed:\n  " + "\n  ".join(msgs)
+            pytest.fail(f"conformance rule {rule!r} failed ({RULE_TABLE[rule]}):\n  " + "\n  ".join(msgs)
                         + f"\n\nrank logs (tail):\n{report.logs}", pytrace=False)
         if rule in report.skipped:
             pytest.skip(f"rule {rule!r}: the engine does not support this recovery style")
 
-    def test_ordering(self, conformance_report):
-        """forward_backward / reduce_gradients change no state; optimizer_step advances step by 1."""
-        self._check(conformance_report, "ordering")
-
-    def test_determinism(self, conformance_report):
-        """Two runs from a fresh engine give the same state hash."""
-        self._check(conformance_report, "determinism")
-
-    def test_shard_names(self, conformance_report):
-        """Shard names carry the rank's coordinate; DP ranks' optimizer shards cover every parameter once."""
-        self._check(conformance_report, "shard_names")
-
-    def test_save_restore(self, conformance_report):
-        """A fresh engine loaded with saved shards and envelope continues bitwise."""
-        self._check(conformance_report, "save_restore")
-
-    def test_recovery_style(self, conformance_report):
-        """recovery_style / supported_recovery_styles are consistent."""
-        self._check(conformance_report, "recovery_style")
-
-    def test_rebind(self, conformance_report):
-        """Rebind to a new generation keeps shard names and continues bitwise."""
-        self._check(conformance_report, "rebind")
-
-    def test_rebuild(self, conformance_report):
-        """Teardown + a new engine loaded from saved state continues bitwise."""
-        self._check(conformance_report, "rebuild")
+    @pytest.mark.parametrize("rule", RULES)
+    def test_rule(self, conformance_report, rule):
+        """One rule of :data:`phoenix_hpc.testing.rules.RULE_TABLE` (the test id names it:
+        ``test_rule[determinism]``)."""
+        self._check(conformance_report, rule)

@@ -31,7 +31,17 @@ import torch
 from phoenix_hpc.engines.base import RECOVERY_STYLES, Engine
 from phoenix_hpc.engines.base import tensors_digest as digest
 
-RULES = ("ordering", "determinism", "shard_names", "save_restore", "recovery_style", "rebind", "rebuild")
+#: The rules in run order, each with what must hold (one pytest test each: :mod:`.pytest_kit`).
+RULE_TABLE: dict[str, str] = {
+    "ordering": "forward_backward / reduce_gradients change no state; optimizer_step advances step by 1",
+    "determinism": "two runs from a fresh engine give the same state hash",
+    "shard_names": "shard names carry the rank's coordinate; DP ranks' optimizer shards cover every parameter once",
+    "save_restore": "a fresh engine loaded with saved shards and envelope continues bitwise",
+    "recovery_style": "recovery_style / supported_recovery_styles are consistent",
+    "rebind": "rebind to a new generation keeps shard names and continues bitwise",
+    "rebuild": "teardown + a new engine loaded from saved state continues bitwise",
+}
+RULES = tuple(RULE_TABLE)
 _KINDS = ("main", "exp_avg", "exp_avg_sq")
 
 

@@ -139,33 +139,34 @@ def main(spec_path: str, rank: int) -> int:
         f.teardown()
         return v
 
-    def rule_rebind() -> list[str]:
-        if "rebind" not in cls.supported_recovery_styles:
-            res["skipped"].append("rebind")
+    def recovery_rule(style: str, transition) -> list[str]:
+        """``rebind`` / ``rebuild``: skipped when the class does not support ``style``; else K steps, then
+        ``transition(engine) -> (engine that continues, violations)`` into a new generation, M more steps,
+        and the state must be the uninterrupted run's."""
+        if style not in cls.supported_recovery_styles:
+            res["skipped"].append(style)
             return []
-        v = []
         e = make()
         R.run_steps(e, k)
+        e, v = transition(e)
+        R.run_steps(e, m)
+        if e.state_hash() != ctx["hash"]:
+            v.append(f"after {style} to generation {gen} at step {k}, {m} more steps did not continue bitwise: "
+                     "the state hash differs from the uninterrupted run's")
+        e.teardown()
+        return v
+
+    def rebind(e):
         before = names(e)
         next_generation(e)
         e.rebind(groups, coord)
         after = names(e)
         if after != before:
-            v.append(f"shard names changed on rebind to generation {gen}: {renamed(before, after)}; a shard's "
-                     "logical name must stay the same across generations (its replicas are found by it)")
-        R.run_steps(e, m)
-        if e.state_hash() != ctx["hash"]:
-            v.append(f"after rebind to generation {gen}, {m} more steps did not give the uninterrupted run's state")
-        e.teardown()
-        return v
+            return e, [f"shard names changed on rebind to generation {gen}: {renamed(before, after)}; a shard's "
+                       "logical name must stay the same across generations (its replicas are found by it)"]
+        return e, []
 
-    def rule_rebuild() -> list[str]:
-        if "rebuild" not in cls.supported_recovery_styles:
-            res["skipped"].append("rebuild")
-            return []
-        v = []
-        e = make()
-        R.run_steps(e, k)
+    def rebuild(e):
         st = R.save_state(e)
         e.teardown()
         e.teardown()  # idempotent
@@ -173,16 +174,13 @@ def main(spec_path: str, rank: int) -> int:
         n = make()
         R.load_state(n, st)
         if names(n) != ctx["names"]:
-            v.append(f"shard names of the engine rebuilt in generation {gen} differ: {renamed(ctx['names'], names(n))}")
-        R.run_steps(n, m)
-        if n.state_hash() != ctx["hash"]:
-            v.append(f"an engine rebuilt in generation {gen} and loaded with the step-{k} state did not continue bitwise")
-        n.teardown()
-        return v
+            return n, [f"shard names of the engine rebuilt in generation {gen} differ: "
+                       f"{renamed(ctx['names'], names(n))}"]
+        return n, []
 
     fns = {"recovery_style": rule_recovery_style, "ordering": rule_ordering, "determinism": rule_determinism,
-           "shard_names": rule_shard_names, "save_restore": rule_save_restore, "rebind": rule_rebind,
-           "rebuild": rule_rebuild}
+           "shard_names": rule_shard_names, "save_restore": rule_save_restore,
+           "rebind": lambda: recovery_rule("rebind", rebind), "rebuild": lambda: recovery_rule("rebuild", rebuild)}
     res["seconds"]["setup"] = round(time.monotonic() - t_start, 3)
     for rule in R.RULES:
         t0 = time.monotonic()

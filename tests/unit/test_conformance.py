@@ -67,6 +67,13 @@ def _broken(dataset, cls: str, dp: int = 1):
                            timeout_s=180)
 
 
+def _kit_failure(report, rule: str) -> str:
+    """The message the pytest kit's test of ``rule`` fails with on ``report``."""
+    with pytest.raises(pytest.fail.Exception) as exc:
+        EngineConformance()._check(report, rule)
+    return str(exc.value)
+
+
 def test_wall_clock_data_order_fails_determinism(dataset):
     rep = _broken(dataset, "ClockEngine")
     assert not rep.ok
@@ -74,6 +81,10 @@ def test_wall_clock_data_order_fails_determinism(dataset):
     assert "different state hashes" in msg and "wall clock" in msg, rep.summary()
     assert "FAIL    determinism" in rep.summary()
     assert not rep.failures("ordering"), rep.summary()  # only what it breaks
+    text = _kit_failure(rep, "determinism")
+    assert text.startswith("conformance rule 'determinism' failed (two runs from a fresh engine give the same "
+                           "state hash):\n  rank 0 (pp0 dp0 tp0): two runs of 4 steps"), text
+    EngineConformance()._check(rep, "ordering")  # passes: no exception
 
 
 def test_renaming_on_rebind_fails_rebind(dataset):
@@ -82,6 +93,22 @@ def test_renaming_on_rebind_fails_rebind(dataset):
     assert "shard names changed on rebind to generation 1" in msg, rep.summary()
     for rule in ("ordering", "determinism", "shard_names", "save_restore"):
         assert not rep.failures(rule), rep.summary()
+    text = _kit_failure(rep, "rebind")
+    assert text.startswith("conformance rule 'rebind' failed (rebind to a new generation keeps shard names and "
+                           "continues bitwise):\n  rank 0 (pp0 dp0 tp0): shard names changed on rebind"), text
+
+
+def test_kit_has_one_test_per_rule_and_skips_unsupported_styles():
+    from phoenix_hpc.testing import RULES
+    from phoenix_hpc.testing.harness import ConformanceReport
+
+    (mark,) = [m for m in EngineConformance.test_rule.pytestmark if m.name == "parametrize"]
+    assert mark.args == ("rule", RULES)
+    rep = ConformanceReport(world_size=1, violations={r: [] for r in RULES}, skipped=["rebind"])
+    with pytest.raises(pytest.skip.Exception, match="rule 'rebind': the engine does not support"):
+        EngineConformance()._check(rep, "rebind")
+    rep.not_run = ["rebuild"]
+    assert "rule rebuild did not run" in _kit_failure(rep, "rebuild")
 
 
 def test_update_outside_optimizer_step_fails_ordering(dataset):

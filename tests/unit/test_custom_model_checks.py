@@ -174,6 +174,51 @@ def test_bad_item_at_run_time_names_field_and_item(folder, world1):
         train(eng, 2, 32)
 
 
+@pytest.mark.parametrize("factory, pp, needle", [
+    ("meta_blind_wrong_vocab", 1, "stage 0 of 1 returned (2, 8, 100), expected logits (mbs, seq_length, "
+                                  "vocab_size) = (2, 8, 256)"),
+    ("crashes_in_forward", 1, "the module of stage 0 of 1 raised RuntimeError: this forward is broken on one "
+                              "micro-batch of zeros of shape (2, 8)"),
+    ("two_stages", 3, "returned 2 stage modules, expected parallelism.pp = 3"),
+])
+def test_what_submit_cannot_see_stops_the_rank_before_the_first_step(folder, world1, factory, pp, needle):
+    """Checks the meta-device probe at submit cannot make (a forward that needs real data) run on the rank when
+    the engine is built, before the first step: ConfigError (exit 2) naming the field and value."""
+    cfg = load_job_config(write(folder, model={"factory": f"user_factories:{factory}"}))
+    if pp == 1:
+        assert dry_run(write(folder, model={"factory": f"user_factories:{factory}"})).exit_code == 0
+    else:  # the stage count is checked at submit too; here the rank's own build of stage 0
+        cfg = cfg.model_copy(update={"parallelism": cfg.parallelism.model_copy(update={"pp": pp})})
+    with pytest.raises(ConfigError) as exc:
+        if pp == 1:
+            create_engine(cfg, GridCoord(0, 0, 0), world1, torch.device("cpu"))
+        else:
+            from phoenix_hpc.engines.custom_model import build_stage
+
+            build_stage(cfg, 0, pp)
+    (p,) = exc.value.problems
+    assert p.startswith(f"model.factory: value 'user_factories:{factory}' --") and needle in p, p
+
+
+def test_engine_from_an_installed_entry_point(folder, monkeypatch):
+    """``engine: NAME`` finds an entry point of group phoenix_hpc.engines in an installed distribution's
+    metadata (a real .dist-info folder on sys.path, read by importlib.metadata)."""
+    dist = folder / "myengines-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myengines\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[phoenix_hpc.engines]\nclockwork = broken_engines:ClockEngine\n"
+                                           "notanengine = broken_engines:NotAnEngine\n"
+                                           "gone = no_such_module_here:Engine\n")
+    monkeypatch.syspath_prepend(str(folder))
+    assert load_engine_class("clockwork").__name__ == "ClockEngine"
+    with pytest.raises(ConfigError, match="engine: value 'notanengine' -- expected a subclass of "
+                                          "phoenix_hpc.engines.base.Engine, got NotAnEngine"):
+        load_engine_class("notanengine")
+    with pytest.raises(ConfigError, match="engine: value 'gone' -- entry point 'no_such_module_here:Engine' does "
+                                          "not load: ModuleNotFoundError"):
+        load_engine_class("gone")
+
+
 def test_engine_class_loads_from_reference(folder):
     cls = load_engine_class("broken_engines:ClockEngine", [str(folder)])
     assert cls.__name__ == "ClockEngine"

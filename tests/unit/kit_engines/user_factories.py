@@ -66,3 +66,27 @@ def float_data(*, seq_length, seed, options):
 
 def short_data(*, seq_length, seed, options):
     return Synthetic(seq_length, extra=-1)
+
+
+class MetaBlind(TinyLM):
+    """Its forward branches on the data, so it cannot run on the meta device: only the ranks can check it."""
+
+    def forward(self, x):
+        if bool((x >= 0).all()):
+            return super().forward(x)
+        return super().forward(x.clamp(min=0))
+
+
+class Crashes(TinyLM):
+    """Its forward always raises."""
+
+    def forward(self, x):
+        raise RuntimeError("this forward is broken")
+
+
+def meta_blind_wrong_vocab(*, stage, num_stages, seed, options):
+    return MetaBlind(100, 16)
+
+
+def crashes_in_forward(*, stage, num_stages, seed, options):
+    return Crashes(256, 16)
