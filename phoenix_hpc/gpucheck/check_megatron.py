@@ -33,7 +33,7 @@ from phoenix_hpc.gpucheck import common
 from phoenix_hpc.gpucheck.report import equal_item, item
 
 NAME = "megatron"
-TIMEOUT_S = 180
+TIMEOUT_S = 150
 ITEMS = ("megatron.shards", "megatron.learns", "megatron.determinism", "megatron.restore", "megatron.rebuild",
          "megatron.adam_step", "megatron.provider", "megatron.provider_refused")
 STEPS, SAVE_AT, LEARN_DROP = 12, 6, 0.3

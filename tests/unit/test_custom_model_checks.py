@@ -117,7 +117,8 @@ def test_factories_are_refused_for_the_megatron_engine(folder):
         check_user_code(load_job_config(write(folder, engine="megatron")))
     assert [p.split(" -- ")[0] for p in exc.value.problems] == [
         "model.factory: value 'user_factories:good_model'", "data.factory: value 'user_factories:good_data'"]
-    assert "engine 'megatron' builds its own model and data" in exc.value.problems[0]
+    assert "engine 'megatron' does not read model.factory: its model comes from model.provider" in exc.value.problems[0]
+    assert "engine 'megatron' does not read data.factory" in exc.value.problems[1]
 
 
 def test_gpt_options_with_a_factory_point_at_model_options(folder):
