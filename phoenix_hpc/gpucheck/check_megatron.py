@@ -22,6 +22,8 @@ default group only):
   step ``SAVE_AT`` continues bitwise;
 - ``megatron.provider_refused``: a provider that returns a plain ``torch.nn.Module`` stops the engine's
   construction with a ConfigError naming ``model.provider`` (exit 2 on a rank), leaving no parallel state.
+
+The engine conformance kit runs against this engine in check ``kit`` (:mod:`.check_kit`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Run the engine conformance kit: one local process per rank (gloo over a ``FileStore``, CPU, no Slurm).
+"""Run the engine conformance kit: one local process per rank (over a ``FileStore``: gloo on CPU, or NCCL on
+CUDA; no Slurm).
 
 :func:`run_conformance` starts ``tp x pp x dp`` processes of :mod:`.worker` on this machine, waits for them
 and returns a :class:`ConformanceReport`: per rule of :data:`phoenix_hpc.testing.rules.RULES`, the
@@ -97,7 +98,8 @@ def _config_dict(config: Any, base_dir: Path | None) -> dict:
 
 
 def run_conformance(config: Any, *, world_size: int | None = None, steps: int = 2, timeout_s: float = 300.0,
-                    base_dir: str | Path | None = None, workdir: str | Path | None = None) -> ConformanceReport:
+                    base_dir: str | Path | None = None, workdir: str | Path | None = None,
+                    device: str = "cpu") -> ConformanceReport:
     """Run every rule against the engine of ``config`` with one local process per rank.
 
     Args:
@@ -109,14 +111,25 @@ def run_conformance(config: Any, *, world_size: int | None = None, steps: int = 
         steps: K, the steps before and after each save / rebind / rebuild (runs are ``2K`` steps).
         timeout_s: wall-clock limit for the whole run, seconds; also the collective timeout.
         workdir: where spec, store and results go (default a temporary folder, removed afterwards).
+        device: ``cpu`` (gloo) or ``cuda`` (NCCL, rank r on CUDA device ``r % device_count``; engines that
+            need CUDA, such as the Megatron engine).
 
     Returns:
         The report; ``report.ok`` is true when every rule passed.
 
     Raises:
-        ConfigError: the config is invalid or the grid does not match ``world_size``.
+        ConfigError: the config is invalid, the grid does not match ``world_size``, or ``device`` is neither
+            ``cpu`` nor ``cuda`` (or ``cuda`` without a CUDA device).
     """
     from phoenix_hpc.errors import ConfigError
+
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device: {device!r} is not a conformance device (allowed: 'cpu', 'cuda')")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("device: 'cuda' needs a CUDA device, and none is available here (allowed here: 'cpu')")
 
     cfg = _config_dict(config, Path(base_dir) if base_dir else None)
     par = cfg["parallelism"]
@@ -132,7 +145,7 @@ def run_conformance(config: Any, *, world_size: int | None = None, steps: int = 
         for stale in [work / "store", *work.glob("rank*.json")]:  # a reused workdir: a FileStore is single-use
             stale.unlink(missing_ok=True)
         spec = {"config": cfg, "store": str(work / "store"), "out": str(work), "steps": steps,
-                "timeout_s": timeout_s}
+                "timeout_s": timeout_s, "device": device}
         (work / "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ, OMP_NUM_THREADS="1")
         procs = []

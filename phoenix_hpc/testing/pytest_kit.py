@@ -34,12 +34,13 @@ class EngineConformance:
     steps: int = 2
     timeout_s: float = 300.0
     base_dir: str | None = None
+    device: str = "cpu"  # "cuda": NCCL, one GPU per rank (engines that need CUDA)
 
     @pytest.fixture(scope="class")
     @classmethod
     def conformance_report(cls, conformance_config) -> ConformanceReport:
         return run_conformance(conformance_config, world_size=cls.world_size, steps=cls.steps,
-                               timeout_s=cls.timeout_s, base_dir=cls.base_dir)
+                               timeout_s=cls.timeout_s, base_dir=cls.base_dir, device=cls.device)
 
     def _check(self, report: ConformanceReport, rule: str) -> None:
         """Fail naming ``rule``, what it requires and every rank's violation; skip a recovery-style rule the

@@ -1,7 +1,8 @@
 """One rank of a conformance run: ``python -m phoenix_hpc.testing.worker SPEC.json RANK``.
 
-Started by :func:`phoenix_hpc.testing.harness.run_conformance` once per rank on this machine (gloo over a
-``FileStore``, CPU). Runs the rules of :mod:`.rules` in a fixed order, in lockstep with the other ranks, and
+Started by :func:`phoenix_hpc.testing.harness.run_conformance` once per rank on this machine (over a
+``FileStore``: gloo on CPU, or NCCL on CUDA device ``rank % device_count`` with the spec's ``"device":
+"cuda"``). Runs the rules of :mod:`.rules` in a fixed order, in lockstep with the other ranks, and
 writes ``OUT/rank{RANK}.json`` after each rule: ``{"rules": {rule: [violation, ...]}, "layout": ...,
 "coord": ..., "completed": [rule, ...], "skipped": [rule, ...], "seconds": {rule: wall seconds},
 "done": bool, "aborted_in": rule | null}``. A rule that raises records the exception and ends
@@ -19,9 +20,11 @@ from datetime import timedelta
 from pathlib import Path
 
 
-def _new_generation(store, generation: int, rank: int, grid, owns_groups: bool, timeout_s: float):
+def _new_generation(store, generation: int, rank: int, grid, owns_groups: bool, timeout_s: float,
+                    backend: str = "gloo"):
     """Init torch.distributed for ``generation`` (over ``PrefixStore(f"gen{g}")``) as the launcher does;
-    for an engine that owns its groups only the world group is built."""
+    for an engine that owns its groups only the world group is built. ``backend``: gloo on CPU, nccl on
+    CUDA."""
     import torch.distributed as dist
 
     from phoenix_hpc.engines.base import ProcessGroups
@@ -29,8 +32,8 @@ def _new_generation(store, generation: int, rank: int, grid, owns_groups: bool, 
     from phoenix_hpc.topology import coord_of
 
     if not owns_groups:
-        return init_generation(store, generation, rank, grid, "gloo", timeout_s)
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"gen{generation}", store), rank=rank,
+        return init_generation(store, generation, rank, grid, backend, timeout_s)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"gen{generation}", store), rank=rank,
                             world_size=grid.world_size, timeout=timedelta(seconds=timeout_s))
     return ProcessGroups(dist.group.WORLD, None, None, None, generation), coord_of(rank, grid.tp, grid.pp, grid.dp)
 
@@ -49,7 +52,10 @@ def main(spec_path: str, rank: int) -> int:
 
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+    cuda = spec.get("device", "cpu") == "cuda"
+    if cuda:  # as the launcher: deterministic cuBLAS needs this before the first cuBLAS call
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=cuda)
     cfg = JobConfig.model_validate(spec["config"])
     p = cfg.parallelism
     grid = Grid(p.tp, p.pp, p.dp)
@@ -57,7 +63,10 @@ def main(spec_path: str, rank: int) -> int:
     out_path = Path(spec["out"]) / f"rank{rank}.json"
     store = dist.FileStore(spec["store"], grid.world_size)
     cls = load_engine_class(cfg.engine, cfg.python_path)
-    device = torch.device("cpu")
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = "nccl" if cuda else "gloo"
     res: dict = {"rules": {r: [] for r in R.RULES}, "layout": None, "coord": None, "done": False,
                  "aborted_in": None, "skipped": [], "completed": [], "seconds": {}}
 
@@ -67,7 +76,7 @@ def main(spec_path: str, rank: int) -> int:
         os.replace(tmp, out_path)
 
     gen = 0
-    groups, coord = _new_generation(store, gen, rank, grid, cls.owns_groups, timeout_s)
+    groups, coord = _new_generation(store, gen, rank, grid, cls.owns_groups, timeout_s, backend)
     res["coord"] = {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp}
     is_last = coord.pp == grid.pp - 1
     ctx: dict = {}
@@ -80,7 +89,7 @@ def main(spec_path: str, rank: int) -> int:
         engine.release_groups()
         dist.destroy_process_group()
         gen += 1
-        groups, coord = _new_generation(store, gen, rank, grid, cls.owns_groups, timeout_s)
+        groups, coord = _new_generation(store, gen, rank, grid, cls.owns_groups, timeout_s, backend)
 
     def names(engine) -> list[str]:
         return sorted(n for n, _ in engine.param_shard() + engine.optimizer_shard())

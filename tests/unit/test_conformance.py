@@ -124,3 +124,15 @@ def test_coverage_counts_every_element_once():
     assert check_coverage(ok) == []
     bad = {0: ok[0], 1: {"coord": {"pp": 0, "tp": 0, "dp": 1}, "layout": lay({"w": 4, "b": 3})}}
     assert "hold 11 elements of parameter 'w', which has 10" in check_coverage(bad)[0]
+
+
+def test_kit_device_is_cpu_or_an_available_cuda(dataset):
+    import torch
+
+    from phoenix_hpc.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"device: 'tpu' is not a conformance device \(allowed: 'cpu', 'cuda'\)"):
+        run_conformance(_config(dataset), device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="device: 'cuda' needs a CUDA device, and none is available here"):
+            run_conformance(_config(dataset), device="cuda")
