@@ -156,11 +156,15 @@ def test_base_config_is_the_job_s_transformer_config():
 def test_what_the_provider_returns_is_checked(gloo_world, provider, needles):  # noqa: F811
     cfg = job(provider=provider)
     with pytest.raises(ConfigError) as exc:
-        _with_parallel_state(lambda: mp.build_stage(cfg, 0, True, True, mp.base_config(cfg, use_cpu_initialization=True)))
+        _with_parallel_state(lambda: mp.build_stage(cfg, 0, True, True, _cpu_config(cfg)))
     (p,) = exc.value.problems
     assert p.startswith(f"model.provider: value '{provider}' --"), p
     for n in needles:
         assert n in p, p
+
+
+def _cpu_config(cfg):
+    return mp.base_config(cfg, use_cpu_initialization=True)
 
 
 def _with_parallel_state(fn, tp: int = 1, pp: int = 1):
@@ -200,7 +204,7 @@ def test_a_provider_that_raises_is_reported_with_its_error(gloo_world):  # noqa:
     with pytest.raises(ConfigError, match=r"model.provider: value 'llama_provider.provider:llama_stage' -- raised "
                                           r"ValueError: options.num_query_groups \(3\) must divide model.heads \(4\) "
                                           r"when building pipeline stage 0 of 1"):
-        _with_parallel_state(lambda: mp.build_stage(cfg, 0, True, True, mp.base_config(cfg, use_cpu_initialization=True)))
+        _with_parallel_state(lambda: mp.build_stage(cfg, 0, True, True, _cpu_config(cfg)))
 
 
 # --- the example: a Llama-style provider from megatron-core's own layer specs ------------------------------
