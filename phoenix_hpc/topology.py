@@ -225,6 +225,13 @@ class Placement:
         """Replicas that ``holder_rank`` keeps for others, in shard order."""
         return [r for r in self.replicas if r.holder_rank == holder_rank]
 
+    def holders_by_shard(self) -> dict[str, list[int]]:
+        """Shard id -> logical ranks of its holders, by replica index."""
+        out: dict[str, list[int]] = {}
+        for r in self.replicas:
+            out.setdefault(r.shard_id, []).append(r.holder_rank)
+        return out
+
     def load(self) -> dict[int, int]:
         """Number of replicas each logical rank holds (every rank of the grid appears, possibly with 0)."""
         ranks = {r.owner_rank for r in self.replicas} | {r.holder_rank for r in self.replicas}
@@ -369,3 +376,41 @@ def place_replicas(
             "failure can lose such a shard"
         )
     return Placement(k=k, levels=levels, replicas=tuple(replicas), warnings=tuple(warnings))
+
+
+def covered_levels(levels: _Sequence[str], nodes: _Sequence[str], domains: DomainMap | None) -> tuple[str, ...]:
+    """The levels of ``levels`` that the failure-domain model ``domains`` names for every node of ``nodes``,
+    in order; ``node`` is always covered. A level some node lacks (no ``SLURM_TOPOLOGY_ADDR`` there, a
+    site without that tier) is dropped, so the placement spreads replicas over the levels known everywhere."""
+    return tuple(lv for lv in levels
+                 if lv == "node" or all((domains or {}).get(n, {}).get(lv) is not None for n in nodes))
+
+
+def generation_placement(
+    grid: tuple[int, int, int],
+    k: int,
+    node_of_rank: _Sequence[str],
+    domains: DomainMap | None = None,
+    levels: _Sequence[str] = ("node",),
+) -> Placement:
+    """The replica placement of one generation (docs/design.md section 5): :func:`place_replicas` over the
+    node of every logical rank, at the levels of ``levels`` that ``domains`` covers (:func:`covered_levels`).
+    The one place a placement is computed: the ranks' protector (every generation), the submit-time
+    feasibility check (generation 0, node level) and ``phoenix status`` (generation 0) all call it.
+
+    Args:
+        grid: ``(tp, pp, dp)``.
+        k: replicas per shard (>= 1).
+        node_of_rank: node name of every logical rank (length ``tp*pp*dp``).
+        domains: failure-domain model (:data:`DomainMap`), or ``None`` (node level only).
+        levels: requested failure-domain levels, most specific first, starting with ``node``.
+
+    Returns:
+        A :class:`Placement`; ``Placement.levels`` are the levels used (compare with ``levels`` to tell
+        which were dropped).
+
+    Raises:
+        ReplicationError: as :func:`place_replicas`.
+    """
+    tp, pp, dp = grid
+    return place_replicas(tp, pp, dp, k, node_of_rank, domains, covered_levels(levels, node_of_rank, domains))

@@ -121,7 +121,7 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
     from phoenix_hpc.launch.groups import init_generation, resolve_grid
     from phoenix_hpc.launch.loop import train
     from phoenix_hpc.runtime.protector import Protector
-    from phoenix_hpc.topology import place_replicas
+    from phoenix_hpc.topology import generation_placement
 
     cfg = load_job_config(cfg_path)
     extra = json.loads(Path(cfg_path).with_suffix(".bench.json").read_text())
@@ -143,7 +143,7 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
 
     train(engine, engine.step + extra["warmup"], tokens, on_step=record("warmup", -1))
     # every slot is its own failure domain here (one host): the node level is the process
-    placement = place_replicas(grid.tp, grid.pp, grid.dp, res.k, [f"slot{r}" for r in range(size)], None, ("node",))
+    placement = generation_placement((grid.tp, grid.pp, grid.dp), res.k, [f"slot{r}" for r in range(size)])
     plan = None
     for b, on in enumerate(interleaved_order(extra["rounds"])):
         until = engine.step + extra["block_steps"]

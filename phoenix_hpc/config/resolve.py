@@ -8,7 +8,7 @@ submitting process. Checks (all problems are collected and raised together in on
 - batch: ``global_batch_size`` is a multiple of ``micro_batch_size x dp``;
 - resilience (mode ``phoenix``): ``k < dp`` (each shard's k holders are DP peers other than the owner);
   ``placement_levels`` are levels of the site's failure-domain model; every shard can get k holders on
-  nodes other than its owner's (:func:`phoenix_hpc.topology.place_replicas` at node level over the
+  nodes other than its owner's (:func:`phoenix_hpc.topology.generation_placement` at node level over the
   generation-0 layout); a warning when ``spares == 0``;
 - scheduler: QOS / partition known to the profile; ``nodes + spares`` within the site, QOS and partition node
   limits; ``time_limit`` a valid Slurm time within the QOS / partition limit; values that go on ``#SBATCH``
@@ -36,7 +36,7 @@ from phoenix_hpc.errors import ConfigError, ModelError, ReplicationError
 from phoenix_hpc.model.spares import SparesPlan, plan_spares, shrink_shape
 from phoenix_hpc.profiles.model import SBATCH_SAFE, SiteProfile
 from phoenix_hpc.profiles.slurm_time import format_slurm_time, parse_slurm_time
-from phoenix_hpc.topology import node_of_rank_blocked, place_replicas
+from phoenix_hpc.topology import generation_placement, node_of_rank_blocked
 from phoenix_hpc.slurm.hostlist import check_hostlist
 
 
@@ -116,10 +116,8 @@ def _placement_problems(cfg: JobConfig, gpn: int, dp: int) -> list[str]:
     Levels above ``node`` depend on which nodes Slurm picks and are checked when the job starts."""
     nodes = [f"node{i}" for i in range(cfg.resources.nodes)]
     try:
-        place_replicas(
-            cfg.parallelism.tp, cfg.parallelism.pp, dp, cfg.resilience.k,
-            node_of_rank_blocked(nodes, gpn), domains=None, levels=("node",),
-        )
+        generation_placement((cfg.parallelism.tp, cfg.parallelism.pp, dp), cfg.resilience.k,
+                             node_of_rank_blocked(nodes, gpn))
     except ReplicationError as exc:
         return [f"resilience.k: {exc}"]
     return []

@@ -30,14 +30,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from phoenix_hpc.recovery.steps import newest_common_step
+
 
 def choose_step(copies: dict[int, list[int]]) -> int | None:
     """The newest step of which every member holds a verified host snapshot (``copies``: world rank ->
     steps), or None when there is no such step (or no member). Pure."""
-    common: set[int] | None = None
-    for steps in copies.values():
-        common = set(int(s) for s in steps) if common is None else common & {int(s) for s in steps}
-    return max(common) if common else None
+    return newest_common_step(copies)
 
 
 def resume_hint(run_dir: str) -> str:

@@ -15,6 +15,7 @@ import hashlib
 from phoenix_hpc.control.classify import Fault, FaultKind, kind_from_exception
 from phoenix_hpc.control.records import PendingFault
 from phoenix_hpc.control.states import JobState
+from phoenix_hpc.recovery.steps import committed_step, recoverable_step
 from phoenix_hpc.topology import coord_of
 
 
@@ -43,14 +44,12 @@ class HandlersMixin:
         if not self.grid or not self.committed:
             return None
         tp, pp, dp = self.grid
-        steps = []
+        per_shard: dict[str, int | None] = {}
         for r in range(tp * pp * dp):
             sid = coord_of(r, tp, pp, dp).shard_prefix()
-            copies = self.committed.get(sid)
-            if not copies or r not in copies:
-                return None
-            steps.append(min(copies.values()))
-        return min(steps)
+            copies = self.committed.get(sid) or {}
+            per_shard[sid] = committed_step(copies) if r in copies else None  # the owner's copy is required
+        return recoverable_step(per_shard)
 
     def _maybe_log_commit(self, force: bool = False) -> None:
         rs = self._recoverable_step()

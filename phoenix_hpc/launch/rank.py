@@ -22,7 +22,7 @@ Sequence on every slot:
    to ``training.steps``.
    Under a coordinator with ``resilience.enabled`` and ``mode: phoenix``, training runs in
    :class:`phoenix_hpc.recovery.execute.Member`: the runtime protector (placement from
-   :func:`phoenix_hpc.topology.place_replicas` over the slots' nodes and the failure domains of their
+   :func:`phoenix_hpc.topology.generation_placement` over the slots' nodes and the failure domains of their
    ``SLURM_TOPOLOGY_ADDR``), commit reports, injected faults at every phase, and the rank side of local
    recovery and hot swap. Standby slots warm up (imports, dataset reader) and wait for a ``recover``
    plan naming them (:func:`phoenix_hpc.recovery.execute.wait_for_join`): they then take their logical
@@ -156,7 +156,7 @@ def gather_nodes(comm, slot, levels) -> tuple[list[str], dict[str, dict[str, str
     each task's ``SLURM_TOPOLOGY_ADDR``/``SLURM_TOPOLOGY_ADDR_PATTERN`` (topology/tree), and the placement
     levels of ``levels`` that the model covers (``node`` always; a level no slot knows is dropped)."""
     from phoenix_hpc.errors import ReplicationError
-    from phoenix_hpc.topology import DEFAULT_SWITCH_LEVELS, parse_topology_addr
+    from phoenix_hpc.topology import DEFAULT_SWITCH_LEVELS, covered_levels, parse_topology_addr
 
     node = slot.hostname or f"node{slot.node_id}"
     addr, pattern = os.environ.get("SLURM_TOPOLOGY_ADDR"), os.environ.get("SLURM_TOPOLOGY_ADDR_PATTERN")
@@ -171,8 +171,7 @@ def gather_nodes(comm, slot, levels) -> tuple[list[str], dict[str, dict[str, str
     infos = comm.allgather((node, dom))
     nodes = [n for n, _ in infos]
     domains = {n: d for n, d in infos if d}
-    usable = tuple(lv for lv in levels if lv == "node" or all(lv in domains.get(n, {}) for n in nodes))
-    return nodes, domains, usable
+    return nodes, domains, covered_levels(levels, nodes, domains)
 
 
 def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resilient=None,

@@ -34,7 +34,7 @@ the coordinator's ``quiesce``) or with a ``quiesce`` received at a step boundary
    new world group; optimizer shard + envelope as the holder's verified replica buffer of step R, sent over
    the new MPI communicator and verified again (CRC-32 of every tensor) by the receiver before use;
 6. *re-establish replication*: a new protector for ``g + 1`` (placement recomputed from the new node list
-   with :func:`phoenix_hpc.topology.place_replicas`);
+   with :func:`phoenix_hpc.topology.generation_placement`);
 7. it answers ``recovered`` {MemberReport, timings {reconfigure, params, optimizer} in seconds}, waits for
    ``resume`` and continues training from step ``R``.
 
@@ -341,12 +341,12 @@ class Member:
 
     def _build_protector(self):
         from phoenix_hpc.runtime.protector import Protector
-        from phoenix_hpc.topology import place_replicas
+        from phoenix_hpc.topology import generation_placement
 
         e, res = self.env, self.env.cfg.resilience
         g = e.grid
         node_of_rank = [e.nodes[self.rank_map[r]] for r in range(self.n_ranks)]
-        placement = place_replicas(g.tp, g.pp, g.dp, res.k, node_of_rank, e.domains, tuple(e.levels))
+        placement = generation_placement((g.tp, g.pp, g.dp), res.k, node_of_rank, e.domains, tuple(e.levels))
         if self.logical == 0:  # said once per generation: the allocation (or what is left of it) decides
             for w in placement.warnings:
                 e.log(f"[phoenix] generation {self.generation}: replica placement: {w}")

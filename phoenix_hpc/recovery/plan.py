@@ -35,6 +35,7 @@ from typing import Iterable, Mapping, Sequence
 
 from phoenix_hpc.topology import GridCoord
 from phoenix_hpc.errors import RecoveryError
+from phoenix_hpc.recovery.steps import recoverable_step, shards_without
 from phoenix_hpc.topology import coord_of, dp_group_ranks, rank_of, world_size_of
 
 ALL_INVARIANTS = ("I1", "I2", "I3", "I4")
@@ -293,8 +294,8 @@ def plan_recovery(
                 [sid],
             )
         candidates[sid] = cand
-    recoverable = min(max(c) for c in candidates.values())
-    missing = sorted(sid for sid, c in candidates.items() if recoverable not in c)
+    recoverable = recoverable_step(candidates)
+    missing = shards_without(candidates, recoverable)
     if missing:
         raise FallbackRequired(
             f"shard(s) {', '.join(missing)} have no copy at the recoverable step {recoverable} "

@@ -98,15 +98,6 @@ class StepTiming:
     h2h_s: float
 
 
-def recoverable_step(committed: Mapping[str, int | None]) -> int | None:
-    """The newest step every shard can be restored to: the minimum over shards of their committed step
-    (docs/design.md section 4); None while some shard has none."""
-    vals = list(committed.values())
-    if not vals or any(v is None for v in vals):
-        return None
-    return min(vals)  # type: ignore[arg-type]
-
-
 @dataclass
 class _Pending:
     step: int
@@ -198,7 +189,7 @@ class Protector:
                 the buffers.
             comm: the generation's MPI communicator (mpi4py), spanning exactly the active ranks. It is
                 ``Dup``-ed; the runtime uses only its duplicate.
-            placement: from ``topology.place_replicas`` for this generation (logical ranks). A placement
+            placement: from ``topology.generation_placement`` for this generation (logical ranks). A placement
                 with ``k == 0`` and no replicas protects the local snapshot only (no H2H; what the one-GPU
                 check measures -- a job config always has k >= 1).
             logical_rank: this rank's logical rank; ``comm_rank_of`` maps logical ranks to ranks of

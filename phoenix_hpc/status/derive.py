@@ -51,7 +51,7 @@ job really rolls back: ``recovery_restored`` sets it to the recoverable step the
 is never below the committed (recoverable) step.
 
 When the journal does not name the replica holders, the placement is computed the way docs/design.md section 5
-defines it (:func:`phoenix_hpc.topology.place_replicas` over the generation-0 node of every logical rank,
+defines it (:func:`phoenix_hpc.topology.generation_placement` over the generation-0 node of every logical rank,
 with the config's ``k`` and ``placement_levels``; holders are logical ranks, so the placement survives
 renumbering) and marked ``source="planned"``.
 """
@@ -459,25 +459,23 @@ def _planned_placement(grid: tuple[int, int, int], k: int, levels: list[str], no
                        domains: Mapping[str, Mapping[str, str]]) -> tuple[dict[str, list[int]], list[str]]:
     """The docs/design.md section 5 placement for the generation-0 nodes; (placement, notes)."""
     from phoenix_hpc.errors import ReplicationError
-    from phoenix_hpc.topology import place_replicas
+    from phoenix_hpc.topology import covered_levels, generation_placement
 
     tp, pp, dp = grid
     n = tp * pp * dp
     if sorted(node_of) != list(range(n)):
         return {}, []
-    usable = [lv for lv in levels if lv == "node" or all(_get(domains, node_of[r], lv) for r in range(n))]
+    nodes = [node_of[r] for r in range(n)]
+    usable = list(covered_levels(levels, nodes, domains))
     notes = []
-    if usable != levels:
+    if usable != list(levels):
         notes.append(f"failure domains {sorted(set(levels) - set(usable))} unknown to Slurm here; replica "
                      "placement shown at the levels " + ", ".join(usable))
     try:
-        pl = place_replicas(tp, pp, dp, k, [node_of[r] for r in range(n)], domains, usable or ["node"])
+        pl = generation_placement(grid, k, nodes, domains, levels)
     except ReplicationError as exc:
         return {}, notes + [f"no replica placement possible: {exc}"]
-    out: dict[str, list[int]] = {}
-    for rp in pl.replicas:
-        out.setdefault(rp.shard_id, []).append(rp.holder_rank)
-    return out, notes + list(pl.warnings)
+    return pl.holders_by_shard(), notes + list(pl.warnings)
 
 
 def current_job_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

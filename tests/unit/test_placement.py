@@ -240,3 +240,33 @@ def test_every_small_grid_is_deterministic():
         a = place_replicas(tp, pp, dp, 1, nor, None, ("node",))
         b = place_replicas(tp, pp, dp, 1, nor, None, ("node",))
         assert a == b
+
+
+def test_generation_placement_drops_levels_the_domain_model_lacks_and_equals_place_replicas():
+    from phoenix_hpc.topology import covered_levels, generation_placement
+
+    nodes, dom = three_level(8, 2, 2)
+    node_of = node_of_rank_blocked(nodes, 1)  # tp=1 pp=2 dp=4 -> 8 ranks on 8 nodes
+    full = generation_placement((1, 2, 4), 2, node_of, dom, LEVELS3)
+    assert full.levels == LEVELS3
+    assert full == place_replicas(1, 2, 4, 2, node_of, dom, LEVELS3)
+    # one node without a group name: the group level is dropped for everyone, the switch level kept
+    partial = {n: dict(d) for n, d in dom.items()}
+    del partial[nodes[3]]["group"]
+    assert covered_levels(LEVELS3, node_of, partial) == ("node", "switch")
+    pl = generation_placement((1, 2, 4), 2, node_of, partial, LEVELS3)
+    assert pl.levels == ("node", "switch")
+    assert pl == place_replicas(1, 2, 4, 2, node_of, partial, ("node", "switch"))
+    # no domain model at all: node level only
+    assert generation_placement((1, 2, 4), 1, node_of, None, LEVELS3).levels == ("node",)
+    by_shard = pl.holders_by_shard()
+    assert sorted(by_shard) == sorted({r.shard_id for r in pl.replicas})
+    assert all(len(h) == 2 for h in by_shard.values())
+    assert by_shard[coord_of(0, 1, 2, 4).shard_prefix()] == [r.holder_rank for r in pl.holders_of(0)]
+
+
+def test_generation_placement_refuses_what_place_replicas_refuses():
+    from phoenix_hpc.topology import generation_placement
+
+    with pytest.raises(ReplicationError, match="cannot get k=2"):
+        generation_placement((1, 1, 2), 2, ["a", "b"])
