@@ -9,4 +9,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec .venv/bin/python -m phoenix_hpc.demo "$@"
+exec .venv/bin/phoenix demo "$@"

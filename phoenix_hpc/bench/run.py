@@ -51,12 +51,12 @@ class Context:
 
 
 def hotswap_available() -> tuple[bool, str]:
-    """Whether this build executes hot swaps on the rank side (``phoenix_hpc.recovery.execute`` exists and
+    """Whether this build executes hot swaps on the rank side (``phoenix_hpc.launch.execute`` exists and
     the rank entry point uses it)."""
     import importlib.util
 
-    if importlib.util.find_spec("phoenix_hpc.recovery.execute") is None:
-        return False, "phoenix_hpc.recovery.execute does not exist in this build"
+    if importlib.util.find_spec("phoenix_hpc.launch.execute") is None:
+        return False, "phoenix_hpc.launch.execute does not exist in this build"
     src = Path(importlib.util.find_spec("phoenix_hpc.launch.rank").origin).read_text()
     if "execute" not in src:
         return False, "the rank entry point does not call the hot-swap execution"

@@ -1,6 +1,6 @@
 """``phoenix drill CONFIG --site SITE [--faults N] [--seed S]``: a fault drill on a real job.
 
-1. validate CONFIG for the site and plan N faults (:func:`phoenix_hpc.faults.drill.plan_drill`: random
+1. validate CONFIG for the site and plan N faults (:func:`phoenix_hpc.drills.drill.plan_drill`: random
    kinds, steps, phases and target ranks from ``--seed``, within the spare budget);
 2. the fault-free reference: reuse ``--reference RUN_DIR`` (a finished run of the same config) or submit
    one and wait for it;
@@ -11,7 +11,7 @@
 5. on the local cluster, start the slurmd of every node a ``kill-node`` took down again, so the cluster is
    whole for the next run. A drill job still running when the drill gives up or is interrupted is cancelled.
 
-Faults are drawn from the kinds of :data:`phoenix_hpc.faults.drill.VERIFIED_KINDS` unless
+Faults are drawn from the kinds of :data:`phoenix_hpc.drills.drill.VERIFIED_KINDS` unless
 ``--kinds`` names others. A fault is sent once, after the previous fault's recovery ended, for exactly its
 planned step and phase; the target slot arms it only if it has not started that step. A fault refused that
 way, or armed and missed (its target lost, the job ended), is not sent again: it did not land where planned,
@@ -39,7 +39,7 @@ from typing import Callable
 import click
 
 from phoenix_hpc.errors import FaultError, SubmitError
-from phoenix_hpc.faults.drill import VERIFIED_KINDS, match_outcome
+from phoenix_hpc.drills.drill import VERIFIED_KINDS, match_outcome
 from phoenix_hpc.faults.kinds import KINDS
 
 POLL_S = 0.25  # seconds between polls of the job's journal
@@ -127,7 +127,7 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
     """Submit a job, inject N random faults, and check it recovers to the fault-free result."""
     from phoenix_hpc.config.load import load_job_config
     from phoenix_hpc.config.resolve import resolve
-    from phoenix_hpc.faults.drill import plan_drill
+    from phoenix_hpc.drills.drill import plan_drill
     from phoenix_hpc.profiles import load_profile
 
     cfg = load_job_config(config)
@@ -161,7 +161,7 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
     from phoenix_hpc.cli.output import LineProgress, make_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from phoenix_hpc.faults.drill import DrillOutcome, landed_ts, quiesce_by_generation
+    from phoenix_hpc.drills.drill import DrillOutcome, landed_ts, quiesce_by_generation
     from phoenix_hpc.status.runs import check_run_dir
 
     steps = cfg.training.steps
@@ -263,8 +263,8 @@ def _drill_fault(out, st, collect, job_dir: Path, report: dict, timeout_s: float
     out (the drill stops sending faults).
     """
     from phoenix_hpc.errors import FaultMissed
-    from phoenix_hpc.faults.drill import resolve_target
-    from phoenix_hpc.faults.inject import build_request, inject, job_over_probe
+    from phoenix_hpc.drills.drill import resolve_target
+    from phoenix_hpc.drills.inject import build_request, inject, job_over_probe
     from phoenix_hpc.slurm.client import SlurmClient
 
     f = out.fault

@@ -41,7 +41,7 @@ from phoenix_hpc.faults.kinds import KINDS, PHASES
 def inject_fault(job, kind, rank, node, coord, at_step, phase, timeout_s, wait, as_json):
     """Inject a fault into a running job at a given step and phase."""
     from phoenix_hpc.errors import FaultMissed
-    from phoenix_hpc.faults.inject import build_request, inject, job_over_probe
+    from phoenix_hpc.drills.inject import build_request, inject, job_over_probe
     from phoenix_hpc.slurm.client import SlurmClient
     from phoenix_hpc.status.collect import collect_status
     from phoenix_hpc.status.runs import find_run

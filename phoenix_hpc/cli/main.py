@@ -26,7 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "inject-fault": "phoenix_hpc.cli.inject:inject_fault",
     "drill": "phoenix_hpc.cli.drill:drill",
     "bench": "phoenix_hpc.cli.bench:bench",
-    "demo": "phoenix_hpc.demo.cli:demo",
+    "demo": "phoenix_hpc.cli.demo:demo",
 }
 
 

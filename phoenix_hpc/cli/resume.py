@@ -66,7 +66,7 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
     """
     from phoenix_hpc.config.load import load_job_config
     from phoenix_hpc.control.journal import read_journal
-    from phoenix_hpc.launch.persist import checkpoint_root
+    from phoenix_hpc.recovery.ckpt_files import checkpoint_root
     from phoenix_hpc.recovery.ckpt_files import check_checkpoint, complete_steps
     from phoenix_hpc.status.runs import is_run_dir
 

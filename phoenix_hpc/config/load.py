@@ -6,88 +6,8 @@ This module and :mod:`phoenix_hpc.profiles` are the only places that read config
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import yaml
-from pydantic import BaseModel, ValidationError
-
 from phoenix_hpc.config.schema import JobConfig
-from phoenix_hpc.errors import ConfigError
-from phoenix_hpc.files import read_text
-
-
-# What a value read from YAML is, in the words of a YAML user (for "wrong type" messages).
-_YAML_TYPE = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-              dict: "a mapping", type(None): "null"}
-
-
-def _of_type(value: Any) -> str:
-    return _YAML_TYPE.get(type(value), type(value).__name__)
-
-
-def format_validation_error(exc: ValidationError) -> list[str]:
-    """One line per problem: ``field.path: value <v> -- <what is allowed>``; for a value of the wrong type
-    also what it is (``resilience.k: value True (a boolean) -- Input should be a valid integer``)."""
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown field (check the spelling; see the config reference)")
-        elif err["type"] == "missing":
-            lines.append(f"{loc}: required field is missing")
-        elif err["loc"] and err["type"].endswith("_type"):
-            lines.append(f"{loc}: value {err.get('input')!r} ({_of_type(err.get('input'))}) -- {msg}")
-        elif err["loc"] and err["type"] != "value_error":
-            lines.append(f"{loc}: value {err.get('input')!r} -- {msg}")
-        else:
-            scalar = err["loc"] and not isinstance(err.get("input"), (dict, list))  # a field's, not a section's
-            lines.append(f"{loc}: value {err.get('input')!r} -- {msg}" if scalar else f"{loc}: {msg}" if err["loc"]
-                         else msg)
-    return lines
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one mapping is an error: plain YAML keeps the
-    last value silently (``pp: 2`` then ``pp: 4`` would change the grid without a word)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, Any] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice (first at line {seen[key].line + 1})", key_node.start_mark)
-            seen[key] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)
-
-
-def read_yaml(path: str | Path, what: str = "config", error: type[ConfigError] = ConfigError) -> dict[str, Any]:
-    """Parse a YAML mapping from ``path`` (read with :func:`phoenix_hpc.files.read_text`).
-
-    Raises:
-        error (ConfigError or a subclass): the file is missing, a directory, unreadable, empty, not UTF-8, not
-            YAML, not a mapping, or gives a key twice in one mapping.
-    """
-    p = Path(path)
-    text = read_text(p, what, error=error)
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise error(f"{what} file {str(p)!r} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(data, dict):
-        raise error(f"{what} file {str(p)!r} must hold a YAML mapping, got {type(data).__name__}")
-    return data
-
-
-def parse_model(cls: type[BaseModel], data: dict[str, Any], source: str) -> BaseModel:
-    """Validate ``data`` as ``cls``; raise :class:`ConfigError` listing every problem."""
-    try:
-        return cls.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc), source=source) from None
+from phoenix_hpc.validation import format_validation_error, parse_model, read_yaml  # noqa: F401 -- re-exported
 
 
 def load_job_config(path: str | Path) -> JobConfig:

@@ -37,7 +37,7 @@ from phoenix_hpc.model.spares import SparesPlan, plan_spares, shrink_shape
 from phoenix_hpc.profiles.model import SBATCH_SAFE, SiteProfile
 from phoenix_hpc.profiles.slurm_time import format_slurm_time, parse_slurm_time
 from phoenix_hpc.topology import generation_placement, node_of_rank_blocked
-from phoenix_hpc.slurm.hostlist import check_hostlist
+from phoenix_hpc.hostlist import check_hostlist
 
 
 #: Accounts the shipped examples use as placeholders (examples/perlmutter-7b.yaml): warned about at submit.

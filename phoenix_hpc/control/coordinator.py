@@ -277,7 +277,7 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
     from phoenix_hpc.config import load_job_config
 
     cfg = load_job_config(cfg_path)
-    from phoenix_hpc.launch.persist import checkpoint_root
+    from phoenix_hpc.recovery.ckpt_files import checkpoint_root
 
     r = cfg.resilience
     ck = str(checkpoint_root(cfg, run_dir))

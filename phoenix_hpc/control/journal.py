@@ -22,40 +22,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from phoenix_hpc.errors import StatusError
-from phoenix_hpc.files import decode_utf8, read_bytes
+from phoenix_hpc.files import FILE_MODE, decode_utf8, read_bytes
+from phoenix_hpc.files import DIR_MODE, ensure_private_dir, write_private_file  # noqa: F401 -- re-exported
 
 JOURNAL_NAME = "journal.jsonl"
-DIR_MODE = 0o700
-FILE_MODE = 0o600
-
-
-def ensure_private_dir(path: str | os.PathLike) -> Path:
-    """Create ``path`` (and parents) if needed and set its mode to ``0700``. Returns it as a Path."""
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    os.chmod(p, DIR_MODE)
-    return p
-
-
-def write_private_file(path: str | os.PathLike, data: bytes | str) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder + ``os.replace``), mode ``0600``.
-
-    Readers never see a half-written file: they see the old content or the new one.
-    """
-    p = Path(path)
-    raw = data.encode() if isinstance(data, str) else data
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        os.write(fd, raw)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, FILE_MODE)
-    os.replace(tmp, p)
-    return p
-
-
 class Journal:
     """Appends records to ``RUN_DIR/journal.jsonl``. Thread-safe; one instance per writing process.
 

@@ -63,7 +63,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
-from phoenix_hpc.control.journal import write_private_file
+from phoenix_hpc.files import write_private_file
 from phoenix_hpc.errors import ControlError
 from phoenix_hpc.files import read_text
 

@@ -287,7 +287,7 @@ class FiredFile:
     clock: Callable[[], float] = field(default=time.time)
 
     def __call__(self, inj: Injection, step: int, phase: str) -> None:
-        from phoenix_hpc.control.journal import ensure_private_dir, write_private_file
+        from phoenix_hpc.files import ensure_private_dir, write_private_file
 
         d = ensure_private_dir(Path(self.run_dir) / FAULTS_DIR)
         rec = {"ts": self.clock(), "request_id": inj.request_id, "world_rank": int(self.world_rank),

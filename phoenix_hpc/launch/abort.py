@@ -27,7 +27,7 @@ forever; pytorch PR 194775, NCCL issue 1013). :class:`GenerationAbort` does what
   set-up (the default; ``TORCH_GLOO_LAZY_INIT=1`` would open connections later, outside the capture).
 
 Every abort is idempotent and serialised by a lock, so the quiesce watchdog thread and the training thread
-(:meth:`phoenix_hpc.recovery.execute.Member.release_groups`) may both call it.
+(:meth:`phoenix_hpc.launch.execute.Member.release_groups`) may both call it.
 """
 
 from __future__ import annotations

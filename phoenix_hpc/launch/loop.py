@@ -13,7 +13,7 @@ The time spent inside ``wait_commit`` is the *exposed wait* of the step and is l
 
 With a ``phase_hook`` the loop also calls ``phase_hook(s, phase)`` before each phase of iteration ``s``
 (``s = engine.step + 1``): ``forward_backward`` (before ``start_snapshot``), ``reduce_gradients``,
-``wait_commit`` and ``optimizer_step``. The resilient driver (:mod:`phoenix_hpc.recovery.execute`) uses it
+``wait_commit`` and ``optimizer_step``. The resilient driver (:mod:`phoenix_hpc.launch.execute`) uses it
 to poll the coordinator, fire injected faults at their phase, and know in which phase an error arose.
 """
 

@@ -25,15 +25,7 @@ import time
 from pathlib import Path
 
 from phoenix_hpc.engines.base import Engine, ProcessGroups
-
-
-def checkpoint_root(cfg, run_dir: str | os.PathLike) -> Path:
-    """``resilience.checkpoint.path`` (relative paths are relative to ``run_dir``), else
-    ``RUN_DIR/checkpoints``."""
-    p = cfg.resilience.checkpoint.path
-    if not p:
-        return Path(run_dir) / "checkpoints"
-    return Path(run_dir) / p if not os.path.isabs(p) else Path(p)
+from phoenix_hpc.recovery.ckpt_files import checkpoint_root  # noqa: F401 -- also re-exported
 
 
 def enabled(cfg) -> bool:

@@ -21,11 +21,11 @@ Sequence on every slot:
    engine, optionally its state restored from ``--restore-dir``, and the training loop (:mod:`.loop`) up
    to ``training.steps``.
    Under a coordinator with ``resilience.enabled`` and ``mode: phoenix``, training runs in
-   :class:`phoenix_hpc.recovery.execute.Member`: the runtime protector (placement from
+   :class:`phoenix_hpc.launch.execute.Member`: the runtime protector (placement from
    :func:`phoenix_hpc.topology.generation_placement` over the slots' nodes and the failure domains of their
    ``SLURM_TOPOLOGY_ADDR``), commit reports, injected faults at every phase, and the rank side of local
    recovery and hot swap. Standby slots warm up (imports, dataset reader) and wait for a ``recover``
-   plan naming them (:func:`phoenix_hpc.recovery.execute.wait_for_join`): they then take their logical
+   plan naming them (:func:`phoenix_hpc.launch.execute.wait_for_join`): they then take their logical
    rank, are restored, and train to the end like any member; or for ``stop``.
 4. Without a coordinator every slot ends with a barrier over ``MPI.COMM_WORLD`` (so the store host,
    world rank 0, outlives its users and standby slots learn that the job is over) and ``MPI_Finalize``.
@@ -178,7 +178,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                join_plan: dict | None = None) -> dict:
     """Train as logical rank ``slot.world_rank`` (generation 0), or, with ``join_plan``, as the logical rank
     a recovery plan gives this standby slot. ``resilient`` (a dict with ``client``, ``nodes``, ``domains``,
-    ``levels``, ``world_comm``) turns on the protected driver (:class:`phoenix_hpc.recovery.execute.Member`).
+    ``levels``, ``world_comm``) turns on the protected driver (:class:`phoenix_hpc.launch.execute.Member`).
     Returns the summary written to ``rank{r}.json``."""
     import torch
     import torch.distributed as dist
@@ -200,7 +200,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
         torch.cuda.set_device(device)
     member = None
     if resilient is not None:
-        from phoenix_hpc.recovery.execute import Member, MemberEnv
+        from phoenix_hpc.launch.execute import Member, MemberEnv
 
         member = Member(MemberEnv(
             cfg=cfg, run_dir=run_dir, world_comm=resilient["world_comm"], world_rank=slot.world_rank,
@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         if active:
             summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None, resilient)
         elif att is not None and resilient is not None:
-            from phoenix_hpc.recovery.execute import wait_for_join, warm_up
+            from phoenix_hpc.launch.execute import wait_for_join, warm_up
 
             warm_up(cfg)
             plan = wait_for_join(att.client)  # None: the job ended (stop) without needing this spare
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         if att and summary is not None:
             att.client.report_done(int(summary.get("generation", 0)), summary["steps"], summary["state_hash"])
     except PhoenixError as exc:
-        from phoenix_hpc.recovery.execute import StopRequested
+        from phoenix_hpc.launch.execute import StopRequested
 
         if isinstance(exc, StopRequested) and exc.job_state == "stopped":  # a planned end: one line, code 3
             print(f"[phoenix] world rank {slot.world_rank}: {exc}", file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from phoenix_hpc.config.load import format_validation_error, read_yaml
+from phoenix_hpc.validation import format_validation_error, read_yaml
 from phoenix_hpc.errors import ProfileError
 from phoenix_hpc.profiles.model import SiteProfile
 

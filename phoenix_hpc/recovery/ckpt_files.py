@@ -11,11 +11,20 @@ import os
 import re
 from pathlib import Path
 
-from phoenix_hpc.control.journal import write_private_file
+from phoenix_hpc.files import write_private_file
 
 LATEST = "latest"
 COMPLETE = "complete.json"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
+
+
+def checkpoint_root(cfg, run_dir: str | os.PathLike) -> Path:
+    """``resilience.checkpoint.path`` (relative paths are relative to ``run_dir``), else
+    ``RUN_DIR/checkpoints``."""
+    p = cfg.resilience.checkpoint.path
+    if not p:
+        return Path(run_dir) / "checkpoints"
+    return Path(run_dir) / p if not os.path.isabs(p) else Path(p)
 
 
 def step_dir(root: str | os.PathLike, step: int) -> Path:

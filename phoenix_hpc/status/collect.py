@@ -99,7 +99,7 @@ def gather_slurm(client, job_id: str | None, extra_nodes: list[str] = (),
                 return info
             info.error = (f"Slurm has no record of job {job_id} (finished jobs are forgotten after MinJobAge: "
                           f"{error_line(exc)}); shown from the journal")
-    from phoenix_hpc.slurm.hostlist import compress, expand
+    from phoenix_hpc.hostlist import compress, expand
 
     names: list[str] = list(extra_nodes)
     if info.job:

@@ -117,7 +117,7 @@ def pending_hint(reason: str | None) -> str | None:
 def _expand(nodelist: str | None) -> list[str]:
     if not nodelist or nodelist in ("(null)", "None"):
         return []
-    from phoenix_hpc.slurm.hostlist import expand
+    from phoenix_hpc.hostlist import expand
 
     return expand(nodelist)
 

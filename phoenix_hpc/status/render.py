@@ -76,7 +76,7 @@ def _header(st: Status) -> Table:
     spares = "-" if st.spare_nodes_left is None else f"{st.spare_nodes_left} node(s), {st.spare_slots_left} slot(s)"
     t.add_row("spares left", spares)
     if j.node_list:
-        from phoenix_hpc.slurm.hostlist import compress
+        from phoenix_hpc.hostlist import compress
 
         t.add_row("nodes", f"{compress(j.node_list)}   batch host {j.batch_host or '-'}")
     if len(j.jobs) > 1:

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from phoenix_hpc.control.journal import read_journal
-from phoenix_hpc.faults.drill import plan_drill
+from phoenix_hpc.drills.drill import plan_drill
 from phoenix_hpc.faults.kinds import PHASE_WIRE
 from phoenix_hpc.slurm import cluster as lc
 from phoenix_hpc.slurm import procs

@@ -23,7 +23,7 @@ from phoenix_hpc.cli.main import cli
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.client import CoordinatorClient
 from phoenix_hpc.control.journal import read_journal
-from phoenix_hpc.faults.inject import STEP_MARGIN
+from phoenix_hpc.drills.inject import STEP_MARGIN
 from phoenix_hpc.faults.kinds import KINDS, PHASE_WIRE
 from phoenix_hpc.faults.trigger import Actions, FaultTrigger, FiredFile, InjectedFault
 from waiting import wait_for

@@ -13,7 +13,7 @@ import yaml
 
 from phoenix_hpc.config import load_job_config
 from phoenix_hpc.slurm.client import SlurmClient
-from phoenix_hpc.slurm.hostlist import expand
+from phoenix_hpc.hostlist import expand
 
 ROOT = Path(__file__).resolve().parents[2]
 

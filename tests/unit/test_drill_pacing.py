@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phoenix_hpc.errors import FaultError
-from phoenix_hpc.faults.drill import (VERIFIED_KINDS, DrillFault, DrillOutcome, match_outcome, plan_drill,
+from phoenix_hpc.drills.drill import (VERIFIED_KINDS, DrillFault, DrillOutcome, match_outcome, plan_drill,
                                       quiesce_by_generation, resolve_target)
 from phoenix_hpc.status.model import InjectionStatus, RecoveryStatus
 

@@ -239,7 +239,7 @@ def test_a_valid_hostlist_goes_into_the_script_unchanged(in_tmp):
 
 
 def test_check_hostlist_returns_the_names_slurm_would():
-    from phoenix_hpc.slurm.hostlist import check_hostlist
+    from phoenix_hpc.hostlist import check_hostlist
 
     # as `scontrol show hostnames` expands them (Slurm 22.05)
     assert check_hostlist("nid[01-3]", "--nodelist") == ["nid01", "nid02", "nid03"]
@@ -285,7 +285,7 @@ def test_a_target_arms_only_a_step_it_has_not_started():
 
 
 def test_the_outcome_of_an_armed_request():
-    from phoenix_hpc.faults.inject import outcome_of
+    from phoenix_hpc.drills.inject import outcome_of
 
     fired = [{"request_id": "r", "world_rank": 1, "step": 7, "phase": "h2h"},
              {"request_id": "other", "world_rank": 2, "step": 7, "phase": "h2h"}]
@@ -301,7 +301,7 @@ def test_nothing_is_done_to_a_node_after_its_job_ended(monkeypatch):
     """kill-node on the local cluster: the slots landed, but the job is over before the node's slurmd would
     be killed: refused, nothing killed."""
     from phoenix_hpc.errors import FaultError
-    from phoenix_hpc.faults import inject as I
+    from phoenix_hpc.drills import inject as I
     from phoenix_hpc.slurm import cluster as C
 
     killed = []

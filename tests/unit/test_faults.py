@@ -15,8 +15,8 @@ import pytest
 
 from phoenix_hpc.control.classify import Action, Fault, FaultKind, classify, kind_from_exception
 from phoenix_hpc.errors import FaultError
-from phoenix_hpc.faults.drill import DrillOutcome, match_outcome, plan_drill, slot_cost
-from phoenix_hpc.faults.inject import STEP_MARGIN, build_request, wait_pids_gone
+from phoenix_hpc.drills.drill import DrillOutcome, match_outcome, plan_drill, slot_cost
+from phoenix_hpc.drills.inject import STEP_MARGIN, build_request, wait_pids_gone
 from phoenix_hpc.faults.kinds import KINDS, PHASE_WIRE, PHASES, check_at_step, check_phase, parse_coord
 from phoenix_hpc.faults.trigger import (
     EXIT_INJECTED_CRASH,

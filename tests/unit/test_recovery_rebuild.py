@@ -1,4 +1,4 @@
-"""The rebuild recovery path of :class:`phoenix_hpc.recovery.execute.Member`, in one process, with a fake
+"""The rebuild recovery path of :class:`phoenix_hpc.launch.execute.Member`, in one process, with a fake
 engine that keeps module-level global state the way megatron-core's ``parallel_state`` does.
 
 The fake engine owns its groups (the launcher builds only the world group), refuses to be constructed while
@@ -27,8 +27,8 @@ import torch
 from phoenix_hpc.engines.base import Engine, ProcessGroups
 from phoenix_hpc.errors import ConfigError
 from phoenix_hpc.launch.groups import Grid
-from phoenix_hpc.recovery import execute
-from phoenix_hpc.recovery.execute import Member, MemberEnv
+from phoenix_hpc.launch import execute
+from phoenix_hpc.launch.execute import Member, MemberEnv
 
 #: the fake engine's "parallel_state": set by construction, cleared by teardown
 PARALLEL_STATE: dict = {}

@@ -6,7 +6,7 @@ import pytest
 
 from phoenix_hpc.errors import SlurmError
 from phoenix_hpc.slurm.client import choose_backend, parse_job_id, parse_key_values, parse_records, parse_version
-from phoenix_hpc.slurm.hostlist import compress, expand, split_active_spare
+from phoenix_hpc.hostlist import compress, expand, split_active_spare
 
 
 def test_key_values_keep_spaces_and_inner_equals():

@@ -6,7 +6,7 @@ Usage: python mpi_dead_peer.py VICTIM_RANK SHARED_DIR
 mpi4py's own default (``rc.errors = "exception"``, which sets ``ERRORS_RETURN`` on ``COMM_WORLD``) is
 turned off, so MPI's default ``ERRORS_ARE_FATAL`` holds unless the runtime sets the handler
 (:func:`phoenix_hpc.runtime.mpi_faults.errors_return`, as ``phoenix-rank`` does on ``COMM_WORLD`` and
-:func:`phoenix_hpc.recovery.execute.make_comm` on each generation's communicator).
+:func:`phoenix_hpc.launch.execute.make_comm` on each generation's communicator).
 
 1. ``errors_return(COMM_WORLD)``; the generation-0 communicator with ``make_comm`` over all ranks; each
    rank reports whether both return errors. A ring exchange over it connects neighbours.
@@ -32,7 +32,7 @@ mpi4py.rc.errors = "default"  # MPI's default handler (fatal) unless the runtime
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from phoenix_hpc.recovery.execute import make_comm  # noqa: E402
+from phoenix_hpc.launch.execute import make_comm  # noqa: E402
 from phoenix_hpc.runtime.mpi_faults import abandon_requests, errors_return, returns_errors  # noqa: E402
 from victim import die, wait_gone  # noqa: E402  (this folder)
 

@@ -60,10 +60,3 @@ def demo(config, steps, at_step, node, work_dir, cluster_dir, max_bytes, timeout
         click.echo("\ninterrupted; the demo's cluster was stopped", err=True)
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(code)
-
-
-def main() -> None:
-    """``python -m phoenix_hpc.demo``: ``phoenix demo`` through the CLI group (same error handling)."""
-    from phoenix_hpc.cli.main import cli
-
-    cli(["demo", *sys.argv[1:]], prog_name="phoenix")

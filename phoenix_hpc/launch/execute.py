@@ -459,13 +459,13 @@ class Member:
         """Train to ``until_step`` through any number of recoveries; return the step records (replayed
         steps appear again). Raises StopRequested when the coordinator ends the job early; on a planned end
         (``stop`` with ``checkpoint``) first writes this member's shard of the final checkpoint
-        (:func:`phoenix_hpc.recovery.final.final_checkpoint`) and raises with the coordinator's last ``stop``."""
+        (:func:`phoenix_hpc.launch.final.final_checkpoint`) and raises with the coordinator's last ``stop``."""
         try:
             return self._train_through_recoveries(until_step, tokens_per_step, on_step)
         except StopRequested as stop:
             if not stop.msg.get("checkpoint"):
                 raise
-            from phoenix_hpc.recovery.final import final_checkpoint
+            from phoenix_hpc.launch.final import final_checkpoint
 
             raise StopRequested(final_checkpoint(self, stop.msg)) from None
 

@@ -21,7 +21,7 @@ def final_checkpoint(member, stop_msg: dict[str, Any]) -> dict[str, Any]:
 
     Never raises for a failed write: the error is reported (``shard_written`` {error}) and the
     checkpoint stays incomplete."""
-    from phoenix_hpc.launch.persist import checkpoint_root
+    from phoenix_hpc.recovery.ckpt_files import checkpoint_root
     from phoenix_hpc.recovery.checkpoint import write_snapshot_shard
 
     e = member.env
