@@ -1,13 +1,15 @@
 """Reading a job config file: YAML -> :class:`JobConfig`, with every problem reported at once.
 
-This module and :mod:`phoenix_hpc.profiles` are the only places that read configuration files.
+This module and :mod:`phoenix_hpc.profiles` are the only places that read configuration files (both through
+:mod:`phoenix_hpc.validation`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
 from phoenix_hpc.config.schema import JobConfig
-from phoenix_hpc.validation import format_validation_error, parse_model, read_yaml  # noqa: F401 -- re-exported
+from phoenix_hpc.validation import format_validation_error, parse_model, read_yaml  # noqa: F401 (re-export)
 
 
 def load_job_config(path: str | Path) -> JobConfig:
