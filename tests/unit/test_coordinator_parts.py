@@ -1,0 +1,46 @@
+"""The coordinator is a composition of mixins (control/coordinator.py): every request type of the protocol
+has exactly one handler, and no mixin silently overrides another's method."""
+
+from __future__ import annotations
+
+import re
+
+from phoenix_hpc.control import protocol
+from phoenix_hpc.control.coordinator import Coordinator
+from phoenix_hpc.control.journal import Journal, read_journal
+
+
+def _protocol_request_types() -> list[str]:
+    """The request types in the protocol's table (``ctl/in``), from its docstring."""
+    table = protocol.__doc__.split("Request bodies", 1)[1].split("Every body also carries", 1)[0]
+    return re.findall(r"^([a-z_]+) {2,}", table, flags=re.M)
+
+
+def test_every_request_type_of_the_protocol_has_a_handler():
+    types = _protocol_request_types()
+    assert {"register", "heartbeat", "commit", "recovered", "inject", "stop"} <= set(types)
+    missing = [t for t in types + ["quiesced", "checkpoint", "stopping", "shard_written", "signal"]
+               if not callable(getattr(Coordinator, f"_on_{t}", None))]
+    assert not missing
+
+
+def test_no_mixin_overrides_another_mixins_method():
+    seen: dict[str, str] = {}
+    clashes = []
+    for base in Coordinator.__mro__[1:]:
+        if base is object:
+            continue
+        for name, value in vars(base).items():
+            if callable(value) and not name.startswith("__"):
+                if name in seen:
+                    clashes.append(f"{name}: {seen[name]} and {base.__name__}")
+                seen[name] = base.__name__
+    assert not clashes
+
+
+def test_an_unknown_message_type_is_rejected_and_journalled(tmp_path):
+    c = Coordinator(tmp_path, grid=(1, 1, 1))
+    c.journal = Journal(tmp_path)
+    c._dispatch({"type": "no_such_type", "world_rank": 0})
+    (rec,) = [r for r in read_journal(tmp_path) if r["event"] == "rejected"]
+    assert "unknown message type 'no_such_type'" in rec["reason"] and c.counters["rejected"] == 1
