@@ -17,6 +17,11 @@ from phoenix_hpc.recovery.plan import RecoveryPlan
 
 @dataclass
 class Slot:
+    """One registered training process: ``world_rank`` (its srun task), ``node``, ``pid``, ``role``
+    (``active`` or ``standby`` at registration), its lifecycle ``machine`` (:mod:`phoenix_hpc.control.states`),
+    ``last_seen`` (coordinator clock, seconds), the ``logical_rank`` it holds (None for a spare), the
+    ``generation`` it was last restored to and the newest ``step`` it reported."""
+
     world_rank: int
     node: str
     pid: int
@@ -34,12 +39,19 @@ class Slot:
 
 @dataclass
 class PendingFault:
+    """A fault waiting for the recovery machine's decision, with the coordinator clock ``t`` it arrived at."""
+
     fault: Fault
     t: float  # coordinator clock when it arrived
 
 
 @dataclass
 class Recovery:
+    """The one recovery in progress (times on the coordinator clock, seconds): what was decided for which
+    faults, the new ``generation``, the surviving world ranks, the ``phase`` with its ``deadline``, the
+    answers collected per world rank (``quiesced``, ``recovered``), the ``plan`` once made, per-phase
+    durations, and the step the members must pass before the recovery is done (``target_step``)."""
+
     decision: Decision
     faults: list[Fault]
     generation: int
