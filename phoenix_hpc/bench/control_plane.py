@@ -148,15 +148,16 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         # the silent spare is found 10 s after its last heartbeat: wait for it if the window was shorter
         d_silent = _wait_event(run_dir, "slots_dead", lambda r: spare_silent in r["slots"], 30)
         d_exit = _wait_event(run_dir, "slots_dead", lambda r: spare_exit in r["slots"], 10)
-        summaries = [r for r in read_journal(run_dir, "heartbeat_summary") if w0 <= r["ts"] <= w1 + 0.5]
+        all_summaries = read_journal(run_dir, "heartbeat_summary")
+        summaries = [r for r in all_summaries if w0 <= r["ts"] <= w1 + 0.5]
         # --- an active slot exits: detection, quiesce, plan, delivery ------------------------------------
         ask_all("watch")
         victim_exit = ask(victim, "exit", victim)
         d_victim = _wait_event(run_dir, "slots_dead", lambda r: victim in r["slots"], 30)
-        sent_rec = _wait_event(run_dir, "recovery_plan_sent", lambda r: True, 120)
+        sent_rec = _wait_event(run_dir, "recovery_plan_sent", lambda r: True, 60)
         members = n
         got: dict[int, float] = {}
-        deadline = time.time() + 120
+        deadline = time.time() + 60
         while sent_rec is not None and time.time() < deadline:
             got = {}
             for r in ask_all("report"):
@@ -181,9 +182,10 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         coord_log.close()
     win = w1 - w0
     hb = [s for s in summaries if s.get("heartbeat_age")]
-    handled = None
-    if len(summaries) >= 2:
-        handled = (summaries[-1]["heartbeats"] - summaries[0]["heartbeats"]) / (summaries[-1]["ts"] - summaries[0]["ts"])
+    handled = None  # from the summaries around the window: the last one before it to the first one after it
+    span = [r for r in all_summaries if r["ts"] <= w0][-1:] + [r for r in all_summaries if r["ts"] >= w1][:1]
+    if len(span) == 2 and span[1]["ts"] > span[0]["ts"]:
+        handled = (span[1]["heartbeats"] - span[0]["heartbeats"]) / (span[1]["ts"] - span[0]["ts"])
     out: dict[str, Any] = {
         "ranks": n, "slots": len(slots), "workers": workers, "heartbeat_interval_s": 1.0,
         "heartbeat_timeout_s": 10.0, "step_s": step_s, "register_s": round(t_reg, 2),
@@ -211,7 +213,7 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
             "plan_read_by": len(got),
         })
     else:
-        out["recovery_error"] = "no recovery plan was sent within 120 s" if d_victim else "the exit was not detected"
+        out["recovery_error"] = "no recovery plan was sent within 60 s" if d_victim else "the exit was not detected"
     shutil.rmtree(run_dir, ignore_errors=True)
     return out
 
@@ -223,6 +225,8 @@ def _worker_entry(conn, spec):
         worker(conn, spec)
     except (EOFError, KeyboardInterrupt, BrokenPipeError):
         pass
+    except RuntimeError as exc:  # torch's DistError: the coordinator was stopped while this process swept
+        print(f"[ctlsim] stopped: {str(exc).splitlines()[0]}", file=sys.stderr)
 
 
 def machine() -> dict[str, Any]:
