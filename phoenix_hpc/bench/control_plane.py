@@ -146,14 +146,15 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         sent = sum(r["beats"] for r in rep1) - sum(r["beats"] for r in rep0)
         commits = sum(r["commits"] for r in rep1) - sum(r["commits"] for r in rep0)
         # the silent spare is found 10 s after its last heartbeat: wait for it if the window was shorter
-        d_silent = _wait_event(run_dir, "slots_dead", lambda r: spare_silent in r["slots"], 30)
-        d_exit = _wait_event(run_dir, "slots_dead", lambda r: spare_exit in r["slots"], 10)
+        d_silent = _wait_event(run_dir, "slots_dead", lambda r: spare_silent in r["slots"] and r["ts"] >= w0, 30)
+        d_exit = _wait_event(run_dir, "slots_dead", lambda r: spare_exit in r["slots"] and r["ts"] >= exited["t_exit"], 10)
         all_summaries = read_journal(run_dir, "heartbeat_summary")
         summaries = [r for r in all_summaries if w0 <= r["ts"] <= w1 + 0.5]
         # --- an active slot exits: detection, quiesce, plan, delivery ------------------------------------
         ask_all("watch")
         victim_exit = ask(victim, "exit", victim)
-        d_victim = _wait_event(run_dir, "slots_dead", lambda r: victim in r["slots"], 30)
+        d_victim = _wait_event(run_dir, "slots_dead", lambda r: victim in r["slots"] and r["ts"] >= victim_exit["t_exit"], 30)
+        early = [r for r in read_journal(run_dir, "slots_dead") if r["ts"] < w0]
         sent_rec = _wait_event(run_dir, "recovery_plan_sent", lambda r: True, 60)
         members = n
         got: dict[int, float] = {}
@@ -203,6 +204,9 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
     }
     msgs = (sent + commits) / win
     out["cpu_us_per_message"] = round(1e6 * out["coordinator_cores"] / msgs, 1) if msgs else None
+    if early:  # slots declared dead before the steady window: the run does not show a healthy control plane
+        out["error"] = (f"{sum(len(r['slots']) for r in early)} slot(s) declared dead before the steady window "
+                        f"(first: {early[0].get('reason', '')[:120]})")
     if d_victim and start and plan and sent_rec:
         out.update({
             "quiesce_s": round(plan["ts"] - start["ts"], 3),

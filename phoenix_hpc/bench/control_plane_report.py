@@ -50,9 +50,10 @@ def analyse(runs: list[dict[str, Any]]) -> dict[str, Any]:
     from phoenix_hpc.model.fit import fit_scaling
 
     rows = [derived(r) for r in runs]
+    ok = [r for r in rows if not r.get("error")]  # a failed run's figures are not fitted
     fits: dict[str, Any] = {}
     for key, what, unit in FITTED:
-        pts = [(r["ranks"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and r[key] > 0]
+        pts = [(r["ranks"], r[key]) for r in ok if isinstance(r.get(key), (int, float)) and r[key] > 0]
         if len(pts) < 3:
             fits[key] = {"what": what, "unit": unit, "not_fitted": f"{len(pts)} positive value(s), 3 needed"}
             continue
@@ -72,16 +73,17 @@ def analyse(runs: list[dict[str, Any]]) -> dict[str, Any]:
                      "all_laws_at_100k": {lf.law: round(lf.predictions[0].seconds, 4) for lf in res.laws}}
     cpu = None
     pairs = [((r.get("handled_heartbeats_per_s") or 0) + (r.get("sent_commits_per_s") or 0), r["coordinator_cores"])
-             for r in rows if r.get("coordinator_cores") is not None]
+             for r in ok if r.get("coordinator_cores") is not None]
     if len(pairs) >= 2:
         try:
             cost, idle = fit_cpu_line([p[0] for p in pairs], [p[1] for p in pairs])
             cpu = {"cpu_s_per_message": float(f"{cost:.4g}"), "idle_cores": round(idle, 4),
                    "max_messages_per_s": round((1 - idle) / cost) if cost > 0 and idle < 1 else None,
-                   "max_ranks": max(r["slots"] for r in rows)}
+                   "max_ranks": max(r["slots"] for r in ok)}
         except ValueError as exc:
             cpu = {"not_fitted": str(exc)}
-    top = max(rows, key=lambda r: r["ranks"]) if rows else {}
+    valid = [r for r in rows if not r.get("error")]
+    top = max(valid, key=lambda r: r["ranks"]) if valid else {}
     goals = {}
     for key, limit in GOALS.items():
         v = top.get(key)
@@ -94,11 +96,12 @@ def findings(result: dict[str, Any]) -> list[str]:
     dominates."""
     a = result.get("analysis") or {}
     rows = [derived(r) for r in result.get("runs", [])]
+    out = [f"run at {r['ranks']} ranks not usable: {r['error']}" for r in rows if r.get("error")]
+    rows = [r for r in rows if not r.get("error")]
     if not rows:
-        return []
+        return out
     top = max(rows, key=lambda r: r["ranks"])
     n = top["ranks"]
-    out = []
     g = a.get("goals", {})
     d = g.get("detect_exit_s", {})
     if d.get("value") is not None:
@@ -109,7 +112,8 @@ def findings(result: dict[str, Any]) -> list[str]:
                    f"its inbox was {top['heartbeat_age_p99_ms'] / 1e3:.2f} s behind (heartbeat age p99)")
         out.append(f"detection after a process exit at {n} ranks: {d['value']:.3f} s (goal <= 2 s: {verdict}){why}; "
                    f"silence is found {top.get('detect_silence_s')} s after the last heartbeat "
-                   f"(heartbeat_timeout_s 10 s plus up to one detection tick)")
+                   f"(heartbeat_timeout_s 10 s plus the inbox backlog, heartbeat age p99 "
+                   f"{_fmt((top.get('heartbeat_age_p99_ms') or 0) / 1e3)} s)")
     p = g.get("plan_deliver_s", {})
     if p.get("value") is not None:
         verdict = "met" if p["met"] else "MISSED"
@@ -130,6 +134,16 @@ def findings(result: dict[str, Any]) -> list[str]:
                    f"and {_fmt(top.get('sent_commits_per_s'))} commit reports/s"
                    + ("" if c["met"] else "; what dominates: one store round trip (queue_pop), one JSON decode and "
                       "one HMAC per message in a single Python loop, so the cost grows with ranks x rate"))
+    sent, handled = top.get("sent_heartbeats_per_s"), top.get("handled_heartbeats_per_s")
+    if sent and handled is not None and handled < 0.95 * sent:
+        out.append(f"at {n} ranks the coordinator did NOT keep up: it handled {handled:,.0f} of the {sent:,.0f} "
+                   f"heartbeats/s sent (heartbeat age p50 {_fmt(top.get('heartbeat_age_p50_ms'))} ms) at "
+                   f"{_fmt(top.get('coordinator_cores'))} cores: the simulators ran on the same cores, so it did not get a "
+                   "whole core; the quiesce round (every survivor answering through the same inbox) took "
+                   f"{_fmt(top.get('quiesce_s'))} s")
+    if n < 16000:
+        out.append(f"the goals are set at 16,000 ranks; the largest usable run here had {n}, so the goals above are "
+                   "judged at that size")
     cpu = a.get("cpu") or {}
     if cpu.get("cpu_s_per_message"):
         out.append(f"coordinator CPU per message: {cpu['cpu_s_per_message'] * 1e6:.1f} us (line through the runs, "
@@ -174,8 +188,9 @@ def section_lines(result: dict[str, Any]) -> list[str]:
     fits = a.get("fits", {})
     if fits:
         L += ["Scaling laws (`phoenix_hpc.model.fit.fit_scaling`, the code of `phoenix model fit`: constant, "
-              "linear, log and power laws ranked by AIC; 3 sizes are a thin basis, so every law's value at 100k "
-              "is listed):", "",
+              "linear, log and power laws ranked by AIC; "
+              f"{len({r['ranks'] for r in result.get('runs', []) if not r.get('error')})} sizes are a thin basis, "
+              "so every law's value at 100k is listed):", "",
               "| figure | best law | parameters | R^2 | at 100k ranks [95 % PI] | other laws at 100k |",
               "| --- | --- | --- | --- | --- | --- |"]
         for key, f in fits.items():
