@@ -301,6 +301,10 @@ def render_markdown(r: dict) -> str:
         a("")
         a(f"![memory]({PLOT_DIR}/memory.png)")
     a("")
+    if r.get("control_plane"):  # measured apart (scripts/bench-control-plane), kept across full runs
+        from phoenix_hpc.bench.control_plane_report import section_lines
+
+        L.extend(section_lines(r["control_plane"]))
     L.extend(gpu_section(r.get("gpu_report")))
     a("## Reproduce")
     a("")
@@ -470,6 +474,14 @@ def write_all(results: dict, out: Path, replacements: dict[str, str] | None = No
     """Write ``out/BENCHMARKS.json``, ``out/BENCHMARKS.md`` and ``out/benchmarks/*.png``; strings are first
     passed through :func:`scrub_paths` with ``replacements`` (e.g. the work folder -> ``<work>``)."""
     out = Path(out)
+    old = out / "BENCHMARKS.json"
+    if "control_plane" not in results and old.exists():  # the control-plane section has its own command
+        try:
+            prev = json.loads(old.read_text()).get("control_plane")
+        except (OSError, ValueError, AttributeError):
+            prev = None
+        if prev:
+            results = {**results, "control_plane": prev}
     results = scrub_paths(results, replacements or {})
     _plots(results, out / PLOT_DIR)
     _atomic_text(out / "BENCHMARKS.json", json.dumps(results, indent=1, sort_keys=True, default=str) + "\n")

@@ -4,7 +4,9 @@ Exit codes: 0 submitted (or printed, with ``--dry-run``); 2 bad input (unknown s
 types, impossible grid, limits exceeded, engine ``megatron`` where it cannot run: no real CUDA GPUs, an
 unsupported megatron-core, a model megatron-core cannot build, more GPU memory than the site's GPU has, more
 host memory for PHOENIX's buffers per node than the site's node.mem_gb leaves after its headroom; sbatch
-refused the job) with a message naming the field.
+refused the job; a heartbeat interval or timeout the coordinator cannot serve for the job's slot count, by the
+control-plane benchmark's numbers, :mod:`phoenix_hpc.control.capacity`) with a message naming the field. A
+heartbeat load above half a core, or beyond the simulated slot counts, is a warning.
 
 The script's header (printed by ``--dry-run``), the table after a submit and ``--json`` give the planned host
 memory per node (:mod:`phoenix_hpc.config.host_memory`) and, where the site profile sets ``node.mttf_h``, the
@@ -154,6 +156,16 @@ def node_shortfall(job: ResolvedJob, usable: int, total: int, partition: str | N
             "nodes are up (`sinfo -R` says why nodes are down; on the local cluster `phoenix cluster revive NODE`)")
 
 
+def heartbeat_load(job: ResolvedJob):
+    """The job's heartbeat load judged against the coordinator's measured capacity
+    (:func:`phoenix_hpc.control.capacity.check_heartbeat_load`; every slot, active and spare, heartbeats)."""
+    from phoenix_hpc.control.capacity import check_heartbeat_load, load_capacity
+
+    r = job.config.resilience
+    slots = job.total_nodes * job.gpus_per_node
+    return check_heartbeat_load(slots, r.heartbeat_interval_s, r.heartbeat_timeout_s, load_capacity())
+
+
 def _node_warning(client, job: ResolvedJob) -> str | None:
     """:func:`node_shortfall` for the cluster ``client`` reaches; None when Slurm cannot be asked (sbatch then
     reports the problem itself)."""
@@ -223,6 +235,9 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
 
     job = resolve(cfg, profile, run_dir=str(rd), default_python=sys.executable, python=python,
                   nodelist=nodelist, exclude=exclude, extra_problems=submit_problems(cfg))
+    load = heartbeat_load(job)
+    if load.problems:
+        raise ConfigError(list(load.problems), str(config) if config is not None else None)
     if point is not None:
         from phoenix_hpc.recovery.ckpt_files import check_checkpoint
 
@@ -230,7 +245,7 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         if problems:
             raise SubmitError("--resume: " + "; ".join(problems))
     script = render_sbatch(job, profile)
-    warnings = list(job.warnings) + ([run_root_warning] if run_root_warning else [])
+    warnings = list(job.warnings) + list(load.warnings) + ([run_root_warning] if run_root_warning else [])
     if _names_user_code(cfg):  # the ranks import it the same way (python_path) before they train
         from phoenix_hpc.engines.factory import check_user_code
 

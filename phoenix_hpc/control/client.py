@@ -240,7 +240,11 @@ class CoordinatorClient:
             try:
                 msg = P.decode(raw, self.secret)
                 self._guard.check(msg)  # an instruction sent again (a replayed stop, inject) is dropped
+                if msg["type"] == "recover":
+                    msg = P.resolve_plan(msg, self._get_locked, self.secret)  # the plan is stored once, by key
             except P.ProtocolError:
+                continue
+            except self._dist.DistError:  # the plan could not be read: as if the instruction never came
                 continue
             if msg["type"] == "inject":
                 self._arm(msg)
@@ -249,6 +253,10 @@ class CoordinatorClient:
             else:
                 out.append(msg)
         return out
+
+    def _get_locked(self, key: str) -> bytes:
+        with self._lock:
+            return self.store.get(key)
 
     def _ack(self, msg: dict[str, Any], armed: bool, at_step: int | None, reason: str) -> None:
         try:

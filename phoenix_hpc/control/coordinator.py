@@ -56,6 +56,7 @@ from phoenix_hpc.control.inject_relay import InjectRelayMixin
 from phoenix_hpc.control.injects import PendingInject
 from phoenix_hpc.control.journal import Journal, ensure_private_dir, write_private_file
 from phoenix_hpc.control.liveness import LivenessServer
+from phoenix_hpc.control.loadstats import AgeWindow
 from phoenix_hpc.control.membership import MembershipMixin
 from phoenix_hpc.control.messaging import MessagingMixin
 from phoenix_hpc.control.operator import OperatorServer
@@ -126,6 +127,8 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         self._rejected_once: set[tuple] = set()
         self._last_commit_logged = -1
         self._last_commit_log_t = float("-inf")
+        self._commit_dirty = False  # commit reports arrived since the recoverable step was last evaluated
+        self._shard_ids_of: tuple[tuple | None, tuple[str, ...]] = (None, ())
         self._stop_reason: str | None = None
         self._stop_signal: str | None = None  # the external signal behind the stop (USR1, TERM), if any
         self.ending = None  # a planned end in progress (control/ending.py)
@@ -142,6 +145,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         self.replay_guard = P.ReplayGuard()  # replayed or stale signed messages are rejected (and journalled)
         self.injects: dict[str, PendingInject] = {}  # fault-injection requests by request id (control/injects.py)
         self._held_replies: set[str] = set()  # reply_to of requests answered later (injects being confirmed)
+        self.heartbeat_ages = AgeWindow()  # ages of heartbeats at handling, per summary window (loadstats.py)
 
     def open(self) -> None:
         """Create the secret, the journal and the store; write ``coordinator.json`` last (the readiness
@@ -216,6 +220,9 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         if self.job.state in TERMINAL_JOB_STATES:
             return
         self._injects_tick(now)
+        if self._commit_dirty:  # commit reports arrived: the recoverable step may have advanced
+            self._commit_dirty = False
+            self._maybe_log_commit()
         if self.ending is not None:  # members leave on purpose: no detection, no decisions
             return self._advance_end(now)
         watched = {w: s.last_seen for w, s in self.slots.items() if s.state in LIVE_SLOT_STATES}
@@ -241,6 +248,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
                 standby=sorted(w for w, s in self.slots.items() if s.state is SlotState.STANDBY),
                 dead=sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD),
                 max_step=max((s.step for s in self.slots.values()), default=0), **self.counters,
+                heartbeat_age=self.heartbeat_ages.take(), cpu_s=round(time.process_time(), 3),
             )
 
     def _end(self, state: JobState, event: str, **fields: Any) -> None:

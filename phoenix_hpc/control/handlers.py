@@ -37,19 +37,25 @@ class HandlersMixin:
             holders = self.placement.setdefault(sid, [])
             if r not in holders:
                 holders.append(r)
-        self._maybe_log_commit()
+        self._commit_dirty = True  # the recoverable step is an O(ranks) scan: once per tick, not per message
 
     def _recoverable_step(self) -> int | None:
         """min over shards of the newest step whose owner copy and every reported replica are committed."""
         if not self.grid or not self.committed:
             return None
-        tp, pp, dp = self.grid
         per_shard: dict[str, int | None] = {}
-        for r in range(tp * pp * dp):
-            sid = coord_of(r, tp, pp, dp).shard_prefix()
+        for r, sid in enumerate(self._shard_ids()):
             copies = self.committed.get(sid) or {}
             per_shard[sid] = committed_step(copies) if r in copies else None  # the owner's copy is required
         return recoverable_step(per_shard)
+
+    def _shard_ids(self) -> tuple[str, ...]:
+        """Shard id of every logical rank of the grid (cached per grid)."""
+        grid = tuple(self.grid)
+        if self._shard_ids_of[0] != grid:
+            tp, pp, dp = grid
+            self._shard_ids_of = (grid, tuple(coord_of(r, tp, pp, dp).shard_prefix() for r in range(tp * pp * dp)))
+        return self._shard_ids_of[1]
 
     def _maybe_log_commit(self, force: bool = False) -> None:
         rs = self._recoverable_step()

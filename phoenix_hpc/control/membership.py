@@ -129,6 +129,7 @@ class MembershipMixin:
         if body.get("step") is not None:
             slot.step = int(body["step"])
         self.counters["heartbeats"] += 1
+        self.heartbeat_ages.add(body.get("sent_at"))
 
     def _declare_dead(self, worlds: list[int], kind: FaultKind, reason: str, now: float) -> None:
         worlds = [w for w in worlds if self.slots[w].state is not SlotState.DEAD]

@@ -47,7 +47,11 @@ stop            reason [, reply_to]
 
 Every body also carries ``sent_at`` and ``nonce`` (added by :func:`encode`). Instructions to a slot:
 ``quiesce``, ``recover``, ``resume``, ``inject`` {kind, at_step, phase, request_id [, steps_ahead]},
-``disarm`` {request_id}, ``stop``.
+``disarm`` {request_id}, ``stop``. ``quiesce`` and ``recover`` are one signed message pushed to every member
+(each slot's replay guard is its own). ``recover`` {generation, plan_key, plan_sha256} names the plan,
+stored once signed under ``ctl/plan/{generation}`` (it lists every member, so a copy per member would make
+a recovery O(members^2) bytes); the client reads and checks it (:func:`resolve_plan`) before handing the
+instruction, with ``plan`` filled in, to the rank.
 """
 
 from __future__ import annotations
@@ -214,6 +218,44 @@ def decode(raw: bytes, secret: bytes) -> dict[str, Any]:
     if not isinstance(msg["body"].get("type"), str):
         raise ProtocolError("message body has no 'type'")
     return msg["body"]
+
+
+def plan_key(generation: int) -> str:
+    """The store key holding the signed recovery plan of ``generation``."""
+    return f"ctl/plan/{int(generation)}"
+
+
+def plan_digest(plan: dict[str, Any]) -> str:
+    """SHA-256 (hex) of a plan's canonical JSON: what a ``recover`` instruction binds its plan by."""
+    return hashlib.sha256(_canonical(plan)).hexdigest()
+
+
+def plan_reference(store, generation: int, plan: dict[str, Any], secret: bytes) -> dict[str, Any]:
+    """Store ``plan`` signed under :func:`plan_key` (one ``set``) and return the body of the ``recover``
+    instruction that names it: ``{"type": "recover", "generation", "plan_key", "plan_sha256"}``."""
+    store.set(plan_key(generation), encode({"type": "plan", "generation": int(generation), "plan": plan}, secret))
+    return {"type": "recover", "generation": int(generation), "plan_key": plan_key(generation),
+            "plan_sha256": plan_digest(plan)}
+
+
+def resolve_plan(msg: dict[str, Any], fetch: Callable[[str], bytes], secret: bytes) -> dict[str, Any]:
+    """A ``recover`` instruction with its plan: ``msg`` itself when it carries ``plan``, else ``msg`` with
+    the plan read by ``fetch(plan_key)`` (a store ``get``), authenticated and checked against
+    ``plan_sha256`` and ``generation``.
+
+    Raises:
+        ProtocolError: the stored plan is missing its MAC or does not verify, or its digest or generation
+            differ from the instruction's.
+    """
+    if "plan" in msg or not msg.get("plan_key"):
+        return msg
+    body = decode(fetch(str(msg["plan_key"])), secret)
+    plan = body.get("plan")
+    if body.get("type") != "plan" or not isinstance(plan, dict) or plan_digest(plan) != msg.get("plan_sha256") \
+            or body.get("generation") != msg.get("generation"):
+        raise ProtocolError(f"recovery plan under {msg['plan_key']} does not match its recover instruction "
+                            "(digest or generation)")
+    return {**msg, "plan": plan}
 
 
 def read_coordinator_file(run_dir: str | os.PathLike) -> dict[str, Any] | None:

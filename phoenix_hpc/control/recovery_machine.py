@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 
+from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine
 from phoenix_hpc.control.ending import resume_hint
 from phoenix_hpc.control.records import PendingFault, Recovery
@@ -124,12 +125,13 @@ class RecoveryMixin:
         dead = sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD)
         self.journal.append("recovery_start", generation=self.generation, action=decision.action.value,
                             survivors=sorted(survivors), dead=dead, detect_s=round(now - t_fault, 3))
+        raw = P.encode({"type": "quiesce", "generation": self.generation, "dead": dead, "reason": decision.reason},
+                       self.secret)  # one signed message for every survivor (each slot's replay guard is its own)
         for w in sorted(survivors):
             s = self.slots[w]
             if s.state is SlotState.ACTIVE:
                 s.machine.to(SlotState.QUIESCED, f"recovery to generation {self.generation}")
-            self._send(w, {"type": "quiesce", "generation": self.generation, "dead": dead,
-                           "reason": decision.reason})
+            self.store.queue_push(P.key_out(w), raw)
 
     def _abort_recovery(self, reason: str, now: float) -> None:
         rec = self.recovery
@@ -221,10 +223,16 @@ class RecoveryMixin:
                 s.role = "active"
         self.journal.append("recovery_plan", generation=rec.generation, **{k: v for k, v in plan.to_json().items()
                                                                            if k not in ("generation", "old_generation")})
-        body = {"type": "recover", "generation": rec.generation, "plan": plan.to_json()}
-        body["plan"]["generation"] = rec.generation
+        t0 = time.perf_counter()
+        plan_json = {**plan.to_json(), "generation": rec.generation}
+        # The plan grows with the job (its rank map names every member): it is stored once under its own key
+        # and every member gets the same small signed ``recover`` naming the key and the plan's SHA-256
+        # (P.plan_reference), encoded once: O(members) bytes to send instead of O(members^2).
+        raw = P.encode(P.plan_reference(self.store, rec.generation, plan_json, self.secret), self.secret)
         for _, w in plan.rank_map:
-            self._send(w, body)
+            self.store.queue_push(P.key_out(w), raw)
+        self.journal.append("recovery_plan_sent", generation=rec.generation, members=len(plan.rank_map),
+                            plan_s=round(plan_s, 4), send_s=round(time.perf_counter() - t0, 4))
 
     def _check_and_resume(self, rec: Recovery, now: float) -> None:
         plan = rec.plan

@@ -268,6 +268,7 @@ def plan_recovery(
     restore_set = set(restore) - set(dead_logical)
     dirty_set = set(dirty)
     alive = [r for r in range(n) if r not in dead_logical and r not in restore_set]
+    alive_set = set(alive)  # membership tests: a list would make the plan O(ranks^2) (seconds at 16k ranks)
 
     # --- spares for the dead logical ranks --------------------------------------------------------
     assignment, new_map = _assign_spares(dead_logical, live_spares, rank_map, nodes)
@@ -279,7 +280,7 @@ def plan_recovery(
         sid = shard_id_of(r, tp, pp, dp)
         copies = steps_of.get(sid, {})
         if r in dead_logical or r in restore_set:
-            cand = {s for h, st in copies.items() if h != r and h in alive for s in st}
+            cand = {s for h, st in copies.items() if h != r and h in alive_set for s in st}
         else:
             if r not in live_steps:
                 raise RecoveryError(f"live logical rank {r} reported no step")
@@ -312,7 +313,7 @@ def plan_recovery(
         spare = new_map[r]
         if r in assignment:
             joins.append(Join(spare, nodes[spare], r, c, rank_map[r]))
-        peers = [p for p in dp_group_ranks(c, tp, pp, dp) if p != r and p in alive]
+        peers = [p for p in dp_group_ranks(c, tp, pp, dp) if p != r and p in alive_set]
         if not peers:
             raise FallbackRequired(
                 f"no live DP peer of logical rank {r} at (pp={c.pp}, tp={c.tp}) to restore parameters from",
@@ -320,7 +321,7 @@ def plan_recovery(
             )
         transfers.append(Transfer("params", f"param/pp{c.pp}/tp{c.tp}", new_map[peers[0]], spare, recoverable))
         copies = steps_of.get(sid, {})
-        order = [h for h in placement.get(sid, ()) if h in alive] + sorted(h for h in copies if h in alive)
+        order = [h for h in placement.get(sid, ()) if h in alive_set] + sorted(h for h in copies if h in alive_set)
         holder = next(h for h in order if recoverable in copies.get(h, ()))
         transfers.append(Transfer("optimizer", sid, new_map[holder], spare, recoverable))
 

@@ -376,3 +376,26 @@ def test_the_table_after_a_submit_shows_host_memory_and_node_failures(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "host memory" in out and "33.70 GB per node" in out
     assert "node failures" in out and "0.0151" in out and "an assumption of the site profile" in out
+
+
+def test_heartbeat_rate_the_coordinator_cannot_serve_is_refused_naming_the_numbers(in_tmp):
+    # 1700 + 8 nodes x 4 slots heartbeating every 0.1 s: 68,320 heartbeats/s, far beyond the measured capacity
+    # (phoenix_hpc/control/capacity_table.py); the message names the field, the value and what is allowed
+    from phoenix_hpc.control.capacity import load_capacity
+
+    cap = load_capacity()
+    assert 68320 > cap.max_messages_per_s  # the premise of this test
+    p = write_cfg(in_tmp, resources={"nodes": 1700, "spares": 8, "account": "m0000_g", "qos": "regular",
+                                     "time_limit": "01:00:00"},
+                  training={"global_batch_size": 6800, "micro_batch_size": 1},
+                  resilience={"heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 4.0, "collective_timeout_s": 30.0})
+    r = invoke("--site", "perlmutter", p, "--dry-run")
+    assert_bad(r, "resilience.heartbeat_interval_s: 0.1 s with 6832 slots", "68,320 heartbeats/s",
+               f"{cap.max_messages_per_s:,.0f}/s", "allowed: heartbeat_interval_s >=")
+    assert not (in_tmp / "runs").exists()
+
+
+def test_a_small_job_gets_no_control_plane_warning(in_tmp):
+    r = invoke("--site", "local", write_cfg(in_tmp), "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "coordinator" not in r.output.split("#!/")[0]

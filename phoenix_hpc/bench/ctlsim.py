@@ -1,0 +1,215 @@
+"""Simulated ranks for the control-plane benchmark: many slots per process, speaking the real protocol.
+
+One :func:`worker` process plays a block of slots against a real coordinator
+(:mod:`phoenix_hpc.control.coordinator`). Per slot it does what :class:`~phoenix_hpc.control.client.
+CoordinatorClient` does, with the same signed messages (:func:`phoenix_hpc.control.protocol.encode`) on the
+same TCPStore keys and the same liveness connection (:func:`phoenix_hpc.control.liveness.connect_alive`):
+
+- ``register`` (a request answered on ``ctl/reply/{nonce}``), then one liveness connection held open;
+- every ``heartbeat_interval_s``: a ``heartbeat`` pushed to ``ctl/in`` and a read of ``ctl/beat`` (the
+  rank's proof that the coordinator lives), slots spread evenly over the interval;
+- every ``step_s``: a ``commit`` report (own shard and the one replica the slot holds, k = 1);
+- while watching a recovery: its instruction queue ``ctl/out/{world_rank}`` is read; ``quiesce`` is answered
+  with ``quiesced`` (live step, committed and previous step of every copy), ``recover`` is timed.
+
+What is not the real rank: no training, one TCPStore connection per process instead of two per slot
+(the store server is C++ and serves each request alike; the coordinator's Python loop sees the same
+messages), and the slots of one process share its clock and CPU.
+
+The driver (:mod:`phoenix_hpc.bench.control_plane`) talks to a worker over a ``multiprocessing`` pipe:
+commands ``("silence", w)``, ``("exit", w)``, ``("watch", None)``, ``("report", None)``, ``("stop", None)``;
+every command is answered with one dict.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+from phoenix_hpc.control import protocol as P
+
+
+def shard_of(logical: int) -> str:
+    """Shard id of a logical rank on the benchmark's grid tp = pp = 1 (``opt/pp0/tp0/dp{r}``)."""
+    return f"opt/pp0/tp0/dp{logical}"
+
+
+def holder_of(logical: int, active: int, per_node: int) -> int:
+    """The logical rank holding the replica of ``logical``'s shard: the same place on the next node."""
+    return (logical + per_node) % active
+
+
+def worker(conn, spec: dict[str, Any]) -> None:
+    """Entry point of one simulator process (see the module docstring).
+
+    ``spec``: host, port, liveness_port, secret (str), slots [{world_rank, node, role, logical_rank}],
+    active (number of active slots), per_node, interval_s, step_s, t0 (unix time the step clock starts).
+    """
+    import torch.distributed as dist
+    from phoenix_hpc.control.liveness import connect_alive
+
+    secret = spec["secret"].encode()
+    store = dist.TCPStore(spec["host"], int(spec["port"]), is_master=False, wait_for_workers=False,
+                          timeout=timedelta(seconds=60))
+    slots = spec["slots"]
+    active, per_node = int(spec["active"]), int(spec["per_node"])
+    interval, step_s, t0 = float(spec["interval_s"]), float(spec["step_s"]), float(spec["t0"])
+    pid_base = 100000 + slots[0]["world_rank"]
+
+    def pid(w: int) -> int:
+        return pid_base + w
+
+    # --- register: every request first, then every reply --------------------------------------------
+    t_reg = time.time()
+    pending: dict[str, int] = {}
+    for s in slots:
+        nonce = f"sim{s['world_rank']}x{int(t_reg * 1e6)}"
+        body = {"type": "register", "world_rank": s["world_rank"], "pid": pid(s["world_rank"]), "node": s["node"],
+                "role": s["role"], "logical_rank": s["logical_rank"],
+                "grid": [1, 1, active] if s["role"] == "active" else None, "world_size": spec["world_size"],
+                "reply_to": nonce}
+        store.queue_push(P.KEY_IN, P.encode(body, secret))
+        pending[nonce] = s["world_rank"]
+    refused = []
+    deadline = time.time() + 600
+    while pending and time.time() < deadline:
+        for nonce in list(pending):
+            try:
+                raw = store.queue_pop(P.key_reply(nonce), block=False)
+            except dist.QueueEmptyError:
+                continue
+            reply = P.decode(raw, secret)
+            if reply.get("type") != "registered":
+                refused.append(f"{pending[nonce]}: {reply.get('reason')}")
+            del pending[nonce]
+        if pending:
+            time.sleep(0.05)
+    alive: dict[int, socket.socket] = {}
+    for s in slots:
+        alive[s["world_rank"]] = connect_alive(spec["host"], int(spec["liveness_port"]), s["world_rank"],
+                                               pid(s["world_rank"]), secret)
+    conn.send({"registered": len(slots) - len(pending) - len(refused), "refused": refused[:5],
+               "missing": len(pending), "register_s": time.time() - t_reg})
+
+    sending = {s["world_rank"]: s for s in slots}  # slots that still heartbeat
+    last_beat: dict[int, float] = {}
+    watch = False
+    received: dict[int, float] = {}  # world rank -> unix time its recover instruction was read
+    plans: dict[tuple, dict] = {}  # (plan_key, plan_sha256) -> the resolved recover instruction
+    answered = 0
+    beats = commits = 0
+    order = [s["world_rank"] for s in slots]
+    n = len(order)
+
+    def step_now() -> int:
+        return max(1, int((time.time() - t0) / step_s))
+
+    def beat(w: int) -> None:
+        nonlocal beats
+        s = sending[w]
+        store.queue_push(P.KEY_IN, P.encode({"type": "heartbeat", "world_rank": w, "pid": pid(w), "generation":
+                                             None if s["role"] == "standby" else 0, "step": step_now()}, secret))
+        store.add(P.KEY_BEAT, 0)
+        last_beat[w] = time.time()
+        beats += 1
+
+    def commit(w: int) -> None:
+        nonlocal commits
+        r = sending[w]["logical_rank"]
+        st = step_now() - 1
+        held = (r - per_node) % active
+        store.queue_push(P.KEY_IN, P.encode({"type": "commit", "world_rank": w, "pid": pid(w), "generation": 0,
+                                             "live_step": st, "shards": {shard_of(r): st},
+                                             "replicas": {shard_of(held): st}}, secret))
+        commits += 1
+
+    def read_instructions(w: int) -> None:
+        nonlocal answered
+        s = sending.get(w)
+        while True:
+            try:
+                raw = store.queue_pop(P.key_out(w), block=False)
+            except dist.QueueEmptyError:
+                return
+            msg = P.decode(raw, secret)
+            if msg["type"] == "quiesce" and s is not None and s["role"] == "active":
+                r = s["logical_rank"]
+                st = step_now() - 1
+                held = (r - per_node) % active
+                store.queue_push(P.KEY_IN, P.encode({
+                    "type": "quiesced", "world_rank": w, "pid": pid(w), "generation": msg["generation"],
+                    "live_step": st, "shards": {shard_of(r): [st, st - 1]},
+                    "replicas": {shard_of(held): [st, st - 1]}, "dirty": False}, secret))
+                answered += 1
+            elif msg["type"] == "recover":
+                # what a member's client does with the plan's key; a real member does it once on its own CPU,
+                # so the simulator verifies each stored plan once per process, not once per simulated member
+                ref = (msg.get("plan_key"), msg.get("plan_sha256"))
+                if ref not in plans:
+                    plans[ref] = P.resolve_plan(msg, store.get, secret)
+                received.setdefault(w, time.time())
+
+    sweep_i = 0
+    hb = _Round(n, interval, time.time())
+    cm = _Round(n, step_s, t0 + step_s)
+    while True:
+        if conn.poll():
+            cmd, arg = conn.recv()
+            if cmd == "silence":
+                s = sending.pop(arg, None)
+                conn.send({"t_last_beat": last_beat.get(arg), "was_sending": s is not None})
+            elif cmd == "exit":
+                sending.pop(arg, None)
+                sock = alive.pop(arg, None)
+                t = time.time()
+                if sock is not None:
+                    sock.close()
+                conn.send({"t_exit": t})
+            elif cmd == "watch":
+                watch = True
+                conn.send({"ok": True})
+            elif cmd == "report":
+                conn.send({"beats": beats, "commits": commits, "late_s": max(hb.late_s, cm.late_s),
+                           "received": dict(received), "answered": answered, "slots": n})
+            elif cmd == "stop":
+                for sock in alive.values():
+                    sock.close()
+                conn.send({"ok": True})
+                return
+        for i in hb.due(time.time(), 64):
+            if order[i] in sending:
+                beat(order[i])
+        for i in cm.due(time.time(), 64):
+            w = order[i]
+            if w in sending and sending[w]["role"] == "active":
+                commit(w)
+        if watch:
+            for _ in range(64):
+                read_instructions(order[sweep_i % n])
+                sweep_i += 1
+        else:
+            time.sleep(max(0.0, min(0.005, hb.next_at() - time.time(), cm.next_at() - time.time())))
+
+
+class _Round:
+    """``n`` slots each due once per ``period_s``, slot i at ``start + (m + i/n) * period_s``; remembers how
+    late the newest finished round ended (``late_s``: the simulator could not keep the rate)."""
+
+    def __init__(self, n: int, period_s: float, start: float):
+        self.n, self.period_s, self.start, self.i, self.late_s = n, period_s, start, 0, 0.0
+
+    def next_at(self) -> float:
+        return self.start + self.period_s * self.i / self.n
+
+    def due(self, now: float, limit: int) -> list[int]:
+        out = []
+        while len(out) < limit and now >= self.next_at():
+            out.append(self.i)
+            self.i += 1
+            if self.i >= self.n:
+                self.late_s = max(self.late_s, now - (self.start + self.period_s))
+                self.start += self.period_s
+                self.i = 0
+        return out
