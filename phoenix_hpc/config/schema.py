@@ -304,9 +304,15 @@ class ResilienceConfig(BaseModel):
     collective_timeout_s: float = Field(
         30.0, ge=2.0, description="timeout of every process-group collective and replica commit, seconds (at least 2)")
     coordinator_timeout_s: float = Field(
-        60.0, gt=0, description="seconds a slot goes without proof that the coordinator lives (its beat counter "
-                                "advancing, read by the slot's heartbeat thread) before it stops with exit code 75; "
-                                "must exceed heartbeat_timeout_s (a busy coordinator answers late, it is not gone)")
+        60.0, gt=0, description="seconds a slot goes without an answer from the coordinator (its beat counter "
+                                "advancing, asked by the slot's heartbeat thread) while their connection stays open, "
+                                "before it stops with exit code 75; must exceed heartbeat_timeout_s (a busy coordinator "
+                                "answers late, it is not gone). A closed connection (the coordinator's process ended) "
+                                "stops the slot at once")
+    coordinator_grace_s: float = Field(
+        120.0, ge=0, description="seconds after a slot registered during which no answer from the coordinator is not "
+                                 "held against it (imports, rendezvous and engine set-up on a loaded node starve both "
+                                 "sides); a closed connection still counts at once")
     chunk_bytes: int = Field(4 << 20, gt=0, description="H2H message chunk size in bytes")
     recovery_path: Literal["auto", "rebind", "rebuild"] = Field(
         "auto",

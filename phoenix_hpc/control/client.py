@@ -6,13 +6,21 @@ for the heartbeat thread: a store connection is not shared between threads). Mes
 job secret (:mod:`phoenix_hpc.control.protocol`); instructions from the coordinator whose MAC does not verify,
 or whose nonce was already received (a replay), are dropped.
 
-Coordinator watchdog (docs/design.md section 7: ranks must not keep a dead job's allocation busy): the
-heartbeat thread reads the coordinator's beat counter every ``heartbeat_interval_s``; a separate watchdog
-thread calls ``on_lost(reason)`` when the counter has not advanced for more than ``coordinator_timeout_s``
-(much longer than ``heartbeat_timeout_s``: a coordinator that answers late under load is not gone)
-(coordinator dead, hung, or unreachable: :func:`phoenix_hpc.control.detect.coordinator_lost`). The default
-``on_lost`` prints the reason and ends the process with exit code :data:`EXIT_COORDINATOR_LOST`
-(``os._exit``: the main thread may be blocked in a collective that will never finish).
+Instructions are popped from the store only when the slot's doorbell rang (the coordinator rings it over
+the liveness connection after queueing an instruction, :mod:`phoenix_hpc.control.liveness`): :meth:`poll`
+takes whatever is queued, :meth:`poll_if_rung` only after a ring (the training thread's per-step check and
+the quiesce watchdog use it), and :meth:`wait_instruction` sleeps on the doorbell. Without a liveness
+connection (a coordinator that offers none) every call polls.
+
+Coordinator watchdog (docs/design.md section 7: ranks must not keep a dead job's allocation busy, and a
+busy coordinator is not a dead one): the heartbeat thread reads the coordinator's beat counter every
+``heartbeat_interval_s``; a separate watchdog thread calls ``on_lost(reason)`` on evidence that the
+coordinator is gone (:func:`phoenix_hpc.control.detect.coordinator_verdict`): the liveness connection closed
+by the coordinator's end, or no answer for ``coordinator_timeout_s`` (much longer than
+``heartbeat_timeout_s``) while this slot's own heartbeats kept asking, after a start-up grace period. The
+default ``on_lost`` prints the reason and ends the process with exit code :data:`EXIT_COORDINATOR_LOST`
+(``os._exit``: the main thread may be blocked in a collective that will never finish). Once the slot
+received ``stop`` (or closes) nothing is lost any more: the coordinator exits after the job's end.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from phoenix_hpc.control import protocol as P
-from phoenix_hpc.control.detect import coordinator_lost
+from phoenix_hpc.control.detect import coordinator_verdict
 from phoenix_hpc.errors import ControlError
 
 EXIT_COORDINATOR_LOST = 75  # EX_TEMPFAIL: the job's control plane is gone
@@ -79,6 +87,11 @@ class CoordinatorClient:
         self.pid = os.getpid() if pid is None else int(pid)
         self.wait_s = wait_s
         self.info = wait_for_coordinator(self.run_dir, wait_s)
+        theirs = self.info.get("protocol")
+        if theirs != P.PROTOCOL_VERSION:
+            raise ControlError(f"the coordinator of {self.run_dir} speaks control protocol version {theirs!r}, "
+                               f"this phoenix_hpc speaks {P.PROTOCOL_VERSION}: rank and coordinator must come "
+                               "from the same phoenix_hpc install")
         self.secret = P.read_secret(self.run_dir)
         self.host, self.port = str(self.info["host"]), int(self.info["port"])
         self._store_timeout = timedelta(seconds=store_timeout_s)
@@ -88,7 +101,9 @@ class CoordinatorClient:
         self.injections_lock = threading.Lock()  # shared with the FaultTrigger that takes them
         self.started_step = 0  # the iteration this slot is in (set by the training loop), for arming
         self.last_step: int | None = None  # the job's last step, when known
-        self._alive = None  # the liveness connection (phoenix_hpc.control.liveness), after registration
+        self._alive = None  # the liveness connection (liveness.AliveConnection), after registration
+        self._rings_seen = -1  # doorbell rings acted on (-1: poll once whatever the count)
+        self.stop_received = False  # a ``stop`` was popped: the coordinator may exit from now on
         self.instructions: deque[dict] = deque()
         # duplicates only: an instruction may wait in the queue through a long step, so no age limit
         self._guard = P.ReplayGuard(max_age_s=None)
@@ -96,6 +111,14 @@ class CoordinatorClient:
         self._wd_thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.last_ok = time.monotonic()
+        self.last_unanswered: float | None = None  # start of the newest heartbeat exchange without proof of life
+        self._asking_since: float | None = None  # start of the heartbeat exchange in flight
+        self._answer_timeout_s = 10.0
+        self._watch_started = self.last_ok
+        self._lost_after_s = 60.0
+        self._grace_s = 0.0
+        self._on_lost: Callable[[str], None] | None = None
+        self._lost_once = threading.Lock()
         self.lost_reason: str | None = None
         self.pending_signal: str | None = None  # a signal to pass on (note_signal), sent by the heartbeat thread
         self._dist = dist
@@ -112,9 +135,20 @@ class CoordinatorClient:
 
     # --- sending -----------------------------------------------------------------------------------
     def send(self, body: dict[str, Any]) -> None:
-        """Sign ``body`` and push it to the coordinator's inbox."""
+        """Sign ``body`` and push it to the coordinator's inbox (a push does not wait for an answer, so a
+        slow or stopped coordinator does not hold the caller).
+
+        Raises:
+            torch.distributed.DistError: the store cannot be reached (the next call opens a new connection).
+        """
         with self._lock:
-            self.store.queue_push(P.KEY_IN, P.encode(body, self.secret))
+            try:
+                if self.store is None:
+                    self.store = self._connect()
+                self.store.queue_push(P.KEY_IN, P.encode(body, self.secret))
+            except self._dist.DistError:
+                self.store = None
+                raise
 
     def request(self, body: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
         """Send ``body`` with a fresh ``reply_to`` and wait for the signed reply.
@@ -129,9 +163,16 @@ class CoordinatorClient:
         while time.monotonic() < deadline:
             try:
                 with self._lock:
+                    if self.store is None:
+                        self.store = self._connect()
                     raw = self.store.queue_pop(key, block=False)
             except self._dist.QueueEmptyError:
                 time.sleep(0.01)
+                continue
+            except self._dist.DistError:  # a connection that failed mid-operation is never reused
+                with self._lock:
+                    self.store = None
+                time.sleep(0.1)
                 continue
             try:
                 reply = P.decode(raw, self.secret)
@@ -155,9 +196,11 @@ class CoordinatorClient:
             raise ControlError(f"registration of world rank {self.world_rank} rejected: {reply.get('reason')}")
         port = self.info.get("liveness_port")
         if port and self._alive is None:  # held until the process ends: its closing is the exit signal
-            from phoenix_hpc.control.liveness import connect_alive
+            from phoenix_hpc.control.liveness import AliveConnection, connect_alive
 
-            self._alive = connect_alive(self.host, int(port), self.world_rank, self.pid, self.secret)
+            sock = connect_alive(self.host, int(port), self.world_rank, self.pid, self.secret)
+            self._alive = AliveConnection(sock, name=f"phoenix-liveness-{self.world_rank}",
+                                          on_closed=lambda why: self._judge())
         return reply
 
     def heartbeat(self, generation: int | None, step: int | None) -> None:
@@ -216,6 +259,34 @@ class CoordinatorClient:
                    "step": step, "state_hash": state_hash})
 
     # --- receiving ---------------------------------------------------------------------------------
+    def _doorbell(self):
+        """The liveness connection when it can ring (open), else None (then every call polls)."""
+        a = self._alive
+        return None if a is None or a.closed is not None else a
+
+    @property
+    def rings(self) -> int | None:
+        """The doorbell's ring count, or None without an open liveness connection."""
+        a = self._doorbell()
+        return None if a is None else a.rings
+
+    def poll_if_rung(self) -> list[dict[str, Any]]:
+        """:meth:`poll` if the doorbell rang since the last poll (always without a liveness connection);
+        else ``[]`` without touching the store."""
+        rings = self.rings
+        if rings is not None and rings == self._rings_seen:
+            return []
+        return self.poll()
+
+    def wait_ring(self, timeout_s: float) -> None:
+        """Sleep until the doorbell rings (or ``timeout_s`` passes; without a liveness connection, just
+        sleep ``timeout_s``)."""
+        a = self._doorbell()
+        if a is None:
+            time.sleep(timeout_s)
+        else:
+            a.wait_ring(self._rings_seen, timeout_s)
+
     def poll(self) -> list[dict[str, Any]]:
         """Pop every pending instruction. An ``inject`` instruction is armed (kept in :attr:`injections`)
         when this slot has not started its step yet (:attr:`started_step`; the training loop keeps it) and
@@ -227,13 +298,19 @@ class CoordinatorClient:
         """
         out = []
         key = P.key_out(self.world_rank)
+        rings = self.rings  # read before popping: a ring during the pops makes the next poll_if_rung pop again
         while True:
             try:
                 with self._lock:
+                    if self.store is None:  # the previous connection failed mid-operation: a new one
+                        self.store = self._connect()
                     raw = self.store.queue_pop(key, block=False)
             except self._dist.QueueEmptyError:
+                self._rings_seen = -1 if rings is None else rings
                 break
-            except self._dist.DistError as exc:  # the store (coordinator) is gone
+            except self._dist.DistError as exc:  # the store (coordinator) is unreachable, slow, or gone
+                with self._lock:
+                    self.store = None  # a reply may still come on that connection: never reuse it
                 if out:
                     break
                 raise ControlError(f"coordinator at {self.host}:{self.port} unreachable: {exc}".splitlines()[0]) from None
@@ -251,6 +328,8 @@ class CoordinatorClient:
             elif msg["type"] == "disarm":
                 self._disarm(msg)
             else:
+                if msg["type"] == "stop":
+                    self.stop_received = True
                 out.append(msg)
         return out
 
@@ -291,20 +370,36 @@ class CoordinatorClient:
         self._ack(msg, False, None, "disarmed" if dropped else "disarm: not pending (already fired or never armed)")
 
     def wait_instruction(self, types: tuple[str, ...], timeout_s: float,
-                         poll_s: float = 0.02) -> dict[str, Any] | None:
+                         poll_s: float = 0.02, fallback_s: float = 2.0) -> dict[str, Any] | None:
         """Wait up to ``timeout_s`` for an instruction whose type is in ``types`` (a ``stop`` always returns).
-        Other instructions are queued in :attr:`instructions`. Returns None on timeout."""
+        Other instructions are queued in :attr:`instructions`. Returns None on timeout. Pops the store when
+        the doorbell rang, and every ``fallback_s`` regardless (a ring lost with a broken connection); every
+        ``poll_s`` without a liveness connection.
+
+        Raises:
+            ControlError: the store cannot be reached when it is polled.
+        """
         deadline = time.monotonic() + timeout_s
+        next_full = time.monotonic() + fallback_s
         while True:
-            msgs = self.poll()
+            if self._doorbell() is None or time.monotonic() >= next_full:
+                msgs = self.poll()
+                next_full = time.monotonic() + fallback_s
+            else:
+                msgs = self.poll_if_rung()
             for i, msg in enumerate(msgs):
                 if msg["type"] in types or msg["type"] == "stop":
                     self.instructions.extend(msgs[i + 1:])  # what came after it (e.g. a re-plan's quiesce)
                     return msg
                 self.instructions.append(msg)
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return None
-            time.sleep(poll_s)
+            a = self._doorbell()
+            if a is None:
+                time.sleep(min(poll_s, left))
+            else:
+                a.wait_ring(self._rings_seen, min(left, max(0.0, next_full - time.monotonic())))
 
     def take_injection(self, step: int, phase: str) -> dict[str, Any] | None:
         """The injection due at ``(step, phase)`` (removed from the pending list), or None."""
@@ -316,19 +411,27 @@ class CoordinatorClient:
     # --- heartbeat + watchdog ----------------------------------------------------------------------
     def start_heartbeat(self, interval_s: float, timeout_s: float,
                         state: Callable[[], tuple[int | None, int | None]],
-                        on_lost: Callable[[str], None] = _default_on_lost, lost_after_s: float | None = None) -> None:
+                        on_lost: Callable[[str], None] = _default_on_lost, lost_after_s: float | None = None,
+                        grace_s: float = 0.0) -> None:
         """Start the heartbeat thread (sends ``state() -> (generation, step)`` every ``interval_s``; a store
         operation slower than ``timeout_s`` counts as no answer) and the coordinator watchdog
-        (``on_lost(reason)`` once the coordinator's beat has not advanced for ``lost_after_s``, default
-        ``timeout_s``: ``resilience.coordinator_timeout_s`` under the rank entry point)."""
+        (``on_lost(reason)`` on evidence that the coordinator is gone,
+        :func:`~phoenix_hpc.control.detect.coordinator_verdict`: its connection closed, or no answer for
+        ``lost_after_s`` seconds, default ``timeout_s``, ``resilience.coordinator_timeout_s`` under the rank
+        entry point, judged only after ``grace_s`` seconds from now, ``resilience.coordinator_grace_s``)."""
         lost_after_s = timeout_s if lost_after_s is None else lost_after_s
         self._stop.clear()
-        self.last_ok = time.monotonic()
+        self.last_ok = self._watch_started = time.monotonic()
+        self.last_unanswered = self._asking_since = None
+        self._lost_after_s, self._grace_s, self._on_lost = lost_after_s, grace_s, on_lost
+        self._answer_timeout_s = timeout_s
 
         def beat() -> None:
             store = None
             last_beat = None
             while not self._stop.is_set():
+                t_try = self._asking_since = time.monotonic()
+                proof = False
                 try:
                     if store is None:  # short timeout: an answer later than timeout_s proves nothing
                         store = self._connect(timeout_s)
@@ -344,23 +447,40 @@ class CoordinatorClient:
                     b = store.add(P.KEY_BEAT, 0)
                     if b != last_beat:
                         last_beat = b
+                        proof = True
                         self.last_ok = time.monotonic()
                 except Exception:  # noqa: BLE001 - any store failure just means "no proof of life this round"
                     store = None
+                self._asking_since = None
+                if not proof:  # asked, and got no proof that the coordinator's loop runs
+                    self.last_unanswered = t_try
                 self._stop.wait(interval_s)
 
         def watch() -> None:
             while not self._stop.wait(min(interval_s, lost_after_s / 4)):
-                lost, reason = coordinator_lost(time.monotonic(), self.last_ok, lost_after_s)
-                if lost:
-                    self.lost_reason = reason
-                    on_lost(reason)
+                if self._judge():
                     return
 
         self._hb_thread = threading.Thread(target=beat, name=f"phoenix-heartbeat-{self.world_rank}", daemon=True)
         self._wd_thread = threading.Thread(target=watch, name=f"phoenix-watchdog-{self.world_rank}", daemon=True)
         self._hb_thread.start()
         self._wd_thread.start()
+
+    def _judge(self) -> bool:
+        """Apply :func:`coordinator_verdict` now; on a loss call ``on_lost`` (once). Returns whether lost.
+        Called by the watchdog thread, and by the liveness reader when the connection closed."""
+        if self._on_lost is None or self._stop.is_set():  # heartbeats not started, or stopped on purpose
+            return False
+        lost, reason = coordinator_verdict(
+            time.monotonic(), started=self._watch_started, last_ok=self.last_ok,
+            last_unanswered=self.last_unanswered, closed=None if self._alive is None else self._alive.closed,
+            timeout_s=self._lost_after_s, grace_s=self._grace_s, ending=self.stop_received,
+            asking_since=self._asking_since, answer_timeout_s=self._answer_timeout_s)
+        if not lost or not self._lost_once.acquire(blocking=False):
+            return lost
+        self.lost_reason = reason
+        self._on_lost(reason)
+        return True
 
     def stop_heartbeat(self, join_timeout_s: float = 15.0) -> None:
         """Stop the heartbeat and watchdog threads (waits for them)."""
@@ -374,7 +494,7 @@ class CoordinatorClient:
         """Stop the heartbeat; close the liveness connection (from then on the coordinator reads this slot
         as exited unless it finished or was already declared dead)."""
         self.stop_heartbeat()
+        self.stop_received = True
         if self._alive is not None:
             self._alive.close()
-            self._alive = None
         self.store = None

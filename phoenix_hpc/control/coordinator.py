@@ -60,6 +60,7 @@ from phoenix_hpc.control.loadstats import AgeWindow
 from phoenix_hpc.control.membership import MembershipMixin
 from phoenix_hpc.control.messaging import MessagingMixin
 from phoenix_hpc.control.operator import OperatorServer
+from phoenix_hpc.control.pause import PauseMeter
 from phoenix_hpc.control.planned_end import PlannedEndMixin
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.recovery_machine import RecoveryMixin
@@ -140,6 +141,8 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         self.store = None
         self.operator: OperatorServer | None = None
         self.liveness: LivenessServer | None = None
+        self.pause: PauseMeter | None = None  # the coordinator's own pauses (control/pause.py), after open()
+        self._to_ring: set[int] = set()  # slots whose instruction queue got something since the last ring
         self.journal: Journal | None = None
         self.secret = b""
         self.replay_guard = P.ReplayGuard()  # replayed or stale signed messages are rejected (and journalled)
@@ -163,6 +166,8 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         operator_port = self.operator.start()
         self.liveness = LivenessServer(self.secret)
         liveness_port = self.liveness.start()
+        self.pause = PauseMeter(clock=self.clock)
+        self.pause.start()
         self.journal.append(
             "coordinator_started", host=self.host, port=self.port, pid=os.getpid(),
             job_id=os.environ.get("SLURM_JOB_ID"),
@@ -195,6 +200,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
             if now >= next_tick:
                 self._tick(now)
                 next_tick = now + min(0.1, self.t.heartbeat_interval_s / 4)
+            self._ring()
             if self._end_at is not None:
                 if now >= self._end_at:
                     break
@@ -208,6 +214,8 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         return self.job.state
 
     def close(self) -> None:
+        if self.pause is not None:
+            self.pause.close()
         if self.operator is not None:
             self.operator.close()
         if self.liveness is not None:
@@ -215,6 +223,26 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         if self.journal:
             self.journal.close()
         self.store = None  # the TCPStore server stops when the object is collected
+
+    def _account_pause(self) -> None:
+        """Time in which this process did not run (stopped, starved; :mod:`phoenix_hpc.control.pause`) is not
+        the slots' silence: move their last-seen times, pending faults and the recovery deadline forward."""
+        if self.pause is None:
+            return
+        self.pause.observe()
+        gap = self.pause.take()
+        if gap <= 0:
+            return
+        for s in self.slots.values():
+            s.last_seen += gap
+        for p in self.faults:
+            p.t += gap
+        if self.recovery is not None:
+            self.recovery.deadline += gap
+        if gap >= 1.0:
+            self.journal.append("coordinator_paused", paused_s=round(gap, 3),
+                                reason="this process did not run (stopped or starved of CPU); the slots' "
+                                       "silence during it is not counted")
 
     def _tick(self, now: float) -> None:
         if self.job.state in TERMINAL_JOB_STATES:
@@ -225,6 +253,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
             self._maybe_log_commit()
         if self.ending is not None:  # members leave on purpose: no detection, no decisions
             return self._advance_end(now)
+        self._account_pause()
         watched = {w: s.last_seen for w, s in self.slots.items() if s.state in LIVE_SLOT_STATES}
         dead, reason = detect(now, watched, self.t)
         if dead:

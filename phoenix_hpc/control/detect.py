@@ -2,9 +2,13 @@
 
 The coordinator records, per live slot, the time of the newest heartbeat it accepted (or of the slot's
 registration, before any heartbeat). A slot is declared dead when ``now - last_seen > heartbeat_timeout_s``
-(strictly greater, so a heartbeat that arrives exactly at the deadline still counts). The same rule, run by
-each rank on the coordinator's heartbeat, makes ranks exit when the coordinator is gone
-(:func:`coordinator_lost`). Times are seconds on one clock (the coordinator's ``time.monotonic``).
+(strictly greater, so a heartbeat that arrives exactly at the deadline still counts). Times are seconds on
+one clock (the coordinator's ``time.monotonic``); time in which the coordinator itself was not running
+(stopped, starved of CPU) is not counted as the slots' silence (:mod:`phoenix_hpc.control.pause`).
+
+Ranks judge the coordinator differently (:func:`coordinator_verdict`): from evidence that it is gone (its
+connection closed), or from no answer for ``resilience.coordinator_timeout_s``, much longer than the
+heartbeat timeout, after a start-up grace period: a busy coordinator answers late, it is not dead.
 
 Other detection signals (process exit, collective timeout, exception inside the step) arrive as fault
 reports and are handled by :mod:`phoenix_hpc.control.classify`.
@@ -51,12 +55,56 @@ def detect(
 
 
 def coordinator_lost(now: float, last_ok: float, timeout_s: float) -> tuple[bool, str]:
-    """The rank-side rule: the coordinator is gone when it has not answered for more than ``timeout_s``.
-
-    ``last_ok`` is the time (seconds) of the last successful exchange in which the coordinator's beat
-    counter had advanced. Returns ``(lost, reason)``.
-    """
+    """Silence alone: the coordinator has not answered for more than ``timeout_s`` seconds since ``last_ok``
+    (the time of the last exchange in which its beat counter had advanced). Returns ``(lost, reason)``.
+    The rank's watchdog uses :func:`coordinator_verdict`, which adds the evidence rules around this one."""
     silent = now - last_ok
     if silent > timeout_s:
         return True, f"coordinator silent for {silent:.1f}s > {timeout_s:g}s"
+    return False, ""
+
+
+def coordinator_verdict(now: float, *, started: float, last_ok: float, last_unanswered: float | None,
+                        closed: str | None, timeout_s: float, grace_s: float, ending: bool = False,
+                        asking_since: float | None = None, answer_timeout_s: float = 0.0) -> tuple[bool, str]:
+    """The rank-side rule: is the coordinator gone? A late answer is not evidence, only these are:
+
+    1. ``closed``: the slot's liveness connection to the coordinator was closed by the other end (its
+       process ended: the kernel closes a dead process's sockets; :mod:`phoenix_hpc.control.liveness`).
+       Lost at once, with that reason.
+    2. No answer for longer than ``timeout_s`` (``resilience.coordinator_timeout_s``, much longer than the
+       heartbeat timeout the coordinator applies to slots): ``now - last_ok > timeout_s``, *and* an exchange
+       attempted after ``last_ok`` went unanswered (``last_unanswered > last_ok``: the slot's own heartbeat
+       thread really asked: a failed exchange, or one still waiting for its answer after
+       ``answer_timeout_s``; a slot that was itself stopped or starved of CPU has no such evidence), *and*
+       the start-up grace period is over (``now - started > grace_s``: imports, rendezvous and engine
+       construction on a loaded node may starve both sides for a while).
+
+    Args:
+        now, started, last_ok, last_unanswered: seconds on one monotonic clock (the slot's); ``started``:
+            when the watchdog started; ``last_ok``: the last exchange in which the coordinator's beat counter
+            had advanced (``started`` before the first); ``last_unanswered``: the start of the newest
+            exchange that failed or timed out, or in which the beat had not advanced (None: none yet).
+        asking_since: start of the exchange in flight (None: none); a store operation to a stopped
+            coordinator may wait without limit, so it counts as unanswered once older than
+            ``answer_timeout_s`` (the heartbeat timeout).
+        closed: why the liveness connection is gone (None: open, or never opened).
+        timeout_s: seconds (> 0). grace_s: seconds (>= 0).
+        ending: the job is ending (this slot received ``stop`` or is closing): nothing is lost any more.
+
+    Returns:
+        ``(lost, reason)``; the reason names the evidence and the numbers.
+    """
+    if ending:
+        return False, ""
+    if closed is not None:
+        return True, f"the coordinator closed its connection ({closed})"
+    if asking_since is not None and now - asking_since > answer_timeout_s:
+        last_unanswered = asking_since if last_unanswered is None else max(last_unanswered, asking_since)
+    if now - started <= grace_s or last_unanswered is None or last_unanswered <= last_ok:
+        return False, ""
+    silent = now - last_ok
+    if silent > timeout_s:
+        return True, (f"no answer from the coordinator for {silent:.1f}s > coordinator_timeout_s={timeout_s:g}s "
+                      "while its connection stayed open")
     return False, ""

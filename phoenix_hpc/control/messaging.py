@@ -71,6 +71,17 @@ class MessagingMixin:
 
     def _send(self, world_rank: int, body: dict) -> None:
         self.store.queue_push(P.key_out(world_rank), P.encode(body, self.secret))
+        self._to_ring.add(world_rank)
+
+    def _ring(self) -> None:
+        """Ring the doorbell of every slot that got an instruction since the last call
+        (:mod:`phoenix_hpc.control.liveness`). One store round trip first: the store server handles one
+        connection's requests in order, so the pushes are in the queues before any slot looks."""
+        if not self._to_ring or self.liveness is None:
+            return
+        rung, self._to_ring = self._to_ring, set()
+        self.store.queue_len(P.key_out(next(iter(rung))))
+        self.liveness.ring(sorted(rung))
 
     def _reply(self, body: dict, reply: dict) -> None:
         to = body.get("reply_to")

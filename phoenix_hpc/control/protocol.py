@@ -6,15 +6,19 @@ exist for ``torch.distributed`` rendezvous (ranks use ``PrefixStore(f"gen{g}", s
 messages reuse it under the ``ctl/`` prefix instead of opening a second server:
 
 - ``ctl/in``                 queue, everyone -> coordinator (all requests and reports);
-- ``ctl/out/{world_rank}``   queue, coordinator -> one slot (instructions: inject, recover, stop, ...);
+- ``ctl/out/{world_rank}``   queue, coordinator -> one slot (instructions: inject, recover, stop, ...); the
+                             slot reads it when the coordinator rang its doorbell on the liveness
+                             connection (:mod:`phoenix_hpc.control.liveness`), not by polling;
 - ``ctl/reply/{nonce}``      queue, coordinator -> the sender of one request that asked for a reply;
 - ``ctl/beat``               counter the coordinator increments every heartbeat interval (ranks watch it
                              advance: a coordinator that died *or* hangs stops advancing it).
 
-Every message is one JSON object ``{"v": 1, "body": {...}, "mac": hex}`` where ``mac`` is
+Every message is one JSON object ``{"v": 2, "body": {...}, "mac": hex}`` where ``mac`` is
 HMAC-SHA256(secret, canonical JSON of body) and the secret is the per-job key in ``RUN_DIR/secret``
 (mode 0600, readable only by the job's user). The secret itself never travels. The coordinator rejects a
-message that is not JSON, lacks a MAC or whose MAC does not verify, and journals the rejection with a reason;
+message that is not JSON, lacks a MAC or whose MAC does not verify, or that speaks another protocol version
+(:data:`PROTOCOL_VERSION`; ranks also compare the ``protocol`` of ``coordinator.json`` before they register),
+and journals the rejection with a reason;
 ranks verify the coordinator's messages the same way.
 
 Replay protection: :func:`encode` puts ``sent_at`` (unix time, seconds) and ``nonce`` (96 random bits, hex)
@@ -71,7 +75,10 @@ from phoenix_hpc.files import write_private_file
 from phoenix_hpc.errors import ControlError
 from phoenix_hpc.files import read_text
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""Version 2: the coordinator rings a slot's doorbell on its liveness connection when it queues an instruction
+(:mod:`phoenix_hpc.control.liveness`), and slots read their queue only then; a version-1 slot would never be
+rung and a version-2 slot would wait for rings a version-1 coordinator never sends."""
 COORDINATOR_FILE = "coordinator.json"
 SECRET_FILE = "secret"
 EXIT_STATUS_FILE = "job_exit_status"  # the coordinator's verdict (0 done, 1 failed, 3 stopped), for the batch script
@@ -188,18 +195,23 @@ def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def encode(body: dict[str, Any], secret: bytes) -> bytes:
-    """Sign and serialise one message body, :func:`stamp`-ed with ``sent_at`` and ``nonce`` first."""
+def encode(body: dict[str, Any], secret: bytes, version: int = PROTOCOL_VERSION) -> bytes:
+    """Sign and serialise one message body, :func:`stamp`-ed with ``sent_at`` and ``nonce`` first.
+    ``version``: the protocol version written (another one only to simulate an older or newer sender)."""
     body = stamp(body)
     mac = hmac.new(secret, _canonical(body), hashlib.sha256).hexdigest()
-    return json.dumps({"v": PROTOCOL_VERSION, "body": body, "mac": mac}, separators=(",", ":")).encode()
+    return json.dumps({"v": version, "body": body, "mac": mac}, separators=(",", ":")).encode()
 
 
 def decode(raw: bytes, secret: bytes) -> dict[str, Any]:
     """Parse and authenticate a message; return its body.
 
+    The MAC is checked before the version (it covers the body only): a message of this job's secret in
+    another protocol version is a member from another phoenix_hpc install, and the reason says so, naming
+    its type and world rank.
+
     Raises:
-        ProtocolError: not JSON, wrong shape or version, missing MAC, MAC mismatch, or no ``type``.
+        ProtocolError: not JSON, wrong shape, missing MAC, MAC mismatch, other version, or no ``type``.
     """
     try:
         msg = json.loads(raw)
@@ -207,14 +219,19 @@ def decode(raw: bytes, secret: bytes) -> dict[str, Any]:
         raise ProtocolError(f"malformed message (not JSON): {raw[:60]!r}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("body"), dict):
         raise ProtocolError("malformed message (no body object)")
-    if msg.get("v") != PROTOCOL_VERSION:
-        raise ProtocolError(f"unsupported protocol version {msg.get('v')!r}, expected {PROTOCOL_VERSION}")
     mac = msg.get("mac")
     if not isinstance(mac, str) or not mac:
         raise ProtocolError("message without the job secret's MAC (not a member of this job)")
     want = hmac.new(secret, _canonical(msg["body"]), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(mac, want):
         raise ProtocolError("message MAC does not verify with the job secret (foreign or tampered message)")
+    v = msg.get("v")
+    if v != PROTOCOL_VERSION:
+        b = msg["body"]
+        raise ProtocolError(
+            f"{b.get('type')!r} message from world rank {b.get('world_rank')!r} speaks control protocol version "
+            f"{v!r}, the receiver speaks {PROTOCOL_VERSION} (rank and coordinator from different phoenix_hpc "
+            "installs); ignored", key=("version", v, b.get("world_rank")))
     if not isinstance(msg["body"].get("type"), str):
         raise ProtocolError("message body has no 'type'")
     return msg["body"]

@@ -416,7 +416,7 @@ class Member:
 
         c = self.env.client
         try:
-            self.watchdog.pump()  # one lock with the quiesce watchdog: instructions keep their order
+            self.watchdog.pump(only_if_rung=True)  # one lock with the quiesce watchdog: instructions keep their order
         except ControlError:
             return  # the coordinator watchdog ends the process if the coordinator is really gone
         while c.instructions:

@@ -1,12 +1,16 @@
 """The per-rank quiesce watchdog: hears the coordinator's ``quiesce`` while the training thread is blocked
 in a collective, and aborts the generation's communicators (docs/design.md section 12).
 
-The training thread polls the coordinator only between phases (``Member._poll``). A thread blocked in a
+The training thread looks for instructions only between phases (``Member._poll``). A thread blocked in a
 collective with a hung or disconnected peer would hear the quiesce only after
 ``resilience.collective_timeout_s``. While training runs (:meth:`QuiesceWatchdog.arm` ..
-:meth:`disarm`), the watchdog thread ``phoenix-quiesce-{world_rank}`` pops the slot's instructions every
-``interval_s`` (:meth:`pump`, also used by the training thread, under one lock so that instructions keep
-their order in ``client.instructions``). On the first ``quiesce`` or ``stop`` it calls ``on_quiesce(msg)``
+:meth:`disarm`), the watchdog thread ``phoenix-quiesce-{world_rank}`` sleeps on the slot's doorbell
+(``client.wait_ring``: the coordinator rings it over the liveness connection when it queues an instruction,
+:mod:`phoenix_hpc.control.liveness`) and then pops the slot's instructions (:meth:`pump`, also used by the
+training thread, under one lock so that instructions keep their order in ``client.instructions``). Nothing
+is read from the coordinator's store while no instruction waits, so the watchdog adds no load that grows
+with ranks x time; a client without a doorbell (no liveness connection) is polled every ``interval_s``
+instead. On the first ``quiesce`` or ``stop`` it calls ``on_quiesce(msg)``
 (the member's :class:`phoenix_hpc.launch.abort.GenerationAbort`), once per arming; the message stays in
 ``client.instructions`` and is returned by :meth:`take_fired` so that the training thread, whose collective
 then fails, treats the error as the quiesce it is instead of reporting a new fault.
@@ -27,11 +31,11 @@ FIRES_ON = ("quiesce", "stop")
 
 class QuiesceWatchdog:
     """Args:
-        client: the slot's :class:`phoenix_hpc.control.client.CoordinatorClient` (``poll()`` and the
-            ``instructions`` deque).
+        client: the slot's :class:`phoenix_hpc.control.client.CoordinatorClient` (``poll()``,
+            ``poll_if_rung()``, ``wait_ring(timeout_s)`` and the ``instructions`` deque).
         on_quiesce: called from the watchdog thread with the first ``quiesce``/``stop`` message of an
             arming; must be thread-safe and idempotent.
-        interval_s: poll interval while armed, seconds (> 0).
+        interval_s: the longest sleep on the doorbell while armed (the poll interval without one), seconds (> 0).
         name: thread name.
     """
 
@@ -51,11 +55,12 @@ class QuiesceWatchdog:
         self._thread: threading.Thread | None = None
 
     # --- instruction pump (either thread) ---------------------------------------------------------------
-    def pump(self) -> list[dict[str, Any]]:
+    def pump(self, only_if_rung: bool = False) -> list[dict[str, Any]]:
         """Move every pending instruction from the coordinator into ``client.instructions`` (in order);
-        return the ones moved. Raises ControlError when the coordinator cannot be reached."""
+        return the ones moved. With ``only_if_rung`` the store is read only when the doorbell rang since the
+        last read. Raises ControlError when the coordinator cannot be reached."""
         with self._pump_lock:
-            msgs = self.client.poll()
+            msgs = self.client.poll_if_rung() if only_if_rung else self.client.poll()
             self.client.instructions.extend(msgs)
             return msgs
 
@@ -113,10 +118,16 @@ class QuiesceWatchdog:
                     self._cv.wait()
                 if self._closed:
                     return
+            self.client.wait_ring(self.interval_s)  # returns at a ring (or after interval_s)
+            with self._cv:
+                if not self._armed or self._closed:
+                    continue
             try:
-                msgs = self.pump()
+                msgs = self.pump(only_if_rung=True)
             except ControlError:  # the coordinator watchdog ends the process if the coordinator is gone
                 msgs = []
+                with self._cv:
+                    self._cv.wait(self.interval_s)
             hit = next((m for m in msgs if m.get("type") in FIRES_ON), None)
             fire = None
             with self._cv:
@@ -127,6 +138,3 @@ class QuiesceWatchdog:
                     self.on_quiesce(fire)
                 except Exception:  # noqa: BLE001 -- the training thread still hears the quiesce itself
                     pass
-            with self._cv:
-                if self._armed and not self._closed:
-                    self._cv.wait(self.interval_s)

@@ -138,10 +138,15 @@ def test_coordinator_rejects_bad_messages_and_runs_a_local_recovery(coordinator)
     foreign.queue_push(P.KEY_IN, json.dumps({"v": 1, "body": {"type": "stop", "reason": "evil"}}).encode())
     foreign.queue_push(P.KEY_IN, P.encode({"type": "stop", "reason": "evil"}, b"not-the-secret"))
     foreign.queue_push(P.KEY_IN, b"\x00garbage")
-    _wait(lambda: len(_events(run_dir, "rejected")) >= 4, what="rejections")
+    # a member of this job (its secret) from an install that speaks the previous protocol version
+    foreign.queue_push(P.KEY_IN, P.encode({"type": "register", "world_rank": 7, "pid": 1, "node": "nid00009",
+                                           "role": "standby"}, r0.c.secret, version=P.PROTOCOL_VERSION - 1))
+    _wait(lambda: len(_events(run_dir, "rejected")) >= 5, what="rejections")
     reasons = " | ".join(e["reason"] for e in _events(run_dir, "rejected"))
     assert "already registered" in reasons
     assert "without the job secret" in reasons and "does not verify" in reasons and "not JSON" in reasons
+    assert (f"'register' message from world rank 7 speaks control protocol version {P.PROTOCOL_VERSION - 1}, "
+            f"the receiver speaks {P.PROTOCOL_VERSION}") in reasons
     assert proc.poll() is None  # the job continues
     _wait(lambda: _events(run_dir, "job_running"), what="job_running")
 
@@ -213,9 +218,11 @@ def test_coordinator_rejects_bad_messages_and_runs_a_local_recovery(coordinator)
     jd = _events(run_dir, "job_done")[0]
     assert jd["step"] == 5 and jd["steps_agree"] and jd["rank_hashes"] == ["hash0", "hash1"]
     assert [e["world_rank"] for e in _events(run_dir, "registered")] == [0, 1, 2]
-    # the ranks' watchdogs notice the coordinator is gone
+    # the ranks' watchdogs notice the coordinator is gone: its process ended, so their liveness connections
+    # closed (these two never read their stop; a rank that did would not count the coordinator's exit)
     _wait(lambda: r0.lost and r1.lost, what="watchdog", timeout_s=10)
-    assert "coordinator silent" in r0.lost[0]
+    assert "the coordinator closed its connection (end of file" in r0.lost[0], r0.lost
+    assert spare.c.stop_received and not spare.lost
 
 
 def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):

@@ -357,11 +357,52 @@ def test_link_down_is_detected_by_heartbeat_timeout_and_hot_swapped(env, data, r
     assert spare["world_rank"] == 2 and spare["joined"]
 
 
+PAUSE_S = 6.0  # longer than the heartbeat timeout (4 s) the coordinator applies to slots
+
+
+def _pause_coordinator(job: Job, seconds: float) -> tuple[int, int]:
+    """SIGSTOP the job's coordinator (its pid from ``coordinator.json``) for ``seconds``, then SIGCONT it.
+    Returns logical rank 0's step when it stopped and when it continued."""
+    import signal
+
+    pid = int(json.loads((job.run_dir / "coordinator.json").read_text())["pid"])
+    before = job.step(0)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+        after = job.step(0)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return before, after
+
+
 def test_transient_error_in_h2h_releases_the_peer_waiting_for_its_ack(env, data, reference, tmp_path):
     """A transient error in rank 1's H2H send: rank 0 waits in wait_commit for an acknowledgement that will
     not come. The coordinator's quiesce ends that wait (it does not run into the commit timeout), and the
-    local recovery ends in the fault-free state."""
-    job, done = _run_injected(env, data, tmp_path, "transient-h2h", "transient", "h2h")
-    _check_recovery(job, done, reference, action="local_recovery")
+    local recovery ends in the fault-free state.
+
+    After the recovery the coordinator is paused (SIGSTOP) for longer than the heartbeat timeout and then
+    continued: a busy coordinator is not a dead one. No rank exits, the ranks train on while it is stopped,
+    it counts none of them dead for the silence it did not hear (journal ``coordinator_paused``), and the
+    job ends in the fault-free state."""
+    job = Job(env, tmp_path, data, "transient-h2h")
+    try:
+        _inject(job, "transient", "h2h")
+        _wait(lambda: job.events("recovery_done"), 120, "recovery_done", poll_s=0.05)
+        before, after = _pause_coordinator(job, PAUSE_S)
+        done = job.wait_end()
+    finally:
+        job.cancel()
+    (fired,) = _fired(job)
+    assert (fired["world_rank"], fired["step"], fired["kind"]) == (1, AT_STEP, "transient")
+    _check_recovery(job, done, reference, action="local_recovery")  # one recovery: nobody dead after the pause
     timeouts = [f for f in job.events("fault") if "timed out" in str(f.get("message", ""))]
     assert not timeouts, timeouts
+    assert before < STEPS and after > before, f"no step while the coordinator was stopped ({before} -> {after})"
+    assert not job.events("slots_dead")
+    (paused,) = [e for e in job.events("coordinator_paused") if e["paused_s"] >= PAUSE_S - 1]
+    ranks = [json.loads((job.run_dir / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["status"] for r in ranks] == ["done", "done"]
+    assert "coordinator lost" not in job.output()
+    print(f"coordinator stopped {PAUSE_S:g} s after the recovery: rank 0 trained steps {before} -> {after} "
+          f"meanwhile; journal coordinator_paused {paused['paused_s']} s; job {job.elapsed_s:.1f} s")

@@ -10,6 +10,7 @@ from phoenix_hpc.control.client import CoordinatorClient
 def _client(batches):
     c = object.__new__(CoordinatorClient)  # no coordinator: only the instruction queue is exercised
     c.instructions = deque()
+    c._alive = None  # no liveness connection: every wait polls
     c.poll = lambda: batches.pop(0) if batches else []
     return c
 

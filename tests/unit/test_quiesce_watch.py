@@ -25,6 +25,11 @@ class FakeClient:
             self.pending.clear()
         return out
 
+    poll_if_rung = poll  # no doorbell: every call polls (CoordinatorClient without a liveness connection)
+
+    def wait_ring(self, timeout_s):
+        time.sleep(timeout_s)
+
 
 def _until(pred, timeout_s=5.0):
     deadline = time.monotonic() + timeout_s
