@@ -53,3 +53,55 @@ def test_recovery_start_is_preceded_by_the_committed_step_it_starts_from(tmp_pat
     recs = [r for r in read_journal(tmp_path) if r["event"] in ("commit", "recovery_start")]
     assert [r["event"] for r in recs] == ["commit", "recovery_start"]
     assert recs[0]["recoverable_step"] == 23 and recs[0]["generation"] == 0
+
+
+class _FakeMeter:
+    def __init__(self, pending: float) -> None:
+        self.pending = pending
+
+    def observe(self) -> float:
+        return 0.0
+
+    def take(self) -> float:
+        out, self.pending = self.pending, 0.0
+        return out
+
+
+def test_a_pause_of_the_coordinator_is_not_the_slots_silence(tmp_path):
+    """Heartbeat timeout 10 s; the coordinator did not run for 12 s (SIGSTOP): on waking, nobody is dead, and
+    the pause is journalled. A slot silent for longer than the timeout *while it looked* is still dead."""
+    c = _coordinator(tmp_path, [5, 5], now=112.5)
+    c.slots[0].last_seen = 100.0  # heard just before the pause: 12.5 s ago, 0.5 s of it while looking
+    c.slots[1].last_seen = 88.0  # silent 12.5 s before the pause began ... 24.5 s in all
+    c.pause = _FakeMeter(12.0)
+    c._tick(112.5)
+    recs = read_journal(tmp_path)
+    (paused,) = [r for r in recs if r["event"] == "coordinator_paused"]
+    assert paused["paused_s"] == 12.0
+    (dead,) = [r for r in recs if r["event"] == "slots_dead"]
+    assert dead["slots"] == [1]  # 24.5 - 12 = 12.5 s of silence heard > 10 s
+    assert c.slots[0].last_seen == 112.0 and c.slots[0].state is not SlotState.DEAD
+
+
+class _RingRecorder:
+    def __init__(self) -> None:
+        self.rung: list[list[int]] = []
+
+    def ring(self, worlds) -> None:
+        self.rung.append(list(worlds))
+
+
+def test_instructions_ring_each_slot_once_after_a_store_round_trip(tmp_path):
+    c = _coordinator(tmp_path, [1, 1, 1], now=10.0)
+    calls = []
+    c.store.queue_len = lambda key: calls.append(key) or 0
+    c.liveness = _RingRecorder()
+    c._ring()
+    assert c.liveness.rung == [] and calls == []  # nothing queued: no ring, no store call
+    c._send(2, {"type": "resume"})
+    c._send(0, {"type": "resume"})
+    c._send(2, {"type": "stop"})
+    c._ring()
+    assert c.liveness.rung == [[0, 2]] and len(calls) == 1
+    c._ring()
+    assert c.liveness.rung == [[0, 2]]
