@@ -104,6 +104,7 @@ class CoordinatorClient:
         self._alive = None  # the liveness connection (liveness.AliveConnection), after registration
         self._rings_seen = -1  # doorbell rings acted on (-1: poll once whatever the count)
         self.stop_received = False  # a ``stop`` was popped: the coordinator may exit from now on
+        self._next_full_poll = 0.0  # wait_instruction's next read regardless of the doorbell (monotonic s)
         self.instructions: deque[dict] = deque()
         # duplicates only: an instruction may wait in the queue through a long step, so no age limit
         self._guard = P.ReplayGuard(max_age_s=None)
@@ -380,11 +381,10 @@ class CoordinatorClient:
             ControlError: the store cannot be reached when it is polled.
         """
         deadline = time.monotonic() + timeout_s
-        next_full = time.monotonic() + fallback_s
         while True:
-            if self._doorbell() is None or time.monotonic() >= next_full:
+            if self._doorbell() is None or time.monotonic() >= self._next_full_poll:
+                self._next_full_poll = time.monotonic() + fallback_s  # across calls: callers wait in slices
                 msgs = self.poll()
-                next_full = time.monotonic() + fallback_s
             else:
                 msgs = self.poll_if_rung()
             for i, msg in enumerate(msgs):
@@ -399,7 +399,7 @@ class CoordinatorClient:
             if a is None:
                 time.sleep(min(poll_s, left))
             else:
-                a.wait_ring(self._rings_seen, min(left, max(0.0, next_full - time.monotonic())))
+                a.wait_ring(self._rings_seen, min(left, max(0.0, self._next_full_poll - time.monotonic())))
 
     def take_injection(self, step: int, phase: str) -> dict[str, Any] | None:
         """The injection due at ``(step, phase)`` (removed from the pending list), or None."""
