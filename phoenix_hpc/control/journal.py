@@ -3,7 +3,7 @@
 Every record has ``"ts"`` (unix time, seconds, float) and ``"event"`` (str), plus event-specific fields.
 Events written by the coordinator (the only writer while a job runs): ``coordinator_started``,
 ``registered``, ``rejected`` {reason, ...}, ``heartbeat_summary``, ``commit``, ``fault``, ``decision``
-{action, reason}, ``recovery_start``, ``recovery_phase``, ``recovery_done`` {total_s, phases{detect,
+{action, reason}, ``coordinator_paused`` {paused_s, reason}, ``recovery_start``, ``recovery_phase``, ``recovery_done`` {total_s, phases{detect,
 reconfigure, params, optimizer, replay}, steps_replayed}, ``inject_forwarded``, ``job_done``, ...
 
 Durability: each append is one ``write`` of a whole line on a file opened with ``O_APPEND`` followed by
