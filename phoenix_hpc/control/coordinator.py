@@ -190,6 +190,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
             now = self.clock()
             if self._stop_reason and self.job.state not in TERMINAL_JOB_STATES:
                 self._maybe_begin_end(now)  # planned_end.py: the final checkpoint, then the end
+            self._account_pause()  # before anything is judged, also while the job ends
             busy = self._drain_inbox()
             busy = self._drain_operator() or busy
             busy = self._drain_exits() or busy
