@@ -310,9 +310,11 @@ class ResilienceConfig(BaseModel):
                                 "answers late, it is not gone). A closed connection (the coordinator's process ended) "
                                 "stops the slot at once")
     coordinator_grace_s: float = Field(
-        120.0, ge=0, description="seconds after a slot registered during which no answer from the coordinator is not "
-                                 "held against it (imports, rendezvous and engine set-up on a loaded node starve both "
-                                 "sides); a closed connection still counts at once")
+        120.0, ge=0, description="start-up grace after a slot registered, seconds: imports, rendezvous and engine "
+                                 "set-up on a loaded node starve both sides, so the slot does not judge the "
+                                 "coordinator's silence before it ends, and the coordinator does not judge the slot's "
+                                 "heartbeats before it ends or the slot reported its first step; a closed connection "
+                                 "(process exit) counts at once on both sides")
     chunk_bytes: int = Field(4 << 20, gt=0, description="H2H message chunk size in bytes")
     recovery_path: Literal["auto", "rebind", "rebuild"] = Field(
         "auto",

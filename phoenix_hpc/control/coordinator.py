@@ -82,6 +82,7 @@ class Timing:
     final_checkpoint: bool = False  # a planned end writes a checkpoint from host memory (mode: phoenix)
     final_write_timeout_s: float = 120.0  # the members' write of that checkpoint
     checkpoint_keep: int = 2  # complete checkpoints kept (resilience.checkpoint.keep)
+    startup_grace_s: float = 0.0  # a slot's heartbeats are judged once it reported a step or after this (registration)
 
 
 class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin, InjectRelayMixin, PlannedEndMixin):
@@ -255,7 +256,10 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         if self.ending is not None:  # members leave on purpose: no detection, no decisions
             return self._advance_end(now)
         self._account_pause()
-        watched = {w: s.last_seen for w, s in self.slots.items() if s.state in LIVE_SLOT_STATES}
+        # start-up grace (resilience.coordinator_grace_s): a slot that has not reported a step yet may be starved
+        # by imports and set-up on a loaded node; its process exit still counts at once (liveness)
+        watched = {w: s.last_seen for w, s in self.slots.items() if s.state in LIVE_SLOT_STATES
+                   and (s.step > 0 or now - s.registered_at > self.t.startup_grace_s)}
         dead, reason = detect(now, watched, self.t)
         if dead:
             self._declare_dead(list(dead), FaultKind.HEARTBEAT_TIMEOUT, reason, now)
@@ -321,7 +325,8 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
     ck = str(checkpoint_root(cfg, run_dir))
     t = Timing(r.heartbeat_interval_s, r.heartbeat_timeout_s, r.collective_timeout_s, ck,
                linger_s=max(2.0, 2 * r.heartbeat_interval_s),
-               final_checkpoint=bool(r.enabled and r.mode == "phoenix"), checkpoint_keep=r.checkpoint.keep)
+               final_checkpoint=bool(r.enabled and r.mode == "phoenix"), checkpoint_keep=r.checkpoint.keep,
+               startup_grace_s=r.coordinator_grace_s)
     par = cfg.parallelism
     grid = (par.tp, par.pp, par.dp) if par.dp else None
     return t, grid

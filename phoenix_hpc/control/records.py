@@ -31,6 +31,11 @@ class Slot:
     logical_rank: int | None = None
     generation: int = 0
     step: int = 0
+    registered_at: float | None = None  # coordinator clock; default: last_seen at construction
+
+    def __post_init__(self) -> None:
+        if self.registered_at is None:
+            self.registered_at = self.last_seen
 
     @property
     def state(self) -> SlotState:

@@ -105,3 +105,15 @@ def test_instructions_ring_each_slot_once_after_a_store_round_trip(tmp_path):
     assert c.liveness.rung == [[0, 2]] and len(calls) == 1
     c._ring()
     assert c.liveness.rung == [[0, 2]]
+
+
+def test_start_up_grace_a_slot_without_a_step_is_not_judged_by_heartbeats_until_the_grace_ends(tmp_path):
+    c = _coordinator(tmp_path, [0, 3, 0], now=130.0)
+    c.t.startup_grace_s = 120.0
+    for w, s in c.slots.items():
+        s.registered_at, s.last_seen = 0.0, 115.0  # 15 s silent > heartbeat timeout 10 s
+    c.slots[2].registered_at = 20.0  # still inside its grace at 130 (110 s < 120 s)
+    c.slots[0].registered_at = 9.0  # grace over at 130 (121 s > 120 s): judged
+    c._tick(130.0)
+    (dead,) = [r for r in read_journal(tmp_path) if r["event"] == "slots_dead"]
+    assert dead["slots"] == [0, 1]  # 1 trained a step, 0's grace ended; 2 is setting up
