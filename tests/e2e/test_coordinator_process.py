@@ -277,11 +277,13 @@ def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
 
 
 def _two_active_ranks(run_dir, clients):
-    """Logical ranks 0 and 1 on two nodes, registered and heartbeating."""
+    """Logical ranks 0 and 1 on two nodes, registered and heartbeating, training (step 1 reported: past the
+    start-up grace, their heartbeats are judged)."""
     r0 = Rank(run_dir, clients, 0, "active", 0)
     r1 = Rank(run_dir, clients, 1, "active", 1, node="nid00002")
     for r in (r0, r1):
         r.register()
+        r.step = 1
         r.beat()
     return r0, r1
 
