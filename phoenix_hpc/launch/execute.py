@@ -361,9 +361,26 @@ class Member:
         protector.abort_check = self._poll  # a quiesce also ends a commit wait on a peer that is gone
         return protector
 
-    def start(self, restore: Callable[[Any], None] | None = None) -> None:
+    def start(self, restore: Callable[[Any], None] | None = None, start_step: int | None = None) -> None:
         """Generation 0 on an active slot (logical rank = world rank): groups, communicator, engine
-        (``restore(engine)`` may load saved state), protector. Collective over the active slots."""
+        (``restore(engine)`` may load saved state), protector. Collective over the active slots.
+
+        ``start_step``: the step the engine will hold after ``restore`` (0 for a new job), when known
+        beforehand. Then the slot reads its instructions while the generation is built (the quiesce
+        watchdog listens), so an ``inject`` sent as soon as the job runs is armed or refused at once,
+        relative to that step, instead of after the set-up; the first training step takes over."""
+        e = self.env
+        if start_step is not None:
+            e.client.started_step = int(start_step)
+            e.client.last_step = int(e.cfg.training.steps)
+            self.watchdog.listen()
+        try:
+            self._build_first_generation(restore)
+        finally:
+            self.watchdog.disarm()
+        e.client.started_step = int(self.engine.step)  # also where a restore left it elsewhere than foreseen
+
+    def _build_first_generation(self, restore: Callable[[Any], None] | None) -> None:
         e = self.env
         self.generation = 0
         self.rank_map = {r: r for r in range(self.n_ranks)}

@@ -215,7 +215,8 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                     load_rank_state(eng, args.restore_dir)
                 persist.restore_latest(eng, member.groups, cfg, run_dir)  # a resubmitted job resumes
 
-            member.start(restore=restore)
+            # known before the generation is built (unless --restore-dir): the slot answers injections meanwhile
+            member.start(restore=restore, start_step=None if args.restore_dir else persist.start_step(cfg, run_dir))
         # no local reference to the member's groups: a recovery frees them (Member.release_groups)
         rank, groups, coord = member.logical, None, member.coord
     else:

@@ -103,3 +103,25 @@ def test_stop_fires_too_and_a_failing_abort_does_not_kill_the_thread(make):
 def test_interval_must_be_positive():
     with pytest.raises(ValueError, match="interval_s"):
         QuiesceWatchdog(FakeClient(), lambda m: None, interval_s=0)
+
+
+def test_listening_watchdog_pumps_in_order_without_firing_until_armed(make):
+    fired = []
+    c, wd = make(fired.append)
+    wd.listen()
+    q = {"type": "quiesce", "generation": 1}
+    c.push({"type": "resume"}, q)
+    _until(lambda: len(c.instructions) == 2)
+    time.sleep(0.05)
+    assert fired == [] and not wd.fired and list(c.instructions) == [{"type": "resume"}, q]
+    wd.arm()  # what was heard while listening is left for the first step's read; new ones fire
+    q2 = {"type": "quiesce", "generation": 2}
+    c.push(q2)
+    _until(lambda: fired)
+    wd.disarm()
+    assert fired == [q2] and list(c.instructions) == [{"type": "resume"}, q, q2]
+    wd.listen()
+    wd.disarm()  # ends listening too
+    c.push({"type": "stop"})
+    time.sleep(0.05)
+    assert c.pending and fired == [q2]
