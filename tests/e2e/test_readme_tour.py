@@ -127,7 +127,8 @@ def test_readme_tour_works_as_written():
                 stopped_at = submitted["run dir"]
             if cmd == "phoenix status" and cmds[i - 1].startswith("scancel"):
                 j = _status(work, env)["job"]
-                assert j["state"] == "stopped" and j["checkpoint_step"] and "phoenix submit --resume" in proc.stdout
+                assert j["state"] == "stopped" and j["checkpoint_step"] and "stopped" in proc.stdout
+                assert f"phoenix submit --resume {stopped_at}" in j["end_reason"]  # the command that continues
             if cmd.startswith("phoenix submit --resume"):
                 assert stopped_at and f"resuming {stopped_at} from the checkpoint of step" in proc.stdout
                 stopped_at = "resumed"
