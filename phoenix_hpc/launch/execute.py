@@ -188,6 +188,9 @@ class MemberEnv:
     levels: tuple[str, ...] = ("node",)
     log: Callable[[str], None] = print
     instruction_timeout_s: float = 0.0  # 0: derived from the resilience timeouts
+    # the slot's quiesce watchdog when the entry point made it at registration (listening since then), else
+    # the member makes one
+    watchdog: Any = None
 
 
 @dataclass
@@ -256,7 +259,8 @@ class Member:
             raise ConfigError(str(exc)) from None
         self.owns_groups = bool(cls.owns_groups)
         self.aborter = None  # launch.abort.GenerationAbort of the current generation
-        self.watchdog = _quiesce_watchdog(env.client, self._abort_on_quiesce, env.world_rank)
+        self.watchdog = env.watchdog or _quiesce_watchdog(env.client, self._abort_on_quiesce, env.world_rank)
+        self.watchdog.on_quiesce = self._abort_on_quiesce
 
     # --- generation set-up ---------------------------------------------------------------------------
     @property

@@ -37,7 +37,8 @@ class QuiesceWatchdog:
         client: the slot's :class:`phoenix_hpc.control.client.CoordinatorClient` (``poll()`` and the
             ``instructions`` deque).
         on_quiesce: called from the watchdog thread with the first ``quiesce``/``stop`` message of an
-            arming; must be thread-safe and idempotent.
+            arming; must be thread-safe and idempotent. It may be replaced before the first :meth:`arm`
+            (a watchdog that listens from registration on is handed to the member that arms it).
         interval_s: poll interval while armed, seconds (> 0).
         name: thread name.
     """
