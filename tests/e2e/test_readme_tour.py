@@ -136,8 +136,5 @@ def test_readme_tour_works_as_written():
         if up:
             subprocess.run(["bash", "-c", "phoenix cluster down"], cwd=work, env=env, capture_output=True,
                            timeout=120)
-        if not os.environ.get("PHX_KEEP"):
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            print("kept", work)
+        shutil.rmtree(work, ignore_errors=True)
     assert injected == 2 and stopped_at == "resumed"
