@@ -28,7 +28,7 @@ def test_verdicts(capsys, monkeypatch):
 def test_drill_json_names_the_planned_and_the_targeted_logical_rank():
     """A kill-node planned on the batch host's rank 0 is sent to rank 1 on another node: the JSON names both
     for what they are, and no bare ``rank`` / ``planned_rank`` whose meaning a reader has to guess."""
-    from phoenix_hpc.faults.drill import DrillFault, DrillOutcome
+    from phoenix_hpc.drills.drill import DrillFault, DrillOutcome
 
     out = DrillOutcome(DrillFault(0, "kill-node", "forward", 12, 0), rank=1, target_world_rank=4,
                        target_node="nid00005").to_json()
