@@ -126,8 +126,10 @@ class InjectRelayMixin:
             if req.state == "confirming" and now > req.deadline:
                 silent = sorted(set(req.targets) - set(req.acks))
                 self._refuse_inject(req, f"world rank(s) {silent} did not confirm within "
-                                         f"{confirm_within(req.request):g} s (a slot reads instructions once per "
-                                         "step; allow a longer --timeout-s)")
+                                         f"{confirm_within(req.request):g} s (an active slot reads its "
+                                         "instructions from its registration on, at least once per step: one "
+                                         "that does not answer is hung or overloaded; allow a longer "
+                                         "--timeout-s)")
 
     def _injects_at_end(self, state: JobState) -> None:
         """The job ends: requests being confirmed are refused, armed ones that did not fire are missed."""

@@ -188,6 +188,9 @@ class MemberEnv:
     levels: tuple[str, ...] = ("node",)
     log: Callable[[str], None] = print
     instruction_timeout_s: float = 0.0  # 0: derived from the resilience timeouts
+    # the slot's quiesce watchdog when the entry point made it at registration (listening since then), else
+    # the member makes one
+    watchdog: Any = None
 
 
 @dataclass
@@ -256,7 +259,8 @@ class Member:
             raise ConfigError(str(exc)) from None
         self.owns_groups = bool(cls.owns_groups)
         self.aborter = None  # launch.abort.GenerationAbort of the current generation
-        self.watchdog = _quiesce_watchdog(env.client, self._abort_on_quiesce, env.world_rank)
+        self.watchdog = env.watchdog or _quiesce_watchdog(env.client, self._abort_on_quiesce, env.world_rank)
+        self.watchdog.on_quiesce = self._abort_on_quiesce
 
     # --- generation set-up ---------------------------------------------------------------------------
     @property
@@ -361,9 +365,26 @@ class Member:
         protector.abort_check = self._poll  # a quiesce also ends a commit wait on a peer that is gone
         return protector
 
-    def start(self, restore: Callable[[Any], None] | None = None) -> None:
+    def start(self, restore: Callable[[Any], None] | None = None, start_step: int | None = None) -> None:
         """Generation 0 on an active slot (logical rank = world rank): groups, communicator, engine
-        (``restore(engine)`` may load saved state), protector. Collective over the active slots."""
+        (``restore(engine)`` may load saved state), protector. Collective over the active slots.
+
+        ``start_step``: the step the engine will hold after ``restore`` (0 for a new job), when known
+        beforehand. Then the slot reads its instructions while the generation is built (the quiesce
+        watchdog listens), so an ``inject`` sent as soon as the job runs is armed or refused at once,
+        relative to that step, instead of after the set-up; the first training step takes over."""
+        e = self.env
+        if start_step is not None:
+            e.client.started_step = int(start_step)
+            e.client.last_step = int(e.cfg.training.steps)
+            self.watchdog.listen()
+        try:
+            self._build_first_generation(restore)
+        finally:
+            self.watchdog.disarm()
+        e.client.started_step = int(self.engine.step)  # also where a restore left it elsewhere than foreseen
+
+    def _build_first_generation(self, restore: Callable[[Any], None] | None) -> None:
         e = self.env
         self.generation = 0
         self.rank_map = {r: r for r in range(self.n_ranks)}

@@ -85,6 +85,16 @@ def restore_latest(engine: Engine, groups: ProcessGroups, cfg, run_dir: str | os
     return step
 
 
+def start_step(cfg, run_dir: str | os.PathLike) -> int:
+    """The step :func:`restore_latest` will leave the engine at: the newest complete checkpoint's, else 0
+    (a file-system read; no collective)."""
+    from phoenix_hpc.recovery.checkpoint import latest_step
+
+    if not enabled(cfg):
+        return 0
+    return latest_step(checkpoint_root(cfg, run_dir)) or 0
+
+
 def restore_step(engine: Engine, groups: ProcessGroups, cfg, run_dir: str | os.PathLike, step: int) -> int:
     """In the job (the fallback of a recovery plan): load the checkpoint of ``step`` into ``engine``.
     Collective over ``groups.world`` of the new generation. Returns ``step``.

@@ -17,6 +17,13 @@ then fails, treats the error as the quiesce it is instead of reporting a new fau
 
 The watchdog makes no MPI call and no collective; it uses the client's store connection under the client's
 own lock, like the training thread.
+
+Before the first training step, while the generation is built (process groups, engine, restore, protector:
+seconds, tens of seconds on a loaded host), the training thread reads no instructions. :meth:`listen` makes
+the thread pump them then without firing, so a slot answers an ``inject`` (arms or refuses it,
+:meth:`phoenix_hpc.control.client.CoordinatorClient.poll`) while it starts up instead of after it; a
+``quiesce`` or ``stop`` heard then waits in ``client.instructions`` for the first step's poll, as before.
+Nothing else may poll the client while the watchdog listens or is armed.
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ class QuiesceWatchdog:
         client: the slot's :class:`phoenix_hpc.control.client.CoordinatorClient` (``poll()``,
             ``poll_if_rung()``, ``wait_ring(timeout_s)`` and the ``instructions`` deque).
         on_quiesce: called from the watchdog thread with the first ``quiesce``/``stop`` message of an
-            arming; must be thread-safe and idempotent.
-        interval_s: the longest sleep on the doorbell while armed (the poll interval without one), seconds (> 0).
+            arming; must be thread-safe and idempotent. It may be replaced before the first :meth:`arm`
+            (a watchdog that listens from registration on is handed to the member that arms it).
+        interval_s: the longest sleep on the doorbell while armed or listening (the poll interval without
+            one), seconds (> 0).
         name: thread name.
     """
 
@@ -50,6 +59,7 @@ class QuiesceWatchdog:
         self._pump_lock = threading.Lock()
         self._cv = threading.Condition()
         self._armed = False
+        self._listening = False  # pump without firing (the generation is being built)
         self._closed = False
         self._fired: dict[str, Any] | None = None
         self._thread: threading.Thread | None = None
@@ -65,22 +75,34 @@ class QuiesceWatchdog:
             return msgs
 
     # --- arming (training thread) --------------------------------------------------------------------------
+    def listen(self) -> None:
+        """Pump instructions at every doorbell ring (every ``interval_s`` without a doorbell) without firing
+        (starts the thread on first use), until :meth:`arm` or :meth:`disarm`."""
+        with self._cv:
+            if self._closed:
+                return
+            self._listening = True
+            self._start()
+
     def arm(self) -> None:
         """Start watching (starts the thread on first use); clears the last firing."""
         with self._cv:
             if self._closed:
                 return
-            self._armed, self._fired = True, None
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-                self._thread.start()
-            self._cv.notify_all()
+            self._armed, self._listening, self._fired = True, False, None
+            self._start()
+
+    def _start(self) -> None:  # under self._cv
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+        self._cv.notify_all()
 
     def disarm(self) -> None:
-        """Stop watching. When this returns no pump of the watchdog is in progress, so every instruction it
-        took is in ``client.instructions``."""
+        """Stop watching and listening. When this returns no pump of the watchdog is in progress, so every
+        instruction it took is in ``client.instructions``."""
         with self._cv:
-            self._armed = False
+            self._armed = self._listening = False
         with self._pump_lock:
             pass
 
@@ -104,7 +126,7 @@ class QuiesceWatchdog:
     def close(self, timeout_s: float = 5.0) -> None:
         """End the thread (waits for it)."""
         with self._cv:
-            self._closed, self._armed = True, False
+            self._closed, self._armed, self._listening = True, False, False
             self._cv.notify_all()
         t, self._thread = self._thread, None
         if t is not None and t is not threading.current_thread():
@@ -114,13 +136,13 @@ class QuiesceWatchdog:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._armed and not self._closed:
+                while not (self._armed or self._listening) and not self._closed:
                     self._cv.wait()
                 if self._closed:
                     return
             self.client.wait_ring(self.interval_s)  # returns at a ring (or after interval_s)
             with self._cv:
-                if not self._armed or self._closed:
+                if not (self._armed or self._listening) or self._closed:
                     continue
             try:
                 msgs = self.pump(only_if_rung=True)

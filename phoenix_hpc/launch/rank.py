@@ -174,6 +174,25 @@ def gather_nodes(comm, slot, levels) -> tuple[list[str], dict[str, dict[str, str
     return nodes, domains, covered_levels(levels, nodes, domains)
 
 
+def listen_from_registration(client, cfg, run_dir: Path, restore_dir: str | None) -> dict:
+    """An active slot, right after registration: a quiesce watchdog that listens (reads instructions, arms
+    or refuses injections relative to the step the slot will start from, fires on nothing) until the first
+    training step arms it (:class:`phoenix_hpc.launch.quiesce_watch.QuiesceWatchdog`). Building the first
+    generation takes tens of seconds on a loaded host, and an injection must be answered within its
+    confirmation window. With ``--restore-dir`` the start step is known only after the restore: nothing
+    listens. Returns ``{"watchdog", "start_step"}`` (both None then)."""
+    from phoenix_hpc.launch import persist
+    from phoenix_hpc.launch.quiesce_watch import QuiesceWatchdog
+
+    if restore_dir:
+        return {"watchdog": None, "start_step": None}
+    start = persist.start_step(cfg, run_dir)
+    client.started_step, client.last_step = start, int(cfg.training.steps)
+    wd = QuiesceWatchdog(client, lambda msg: None, name=f"phoenix-quiesce-{client.world_rank}")
+    wd.listen()
+    return {"watchdog": wd, "start_step": start}
+
+
 def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resilient=None,
                join_plan: dict | None = None) -> dict:
     """Train as logical rank ``slot.world_rank`` (generation 0), or, with ``join_plan``, as the logical rank
@@ -206,6 +225,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
             cfg=cfg, run_dir=run_dir, world_comm=resilient["world_comm"], world_rank=slot.world_rank,
             client=resilient["client"], progress=progress, store=store, nodes=resilient["nodes"],
             domains=resilient["domains"], levels=resilient["levels"], grid=grid, backend=backend, device=device,
+            watchdog=resilient.get("watchdog") if join_plan is None else None,
         ))
         if join_plan is not None:
             member.join(join_plan)
@@ -215,7 +235,8 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                     load_rank_state(eng, args.restore_dir)
                 persist.restore_latest(eng, member.groups, cfg, run_dir)  # a resubmitted job resumes
 
-            member.start(restore=restore)
+            # known before the generation is built (unless --restore-dir): the slot answers injections meanwhile
+            member.start(restore=restore, start_step=resilient.get("start_step"))
         # no local reference to the member's groups: a recovery frees them (Member.release_groups)
         rank, groups, coord = member.logical, None, member.coord
     else:
@@ -420,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{list(levels)} only", file=sys.stderr, flush=True)
             resilient = {"client": att.client, "nodes": nodes, "domains": domains, "levels": levels,
                          "world_comm": comm}
+            if active:  # the job counts as running now: answer injections from here on, not from the first step
+                resilient.update(listen_from_registration(att.client, cfg, run_dir, args.restore_dir))
     else:
         store = mpi_store_rendezvous(comm, active, cfg.resilience.collective_timeout_s)
     code = 0
@@ -461,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         code = 1
         if att:
             att.client.report_fault(att.progress.generation or 0, att.progress.step, "step", exc)
+    if resilient is not None and resilient.get("watchdog") is not None:
+        resilient["watchdog"].close()  # the client is read directly from here on
     if att is None:
         _barrier(comm)
         MPI.Finalize()

@@ -4,9 +4,11 @@ The commands are read from the README's ``bash`` blocks of that section and run 
 holding a copy of ``examples/`` (the tour's relative paths: ``examples/gpt-small.yaml``, ``data/stdlib``),
 each in ``bash -c`` with the environment the earlier commands set (``eval "$(phoenix cluster env)"``). Where
 the tour asks the reader to wait ("until it says running"), the test polls ``phoenix status --json`` as the
-reader would re-run ``phoenix status``. Three departures, each for time only:
+reader would re-run ``phoenix status``. The placeholders a reader fills in from what ``phoenix submit``
+printed (``JOBID``, ``RUN_DIR``) are filled in from the last submit's output. Three departures, each for
+time only:
 
-- the job trains :data:`TOUR_STEPS` steps instead of the README's ``--steps 1500`` (time a person needs to
+- each job trains :data:`TOUR_STEPS` steps instead of the README's ``--steps 1500`` (time a person needs to
   read and type, not a machine);
 - the full ``phoenix drill`` (two more jobs) is left out: ``tests/e2e/test_drill.py`` runs it; its
   ``--dry-run`` form runs here;
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -65,21 +68,19 @@ def _status(cwd: Path, env: dict[str, str]) -> dict:
     return json.loads(_run("phoenix status --json", cwd, env, 60).stdout)
 
 
-@pytest.mark.xfail(reason="known defect: the tour's `phoenix inject-fault --kind kill-node --node nid00002` "
-                   "(no --at-step) is refused because world rank 1 does not confirm the arm request within 27 s "
-                   "since exact injection and the quiesce watchdog met; --at-step requests are confirmed "
-                   "(test_inject_exact, test_inject_status); in a clean-clone run the tour failed earlier, at `scancel --signal=TERM JOBID` (exit 1)", strict=False)
 def test_readme_tour_works_as_written():
     cmds = tour_commands((ROOT / "README.md").read_text())
     assert cmds[0] == "phoenix cluster up" and cmds[-1] == "phoenix cluster down"
-    assert sum(README_STEPS in c for c in cmds) == 1
+    assert sum(README_STEPS in c for c in cmds) == 2  # the job to break, the job to stop and resume
     work = Path(tempfile.mkdtemp(prefix="phx-tour-"))  # short: the cluster's socket paths stay < 108 bytes
     shutil.copytree(ROOT / "examples", work / "examples")
     env = _env(work / "home")
     up = False
     injected = 0
+    submitted: dict[str, str] = {}  # what the last `phoenix submit` printed: job id, run dir
+    stopped_at = None
     try:
-        for cmd in cmds:
+        for i, cmd in enumerate(cmds):
             if cmd.startswith("phoenix drill") and "--dry-run" not in cmd:
                 continue
             if cmd.startswith("phoenix model simulate"):
@@ -89,15 +90,27 @@ def test_readme_tour_works_as_written():
                 wait_for(lambda: (s := _status(work, env))["job"]["state"] == "running"
                          and sum(r["state"] == "done" for r in s["recoveries"]) == injected, 120,
                          "the job to train", poll_s=0.5)
+            if cmd.startswith("scancel"):  # "until it says running and shows a step"
+                wait_for(lambda: (s := _status(work, env))["job"]["state"] == "running"
+                         and (s["job"]["step"] or 0) >= 1, 180, "the second job to train", poll_s=0.5)
+            if cmd == "phoenix status" and i > 0 and cmds[i - 1].startswith("scancel"):  # "until it says stopped"
+                wait_for(lambda: _status(work, env)["job"]["state"] == "stopped", 180, "the job to stop", poll_s=0.5)
             cmd = cmd.replace(README_STEPS, f"--steps {TOUR_STEPS}")
+            if re.search(r"\b(JOBID|RUN_DIR)\b", cmd) and not cmd.startswith("phoenix status"):
+                assert submitted, f"`{cmd}` names the job of a submit, and none came before it"
+                cmd = re.sub(r"\bJOBID\b", submitted["job id"], cmd)
+                cmd = re.sub(r"\bRUN_DIR\b", shlex.quote(submitted["run dir"]), cmd)
             if cmd.startswith("eval "):
                 proc = _run(f"{cmd} && env -0", work, env, 60)
                 env = dict(kv.split("=", 1) for kv in proc.stdout.split("\0") if "=" in kv)
                 continue
             if cmd.startswith("phoenix status --watch"):  # the job must not be over before the faults above
                 assert injected == 2
-            _run(cmd, work, env, 600 if "--watch" in cmd else 300)
+            proc = _run(cmd, work, env, 600 if "--watch" in cmd else 300)
             up = up or cmd == "phoenix cluster up"
+            if cmd.startswith("phoenix submit") and "--dry-run" not in cmd:
+                submitted = dict(re.findall(r"^(job id|run dir)\s+(\S.*?)\s*$", proc.stdout, flags=re.M))
+                assert set(submitted) == {"job id", "run dir"}, proc.stdout
             if cmd.startswith("phoenix inject-fault"):
                 injected += 1
             if cmd == "phoenix cluster down":
@@ -110,9 +123,18 @@ def test_readme_tour_works_as_written():
                 j = st["job"]
                 assert (j["checkpoint_step"] or 0) <= j["recoverable_step"] <= j["step"]
                 assert (work / "timeline.png").stat().st_size > 10_000
+            if cmd.startswith("scancel"):
+                stopped_at = submitted["run dir"]
+            if cmd == "phoenix status" and cmds[i - 1].startswith("scancel"):
+                j = _status(work, env)["job"]
+                assert j["state"] == "stopped" and j["checkpoint_step"] and "stopped" in proc.stdout
+                assert f"phoenix submit --resume {stopped_at}" in j["end_reason"]  # the command that continues
+            if cmd.startswith("phoenix submit --resume"):
+                assert stopped_at and f"resuming {stopped_at} from the checkpoint of step" in proc.stdout
+                stopped_at = "resumed"
     finally:
         if up:
             subprocess.run(["bash", "-c", "phoenix cluster down"], cwd=work, env=env, capture_output=True,
                            timeout=120)
         shutil.rmtree(work, ignore_errors=True)
-    assert injected == 2
+    assert injected == 2 and stopped_at == "resumed"

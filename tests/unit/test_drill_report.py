@@ -23,3 +23,17 @@ def test_verdicts(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "not compared: the drill job did not finish" in out and "DIFFERENT" not in out
     assert "reason ReqNodeNotAvail" in out
+
+
+def test_drill_json_names_the_planned_and_the_targeted_logical_rank():
+    """A kill-node planned on the batch host's rank 0 is sent to rank 1 on another node: the JSON names both
+    for what they are, and no bare ``rank`` / ``planned_rank`` whose meaning a reader has to guess."""
+    from phoenix_hpc.drills.drill import DrillFault, DrillOutcome
+
+    out = DrillOutcome(DrillFault(0, "kill-node", "forward", 12, 0), rank=1, target_world_rank=4,
+                       target_node="nid00005").to_json()
+    assert out["planned_logical_rank"] == 0 and out["target_logical_rank"] == 1
+    assert out["target_world_rank"] == 4 and out["target_node"] == "nid00005"
+    assert not {"rank", "planned_rank"} & set(out)
+    same = DrillOutcome(DrillFault(1, "crash", "h2h", 20, 2)).to_json()
+    assert same["planned_logical_rank"] == same["target_logical_rank"] == 2

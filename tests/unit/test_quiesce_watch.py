@@ -108,3 +108,52 @@ def test_stop_fires_too_and_a_failing_abort_does_not_kill_the_thread(make):
 def test_interval_must_be_positive():
     with pytest.raises(ValueError, match="interval_s"):
         QuiesceWatchdog(FakeClient(), lambda m: None, interval_s=0)
+
+
+def test_listening_watchdog_pumps_in_order_without_firing_until_armed(make):
+    fired = []
+    c, wd = make(fired.append)
+    wd.listen()
+    q = {"type": "quiesce", "generation": 1}
+    c.push({"type": "resume"}, q)
+    _until(lambda: len(c.instructions) == 2)
+    time.sleep(0.05)
+    assert fired == [] and not wd.fired and list(c.instructions) == [{"type": "resume"}, q]
+    wd.arm()  # what was heard while listening is left for the first step's read; new ones fire
+    q2 = {"type": "quiesce", "generation": 2}
+    c.push(q2)
+    _until(lambda: fired)
+    wd.disarm()
+    assert fired == [q2] and list(c.instructions) == [{"type": "resume"}, q, q2]
+    wd.listen()
+    wd.disarm()  # ends listening too
+    c.push({"type": "stop"})
+    time.sleep(0.05)
+    assert c.pending and fired == [q2]
+
+
+def test_an_active_slot_listens_from_registration_relative_to_its_start_step(tmp_path):
+    """The rank entry point, right after registration: instructions are read before the first generation is
+    built, and injections are judged against the step the slot will start from (a resubmitted run: its
+    newest complete checkpoint), not 0."""
+    from types import SimpleNamespace
+
+    from phoenix_hpc.launch.rank import listen_from_registration
+    from phoenix_hpc.recovery.ckpt_files import mark_complete, step_dir
+
+    cfg = SimpleNamespace(training=SimpleNamespace(steps=300), resilience=SimpleNamespace(
+        enabled=True, mode="phoenix", checkpoint=SimpleNamespace(path=None)))
+    c = FakeClient()
+    c.world_rank, c.started_step, c.last_step = 3, 0, None
+    assert listen_from_registration(c, cfg, tmp_path, "/some/restore/dir") == {"watchdog": None, "start_step": None}
+    step_dir(tmp_path / "checkpoints", 40).mkdir(parents=True)
+    mark_complete(tmp_path / "checkpoints", 40, "final")
+    got = listen_from_registration(c, cfg, tmp_path, None)
+    wd = got["watchdog"]
+    try:
+        assert got["start_step"] == 40 and (c.started_step, c.last_step) == (40, 300)
+        c.push({"type": "quiesce", "generation": 1})
+        _until(lambda: c.instructions)
+        assert not wd.fired and wd.name == "phoenix-quiesce-3"
+    finally:
+        wd.close()

@@ -15,6 +15,7 @@ The torch engine's own rebuild (teardown, new engine, load, continue bitwise) is
 from __future__ import annotations
 
 import threading
+import time
 
 import weakref
 from collections import deque
@@ -316,3 +317,83 @@ def test_a_user_engine_is_checked_against_its_own_recovery_styles(tmp_path, monk
     assert exc.value.problems == ["resilience.recovery_path: value 'rebuild' is not supported by engine "
                                   "'rebind_only_engine:RebindOnly' (allowed: auto, rebind)"]
     sys.modules.pop("rebind_only_engine", None)
+
+
+class _InstructionStore:
+    """The slot's instruction queue on the coordinator's store: signed messages, popped in order."""
+
+    def __init__(self, secret: bytes):
+        self.secret, self.queue, self.lock = secret, deque(), threading.Lock()
+
+    def push(self, body: dict) -> None:
+        from phoenix_hpc.control import protocol as P
+
+        with self.lock:
+            self.queue.append(P.encode(body, self.secret))
+
+    def queue_pop(self, key, block=False):
+        with self.lock:
+            if not self.queue:
+                raise torch.distributed.QueueEmptyError("empty")
+            return self.queue.popleft()
+
+
+def _real_client(store: _InstructionStore):
+    """The real :class:`CoordinatorClient` instruction path (poll, arm, ack) over ``store``; acks are
+    recorded instead of sent."""
+    from phoenix_hpc.control import protocol as P
+    from phoenix_hpc.control.client import CoordinatorClient
+
+    c = CoordinatorClient.__new__(CoordinatorClient)
+    c.world_rank, c.pid, c.secret, c.store, c._dist = 0, 1, store.secret, store, torch.distributed
+    c._lock, c.injections, c.injections_lock = threading.Lock(), [], threading.Lock()
+    c.started_step, c.last_step, c.instructions = 0, None, deque()
+    c._guard = P.ReplayGuard(max_age_s=None)
+    c._alive, c._rings_seen = None, None  # no liveness connection: every pump reads the store
+    c.acks = []
+    c.send = lambda body: c.acks.append(body)
+    c.stop_heartbeat = lambda: None
+    return c
+
+
+def test_start_answers_an_injection_while_the_generation_is_built(member, monkeypatch):
+    """A job is `running` once every slot registered; building the generation (groups, engine, restore,
+    protector) then takes seconds, tens of seconds on a loaded host. An ``inject`` sent meanwhile is armed
+    by the slot during the set-up (here: while the engine is constructed), relative to the step the slot
+    starts from, not only at the first training step (the coordinator refuses requests not confirmed in
+    time); a ``quiesce`` heard then stays queued for the first step, and nothing fires."""
+    import dataclasses
+
+    from phoenix_hpc.engines import factory
+
+    store = _InstructionStore(b"k" * 32)
+    client = _real_client(store)
+    cfg = SimpleNamespace(**vars(member.env.cfg), training=SimpleNamespace(steps=50))
+    member.env = dataclasses.replace(member.env, client=client, cfg=cfg)
+    fired = []
+    member.watchdog = execute._quiesce_watchdog(client, fired.append, 0)
+    member.watchdog.interval_s = 0.01
+    during_setup = {}
+
+    def slow_engine(cfg, coord, groups, device):
+        store.push({"type": "inject", "kind": "crash", "at_step": 1, "phase": "forward_backward",
+                    "request_id": "r1", "steps_ahead": 3})
+        store.push({"type": "inject", "kind": "crash", "at_step": 60, "phase": "forward_backward",
+                    "request_id": "r2"})
+        store.push({"type": "quiesce", "generation": 1})
+        deadline = time.monotonic() + 5.0
+        while len(client.acks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        during_setup["acks"] = list(client.acks)
+        return FakeGlobalEngine(cfg, coord, groups, device)
+
+    monkeypatch.setattr(factory, "create_engine", slow_engine)
+    try:
+        member.start(start_step=0)
+    finally:
+        member.watchdog.close()
+    acks = {a["request_id"]: a for a in during_setup["acks"]}
+    assert acks["r1"]["armed"] is True and acks["r1"]["at_step"] == 3 and acks["r1"]["started_step"] == 0
+    assert acks["r2"]["armed"] is False and "ends at step 50" in acks["r2"]["reason"]
+    assert [i["request_id"] for i in client.injections] == ["r1"]
+    assert [m["type"] for m in client.instructions] == ["quiesce"] and fired == []
