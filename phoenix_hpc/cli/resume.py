@@ -5,7 +5,8 @@ config file overrides it), its checkpoint root, in a new Slurm job that starts f
 checkpoint (``launch/persist.py`` loads it at start-up). ``job.json`` keeps the list of the run's jobs.
 
 :func:`check_resume` refuses (``SubmitError``, exit code 2, nothing submitted) a directory that is not a
-run directory, a run that finished (``job_done``), a run whose job Slurm still shows pending or running,
+run directory, a run that finished (``job_done``), a run whose job Slurm still shows pending or running (a job whose coordinator has ended is given
+:data:`END_WAIT_S` to leave Slurm first),
 a run without a complete checkpoint, a newest complete checkpoint that fails its checks (a shard file
 missing, of another size or failing its SHA-256), a config whose grid cannot load it, and a checkpoint
 already at or past ``training.steps``.
@@ -51,6 +52,44 @@ def run_jobs(job: dict) -> list[str]:
     return jobs
 
 
+#: How long ``--resume`` waits for a job whose coordinator has ended to leave Slurm (seconds): the slots
+#: exit and the batch script stops within the step grace of the generated script (30 s) plus Slurm's
+#: job completion.
+END_WAIT_S = 90.0
+
+
+def _job_state(slurm, job_id: str) -> str | None:
+    try:
+        return (slurm.show_job(job_id) or {}).get("JobState")
+    except SlurmError:
+        return None  # Slurm no longer knows the job: it ended long ago
+
+
+def coordinator_ended(records: list[dict]) -> bool:
+    """True when the journal's last coordinator record is ``coordinator_exit``: the job is ending (its slots
+    exit and its batch script stops), although Slurm may still show it running for some seconds."""
+    marks = [r.get("event") for r in records if r.get("event") in ("coordinator_started", "coordinator_exit")]
+    return bool(marks) and marks[-1] == "coordinator_exit"
+
+
+def wait_for_end(slurm, job_id: str, state: str | None, wait_s: float = END_WAIT_S, poll_s: float = 1.0,
+                 clock=None, sleep=None) -> str | None:
+    """Wait up to ``wait_s`` seconds for job ``job_id`` (whose coordinator has ended) to leave Slurm's
+    active states; the last state seen (None: Slurm no longer knows it). Prints one line while it waits."""
+    import sys
+    import time
+
+    clock = clock or time.monotonic
+    sleep = sleep or time.sleep
+    print(f"--resume: job {job_id} has ended its training and is finishing ({state}); waiting up to "
+          f"{wait_s:.0f} s for Slurm to end it", file=sys.stderr, flush=True)
+    deadline = clock() + wait_s
+    while state in _ACTIVE and clock() < deadline:
+        sleep(poll_s)
+        state = _job_state(slurm, job_id)
+    return state
+
+
 def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm=None) -> ResumePoint:
     """Check that ``run_dir`` can be resumed; return where it resumes.
 
@@ -85,10 +124,9 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
     job = _job_json(rd)
     jobs = run_jobs(job)
     if slurm is not None and jobs:
-        try:
-            state = (slurm.show_job(jobs[-1]) or {}).get("JobState")
-        except SlurmError:
-            state = None  # Slurm no longer knows the job: it ended long ago
+        state = _job_state(slurm, jobs[-1])
+        if state in _ACTIVE and coordinator_ended(records):
+            state = wait_for_end(slurm, jobs[-1], state)
         if state in _ACTIVE:
             raise SubmitError(f"--resume: job {jobs[-1]} of this run is still {state}; stop it first "
                               f"(scancel --signal=TERM {jobs[-1]} writes a final checkpoint)")

@@ -81,3 +81,38 @@ def test_a_coordinator_timeout_not_above_the_heartbeat_timeout_is_refused(tmp_pa
     cfg = write_cfg(tmp_path, data={"path": str(fake_dataset(tmp_path))},
                     resilience={"heartbeat_timeout_s": 4.0, "coordinator_timeout_s": 4.0})
     assert_bad(invoke("--site", "local", cfg, "--dry-run"), "coordinator_timeout_s > heartbeat_timeout_s", "4.0")
+
+
+class _Slurm:
+    """show_job answers the states given, one per call (the last repeats)."""
+
+    def __init__(self, *states):
+        self.states, self.calls = list(states), 0
+
+    def show_job(self, job_id):
+        self.calls += 1
+        return {"JobState": self.states[min(self.calls, len(self.states)) - 1]}
+
+
+def test_coordinator_ended_reads_the_last_coordinator_record():
+    from phoenix_hpc.cli.resume import coordinator_ended
+
+    assert not coordinator_ended([])
+    assert not coordinator_ended([{"event": "coordinator_started"}, {"event": "commit"}])
+    assert coordinator_ended([{"event": "coordinator_started"}, {"event": "coordinator_exit"}])
+    assert not coordinator_ended([{"event": "coordinator_exit"}, {"event": "coordinator_started"}])
+
+
+def test_a_job_whose_coordinator_ended_is_waited_for_and_one_that_keeps_running_is_refused(capsys):
+    from phoenix_hpc.cli.resume import wait_for_end
+
+    now = [0.0]
+    tick = lambda s: now.__setitem__(0, now[0] + s)  # noqa: E731
+    ending = _Slurm("RUNNING", "COMPLETING", "COMPLETED")
+    assert wait_for_end(ending, "7", "RUNNING", wait_s=90, clock=lambda: now[0], sleep=tick) == "COMPLETED"
+    assert ending.calls == 3 and now[0] == 3.0
+    assert "job 7 has ended its training" in capsys.readouterr().err
+    now[0] = 0.0
+    stuck = _Slurm("RUNNING")
+    assert wait_for_end(stuck, "8", "RUNNING", wait_s=5, clock=lambda: now[0], sleep=tick) == "RUNNING"
+    assert now[0] == 5.0
