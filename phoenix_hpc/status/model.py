@@ -75,6 +75,7 @@ class JobInfo:
     coordinator: dict[str, Any] | None
     end_signal: str | None = None  # the external signal that ended the job (USR1: time limit, TERM), if any
     jobs: list[str] = field(default_factory=list)  # the run's Slurm jobs, oldest first (phoenix submit --resume)
+    end_cause: str | None = None  # what ended the job: finished, time limit, SIGTERM, failure, batch-host loss, coordinator loss
 
 
 @dataclass
