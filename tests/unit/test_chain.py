@@ -187,3 +187,38 @@ def test_status_of_a_job_that_lost_its_batch_host_says_so_and_lists_the_queued_j
     st = derive_status(records, slurm, 5.0, run)
     assert st.job.end_cause == "batch-host loss" and st.job.state == "ended"
     assert [(j.job_id, j.end) for j in st.run_jobs] == [("1", "none"), ("2", "queued")]
+
+
+# --- phoenix drill --kill-batch-host-at ---------------------------------------------------------------------
+def test_drill_batch_host_step_and_outcome():
+    from phoenix_hpc.errors import FaultError
+    from phoenix_hpc.faults.drill import DrillFault, batch_host_outcome, check_batch_host_step
+
+    plan = [DrillFault(0, "crash", "forward", 12, 1)]
+    check_batch_host_step(14, 50, plan)
+    for bad in (13, 49):
+        with pytest.raises(FaultError, match=f"--kill-batch-host-at: {bad} is not allowed: it must be a step from 14 "
+                                             ".* to 48"):
+            check_batch_host_step(bad, 50, plan)
+    entries = [{"job_id": "1", "chain_index": 0}, {"job_id": "2", "chain_index": 1, "after": "1", "resume_step": 10}]
+    records = [_rec(1, "coordinator_started", job_id="1"), _rec(2, "progress", step=17, min_step=16),
+               _rec(3, "commit", recoverable_step=16), _rec(4, "coordinator_started", job_id="2"),
+               _rec(5, "job_done", step=40)]
+    jobs = run_jobs(entries, records, {"1": {"JobState": "NODE_FAIL"}, "2": {"JobState": "COMPLETED"}}, {})
+    out = batch_host_outcome(jobs, "1", "nid00001", 17)
+    assert out["passed"] and (out["next_job_id"], out["resume_step"], out["lost_steps"], out["committed_lost_steps"]) \
+        == ("2", 10, 7, 6)
+    assert not batch_host_outcome(jobs[:1], "1", "nid00001", 17)["passed"]  # no job continued the run
+
+
+def test_drill_batch_host_refused_off_the_local_cluster_and_in_its_step_range(in_tmp):  # noqa: F811
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["drill", str(GPT_SMALL), "--site", "local", "--faults", "0",
+                                 "--kill-batch-host-at", "60", "--dry-run"])
+    assert r.exit_code == 2 and "--kill-batch-host-at: 60 is not allowed" in r.output, r.output
+    r = CliRunner().invoke(cli, ["drill", str(GPT_SMALL), "--site", "local", "--faults", "0",
+                                 "--kill-batch-host-at", "20", "--dry-run", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output) == {"plan": [], "kill_batch_host_at": 20}, r.output
