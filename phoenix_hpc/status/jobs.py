@@ -11,7 +11,8 @@ which names its ``job_id``, to the next one) and Slurm's record of the job, when
   else ``none`` (its coordinator was killed: no final record), ``running`` or ``queued``;
 - ``cause``: what ended it: ``finished``, ``time limit`` (SIGUSR1), ``SIGTERM``, ``stop requested``,
   ``failure`` (clean stop, fallback), ``batch-host loss`` (no final record, and Slurm ended the job as
-  NODE_FAIL or its batch host is down), ``coordinator loss`` (no final record otherwise);
+  NODE_FAIL, removed the batch host from the job's node list, as it does for a ``--no-kill`` job, or shows
+  it down), ``coordinator loss`` (no final record otherwise);
 - ``committed_step``: the newest step it committed (journal ``commit``, ``checkpoint``, ``job_done``);
 - ``lost_steps``: for a job that another job continued, ``last_step - next resume_step`` (steps finished
   and trained again), or ``last_step`` when the next job started over; ``committed_lost_steps`` the same
@@ -73,7 +74,14 @@ def _cause(end: Mapping[str, Any] | None, slurm_job: Mapping[str, str] | None,
     state = sj.get("JobState")
     host = sj.get("BatchHost")
     host_state = str(node_states.get(host) or "") if host else ""
-    if state == "NODE_FAIL" or any(d in host_state.upper() for d in _DOWN):
+    from phoenix_hpc.slurm.hostlist import expand
+
+    nodes = sj.get("NodeList")
+    try:
+        excised = bool(host and nodes and nodes != "(null)" and host not in expand(nodes))
+    except Exception:  # noqa: BLE001 -- an unreadable node list proves nothing
+        excised = False
+    if state == "NODE_FAIL" or excised or any(d in host_state.upper() for d in _DOWN):
         return "batch-host loss"
     return "coordinator loss"
 

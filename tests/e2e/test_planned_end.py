@@ -128,7 +128,7 @@ def _slurm_trace(client, job_id: str, node: str, t0: float, until_s: float = 240
         ns = (client.show_nodes(node) or [{}])[0].get("State", "?")
         if not trace or trace[-1][1:] != (js, ns):
             trace.append((round(time.monotonic() - t0, 1), js, ns))
-        if js not in ("RUNNING", "COMPLETING"):
+        if js not in ("RUNNING", "COMPLETING", "SIGNALING", "CONFIGURING"):
             return trace
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} still {trace[-1:]} {until_s} s after its batch host was killed")
@@ -158,6 +158,9 @@ def test_batch_host_loss_continues_through_the_chain(env, data, reference, tmp_p
         trace = _slurm_trace(job.client, first, host, t0)
         print(f"batch host {host} killed at live step {live} (newest checkpoint {newest}); Slurm: "
               + ", ".join(f"{t} s {js} (node {ns})" for t, js, ns in trace))
+        # Slurm keeps a --no-kill job RUNNING without its batch host; the watching task ends it
+        assert trace[-1][1] == "CANCELLED", trace
+        assert "cancelling it so its allocation is released" in (job.run_dir / "logs" / "batch-host.log").read_text()
         nxt, done = _wait_chain_done(job, first)
     finally:
         job.cancel()

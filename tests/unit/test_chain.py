@@ -222,3 +222,50 @@ def test_drill_batch_host_refused_off_the_local_cluster_and_in_its_step_range(in
     r = CliRunner().invoke(cli, ["drill", str(GPT_SMALL), "--site", "local", "--faults", "0",
                                  "--kill-batch-host-at", "20", "--dry-run", "--json"])
     assert r.exit_code == 0 and json.loads(r.output) == {"plan": [], "kill_batch_host_at": 20}, r.output
+
+
+def test_a_batch_host_slurm_removed_from_the_job_is_a_batch_host_loss_after_the_node_came_back():
+    records = [_rec(1, "coordinator_started", job_id="1"), _rec(2, "progress", step=30, min_step=30)]
+    (a,) = run_jobs([{"job_id": "1"}], records, {"1": {"JobState": "CANCELLED", "BatchHost": "nid00001",
+                                                      "NodeList": "nid[00002-00003]"}}, {"nid00001": "IDLE"})
+    assert a.cause == "batch-host loss"
+
+
+def test_only_one_task_watches_the_batch_host_and_it_cancels_a_job_slurm_removed_it_from():
+    from phoenix_hpc.launch.orphan import batch_host_lost, end_job_if_batch_host_lost, is_watcher
+
+    assert is_watcher({"SLURM_JOB_ID": "5", "SLURM_NODEID": "1", "SLURM_LOCALID": "0"})
+    assert not is_watcher({"SLURM_JOB_ID": "5", "SLURM_NODEID": "0", "SLURM_LOCALID": "0"})
+    assert not is_watcher({"SLURM_JOB_ID": "5", "SLURM_NODEID": "1", "SLURM_LOCALID": "1"})
+    job = {"JobState": "RUNNING", "BatchHost": "n1", "NodeList": "n[1-3]"}
+    assert batch_host_lost(job, {"State": "ALLOCATED"}, ["n1", "n2", "n3"]) is None
+    assert "NOT_RESPONDING" in batch_host_lost(job, {"State": "ALLOCATED+NOT_RESPONDING"}, ["n1", "n2", "n3"])
+    assert "removed the batch host n1" in batch_host_lost(job, {"State": "IDLE"}, ["n2", "n3"])
+
+    class Slurm:
+        def __init__(self, states):
+            self.states, self.calls = list(states), []
+
+        def show_job(self, job_id):
+            st = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+            return {"JobState": "RUNNING", "BatchHost": "n1", "NodeList": st}
+
+        def show_nodes(self, node):
+            return [{"NodeName": node, "State": "ALLOCATED"}]
+
+        def hostnames(self, nodes):
+            return {"n[1-3]": ["n1", "n2", "n3"], "n[2-3]": ["n2", "n3"]}[nodes]
+
+        def cancel(self, job_id, signal=None, batch=False):
+            self.calls.append(job_id)
+
+    env = {"SLURM_JOB_ID": "5", "SLURM_NODEID": "1", "SLURM_LOCALID": "0"}
+    t = [0.0]
+    slurm = Slurm(["n[1-3]", "n[1-3]", "n[2-3]"])
+    assert end_job_if_batch_host_lost(env, slurm, log=lambda _: None, clock=lambda: t[0],
+                                      sleep=lambda s: t.__setitem__(0, t[0] + s))
+    assert slurm.calls == ["5"] and t[0] == 10.0
+    alive = Slurm(["n[1-3]"])
+    assert not end_job_if_batch_host_lost(env, alive, log=lambda _: None, clock=lambda: t[0],
+                                          sleep=lambda s: t.__setitem__(0, t[0] + s), watch_s=30)
+    assert alive.calls == []

@@ -1,0 +1,86 @@
+"""Ending a job whose batch host is lost (docs/design.md section 7, "Batch-host loss").
+
+Measured on Slurm 22.05 (``scripts/measure-batch-host-loss.py``): when the node that runs the batch script
+dies, a job started with ``--no-kill`` is not ended. Slurm removes the node from the job once it marks it
+DOWN and keeps the job RUNNING on the other nodes until its time limit: nobody is left to end it (the batch
+script and the coordinator ran on that node), its allocation is held, and a chained run's next job
+(``--dependency=afternotok``) waits for the time limit.
+
+So when the ranks give up on the coordinator (``resilience.coordinator_timeout_s``), one of them, the first
+task of the job's second node (``SLURM_NODEID=1``, ``SLURM_LOCALID=0``; node 0 is the batch host), asks
+Slurm whether the batch host is lost (:func:`batch_host_lost`), for up to :data:`WATCH_S` seconds (Slurm
+marks a dead node NOT_RESPONDING within about ``SlurmdTimeout``), and if so cancels the job. A batch host
+that is alive ends the job itself (its script sees the srun step end).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+
+WATCH_S = 120.0  # how long the watching rank asks Slurm before it leaves the job to its time limit
+POLL_S = 5.0
+_LOST = ("DOWN", "NOT_RESPONDING", "FAIL", "POWER")
+
+
+def is_watcher(environ: Mapping[str, str]) -> bool:
+    """Whether this task is the one that watches the batch host after the coordinator is lost. Pure."""
+    return bool(environ.get("SLURM_JOB_ID")) and environ.get("SLURM_NODEID") == "1" and \
+        environ.get("SLURM_LOCALID", "0") == "0"
+
+
+def batch_host_lost(job: Mapping[str, str], node: Mapping[str, str] | None, hostnames: list[str]) -> str | None:
+    """Why Slurm's records say the job's batch host is lost, or None. ``job``: ``scontrol show job``;
+    ``node``: ``scontrol show node`` of its BatchHost; ``hostnames``: the job's NodeList expanded. Lost: the
+    batch host was removed from the job's node list (Slurm excises a failed node from a ``--no-kill`` job),
+    or its state is DOWN / NOT_RESPONDING / FAIL. Pure."""
+    host = job.get("BatchHost")
+    if not host or host == "(null)":
+        return None
+    if hostnames and host not in hostnames:
+        return f"Slurm removed the batch host {host} from the job"
+    state = str((node or {}).get("State") or "")
+    if any(s in state.upper() for s in _LOST):
+        return f"the batch host {host} is {state}"
+    return None
+
+
+def end_job_if_batch_host_lost(environ: Mapping[str, str] | None = None, client=None,
+                               log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
+                               sleep: Callable[[float], None] = time.sleep, watch_s: float = WATCH_S) -> bool:
+    """Called by a rank that gave up on the coordinator. On the watching task only: ask Slurm every
+    :data:`POLL_S` seconds, for up to ``watch_s``, whether the batch host is lost; if so, cancel the job
+    (``scancel JOB``). Returns whether it cancelled. Never raises for Slurm errors."""
+    from phoenix_hpc.errors import SlurmError
+
+    env = os.environ if environ is None else environ
+    if not is_watcher(env):
+        return False
+    job_id = env["SLURM_JOB_ID"]
+    if client is None:
+        from phoenix_hpc.slurm.client import SlurmClient
+
+        client = SlurmClient(timeout_s=15.0)
+    deadline = clock() + watch_s
+    while clock() < deadline:
+        try:
+            job = client.show_job(job_id)
+            if job.get("JobState") not in ("RUNNING", "SIGNALING", "CONFIGURING"):
+                return False
+            host = job.get("BatchHost")
+            nodes = client.show_nodes(host) if host and host != "(null)" else []
+            why = batch_host_lost(job, nodes[0] if nodes else None, client.hostnames(job.get("NodeList") or ""))
+        except SlurmError:
+            why = None
+        if why is not None:
+            log(f"[phoenix] {why}: nothing is left to end job {job_id}; cancelling it so its allocation is released "
+                "(a chained run's next job then starts)")
+            try:
+                client.cancel(job_id)
+            except SlurmError as exc:
+                log(f"[phoenix] scancel {job_id} failed: {exc}")
+                return False
+            return True
+        sleep(POLL_S)
+    return False
