@@ -119,7 +119,19 @@ def _checkpoint_problems(cfg, run_dir: Path) -> tuple[int | None, list[str]]:
     return steps[-1], check_checkpoint(root, steps[-1], grid, verify=False)
 
 
-def start(run_dir: Path, job_id: str, client, log=print) -> int:
+def _wait_for_own_entry(run_dir: Path, job_id: str, wait_s: float) -> dict:
+    """``job.json`` once it lists ``job_id``: ``phoenix submit`` writes it after sbatch returned, and a job
+    that starts at once may get here first (its entry, and the successor queued now, would then be
+    overwritten). After ``wait_s`` (a job sbatch'ed by hand), ``job.json`` as it is."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        job = read_job(run_dir)
+        if any(str(e.get("job_id")) == str(job_id) for e in job_entries(job)) or time.monotonic() >= deadline:
+            return job
+        time.sleep(0.5)
+
+
+def start(run_dir: Path, job_id: str, client, log=print, wait_s: float = 60.0) -> int:
     """``start`` (see the module doc). Returns the exit code."""
     from phoenix_hpc.config.load import load_job_config
     from phoenix_hpc.control.ending import resume_hint
@@ -127,7 +139,7 @@ def start(run_dir: Path, job_id: str, client, log=print) -> int:
     from phoenix_hpc.errors import SlurmError
 
     cfg = load_job_config(run_dir / "config.yaml")
-    job = read_job(run_dir)
+    job = _wait_for_own_entry(run_dir, job_id, wait_s)
     entries = job_entries(job)
     try:
         finished = any(r.get("event") == "job_done" for r in read_journal(run_dir))

@@ -82,6 +82,14 @@ def test_the_first_job_queues_the_next_after_itself_and_the_chain_stops_at_n(tmp
     assert chain.start(rd, "123", slurm, lines.append) == chain.EXIT_GO and len(slurm.calls) == 1
 
 
+def test_a_job_sbatched_by_hand_is_recorded_after_the_wait_for_its_entry(tmp_path):
+    rd = chained_run(tmp_path, 1)
+    slurm = RecordingSlurm()
+    assert chain.start(rd, "777", slurm, lambda _: None, wait_s=0.6) == chain.EXIT_GO
+    jobs = json.loads((rd / "job.json").read_text())["jobs"]
+    assert [j["job_id"] for j in jobs] == ["123", "777", "500"] and jobs[2]["after"] == "777"
+
+
 def test_a_queued_job_records_the_checkpoint_it_resumes_from(tmp_path):
     rd = chained_run(tmp_path, 2, steps_done=[10, 20])
     slurm = RecordingSlurm()
