@@ -114,6 +114,7 @@ def test_time_limit_warning_writes_the_committed_step_and_the_chain_continues_id
     jobs = _status(env, job)["run_jobs"]
     assert [j["job_id"] for j in jobs] == [first, nxt] and jobs[1]["resume_step"] == step, jobs
     assert jobs[0]["cause"] == "time limit" and jobs[0]["lost_steps"] == jobs[0]["last_step"] - step, jobs
+    assert jobs[0]["committed_lost_steps"] == 0, jobs
     assert jobs[1]["end"] == "job_done", jobs
 
 
