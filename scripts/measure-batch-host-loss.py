@@ -8,9 +8,10 @@ vanishes (its slurmd, slurmstepd and their processes: ``phoenix_hpc.slurm.cluste
 state, its node list and the batch host's state are printed at every change, with the seconds since the
 kill, until the job has ended, and then when the nodes it held are idle again.
 
-Run as root from the repository root, under the shared lock (it starts its own cluster):
+Run as root from the repository root (it starts a local cluster of its own and stops it at the end; about
+3 minutes, mostly waiting for the time limit):
 
-    flock /tmp/phx-e2e.lock .venv/bin/python scripts/measure-batch-host-loss.py
+    .venv/bin/python scripts/measure-batch-host-loss.py
 """
 
 from __future__ import annotations
