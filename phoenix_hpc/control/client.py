@@ -42,18 +42,6 @@ from phoenix_hpc.errors import ControlError
 EXIT_COORDINATOR_LOST = 75  # EX_TEMPFAIL: the job's control plane is gone
 
 
-def _log_orphan(message: str, run_dir: str | None) -> None:
-    """To stderr and, since srun (which relays stderr) may have died with the batch host, to
-    ``RUN_DIR/logs/batch-host.log``."""
-    print(message, file=sys.stderr, flush=True)
-    if run_dir:
-        try:
-            with open(Path(run_dir) / "logs" / "batch-host.log", "a") as f:
-                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}\n")
-        except OSError:
-            pass
-
-
 def _default_on_lost(reason: str) -> None:
     from phoenix_hpc.control.ending import resume_hint
 
@@ -62,12 +50,9 @@ def _default_on_lost(reason: str) -> None:
             if run_dir else "")
     print(f"[phoenix] coordinator lost ({reason}); exiting so the allocation is not held by an orphaned step{hint}",
           file=sys.stderr, flush=True)
-    from phoenix_hpc.launch.orphan import end_job_if_batch_host_lost
+    from phoenix_hpc.launch.orphan import after_coordinator_loss
 
-    try:  # one task of the job: if the batch host is lost, nothing else ends the job (launch/orphan.py)
-        end_job_if_batch_host_lost(log=lambda m: _log_orphan(m, run_dir))
-    except Exception:  # noqa: BLE001 -- exiting regardless
-        pass
+    after_coordinator_loss(run_dir)  # if the batch host is lost, nothing else ends the job (launch/orphan.py)
     os._exit(EXIT_COORDINATOR_LOST)
 
 

@@ -6,11 +6,13 @@ DOWN and keeps the job RUNNING on the other nodes until its time limit: nobody i
 script and the coordinator ran on that node), its allocation is held, and a chained run's next job
 (``--dependency=afternotok``) waits for the time limit.
 
-So when the ranks give up on the coordinator (``resilience.coordinator_timeout_s``), one of them, the first
-task of the job's second node (``SLURM_NODEID=1``, ``SLURM_LOCALID=0``; node 0 is the batch host), asks
-Slurm whether the batch host is lost (:func:`batch_host_lost`), for up to :data:`WATCH_S` seconds (Slurm
-marks a dead node NOT_RESPONDING within about ``SlurmdTimeout``), and if so cancels the job. A batch host
-that is alive ends the job itself (its script sees the srun step end).
+So when a slot gives up on the coordinator (``resilience.coordinator_timeout_s``: typically the standby
+slots, which wait for instructions, and ranks blocked in a step; a rank whose step failed on the lost peer
+exits before), the first task of each node other than the batch host's (``SLURM_LOCALID=0``,
+``SLURM_NODEID`` not 0) asks Slurm whether the batch host is lost (:func:`batch_host_lost`), every
+:data:`POLL_S` seconds for up to :data:`WATCH_S` (Slurm marks a dead node NOT_RESPONDING within about
+``SlurmdTimeout``), and if so cancels the job; the first to see it cancels, the others then see the job
+ended. A batch host that is alive ends the job itself (its script sees the srun step end).
 """
 
 from __future__ import annotations
@@ -20,14 +22,24 @@ import time
 from collections.abc import Callable, Mapping
 
 WATCH_S = 120.0  # how long the watching rank asks Slurm before it leaves the job to its time limit
-POLL_S = 5.0
+POLL_S = 10.0
 _LOST = ("DOWN", "NOT_RESPONDING", "FAIL", "POWER")
 
 
 def is_watcher(environ: Mapping[str, str]) -> bool:
-    """Whether this task is the one that watches the batch host after the coordinator is lost. Pure."""
-    return bool(environ.get("SLURM_JOB_ID")) and environ.get("SLURM_NODEID") == "1" and \
+    """Whether this task watches the batch host after the coordinator is lost: the first task of every node
+    but the batch host's (node 0). Pure."""
+    return bool(environ.get("SLURM_JOB_ID")) and environ.get("SLURM_NODEID", "0") != "0" and \
         environ.get("SLURM_LOCALID", "0") == "0"
+
+
+def first_delay_s(environ: Mapping[str, str]) -> float:
+    """Seconds a watcher waits before its first look, spread by node (0.5 s per node index, at most
+    :data:`POLL_S`), so that the watchers of a large job do not ask Slurm at the same moment. Pure."""
+    try:
+        return min(POLL_S, 0.5 * (int(environ.get("SLURM_NODEID", "1")) - 1))
+    except ValueError:
+        return 0.0
 
 
 def batch_host_lost(job: Mapping[str, str], node: Mapping[str, str] | None, hostnames: list[str]) -> str | None:
@@ -63,6 +75,7 @@ def end_job_if_batch_host_lost(environ: Mapping[str, str] | None = None, client=
 
         client = SlurmClient(timeout_s=15.0)
     deadline = clock() + watch_s
+    sleep(first_delay_s(env))
     while clock() < deadline:
         try:
             job = client.show_job(job_id)
@@ -84,3 +97,38 @@ def end_job_if_batch_host_lost(environ: Mapping[str, str] | None = None, client=
             return True
         sleep(POLL_S)
     return False
+
+
+def coordinator_listening(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Whether the coordinator's store still accepts a TCP connection at ``host:port``."""
+    import socket
+
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def log_line(message: str, run_dir: str | None) -> None:
+    """To stderr and, since srun (which relays the tasks' stderr) may have died with the batch host, to
+    ``RUN_DIR/logs/batch-host.log``."""
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+    if run_dir:
+        try:
+            with open(os.path.join(run_dir, "logs", "batch-host.log"), "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}\n")
+        except OSError:
+            pass
+
+
+def after_coordinator_loss(run_dir: str | None) -> bool:
+    """Called by a slot that ends because the coordinator is gone (its watchdog, or a step that failed
+    while the coordinator's store no longer answers): watch the batch host (:func:`end_job_if_batch_host_lost`).
+    Never raises."""
+    try:
+        return end_job_if_batch_host_lost(log=lambda m: log_line(m, run_dir))
+    except Exception:  # noqa: BLE001 -- the slot exits regardless
+        return False

@@ -243,6 +243,7 @@ def test_only_one_task_watches_the_batch_host_and_it_cancels_a_job_slurm_removed
     from phoenix_hpc.launch.orphan import batch_host_lost, end_job_if_batch_host_lost, is_watcher
 
     assert is_watcher({"SLURM_JOB_ID": "5", "SLURM_NODEID": "1", "SLURM_LOCALID": "0"})
+    assert is_watcher({"SLURM_JOB_ID": "5", "SLURM_NODEID": "7", "SLURM_LOCALID": "0"})
     assert not is_watcher({"SLURM_JOB_ID": "5", "SLURM_NODEID": "0", "SLURM_LOCALID": "0"})
     assert not is_watcher({"SLURM_JOB_ID": "5", "SLURM_NODEID": "1", "SLURM_LOCALID": "1"})
     job = {"JobState": "RUNNING", "BatchHost": "n1", "NodeList": "n[1-3]"}
@@ -272,7 +273,7 @@ def test_only_one_task_watches_the_batch_host_and_it_cancels_a_job_slurm_removed
     slurm = Slurm(["n[1-3]", "n[1-3]", "n[2-3]"])
     assert end_job_if_batch_host_lost(env, slurm, log=lambda _: None, clock=lambda: t[0],
                                       sleep=lambda s: t.__setitem__(0, t[0] + s))
-    assert slurm.calls == ["5"] and t[0] == 10.0
+    assert slurm.calls == ["5"] and t[0] == 20.0
     alive = Slurm(["n[1-3]"])
     assert not end_job_if_batch_host_lost(env, alive, log=lambda _: None, clock=lambda: t[0],
                                           sleep=lambda s: t.__setitem__(0, t[0] + s), watch_s=30)
