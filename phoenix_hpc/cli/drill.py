@@ -148,7 +148,7 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
         spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",") if k.strip()])
     extra: tuple[str, ...] = ()
     if batch_host_at is not None:
-        from phoenix_hpc.faults.drill import check_batch_host_step
+        from phoenix_hpc.drills.drill import check_batch_host_step
 
         if profile.name != "local":
             raise FaultError(f"--kill-batch-host-at: only on the local cluster (site local), not site {profile.name!r}: "
@@ -259,7 +259,7 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, bat
                 _cancel(ref_job_id)
             report["nodes_revived"] = _revive(site, report["nodes_killed"])
     if st is not None and "batch_host" in report:
-        from phoenix_hpc.faults.drill import batch_host_outcome
+        from phoenix_hpc.drills.drill import batch_host_outcome
 
         bh = report["batch_host"]
         report["batch_host"] = batch_host_outcome(st.run_jobs, bh["job_id"], bh["node"], bh["killed_at_step"])

@@ -50,9 +50,6 @@ def _default_on_lost(reason: str) -> None:
             if run_dir else "")
     print(f"[phoenix] coordinator lost ({reason}); exiting so the allocation is not held by an orphaned step{hint}",
           file=sys.stderr, flush=True)
-    from phoenix_hpc.launch.orphan import after_coordinator_loss
-
-    after_coordinator_loss(run_dir)  # if the batch host is lost, nothing else ends the job (launch/orphan.py)
     os._exit(EXIT_COORDINATOR_LOST)
 
 

@@ -170,7 +170,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         liveness_port = self.liveness.start()
         self.pause = PauseMeter(clock=self.clock)
         self.pause.start()
-        from phoenix_hpc.launch.chain import job_entries, read_job, successor_of
+        from phoenix_hpc.control.run_jobs import job_entries, read_job, successor_of
 
         job_id = os.environ.get("SLURM_JOB_ID")
         self.next_job = successor_of(job_entries(read_job(self.run_dir)), job_id) if job_id else None

@@ -15,7 +15,7 @@ class PlannedEndMixin:
     """Planned ends for the coordinator (single-threaded, like the rest of it)."""
 
     ending: PlannedEnd | None = None
-    next_job: str | None = None  # the job the chain queued to continue the run (launch/chain.py), if any
+    next_job: str | None = None  # the job the chain queued to continue the run (cli/chain.py), if any
     _stop_signal: str | None = None
 
     def request_stop(self, reason: str, signal: str | None = None) -> None:

@@ -447,7 +447,6 @@ def main(argv: list[str] | None = None) -> int:
         store = mpi_store_rendezvous(comm, active, cfg.resilience.collective_timeout_s)
     code = 0
     summary = None
-    instructed = False  # the coordinator ended this slot (stop): it is there, and ends the job itself
     try:
         if active:
             summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None, resilient)
@@ -472,7 +471,6 @@ def main(argv: list[str] | None = None) -> int:
     except PhoenixError as exc:
         from phoenix_hpc.launch.execute import StopRequested
 
-        instructed = isinstance(exc, StopRequested)
         if isinstance(exc, StopRequested) and exc.job_state == "stopped":  # a planned end: one line, code 3
             print(f"[phoenix] world rank {slot.world_rank}: {exc}", file=sys.stderr, flush=True)
             code = EXIT_STOPPED
@@ -495,11 +493,6 @@ def main(argv: list[str] | None = None) -> int:
     if summary is not None:  # wait (bounded) for the coordinator's end of the job
         att.client.wait_instruction(("stop",), timeout_s=max(30.0, 3 * cfg.resilience.heartbeat_timeout_s))
     att.client.close()
-    if code not in (0, EXIT_STOPPED) and not instructed:
-        from phoenix_hpc.launch.orphan import after_coordinator_loss, coordinator_listening
-
-        if not coordinator_listening(att.client.host, att.client.port):  # gone: maybe with the batch host
-            after_coordinator_loss(str(run_dir))
     sys.stdout.flush()
     sys.stderr.flush()
     return code

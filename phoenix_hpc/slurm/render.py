@@ -7,7 +7,7 @@ What the script does (docs/design.md section 7), in order:
    shell is warned ``s`` seconds before the time limit; it forwards the signal to the coordinator;
 2. loads the site's modules and exports the site's environment;
 3. for a chained run (``resources.chain`` > 0) checks what this job continues and queues the next job of
-   the chain (``phoenix_hpc.launch.chain start``: ``sbatch --dependency=afternotok:THIS_JOB``); then
+   the chain (``phoenix_hpc.cli.chain start``: ``sbatch --dependency=afternotok:THIS_JOB``); then
    starts the coordinator in the background and waits (bounded) for ``RUN_DIR/coordinator.json``;
 4. runs ONE srun step over all nodes with ``--no-kill --kill-on-bad-exit=0`` (srun(1): only the dead node's
    tasks end, the step goes on), the site's ``--mpi`` plugin and GPU binding; slots on spare nodes start in
@@ -15,7 +15,7 @@ What the script does (docs/design.md section 7), in order:
 5. ends the srun step if slots still run :func:`step_grace_s` seconds after the coordinator exited (a
    stopped or hung process never exits by itself, and would hold the allocation until the time limit);
 6. stops the coordinator, and for a chained run (``resources.chain``) cancels the next job when the run
-   finished (step 0 queued it: ``phoenix_hpc.launch.chain``), and exits with the job's status: 0 when the coordinator recorded ``job_done``
+   finished (step 0 queued it: ``phoenix_hpc.cli.chain``), and exits with the job's status: 0 when the coordinator recorded ``job_done``
    (training finished, also after hot swaps: the lost slots' exit codes make srun's status non-zero, and
    ``--dependency=afterok`` chains, ``sacct`` and mails must see a finished job), else srun's status
    (or the coordinator's, 1 failed / 3 stopped, when srun's is 0).
@@ -42,7 +42,7 @@ from phoenix_hpc.topology import switch_levels_of
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_.,+=/@:-]+$")
 COORDINATOR_MODULE = "phoenix_hpc.control.coordinator"
 RANK_MODULE = "phoenix_hpc.launch.rank"
-CHAIN_MODULE = "phoenix_hpc.launch.chain"
+CHAIN_MODULE = "phoenix_hpc.cli.chain"
 COORDINATOR_STOP_GRACE_S = 30
 
 

@@ -127,7 +127,7 @@ def gather_slurm(client, job_id: str | None, extra_nodes: list[str] = (),
 def gather_run_jobs(client, job: dict[str, Any], current: str | None) -> dict[str, dict[str, str]]:
     """``scontrol show job`` of the run's other jobs (``job.json`` ``jobs``: earlier jobs, and the one a
     chained run queued); jobs Slurm forgot (MinJobAge) are left out. Never raises for Slurm failures."""
-    from phoenix_hpc.launch.chain import job_entries
+    from phoenix_hpc.control.run_jobs import job_entries
 
     out: dict[str, dict[str, str]] = {}
     for e in job_entries(job):
@@ -159,7 +159,7 @@ def collect_status(run_dir: Path, client=None, now: float | None = None) -> Stat
     slurm.run_jobs = gather_run_jobs(client, run.job or {}, job_id)
     hosts = sorted({r.get("BatchHost") for r in slurm.run_jobs.values() if r.get("BatchHost")} - set(slurm.nodes))
     if hosts and slurm.error is None:
-        from phoenix_hpc.slurm.hostlist import compress
+        from phoenix_hpc.hostlist import compress
 
         try:
             slurm.nodes.update({r["NodeName"]: r for r in client.show_nodes(compress(hosts)) if "NodeName" in r})

@@ -680,7 +680,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         coordinator={k_: run.coordinator.get(k_) for k_ in ("host", "port", "pid")} if run.coordinator else None,
         end_signal=st.end_signal, jobs=_run_jobs(run.job),
     )
-    from phoenix_hpc.launch.chain import job_entries
+    from phoenix_hpc.control.run_jobs import job_entries
     from phoenix_hpc.status.jobs import run_jobs
 
     slurm_jobs = dict(slurm.run_jobs)

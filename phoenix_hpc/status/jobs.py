@@ -74,7 +74,7 @@ def _cause(end: Mapping[str, Any] | None, slurm_job: Mapping[str, str] | None,
     state = sj.get("JobState")
     host = sj.get("BatchHost")
     host_state = str(node_states.get(host) or "") if host else ""
-    from phoenix_hpc.slurm.hostlist import expand
+    from phoenix_hpc.hostlist import expand
 
     nodes = sj.get("NodeList")
     try:

@@ -118,7 +118,7 @@ def test_time_limit_warning_writes_the_committed_step_and_the_chain_continues_id
     assert jobs[1]["end"] == "job_done", jobs
 
 
-def _slurm_trace(client, job_id: str, node: str, t0: float, until_s: float = 240.0) -> list[tuple[float, str, str]]:
+def _slurm_trace(client, job_id: str, node: str, t0: float, until_s: float = 300.0) -> list[tuple[float, str, str]]:
     """(seconds since ``t0``, job state, batch node state) at every change, until the job has left
     RUNNING/COMPLETING."""
     import time
@@ -144,8 +144,9 @@ def test_batch_host_loss_continues_through_the_chain(env, data, reference, tmp_p
 
     from phoenix_hpc.slurm import cluster as lc
 
-    job = Job(env, tmp_path, data, "batchhost", _chained(coordinator_timeout_s=8.0,
-                                                          checkpoint={"interval_steps": 10}))
+    cfg = _chained(coordinator_timeout_s=8.0, checkpoint={"interval_steps": 10})
+    cfg["resources"]["time_limit"] = "00:03:00"  # Slurm ends the job only at its time limit
+    job = Job(env, tmp_path, data, "batchhost", cfg)
     first = job.job_id
     host = None
     try:
@@ -159,9 +160,8 @@ def test_batch_host_loss_continues_through_the_chain(env, data, reference, tmp_p
         trace = _slurm_trace(job.client, first, host, t0)
         print(f"batch host {host} killed at live step {live} (newest checkpoint {newest}); Slurm: "
               + ", ".join(f"{t} s {js} (node {ns})" for t, js, ns in trace))
-        # Slurm keeps a --no-kill job RUNNING without its batch host; the watching task ends it
-        assert trace[-1][1] == "CANCELLED", trace
-        assert "cancelling it so its allocation is released" in (job.run_dir / "logs" / "batch-host.log").read_text()
+        # Slurm keeps a --no-kill job RUNNING without its batch host until its time limit (docs/design.md)
+        assert trace[-1][1] == "TIMEOUT", trace
         nxt, done = _wait_chain_done(job, first)
     finally:
         job.cancel()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from phoenix_hpc.launch import chain
+from phoenix_hpc.cli import chain
 from phoenix_hpc.recovery.ckpt_files import mark_complete, step_dir
 from phoenix_hpc.status.jobs import run_jobs
 from phoenix_hpc.status.render import run_job_line
@@ -33,7 +33,7 @@ def test_chain_above_the_site_limit_is_refused(in_tmp):  # noqa: F811
     r = invoke("--site", "local", GPT_SMALL, "--dry-run", "--chain", "3", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["chain"] == 3 and "phoenix_hpc.launch.chain start" in out["script"]
+    assert out["chain"] == 3 and "phoenix_hpc.cli.chain start" in out["script"]
 
 
 def test_a_chain_that_is_not_an_integer_is_refused(in_tmp):  # noqa: F811
@@ -200,7 +200,7 @@ def test_status_of_a_job_that_lost_its_batch_host_says_so_and_lists_the_queued_j
 # --- phoenix drill --kill-batch-host-at ---------------------------------------------------------------------
 def test_drill_batch_host_step_and_outcome():
     from phoenix_hpc.errors import FaultError
-    from phoenix_hpc.faults.drill import DrillFault, batch_host_outcome, check_batch_host_step
+    from phoenix_hpc.drills.drill import DrillFault, batch_host_outcome, check_batch_host_step
 
     plan = [DrillFault(0, "crash", "forward", 12, 1)]
     check_batch_host_step(14, 50, plan)
@@ -237,44 +237,3 @@ def test_a_batch_host_slurm_removed_from_the_job_is_a_batch_host_loss_after_the_
     (a,) = run_jobs([{"job_id": "1"}], records, {"1": {"JobState": "CANCELLED", "BatchHost": "nid00001",
                                                       "NodeList": "nid[00002-00003]"}}, {"nid00001": "IDLE"})
     assert a.cause == "batch-host loss"
-
-
-def test_only_one_task_watches_the_batch_host_and_it_cancels_a_job_slurm_removed_it_from():
-    from phoenix_hpc.launch.orphan import batch_host_lost, end_job_if_batch_host_lost, is_watcher
-
-    assert is_watcher({"SLURM_JOB_ID": "5", "SLURM_NODEID": "1", "SLURM_LOCALID": "0"})
-    assert is_watcher({"SLURM_JOB_ID": "5", "SLURM_NODEID": "7", "SLURM_LOCALID": "0"})
-    assert not is_watcher({"SLURM_JOB_ID": "5", "SLURM_NODEID": "0", "SLURM_LOCALID": "0"})
-    assert not is_watcher({"SLURM_JOB_ID": "5", "SLURM_NODEID": "1", "SLURM_LOCALID": "1"})
-    job = {"JobState": "RUNNING", "BatchHost": "n1", "NodeList": "n[1-3]"}
-    assert batch_host_lost(job, {"State": "ALLOCATED"}, ["n1", "n2", "n3"]) is None
-    assert "NOT_RESPONDING" in batch_host_lost(job, {"State": "ALLOCATED+NOT_RESPONDING"}, ["n1", "n2", "n3"])
-    assert "removed the batch host n1" in batch_host_lost(job, {"State": "IDLE"}, ["n2", "n3"])
-
-    class Slurm:
-        def __init__(self, states):
-            self.states, self.calls = list(states), []
-
-        def show_job(self, job_id):
-            st = self.states.pop(0) if len(self.states) > 1 else self.states[0]
-            return {"JobState": "RUNNING", "BatchHost": "n1", "NodeList": st}
-
-        def show_nodes(self, node):
-            return [{"NodeName": node, "State": "ALLOCATED"}]
-
-        def hostnames(self, nodes):
-            return {"n[1-3]": ["n1", "n2", "n3"], "n[2-3]": ["n2", "n3"]}[nodes]
-
-        def cancel(self, job_id, signal=None, batch=False):
-            self.calls.append(job_id)
-
-    env = {"SLURM_JOB_ID": "5", "SLURM_NODEID": "1", "SLURM_LOCALID": "0"}
-    t = [0.0]
-    slurm = Slurm(["n[1-3]", "n[1-3]", "n[2-3]"])
-    assert end_job_if_batch_host_lost(env, slurm, log=lambda _: None, clock=lambda: t[0],
-                                      sleep=lambda s: t.__setitem__(0, t[0] + s))
-    assert slurm.calls == ["5"] and t[0] == 20.0
-    alive = Slurm(["n[1-3]"])
-    assert not end_job_if_batch_host_lost(env, alive, log=lambda _: None, clock=lambda: t[0],
-                                          sleep=lambda s: t.__setitem__(0, t[0] + s), watch_s=30)
-    assert alive.calls == []

@@ -195,14 +195,14 @@ def test_a_chained_run_queues_its_next_job_first_and_cancels_it_when_the_run_fin
     cfg = load_job_config(ROOT / "examples" / "gpt-small.yaml")
     prof = load_profile("local")
     plain = render_sbatch(resolve(cfg, prof, run_dir="/scratch/runs/x", default_python=PYTHON), prof)
-    assert "phoenix_hpc.launch.chain" not in plain
+    assert "phoenix_hpc.cli.chain" not in plain
     data = cfg.model_dump(mode="json")
     data["resources"]["chain"] = 2
     chained = type(cfg).model_validate(data)
     text = render_sbatch(resolve(chained, prof, run_dir="/scratch/runs/x", default_python=PYTHON), prof)
-    start = text.index("phoenix_hpc.launch.chain start")
+    start = text.index("phoenix_hpc.cli.chain start")
     assert start < text.index("phoenix_hpc.control.coordinator") < text.index("srun --no-kill")
-    end = text.index("phoenix_hpc.launch.chain end")
+    end = text.index("phoenix_hpc.cli.chain end")
     assert text.index("COORDINATOR_RC=$(cat") < end < text.index('exit "$COORDINATOR_RC"')
     assert 'if [ "$CHAIN_RC" -eq 4 ]; then exit 0; fi' in text
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)

@@ -1,7 +1,7 @@
 """A chained run (``resources.chain: N``, ``phoenix submit --chain N``): the run continues itself in up to N
 more Slurm jobs (docs/design.md section 7, "Chained runs").
 
-``python -m phoenix_hpc.launch.chain start|end --run-dir RUN_DIR`` is called by the batch script.
+``python -m phoenix_hpc.cli.chain start|end --run-dir RUN_DIR`` is called by the batch script.
 
 - ``start``, before the coordinator: a job of the chain that is not the first checks that there is
   something to continue (the run has not finished; the newest complete checkpoint, if any, fits the grid)
@@ -35,27 +35,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-JOB_NAME = "job.json"
+from phoenix_hpc.control.run_jobs import JOB_NAME, job_entries, read_job, successor_of
+
 SCRIPT_NAME = "job.sbatch"
 EXIT_GO, EXIT_BAD, EXIT_FINISHED = 0, 2, 4
 
 
-def read_job(run_dir: Path) -> dict:
-    """``RUN_DIR/job.json`` as a dict (empty when missing or unreadable)."""
-    try:
-        d = json.loads((run_dir / JOB_NAME).read_text())
-    except (OSError, ValueError):
-        return {}
-    return d if isinstance(d, dict) else {}
 
 
-def job_entries(job: dict) -> list[dict]:
-    """The run's jobs, oldest first (``job.json`` ``jobs``; a ``job.json`` of one job without the list
-    gives that job)."""
-    jobs = [dict(j) for j in job.get("jobs", []) if isinstance(j, dict) and "job_id" in j]
-    if not jobs and job.get("job_id") is not None:
-        jobs = [{"job_id": str(job["job_id"]), "submitted_at": job.get("submitted_at"), "resume_step": None}]
-    return jobs
 
 
 @dataclass(frozen=True)
@@ -187,10 +174,6 @@ def start(run_dir: Path, job_id: str, client, log=print, wait_s: float = 60.0) -
     return EXIT_GO
 
 
-def successor_of(entries: list[dict], job_id: str) -> str | None:
-    """The job queued by ``job_id`` to continue the run, if any. Pure."""
-    nxt = [e for e in entries if str(e.get("after")) == str(job_id)]
-    return str(nxt[-1]["job_id"]) if nxt else None
 
 
 def end(run_dir: Path, job_id: str, status: int, client, log=print) -> int:
@@ -215,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     from phoenix_hpc.errors import PhoenixError
     from phoenix_hpc.slurm.client import SlurmClient
 
-    ap = argparse.ArgumentParser(prog="python -m phoenix_hpc.launch.chain", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m phoenix_hpc.cli.chain", description=__doc__.split("\n")[0])
     ap.add_argument("action", choices=("start", "end"))
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--status", type=int, default=1, help="end: the job's exit status (0: the run finished)")
