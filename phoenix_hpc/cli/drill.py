@@ -45,14 +45,16 @@ from phoenix_hpc.faults.kinds import KINDS
 POLL_S = 0.25  # seconds between polls of the job's journal
 
 
-def _submit(config: Path, site: str, run_dir: Path) -> str:
-    """Submit through ``phoenix submit`` (same validation, files and script); returns the job id."""
+def _submit(config: Path, site: str, run_dir: Path, extra: tuple[str, ...] = ()) -> str:
+    """Submit through ``phoenix submit`` (same validation, files and script; ``extra``: more options, e.g.
+    ``--chain 1``); returns the job id."""
     from phoenix_hpc.cli.submit import submit
     from phoenix_hpc.status.runs import record_run
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        submit.main(args=[str(config), "--site", site, "--run-dir", str(run_dir), "--json"], standalone_mode=False)
+        submit.main(args=[str(config), "--site", site, "--run-dir", str(run_dir), "--json", *extra],
+                    standalone_mode=False)
     try:
         job_id = str(json.loads(buf.getvalue())["job_id"])
     except (ValueError, KeyError) as exc:
@@ -121,9 +123,13 @@ def _wait(collect, until: Callable, timeout_s: float, on_poll: Callable, what: s
               help="run directory of a finished fault-free run of the same config to compare with")
 @click.option("--timeout-s", type=click.FloatRange(min=10), default=3600.0, show_default=True,
               help="limit for each wait (job start, each recovery, job end)")
+@click.option("--kill-batch-host-at", "batch_host_at", type=int, default=None, metavar="STEP",
+              help="after the drawn faults, kill the batch host (the node of the batch script and the coordinator) "
+                   "at this step; the run continues through the chain (submitted with --chain 1 when the config "
+                   "has none); local cluster only; --faults 0 drills this alone")
 @click.option("--dry-run", is_flag=True, help="print the fault plan; submit nothing")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dry_run, as_json):
+def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dry_run, as_json, batch_host_at):
     """Submit a job, inject N random faults, and check it recovers to the fault-free result."""
     from phoenix_hpc.config.load import load_job_config
     from phoenix_hpc.config.resolve import resolve
@@ -137,27 +143,42 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
                          f"(got enabled={cfg.resilience.enabled}, mode={cfg.resilience.mode!r})")
     base = Path(run_dir or Path("runs") / f"drill-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     job = resolve(cfg, profile, run_dir=str(base / "job"), default_python=sys.executable)
-    plan = plan_drill(n_faults, seed, steps=cfg.training.steps, world=job.world_size,
-                      gpus_per_node=job.gpus_per_node, spare_nodes=job.spares,
-                      kinds=[k.strip() for k in kinds.split(",") if k.strip()])
+    plan = [] if (n_faults == 0 and batch_host_at is not None) else plan_drill(
+        n_faults, seed, steps=cfg.training.steps, world=job.world_size, gpus_per_node=job.gpus_per_node,
+        spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",") if k.strip()])
+    extra: tuple[str, ...] = ()
+    if batch_host_at is not None:
+        from phoenix_hpc.drills.drill import check_batch_host_step
+
+        if profile.name != "local":
+            raise FaultError(f"--kill-batch-host-at: only on the local cluster (site local), not site {profile.name!r}: "
+                             "the drill kills the node's slurmd and processes itself")
+        check_batch_host_step(batch_host_at, cfg.training.steps, plan)
+        if cfg.resources.chain < 1:
+            extra = ("--chain", "1")
+            resolve(cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"chain": 1})}), profile,
+                    run_dir=str(base / "job"), default_python=sys.executable)  # the site allows a chain (exit 2)
     if dry_run:
         rows = [{"index": f.index, "kind": f.kind, "phase": f.phase, "at_step": f.at_step,
                  "planned_logical_rank": f.rank}
                 for f in plan]
         if as_json:
-            click.echo(json.dumps({"plan": rows}, indent=2))
+            click.echo(json.dumps({"plan": rows, "kill_batch_host_at": batch_host_at}, indent=2))
         else:
             for r in rows:
                 click.echo(f"fault {r['index'] + 1}: {r['kind']} at step {r['at_step']}, phase {r['phase']}, "
                            f"logical rank {r['planned_logical_rank']}")
+            if batch_host_at is not None:
+                click.echo(f"then: kill the batch host at step {batch_host_at}; the chain continues the run")
         return
-    report = _run(config, site, cfg, base, plan, reference, timeout_s, as_json)
+    report = _run(config, site, cfg, base, plan, reference, timeout_s, as_json, batch_host_at, extra)
     _print_report(report, as_json)
     if not report["passed"]:
         sys.exit(1)
 
 
-def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> dict:
+def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, batch_host_at=None,
+         extra: tuple[str, ...] = ()) -> dict:
     from phoenix_hpc.cli.output import LineProgress, make_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -170,7 +191,7 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
     report: dict = {"config": str(config), "site": site, "base": str(base), "faults": [], "passed": False,
                     "nodes_killed": [], "nodes_revived": []}
     job_id = ref_job_id = None
-    st = ref = None
+    st = ref = st_faults = None
     lines = None if as_json or console.is_terminal else LineProgress(lambda t: click.echo(t, err=True))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=as_json or lines is not None) as progress:
@@ -200,7 +221,7 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
 
             # --- the drill job ------------------------------------------------------------------------
             job_dir = base / "job"
-            job_id = _submit(config, site, job_dir)
+            job_id = _submit(config, site, job_dir, extra)
             report["job"] = {"run_dir": str(job_dir), "job_id": job_id}
             collect = _collector(job_dir)
             progress.reset(task, total=steps, description="waiting for the job to train")
@@ -216,8 +237,14 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
                 st, stop = _drill_fault(out, st, collect, job_dir, report, timeout_s, show, len(outcomes))
                 if stop:
                     break
+            if batch_host_at is not None and not st.finished:
+                st_faults = st = _wait(collect, lambda s: s.finished or (s.job.step or 0) >= batch_host_at,
+                                       timeout_s, show(f"batch host at step {batch_host_at}"), "the batch host's step")
+                if not st.finished:
+                    _kill_batch_host(st, report)
             try:
-                st = _wait(collect, lambda s: s.finished, timeout_s, show("finishing"), "job end")
+                st = _wait(collect, _run_over if batch_host_at is not None else (lambda s: s.finished), timeout_s,
+                           show("finishing"), "job end")
             except TimeoutError as exc:
                 report["error"] = str(exc)
         except KeyboardInterrupt:
@@ -231,6 +258,14 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
             if ref_job_id is not None and (ref is None or not ref.finished):
                 _cancel(ref_job_id)
             report["nodes_revived"] = _revive(site, report["nodes_killed"])
+    if st is not None and "batch_host" in report:
+        from phoenix_hpc.drills.drill import batch_host_outcome
+
+        bh = report["batch_host"]
+        report["batch_host"] = batch_host_outcome(st.run_jobs, bh["job_id"], bh["node"], bh["killed_at_step"])
+    st_end = st
+    if batch_host_at is not None and st_faults is not None:
+        st = st_faults  # the drawn faults are matched in the first job's records
     if st is not None:
         # each fault's recovery started after it landed and before the next one landed
         ts = [landed_ts(o) for o in outcomes]
@@ -243,14 +278,37 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json) -> 
             quiesce = quiesce_by_generation(read_records(base / "job"))
             for out in outcomes:
                 out.quiesce_s = quiesce.get(out.generation) if out.generation is not None else None
+    st = st_end
     report["faults"] = [o.to_json() for o in outcomes]
     report["final_state"] = st.job.state if st is not None else None
     report["final_hash"] = st.job.final_hash if st is not None else None
     ref_hash = report.get("reference", {}).get("final_hash")
     report["hash_equal"] = bool(report["final_hash"]) and report["final_hash"] == ref_hash
     report["passed"] = (report["hash_equal"] and report["final_state"] == "done" and "error" not in report
-                        and all(o.passed for o in outcomes))
+                        and all(o.passed for o in outcomes)
+                        and (batch_host_at is None or report.get("batch_host", {}).get("passed", False)))
     return report
+
+
+def _run_over(s) -> bool:
+    """A chained run is over: its newest job (the one ``job.json`` names, which the chain's next job
+    takes over when it starts) ended, and no job of the chain is still queued after it."""
+    last = s.run_jobs[-1] if s.run_jobs else None
+    return s.job.state == "done" or (s.finished and (last is None or (last.job_id == s.job.job_id and last.end not in (
+        "queued", "running", "not started"))))
+
+
+def _kill_batch_host(st, report: dict) -> None:
+    """Kill the job's batch host on the local cluster (its slurmd, slurmstepd and their processes: the batch
+    script, the coordinator, the node's slots), as a node that fails would vanish."""
+    from phoenix_hpc.slurm.cluster import kill_node, load_cluster
+
+    host = st.job.batch_host
+    if not host:
+        raise FaultError("--kill-batch-host-at: Slurm names no batch host for the job")
+    report["nodes_killed"].append(host)
+    report["batch_host"] = {"node": host, "job_id": st.job.job_id, "killed_at_step": st.job.step}
+    kill_node(load_cluster(), host)
 
 
 def _drill_fault(out, st, collect, job_dir: Path, report: dict, timeout_s: float, show, n: int):
@@ -373,6 +431,14 @@ def _print_report(report: dict, as_json: bool) -> None:
     c.print("quiesce: recovery start -> plan, survivors leaving the step they were in (bounded by the collective "
             "timeout); reconfigure/params/optimizer: the slowest member's time each; total: fault -> replay done")
     c.print(REPLAYED_MEANS)
+    bh = report.get("batch_host")
+    if bh:
+        c.print(f"batch host {bh['node']} of job {bh['job_id']} killed at step {bh['killed_at_step']}: "
+                f"ended by {bh.get('cause') or '?'} (Slurm {bh.get('slurm_state') or '?'}); job {bh.get('next_job_id') or '-'} "
+                f"of the chain resumed from "
+                + (f"checkpoint {bh['resume_step']}" if bh.get("resume_step") is not None else "step 0")
+                + f" and ended {bh.get('next_end') or '-'}; steps lost {bh.get('lost_steps')}"
+                + (f" (committed {bh['committed_lost_steps']})" if bh.get("committed_lost_steps") is not None else ""))
     if report.get("nodes_revived"):
         c.print(f"nodes killed by the drill and revived afterwards: {', '.join(report['nodes_revived'])}")
     if report.get("error"):

@@ -128,6 +128,12 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
         if state in _ACTIVE and coordinator_ended(records):
             state = wait_for_end(slurm, jobs[-1], state)
         if state in _ACTIVE:
+            queued = [j for j in job.get("jobs", []) if isinstance(j, dict) and str(j.get("job_id")) == jobs[-1]
+                      and j.get("after")]
+            if queued and state == "PENDING":
+                raise SubmitError(f"--resume: job {jobs[-1]}, queued by the chain (resources.chain) to continue this "
+                                  f"run, is still PENDING: it starts by itself when job {queued[0]['after']} ends "
+                                  f"before the last step; to resume by hand instead, scancel {jobs[-1]} first")
             raise SubmitError(f"--resume: job {jobs[-1]} of this run is still {state}; stop it first "
                               f"(scancel --signal=TERM {jobs[-1]} writes a final checkpoint)")
     try:

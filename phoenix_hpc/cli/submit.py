@@ -118,6 +118,24 @@ def with_steps(cfg, steps: int):
         raise ConfigError([f"--steps: {steps} is not allowed: {p}" for p in format_validation_error(exc)]) from None
 
 
+def with_chain(cfg, chain: int):
+    """``cfg`` with ``resources.chain = chain``, validated again.
+
+    Raises:
+        ConfigError: naming ``--chain`` and what is allowed.
+    """
+    from phoenix_hpc.config.schema import JobConfig
+
+    data = cfg.model_dump(mode="json")
+    data["resources"]["chain"] = chain
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as exc:
+        from phoenix_hpc.config.load import format_validation_error
+
+        raise ConfigError([f"--chain: {chain} is not allowed: {p}" for p in format_validation_error(exc)]) from None
+
+
 def _with_site_problems(exc: ConfigError, config: Path, profile) -> ConfigError:
     """``exc`` (schema problems) plus the site checks' problems of the rest of the config
     (:func:`phoenix_hpc.config.partial.without_invalid_fields`), so that all problems are listed at once."""
@@ -193,8 +211,11 @@ def _node_warning(client, job: ResolvedJob) -> str | None:
 @click.option("--exclude", default=None, help="sbatch -x hostlist (only where the site allows it)")
 @click.option("--steps", type=int, default=None,
               help="train this many steps instead of the config's training.steps (e.g. a longer job to follow)")
+@click.option("--chain", type=int, default=None, metavar="N",
+              help="let the run continue itself in up to N more jobs when a job ends before the last step "
+                   "(instead of the config's resources.chain; at most the site's scheduler.max_chain)")
 @click.option("--json", "as_json", is_flag=True, help="print a JSON object instead of text")
-def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, steps, as_json, resume):
+def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, steps, as_json, resume, chain):
     """Validate CONFIG for a site, render its sbatch script, record the run directory and submit it."""
     point = None
     run_root_warning = None  # --dry-run where the site's run_root names a variable not set here
@@ -220,6 +241,8 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         raise _with_site_problems(exc, config, profile) from None
     if steps is not None:
         cfg = with_steps(cfg, steps)
+    if chain is not None:
+        cfg = with_chain(cfg, chain)
     cwd = Path.cwd()
     rd = run_dir or (Path(cfg.run_dir) if cfg.run_dir else None)
     if rd is None:
@@ -320,7 +343,7 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
     write_atomic(rd / JOB_NAME, json.dumps({"job_id": job_id, "site": profile.name, "submitted_at": submitted_at,
                                             "failure_domain_levels": list(profile.failure_domains.levels),
                                             "jobs": [{"job_id": job_id, "submitted_at": submitted_at,
-                                                      "resume_step": None}]}))
+                                                      "resume_step": None, "chain_index": 0}]}))
     from phoenix_hpc.status.runs import record_run
 
     record_run(rd, job_id, submitted_at=submitted_at)
@@ -352,7 +375,7 @@ def _submit_resumed(point, job: ResolvedJob, profile, script: str, as_json: bool
     old = json.loads(saved.get(JOB_NAME, "{}") or "{}")
     jobs = list(old.get("jobs") or ([{"job_id": old["job_id"], "submitted_at": old.get("submitted_at"),
                                        "resume_step": None}] if old.get("job_id") else []))
-    jobs.append({"job_id": job_id, "submitted_at": submitted_at, "resume_step": point.step})
+    jobs.append({"job_id": job_id, "submitted_at": submitted_at, "resume_step": point.step, "chain_index": 0})
     write_atomic(rd / JOB_NAME, json.dumps({**old, "job_id": job_id, "site": profile.name,
                                             "submitted_at": submitted_at, "jobs": jobs,
                                             "failure_domain_levels": list(profile.failure_domains.levels)}))
@@ -388,6 +411,7 @@ def _summary(job: ResolvedJob, job_id: str | None, script: str | None, warnings:
         "gpus_per_node": job.gpus_per_node,
         "grid": {"tp": job.tp, "pp": job.pp, "dp": job.dp},
         "time_limit": job.time_limit,
+        "chain": job.config.resources.chain,
         "warnings": list(warnings),  # every warning printed to stderr
         "gpu_memory_per_rank_gb": None if job.memory is None else round(job.memory.total / 1e9, 2),
         "host_memory": None if job.host_memory is None else {
@@ -432,6 +456,9 @@ def _print_submitted(job: ResolvedJob, job_id: str) -> None:
         from phoenix_hpc.slurm.render import failure_line
 
         t.add_row("node failures", failure_line(job).removeprefix("Node failures expected over the time limit: "))
+    if job.config.resources.chain:
+        t.add_row("chain", f"up to {job.config.resources.chain} more job(s), each queued at the start of the one "
+                           "before (sbatch --dependency=afternotok)")
     console = make_console()
     console.print(f"[green]Submitted[/green] {job.config.name}")
     console.print(t)

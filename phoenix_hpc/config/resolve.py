@@ -44,6 +44,20 @@ from phoenix_hpc.hostlist import check_hostlist
 PLACEHOLDER_ACCOUNTS = frozenset({"m0000_g"})
 
 
+def warning_lead_s(signal_before_end_s: int, final_write_s: float, collective_timeout_s: float,
+                   heartbeat_timeout_s: float) -> int:
+    """Seconds before the time limit at which the job asks Slurm for its warning signal: the site's
+    ``signal_before_end_s``, raised when a planned end could need more. A planned end (docs/design.md
+    section 7) first waits for the members' ``stopping`` answers (at most ``collective_timeout_s +
+    heartbeat_timeout_s``, the coordinator's round deadline), then for the write; the measured write time
+    ``final_write_s`` is doubled for the file system's variance. Slurm may send the signal up to 60 s
+    *earlier* than asked (sbatch(1), ``--signal``), never later. Pure.
+
+    Example: 30 + 10 + 2 x 30 = 100 s needed, site 120 s -> 120."""
+    need = collective_timeout_s + heartbeat_timeout_s + 2.0 * final_write_s
+    return max(int(signal_before_end_s), int(-(-need // 1)))
+
+
 @dataclass(frozen=True)
 class ResolvedJob:
     """A job config made concrete for one site.
@@ -69,6 +83,7 @@ class ResolvedJob:
     host_memory: HostMemoryPlan | None = None  # PHOENIX's host buffers per node (mode phoenix, built-in model)
     spares_plan: SparesPlan | None = None  # node failures over the time limit (site node.mttf_h set)
     mttf_source: str | None = None  # "published" or "assumption" (the site profile's node.mttf_source)
+    warning_lead_s: int = 120  # sbatch --signal=B:SIG@s: seconds before the time limit (warning_lead_s())
 
     @property
     def run_dir(self) -> str:
@@ -241,11 +256,17 @@ def resolve(
     except ValueError as exc:
         problems.append(f"resources.time_limit: {exc}")
         time_s = None
-    if time_s is not None and time_s <= sch.signal_before_end_s:
+    lead = warning_lead_s(sch.signal_before_end_s, sch.final_write_s, cfg.resilience.collective_timeout_s,
+                          cfg.resilience.heartbeat_timeout_s)
+    if time_s is not None and time_s <= lead:
         problems.append(
-            f"resources.time_limit: {res.time_limit!r} must be longer than the site's warning signal lead "
-            f"({sch.signal_before_end_s} s)"
+            f"resources.time_limit: {res.time_limit!r} must be longer than the warning signal lead ({lead} s: "
+            f"the site's scheduler.signal_before_end_s {sch.signal_before_end_s} s, or what the final checkpoint "
+            "needs, whichever is longer)"
         )
+    if res.chain > sch.max_chain:
+        problems.append(f"resources.chain: {res.chain} is more than site {profile.name} allows (scheduler.max_chain "
+                        f"{sch.max_chain}); allowed: 0 to {sch.max_chain}")
 
     total = res.nodes + res.spares
     _limit_checks(f"site {profile.name}", sch.limits, total, res.nodes, res.spares, time_s, res.time_limit, problems)
@@ -323,6 +344,7 @@ def resolve(
         host_memory=host,
         spares_plan=spares_plan,
         mttf_source=profile.node.mttf_source if spares_plan is not None else None,
+        warning_lead_s=lead,
     )
 
 

@@ -368,6 +368,11 @@ class ResourcesConfig(BaseModel):
     qos: str | None = Field(None, description="Slurm QOS (-q); default: the site's")
     partition: str | None = Field(None, description="Slurm partition (-p); default: the site's")
     constraint: str | None = Field(None, description="node feature constraint (-C); default: the site's")
+    chain: int = Field(0, ge=0, description="jobs the run may submit after this one to continue itself: each job, "
+                                            "at its start, queues the next (sbatch --dependency=afternotok) from the "
+                                            "newest complete checkpoint, which starts only when this job ends before "
+                                            "the last step (time limit, signal, failure, lost batch host); at most "
+                                            "the site's scheduler.max_chain")
 
     @field_validator("time_limit", mode="before")
     @classmethod

@@ -43,7 +43,12 @@ EXIT_COORDINATOR_LOST = 75  # EX_TEMPFAIL: the job's control plane is gone
 
 
 def _default_on_lost(reason: str) -> None:
-    print(f"[phoenix] coordinator lost ({reason}); exiting so the allocation is not held by an orphaned step",
+    from phoenix_hpc.control.ending import resume_hint
+
+    run_dir = os.environ.get("RUN_DIR")  # exported by the batch script
+    hint = (f"; the run continues in the chain's next job, if one is queued, or with {resume_hint(run_dir)}"
+            if run_dir else "")
+    print(f"[phoenix] coordinator lost ({reason}); exiting so the allocation is not held by an orphaned step{hint}",
           file=sys.stderr, flush=True)
     os._exit(EXIT_COORDINATOR_LOST)
 

@@ -51,6 +51,7 @@ from typing import Any, Callable
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.detect import detect
+from phoenix_hpc.control.ending import continue_hint
 from phoenix_hpc.control.handlers import HandlersMixin
 from phoenix_hpc.control.inject_relay import InjectRelayMixin
 from phoenix_hpc.control.injects import PendingInject
@@ -169,9 +170,13 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         liveness_port = self.liveness.start()
         self.pause = PauseMeter(clock=self.clock)
         self.pause.start()
+        from phoenix_hpc.control.run_jobs import job_entries, read_job, successor_of
+
+        job_id = os.environ.get("SLURM_JOB_ID")
+        self.next_job = successor_of(job_entries(read_job(self.run_dir)), job_id) if job_id else None
         self.journal.append(
             "coordinator_started", host=self.host, port=self.port, pid=os.getpid(),
-            job_id=os.environ.get("SLURM_JOB_ID"),
+            job_id=job_id, next_job=self.next_job,
             heartbeat_interval_s=self.t.heartbeat_interval_s, heartbeat_timeout_s=self.t.heartbeat_timeout_s,
             grid=list(self.grid) if self.grid else None,
         )
@@ -286,6 +291,9 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
             )
 
     def _end(self, state: JobState, event: str, **fields: Any) -> None:
+        if state is not JobState.DONE and "message" not in fields:  # every early end names how to go on
+            fields["message"] = (f"{fields.get('reason') or event}. To continue: "
+                                 f"{continue_hint(str(self.run_dir), self.next_job)}")
         if self.job.state not in TERMINAL_JOB_STATES:
             self.job.to(state, event)
         self.journal.append(event, **fields)

@@ -44,6 +44,15 @@ def resume_hint(run_dir: str) -> str:
     return f"phoenix submit --resume {shlex.quote(run_dir)}"
 
 
+def continue_hint(run_dir: str, next_job: str | None) -> str:
+    """How the run goes on after this job: the chain's queued job (``resources.chain``) when there is one,
+    and the command that resumes it by hand. Pure."""
+    if next_job is None:
+        return resume_hint(run_dir)
+    return (f"job {next_job}, queued by the chain, continues the run from the newest complete checkpoint when this "
+            f"job has ended (to continue by hand instead: scancel {next_job}; {resume_hint(run_dir)})")
+
+
 @dataclass
 class PlannedEnd:
     """One planned end in progress (coordinator clock, seconds).

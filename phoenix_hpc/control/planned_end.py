@@ -7,7 +7,7 @@ handlers of ``stopping``, ``shard_written`` and ``signal`` (a slot that received
 
 from __future__ import annotations
 
-from phoenix_hpc.control.ending import PlannedEnd, choose_step, resume_hint
+from phoenix_hpc.control.ending import PlannedEnd, choose_step, continue_hint
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, SlotState
 
 
@@ -15,6 +15,7 @@ class PlannedEndMixin:
     """Planned ends for the coordinator (single-threaded, like the rest of it)."""
 
     ending: PlannedEnd | None = None
+    next_job: str | None = None  # the job the chain queued to continue the run (cli/chain.py), if any
     _stop_signal: str | None = None
 
     def request_stop(self, reason: str, signal: str | None = None) -> None:
@@ -91,7 +92,7 @@ class PlannedEndMixin:
 
     def _end_stopped(self, checkpoint_step: int | None, note: str) -> None:
         reason = self._stop_reason or "stop requested"
-        hint = resume_hint(str(self.run_dir))
+        hint = continue_hint(str(self.run_dir), self.next_job)
         ck = (f"newest complete checkpoint: step {checkpoint_step} under {self.t.checkpoint_path}"
               if checkpoint_step is not None else "no complete checkpoint: resuming starts the training over")
         self._end(JobState.STOPPED, "coordinator_stopped", reason=reason, signal=self._stop_signal,

@@ -37,7 +37,7 @@ import time
 
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine
-from phoenix_hpc.control.ending import resume_hint
+from phoenix_hpc.control.ending import continue_hint
 from phoenix_hpc.control.records import PendingFault, Recovery
 from phoenix_hpc.control.states import JobState, SlotState
 from phoenix_hpc.recovery.invariants import Expected, check_all, report_from_json
@@ -105,7 +105,7 @@ class RecoveryMixin:
             ck = self._newest_checkpoint()
             self._end(JobState.FAILED, "clean_stop", reason=decision.reason, checkpoint_step=ck,
                       message="stopped without training on; " + (
-                          f"to continue from the persistent checkpoint of step {ck}: {resume_hint(str(self.run_dir))}"
+                          f"to continue from the persistent checkpoint of step {ck}: {continue_hint(str(self.run_dir), self.next_job)}"
                           if ck is not None else "no persistent checkpoint yet: submit the config again"))
             return
         t_fault = min([self._t_fault_hint if self._t_fault_hint is not None else now] + [p.t for p in pend])
@@ -313,7 +313,7 @@ class RecoveryMixin:
         self.job.to(JobState.FALLBACK, exc.reason)
         if ck is not None:
             msg = (f"recovery from memory impossible: {exc.reason}. The job stops. Newest persistent checkpoint: step {ck} under {self.t.checkpoint_path} "
-                   f"({lost} step(s) since then are lost). To continue from it: {resume_hint(str(self.run_dir))} "
+                   f"({lost} step(s) since then are lost). To continue from it: {continue_hint(str(self.run_dir), self.next_job)} "
                    f"(training restarts at step {ck})")
         else:
             msg = (f"recovery from memory impossible: {exc.reason}. The job stops. No persistent checkpoint was written yet "

@@ -13,8 +13,10 @@ Planning rules (so that every planned fault can be survived by design):
   ``hang``, ``link-down`` and ``gpu-error`` one standby slot, ``transient`` none; kinds that no longer fit
   are not drawn;
 - targets are logical ranks (``--rank``): after a hot swap the coordinator resolves them to the new slot;
-  a ``kill-node`` never takes the batch host (it runs the job's coordinator, whose loss ends the job by
+  a drawn ``kill-node`` never takes the batch host (it runs the job's coordinator, whose loss ends the job by
   design, docs/design.md section 7): :func:`resolve_target` moves it to the next node with an active slot.
+  The batch host is killed only when asked by name (``phoenix drill --kill-batch-host-at STEP``), after the
+  drawn faults; the run then continues through the chain (:func:`batch_host_outcome` reports it).
 """
 
 from __future__ import annotations
@@ -206,3 +208,35 @@ def resolve_target(fault: DrillFault, st: Status) -> tuple[int, int, str]:
             raise FaultError(f"fault {fault.index + 1}: kill-node needs an active slot outside the batch host {host}")
         hit = others[0]
     return hit
+
+
+def check_batch_host_step(at_step: int, steps: int, plan: Sequence[DrillFault]) -> None:
+    """``--kill-batch-host-at``: a step after every drawn fault and before the last step. Pure.
+
+    Raises:
+        FaultError: naming the option, the value and what is allowed.
+    """
+    low = max([FIRST_STEP] + [f.at_step + 2 for f in plan])
+    if not low <= at_step <= steps - 2:
+        raise FaultError(f"--kill-batch-host-at: {at_step} is not allowed: it must be a step from {low} (after the "
+                         f"drawn faults' recoveries) to {steps - 2} (before the last step of {steps})")
+
+
+def batch_host_outcome(run_jobs: Sequence[Any], job_id: str | None, node: str, at_step: int | None) -> dict:
+    """What happened to the job whose batch host the drill killed (``run_jobs``: the run's jobs from
+    :mod:`phoenix_hpc.status.jobs`): its end as status derives it, the job the chain continued with, the
+    checkpoint it resumed from and the steps lost. ``passed`` when the lost job ended by batch-host loss
+    and the next job of the chain finished. Pure."""
+    jobs = list(run_jobs)
+    mine = next((j for j in jobs if j.job_id == job_id), None)
+    nxt = next((j for j in jobs if mine is not None and j.after == mine.job_id), None)
+    return {
+        "node": node, "job_id": job_id, "killed_at_step": at_step,
+        "slurm_state": mine.slurm_state if mine else None, "cause": mine.cause if mine else None,
+        "last_step": mine.last_step if mine else None,
+        "next_job_id": nxt.job_id if nxt else None, "resume_step": nxt.resume_step if nxt else None,
+        "next_end": nxt.end if nxt else None,
+        "lost_steps": mine.lost_steps if mine else None,
+        "committed_lost_steps": mine.committed_lost_steps if mine else None,
+        "passed": bool(mine and mine.cause == "batch-host loss" and nxt and nxt.end == "job_done"),
+    }

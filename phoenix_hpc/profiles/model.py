@@ -5,7 +5,8 @@ Shape of a profile file (see ``sites/perlmutter.yaml`` for a commented one)::
     name: perlmutter
     description: ...
     scheduler:  {account, qos, partition, constraint, limits, qos_limits, partition_limits, allow_node_pinning,
-                 request_gpus, request_mem, signal, signal_before_end_s, extra_sbatch}
+                 request_gpus, request_mem, signal, signal_before_end_s, max_chain, final_write_s,
+                 run_root, extra_sbatch}
     node:       {gpus_per_node, gpu_model, gpu_mem_gb, cores_per_node, mem_gb, nics, host_reserved_gb,
                  host_per_rank_gb, mttf_h, mttf_source}
     launcher:   {srun_mpi, gpu_bind, cpus_per_task, cpu_bind, extra_srun, python, coordinator_timeout_s}
@@ -80,6 +81,12 @@ class SchedulerProfile(BaseModel):
     request_mem: bool = Field(False, description="whether --mem may be rendered")
     signal: str = Field("USR1", description="signal sent to the batch shell before the time limit")
     signal_before_end_s: int = Field(120, ge=0, le=65535, description="seconds before the limit (sbatch --signal); must cover the final checkpoint write")
+    max_chain: int = Field(10, ge=0, description="most jobs a run may queue after its first to continue itself "
+                                               "(resources.chain); 0: chaining is not allowed on this site")
+    final_write_s: float = Field(30.0, gt=0, description="measured seconds the final checkpoint takes to write "
+                                                         "(the journal's checkpoint.write_s of a planned end); "
+                                                         "signal_before_end_s must leave room for it and the "
+                                                         "members' stop round")
     run_root: str | None = Field(None, description="where `phoenix submit` puts run directories (and so their "
                                                    "checkpoints) by default; $VARS are expanded (e.g. "
                                                    "$SCRATCH/phoenix/runs); none: ./runs")

@@ -6,13 +6,16 @@ What the script does (docs/design.md section 7), in order:
    failure ends the job as NODE_FAIL, and Slurm then requeues it) and ``--signal=B:<SIG>@<s>`` so the batch
    shell is warned ``s`` seconds before the time limit; it forwards the signal to the coordinator;
 2. loads the site's modules and exports the site's environment;
-3. starts the coordinator in the background and waits (bounded) for ``RUN_DIR/coordinator.json``;
+3. for a chained run (``resources.chain`` > 0) checks what this job continues and queues the next job of
+   the chain (``phoenix_hpc.cli.chain start``: ``sbatch --dependency=afternotok:THIS_JOB``); then
+   starts the coordinator in the background and waits (bounded) for ``RUN_DIR/coordinator.json``;
 4. runs ONE srun step over all nodes with ``--no-kill --kill-on-bad-exit=0`` (srun(1): only the dead node's
    tasks end, the step goes on), the site's ``--mpi`` plugin and GPU binding; slots on spare nodes start in
    standby (the rank launcher decides from ``SLURM_NODEID``);
 5. ends the srun step if slots still run :func:`step_grace_s` seconds after the coordinator exited (a
    stopped or hung process never exits by itself, and would hold the allocation until the time limit);
-6. stops the coordinator and exits with the job's status: 0 when the coordinator recorded ``job_done``
+6. stops the coordinator, and for a chained run (``resources.chain``) cancels the next job when the run
+   finished (step 0 queued it: ``phoenix_hpc.cli.chain``), and exits with the job's status: 0 when the coordinator recorded ``job_done``
    (training finished, also after hot swaps: the lost slots' exit codes make srun's status non-zero, and
    ``--dependency=afterok`` chains, ``sacct`` and mails must see a finished job), else srun's status
    (or the coordinator's, 1 failed / 3 stopped, when srun's is 0).
@@ -39,6 +42,7 @@ from phoenix_hpc.topology import switch_levels_of
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_.,+=/@:-]+$")
 COORDINATOR_MODULE = "phoenix_hpc.control.coordinator"
 RANK_MODULE = "phoenix_hpc.launch.rank"
+CHAIN_MODULE = "phoenix_hpc.cli.chain"
 COORDINATOR_STOP_GRACE_S = 30
 
 
@@ -65,7 +69,12 @@ def output_path(run_dir: str) -> str:
 def sbatch_cli_args(job: ResolvedJob) -> list[str]:
     """Options ``phoenix submit`` adds on the sbatch command line (argv, no shell): the ``--output`` file when
     the run directory cannot be written on an ``#SBATCH`` line."""
-    return [] if _SAFE_PATH.match(job.run_dir) else [f"--output={output_path(job.run_dir)}"]
+    return cli_args_for(job.run_dir)
+
+
+def cli_args_for(run_dir: str) -> list[str]:
+    """:func:`sbatch_cli_args` for a run directory (also used when a chained run queues its next job)."""
+    return [] if _SAFE_PATH.match(run_dir) else [f"--output={output_path(run_dir)}"]
 
 
 def _q(value: object) -> str:
@@ -149,7 +158,7 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
             d.append(f"--nodelist={job.nodelist}")
         if job.exclude:
             d.append(f"--exclude={job.exclude}")
-    d += ["--no-kill", "--no-requeue", f"--signal=B:{sch.signal}@{sch.signal_before_end_s}"]
+    d += ["--no-kill", "--no-requeue", f"--signal=B:{sch.signal}@{job.warning_lead_s}"]
     if _SAFE_PATH.match(rd):
         d.append(f"--output={output_path(rd)}")
     d += list(sch.extra_sbatch)
@@ -184,6 +193,19 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         'echo "[phoenix] job ${SLURM_JOB_ID:-?} $PHOENIX_JOB_NAME: nodes ${SLURM_JOB_NODELIST:-?}'
         ' ($ACTIVE_NODES active + $SPARE_NODES spare)"',
         "",
+    ]
+    chain = res.chain > 0
+    if chain:
+        out += [
+            f"# 0. a chained run (resources.chain: {res.chain}): check what this job continues, and queue the next",
+            "#    job (sbatch --dependency=afternotok), which starts only if this one ends before the last step",
+            f'"$PHOENIX_PYTHON" -m {CHAIN_MODULE} start --run-dir "$RUN_DIR"',
+            "CHAIN_RC=$?",
+            'if [ "$CHAIN_RC" -eq 4 ]; then exit 0; fi',
+            'if [ "$CHAIN_RC" -ne 0 ]; then exit 1; fi',
+            "",
+        ]
+    out += [
         "# 1. the coordinator (control plane) first, on the batch host",
         f'rm -f "$RUN_DIR/coordinator.json" "$RUN_DIR/{EXIT_STATUS_FILE}"',
         f'"$PHOENIX_PYTHON" -m {COORDINATOR_MODULE} --run-dir "$RUN_DIR" >>"$RUN_DIR/logs/coordinator.log" 2>&1 &',
@@ -198,7 +220,7 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         '  kill -KILL "$COORDINATOR_PID" 2>/dev/null || true',
         "}",
         "forward_signal() {",
-        f'  echo "[phoenix] {sch.signal}: time limit in {sch.signal_before_end_s} s; telling the coordinator" >&2',
+        f'  echo "[phoenix] {sch.signal}: time limit in {job.warning_lead_s} s; telling the coordinator" >&2',
         f'  kill -{sch.signal} "$COORDINATOR_PID" 2>/dev/null || true',
         "}",
         "trap stop_coordinator EXIT",
@@ -278,6 +300,11 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         "COORDINATOR_RC=$COORDINATOR_PROCESS_RC",
         f'if [ -s "$RUN_DIR/{EXIT_STATUS_FILE}" ]; then COORDINATOR_RC=$(cat "$RUN_DIR/{EXIT_STATUS_FILE}"); fi',
         'echo "[phoenix] coordinator verdict $COORDINATOR_RC (process status $COORDINATOR_PROCESS_RC)"',
+    ]
+    if chain:
+        out += ["# the next job of the chain: cancelled when the run finished, else it continues the run",
+                f'"$PHOENIX_PYTHON" -m {CHAIN_MODULE} end --run-dir "$RUN_DIR" --status "$COORDINATOR_RC"']
+    out += [
         'if [ "$COORDINATOR_RC" -eq 0 ]; then',
         '  [ "$SRUN_RC" -eq 0 ] || echo "[phoenix] training finished (job_done); the step status $SRUN_RC is that of lost slots"',
         "  exit 0",

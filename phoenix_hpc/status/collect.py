@@ -124,6 +124,23 @@ def gather_slurm(client, job_id: str | None, extra_nodes: list[str] = (),
     return info
 
 
+def gather_run_jobs(client, job: dict[str, Any], current: str | None) -> dict[str, dict[str, str]]:
+    """``scontrol show job`` of the run's other jobs (``job.json`` ``jobs``: earlier jobs, and the one a
+    chained run queued); jobs Slurm forgot (MinJobAge) are left out. Never raises for Slurm failures."""
+    from phoenix_hpc.control.run_jobs import job_entries
+
+    out: dict[str, dict[str, str]] = {}
+    for e in job_entries(job):
+        jid = str(e["job_id"])
+        if jid == current:
+            continue
+        try:
+            out[jid] = client.show_job(jid)
+        except SlurmError:
+            continue
+    return out
+
+
 def collect_status(run_dir: Path, client=None, now: float | None = None) -> Status:
     """The status of the job in ``run_dir``. ``client``: a SlurmClient (None: make a default one).
 
@@ -139,4 +156,13 @@ def collect_status(run_dir: Path, client=None, now: float | None = None) -> Stat
     job_id = str(run.job["job_id"]) if run.job and run.job.get("job_id") is not None else None
     nodes = sorted({str(r["node"]) for r in records if r.get("event") == "registered" and r.get("node")})
     slurm = gather_slurm(client, job_id, nodes, list((run.job or {}).get("failure_domain_levels") or ()))
+    slurm.run_jobs = gather_run_jobs(client, run.job or {}, job_id)
+    hosts = sorted({r.get("BatchHost") for r in slurm.run_jobs.values() if r.get("BatchHost")} - set(slurm.nodes))
+    if hosts and slurm.error is None:
+        from phoenix_hpc.hostlist import compress
+
+        try:
+            slurm.nodes.update({r["NodeName"]: r for r in client.show_nodes(compress(hosts)) if "NodeName" in r})
+        except SlurmError:
+            pass
     return derive_status(records, slurm, time.time() if now is None else now, run)

@@ -512,7 +512,8 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     run = run or RunFiles(run_dir="")
     cfg = run.config or {}
     st = _State()
-    records = current_job_records(records)
+    all_records = list(records)
+    records = current_job_records(all_records)
     st.heartbeat_progress = not any(r.get("event") == "progress" for r in records)
     fired = [{**f, "event": "inject_fired"} for f in run.fired]
     merged = sorted(list(records) + fired, key=lambda r: float(r["ts"])) if fired else records
@@ -679,7 +680,15 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         coordinator={k_: run.coordinator.get(k_) for k_ in ("host", "port", "pid")} if run.coordinator else None,
         end_signal=st.end_signal, jobs=_run_jobs(run.job),
     )
+    from phoenix_hpc.control.run_jobs import job_entries
+    from phoenix_hpc.status.jobs import run_jobs
+
+    slurm_jobs = dict(slurm.run_jobs)
+    if sj and job_id is not None:
+        slurm_jobs[job_id] = sj
+    jobs = run_jobs(job_entries(run.job or {}), all_records, slurm_jobs, node_state)
+    info.end_cause = next((j.cause for j in jobs if j.job_id == job_id), None)
     return Status(now=now, job=info, nodes=nodes, slots=slots, replicas=replicas,
                   spare_slots_left=spare_slots, spare_nodes_left=spare_nodes, recoveries=st.recoveries,
                   faults=st.faults, injections=list(st.injections.values()), warnings=warnings,
-                  progress=st.progress, commits=st.commits, journal_records=len(records))
+                  progress=st.progress, commits=st.commits, journal_records=len(records), run_jobs=jobs)

@@ -28,6 +28,7 @@ class SlurmInfo:
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     domains: dict[str, dict[str, str]] = field(default_factory=dict)
     error: str | None = None
+    run_jobs: dict[str, dict[str, str]] = field(default_factory=dict)  # the run's other jobs: scontrol records
 
 
 @dataclass
@@ -74,6 +75,31 @@ class JobInfo:
     coordinator: dict[str, Any] | None
     end_signal: str | None = None  # the external signal that ended the job (USR1: time limit, TERM), if any
     jobs: list[str] = field(default_factory=list)  # the run's Slurm jobs, oldest first (phoenix submit --resume)
+    end_cause: str | None = None  # what ended the job: finished, time limit, SIGTERM, failure, batch-host loss, coordinator loss
+
+
+@dataclass
+class RunJobStatus:
+    """One Slurm job of a run (:mod:`phoenix_hpc.status.jobs`): ``chain_index`` 0 for a job ``phoenix
+    submit`` submitted, n for the n-th one queued by the chain after it (``after``: the job it follows);
+    ``resume_step`` the checkpoint it started from (None: step 0); ``last_step`` / ``committed_step`` the
+    newest step it finished / committed; ``end`` its final journal record (or running, queued, none);
+    ``cause`` what ended it; ``lost_steps`` / ``committed_lost_steps`` those steps the next job trained
+    again."""
+
+    job_id: str
+    chain_index: int
+    after: str | None
+    resume_step: int | None
+    last_step: int | None
+    slurm_state: str | None
+    batch_host: str | None
+    end: str
+    cause: str | None
+    signal: str | None
+    lost_steps: int | None
+    committed_step: int | None = None
+    committed_lost_steps: int | None = None
 
 
 @dataclass
@@ -203,6 +229,7 @@ class Status:
     progress: list[list[float]]  # [ts, live step] points where it changed, in time order
     commits: list[list[float]]  # [ts, recoverable step] points, in time order
     journal_records: int
+    run_jobs: list[RunJobStatus] = field(default_factory=list)  # the run's Slurm jobs, oldest first
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the ``--json`` output)."""

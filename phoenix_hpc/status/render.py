@@ -79,14 +79,36 @@ def _header(st: Status) -> Table:
         from phoenix_hpc.hostlist import compress
 
         t.add_row("nodes", f"{compress(j.node_list)}   batch host {j.batch_host or '-'}")
-    if len(j.jobs) > 1:
+    if len(st.run_jobs) > 1:
+        for n, rj in enumerate(st.run_jobs):
+            t.add_row("jobs" if n == 0 else "", run_job_line(rj))
+    elif len(j.jobs) > 1:
         t.add_row("jobs", f"{', '.join(j.jobs)} (one run, resumed {len(j.jobs) - 1} time(s); this is the newest job)")
     if j.end_event:
         sig = f" [SIG{j.end_signal}]" if j.end_signal else ""
         t.add_row("ended", f"{j.end_event}{sig}{': ' + j.end_reason if j.end_reason else ''}")
+    elif j.end_cause:
+        t.add_row("ended", f"by {j.end_cause} (no final record from the coordinator)")
     if j.final_hash:
         t.add_row("final hash", j.final_hash)
     return t
+
+
+def run_job_line(rj) -> str:
+    """One job of a run (:class:`phoenix_hpc.status.model.RunJobStatus`) as one line. Pure."""
+    how = f"chain {rj.chain_index}, after {rj.after}" if rj.chain_index else "submitted"
+    start = f"from checkpoint {rj.resume_step}" if rj.resume_step is not None else "from step 0"
+    if rj.end in ("queued", "not started", "running"):
+        state = rj.end + (f" ({rj.slurm_state})" if rj.slurm_state else "")
+    else:
+        state = f"ended by {rj.cause}" if rj.cause else rj.end
+    reached = f", reached step {rj.last_step}" if rj.last_step is not None else ""
+    lost = ""
+    if rj.lost_steps is not None:
+        lost = f", steps lost {rj.lost_steps}"
+        if rj.committed_lost_steps is not None:
+            lost += f" (committed {rj.committed_lost_steps})"
+    return f"{rj.job_id}: {how}, {start}{reached}, {state}{lost}"
 
 
 def _warnings(st: Status) -> Text | None:

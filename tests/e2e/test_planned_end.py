@@ -64,20 +64,117 @@ def _resume(job: Job) -> dict:
     return done
 
 
-def test_time_limit_warning_writes_the_committed_step_and_the_resumed_job_ends_identical(
+def _chained(**resilience) -> dict:
+    """:data:`CONFIG` as a chained run (``resources.chain: 1``)."""
+    return dict(CONFIG, resources=dict(CONFIG["resources"], chain=1),
+                resilience=dict(CONFIG["resilience"], **resilience))
+
+
+def _wait_chain_done(job: Job, first: str) -> tuple[str, dict]:
+    """Wait until the job the chain queued has run to its end; return (its id, its ``job_done``)."""
+    entries = json.loads((job.run_dir / "job.json").read_text())["jobs"]
+    (nxt,) = [e for e in entries if e.get("after") == first]
+    assert nxt["chain_index"] == 1
+    try:
+        _wait(lambda: len(job.events("coordinator_started")) == 2 and job.events("coordinator_exit")[-1:]
+              and job.events("coordinator_exit")[-1]["ts"] > job.events("coordinator_started")[-1]["ts"], 240,
+              f"the end of the chained job {nxt['job_id']}", poll_s=0.5)
+    finally:
+        job.client.cancel(nxt["job_id"])
+    (done,) = job.events("job_done")
+    return nxt["job_id"], done
+
+
+def _status(env, job: Job) -> dict:
+    st = subprocess.run([PHOENIX, "status", str(job.run_dir), "--json"], env=env, capture_output=True, text=True,
+                        timeout=60)
+    assert st.returncode == 0, st.stderr
+    return json.loads(st.stdout)
+
+
+def test_time_limit_warning_writes_the_committed_step_and_the_chain_continues_identical(
         env, data, reference, tmp_path, slurm_cluster):  # noqa: F811
-    job = Job(env, tmp_path, data, "usr1")
+    """Slurm's time-limit warning on a chained run (chain: 1): the final checkpoint holds the committed step,
+    the job the chain queued at the start resumes from it by itself and ends with the fault-free hash."""
+    job = Job(env, tmp_path, data, "usr1", _chained())
+    first = job.job_id
     try:
         end = _stop_mid_run(job, "USR1", batch=True)
     finally:
         job.cancel()
     assert end["signal"] == "USR1" and "time limit" in end["reason"]
     step = _check_nothing_committed_lost(job, end)
-    assert "[phoenix] USR1: time limit" in job.output()
-    done = _resume(job)
+    out = job.output()
+    assert "[phoenix] USR1: time limit" in out and "[phoenix] chain: queued job" in out, out[-2000:]
+    assert "queued by the chain" in end["message"], end["message"]
+    nxt, done = _wait_chain_done(job, first)
     summary = json.loads((job.run_dir / "ranks" / "rank0.json").read_text())
-    assert summary["start_step"] == step
+    assert summary["start_step"] == step  # 0 committed steps lost
     assert done["final_hash"] == reference["final_hash"] and done["step"] == STEPS
+    jobs = _status(env, job)["run_jobs"]
+    assert [j["job_id"] for j in jobs] == [first, nxt] and jobs[1]["resume_step"] == step, jobs
+    assert jobs[0]["cause"] == "time limit" and jobs[0]["lost_steps"] == jobs[0]["last_step"] - step, jobs
+    assert jobs[0]["committed_lost_steps"] == 0, jobs
+    assert jobs[1]["end"] == "job_done", jobs
+
+
+def _slurm_trace(client, job_id: str, node: str, t0: float, until_s: float = 300.0) -> list[tuple[float, str, str]]:
+    """(seconds since ``t0``, job state, batch node state) at every change, until the job has left
+    RUNNING/COMPLETING."""
+    import time
+
+    trace: list[tuple[float, str, str]] = []
+    while time.monotonic() - t0 < until_s:
+        js = client.show_job(job_id).get("JobState", "?")
+        ns = (client.show_nodes(node) or [{}])[0].get("State", "?")
+        if not trace or trace[-1][1:] != (js, ns):
+            trace.append((round(time.monotonic() - t0, 1), js, ns))
+        if js not in ("RUNNING", "COMPLETING", "SIGNALING", "CONFIGURING"):
+            return trace
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} still {trace[-1:]} {until_s} s after its batch host was killed")
+
+
+def test_batch_host_loss_continues_through_the_chain(env, data, reference, tmp_path, slurm_cluster):  # noqa: F811
+    """The node of the batch script and the coordinator is killed (chain: 1, a periodic checkpoint every 10
+    steps): Slurm ends the job, the queued job continues from the newest complete checkpoint and ends with
+    the fault-free hash; status shows both jobs and the steps lost. Prints what Slurm did (docs/design.md
+    section 7, "Batch-host loss")."""
+    import time
+
+    from phoenix_hpc.slurm import cluster as lc
+
+    cfg = _chained(coordinator_timeout_s=8.0, checkpoint={"interval_steps": 10})
+    cfg["resources"]["time_limit"] = "00:03:00"  # Slurm ends the job only at its time limit
+    job = Job(env, tmp_path, data, "batchhost", cfg)
+    first = job.job_id
+    host = None
+    try:
+        _wait(lambda: [e for e in job.events("checkpoint") if e.get("step") == 10] and job.step(0) >= 13, 180,
+              "the checkpoint of step 10 and step 13")
+        host = job.client.show_job(first)["BatchHost"]
+        newest = max(e["step"] for e in job.events("checkpoint"))
+        t0 = time.monotonic()
+        lc.kill_node(slurm_cluster, host)
+        live = max(job.step(0), job.step(1))
+        trace = _slurm_trace(job.client, first, host, t0)
+        print(f"batch host {host} killed at live step {live} (newest checkpoint {newest}); Slurm: "
+              + ", ".join(f"{t} s {js} (node {ns})" for t, js, ns in trace))
+        # Slurm keeps a --no-kill job RUNNING without its batch host until its time limit (docs/design.md)
+        assert trace[-1][1] == "TIMEOUT", trace
+        nxt, done = _wait_chain_done(job, first)
+    finally:
+        job.cancel()
+        if host is not None:
+            lc.revive_node(slurm_cluster, host)
+    assert done["final_hash"] == reference["final_hash"] and done["step"] == STEPS
+    resumed = json.loads((job.run_dir / "ranks" / "rank0.json").read_text())["start_step"]
+    assert resumed >= newest
+    jobs = _status(env, job)["run_jobs"]
+    assert [j["job_id"] for j in jobs] == [first, nxt], jobs
+    assert jobs[0]["cause"] == "batch-host loss" and jobs[0]["resume_step"] is None, jobs
+    assert jobs[1]["resume_step"] == resumed and jobs[0]["lost_steps"] == jobs[0]["last_step"] - resumed >= 1, jobs
+    assert jobs[1]["end"] == "job_done", jobs
 
 
 def test_scancel_sigterm_stops_cleanly_with_the_checkpoint_and_no_lost_node(

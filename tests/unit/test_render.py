@@ -66,7 +66,11 @@ def test_options_that_phoenix_relies_on():
     for site in CASES:
         text = rendered(site)
         opts = sbatch_opts(text)
-        assert {"--no-kill", "--no-requeue", "--signal=B:USR1@120"} <= set(opts), site
+        cfg, prof = load_job_config(ROOT / "examples" / f"{CASES[site]}.yaml"), load_profile(site)
+        r = cfg.resilience
+        need = r.collective_timeout_s + r.heartbeat_timeout_s + 2 * prof.scheduler.final_write_s
+        lead = max(prof.scheduler.signal_before_end_s, -(-need // 1))
+        assert {"--no-kill", "--no-requeue", f"--signal=B:USR1@{lead:.0f}"} <= set(opts), (site, opts)
         srun = srun_line(text)
         assert "--no-kill --kill-on-bad-exit=0" in srun
         # coordinator before the one srun step
@@ -177,3 +181,28 @@ esac
 def test_job_name_sanitised():
     assert slurm_job_name("gpt 7b; rm -rf /") == "gpt_7b__rm_-rf__"
     assert slurm_job_name("") == "phoenix"
+
+
+def test_the_warning_lead_covers_the_stop_round_and_twice_the_measured_write():
+    from phoenix_hpc.config.resolve import warning_lead_s
+
+    assert warning_lead_s(120, 30.0, 30.0, 10.0) == 120  # 30 + 10 + 60 = 100 <= the site's 120
+    assert warning_lead_s(120, 45.5, 120.0, 30.0) == 241  # 120 + 30 + 91
+    assert warning_lead_s(0, 0.2, 8.0, 4.0) == 13  # rounded up
+
+
+def test_a_chained_run_queues_its_next_job_first_and_cancels_it_when_the_run_finished():
+    cfg = load_job_config(ROOT / "examples" / "gpt-small.yaml")
+    prof = load_profile("local")
+    plain = render_sbatch(resolve(cfg, prof, run_dir="/scratch/runs/x", default_python=PYTHON), prof)
+    assert "phoenix_hpc.cli.chain" not in plain
+    data = cfg.model_dump(mode="json")
+    data["resources"]["chain"] = 2
+    chained = type(cfg).model_validate(data)
+    text = render_sbatch(resolve(chained, prof, run_dir="/scratch/runs/x", default_python=PYTHON), prof)
+    start = text.index("phoenix_hpc.cli.chain start")
+    assert start < text.index("phoenix_hpc.control.coordinator") < text.index("srun --no-kill")
+    end = text.index("phoenix_hpc.cli.chain end")
+    assert text.index("COORDINATOR_RC=$(cat") < end < text.index('exit "$COORDINATOR_RC"')
+    assert 'if [ "$CHAIN_RC" -eq 4 ]; then exit 0; fi' in text
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)

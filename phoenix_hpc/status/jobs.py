@@ -1,0 +1,129 @@
+"""The Slurm jobs of one run (a run resumed with ``phoenix submit --resume``, or chained with
+``resources.chain``), each with where it started, how far it got, how it ended and the steps its end lost.
+
+Per job, from ``job.json``'s ``jobs`` list, the journal (records from each job's ``coordinator_started``,
+which names its ``job_id``, to the next one) and Slurm's record of the job, when Slurm still has one:
+
+- ``resume_step``: the complete checkpoint it started from (None: the training started at step 0);
+- ``last_step``: the newest step it is known to have finished (journal ``progress``, ``commit``,
+  ``checkpoint`` and ``job_done``);
+- ``end``: the final journal record (``job_done``, ``coordinator_stopped``, ``clean_stop``, ``fallback``),
+  else ``none`` (its coordinator was killed: no final record), ``running`` or ``queued``;
+- ``cause``: what ended it: ``finished``, ``time limit`` (SIGUSR1), ``SIGTERM``, ``stop requested``,
+  ``failure`` (clean stop, fallback), ``batch-host loss`` (no final record, and Slurm ended the job as
+  NODE_FAIL, removed the batch host from the job's node list, as it does for a ``--no-kill`` job, or shows
+  it down), ``coordinator loss`` (no final record otherwise);
+- ``committed_step``: the newest step it committed (journal ``commit``, ``checkpoint``, ``job_done``);
+- ``lost_steps``: for a job that another job continued, ``last_step - next resume_step`` (steps finished
+  and trained again), or ``last_step`` when the next job started over; ``committed_lost_steps`` the same
+  for ``committed_step`` (0 after a planned end: its final checkpoint holds the committed step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from phoenix_hpc.status.model import RunJobStatus
+
+_END_EVENTS = ("job_done", "coordinator_stopped", "clean_stop", "fallback")
+_ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING"}
+_DOWN = ("DOWN", "FAIL", "NOT_RESPONDING")
+
+
+def _segments(records: list[Mapping[str, Any]]) -> list[tuple[str | None, list[Mapping[str, Any]]]]:
+    """The journal cut at every ``coordinator_started``: (its job_id, its records)."""
+    out: list[tuple[str | None, list[Mapping[str, Any]]]] = []
+    for r in records:
+        if r.get("event") == "coordinator_started":
+            out.append((str(r["job_id"]) if r.get("job_id") is not None else None, [r]))
+        elif out:
+            out[-1][1].append(r)
+    return out
+
+
+def _last_step(seg: list[Mapping[str, Any]]) -> int | None:
+    steps: list[int] = []
+    for r in seg:
+        ev = r.get("event")
+        for key in {"progress": ("step",), "commit": ("recoverable_step",), "checkpoint": ("step",),
+                    "job_done": ("step",)}.get(ev, ()):
+            if isinstance(r.get(key), int):
+                steps.append(int(r[key]))
+    return max(steps) if steps else None
+
+
+def _committed(seg: list[Mapping[str, Any]]) -> int | None:
+    steps = [int(r["recoverable_step"]) for r in seg if r.get("event") == "commit"
+             and isinstance(r.get("recoverable_step"), int)]
+    steps += [int(r["step"]) for r in seg if r.get("event") in ("checkpoint", "job_done") and isinstance(r.get("step"), int)]
+    return max(steps) if steps else None
+
+
+def _cause(end: Mapping[str, Any] | None, slurm_job: Mapping[str, str] | None,
+           node_states: Mapping[str, str | None]) -> str | None:
+    if end is not None:
+        ev = end.get("event")
+        if ev == "job_done":
+            return "finished"
+        if ev == "coordinator_stopped":
+            sig = end.get("signal")
+            return {"USR1": "time limit", "TERM": "SIGTERM"}.get(sig, f"SIG{sig}" if sig else "stop requested")
+        return "failure"
+    sj = slurm_job or {}
+    state = sj.get("JobState")
+    host = sj.get("BatchHost")
+    host_state = str(node_states.get(host) or "") if host else ""
+    from phoenix_hpc.hostlist import expand
+
+    nodes = sj.get("NodeList")
+    try:
+        excised = bool(host and nodes and nodes != "(null)" and host not in expand(nodes))
+    except Exception:  # noqa: BLE001 -- an unreadable node list proves nothing
+        excised = False
+    if state == "NODE_FAIL" or excised or any(d in host_state.upper() for d in _DOWN):
+        return "batch-host loss"
+    return "coordinator loss"
+
+
+def run_jobs(entries: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str, Any]],
+             slurm_jobs: Mapping[str, Mapping[str, str]], node_states: Mapping[str, str | None]) -> list[RunJobStatus]:
+    """The run's jobs, oldest first. Pure.
+
+    Args:
+        entries: ``job.json``'s ``jobs`` (job_id, resume_step, chain_index, after).
+        records: the whole journal, in file order.
+        slurm_jobs: ``scontrol show job`` records by job id (jobs Slurm forgot are absent).
+        node_states: Slurm's state per node name (for the batch hosts).
+    """
+    entries = [dict(e) for e in entries if "job_id" in e]
+    segs = _segments(list(records))
+    by_id = {jid: seg for jid, seg in segs if jid is not None}
+    anonymous = [seg for jid, seg in segs if jid is None]
+    out: list[RunJobStatus] = []
+    for i, e in enumerate(entries):
+        jid = str(e["job_id"])
+        seg = by_id.get(jid) or (anonymous[i] if i < len(anonymous) else None)
+        sj = slurm_jobs.get(jid)
+        state = (sj or {}).get("JobState")
+        end = next((r for r in reversed(seg or []) if r.get("event") in _END_EVENTS), None)
+        if end is not None:
+            end_name, cause = str(end["event"]), _cause(end, sj, node_states)
+        elif seg is None:
+            end_name, cause = ("queued" if state in (None, "PENDING") else "not started"), None
+        elif state in _ACTIVE:
+            end_name, cause = "running", None
+        else:
+            end_name, cause = "none", _cause(None, sj, node_states)
+        out.append(RunJobStatus(job_id=jid, chain_index=int(e.get("chain_index") or 0), after=e.get("after"),
+                                resume_step=e.get("resume_step"), last_step=_last_step(seg or []),
+                                committed_step=_committed(seg or []),
+                                slurm_state=state, batch_host=(sj or {}).get("BatchHost"), end=end_name,
+                                cause=cause, signal=end.get("signal") if end else None, lost_steps=None))
+    for a, b in zip(out, out[1:]):
+        if b.end in ("queued", "not started") or a.last_step is None:
+            continue
+        a.lost_steps = max(0, a.last_step - (b.resume_step or 0))
+        if a.committed_step is not None:
+            a.committed_lost_steps = max(0, a.committed_step - (b.resume_step or 0))
+    return out
