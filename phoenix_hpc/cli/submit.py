@@ -100,40 +100,33 @@ def _names_user_code(cfg) -> bool:
             or cfg.data.factory is not None)
 
 
-def with_steps(cfg, steps: int):
-    """``cfg`` with ``training.steps = steps``, validated again (its relations, e.g. warm-up < steps).
+def with_option(cfg, option: str, path: tuple[str, str], value):
+    """``cfg`` with the field at ``path`` (section, field) set to ``value`` from the command-line ``option``,
+    validated again (its relations, e.g. warm-up < steps).
 
     Raises:
-        ConfigError: naming ``--steps`` and what is allowed.
+        ConfigError: naming ``option``, the value and what is allowed.
     """
     from phoenix_hpc.config.schema import JobConfig
 
     data = cfg.model_dump(mode="json")
-    data["training"]["steps"] = steps
+    data[path[0]][path[1]] = value
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
         from phoenix_hpc.config.load import format_validation_error
 
-        raise ConfigError([f"--steps: {steps} is not allowed: {p}" for p in format_validation_error(exc)]) from None
+        raise ConfigError([f"{option}: {value} is not allowed: {p}" for p in format_validation_error(exc)]) from None
+
+
+def with_steps(cfg, steps: int):
+    """``cfg`` with ``training.steps = steps`` (:func:`with_option` for ``--steps``)."""
+    return with_option(cfg, "--steps", ("training", "steps"), steps)
 
 
 def with_chain(cfg, chain: int):
-    """``cfg`` with ``resources.chain = chain``, validated again.
-
-    Raises:
-        ConfigError: naming ``--chain`` and what is allowed.
-    """
-    from phoenix_hpc.config.schema import JobConfig
-
-    data = cfg.model_dump(mode="json")
-    data["resources"]["chain"] = chain
-    try:
-        return JobConfig.model_validate(data)
-    except ValidationError as exc:
-        from phoenix_hpc.config.load import format_validation_error
-
-        raise ConfigError([f"--chain: {chain} is not allowed: {p}" for p in format_validation_error(exc)]) from None
+    """``cfg`` with ``resources.chain = chain`` (:func:`with_option` for ``--chain``)."""
+    return with_option(cfg, "--chain", ("resources", "chain"), chain)
 
 
 def _with_site_problems(exc: ConfigError, config: Path, profile) -> ConfigError:
