@@ -70,7 +70,12 @@ class MessagingMixin:
             self._reject(f"malformed {body['type']} message: {type(exc).__name__}: {exc}", body)
 
     def _send(self, world_rank: int, body: dict) -> None:
-        self.store.queue_push(P.key_out(world_rank), P.encode(body, self.secret))
+        self._send_encoded(world_rank, P.encode(body, self.secret))
+
+    def _send_encoded(self, world_rank: int, raw: bytes) -> None:
+        """Queue the signed message ``raw`` for ``world_rank`` and ring its doorbell at the next :meth:`_ring`
+        (a slot reads its queue only after a ring, besides a slow safety read)."""
+        self.store.queue_push(P.key_out(world_rank), raw)
         self._to_ring.add(world_rank)
 
     def _ring(self) -> None:

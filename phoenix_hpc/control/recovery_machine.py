@@ -131,7 +131,7 @@ class RecoveryMixin:
             s = self.slots[w]
             if s.state is SlotState.ACTIVE:
                 s.machine.to(SlotState.QUIESCED, f"recovery to generation {self.generation}")
-            self.store.queue_push(P.key_out(w), raw)
+            self._send_encoded(w, raw)
 
     def _abort_recovery(self, reason: str, now: float) -> None:
         rec = self.recovery
@@ -230,7 +230,7 @@ class RecoveryMixin:
         # (P.plan_reference), encoded once: O(members) bytes to send instead of O(members^2).
         raw = P.encode(P.plan_reference(self.store, rec.generation, plan_json, self.secret), self.secret)
         for _, w in plan.rank_map:
-            self.store.queue_push(P.key_out(w), raw)
+            self._send_encoded(w, raw)
         self.journal.append("recovery_plan_sent", generation=rec.generation, members=len(plan.rank_map),
                             plan_s=round(plan_s, 4), send_s=round(time.perf_counter() - t0, 4))
 

@@ -4,6 +4,7 @@ has exactly one handler, and no mixin silently overrides another's method."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from phoenix_hpc.control import protocol
 from phoenix_hpc.control.coordinator import Coordinator
@@ -44,3 +45,14 @@ def test_an_unknown_message_type_is_rejected_and_journalled(tmp_path):
     c._dispatch({"type": "no_such_type", "world_rank": 0})
     (rec,) = [r for r in read_journal(tmp_path) if r["event"] == "rejected"]
     assert "unknown message type 'no_such_type'" in rec["reason"] and c.counters["rejected"] == 1
+
+
+def test_every_instruction_to_a_slot_goes_through_the_doorbell_send():
+    """A slot reads its instruction queue only after its doorbell rings (besides a slow safety read), so
+    every push into a slot's queue must go through ``_send_encoded``, which marks the slot for ringing; a
+    direct push left a survivor blocked in a commit wait deaf to ``quiesce`` until its commit timeout."""
+    import re
+
+    root = Path(__file__).resolve().parents[2] / "phoenix_hpc" / "control"
+    pushes = {p.name: len(re.findall(r"queue_push\(P\.key_out\(", p.read_text())) for p in root.glob("*.py")}
+    assert {k: v for k, v in pushes.items() if v} == {"messaging.py": 1}, pushes

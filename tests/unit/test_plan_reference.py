@@ -83,6 +83,7 @@ def _client(store, world_rank):
     c.store, c.secret, c.world_rank, c._lock = store, SECRET, world_rank, threading.Lock()
     c._dist = types.SimpleNamespace(QueueEmptyError=_Empty, DistError=_DistError)
     c._guard = P.ReplayGuard(max_age_s=None)
+    c._alive, c._rings_seen = None, -1  # no liveness connection: every poll reads the store
     return c
 
 
