@@ -57,9 +57,30 @@ def read_run_files(run_dir: Path) -> RunFiles:
     cfg = cfg if isinstance(cfg, dict) else None
     ck = ((cfg or {}).get("resilience") or {}).get("checkpoint") or {}
     root = Path(run_dir) / (ck.get("path") or "checkpoints")  # an absolute path replaces run_dir
+    job = _json_file(run_dir / "job.json")
+    several = len((job or {}).get("jobs") or []) > 1
     return RunFiles(run_dir=str(run_dir), config=cfg,
-                    job=_json_file(run_dir / "job.json"), coordinator=_json_file(run_dir / "coordinator.json"),
-                    fired=read_fired(run_dir), checkpoints=complete_steps(root))
+                    job=job, coordinator=_json_file(run_dir / "coordinator.json"),
+                    fired=read_fired(run_dir), checkpoints=complete_steps(root),
+                    rank_steps=read_rank_steps(run_dir) if several else [])
+
+
+def read_rank_steps(run_dir: Path) -> list[tuple[float, int]]:
+    """``(ts, step)`` of every line of ``RUN_DIR/ranks/rank*.steps.jsonl`` (unreadable lines are skipped: a
+    rank killed while writing leaves a torn last line)."""
+    out: list[tuple[float, int]] = []
+    for p in sorted((Path(run_dir) / "ranks").glob("rank*.steps.jsonl")):
+        try:
+            lines = p.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                r = json.loads(line)
+                out.append((float(r["ts"]), int(r["step"])))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return out
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:

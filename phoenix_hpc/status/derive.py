@@ -686,7 +686,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     slurm_jobs = dict(slurm.run_jobs)
     if sj and job_id is not None:
         slurm_jobs[job_id] = sj
-    jobs = run_jobs(job_entries(run.job or {}), all_records, slurm_jobs, node_state)
+    jobs = run_jobs(job_entries(run.job or {}), all_records, slurm_jobs, node_state, run.rank_steps)
     info.end_cause = next((j.cause for j in jobs if j.job_id == job_id), None)
     return Status(now=now, job=info, nodes=nodes, slots=slots, replicas=replicas,
                   spare_slots_left=spare_slots, spare_nodes_left=spare_nodes, recoveries=st.recoveries,

@@ -6,7 +6,8 @@ which names its ``job_id``, to the next one) and Slurm's record of the job, when
 
 - ``resume_step``: the complete checkpoint it started from (None: the training started at step 0);
 - ``last_step``: the newest step it is known to have finished (journal ``progress``, ``commit``,
-  ``checkpoint`` and ``job_done``);
+  ``checkpoint`` and ``job_done``, and the steps its ranks logged between its ``started_at`` and the next
+  job's: the journal lags the ranks, and a job whose coordinator died journals nothing more);
 - ``end``: the final journal record (``job_done``, ``coordinator_stopped``, ``clean_stop``, ``fallback``),
   else ``none`` (its coordinator was killed: no final record), ``running`` or ``queued``;
 - ``cause``: what ended it: ``finished``, ``time limit`` (SIGUSR1), ``SIGTERM``, ``stop requested``,
@@ -53,6 +54,10 @@ def _last_step(seg: list[Mapping[str, Any]]) -> int | None:
     return max(steps) if steps else None
 
 
+def _newest(*steps: int | None) -> int | None:
+    return max((s for s in steps if s is not None), default=None)
+
+
 def _committed(seg: list[Mapping[str, Any]]) -> int | None:
     steps = [int(r["recoverable_step"]) for r in seg if r.get("event") == "commit"
              and isinstance(r.get("recoverable_step"), int)]
@@ -86,8 +91,17 @@ def _cause(end: Mapping[str, Any] | None, slurm_job: Mapping[str, str] | None,
     return "coordinator loss"
 
 
+def _logged_step(rank_steps: Iterable[tuple[float, int]], start: Any, end: Any) -> int | None:
+    """The newest step the ranks logged at ``start <= ts < end`` (None bounds: open); None without a start."""
+    if not isinstance(start, (int, float)):
+        return None
+    hi = float(end) if isinstance(end, (int, float)) else float("inf")
+    return max((s for ts, s in rank_steps if start <= ts < hi), default=None)
+
+
 def run_jobs(entries: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str, Any]],
-             slurm_jobs: Mapping[str, Mapping[str, str]], node_states: Mapping[str, str | None]) -> list[RunJobStatus]:
+             slurm_jobs: Mapping[str, Mapping[str, str]], node_states: Mapping[str, str | None],
+             rank_steps: Iterable[tuple[float, int]] = ()) -> list[RunJobStatus]:
     """The run's jobs, oldest first. Pure.
 
     Args:
@@ -95,8 +109,10 @@ def run_jobs(entries: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str
         records: the whole journal, in file order.
         slurm_jobs: ``scontrol show job`` records by job id (jobs Slurm forgot are absent).
         node_states: Slurm's state per node name (for the batch hosts).
+        rank_steps: ``(ts, step)`` the ranks logged (``ranks/rank*.steps.jsonl``), seconds since the epoch.
     """
     entries = [dict(e) for e in entries if "job_id" in e]
+    rank_steps = list(rank_steps)
     segs = _segments(list(records))
     by_id = {jid: seg for jid, seg in segs if jid is not None}
     anonymous = [seg for jid, seg in segs if jid is None]
@@ -116,7 +132,10 @@ def run_jobs(entries: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str
         else:
             end_name, cause = "none", _cause(None, sj, node_states)
         out.append(RunJobStatus(job_id=jid, chain_index=int(e.get("chain_index") or 0), after=e.get("after"),
-                                resume_step=e.get("resume_step"), last_step=_last_step(seg or []),
+                                resume_step=e.get("resume_step"),
+                                last_step=_newest(_last_step(seg or []), _logged_step(
+                                    rank_steps, e.get("started_at"),
+                                    entries[i + 1].get("started_at") if i + 1 < len(entries) else None)),
                                 committed_step=_committed(seg or []),
                                 slurm_state=state, batch_host=(sj or {}).get("BatchHost"), end=end_name,
                                 cause=cause, signal=end.get("signal") if end else None, lost_steps=None))

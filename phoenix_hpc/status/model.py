@@ -36,7 +36,9 @@ class RunFiles:
     """The files of a run directory other than the journal: ``config`` (``config.yaml`` as a dict),
     ``job`` (``job.json`` written by ``phoenix submit``), ``coordinator`` (``coordinator.json``),
     ``fired`` (landing records of injected faults, :func:`phoenix_hpc.faults.trigger.read_fired`),
-    ``checkpoints`` (steps of the complete checkpoints on disk, :func:`phoenix_hpc.recovery.ckpt_files.complete_steps`)."""
+    ``checkpoints`` (steps of the complete checkpoints on disk, :func:`phoenix_hpc.recovery.ckpt_files.complete_steps`),
+    ``rank_steps`` (``(ts, step)`` of every step the ranks logged in ``ranks/rank*.steps.jsonl``; read only for a
+    run of several jobs, where it shows how far a job whose coordinator died really got)."""
 
     run_dir: str
     config: dict[str, Any] | None = None
@@ -44,6 +46,7 @@ class RunFiles:
     coordinator: dict[str, Any] | None = None
     fired: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[int] = field(default_factory=list)
+    rank_steps: list[tuple[float, int]] = field(default_factory=list)
 
 
 @dataclass

@@ -237,3 +237,20 @@ def test_a_batch_host_slurm_removed_from_the_job_is_a_batch_host_loss_after_the_
     (a,) = run_jobs([{"job_id": "1"}], records, {"1": {"JobState": "CANCELLED", "BatchHost": "nid00001",
                                                       "NodeList": "nid[00002-00003]"}}, {"nid00001": "IDLE"})
     assert a.cause == "batch-host loss"
+
+
+def test_a_job_whose_coordinator_died_counts_the_steps_its_ranks_logged_after_the_journal_stopped():
+    """The journal lags the ranks (progress every few steps) and stops with a killed coordinator: the steps
+    the ranks logged inside each job's time window (its started_at to the next job's) count as finished."""
+    entries = [{"job_id": "1", "resume_step": None, "started_at": 100.0},
+               {"job_id": "2", "resume_step": 10, "after": "1", "started_at": 300.0}]
+    records = [{"event": "coordinator_started", "job_id": "1"}, {"event": "progress", "step": 10},
+               {"event": "checkpoint", "step": 10},
+               {"event": "coordinator_started", "job_id": "2"}, {"event": "job_done", "step": 40}]
+    logged = [(101.0 + s, s) for s in range(1, 16)] + [(301.0 + s, s) for s in range(11, 41)]
+    a, b = run_jobs(entries, records, {"1": {"JobState": "TIMEOUT", "BatchHost": "n1", "NodeList": "n[2-3]"}},
+                    {"n1": "IDLE"}, logged)
+    assert (a.last_step, a.lost_steps, a.cause) == (15, 5, "batch-host loss")
+    assert (b.last_step, b.end) == (40, "job_done")
+    a0, _ = run_jobs(entries, records, {}, {})  # without the ranks' logs: only what the journal says
+    assert (a0.last_step, a0.lost_steps) == (10, 0)
