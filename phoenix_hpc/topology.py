@@ -318,13 +318,14 @@ def place_replicas(
     shortfall: dict[str, list[str]] = {}
     for p in range(pp):
         for t in range(tp):
+            group = [rank_of(GridCoord(p, j, t), tp, pp, dp) for j in range(dp)]  # DP group, ring order
+            group_nodes = {node_of_rank[r] for r in group}
             for i in range(dp):
-                owner = rank_of(GridCoord(p, i, t), tp, pp, dp)
+                owner = group[i]
                 shard = GridCoord(p, i, t).shard_prefix()
-                ring = [rank_of(GridCoord(p, (i + s) % dp, t), tp, pp, dp) for s in range(1, dp)]
-                cands = [r for r in ring if keys[r][0] != keys[owner][0]]
-                other_nodes = {node_of_rank[r] for r in cands}
-                if len(other_nodes) < k:
+                ring = group[i + 1:] + group[:i]  # DP peers i+1, i+2, ... (mod dp)
+                if len(group_nodes) - 1 < k:  # the DP peers on other nodes span too few nodes
+                    other_nodes = group_nodes - {node_of_rank[owner]}
                     raise ReplicationError(
                         f"shard {shard} (rank {owner} on node {node_of_rank[owner]}) cannot get k={k} replicas "
                         f"on distinct nodes: its {dp - 1} DP peers are on {len(other_nodes)} other node(s) "
@@ -335,6 +336,7 @@ def place_replicas(
                 worst = top
                 for idx in range(k):
                     best = None
+                    cands = (r for r in ring if keys[r][0] != keys[owner][0])  # peers not on the owner's node
                     for dist, c in enumerate(cands):
                         if c in chosen:
                             continue
@@ -349,6 +351,8 @@ def place_replicas(
                         score = (load[c] < 2 * k, lvl, load[c] < k, -dist)
                         if best is None or score > best[0]:
                             best = (score, c)
+                        if score[:3] == (True, top, True):
+                            break  # no later candidate can beat it: they differ only by a larger ring distance
                     assert best is not None  # guaranteed by the distinct-node count check above
                     (_, lvl, _, _), holder = best
                     worst = min(worst, lvl)
