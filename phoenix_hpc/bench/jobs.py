@@ -20,11 +20,11 @@ from typing import Any
 
 import yaml
 
+from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 from phoenix_hpc.errors import BenchError
 
 #: squeue job states of a job that has not ended yet (squeue(1) "JOB STATE CODES").
-LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-                         "RESIZING", "SIGNALING", "STAGE_OUT"})
+LIVE_STATES = ACTIVE_JOB_STATES
 
 #: The ``phoenix`` command run with this interpreter (the console script may not be on PATH).
 PHOENIX_CLI = (sys.executable, "-c", "import sys; from phoenix_hpc.cli.main import cli; sys.exit(cli())")

@@ -18,9 +18,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from phoenix_hpc.control.run_jobs import job_entries
+from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 from phoenix_hpc.errors import ConfigError, SlurmError, SubmitError
 
-_ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING"}
+_ACTIVE = ACTIVE_JOB_STATES
 
 
 @dataclass(frozen=True)
@@ -42,14 +44,6 @@ def _job_json(run_dir: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return d if isinstance(d, dict) else {}
-
-
-def run_jobs(job: dict) -> list[str]:
-    """The Slurm job ids of a run, oldest first, from its ``job.json``."""
-    jobs = [str(j["job_id"]) for j in job.get("jobs", []) if isinstance(j, dict) and "job_id" in j]
-    if not jobs and job.get("job_id") is not None:
-        jobs = [str(job["job_id"])]
-    return jobs
 
 
 #: How long ``--resume`` waits for a job whose coordinator has ended to leave Slurm (seconds): the slots
@@ -122,7 +116,7 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
         raise SubmitError(f"--resume: the run in {rd} finished (job_done at step {done[-1].get('step')}); "
                           "there is nothing to resume")
     job = _job_json(rd)
-    jobs = run_jobs(job)
+    jobs = [str(e["job_id"]) for e in job_entries(job)]
     if slurm is not None and jobs:
         state = _job_state(slurm, jobs[-1])
         if state in _ACTIVE and coordinator_ended(records):

@@ -113,8 +113,9 @@ def _cancel(st, client, yes: bool, console) -> None:
     job_id = st.job.job_id
     if job_id is None:
         raise StatusError(f"--cancel: no Slurm job id is recorded for {st.job.run_dir}; nothing to cancel")
-    if st.job.slurm_state is None or st.job.slurm_state not in (
-            "PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"):
+    from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
+
+    if st.job.slurm_state is None or st.job.slurm_state not in ACTIVE_JOB_STATES:
         raise StatusError(f"--cancel: job {job_id} is not running (Slurm: {st.job.slurm_state or 'no record'}); "
                           "nothing to cancel")
     for w in st.warnings:

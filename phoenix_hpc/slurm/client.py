@@ -22,6 +22,10 @@ from phoenix_hpc.errors import SlurmError
 from phoenix_hpc.slurm.run import run_slurm
 
 Runner = Callable[..., Any]
+#: Job states of a job that has not ended yet (squeue(1) / scontrol(1) "JOB STATE CODES").
+ACTIVE_JOB_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                               "RESIZING", "SIGNALING", "STAGE_OUT"})
+
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 _KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_:/.\-]*$")
 

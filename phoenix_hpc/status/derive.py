@@ -60,6 +60,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 from phoenix_hpc.faults.kinds import KIND_OF_WIRE, PHASE_OF_WIRE
 from phoenix_hpc.status.model import (
     FaultStatus,
@@ -78,8 +79,7 @@ from phoenix_hpc.status.model import (
 from phoenix_hpc.status.text import fault_cause, shorten
 
 TERMINAL_STATES = frozenset({"done", "failed", "stopped", "ended"})
-SLURM_ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-                                 "RESIZING", "SIGNALING", "STAGE_OUT"})
+SLURM_ACTIVE_STATES = ACTIVE_JOB_STATES
 _END_EVENTS = {"job_done": "done", "clean_stop": "failed", "fallback": "failed", "coordinator_stopped": "stopped"}
 LIVE_SLOT_STATES = frozenset({"active", "standby", "joining", "quiesced"})
 

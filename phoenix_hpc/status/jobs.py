@@ -25,10 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 from phoenix_hpc.status.model import RunJobStatus
 
 _END_EVENTS = ("job_done", "coordinator_stopped", "clean_stop", "fallback")
-_ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING"}
+_ACTIVE = ACTIVE_JOB_STATES
 _DOWN = ("DOWN", "FAIL", "NOT_RESPONDING")
 
 
