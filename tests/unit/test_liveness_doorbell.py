@@ -8,14 +8,9 @@ import pytest
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.liveness import AliveConnection, LivenessServer, connect_alive
 
+from test_quiesce_watch import _until  # the same bounded wait
+
 SECRET = b"s" * 64
-
-
-def _until(pred, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
 
 
 @pytest.fixture
