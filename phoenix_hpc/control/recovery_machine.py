@@ -52,25 +52,23 @@ class RecoveryMixin:
     """The recovery state machine of the coordinator."""
 
     def _on_quiesced(self, body: dict) -> None:
-        slot = self._slot_of(body, "quiesced")
-        rec = self.recovery
-        if slot is None:
-            return
-        if rec is None or rec.phase != "quiesce" or int(body["generation"]) != rec.generation:
-            return self._reject(f"quiesced from world rank {slot.world_rank} for generation {body.get('generation')} "
-                                "outside a quiesce", body, key=("quiesced", slot.world_rank, body.get("generation")))
-        rec.quiesced[slot.world_rank] = body
-        slot.last_seen = self.clock()
+        self._phase_report(body, "quiesced", "quiesce")
 
     def _on_recovered(self, body: dict) -> None:
-        slot = self._slot_of(body, "recovered")
+        self._phase_report(body, "recovered", "restore")
+
+    def _phase_report(self, body: dict, kind: str, phase: str) -> None:
+        """Record a member's ``quiesced``/``recovered`` report of the current recovery's ``phase``
+        (idempotent: a repeated report replaces the first); one from outside that phase or generation is
+        rejected and journalled once."""
+        slot = self._slot_of(body, kind)
         rec = self.recovery
         if slot is None:
             return
-        if rec is None or rec.phase != "restore" or int(body["generation"]) != rec.generation:
-            return self._reject(f"recovered from world rank {slot.world_rank} for generation {body.get('generation')}"
-                                " outside a restore", body, key=("recovered", slot.world_rank, body.get("generation")))
-        rec.recovered[slot.world_rank] = body  # idempotent: a repeated report replaces the first
+        if rec is None or rec.phase != phase or int(body["generation"]) != rec.generation:
+            return self._reject(f"{kind} from world rank {slot.world_rank} for generation {body.get('generation')} "
+                                f"outside a {phase}", body, key=(kind, slot.world_rank, body.get("generation")))
+        getattr(rec, kind)[slot.world_rank] = body
         slot.last_seen = self.clock()
 
     def _decide(self, now: float) -> None:
