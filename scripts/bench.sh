@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Benchmarks of PHOENIX on a local Slurm cluster of its own: per-step overhead (protection on vs off,
-# interleaved), host memory per rank, hot swap against checkpoint-restart, hot-swap scaling.
+# interleaved), host memory per rank, hot swap against requeue, in-job and in-process restart, hot-swap scaling.
 # Writes BENCHMARKS.md, BENCHMARKS.json and benchmarks/*.png (into --out, default the repository root).
 # Prints numbers; it is not a test.
 #
 # Usage: scripts/bench.sh [--quick] [--sections overhead,recovery,scaling] [--out DIR] [--seed N]
+#                         [--baselines requeue,in-job,in-process] [--ks 10,50,100] [--trials 3]
 #   --quick   under 3 minutes on 2 cores: fewer steps, K=10 only, fewer scaling points
 #   (full run: about 7-15 minutes on 2 cores)
 #
@@ -17,10 +18,10 @@ OUT=.
 while (($#)); do
   case "$1" in
     --quick) ARGS+=(--quick); shift ;;
-    --sections|--seed) ARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
+    --sections|--seed|--baselines|--ks|--trials) ARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
     --out) OUT=${2:?--out needs a value}; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
-    *) echo "scripts/bench.sh: unknown option '$1' (allowed: --quick, --sections LIST, --out DIR, --seed N)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "scripts/bench.sh: unknown option '$1' (allowed: --quick, --sections LIST, --out DIR, --seed N, --baselines LIST, --ks LIST, --trials N)" >&2; exit 2 ;;
   esac
 done
 

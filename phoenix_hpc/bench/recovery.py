@@ -52,6 +52,7 @@ class Trial:
     pp: int
     fault_step: int
     interval_steps: int | None = None
+    scheme: str = ""  # phoenix_hpc.bench.baselines.SCHEMES; "" = by mode (hot swap / requeue)
 
 
 def draw_fault_step(rng: random.Random, interval_steps: int) -> int:
@@ -98,8 +99,12 @@ def _active_nodes(run_dir: Path) -> dict[int, str]:
 
 def _config(t: Trial, work: Path, data_path: str, steps: int, spares: int) -> dict:
     res: dict[str, Any] = {"mode": t.mode}
-    if t.mode == "checkpoint-restart":
+    if t.interval_steps is not None:
         res["checkpoint"] = {"interval_steps": t.interval_steps, "path": str(work / t.name / "checkpoints")}
+    if t.scheme == "in-job":
+        res["checkpoint"]["restart"] = "in-job"
+    if t.scheme == "in-process":
+        res["recovery_source"] = "checkpoint"
     dp = t.nodes // t.pp
     return jobs.job_config(name=f"bench-{t.name}", size=t.size, pp=t.pp, nodes=t.nodes, spares=spares,
                            steps=steps, data_path=data_path, global_batch=2 * dp, micro_batch=2, resilience=res)
@@ -126,7 +131,7 @@ def run_hotswap(t: Trial, ctx) -> dict:
     """One PHOENIX hot-swap trial; returns the journal's ``recovery_done`` fields plus trial facts.
     Raises BenchError when no recovery completes within the timeout (the job is cancelled)."""
     run_dir = ctx.work / "recovery" / t.name
-    cfg = _config(t, ctx.work, ctx.data_path, steps=t.fault_step + 25, spares=1)
+    cfg = _config(t, ctx.work, ctx.data_path, steps=t.fault_step + (5 if t.scheme else 25), spares=1)
     info = _start_and_kill(t, cfg, run_dir, ctx)
     try:
         done = _wait(f"{t.name}: recovery_done in the journal",
@@ -151,6 +156,7 @@ def run_hotswap(t: Trial, ctx) -> dict:
     return {"marks": marks,"name": t.name, "nodes": t.nodes, "spares": 1, "size": t.size, "params": jobs.model_params(t.size),
             "pp": t.pp, "fault_step": t.fault_step, **info, "total_s": rec["total_s"], "phases": rec["phases"],
             "steps_replayed": rec.get("steps_replayed"), "recoverable_step": rec.get("recoverable_step"),
+            "action": rec.get("action"),
             "step_ms_median": statistics.median(steps) if steps else None}
 
 
@@ -180,7 +186,7 @@ def run_baseline(t: Trial, ctx) -> dict:
     (e.g. this build does not write checkpoints) or fails."""
     run1 = ctx.work / "recovery" / f"{t.name}-a"
     run2 = ctx.work / "recovery" / f"{t.name}-b"
-    cfg = _config(t, ctx.work, ctx.data_path, steps=t.fault_step + 25, spares=0)
+    cfg = _config(t, ctx.work, ctx.data_path, steps=t.fault_step + 25, spares=1 if t.scheme else 0)
     info = _start_and_kill(t, cfg, run1, ctx)
     try:
         seen = _wait(f"{t.name}: detection in the journal",
@@ -233,3 +239,104 @@ def run_baseline(t: Trial, ctx) -> dict:
             "phases": phases, "total_s": round(sum(phases.values()), 3),
             "jobs": [info["job_id"], sub["job_id"]], "second_job_state": state,
             "replay_measured": "real: the relaunched job replayed these steps; time = sum of its step times"}
+
+
+def run_in_process(t: Trial, ctx) -> dict:
+    """One in-process restart trial (``mode: phoenix``, ``recovery_source: checkpoint``, checkpoint every K
+    steps, one spare): the journal's ``recovery_done`` of a ``checkpoint_restart`` plan, in the six phases
+    of :func:`phoenix_hpc.bench.baselines.journal_phases`. Raises BenchError when the recovery did not go
+    through the checkpoint."""
+    from phoenix_hpc.bench.baselines import journal_phases
+
+    h = run_hotswap(t, ctx)
+    if (h.get("action") or "checkpoint_restart") != "checkpoint_restart":
+        raise BenchError(f"{t.name}: the recovery was a {h.get('action')}, not a restart from the checkpoint")
+    ck = h.get("recoverable_step")
+    return {**h, "K": t.interval_steps, "checkpoint_step": ck, "journal_phases": h["phases"],
+            "phases": journal_phases(h["total_s"], h["phases"]),
+            "expected_replay_steps": S.expected_replay_steps(t.interval_steps)}
+
+
+def hot_swap_six_phases(h: dict) -> dict:
+    """A hot-swap trial of :func:`run_hotswap` with its phases also in the six of the comparison."""
+    from phoenix_hpc.bench.baselines import journal_phases
+
+    if "total_s" not in h:
+        return h
+    return {**h, "journal_phases": h["phases"], "phases": journal_phases(h["total_s"], h["phases"])}
+
+
+def _restores(run_dir: Path, n: int) -> list[dict]:
+    out = []
+    for r in range(n):
+        f = run_dir / "ranks" / f"rank{r}.persist.jsonl"
+        recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
+        out += [dict(x, rank=r) for x in recs if x["event"] == "restore"]
+    return out
+
+
+def replayed_after_restore(steps: list[dict], fault_step: int) -> list[dict]:
+    """The records of a rank's ``steps.jsonl`` trained again after an in-job restart (pure): those after the
+    first place where the step number does not grow (the new step starts again from the checkpoint), up to
+    ``fault_step``."""
+    for i in range(1, len(steps)):
+        if steps[i]["step"] <= steps[i - 1]["step"]:
+            return [s for s in steps[i:] if s["step"] <= fault_step]
+    return []
+
+
+def run_in_job(t: Trial, ctx) -> dict:
+    """One in-job restart trial (``mode: checkpoint-restart``, ``checkpoint.restart: in-job``, one spare
+    node): the fault, then the batch script ends the srun step and starts a new one in the same
+    allocation, whose ranks restore the newest checkpoint and replay to the fault step. Phases (seconds):
+    detect (fault -> first journal record), teardown (-> the old step ended and the next nodes chosen:
+    ``in_job_restarts.jsonl``), relaunch (-> every active rank of the new step registered with the new
+    coordinator), init (-> the ranks start loading), load (DCP load, slowest rank), replay (the new step's
+    measured step times up to the fault step, slowest rank per step). Raises BenchError when the job did
+    not restart in the same allocation in a new step or did not finish."""
+    from phoenix_hpc.control.in_job import RESTARTS_LOG
+
+    run_dir = ctx.work / "recovery" / t.name
+    cfg = _config(t, ctx.work, ctx.data_path, steps=t.fault_step + 5, spares=1)
+    info = _start_and_kill(t, cfg, run_dir, ctx)
+    try:
+        state, _ = jobs.wait_job_end(ctx.client, info["job_id"], timeout_s=240)
+    finally:
+        ctx.revive()
+    n = t.nodes
+    jr = _journal(run_dir)
+    seen = [r for r in jr if r["ts"] >= info["t_fault"] and r["event"] in ("slots_dead", "fault", "decision")]
+    log = run_dir / RESTARTS_LOG
+    restarts = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+    if not seen or not restarts:
+        raise BenchError(f"{t.name}: no in-job restart (job state {state}, detection records {len(seen)}, "
+                         f"restarts {len(restarts)}); see {run_dir}")
+    t_detect = min(r["ts"] for r in seen)
+    t_step_end = restarts[0]["ts"]
+    reg = [r["ts"] for r in jr if r["event"] == "registered" and r.get("role") == "active" and r["ts"] > t_step_end]
+    restores = [x for x in _restores(run_dir, n) if x["t_start"] > t_step_end]
+    fault_step = info["step_at_kill"]
+    ck = restarts[0].get("checkpoint_step")
+    steps_ids = sorted({(x.get("slurm_job_id"), x.get("slurm_step_id")) for x in restores})
+    if len(reg) < n or len(restores) < n or any(x["step"] != ck for x in restores):
+        raise BenchError(f"{t.name}: the new step did not restore step {ck} on all {n} ranks (registered "
+                         f"{len(reg)}, restores {[x['step'] for x in restores]}); see {run_dir}")
+    per_rank = [[s["step_time_ms"] for s in replayed_after_restore(_read_steps(run_dir, r), fault_step)]
+                for r in range(n)]
+    replay_ms = S.job_step_times(per_rank)
+    phases = {
+        "detect": t_detect - info["t_fault"],
+        "teardown": t_step_end - t_detect,
+        "relaunch": max(reg) - t_step_end,
+        "init": max(x["t_start"] for x in restores) - max(reg),
+        "load": max(x["t_end"] - x["t_start"] for x in restores),
+        "replay": sum(replay_ms) / 1e3,
+    }
+    phases = {k: round(v, 3) for k, v in phases.items()}
+    return {"name": t.name, "scheme": "in-job", "K": t.interval_steps, "nodes": n, "size": t.size, "pp": t.pp,
+            "fault_step": fault_step, "checkpoint_step": ck, "steps_replayed": len(replay_ms),
+            "replay_step_ms_median": statistics.median(replay_ms) if replay_ms else None,
+            "expected_replay_steps": S.expected_replay_steps(t.interval_steps),
+            "phases": phases, "total_s": round(sum(phases.values()), 3), "job_id": info["job_id"],
+            "job_state": state, "restore_steps": [list(x) for x in steps_ids],
+            "dead_nodes": restarts[0].get("dead_nodes"), "node_killed": info["node"]}

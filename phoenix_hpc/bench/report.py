@@ -92,6 +92,9 @@ def render_markdown(r: dict) -> str:
     a("")
     a(f"Run: **{r.get('mode')}** mode (`scripts/bench.sh{' --quick' if r.get('mode') == 'quick' else ''}`), "
       f"{r.get('date')}, commit `{r.get('commit')}`, {r.get('wall_s', 0):.0f} s wall.  ")
+    if r.get("kept_sections"):
+        a("Sections not run this time, kept from an earlier run (each says which): "
+          + ", ".join(f"{x} ({(r.get(x) or {}).get('kept_from')})" for x in r["kept_sections"]) + ".  ")
     if r.get("dirty_files"):
         a(f"Files that differed from that commit during the run: {', '.join(f'`{x}`' for x in r['dirty_files'])}.  ")
     a(f"Machine: {m.get('cpu')}, {m.get('logical_cpus')} logical CPUs, {m.get('mem_gib')} GiB, {m.get('gpu')}; "
@@ -110,6 +113,9 @@ def render_markdown(r: dict) -> str:
     ck = r.get("ckpt_restart_s") or {}
     a(f"| ckpt_restart_s | {', '.join(f'K={k}: {v:.2f}' for k, v in _by_k(ck)) or 'n/a'} |")
     a(f"| disruption_ratio (checkpoint-restart K=100 / hot swap) | {_f(r.get('disruption_ratio'))} |")
+    for n, by_k in (r.get("disruption_ratios") or {}).items():
+        a(f"| disruption ratio {n} / hot swap [95 % CI] | " + ", ".join(
+            f"K={k}: {q['value']:.1f} [{q['lo']:.1f}, {q['hi']:.1f}]" for k, q in _by_k(by_k)) + " |")
     a(f"| host_mem_ratio (measured / expected, k=1) | {_f(r.get('host_mem_ratio'), 3)} |")
     a("")
 
@@ -117,6 +123,9 @@ def render_markdown(r: dict) -> str:
     a("## 1. Per-step overhead of protection")
     a("")
     ov = r.get("overhead") or {}
+    if ov.get("kept_from"):
+        a(f"(This section is from the run of {ov['kept_from']}.)")
+        a("")
     if "error" in ov or not ov.get("cases"):
         a(f"Not measured: {ov.get('error', 'section not run')}")
     else:
@@ -149,10 +158,24 @@ def render_markdown(r: dict) -> str:
     a("")
 
     # 2. recovery
-    a("## 2. Hot swap against checkpoint-restart")
-    a("")
     rec = r.get("recovery") or {}
-    if not rec:
+    if rec.get("comparison"):
+        from phoenix_hpc.bench import report_recovery
+
+        a("## 2. Hot swap against requeue, in-job and in-process restart")
+        a("")
+        if rec.get("kept_from"):
+            a(f"(This section is from the run of {rec['kept_from']}.)")
+            a("")
+        L += report_recovery.render(rec)
+        a(f"![recovery]({PLOT_DIR}/recovery.png)")
+        a("")
+    else:
+        a("## 2. Hot swap against checkpoint-restart")
+        a("")
+    if rec.get("comparison"):
+        pass
+    elif not rec:
         a("Not measured: section not run.")
     else:
         a("The same job (model S, pp=2 x dp=2, 4 active nodes) and the same fault: the node of the last active "
@@ -230,6 +253,9 @@ def render_markdown(r: dict) -> str:
     a("## 3. Hot-swap scaling")
     a("")
     sc = r.get("scaling") or {}
+    if sc.get("kept_from"):
+        a(f"(This section is from the run of {sc['kept_from']}.)")
+        a("")
     if not sc:
         a("Not measured: section not run.")
     elif sc.get("unavailable"):
@@ -417,6 +443,17 @@ def _plots(r: dict, folder: Path) -> list[str]:
     for k, b in _by_k(rec.get("baseline")):
         if "total_s" in b:
             bars.append((f"ckpt-restart\nK={k}", dict(b["phases"])))
+    comp = rec.get("comparison") or {}
+    if comp:
+        from phoenix_hpc.bench.baselines import BASELINES
+
+        bars = []
+        if (comp.get("hot-swap") or {}).get("phases_median"):
+            bars.append(("hot-swap", dict(comp["hot-swap"]["phases_median"])))
+        for n in BASELINES:
+            for k, row in _by_k(comp.get(n) or {}):
+                if row.get("phases_median"):
+                    bars.append((f"{n}\nK={k}", dict(row["phases_median"])))
     if bars:
         fig, ax = plt.subplots(figsize=(8, 4))
         phases = list(dict.fromkeys([p for _, d in bars for p in d]))

@@ -88,26 +88,44 @@ def _try(name: str, fn, log):
         return {"name": name, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def section_recovery(ctx: Context, quick: bool, seed: int) -> dict:
+def section_recovery(ctx: Context, quick: bool, seed: int, baselines: tuple[str, ...] | None = None,
+                     ks: tuple[int, ...] | None = None, trials: int | None = None) -> dict:
+    """Section 2: every scheme of :mod:`phoenix_hpc.bench.baselines` on the same job (model S, pp=2 x dp=2,
+    4 active nodes, one spare) and the same fault, ``trials`` times per baseline and K (fault step drawn in
+    [K, 2K)), and the hot swap ``trials`` times; then the comparison (:func:`baselines.summarize`)."""
+    from phoenix_hpc.bench import baselines as B
     from phoenix_hpc.bench import recovery as R
 
     rng = random.Random(seed)
-    ks = (10, 50, 100)
+    ks = tuple(ks or B.DEFAULT_KS)
+    names = tuple(baselines or B.BASELINES)
+    trials = trials or (1 if quick else 3)
     hs_ok, hs_why = hotswap_available()
     ck_ok, ck_why = persist_wired()
     if quick:
-        ck_ok, ck_why = False, "not run in --quick mode (two jobs per interval K)"
-    out: dict = {"seed": seed, "grid": "pp=2 x dp=2", "size": "S", "hotswap": [], "baseline": {},
+        ck_ok, ck_why = False, "not run in --quick mode (a job per trial and interval K)"
+    out: dict = {"seed": seed, "grid": "pp=2 x dp=2", "size": "S", "trials": trials, "ks": list(ks),
+                 "schemes": list(names) + ["hot-swap"], "hotswap": [], "baselines": {n: {} for n in names},
                  "hotswap_unavailable": None if hs_ok else hs_why, "baseline_unavailable": None if ck_ok else ck_why}
-    trials = 1 if quick else 2
-    if hs_ok:
-        for i in range(trials):
-            t = R.Trial(f"hotswap-{i}", "phoenix", 4, "S", 2, fault_step=10 + rng.randrange(10))
-            out["hotswap"].append(_try(t.name, lambda t=t: R.run_hotswap(t, ctx), ctx.log))
-    if ck_ok:
-        for k in ks:
-            t = R.Trial(f"ckpt-K{k}", "checkpoint-restart", 4, "S", 2, R.draw_fault_step(rng, k), k)
-            out["baseline"][str(k)] = _try(t.name, lambda t=t: R.run_baseline(t, ctx), ctx.log)
+    runners = {"requeue": R.run_baseline, "in-job": R.run_in_job, "in-process": R.run_in_process}
+    modes = {"requeue": "checkpoint-restart", "in-job": "checkpoint-restart", "in-process": "phoenix"}
+    jobs_in_order = []
+    for i in range(trials):  # interleaved: a drift of the shared machine hits every scheme alike
+        if hs_ok:
+            jobs_in_order.append(("hot-swap", None, R.Trial(f"hotswap-{i}", "phoenix", 4, "S", 2,
+                                                            fault_step=10 + rng.randrange(10))))
+        if ck_ok:
+            for k in ks:
+                for n in names:
+                    t = R.Trial(f"{n}-K{k}-{i}", modes[n], 4, "S", 2, R.draw_fault_step(rng, k), k, scheme=n)
+                    jobs_in_order.append((n, k, t))
+    for n, k, t in jobs_in_order:
+        if n == "hot-swap":
+            out["hotswap"].append(_try(t.name, lambda t=t: R.hot_swap_six_phases(R.run_hotswap(t, ctx)), ctx.log))
+        else:
+            res = _try(t.name, lambda t=t, n=n: runners[n](t, ctx), ctx.log)
+            out["baselines"][n].setdefault(str(k), []).append(res)
+    out["comparison"] = B.summarize(out["baselines"], out["hotswap"], seed=seed)
     return out
 
 
@@ -156,6 +174,28 @@ def model_fit(points: list[dict], work: Path) -> dict:
         return {"csv": csv.name, "points": rows, "text": proc.stdout.strip()[:2000]}
 
 
+def keep_previous_sections(results: dict, previous: Path, ran: list[str]) -> dict:
+    """``results`` plus each section of :data:`SECTIONS` this run did not run, taken from the previous
+    ``BENCHMARKS.json`` (if it has it) and marked ``kept_from`` ("<date>, commit <commit>"), so that a run of
+    one section regenerates the report without losing the others' numbers. ``results["kept_sections"]``
+    lists them."""
+    try:
+        old = json.loads(previous.read_text()) if previous.exists() else {}
+    except (OSError, ValueError):
+        old = {}
+    kept = []
+    for name in SECTIONS:
+        if name in ran or not isinstance(old.get(name), dict):
+            continue
+        sec = dict(old[name])
+        sec.setdefault("kept_from", f"{old.get('date')}, commit {old.get('commit')}")
+        results[name] = sec
+        kept.append(name)
+    if kept:
+        results["kept_sections"] = kept
+    return results
+
+
 def summarize_top(results: dict) -> dict:
     """The top-level keys of BENCHMARKS.json (pure): overhead_ratio, exposed_wait_ms, hotswap_s, detect_s,
     ckpt_restart_s {K: s}, disruption_ratio, host_mem_ratio."""
@@ -172,6 +212,18 @@ def summarize_top(results: dict) -> dict:
     hs = [h for h in rec.get("hotswap", []) if "total_s" in h]
     top["hotswap_s"] = statistics.median(h["total_s"] for h in hs) if hs else None
     top["detect_s"] = statistics.median(h["phases"]["detect"] for h in hs) if hs else None
+    comp = rec.get("comparison")
+    if comp:  # every baseline, mean over trials per K; ratios of means against the hot swap with 95 % CIs
+        hs_mean = (comp.get("hot-swap", {}).get("total_s") or {}).get("mean")
+        top["hotswap_s"] = hs_mean if hs_mean is not None else top["hotswap_s"]
+        top["restart_s"] = {n: {k: v["total_s"]["mean"] for k, v in by_k.items() if v.get("total_s")}
+                            for n, by_k in comp.items() if n in rec.get("baselines", {})}
+        top["disruption_ratios"] = {n: {k: v["ratio"] for k, v in by_k.items() if v.get("ratio")}
+                                    for n, by_k in comp.items() if n in rec.get("baselines", {})}
+        top["ckpt_restart_s"] = top["restart_s"].get("requeue", {})
+        r100 = top["disruption_ratios"].get("requeue", {}).get("100")
+        top["disruption_ratio"] = r100["value"] if r100 else None
+        return top
     base = rec.get("baseline", {})
     top["ckpt_restart_s"] = {k: v["total_s"] for k, v in base.items() if "total_s" in v}
     k100 = top["ckpt_restart_s"].get("100")
@@ -187,11 +239,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--baselines", default=None, help="comma-separated subset of requeue,in-job,in-process")
+    ap.add_argument("--ks", default=None, help="checkpoint intervals K, comma-separated (default 10,50,100)")
+    ap.add_argument("--trials", type=int, default=None, help="trials per scheme and K (default 3; 1 with --quick)")
     a = ap.parse_args(argv)
     sections = [s for s in a.sections.split(",") if s]
     bad = [s for s in sections if s not in SECTIONS]
     if bad:
         print(f"error: --sections: {bad} not in {list(SECTIONS)}", file=sys.stderr)
+        return 2
+    from phoenix_hpc.bench import baselines as B
+
+    try:
+        names = B.parse_baselines(a.baselines) if a.baselines is not None else None
+        ks = B.parse_ks(a.ks) if a.ks is not None else None
+        trials = B.parse_trials(a.trials) if a.trials is not None else None
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
 
     from phoenix_hpc.bench import report
@@ -224,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
             results["overhead"] = _try("overhead+memory", lambda: overhead.run(client, work, str(data), a.quick, ctx.log), ctx.log)
         if "recovery" in sections:
-            results["recovery"] = section_recovery(ctx, a.quick, a.seed)
+            results["recovery"] = section_recovery(ctx, a.quick, a.seed, names, ks, trials)
         if "scaling" in sections:
             results["scaling"] = section_scaling(ctx, a.quick, a.seed)
             if not results["scaling"].get("unavailable"):
@@ -232,10 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ctx.revive()
     results["wall_s"] = round(time.time() - t0, 1)
+    out = Path(a.out_dir).absolute()
+    results = keep_previous_sections(results, out / "BENCHMARKS.json", sections)
     results.update(summarize_top(results))
     gpu = repo / report.GPU_REPORT  # the last one-GPU check (scripts/gpu-check.sh), if one was kept
     results["gpu_report"] = json.loads(gpu.read_text()) if gpu.exists() else None
-    out = Path(a.out_dir).absolute()
     report.write_all(results, out, {str(work): "<work>", str(repo): "<repo>"})
     print(f"[bench] wrote {out / 'BENCHMARKS.md'} and {out / 'BENCHMARKS.json'} in {results['wall_s']:.0f} s", flush=True)
     return 0

@@ -188,3 +188,37 @@ def disruption_ratio(baseline_s: float, phoenix_s: float) -> float:
     if phoenix_s <= 0:
         raise BenchError(f"disruption_ratio: PHOENIX disruption must be > 0 s, got {phoenix_s}")
     return baseline_s / phoenix_s
+
+
+def mean_ratio(num: Sequence[float], den: Sequence[float], *, resamples: int = 2000, level: float = 0.95,
+               seed: int = 0) -> Ratio:
+    """Ratio of means ``mean(num) / mean(den)`` of two independent samples (e.g. a baseline's and the hot
+    swap's disruption per fault, seconds, one value per trial) with a percentile-bootstrap CI: each resample
+    draws ``len(num)`` values from ``num`` and ``len(den)`` from ``den`` with replacement; the CI is the
+    ``(1-level)/2`` and ``(1+level)/2`` quantiles of the resampled ratios (Efron and Tibshirani 1993,
+    ch. 13). With three trials a side the interval is wide and coarse, as it should be. Deterministic for a
+    given ``seed``.
+
+    Raises BenchError: an empty side, a non-positive mean of ``den`` or a negative value, ``resamples < 1``
+    or ``level`` outside (0, 1).
+    """
+    if not num or not den:
+        raise BenchError(f"ratio: need values on both sides, got {len(num)} and {len(den)}")
+    if resamples < 1:
+        raise BenchError(f"resamples: must be >= 1, got {resamples}")
+    if not 0.0 < level < 1.0:
+        raise BenchError(f"level: must be in (0, 1), got {level}")
+    if min(den) < 0 or min(num) < 0:
+        raise BenchError("ratio: durations must be >= 0")
+    d = statistics.fmean(den)
+    if d <= 0:
+        raise BenchError(f"ratio: the denominator's mean is {d}, must be > 0")
+    value = statistics.fmean(num) / d
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        m = statistics.fmean(rng.choices(den, k=len(den)))
+        if m > 0:
+            ratios.append(statistics.fmean(rng.choices(num, k=len(num))) / m)
+    return Ratio(value=value, lo=quantile(ratios, (1 - level) / 2), hi=quantile(ratios, (1 + level) / 2),
+                 level=level, resamples=resamples)

@@ -27,7 +27,13 @@ from phoenix_hpc.errors import BenchError
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
               help="folder for BENCHMARKS.md, BENCHMARKS.json and benchmarks/*.png")
 @click.option("--seed", type=int, default=2026, show_default=True, help="seed of the random fault steps")
-def bench(quick, sections, out, seed):
+@click.option("--baselines", default="requeue,in-job,in-process", show_default=True,
+              help="recovery section: restart baselines compared with the hot swap (comma-separated subset)")
+@click.option("--ks", default="10,50,100", show_default=True,
+              help="recovery section: checkpoint intervals K of the baselines (integers >= 1)")
+@click.option("--trials", type=int, default=3, show_default=True,
+              help="recovery section: trials per scheme and K (1 with --quick)")
+def bench(quick, sections, out, seed, baselines, ks, trials):
     """Run the benchmarks on a local Slurm cluster of their own and write the report."""
     from phoenix_hpc.bench import run
     from phoenix_hpc.slurm import cluster as C
@@ -36,6 +42,9 @@ def bench(quick, sections, out, seed):
     bad = [s for s in wanted if s not in run.SECTIONS]
     if bad or not wanted:
         raise BenchError(f"--sections: {sections!r} is not allowed; use a comma-separated subset of {list(run.SECTIONS)}")
+    from phoenix_hpc.bench import baselines as B
+
+    B.parse_baselines(baselines), B.parse_ks(ks), B.parse_trials(trials)  # bad input: exit 2 before a cluster
     base = Path(".phoenix") / "bench" / time.strftime("%Y%m%d-%H%M%S")
     base = base.absolute()
     cluster_dir = base / "cluster"
@@ -48,7 +57,8 @@ def bench(quick, sections, out, seed):
     C.up(cluster_dir, nodes=8)
     try:
         argv = ["--cluster-dir", str(cluster_dir), "--work-dir", str(base / "work"), "--out-dir", str(out),
-                "--sections", ",".join(wanted), "--seed", str(seed)] + (["--quick"] if quick else [])
+                "--sections", ",".join(wanted), "--seed", str(seed), "--baselines", baselines, "--ks", ks] + (
+                    ["--quick"] if quick else ["--trials", str(trials)])
         rc = run.main(argv)
     finally:
         C.down(cluster_dir)

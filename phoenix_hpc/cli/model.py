@@ -65,7 +65,11 @@ def model() -> None:
 @click.option("--mttf-s", type=float, required=True, help="System mean time to failure MTTF_sys, seconds.")
 @click.option("--step-s", type=float, required=True, help="Time of one training step t_step, seconds.")
 @click.option("--ckpt-every", type=int, required=True, help="Checkpoint interval K, steps (>= 1).")
-@click.option("--restart-s", type=float, required=True, help="Checkpoint-restart E[T_restart], seconds.")
+@click.option("--restart-s", type=float, default=None,
+              help="Checkpoint-restart E[T_restart], seconds (default: the first --baseline's).")
+@click.option("--baseline", "baselines", multiple=True, metavar="NAME=SECONDS",
+              help="A restart baseline's measured E[T_restart] (seconds, without replay; BENCHMARKS.md section 2), "
+                   "evaluated like checkpoint-restart; NAME one of requeue, in-job, in-process; repeatable.")
 @click.option("--ckpt-overhead-s", type=float, default=0.0, show_default=True,
               help="Checkpoint overhead per fault C_overhead^ckpt (Eq. 2), seconds.")
 @click.option("--hotswap-s", type=float, required=True, help="PHOENIX hot-swap time E[T_hotswap], seconds.")
@@ -75,8 +79,8 @@ def model() -> None:
               help="PHOENIX overhead per fault C_overhead^PHOENIX (Eq. 5), seconds; the paper measures ~0.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--plot", "plot_path", type=str, default=None, help="Also write eta against MTTF to FILE.png.")
-def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, ckpt_overhead_s, hotswap_s, phi, phoenix_overhead_s,
-                   as_json, plot_path):
+def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhead_s, hotswap_s, phi,
+                   phoenix_overhead_s, as_json, plot_path):
     """Disruption per fault and efficiency of checkpoint-restart and PHOENIX (Eqs. 1-5).
 
     C_ckpt = C_overhead + restart + t_step (K-1)/2; C_PHOENIX = C_overhead^PHOENIX + hot swap + t_step phi;
@@ -84,6 +88,12 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, ckpt_overhead_s, hotsw
     """
     from phoenix_hpc.model import analytic, plots
 
+    named = parse_baseline_times(baselines)
+    explicit = restart_s is not None
+    if restart_s is None:
+        if not named:
+            raise ModelError("--restart-s: missing; give --restart-s or at least one --baseline NAME=SECONDS")
+        restart_s = next(iter(named.values()))
     if plot_path:
         plots.check_target(plot_path)
     rep = analytic.compare_schemes(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart_s,
@@ -93,6 +103,16 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, ckpt_overhead_s, hotsw
     out["inputs"] = dict(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart_s,
                          ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap_s, phi=phi,
                          phoenix_overhead_s=phoenix_overhead_s)
+    extra = {}
+    for name, sec in named.items():
+        b = analytic.compare_schemes(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=sec,
+                                     ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap_s, phi=phi,
+                                     phoenix_overhead_s=phoenix_overhead_s)
+        extra[name] = b
+    if named:
+        out["inputs"]["baselines"] = dict(named)
+        out["baselines"] = {n: {**b.checkpoint_restart.to_dict(), "disruption_ratio": b.disruption_ratio}
+                            for n, b in extra.items()}
     if plot_path:
         out["plot"] = str(plots.efficiency_vs_mttf(plot_path, mttf_s, rep.checkpoint_restart.disruption_s,
                                                    rep.phoenix.disruption_s))
@@ -101,7 +121,9 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, ckpt_overhead_s, hotsw
         return
     t = _table(f"Disruption per fault at MTTF {mttf_s:g} s (lambda = {rep.failure_rate_per_s:.3g}/s)",
                "scheme", "overhead s", "recovery s", "replay s", "C per fault s", "eta")
-    for name, s in (("ckpt-restart Eq.2", rep.checkpoint_restart), ("PHOENIX Eq.5", rep.phoenix)):
+    rows = [("ckpt-restart Eq.2", rep.checkpoint_restart)] if explicit else []
+    rows += [(f"{n} Eq.2", b.checkpoint_restart) for n, b in extra.items()] + [("PHOENIX Eq.5", rep.phoenix)]
+    for name, s in rows:
         t.add_row(name, _g(s.overhead_s), _g(s.recovery_s), _g(s.replay_s), _g(s.disruption_s), f"{s.efficiency:.3f}")
     con = _console()
     con.print(t)
@@ -109,6 +131,28 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, ckpt_overhead_s, hotsw
               f"{_g(rep.disruption_ratio)}")
     if plot_path:
         con.print(f"plot written to {out['plot']}")
+
+
+def parse_baseline_times(items) -> dict[str, float]:
+    """``("in-job=12.5", ...)`` -> ``{"in-job": 12.5}`` (pure). Raises ModelError naming the option, the value
+    and the allowed names / values: an unknown name, a value that is not a number >= 0, a name twice."""
+    from phoenix_hpc.bench.baselines import BASELINES
+
+    out: dict[str, float] = {}
+    for it in items:
+        name, sep, val = str(it).partition("=")
+        if not sep or name not in BASELINES:
+            raise ModelError(f"--baseline: {it!r} is not allowed; NAME=SECONDS with NAME one of {list(BASELINES)}")
+        try:
+            sec = float(val)
+        except ValueError:
+            sec = float("nan")
+        if not math.isfinite(sec) or sec < 0:
+            raise ModelError(f"--baseline: {it!r}: SECONDS must be a number >= 0")
+        if name in out:
+            raise ModelError(f"--baseline: {name!r} given twice")
+        out[name] = sec
+    return out
 
 
 @model.command("loss-risk")

@@ -281,6 +281,12 @@ class CheckpointConfig(BaseModel):
     path: str | None = Field(None, description="checkpoint folder; default RUN_DIR/checkpoints")
     keep: int = Field(2, ge=1, description="complete checkpoints kept; older complete ones are deleted when a new "
                                           "one is complete (never the newest complete one)")
+    restart: Literal["requeue", "in-job"] = Field(
+        "requeue",
+        description="mode checkpoint-restart only, how a fault is recovered: requeue: the job ends and is submitted "
+        "again (phoenix resume), which restores the newest checkpoint; in-job: the batch script ends the srun step "
+        "and starts a new one inside the same allocation, on the nodes left (spares take the dead ones' place), and "
+        "every rank restores the newest checkpoint")
 
 
 class ResilienceConfig(BaseModel):
@@ -322,6 +328,12 @@ class ResilienceConfig(BaseModel):
         "and gives it the new groups; rebuild tears every engine down and builds the next generation's anew; "
         "auto is the engine's own (torch: rebind, megatron: rebuild; megatron supports only rebuild)",
     )
+    recovery_source: Literal["memory", "checkpoint"] = Field(
+        "memory",
+        description="mode phoenix only: memory: a recovery restores from the in-memory replicas (hot swap), the "
+        "persistent checkpoint only when they cannot cover the loss; checkpoint: every recovery restarts in the "
+        "same processes from the newest persistent checkpoint (the fallback path taken on purpose, to compare "
+        "with the hot swap)")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="persistent checkpoints")
 
     @field_validator("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", mode="before")
@@ -348,6 +360,12 @@ class ResilienceConfig(BaseModel):
         if not self.coordinator_timeout_s > b:
             raise ValueError(f"need coordinator_timeout_s > heartbeat_timeout_s, got {self.coordinator_timeout_s} "
                              f"and {b}")
+        if self.checkpoint.restart == "in-job" and self.mode != "checkpoint-restart":
+            raise ValueError(f"resilience.checkpoint.restart: 'in-job' needs mode 'checkpoint-restart', got mode "
+                             f"{self.mode!r} (allowed with mode {self.mode!r}: 'requeue')")
+        if self.recovery_source == "checkpoint" and self.mode != "phoenix":
+            raise ValueError(f"resilience.recovery_source: 'checkpoint' needs mode 'phoenix', got mode {self.mode!r} "
+                             "(allowed with it: 'memory')")
         if "node" not in self.placement_levels:
             raise ValueError(
                 f"resilience.placement_levels ({self.placement_levels}) must contain 'node' "

@@ -84,6 +84,8 @@ class Timing:
     final_write_timeout_s: float = 120.0  # the members' write of that checkpoint
     checkpoint_keep: int = 2  # complete checkpoints kept (resilience.checkpoint.keep)
     startup_grace_s: float = 0.0  # a slot's heartbeats are judged once it reported a step or after this (registration)
+    in_job_restart: bool = False  # mode checkpoint-restart, checkpoint.restart in-job: a fault ends the step for a new one
+    recovery_from_checkpoint: bool = False  # recovery_source checkpoint: every recovery loads the persistent checkpoint
 
 
 class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin, InjectRelayMixin, PlannedEndMixin):
@@ -334,7 +336,9 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
     t = Timing(r.heartbeat_interval_s, r.heartbeat_timeout_s, r.collective_timeout_s, ck,
                linger_s=max(2.0, 2 * r.heartbeat_interval_s),
                final_checkpoint=bool(r.enabled and r.mode == "phoenix"), checkpoint_keep=r.checkpoint.keep,
-               startup_grace_s=r.coordinator_grace_s)
+               startup_grace_s=r.coordinator_grace_s,
+               in_job_restart=bool(r.enabled and r.mode == "checkpoint-restart" and r.checkpoint.restart == "in-job"),
+               recovery_from_checkpoint=bool(r.enabled and r.mode == "phoenix" and r.recovery_source == "checkpoint"))
     par = cfg.parallelism
     grid = (par.tp, par.pp, par.dp) if par.dp else None
     return t, grid

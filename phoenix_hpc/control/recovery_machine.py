@@ -99,6 +99,9 @@ class RecoveryMixin:
             self.faults.clear()
         self.journal.append("decision", action=decision.action.value, reason=decision.reason,
                             faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes)} for f in faults])
+        if self.t.in_job_restart:  # checkpoint-restart in the job: the batch script starts a new srun step
+            reporters = {w for f in faults if f.kind in _COMM_KINDS for w in f.slots}
+            return self._request_in_job_restart(decision.reason, reporters)
         if decision.action is Action.CLEAN_STOP:
             ck = self._newest_checkpoint()
             self._end(JobState.FAILED, "clean_stop", reason=decision.reason, checkpoint_step=ck,
@@ -109,6 +112,24 @@ class RecoveryMixin:
         t_fault = min([self._t_fault_hint if self._t_fault_hint is not None else now] + [p.t for p in pend])
         self._t_fault_hint = None
         self._start_recovery(decision, faults, t_fault, now)
+
+    def _request_in_job_restart(self, reason: str, reporters: set[int]) -> None:
+        """``resilience.checkpoint.restart: in-job``: write ``RUN_DIR/in_job_restart.json`` {dead_nodes,
+        checkpoint_step, reason} and end this step's job; the batch script ends the srun step at once and
+        starts a new one in the same allocation without ``dead_nodes``, whose ranks restore the newest
+        persistent checkpoint. ``dead_nodes``: the nodes of the slots found dead so far, except those of
+        ``reporters`` (slots that reported a collective error themselves before exiting: their node is
+        alive)."""
+        from phoenix_hpc.control.in_job import write_restart_request
+
+        dead_nodes = sorted({s.node for w, s in self.slots.items() if s.state is SlotState.DEAD and w not in reporters})
+        ck = self._newest_checkpoint()
+        write_restart_request(self.run_dir, dead_nodes, ck, reason)
+        self.journal.append("restart_in_job", dead_nodes=dead_nodes, checkpoint_step=ck, reason=reason)
+        self._end(JobState.FAILED, "in_job_restart", reason=reason, checkpoint_step=ck,
+                  message=f"{reason}; restarting in the job from the persistent checkpoint of step {ck} "
+                          f"without the node(s) {dead_nodes}")
+        self._end_at = self.clock()  # no linger: the batch script ends this step's tasks at once
 
     def _start_recovery(self, decision: Decision, faults: list[Fault], t_fault: float, now: float) -> None:
         self._maybe_log_commit(force=True)  # journal the committed step this recovery starts from, first
@@ -194,6 +215,9 @@ class RecoveryMixin:
                         key=lambda w: (self.slots[w].node, w))
         dead = [w for w, s in self.slots.items() if s.state is SlotState.DEAD]
         t0 = time.perf_counter()
+        if self.t.recovery_from_checkpoint:  # resilience.recovery_source: checkpoint (the fallback on purpose)
+            return self._fallback(rec, FallbackRequired("resilience.recovery_source is 'checkpoint'"), live_steps,
+                                  spares, dead, now)
         try:
             plan = plan_recovery(
                 generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),

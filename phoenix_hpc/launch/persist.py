@@ -13,7 +13,7 @@ the same root (an absolute ``checkpoint.path``) to find it.
 
 Timings for the benchmarks (unix seconds, wall clock) are appended by each rank to
 ``RUN_DIR/ranks/rank{r}.persist.jsonl``: ``{"event": "save", "step", "t_start", "t_end"}`` and
-``{"event": "restore", "step", "t_start", "t_end"}`` (or ``{"event": "restore", "step": null, ...}`` when
+``{"event": "restore", "step", "t_start", "t_end", "slurm_job_id", "slurm_step_id"}`` (or ``{"event": "restore", "step": null, ...}`` when
 there was nothing to restore).
 """
 
@@ -81,8 +81,16 @@ def restore_latest(engine: Engine, groups: ProcessGroups, cfg, run_dir: str | os
     step = latest_step(root)
     if step is not None:
         step = load_checkpoint(engine, root, groups.world, step)
-    _log(run_dir, _rank(groups), {"event": "restore", "step": step, "t_start": t0, "t_end": time.time()})
+    _log(run_dir, _rank(groups), {"event": "restore", "step": step, "t_start": t0, "t_end": time.time(),
+                                  **slurm_ids()})
     return step
+
+
+def slurm_ids(env=None) -> dict:
+    """``{"slurm_job_id", "slurm_step_id"}`` of this process (``SLURM_JOB_ID``/``SLURM_STEP_ID``, srun(1)
+    OUTPUT ENVIRONMENT VARIABLES; None outside a step): which job and step a restore ran in."""
+    env = os.environ if env is None else env
+    return {"slurm_job_id": env.get("SLURM_JOB_ID"), "slurm_step_id": env.get("SLURM_STEP_ID")}
 
 
 def start_step(cfg, run_dir: str | os.PathLike) -> int:

@@ -14,7 +14,11 @@ What the script does (docs/design.md section 7), in order:
    standby (the rank launcher decides from ``SLURM_NODEID``);
 5. ends the srun step if slots still run :func:`step_grace_s` seconds after the coordinator exited (a
    stopped or hung process never exits by itself, and would hold the allocation until the time limit);
-6. stops the coordinator, and for a chained run (``resources.chain``) cancels the next job when the run
+6. with ``resilience.checkpoint.restart: in-job`` (mode checkpoint-restart), when the coordinator asked for an
+   in-job restart (:mod:`phoenix_hpc.control.in_job`): ends the step at once and runs steps 3-5 again inside
+   the allocation, on its nodes without the dead ones (new srun step, new coordinator); the ranks restore
+   the newest persistent checkpoint;
+7. stops the coordinator, and for a chained run (``resources.chain``) cancels the next job when the run
    finished (step 0 queued it: ``phoenix_hpc.cli.chain``), and exits with the job's status: 0 when the coordinator recorded ``job_done``
    (training finished, also after hot swaps: the lost slots' exit codes make srun's status non-zero, and
    ``--dependency=afterok`` chains, ``sacct`` and mails must see a finished job), else srun's status
@@ -43,6 +47,8 @@ _SAFE_PATH = re.compile(r"^[A-Za-z0-9_.,+=/@:-]+$")
 COORDINATOR_MODULE = "phoenix_hpc.control.coordinator"
 RANK_MODULE = "phoenix_hpc.launch.rank"
 CHAIN_MODULE = "phoenix_hpc.cli.chain"
+IN_JOB_MODULE = "phoenix_hpc.control.in_job"
+IN_JOB_REQUEST = "in_job_restart.json"  # phoenix_hpc.control.in_job.REQUEST_FILE
 COORDINATOR_STOP_GRACE_S = 30
 
 
@@ -205,6 +211,9 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
             'if [ "$CHAIN_RC" -ne 0 ]; then exit 1; fi',
             "",
         ]
+    rz = cfg.resilience
+    in_job = bool(rz.enabled and rz.mode == "checkpoint-restart" and rz.checkpoint.restart == "in-job")
+    loop_start = len(out)
     out += [
         "# 1. the coordinator (control plane) first, on the batch host",
         f'rm -f "$RUN_DIR/coordinator.json" "$RUN_DIR/{EXIT_STATUS_FILE}"',
@@ -246,9 +255,11 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         "--no-kill",
         "--kill-on-bad-exit=0",
         f"--mpi={ln.srun_mpi}",
-        f"--nodes={job.total_nodes}",
+        f"--nodes={job.total_nodes}" if not in_job else '--nodes="$STEP_NODES"',
         f"--ntasks-per-node={gpn}",
     ]
+    if in_job:
+        srun.append('${STEP_NODELIST:+--nodelist="$STEP_NODELIST"}')
     if sch.request_gpus:
         srun.append(f"--gpus-per-node={gpn}")
     if ln.gpu_bind:
@@ -267,13 +278,30 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         "# that cannot (a stopped or hung process) would keep the step, and the allocation, alive: end the step",
         f"STEP_GRACE_S={grace}",
         "end_step_after_coordinator() {",
-        '  while kill -0 "$COORDINATOR_PID" 2>/dev/null; do sleep 1; done',
+        '  while kill -0 "$COORDINATOR_PID" 2>/dev/null; do sleep 1; done' if not in_job else
+        '  while kill -0 "$COORDINATOR_PID" 2>/dev/null; do sleep 0.1; done',
+    ]
+    if in_job:
+        out += [
+            f'  if [ -s "$RUN_DIR/{IN_JOB_REQUEST}" ]; then',
+            '    echo "[phoenix] in-job restart: ending step ${SLURM_JOB_ID}.${STEP_NO} now" >&2',
+            '    scancel --signal=KILL "${SLURM_JOB_ID}.${STEP_NO}" 2>/dev/null',
+            "    for _ in $(seq 20); do",
+            '      kill -0 "$SRUN_PID" 2>/dev/null || return 0',
+            "      sleep 0.1",
+            "    done",
+            '    kill -KILL "$SRUN_PID" 2>/dev/null || true',
+            "    return 0",
+            "  fi",
+        ]
+    out += [
         "  for _ in $(seq \"$STEP_GRACE_S\"); do",
         '    kill -0 "$SRUN_PID" 2>/dev/null || return 0',
         "    sleep 1",
         "  done",
         '  echo "[phoenix] slots still running $STEP_GRACE_S s after the coordinator ended; ending the step" >&2',
-        '  scancel --signal=KILL "${SLURM_JOB_ID}.0" 2>/dev/null',
+        '  scancel --signal=KILL "${SLURM_JOB_ID}.0" 2>/dev/null' if not in_job else
+        '  scancel --signal=KILL "${SLURM_JOB_ID}.${STEP_NO}" 2>/dev/null',
         "  for _ in $(seq 10); do",
         '    kill -0 "$SRUN_PID" 2>/dev/null || return 0',
         "    sleep 1",
@@ -301,6 +329,32 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         f'if [ -s "$RUN_DIR/{EXIT_STATUS_FILE}" ]; then COORDINATOR_RC=$(cat "$RUN_DIR/{EXIT_STATUS_FILE}"); fi',
         'echo "[phoenix] coordinator verdict $COORDINATOR_RC (process status $COORDINATOR_PROCESS_RC)"',
     ]
+    if in_job:
+        body = out[loop_start:]
+        del out[loop_start:]
+        out += [
+            "# resilience.checkpoint.restart: in-job. On a fault the coordinator asks for a restart"
+            f" ({IN_JOB_REQUEST}):",
+            "# the step is ended at once and steps 1-2 run again inside this allocation, on its nodes without the",
+            "# dead ones; the new step's ranks restore the newest persistent checkpoint",
+            f'rm -f "$RUN_DIR/{IN_JOB_REQUEST}"',
+            "STEP_NO=0",
+            "STEP_NODES=$((ACTIVE_NODES + SPARE_NODES))",
+            "STEP_NODELIST=",
+            "while :; do",
+        ]
+        out += [("  " + x) if x else x for x in body]
+        out += [
+            f'  NEXT=$("$PHOENIX_PYTHON" -m {IN_JOB_MODULE} next-nodes --run-dir "$RUN_DIR" '
+            '--nodes "$SLURM_JOB_NODELIST" --active "$ACTIVE_NODES")',
+            "  NEXT_RC=$?",
+            '  [ "$NEXT_RC" -eq 0 ] || break',
+            '  STEP_NODELIST=${NEXT% *}',
+            '  STEP_NODES=$((ACTIVE_NODES + ${NEXT##* }))',
+            "  STEP_NO=$((STEP_NO + 1))",
+            '  echo "[phoenix] in-job restart: step ${SLURM_JOB_ID}.${STEP_NO} on $STEP_NODELIST"',
+            "done",
+        ]
     if chain:
         out += ["# the next job of the chain: cancelled when the run finished, else it continues the run",
                 f'"$PHOENIX_PYTHON" -m {CHAIN_MODULE} end --run-dir "$RUN_DIR" --status "$COORDINATOR_RC"']
