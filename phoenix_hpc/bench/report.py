@@ -435,7 +435,7 @@ def _plots(r: dict, folder: Path) -> list[str]:
         save(fig, "memory.png")
     rec = r.get("recovery") or {}
     bars = []
-    for h in rec.get("hotswap", []):
+    for h in ([] if rec.get("comparison") else rec.get("hotswap", [])):
         if "total_s" in h:
             d = {p: h["phases"][p] for p in PHOENIX_PHASES}
             d["between phases (mostly quiesce)"] = max(0.0, unattributed(h))

@@ -214,8 +214,6 @@ def summarize_top(results: dict) -> dict:
     top["detect_s"] = statistics.median(h["phases"]["detect"] for h in hs) if hs else None
     comp = rec.get("comparison")
     if comp:  # every baseline, mean over trials per K; ratios of means against the hot swap with 95 % CIs
-        hs_mean = (comp.get("hot-swap", {}).get("total_s") or {}).get("mean")
-        top["hotswap_s"] = hs_mean if hs_mean is not None else top["hotswap_s"]
         top["restart_s"] = {n: {k: v["total_s"]["mean"] for k, v in by_k.items() if v.get("total_s")}
                             for n, by_k in comp.items() if n in rec.get("baselines", {})}
         top["disruption_ratios"] = {n: {k: v["ratio"] for k, v in by_k.items() if v.get("ratio")}
