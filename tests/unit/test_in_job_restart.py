@@ -4,6 +4,7 @@ a new srun step on the nodes left, the step ended at once on a restart request).
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -71,3 +72,73 @@ def test_in_job_script_loops_over_srun_steps_in_the_allocation(tmp_path):
 def test_requeue_script_has_no_loop(tmp_path):
     s = _script(tmp_path, "requeue")
     assert "STEP_NO" not in s and "in_job" not in s and 'scancel --signal=KILL "${SLURM_JOB_ID}.0"' in s
+
+
+class _DictStore:
+    """Stands in for the TCPStore: only ``set`` and ``queue_push`` are called on these paths."""
+
+    def __init__(self) -> None:
+        self.kv: dict[str, str] = {}
+        self.queues: dict[str, list] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.kv[key] = value
+
+    def queue_push(self, key: str, value) -> None:
+        self.queues.setdefault(key, []).append(value)
+
+    def queue_len(self, key: str) -> int:
+        return len(self.queues.get(key, []))
+
+
+def _coordinator(tmp_path, timing, n: int, now: float):
+    from phoenix_hpc.control.coordinator import Coordinator, Slot
+    from phoenix_hpc.control.journal import Journal
+    from phoenix_hpc.control.states import JobState, SlotState, job_machine, slot_machine
+
+    c = Coordinator(tmp_path, grid=(1, 1, n), timing=timing, clock=lambda: now)
+    c.journal = Journal(tmp_path)
+    c.store = _DictStore()
+    c.job = job_machine(JobState.RUNNING)
+    for w in range(n):
+        c.slots[w] = Slot(w, f"n{w}", 100 + w, "active", slot_machine(f"slot {w}", SlotState.ACTIVE), now,
+                          logical_rank=w, generation=0, step=7)
+        c.rank_map[w] = w
+    return c
+
+
+def test_coordinator_asks_for_an_in_job_restart_without_the_nodes_of_the_dead_slots(tmp_path):
+    """Slot 2's node died (process exit, no report); slot 1 reported the collective error it caused and
+    then exited: its node is alive and stays in the next step. A checkpoint of step 5 is on disk."""
+    from phoenix_hpc.control.classify import Fault, FaultKind
+    from phoenix_hpc.control.coordinator import Timing
+    from phoenix_hpc.control.journal import read_journal
+    from phoenix_hpc.control.records import PendingFault
+    from phoenix_hpc.control.states import JobState, SlotState
+
+    ck = tmp_path / "ck"
+    (ck / "step_5").mkdir(parents=True)
+    c = _coordinator(tmp_path, Timing(in_job_restart=True, checkpoint_path=str(ck)), 3, now=50.0)
+    c.faults.append(PendingFault(Fault(FaultKind.COMM_ERROR, (1,), ("n1",), False, "reset by peer"), 49.0))
+    c._declare_dead([2], FaultKind.PROCESS_EXIT, "process exited", 49.5)
+    c.slots[1].machine.to(SlotState.DEAD, "exited after its report")
+    c._decide(50.0)
+    req = json.loads((tmp_path / "in_job_restart.json").read_text())
+    assert req["dead_nodes"] == ["n2"] and req["reason"]
+    (rec,) = [r for r in read_journal(tmp_path) if r["event"] == "restart_in_job"]
+    assert rec["dead_nodes"] == ["n2"]
+    assert c.job.state is JobState.FAILED and c._end_at == 50.0  # the step is ended at once, no linger
+    assert not [r for r in read_journal(tmp_path) if r["event"] == "recovery_start"]
+
+
+def test_recovery_source_checkpoint_plans_a_checkpoint_restart_where_memory_would_do(tmp_path):
+    """A hot swap would cover the loss; with ``recovery_source: checkpoint`` the plan is the fallback's."""
+    from phoenix_hpc.control.coordinator import Timing
+
+    c = _coordinator(tmp_path, Timing(recovery_from_checkpoint=True), 2, now=10.0)
+    called = {}
+    c._fallback = lambda rec, exc, *a: called.setdefault("reason", exc.reason)
+    from types import SimpleNamespace
+
+    c._plan(SimpleNamespace(quiesced={}), 10.0)
+    assert called == {"reason": "resilience.recovery_source is 'checkpoint'"}
