@@ -29,6 +29,9 @@ PHASES = ("detect", "teardown", "relaunch", "init", "load", "replay")
 DEFAULT_KS = (10, 50, 100)
 #: The step time of docs/design.md section 1 (the paper's 20 s steps), for the *computed* cost.
 PAPER_STEP_S = 20.0
+#: E[phi] of Eq. 5 (docs/design.md section 1): the completed fraction of the step in flight, lost by the hot
+#: swap besides the steps it replays (``phoenix model efficiency --phi``, default 0.5).
+HOTSWAP_PHI = 0.5
 
 
 def parse_baselines(text: str) -> tuple[str, ...]:
@@ -97,7 +100,8 @@ def summarize(trials: Mapping[str, Mapping[str, Sequence[Mapping]]], hotswap: Se
               step_s: float = PAPER_STEP_S, seed: int = 0) -> dict:
     """Per baseline and K (pure): the trials' totals, the median phases, the ratio of mean disruption
     against the hot swap with its 95 % bootstrap interval (:func:`phoenix_hpc.bench.stats.mean_ratio`), and
-    the computed cost at ``step_s`` s steps for both sides and its ratio.
+    the computed cost at ``step_s`` s steps for both sides and its ratio (baselines: Eq. 2 with E[R] =
+    (K - 1) / 2; hot swap: Eq. 5, its measured replayed steps plus E[phi] = :data:`HOTSWAP_PHI` of a step).
 
     ``trials``: {baseline: {K (str): [trial dicts with ``total_s`` and ``phases``]}}, failed trials (no
     ``total_s``) left out; ``hotswap``: hot-swap trials (``total_s``, ``phases`` of :data:`PHASES`,
@@ -108,7 +112,8 @@ def summarize(trials: Mapping[str, Mapping[str, Sequence[Mapping]]], hotswap: Se
     hs_steps = statistics.fmean(float(h.get("steps_replayed") or 0) for h in hs) if hs else None
     out: dict = {"hot-swap": {"n": len(hs), "total_s": _sample(hs_tot),
                               "phases_median": _median_phases(hs),
-                              "computed_at_step_s": (statistics.fmean(hs_no_replay) + hs_steps * step_s) if hs else None,
+                              "computed_at_step_s": (statistics.fmean(hs_no_replay) + (hs_steps + HOTSWAP_PHI) * step_s)
+                              if hs else None,
                               "steps_replayed_mean": hs_steps}}
     for name, by_k in trials.items():
         out[name] = {}

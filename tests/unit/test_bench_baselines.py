@@ -73,8 +73,9 @@ def test_summarize_gives_each_baseline_and_k_its_ratio_and_computed_cost():
     assert row["n"] == 3 and row["total_s"]["mean"] == pytest.approx(12.0)
     assert row["ratio"]["value"] == pytest.approx(12.0) and row["ratio"]["lo"] <= 12.0 <= row["ratio"]["hi"]
     assert row["computed_at_step_s"] == pytest.approx(11.0 + 4.5 * 20)
-    assert c["hot-swap"]["n"] == 3 and c["hot-swap"]["computed_at_step_s"] == pytest.approx(1.0)
-    assert row["computed_ratio"] == pytest.approx((11.0 + 90.0) / 1.0)
+    # Eq. 5: the hot swap loses E[phi] = half of the step in flight besides the steps it replays (none here)
+    assert c["hot-swap"]["n"] == 3 and c["hot-swap"]["computed_at_step_s"] == pytest.approx(1.0 + 0.5 * 20)
+    assert row["computed_ratio"] == pytest.approx((11.0 + 90.0) / 11.0)
     assert c["requeue"]["10"]["n"] == 0 and "ratio" not in c["requeue"]["10"]
 
 
