@@ -258,8 +258,11 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         f"--nodes={job.total_nodes}" if not in_job else '--nodes="$STEP_NODES"',
         f"--ntasks-per-node={gpn}",
     ]
-    if in_job:  # the batch environment's SLURM_NTASKS is the whole allocation's: srun(1) would take it
-        srun += [f'--ntasks="$((STEP_NODES * {gpn}))"', '${STEP_NODELIST:+--nodelist="$STEP_NODELIST"}']
+    if in_job:  # the batch environment's SLURM_NTASKS is the whole allocation's: srun(1) would take it.
+        # --overlap (srun(1)): the ended step keeps its resources until its dead node is marked down
+        # (SlurmdTimeout); without it the new step waits for "Requested nodes are busy"
+        srun += [f'--ntasks="$((STEP_NODES * {gpn}))"', "--overlap",
+                 '${STEP_NODELIST:+--nodelist="$STEP_NODELIST"}']
     if sch.request_gpus:
         srun.append(f"--gpus-per-node={gpn}")
     if ln.gpu_bind:

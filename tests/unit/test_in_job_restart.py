@@ -63,6 +63,7 @@ def test_in_job_script_loops_over_srun_steps_in_the_allocation(tmp_path):
     subprocess.run(["bash", "-n"], input=s, text=True, check=True)
     loop = s[s.index("while :; do\n  # 1. the coordinator"):]
     assert '--nodes="$STEP_NODES"' in loop and '--ntasks="$((STEP_NODES * 1))"' in loop and '${STEP_NODELIST:+--nodelist="$STEP_NODELIST"}' in loop
+    assert '--overlap' in loop  # the ended step's resources are held until its dead node is marked down
     assert 'scancel --signal=KILL "${SLURM_JOB_ID}.${STEP_NO}"' in loop
     assert "-m phoenix_hpc.control.in_job next-nodes" in loop and "STEP_NO=$((STEP_NO + 1))" in loop
     assert loop.index("srun ") < loop.index("next-nodes") < loop.index("\ndone\n")
