@@ -4,12 +4,14 @@
 [--update-benchmarks DIR]`` (``scripts/bench-control-plane`` runs it).
 
 Per rank count N it starts ``python -m phoenix_hpc.control.coordinator`` (default timings: heartbeat every
-1 s, timeout 10 s; journal summaries every 2 s) in a run directory of its own, and N + 8 simulated slots
-(N active on the grid tp = pp = 1, dp = N, 4 per node, and 2 spare nodes) in worker processes of
-:mod:`phoenix_hpc.bench.ctlsim`. It measures, each from the coordinator's journal or process:
+1 s, timeout 10 s; journal summaries every 2 s) in a run directory of its own, and N + 16 simulated slots
+(N active on the grid tp = pp = 1, dp = N, 8 per node, and 2 spare nodes) in worker processes of
+:mod:`phoenix_hpc.bench.ctlsim`, each simulated node sending one ``heartbeats`` message per interval for its
+slots with their commit reports, as real nodes do (:mod:`phoenix_hpc.control.node_beats`). It measures,
+each from the coordinator's journal or process:
 
 - *heartbeat age at handling* p50 / p99 (:mod:`phoenix_hpc.control.loadstats`; the worst p99 of the
-  steady windows) and the heartbeats the coordinator handled per second;
+  steady windows), the slot heartbeats and the messages the coordinator handled per second;
 - *coordinator CPU*: its process CPU time (all threads, the TCPStore server included) over wall time in
   the steady window, in cores, and per handled message;
 - *detection after an exit*: a spare slot's process "exits" (its liveness connection closes) -> the
@@ -44,7 +46,7 @@ from typing import Any
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.journal import read_journal
 
-PER_NODE = 4
+PER_NODE = 8
 SPARE_NODES = 2
 SUMMARY_S = 2.0
 
@@ -103,12 +105,15 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         slots = _slots(n)
         ctx = mp.get_context("spawn")
         t0 = time.time()
+        node_of_worker = {}  # whole nodes per worker: a node's slots are in one heartbeats message
+        for s in slots:
+            node_of_worker.setdefault(s["node"], len(node_of_worker) % workers)
         for k in range(workers):
-            mine = slots[k::workers]
+            mine = [s for s in slots if node_of_worker[s["node"]] == k]
             a, b = ctx.Pipe()
             spec = {"host": "127.0.0.1", "port": info["port"], "liveness_port": info["liveness_port"],
                     "secret": secret, "slots": mine, "active": n, "per_node": PER_NODE, "interval_s": 1.0,
-                    "step_s": step_s, "t0": t0, "world_size": len(slots)}
+                    "timeout_s": 10.0, "step_s": step_s, "t0": t0, "world_size": len(slots)}
             p = ctx.Process(target=_worker_entry, args=(b, spec), daemon=True)
             p.start()
             procs.append(p)
@@ -121,7 +126,7 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         if registered != len(slots):
             raise RuntimeError(f"only {registered} of {len(slots)} simulated slots registered: "
                                f"{[r['refused'] for r in regs]}")
-        owner = {s["world_rank"]: pipes[i % workers] for i, s in enumerate(slots)}
+        owner = {s["world_rank"]: pipes[node_of_worker[s["node"]]] for s in slots}
 
         def ask(w: int | None, cmd: str, arg=None):
             c = owner[w] if w is not None else None
@@ -134,7 +139,7 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
             return [c.recv() for c in pipes]
 
         time.sleep(2.5)  # warm-up: every slot beat at least twice
-        spare_silent, spare_exit, victim = n, n + 1, n // 2 + 1
+        spare_silent, spare_exit, victim = n, n + PER_NODE, n // 2 + 1  # the spares on two nodes
         rep0 = ask_all("report")
         cpu0, w0 = _cpu_s(proc.pid), time.time()
         silent = ask(spare_silent, "silence", spare_silent)
@@ -143,7 +148,8 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         time.sleep(steady_s / 2)
         cpu1, w1 = _cpu_s(proc.pid), time.time()
         rep1 = ask_all("report")
-        sent = sum(r["beats"] for r in rep1) - sum(r["beats"] for r in rep0)
+        sent = sum(r["entries"] for r in rep1) - sum(r["entries"] for r in rep0)
+        sent_msgs = sum(r["beats"] for r in rep1) - sum(r["beats"] for r in rep0)
         commits = sum(r["commits"] for r in rep1) - sum(r["commits"] for r in rep0)
         # the silent spare is found 10 s after its last heartbeat: wait for it if the window was shorter
         d_silent = _wait_event(run_dir, "slots_dead", lambda r: spare_silent in r["slots"] and r["ts"] >= w0, 30)
@@ -183,17 +189,22 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         coord_log.close()
     win = w1 - w0
     hb = [s for s in summaries if s.get("heartbeat_age")]
-    handled = None  # from the summaries around the window: the last one before it to the first one after it
+    handled = handled_msgs = None  # from the summaries around the window: the last before it, the first after
     span = [r for r in all_summaries if r["ts"] <= w0][-1:] + [r for r in all_summaries if r["ts"] >= w1][:1]
     if len(span) == 2 and span[1]["ts"] > span[0]["ts"]:
         handled = (span[1]["heartbeats"] - span[0]["heartbeats"]) / (span[1]["ts"] - span[0]["ts"])
+        handled_msgs = (span[1].get("heartbeat_messages", 0) - span[0].get("heartbeat_messages", 0)) \
+            / (span[1]["ts"] - span[0]["ts"])
     out: dict[str, Any] = {
-        "ranks": n, "slots": len(slots), "workers": workers, "heartbeat_interval_s": 1.0,
+        "ranks": n, "slots": len(slots), "nodes": len(slots) // PER_NODE, "slots_per_node": PER_NODE,
+        "workers": workers, "heartbeat_interval_s": 1.0,
         "heartbeat_timeout_s": 10.0, "step_s": step_s, "register_s": round(t_reg, 2),
         "window_s": round(win, 2),
-        "sent_heartbeats_per_s": round(sent / win, 1), "sent_commits_per_s": round(commits / win, 1),
-        "nominal_heartbeats_per_s": float(len(slots)), "nominal_commits_per_s": round(n / step_s, 1),
+        "sent_heartbeats_per_s": round(sent / win, 1), "sent_messages_per_s": round(sent_msgs / win, 1),
+        "sent_commits_per_s": 0.0, "carried_commits_per_s": round(commits / win, 1),
+        "nominal_heartbeats_per_s": float(len(slots)), "nominal_messages_per_s": float(len(slots) // PER_NODE),
         "handled_heartbeats_per_s": None if handled is None else round(handled, 1),
+        "handled_messages_per_s": None if handled_msgs is None else round(handled_msgs, 1),
         "coordinator_cores": round((cpu1 - cpu0) / win, 3),
         "heartbeat_age_p50_ms": round(sorted(s["heartbeat_age"]["p50_ms"] for s in hb)[len(hb) // 2], 2) if hb else None,
         "heartbeat_age_p99_ms": round(max(s["heartbeat_age"]["p99_ms"] for s in hb), 2) if hb else None,
@@ -202,8 +213,9 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         round(d_silent["ts"] - silent["t_last_beat"], 3),
         "detect_active_exit_s": None if d_victim is None else round(d_victim["ts"] - victim_exit["t_exit"], 3),
     }
-    msgs = (sent + commits) / win
+    msgs = sent_msgs / win
     out["cpu_us_per_message"] = round(1e6 * out["coordinator_cores"] / msgs, 1) if msgs else None
+    out["cpu_us_per_slot_heartbeat"] = round(1e6 * out["coordinator_cores"] * win / sent, 1) if sent else None
     if early:  # slots declared dead before the steady window: the run does not show a healthy control plane
         out["error"] = (f"{sum(len(r['slots']) for r in early)} slot(s) declared dead before the steady window "
                         f"(first: {early[0].get('reason', '')[:120]})")
@@ -247,9 +259,11 @@ def machine() -> dict[str, Any]:
             "torch": torch.__version__}
 
 
-COLUMNS = (("ranks", "ranks"), ("sent_heartbeats_per_s", "hb sent/s"), ("handled_heartbeats_per_s", "hb handled/s"),
+COLUMNS = (("ranks", "ranks"), ("sent_messages_per_s", "msgs sent/s"), ("handled_messages_per_s", "msgs handled/s"),
+           ("handled_heartbeats_per_s", "slot hb handled/s"),
            ("heartbeat_age_p50_ms", "hb age p50 ms"), ("heartbeat_age_p99_ms", "hb age p99 ms"),
            ("coordinator_cores", "coord cores"), ("cpu_us_per_message", "CPU us/msg"),
+           ("cpu_us_per_slot_heartbeat", "CPU us/slot hb"),
            ("detect_exit_s", "detect exit s"), ("detect_silence_s", "detect silence s"),
            ("quiesce_s", "quiesce s"), ("plan_s", "plan s"), ("plan_delivered_s", "plan pushed s"),
            ("plan_read_by_all_s", "read by all s"), ("register_s", "register s"))
@@ -266,16 +280,16 @@ def table(rows: list[dict]) -> str:
 
 def parse_ranks(text: str) -> list[int]:
     """``"1000,4000"`` -> ``[1000, 4000]``. Raises ValueError naming the value unless every item is an
-    integer from 16 to 100000 and a multiple of 4."""
+    integer from 16 to 100000 and a multiple of :data:`PER_NODE` (8)."""
     out = []
     for item in text.split(","):
         try:
             v = int(item)
         except ValueError:
-            raise ValueError(f"--ranks: {item!r} is not allowed; expected integers 16..100000 (multiples of 4), "
+            raise ValueError(f"--ranks: {item!r} is not allowed; expected integers 16..100000 (multiples of {PER_NODE}), "
                              "comma-separated") from None
         if not 16 <= v <= 100_000 or v % PER_NODE:
-            raise ValueError(f"--ranks: {v} is not allowed; expected integers 16..100000 (multiples of 4)")
+            raise ValueError(f"--ranks: {v} is not allowed; expected integers 16..100000 (multiples of {PER_NODE})")
         out.append(v)
     return out
 

@@ -129,11 +129,13 @@ def findings(result: dict[str, Any]) -> list[str]:
     if c.get("value") is not None:
         verdict = "met" if c["met"] else "MISSED"
         out.append(f"coordinator CPU at {n} ranks: {c['value']:.2f} cores (goal < 1 core: {verdict}) while handling "
-                   f"{_fmt(top.get('handled_heartbeats_per_s'))} heartbeats/s (simulators sent "
-                   f"{_fmt(top.get('sent_heartbeats_per_s'))}/s of a nominal {_fmt(top.get('nominal_heartbeats_per_s'))}/s) "
-                   f"and {_fmt(top.get('sent_commits_per_s'))} commit reports/s"
+                   f"{_fmt(top.get('handled_heartbeats_per_s'))} slot heartbeats/s in "
+                   f"{_fmt(top.get('handled_messages_per_s'))} node messages/s (simulators sent "
+                   f"{_fmt(top.get('sent_messages_per_s'))}/s of a nominal {_fmt(top.get('nominal_messages_per_s'))}/s, "
+                   f"{top.get('slots_per_node', '-')} slots per node) carrying "
+                   f"{_fmt(top.get('carried_commits_per_s', top.get('sent_commits_per_s')))} commit reports/s"
                    + ("" if c["met"] else "; what dominates: one store round trip (queue_pop), one JSON decode and "
-                      "one HMAC per message in a single Python loop, so the cost grows with ranks x rate"))
+                      "one HMAC per node message, and per slot entry a dictionary update, in a single Python loop"))
     sent, handled = top.get("sent_heartbeats_per_s"), top.get("handled_heartbeats_per_s")
     if sent and handled is not None and handled < 0.95 * sent:
         out.append(f"at {n} ranks the coordinator did NOT keep up: it handled {handled:,.0f} of the {sent:,.0f} "
@@ -146,9 +148,9 @@ def findings(result: dict[str, Any]) -> list[str]:
                    "judged at that size")
     cpu = a.get("cpu") or {}
     if cpu.get("cpu_s_per_message"):
-        out.append(f"coordinator CPU per message: {cpu['cpu_s_per_message'] * 1e6:.1f} us (line through the runs, "
-                   f"idle {cpu['idle_cores']:.3f} cores): one core serves about {cpu['max_messages_per_s']:,} "
-                   "messages/s")
+        out.append(f"coordinator CPU per slot heartbeat (its share of the node's message, commit included): "
+                   f"{cpu['cpu_s_per_message'] * 1e6:.1f} us (line through the runs, idle {cpu['idle_cores']:.3f} "
+                   f"cores): one core serves about {cpu['max_messages_per_s']:,} slot heartbeats/s")
     return out
 
 
@@ -173,7 +175,9 @@ def section_lines(result: dict[str, Any]) -> list[str]:
          "The real coordinator process (`python -m phoenix_hpc.control.coordinator`, default timings: heartbeat "
          "every 1 s, timeout 10 s) against simulated slots (`phoenix_hpc/bench/ctlsim.py`: many per process, "
          "the real signed messages on the real TCPStore keys and one liveness connection each; N active ranks "
-         "on dp = N, 4 per node, plus 8 spares; one commit report per rank per step of "
+         f"on dp = N, {(result.get('runs') or [{}])[0].get('slots_per_node', 4)} per node, plus 2 spare nodes; "
+         "each node sends one `heartbeats` message per interval for its slots, which carries each active "
+         "slot's newest commit report, a new step every "
          f"{result['runs'][0]['step_s'] if result.get('runs') else '-'} s). Simulators and coordinator share "
          "this machine's cores, so the simulators' achieved rate is shown next to the nominal one.", "",
          table(result.get("runs", [])), "",
@@ -208,7 +212,7 @@ def section_lines(result: dict[str, Any]) -> list[str]:
     if cpu.get("cpu_s_per_message"):
         L += ["", f"`phoenix submit` judges a job's heartbeat load by these numbers "
                   f"(`phoenix_hpc/control/capacity_table.py`, written by this run): exit 2 when the heartbeats "
-                  f"alone would need a whole core ({cpu['max_messages_per_s']:,} messages/s), a warning above half "
+                  f"alone would need a whole core ({cpu['max_messages_per_s']:,} slot heartbeats/s), a warning above half "
                   "a core or beyond the simulated rank counts."]
     return L + [""]
 

@@ -6,15 +6,19 @@ CoordinatorClient` does, with the same signed messages (:func:`phoenix_hpc.contr
 same TCPStore keys and the same liveness connection (:func:`phoenix_hpc.control.liveness.connect_alive`):
 
 - ``register`` (a request answered on ``ctl/reply/{nonce}``), then one liveness connection held open;
-- every ``heartbeat_interval_s``: a ``heartbeat`` pushed to ``ctl/in`` and a read of ``ctl/beat`` (the
-  rank's proof that the coordinator lives), slots spread evenly over the interval;
-- every ``step_s``: a ``commit`` report (own shard and the one replica the slot holds, k = 1);
+- per simulated node, every ``heartbeat_interval_s``: one ``heartbeats`` message for the node's slots (what
+  the node's carrier sends, :mod:`phoenix_hpc.control.node_beats`), each active slot's entry carrying its
+  commit report (own shard and the one replica it holds, k = 1; a new step every ``step_s``), and one read of
+  ``ctl/beat``; nodes spread evenly over the interval. A slot is in its node's message from the moment its
+  registration is answered, while the other slots still register (a node's heartbeats do not wait for the
+  whole simulated block). A slot that "stops" (silence) or "exits" stays in the message with its record's
+  age growing until the heartbeat timeout, as the record it left on its node's board would;
 - while watching a recovery: its instruction queue ``ctl/out/{world_rank}`` is read; ``quiesce`` is answered
   with ``quiesced`` (live step, committed and previous step of every copy), ``recover`` is timed.
 
-What is not the real rank: no training, one TCPStore connection per process instead of two per slot
-(the store server is C++ and serves each request alike; the coordinator's Python loop sees the same
-messages), and the slots of one process share its clock and CPU.
+What is not the real rank: no training, no board files (the process knows its nodes' slots), one TCPStore
+connection per process instead of two per slot (the store server is C++ and serves each request alike; the
+coordinator's Python loop sees the same messages), and the slots of one process share its clock and CPU.
 
 The driver (:mod:`phoenix_hpc.bench.control_plane`) talks to a worker over a ``multiprocessing`` pipe:
 commands ``("silence", w)``, ``("exit", w)``, ``("watch", None)``, ``("report", None)``, ``("stop", None)``;
@@ -44,8 +48,9 @@ def holder_of(logical: int, active: int, per_node: int) -> int:
 def worker(conn, spec: dict[str, Any]) -> None:
     """Entry point of one simulator process (see the module docstring).
 
-    ``spec``: host, port, liveness_port, secret (str), slots [{world_rank, node, role, logical_rank}],
-    active (number of active slots), per_node, interval_s, step_s, t0 (unix time the step clock starts).
+    ``spec``: host, port, liveness_port, secret (str), slots [{world_rank, node, role, logical_rank}] (whole
+    nodes), active (number of active slots), per_node, interval_s, timeout_s, step_s, t0 (unix time the step
+    clock starts), world_size.
     """
     import torch.distributed as dist
     from phoenix_hpc.control.liveness import connect_alive
@@ -54,14 +59,20 @@ def worker(conn, spec: dict[str, Any]) -> None:
     store = dist.TCPStore(spec["host"], int(spec["port"]), is_master=False, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
     slots = spec["slots"]
+    by_rank = {s["world_rank"]: s for s in slots}
     active, per_node = int(spec["active"]), int(spec["per_node"])
     interval, step_s, t0 = float(spec["interval_s"]), float(spec["step_s"]), float(spec["t0"])
+    timeout_s = float(spec.get("timeout_s", 10.0))
     pid_base = 100000 + slots[0]["world_rank"]
+    nodes: dict[str, list[int]] = {}
+    for s in slots:
+        nodes.setdefault(s["node"], []).append(s["world_rank"])
+    node_names = list(nodes)
 
     def pid(w: int) -> int:
         return pid_base + w
 
-    # --- register: every request first, then every reply --------------------------------------------
+    # --- register: every request first; replies are taken in the main loop ---------------------------
     t_reg = time.time()
     pending: dict[str, int] = {}
     for s in slots:
@@ -72,69 +83,89 @@ def worker(conn, spec: dict[str, Any]) -> None:
                 "reply_to": nonce}
         store.queue_push(P.KEY_IN, P.encode(body, secret))
         pending[nonce] = s["world_rank"]
-    refused = []
-    deadline = time.time() + 600
-    while pending and time.time() < deadline:
-        for nonce in list(pending):
-            try:
-                raw = store.queue_pop(P.key_reply(nonce), block=False)
-            except dist.QueueEmptyError:
-                continue
-            reply = P.decode(raw, secret)
-            if reply.get("type") != "registered":
-                refused.append(f"{pending[nonce]}: {reply.get('reason')}")
-            del pending[nonce]
-        if pending:
-            time.sleep(0.05)
+    pending_order = list(pending)
+    refused: list[str] = []
+    reg_deadline = time.time() + 600
+    reg_reported = False
     alive: dict[int, socket.socket] = {}
-    for s in slots:
-        alive[s["world_rank"]] = connect_alive(spec["host"], int(spec["liveness_port"]), s["world_rank"],
-                                               pid(s["world_rank"]), secret)
-    conn.send({"registered": len(slots) - len(pending) - len(refused), "refused": refused[:5],
-               "missing": len(pending), "register_s": time.time() - t_reg})
-
-    sending = {s["world_rank"]: s for s in slots}  # slots that still heartbeat
-    last_beat: dict[int, float] = {}
+    sending: set[int] = set()  # registered slots whose records are fresh
+    frozen: dict[int, float] = {}  # world rank -> unix time its record was last written (silent or exited)
+    last_beat: dict[str, float] = {}  # node -> unix time of its newest heartbeats message
     watch = False
     received: dict[int, float] = {}  # world rank -> unix time its recover instruction was read
     plans: dict[tuple, dict] = {}  # (plan_key, plan_sha256) -> the resolved recover instruction
     answered = 0
-    beats = commits = 0
+    beats = entries = commits = 0
     order = [s["world_rank"] for s in slots]
     n = len(order)
 
     def step_now() -> int:
         return max(1, int((time.time() - t0) / step_s))
 
-    def beat(w: int) -> None:
-        nonlocal beats
-        s = sending[w]
-        store.queue_push(P.KEY_IN, P.encode({"type": "heartbeat", "world_rank": w, "pid": pid(w), "generation":
-                                             None if s["role"] == "standby" else 0, "step": step_now()}, secret))
-        store.add(P.KEY_BEAT, 0)
-        last_beat[w] = time.time()
-        beats += 1
-
-    def commit(w: int) -> None:
-        nonlocal commits
-        r = sending[w]["logical_rank"]
+    def commit_of(w: int) -> dict[str, Any]:
+        r = by_rank[w]["logical_rank"]
         st = step_now() - 1
         held = (r - per_node) % active
-        store.queue_push(P.KEY_IN, P.encode({"type": "commit", "world_rank": w, "pid": pid(w), "generation": 0,
-                                             "live_step": st, "shards": {shard_of(r): st},
-                                             "replicas": {shard_of(held): st}}, secret))
-        commits += 1
+        return {"g": 0, "live_step": st, "shards": {shard_of(r): st}, "replicas": {shard_of(held): st}}
+
+    def beat(node: str) -> None:
+        nonlocal beats, entries, commits
+        now = time.time()
+        out = []
+        for w in nodes[node]:
+            if w in sending:
+                age = 0.0
+            elif w in frozen and now - frozen[w] <= timeout_s:
+                age = round(now - frozen[w], 3)
+            else:
+                continue
+            s = by_rank[w]
+            act = s["role"] == "active"
+            out.append([w, pid(w), 0 if act else None, step_now(), age, commit_of(w) if act and not age else None])
+            commits += 1 if act and not age else 0
+        if not out:
+            return
+        store.queue_push(P.KEY_IN, P.encode({"type": "heartbeats", "world_rank": out[0][0], "pid": out[0][1],
+                                             "beats": out}, secret))
+        store.add(P.KEY_BEAT, 0)
+        last_beat[node] = now
+        beats += 1
+        entries += len(out)
+
+    def take_replies(limit: int) -> None:
+        nonlocal reg_reported
+        done = 0
+        for nonce in pending_order[:limit]:
+            try:
+                raw = store.queue_pop(P.key_reply(nonce), block=False)
+            except dist.QueueEmptyError:
+                break  # the coordinator answers one process's requests in the order they were sent
+            done += 1
+            w = pending.pop(nonce)
+            reply = P.decode(raw, secret)
+            if reply.get("type") != "registered":
+                refused.append(f"{w}: {reply.get('reason')}")
+                continue
+            alive[w] = connect_alive(spec["host"], int(spec["liveness_port"]), w, pid(w), secret)
+            sending.add(w)
+        del pending_order[:done]
+        if not reg_reported and (not pending or time.time() > reg_deadline):
+            reg_reported = True
+            conn.send({"registered": len(slots) - len(pending) - len(refused), "refused": refused[:5],
+                       "missing": len(pending), "register_s": time.time() - t_reg})
+        elif not done:
+            time.sleep(0.005)
 
     def read_instructions(w: int) -> None:
         nonlocal answered
-        s = sending.get(w)
+        s = by_rank[w]
         while True:
             try:
                 raw = store.queue_pop(P.key_out(w), block=False)
             except dist.QueueEmptyError:
                 return
             msg = P.decode(raw, secret)
-            if msg["type"] == "quiesce" and s is not None and s["role"] == "active":
+            if msg["type"] == "quiesce" and w in sending and s["role"] == "active":
                 r = s["logical_rank"]
                 st = step_now() - 1
                 held = (r - per_node) % active
@@ -152,16 +183,23 @@ def worker(conn, spec: dict[str, Any]) -> None:
                 received.setdefault(w, time.time())
 
     sweep_i = 0
-    hb = _Round(n, interval, time.time())
-    cm = _Round(n, step_s, t0 + step_s)
+    hb = _Round(len(node_names), interval, time.time())
     while True:
-        if conn.poll():
+        if not reg_reported:
+            take_replies(256)
+        elif conn.poll():
             cmd, arg = conn.recv()
             if cmd == "silence":
-                s = sending.pop(arg, None)
-                conn.send({"t_last_beat": last_beat.get(arg), "was_sending": s is not None})
+                was = arg in sending
+                sending.discard(arg)
+                t_last = last_beat.get(by_rank[arg]["node"])
+                if was and t_last is not None:
+                    frozen[arg] = t_last
+                conn.send({"t_last_beat": t_last, "was_sending": was})
             elif cmd == "exit":
-                sending.pop(arg, None)
+                if arg in sending:
+                    sending.discard(arg)
+                    frozen[arg] = last_beat.get(by_rank[arg]["node"], time.time())
                 sock = alive.pop(arg, None)
                 t = time.time()
                 if sock is not None:
@@ -171,7 +209,7 @@ def worker(conn, spec: dict[str, Any]) -> None:
                 watch = True
                 conn.send({"ok": True})
             elif cmd == "report":
-                conn.send({"beats": beats, "commits": commits, "late_s": max(hb.late_s, cm.late_s),
+                conn.send({"beats": beats, "entries": entries, "commits": commits, "late_s": hb.late_s,
                            "received": dict(received), "answered": answered, "slots": n})
             elif cmd == "stop":
                 for sock in alive.values():
@@ -179,18 +217,13 @@ def worker(conn, spec: dict[str, Any]) -> None:
                 conn.send({"ok": True})
                 return
         for i in hb.due(time.time(), 64):
-            if order[i] in sending:
-                beat(order[i])
-        for i in cm.due(time.time(), 64):
-            w = order[i]
-            if w in sending and sending[w]["role"] == "active":
-                commit(w)
+            beat(node_names[i])
         if watch:
             for _ in range(64):
                 read_instructions(order[sweep_i % n])
                 sweep_i += 1
-        else:
-            time.sleep(max(0.0, min(0.005, hb.next_at() - time.time(), cm.next_at() - time.time())))
+        elif reg_reported:
+            time.sleep(max(0.0, min(0.005, hb.next_at() - time.time())))
 
 
 class _Round:

@@ -5,7 +5,7 @@ before the srun step and waits for that file, so under ``phoenix submit`` it alw
 (development runs under plain ``mpirun``/``srun``) the entry point keeps its MPI rendezvous.
 
 It registers the slot (active: logical rank = MPI world rank at generation 0, with the grid; standby: no
-rank), starts the heartbeat thread and the coordinator watchdog (a slot exits with
+rank), starts the heartbeat thread (per node: :mod:`phoenix_hpc.control.node_beats`) and the coordinator watchdog (a slot exits with
 :data:`phoenix_hpc.control.client.EXIT_COORDINATOR_LOST` when the coordinator's connection closed, or it has
 not answered for ``resilience.coordinator_timeout_s`` after the start-up grace ``resilience.coordinator_grace_s``), and returns the client plus, on active slots, a TCPStore client to the
 coordinator's store for ``torch.distributed`` rendezvous (``PrefixStore(f"gen{g}", store)``).
@@ -67,5 +67,6 @@ def attach(run_dir: str | os.PathLike, world_rank: int, world_size: int, node: s
                     grid=grid if active else None, world_size=world_size)
     progress = Progress(generation=0 if active else None)
     client.start_heartbeat(resilience.heartbeat_interval_s, resilience.heartbeat_timeout_s, progress.get,
-                           lost_after_s=resilience.coordinator_timeout_s, grace_s=resilience.coordinator_grace_s)
+                           lost_after_s=resilience.coordinator_timeout_s, grace_s=resilience.coordinator_grace_s,
+                           node=node)
     return Attachment(client, progress, client.tcp_store() if active else None)

@@ -4,10 +4,12 @@ The measured figures live in one table, :data:`phoenix_hpc.control.capacity_tabl
 ``scripts/bench-control-plane --update-benchmarks``; its ``source`` names the run, BENCHMARKS.md section
 "Control plane at scale"). The coordinator handles every message in one Python thread, so its process
 CPU is modelled as ``cores(rate) = idle_cores + rate * cpu_s_per_message`` (a least-squares line through the
-benchmark's runs: coordinator cores against messages per second; :func:`fit_cpu_line`). A job with ``slots``
-slots (active and spare) heartbeating every ``heartbeat_interval_s`` sends ``slots / heartbeat_interval_s``
-heartbeats per second (plus one commit report per active rank per step, which the job's step time sets
-and submit does not know).
+benchmark's runs: coordinator cores against slot heartbeats per second; :func:`fit_cpu_line`). The slots
+of a node send their heartbeats together, one ``heartbeats`` message per node and interval that also
+carries their commit reports (:mod:`phoenix_hpc.control.node_beats`), so a "message" here is one slot's
+share of its node's message: the benchmark's cost per slot heartbeat at its slots per node (8; fewer slots
+per node share the per-message cost among fewer). A job with ``slots`` slots (active and spare) heartbeating
+every ``heartbeat_interval_s`` makes ``slots / heartbeat_interval_s`` slot heartbeats per second.
 
 Rules (:func:`check_heartbeat_load`):
 

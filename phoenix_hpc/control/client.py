@@ -127,6 +127,8 @@ class CoordinatorClient:
         self._lost_once = threading.Lock()
         self.lost_reason: str | None = None
         self.pending_signal: str | None = None  # a signal to pass on (note_signal), sent by the heartbeat thread
+        self.board = None  # the node's heartbeat board (node_beats.NodeBoard) once heartbeats run per node
+        self._commit: dict[str, Any] | None = None  # the newest commit report, carried by the node's heartbeats
         self._dist = dist
 
     def _connect(self, timeout_s: float | None = None):
@@ -215,7 +217,14 @@ class CoordinatorClient:
 
     def report_commit(self, generation: int, live_step: int, shards: dict[str, int],
                       replicas: dict[str, int]) -> None:
-        """Committed steps: ``shards`` {own shard id: committed local step}, ``replicas`` {shard id: step}."""
+        """Committed steps: ``shards`` {own shard id: committed local step}, ``replicas`` {shard id: step}.
+        With a node board (heartbeats per node) the report rides on the node's next ``heartbeats`` message
+        (at most one heartbeat interval later) instead of a message of its own."""
+        if self.board is not None:
+            with self._lock:
+                self._commit = {"g": generation, "live_step": live_step, "shards": dict(shards),
+                                "replicas": dict(replicas)}
+            return
         self.send({"type": "commit", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
                    "live_step": live_step, "shards": shards, "replicas": replicas})
 
@@ -417,19 +426,31 @@ class CoordinatorClient:
     def start_heartbeat(self, interval_s: float, timeout_s: float,
                         state: Callable[[], tuple[int | None, int | None]],
                         on_lost: Callable[[str], None] = _default_on_lost, lost_after_s: float | None = None,
-                        grace_s: float = 0.0) -> None:
+                        grace_s: float = 0.0, node: str | None = None) -> None:
         """Start the heartbeat thread (sends ``state() -> (generation, step)`` every ``interval_s``; a store
         operation slower than ``timeout_s`` counts as no answer) and the coordinator watchdog
         (``on_lost(reason)`` on evidence that the coordinator is gone,
         :func:`~phoenix_hpc.control.detect.coordinator_verdict`: its connection closed, or no answer for
         ``lost_after_s`` seconds, default ``timeout_s``, ``resilience.coordinator_timeout_s`` under the rank
-        entry point, judged only after ``grace_s`` seconds from now, ``resilience.coordinator_grace_s``)."""
+        entry point, judged only after ``grace_s`` seconds from now, ``resilience.coordinator_grace_s``).
+
+        With ``node`` (this slot's node name) heartbeats and commit reports go through the node's board
+        (:mod:`phoenix_hpc.control.node_beats`): one slot of the node sends one ``heartbeats`` message for
+        all of them; if the board cannot be created, this slot heartbeats alone."""
         lost_after_s = timeout_s if lost_after_s is None else lost_after_s
         self._stop.clear()
         self.last_ok = self._watch_started = time.monotonic()
         self.last_unanswered = self._asking_since = None
         self._lost_after_s, self._grace_s, self._on_lost = lost_after_s, grace_s, on_lost
         self._answer_timeout_s = timeout_s
+        if node is not None and self.board is None:
+            from phoenix_hpc.control.node_beats import NodeBoard, board_dir
+
+            try:
+                self.board = NodeBoard(board_dir(self.secret, node), self.world_rank)
+            except OSError as exc:
+                print(f"[phoenix] world rank {self.world_rank}: no node heartbeat board ({exc}); heartbeating "
+                      "alone", file=sys.stderr, flush=True)
 
         def beat() -> None:
             store = None
@@ -446,11 +467,14 @@ class CoordinatorClient:
                         store.queue_push(P.KEY_IN, P.encode({"type": "signal", "world_rank": self.world_rank,
                                                              "pid": self.pid, "signal": sig}, self.secret))
                         self.pending_signal = None
-                    store.queue_push(P.KEY_IN, P.encode(
-                        {"type": "heartbeat", "world_rank": self.world_rank, "pid": self.pid,
-                         "generation": g, "step": step}, self.secret))
-                    b = store.add(P.KEY_BEAT, 0)
-                    if b != last_beat:
+                    if self.board is not None:
+                        b = self._beat_on_board(store, g, step, interval_s, timeout_s)
+                    else:
+                        store.queue_push(P.KEY_IN, P.encode(
+                            {"type": "heartbeat", "world_rank": self.world_rank, "pid": self.pid,
+                             "generation": g, "step": step}, self.secret))
+                        b = store.add(P.KEY_BEAT, 0)
+                    if b is not None and b != last_beat:
                         last_beat = b
                         proof = True
                         self.last_ok = time.monotonic()
@@ -470,6 +494,35 @@ class CoordinatorClient:
         self._wd_thread = threading.Thread(target=watch, name=f"phoenix-watchdog-{self.world_rank}", daemon=True)
         self._hb_thread.start()
         self._wd_thread.start()
+
+    def _beat_on_board(self, store, g: int | None, step: int | None, interval_s: float,
+                       timeout_s: float) -> int | None:
+        """One heartbeat through the node board (:mod:`phoenix_hpc.control.node_beats`): write this slot's
+        record; if this slot carries the node, push the node's ``heartbeats`` and read the beat counter
+        (returned and written to the board), else return the carrier's newest reading (None: none fresh).
+
+        Raises:
+            OSError: the board cannot be written; torch.distributed.DistError: the store failed.
+        """
+        from phoenix_hpc.control.node_beats import CARRIER_FRESH_INTERVALS, carrier_of, entries_of
+
+        fresh_s = CARRIER_FRESH_INTERVALS * interval_s
+        with self._lock:
+            commit = self._commit
+        self.board.write_record({"pid": self.pid, "g": g, "step": step, "t": time.time(), "commit": commit})
+        records = self.board.records()
+        now = time.time()
+        if carrier_of(records, now, fresh_s) == self.world_rank:
+            store.queue_push(P.KEY_IN, P.encode(
+                {"type": "heartbeats", "world_rank": self.world_rank, "pid": self.pid,
+                 "beats": entries_of(records, now, timeout_s)}, self.secret))
+            b = int(store.add(P.KEY_BEAT, 0))
+            self.board.write_beat(b, time.time())
+            return b
+        seen = self.board.beat()
+        if seen is None or time.time() - seen[1] > fresh_s:
+            return None
+        return seen[0]
 
     def _judge(self) -> bool:
         """Apply :func:`coordinator_verdict` now; on a loss call ``on_lost`` (once). Returns whether lost.
@@ -500,6 +553,8 @@ class CoordinatorClient:
         as exited unless it finished or was already declared dead)."""
         self.stop_heartbeat()
         self.stop_received = True
+        if self.board is not None:
+            self.board.leave()
         if self._alive is not None:
             self._alive.close()
         self.store = None

@@ -128,7 +128,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         self.restore_pending: set[int] = set()  # logical ranks whose restore was cut short
         self.done: dict[int, dict] = {}
         self.checkpoint_step: int | None = None
-        self.counters = {"accepted": 0, "rejected": 0, "heartbeats": 0}
+        self.counters = {"accepted": 0, "rejected": 0, "heartbeats": 0, "heartbeat_messages": 0}
         self._rejected_once: set[tuple] = set()
         self._last_commit_logged = -1
         self._last_commit_log_t = float("-inf")

@@ -27,6 +27,11 @@ class HandlersMixin:
         if slot is None or not self._gen_ok(slot, body.get("generation"), "commit", body) or slot.logical_rank is None:
             return
         slot.last_seen = self.clock()
+        self._apply_commit(slot, body)
+
+    def _apply_commit(self, slot, body: dict) -> None:
+        """A commit report's content (``live_step``, ``shards``, ``replicas``) for an active ``slot`` whose
+        generation was checked; O(shards the slot holds)."""
         if body.get("live_step") is not None:
             slot.step = int(body["live_step"])
         r = slot.logical_rank

@@ -131,6 +131,37 @@ class MembershipMixin:
         self.counters["heartbeats"] += 1
         self.heartbeat_ages.add(body.get("sent_at"))
 
+    def _on_heartbeats(self, body: dict) -> None:
+        """One node's heartbeats (:mod:`phoenix_hpc.control.node_beats`): ``beats`` lists ``[world_rank, pid,
+        generation, step, age_s, commit]`` per slot of the node. Per entry O(1): the slot's last-seen time
+        becomes ``now - age_s`` (never earlier than it was), the step and the commit report are taken as from
+        a ``heartbeat`` and a ``commit``. An entry of a slot that is unknown, re-spawned or dead is rejected
+        like that slot's own message only while it is fresh (written within two heartbeat intervals: the
+        slot still runs); an older one is the record a killed slot left on its node, and is skipped. A
+        commit of an older generation is skipped (the slot has not committed in this one yet)."""
+        now = self.clock()
+        fresh_s = 2 * self.t.heartbeat_interval_s
+        self.heartbeat_ages.add(body.get("sent_at"))
+        self.counters["heartbeat_messages"] += 1
+        for entry in body.get("beats") or ():
+            w, pid, g, step, age, commit = entry
+            age = max(0.0, float(age))
+            part = {"type": "heartbeat", "world_rank": int(w), "pid": int(pid), "generation": g, "step": step,
+                    "carrier": body.get("world_rank")}
+            slot = self.slots.get(int(w))
+            if slot is None or slot.pid != int(pid) or slot.state is SlotState.DEAD:
+                if age <= fresh_s:
+                    self._slot_of(part, "heartbeat")
+                continue
+            if not self._gen_ok(slot, g, "heartbeat", part):
+                continue
+            slot.last_seen = max(slot.last_seen, now - age)
+            if step is not None:
+                slot.step = int(step)
+            self.counters["heartbeats"] += 1
+            if commit and slot.logical_rank is not None and commit.get("g") == slot.generation:
+                self._apply_commit(slot, commit)
+
     def _declare_dead(self, worlds: list[int], kind: FaultKind, reason: str, now: float) -> None:
         worlds = [w for w in worlds if self.slots[w].state is not SlotState.DEAD]
         if not worlds:

@@ -13,7 +13,7 @@ messages reuse it under the ``ctl/`` prefix instead of opening a second server:
 - ``ctl/beat``               counter the coordinator increments every heartbeat interval (ranks watch it
                              advance: a coordinator that died *or* hangs stops advancing it).
 
-Every message is one JSON object ``{"v": 2, "body": {...}, "mac": hex}`` where ``mac`` is
+Every message is one JSON object ``{"v": 3, "body": {...}, "mac": hex}`` where ``mac`` is
 HMAC-SHA256(secret, canonical JSON of body) and the secret is the per-job key in ``RUN_DIR/secret``
 (mode 0600, readable only by the job's user). The secret itself never travels. The coordinator rejects a
 message that is not JSON, lacks a MAC or whose MAC does not verify, or that speaks another protocol version
@@ -35,6 +35,9 @@ Request bodies (``type`` field) sent to ``ctl/in``:
 register        world_rank, pid, node, role ("active"|"standby"), logical_rank (active), world_size,
                 reply_to
 heartbeat       world_rank, pid, generation, step
+heartbeats      world_rank, pid (the carrier), beats [[world_rank, pid, generation, step, age_s, commit]]:
+                one node's heartbeats and commit reports (commit: null or {g, live_step, shards,
+                replicas}; control/node_beats.py)
 commit          world_rank, generation, step, shards {shard_id: committed local step},
                 replicas {shard_id: committed replica step}
 fault           world_rank, generation, step, phase, exc_type, message [, kind]
@@ -75,8 +78,10 @@ from phoenix_hpc.files import write_private_file
 from phoenix_hpc.errors import ControlError
 from phoenix_hpc.files import read_text
 
-PROTOCOL_VERSION = 2
-"""Version 2: the coordinator rings a slot's doorbell on its liveness connection when it queues an instruction
+PROTOCOL_VERSION = 3
+"""Version 3: the slots of a node send their heartbeats and commit reports together (``heartbeats``,
+:mod:`phoenix_hpc.control.node_beats`), which a version-2 coordinator rejects as an unknown type.
+Version 2: the coordinator rings a slot's doorbell on its liveness connection when it queues an instruction
 (:mod:`phoenix_hpc.control.liveness`), and slots read their queue only then; a version-1 slot would never be
 rung and a version-2 slot would wait for rings a version-1 coordinator never sends."""
 COORDINATOR_FILE = "coordinator.json"

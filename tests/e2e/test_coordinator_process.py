@@ -82,8 +82,9 @@ class Rank:
                                logical_rank=self.logical, grid=(1, 1, 2) if self.role == "active" else None,
                                world_size=3)
 
-    def beat(self, interval_s=0.2, timeout_s=1.5):
-        self.c.start_heartbeat(interval_s, timeout_s, lambda: (self.gen, self.step), on_lost=self.lost.append)
+    def beat(self, interval_s=0.2, timeout_s=1.5, per_node=False):
+        self.c.start_heartbeat(interval_s, timeout_s, lambda: (self.gen, self.step), on_lost=self.lost.append,
+                               node=self.node if per_node else None)
 
     def send(self, typ, **kw):
         self.c.send({"type": typ, "world_rank": self.world_rank, "pid": os.getpid() * 100 + self.world_rank, **kw})
@@ -455,3 +456,33 @@ def test_replayed_and_stale_signed_messages_are_rejected_and_journalled(coordina
           what="operator replay rejected")
     assert proc.poll() is None and not _events(run_dir, "coordinator_stopped")
 
+
+
+def test_a_nodes_slots_heartbeat_together_and_a_stopped_carrier_alone_is_found(coordinator):
+    """Three slots of one node heartbeat through its board (control/node_beats.py): the coordinator gets one
+    message per interval for all three, commit reports ride on it, and when the carrier (the lowest world
+    rank) stops writing its record, the next slot carries the node and only the stopped one is found dead."""
+    run_dir, proc, clients = coordinator
+    ranks = [Rank(run_dir, clients, 0, "active", 0), Rank(run_dir, clients, 1, "active", 1),
+             Rank(run_dir, clients, 2, "standby")]
+    for r in ranks:
+        r.register()
+        r.step = 3
+        r.beat(per_node=True)
+    assert all(r.c.board is not None and r.c.board.path == ranks[0].c.board.path for r in ranks)
+    ranks[0].c.report_commit(0, 4, {"opt/pp0/tp0/dp0": 3}, {"opt/pp0/tp0/dp1": 3})
+    ranks[1].c.report_commit(0, 4, {"opt/pp0/tp0/dp1": 3}, {"opt/pp0/tp0/dp0": 3})
+    _wait(lambda: [e for e in _events(run_dir, "commit") if e["recoverable_step"] == 3], what="carried commits")
+    s = _wait(lambda: [e for e in _events(run_dir, "heartbeat_summary") if e.get("heartbeat_messages", 0) >= 5],
+              what="heartbeat summary")[0]
+    assert s["heartbeats"] >= 2.5 * s["heartbeat_messages"], s  # three slots per message, one carrier
+    ranks[0].c.stop_heartbeat()  # the carrier hangs: its record ages on the board
+    q = ranks[1].expect("quiesce", timeout_s=15)
+    assert q["dead"] == [0]
+    (dead,) = _events(run_dir, "slots_dead")
+    assert dead["slots"] == [0] and dead["kind"] == "heartbeat_timeout", dead
+    assert not [e for e in _events(run_dir, "rejected")], _events(run_dir, "rejected")
+    board = ranks[0].c.board.path
+    for r in ranks:
+        r.c.close()
+    assert not board.exists()  # the last slot to leave removes the board

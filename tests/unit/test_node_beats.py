@@ -1,0 +1,107 @@
+"""Per-node heartbeats (control/node_beats.py): who carries a node's heartbeats, what the carrier sends, the
+board's files, and how the coordinator takes one node's ``heartbeats`` message (in-process, no store)."""
+
+from __future__ import annotations
+
+import os
+
+from phoenix_hpc.control.coordinator import Coordinator, Slot
+from phoenix_hpc.control.journal import Journal, read_journal
+from phoenix_hpc.control.node_beats import NodeBoard, board_dir, carrier_of, entries_of
+from phoenix_hpc.control.states import JobState, SlotState, job_machine, slot_machine
+
+
+def test_the_lowest_fresh_rank_carries_and_a_stale_carrier_is_replaced():
+    recs = {4: {"t": 100.0}, 5: {"t": 100.2}, 6: {"t": 99.9}}
+    assert carrier_of(recs, 100.5, fresh_s=3.0) == 4
+    # rank 4 stopped writing (hung or killed): 3.5 s later rank 5 takes over
+    recs = {4: {"t": 100.0}, 5: {"t": 103.4}, 6: {"t": 103.3}}
+    assert carrier_of(recs, 103.5, fresh_s=3.0) == 5
+    assert carrier_of({4: {"t": 1.0}}, 103.5, fresh_s=3.0) is None
+
+
+def test_entries_carry_each_record_with_its_age_up_to_the_timeout():
+    commit = {"g": 0, "live_step": 7, "shards": {"a": 6}, "replicas": {"b": 6}}
+    recs = {9: {"pid": 90, "g": 0, "step": 7, "t": 100.0, "commit": commit},
+            8: {"pid": 80, "g": None, "step": 0, "t": 104.5, "commit": None},
+            7: {"pid": 70, "g": 0, "step": 3, "t": 80.0, "commit": None}}  # older than the timeout: left out
+    assert entries_of(recs, 105.0, max_age_s=10.0) == [[8, 80, None, 0, 0.5, None], [9, 90, 0, 7, 5.0, commit]]
+
+
+def test_board_records_beat_and_leave(tmp_path):
+    path = board_dir(b"s" * 32, "gpu node/1", root=tmp_path)
+    assert path.parent == tmp_path and "/" not in path.name[len("phoenix-beats-"):]
+    assert board_dir(b"t" * 32, "gpu node/1", root=tmp_path) != path  # another job, another board
+    a, b = NodeBoard(path, 3), NodeBoard(path, 2)
+    assert oct(path.stat().st_mode & 0o777) == oct(0o700)
+    a.write_record({"pid": 30, "g": 0, "step": 1, "t": 5.0, "commit": None})
+    b.write_record({"pid": 20, "g": 0, "step": 2, "t": 6.0, "commit": None})
+    assert {w: r["step"] for w, r in a.records().items()} == {3: 1, 2: 2}
+    assert a.beat() is None
+    b.write_beat(17, 6.5)
+    assert a.beat() == (17, 6.5)
+    b.leave()
+    assert set(a.records()) == {3} and path.exists()
+    a.leave()
+    assert not path.exists()
+    assert not [p for p in tmp_path.iterdir()]
+
+
+def _coordinator(tmp_path, now: list[float]) -> Coordinator:
+    c = Coordinator(tmp_path, grid=(1, 1, 2), clock=lambda: now[0])
+    c.journal = Journal(tmp_path)
+    c.job = job_machine(JobState.RUNNING)
+
+    class _Store:
+        def queue_push(self, key, value):
+            pass
+
+    c.store = _Store()
+    for w in range(2):
+        c.slots[w] = Slot(w, "n0", 100 + w, "active", slot_machine(f"slot {w}", SlotState.ACTIVE), 0.0,
+                          logical_rank=w, generation=0, step=0)
+        c.rank_map[w] = w
+    c.slots[2] = Slot(2, "n0", 102, "standby", slot_machine("slot 2", SlotState.STANDBY), 0.0, None, 0)
+    return c
+
+
+def test_the_coordinator_takes_each_entry_as_that_slots_heartbeat_and_commit(tmp_path):
+    now = [50.0]
+    c = _coordinator(tmp_path, now)
+    commit = {"g": 0, "live_step": 5, "shards": {"opt/pp0/tp0/dp1": 4}, "replicas": {"opt/pp0/tp0/dp0": 4}}
+    c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None,
+                 "beats": [[0, 100, 0, 5, 0.1, None], [1, 101, 0, 5, 4.0, commit], [2, 102, None, 0, 0.2, None]]})
+    assert c.slots[0].last_seen == 49.9 and c.slots[1].last_seen == 46.0 and c.slots[2].last_seen == 49.8
+    assert c.slots[1].step == 5 and c.committed["opt/pp0/tp0/dp1"] == {1: 4}
+    assert c.placement["opt/pp0/tp0/dp0"] == [1]
+    assert c.counters["heartbeats"] == 3 and c.counters["heartbeat_messages"] == 1
+    # an older record never moves last-seen back; a commit of an older generation is skipped
+    c.slots[1].generation = 1
+    c.generation = 1
+    c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None,
+                 "beats": [[1, 101, 1, 6, 9.0, {**commit, "g": 0, "shards": {"opt/pp0/tp0/dp1": 5}}]]})
+    assert c.slots[1].last_seen == 46.0 and c.committed["opt/pp0/tp0/dp1"] == {1: 4}
+    assert not read_journal(tmp_path, "rejected")
+
+
+def test_an_entry_of_a_dead_slot_is_rejected_only_while_fresh(tmp_path):
+    now = [50.0]
+    c = _coordinator(tmp_path, now)
+    c.slots[1].machine.to(SlotState.DEAD, "test")
+    # the record a killed slot left on its node (older than two intervals): skipped silently
+    c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None,
+                 "beats": [[1, 101, 0, 5, 3.0, None]]})
+    assert not read_journal(tmp_path, "rejected")
+    # a fresh one: the slot still runs although declared dead, so it is fenced as its own heartbeat would be
+    c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None,
+                 "beats": [[1, 101, 0, 5, 0.5, None]]})
+    (rej,) = read_journal(tmp_path, "rejected")
+    assert "declared dead" in rej["reason"] and rej["world_rank"] == 1
+    assert c.slots[1].state is SlotState.DEAD and c.counters["heartbeats"] == 0
+
+
+def test_a_malformed_entry_rejects_the_message(tmp_path):
+    c = _coordinator(tmp_path, [50.0])
+    c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None, "beats": [[0, 100]]})
+    (rej,) = read_journal(tmp_path, "rejected")
+    assert "malformed heartbeats" in rej["reason"]
