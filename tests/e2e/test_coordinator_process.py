@@ -43,12 +43,13 @@ def _events(run_dir, name):
 
 
 @pytest.fixture
-def coordinator(tmp_path):
+def coordinator(tmp_path, request):
     run_dir = tmp_path / "run dir; echo x"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(CONFIG)
+    extra = list(getattr(request, "param", ()))  # more coordinator options, through indirect parametrization
     proc = subprocess.Popen([sys.executable, "-m", "phoenix_hpc.control.coordinator", "--run-dir", str(run_dir),
-                             "--host", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--host", "127.0.0.1", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     clients: list[CoordinatorClient] = []
     try:
         _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists() or proc.poll() is not None, what="coordinator.json")
@@ -458,6 +459,7 @@ def test_replayed_and_stale_signed_messages_are_rejected_and_journalled(coordina
 
 
 
+@pytest.mark.parametrize("coordinator", [("--summary-interval-s", "1")], indirect=True)
 def test_a_nodes_slots_heartbeat_together_and_a_stopped_carrier_alone_is_found(coordinator):
     """Three slots of one node heartbeat through its board (control/node_beats.py): the coordinator gets one
     message per interval for all three, commit reports ride on it, and when the carrier (the lowest world
