@@ -105,3 +105,47 @@ def test_a_malformed_entry_rejects_the_message(tmp_path):
     c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None, "beats": [[0, 100]]})
     (rej,) = read_journal(tmp_path, "rejected")
     assert "malformed heartbeats" in rej["reason"]
+
+
+class _FakeStore:
+    """Stands in for the coordinator's TCPStore on the heartbeat path: queue_push and add."""
+
+    def __init__(self, beat: int) -> None:
+        self.pushed: list[bytes] = []
+        self.beat = beat
+
+    def queue_push(self, key, value) -> None:
+        self.pushed.append(value)
+
+    def add(self, key, n) -> int:
+        return self.beat
+
+
+def _client(board_path, world_rank: int, pid: int):
+    import threading
+
+    from phoenix_hpc.control.client import CoordinatorClient
+
+    c = object.__new__(CoordinatorClient)  # the heartbeat path only: no coordinator.json, no store
+    c.world_rank, c.pid, c.secret = world_rank, pid, b"k" * 32
+    c._lock, c._commit = threading.Lock(), None
+    c.board = NodeBoard(board_path, world_rank)
+    return c
+
+
+def test_the_carrier_sends_the_nodes_heartbeats_and_the_others_read_its_beat(tmp_path):
+    from phoenix_hpc.control import protocol as P
+
+    path = board_dir(b"k" * 32, "n1", root=tmp_path)
+    low, high = _client(path, 3, 30), _client(path, 5, 50)
+    high.report_commit(0, 8, {"opt/pp0/tp0/dp5": 7}, {"opt/pp0/tp0/dp3": 7})  # rides on the node's message
+    store_hi, store_lo = _FakeStore(41), _FakeStore(42)
+    assert high._beat_on_board(store_hi, 0, 8, 0.5, 4.0) == 41  # alone on the board: it carries
+    assert low._beat_on_board(store_lo, 0, 8, 0.5, 4.0) == 42  # the lowest rank carries from now on
+    (msg,) = [P.decode(m, b"k" * 32) for m in store_lo.pushed]
+    assert msg["type"] == "heartbeats" and [e[0] for e in msg["beats"]] == [3, 5]
+    assert msg["beats"][1][5] == {"g": 0, "live_step": 8, "shards": {"opt/pp0/tp0/dp5": 7},
+                                  "replicas": {"opt/pp0/tp0/dp3": 7}}
+    store_hi.pushed.clear()
+    assert high._beat_on_board(store_hi, 0, 9, 0.5, 4.0) == 42  # not the carrier: the carrier's reading
+    assert store_hi.pushed == []
