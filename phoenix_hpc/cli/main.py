@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "config": "phoenix_hpc.cli.config_ref:config",
     "status": "phoenix_hpc.cli.status:status",
     "inject-fault": "phoenix_hpc.cli.inject:inject_fault",
+    "drain": "phoenix_hpc.cli.drain:drain",
     "drill": "phoenix_hpc.cli.drill:drill",
     "bench": "phoenix_hpc.cli.bench:bench",
     "demo": "phoenix_hpc.cli.demo:demo",

@@ -104,6 +104,7 @@ class CoordinatorClient:
         self._lock = threading.Lock()
         self.injections: list[dict] = []  # armed injections (inject instructions this slot accepted)
         self.injections_lock = threading.Lock()  # shared with the FaultTrigger that takes them
+        self.drain: dict | None = None  # an armed planned drain {request_id, at_step} (under injections_lock)
         self.started_step = 0  # the iteration this slot is in (set by the training loop), for arming
         self.last_step: int | None = None  # the job's last step, when known
         self._alive = None  # the liveness connection (liveness.AliveConnection), after registration
@@ -342,6 +343,8 @@ class CoordinatorClient:
                 self._arm(msg)
             elif msg["type"] == "disarm":
                 self._disarm(msg)
+            elif msg["type"] in ("drain", "undrain"):
+                self._arm_drain(msg)
             else:
                 if msg["type"] == "stop":
                     self.stop_received = True
@@ -374,6 +377,44 @@ class CoordinatorClient:
             with self.injections_lock:
                 self.injections.append({**msg, "at_step": step})
         self._ack(msg, step is not None, step, why)
+
+    def _arm_drain(self, msg: dict[str, Any]) -> None:
+        """A ``drain`` instruction: arm it (pause at the commit fence of iteration ``at_step``) if this slot
+        has not started that iteration (:func:`phoenix_hpc.control.drains.arm_drain`), else refuse it;
+        answer ``drain_ack`` {request_id, attempt, armed, late, at_step, started_step, reason}. ``undrain``
+        drops the armed drain ``request_id`` (no answer)."""
+        from phoenix_hpc.control.drains import arm_drain
+
+        rid = str(msg.get("request_id", ""))
+        if msg["type"] == "undrain":
+            with self.injections_lock:
+                if self.drain is not None and self.drain.get("request_id") == rid:
+                    self.drain = None
+            return
+        try:
+            at_step = int(msg["at_step"])
+        except (KeyError, TypeError, ValueError) as exc:
+            armed, late, why, at_step = False, False, f"malformed drain instruction: {exc}", None
+        else:
+            armed, late, why = arm_drain(at_step, self.started_step, self.last_step)
+        if armed:
+            with self.injections_lock:
+                self.drain = {"request_id": rid, "at_step": at_step}
+        try:
+            self.send({"type": "drain_ack", "world_rank": self.world_rank, "pid": self.pid, "request_id": rid,
+                       "attempt": msg.get("attempt"), "armed": armed, "late": late, "at_step": at_step,
+                       "started_step": self.started_step, "reason": why})
+        except Exception:  # noqa: BLE001 -- no answer: the coordinator refuses the drain when it times out
+            pass
+
+    def take_drain(self, step: int) -> dict[str, Any] | None:
+        """The armed drain due at the commit fence of iteration ``step`` (removed), or None."""
+        with self.injections_lock:
+            d = self.drain
+            if d is not None and int(d["at_step"]) == step:
+                self.drain = None
+                return d
+            return None
 
     def _disarm(self, msg: dict[str, Any]) -> None:
         """A ``disarm`` instruction: drop the pending injection ``request_id`` (unless it already fired)."""

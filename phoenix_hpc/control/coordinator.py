@@ -25,7 +25,10 @@ readable alone:
   section 6), with the fallback to the persistent checkpoint;
 - :mod:`phoenix_hpc.control.inject_relay`: fault injection requests (``inject``), forwarded to the target
   slots, which arm or refuse them (pure rules in :mod:`phoenix_hpc.control.injects`);
-- :mod:`phoenix_hpc.control.planned_end`: the planned end and its final checkpoint.
+- :mod:`phoenix_hpc.control.planned_end`: the planned end and its final checkpoint;
+- :mod:`phoenix_hpc.control.drain_relay`: planned drains (``drain``): every member pauses at one commit
+  fence, then the drained slots' logical ranks move to spares with zero steps replayed
+  (:mod:`phoenix_hpc.control.drains`).
 
 The job ends (``job_done`` with the final hash) when every active rank reported ``done``; or on a ``stop``
 message, SIGTERM (to the coordinator, or to a slot, which passes it on as ``signal``) or SIGUSR1 (time
@@ -52,6 +55,8 @@ from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.ending import continue_hint
+from phoenix_hpc.control.drain_relay import DrainRelayMixin
+from phoenix_hpc.control.drains import PendingDrain
 from phoenix_hpc.control.handlers import HandlersMixin
 from phoenix_hpc.control.inject_relay import InjectRelayMixin
 from phoenix_hpc.control.injects import PendingInject
@@ -88,7 +93,8 @@ class Timing:
     recovery_from_checkpoint: bool = False  # recovery_source checkpoint: every recovery loads the persistent checkpoint
 
 
-class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin, InjectRelayMixin, PlannedEndMixin):
+class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin, InjectRelayMixin, PlannedEndMixin,
+                  DrainRelayMixin):
     """The control-plane state machine plus its store and journal. Single-threaded: :meth:`run` drains the
     inbox and runs periodic work (beat, detection, decisions, deadlines); handlers never block.
 
@@ -151,6 +157,9 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         self.secret = b""
         self.replay_guard = P.ReplayGuard()  # replayed or stale signed messages are rejected (and journalled)
         self.injects: dict[str, PendingInject] = {}  # fault-injection requests by request id (control/injects.py)
+        self.drain: PendingDrain | None = None  # the newest planned drain (control/drains.py)
+        self.drained: set[int] = set()  # world ranks that left by a drain (DONE)
+        self.drained_nodes: set[str] = set()  # nodes drained: no spare there takes a logical rank
         self._held_replies: set[str] = set()  # reply_to of requests answered later (injects being confirmed)
         self.heartbeat_ages = AgeWindow()  # ages of heartbeats at handling, per summary window (loadstats.py)
 
@@ -257,6 +266,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         if self.job.state in TERMINAL_JOB_STATES:
             return
         self._injects_tick(now)
+        self._drains_tick(now)
         if self._commit_dirty:  # commit reports arrived: the recoverable step may have advanced
             self._commit_dirty = False
             self._maybe_log_commit()
@@ -300,6 +310,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
             self.job.to(state, event)
         self.journal.append(event, **fields)
         self._injects_at_end(state)
+        self._drain_missed(f"the job ended ({state.value})")
         reason = fields.get("message") or fields.get("reason") or event
         for w, s in sorted(self.slots.items()):
             if s.state in LIVE_SLOT_STATES:

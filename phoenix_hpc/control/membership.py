@@ -163,7 +163,7 @@ class MembershipMixin:
                 self._apply_commit(slot, commit)
 
     def _declare_dead(self, worlds: list[int], kind: FaultKind, reason: str, now: float) -> None:
-        worlds = [w for w in worlds if self.slots[w].state is not SlotState.DEAD]
+        worlds = [w for w in worlds if self.slots[w].state not in (SlotState.DEAD, SlotState.DONE)]
         if not worlds:
             return
         t_fault = min(self.slots[w].last_seen for w in worlds)
@@ -182,4 +182,4 @@ class MembershipMixin:
         self._t_fault_hint = t_fault if self._t_fault_hint is None else min(self._t_fault_hint, t_fault)
 
     def _live_members(self) -> list[int]:
-        return sorted(w for w in self.rank_map.values() if self.slots[w].state is not SlotState.DEAD)
+        return sorted(w for w in self.rank_map.values() if self.slots[w].state not in (SlotState.DEAD, SlotState.DONE))

@@ -49,12 +49,18 @@ inject          kind, target {world_rank | logical_rank | node | coord [pp, dp, 
                 reply_to; answered once the targets armed or refused it (control/injects.py)
 inject_ack      world_rank, request_id, armed, at_step (armed at), started_step, reason (refused: why)
 inject_fired    world_rank, request_id, step, phase (sent just before the effect)
+drain           target {world_rank | logical_rank | node | coord}, [steps_ahead], [confirm_within_s],
+                reply_to; answered once every active slot armed it (control/drains.py)
+drain_ack       world_rank, request_id, attempt, armed, late (refused only as too late), at_step,
+                started_step, reason
+drain_reached   world_rank, request_id, step (live step: paused at the commit fence)
 stop            reason [, reply_to]
 ==============  ==========================================================================================
 
 Every body also carries ``sent_at`` and ``nonce`` (added by :func:`encode`). Instructions to a slot:
 ``quiesce``, ``recover``, ``resume``, ``inject`` {kind, at_step, phase, request_id [, steps_ahead]},
-``disarm`` {request_id}, ``stop``. ``quiesce`` and ``recover`` are one signed message pushed to every member
+``disarm`` {request_id}, ``drain`` {request_id, at_step, attempt}, ``undrain`` {request_id}, ``stop`` (a
+drained slot's: {drained: true, job_state: "drained"}). ``quiesce`` and ``recover`` are one signed message pushed to every member
 (each slot's replay guard is its own). ``recover`` {generation, plan_key, plan_sha256} names the plan,
 stored once signed under ``ctl/plan/{generation}`` (it lists every member, so a copy per member would make
 a recovery O(members^2) bytes); the client reads and checks it (:func:`resolve_plan`) before handing the

@@ -9,6 +9,7 @@ logical rank, generation, last reported step). :class:`PendingFault`: a fault wa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from phoenix_hpc.control.classify import Decision, Fault
 from phoenix_hpc.control.states import SlotState, StateMachine
@@ -71,3 +72,4 @@ class Recovery:
     t_restored: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
     target_step: int = 0
+    drain: Any = None  # the control.drains.PendingDrain this hot swap carries out (a planned drain), else None

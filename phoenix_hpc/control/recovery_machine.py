@@ -131,7 +131,10 @@ class RecoveryMixin:
                           f"without the node(s) {dead_nodes}")
         self._end_at = self.clock()  # no linger: the batch script ends this step's tasks at once
 
-    def _start_recovery(self, decision: Decision, faults: list[Fault], t_fault: float, now: float) -> None:
+    def _start_recovery(self, decision: Decision, faults: list[Fault], t_fault: float, now: float,
+                        drain=None) -> None:
+        if drain is None:  # a fault came first: a drain not yet under way can no longer pause every member
+            self._drain_missed(f"a recovery started first ({decision.reason})")
         self._maybe_log_commit(force=True)  # journal the committed step this recovery starts from, first
         if self.job.state is JobState.RUNNING:
             self.job.to(JobState.RECOVERING, decision.reason)
@@ -139,11 +142,12 @@ class RecoveryMixin:
         self.store.set("ctl/generation", str(self.generation))
         survivors = set(self._live_members())
         rec = Recovery(decision, faults, self.generation, survivors, t_fault, now,
-                        deadline=now + self.t.collective_timeout_s + self.t.heartbeat_timeout_s)
+                        deadline=now + self.t.collective_timeout_s + self.t.heartbeat_timeout_s, drain=drain)
         self.recovery = rec
         dead = sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD)
         self.journal.append("recovery_start", generation=self.generation, action=decision.action.value,
-                            survivors=sorted(survivors), dead=dead, detect_s=round(now - t_fault, 3))
+                            survivors=sorted(survivors), dead=dead, detect_s=round(now - t_fault, 3),
+                            **({"drain": drain.request_id, "drained": list(drain.targets)} if drain else {}))
         raw = P.encode({"type": "quiesce", "generation": self.generation, "dead": dead, "reason": decision.reason},
                        self.secret)  # one signed message for every survivor (each slot's replay guard is its own)
         for w in sorted(survivors):
@@ -211,9 +215,11 @@ class RecoveryMixin:
             for sid, st in {**dict(q.get("shards", {})), **dict(q.get("replicas", {}))}.items():
                 # one step, or the steps of both ping-pong buffers (committed first)
                 committed.setdefault(sid, {})[r] = [int(st)] if isinstance(st, int) else [int(x) for x in st]
-        spares = sorted((w for w, s in self.slots.items() if s.state is SlotState.STANDBY),
-                        key=lambda w: (self.slots[w].node, w))
-        dead = [w for w, s in self.slots.items() if s.state is SlotState.DEAD]
+        # a drained node takes no logical rank again; its slots left (DONE) and are replaced like dead ones
+        spares = sorted((w for w, s in self.slots.items() if s.state is SlotState.STANDBY
+                         and s.node not in self.drained_nodes), key=lambda w: (self.slots[w].node, w))
+        dead = [w for w, s in self.slots.items() if s.state is SlotState.DEAD or
+                (s.state is SlotState.DONE and w in self.drained and w in self.rank_map.values())]
         t0 = time.perf_counter()
         if self.t.recovery_from_checkpoint:  # resilience.recovery_source: checkpoint (the fallback on purpose)
             return self._fallback(rec, FallbackRequired("resilience.recovery_source is 'checkpoint'"), live_steps,
@@ -294,7 +300,9 @@ class RecoveryMixin:
         self.journal.append("recovery_done", generation=rec.generation, action=rec.plan.action,
                             total_s=round(now - rec.t_fault, 3), phases=phases,
                             steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
-                            replay_interrupted=interrupted)
+                            replay_interrupted=interrupted,
+                            **({"drain": rec.drain.request_id} if rec.drain is not None else {}))
+        self._drain_finished(rec, now)
         self.recovery = None
 
     def _newest_checkpoint(self) -> int | None:

@@ -431,6 +431,44 @@ class Member:
             self.env.client.started_step = s  # from now on, instructions for step s come too late
         self.trigger.check(s, phase)
         self.phase = phase
+        if phase == "optimizer_step":
+            self._drain_pause(s)
+
+    def _drain_pause(self, s: int) -> None:
+        """A planned drain armed for iteration ``s``: this member is at its commit fence (``S(s-1)``
+        committed and acknowledged, no update of ``s`` applied), so live step == committed step. It reports
+        ``drain_reached`` and waits, its groups and protector intact (peers may still need its acks), for
+        the coordinator's ``quiesce`` (the hot swap, zero steps replayed) or ``stop`` (a drained slot)."""
+        c = self.env.client
+        d = c.take_drain(s)
+        if d is None:
+            return
+        self.phase = "drain"
+        try:
+            c.send({"type": "drain_reached", "world_rank": self.env.world_rank, "pid": c.pid,
+                    "request_id": d["request_id"], "step": int(self.engine.step)})
+        except Exception:  # noqa: BLE001 -- the coordinator then misses the drain or a peer's fault ends it
+            pass
+        self.env.log(f"[phoenix] rank {self.logical} gen {self.generation}: paused at the commit fence of "
+                     f"iteration {s} for drain {d['request_id']}")
+        h2h = getattr(self.protector, "h2h", None)
+        if h2h is None or getattr(h2h, "_thread", None) is not None:
+            raise QuiesceRequested(self._wait_for(("quiesce",), "quiesce for the drain"))
+        # MPI_THREAD_FUNNELED/SINGLE: no engine thread; this thread keeps the H2H engine (a peer's replica
+        # and its acknowledgement, the commit fence) moving while it waits
+        deadline = time.monotonic() + self.wait_s
+        while time.monotonic() < deadline:
+            h2h.poll()
+            while c.instructions:
+                msg = c.instructions.popleft()
+                if msg["type"] == "stop":
+                    raise StopRequested(msg)
+                if msg["type"] == "quiesce":
+                    raise QuiesceRequested(msg)
+            msg = c.wait_instruction(("quiesce",), 0.05)
+            if msg is not None:
+                c.instructions.appendleft(msg)
+        raise RecoveryError(f"no quiesce from the coordinator within {self.wait_s:g} s of the drain's pause")
 
     def _poll(self) -> None:
         from phoenix_hpc.errors import ControlError
@@ -547,6 +585,8 @@ class Member:
     def recover(self, quiesce: dict[str, Any], failed: bool) -> RecoveryRecord:
         """Steps 1-7 for a survivor (see the module doc)."""
         g = int(quiesce["generation"])
+        with self.env.client.injections_lock:  # a drain armed before this recovery cannot pause it any more
+            self.env.client.drain = None
         dirty = bool(failed and self.phase == "optimizer_step")
         live = int(self.engine.step)
         self.trigger.check(live + 1, "recovery")

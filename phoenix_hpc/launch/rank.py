@@ -332,6 +332,8 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
         summary["error"] = f"{type(exc).__name__}: {exc}"
         if getattr(exc, "job_state", None) == "stopped":  # a planned end (StopRequested), not a failure
             summary["status"] = "stopped"
+        elif getattr(exc, "job_state", None) == "drained":  # a planned drain moved this rank to a spare
+            summary["status"] = "drained"
         raise
     finally:
         if member is not None:
@@ -474,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, StopRequested) and exc.job_state == "stopped":  # a planned end: one line, code 3
             print(f"[phoenix] world rank {slot.world_rank}: {exc}", file=sys.stderr, flush=True)
             code = EXIT_STOPPED
+        elif isinstance(exc, StopRequested) and exc.job_state == "drained":  # moved to a spare: not an error
+            print(f"[phoenix] world rank {slot.world_rank}: {exc}", file=sys.stderr, flush=True)
+            code = 0
         else:
             print(f"error [world rank {slot.world_rank}]: {exc}", file=sys.stderr, flush=True)
             code = 1 if isinstance(exc, StopRequested) else exc.exit_code

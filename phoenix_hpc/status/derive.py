@@ -32,6 +32,12 @@ inject_forwarded   an injection request sent to its targets (wire kind/phase nam
 inject_armed       every target armed it {armed_steps [[world rank, step]]}
 inject_refused     a target refused it (already in the step) or did not confirm {reason}
 inject_missed      an armed target was lost, or the job ended, before its step {world_rank, at_step, reason}
+drain_requested,   a planned drain: requested {target, targets, nodes, at_step}, armed by every member, started
+drain_armed,       (the drained slots leave: state ``drained``; ``recovery_start.drain`` names the hot swap
+drain_start,       that carries it out, shown with action ``drain``), done {steps_replayed, moved, generation},
+drain_done,        refused or missed {reason}; ``drain_rearmed`` {at_step}: a member had started the iteration
+drain_refused,
+drain_missed
 inject_landed      where an injected fault landed (also ``inject_fired`` from ``RUN_DIR/faults/fired-*.json``)
 checkpoint         newest persistent checkpoint step (written after that step finished: a lower bound on the
                    live step); shown once the committed step covers it, so the status always reads
@@ -65,6 +71,7 @@ from phoenix_hpc.faults.kinds import KIND_OF_WIRE, PHASE_OF_WIRE
 from phoenix_hpc.status.model import (
     FaultStatus,
     HolderStatus,
+    DrainStatus,
     InjectionStatus,
     JobInfo,
     NodeStatus,
@@ -186,6 +193,7 @@ class _State:
         self.recoveries: list[RecoveryStatus] = []
         self.faults: list[FaultStatus] = []
         self.injections: dict[str, InjectionStatus] = {}
+        self.drains: dict[str, DrainStatus] = {}
         self.pending_reason: str | None = None
         self.pending_action: str | None = None
 
@@ -319,8 +327,9 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
         if cur is not None:  # a new start without an abort record: the old one was superseded
             cur.state, cur.finished_at = "aborted", ts
         st.recoveries.append(RecoveryStatus(
-            generation=g, action=rec.get("action") or st.pending_action, state="in_progress", started_at=ts,
-            finished_at=None, reason=st.pending_reason, dead_slots=[int(w) for w in rec.get("dead") or []],
+            generation=g, action="drain" if rec.get("drain") else rec.get("action") or st.pending_action,
+            state="in_progress", started_at=ts, finished_at=None,
+            reason=f"planned drain {rec['drain']}" if rec.get("drain") else st.pending_reason, dead_slots=[int(w) for w in rec.get("dead") or []],
             joins=[], detect_s=rec.get("detect_s"), total_s=None, phases={}, steps_replayed=None,
             recoverable_step=None))
         if st.job_state not in TERMINAL_STATES:
@@ -343,10 +352,10 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
                 old["note"] = (old["note"] + "; " if old["note"] else "") + f"replaced by world rank {j['world_rank']}"
         for w in rec.get("dead_world") or []:
             s = st.slots.get(int(w))
-            if s is not None:
+            if s is not None and s["state"] != "drained":  # a drained slot is replaced like a dead one
                 s["state"] = "dead"
         if cur is not None:
-            cur.action = rec.get("action") or cur.action
+            cur.action = cur.action if cur.action == "drain" else rec.get("action") or cur.action
             cur.joins = [dict(j) for j in rec.get("joins") or []]
             cur.steps_replayed = rec.get("steps_replayed")
             cur.recoverable_step = rec.get("recoverable_step")
@@ -377,12 +386,33 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             cur.phases = {k: float(v) for k, v in (rec.get("phases") or {}).items()}
             cur.steps_replayed = rec.get("steps_replayed", cur.steps_replayed)
             cur.recoverable_step = rec.get("recoverable_step", cur.recoverable_step)
-            cur.action = rec.get("action") or cur.action
+            cur.action = "drain" if rec.get("drain") else rec.get("action") or cur.action
     elif ev == "recovery_aborted":
         cur = st.current_recovery()
         if cur is not None:
             cur.state, cur.finished_at = "aborted", ts
             cur.reason = f"{cur.reason or ''} (aborted: {rec.get('reason', '')})".strip()
+    elif ev == "drain_requested":
+        rid = str(rec.get("request_id") or f"t{ts}")
+        st.drains[rid] = DrainStatus(rid, ts, dict(rec.get("target") or {}), [int(w) for w in rec.get("targets") or []],
+                                     [str(n) for n in rec.get("nodes") or []], rec.get("at_step"))
+    elif ev in ("drain_armed", "drain_rearmed", "drain_start", "drain_done", "drain_refused", "drain_missed"):
+        d = st.drains.get(str(rec.get("request_id")))
+        if d is not None:
+            d.at_step = rec.get("at_step", d.at_step)
+            d.state = {"drain_armed": "armed", "drain_rearmed": d.state, "drain_start": "moving",
+                       "drain_done": "done", "drain_refused": "refused", "drain_missed": "missed"}[ev]
+            if ev == "drain_done":
+                d.steps_replayed, d.generation = rec.get("steps_replayed"), rec.get("generation")
+                d.moved = [[int(x) for x in m] for m in rec.get("moved") or []]
+            elif ev in ("drain_refused", "drain_missed"):
+                d.reason = str(rec.get("reason", ""))
+            elif ev == "drain_start":
+                for w in d.targets:
+                    s = st.slots.get(w)
+                    if s is not None:
+                        s["state"] = "drained"
+                        s["note"] = (s["note"] + "; " if s["note"] else "") + f"drained ({d.request_id})"
     elif ev == "inject_forwarded":
         rid = str(rec.get("request_id") or f"t{ts}")
         st.injections[rid] = InjectionStatus(
@@ -578,7 +608,9 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     for n in node_names:
         mine = [s for s in slots if s.node == n]
         live = [s for s in mine if s.state in LIVE_SLOT_STATES or s.state == "done"]
-        if node_is_down(node_state.get(n)) or (mine and not live):
+        if mine and all(s.state == "drained" for s in mine):
+            role = "drained"  # a planned drain moved its slots off (the node itself may be fine)
+        elif node_is_down(node_state.get(n)) or (mine and not live):
             role = "lost"
         elif any(s.state != "standby" for s in live):
             role = "active"
@@ -691,4 +723,5 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     return Status(now=now, job=info, nodes=nodes, slots=slots, replicas=replicas,
                   spare_slots_left=spare_slots, spare_nodes_left=spare_nodes, recoveries=st.recoveries,
                   faults=st.faults, injections=list(st.injections.values()), warnings=warnings,
-                  progress=st.progress, commits=st.commits, journal_records=len(records), run_jobs=jobs)
+                  progress=st.progress, commits=st.commits, journal_records=len(records), run_jobs=jobs,
+                  drains=list(st.drains.values()))

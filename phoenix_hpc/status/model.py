@@ -109,7 +109,7 @@ class RunJobStatus:
 class NodeStatus:
     name: str
     slurm_state: str | None
-    role: str  # active | spare | lost | idle (in the job, no live slot) | unknown
+    role: str  # active | spare | lost | drained (a planned drain moved its slots off) | idle (in the job, no live slot) | unknown
     domain: str | None  # the failure domain at the most general placement level (e.g. the switch)
     in_job: bool  # still in the job's live node list
     slots: list[int] = field(default_factory=list)  # world ranks
@@ -210,6 +210,24 @@ class InjectionStatus:
 
 
 @dataclass
+class DrainStatus:
+    """One planned drain (``phoenix drain``, journal ``drain_*`` records)."""
+
+    request_id: str
+    ts: float
+    target: dict[str, Any]
+    targets: list[int]  # world ranks moved off
+    nodes: list[str]
+    at_step: int | None  # the iteration at whose commit fence every member pauses
+    # requested | armed | moving | done | refused | missed
+    state: str = "requested"
+    steps_replayed: int | None = None
+    moved: list[list[int]] = field(default_factory=list)  # [old world rank, new world rank, logical rank]
+    generation: int | None = None
+    reason: str | None = None  # why it was refused or missed
+
+
+@dataclass
 class StatusWarning:
     code: str  # no_spares | under_replicated | batch_host_down | coordinator_gone | slurm | placement | pending
     message: str
@@ -233,6 +251,7 @@ class Status:
     commits: list[list[float]]  # [ts, recoverable step] points, in time order
     journal_records: int
     run_jobs: list[RunJobStatus] = field(default_factory=list)  # the run's Slurm jobs, oldest first
+    drains: list[DrainStatus] = field(default_factory=list)  # planned drains, oldest first
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the ``--json`` output)."""

@@ -222,6 +222,20 @@ def _injections(st: Status) -> Table:
     return t
 
 
+def _drains(st: Status) -> Table:
+    t0 = st.job.started_at
+    t = Table(title="Planned drains", title_justify="left")
+    for c in ("when", "request", "nodes", "targets", "at step", "state", "replayed", "moved / reason"):
+        t.add_column(c)
+    for d in st.drains:
+        what = ", ".join(f"w{a}->w{b} (rank {r})" for a, b, r in d.moved) if d.state == "done" else (d.reason or "-")
+        state = f"[red]{d.state}[/red]" if d.state in ("refused", "missed") else d.state
+        t.add_row(_rel(d.ts, t0), d.request_id, ",".join(d.nodes) or "-", ",".join(map(str, d.targets)) or "-",
+                  "-" if d.at_step is None else str(d.at_step), state,
+                  "-" if d.steps_replayed is None else str(d.steps_replayed), shorten(what, 100))
+    return t
+
+
 def status_line(st: Status) -> str:
     """One line of the job's progress, for ``--watch`` into a pipe: time since start, state, step, committed
     and checkpoint steps, generation, spares left, recoveries and faults so far."""
@@ -239,6 +253,8 @@ def status_line(st: Status) -> str:
                      + (f" {rec.total_s:.2f}s" if rec.total_s is not None else "") + ")")
     if st.faults:
         parts.append(f"faults {len(st.faults)}")
+    if st.drains:
+        parts.append(f"drains {len(st.drains)} (last: {st.drains[-1].state})")
     return "  ".join(parts)
 
 
@@ -260,6 +276,8 @@ def status_renderable(st: Status) -> Group:
         parts.append(_faults(st))
     if st.injections:
         parts.append(_injections(st))
+    if st.drains:
+        parts.append(_drains(st))
     if st.journal_records == 0:
         parts.append(Text("(no journal yet: the coordinator has not started)", style="dim"))
     return Group(*parts)

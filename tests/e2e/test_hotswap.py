@@ -406,3 +406,54 @@ def test_transient_error_in_h2h_releases_the_peer_waiting_for_its_ack(env, data,
     assert "coordinator lost" not in job.output()
     print(f"coordinator stopped {PAUSE_S:g} s after the recovery: rank 0 trained steps {before} -> {after} "
           f"meanwhile; journal coordinator_paused {paused['paused_s']} s; job {job.elapsed_s:.1f} s")
+
+
+def _cli(job: Job, *args: str):
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
+
+    return CliRunner().invoke(cli, list(args), env=job.env, catch_exceptions=False)
+
+
+def test_planned_drain_moves_the_node_to_the_spare_replaying_no_step(env, data, reference, tmp_path):
+    """``phoenix drain --node`` of an active node: every member pauses at one commit fence, the drained slot
+    leaves and the spare takes its logical rank with 0 steps replayed; the final state is bitwise the
+    fault-free run's. Bad input around it is refused with exit code 2 and leaves the job untouched: a node of
+    spares only, an unknown node, a drain with no spare left (shrink is not available), a finished job."""
+    job = Job(env, tmp_path, data, "drain")
+    try:
+        _wait(lambda: job.events("job_running"), 120, "job_running")
+        victim, spare_node = job.node_of(1), job.node_of(2)
+        _wait(lambda: job.step(1) >= 5, 120, "step 5 on logical rank 1", poll_s=0.05)
+        r = _cli(job, "drain", str(job.run_dir), "--node", spare_node)
+        assert r.exit_code == 2 and "standby spares" in r.output, r.output
+        r = _cli(job, "drain", str(job.run_dir), "--node", "nid09999")
+        assert r.exit_code == 2 and "'nid09999' is not a node" in r.output, r.output
+        r = _cli(job, "drain", str(job.run_dir), "--node", victim, "--json")
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert out["state"] == "done" and out["steps_replayed"] == 0 and out["moved"] == [[1, 2, 1]], out
+        # the spare is used: a second drain finds none left on another node
+        r = _cli(job, "drain", str(job.run_dir), "--rank", "0")
+        assert r.exit_code == 2 and "shrinking the job instead (dp - 1) is not available" in r.output, r.output
+        done = job.wait_end()
+    finally:
+        job.cancel()
+    assert done["final_hash"] == reference["final_hash"], (done["rank_hashes"], reference["rank_hashes"])
+    assert done["step"] == STEPS and done["steps_agree"]
+    assert job.slurm_state == "COMPLETED", (job.slurm_state, job.output()[-1500:])  # the drained slot exited 0
+    assert not job.events("fault") and not job.events("slots_dead") and not job.events("invariant_violation")
+    (rec,) = job.events("recovery_done")
+    assert rec["steps_replayed"] == 0 and rec["drain"] == out["request_id"]
+    (d,) = job.events("drain_done")
+    assert d["steps_replayed"] == 0 and d["recoverable_step"] == out["at_step"] - 1
+    spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
+    assert spare["world_rank"] == 2 and spare["joined"] and spare["state_hash"] == reference["rank_hashes"][1]
+    st = _cli(job, "status", str(job.run_dir), "--json")
+    drains = json.loads(st.stdout)["drains"]
+    assert [(x["state"], x["steps_replayed"]) for x in drains] == [("done", 0)]
+    r = _cli(job, "drain", str(job.run_dir), "--rank", "1")
+    assert r.exit_code == 2 and "nothing to drain" in r.output, r.output
+    print(f"drain: job {job.elapsed_s:.1f} s, at iteration {out['at_step']}, recovery {rec['total_s']} s "
+          f"{rec['phases']}, replayed {rec['steps_replayed']}")

@@ -1,0 +1,157 @@
+"""Build, validate and send a planned-drain request (``phoenix drain``), then follow it until it was done or
+missed.
+
+:func:`build_drain` checks the request against the job's current :class:`~phoenix_hpc.status.model.Status`
+(pure; a refusal is a :class:`~phoenix_hpc.errors.FaultError`, exit code 2, and nothing is sent). The
+coordinator checks it again on its own view (a spare left on another node, no recovery or other drain in
+progress) and arms every active slot (:mod:`phoenix_hpc.control.drains`); its answer comes once they all
+armed. :func:`wait_drain` then follows the journal until ``drain_done`` or ``drain_missed``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from phoenix_hpc.errors import ControlError, FaultError, FaultMissed
+from phoenix_hpc.status.model import Status
+
+LIVE = ("active", "standby", "joining", "quiesced")
+
+
+@dataclass(frozen=True)
+class DrainRequest:
+    """A validated drain. ``target``: the wire target (``{"logical_rank": r}``, ``{"node": name}`` or
+    ``{"coord": [pp, dp, tp]}``); ``slots``: the world ranks it names now."""
+
+    target: dict[str, Any]
+    slots: tuple[int, ...]
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def body(self) -> dict[str, Any]:
+        """The ``drain`` message body of the control protocol."""
+        return {"type": "drain", "target": dict(self.target), "request_id": self.request_id}
+
+
+def build_drain(st: Status, *, rank: int | None = None, node: str | None = None,
+                coord: str | None = None) -> DrainRequest:
+    """Validate a drain against the job's status and resolve its target. Pure.
+
+    Raises:
+        FaultError: not exactly one target; a finished job or one not training yet; a rank, coordinate or
+            node outside the job or without a live slot; a node (or rank) that holds only standby spares;
+            no spare left on another node (shrinking the job instead is not available).
+    """
+    from phoenix_hpc.faults.kinds import parse_coord
+
+    given = [n for n, v in (("--rank", rank), ("--node", node), ("--coord", coord)) if v is not None]
+    if len(given) != 1:
+        raise FaultError("target: give exactly one of --rank R, --node NODE, --coord pp,dp,tp"
+                         + (f" (got {', '.join(given)})" if given else ""))
+    job = st.job
+    if st.finished or job.state == "ended":
+        raise FaultError(f"job {job.job_id or job.run_dir} is {job.state}"
+                         f"{' (Slurm: ' + job.slurm_state + ')' if job.slurm_state else ''}: "
+                         "nothing to drain; nothing was sent")
+    if not st.slots or job.coordinator is None or job.state in ("pending", "starting"):
+        raise FaultError(f"job {job.job_id or job.run_dir} has not started training yet (state {job.state}); "
+                         "drain once `phoenix status` shows it running; nothing was sent")
+    g = job.grid
+    grid = (g["tp"], g["pp"], g["dp"]) if g else None
+    n = grid[0] * grid[1] * grid[2] if grid else len([s for s in st.slots if s.logical_rank is not None])
+    live = [s for s in st.slots if s.state in LIVE]
+    by_logical = {s.logical_rank: s for s in live if s.logical_rank is not None and s.state != "standby"}
+    if rank is not None:
+        if not 0 <= rank < n:
+            raise FaultError(f"--rank: {rank} is outside the job; logical ranks are 0..{n - 1}")
+        if rank not in by_logical:
+            raise FaultError(f"--rank: no live slot holds logical rank {rank} now; nothing was sent")
+        targets, target = [by_logical[rank]], {"logical_rank": int(rank)}
+    elif coord is not None:
+        pp, dp, tp = parse_coord(coord, grid)
+        if grid is None:
+            raise FaultError("--coord: the job's grid is not known yet; use --rank or --node")
+        r = (pp * grid[2] + dp) * grid[0] + tp
+        if r not in by_logical:
+            raise FaultError(f"--coord: no live slot holds ({pp},{dp},{tp}) (logical rank {r}) now; nothing was sent")
+        targets, target = [by_logical[r]], {"coord": [pp, dp, tp]}
+    else:
+        names = sorted({s.node for s in st.slots} | set(job.node_list))
+        if node not in names:
+            raise FaultError(f"--node: {node!r} is not a node of job {job.job_id or job.run_dir}; its nodes: "
+                             f"{', '.join(names)}")
+        targets = [s for s in live if s.node == node]
+        if not targets:
+            raise FaultError(f"--node: {node} has no live slot (lost, released or drained); nothing was sent")
+        target = {"node": node}
+    spares = [s for s in targets if s.state == "standby"]
+    if spares:
+        raise FaultError(f"--node: {node} holds standby spares (world ranks {[s.world_rank for s in spares]}), "
+                         "which hold no logical rank: a drain moves active slots; nothing was sent")
+    nodes = {s.node for s in targets}
+    left = [s for s in live if s.state == "standby" and s.node not in nodes]
+    if len(left) < len(targets):
+        raise FaultError(f"drain: {len(targets)} slot(s) to move but {len(left)} spare slot(s) left on other "
+                         "nodes; shrinking the job instead (dp - 1) is not available: the drain needs a spare; "
+                         "nothing was sent")
+    return DrainRequest(target=target, slots=tuple(s.world_rank for s in targets))
+
+
+CONFIRM_MARGIN_S = 3.0
+
+
+def send_drain(run_dir: Path, req: DrainRequest, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Send ``req`` through the coordinator's operator channel and wait for its answer (every active slot
+    armed the pause). Returns the ``accepted`` reply {request_id, targets, at_step}.
+
+    Raises:
+        FaultError: the coordinator refused the drain (the reason is in the message; nothing is armed).
+        ControlError: no coordinator to reach, or no answer within ``timeout_s``.
+    """
+    from phoenix_hpc.control import protocol as P
+    from phoenix_hpc.control.operator import operator_request
+
+    info = P.read_coordinator_file(run_dir)
+    if not info or not info.get("operator_port"):
+        raise ControlError(f"{run_dir}/{P.COORDINATOR_FILE} names no coordinator operator port; nothing was sent")
+    body = {**req.body(), "confirm_within_s": max(1.0, timeout_s - CONFIRM_MARGIN_S)}
+    reply = operator_request(str(info["host"]), int(info["operator_port"]), body, P.read_secret(run_dir), timeout_s)
+    if reply.get("type") != "accepted":
+        raise FaultError(f"the coordinator refused the drain: {reply.get('reason', reply)}; nothing was changed")
+    return reply
+
+
+def drain_outcome(request_id: str, records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The journal's ``drain_done`` or ``drain_missed`` record of ``request_id``, or None. Pure."""
+    for r in records:
+        if r.get("request_id") == request_id and r.get("event") in ("drain_done", "drain_missed"):
+            return r
+    return None
+
+
+def wait_drain(run_dir: Path, request_id: str, *, job_over: Callable[[], str | None], timeout_s: float = 600.0,
+               poll_s: float = 0.2, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """Wait for the drain's outcome record; returns it.
+
+    Raises:
+        FaultMissed: the drain was missed (the record's reason), the job ended without an outcome, or none
+            came within ``timeout_s``.
+    """
+    from phoenix_hpc.control.journal import read_journal
+
+    t0 = clock()
+    while True:
+        rec = drain_outcome(request_id, read_journal(run_dir))
+        if rec is not None:
+            if rec["event"] == "drain_missed":
+                raise FaultMissed(f"drain {request_id} was armed but missed: {rec.get('reason')}", rec)
+            return rec
+        why = job_over()
+        if why is not None or clock() - t0 > timeout_s:
+            raise FaultMissed(f"drain {request_id}: {why or f'no outcome within {timeout_s:g} s'}",
+                              {"request_id": request_id})
+        sleep(poll_s)
