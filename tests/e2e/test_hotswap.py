@@ -419,24 +419,22 @@ def _cli(job: Job, *args: str):
 def test_planned_drain_moves_the_node_to_the_spare_replaying_no_step(env, data, reference, tmp_path):
     """``phoenix drain --node`` of an active node: every member pauses at one commit fence, the drained slot
     leaves and the spare takes its logical rank with 0 steps replayed; the final state is bitwise the
-    fault-free run's. Bad input around it is refused with exit code 2 and leaves the job untouched: a node of
-    spares only, an unknown node, a drain with no spare left (shrink is not available), a finished job."""
+    fault-free run's. Then a drain with no spare left (shrink is not available; or, if this fast job ended
+    meanwhile, a finished job) and a drain of the finished job are refused with exit code 2. (The refusals
+    of a node of spares only and of unknown targets are unit tests: this job trains 40 steps in seconds.)"""
     job = Job(env, tmp_path, data, "drain")
     try:
         _wait(lambda: job.events("job_running"), 120, "job_running")
-        victim, spare_node = job.node_of(1), job.node_of(2)
-        _wait(lambda: job.step(1) >= 5, 120, "step 5 on logical rank 1", poll_s=0.05)
-        r = _cli(job, "drain", str(job.run_dir), "--node", spare_node)
-        assert r.exit_code == 2 and "standby spares" in r.output, r.output
-        r = _cli(job, "drain", str(job.run_dir), "--node", "nid09999")
-        assert r.exit_code == 2 and "'nid09999' is not a node" in r.output, r.output
+        victim = job.node_of(1)
+        # at once: this job trains its 40 steps in about 2 s once its engines are built (10 s or more here);
+        # the slots arm the drain while they build, for the fence of iteration 2 (newest step 0 + 2)
         r = _cli(job, "drain", str(job.run_dir), "--node", victim, "--json")
         assert r.exit_code == 0, r.output
         out = json.loads(r.stdout)
         assert out["state"] == "done" and out["steps_replayed"] == 0 and out["moved"] == [[1, 2, 1]], out
-        # the spare is used: a second drain finds none left on another node
-        r = _cli(job, "drain", str(job.run_dir), "--rank", "0")
-        assert r.exit_code == 2 and "shrinking the job instead (dp - 1) is not available" in r.output, r.output
+        r = _cli(job, "drain", str(job.run_dir), "--rank", "0")  # the spare is used: none left
+        assert r.exit_code == 2 and ("shrinking the job instead (dp - 1) is not available" in r.output
+                                     or "nothing to drain" in r.output), r.output
         done = job.wait_end()
     finally:
         job.cancel()
