@@ -143,3 +143,96 @@ def test_status_shows_a_missed_drain_with_its_reason():
                                    "targets": [2, 3], "reason": "a recovery started first (x)"}]
     st = derive_status(start_records() + recs, running_slurm(), now=9.0, run=run_files())
     assert st.drains[0].state == "missed" and "recovery started first" in st.drains[0].reason
+
+
+# --- the coordinator's drain flow, with a store that records what is sent ----------------------------------
+
+
+class _Store:
+    def __init__(self):
+        self.pushed: list[tuple[str, bytes]] = []
+
+    def queue_push(self, key, raw):
+        self.pushed.append((key, raw))
+
+    def set(self, key, value):
+        pass
+
+
+def _coordinator(tmp_path):
+    from phoenix_hpc.control.coordinator import Coordinator
+    from phoenix_hpc.control.journal import Journal
+    from phoenix_hpc.control.records import Slot
+    from phoenix_hpc.control.states import JobState, SlotState, slot_machine
+
+    c = Coordinator(tmp_path, grid=(1, 1, 2))
+    c.journal, c.secret, c.store = Journal(tmp_path), b"s" * 32, _Store()
+    c.job.to(JobState.RUNNING)
+    for w, node, role in ((0, "n1", "active"), (1, "n2", "active"), (2, "n3", "standby")):
+        c.slots[w] = Slot(w, node, 100 + w, role, slot_machine(f"slot {w}", SlotState.ACTIVE if role == "active"
+                                                                else SlotState.STANDBY), 0.0,
+                          logical_rank=w if role == "active" else None, step=5)
+    c.rank_map = {0: 0, 1: 1}
+    c.placement = {"opt/pp0/tp0/dp0": [1], "opt/pp0/tp0/dp1": [0]}
+    return c
+
+
+def _sent(c, since=0):
+    from phoenix_hpc.control import protocol as P
+
+    return [(int(k.rsplit("/", 1)[1]), P.decode(raw, c.secret)) for k, raw in c.store.pushed[since:]
+            if k.startswith("ctl/out/")]
+
+
+def _events(tmp_path, name):
+    from phoenix_hpc.control.journal import read_journal
+
+    return [r for r in read_journal(tmp_path) if r["event"] == name]
+
+
+def _ack(c, w, attempt, armed=True, late=False, started=5):
+    c._dispatch({"type": "drain_ack", "world_rank": w, "pid": 100 + w, "request_id": "d1", "attempt": attempt,
+                 "armed": armed, "late": late, "started_step": started, "reason": "" if armed else "late"})
+
+
+def test_coordinator_arms_every_member_rearms_a_late_one_and_hot_swaps_with_zero_replay(tmp_path):
+    c = _coordinator(tmp_path)
+    c._dispatch({"type": "drain", "target": {"node": "n3"}, "request_id": "d0", "reply_to": "r0"})
+    assert "standby spares" in _events(tmp_path, "rejected")[-1]["reason"]  # a spare node: refused
+    c._dispatch({"type": "drain", "target": {"node": "n2"}, "request_id": "d1", "reply_to": "r1"})
+    assert [(w, m["type"], m["at_step"]) for w, m in _sent(c)] == [(0, "drain", 7), (1, "drain", 7)]
+    n = len(c.store.pushed)
+    _ack(c, 0, 1)
+    _ack(c, 1, 1, armed=False, late=True, started=7)  # already in iteration 7: everyone is re-armed later
+    assert [(w, m["type"], m.get("at_step")) for w, m in _sent(c, n)] == [
+        (0, "undrain", None), (1, "undrain", None), (0, "drain", 9), (1, "drain", 9)]
+    _ack(c, 0, 2)
+    _ack(c, 1, 2)
+    assert c.drain.state == "armed" and _events(tmp_path, "drain_armed")[0]["at_step"] == 9
+    n = len(c.store.pushed)
+    for w in (0, 1):
+        c._dispatch({"type": "drain_reached", "world_rank": w, "pid": 100 + w, "request_id": "d1", "step": 8})
+    sent = _sent(c, n)
+    assert (1, "stop") in [(w, m["type"]) for w, m in sent] and [m for w, m in sent if w == 1][0]["drained"]
+    assert [w for w, m in sent if m["type"] == "quiesce"] == [0]
+    assert c.slots[1].state.value == "done" and c.recovery.drain is c.drain
+    c._dispatch({"type": "quiesced", "world_rank": 0, "pid": 100, "generation": 1, "live_step": 8, "dirty": False,
+                 "shards": {"opt/pp0/tp0/dp0": [8, 7]}, "replicas": {"opt/pp0/tp0/dp1": [8, 7]}})
+    c._advance_recovery(c.clock())
+    plan = c.recovery.plan
+    assert plan.steps_replayed == 0 and plan.recoverable_step == 8
+    assert [(j.world_rank, j.logical_rank, j.replaces_world_rank) for j in plan.joins] == [(2, 1, 1)]
+
+
+def test_a_fault_before_the_pause_makes_the_armed_drain_missed(tmp_path):
+    from phoenix_hpc.control.classify import Action, Decision
+
+    c = _coordinator(tmp_path)
+    c._dispatch({"type": "drain", "target": {"logical_rank": 1}, "request_id": "d1", "reply_to": "r1"})
+    _ack(c, 0, 1)
+    _ack(c, 1, 1)
+    n = len(c.store.pushed)
+    c._start_recovery(Decision(Action.LOCAL_RECOVERY, "transient"), [], c.clock(), c.clock())
+    (m,) = _events(tmp_path, "drain_missed")
+    assert "a recovery started first (transient)" in m["reason"] and c.drain.state == "missed"
+    assert {(w, msg["type"]) for w, msg in _sent(c, n)} >= {(0, "undrain"), (1, "undrain")}
