@@ -122,6 +122,8 @@ class DrainRelayMixin:
             return
         if d.state == "confirming":
             return self._refuse_drain(d, reason)
+        if d.state == "moving":  # the drained slots have left; the recovery that follows replaces them
+            reason = f"the drain's hot swap was cut short, its slots are replaced by the next recovery ({reason})"
         d.state = "missed"
         self._undrain(d)
         self.journal.append("drain_missed", request_id=d.request_id, at_step=d.at_step, targets=d.targets,
