@@ -11,7 +11,8 @@ its state from the journal and the slots reconnect (:mod:`phoenix_hpc.control.re
 when it refused its input (exit code 2: the same input would be refused again) or after this supervisor
 passed it a stopping signal (the job is being ended anyway).
 
-Signals: SIGTERM, SIGINT and SIGUSR1 (the time-limit warning) are passed on to the running coordinator.
+Signals: SIGTERM, SIGINT and SIGUSR1 (the time-limit warning) are passed on to the running coordinator; one
+that arrives between a crash and the restart is passed on once the restarted coordinator is ready.
 Exit status: the coordinator's last one (its verdict when it wrote one); a crash without restarts left
 ends with the crashed process's status (128 + signal number for a signal, as a shell reports it).
 """
@@ -57,6 +58,17 @@ def shell_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _when_ready(run_dir: Path, child: subprocess.Popen, poll_s: float = 0.2) -> None:
+    """Wait until ``child`` wrote ``coordinator.json`` (its pid in it) or ended."""
+    from phoenix_hpc.control.protocol import read_coordinator_file
+
+    while child.poll() is None:
+        info = read_coordinator_file(run_dir)
+        if info is not None and info.get("pid") == child.pid:
+            return
+        time.sleep(poll_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point (see the module docstring). Exit codes: the coordinator's."""
     from phoenix_hpc.control.protocol import EXIT_STATUS_FILE
@@ -69,14 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --restarts: {args.restarts} is negative; give 0 or more", file=sys.stderr)
         return 2
     run_dir = Path(args.run_dir)
-    state: dict = {"child": None, "stopping": False}
+    state: dict = {"child": None, "stopping": False, "pending": None}
 
     def forward(signum, _frame) -> None:
-        if signum in STOPPING:
-            state["stopping"] = True
         child = state["child"]
         if child is not None and child.poll() is None:
             child.send_signal(signum)
+            state["stopping"] = state["stopping"] or signum in STOPPING  # this coordinator was told to stop
+        else:  # between a crash and the restart: passed on once the next coordinator is ready
+            state["pending"] = signum
 
     for s in FORWARDED:
         signal.signal(s, forward)
@@ -86,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         if restarts:
             cmd += ["--restart", str(restarts)]
         state["child"] = subprocess.Popen(cmd)
+        if state["pending"] is not None:
+            _when_ready(run_dir, state["child"])  # its signal handlers are installed once it is ready
+            if state["child"].poll() is None:
+                state["child"].send_signal(state["pending"])
+                state["stopping"] = state["stopping"] or state["pending"] in STOPPING
+            state["pending"] = None
         rc = state["child"].wait()
         again, why = restart_decision(rc, (run_dir / EXIT_STATUS_FILE).exists(), restarts, args.restarts,
                                       state["stopping"])

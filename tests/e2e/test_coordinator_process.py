@@ -599,3 +599,43 @@ def test_slots_stop_cleanly_when_no_coordinator_comes_back(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_coordinator_killed_during_a_hot_swap_starts_it_again_after_its_restart(supervised):
+    """Rank 1 hangs, the coordinator sends ``quiesce`` for generation 1 and is SIGKILLed before the plan.
+    The restarted coordinator reads the recovery in progress from the journal, queues its dead slot again and
+    runs a new recovery (generation 2) with the survivor and the spare, which rejoined: quiesce, plan,
+    restore, resume, ``recovery_done``. (The ranks' side is played here; on the real cluster only the kill
+    mid-run is shown.)"""
+    run_dir, proc, clients = supervised
+    r0, r1, spare = _restartable_job(run_dir, clients)
+    for r in (r0, r1):
+        _commit(r, 4)
+    _wait(lambda: any(e["recoverable_step"] == 4 for e in _events(run_dir, "commit")), what="commit of step 4")
+    r1.c.stop_heartbeat()  # rank 1 hangs
+    q = r0.expect("quiesce", timeout_s=15)
+    assert q["generation"] == 1 and q["dead"] == [1]
+    _kill_coordinator(run_dir, (r0, spare))
+    _wait(lambda: not r0.c.away and not spare.c.away, timeout_s=60, what="the survivor and the spare to rejoin")
+    q2 = r0.expect("quiesce", timeout_s=30)
+    assert q2["generation"] == 2 and q2["dead"] == [1]
+    (rebuilt,) = _events(run_dir, "coordinator_restarted")
+    assert rebuilt["recovery_interrupted"] and rebuilt["generation"] == 1 and rebuilt["dead"] == [1]
+    r0.c.report_quiesced(2, live_step=4, shards={"opt/pp0/tp0/dp0": 4}, replicas={"opt/pp0/tp0/dp1": 4}, dirty=False)
+    plan = r0.expect("recover", timeout_s=20)["plan"]
+    assert spare.expect("recover", timeout_s=20)["plan"] == plan
+    assert plan["action"] == "hot_swap" and plan["rank_map"] == [[0, 0], [1, 2]] and plan["recoverable_step"] == 4
+    spare.logical = 1
+    for r in (r0, spare):
+        r.c.report_recovered(2, _recovered_report(r, 2, plan["rank_map"], 4), {"reconfigure": 0.1, "params": 0.1,
+                                                                            "optimizer": 0.1})
+    for r in (r0, spare):
+        r.expect("resume", timeout_s=20)
+        r.gen, r.step = 2, 5
+    for r in (r0, spare):
+        r.c.report_done(2, 5, f"h{r.logical}")
+    done = _wait(lambda: _events(run_dir, "recovery_done"), what="recovery_done")[0]
+    assert done["generation"] == 2
+    assert r0.expect("stop", timeout_s=20)["job_state"] == "done"
+    assert proc.wait(30) == 0
+    assert [e["generation"] for e in _events(run_dir, "recovery_start")] == [1, 2]
