@@ -136,3 +136,15 @@ def test_reports_kept_while_away_are_bounded_and_commits_coalesce():
     keep_report(box, {"type": "done"}, 3)
     assert keep_report(box, {"type": "checkpoint"}, 3) == 1
     assert [m["type"] for m in box] == ["commit", "done", "checkpoint"]
+
+
+def test_status_keeps_a_restarted_coordinators_records_with_its_job():
+    from phoenix_hpc.status.derive import current_job_records
+    from phoenix_hpc.status.jobs import _segments
+
+    recs = [_start(job_id="1"), {"event": "job_done"}, _start(job_id="2"), _reg(0, logical=0),
+            _start(job_id="2", restart=1), {"event": "rejoined", "world_rank": 0, "step": 3}]
+    assert [r["event"] for r in current_job_records(recs)] == ["coordinator_started", "registered",
+                                                              "coordinator_started", "rejoined"]
+    segs = _segments(recs)
+    assert [(j, len(seg)) for j, seg in segs] == [("1", 2), ("2", 4)]
