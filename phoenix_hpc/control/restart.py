@@ -10,7 +10,8 @@ replicas held). Until a slot has re-registered its heartbeats are not judged for
 (``resilience.coordinator_grace_s``); a slot that never comes back (it died while the coordinator was away)
 is then declared dead by the heartbeat timeout, and the recovery machine handles it as any fault.
 
-A recovery that was in progress when the coordinator died cannot be continued (its plan's rendezvous lived
+A coordinator that died after the job's end (``job_done``, a stop) but before its verdict file only writes
+the verdict again. A recovery that was in progress when the coordinator died cannot be continued (its plan's rendezvous lived
 in the dead coordinator's store): its dead slots are queued again as a fault, so a new recovery with the
 next generation starts from the survivors' host copies.
 """
@@ -23,7 +24,7 @@ from phoenix_hpc.control.classify import Fault, FaultKind
 from phoenix_hpc.control.journal import iter_journal
 from phoenix_hpc.control.records import PendingFault, Slot
 from phoenix_hpc.control.replay import Rebuilt, rejoin_verdict, replay
-from phoenix_hpc.control.states import JobState, SlotState, slot_machine
+from phoenix_hpc.control.states import JobState, SlotState, job_machine, slot_machine
 
 _SLOT_STATE = {"active": SlotState.ACTIVE, "standby": SlotState.STANDBY, "joining": SlotState.JOINING,
                "quiesced": SlotState.QUIESCED, "dead": SlotState.DEAD}
@@ -47,6 +48,11 @@ class RestartMixin:
             m = slot_machine(f"slot {w}", _SLOT_STATE.get(s.state, SlotState.ACTIVE))
             # not re-registered yet: step 0 gives it the start-up grace before its heartbeats are judged
             self.slots[w] = Slot(w, s.node, s.pid, s.role, m, now, s.logical_rank, s.generation, 0)
+        if r.ended is not None:  # it died between the job's end and its verdict: give the verdict, nothing more
+            self.job = job_machine({"job_done": JobState.DONE, "coordinator_stopped": JobState.STOPPED}.get(
+                r.ended, JobState.FAILED))
+            self._end_at = now + self.t.linger_s
+            return r
         if r.running:
             self.job.to(JobState.RUNNING, "restarted coordinator: the journal says the job was running")
         if r.recovery is not None and r.recovery.get("phase") != "replay":
