@@ -314,13 +314,23 @@ class ResilienceConfig(BaseModel):
                                 "advancing, asked by the slot's heartbeat thread) while their connection stays open, "
                                 "before it stops with exit code 75; must exceed heartbeat_timeout_s (a busy coordinator "
                                 "answers late, it is not gone). A closed connection (the coordinator's process ended) "
-                                "stops the slot at once")
+                                "stops the slot at once when coordinator_restarts is 0, else after "
+                                "coordinator_restart_timeout_s without a restarted coordinator")
     coordinator_grace_s: float = Field(
         120.0, ge=0, description="start-up grace after a slot registered, seconds: imports, rendezvous and engine "
                                  "set-up on a loaded node starve both sides, so the slot does not judge the "
                                  "coordinator's silence before it ends, and the coordinator does not judge the slot's "
                                  "heartbeats before it ends or the slot reported its first step; a closed connection "
                                  "(process exit) counts at once on both sides")
+    coordinator_restarts: int = Field(
+        3, ge=0, le=20, description="times the batch script restarts a crashed coordinator within one job (a "
+                                    "process end without its verdict: SIGKILL, OOM kill, an uncaught error); the "
+                                    "restarted coordinator rebuilds its state from the journal and from the slots, "
+                                    "which reconnect. 0: a crash ends the job (every slot stops with exit code 75)")
+    coordinator_restart_timeout_s: float = Field(
+        120.0, gt=0, description="seconds a slot trains on after its coordinator's connection closed, waiting for "
+                                 "the restarted coordinator (reports are buffered meanwhile), before it stops with "
+                                 "exit code 75; used when coordinator_restarts > 0")
     chunk_bytes: int = Field(4 << 20, gt=0, description="H2H message chunk size in bytes")
     recovery_path: Literal["auto", "rebind", "rebuild"] = Field(
         "auto",

@@ -7,7 +7,9 @@ before the srun step and waits for that file, so under ``phoenix submit`` it alw
 It registers the slot (active: logical rank = MPI world rank at generation 0, with the grid; standby: no
 rank), starts the heartbeat thread (per node: :mod:`phoenix_hpc.control.node_beats`) and the coordinator watchdog (a slot exits with
 :data:`phoenix_hpc.control.client.EXIT_COORDINATOR_LOST` when the coordinator's connection closed, or it has
-not answered for ``resilience.coordinator_timeout_s`` after the start-up grace ``resilience.coordinator_grace_s``), and returns the client plus, on active slots, a TCPStore client to the
+not answered for ``resilience.coordinator_timeout_s`` after the start-up grace ``resilience.coordinator_grace_s``;
+with ``resilience.coordinator_restarts`` > 0 a closed connection first waits
+``resilience.coordinator_restart_timeout_s`` for a restarted coordinator while training goes on), and returns the client plus, on active slots, a TCPStore client to the
 coordinator's store for ``torch.distributed`` rendezvous (``PrefixStore(f"gen{g}", store)``).
 """
 
@@ -68,5 +70,7 @@ def attach(run_dir: str | os.PathLike, world_rank: int, world_size: int, node: s
     progress = Progress(generation=0 if active else None)
     client.start_heartbeat(resilience.heartbeat_interval_s, resilience.heartbeat_timeout_s, progress.get,
                            lost_after_s=resilience.coordinator_timeout_s, grace_s=resilience.coordinator_grace_s,
-                           node=node)
+                           node=node,
+                           restart_timeout_s=(resilience.coordinator_restart_timeout_s
+                                              if resilience.coordinator_restarts > 0 else 0.0))
     return Attachment(client, progress, client.tcp_store() if active else None)

@@ -21,6 +21,18 @@ by the coordinator's end, or no answer for ``coordinator_timeout_s`` (much longe
 default ``on_lost`` prints the reason and ends the process with exit code :data:`EXIT_COORDINATOR_LOST`
 (``os._exit``: the main thread may be blocked in a collective that will never finish). Once the slot
 received ``stop`` (or closes) nothing is lost any more: the coordinator exits after the job's end.
+
+Coordinator restart (``resilience.coordinator_restarts`` > 0; ``restart_timeout_s`` of
+:meth:`CoordinatorClient.start_heartbeat`): a closed liveness connection is then not the end. The slot is
+*away*: training goes on, reports are kept in a bounded outbox (:data:`OUTBOX_MAX` messages; heartbeats are
+not kept, a newer commit report replaces an older one, beyond the bound the oldest are dropped and counted),
+polls return nothing, and the heartbeat thread watches ``RUN_DIR/coordinator.json`` for a coordinator with
+another pid (the batch script's supervisor restarts a crashed one, :mod:`phoenix_hpc.control.supervise`).
+When one is there the slot re-registers (``register`` with ``rejoin``: generation, step, outbox size),
+opens a new liveness connection, sends its outbox in order and its newest commit report (own shard and
+replicas held) and ``done`` again, and counts :attr:`CoordinatorClient.incarnation` up (a new store: the
+next generation's rendezvous uses it). Only when none comes back within ``restart_timeout_s`` does
+``on_lost`` run (one line, exit code 75). A refused rejoin (the slot was declared dead) also ends it.
 """
 
 from __future__ import annotations
@@ -40,6 +52,8 @@ from phoenix_hpc.control.detect import coordinator_verdict
 from phoenix_hpc.errors import ControlError
 
 EXIT_COORDINATOR_LOST = 75  # EX_TEMPFAIL: the job's control plane is gone
+OUTBOX_MAX = 1000  # reports kept while the coordinator is away (the oldest beyond it are dropped)
+RESENT_TYPES = ("commit", "done")  # the newest of each is sent again to a restarted coordinator
 
 
 def _default_on_lost(reason: str) -> None:
@@ -51,6 +65,26 @@ def _default_on_lost(reason: str) -> None:
     print(f"[phoenix] coordinator lost ({reason}); exiting so the allocation is not held by an orphaned step{hint}",
           file=sys.stderr, flush=True)
     os._exit(EXIT_COORDINATOR_LOST)
+
+
+def keep_report(outbox: deque, body: dict[str, Any], limit: int) -> int:
+    """Keep a report for a coordinator that is away: heartbeats are not kept (the next one says more), a
+    ``commit`` report replaces the older one kept (commit reports carry the newest committed steps), beyond
+    ``limit`` messages the oldest are dropped. Mutates ``outbox``; returns how many were dropped."""
+    t = body.get("type")
+    if t == "heartbeat":
+        return 0
+    if t == "commit":
+        for i, old in enumerate(outbox):
+            if old.get("type") == "commit":
+                del outbox[i]
+                break
+    outbox.append(body)
+    dropped = 0
+    while len(outbox) > limit:
+        outbox.popleft()
+        dropped += 1
+    return dropped
 
 
 def wait_for_coordinator(run_dir: str | os.PathLike, timeout_s: float, poll_s: float = 0.1) -> dict[str, Any]:
@@ -131,6 +165,15 @@ class CoordinatorClient:
         self.board = None  # the node's heartbeat board (node_beats.NodeBoard) once heartbeats run per node
         self._commit: dict[str, Any] | None = None  # the newest commit report, carried by the node's heartbeats
         self._dist = dist
+        self.incarnation = 0  # restarted coordinators this slot rejoined (a new store each time)
+        self._restart_timeout_s = 0.0  # > 0: a closed connection means "away", not "lost" (start_heartbeat)
+        self._away_since: float | None = None  # monotonic s: the coordinator's connection closed, none back yet
+        self._away_reason = ""
+        self._outbox: deque[dict] = deque()  # reports kept while away (bounded: OUTBOX_MAX)
+        self.outbox_dropped = 0
+        self._resend: dict[str, dict] = {}  # the newest body of each RESENT_TYPES type
+        self._registration: dict[str, Any] | None = None  # the register fields, sent again on a rejoin
+        self._state: Callable[[], tuple[int | None, int | None]] | None = None
 
     def _connect(self, timeout_s: float | None = None):
         import torch.distributed as dist
@@ -151,13 +194,31 @@ class CoordinatorClient:
             torch.distributed.DistError: the store cannot be reached (the next call opens a new connection).
         """
         with self._lock:
+            if body.get("type") in RESENT_TYPES:
+                self._resend[body["type"]] = body
+            if self._away_since is not None:  # the coordinator is gone for now: keep it for the next one
+                return self._keep(body)
             try:
                 if self.store is None:
                     self.store = self._connect()
+                while self._outbox:  # what was kept while the store could not be reached, first and in order
+                    self.store.queue_push(P.KEY_IN, P.encode(self._outbox[0], self.secret))
+                    self._outbox.popleft()
                 self.store.queue_push(P.KEY_IN, P.encode(body, self.secret))
             except self._dist.DistError:
                 self.store = None
+                if self._restart_timeout_s > 0:  # a restart may be under way: keep it, do not fail the step
+                    return self._keep(body)
                 raise
+
+    def _keep(self, body: dict[str, Any]) -> None:
+        """Keep ``body`` in the outbox (caller holds ``_lock``; :func:`keep_report`)."""
+        self.outbox_dropped += keep_report(self._outbox, body, OUTBOX_MAX)
+
+    @property
+    def away(self) -> bool:
+        """Whether the coordinator's connection closed and no restarted coordinator was joined yet."""
+        return self._away_since is not None
 
     def request(self, body: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
         """Send ``body`` with a fresh ``reply_to`` and wait for the signed reply.
@@ -166,7 +227,14 @@ class CoordinatorClient:
             ControlError: no reply within ``timeout_s`` (default ``wait_s``).
         """
         nonce = uuid.uuid4().hex
-        self.send({**body, "reply_to": nonce})
+        with self._lock:  # a request goes out now or fails (never kept in the outbox)
+            try:
+                if self.store is None:
+                    self.store = self._connect()
+                self.store.queue_push(P.KEY_IN, P.encode({**body, "reply_to": nonce}, self.secret))
+            except self._dist.DistError as exc:
+                self.store = None
+                raise ControlError(f"coordinator at {self.host}:{self.port} unreachable: {exc}".splitlines()[0]) from None
         deadline = time.monotonic() + (self.wait_s if timeout_s is None else timeout_s)
         key = P.key_reply(nonce)
         while time.monotonic() < deadline:
@@ -198,19 +266,92 @@ class CoordinatorClient:
         Raises:
             ControlError: the coordinator rejected the registration (the message says why) or did not answer.
         """
-        reply = self.request({"type": "register", "world_rank": self.world_rank, "pid": self.pid, "node": node,
-                              "role": role, "logical_rank": logical_rank, "grid": list(grid) if grid else None,
-                              "world_size": world_size})
+        self._registration = {"node": node, "role": role, "logical_rank": logical_rank,
+                              "grid": list(grid) if grid else None, "world_size": world_size}
+        reply = self.request({"type": "register", "world_rank": self.world_rank, "pid": self.pid,
+                              **self._registration})
         if reply.get("type") != "registered":
             raise ControlError(f"registration of world rank {self.world_rank} rejected: {reply.get('reason')}")
-        port = self.info.get("liveness_port")
-        if port and self._alive is None:  # held until the process ends: its closing is the exit signal
-            from phoenix_hpc.control.liveness import AliveConnection, connect_alive
-
-            sock = connect_alive(self.host, int(port), self.world_rank, self.pid, self.secret)
-            self._alive = AliveConnection(sock, name=f"phoenix-liveness-{self.world_rank}",
-                                          on_closed=lambda why: self._judge())
+        if self._alive is None:  # held until the process ends: its closing is the exit signal
+            self._open_alive()
         return reply
+
+    def _open_alive(self) -> None:
+        port = self.info.get("liveness_port")
+        if not port:
+            return
+        from phoenix_hpc.control.liveness import AliveConnection, connect_alive
+
+        sock = connect_alive(self.host, int(port), self.world_rank, self.pid, self.secret)
+        self._alive = AliveConnection(sock, name=f"phoenix-liveness-{self.world_rank}",
+                                      on_closed=self._connection_closed)
+
+    def _connection_closed(self, why: str) -> None:
+        """The liveness reader saw the coordinator's end close: away (a restart is expected) or lost."""
+        if self._restart_timeout_s > 0 and self._on_lost is not None and not self._stop.is_set() \
+                and not self.stop_received:
+            with self._lock:
+                if self._away_since is None:
+                    self._away_since, self._away_reason = time.monotonic(), f"its connection closed ({why})"
+                    self.store = None
+            print(f"[phoenix] world rank {self.world_rank}: the coordinator is gone ({why}); training on, "
+                  f"waiting up to {self._restart_timeout_s:g} s for its restart", file=sys.stderr, flush=True)
+            return
+        self._judge()
+
+    def _try_rejoin(self) -> bool:
+        """Away: if ``coordinator.json`` names another coordinator process, re-register with it, open a new
+        liveness connection and send what was kept. Returns whether the slot is back. Heartbeat thread."""
+        if (self.run_dir / P.EXIT_STATUS_FILE).exists():  # it wrote its verdict: the job ended, nothing restarts
+            self._lose("the coordinator ended the job before this slot heard its stop")
+            return False
+        info = P.read_coordinator_file(self.run_dir)
+        if info is None or info.get("pid") == self.info.get("pid") or info.get("protocol") != P.PROTOCOL_VERSION:
+            return False
+        old = (self.info, self.host, self.port)
+        self.info, self.host, self.port = info, str(info["host"]), int(info["port"])
+        with self._lock:
+            self.store = None
+        g, step = self._state() if self._state is not None else (None, None)
+        try:
+            reply = self.request({"type": "register", "world_rank": self.world_rank, "pid": self.pid,
+                                  **(self._registration or {}),
+                                  "rejoin": {"generation": g, "step": step, "buffered": len(self._outbox),
+                                             "dropped": self.outbox_dropped}},
+                                 timeout_s=self._answer_timeout_s)
+        except ControlError:  # not serving yet: the next round tries again
+            self.info, self.host, self.port = old
+            return False
+        if reply.get("type") != "registered":
+            self._lose(f"the restarted coordinator refused this slot: {reply.get('reason')}")
+            return False
+        try:
+            self._open_alive()
+        except ControlError:
+            return False
+        with self._lock:
+            try:
+                if self.store is None:
+                    self.store = self._connect()
+                sent = set()
+                while self._outbox:
+                    sent.add(self._outbox[0].get("type"))
+                    self.store.queue_push(P.KEY_IN, P.encode(self._outbox[0], self.secret))
+                    self._outbox.popleft()
+                for t, body in self._resend.items():  # the newest commit report (replicas held), done
+                    if t not in sent:
+                        self.store.queue_push(P.KEY_IN, P.encode(body, self.secret))
+            except self._dist.DistError:
+                self.store = None  # the rest goes with the next send
+            away_s = time.monotonic() - (self._away_since or time.monotonic())
+            self._away_since = None
+            self.incarnation += 1
+            self._rings_seen = -1
+            self.last_ok = time.monotonic()
+            self.last_unanswered = None
+        print(f"[phoenix] world rank {self.world_rank}: rejoined the restarted coordinator (pid {info.get('pid')}) "
+              f"after {away_s:.1f} s at step {step}", file=sys.stderr, flush=True)
+        return True
 
     def heartbeat(self, generation: int | None, step: int | None) -> None:
         self.send({"type": "heartbeat", "world_rank": self.world_rank, "pid": self.pid,
@@ -313,6 +454,8 @@ class CoordinatorClient:
             ControlError: the coordinator's store cannot be reached and nothing was received.
         """
         out = []
+        if self._away_since is not None:  # no coordinator to hear from until one is back
+            return out
         key = P.key_out(self.world_rank)
         rings = self.rings  # read before popping: a ring during the pops makes the next poll_if_rung pop again
         while True:
@@ -327,7 +470,7 @@ class CoordinatorClient:
             except self._dist.DistError as exc:  # the store (coordinator) is unreachable, slow, or gone
                 with self._lock:
                     self.store = None  # a reply may still come on that connection: never reuse it
-                if out:
+                if out or self._restart_timeout_s > 0:  # with restarts: nothing heard; the liveness connection judges
                     break
                 raise ControlError(f"coordinator at {self.host}:{self.port} unreachable: {exc}".splitlines()[0]) from None
             try:
@@ -467,7 +610,8 @@ class CoordinatorClient:
     def start_heartbeat(self, interval_s: float, timeout_s: float,
                         state: Callable[[], tuple[int | None, int | None]],
                         on_lost: Callable[[str], None] = _default_on_lost, lost_after_s: float | None = None,
-                        grace_s: float = 0.0, node: str | None = None) -> None:
+                        grace_s: float = 0.0, node: str | None = None,
+                        restart_timeout_s: float = 0.0) -> None:
         """Start the heartbeat thread (sends ``state() -> (generation, step)`` every ``interval_s``; a store
         operation slower than ``timeout_s`` counts as no answer) and the coordinator watchdog
         (``on_lost(reason)`` on evidence that the coordinator is gone,
@@ -477,7 +621,9 @@ class CoordinatorClient:
 
         With ``node`` (this slot's node name) heartbeats and commit reports go through the node's board
         (:mod:`phoenix_hpc.control.node_beats`): one slot of the node sends one ``heartbeats`` message for
-        all of them; if the board cannot be created, this slot heartbeats alone."""
+        all of them; if the board cannot be created, this slot heartbeats alone.
+        ``restart_timeout_s`` > 0 (``resilience.coordinator_restart_timeout_s`` when restarts are on): a closed
+        connection makes the slot wait that long for a restarted coordinator, training on (module docstring)."""
         lost_after_s = timeout_s if lost_after_s is None else lost_after_s
         self._stop.clear()
         self.last_ok = self._watch_started = time.monotonic()
@@ -492,11 +638,17 @@ class CoordinatorClient:
             except OSError as exc:
                 print(f"[phoenix] world rank {self.world_rank}: no node heartbeat board ({exc}); heartbeating "
                       "alone", file=sys.stderr, flush=True)
+        self._restart_timeout_s, self._state = float(restart_timeout_s), state
 
         def beat() -> None:
             store = None
             last_beat = None
             while not self._stop.is_set():
+                if self._away_since is not None:  # no heartbeats to a dead store: look for its successor
+                    store = last_beat = None
+                    self._try_rejoin()
+                    self._stop.wait(interval_s)
+                    continue
                 t_try = self._asking_since = time.monotonic()
                 proof = False
                 try:
@@ -570,13 +722,27 @@ class CoordinatorClient:
         Called by the watchdog thread, and by the liveness reader when the connection closed."""
         if self._on_lost is None or self._stop.is_set():  # heartbeats not started, or stopped on purpose
             return False
+        if self._away_since is not None:
+            away_s = time.monotonic() - self._away_since
+            if self.stop_received or away_s <= self._restart_timeout_s:
+                return False
+            return self._lose(f"{self._away_reason}, and no restarted coordinator came back within "
+                              f"coordinator_restart_timeout_s={self._restart_timeout_s:g}s")
         lost, reason = coordinator_verdict(
             time.monotonic(), started=self._watch_started, last_ok=self.last_ok,
-            last_unanswered=self.last_unanswered, closed=None if self._alive is None else self._alive.closed,
+            last_unanswered=self.last_unanswered,
+            # with restarts a closed connection means "away" (_connection_closed), judged above
+            closed=None if self._alive is None or self._restart_timeout_s > 0 else self._alive.closed,
             timeout_s=self._lost_after_s, grace_s=self._grace_s, ending=self.stop_received,
             asking_since=self._asking_since, answer_timeout_s=self._answer_timeout_s)
-        if not lost or not self._lost_once.acquire(blocking=False):
-            return lost
+        if not lost:
+            return False
+        return self._lose(reason)
+
+    def _lose(self, reason: str) -> bool:
+        """Call ``on_lost(reason)`` once. Returns True."""
+        if not self._lost_once.acquire(blocking=False):
+            return True
         self.lost_reason = reason
         self._on_lost(reason)
         return True

@@ -29,6 +29,9 @@ readable alone:
 - :mod:`phoenix_hpc.control.drain_relay`: planned drains (``drain``): every member pauses at one commit
   fence, then the drained slots' logical ranks move to spares with zero steps replayed
   (:mod:`phoenix_hpc.control.drains`).
+- :mod:`phoenix_hpc.control.restart`: a restarted coordinator (``--restart N``, started by the batch script's
+  supervisor :mod:`phoenix_hpc.control.supervise` after a crash) rebuilds its state from the journal and takes
+  the re-registering slots back.
 
 The job ends (``job_done`` with the final hash) when every active rank reported ``done``; or on a ``stop``
 message, SIGTERM (to the coordinator, or to a slot, which passes it on as ``signal``) or SIGUSR1 (time
@@ -70,6 +73,7 @@ from phoenix_hpc.control.pause import PauseMeter
 from phoenix_hpc.control.planned_end import PlannedEndMixin
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.recovery_machine import RecoveryMixin
+from phoenix_hpc.control.restart import RestartMixin
 from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, SlotState, job_machine
 
 
@@ -94,7 +98,7 @@ class Timing:
 
 
 class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin, InjectRelayMixin, PlannedEndMixin,
-                  DrainRelayMixin):
+                  DrainRelayMixin, RestartMixin):
     """The control-plane state machine plus its store and journal. Single-threaded: :meth:`run` drains the
     inbox and runs periodic work (beat, detection, decisions, deadlines); handlers never block.
 
@@ -105,6 +109,8 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         host: the address written to ``coordinator.json`` for ranks to connect to (default: this host's name).
         port: TCP port of the store (0: any free port).
         clock: monotonic seconds, injectable for tests.
+        restart: 0 for the job's first coordinator; N for its N-th restart after a crash, which rebuilds the
+            state from the journal (:mod:`phoenix_hpc.control.restart`).
     """
 
     def __init__(
@@ -116,7 +122,10 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         host: str | None = None,
         port: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        restart: int = 0,
     ):
+        self.restart = int(restart)
+        self._rejoined: set[int] = set()  # world ranks re-registered after a restart
         self.run_dir = ensure_private_dir(run_dir)
         self.grid = grid
         self.t = timing or Timing()
@@ -189,13 +198,23 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
             "coordinator_started", host=self.host, port=self.port, pid=os.getpid(),
             job_id=job_id, next_job=self.next_job,
             heartbeat_interval_s=self.t.heartbeat_interval_s, heartbeat_timeout_s=self.t.heartbeat_timeout_s,
-            grid=list(self.grid) if self.grid else None,
+            grid=list(self.grid) if self.grid else None, **({"restart": self.restart} if self.restart else {}),
         )
+        if self.restart:
+            r = self._rebuild_from_journal()
+            self.store.set("ctl/generation", str(self.generation))
+            self.journal.append(
+                "coordinator_restarted", restart=self.restart, generation=self.generation,
+                job_state=self.job.state.value, recoverable_step=r.recoverable_step,
+                checkpoint_step=r.checkpoint_step, slots=len(self.slots),
+                dead=sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD),
+                recovery_interrupted=r.recovery is not None and r.recovery.get("phase") != "replay",
+                pending_faults=len(self.faults))
         write_private_file(
             self.run_dir / P.COORDINATOR_FILE,
             _json({"host": self.host, "port": self.port, "operator_port": operator_port,
                    "liveness_port": liveness_port, "pid": os.getpid(),
-                   "secret_file": P.SECRET_FILE, "protocol": P.PROTOCOL_VERSION}),
+                   "secret_file": P.SECRET_FILE, "protocol": P.PROTOCOL_VERSION, "restart": self.restart}),
         )
 
     def run(self, max_s: float | None = None) -> JobState:
@@ -365,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default=None, help="address ranks use to reach the store (default: hostname)")
     ap.add_argument("--port", type=int, default=0, help="store port (default: any free port)")
     ap.add_argument("--summary-interval-s", type=float, default=None, help="heartbeat summary cadence")
+    ap.add_argument("--restart", type=int, default=0,
+                    help="N-th restart after a crash: rebuild the state from the journal (default 0: a new job)")
     args = ap.parse_args(argv)
     run_dir = Path(args.run_dir)
     try:
@@ -374,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.summary_interval_s:
         timing.summary_interval_s = args.summary_interval_s
-    coord = Coordinator(run_dir, grid=grid, timing=timing, host=args.host, port=args.port)
+    coord = Coordinator(run_dir, grid=grid, timing=timing, host=args.host, port=args.port, restart=args.restart)
     coord.open()
     signal.signal(signal.SIGTERM, lambda *_: coord.request_stop("SIGTERM to the batch script (scancel, preemption)", "TERM"))
     signal.signal(signal.SIGINT, lambda *_: coord.request_stop("SIGINT", "INT"))

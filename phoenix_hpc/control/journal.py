@@ -5,6 +5,9 @@ Events written by the coordinator (the only writer while a job runs): ``coordina
 ``registered``, ``rejected`` {reason, ...}, ``heartbeat_summary``, ``commit``, ``fault``, ``decision``
 {action, reason}, ``coordinator_paused`` {paused_s, reason}, ``recovery_start``, ``recovery_phase``, ``recovery_done`` {total_s, phases{detect,
 reconfigure, params, optimizer, replay}, steps_replayed}, ``inject_forwarded``, ``job_done``, ...
+A coordinator restarted after a crash (:mod:`phoenix_hpc.control.restart`) writes ``coordinator_started``
+with ``restart`` {N}, ``coordinator_restarted`` {what it rebuilt from the journal}, then ``rejoined`` or
+``rejoin_refused`` per slot that re-registers; it appends to the same file (one writer at a time).
 
 Durability: each append is one ``write`` of a whole line on a file opened with ``O_APPEND`` followed by
 ``fsync``, so a crash can at worst leave a torn *last* line; :func:`read_journal` ignores such a line.

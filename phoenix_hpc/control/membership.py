@@ -64,6 +64,8 @@ class MembershipMixin:
         return slot
 
     def _on_register(self, body: dict) -> None:
+        if body.get("rejoin") is not None:  # a slot back after a coordinator restart (control/restart.py)
+            return self._on_rejoin(body)
         w, pid, node, role = int(body["world_rank"]), int(body["pid"]), str(body["node"]), str(body["role"])
         if w < 0 or (body.get("world_size") is not None and w >= int(body["world_size"])):
             return self._reject(f"world rank {w} out of range (world size {body.get('world_size')})", body)

@@ -286,7 +286,7 @@ class Member:
         t["arrive"] = t1 - t0
         with SocketCapture() as cap:  # the gloo connections of this generation's groups (launch/abort.py)
             self.groups, self.coord = init_generation(
-                e.store, self.generation, self.logical, e.grid, e.backend, e.cfg.resilience.collective_timeout_s,
+                self._store(), self.generation, self.logical, e.grid, e.backend, e.cfg.resilience.collective_timeout_s,
                 device_id=e.device if e.backend == "nccl" else None, sub_groups=not self.owns_groups,
             )
         self.aborter = generation_abort(e.backend, self.generation, cap.sockets, self.groups)
@@ -334,7 +334,7 @@ class Member:
         store). ``init_process_group`` would give up after ``collective_timeout_s``, which is meant to catch
         a hung peer during training, not a spare that is still reading its plan on a busy node."""
         key = f"phoenix/gen{self.generation}/arrived"
-        store = self.env.store
+        store = self._store()
         store.add(key, 1)
         deadline = time.monotonic() + self.wait_s
         while store.add(key, 0) < self.n_ranks:
@@ -342,6 +342,17 @@ class Member:
                 raise RecoveryError(f"generation {self.generation}: only {store.add(key, 0)} of {self.n_ranks} "
                                     f"members reached the rebuild within {self.wait_s:g} s")
             time.sleep(poll_s)
+
+    def _store(self):
+        """The coordinator's store for this generation's rendezvous: a new client when the slot rejoined a
+        restarted coordinator since (:attr:`phoenix_hpc.control.client.CoordinatorClient.incarnation`; the old
+        store died with the old process)."""
+        e = self.env
+        inc = getattr(e.client, "incarnation", 0)
+        if inc != getattr(self, "_store_incarnation", 0):
+            e.store = e.client.tcp_store()
+            self._store_incarnation = inc
+        return e.store
 
     def _build_protector(self):
         from phoenix_hpc.runtime.protector import Protector
@@ -506,6 +517,8 @@ class Member:
                     raise StopRequested(msg)
                 if msg["type"] in types:
                     return msg
+            if getattr(c, "away", False):  # the coordinator restarts: its absence is not its silence (the
+                deadline = time.monotonic() + self.wait_s  # slot's watchdog bounds the absence)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RecoveryError(f"no {what} from the coordinator within {self.wait_s:g} s")

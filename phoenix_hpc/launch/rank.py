@@ -496,7 +496,9 @@ def main(argv: list[str] | None = None) -> int:
         MPI.Finalize()
         return code
     if summary is not None:  # wait (bounded) for the coordinator's end of the job
-        att.client.wait_instruction(("stop",), timeout_s=max(30.0, 3 * cfg.resilience.heartbeat_timeout_s))
+        while att.client.wait_instruction(("stop",), timeout_s=max(30.0, 3 * cfg.resilience.heartbeat_timeout_s)) \
+                is None and att.client.away:
+            pass  # a restart is under way: ``done`` goes to the next coordinator (the watchdog bounds the wait)
     att.client.close()
     sys.stdout.flush()
     sys.stderr.flush()

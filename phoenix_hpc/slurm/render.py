@@ -8,7 +8,9 @@ What the script does (docs/design.md section 7), in order:
 2. loads the site's modules and exports the site's environment;
 3. for a chained run (``resources.chain`` > 0) checks what this job continues and queues the next job of
    the chain (``phoenix_hpc.cli.chain start``: ``sbatch --dependency=afternotok:THIS_JOB``); then
-   starts the coordinator in the background and waits (bounded) for ``RUN_DIR/coordinator.json``;
+   starts the coordinator in the background under its supervisor (:mod:`phoenix_hpc.control.supervise`,
+   which restarts it after a crash, at most ``resilience.coordinator_restarts`` times) and waits (bounded) for
+   ``RUN_DIR/coordinator.json``;
 4. runs ONE srun step over all nodes with ``--no-kill --kill-on-bad-exit=0`` (srun(1): only the dead node's
    tasks end, the step goes on), the site's ``--mpi`` plugin and GPU binding; slots on spare nodes start in
    standby (the rank launcher decides from ``SLURM_NODEID``);
@@ -45,6 +47,7 @@ from phoenix_hpc.topology import switch_levels_of
 
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_.,+=/@:-]+$")
 COORDINATOR_MODULE = "phoenix_hpc.control.coordinator"
+SUPERVISOR_MODULE = "phoenix_hpc.control.supervise"
 RANK_MODULE = "phoenix_hpc.launch.rank"
 CHAIN_MODULE = "phoenix_hpc.cli.chain"
 IN_JOB_MODULE = "phoenix_hpc.control.in_job"
@@ -215,9 +218,12 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
     in_job = bool(rz.enabled and rz.mode == "checkpoint-restart" and rz.checkpoint.restart == "in-job")
     loop_start = len(out)
     out += [
-        "# 1. the coordinator (control plane) first, on the batch host",
+        "# 1. the coordinator (control plane) first, on the batch host, under its supervisor, which restarts it",
+        f"#    after a crash (at most {cfg.resilience.coordinator_restarts} times: resilience.coordinator_restarts); "
+        "COORDINATOR_PID is the supervisor's",
         f'rm -f "$RUN_DIR/coordinator.json" "$RUN_DIR/{EXIT_STATUS_FILE}"',
-        f'"$PHOENIX_PYTHON" -m {COORDINATOR_MODULE} --run-dir "$RUN_DIR" >>"$RUN_DIR/logs/coordinator.log" 2>&1 &',
+        f'"$PHOENIX_PYTHON" -m {SUPERVISOR_MODULE} --run-dir "$RUN_DIR" --restarts {cfg.resilience.coordinator_restarts} '
+        '>>"$RUN_DIR/logs/coordinator.log" 2>&1 &',
         "COORDINATOR_PID=$!",
         "stop_coordinator() {",
         '  kill -0 "$COORDINATOR_PID" 2>/dev/null || return 0',

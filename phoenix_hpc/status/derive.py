@@ -510,9 +510,10 @@ def _planned_placement(grid: tuple[int, int, int], k: int, levels: list[str], no
 
 def current_job_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The records of the run's newest job: from its last ``coordinator_started`` on (a resumed run's
-    journal holds one such record per job, ``phoenix submit --resume``). Pure."""
+    journal holds one such record per job, ``phoenix submit --resume``; a coordinator restarted within the
+    job, ``restart`` set, continues its job's records). Pure."""
     records = list(records)
-    starts = [i for i, r in enumerate(records) if r.get("event") == "coordinator_started"]
+    starts = [i for i, r in enumerate(records) if r.get("event") == "coordinator_started" and not r.get("restart")]
     return records[starts[-1]:] if starts else records
 
 

@@ -34,10 +34,11 @@ _DOWN = ("DOWN", "FAIL", "NOT_RESPONDING")
 
 
 def _segments(records: list[Mapping[str, Any]]) -> list[tuple[str | None, list[Mapping[str, Any]]]]:
-    """The journal cut at every ``coordinator_started``: (its job_id, its records)."""
+    """The journal cut at every ``coordinator_started`` of a job (not at a restart within it): (its job_id,
+    its records)."""
     out: list[tuple[str | None, list[Mapping[str, Any]]]] = []
     for r in records:
-        if r.get("event") == "coordinator_started":
+        if r.get("event") == "coordinator_started" and not (r.get("restart") and out):
             out.append((str(r["job_id"]) if r.get("job_id") is not None else None, [r]))
         elif out:
             out[-1][1].append(r)

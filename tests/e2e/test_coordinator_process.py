@@ -488,3 +488,187 @@ def test_a_nodes_slots_heartbeat_together_and_a_stopped_carrier_alone_is_found(c
     for r in ranks:
         r.c.close()
     assert not board.exists()  # the last slot to leave removes the board
+
+
+@pytest.fixture
+def supervised(tmp_path):
+    """The coordinator under its supervisor (as the batch script runs it), restarts allowed: 1."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(CONFIG + "  coordinator_grace_s: 4.0\n  coordinator_restarts: 1\n")
+    proc = subprocess.Popen([sys.executable, "-m", "phoenix_hpc.control.supervise", "--run-dir", str(run_dir),
+                             "--restarts", "1", "--host", "127.0.0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    clients: list[CoordinatorClient] = []
+    try:
+        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists() or proc.poll() is not None, what="coordinator.json")
+        assert proc.poll() is None, proc.stdout.read()
+        yield run_dir, proc, clients
+    finally:
+        for c in clients:
+            c.close()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        info = P.read_coordinator_file(run_dir)  # a coordinator left behind by a failed test
+        if info and info.get("pid") and _pid_alive(int(info["pid"])):
+            os.kill(int(info["pid"]), signal.SIGKILL)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _restartable_job(run_dir, clients):
+    """Two active ranks and a spare, heartbeating with a restart timeout (a closed connection = away)."""
+    ranks = [Rank(run_dir, clients, 0, "active", 0), Rank(run_dir, clients, 1, "active", 1, node="nid00002"),
+             Rank(run_dir, clients, 2, "standby", node="nid00003")]
+    for r in ranks:
+        r.register()
+        r.c.start_heartbeat(0.2, 1.5, (lambda r=r: (r.gen, r.step)), on_lost=r.lost.append, restart_timeout_s=60.0)
+    _wait(lambda: _events(run_dir, "job_running"), what="job_running")
+    return ranks
+
+
+def _commit(r, step):
+    r.step = step
+    other = f"opt/pp0/tp0/dp{1 - r.logical}"
+    r.c.report_commit(0, step, {f"opt/pp0/tp0/dp{r.logical}": step}, {other: step})
+
+
+def _kill_coordinator(run_dir, ranks) -> int:
+    pid = int(P.read_coordinator_file(run_dir)["pid"])
+    os.kill(pid, signal.SIGKILL)
+    _wait(lambda: all(r.c.away for r in ranks), what="every slot to see its coordinator gone")
+    return pid
+
+
+def test_a_killed_coordinator_is_restarted_from_the_journal_and_the_slots_rejoin_and_finish(supervised):
+    """SIGKILL of the coordinator: the slots train on (reports kept, polls hear nothing, nobody is lost),
+    the supervisor starts a new coordinator, which rebuilds the job from the journal; the slots rejoin it,
+    resend what they kept (commit, done), and the job ends with ``job_done`` and exit status 0."""
+    run_dir, proc, clients = supervised
+    r0, r1, spare = _restartable_job(run_dir, clients)
+    for r in (r0, r1):
+        _commit(r, 5)
+    _wait(lambda: any(e["recoverable_step"] == 5 for e in _events(run_dir, "commit")), what="commit of step 5")
+    first = _kill_coordinator(run_dir, (r0, r1, spare))
+    for r in (r0, r1):  # training goes on while the coordinator is away
+        _commit(r, 9)
+        assert r.c.poll() == [] and r.c.wait_instruction(("stop",), 0.2) is None
+    r0.c.report_done(0, 9, "aa")
+    r1.c.report_done(0, 9, "bb")
+    _wait(lambda: not any(r.c.away for r in (r0, r1, spare)), timeout_s=60, what="every slot to rejoin")
+    for r in (r0, r1, spare):
+        assert r.expect("stop", timeout_s=20)["job_state"] == "done"
+    assert proc.wait(30) == 0, proc.stdout.read()
+    (restart,) = [e for e in _events(run_dir, "coordinator_started") if e.get("restart")]
+    assert restart["restart"] == 1 and restart["pid"] != first
+    (rebuilt,) = _events(run_dir, "coordinator_restarted")
+    assert rebuilt["recoverable_step"] == 5 and rebuilt["job_state"] == "running" and rebuilt["dead"] == []
+    rejoined = {e["world_rank"]: e for e in _events(run_dir, "rejoined")}
+    assert sorted(rejoined) == [0, 1, 2] and rejoined[0]["step"] == 9 and rejoined[2]["generation"] is None
+    assert max(e["recoverable_step"] for e in _events(run_dir, "commit")) == 9
+    (done,) = _events(run_dir, "job_done")
+    assert done["step"] == 9 and done["rank_hashes"] == ["aa", "bb"]
+    assert not _events(run_dir, "slots_dead") and all(not r.lost for r in (r0, r1, spare))
+    assert "restart 1 of 1" in proc.stdout.read()
+
+
+def test_a_slot_that_died_while_the_coordinator_was_away_is_hot_swapped_once_it_is_back(supervised):
+    """Rank 1 dies while the coordinator is away: it never rejoins, so the restarted coordinator declares it
+    dead once the start-up grace is over (heartbeat timeout), and the recovery machine hot swaps it onto
+    the spare (``quiesce`` to the survivor)."""
+    run_dir, proc, clients = supervised
+    r0, r1, spare = _restartable_job(run_dir, clients)
+    for r in (r0, r1):
+        _commit(r, 5)
+    _kill_coordinator(run_dir, (r0, r1, spare))
+    r1.c.close()  # rank 1's process "ends" while nobody watches
+    _wait(lambda: not r0.c.away and not spare.c.away, timeout_s=60, what="the survivors to rejoin")
+    q = r0.expect("quiesce", timeout_s=30)
+    assert q["dead"] == [1] and q["generation"] == 1
+    (dead,) = _events(run_dir, "slots_dead")
+    assert dead["slots"] == [1] and dead["kind"] == "heartbeat_timeout"
+    (dec,) = _events(run_dir, "decision")
+    assert dec["action"] == "hot_swap"
+    assert not r0.lost and not spare.lost
+
+
+def test_slots_stop_cleanly_when_no_coordinator_comes_back(tmp_path):
+    """Without a restarted coordinator the slot waits ``restart_timeout_s`` (training on), then ``on_lost``
+    runs once with the reason: the documented clean stop, not an error in the training thread."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(CONFIG)
+    proc = subprocess.Popen([sys.executable, "-m", "phoenix_hpc.control.coordinator", "--run-dir", str(run_dir),
+                             "--host", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    clients: list[CoordinatorClient] = []
+    try:
+        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists(), what="coordinator.json")
+        r0 = Rank(run_dir, clients, 0, "active", 0)
+        r0.register()
+        r0.c.start_heartbeat(0.2, 1.5, lambda: (0, 1), on_lost=r0.lost.append, restart_timeout_s=2.0)
+        proc.kill()
+        proc.wait(10)
+        _wait(lambda: r0.c.away, what="away")
+        t0 = time.monotonic()
+        r0.send("commit", generation=0, live_step=2, shards={}, replicas={})  # kept, no error
+        _wait(lambda: r0.lost, timeout_s=20, what="on_lost")
+        assert time.monotonic() - t0 >= 1.0
+        (reason,) = r0.lost
+        assert "no restarted coordinator came back within coordinator_restart_timeout_s=2s" in reason
+    finally:
+        for c in clients:
+            c.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_coordinator_killed_during_a_hot_swap_starts_it_again_after_its_restart(supervised):
+    """Rank 1 hangs, the coordinator sends ``quiesce`` for generation 1 and is SIGKILLed before the plan.
+    The restarted coordinator reads the recovery in progress from the journal, queues its dead slot again and
+    runs a new recovery (generation 2) with the survivor and the spare, which rejoined: quiesce, plan,
+    restore, resume, ``recovery_done``. (The ranks' side is played here; on the real cluster only the kill
+    mid-run is shown.)"""
+    run_dir, proc, clients = supervised
+    r0, r1, spare = _restartable_job(run_dir, clients)
+    for r in (r0, r1):
+        _commit(r, 4)
+    _wait(lambda: any(e["recoverable_step"] == 4 for e in _events(run_dir, "commit")), what="commit of step 4")
+    r1.c.stop_heartbeat()  # rank 1 hangs
+    q = r0.expect("quiesce", timeout_s=15)
+    assert q["generation"] == 1 and q["dead"] == [1]
+    _kill_coordinator(run_dir, (r0, spare))
+    _wait(lambda: not r0.c.away and not spare.c.away, timeout_s=60, what="the survivor and the spare to rejoin")
+    q2 = r0.expect("quiesce", timeout_s=30)
+    assert q2["generation"] == 2 and q2["dead"] == [1]
+    (rebuilt,) = _events(run_dir, "coordinator_restarted")
+    assert rebuilt["recovery_interrupted"] and rebuilt["generation"] == 1 and rebuilt["dead"] == [1]
+    r0.c.report_quiesced(2, live_step=4, shards={"opt/pp0/tp0/dp0": 4}, replicas={"opt/pp0/tp0/dp1": 4}, dirty=False)
+    plan = r0.expect("recover", timeout_s=20)["plan"]
+    assert spare.expect("recover", timeout_s=20)["plan"] == plan
+    assert plan["action"] == "hot_swap" and plan["rank_map"] == [[0, 0], [1, 2]] and plan["recoverable_step"] == 4
+    spare.logical = 1
+    for r in (r0, spare):
+        r.c.report_recovered(2, _recovered_report(r, 2, plan["rank_map"], 4), {"reconfigure": 0.1, "params": 0.1,
+                                                                            "optimizer": 0.1})
+    for r in (r0, spare):
+        r.expect("resume", timeout_s=20)
+        r.gen, r.step = 2, 5
+    for r in (r0, spare):
+        r.c.report_done(2, 5, f"h{r.logical}")
+    done = _wait(lambda: _events(run_dir, "recovery_done"), what="recovery_done")[0]
+    assert done["generation"] == 2
+    assert r0.expect("stop", timeout_s=20)["job_state"] == "done"
+    assert proc.wait(30) == 0
+    assert [e["generation"] for e in _events(run_dir, "recovery_start")] == [1, 2]

@@ -455,3 +455,38 @@ def test_planned_drain_moves_the_node_to_the_spare_replaying_no_step(env, data, 
     assert r.exit_code == 2 and "nothing to drain" in r.output, r.output
     print(f"drain: job {job.elapsed_s:.1f} s, at iteration {out['at_step']}, recovery {rec['total_s']} s "
           f"{rec['phases']}, replayed {rec['steps_replayed']}")
+
+
+def test_killed_coordinator_is_restarted_and_the_job_finishes_identical(env, data, reference, tmp_path):
+    """SIGKILL of the coordinator mid-run: the batch script's supervisor starts a new one, which rebuilds the
+    job from the journal; the ranks train on meanwhile (no rank exits, nothing is printed as a traceback),
+    rejoin it, and the job ends in the same allocation with the fault-free final hash."""
+    import signal
+
+    job = Job(env, tmp_path, data, "coordinator-kill")
+    try:
+        _wait(lambda: job.step(0) >= 5, 120, "step 5 on logical rank 0", poll_s=0.05)
+        pid = int(json.loads((job.run_dir / "coordinator.json").read_text())["pid"])
+        killed_at = job.step(0)
+        os.kill(pid, signal.SIGKILL)
+        done = job.wait_end(timeout_s=240)
+    finally:
+        job.cancel()
+    assert killed_at < STEPS
+    assert done["final_hash"] == reference["final_hash"] and done["step"] == STEPS and done["steps_agree"]
+    assert job.slurm_state == "COMPLETED", (job.slurm_state, job.output()[-1500:])
+    starts = job.events("coordinator_started")
+    assert [s.get("restart") for s in starts] == [None, 1] and starts[1]["pid"] != pid
+    (rebuilt,) = job.events("coordinator_restarted")
+    assert rebuilt["job_state"] == "running" and rebuilt["generation"] == 0 and rebuilt["dead"] == []
+    rejoined = {e["world_rank"]: e for e in job.events("rejoined")}
+    assert sorted(rejoined) == [0, 1, 2], rejoined
+    assert not job.events("slots_dead") and not job.events("recovery_start")
+    ranks = [json.loads((job.run_dir / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["status"] for r in ranks] == ["done", "done"]
+    out = job.output()
+    assert "Traceback" not in out and "coordinator lost" not in out, out[-3000:]
+    log = (job.run_dir / "logs" / "coordinator.log").read_text()
+    assert "restart 1 of 3" in log, log[-2000:]
+    print(f"coordinator killed at step {killed_at}: rejoined at steps "
+          f"{[rejoined[w]['step'] for w in (0, 1)]}, job {job.elapsed_s:.1f} s")

@@ -84,6 +84,7 @@ def _client(store, world_rank):
     c._dist = types.SimpleNamespace(QueueEmptyError=_Empty, DistError=_DistError)
     c._guard = P.ReplayGuard(max_age_s=None)
     c._alive, c._rings_seen = None, -1  # no liveness connection: every poll reads the store
+    c._away_since = None  # the coordinator never went away
     return c
 
 

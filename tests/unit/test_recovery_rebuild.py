@@ -350,6 +350,7 @@ def _real_client(store: _InstructionStore):
     c.started_step, c.last_step, c.instructions = 0, None, deque()
     c._guard = P.ReplayGuard(max_age_s=None)
     c._alive, c._rings_seen = None, None  # no liveness connection: every pump reads the store
+    c._away_since = None  # the coordinator never went away
     c.acks = []
     c.send = lambda body: c.acks.append(body)
     c.stop_heartbeat = lambda: None

@@ -74,7 +74,7 @@ def test_options_that_phoenix_relies_on():
         srun = srun_line(text)
         assert "--no-kill --kill-on-bad-exit=0" in srun
         # coordinator before the one srun step
-        assert text.index("phoenix_hpc.control.coordinator") < text.index("srun --no-kill")
+        assert text.index("phoenix_hpc.control.supervise") < text.index("srun --no-kill")
         assert text.count("\nsrun ") == 1
         subprocess.run(["bash", "-n"], input=text, text=True, check=True)
     pm = rendered("perlmutter")
@@ -123,7 +123,7 @@ def test_hostile_values_stay_inert(tmp_path):
     _exe(fake_python, """#!/bin/bash
 # stand-in for the interpreter: -m MODULE --run-dir DIR
 case "$2" in
-  phoenix_hpc.control.coordinator)
+  phoenix_hpc.control.supervise)
     printf '%s\\0' "$@" > "$4/coordinator.args"; echo '{}' > "$4/coordinator.json"
     trap 'exit 0' TERM; while :; do sleep 0.05; done ;;
   phoenix_hpc.launch.rank)
@@ -168,7 +168,9 @@ esac
         return p.read_text().split("\0")[:-1]
 
     assert nul_list(run_dir / "rank.args") == ["-m", "phoenix_hpc.launch.rank", "--run-dir", str(run_dir)]
-    assert nul_list(run_dir / "coordinator.args")[-1] == str(run_dir)
+    # the coordinator under its supervisor, which restarts it after a crash (resilience.coordinator_restarts)
+    assert nul_list(run_dir / "coordinator.args") == ["-m", "phoenix_hpc.control.supervise", "--run-dir", str(run_dir),
+                                                      "--restarts", str(cfg.resilience.coordinator_restarts)]
     rank_env = dict(kv.split("=", 1) for kv in nul_list(run_dir / "rank.env"))
     assert rank_env["EVIL_VALUE"] == evil and rank_env["PHOENIX_JOB_NAME"] == evil
     assert rank_env["RUN_DIR"] == str(run_dir)
@@ -201,7 +203,7 @@ def test_a_chained_run_queues_its_next_job_first_and_cancels_it_when_the_run_fin
     chained = type(cfg).model_validate(data)
     text = render_sbatch(resolve(chained, prof, run_dir="/scratch/runs/x", default_python=PYTHON), prof)
     start = text.index("phoenix_hpc.cli.chain start")
-    assert start < text.index("phoenix_hpc.control.coordinator") < text.index("srun --no-kill")
+    assert start < text.index("phoenix_hpc.control.supervise") < text.index("srun --no-kill")
     end = text.index("phoenix_hpc.cli.chain end")
     assert text.index("COORDINATOR_RC=$(cat") < end < text.index('exit "$COORDINATOR_RC"')
     assert 'if [ "$CHAIN_RC" -eq 4 ]; then exit 0; fi' in text

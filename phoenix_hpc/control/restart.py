@@ -1,0 +1,95 @@
+"""A restarted coordinator takes over its job: state from the journal, then the slots re-register.
+
+:class:`RestartMixin` is part of :class:`phoenix_hpc.control.coordinator.Coordinator`. After a crash the batch
+script's supervisor (:mod:`phoenix_hpc.control.supervise`) starts a new coordinator with ``--restart N``. It
+reuses the job secret, replays ``RUN_DIR/journal.jsonl`` (:func:`phoenix_hpc.control.replay.replay`:
+generation, grid, slots, rank map, committed step, checkpoint, a recovery in progress) and writes a new
+``coordinator.json`` (new ports, its own pid): the slots, which trained on meanwhile, find it there,
+re-register with ``rejoin`` (their generation and step) and resend their newest commit report (own shard,
+replicas held). Until a slot has re-registered its heartbeats are not judged for the start-up grace
+(``resilience.coordinator_grace_s``); a slot that never comes back (it died while the coordinator was away)
+is then declared dead by the heartbeat timeout, and the recovery machine handles it as any fault.
+
+A coordinator that died after the job's end (``job_done``, a stop) but before its verdict file only writes
+the verdict again. A recovery that was in progress when the coordinator died cannot be continued (its plan's rendezvous lived
+in the dead coordinator's store): its dead slots are queued again as a fault, so a new recovery with the
+next generation starts from the survivors' host copies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phoenix_hpc.control.classify import Fault, FaultKind
+from phoenix_hpc.control.journal import iter_journal
+from phoenix_hpc.control.records import PendingFault, Slot
+from phoenix_hpc.control.replay import Rebuilt, rejoin_verdict, replay
+from phoenix_hpc.control.states import JobState, SlotState, job_machine, slot_machine
+
+_SLOT_STATE = {"active": SlotState.ACTIVE, "standby": SlotState.STANDBY, "joining": SlotState.JOINING,
+               "quiesced": SlotState.QUIESCED, "dead": SlotState.DEAD}
+
+
+class RestartMixin:
+    """Rebuilding state after a restart, and taking re-registering slots back, for the coordinator."""
+
+    def _rebuild_from_journal(self) -> Rebuilt:
+        """Replay the journal into this (fresh) coordinator. Returns what was replayed."""
+        path = self.journal.path
+        r = replay(iter_journal(path)) if path.exists() else Rebuilt()
+        now = self.clock()
+        self.generation = r.generation
+        if r.grid is not None:
+            self.grid = r.grid
+        self.rank_map = dict(r.rank_map)
+        self.checkpoint_step = r.checkpoint_step
+        self._rejoined: set[int] = set()
+        for w, s in r.slots.items():
+            m = slot_machine(f"slot {w}", _SLOT_STATE.get(s.state, SlotState.ACTIVE))
+            # not re-registered yet: step 0 gives it the start-up grace before its heartbeats are judged
+            self.slots[w] = Slot(w, s.node, s.pid, s.role, m, now, s.logical_rank, s.generation, 0)
+        if r.ended is not None:  # it died between the job's end and its verdict: give the verdict, nothing more
+            self.job = job_machine({"job_done": JobState.DONE, "coordinator_stopped": JobState.STOPPED}.get(
+                r.ended, JobState.FAILED))
+            self._end_at = now + self.t.linger_s
+            return r
+        if r.running:
+            self.job.to(JobState.RUNNING, "restarted coordinator: the journal says the job was running")
+        if r.recovery is not None and r.recovery.get("phase") != "replay":
+            self._requeue_recovery(r, now)
+        return r
+
+    def _requeue_recovery(self, r: Rebuilt, now: float) -> None:
+        """A recovery was cut short by the restart: its dead slots become a pending fault again."""
+        dead = tuple(sorted(w for w in r.recovery.get("dead", []) if w in self.slots))
+        nodes = tuple(sorted({self.slots[w].node for w in dead}))
+        f = Fault(FaultKind.PROCESS_EXIT, dead, nodes, False,
+                  f"recovery to generation {r.generation} interrupted by a coordinator restart")
+        self.faults.append(PendingFault(f, now))
+
+    def _on_rejoin(self, body: dict) -> None:
+        """``register`` with ``rejoin``: a slot that kept running while the coordinator was away."""
+        from phoenix_hpc.control.replay import SlotRecord
+
+        w, pid = int(body["world_rank"]), int(body["pid"])
+        rj: dict[str, Any] = body.get("rejoin") or {}
+        slot = self.slots.get(w)
+        rec = None if slot is None else SlotRecord(w, slot.pid, slot.node, slot.role, slot.logical_rank,
+                                                   slot.state.value)
+        why = rejoin_verdict(rec, pid, str(body.get("role")), body.get("logical_rank"), rj.get("generation"),
+                             self.generation)
+        if why is not None:
+            self.journal.append("rejoin_refused", world_rank=w, pid=pid, reason=why)
+            return self._reply(body, {"type": "rejected", "reason": f"rejoin of world rank {w} refused: {why}"})
+        step = int(rj.get("step") or 0)
+        slot.step = max(slot.step, step)
+        slot.last_seen = self.clock()
+        if rj.get("generation") is not None:
+            slot.generation = max(slot.generation, int(rj["generation"]))
+        first = w not in self._rejoined
+        self._rejoined.add(w)
+        self.journal.append("rejoined", world_rank=w, pid=pid, node=slot.node, role=str(body.get("role")),
+                            generation=rj.get("generation"), step=step, again=not first,
+                            buffered=int(rj.get("buffered") or 0), dropped=int(rj.get("dropped") or 0))
+        self._reply(body, {"type": "registered", "generation": self.generation, "role": slot.role,
+                           "logical_rank": slot.logical_rank})
