@@ -44,6 +44,7 @@ ANNOUNCE_TAG = 1
 ACK_TAG = 2
 DATA_TAG_BASE = 16
 ACK_OK, ACK_BAD_CHECKSUM = 0, 1
+DEFAULT_WINDOW = 4  # chunks in flight per peer and direction
 
 
 def chunk_ranges(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
@@ -145,7 +146,7 @@ class H2HEngine:
         chunk_bytes: int,
         tag_plan: TagPlan,
         on_received: Callable[[HeldSpec, int, int], None],
-        window: int = 4,
+        window: int = DEFAULT_WINDOW,
         busy_sleep_s: float = 50e-6,
         idle_sleep_s: float = 1e-3,
         fault_hook: Callable[[str, int, int], None] | None = None,
@@ -428,3 +429,86 @@ class H2HEngine:
                 self._cv.notify_all()
             return False
         return True
+
+
+# --- the same transfer, blocking, for a recovery's one-off messages -----------------------------------
+
+
+def _wait_all(reqs: list, deadline: float, what: str, poll_s: float) -> None:
+    from mpi4py import MPI
+
+    while not MPI.Request.Testall(reqs):
+        if time.monotonic() > deadline:
+            raise ReplicationError(f"{what}: no completion within the timeout")
+        time.sleep(poll_s)
+
+
+def _windowed(comm, views: list, post: Callable, deadline: float, what: str, window: int, poll_s: float) -> None:
+    """Post ``post(i, view)`` for every chunk, keeping at most ``window`` in flight (as :class:`H2HEngine`)."""
+    inflight: list = []
+    for i, v in enumerate(views + [None] * window):  # ``window`` empty turns at the end: drain
+        while len(inflight) >= (window if v is not None else 1):
+            inflight = [r for r in inflight if not r.Test()]
+            if len(inflight) >= (window if v is not None else 1):
+                if time.monotonic() > deadline:
+                    raise ReplicationError(f"{what}: no completion within the timeout")
+                time.sleep(poll_s)
+        if v is not None:
+            inflight.append(post(i, v))
+
+
+def tag_ub(comm) -> int:
+    """``MPI_TAG_UB`` for ``comm``: its attribute, else ``MPI_COMM_WORLD``'s (the standard attaches it there;
+    the bound is the same for every communicator)."""
+    from mpi4py import MPI
+
+    v = comm.Get_attr(MPI.TAG_UB)
+    return int(v if v is not None else MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
+
+
+def send_buffer(comm, arr: np.ndarray, peer: int, step: int, chunk_bytes: int, timeout_s: float, what: str,
+                window: int = DEFAULT_WINDOW, poll_s: float = 0.001) -> None:
+    """Send ``arr`` (a uint8 host array holding a sealed snapshot buffer, :mod:`phoenix_hpc.runtime.snapshot`)
+    to ``peer`` on ``comm`` with the H2H wire protocol: an announce (int64[3] = step, 0, nbytes) at
+    :data:`ANNOUNCE_TAG`, then ``chunk_bytes`` chunks at the data tags of :func:`make_tag_plan` under the
+    communicator's ``MPI_TAG_UB``, at most ``window`` in flight. The receiver (:func:`recv_buffer`) verifies
+    the CRC-32s the buffer carries. Blocking (polls with ``poll_s`` sleeps, never spins a core).
+
+    Raises:
+        ReplicationError: too many chunks for the tag space (raise ``resilience.chunk_bytes``), or no
+            completion within ``timeout_s`` (``what`` names the transfer).
+    """
+    deadline = time.monotonic() + timeout_s
+    n = int(arr.nbytes)
+    chunks = chunk_ranges(n, chunk_bytes)
+    tags = make_tag_plan(len(chunks), tag_ub(comm))
+    _wait_all([comm.Isend(np.array([step, 0, n], dtype=np.int64), dest=peer, tag=ANNOUNCE_TAG)], deadline, what,
+              poll_s)
+    _windowed(comm, [arr[a:b] for a, b in chunks],
+              lambda i, v: comm.Isend(v, dest=peer, tag=tags.data_tag(step, i)), deadline, what, window, poll_s)
+
+
+def recv_buffer(comm, peer: int, step: int, chunk_bytes: int, timeout_s: float, what: str,
+                window: int = DEFAULT_WINDOW, poll_s: float = 0.001):
+    """Receive what :func:`send_buffer` sends from ``peer`` for ``step`` into a new uint8 host tensor and
+    return it (not yet verified: unpack it with :func:`phoenix_hpc.runtime.snapshot.unpack`).
+
+    Raises:
+        ReplicationError: the announce names another step or a negative size, too many chunks for the tag
+            space, or no completion within ``timeout_s``.
+    """
+    import torch
+
+    deadline = time.monotonic() + timeout_s
+    hdr = np.zeros(3, dtype=np.int64)
+    _wait_all([comm.Irecv(hdr, source=peer, tag=ANNOUNCE_TAG)], deadline, what, poll_s)
+    got_step, n = int(hdr[0]), int(hdr[2])
+    if got_step != step or n < 0:
+        raise ReplicationError(f"{what}: the sender announced step {got_step} ({n} bytes), expected step {step}")
+    buf = torch.empty(n, dtype=torch.uint8)
+    arr = buf.numpy()
+    chunks = chunk_ranges(n, chunk_bytes)
+    tags = make_tag_plan(len(chunks), tag_ub(comm))
+    _windowed(comm, [arr[a:b] for a, b in chunks],
+              lambda i, v: comm.Irecv(v, source=peer, tag=tags.data_tag(step, i)), deadline, what, window, poll_s)
+    return buf
