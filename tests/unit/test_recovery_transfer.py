@@ -144,5 +144,16 @@ def test_never_more_chunks_in_flight_than_the_window_and_every_one_completes():
         assert sum(1 for x in live if x.tests < 3) <= 4, "more than the window in flight"
         return r
 
-    h2h._windowed(None, list(range(23)), post, deadline=1e18, what="test", window=4, poll_s=0.0)
+    h2h._drive(h2h.ChunkWindow(list(range(23)), post, window=4), deadline=1e18, what="test", poll_s=0.0)
     assert posted == list(range(23)) and all(r.tests >= 3 for r in live)
+
+
+def test_the_engine_and_the_recovery_transfer_share_one_windowed_chunk_transfer():
+    """H2HEngine's replica sends and receives and send_buffer/recv_buffer all drive ChunkWindow: one
+    implementation of the windowed chunk transfer, not two."""
+    import inspect
+
+    for fn in (h2h.H2HEngine._start_send, h2h.H2HEngine._progress_incoming, h2h.send_buffer, h2h.recv_buffer):
+        assert "ChunkWindow(" in inspect.getsource(fn), fn.__qualname__
+    src = inspect.getsource(h2h)
+    assert src.count(".window and") == 1, "a second windowed posting loop besides ChunkWindow.progress"
