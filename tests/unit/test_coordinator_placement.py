@@ -47,3 +47,15 @@ def test_malformed_placement_inputs_are_named():
     assert "levels []" in placement_inputs_problem({"k": 1, "levels": []})
     assert "domain" in placement_inputs_problem({"k": 1, "levels": ["node"], "domain": {"switch": 3}})
     assert "is not an object" in placement_inputs_problem([1])
+
+
+def test_an_owners_statement_riding_on_its_nodes_heartbeats_is_recorded(tmp_path):
+    """With per-node heartbeats a commit report arrives as ``{"g", "live_step", "shards", "replicas", "sent"}``
+    (no ``generation`` key): the owner's statement is kept for its generation as from a ``commit`` message."""
+    c = _coordinator(tmp_path, ["a", "a", "b", "b", "c"])
+    c.grid = (1, 1, 4)
+    slot = c.slots[2]
+    sid = "opt/pp0/tp0/dp2"
+    c._apply_commit(slot, {"g": 0, "live_step": 3, "shards": {sid: 3}, "replicas": {},
+                           "sent": {sid: {"holders": [0], "step": 3, "hash": "0123abcd"}}})
+    assert c.sent[(sid, 0)] == frozenset({0}) and c.commit_hash[sid] == {3: "0123abcd"}
