@@ -12,7 +12,9 @@
    whole for the next run. A drill job still running when the drill gives up or is interrupted is cancelled.
 
 Faults are drawn from the kinds of :data:`phoenix_hpc.drills.drill.VERIFIED_KINDS` unless
-``--kinds`` names others. A fault is sent once, after the previous fault's recovery ended, for exactly its
+``--kinds`` names others (``corrupt-replica`` comes with a crash of its target at the planned step, the
+recovery that then needs the corrupted copy; :mod:`phoenix_hpc.drills.drill`). A fault is sent once, after
+the previous fault's recovery ended, for exactly its
 planned step and phase; the target slot arms it only if it has not started that step. A fault refused that
 way, or armed and missed (its target lost, the job ended), is not sent again: it did not land where planned,
 and the drill fails.
@@ -145,7 +147,7 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
     job = resolve(cfg, profile, run_dir=str(base / "job"), default_python=sys.executable)
     plan = [] if (n_faults == 0 and batch_host_at is not None) else plan_drill(
         n_faults, seed, steps=cfg.training.steps, world=job.world_size, gpus_per_node=job.gpus_per_node,
-        spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",") if k.strip()])
+        spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",") if k.strip()], k=cfg.resilience.k)
     extra: tuple[str, ...] = ()
     if batch_host_at is not None:
         from phoenix_hpc.drills.drill import check_batch_host_step
@@ -321,7 +323,7 @@ def _drill_fault(out, st, collect, job_dir: Path, report: dict, timeout_s: float
     out (the drill stops sending faults).
     """
     from phoenix_hpc.errors import FaultMissed
-    from phoenix_hpc.drills.drill import resolve_target
+    from phoenix_hpc.drills.drill import CORRUPT_COMPANION, resolve_target
     from phoenix_hpc.drills.inject import build_request, inject, job_over_probe
     from phoenix_hpc.slurm.client import SlurmClient
 
@@ -331,7 +333,14 @@ def _drill_fault(out, st, collect, job_dir: Path, report: dict, timeout_s: float
     progress(st)
     try:
         out.rank, out.target_world_rank, out.target_node = resolve_target(f, st)
-        req = build_request(st, f.kind, rank=out.rank, at_step=f.at_step, phase=f.phase)
+        kind = f.kind
+        if kind == "corrupt-replica":  # corrupt a holder's copy of the shard, landing in the recovery that the
+            # target's crash causes at the planned step (drills/drill.py)
+            cor = build_request(st, kind, rank=out.rank, at_step=f.at_step, phase="recovery")
+            out.corrupt_request_id = cor.request_id
+            inject(job_dir, st, cor, wait=False, job_over=job_over_probe(job_dir, SlurmClient()))
+            kind = CORRUPT_COMPANION
+        req = build_request(st, kind, rank=out.rank, at_step=f.at_step, phase=f.phase)
         if req.kind == "kill-node":
             report["nodes_killed"].append(req.node)
         out.at_step, out.request_id = req.at_step, req.request_id

@@ -57,8 +57,11 @@ def coordinator_present(run_dir: str | os.PathLike) -> bool:
 
 
 def attach(run_dir: str | os.PathLike, world_rank: int, world_size: int, node: str, active: bool,
-           grid: tuple[int, int, int] | None, resilience) -> Attachment:
-    """Register with the coordinator and start heartbeats. ``resilience`` is ``JobConfig.resilience``.
+           grid: tuple[int, int, int] | None, resilience,
+           placement_inputs: dict | None = None) -> Attachment:
+    """Register with the coordinator and start heartbeats. ``resilience`` is ``JobConfig.resilience``;
+    ``placement_inputs`` (``{"k", "levels", "domain"}``, see :meth:`CoordinatorClient.register`) lets the
+    coordinator recompute the replica placement of every generation.
 
     Raises:
         ControlError: the coordinator is unreachable or rejected the registration (the reason says why).
@@ -66,7 +69,7 @@ def attach(run_dir: str | os.PathLike, world_rank: int, world_size: int, node: s
     client = CoordinatorClient(Path(run_dir), world_rank, wait_s=max(60.0, resilience.collective_timeout_s),
                                store_timeout_s=resilience.collective_timeout_s)
     client.register(node=node, role="active" if active else "standby", logical_rank=world_rank if active else None,
-                    grid=grid if active else None, world_size=world_size)
+                    grid=grid if active else None, world_size=world_size, placement_inputs=placement_inputs)
     progress = Progress(generation=0 if active else None)
     client.start_heartbeat(resilience.heartbeat_interval_s, resilience.heartbeat_timeout_s, progress.get,
                            lost_after_s=resilience.coordinator_timeout_s, grace_s=resilience.coordinator_grace_s,

@@ -260,14 +260,21 @@ class CoordinatorClient:
         raise ControlError(f"no reply from the coordinator to {body.get('type')} within {timeout_s or self.wait_s:g}s")
 
     def register(self, *, node: str, role: str, logical_rank: int | None = None,
-                 grid: tuple[int, int, int] | None = None, world_size: int | None = None) -> dict[str, Any]:
+                 grid: tuple[int, int, int] | None = None, world_size: int | None = None,
+                 placement_inputs: dict[str, Any] | None = None) -> dict[str, Any]:
         """Register this slot. Returns the coordinator's ``registered`` reply.
+
+        ``placement_inputs``: ``{"k": replicas per shard, "levels": [the failure-domain levels the placement
+        uses], "domain": {level: domain name} of this slot's node or None}``, what every member feeds
+        :func:`phoenix_hpc.topology.generation_placement`; the coordinator recomputes each generation's
+        placement from them to judge a holder's claim on a replica whose owner never reported it.
 
         Raises:
             ControlError: the coordinator rejected the registration (the message says why) or did not answer.
         """
         self._registration = {"node": node, "role": role, "logical_rank": logical_rank,
-                              "grid": list(grid) if grid else None, "world_size": world_size}
+                              "grid": list(grid) if grid else None, "world_size": world_size,
+                              **({"placement_inputs": placement_inputs} if placement_inputs else {})}
         reply = self.request({"type": "register", "world_rank": self.world_rank, "pid": self.pid,
                               **self._registration})
         if reply.get("type") != "registered":
@@ -358,17 +365,20 @@ class CoordinatorClient:
                    "generation": generation, "step": step})
 
     def report_commit(self, generation: int, live_step: int, shards: dict[str, int],
-                      replicas: dict[str, int]) -> None:
-        """Committed steps: ``shards`` {own shard id: committed local step}, ``replicas`` {shard id: step}.
+                      replicas: dict[str, int], sent: dict[str, dict[str, Any]] | None = None) -> None:
+        """Committed steps: ``shards`` {own shard id: committed local step}, ``replicas`` {shard id: step};
+        ``sent`` (the owner's word, evidence for the recovery checks): {own shard id: {"holders": [logical
+        ranks its replicas went to in this generation], "step": committed step, "hash": 8 hex digits}}.
         With a node board (heartbeats per node) the report rides on the node's next ``heartbeats`` message
         (at most one heartbeat interval later) instead of a message of its own."""
+        extra = {"sent": sent} if sent else {}
         if self.board is not None:
             with self._lock:
                 self._commit = {"g": generation, "live_step": live_step, "shards": dict(shards),
-                                "replicas": dict(replicas)}
+                                "replicas": dict(replicas), **extra}
             return
         self.send({"type": "commit", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
-                   "live_step": live_step, "shards": shards, "replicas": replicas})
+                   "live_step": live_step, "shards": shards, "replicas": replicas, **extra})
 
     def report_fault(self, generation: int, step: int, phase: str, exc: BaseException | None = None,
                      kind: str | None = None, message: str = "") -> None:
@@ -383,12 +393,16 @@ class CoordinatorClient:
                    "path": path})
 
     def report_quiesced(self, generation: int, live_step: int, shards: dict[str, list[int]],
-                        replicas: dict[str, list[int]], dirty: bool) -> None:
+                        replicas: dict[str, list[int]], dirty: bool, rejected: list | None = None) -> None:
         """Answer a ``quiesce``: the live step (optimizer steps fully applied), the steps of the verified
-        copies (committed buffer first, then the previous one) of the own shard and of held replicas, and
-        ``dirty`` when the live state holds a partially applied update."""
-        self.send({"type": "quiesced", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
-                   "live_step": live_step, "shards": shards, "replicas": replicas, "dirty": dirty})
+        copies (committed buffer first, then the previous one) of the own shard and of held replicas,
+        ``dirty`` when the live state holds a partially applied update, and ``rejected``: ``[[shard id, step,
+        reason], ...]`` of held replicas that failed verification now and are not offered."""
+        body = {"type": "quiesced", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
+                "live_step": live_step, "shards": shards, "replicas": replicas, "dirty": dirty}
+        if rejected:
+            body["rejected"] = [list(x) for x in rejected]
+        self.send(body)
 
     def report_recovered(self, generation: int, report: dict[str, Any], timings: dict[str, float]) -> None:
         self.send({"type": "recovered", "world_rank": self.world_rank, "pid": self.pid,

@@ -20,6 +20,8 @@ readable alone:
   (:func:`phoenix_hpc.control.detect.detect`), declaring slots dead;
 - :mod:`phoenix_hpc.control.handlers`: the training messages (``commit``, ``checkpoint``, ``fault``,
   ``done``, ``stop``) and the journal's ``commit`` record;
+- :mod:`phoenix_hpc.control.evidence`: the owners' replica statements and each generation's recomputed
+  placement, what the recovery checks compare the members' evidence with;
 - :mod:`phoenix_hpc.control.recovery_machine`: fault decisions (:mod:`phoenix_hpc.control.classify`) and the
   recovery state machine, quiesce -> plan -> restore -> invariant check -> replay (docs/design.md
   section 6), with the fallback to the persistent checkpoint;
@@ -60,6 +62,7 @@ from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.ending import continue_hint
 from phoenix_hpc.control.drain_relay import DrainRelayMixin
 from phoenix_hpc.control.drains import PendingDrain
+from phoenix_hpc.control.evidence import EvidenceMixin
 from phoenix_hpc.control.handlers import HandlersMixin
 from phoenix_hpc.control.inject_relay import InjectRelayMixin
 from phoenix_hpc.control.injects import PendingInject
@@ -97,8 +100,8 @@ class Timing:
     recovery_from_checkpoint: bool = False  # recovery_source checkpoint: every recovery loads the persistent checkpoint
 
 
-class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin, InjectRelayMixin, PlannedEndMixin,
-                  DrainRelayMixin, RestartMixin):
+class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin, RecoveryMixin, InjectRelayMixin,
+                  PlannedEndMixin, DrainRelayMixin, RestartMixin):
     """The control-plane state machine plus its store and journal. Single-threaded: :meth:`run` drains the
     inbox and runs periodic work (beat, detection, decisions, deadlines); handlers never block.
 
@@ -137,6 +140,15 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         self.rank_map: dict[int, int] = {}  # logical -> world
         self.committed: dict[str, dict[int, int]] = {}  # shard id -> {logical: step}
         self.placement: dict[str, list[int]] = {}  # shard id -> holder logical ranks (as reported)
+        # the owners' word, evidence for the recovery checks (control/evidence.py): (shard id, generation) ->
+        # logical ranks its replicas were sent to; shard id -> {step: hash the owner committed} (newest few)
+        self.sent: dict[tuple[str, int], frozenset[int]] = {}
+        self.commit_hash: dict[str, dict[int, str]] = {}
+        # to recompute each generation's replica placement (topology.generation_placement): k and levels as
+        # the slots registered them, and the rank map of every generation
+        self.placement_inputs: dict[str, Any] | None = None
+        self.rank_maps: dict[int, dict[int, int]] = {}
+        self._placement_cache: dict[int, dict[str, frozenset[int]]] = {}
         self.job = job_machine()
         self.faults: deque[PendingFault] = deque()
         self.recovery: Recovery | None = None

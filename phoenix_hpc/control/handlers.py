@@ -42,6 +42,8 @@ class HandlersMixin:
             holders = self.placement.setdefault(sid, [])
             if r not in holders:
                 holders.append(r)
+        g = body["generation"] if "generation" in body else body.get("g", slot.generation)  # "g": a node's heartbeats
+        self._record_sent(slot, int(g), body.get("sent"), body)  # control/evidence.py
         self._commit_dirty = True  # the recoverable step is an O(ranks) scan: once per tick, not per message
 
     def _recoverable_step(self) -> int | None:
@@ -72,8 +74,15 @@ class HandlersMixin:
         if (force or self._last_commit_logged < 0 or rs - self._last_commit_logged >= self.t.commit_log_every
                 or now - self._last_commit_log_t >= self.t.progress_interval_s):
             self._last_commit_logged, self._last_commit_log_t = rs, now
+            # per copy (owner's snapshot and each holder's verified replica) its committed step, and the
+            # generation's placement: `phoenix status` counts the verified replicas of every shard from them
+            placed = {sid: sorted(h) for (sid, g), h in self._placements(before=self.generation + 1).items()
+                      if g == self.generation}
             self.journal.append("commit", recoverable_step=rs, shards=len(self.committed),
-                                replicas=sum(len(v) for v in self.placement.values()), generation=self.generation)
+                                replicas=sum(len(v) for v in self.placement.values()), generation=self.generation,
+                                shard_steps={sid: {str(r): st for r, st in sorted(c.items())}
+                                             for sid, c in sorted(self.committed.items())},
+                                **({"placement": placed} if placed else {}))
 
     def _on_checkpoint(self, body: dict) -> None:
         slot = self._slot_of(body, "checkpoint")

@@ -34,6 +34,12 @@ class InjectRelayMixin:
         targets, why = self._resolve_target(body.get("target"))
         if not targets:
             return self._reject(f"inject: {why}", body)
+        extra: dict[str, Any] = {}
+        if kind == "corrupt_replica":  # the target names the shard (by its owner); one holder of it corrupts
+            holder, why = self._holder_of(targets)  # control/evidence.py
+            if holder is None:
+                return self._reject(f"inject: {why}", body)
+            targets, extra = [holder[0]], {"shard_id": holder[1]}
         live_step = max((self.slots[w].step for w in targets), default=0)
         ahead = body.get("steps_ahead")
         if ahead is not None:
@@ -49,13 +55,13 @@ class InjectRelayMixin:
         self.injects[rid] = PendingInject(rid, kind, phase, at_step, targets, body,
                                           deadline=self.clock() + confirm_within(body))
         self._held_replies.add(str(body.get("reply_to")))
-        msg = {"type": "inject", "kind": kind, "at_step": at_step, "phase": phase, "request_id": rid}
+        msg = {"type": "inject", "kind": kind, "at_step": at_step, "phase": phase, "request_id": rid, **extra}
         if ahead is not None:
             msg["steps_ahead"] = ahead
         for w in targets:
             self._send(w, msg)
         self.journal.append("inject_forwarded", kind=kind, phase=phase, at_step=at_step, targets=targets,
-                            target=body.get("target"), request_id=rid)
+                            target=body.get("target"), request_id=rid, **extra)
 
     def _on_inject_ack(self, body: dict) -> None:
         """A target armed or refused an injection (or answered a ``disarm``)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from phoenix_hpc.control.classify import Fault, FaultKind
+from phoenix_hpc.control.evidence import placement_inputs_problem
 from phoenix_hpc.control.records import PendingFault, Slot
 from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, SlotState, slot_machine
 
@@ -92,7 +93,16 @@ class MembershipMixin:
                                     f"{self.rank_map[logical]}", body)
         if self.job.state is not JobState.STARTING and role == "active":
             return self._reject(f"register: the job is {self.job.state.value}; active slots register only at start", body)
-        slot = Slot(w, node, pid, role, slot_machine(f"slot {w}"), self.clock(), logical, self.generation)
+        inputs = body.get("placement_inputs")
+        domain = None
+        if inputs is not None:  # what the coordinator recomputes each generation's placement from
+            why = placement_inputs_problem(inputs)
+            if why:
+                return self._reject(f"register: world rank {w} placement_inputs {why}", body)
+            domain = dict(inputs["domain"]) if inputs.get("domain") else None
+            self.placement_inputs = self.placement_inputs or {"k": int(inputs["k"]), "levels": list(inputs["levels"])}
+        slot = Slot(w, node, pid, role, slot_machine(f"slot {w}"), self.clock(), logical, self.generation,
+                    domain=domain)
         slot.machine.to(SlotState.ACTIVE if role == "active" else SlotState.STANDBY, "registered")
         self.slots[w] = slot
         if logical is not None:
@@ -104,6 +114,7 @@ class MembershipMixin:
         if self.grid and len(self.rank_map) == self.grid[0] * self.grid[1] * self.grid[2] \
                 and self.job.state is JobState.STARTING:
             self.job.to(JobState.RUNNING, "all active ranks registered")
+            self.rank_maps[self.generation] = dict(self.rank_map)
             self.journal.append("job_running", generation=self.generation, grid=list(self.grid),
                                 rank_map=sorted(self.rank_map.items()),
                                 standby=sorted(s.world_rank for s in self.slots.values() if s.role == "standby"))

@@ -32,6 +32,7 @@ class Slot:
     logical_rank: int | None = None
     generation: int = 0
     step: int = 0
+    domain: dict[str, str] | None = None  # failure domains of its node, as it registered them
     registered_at: float | None = None  # coordinator clock; default: last_seen at construction
 
     def __post_init__(self) -> None:

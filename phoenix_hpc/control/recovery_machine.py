@@ -13,9 +13,13 @@ goes silent instead turns the fault into a hot swap. Then, in phases of :class:`
    the transfers; ``recover`` {plan} goes to every member of the new generation (spares: STANDBY ->
    JOINING, idempotent);
 4. members rebuild groups, restore, roll back, and answer ``recovered`` with a
-   :class:`~phoenix_hpc.recovery.invariants.MemberReport` and their phase timings;
-5. I1-I4 are checked (violation: journal + stop every slot, job FAILED); then ``resume`` and, once the
-   members are past the replayed steps, ``recovery_done`` {total_s, phases, steps_replayed}.
+   :class:`~phoenix_hpc.recovery.invariants.MemberReport` (evidence: hashes of the restored state, the
+   replicas each holds) and their phase timings;
+5. the evidence is screened against what the coordinator knows from the plan, the owners' commit reports
+   and each generation's placement (:mod:`phoenix_hpc.control.evidence`; rejections: journal
+   ``evidence_rejected``) and I1-I5 are checked on what is left (violation: journal ``invariant_violation``
+   naming shard and members, stop every slot, job FAILED); then ``resume`` and, once the members are past
+   the replayed steps, ``recovery_done`` {total_s, phases, steps_replayed}.
 
 If a member of the recovery dies before it completes, or does not answer within its deadline, the recovery
 is aborted and re-planned with the queued fault (spares whose restore was cut short are restored again in
@@ -38,11 +42,10 @@ import time
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine
 from phoenix_hpc.control.ending import continue_hint
-from phoenix_hpc.control.records import PendingFault, Recovery
+from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.states import JobState, SlotState
-from phoenix_hpc.recovery.invariants import Expected, check_all, report_from_json
+from phoenix_hpc.recovery.invariants import report_from_json, verify_recovery
 from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, plan_checkpoint_restart, plan_recovery
-from phoenix_hpc.topology import coord_of
 
 
 _COMM_KINDS = (FaultKind.COMM_ERROR, FaultKind.COLLECTIVE_TIMEOUT)
@@ -52,24 +55,36 @@ class RecoveryMixin:
     """The recovery state machine of the coordinator."""
 
     def _on_quiesced(self, body: dict) -> None:
-        self._phase_report(body, "quiesced", "quiesce")
+        slot = self._phase_report(body, "quiesced", "quiesce")
+        if slot is None:
+            return
+        rec = self.recovery
+        for item in body.get("rejected") or ():  # a holder's copy that failed verification: not in the plan
+            try:
+                sid, step, why = str(item[0]), int(item[1]), str(item[2])[:300]
+            except (IndexError, TypeError, ValueError):
+                continue
+            self.journal.append("replica_rejected", generation=rec.generation, world_rank=slot.world_rank,
+                                logical_rank=slot.logical_rank, node=slot.node, shard_id=sid, step=step, reason=why)
 
     def _on_recovered(self, body: dict) -> None:
         self._phase_report(body, "recovered", "restore")
 
-    def _phase_report(self, body: dict, kind: str, phase: str) -> None:
+    def _phase_report(self, body: dict, kind: str, phase: str) -> Slot | None:
         """Record a member's ``quiesced``/``recovered`` report of the current recovery's ``phase``
-        (idempotent: a repeated report replaces the first); one from outside that phase or generation is
-        rejected and journalled once."""
+        (idempotent: a repeated report replaces the first) and return its slot; one from outside that phase
+        or generation is rejected and journalled once (``None``)."""
         slot = self._slot_of(body, kind)
         rec = self.recovery
         if slot is None:
-            return
+            return None
         if rec is None or rec.phase != phase or int(body["generation"]) != rec.generation:
-            return self._reject(f"{kind} from world rank {slot.world_rank} for generation {body.get('generation')} "
-                                f"outside a {phase}", body, key=(kind, slot.world_rank, body.get("generation")))
+            self._reject(f"{kind} from world rank {slot.world_rank} for generation {body.get('generation')} "
+                         f"outside a {phase}", body, key=(kind, slot.world_rank, body.get("generation")))
+            return None
         getattr(rec, kind)[slot.world_rank] = body
         slot.last_seen = self.clock()
+        return slot
 
     def _decide(self, now: float) -> None:
         # A collective error is transient only if every active slot proved alive after it was reported.
@@ -242,7 +257,11 @@ class RecoveryMixin:
         rec.phases["plan_s"] = plan_s
         rec.deadline = now + self.t.collective_timeout_s + self.t.heartbeat_timeout_s
         self.rank_map = plan.world_of()
+        self.rank_maps[rec.generation] = dict(self.rank_map)
         self.restore_pending = set()
+        for j in plan.joins:  # a joining slot holds no copy yet: the dead slot's reported copies are gone
+            for copies in self.committed.values():
+                copies.pop(j.logical_rank, None)
         for j in plan.joins:
             s = self.slots[j.world_rank]
             if s.state is SlotState.STANDBY:  # idempotent admission: only a STANDBY slot is taken
@@ -264,16 +283,25 @@ class RecoveryMixin:
 
     def _check_and_resume(self, rec: Recovery, now: float) -> None:
         plan = rec.plan
-        reports = {w: report_from_json(b["report"]) for w, b in rec.recovered.items()}
-        T, PP, D = self.grid
-        expected = Expected(rec.generation, plan.rank_map,
-                            {coord_of(r, T, PP, D).shard_prefix(): r for r, _ in plan.rank_map},
-                            plan.recoverable_step)
-        bad = check_all(expected, reports, plan.invariants)
+        reports, rejected = {}, []
+        for w, b in sorted(rec.recovered.items()):
+            try:
+                reports[w] = report_from_json(b["report"])
+            except (KeyError, TypeError, ValueError) as exc:
+                rejected.append(f"report of world rank {w} rejected: {exc}")
+        why, bad = verify_recovery(self._expected(rec), reports, plan.invariants)
+        rejected += why
+        if rejected:
+            self.journal.append("evidence_rejected", generation=rec.generation, reasons=rejected)
         if bad:
-            self.journal.append("invariant_violation", generation=rec.generation, violations=[str(v) for v in bad])
+            self.journal.append("invariant_violation", generation=rec.generation, violations=[str(v) for v in bad],
+                                rejected=rejected)
             self._end(JobState.FAILED, "clean_stop", reason="recovery invariant violated: " + "; ".join(map(str, bad)))
             return
+        for w, rep in reports.items():  # the new generation's owners: where their replicas go from now on
+            sent = rec.recovered[w]["report"].get("sent") if isinstance(rec.recovered[w]["report"], dict) else None
+            if sent:
+                self._record_sent(self.slots[w], rec.generation, sent, rec.recovered[w])
         for key in ("reconfigure", "params", "optimizer"):
             rec.phases[key] = max((float(b.get("timings", {}).get(key, 0.0)) for b in rec.recovered.values()), default=0.0)
         for _, w in plan.rank_map:

@@ -4,7 +4,12 @@ says happened to each of them. Both halves are pure; the CLI does the submitting
 Planning rules (so that every planned fault can be survived by design):
 
 - by default the kinds :data:`VERIFIED_KINDS` are drawn (crash, kill-node, hang, transient);
-  ``link-down`` and ``gpu-error`` are drawn only when named in ``kinds``;
+  ``link-down``, ``gpu-error`` and ``corrupt-replica`` are drawn only when named in ``kinds``;
+- a ``corrupt-replica`` causes no recovery by itself, so a drill pairs it with one: one holder's replica of
+  the target's shard is corrupted (landing in phase ``recovery``, at the start of the next recovery, before
+  the holders verify their copies again) and the target crashes at the planned step and phase. The recovery
+  then needs that shard from a replica: with another verified replica (k >= 2) a hot swap, with none (k = 1)
+  the restart of every member from the persistent checkpoint (``checkpoint_restart``);
 
 - faults land in steps ``FIRST_STEP .. steps - 2``, one in the first half of each of ``n`` equal segments of
   that range, so recoveries (and their replays) end before the next fault's step; the ``recovery`` phase is never drawn (a fault in
@@ -45,27 +50,40 @@ class DrillFault:
     phase: str
     at_step: int
     rank: int  # logical rank targeted (kill-node: the node that holds it when the fault is sent)
+    expect: str | None = None  # the recovery action expected, when not the kind's own (corrupt-replica)
+
+
+CORRUPT_COMPANION = "crash"  # what makes the recovery that needs a corrupted replica (see the module doc)
 
 
 def slot_cost(kind: str, gpus_per_node: int) -> int:
-    """Standby slots a fault of ``kind`` consumes (docs/design.md section 6: transient faults use no spare)."""
+    """Standby slots a fault of ``kind`` consumes (docs/design.md section 6: transient faults use no spare;
+    a drilled ``corrupt-replica`` comes with a crash of its target)."""
+    if kind == "corrupt-replica":
+        return slot_cost(CORRUPT_COMPANION, gpus_per_node)
     if KINDS[kind].action != "hot_swap":
         return 0
     return gpus_per_node if kind == "kill-node" else 1
 
 
 def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int, spare_nodes: int,
-               kinds: Sequence[str] = VERIFIED_KINDS) -> list[DrillFault]:
-    """``n`` faults for a job of ``steps`` steps and ``world`` logical ranks (see the module doc).
+               kinds: Sequence[str] = VERIFIED_KINDS, k: int = 1) -> list[DrillFault]:
+    """``n`` faults for a job of ``steps`` steps and ``world`` logical ranks (see the module doc); ``k``: the
+    job's replicas per shard (what a ``corrupt-replica`` drill expects depends on it).
 
     Raises:
         FaultError: ``n < 1``, too few steps for ``n`` separated faults, or an unknown kind.
     """
     if n < 1:
         raise FaultError(f"--faults: {n} is not allowed; at least 1")
+    replicas = k
     for k in kinds:
         if k not in KINDS:
             raise FaultError(f"--kinds: {k!r} is not a fault kind; allowed: {', '.join(KINDS)}")
+        if KINDS[k].action == "none" and k != "corrupt-replica":
+            raise FaultError(f"--kinds: {k!r} is not allowed in a drill: it causes no recovery by itself (a drill "
+                             f"waits for one per fault); inject it with phoenix inject-fault before another fault; "
+                             f"allowed: {', '.join(n for n, s in KINDS.items() if s.action != 'none')}")
     last = steps - 2
     span = last - FIRST_STEP + 1
     min_gap = 3
@@ -89,7 +107,11 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
         kind = rng.choice(affordable)
         budget -= slot_cost(kind, gpus_per_node)
         phases = [p for p in KINDS[kind].phases if p != "recovery"]
-        out.append(DrillFault(i, kind, rng.choice(phases), step, rng.randrange(world)))
+        expect = None
+        if kind == "corrupt-replica":  # the phase is its companion crash's; the corrupted copy lands in recovery
+            phases = [p for p in KINDS[CORRUPT_COMPANION].phases if p != "recovery"]
+            expect = "hot_swap" if replicas >= 2 else "checkpoint_restart"
+        out.append(DrillFault(i, kind, rng.choice(phases), step, rng.randrange(world), expect))
     return out
 
 
@@ -113,6 +135,9 @@ class DrillOutcome:
     target_node: str | None = None
     generation: int | None = None  # generation of the recovery this fault caused
     quiesce_s: float | None = None  # recovery_start -> recovery_plan of that generation (see quiesce_by_generation)
+    # corrupt-replica: the corruption's own request and landings (``request_id`` / ``landed``: its crash)
+    corrupt_request_id: str | None = None
+    corrupt_landed: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def landed_as_requested(self) -> bool:
@@ -126,13 +151,17 @@ class DrillOutcome:
 
     @property
     def expected_action(self) -> str:
-        """The action the design takes for this kind (docs/design.md section 6)."""
-        return KINDS[self.fault.kind].action
+        """The action the design takes for this kind (docs/design.md section 6; a corrupt-replica: what its
+        crash's recovery does without that copy, by k)."""
+        return self.fault.expect or KINDS[self.fault.kind].action
 
     @property
     def passed(self) -> bool:
-        """Landed at the requested step and phase, recovered with the expected action."""
-        return self.landed_as_requested and self.recovered and self.action == self.expected_action
+        """Landed at the requested step and phase, recovered with the expected action (a corrupt-replica:
+        the corruption landed too, in that recovery)."""
+        corrupt_ok = self.fault.kind != "corrupt-replica" or (
+            bool(self.corrupt_landed) and all(f["phase"] == "recovery" for f in self.corrupt_landed))
+        return self.landed_as_requested and self.recovered and self.action == self.expected_action and corrupt_ok
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.fault.index, "kind": self.fault.kind, "phase": self.fault.phase,
@@ -148,7 +177,9 @@ class DrillOutcome:
                 "landed_as_requested": self.landed_as_requested, "action": self.action,
                 "detect_s": self.detect_s, "total_s": self.total_s, "phases": self.phases,
                 "steps_replayed": self.steps_replayed, "recovery_state": self.recovery_state,
-                "recovered": self.recovered, "error": self.error}
+                "recovered": self.recovered, "error": self.error,
+                **({"corrupt_request_id": self.corrupt_request_id, "corrupt_landed": self.corrupt_landed}
+                   if self.fault.kind == "corrupt-replica" else {})}
 
 
 def match_outcome(out: DrillOutcome, st: Status, before_ts: float | None = None) -> DrillOutcome:
@@ -158,6 +189,9 @@ def match_outcome(out: DrillOutcome, st: Status, before_ts: float | None = None)
     inj = next((i for i in st.injections if i.request_id == out.request_id), None)
     if inj is not None:
         out.landed = list(inj.fired)
+    cor = next((i for i in st.injections if out.corrupt_request_id and i.request_id == out.corrupt_request_id), None)
+    if cor is not None:
+        out.corrupt_landed = list(cor.fired)
     if not out.landed:
         return out
     t_landed = min(float(f["ts"]) for f in out.landed)

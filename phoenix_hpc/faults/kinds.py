@@ -31,7 +31,17 @@ transient    one collective raises a communication error; every      comm_error 
              process stays alive
 gpu-error    an error with the signature of an uncorrectable HBM     gpu_memory       hot swap
              ECC fault (Xid 48) is raised
+corrupt-     bytes flipped in one holder's committed replica (and    silent_corruption none until a
+replica      its previous buffer) of the target's shard; nobody is                    recovery needs
+             told. The coordinator sends it to a holder of that                       it
+             shard (the target names the shard, by its owner)
 ============ ======================================================= ================ =============
+
+A ``corrupt-replica`` fault causes no recovery by itself: the copy is caught when a recovery needs it (the
+holder verifies its replicas again when it quiesces, docs/design.md section 6). In phase ``recovery`` it
+lands at the start of the next recovery, before that verification: with a second verified replica (k=2) the
+plan takes that one and the journal names the rejected copy (``replica_rejected``); with none the job
+restarts from the persistent checkpoint, every member at the same step.
 
 Phases a kind does not support are refused: a ``transient`` collective error needs a collective (forward
 and backward carry the TP/PP/DP collectives, h2h the replica exchange, optimizer the ZeRO parameter
@@ -97,6 +107,8 @@ KINDS: Mapping[str, KindSpec] = {
                  "one collective raises a communication error; every process stays alive"),
         KindSpec("gpu-error", "gpu_error", ("forward", "d2h", "optimizer", "recovery"), "gpu_memory", "hot_swap",
                  "an uncorrectable HBM ECC error (Xid 48) is raised on the target"),
+        KindSpec("corrupt-replica", "corrupt_replica", ("forward", "optimizer", "recovery"), "silent_corruption",
+                 "none", "bytes flip in one holder's committed replica of the target's shard; nobody is told"),
     )
 }
 

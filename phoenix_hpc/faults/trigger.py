@@ -32,6 +32,8 @@ What each kind does (the process-level effect is the real thing, not a simulatio
   process lives, so its peers' collectives time out and the coordinator misses its heartbeats;
 - ``transient``: raises :class:`InjectedCommError` (a collective error; ``fault_kind = "comm_error"``);
 - ``gpu_error``: raises :class:`InjectedGPUError` (uncorrectable ECC, Xid 48; ``fault_kind = "gpu_memory"``);
+- ``corrupt_replica``: calls ``on_corrupt_replica(injection)`` (the member flips bytes in its held replica
+  of ``injection.shard_id``) and returns: nothing is raised, nobody is told;
 - ``nan`` / ``exception`` (accepted by the coordinator for clean-stop tests): raise
   :class:`InjectedNumericalError` / :class:`InjectedSoftwareError`.
 
@@ -96,11 +98,13 @@ class Injection:
     at_step: int
     phase: str
     request_id: str = ""
+    shard_id: str = ""  # corrupt_replica: the shard whose replica this holder corrupts
 
     @classmethod
     def from_message(cls, msg: dict[str, Any]) -> "Injection":
         """From an ``inject`` instruction body. Raises KeyError/ValueError on a malformed one."""
-        return cls(str(msg["kind"]), int(msg["at_step"]), str(msg["phase"]), str(msg.get("request_id", "")))
+        return cls(str(msg["kind"]), int(msg["at_step"]), str(msg["phase"]), str(msg.get("request_id", "")),
+                   str(msg.get("shard_id", "")))
 
 
 def is_due(inj: Injection, step: int, phase: str) -> bool:
@@ -183,6 +187,7 @@ class FaultTrigger:
         notify: called as ``notify(injection, step, phase)`` just before the effect (must be durable on its
             own: the effect may be SIGKILL).
         on_link_down: hooks run when a ``link_down`` fires, before the thread blocks.
+        on_corrupt_replica: what a ``corrupt_replica`` does (None: nothing, the landing is still recorded).
         actions: the process-level effects (default: the real ones).
         lock: guards ``pending`` (pass the lock of whoever else changes it, e.g. the client's
             ``injections_lock``, which arms and disarms injections as instructions arrive).
@@ -193,10 +198,12 @@ class FaultTrigger:
     def __init__(self, pending: MutableSequence[Any] | None = None, *,
                  notify: Callable[[Injection, int, str], None] | None = None,
                  on_link_down: Iterable[Callable[[], None]] = (), actions: Actions | None = None,
-                 lock: threading.Lock | None = None):
+                 lock: threading.Lock | None = None,
+                 on_corrupt_replica: Callable[["Injection"], None] | None = None):
         self.pending: MutableSequence[Any] = pending if pending is not None else []
         self.notify = notify
         self.on_link_down = list(on_link_down)
+        self.on_corrupt_replica = on_corrupt_replica
         self.actions = actions or Actions()
         self.link_down = threading.Event()
         self.release = threading.Event()  # set it to let a link_down-blocked thread return (tests, shutdown)
@@ -256,6 +263,10 @@ class FaultTrigger:
         raise InjectedGPUError(f"CUDA error: uncorrectable ECC error encountered (Xid 48, HBM) "
                                f"[injected at step {step}, {phase}]", inj)
 
+    def _corrupt_replica(self, inj: Injection, step: int, phase: str) -> None:
+        if self.on_corrupt_replica is not None:
+            self.on_corrupt_replica(inj)
+
     def _nan(self, inj: Injection, step: int, phase: str) -> None:
         raise InjectedNumericalError(f"non-finite loss (NaN) [injected at step {step}, {phase}]", inj)
 
@@ -270,10 +281,31 @@ _EFFECTS: dict[str, Callable[[FaultTrigger, Injection, int, str], None]] = {
     "link_down": FaultTrigger._link_down,
     "transient": FaultTrigger._transient,
     "gpu_error": FaultTrigger._gpu_error,
+    "corrupt_replica": FaultTrigger._corrupt_replica,
     "nan": FaultTrigger._nan,
     "exception": FaultTrigger._exception,
 }
 KNOWN_WIRE_KINDS = tuple(_EFFECTS)
+
+
+def flip_replica_bytes(buf) -> int:
+    """The effect of ``corrupt_replica`` on one replica buffer (a uint8 host tensor holding a sealed copy,
+    :mod:`phoenix_hpc.runtime.snapshot`): invert the middle byte of its first non-empty optimizer tensor, in
+    place, leaving header and index untouched (so only the tensor's CRC-32 can tell). Returns the byte's
+    offset.
+
+    Raises:
+        ValueError: the buffer has no optimizer tensor with data.
+    """
+    from phoenix_hpc.runtime.snapshot import OPT, read_header
+
+    h = read_header(buf)
+    for e in h.index["tensors"]:
+        if e["part"] == OPT and e["nbytes"] > 0:
+            off = int(e["offset"]) + int(e["nbytes"]) // 2
+            buf[off] = int(buf[off]) ^ 0xFF
+            return off
+    raise ValueError("the replica holds no optimizer tensor with data")
 
 
 @dataclass

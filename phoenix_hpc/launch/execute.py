@@ -20,7 +20,8 @@ the coordinator's ``quiesce``) or with a ``quiesce`` received at a step boundary
    connection instead of waiting for ``collective_timeout_s``), the protector is closed without waiting on
    peers (its buffers stay readable), and the member answers ``quiesced`` with its live step (optimizer steps fully applied),
    the steps of the verified copies of its shard and of the replicas it holds (committed and previous
-   ping-pong buffer, committed first), and ``dirty`` when the error hit inside
+   ping-pong buffer, committed first; every held replica is verified again first and one that fails is
+   left out and listed in ``rejected``), and ``dirty`` when the error hit inside
    ``optimizer_step`` (an update partially applied: only the committed snapshot may be used, I4);
 2. *plan*: it waits for ``recover`` {plan} (:class:`phoenix_hpc.recovery.plan.RecoveryPlan` JSON);
 3. *reconfigure*: ``destroy_process_group`` and :func:`phoenix_hpc.launch.groups.init_generation` for
@@ -30,13 +31,18 @@ the coordinator's ``quiesce``) or with a ``quiesce`` received at a step boundary
    S(R) from its committed local snapshot (checksums verified): optimizer shard, parameters, envelope (step,
    data position, LR schedule, RNG);
 5. *restore the spare* (the plan's transfers, processed in plan order by every rank, so blocking pairs
-   cannot deadlock): parameters from a live DP peer at the same (pp, tp) with torch ``send``/``recv`` on the
-   new world group; optimizer shard + envelope as the holder's verified replica buffer of step R, sent over
-   the new MPI communicator and verified again (CRC-32 of every tensor) by the receiver before use;
+   cannot deadlock): parameters from a live DP peer at the same (pp, tp), sealed into a snapshot buffer
+   (CRC-32 per tensor), and optimizer shard + envelope as the holder's verified replica buffer of step R,
+   both sent over the new MPI communicator as H2H sends a replica (:func:`phoenix_hpc.runtime.h2h.send_buffer`:
+   windowed chunks, tags under ``MPI_TAG_UB``) and verified (CRC-32 of every tensor) by the receiver before
+   use; the copies of R come from this generation's protector or, before its first commit fence, from the
+   kept protectors of earlier generations (:meth:`Member._copy_sources`);
 6. *re-establish replication*: a new protector for ``g + 1`` (placement recomputed from the new node list
    with :func:`phoenix_hpc.topology.generation_placement`);
 7. it answers ``recovered`` {MemberReport, timings {reconfigure, params, optimizer} in seconds}, waits for
-   ``resume`` and continues training from step ``R``.
+   ``resume`` and continues training from step ``R``. The report is evidence for the coordinator's checks
+   (:meth:`Member._evidence`): the hashes of its restored optimizer and param shard and the replicas its
+   previous protector holds, verified again; plus the holders its new protector sends to.
 
 A standby slot named in a plan's ``joins`` does steps 3, 5, 6, 7 with a freshly built engine
 (:meth:`Member.join`).
@@ -75,13 +81,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from phoenix_hpc.errors import ConfigError, RecoveryError, ReplicationError
 
 COMM_TAG_BASE = 7000  # Create_group tag of generation g: COMM_TAG_BASE + g
-_TAG_OPT_HEADER = 11
-_TAG_OPT_DATA = 12
 
 
 class QuiesceRequested(Exception):
@@ -150,17 +152,6 @@ def generation_abort(backend: str, generation: int, sockets: dict[int, str], gro
     pgs = () if backend != "nccl" or groups is None else tuple(
         g for g in (groups.world, groups.dp, groups.pp, groups.tp) if g is not None)
     return GenerationAbort(backend, generation, dict(sockets) if backend != "nccl" else {}, pgs)
-
-
-def _wait_mpi(reqs: list, timeout_s: float, what: str, poll_s: float = 0.001) -> None:
-    """Wait for MPI requests without spinning a core; raise RecoveryError after ``timeout_s``."""
-    from mpi4py import MPI
-
-    deadline = time.monotonic() + timeout_s
-    while not MPI.Request.Testall(reqs):
-        if time.monotonic() > deadline:
-            raise RecoveryError(f"{what}: no completion within {timeout_s:g} s")
-        time.sleep(poll_s)
 
 
 @dataclass
@@ -245,10 +236,14 @@ class Member:
         self.comm = None
         self.protector = None
         self.old_protector = None
+        # closed protectors of earlier generations whose copies of the last recoverable step still serve a
+        # recovery: kept until the current generation's first commit fence (no unprotected window)
+        self.kept: list = []
         self.phase: str | None = None
         self.recoveries: list[RecoveryRecord] = []
         self.trigger = FaultTrigger(env.client.injections, notify=fired_notice(env.client, env.run_dir, env.world_rank),
-                                    on_link_down=[env.client.stop_heartbeat], lock=env.client.injections_lock)
+                                    on_link_down=[env.client.stop_heartbeat], lock=env.client.injections_lock,
+                                    on_corrupt_replica=self._corrupt_replica)
         r = env.cfg.resilience
         self.wait_s = env.instruction_timeout_s or (
             2 * r.heartbeat_timeout_s + 2 * r.collective_timeout_s + 30.0)
@@ -421,10 +416,15 @@ class Member:
 
     # --- hooks ---------------------------------------------------------------------------------------
     def _on_commit(self, rec) -> None:
+        from phoenix_hpc.runtime.snapshot import hash_hex
+
         prot = self.protector
         held = dict(prot.held_steps) if prot is not None else {}
+        sent = {rec.shard_id: {"holders": list(rec.holders), "step": rec.step,
+                               "hash": hash_hex(rec.crc) if rec.crc is not None else None}}
         try:
-            self.env.client.report_commit(self.generation, int(self.engine.step), {rec.shard_id: rec.step}, held)
+            self.env.client.report_commit(self.generation, int(self.engine.step), {rec.shard_id: rec.step}, held,
+                                          sent=sent)
         except Exception:  # noqa: BLE001 -- a lost report is repaired by the next commit; never fail a step
             pass
 
@@ -435,9 +435,35 @@ class Member:
         elif phase == "h2h_send_chunk" and i == 0:
             self.trigger.check(step + 1, "h2h")
 
+    def _corrupt_replica(self, inj) -> None:
+        """An injected ``corrupt_replica``: flip a byte in every verified copy (committed and previous
+        buffer) of the replica of ``inj.shard_id`` this holder keeps, telling nobody (only this rank's log
+        says it); the copies are caught when a recovery verifies them again (:meth:`recover`)."""
+        from phoenix_hpc.faults.trigger import flip_replica_bytes
+
+        flipped = 0
+        for prot in self._copy_sources(self.protector):
+            pp = prot.buffers.held.get(inj.shard_id)
+            for step in pp.verified_steps() if pp is not None else []:
+                off = flip_replica_bytes(pp.find(step))
+                flipped += 1
+                self.env.log(f"[phoenix] rank {self.logical}: injected corrupt-replica: flipped the byte at offset "
+                             f"{off} of the replica of {inj.shard_id} step {step} (generation {prot.generation})")
+        if not flipped:
+            self.env.log(f"[phoenix] rank {self.logical}: injected corrupt-replica: no replica of {inj.shard_id} "
+                         "held here, nothing corrupted")
+
+    def _copy_sources(self, current=None) -> list:
+        """The protectors whose verified copies a recovery may use, newest first: ``current`` (the one being
+        closed, or the old generation's during a recovery) and the kept ones of earlier generations."""
+        out = [p for p in (current if current is not None else self.old_protector,) if p is not None]
+        return out + [p for p in self.kept if p not in out]
+
     def _phase(self, s: int, phase: str) -> None:
         if phase == "forward_backward":
             self.phase = None  # a new iteration: nothing of it is applied yet
+            if self.kept and self.protector is not None and self.protector.recoverable_step is not None:
+                self.kept = []  # this generation's first commit fence: its own copies protect every shard
             self._poll()  # an injection for step s, any phase, is still armed here
             self.env.client.started_step = s  # from now on, instructions for step s come too late
         self.trigger.check(s, phase)
@@ -606,6 +632,7 @@ class Member:
         prot, self.protector = self.protector, None
         shards: dict[str, list[int]] = {}
         replicas: dict[str, list[int]] = {}
+        rejected: list[list] = []
         if prot is not None:
             prot.close(abandon=True)  # MPI requests still posted are cancelled or freed (runtime/mpi_faults.py)
             ab = getattr(getattr(prot, "h2h", None), "abandon_report", None)
@@ -613,13 +640,23 @@ class Member:
                 self.env.log(f"[phoenix] rank {self.logical}: abandoned MPI requests of generation "
                              f"{self.generation}: {ab.cancelled} cancelled, {ab.freed} freed, {ab.kept} "
                              f"collectives kept, {ab.completed} completed, errors {ab.errors[:2]}")
+        # this generation's copies, and (before its first commit fence) the kept ones of earlier generations:
+        # the replicas of the recoverable step stay valid until the new generation has its own
+        for p in self._copy_sources(prot):
+            # a replica corrupted in memory since it arrived is never offered to the plan
+            for sid, step, why in p.reverify_held()[1]:
+                rejected.append([sid, step, why])
+                self.env.log(f"[phoenix] rank {self.logical}: held replica of {sid} step {step} fails "
+                             f"verification and is not offered: {why}")
             # both ping-pong buffers count: a copy one step behind the others is still recoverable
-            local, held = prot.copy_steps()
+            local, held = p.copy_steps()
             if local:
-                shards[prot.shard_id] = local
-            replicas = {s: v for s, v in held.items() if v}
+                shards[p.shard_id] = sorted(set(shards.get(p.shard_id, [])) | set(local), reverse=True)
+            for sid, v in held.items():
+                if v:
+                    replicas[sid] = sorted(set(replicas.get(sid, [])) | set(v), reverse=True)
         self.old_protector = prot
-        self.env.client.report_quiesced(g, live, shards, replicas, dirty)
+        self.env.client.report_quiesced(g, live, shards, replicas, dirty, rejected=rejected)
         self.env.log(f"[phoenix] rank {self.logical}: quiesced for generation {g} (live step {live}, "
                      f"committed {shards}, holding {replicas}, dirty={dirty})")
         while True:
@@ -628,7 +665,7 @@ class Member:
                 break
             # a re-planned recovery (a fault during this one): answer the new quiesce the same way
             g = int(msg["generation"])
-            self.env.client.report_quiesced(g, int(self.engine.step), shards, replicas, dirty)
+            self.env.client.report_quiesced(g, int(self.engine.step), shards, replicas, dirty, rejected=rejected)
         return self._apply_plan(msg["plan"], dirty=dirty, live=live)
 
     def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None) -> RecoveryRecord:
@@ -693,14 +730,20 @@ class Member:
             raise RecoveryError(f"rank {self.logical} is at step {self.engine.step} after the restore, plan says {R}")
 
         t2 = time.perf_counter()
+        report = self._evidence(g, rank_map)
+        detail["evidence"] = time.perf_counter() - t2
+        t2 = time.perf_counter()
         self.protector = self._build_protector()
-        self.old_protector = None
+        old, self.old_protector = self.old_protector, None
+        # the copies of R stay usable until this generation's first commit fence (:meth:`_phase`): the old
+        # protector's, and those kept before it unless the old generation had a fence of its own
+        if old is not None and old.recoverable_step is not None:
+            self.kept = [old]
+        else:
+            self.kept = ([old] if old is not None else []) + self.kept
         t_repl = time.perf_counter() - t2
         detail["protector"] = t_repl
-        sid = self.coord.shard_prefix()
-        report = {"world_rank": e.world_rank, "logical_rank": self.logical, "generation": g,
-                  "rank_map": [[r, w] for r, w in sorted(rank_map.items())], "step": int(self.engine.step),
-                  "partial": False, "owned_shards": [sid], "copies": [[sid, int(self.engine.step)]]}
+        report["sent"] = {self.protector.shard_id: {"holders": list(self.protector.holders)}}
         timings = {"reconfigure": t_reconf + t_repl, "params": t_params, "optimizer": t_opt + t_rollback}
         self.trigger.check(R + 1, "recovery")
         e.client.report_recovered(g, report, timings)
@@ -713,6 +756,27 @@ class Member:
               f"({'rolled back from ' + str(live) if rolled else 'no rollback'}) on the {rec.path} path, "
               f"timings {rec.timings}, detail {rec.detail}")
         return rec
+
+    def _evidence(self, g: int, rank_map: dict[int, int]) -> dict[str, Any]:
+        """This member's ``recovered`` report (:class:`phoenix_hpc.recovery.invariants.MemberReport` JSON):
+        the hashes of its restored optimizer and param shard (:func:`phoenix_hpc.runtime.snapshot.part_hash`)
+        and every replica its previous protector holds, each verified again now (CRC-32 of every tensor)
+        and listed with the shard id, step and generation its header names and the hash of its optimizer
+        part. A copy that fails verification is left out (and logged): the coordinator sees it missing."""
+        from phoenix_hpc.runtime.snapshot import hash_hex, part_hash
+
+        held = []
+        for prot in self._copy_sources():
+            good, bad = prot.reverify_held()
+            held += [[sid, step, gen, hash_hex(crc)] for sid, step, gen, crc in good]
+            for sid, step, why in bad:
+                self.env.log(f"[phoenix] rank {self.logical}: held replica of {sid} step {step} rejected: {why}")
+        eng, c = self.engine, self.coord
+        return {"world_rank": self.env.world_rank, "logical_rank": self.logical, "generation": g,
+                "rank_map": [[r, w] for r, w in sorted(rank_map.items())], "step": int(eng.step),
+                "partial": False, "opt_shard": c.shard_prefix(), "opt_hash": part_hash(eng.optimizer_shard()),
+                "param_shard": f"param/pp{c.pp}/tp{c.tp}", "param_hash": part_hash(eng.param_shard()),
+                "held": held}
 
     def _teardown_engine(self) -> None:
         """The rebuild path: end the old engine (:meth:`Engine.teardown`, which also clears the global state
@@ -732,9 +796,14 @@ class Member:
 
         Raises:
             RecoveryError: there is no old protector; ReplicationError: no verified snapshot of ``step``."""
-        prot = self.old_protector
-        if prot is None:
+        srcs = self._copy_sources()
+        if not srcs:
             raise RecoveryError(f"rank {self.logical} must roll back to step {step} but has no local snapshot")
+        for prot in srcs[:-1]:  # the newest generation's snapshot of ``step`` if it has one, else an older one
+            if step in prot.copy_steps()[0]:
+                break
+        else:
+            prot = srcs[-1]
         u = prot.local_snapshot(step=step)
         opt = {n: t for n, t in u.tensors.items() if n.startswith("opt/")}
         par = {n: t for n, t in u.tensors.items() if not n.startswith("opt/")}
@@ -772,7 +841,7 @@ class Member:
             if int(t["step"]) != step:
                 raise RecoveryError(f"transfer {t} is for step {t['step']}, the recoverable step is {step}")
             if t["kind"] == "params":
-                self._params(peer, sending)
+                self._params(peer, sending, step)
                 t_params += time.perf_counter() - t0
             elif t["kind"] == "optimizer":
                 self._optimizer(str(t["shard_id"]), peer, sending, step)
@@ -781,58 +850,60 @@ class Member:
                 raise RecoveryError(f"unknown transfer kind {t['kind']!r}")
         return t_params, t_opt
 
-    def _params(self, peer: int, sending: bool) -> None:
-        """Parameters (model dtype, own shapes) over the new world group: torch send/recv, name order."""
+    def _params(self, peer: int, sending: bool, step: int) -> None:
+        """The param shard of S(``step``) from a DP peer at the same (pp, tp), the way a replica travels: the
+        sender seals it (model dtype, own shapes, CRC-32 per tensor, :mod:`phoenix_hpc.runtime.snapshot`)
+        into a host buffer sent with :func:`phoenix_hpc.runtime.h2h.send_buffer` (windowed chunks, tags under
+        ``MPI_TAG_UB``); the receiver verifies every tensor before it loads any."""
         import torch
-        import torch.distributed as dist
 
-        pairs = sorted(self.engine.param_shard(), key=lambda x: x[0])
+        from phoenix_hpc.runtime.h2h import recv_buffer, send_buffer
+        from phoenix_hpc.runtime.snapshot import PARAM, copy_in, plan_layout, seal, unpack
+
+        res = self.env.cfg.resilience
+        c = self.coord
+        sid = f"param/pp{c.pp}/tp{c.tp}"
+        what = f"the param shard {sid} {'to' if sending else 'from'} rank {peer}"
         if sending:
-            for _, t in pairs:
-                dist.send(t.detach().contiguous(), dst=peer, group=self.groups.world)
+            pairs = sorted(self.engine.param_shard(), key=lambda x: x[0])
+            meta = {"shard_id": sid, "step": step, "generation": self.generation, "grid": {}, "coord": {},
+                    "envelope": {}}
+            layout = plan_layout([], pairs, meta)
+            buf = torch.zeros(layout.total_bytes, dtype=torch.uint8)
+            copy_in(buf, layout, [], pairs)
+            seal(buf, layout, shard_id=sid, step=step, generation=self.generation, grid={}, coord={}, envelope={},
+                 parts=(PARAM,))
+            send_buffer(self.comm, buf.numpy(), peer, step, res.chunk_bytes, res.collective_timeout_s, what)
             return
-        got = {}
-        for name, t in pairs:
-            buf = torch.empty_like(t)
-            dist.recv(buf, src=peer, group=self.groups.world)
-            got[name] = buf
-        self.engine.load_param_shard(got)
+        buf = recv_buffer(self.comm, peer, step, res.chunk_bytes, res.collective_timeout_s, what)
+        u = unpack(buf, (PARAM,))  # raises ReplicationError when a checksum fails
+        if u.shard_id != sid or u.step != step:
+            raise RecoveryError(f"received param shard is {u.shard_id} step {u.step}, expected {sid} step {step}")
+        self.engine.load_param_shard(u.tensors)
 
     def _optimizer(self, shard_id: str, peer: int, sending: bool, step: int) -> None:
-        """The optimizer shard + envelope as the holder's replica buffer of ``step`` over MPI, verified on
-        both sides (CRC-32 per tensor, :func:`phoenix_hpc.runtime.snapshot.verify`)."""
-        import torch
-
-        from phoenix_hpc.runtime.h2h import chunk_ranges
+        """The optimizer shard + envelope as the holder's replica buffer of ``step``, sent as H2H sends it
+        (:func:`phoenix_hpc.runtime.h2h.send_buffer`: windowed chunks, tags under ``MPI_TAG_UB``) and
+        verified on both sides (CRC-32 per tensor, :func:`phoenix_hpc.runtime.snapshot.verify`)."""
+        from phoenix_hpc.runtime.h2h import recv_buffer, send_buffer
         from phoenix_hpc.runtime.snapshot import OPT, unpack, verify
 
         chunk = self.env.cfg.resilience.chunk_bytes
         timeout = self.env.cfg.resilience.collective_timeout_s
         if sending:
-            prot = self.old_protector
-            pp = prot.buffers.held.get(shard_id) if prot is not None else None
-            buf = pp.find(step) if pp is not None else None
+            buf = None
+            for prot in self._copy_sources():  # the newest generation's copy of ``step``, else a kept one
+                pp = prot.buffers.held.get(shard_id)
+                buf = pp.find(step) if pp is not None else None
+                if buf is not None:
+                    break
             if buf is None:
                 raise RecoveryError(f"rank {self.logical} holds no replica of {shard_id} at step {step}")
             h, _ = verify(buf, (OPT,))
-            n = int(h.opt_end)
-            arr = buf.numpy()
-            reqs = [self.comm.Isend(np.array([n, step], dtype=np.int64), dest=peer, tag=_TAG_OPT_HEADER)]
-            for i, (a, b) in enumerate(chunk_ranges(n, chunk)):
-                reqs.append(self.comm.Isend(arr[a:b], dest=peer, tag=_TAG_OPT_DATA + 16 * i))
-            _wait_mpi(reqs, timeout, f"sending the replica of {shard_id} to rank {peer}")
+            send_buffer(self.comm, buf.numpy()[: int(h.opt_end)], peer, step, chunk, timeout,
+                        f"sending the replica of {shard_id} to rank {peer}")
             return
-        hdr = np.zeros(2, dtype=np.int64)
-        _wait_mpi([self.comm.Irecv(hdr, source=peer, tag=_TAG_OPT_HEADER)], timeout,
-                  f"receiving the replica of {shard_id} from rank {peer}")
-        n, got_step = int(hdr[0]), int(hdr[1])
-        if got_step != step:
-            raise RecoveryError(f"holder rank {peer} sent {shard_id} of step {got_step}, expected {step}")
-        buf = torch.empty(n, dtype=torch.uint8)
-        arr = buf.numpy()
-        reqs = [self.comm.Irecv(arr[a:b], source=peer, tag=_TAG_OPT_DATA + 16 * i)
-                for i, (a, b) in enumerate(chunk_ranges(n, chunk))]
-        _wait_mpi(reqs, timeout, f"receiving the replica of {shard_id} from rank {peer}")
+        buf = recv_buffer(self.comm, peer, step, chunk, timeout, f"receiving the replica of {shard_id} from rank {peer}")
         u = unpack(buf, (OPT,))  # raises ReplicationError when a checksum fails
         if u.shard_id != shard_id or u.step != step:
             raise RecoveryError(f"received replica is {u.shard_id} step {u.step}, expected {shard_id} step {step}")

@@ -427,8 +427,12 @@ def main(argv: list[str] | None = None) -> int:
     if coordinator_present(run_dir):  # under the batch script: the coordinator's store and heartbeats
         nodes, domains, levels = gather_nodes(comm, slot, cfg.resilience.placement_levels)
         try:
-            att = attach(run_dir, comm.Get_rank(), comm.Get_size(), slot.hostname or f"node{slot.node_id}",
-                         active, (grid.tp, grid.pp, grid.dp), cfg.resilience)
+            node = slot.hostname or f"node{slot.node_id}"
+            # what the coordinator needs to recompute every generation's replica placement
+            inputs = ({"k": cfg.resilience.k, "levels": list(levels), "domain": domains.get(node)}
+                      if _resilient(cfg) else None)
+            att = attach(run_dir, comm.Get_rank(), comm.Get_size(), node, active, (grid.tp, grid.pp, grid.dp),
+                         cfg.resilience, placement_inputs=inputs)
         except PhoenixError as exc:
             print(f"error [world rank {comm.Get_rank()}]: {exc}", file=sys.stderr, flush=True)
             return exc.exit_code

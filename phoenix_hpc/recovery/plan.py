@@ -16,7 +16,7 @@ each copy holds, :func:`plan_recovery` decides (docs/design.md section 6, steps 
   whose committed replica is at step ``R``;
 - which survivors roll back (live step > ``R``) from their committed local snapshot, and the replication
   pairs to re-establish for and to the new members;
-- the invariants to assert afterwards (I1-I4, :mod:`phoenix_hpc.recovery.invariants`).
+- the invariants to assert afterwards (I1-I5, :mod:`phoenix_hpc.recovery.invariants`).
 
 With no dead slot it plans a *local recovery* (new generation, rollback, no spare). When memory cannot cover
 the loss (no standby slot left, owner and every holder of a shard dead, no live DP peer for parameters) it
@@ -38,7 +38,7 @@ from phoenix_hpc.errors import RecoveryError
 from phoenix_hpc.recovery.steps import recoverable_step, shards_without
 from phoenix_hpc.topology import coord_of, dp_group_ranks, rank_of, world_size_of
 
-ALL_INVARIANTS = ("I1", "I2", "I3", "I4")
+ALL_INVARIANTS = ("I1", "I2", "I3", "I4", "I5")
 
 
 class FallbackRequired(RecoveryError):

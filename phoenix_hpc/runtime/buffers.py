@@ -144,6 +144,14 @@ class PingPong:
             order = [] if self.committed_idx is None else [self.committed_idx, 1 - self.committed_idx]
             return [self.steps[i] for i in order if self.steps[i] is not None]
 
+    def invalidate(self, step: int) -> None:
+        """Forget the copy of ``step`` (it failed a re-verification): it no longer counts as verified and
+        :meth:`find` no longer returns it. The buffer's bytes stay as they are."""
+        with self._lock:
+            for i in (0, 1):
+                if self.steps[i] == step:
+                    self.steps[i] = None
+
     def find(self, step: int) -> torch.Tensor | None:
         """The buffer holding a verified copy of ``step`` (committed or the previous one), else None."""
         with self._lock:

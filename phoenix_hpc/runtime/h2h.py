@@ -23,6 +23,10 @@ Besides, each commit starts a non-blocking ``MIN`` all-reduce of the committed s
 (the *commit fence*): its result is the job-wide recoverable step, and a buffer holding step j-2 is only
 overwritten once the fence shows every shard committed j-1 (see ``protector``).
 
+Chunks go through :class:`ChunkWindow`, at most ``window`` in flight per message; it is the one windowed
+chunk transfer of the package: :class:`H2HEngine` drives one per replica in flight, and a recovery's
+transfers (:func:`send_buffer` / :func:`recv_buffer`, the same wire protocol, blocking) drive one each.
+
 All operations are non-blocking (``Isend``/``Irecv``/``Iallreduce`` + ``Test``): Open MPI's blocking waits
 spin a core, which on a busy node steals it from compute. The engine polls with a short sleep while data is
 moving (``busy_sleep_s``) and a longer one while idle (``idle_sleep_s``).
@@ -44,6 +48,7 @@ ANNOUNCE_TAG = 1
 ACK_TAG = 2
 DATA_TAG_BASE = 16
 ACK_OK, ACK_BAD_CHECKSUM = 0, 1
+DEFAULT_WINDOW = 4  # chunks in flight per peer and direction
 
 
 def chunk_ranges(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
@@ -80,6 +85,41 @@ def make_tag_plan(max_chunks: int, tag_ub: int) -> TagPlan:
     return TagPlan(bits, step_mod)
 
 
+class ChunkWindow:
+    """The chunks of one message, posted at most ``window`` at a time: the one windowed chunk transfer of
+    this module. :class:`H2HEngine` drives one per replica in flight (sends and receives, interleaved with
+    everything else it does); :func:`send_buffer` / :func:`recv_buffer` drive one to completion for a
+    recovery's transfer. Not thread-safe: one thread (the one allowed to call MPI) calls :meth:`progress`.
+
+    Args:
+        views: the chunks (numpy uint8 views), in order; chunk ``i`` goes with the data tag of index ``i``.
+        post: ``post(i, view)`` posts chunk ``i`` (an ``Isend``/``Irecv``) and returns its request.
+        window: chunks in flight at most (>= 1).
+        before_post: called as ``before_post(i)`` just before chunk ``i`` is posted (a fault hook).
+    """
+
+    def __init__(self, views: list, post: Callable[[int, Any], Any], window: int,
+                 before_post: Callable[[int], None] | None = None):
+        self.views, self.post, self.window, self.before_post = views, post, max(1, window), before_post
+        self.next = 0  # chunks posted so far
+        self.reqs: list = []  # requests posted and not yet found complete
+
+    def progress(self) -> bool:
+        """Test the requests in flight, post chunks up to the window; True once every chunk was posted and
+        has completed."""
+        self.reqs = [r for r in self.reqs if not r.Test()]
+        while len(self.reqs) < self.window and self.next < len(self.views):
+            i = self.next
+            if self.before_post is not None:
+                self.before_post(i)
+            self.reqs.append(self.post(i, self.views[i]))
+            self.next += 1
+        return self.next == len(self.views) and not self.reqs
+
+    def describe(self) -> str:
+        return f"{self.next}/{len(self.views)} chunks posted, {len(self.reqs)} pending"
+
+
 @dataclass
 class HeldSpec:
     """A shard this rank holds: its owner's rank in the runtime communicator, the expected replica size and
@@ -98,9 +138,7 @@ class _Incoming:
     announce_req: Any = None
     step: int | None = None
     idx: int | None = None
-    chunks: list = field(default_factory=list)
-    next_chunk: int = 0
-    reqs: list = field(default_factory=list)
+    chunks: ChunkWindow | None = None  # the replica's chunks, once its announce arrived
     t0: float = 0.0
 
 
@@ -110,10 +148,9 @@ class _Outgoing:
     generation: int
     holder: int
     view: np.ndarray
-    chunks: list
+    chunks: ChunkWindow
     announce: np.ndarray
-    next_chunk: int = 0
-    reqs: list = field(default_factory=list)
+    announce_req: Any = None
     ack: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))
     ack_req: Any = None
     t0: float = 0.0
@@ -145,7 +182,7 @@ class H2HEngine:
         chunk_bytes: int,
         tag_plan: TagPlan,
         on_received: Callable[[HeldSpec, int, int], None],
-        window: int = 4,
+        window: int = DEFAULT_WINDOW,
         busy_sleep_s: float = 50e-6,
         idle_sleep_s: float = 1e-3,
         fault_hook: Callable[[str, int, int], None] | None = None,
@@ -212,7 +249,7 @@ class H2HEngine:
             self.abandon_report = self._abandon_posted()
         else:
             for inc in self._incoming:
-                for r in [inc.announce_req] + inc.reqs:
+                for r in [inc.announce_req] + (inc.chunks.reqs if inc.chunks is not None else []):
                     if r is not None and r != self._MPI.REQUEST_NULL:
                         try:
                             r.Cancel()
@@ -228,9 +265,11 @@ class H2HEngine:
         p2p = []
         for inc in self._incoming:
             p2p.append((inc.announce_req, inc.announce))
-            p2p += [(r, inc.chunks) for r in inc.reqs]
+            if inc.chunks is not None:
+                p2p += [(r, inc.chunks.views) for r in inc.chunks.reqs]
         for out in self._outgoing:
-            p2p += [(r, out.view) for r in out.reqs]
+            p2p.append((out.announce_req, out.announce))
+            p2p += [(r, out.view) for r in out.chunks.reqs]
             p2p.append((out.ack_req, out.ack))
         p2p += list(self._acks_out)
         colls = [(req, (send, recv)) for _, req, send, recv in self._fences]
@@ -249,10 +288,9 @@ class H2HEngine:
 
     def describe(self) -> str:
         """One line on what is in flight (for timeout messages)."""
-        outs = [f"to {o.holder} step {o.step}: {o.next_chunk}/{len(o.chunks)} chunks posted, {len(o.reqs)} pending"
-                for o in list(self._outgoing)]
-        ins = [f"from {i.spec.owner}: " + (f"step {i.step} {i.next_chunk}/{len(i.chunks)} posted, {len(i.reqs)} pending"
-               if i.step is not None else "waiting for announce") for i in self._incoming]
+        outs = [f"to {o.holder} step {o.step}: {o.chunks.describe()}" for o in list(self._outgoing)]
+        ins = [f"from {i.spec.owner}: " + (f"step {i.step} {i.chunks.describe()}"
+               if i.step is not None and i.chunks is not None else "waiting for announce") for i in self._incoming]
         return (f"sends [{'; '.join(outs)}], receives [{'; '.join(ins)}], fences pending {len(self._fences)}, "
                 f"fenced step {self.fenced_step}, commands queued {len(self._cmds)}")
 
@@ -381,42 +419,40 @@ class H2HEngine:
             pp = inc.spec.pingpong
             inc.step, inc.idx = step, pp.target_idx()
             buf = pp.begin_write(inc.idx).numpy()
-            inc.chunks = [(i, buf[a:b]) for i, (a, b) in enumerate(chunk_ranges(nbytes, self.chunk_bytes))]
-            inc.next_chunk, inc.reqs, inc.t0 = 0, [], time.monotonic()
-        # keep up to `window` chunk receives posted
-        inc.reqs = [r for r in inc.reqs if not r.Test()]
-        while len(inc.reqs) < self.window and inc.next_chunk < len(inc.chunks):
-            i, view = inc.chunks[inc.next_chunk]
-            inc.reqs.append(self.comm.Irecv([view, MPI.BYTE], source=inc.spec.owner, tag=self.tags.data_tag(inc.step, i)))
-            inc.next_chunk += 1
-        if inc.next_chunk == len(inc.chunks) and not inc.reqs:
+            owner, tags = inc.spec.owner, self.tags
+            inc.chunks = ChunkWindow(
+                [buf[a:b] for a, b in chunk_ranges(nbytes, self.chunk_bytes)],
+                lambda i, v, step=step: self.comm.Irecv([v, MPI.BYTE], source=owner, tag=tags.data_tag(step, i)),
+                self.window)
+            inc.t0 = time.monotonic()
+        if inc.chunks.progress():  # keeps up to `window` chunk receives posted
             step, idx = inc.step, inc.idx
             inc.step = inc.idx = None
+            inc.chunks = None
             self._post_announce(inc)
             self.on_received(inc.spec, idx, step)
             return False
         return True
 
     def _start_send(self, step: int, view: np.ndarray) -> None:
-        ranges = chunk_ranges(view.size, self.chunk_bytes)
+        MPI, tags = self._MPI, self.tags
+        views = [view[a:b] for a, b in chunk_ranges(view.size, self.chunk_bytes)]
+        hook = None
+        if self.fault_hook is not None:
+            hook = lambda i, fh=self.fault_hook: fh("h2h_send_chunk", step, i)  # noqa: E731
         for h in self.holders:
-            out = _Outgoing(step, self.generation, h, view, ranges,
+            chunks = ChunkWindow(views, lambda i, v, h=h: self.comm.Isend([v, MPI.BYTE], dest=h,
+                                                                          tag=tags.data_tag(step, i)),
+                                 self.window, before_post=hook)
+            out = _Outgoing(step, self.generation, h, view, chunks,
                             np.array([step, self.generation, view.size], dtype=np.int64), t0=time.monotonic())
-            out.ack_req = self.comm.Irecv([out.ack, self._MPI.INT64_T], source=h, tag=ACK_TAG)
-            out.reqs.append(self.comm.Isend([out.announce, self._MPI.INT64_T], dest=h, tag=ANNOUNCE_TAG))
+            out.ack_req = self.comm.Irecv([out.ack, MPI.INT64_T], source=h, tag=ACK_TAG)
+            out.announce_req = self.comm.Isend([out.announce, MPI.INT64_T], dest=h, tag=ANNOUNCE_TAG)
             self._outgoing.append(out)
 
     def _progress_outgoing(self, out: _Outgoing) -> bool:
-        MPI = self._MPI
-        out.reqs = [r for r in out.reqs if not r.Test()]
-        while len(out.reqs) < self.window and out.next_chunk < len(out.chunks):
-            i = out.next_chunk
-            if self.fault_hook is not None:
-                self.fault_hook("h2h_send_chunk", out.step, i)
-            a, b = out.chunks[i]
-            out.reqs.append(self.comm.Isend([out.view[a:b], MPI.BYTE], dest=out.holder, tag=self.tags.data_tag(out.step, i)))
-            out.next_chunk += 1
-        if out.next_chunk == len(out.chunks) and not out.reqs and out.ack_req.Test():
+        sent = out.chunks.progress()  # keeps up to `window` chunk sends posted
+        if sent and out.announce_req.Test() and out.ack_req.Test():
             step, gen, status, crc = (int(x) for x in out.ack)
             self._outgoing.remove(out)
             with self._cv:
@@ -428,3 +464,81 @@ class H2HEngine:
                 self._cv.notify_all()
             return False
         return True
+
+
+# --- the same transfer, blocking, for a recovery's one-off messages -----------------------------------
+
+
+def _wait_all(reqs: list, deadline: float, what: str, poll_s: float) -> None:
+    from mpi4py import MPI
+
+    while not MPI.Request.Testall(reqs):
+        if time.monotonic() > deadline:
+            raise ReplicationError(f"{what}: no completion within the timeout")
+        time.sleep(poll_s)
+
+
+def _drive(chunks: ChunkWindow, deadline: float, what: str, poll_s: float) -> None:
+    """Progress ``chunks`` until every chunk completed (sleeping ``poll_s`` between rounds)."""
+    while not chunks.progress():
+        if time.monotonic() > deadline:
+            raise ReplicationError(f"{what}: no completion within the timeout ({chunks.describe()})")
+        time.sleep(poll_s)
+
+
+def tag_ub(comm) -> int:
+    """``MPI_TAG_UB`` for ``comm``: its attribute, else ``MPI_COMM_WORLD``'s (the standard attaches it there;
+    the bound is the same for every communicator)."""
+    from mpi4py import MPI
+
+    v = comm.Get_attr(MPI.TAG_UB)
+    return int(v if v is not None else MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
+
+
+def send_buffer(comm, arr: np.ndarray, peer: int, step: int, chunk_bytes: int, timeout_s: float, what: str,
+                window: int = DEFAULT_WINDOW, poll_s: float = 0.001) -> None:
+    """Send ``arr`` (a uint8 host array holding a sealed snapshot buffer, :mod:`phoenix_hpc.runtime.snapshot`)
+    to ``peer`` on ``comm`` with the H2H wire protocol: an announce (int64[3] = step, 0, nbytes) at
+    :data:`ANNOUNCE_TAG`, then ``chunk_bytes`` chunks at the data tags of :func:`make_tag_plan` under the
+    communicator's ``MPI_TAG_UB``, at most ``window`` in flight. The receiver (:func:`recv_buffer`) verifies
+    the CRC-32s the buffer carries. Blocking (polls with ``poll_s`` sleeps, never spins a core).
+
+    Raises:
+        ReplicationError: too many chunks for the tag space (raise ``resilience.chunk_bytes``), or no
+            completion within ``timeout_s`` (``what`` names the transfer).
+    """
+    deadline = time.monotonic() + timeout_s
+    n = int(arr.nbytes)
+    chunks = chunk_ranges(n, chunk_bytes)
+    tags = make_tag_plan(len(chunks), tag_ub(comm))
+    _wait_all([comm.Isend(np.array([step, 0, n], dtype=np.int64), dest=peer, tag=ANNOUNCE_TAG)], deadline, what,
+              poll_s)
+    _drive(ChunkWindow([arr[a:b] for a, b in chunks],
+                       lambda i, v: comm.Isend(v, dest=peer, tag=tags.data_tag(step, i)), window), deadline, what, poll_s)
+
+
+def recv_buffer(comm, peer: int, step: int, chunk_bytes: int, timeout_s: float, what: str,
+                window: int = DEFAULT_WINDOW, poll_s: float = 0.001):
+    """Receive what :func:`send_buffer` sends from ``peer`` for ``step`` into a new uint8 host tensor and
+    return it (not yet verified: unpack it with :func:`phoenix_hpc.runtime.snapshot.unpack`).
+
+    Raises:
+        ReplicationError: the announce names another step or a negative size, too many chunks for the tag
+            space, or no completion within ``timeout_s``.
+    """
+    import torch
+
+    deadline = time.monotonic() + timeout_s
+    hdr = np.zeros(3, dtype=np.int64)
+    _wait_all([comm.Irecv(hdr, source=peer, tag=ANNOUNCE_TAG)], deadline, what, poll_s)
+    got_step, n = int(hdr[0]), int(hdr[2])
+    if got_step != step or n < 0:
+        raise ReplicationError(f"{what}: the sender announced step {got_step} ({n} bytes), expected step {step}")
+    buf = torch.empty(n, dtype=torch.uint8)
+    arr = buf.numpy()
+    chunks = chunk_ranges(n, chunk_bytes)
+    tags = make_tag_plan(len(chunks), tag_ub(comm))
+    _drive(ChunkWindow([arr[a:b] for a, b in chunks],
+                       lambda i, v: comm.Irecv(v, source=peer, tag=tags.data_tag(step, i)), window), deadline, what,
+           poll_s)
+    return buf

@@ -187,6 +187,28 @@ def combined_crc(crcs: list[int]) -> int:
     return zlib.crc32(np.asarray(crcs, dtype="<u4").tobytes())
 
 
+def hash_hex(crc: int) -> str:
+    """A combined CRC-32 (:func:`combined_crc`) as the 8 lowercase hex digits members and holders report."""
+    return f"{crc & 0xFFFFFFFF:08x}"
+
+
+def part_hash(pairs: list[tuple[str, torch.Tensor]]) -> str:
+    """The hash of one part of a rank's live state (its optimizer shard, or its param shard): the combined
+    CRC-32 of the per-tensor CRC-32s of the tensors' bytes, in the given order, as :func:`hash_hex`.
+
+    For the optimizer shard in the engine's ``optimizer_shard()`` order this equals the value :func:`seal`
+    returns for a snapshot of that state and :func:`verify` recomputes from a replica of it (the snapshot
+    layout follows that order and copies bytes unchanged), so a restored shard can be compared with the
+    replica it came from without moving it. Tensors may live on any device (copied to host for the CRC)."""
+    crcs = []
+    for _, t in pairs:
+        flat = t.detach().contiguous().reshape(-1)
+        if flat.device.type != "cpu":
+            flat = flat.cpu()
+        crcs.append(zlib.crc32(memoryview(flat.view(torch.uint8).numpy())))
+    return hash_hex(combined_crc(crcs))
+
+
 def seal(
     buf: torch.Tensor,
     layout: SnapshotLayout,

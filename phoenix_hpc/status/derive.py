@@ -659,6 +659,8 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
                                                                                       domains, levels),
                                             alive, copies.get(h)))
             live_h = sum(1 for h in holders if h.alive)
+            verified = [h for h in holders if h.alive and h.step is not None]
+            n_verified = len(verified) if st.shard_steps else None  # None: the journal names no copy yet
             if copies:
                 committed = min(copies.values())
             else:
@@ -668,9 +670,11 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
             replicas.append(ReplicaStatus(
                 sid, r, ow, owner.node if owner else None, _domain(owner.node if owner else None, domains, levels),
                 owner_alive, holders, live_h, committed, st.shard_bytes.get(sid), last,
-                None if last is None else max(0.0, now - last), source))
-            if k and placement and live_h < int(k) and not finished:
-                under.append(f"{sid} ({live_h}/{k})")
+                None if last is None else max(0.0, now - last), source, n_verified,
+                sorted({h.domain or h.node or "?" for h in verified})))
+            have = live_h if n_verified is None else n_verified
+            if k and placement and have < int(k) and not finished:
+                under.append(f"{sid} ({have}/{k})")
 
     # --- warnings ----------------------------------------------------------------------------------------------
     if not finished and st.slots and spare_slots == 0:
@@ -679,7 +683,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
                          "persistent checkpoint"))
     if under:
         warnings.append(StatusWarning(
-            "under_replicated", f"{len(under)} shard(s) with fewer than k={k} live replica holders: "
+            "under_replicated", f"{len(under)} shard(s) with fewer than k={k} verified replicas on live holders: "
                                 + ", ".join(under[:6]) + (", ..." if len(under) > 6 else "")
                                 + "; one more loss there is unrecoverable from memory"))
     if batch_host and slurm_state == "RUNNING" and node_is_down(node_state.get(batch_host)):

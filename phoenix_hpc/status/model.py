@@ -152,6 +152,10 @@ class ReplicaStatus:
     last_commit_at: float | None
     age_s: float | None  # now - last_commit_at
     source: str  # "reported" (commits named the holders) | "planned" (computed placement) | "unknown"
+    # holders alive now whose replica the ranks reported as verified (CRC-checked on receipt) and committed,
+    # and their failure domains (most general level known; node otherwise); None: no holder's copy reported
+    verified_replicas: int | None = None
+    verified_domains: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -155,8 +155,8 @@ def _replicas(st: Status) -> Table:
                   if st.commits else " (placement planned from the config; no commit reported yet)")
     with_bytes = any(r.bytes_ is not None for r in st.replicas)
     t = Table(title=title, title_justify="left")
-    for c in ("shard", "owner", "holders", f"live/{k if k else '?'}", "committed", *(("bytes",) if with_bytes else ()),
-              "last commit"):
+    for c in ("shard", "owner", "holders", f"live/{k if k else '?'}", "verified (domains)", "committed",
+              *(("bytes",) if with_bytes else ()), "last commit"):
         t.add_column(c)
     for r in st.replicas:
         owner = Text(f"{r.owner_rank}@{r.owner_node or '?'}", style="" if r.owner_alive else "red")
@@ -168,7 +168,12 @@ def _replicas(st: Status) -> Table:
             step = f" s{h.step}" if h.step is not None else ""
             hs.append(f"{h.logical_rank}@{h.node or '?'}{dom}{step}", style="" if h.alive else "red")
         live = Text(str(r.live_holders), style="red" if k and r.live_holders < k else "green")
-        t.add_row(r.shard_id, owner, hs if r.holders else "-", live,
+        if r.verified_replicas is None:
+            ver = Text("-")
+        else:
+            ver = Text(f"{r.verified_replicas}" + (f" ({', '.join(r.verified_domains)})" if r.verified_domains else ""),
+                       style="red" if k and r.verified_replicas < k else "green")
+        t.add_row(r.shard_id, owner, hs if r.holders else "-", live, ver,
                   "-" if r.committed_step is None else str(r.committed_step),
                   *((_fmt_bytes(r.bytes_),) if with_bytes else ()),
                   _fmt_age(r.age_s) + (" ago" if r.age_s is not None else ""))

@@ -109,10 +109,12 @@ def _request_polled(sender, target, body):
     return box["reply"]
 
 
-def _recovered_report(rank, gen, rank_map, step):
-    sid = f"opt/pp0/tp0/dp{rank.logical}"
+def _recovered_report(rank, gen, rank_map, step, opt_hash, held=()):
+    """A member's evidence: hashes of its restored state (the DP peers' param shard is the same) and the
+    replicas it holds ``[shard id, step, generation, hash]``."""
     return {"world_rank": rank.world_rank, "logical_rank": rank.logical, "generation": gen, "rank_map": rank_map,
-            "step": step, "partial": False, "owned_shards": [sid], "copies": [[sid, step]]}
+            "step": step, "partial": False, "opt_shard": f"opt/pp0/tp0/dp{rank.logical}", "opt_hash": opt_hash,
+            "param_shard": "param/pp0/tp0", "param_hash": "cccc0000", "held": [list(h) for h in held]}
 
 
 def test_coordinator_rejects_bad_messages_and_runs_a_local_recovery(coordinator):
@@ -164,9 +166,13 @@ def test_coordinator_rejects_bad_messages_and_runs_a_local_recovery(coordinator)
     plan = plans[0]["plan"]
     # the error hit reduce_gradients: live state S(3) is intact, nothing to roll back, nothing replayed
     assert plan["action"] == "local_recovery" and plan["recoverable_step"] == 3 and plan["joins"] == []
-    for r in (r0, r1):
-        r.c.report_recovered(1, _recovered_report(r, 1, plan["rank_map"], 3),
-                             {"reconfigure": 0.01, "params": 0.0, "optimizer": 0.0})
+    # world rank 1 claims a replica of shard dp0 nobody ever sent it: rejected with a reason, the recovery
+    # goes on with the rest of the evidence (no shard is restored from it)
+    r0.c.report_recovered(1, _recovered_report(r0, 1, plan["rank_map"], 3, "0a0a0a0a"),
+                          {"reconfigure": 0.01, "params": 0.0, "optimizer": 0.0})
+    r1.c.report_recovered(1, _recovered_report(r1, 1, plan["rank_map"], 3, "1b1b1b1b",
+                                               held=[("opt/pp0/tp0/dp0", 3, 0, "0a0a0a0a")]),
+                          {"reconfigure": 0.01, "params": 0.0, "optimizer": 0.0})
     for r in (r0, r1):
         assert r.expect("resume")["step"] == 3
         r.gen, r.step = 1, 3
@@ -174,6 +180,10 @@ def test_coordinator_rejects_bad_messages_and_runs_a_local_recovery(coordinator)
     assert done["steps_replayed"] == 0 and set(done["phases"]) == {"detect", "reconfigure", "params", "optimizer", "replay"}
     dec = [e for e in _events(run_dir, "decision")]
     assert dec[0]["action"] == "local_recovery" and "all processes alive" in dec[0]["reason"]
+    (ev,) = _events(run_dir, "evidence_rejected")
+    assert ev["reasons"] == ["replica of opt/pp0/tp0/dp0 step 3 (generation 0) held by world rank 1 (logical 1) "
+                             "rejected: its owner made no statement of its holders in generation 0 and that "
+                             "generation's placement is not known"]  # these slots registered no placement inputs
 
     # A heartbeat from a stale generation is rejected; the job goes on.
     r0.c.heartbeat(generation=0, step=3)
@@ -236,8 +246,11 @@ def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
         r.register()
         r.beat()
     r0.step = r1.step = 4
-    r0.c.report_commit(0, 4, {"opt/pp0/tp0/dp0": 3}, {"opt/pp0/tp0/dp1": 3})
-    r1.c.report_commit(0, 4, {"opt/pp0/tp0/dp1": 3}, {"opt/pp0/tp0/dp0": 3})
+    # each owner says where its replica went and the hash of what it committed (the recovery's evidence)
+    r0.c.report_commit(0, 4, {"opt/pp0/tp0/dp0": 3}, {"opt/pp0/tp0/dp1": 3},
+                       sent={"opt/pp0/tp0/dp0": {"holders": [1], "step": 3, "hash": "0a0a0a0a"}})
+    r1.c.report_commit(0, 4, {"opt/pp0/tp0/dp1": 3}, {"opt/pp0/tp0/dp0": 3},
+                       sent={"opt/pp0/tp0/dp1": {"holders": [0], "step": 3, "hash": "1b1b1b1b"}})
     _wait(lambda: _events(run_dir, "commit"), what="commit summary")
     # a slow job (a step per second or more): every new recoverable step is journalled, not every 10th
     time.sleep(1.1)
@@ -247,15 +260,23 @@ def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
     r1.c.stop_heartbeat()  # rank 1 hangs: no more heartbeats
     q = r0.expect("quiesce", timeout_s=15)
     assert q["dead"] == [1], _events(run_dir, "slots_dead")
-    r0.c.report_quiesced(1, live_step=4, shards={"opt/pp0/tp0/dp0": 3}, replicas={"opt/pp0/tp0/dp1": 3}, dirty=False)
+    # r0 also held a copy of step 4 that failed verification at quiesce: journalled, not in the plan
+    r0.c.report_quiesced(1, live_step=4, shards={"opt/pp0/tp0/dp0": 3}, replicas={"opt/pp0/tp0/dp1": 3}, dirty=False,
+                         rejected=[["opt/pp0/tp0/dp1", 4, "tensor x fails its checksum"]])
     plan = r0.expect("recover")["plan"]
+    (rj,) = _events(run_dir, "replica_rejected")
+    assert (rj["world_rank"], rj["shard_id"], rj["step"], rj["reason"]) == (0, "opt/pp0/tp0/dp1", 4, "tensor x fails its checksum")
     assert spare.expect("recover")["plan"] == plan
     assert plan["action"] == "hot_swap" and plan["rank_map"] == [[0, 0], [1, 2]] and plan["recoverable_step"] == 3
     kinds = {(t["kind"], t["sender"], t["receiver"]) for t in plan["transfers"]}
     assert kinds == {("params", 0, 2), ("optimizer", 0, 2)}
     spare.logical = 1
-    for r in (r0, spare):
-        r.c.report_recovered(1, _recovered_report(r, 1, plan["rank_map"], 3), {"reconfigure": 0.1, "params": 0.2, "optimizer": 0.3})
+    # the spare's restored shard equals the replica world rank 0 holds and the hash its dead owner committed
+    r0.c.report_recovered(1, _recovered_report(r0, 1, plan["rank_map"], 3, "0a0a0a0a",
+                                               held=[("opt/pp0/tp0/dp1", 3, 0, "1b1b1b1b")]),
+                          {"reconfigure": 0.1, "params": 0.2, "optimizer": 0.3})
+    spare.c.report_recovered(1, _recovered_report(spare, 1, plan["rank_map"], 3, "1b1b1b1b"),
+                             {"reconfigure": 0.1, "params": 0.2, "optimizer": 0.3})
     for r in (r0, spare):
         r.expect("resume")
         r.gen, r.step = 1, 4

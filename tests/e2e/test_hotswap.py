@@ -183,6 +183,8 @@ def _check_recovery(job: Job, done: dict, reference: dict, action: str = "hot_sw
     assert rec["action"] == action and rec["steps_replayed"] <= 1
     assert set(rec["phases"]) == PHASES and all(v >= 0 for v in rec["phases"].values())
     assert not job.events("invariant_violation")
+    # the checks ran on evidence (docs/design.md section 6) and none of it was rejected
+    assert not job.events("evidence_rejected"), job.events("evidence_rejected")
     print(f"{action}: job {job.elapsed_s:.1f} s, recovery {rec['total_s']} s {rec['phases']}, "
           f"R={rec['recoverable_step']}, replayed {rec['steps_replayed']}")
     return rec

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from test_hotswap import (CONFIG, PHASES, PATHS, Job, _run_reference, _wait, check_path, data, env,  # noqa: F401 -- fixtures reused
-                          with_path)
+from test_hotswap import (CONFIG, PHASES, PATHS, Job, _run_reference, _wait, check_path, data,  # noqa: F401
+                          env, with_path)
 from phoenix_hpc.slurm import cluster as lc
 from phoenix_hpc.slurm import procs
 
@@ -158,6 +158,131 @@ def test_k1_owner_and_its_holder_lost_restarts_in_the_job_from_the_persistent_ch
     check_path(job, _dp3_config(1), path)
     print(f"k=1 double fault: job {job.elapsed_s:.1f} s, restart from checkpoint step {ck}, "
           f"{restart['lost_steps']} step(s) lost and trained again, recovery {rec['total_s']} s {rec['phases']}")
+
+
+def _inject_ahead(job: Job, kind: str, phase: str, rank: int) -> dict:
+    """``phoenix inject-fault --no-wait`` without ``--at-step``: the target arms it a few steps after the step
+    it is in (the logs this test reads lag a fast job); returns the command's JSON (``at_step``: armed)."""
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["inject-fault", str(job.run_dir), "--kind", kind, "--rank", str(rank), "--phase",
+                                 phase, "--json", "--no-wait"], env=job.env, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def _corrupt_then_kill_owner(env, data, cluster, tmp_path, name: str, k: int) -> Job:  # noqa: F811
+    """``phoenix inject-fault --kind corrupt-replica`` on shard dp1 (owner logical rank 1), landing at the
+    start of the next recovery on one of its holders, then the owner's node is killed: the recovery needs
+    that shard from a replica."""
+    job = Job(env, tmp_path, data, name, _dp3_config(k))
+    nodes: list[str] = []
+    try:
+        _wait(lambda: job.step(1) >= 3, 180, "the first commits")  # the owner has said where its replica went
+        rep = _inject_ahead(job, "corrupt-replica", "recovery", rank=1)  # lands in the next recovery from `at`
+        assert rep["kind"] == "corrupt-replica" and len(rep["targets"]) == 1, rep
+        at = rep["at_step"]
+        nodes = _kill_nodes(cluster, job, [1], at)
+        job.done = job.wait_end(240)
+        job.holder = rep["targets"][0]
+    finally:
+        job.cancel()
+        _revive(cluster, nodes)
+    (fired,) = [f for f in _fired_of(job) if f["kind"] == "corrupt_replica"]
+    assert fired["world_rank"] == job.holder and fired["phase"] == "recovery"
+    rejected = job.events("replica_rejected")
+    assert rejected and {(r["world_rank"], r["shard_id"]) for r in rejected} == {(job.holder, "opt/pp0/tp0/dp1")}
+    assert all("fails its checksum" in r["reason"] for r in rejected)
+    return job
+
+
+def _fired_of(job: Job) -> list[dict]:
+    from phoenix_hpc.faults.trigger import read_fired
+
+    return read_fired(job.run_dir)
+
+
+def test_k2_corrupt_replica_is_rejected_and_the_other_replica_serves(env, data, dp3_reference,  # noqa: F811
+                                                                     slurm_cluster, tmp_path):
+    job = _corrupt_then_kill_owner(env, data, slurm_cluster, tmp_path, "corrupt-k2", k=2)
+    _same_hash(job.done, dp3_reference)
+    (rec,) = job.events("recovery_done")
+    assert rec["action"] == "hot_swap" and not job.events("checkpoint_restart") and not job.events("fallback")
+    plan = job.events("recovery_plan")[-1]
+    opt = {t["shard_id"]: t["sender"] for t in plan["transfers"] if t["kind"] == "optimizer"}
+    assert set(opt) == {"opt/pp0/tp0/dp1"} and opt["opt/pp0/tp0/dp1"] != job.holder  # the other holder
+    assert not job.events("invariant_violation") and not job.events("evidence_rejected")
+
+
+def test_k1_corrupt_replica_restarts_every_member_from_the_persistent_checkpoint(env, data, dp3_reference,  # noqa: F811
+                                                                                slurm_cluster, tmp_path):
+    job = _corrupt_then_kill_owner(env, data, slurm_cluster, tmp_path, "corrupt-k1", k=1)
+    _same_hash(job.done, dp3_reference)
+    (restart,) = job.events("checkpoint_restart")
+    assert "opt/pp0/tp0/dp1" in restart["lost_shards"] and restart["lost_steps"] >= 1
+    ck = restart["checkpoint_step"]
+    loads = [json.loads(x) for r in range(3)
+             for x in (job.run_dir / "ranks" / f"rank{r}.persist.jsonl").read_text().splitlines()]
+    assert sorted(x["step"] for x in loads if x.get("in_job")) == [ck] * 3  # every member at the same step
+    assert not job.events("invariant_violation")
+
+
+def _arm_on_standby(job: Job, kind: str, phase: str, at_step: int, node: str) -> dict:
+    """Arm a fault on the standby slot(s) of ``node`` for a step of the generation it will join. The command
+    refuses that (a standby slot runs no steps, so from the command it could only miss); the coordinator's
+    operator channel, which the command uses, takes it: the slot arms it while it waits to join."""
+    from phoenix_hpc.drills.inject import InjectRequest, send_request
+
+    return send_request(job.run_dir, InjectRequest(kind, phase, at_step, {"node": node}, (), ()))
+
+
+def _replicas(job: Job) -> dict[str, dict]:
+    """``phoenix status --json``'s replicas by shard id."""
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["status", str(job.run_dir), "--json"], env=job.env, catch_exceptions=False)
+    return {x["shard_id"]: x for x in json.loads(r.stdout)["replicas"]}
+
+
+def test_a_fault_in_the_first_step_after_a_hot_swap_is_recovered_in_memory(env, data, dp3_reference,  # noqa: F811
+                                                                          slurm_cluster, tmp_path):
+    """No unprotected window: logical rank 1 crashes in its update of step ``at`` (hot swap, R = at - 1);
+    the spare that takes it over crashes in the new generation's first step, before that generation's first
+    commit. With k=1 the shard is then only in the previous generation's replica of R: the second recovery
+    is a hot swap from memory, not a restart from the persistent checkpoint."""
+    job = Job(env, tmp_path, data, "first-step", _dp3_config(1))
+    try:
+        _wait(lambda: job.step(1) >= 3, 180, "the first commits")
+        # during the run: one verified replica (k=1) per shard, on a holder of another node
+        during = _wait(lambda: (lambda r: r if r and all(x["verified_replicas"] == 1 for x in r.values()) else None)(
+            _replicas(job)), 60, "a verified replica of every shard in phoenix status", poll_s=1.0)
+        assert all(x["verified_domains"] != [x["owner_node"]] and len(x["verified_domains"]) == 1
+                   for x in during.values()), during
+        at = _inject_ahead(job, "crash", "optimizer", rank=1)["at_step"]  # armed by logical rank 1 itself
+        spare = min(job.node_of(3), job.node_of(4))  # the spare node a plan takes first (best fit, then name)
+        for s in (at - 1, at):  # the new generation's first step: R + 1 (R = at - 1, or at - 2 if a commit lagged)
+            _arm_on_standby(job, "crash", "forward", s, spare)
+        job.done = job.wait_end(240)
+    finally:
+        job.cancel()
+    _same_hash(job.done, dp3_reference)
+    recs = job.events("recovery_done")
+    assert [r["action"] for r in recs] == ["hot_swap", "hot_swap"], recs
+    R = recs[0]["recoverable_step"]
+    (second,) = [f for f in _fired_of(job) if f["world_rank"] >= 3]
+    assert (second["step"], second["phase"]) == (R + 1, "forward_backward")  # before the new generation's commit
+    assert recs[1]["recoverable_step"] == R
+    for ev in ("checkpoint_restart", "fallback", "invariant_violation", "evidence_rejected"):
+        assert not job.events(ev), (ev, job.events(ev))
+    plan = job.events("recovery_plan")[-1]
+    assert {t["shard_id"] for t in plan["transfers"] if t["kind"] == "optimizer"} == {"opt/pp0/tp0/dp1"}
+    after = _replicas(job)  # after the run: the final generation's verified replicas, still one per shard
+    assert sorted(after) == [f"opt/pp0/tp0/dp{i}" for i in range(3)]
+    assert all(x["verified_replicas"] == 1 and len(x["verified_domains"]) == 1 for x in after.values()), after
 
 
 def test_no_spare_left_stops_cleanly_naming_the_checkpoint(env, data, slurm_cluster, tmp_path):  # noqa: F811

@@ -154,6 +154,11 @@ def test_engine_learns_and_restores_bit_identically(dataset, world1):
     b.load_param_shard(saved[1])
     b.load_envelope(saved[2])
     assert b.step == 4
+    # what a restored member reports as evidence: its loaded shards hash as the state they came from
+    from phoenix_hpc.runtime.snapshot import part_hash
+
+    assert part_hash(b.optimizer_shard()) == part_hash(list(saved[0].items()))
+    assert part_hash(b.param_shard()) == part_hash(list(saved[1].items()))
     train(b, 12, 128)
     assert b.state_hash() == a.state_hash()
     # an untouched fresh engine differs

@@ -37,7 +37,7 @@ from test_status_derive import node_loss_records, run_files, running_slurm, star
 
 
 def test_kinds_table():
-    assert list(KINDS) == ["crash", "kill-node", "hang", "link-down", "transient", "gpu-error"]
+    assert list(KINDS) == ["crash", "kill-node", "hang", "link-down", "transient", "gpu-error", "corrupt-replica"]
     assert PHASES == ("forward", "d2h", "h2h", "optimizer", "recovery")
     for k in KINDS.values():
         assert set(k.phases) <= set(PHASES) and k.phases
@@ -278,3 +278,84 @@ def test_match_outcome_from_status():
     assert out.recovered and out.action == "hot_swap" and out.steps_replayed == 1 and out.detect_s == 1.25
     assert out.landed_as_requested == (plan.phase == "optimizer")
     json.dumps(out.to_json())
+
+
+# --- corrupt-replica: silent corruption of one holder's replica ----------------------------------------
+def test_corrupt_replica_is_a_kind_with_its_phases():
+    from phoenix_hpc.errors import FaultError
+    from phoenix_hpc.faults.kinds import KINDS, check_phase
+
+    spec = KINDS["corrupt-replica"]
+    assert (spec.wire, spec.fault_kind, spec.action) == ("corrupt_replica", "silent_corruption", "none")
+    assert check_phase("corrupt-replica", "recovery") == "recovery"
+    with pytest.raises(FaultError, match="--phase: a corrupt-replica fault cannot land in phase 'd2h'"):
+        check_phase("corrupt-replica", "d2h")
+
+
+@pytest.mark.parametrize("k,expect", [(1, "checkpoint_restart"), (2, "hot_swap")])
+def test_a_drill_pairs_corrupt_replica_with_a_crash_and_expects_what_k_allows(k, expect):
+    from phoenix_hpc.drills.drill import plan_drill, slot_cost
+
+    plan = plan_drill(2, 0, steps=40, world=3, gpus_per_node=1, spare_nodes=2, kinds=["corrupt-replica"], k=k)
+    assert [f.kind for f in plan] == ["corrupt-replica"] * 2
+    assert all(f.phase in ("forward", "optimizer") and f.expect == expect for f in plan)  # its crash's phase
+    assert slot_cost("corrupt-replica", 4) == 1  # the crash takes a standby slot
+    with pytest.raises(Exception, match="no spare capacity left"):
+        plan_drill(1, 0, steps=40, world=3, gpus_per_node=1, spare_nodes=0, kinds=["corrupt-replica"], k=k)
+
+
+def test_a_drilled_corrupt_replica_passes_only_when_the_corruption_landed_and_the_expected_recovery_followed():
+    from types import SimpleNamespace
+
+    from phoenix_hpc.drills.drill import DrillFault, DrillOutcome, match_outcome
+    from phoenix_hpc.status.model import InjectionStatus
+
+    crash = InjectionStatus("c", 1.0, "crash", "forward", 9, [1], [{"world_rank": 1, "step": 9, "phase": "forward",
+                                                                    "ts": 10.0}])
+    cor = InjectionStatus("x", 0.5, "corrupt-replica", "recovery", 9, [2], [{"world_rank": 2, "step": 9,
+                                                                              "phase": "recovery", "ts": 11.0}])
+    rec = SimpleNamespace(started_at=10.5, action="hot_swap", state="done", generation=1, total_s=3.0, phases={},
+                          steps_replayed=1, detect_s=0.1)
+    fault = DrillFault(0, "corrupt-replica", "forward", 9, 1, "hot_swap")
+
+    def outcome(injections, recoveries):
+        out = DrillOutcome(fault, request_id="c", at_step=9, corrupt_request_id="x")
+        return match_outcome(out, SimpleNamespace(injections=injections, recoveries=recoveries))
+
+    assert outcome([crash, cor], [rec]).passed
+    assert not outcome([crash], [rec]).passed  # the corruption never landed: nothing was tested
+    assert not outcome([crash, cor], [SimpleNamespace(**{**vars(rec), "action": "checkpoint_restart"})]).passed
+    assert outcome([crash, cor], [rec]).to_json()["corrupt_landed"][0]["phase"] == "recovery"
+
+
+def test_corrupt_replica_fires_its_hook_with_the_shard_and_raises_nothing():
+    from phoenix_hpc.faults.trigger import FaultTrigger, Injection
+
+    got = []
+    t = FaultTrigger([{"type": "inject", "kind": "corrupt_replica", "at_step": 5, "phase": "recovery",
+                       "request_id": "r1", "shard_id": "opt/pp0/tp0/dp1"}], on_corrupt_replica=got.append)
+    t.check(4, "recovery")
+    assert got == []
+    t.check(6, "recovery")  # the first recovery at or after step 5
+    assert got == [Injection("corrupt_replica", 5, "recovery", "r1", "opt/pp0/tp0/dp1")]
+
+
+def test_flipped_replica_bytes_are_caught_only_by_the_tensor_checksum():
+    import torch
+
+    from phoenix_hpc.errors import ReplicationError
+    from phoenix_hpc.faults.trigger import flip_replica_bytes
+    from phoenix_hpc.runtime.snapshot import OPT, copy_in, plan_layout, read_header, seal, verify
+
+    opt = [("opt/a", torch.arange(10, dtype=torch.float32)), ("opt/b", torch.ones(4))]
+    layout = plan_layout(opt, [], {"shard_id": "opt/pp0/tp0/dp1", "step": 3, "generation": 0, "grid": {},
+                                   "coord": {}, "envelope": {}})
+    buf = torch.zeros(layout.total_bytes, dtype=torch.uint8)
+    copy_in(buf, layout, opt, [])
+    seal(buf, layout, shard_id="opt/pp0/tp0/dp1", step=3, generation=0, grid={}, coord={}, envelope={})
+    verify(buf, (OPT,))
+    off = flip_replica_bytes(buf)
+    assert layout.slots[0].offset <= off < layout.slots[0].offset + layout.slots[0].nbytes
+    read_header(buf)  # header and index untouched
+    with pytest.raises(ReplicationError, match="tensor opt/a of shard opt/pp0/tp0/dp1 step 3 fails its checksum"):
+        verify(buf, (OPT,))

@@ -138,7 +138,7 @@ def test_replica_at_an_older_step_cannot_serve():
 def test_plan_json_is_stable():
     p = _plan(dead=[5])
     j = p.to_json()
-    assert j["rank_map"][5] == [5, 8] and j["joins"][0]["coord"] == [0, 2, 1] and j["invariants"] == ["I1", "I2", "I3", "I4"]
+    assert j["rank_map"][5] == [5, 8] and j["joins"][0]["coord"] == [0, 2, 1] and j["invariants"] == ["I1", "I2", "I3", "I4", "I5"]
 
 
 def test_survivor_ahead_of_the_dead_ranks_replica_serves_the_older_step_from_its_previous_buffer():

@@ -102,6 +102,9 @@ class FakeProtector:
     """Committed local snapshots by step (host copies), as :meth:`Protector.local_snapshot` returns them."""
 
     shard_id = "opt/pp0/tp0/dp0"
+    holders: tuple[int, ...] = ()
+    generation = 0
+    recoverable_step = None  # the newest commit fence's step (None: this generation had none yet)
 
     def __init__(self, snapshots: dict[int, tuple[torch.Tensor, torch.Tensor, dict]]):
         self.snapshots = snapshots
@@ -111,6 +114,9 @@ class FakeProtector:
 
     def copy_steps(self):
         return sorted(self.snapshots), {}
+
+    def reverify_held(self):
+        return [], []
 
     def local_snapshot(self, step):
         opt, par, env = self.snapshots[step]
@@ -128,8 +134,9 @@ class FakeClient:
     def stop_heartbeat(self):
         pass
 
-    def report_quiesced(self, g, live, shards, replicas, dirty):
+    def report_quiesced(self, g, live, shards, replicas, dirty, rejected=None):
         self.sent.append(("quiesced", g, live, dirty))
+        self.offered = dict(shards)
 
     def report_recovered(self, g, report, timings):
         self.sent.append(("recovered", g, report["step"], dict(timings)))
@@ -140,6 +147,7 @@ class FakeClient:
     def poll(self):
         return []
 
+    poll_if_rung = poll  # no doorbell: every call polls
 
 class FakeStore:
     def __init__(self):
@@ -398,3 +406,38 @@ def test_start_answers_an_injection_while_the_generation_is_built(member, monkey
     assert acks["r2"]["armed"] is False and "ends at step 50" in acks["r2"]["reason"]
     assert [i["request_id"] for i in client.injections] == ["r1"]
     assert [m["type"] for m in client.instructions] == ["quiesce"] and fired == []
+
+
+def test_a_fault_in_the_first_step_after_a_recovery_restores_from_the_earlier_generations_copies(member):
+    """No unprotected window: the new generation has committed nothing yet (its protector is empty), so its
+    first-step fault is recovered from the previous generation's copies of R, kept until its first fence."""
+    snaps: dict = {}
+    member.start()
+    _train(member, 3, snaps)
+    first = member.protector
+    _recover(member, R=3, generation=1)
+    assert member.kept == [first] and member.protector.copy_steps() == ([], {})
+    member.phase = "optimizer_step"  # the first step after the recovery fails inside its update
+    member.engine.param += 100.0
+    rec = _recover(member, R=3, generation=2, failed=True)
+    assert member.env.client.offered == {"opt/pp0/tp0/dp0": [3, 2, 1]}  # offered although generation 1 has none
+    assert rec.rolled_back and member.engine.step == 3 and torch.equal(member.engine.param, snaps[3][1])
+    assert member.kept[-1] is first  # still kept: generation 2 has no fence either
+
+
+def test_the_kept_copies_are_dropped_at_the_new_generations_first_fence(member):
+    snaps: dict = {}
+    member.start()
+    _train(member, 3, snaps)
+    _recover(member, R=3, generation=1)
+    assert member.kept
+    member._phase(4, "forward_backward")
+    assert member.kept, "dropped before the new generation's first fence"
+    member.protector.recoverable_step = 3
+    member._phase(5, "forward_backward")
+    assert member.kept == []
+    rec_protector = member.protector
+    _train(member, 1, snaps)  # a generation with a fence of its own: only its own copies are kept over a recovery
+    member.protector.recoverable_step = 4
+    _recover(member, R=4, generation=2)
+    assert member.kept and member.kept[0] is not rec_protector and len(member.kept) == 1

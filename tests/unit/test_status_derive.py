@@ -448,3 +448,41 @@ def test_a_resumed_run_shows_its_newest_job_only():
     second = [{**r, "ts": r["ts"] + 100} for r in start_records()]
     st = derive_status(first + second, running_slurm(), now=105.0, run=run_files())
     assert st.job.state == "running" and st.job.end_event is None and st.job.end_signal is None
+
+
+def _with_shard_steps(records: list[dict], steps: dict) -> list[dict]:
+    """``records`` whose commit record names each copy's committed step (as the coordinator journals it)."""
+    out = [dict(r) for r in records]
+    for r in out:
+        if r["event"] == "commit":
+            r["shard_steps"] = steps
+    return out
+
+
+def test_verified_replicas_per_shard_with_their_domains_and_the_shards_below_k_flagged():
+    # every owner committed step 5; shard dp0's holder reported no verified copy yet
+    steps = {f"opt/pp0/tp0/dp{i}": {i: 5} for i in range(4)}
+    for sid, copies in steps.items():
+        if sid != "opt/pp0/tp0/dp0":
+            copies.update({h: 5 for h in range(4) if h != int(sid[-1])})  # whatever holds it has a copy
+    st = derive_status(_with_shard_steps(start_records(), steps), running_slurm(), now=5.0, run=run_files())
+    by_sid = {r.shard_id: r for r in st.replicas}
+    assert by_sid["opt/pp0/tp0/dp0"].verified_replicas == 0 and by_sid["opt/pp0/tp0/dp0"].live_holders == 1
+    for i in (1, 2, 3):
+        r = by_sid[f"opt/pp0/tp0/dp{i}"]
+        assert r.verified_replicas == 1 and r.verified_domains == [r.holders[0].node]
+    (w,) = [w for w in st.warnings if w.code == "under_replicated"]
+    assert "opt/pp0/tp0/dp0 (0/1)" in w.message and "dp1" not in w.message
+    js = json.loads(json.dumps(st.to_json()))
+    row = [r for r in js["replicas"] if r["shard_id"] == "opt/pp0/tp0/dp1"][0]
+    assert row["verified_replicas"] == 1 and row["verified_domains"] == [r.holders[0].node for r in
+                                                                       [by_sid["opt/pp0/tp0/dp1"]]]
+
+
+def test_a_dead_holders_copy_is_not_a_verified_replica():
+    steps = {f"opt/pp0/tp0/dp{i}": {h: 5 for h in range(4)} for i in range(4)}
+    recs = _with_shard_steps(start_records(), steps) + node_loss_records()[:1]
+    st = derive_status(recs, running_slurm(states={N2: "DOWN*"}), now=10.5, run=run_files())
+    for r in st.replicas:
+        assert r.verified_replicas == sum(1 for h in r.holders if h.alive)
+    assert [r.verified_replicas for r in st.replicas if r.owner_node == N1] == [0, 0]
