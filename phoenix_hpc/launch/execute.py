@@ -343,7 +343,9 @@ class Member:
                                     f"members reached the rebuild within {self.wait_s:g} s")
             time.sleep(poll_s)
 
-    def _build_protector(self):
+    def _build_protector(self, reuse=None):
+        """This generation's protector; ``reuse``: the previous one's host buffers (closed protector's
+        :meth:`~phoenix_hpc.runtime.protector.Protector.reusable_buffers`), taken over where sizes match."""
         from phoenix_hpc.runtime.protector import Protector
         from phoenix_hpc.topology import generation_placement
 
@@ -360,7 +362,7 @@ class Member:
             grid={"tp": g.tp, "pp": g.pp, "dp": g.dp}, generation=self.generation, chunk_bytes=res.chunk_bytes,
             ranks_per_node=node_of_rank.count(me), commit_timeout_s=res.collective_timeout_s,
             on_commit=self._on_commit, log=e.log if self.logical == 0 else None, fault_hook=self._fault_hook,
-            device=e.device,
+            device=e.device, checksum=res.checksum, reuse=reuse,
         )
         protector.abort_check = self._poll  # a quiesce also ends a commit wait on a peer that is gone
         return protector
@@ -680,8 +682,11 @@ class Member:
             raise RecoveryError(f"rank {self.logical} is at step {self.engine.step} after the restore, plan says {R}")
 
         t2 = time.perf_counter()
-        self.protector = self._build_protector()
-        self.old_protector = None
+        # the old generation's copies are no longer needed (rollback and transfers are done): its host
+        # buffers are taken over, never allocated beside the new ones (docs/design.md section 6)
+        old, self.old_protector = self.old_protector, None
+        self.protector = self._build_protector(reuse=old.reusable_buffers() if old is not None else None)
+        del old
         t_repl = time.perf_counter() - t2
         detail["protector"] = t_repl
         sid = self.coord.shard_prefix()

@@ -24,8 +24,12 @@ Besides, each commit starts a non-blocking ``MIN`` all-reduce of the committed s
 overwritten once the fence shows every shard committed j-1 (see ``protector``).
 
 All operations are non-blocking (``Isend``/``Irecv``/``Iallreduce`` + ``Test``): Open MPI's blocking waits
-spin a core, which on a busy node steals it from compute. The engine polls with a short sleep while data is
-moving (``busy_sleep_s``) and a longer one while idle (``idle_sleep_s``).
+spin a core, which on a busy node steals it from compute. The engine thread sleeps between polls: after a
+round in which something completed (a command posted, a request done) for ``busy_sleep_s``, then twice as
+long after every round in which nothing did, up to ``idle_sleep_s``; so it wakes often only while bytes
+move, and about ``1/idle_sleep_s`` times a second while nothing does (an announce or acknowledgement is
+then seen at most ``idle_sleep_s`` late). A command from another thread wakes it at once. Its CPU time
+goes to the ``mpi`` category of the protector's :class:`~phoenix_hpc.runtime.cpu_account.CpuAccount`.
 """
 
 from __future__ import annotations
@@ -147,8 +151,9 @@ class H2HEngine:
         on_received: Callable[[HeldSpec, int, int], None],
         window: int = 4,
         busy_sleep_s: float = 50e-6,
-        idle_sleep_s: float = 1e-3,
+        idle_sleep_s: float = 2e-3,
         fault_hook: Callable[[str, int, int], None] | None = None,
+        cpu: Any = None,
     ):
         from mpi4py import MPI
 
@@ -162,6 +167,8 @@ class H2HEngine:
         self.window = max(1, window)
         self.busy_sleep_s, self.idle_sleep_s = busy_sleep_s, idle_sleep_s
         self.fault_hook = fault_hook
+        self.cpu = cpu  # cpu_account.CpuAccount or None
+        self.events = 0  # requests completed and commands posted so far (progress, for the back-off)
         self._cmds: collections.deque = collections.deque()
         self._cv = threading.Condition()
         self._incoming = [_Incoming(s) for s in held]
@@ -177,6 +184,7 @@ class H2HEngine:
         self._thread: threading.Thread | None = None
         self._started = False
         self.abandon_report = None  # mpi_faults.AbandonReport after stop(abandon=True)
+        self.unsafe_held: set[str] = set()  # held shards whose receive was freed, not cancelled, on abandon
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def start(self, threaded: bool) -> None:
@@ -236,7 +244,13 @@ class H2HEngine:
         colls = [(req, (send, recv)) for _, req, send, recv in self._fences]
         if self._barrier is not None and not self._barrier[1]:
             colls.append((self._barrier[0], None))
+        from phoenix_hpc.runtime.mpi_faults import KEPT_BUFFERS
+
+        n_kept = len(KEPT_BUFFERS)
         rep = abandon_requests(p2p, colls, MPI=self._MPI)
+        kept = {id(b) for b in KEPT_BUFFERS[n_kept:]}
+        # a receive that could not be cancelled was freed: MPI may still write its buffer
+        self.unsafe_held = {inc.spec.shard_id for inc in self._incoming if id(inc.chunks) in kept}
         self._incoming, self._outgoing, self._acks_out, self._fences = [], [], [], []
         return rep
 
@@ -308,29 +322,45 @@ class H2HEngine:
 
     # --- progress (engine thread, or the main thread when unthreaded) --------------------------------------
     def _run(self) -> None:
+        sleep = self.busy_sleep_s
         while True:
+            t0 = time.thread_time_ns()
             with self._cv:
                 if self._stop:
                     return
             try:
-                moving = self.poll()
+                before = self.events
+                self._poll()
             except BaseException as e:  # noqa: BLE001 -- recorded and re-raised in the training thread
                 with self._cv:
                     self.error = e
                     self._cv.notify_all()
                 return
+            sleep = self.busy_sleep_s if self.events != before else min(2 * sleep, self.idle_sleep_s)
             with self._cv:
                 if not self._cmds and not self._stop:
-                    self._cv.wait(timeout=self.busy_sleep_s if moving else self.idle_sleep_s)
+                    self._cv.wait(timeout=sleep)
+            if self.cpu is not None:
+                self.cpu.add("mpi", time.thread_time_ns() - t0)
 
     def poll(self) -> bool:
-        """One round of progress. Returns True when data transfers are in flight."""
+        """One round of progress, from a thread other than the engine's (unthreaded mode: the training
+        thread; its CPU time is counted as ``mpi``). Returns True when data transfers are in flight."""
+        t0 = time.thread_time_ns()
+        try:
+            return self._poll()
+        finally:
+            if self.cpu is not None:
+                self.cpu.add("mpi", time.thread_time_ns() - t0)
+
+    def _poll(self) -> bool:
         MPI = self._MPI
         while True:
             with self._cv:
                 if not self._cmds:
                     break
                 cmd = self._cmds.popleft()
+            self.events += 1
             kind = cmd[0]
             if kind == "send":
                 self._start_send(cmd[1], cmd[2])
@@ -354,10 +384,14 @@ class H2HEngine:
             moving |= self._progress_incoming(inc)
         for out in list(self._outgoing):
             moving |= self._progress_outgoing(out)
+        n_acks = len(self._acks_out)
         self._acks_out = [(r, b) for r, b in self._acks_out if not r.Test()]
+        self.events += n_acks - len(self._acks_out)
         if self._barrier is not None and not self._barrier[1] and self._barrier[0].Test():
             self._barrier[1] = True
+            self.events += 1
         while self._fences and self._fences[0][1].Test():
+            self.events += 1
             _, _, _, recv = self._fences.pop(0)
             with self._cv:
                 self.fenced_step = int(recv[0])
@@ -372,6 +406,7 @@ class H2HEngine:
         if inc.step is None:
             if not inc.announce_req.Test():
                 return False
+            self.events += 1
             step, gen, nbytes = (int(x) for x in inc.announce)
             if gen != self.generation or nbytes != inc.spec.nbytes:
                 raise ReplicationError(
@@ -384,7 +419,9 @@ class H2HEngine:
             inc.chunks = [(i, buf[a:b]) for i, (a, b) in enumerate(chunk_ranges(nbytes, self.chunk_bytes))]
             inc.next_chunk, inc.reqs, inc.t0 = 0, [], time.monotonic()
         # keep up to `window` chunk receives posted
+        n = len(inc.reqs)
         inc.reqs = [r for r in inc.reqs if not r.Test()]
+        self.events += n - len(inc.reqs)
         while len(inc.reqs) < self.window and inc.next_chunk < len(inc.chunks):
             i, view = inc.chunks[inc.next_chunk]
             inc.reqs.append(self.comm.Irecv([view, MPI.BYTE], source=inc.spec.owner, tag=self.tags.data_tag(inc.step, i)))
@@ -408,7 +445,9 @@ class H2HEngine:
 
     def _progress_outgoing(self, out: _Outgoing) -> bool:
         MPI = self._MPI
+        n = len(out.reqs)
         out.reqs = [r for r in out.reqs if not r.Test()]
+        self.events += n - len(out.reqs)
         while len(out.reqs) < self.window and out.next_chunk < len(out.chunks):
             i = out.next_chunk
             if self.fault_hook is not None:
@@ -417,6 +456,7 @@ class H2HEngine:
             out.reqs.append(self.comm.Isend([out.view[a:b], MPI.BYTE], dest=out.holder, tag=self.tags.data_tag(out.step, i)))
             out.next_chunk += 1
         if out.next_chunk == len(out.chunks) and not out.reqs and out.ack_req.Test():
+            self.events += 1
             step, gen, status, crc = (int(x) for x in out.ack)
             self._outgoing.remove(out)
             with self._cv:
@@ -427,4 +467,4 @@ class H2HEngine:
                 self.send_s[out.step] = max(self.send_s.get(out.step, 0.0), time.monotonic() - out.t0)
                 self._cv.notify_all()
             return False
-        return True
+        return bool(out.reqs)  # only the acknowledgement outstanding: nothing moves on this side
