@@ -47,7 +47,7 @@ def main() -> None:
         placement = place_replicas(grid.tp, grid.pp, grid.dp, res.k, [f"slot{r}" for r in range(size)], None, ("node",))
         protector = Protector.create(engine=engine, comm=comm, placement=placement, logical_rank=rank,
                                      grid={"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, generation=0,
-                                     chunk_bytes=res.chunk_bytes, log=None)
+                                     chunk_bytes=res.chunk_bytes, log=None, checksum=res.checksum)
     tokens = cfg.training.global_batch_size * cfg.model.seq_length
     import time
 
@@ -57,7 +57,11 @@ def main() -> None:
     out = {"rank": rank, "step_ms": [r.step_time_ms for r in records], "wait_ms": [r.exposed_wait_ms for r in records],
            "cpu_ms": [1e3 * (b - a) for a, b in zip(cpu, cpu[1:])]}
     if protector is not None:
+        from phoenix_hpc.bench.throughput import measure
+
         out["stats"] = protector.stats()
+        out["throughput_ns_per_byte"] = measure(16 << 20, 3)  # this machine's limit, same run
+        out["checksum"] = res.checksum
         protector.close()
     Path(a.out, f"rank{rank}.json").write_text(json.dumps(out))
     dist.barrier(group=groups.world)

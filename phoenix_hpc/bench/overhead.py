@@ -140,8 +140,48 @@ def analyze_case(ranks: Sequence[dict], case: Case, trim: float = 0.05) -> dict:
         "ratio": ratio.as_dict(), "exposed_wait_ms": S.summarize(wait).as_dict(),
         "d2h_ms_mean": round(d2h, 2), "h2h_ms_mean": round(h2h, 2),
         "snapshot_bytes": ranks[0]["snapshot_bytes"], "host_buffer_bytes": ranks[0]["host_buffer_bytes"],
+        "cpu": analyze_cpu(ranks),
         "raw": {"on_ms": on, "off_ms": off, "wait_ms": wait},
     }
+
+
+def analyze_cpu(ranks: Sequence[dict]) -> dict:
+    """CPU cost of the protection path per protected byte (pure), from the rank files of one case.
+
+    Per rank: the protector's CPU nanoseconds per step and category (copy, checksum, mpi, bookkeeping;
+    :mod:`phoenix_hpc.runtime.cpu_account`), the first step of every on block dropped, median over the
+    steps, divided by the rank's *protected bytes* (its snapshot); next to it the *limit*: what the bytes
+    of one step cost at this machine's measured memcpy and checksum speed (same run, same rank) --
+    memcpy x (snapshot + replica bytes sent + replica bytes received: one copy each, the least a
+    transport can do) + checksum x (snapshot + replica bytes received: each byte checksummed once where
+    it lands). ``ratio`` = total / limit."""
+    per_rank = []
+    for r in ranks:
+        steps = []
+        for b in r["blocks"]:
+            if b["mode"] == "on" and b["stats"].get("cpu_ns_per_step"):
+                steps += b["stats"]["cpu_ns_per_step"][1:]
+        if not steps:
+            continue
+        st = next(b["stats"] for b in r["blocks"] if b["mode"] == "on")
+        snap, sent, recv = st["snapshot_bytes"], st["sent_bytes"], st["received_bytes"]
+        tp = r["throughput_ns_per_byte"]
+        med = {k: statistics.median(s[k] for s in steps) for k in ("copy", "checksum", "mpi", "bookkeeping")}
+        total = statistics.median(sum(s.values()) for s in steps)
+        limit = tp["memcpy"] * (snap + sent + recv) + tp[r["checksum"]] * (snap + recv)
+        per_rank.append({
+            "rank": r["rank"], "steps": len(steps), "protected_bytes": snap, "sent_bytes": sent,
+            "received_bytes": recv, "cpu_ms_per_step": {k: round(v / 1e6, 3) for k, v in med.items()},
+            "cpu_ms_total_per_step": round(total / 1e6, 3),
+            "ns_per_byte": {k: round(v / snap, 4) for k, v in med.items()},
+            "ns_per_byte_total": round(total / snap, 4),
+            "limit_ms_per_step": round(limit / 1e6, 3), "limit_ns_per_byte": round(limit / snap, 4),
+            "ratio": round(total / limit, 2) if limit else None,
+            "memcpy_ns_per_byte": round(tp["memcpy"], 4), "checksum_ns_per_byte": round(tp[r["checksum"]], 4),
+            "checksum": r["checksum"],
+        })
+    return {"ranks": per_rank,
+            "ratio_median": statistics.median(p["ratio"] for p in per_rank) if per_rank else None}
 
 
 def analyze_memory(ranks: Sequence[dict], case: Case) -> dict:

@@ -22,8 +22,12 @@ then: a block has at least 2 steps), plus the protector's own accounting (``Memo
 get fresh pages and the RSS deltas show them; the other cases set it to 32 MiB, glibc's upper bound of
 its own dynamic threshold on 64-bit, i.e. what a long-running process ends up with.
 
-Writes ``OUT/case{i}.rank{r}.json``: ``{case, rank, coord, grid, k, steps: [{mode, block, step_ms,
-wait_ms}], blocks: [{mode, rss_before_bytes, rss_after_bytes, stats}], optimizer_shard_bytes,
+Per case, before training, each rank measures this machine's memcpy and checksum CPU cost per byte
+(:func:`phoenix_hpc.bench.throughput.measure`, 16 MiB, best of 3); each on block's ``stats`` carry the
+protector's CPU nanoseconds per step and category (:mod:`phoenix_hpc.runtime.cpu_account`).
+
+Writes ``OUT/case{i}.rank{r}.json``: ``{case, rank, coord, grid, k, checksum, throughput_ns_per_byte,
+steps: [{mode, block, step_ms, wait_ms}], blocks: [{mode, rss_before_bytes, rss_after_bytes, stats}], optimizer_shard_bytes,
 param_shard_bytes, snapshot_bytes, replica_bytes, host_buffer_bytes}``.
 """
 
@@ -123,8 +127,12 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
     from phoenix_hpc.runtime.protector import Protector
     from phoenix_hpc.topology import generation_placement
 
+    from phoenix_hpc.bench.throughput import measure
+
     cfg = load_job_config(cfg_path)
     extra = json.loads(Path(cfg_path).with_suffix(".bench.json").read_text())
+    # this machine's physical limit, measured in the same run by every rank (CPU time of one thread)
+    throughput = measure(16 << 20, 3)
     exact_rss = fix_mmap_threshold(1 << 16 if extra.get("memory") else 32 << 20)
     rank, size = comm.Get_rank(), comm.Get_size()
     p, res = cfg.parallelism, cfg.resilience
@@ -153,7 +161,7 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
             before = rss_bytes()
             prot = Protector.create(engine=engine, comm=comm, placement=placement, logical_rank=rank,
                                     grid={"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, generation=index,
-                                    chunk_bytes=res.chunk_bytes, log=None)
+                                    chunk_bytes=res.chunk_bytes, log=None, checksum=res.checksum)
             train(engine, until, tokens, protector=prot, on_step=record("on", b))
             after = rss_bytes()
             resident = resident_bytes(buffer_tensors(prot))
@@ -174,7 +182,7 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
     opt, par = engine.optimizer_shard(), engine.param_shard()
     result = {
         "case": index, "name": extra["name"], "rank": rank, "k": res.k, "memory": bool(extra.get("memory")),
-        "exact_rss": exact_rss,
+        "exact_rss": exact_rss, "checksum": res.checksum, "throughput_ns_per_byte": throughput,
         "coord": {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp},
         "grid": {"tp": grid.tp, "pp": grid.pp, "dp": grid.dp},
         "steps": steps, "blocks": blocks,

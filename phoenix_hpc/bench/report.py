@@ -154,6 +154,26 @@ def render_markdown(r: dict) -> str:
             a(f"- {c['name']}: ratio {v:.3f} {verdict} the 1.05 target" +
               ("" if v <= 1.05 else f"; what dominates: {dominant_cost(c)}."))
         a("")
+        a("CPU time of the protection path per step and rank (thread CPU time of every runtime thread, "
+          "`time.thread_time_ns`; median over the on steps), per protected byte (the rank's snapshot), split "
+          "into copy (D2H), checksum (owner's seal and holder's verification), MPI progress/polling (the H2H "
+          "engine's thread) and bookkeeping (everything else, the training thread's calls included). The "
+          "limit is what the same bytes cost at this machine's memcpy and checksum speed, measured by every "
+          "rank in the same run: memcpy x (snapshot + replica sent + replica received) + checksum x "
+          "(snapshot + replica received).")
+        a("")
+        a("| case | rank | checksum | protected MiB | copy | checksum | MPI | bookkeeping | total ns/B "
+          "(ms/step) | limit ns/B (memcpy, checksum ns/B) | total / limit |")
+        a("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for c in ov["cases"]:
+            for p in (c.get("cpu") or {}).get("ranks", []):
+                n = p["ns_per_byte"]
+                a(f"| {c['name']} | {p['rank']} | {p['checksum']} | {_mib(p['protected_bytes'])} | "
+                  f"{n['copy']:.3f} | {n['checksum']:.3f} | {n['mpi']:.3f} | {n['bookkeeping']:.3f} | "
+                  f"{p['ns_per_byte_total']:.3f} ({p['cpu_ms_total_per_step']:.1f}) | "
+                  f"{p['limit_ns_per_byte']:.3f} ({p['memcpy_ns_per_byte']:.3f}, {p['checksum_ns_per_byte']:.3f}) | "
+                  f"{p['ratio']:.2f} |")
+        a("")
         a(f"![overhead]({PLOT_DIR}/overhead.png)")
     a("")
 

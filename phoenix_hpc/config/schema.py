@@ -15,7 +15,7 @@ Shape of the file (every section but ``name`` and ``data`` has defaults)::
                  weight_decay, grad_clip, seed, log_interval}
     data:       {path, factory, options}  # a Megatron indexed dataset (PREFIX.bin + .idx), or your factory
     resilience: {enabled, mode, k, placement_levels, heartbeat_interval_s, heartbeat_timeout_s,
-                 collective_timeout_s, chunk_bytes, recovery_path, checkpoint: {interval_steps, path}}
+                 collective_timeout_s, chunk_bytes, checksum, recovery_path, checkpoint: {interval_steps, path}}
     resources:  {nodes, spares, gpus_per_node, time_limit, account, qos, partition, constraint}
 
 Relations that need only the config are checked here (heartbeat interval < heartbeat timeout < collective
@@ -332,6 +332,12 @@ class ResilienceConfig(BaseModel):
                                  "the restarted coordinator (reports are buffered meanwhile), before it stops with "
                                  "exit code 75; used when coordinator_restarts > 0")
     chunk_bytes: int = Field(4 << 20, gt=0, description="H2H message chunk size in bytes")
+    checksum: Literal["xxh3_64", "crc32c", "crc32"] = Field(
+        "xxh3_64",
+        description="checksum of every snapshot and replica tensor (design section 4, Checksums): xxh3_64 "
+        "(XXH3, 64 bit; the fastest measured), crc32c (CRC-32C, hardware instruction where the CPU has one) "
+        "or crc32 (zlib CRC-32)",
+    )
     recovery_path: Literal["auto", "rebind", "rebuild"] = Field(
         "auto",
         description="how members take part in a recovery (design section 6): rebind keeps each survivor's engine "

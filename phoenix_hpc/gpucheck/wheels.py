@@ -21,7 +21,7 @@ from pathlib import Path
 #: typing-extensions (there for torch) travels too: pydantic-core imports ``typing_extensions.Sentinel``
 #: (4.14.1 or newer), which a torch install's copy may predate; newer versions keep every older name.
 GPU_MISSING = ("megatron-core", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
-               "python-hostlist", "typing-extensions")
+               "python-hostlist", "typing-extensions", "xxhash", "crc32c")
 PYTHON_TAG, ABI_TAG = "cp312", "cp312"
 FETCH = "scripts/gpu-wheels.sh"  # the command that fetches them (needs the package index)
 

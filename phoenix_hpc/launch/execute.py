@@ -349,7 +349,9 @@ class Member:
             self._store_incarnation = inc
         return e.store
 
-    def _build_protector(self):
+    def _build_protector(self, reuse=None):
+        """This generation's protector; ``reuse``: the previous one's host buffers (closed protector's
+        :meth:`~phoenix_hpc.runtime.protector.Protector.reusable_buffers`), taken over where sizes match."""
         from phoenix_hpc.runtime.protector import Protector
         from phoenix_hpc.topology import generation_placement
 
@@ -366,7 +368,7 @@ class Member:
             grid={"tp": g.tp, "pp": g.pp, "dp": g.dp}, generation=self.generation, chunk_bytes=res.chunk_bytes,
             ranks_per_node=node_of_rank.count(me), commit_timeout_s=res.collective_timeout_s,
             on_commit=self._on_commit, log=e.log if self.logical == 0 else None, fault_hook=self._fault_hook,
-            device=e.device,
+            device=e.device, checksum=res.checksum, reuse=reuse,
         )
         protector.abort_check = self._poll  # a quiesce also ends a commit wait on a peer that is gone
         return protector
@@ -771,11 +773,11 @@ class Member:
             held += [[sid, step, gen, hash_hex(crc)] for sid, step, gen, crc in good]
             for sid, step, why in bad:
                 self.env.log(f"[phoenix] rank {self.logical}: held replica of {sid} step {step} rejected: {why}")
-        eng, c = self.engine, self.coord
+        eng, c, ck = self.engine, self.coord, self.env.cfg.resilience.checksum
         return {"world_rank": self.env.world_rank, "logical_rank": self.logical, "generation": g,
                 "rank_map": [[r, w] for r, w in sorted(rank_map.items())], "step": int(eng.step),
-                "partial": False, "opt_shard": c.shard_prefix(), "opt_hash": part_hash(eng.optimizer_shard()),
-                "param_shard": f"param/pp{c.pp}/tp{c.tp}", "param_hash": part_hash(eng.param_shard()),
+                "partial": False, "opt_shard": c.shard_prefix(), "opt_hash": part_hash(eng.optimizer_shard(), ck),
+                "param_shard": f"param/pp{c.pp}/tp{c.tp}", "param_hash": part_hash(eng.param_shard(), ck),
                 "held": held}
 
     def _teardown_engine(self) -> None:

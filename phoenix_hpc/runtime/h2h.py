@@ -28,8 +28,12 @@ chunk transfer of the package: :class:`H2HEngine` drives one per replica in flig
 transfers (:func:`send_buffer` / :func:`recv_buffer`, the same wire protocol, blocking) drive one each.
 
 All operations are non-blocking (``Isend``/``Irecv``/``Iallreduce`` + ``Test``): Open MPI's blocking waits
-spin a core, which on a busy node steals it from compute. The engine polls with a short sleep while data is
-moving (``busy_sleep_s``) and a longer one while idle (``idle_sleep_s``).
+spin a core, which on a busy node steals it from compute. The engine thread sleeps between polls: after a
+round in which something completed (a command posted, a request done) for ``busy_sleep_s``, then twice as
+long after every round in which nothing did, up to ``idle_sleep_s``; so it wakes often only while bytes
+move, and about ``1/idle_sleep_s`` times a second while nothing does (an announce or acknowledgement is
+then seen at most ``idle_sleep_s`` late). A command from another thread wakes it at once. Its CPU time
+goes to the ``mpi`` category of the protector's :class:`~phoenix_hpc.runtime.cpu_account.CpuAccount`.
 """
 
 from __future__ import annotations
@@ -103,11 +107,14 @@ class ChunkWindow:
         self.views, self.post, self.window, self.before_post = views, post, max(1, window), before_post
         self.next = 0  # chunks posted so far
         self.reqs: list = []  # requests posted and not yet found complete
+        self.completed = 0  # requests found complete so far (progress, for the engine's polling back-off)
 
     def progress(self) -> bool:
         """Test the requests in flight, post chunks up to the window; True once every chunk was posted and
         has completed."""
+        n = len(self.reqs)
         self.reqs = [r for r in self.reqs if not r.Test()]
+        self.completed += n - len(self.reqs)
         while len(self.reqs) < self.window and self.next < len(self.views):
             i = self.next
             if self.before_post is not None:
@@ -184,8 +191,9 @@ class H2HEngine:
         on_received: Callable[[HeldSpec, int, int], None],
         window: int = DEFAULT_WINDOW,
         busy_sleep_s: float = 50e-6,
-        idle_sleep_s: float = 1e-3,
+        idle_sleep_s: float = 2e-3,
         fault_hook: Callable[[str, int, int], None] | None = None,
+        cpu: Any = None,
     ):
         from mpi4py import MPI
 
@@ -199,6 +207,8 @@ class H2HEngine:
         self.window = max(1, window)
         self.busy_sleep_s, self.idle_sleep_s = busy_sleep_s, idle_sleep_s
         self.fault_hook = fault_hook
+        self.cpu = cpu  # cpu_account.CpuAccount or None
+        self.events = 0  # requests completed and commands posted so far (progress, for the back-off)
         self._cmds: collections.deque = collections.deque()
         self._cv = threading.Condition()
         self._incoming = [_Incoming(s) for s in held]
@@ -214,6 +224,7 @@ class H2HEngine:
         self._thread: threading.Thread | None = None
         self._started = False
         self.abandon_report = None  # mpi_faults.AbandonReport after stop(abandon=True)
+        self.unsafe_held: set[str] = set()  # held shards whose receive was freed, not cancelled, on abandon
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def start(self, threaded: bool) -> None:
@@ -275,7 +286,13 @@ class H2HEngine:
         colls = [(req, (send, recv)) for _, req, send, recv in self._fences]
         if self._barrier is not None and not self._barrier[1]:
             colls.append((self._barrier[0], None))
+        from phoenix_hpc.runtime.mpi_faults import KEPT_BUFFERS
+
+        n_kept = len(KEPT_BUFFERS)
         rep = abandon_requests(p2p, colls, MPI=self._MPI)
+        kept = {id(b) for b in KEPT_BUFFERS[n_kept:]}
+        # a receive that could not be cancelled was freed: MPI may still write its buffer
+        self.unsafe_held = {inc.spec.shard_id for inc in self._incoming if id(inc.chunks) in kept}
         self._incoming, self._outgoing, self._acks_out, self._fences = [], [], [], []
         return rep
 
@@ -346,29 +363,45 @@ class H2HEngine:
 
     # --- progress (engine thread, or the main thread when unthreaded) --------------------------------------
     def _run(self) -> None:
+        sleep = self.busy_sleep_s
         while True:
+            t0 = time.thread_time_ns()
             with self._cv:
                 if self._stop:
                     return
             try:
-                moving = self.poll()
+                before = self.events
+                self._poll()
             except BaseException as e:  # noqa: BLE001 -- recorded and re-raised in the training thread
                 with self._cv:
                     self.error = e
                     self._cv.notify_all()
                 return
+            sleep = self.busy_sleep_s if self.events != before else min(2 * sleep, self.idle_sleep_s)
             with self._cv:
                 if not self._cmds and not self._stop:
-                    self._cv.wait(timeout=self.busy_sleep_s if moving else self.idle_sleep_s)
+                    self._cv.wait(timeout=sleep)
+            if self.cpu is not None:
+                self.cpu.add("mpi", time.thread_time_ns() - t0)
 
     def poll(self) -> bool:
-        """One round of progress. Returns True when data transfers are in flight."""
+        """One round of progress, from a thread other than the engine's (unthreaded mode: the training
+        thread; its CPU time is counted as ``mpi``). Returns True when data transfers are in flight."""
+        t0 = time.thread_time_ns()
+        try:
+            return self._poll()
+        finally:
+            if self.cpu is not None:
+                self.cpu.add("mpi", time.thread_time_ns() - t0)
+
+    def _poll(self) -> bool:
         MPI = self._MPI
         while True:
             with self._cv:
                 if not self._cmds:
                     break
                 cmd = self._cmds.popleft()
+            self.events += 1
             kind = cmd[0]
             if kind == "send":
                 self._start_send(cmd[1], cmd[2])
@@ -392,10 +425,14 @@ class H2HEngine:
             moving |= self._progress_incoming(inc)
         for out in list(self._outgoing):
             moving |= self._progress_outgoing(out)
+        n_acks = len(self._acks_out)
         self._acks_out = [(r, b) for r, b in self._acks_out if not r.Test()]
+        self.events += n_acks - len(self._acks_out)
         if self._barrier is not None and not self._barrier[1] and self._barrier[0].Test():
             self._barrier[1] = True
+            self.events += 1
         while self._fences and self._fences[0][1].Test():
+            self.events += 1
             _, _, _, recv = self._fences.pop(0)
             with self._cv:
                 self.fenced_step = int(recv[0])
@@ -410,6 +447,7 @@ class H2HEngine:
         if inc.step is None:
             if not inc.announce_req.Test():
                 return False
+            self.events += 1
             step, gen, nbytes = (int(x) for x in inc.announce)
             if gen != self.generation or nbytes != inc.spec.nbytes:
                 raise ReplicationError(
@@ -425,7 +463,10 @@ class H2HEngine:
                 lambda i, v, step=step: self.comm.Irecv([v, MPI.BYTE], source=owner, tag=tags.data_tag(step, i)),
                 self.window)
             inc.t0 = time.monotonic()
-        if inc.chunks.progress():  # keeps up to `window` chunk receives posted
+        before = inc.chunks.completed
+        done = inc.chunks.progress()  # keeps up to `window` chunk receives posted
+        self.events += inc.chunks.completed - before
+        if done:
             step, idx = inc.step, inc.idx
             inc.step = inc.idx = None
             inc.chunks = None
@@ -451,8 +492,11 @@ class H2HEngine:
             self._outgoing.append(out)
 
     def _progress_outgoing(self, out: _Outgoing) -> bool:
+        before = out.chunks.completed
         sent = out.chunks.progress()  # keeps up to `window` chunk sends posted
+        self.events += out.chunks.completed - before
         if sent and out.announce_req.Test() and out.ack_req.Test():
+            self.events += 1
             step, gen, status, crc = (int(x) for x in out.ack)
             self._outgoing.remove(out)
             with self._cv:
@@ -463,7 +507,7 @@ class H2HEngine:
                 self.send_s[out.step] = max(self.send_s.get(out.step, 0.0), time.monotonic() - out.t0)
                 self._cv.notify_all()
             return False
-        return True
+        return not sent  # only the acknowledgement outstanding: nothing moves on this side
 
 
 # --- the same transfer, blocking, for a recovery's one-off messages -----------------------------------

@@ -17,8 +17,8 @@ Threads of a rank while a Protector runs:
   under ``MPI_THREAD_FUNNELED``/``SINGLE`` it drives the H2H engine while waiting (then ``wait_commit``
   also waits until the replicas this rank holds for the same step are verified and acknowledged, and the
   copies no longer overlap compute).
-- ``phoenix-copy``: D2H copy, CRC-32 of every tensor, the index; verification of replicas received for
-  others. No MPI.
+- ``phoenix-copy``: D2H copy, the checksum (``resilience.checksum``) of every tensor, the index;
+  verification of replicas received for others. No MPI.
 - ``phoenix-h2h`` (``h2h.H2HEngine``): every MPI call of the runtime, non-blocking.
 
 While a Protector runs, no other thread may call MPI unless the provided level is ``MPI_THREAD_MULTIPLE``;
@@ -60,10 +60,13 @@ from phoenix_hpc.runtime.buffers import (
     check_host_memory,
     read_mem_available,
 )
+from phoenix_hpc.runtime.checksum import DEFAULT_CHECKSUM, checksum_function
+from phoenix_hpc.runtime.cpu_account import CpuAccount, Span, delta
 from phoenix_hpc.runtime.d2h import D2H
 from phoenix_hpc.runtime.mpi_faults import errors_return
 from phoenix_hpc.runtime.h2h import ACK_BAD_CHECKSUM, ACK_OK, H2HEngine, HeldSpec, chunk_ranges, make_tag_plan
-from phoenix_hpc.runtime.snapshot import OPT, PARAM, SnapshotLayout, Unpacked, plan_layout, seal, unpack, verify
+from phoenix_hpc.runtime.snapshot import (OPT, PARAM, SnapshotLayout, Unpacked, checksums, plan_layout, seal, unpack,
+                                          verify)
 from phoenix_hpc.topology import Placement
 
 
@@ -89,7 +92,8 @@ class CommitRecord:
 class StepTiming:
     """Per protected step, in seconds: ``start_s`` spent in ``start_snapshot``; ``wait_s`` blocked in
     ``wait_commit``; ``exposed_s`` = both (what training lost); ``d2h_s`` copy + checksums (background);
-    ``h2h_s`` first post to last ack (background)."""
+    ``h2h_s`` first post to last ack (background). ``cpu_ns``: CPU nanoseconds of every runtime thread of
+    this rank since the previous commit, per category of :mod:`phoenix_hpc.runtime.cpu_account`."""
 
     step: int
     start_s: float
@@ -97,6 +101,7 @@ class StepTiming:
     exposed_s: float
     d2h_s: float
     h2h_s: float
+    cpu_ns: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -129,7 +134,8 @@ class Protector:
     ``comm``); never shared across generations (recovery closes it and creates a new one)."""
 
     def __init__(self, *, engine_coord, shard_id: str, grid: Mapping[str, int], generation: int, setup: _Setup,
-                 chunk_bytes: int, commit_timeout_s: float | None, on_commit, log, fault_hook, device):
+                 chunk_bytes: int, commit_timeout_s: float | None, on_commit, log, fault_hook, device,
+                 checksum: str = DEFAULT_CHECKSUM):
         self.shard_id = shard_id
         self.grid = dict(grid)
         self.coord = {"pp": engine_coord.pp, "dp": engine_coord.dp, "tp": engine_coord.tp}
@@ -147,6 +153,9 @@ class Protector:
         # recovery driver polls the coordinator, so a quiesce ends a wait on a peer that will never ack)
         self.abort_check: Callable[[], None] | None = None
         self.d2h = D2H(device)
+        self.checksum = checksum
+        self.cpu = CpuAccount()
+        self._cpu_at_commit = self.cpu.totals()
         self.committed_step: int | None = None
         self.timings: list[StepTiming] = []
         self.held_steps: dict[str, int] = {}
@@ -156,7 +165,7 @@ class Protector:
         self._comm = setup.comm
         self._closed = False
         self.h2h = H2HEngine(setup.comm, list(setup.holders_comm), setup.held, generation, chunk_bytes,
-                             setup.tag_plan, self._on_received, fault_hook=fault_hook)
+                             setup.tag_plan, self._on_received, fault_hook=fault_hook, cpu=self.cpu)
         self._worker = threading.Thread(target=self._work, name="phoenix-copy", daemon=True)
         self._worker.start()
         self.h2h.start(threaded=setup.threaded)
@@ -182,6 +191,8 @@ class Protector:
         threaded: bool | None = None,
         fault_hook: Callable[[str, int, int], None] | None = None,
         device: torch.device | str | None = None,
+        checksum: str = DEFAULT_CHECKSUM,
+        reuse: BufferSet | None = None,
     ) -> "Protector":
         """Set up protection for ``engine`` (collective: every active rank of the generation calls it).
 
@@ -207,6 +218,11 @@ class Protector:
             fault_hook: drill hook, called as ``hook(phase, step, i)`` with phase ``d2h`` (copy thread,
                 before the copy of step) and ``h2h_send_chunk`` (H2H engine, before chunk i of step).
             device: where the engine's tensors live (default: the first optimizer tensor's device).
+            checksum: the checksum algorithm (``resilience.checksum``; :mod:`phoenix_hpc.runtime.checksum`).
+            reuse: the host buffers of this rank's previous protector (closed, its copies no longer needed):
+                every buffer of the right size and pinning is taken over instead of allocated anew, the
+                others are released before anything new is allocated (docs/design.md section 6), so host
+                memory stays flat across recoveries.
 
         Raises:
             ReplicationError (on every rank, before anything is allocated): ``chunk_bytes <= 0``; this rank
@@ -216,6 +232,7 @@ class Protector:
         from mpi4py import MPI
 
         chunk_ranges(0, chunk_bytes)  # validates chunk_bytes before any collective call
+        checksum_function(checksum)  # validates the checksum name before any collective call
         opt, params, env = engine.optimizer_shard(), engine.param_shard(), engine.envelope()
         coord = engine.coord
         shard_id = coord.shard_prefix()
@@ -244,7 +261,7 @@ class Protector:
                 max_chunks = max(len(chunk_ranges(s, chunk_bytes)) for s in sizes)
                 tag_plan = make_tag_plan(max_chunks, int(pcomm.Get_attr(MPI.TAG_UB)))
                 avail = read_mem_available() if mem_available_bytes is None else mem_available_bytes
-                check_host_memory(plan, avail, ranks_per_node)
+                check_host_memory(plan, avail + (reuse.total_bytes if reuse is not None else 0), ranks_per_node)
             except ReplicationError as e:
                 problem = str(e)
             problems = pcomm.allgather(problem)
@@ -257,7 +274,8 @@ class Protector:
                 )
             buffers, problem = None, None
             try:
-                buffers = allocate_buffers(plan, pin)
+                buffers = allocate_buffers(plan, pin, reuse=reuse)
+                reuse = None
             except ReplicationError as e:
                 problem = str(e)
             problems = pcomm.allgather(problem)
@@ -283,7 +301,7 @@ class Protector:
                 f"MPI thread level {names.get(level, level)}, H2H {'in a progress thread' if threaded else 'driven by the training thread'}")
         return cls(engine_coord=coord, shard_id=shard_id, grid=grid, generation=generation, setup=setup,
                    chunk_bytes=chunk_bytes, commit_timeout_s=commit_timeout_s, on_commit=on_commit, log=log,
-                   fault_hook=fault_hook, device=device)
+                   fault_hook=fault_hook, device=device, checksum=checksum)
 
     # --- the two calls of the training loop -------------------------------------------------------------
     def start_snapshot(self, engine) -> None:
@@ -291,7 +309,7 @@ class Protector:
         optimizer part to the holders, both in the background. Call before ``forward_backward``.
 
         Raises ReplicationError if the previous snapshot was never committed or the runtime failed."""
-        t0 = time.perf_counter()
+        t0, c0, m0 = time.perf_counter(), time.thread_time_ns(), self.cpu.totals()["mpi"]
         self._raise_if_failed()
         if self._pending is not None:
             raise ReplicationError(f"start_snapshot: step {self._pending.step} was started but never committed")
@@ -303,6 +321,7 @@ class Protector:
         if not self.h2h.threaded:
             self.h2h.poll()
         job.start_s = time.perf_counter() - t0
+        self._bookkeeping(c0, m0)
 
     def wait_commit(self, timeout_s: float | None = None) -> CommitRecord:
         """Wait for the local D2H and every holder's verified ack of the snapshot started last, then flip
@@ -314,7 +333,7 @@ class Protector:
                 acked another step/generation; the copy or H2H thread failed.
             Whatever :attr:`abort_check` raises (checked about every ``ABORT_CHECK_S`` seconds of waiting).
         """
-        t0 = time.perf_counter()
+        t0, c0, m0 = time.perf_counter(), time.thread_time_ns(), self.cpu.totals()["mpi"]
         job = self._pending
         if job is None:
             raise ReplicationError("wait_commit called without start_snapshot")
@@ -368,8 +387,11 @@ class Protector:
         self.committed_step = job.step
         self.h2h.fence(job.step)
         wait_s = time.perf_counter() - t0
+        self._bookkeeping(c0, m0)
+        now = self.cpu.totals()
         self.timings.append(StepTiming(job.step, job.start_s, wait_s, job.start_s + wait_s, job.d2h_s,
-                                       self.h2h.send_s.pop(job.step, 0.0)))
+                                       self.h2h.send_s.pop(job.step, 0.0), delta(now, self._cpu_at_commit)))
+        self._cpu_at_commit = now
         self._pending = None
         rec = CommitRecord(self.shard_id, job.step, self.generation, self.holders, job.start_s + wait_s,
                            self.h2h.fenced_step, job.crc)
@@ -464,12 +486,30 @@ class Protector:
         if not abandon:
             self._comm.Free()
 
+    def reusable_buffers(self) -> BufferSet | None:
+        """After :meth:`close`: this protector's host buffers for the next generation's protector
+        (``Protector.create(reuse=...)``), less any held pair whose receive MPI could not cancel on an
+        abandon (MPI may still write it; it stays referenced by ``mpi_faults.KEPT_BUFFERS``). None while
+        the protector runs."""
+        if not self._closed:
+            return None
+        unsafe = self.h2h.unsafe_held
+        return BufferSet(self.buffers.local, {s: p for s, p in self.buffers.held.items() if s not in unsafe})
+
     def stats(self) -> dict[str, Any]:
-        """Summary of the protected steps: counts, exposed wait (mean/max, s), background D2H/H2H (mean, s)."""
+        """Summary of the protected steps: counts, exposed wait (mean/max, s), background D2H/H2H (mean, s),
+        the checksum, the CPU nanoseconds per step and category (``cpu_ns_per_step``: one dict per step,
+        :attr:`StepTiming.cpu_ns`) and the bytes behind them per step: ``snapshot_bytes`` copied and
+        checksummed locally, ``sent_bytes`` (replica x holders) and ``received_bytes`` (held replicas,
+        each checksummed once)."""
         t = self.timings
         if not t:
             return {"steps": 0}
         return {
+            "checksum": self.checksum,
+            "cpu_ns_per_step": [x.cpu_ns for x in t],
+            "sent_bytes": self.layout.replica_bytes * len(self.holders),
+            "received_bytes": sum(p.nbytes for p in self.buffers.held.values()),
             "steps": len(t),
             "exposed_wait_mean_s": sum(x.exposed_s for x in t) / len(t),
             "exposed_wait_max_s": max(x.exposed_s for x in t),
@@ -481,6 +521,12 @@ class Protector:
         }
 
     # --- internals ------------------------------------------------------------------------------------------
+    def _bookkeeping(self, c0: int, m0: int) -> None:
+        """Count this thread's CPU time since ``c0`` as bookkeeping, less what it spent driving MPI since
+        the ``mpi`` total was ``m0`` (unthreaded mode; the engine counted that itself)."""
+        own_mpi = 0 if self.h2h.threaded else self.cpu.totals()["mpi"] - m0
+        self.cpu.add("bookkeeping", time.thread_time_ns() - c0 - own_mpi)
+
     def _raise_if_failed(self) -> None:
         if self.h2h.error is not None:
             raise ReplicationError(f"H2H replication failed: {self.h2h.error}") from self.h2h.error
@@ -499,6 +545,8 @@ class Protector:
                 self._do_verify(*item[1:])
 
     def _do_snapshot(self, job: _Pending, token, opt, params, envelope) -> None:
+        c0 = time.thread_time_ns()
+        inner = 0  # CPU ns of this call counted as copy or checksum
         try:
             t0 = time.perf_counter()
             local = self.buffers.local
@@ -515,10 +563,15 @@ class Protector:
                 self.fault_hook("d2h", job.step, 0)
             idx = local.target_idx()
             buf = local.begin_write(idx)
-            self.d2h.copy(token, buf, self.layout, opt, params)
+            with Span(self.cpu, "copy") as sp:
+                self.d2h.copy(token, buf, self.layout, opt, params)
+            inner += time.thread_time_ns() - sp.t0
+            with Span(self.cpu, "checksum") as sp:
+                sums = checksums(buf, self.layout, (OPT, PARAM), self.checksum)
+            inner += time.thread_time_ns() - sp.t0
             envelope = json.loads(json.dumps(envelope))
             crc = seal(buf, self.layout, shard_id=self.shard_id, step=job.step, generation=self.generation,
-                       grid=self.grid, coord=self.coord, envelope=envelope)
+                       grid=self.grid, coord=self.coord, envelope=envelope, checksum=self.checksum, sums=sums)
             job.idx, job.crc, job.d2h_s = idx, crc, time.perf_counter() - t0
             if self.holders:
                 self.h2h.send_replica(job.step, buf.numpy()[: self.layout.opt_end])
@@ -527,11 +580,15 @@ class Protector:
         finally:
             job.d2h_done = True
             self.h2h.notify()
+            self.cpu.add("bookkeeping", time.thread_time_ns() - c0 - inner)
 
     def _do_verify(self, spec: HeldSpec, idx: int, step: int) -> None:
+        c0 = time.thread_time_ns()
         buf = spec.pingpong.bufs[idx]
         try:
-            h, crc = verify(buf, (OPT,))
+            with Span(self.cpu, "checksum") as sp:
+                h, crc = verify(buf, (OPT,))
+            inner = time.thread_time_ns() - sp.t0
             if h.step != step or h.generation != self.generation or h.index["shard_id"] != spec.shard_id:
                 raise ReplicationError(
                     f"received {h.index['shard_id']} step {h.step} gen {h.generation}, expected "
@@ -545,3 +602,4 @@ class Protector:
         spec.pingpong.commit(idx, step)
         self.held_steps[spec.shard_id] = step
         self.h2h.send_ack(spec, step, ACK_OK, crc)
+        self.cpu.add("bookkeeping", time.thread_time_ns() - c0 - inner)

@@ -6,8 +6,9 @@ Buffer format (all integers little-endian)::
     [0, 64)                      fixed header: magic b"PHXSNAP1", format version (u32), flags (u32),
                                  index length (u32), CRC-32 of the index (u32), index capacity (u64),
                                  opt_end (u64), total length (u64), step (i64), generation (i64)
-    [64, 64 + index_capacity)    UTF-8 JSON index, zero padded: shard id, step, generation, grid, coord,
-                                 envelope, and per tensor {name, part, dtype, shape, offset, nbytes, crc32}
+    [64, 64 + index_capacity)    UTF-8 JSON index, zero padded: shard id, step, generation, checksum
+                                 (algorithm name), grid, coord, envelope, and per tensor
+                                 {name, part, dtype, shape, offset, nbytes, sum}
     [data_start, opt_end)        the optimizer shard's tensors ("opt" part), each 64-byte aligned
     [opt_end, total)             the param shard's tensors ("param" part), each 64-byte aligned
 
@@ -15,12 +16,12 @@ The optimizer part comes first so that a *replica* (what H2H sends: header + ind
 docs/design.md section 3) is the prefix ``buf[:opt_end]`` of the local snapshot: no second packing, no copy.
 A replica's index still lists the param tensors (with their checksums) but its readers ignore them.
 
-Checksum: CRC-32 (``zlib.crc32``) per tensor. Measured on this project's 2-core test machine: crc32
-4.2 GB/s, adler32 3.6 GB/s, sha1 1.9 GB/s, sha256 1.8 GB/s, blake2b 0.95 GB/s, md5 0.77 GB/s (64 MiB
-buffer). CRC-32 is the fastest here (zlib's braided CRC), detects every single-bit and every burst error up
-to 32 bits, and releases the GIL on large buffers, so the background thread computing it overlaps the
-training thread. It is an integrity check against torn or corrupted copies, not a defence against an
-adversary.
+Checksum: one per tensor, with the algorithm named in the index (``checksum``: ``crc32c``, ``crc32`` or
+``xxh3_64``; :mod:`phoenix_hpc.runtime.checksum`, chosen by ``resilience.checksum``), computed once per byte
+by the owner when it seals the snapshot and once by each holder when a replica arrives; the holder
+acknowledges the combined value of the optimizer part and the owner compares it with its own. The index
+itself is protected by a CRC-32 in the header. An integrity check against torn or corrupted copies, not a
+defence against an adversary.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ import numpy as np
 import torch
 
 from phoenix_hpc.errors import ReplicationError
+from phoenix_hpc.runtime.checksum import DEFAULT_CHECKSUM, checksum_function, combine
 
 MAGIC = b"PHXSNAP1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-tensor "sum" with the algorithm named in the index ("checksum")
 HEADER_BYTES = 64
 ALIGN = 64
 _HEADER = struct.Struct("<8sIIIIQQQqq")
@@ -127,7 +129,7 @@ def plan_layout(
     probe = dict(index_example)
     probe["tensors"] = [
         {"name": n, "part": OPT if i < len(opt) else PARAM, "dtype": str(t.dtype), "shape": list(t.shape),
-         "offset": 2**40, "nbytes": 2**40, "crc32": 2**32 - 1}
+         "offset": 2**40, "nbytes": 2**40, "sum": 2**64 - 1}
         for i, (n, t) in enumerate(opt + params)
     ]
     first = len(json.dumps(probe, separators=(",", ":")).encode())
@@ -177,14 +179,24 @@ def _np(buf: torch.Tensor) -> np.ndarray:
     return buf.numpy() if buf.device.type == "cpu" else buf.cpu().numpy()
 
 
-def crc_of(buf: torch.Tensor, slot: TensorSlot) -> int:
-    """CRC-32 of ``slot``'s bytes in host buffer ``buf``."""
-    return zlib.crc32(memoryview(_np(buf)[slot.offset : slot.offset + slot.nbytes]))
+def crc_of(buf: torch.Tensor, slot: TensorSlot, checksum: str = DEFAULT_CHECKSUM) -> int:
+    """Checksum ``checksum`` (:data:`phoenix_hpc.runtime.checksum.CHECKSUMS`) of ``slot``'s bytes in host
+    buffer ``buf``."""
+    return checksum_function(checksum)(memoryview(_np(buf)[slot.offset : slot.offset + slot.nbytes]))
+
+
+def checksums(buf: torch.Tensor, layout: SnapshotLayout, parts: tuple[str, ...] = (OPT, PARAM),
+              checksum: str = DEFAULT_CHECKSUM) -> list[int]:
+    """Checksum of every tensor of ``layout`` (in slot order) already copied into ``buf``; tensors of parts
+    not listed get -1 (not checked). Every byte of the listed parts is read once."""
+    fn = checksum_function(checksum)
+    a = _np(buf)
+    return [fn(memoryview(a[s.offset : s.offset + s.nbytes])) if s.part in parts else -1 for s in layout.slots]
 
 
 def combined_crc(crcs: list[int]) -> int:
-    """One CRC-32 over a list of per-tensor CRC-32s (the value a holder acknowledges)."""
-    return zlib.crc32(np.asarray(crcs, dtype="<u4").tobytes())
+    """One 32-bit value over a list of per-tensor checksums (the value a holder acknowledges)."""
+    return combine(crcs)
 
 
 def hash_hex(crc: int) -> str:
@@ -192,20 +204,22 @@ def hash_hex(crc: int) -> str:
     return f"{crc & 0xFFFFFFFF:08x}"
 
 
-def part_hash(pairs: list[tuple[str, torch.Tensor]]) -> str:
+def part_hash(pairs: list[tuple[str, torch.Tensor]], checksum: str = DEFAULT_CHECKSUM) -> str:
     """The hash of one part of a rank's live state (its optimizer shard, or its param shard): the combined
-    CRC-32 of the per-tensor CRC-32s of the tensors' bytes, in the given order, as :func:`hash_hex`.
+    value (:func:`combined_crc`) of the per-tensor checksums ``checksum`` (``resilience.checksum``, the one
+    the snapshots are sealed with) of the tensors' bytes, in the given order, as :func:`hash_hex`.
 
     For the optimizer shard in the engine's ``optimizer_shard()`` order this equals the value :func:`seal`
     returns for a snapshot of that state and :func:`verify` recomputes from a replica of it (the snapshot
     layout follows that order and copies bytes unchanged), so a restored shard can be compared with the
     replica it came from without moving it. Tensors may live on any device (copied to host for the CRC)."""
+    fn = checksum_function(checksum)
     crcs = []
     for _, t in pairs:
         flat = t.detach().contiguous().reshape(-1)
         if flat.device.type != "cpu":
             flat = flat.cpu()
-        crcs.append(zlib.crc32(memoryview(flat.view(torch.uint8).numpy())))
+        crcs.append(fn(memoryview(flat.view(torch.uint8).numpy())))
     return hash_hex(combined_crc(crcs))
 
 
@@ -220,22 +234,29 @@ def seal(
     coord: dict[str, int],
     envelope: dict[str, Any],
     parts: tuple[str, ...] = (OPT, PARAM),
+    checksum: str = DEFAULT_CHECKSUM,
+    sums: list[int] | None = None,
 ) -> int:
-    """Checksum every tensor of ``parts`` already copied into ``buf``, write the index and the header.
+    """Checksum every tensor of ``parts`` already copied into ``buf`` (or take ``sums``, from
+    :func:`checksums` with the same ``parts`` and ``checksum``), write the index and the header.
 
-    Returns the combined CRC of the optimizer part (:func:`combined_crc` of the opt tensors' CRCs), the
-    value holders acknowledge. Tensors of parts not listed get crc32 -1 (not checked).
-    Raises ReplicationError when the index (envelope) outgrows the reserved capacity.
+    Returns the combined checksum of the optimizer part (:func:`combined_crc` of the opt tensors'), the
+    value holders acknowledge. Tensors of parts not listed get -1 (not checked).
+    Raises ReplicationError when the index (envelope) outgrows the reserved capacity, or ``sums`` does not
+    have one value per tensor.
     """
+    if sums is None:
+        sums = checksums(buf, layout, parts, checksum)
+    if len(sums) != len(layout.slots):
+        raise ReplicationError(f"{len(sums)} checksums for {len(layout.slots)} tensors")
     entries, opt_crcs = [], []
-    for s in layout.slots:
-        c = crc_of(buf, s) if s.part in parts else -1
+    for s, c in zip(layout.slots, sums):
         if s.part == OPT:
             opt_crcs.append(c)
         entries.append({"name": s.name, "part": s.part, "dtype": s.dtype, "shape": list(s.shape),
-                        "offset": s.offset, "nbytes": s.nbytes, "crc32": c})
+                        "offset": s.offset, "nbytes": s.nbytes, "sum": c})
     index = {"format": FORMAT_VERSION, "shard_id": shard_id, "step": step, "generation": generation,
-             "grid": grid, "coord": coord, "envelope": envelope, "tensors": entries}
+             "checksum": checksum, "grid": grid, "coord": coord, "envelope": envelope, "tensors": entries}
     raw = json.dumps(index, separators=(",", ":")).encode()
     if len(raw) > layout.index_capacity:
         raise ReplicationError(
@@ -300,9 +321,12 @@ class Unpacked:
 
 
 def verify(buf: torch.Tensor, parts: tuple[str, ...] = (OPT,)) -> tuple[SnapshotHeader, int]:
-    """Check header, index and the CRC-32 of every tensor of ``parts``; return the header and the
-    combined CRC of the opt part. Raises ReplicationError naming the first tensor that fails."""
+    """Check header, index and the checksum (the index's algorithm) of every tensor of ``parts``; return
+    the header and the combined checksum of the opt part. Raises ReplicationError naming the first tensor
+    that fails, or an algorithm this build does not know."""
     h = read_header(buf)
+    algo = h.index.get("checksum", "")
+    checksum_function(algo)  # raises on an unknown algorithm
     opt_crcs = []
     for e in h.index["tensors"]:
         if e["part"] not in parts:
@@ -312,11 +336,11 @@ def verify(buf: torch.Tensor, parts: tuple[str, ...] = (OPT,)) -> tuple[Snapshot
         ):
             raise ReplicationError(f"tensor {e['name']} lies outside the buffer")
         slot = TensorSlot(e["name"], e["part"], e["dtype"], tuple(e["shape"]), e["offset"], e["nbytes"])
-        c = crc_of(buf, slot)
-        if c != e["crc32"]:
+        c = crc_of(buf, slot, algo)
+        if c != e["sum"]:
             raise ReplicationError(
                 f"tensor {e['name']} of shard {h.index['shard_id']} step {h.step} fails its checksum "
-                f"(crc32 {c:#010x}, expected {e['crc32']:#010x})"
+                f"({algo} {c:#x}, expected {e['sum']:#x})"
             )
         if e["part"] == OPT:
             opt_crcs.append(c)

@@ -11,6 +11,13 @@ journal and the landing records: exit 0 means landed at exactly that step and ph
 (journal ``inject_refused``, nothing armed, no landing); exit 1 means missed (journal ``inject_missed``).
 A transient fault is a local recovery without the spare, so the job goes on after each landing and ends
 with ``job_done``.
+
+The same job bounds host memory across repeated recoveries: the resident set size of both ranks
+(``VmRSS`` of ``/proc/PID/status``; the local cluster's nodes are this host, the PIDs come from the
+journal's registrations) is read after each request; from the second landed recovery on (the first one
+pays for one-time set-up), it may grow by at most ``RSS_PER_RECOVERY`` per landed recovery on average.
+Each recovery builds a new generation's protector, which takes over the previous one's host buffers
+(docs/design.md section 6), so nothing the size of the buffers is allocated again.
 """
 
 from __future__ import annotations
@@ -30,7 +37,18 @@ from test_hotswap import CONFIG, Job, data, env  # noqa: F401 -- the Job class a
 pytestmark = pytest.mark.cluster
 
 REQUESTS = 20
+RSS_PER_RECOVERY = 2 << 20  # bytes, both ranks together, averaged over the landed recoveries
 STEPS = 2000  # long enough for 20 requests and their recoveries; the job is cancelled once they are done
+
+
+def _rss_bytes(pids: list[int]) -> int:
+    """Total ``VmRSS`` (proc(5), kB) of ``pids``, in bytes."""
+    total = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+    return total
 
 
 def _live_step(job: Job, logical: int) -> int:
@@ -44,8 +62,11 @@ def test_requests_at_the_targets_live_step_land_exactly_or_are_refused(env, data
     cfg["resources"]["time_limit"] = "00:10:00"
     job = Job(env, tmp_path, data, "exact", cfg)
     results = []
+    rss = []  # (landed so far, total RSS of the active ranks)
     try:
         _ = job.node_of(1)
+        pids = [e["pid"] for e in job.events("registered") if e["role"] == "active"]
+        assert len(pids) == 2, job.events("registered")
         deadline = time.monotonic() + 120
         while _live_step(job, 1) < 3:
             assert time.monotonic() < deadline, "rank 1 did not train"
@@ -58,6 +79,7 @@ def test_requests_at_the_targets_live_step_land_exactly_or_are_refused(env, data
             results.append((at, live, r.exit_code, r.stdout, r.output))
             assert r.exit_code in (0, 1, 2), r.output
             time.sleep(0.3)
+            rss.append((sum(1 for x in results if x[2] == 0), _rss_bytes(pids)))
     finally:
         job.cancel()
     journal = job.events()
@@ -95,3 +117,12 @@ def test_requests_at_the_targets_live_step_land_exactly_or_are_refused(env, data
     assert counts["landed"] + counts["refused"] + counts["missed"] == REQUESTS
     assert counts["refused"] >= REQUESTS // 5  # every d = 0 request
     print(f"{REQUESTS} requests at the live step + 0..4: {counts}")
+    # host memory flat across recoveries: from the sample after the second landing to the last one
+    start = next(i for i, (n, _) in enumerate(rss) if n >= 2)
+    n = rss[-1][0] - rss[start][0]
+    grown = rss[-1][1] - rss[start][1]
+    print(f"RSS of both ranks: {rss[start][1] / 2**20:.1f} MiB after landing 2, {rss[-1][1] / 2**20:.1f} MiB after "
+          f"landing {rss[-1][0]}: {grown / 2**20:+.1f} MiB over {n} recoveries; samples (landed, MiB) "
+          f"{[(k, round(v / 2**20, 1)) for k, v in rss]}")
+    assert n >= 5, rss
+    assert grown <= n * RSS_PER_RECOVERY, (grown, n, rss)

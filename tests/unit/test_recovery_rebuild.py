@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from phoenix_hpc.runtime.checksum import DEFAULT_CHECKSUM
 from phoenix_hpc.engines.base import Engine, ProcessGroups
 from phoenix_hpc.errors import ConfigError
 from phoenix_hpc.launch.groups import Grid
@@ -180,7 +181,8 @@ def member(monkeypatch, tmp_path):
     monkeypatch.setattr(groups_mod, "init_generation", init_generation)
     monkeypatch.setattr(execute, "make_comm", lambda world, ranks, g: ("comm", g))
     cfg = SimpleNamespace(engine="fake", python_path=[], resilience=SimpleNamespace(
-        recovery_path="auto", heartbeat_timeout_s=1.0, collective_timeout_s=2.0, chunk_bytes=1 << 16))
+        recovery_path="auto", heartbeat_timeout_s=1.0, collective_timeout_s=2.0, chunk_bytes=1 << 16,
+        checksum=DEFAULT_CHECKSUM))
     env = MemberEnv(cfg=cfg, run_dir=Path(tmp_path), world_comm=None, world_rank=0, client=FakeClient(),
                     progress=SimpleNamespace(set=lambda **kw: None), store=FakeStore(), nodes=["n0"],
                     domains={}, grid=Grid(1, 1, 1), backend="gloo", device=torch.device("cpu"),

@@ -399,3 +399,10 @@ def test_a_small_job_gets_no_control_plane_warning(in_tmp):
     r = invoke("--site", "local", write_cfg(in_tmp), "--dry-run")
     assert r.exit_code == 0, r.output
     assert "coordinator" not in r.output.split("#!/")[0]
+
+
+def test_unsupported_checksum(in_tmp):
+    p = write_cfg(in_tmp, resilience={"checksum": "md5"})
+    assert_bad(invoke("--site", "local", p, "--dry-run"), "resilience.checksum", "'md5'",
+               "Input should be 'xxh3_64', 'crc32c' or 'crc32'")
+    assert not (in_tmp / "runs").exists()

@@ -107,7 +107,7 @@ def main() -> None:
 
         allocations = []
         real_alloc = pmod.allocate_buffers
-        pmod.allocate_buffers = lambda plan, pin: allocations.append(plan.total_bytes) or real_alloc(plan, pin)
+        pmod.allocate_buffers = lambda plan, pin, **kw: allocations.append(plan.total_bytes) or real_alloc(plan, pin, **kw)
         mem = None
         if a.mem_available:
             mr, mb = (int(x) for x in a.mem_available.split(":"))

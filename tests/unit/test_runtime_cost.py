@@ -1,0 +1,116 @@
+"""Checksum choice, CPU accounting of the protection path, buffer reuse across generations and the CPU
+cost analysis of the benchmark (pure parts; the runtime's threads run end to end in tests/e2e)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from phoenix_hpc.bench.overhead import analyze_cpu
+from phoenix_hpc.errors import ReplicationError
+from phoenix_hpc.runtime import buffers as B
+from phoenix_hpc.runtime import snapshot as S
+from phoenix_hpc.runtime.checksum import CHECKSUMS, DEFAULT_CHECKSUM, checksum_function, combine
+from phoenix_hpc.runtime.cpu_account import CATEGORIES, CpuAccount, Span, delta
+
+from test_runtime_buffers import state
+
+
+def _sealed(algo):
+    opt, params = state(1)
+    env = {"step": 4}
+    lay = S.plan_layout(opt, params, {"shard_id": "opt/pp0/tp0/dp1", "envelope": env})
+    buf = torch.zeros(lay.total_bytes, dtype=torch.uint8)
+    S.copy_in(buf, lay, opt, params)
+    sums = S.checksums(buf, lay, (S.OPT, S.PARAM), algo)
+    c = S.seal(buf, lay, shard_id="opt/pp0/tp0/dp1", step=4, generation=1, grid={"tp": 1, "pp": 1, "dp": 2},
+               coord={"pp": 0, "dp": 1, "tp": 0}, envelope=env, checksum=algo, sums=sums)
+    return lay, buf, c, sums
+
+
+@pytest.mark.parametrize("algo", CHECKSUMS)
+def test_every_checksum_verifies_and_detects_a_flipped_bit(algo):
+    lay, buf, c, sums = _sealed(algo)
+    h, again = S.verify(buf, (S.OPT, S.PARAM))
+    assert h.index["checksum"] == algo and again == c == combine([s for s, sl in zip(sums, lay.slots) if sl.part == S.OPT])
+    slot = lay.slots[1]
+    buf[slot.offset + 3] ^= 1
+    with pytest.raises(ReplicationError, match=f"fails its checksum \\({algo}"):
+        S.verify(buf, (S.OPT,))
+
+
+def test_algorithms_differ_and_the_default_is_one_of_them():
+    data = memoryview(bytes(range(256)) * 64)
+    values = {a: checksum_function(a)(data) for a in CHECKSUMS}
+    assert len(set(values.values())) == len(CHECKSUMS)
+    assert DEFAULT_CHECKSUM in CHECKSUMS
+    with pytest.raises(ReplicationError, match="unknown checksum 'md5'; allowed: xxh3_64, crc32c, crc32"):
+        checksum_function("md5")
+
+
+def test_an_index_naming_an_unknown_algorithm_is_refused():
+    import struct
+    import zlib
+
+    lay, buf, c, _ = _sealed("crc32")
+    a = buf.numpy()
+    fields = list(struct.unpack("<8sIIIIQQQqq", a[:S.HEADER_BYTES].tobytes()))
+    raw = a[S.HEADER_BYTES:S.HEADER_BYTES + fields[3]].tobytes()
+    bad = raw.replace(b'"checksum":"crc32"', b'"checksum":"crc99"')
+    assert bad != raw and len(bad) == len(raw)
+    a[S.HEADER_BYTES:S.HEADER_BYTES + len(bad)] = list(bad)
+    fields[4] = zlib.crc32(bad)
+    a[:S.HEADER_BYTES] = list(struct.pack("<8sIIIIQQQqq", *fields))
+    assert S.read_header(buf).index["checksum"] == "crc99"
+    with pytest.raises(ReplicationError, match="unknown checksum 'crc99'"):
+        S.verify(buf, (S.OPT,))
+
+
+def test_cpu_account_counts_thread_cpu_time_not_sleep():
+    acc = CpuAccount()
+    with Span(acc, "checksum"):
+        time.sleep(0.05)
+    with Span(acc, "copy"):
+        t0 = time.thread_time_ns()
+        while time.thread_time_ns() - t0 < 30_000_000:  # 30 ms of this thread's CPU, however loaded the host
+            pass
+    t = acc.totals()
+    assert set(t) == set(CATEGORIES)
+    assert t["checksum"] < 10e6 and t["copy"] >= 30e6
+    assert delta(acc.totals(), t) == dict.fromkeys(CATEGORIES, 0)
+
+
+def test_buffers_are_reused_across_generations_with_fresh_pingpong_state():
+    old = B.allocate_buffers(B.MemoryPlan(1000, (("a", 300), ("b", 300))), pin=False)
+    old.local.commit(0, 7)
+    ptrs = {t.data_ptr() for p in [old.local, *old.held.values()] for t in p.bufs}
+    # same sizes, another held shard (a shard's replica size, not its name, decides)
+    new = B.allocate_buffers(B.MemoryPlan(1000, (("c", 300), ("a", 300))), pin=False, reuse=old)
+    assert {t.data_ptr() for p in [new.local, *new.held.values()] for t in p.bufs} == ptrs
+    assert new.local.committed() == (None, None) and new.local.verified_steps() == []
+    assert set(new.held) == {"c", "a"}
+    # another size: that pair is new, the others reused
+    third = B.allocate_buffers(B.MemoryPlan(1000, (("c", 500),)), pin=False, reuse=new)
+    assert third.local.bufs[0].data_ptr() in ptrs and third.held["c"].bufs[0].data_ptr() not in ptrs
+    assert third.held["c"].nbytes == 500
+
+
+def _rank(rank, steps, tp=None):
+    return {"rank": rank, "checksum": "crc32", "throughput_ns_per_byte": tp or {"memcpy": 0.1, "crc32": 0.3},
+            "blocks": [{"mode": "off"}, {"mode": "on", "stats": {
+                "snapshot_bytes": 1000, "sent_bytes": 400, "received_bytes": 400, "cpu_ns_per_step": steps}}]}
+
+
+def test_analyze_cpu_per_protected_byte_against_the_measured_limit():
+    step = {"copy": 100, "checksum": 300, "mpi": 50, "bookkeeping": 50}
+    first = {"copy": 10**9, "checksum": 0, "mpi": 0, "bookkeeping": 0}  # dropped: the block's first step
+    out = analyze_cpu([_rank(0, [first, step, step])])
+    (p,) = out["ranks"]
+    assert p["steps"] == 2 and p["ns_per_byte"] == {"copy": 0.1, "checksum": 0.3, "mpi": 0.05, "bookkeeping": 0.05}
+    assert p["ns_per_byte_total"] == 0.5
+    # limit: memcpy x (1000 + 400 + 400) + crc32 x (1000 + 400) = 180 + 420 = 600 ns
+    assert p["limit_ns_per_byte"] == 0.6 and p["ratio"] == round(500 / 600, 2)
+    assert out["ratio_median"] == p["ratio"]
+    assert analyze_cpu([{"rank": 0, "blocks": [{"mode": "off"}]}]) == {"ranks": [], "ratio_median": None}
