@@ -137,28 +137,6 @@ class Job:
         self.client.cancel(self.job_id)
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
-
-    d = tmp_path_factory.mktemp("hotswap-data") / "stdlib"
-    prepare_dataset(stdlib_dir(), d, max_bytes=300_000)
-    return d
-
-
-@pytest.fixture(scope="module")
-def env(slurm_env, tmp_path_factory):
-    e = dict(slurm_env)
-    e["PHOENIX_HOME"] = str(tmp_path_factory.mktemp("phoenix-home"))
-    return e
-
-
-@pytest.fixture(scope="module")
-def reference(env, data, tmp_path_factory):
-    """The fault-free run: its job_done."""
-    return _run_reference(env, data, tmp_path_factory.mktemp("ref"), "ref")
-
-
 def _run_reference(env, data, tmp, name, config=None) -> dict:
     """Run a job without faults to its end; its ``job_done`` record (the oracle's reference hash)."""
     job = Job(env, tmp, data, name, config)

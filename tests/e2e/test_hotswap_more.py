@@ -13,8 +13,7 @@ import json
 
 import pytest
 
-from test_hotswap import (CONFIG, PHASES, PATHS, Job, _run_reference, _wait, check_path, data, env,  # noqa: F401 -- fixtures reused
-                          with_path)
+from test_hotswap import CONFIG, PHASES, PATHS, Job, _run_reference, _wait, check_path, with_path  # noqa: F401
 from phoenix_hpc.slurm import cluster as lc
 from phoenix_hpc.slurm import procs
 

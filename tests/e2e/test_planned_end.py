@@ -14,8 +14,7 @@ import subprocess
 
 import pytest
 
-from test_hotswap import CONFIG, PHOENIX, STEPS, Job, _run_reference, _wait  # noqa: F401 -- fixtures below
-from test_hotswap import data, env, reference  # noqa: F401
+from test_hotswap import CONFIG, PHOENIX, STEPS, Job, _run_reference, _wait  # noqa: F401
 
 pytestmark = pytest.mark.cluster
 
