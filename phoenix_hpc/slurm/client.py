@@ -179,6 +179,16 @@ class SlurmClient:
         self._out(["scancel", *(["--batch"] if batch else []), *([f"--signal={signal}"] if signal else []),
                    str(job_id)])
 
+    def set_time_limit(self, job_id: str, minutes: int) -> None:
+        """``scontrol update JobId=JOB TimeLimit=MINUTES``. scontrol(1): a user may lower the time limit of
+        a job of their own, also while it runs; a limit already passed ends the job as TIMEOUT at slurmctld's
+        next time-limit check (about every 30 s).
+
+        Raises:
+            SlurmError: scontrol refused (its message is included).
+        """
+        self._out(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={int(minutes)}"])
+
     # --- reading ------------------------------------------------------------------------------------------
     def queue(self, job_id: str | None = None) -> list[dict[str, Any]]:
         """``squeue --json [--jobs=ID]``: the ``jobs`` list (Slurm's JSON objects, works on 22.05)."""

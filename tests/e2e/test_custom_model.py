@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_hotswap import CONFIG, PHASES, Job, _run_reference, _wait, data, env  # noqa: F401 -- fixtures reused
+from test_hotswap import CONFIG, PHASES, Job, _run_reference, _wait  # noqa: F401
 from phoenix_hpc.slurm import cluster as lc
 from phoenix_hpc.slurm import procs
 

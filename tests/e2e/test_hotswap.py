@@ -9,11 +9,16 @@ happen mid-run, and requires:
 
 - the job finishes (``job_done``) with a final hash *identical* to the fault-free one;
 - the journal has ``recovery_done`` with ``steps_replayed <= 1`` and the phase timings
-  (detect, reconfigure, params, optimizer, replay).
+  (detect, reconfigure, params, optimizer, replay), one per fault.
+
+Where two faults share a job (each job's start costs more than its training), the job has two spares and the
+second fault targets logical rank 0, armed at the start for a later step, so it lands after the first
+recovery; the checks are made for each fault.
 
 Tests parametrized with ``path`` run the job on both recovery paths (docs/design.md section 6): ``rebind``
 (the torch engine's own, ``resilience.recovery_path: auto``) and ``rebuild`` (every member tears its engine
-down and builds a new one); each checks in the ranks' summaries which path ran. A fault-free run never
+down and builds a new one; the process crash: in one phase); each checks in the ranks' summaries which path
+ran. A fault-free run never
 recovers, so one reference serves both.
 """
 
@@ -65,18 +70,20 @@ def with_path(config: dict, path: str) -> dict:
 
 def check_path(job: "Job", config: dict, path: str) -> None:
     """Every member of the final generation ran every recovery it took part in on ``path``: on ``rebuild``
-    each built a new engine and each survivor tore its old one down first; on ``rebind`` none did."""
+    each built a new engine and each survivor tore its old one down first; on ``rebind`` none did. A member
+    that joined is a survivor in every later recovery (its first recovery is the one it joined in)."""
     p = config["parallelism"]
     for r in range(p.get("tp", 1) * p.get("pp", 1) * p["dp"]):
         summary = json.loads((job.run_dir / "ranks" / f"rank{r}.json").read_text())
         recs = summary["recoveries"]
         assert recs and {x["path"] for x in recs} == {path}, (r, recs)
-        for x in recs:
+        for i, x in enumerate(recs):
+            joined = summary["joined"] and i == 0
             torn_down, built = "teardown" in x["detail"], "engine" in x["detail"]
             if path == "rebuild":
-                assert built and torn_down != summary["joined"], (r, summary["joined"], x)
+                assert built and torn_down != joined, (r, joined, x)
             else:
-                assert not torn_down and built == summary["joined"], (r, summary["joined"], x)
+                assert not torn_down and built == joined, (r, joined, x)
 
 
 _wait = wait_for
@@ -135,28 +142,6 @@ class Job:
 
     def cancel(self) -> None:
         self.client.cancel(self.job_id)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
-
-    d = tmp_path_factory.mktemp("hotswap-data") / "stdlib"
-    prepare_dataset(stdlib_dir(), d, max_bytes=300_000)
-    return d
-
-
-@pytest.fixture(scope="module")
-def env(slurm_env, tmp_path_factory):
-    e = dict(slurm_env)
-    e["PHOENIX_HOME"] = str(tmp_path_factory.mktemp("phoenix-home"))
-    return e
-
-
-@pytest.fixture(scope="module")
-def reference(env, data, tmp_path_factory):
-    """The fault-free run: its job_done."""
-    return _run_reference(env, data, tmp_path_factory.mktemp("ref"), "ref")
 
 
 def _run_reference(env, data, tmp, name, config=None) -> dict:
@@ -261,32 +246,98 @@ def _run_injected(env, data, tmp_path, name: str, kind: str, phase: str, config:
     return job, done
 
 
-@pytest.mark.parametrize("phase,path", [(ph, "rebind") for ph in ("forward", "d2h", "h2h", "optimizer")]
-                         + [(ph, "rebuild") for ph in ("forward", "h2h", "optimizer")])
-def test_process_crash_in_each_phase_is_hot_swapped_with_identical_final_hash(env, data, reference, tmp_path, phase,
+SECOND_AT = 32  # the step of the second fault of a two-fault job
+WIRE_PHASE = {"forward": "forward_backward", "optimizer": "optimizer_step"}
+
+
+# Every phase on rebind, two phases per job: logical rank 1 crashes at AT_STEP in the first, logical rank 0
+# (armed at the start, so it lands after the first recovery) at SECOND_AT in the second; two spares. Rebuild
+# once, in H2H (a survivor mid-replication when its peer dies): rebuild in the other phases is the same
+# scenario on the same path, whose checks are those of the rebind job of that phase plus
+# check_path(rebuild), which the h2h job makes. Node loss and transient run on both paths.
+@pytest.mark.parametrize("phases,path", [(("forward", "d2h"), "rebind"), (("h2h", "optimizer"), "rebind"),
+                                         (("h2h",), "rebuild")],
+                         ids=["forward+d2h-rebind", "h2h+optimizer-rebind", "h2h-rebuild"])
+def test_process_crash_in_each_phase_is_hot_swapped_with_identical_final_hash(env, data, reference, tmp_path, phases,
                                                                                path):
-    job, done = _run_injected(env, data, tmp_path, f"crash-{phase}-{path}", "crash", phase, with_path(CONFIG, path))
-    rec = _check_recovery(job, done, reference)
-    assert _fired(job)[0]["phase"] == {"forward": "forward_backward", "optimizer": "optimizer_step"}.get(phase, phase)
-    (dead,) = job.events("slots_dead")
-    assert dead["slots"] == [1]
-    # the crash in iteration AT_STEP loses at most the copy of S(AT_STEP-1): the recoverable step is AT_STEP-2 or -1
-    assert rec["recoverable_step"] in (AT_STEP - 2, AT_STEP - 1)
-    spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
-    assert spare["world_rank"] == 2 and spare["joined"]
+    cfg = with_path(dict(CONFIG, resources=dict(CONFIG["resources"], spares=len(phases))), path)
+    job = Job(env, tmp_path, data, f"crash-{'-'.join(phases)}-{path}", cfg)
+    at = [AT_STEP, SECOND_AT][:len(phases)]
+    victims = [1, 0][:len(phases)]  # logical ranks; generation-0 world rank == logical rank
+    try:
+        for phase, step, rank in zip(phases, at, victims):
+            _inject(job, "crash", phase, at_step=step, rank=rank, wait=False)
+        done = job.wait_end()
+    finally:
+        job.cancel()
+    assert done["final_hash"] == reference["final_hash"], (
+        f"final hash {done['final_hash'][:16]} != fault-free {reference['final_hash'][:16]}; "
+        f"rank hashes {done['rank_hashes']} vs {reference['rank_hashes']}")
+    assert done["step"] == STEPS and done["steps_agree"]
+    # the job finished: Slurm must say so (afterok chains, sacct), although lost slots exited non-zero
+    assert job.slurm_state == "COMPLETED", (job.slurm_state, job.output()[-1500:])
+    fired = sorted(_fired(job), key=lambda f: f["step"])
+    assert [(f["world_rank"], f["step"], f["kind"], f["phase"]) for f in fired] == [
+        (r, a, "crash", WIRE_PHASE.get(ph, ph)) for ph, a, r in zip(phases, at, victims)], fired
+    assert [d["slots"] for d in job.events("slots_dead")] == [[r] for r in victims]
+    recs = job.events("recovery_done")
+    assert [r["generation"] for r in recs] == list(range(1, len(phases) + 1)), recs
+    for rec, a in zip(recs, at):
+        assert rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1
+        assert set(rec["phases"]) == PHASES and all(v >= 0 for v in rec["phases"].values())
+        # the crash in iteration a loses at most the copy of S(a-1): the recoverable step is a-2 or a-1
+        assert rec["recoverable_step"] in (a - 2, a - 1), (rec, a)
+        print(f"crash: job {job.elapsed_s:.1f} s, recovery {rec['total_s']} s {rec['phases']}, "
+              f"R={rec['recoverable_step']}, replayed {rec['steps_replayed']}")
+    assert not job.events("invariant_violation")
+    for i, r in enumerate(victims):  # the spares, world ranks 2, 3, ... in the order of the faults
+        spare = json.loads((job.run_dir / "ranks" / f"rank{r}.json").read_text())
+        assert spare["world_rank"] == 2 + i and spare["joined"], spare
     check_path(job, CONFIG, path)
 
 
-def test_hang_is_detected_by_heartbeat_timeout_and_hot_swapped(env, data, reference, tmp_path):
-    """The stopped (SIGSTOP) slot never exits by itself: the batch script ends the srun step once the
-    coordinator is gone (after its grace period), so the allocation is released without outside help."""
-    job, done = _run_injected(env, data, tmp_path, "hang", "hang", "forward")
-    _check_recovery(job, done, reference)
-    (dead,) = job.events("slots_dead")
-    assert dead["slots"] == [1] and dead["kind"] == "heartbeat_timeout"
-    (fired,) = _fired(job)
+def test_hang_and_link_down_are_detected_by_heartbeat_timeout_and_hot_swapped(env, data, reference, tmp_path):
+    """One job, two spares, two faults found only by the heartbeat timeout, each hot swapped:
+
+    - a hang (SIGSTOP) of logical rank 1 in forward at step AT_STEP. The stopped slot never exits by itself:
+      the batch script ends the srun step once the coordinator is gone (after its grace period), so the
+      allocation is released without outside help;
+    - a link-down of logical rank 0 in forward at step SECOND_AT (armed at the start, it lands after the
+      first recovery): the slot stops talking (heartbeats stop, its thread blocks, its process and
+      connections stay).
+
+    The final state is the fault-free one. (Two faults in one job: the step grace for the slots that never
+    exit is waited for once.)"""
+    cfg = dict(CONFIG, resources=dict(CONFIG["resources"], spares=2))
+    job = Job(env, tmp_path, data, "hang-link-down", cfg)
+    try:
+        _inject(job, "hang", "forward", wait=False)
+        _inject(job, "link-down", "forward", at_step=SECOND_AT, rank=0, wait=False)
+        done = job.wait_end()
+    finally:
+        job.cancel()
+    assert done["final_hash"] == reference["final_hash"], (
+        f"final hash {done['final_hash'][:16]} != fault-free {reference['final_hash'][:16]}; "
+        f"rank hashes {done['rank_hashes']} vs {reference['rank_hashes']}")
+    assert done["step"] == STEPS and done["steps_agree"]
+    assert job.slurm_state == "COMPLETED", (job.slurm_state, job.output()[-1500:])
+    fired = sorted(_fired(job), key=lambda f: f["step"])
+    assert [(f["world_rank"], f["step"], f["kind"], f["phase"]) for f in fired] == [
+        (1, AT_STEP, "hang", "forward_backward"), (0, SECOND_AT, "link_down", "forward_backward")], fired
+    recs = job.events("recovery_done")
+    assert [r["generation"] for r in recs] == [1, 2], recs
+    for rec in recs:
+        assert rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1
+        assert set(rec["phases"]) == PHASES and all(v >= 0 for v in rec["phases"].values())
+    assert not job.events("invariant_violation")
+    dead = job.events("slots_dead")
+    assert [(d["slots"], d["kind"]) for d in dead] == [([1], "heartbeat_timeout"), ([0], "heartbeat_timeout")]
+    spares = [json.loads((job.run_dir / "ranks" / f"rank{r}.json").read_text()) for r in (1, 0)]
+    assert [(s["world_rank"], s["joined"]) for s in spares] == [(2, True), (3, True)], spares
     assert "ending the step" in job.output()
-    assert not _pid_alive(int(fired["pid"])), "the stopped slot outlived its job"
+    assert not _pid_alive(int(fired[0]["pid"])), "the stopped slot outlived its job"
+    print(f"hang + link-down: job {job.elapsed_s:.1f} s, recoveries "
+          + "; ".join(f"{r['total_s']} s {r['phases']}" for r in recs))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -297,10 +348,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_transient_error_is_a_local_recovery_without_the_spare(env, data, reference, tmp_path, path):
-    job, done = _run_injected(env, data, tmp_path, f"transient-{path}", "transient", "forward", with_path(CONFIG, path))
-    _check_recovery(job, done, reference, action="local_recovery")
+def _check_local_recovery(job: Job, path: str) -> None:
+    """A local recovery: no slot dead, no spare joined, nothing transferred, every member on ``path``."""
     assert not job.events("slots_dead")
     (plan,) = job.events("recovery_plan")
     assert plan["joins"] == [] and plan["transfers"] == []
@@ -308,6 +357,15 @@ def test_transient_error_is_a_local_recovery_without_the_spare(env, data, refere
     assert [r["world_rank"] for r in ranks] == [0, 1] and all(r["generation"] == 1 for r in ranks)
     assert not (job.run_dir / "ranks" / "rank2.json").exists()
     check_path(job, CONFIG, path)
+
+
+# rebuild here; the transient error on rebind is the job of
+# test_transient_error_in_h2h_releases_the_peer_waiting_for_its_ack (phase H2H), which makes these checks too
+@pytest.mark.parametrize("path", ["rebuild"])
+def test_transient_error_is_a_local_recovery_without_the_spare(env, data, reference, tmp_path, path):
+    job, done = _run_injected(env, data, tmp_path, f"transient-{path}", "transient", "forward", with_path(CONFIG, path))
+    _check_recovery(job, done, reference, action="local_recovery")
+    _check_local_recovery(job, path)
 
 
 def test_crash_during_a_recovery_is_queued_and_hot_swapped(env, data, reference, tmp_path):
@@ -348,17 +406,6 @@ def test_gpu_error_fences_the_slot_and_hot_swaps_it(env, data, reference, tmp_pa
     assert spare["world_rank"] == 2 and spare["joined"]
 
 
-def test_link_down_is_detected_by_heartbeat_timeout_and_hot_swapped(env, data, reference, tmp_path):
-    """The slot stops talking in forward (heartbeats stop, its thread blocks, its process and connections
-    stay): found by the heartbeat timeout, hot swapped; the final state is the fault-free one."""
-    job, done = _run_injected(env, data, tmp_path, "link-down", "link-down", "forward")
-    _check_recovery(job, done, reference)
-    (dead,) = job.events("slots_dead")
-    assert dead["slots"] == [1] and dead["kind"] == "heartbeat_timeout"
-    spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
-    assert spare["world_rank"] == 2 and spare["joined"]
-
-
 PAUSE_S = 6.0  # longer than the heartbeat timeout (4 s) the coordinator applies to slots
 
 
@@ -381,7 +428,8 @@ def _pause_coordinator(job: Job, seconds: float) -> tuple[int, int]:
 def test_transient_error_in_h2h_releases_the_peer_waiting_for_its_ack(env, data, reference, tmp_path):
     """A transient error in rank 1's H2H send: rank 0 waits in wait_commit for an acknowledgement that will
     not come. The coordinator's quiesce ends that wait (it does not run into the commit timeout), and the
-    local recovery ends in the fault-free state.
+    local recovery (on the rebind path: no slot dead, no spare joined, nothing transferred) ends in the
+    fault-free state.
 
     After the recovery the coordinator is paused (SIGSTOP) for longer than the heartbeat timeout and then
     continued: a busy coordinator is not a dead one. No rank exits, the ranks train on while it is stopped,
@@ -401,7 +449,7 @@ def test_transient_error_in_h2h_releases_the_peer_waiting_for_its_ack(env, data,
     timeouts = [f for f in job.events("fault") if "timed out" in str(f.get("message", ""))]
     assert not timeouts, timeouts
     assert before < STEPS and after > before, f"no step while the coordinator was stopped ({before} -> {after})"
-    assert not job.events("slots_dead")
+    _check_local_recovery(job, "rebind")
     (paused,) = [e for e in job.events("coordinator_paused") if e["paused_s"] >= PAUSE_S - 1]
     ranks = [json.loads((job.run_dir / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["status"] for r in ranks] == ["done", "done"]

@@ -13,8 +13,7 @@ import json
 
 import pytest
 
-from test_hotswap import (CONFIG, PHASES, PATHS, Job, _run_reference, _wait, check_path, data,  # noqa: F401
-                          env, with_path)
+from test_hotswap import CONFIG, PHASES, PATHS, Job, _run_reference, _wait, check_path, with_path  # noqa: F401
 from phoenix_hpc.slurm import cluster as lc
 from phoenix_hpc.slurm import procs
 
@@ -65,35 +64,46 @@ def pp_reference(env, data, tmp_path_factory):  # noqa: F811
     return _run_reference(env, data, tmp_path_factory.mktemp("ref-pp"), "ref-pp", PP_CONFIG)
 
 
-@pytest.mark.parametrize("victim,path", [(1, "rebind"), (3, "rebind"), (3, "rebuild")],
-                         ids=["first-stage-rebind", "last-stage-rebind", "last-stage-rebuild"])
+@pytest.mark.parametrize("victims,path", [((1, 3), "rebind"), ((3,), "rebuild")],
+                         ids=["first-then-last-stage-rebind", "last-stage-rebuild"])
 def test_pp2_node_loss_is_hot_swapped_with_identical_final_hash(env, data, pp_reference, slurm_cluster,  # noqa: F811
-                                                                 tmp_path, victim, path):
-    """Logical 1 = (pp0, dp1), first pipeline stage; logical 3 = (pp1, dp1), the stage computing the loss."""
-    job = Job(env, tmp_path, data, f"pp-node-loss-{victim}-{path}", with_path(PP_CONFIG, path))
+                                                                 tmp_path, victims, path):
+    """Logical 1 = (pp0, dp1), first pipeline stage; logical 3 = (pp1, dp1), the stage computing the loss.
+    On rebind one job loses both, one after the other (two spares: the node of logical 1 at step 8, the node
+    of logical 3 at step 16, after the first hot swap); each loss is checked as its own job would be."""
+    cfg = dict(PP_CONFIG, resources=dict(PP_CONFIG["resources"], spares=len(victims)))
+    job = Job(env, tmp_path, data, f"pp-node-loss-{'-'.join(map(str, victims))}-{path}", with_path(cfg, path))
     nodes: list[str] = []
     try:
-        nodes = _kill_nodes(slurm_cluster, job, [victim], 8)
+        for i, victim in enumerate(victims):
+            if i:
+                _wait(lambda: len(job.events("recovery_done")) == i, 120, f"hot swap {i}", poll_s=0.2)
+            nodes += _kill_nodes(slurm_cluster, job, [victim], 8 * (i + 1))
         done = job.wait_end(240)
     finally:
         job.cancel()
         _revive(slurm_cluster, nodes)
     _same_hash(done, pp_reference)
-    (rec,) = job.events("recovery_done")
-    assert rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1 and set(rec["phases"]) == PHASES
+    recs = job.events("recovery_done")
+    assert [r["generation"] for r in recs] == list(range(1, len(victims) + 1)), recs
+    for rec in recs:
+        assert rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1 and set(rec["phases"]) == PHASES
     # a survivor blocked in a collective with a survivor that saw the dead rank is released by that
     # survivor's destroyed groups (Member.release_groups), not by resilience.collective_timeout_s
     timeouts = [f for f in job.events("fault") if f.get("kind") == "collective_timeout"]
     assert not timeouts, f"a survivor waited for the collective timeout: {timeouts}"
-    (plan,) = job.events("recovery_plan")
-    (join,) = plan["joins"]
-    assert join["logical_rank"] == victim and join["world_rank"] == 4
-    spare = json.loads((job.run_dir / "ranks" / f"rank{victim}.json").read_text())
-    assert spare["world_rank"] == 4 and spare["joined"]
-    assert spare["state_hash"] == pp_reference["rank_hashes"][victim]
+    plans = job.events("recovery_plan")
+    assert len(plans) == len(victims), plans
+    for i, (plan, victim) in enumerate(zip(plans, victims)):
+        (join,) = plan["joins"]
+        assert join["logical_rank"] == victim and join["world_rank"] == 4 + i
+        spare = json.loads((job.run_dir / "ranks" / f"rank{victim}.json").read_text())
+        assert spare["world_rank"] == 4 + i and spare["joined"]
+        assert spare["state_hash"] == pp_reference["rank_hashes"][victim]
     check_path(job, PP_CONFIG, path)
-    print(f"pp=2 node loss of logical {victim}: job {job.elapsed_s:.1f} s, recovery {rec['total_s']} s {rec['phases']}, "
-          f"R={rec['recoverable_step']}, replayed {rec['steps_replayed']}")
+    for victim, rec in zip(victims, recs):
+        print(f"pp=2 node loss of logical {victim}: job {job.elapsed_s:.1f} s, recovery {rec['total_s']} s "
+              f"{rec['phases']}, R={rec['recoverable_step']}, replayed {rec['steps_replayed']}")
 
 
 # dp=3 on 3 active nodes + 2 spares, replicas on the plain DP ring (shard i held by i+1, then i+2), a

@@ -32,7 +32,7 @@ from click.testing import CliRunner
 from phoenix_hpc.cli.main import cli
 from phoenix_hpc.faults.trigger import read_fired
 
-from test_hotswap import CONFIG, Job, data, env  # noqa: F401 -- the Job class and its module fixtures
+from test_hotswap import CONFIG, Job  # noqa: F401 -- the Job class (fixtures: tests/e2e/conftest.py)
 
 pytestmark = pytest.mark.cluster
 

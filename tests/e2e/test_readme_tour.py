@@ -8,8 +8,9 @@ reader would re-run ``phoenix status``. The placeholders a reader fills in from 
 printed (``JOBID``, ``RUN_DIR``) are filled in from the last submit's output. Three departures, each for
 time only:
 
-- each job trains :data:`TOUR_STEPS` steps instead of the README's ``--steps 1500`` (time a person needs to
-  read and type, not a machine);
+- the job to break trains :data:`TOUR_STEPS` steps and the job to stop and resume :data:`STOP_STEPS`
+  instead of the README's ``--steps 1500`` (time a person needs to read and type, not a machine; the job to
+  stop is stopped at its first steps, so what its resumed job trains is only time);
 - the full ``phoenix drill`` (two more jobs) is left out: ``tests/e2e/test_drill.py`` runs it; its
   ``--dry-run`` form runs here;
 - ``phoenix model simulate`` is left out (seconds of Monte Carlo; ``tests/unit/test_model_cli.py``).
@@ -34,7 +35,8 @@ from waiting import wait_for
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-TOUR_STEPS = 300
+TOUR_STEPS = 300  # the job to break: two faults and their recoveries before its end
+STOP_STEPS = 100  # the job to stop (at its first steps) and resume
 README_STEPS = "--steps 1500"
 
 
@@ -95,7 +97,7 @@ def test_readme_tour_works_as_written():
                          and (s["job"]["step"] or 0) >= 1, 180, "the second job to train", poll_s=0.5)
             if cmd == "phoenix status" and i > 0 and cmds[i - 1].startswith("scancel"):  # "until it says stopped"
                 wait_for(lambda: _status(work, env)["job"]["state"] == "stopped", 180, "the job to stop", poll_s=0.5)
-            cmd = cmd.replace(README_STEPS, f"--steps {TOUR_STEPS}")
+            cmd = cmd.replace(README_STEPS, f"--steps {STOP_STEPS if injected else TOUR_STEPS}")
             if re.search(r"\b(JOBID|RUN_DIR)\b", cmd) and not cmd.startswith("phoenix status"):
                 assert submitted, f"`{cmd}` names the job of a submit, and none came before it"
                 cmd = re.sub(r"\bJOBID\b", submitted["job id"], cmd)

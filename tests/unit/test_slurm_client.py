@@ -94,3 +94,15 @@ def test_unreachable_slurm_is_one_line():
     assert slurm_unreachable(str(down)) and slurm_unreachable(str(stopped)) and not slurm_unreachable(str(forgotten))
     assert error_line(down) == error_line(stopped) == "Slurm not reachable"
     assert error_line(forgotten) == str(forgotten)
+
+
+def test_set_time_limit_runs_scontrol_update():
+    from phoenix_hpc.slurm.client import SlurmClient
+
+    calls = []
+
+    class _Out:
+        stdout = ""
+
+    SlurmClient(runner=lambda args, **kw: calls.append(args) or _Out()).set_time_limit("53", 1)
+    assert calls == [["scontrol", "update", "JobId=53", "TimeLimit=1"]]
