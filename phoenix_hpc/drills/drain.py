@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from phoenix_hpc.drills.inject import resolve_target
 from phoenix_hpc.errors import ControlError, FaultError, FaultMissed
 from phoenix_hpc.status.model import Status
-
-LIVE = ("active", "standby", "joining", "quiesced")
 
 
 @dataclass(frozen=True)
@@ -45,12 +44,6 @@ def build_drain(st: Status, *, rank: int | None = None, node: str | None = None,
             node outside the job or without a live slot; a node (or rank) that holds only standby spares;
             no spare left on another node (shrinking the job instead is not available).
     """
-    from phoenix_hpc.faults.kinds import parse_coord
-
-    given = [n for n, v in (("--rank", rank), ("--node", node), ("--coord", coord)) if v is not None]
-    if len(given) != 1:
-        raise FaultError("target: give exactly one of --rank R, --node NODE, --coord pp,dp,tp"
-                         + (f" (got {', '.join(given)})" if given else ""))
     job = st.job
     if st.finished or job.state == "ended":
         raise FaultError(f"job {job.job_id or job.run_dir} is {job.state}"
@@ -59,34 +52,8 @@ def build_drain(st: Status, *, rank: int | None = None, node: str | None = None,
     if not st.slots or job.coordinator is None or job.state in ("pending", "starting"):
         raise FaultError(f"job {job.job_id or job.run_dir} has not started training yet (state {job.state}); "
                          "drain once `phoenix status` shows it running; nothing was sent")
-    g = job.grid
-    grid = (g["tp"], g["pp"], g["dp"]) if g else None
-    n = grid[0] * grid[1] * grid[2] if grid else len([s for s in st.slots if s.logical_rank is not None])
-    live = [s for s in st.slots if s.state in LIVE]
-    by_logical = {s.logical_rank: s for s in live if s.logical_rank is not None and s.state != "standby"}
-    if rank is not None:
-        if not 0 <= rank < n:
-            raise FaultError(f"--rank: {rank} is outside the job; logical ranks are 0..{n - 1}")
-        if rank not in by_logical:
-            raise FaultError(f"--rank: no live slot holds logical rank {rank} now; nothing was sent")
-        targets, target = [by_logical[rank]], {"logical_rank": int(rank)}
-    elif coord is not None:
-        pp, dp, tp = parse_coord(coord, grid)
-        if grid is None:
-            raise FaultError("--coord: the job's grid is not known yet; use --rank or --node")
-        r = (pp * grid[2] + dp) * grid[0] + tp
-        if r not in by_logical:
-            raise FaultError(f"--coord: no live slot holds ({pp},{dp},{tp}) (logical rank {r}) now; nothing was sent")
-        targets, target = [by_logical[r]], {"coord": [pp, dp, tp]}
-    else:
-        names = sorted({s.node for s in st.slots} | set(job.node_list))
-        if node not in names:
-            raise FaultError(f"--node: {node!r} is not a node of job {job.job_id or job.run_dir}; its nodes: "
-                             f"{', '.join(names)}")
-        targets = [s for s in live if s.node == node]
-        if not targets:
-            raise FaultError(f"--node: {node} has no live slot (lost, released or drained); nothing was sent")
-        target = {"node": node}
+    targets, target, live = resolve_target(st, rank=rank, node=node, coord=coord,
+                                           node_gone="lost, released or drained")
     spares = [s for s in targets if s.state == "standby"]
     if spares:
         raise FaultError(f"--node: {node} holds standby spares (world ranks {[s.world_rank for s in spares]}), "

@@ -68,6 +68,49 @@ def _grid(st: Status) -> tuple[int, int, int] | None:
     return (g["tp"], g["pp"], g["dp"]) if g else None
 
 
+def resolve_target(st: Status, *, rank: int | None, node: str | None, coord: str | None,
+                   node_gone: str = "lost or released") -> tuple[list, dict[str, Any], list]:
+    """The live slots that ``--rank`` / ``--node`` / ``--coord`` (exactly one) name in the job of ``st``,
+    the target as sent to the coordinator (``{"logical_rank": r}``, ``{"coord": [pp, dp, tp]}`` or
+    ``{"node": name}``), and the job's live slots. Shared by fault injection and planned drains. Pure.
+
+    Raises:
+        FaultError: not exactly one target; a rank or coordinate outside the job or held by no live slot; a
+            node that is not the job's or has no live slot (``node_gone`` says what such a node may be).
+    """
+    given = [n for n, v in (("--rank", rank), ("--node", node), ("--coord", coord)) if v is not None]
+    if len(given) != 1:
+        raise FaultError("target: give exactly one of --rank R, --node NODE, --coord pp,dp,tp"
+                         + (f" (got {', '.join(given)})" if given else ""))
+    grid = _grid(st)
+    n = grid[0] * grid[1] * grid[2] if grid else len([s for s in st.slots if s.logical_rank is not None])
+    live = [s for s in st.slots if s.state in LIVE]
+    by_logical = {s.logical_rank: s for s in live if s.logical_rank is not None and s.state != "standby"}
+    if rank is not None:
+        if not 0 <= rank < n:
+            raise FaultError(f"--rank: {rank} is outside the job; logical ranks are 0..{n - 1}")
+        if rank not in by_logical:
+            raise FaultError(f"--rank: no live slot holds logical rank {rank} now; nothing was sent")
+        return [by_logical[rank]], {"logical_rank": int(rank)}, live
+    if coord is not None:
+        pp, dp, tp = parse_coord(coord, grid)
+        if grid is None:
+            raise FaultError("--coord: the job's grid is not known yet; use --rank or --node")
+        r = (pp * grid[2] + dp) * grid[0] + tp
+        if r not in by_logical:
+            raise FaultError(f"--coord: no live slot holds ({pp},{dp},{tp}) (logical rank {r}) now; nothing was sent")
+        return [by_logical[r]], {"coord": [pp, dp, tp]}, live
+    job = st.job
+    names = sorted({s.node for s in st.slots} | set(job.node_list))
+    if node not in names:
+        raise FaultError(f"--node: {node!r} is not a node of job {job.job_id or job.run_dir}; its nodes: "
+                         f"{', '.join(names)}")
+    targets = [s for s in live if s.node == node]
+    if not targets:
+        raise FaultError(f"--node: {node} has no live slot ({node_gone}); nothing was sent")
+    return targets, {"node": node}, live
+
+
 def build_request(st: Status, kind: str, *, rank: int | None = None, node: str | None = None,
                   coord: str | None = None, at_step: int | None = None, phase: str | None = None) -> InjectRequest:
     """Validate a request against the job's status and resolve its target.
@@ -88,10 +131,6 @@ def build_request(st: Status, kind: str, *, rank: int | None = None, node: str |
     """
     spec = kind_spec(kind)
     p = check_phase(kind, phase)
-    given = [n for n, v in (("--rank", rank), ("--node", node), ("--coord", coord)) if v is not None]
-    if len(given) != 1:
-        raise FaultError("target: give exactly one of --rank R, --node NODE, --coord pp,dp,tp"
-                         + (f" (got {', '.join(given)})" if given else ""))
     job = st.job
     if st.finished or job.state == "ended":
         raise FaultError(f"job {job.job_id or job.run_dir} is {job.state}"
@@ -102,36 +141,7 @@ def build_request(st: Status, kind: str, *, rank: int | None = None, node: str |
     if not st.slots or job.coordinator is None or job.state in ("pending", "starting"):
         raise FaultError(f"job {job.job_id or job.run_dir} has not started training yet (state {job.state}); "
                          "inject once `phoenix status` shows it running; nothing was sent")
-    grid = _grid(st)
-    n = grid[0] * grid[1] * grid[2] if grid else len([s for s in st.slots if s.logical_rank is not None])
-    live = [s for s in st.slots if s.state in LIVE]
-    by_logical = {s.logical_rank: s for s in live if s.logical_rank is not None and s.state != "standby"}
-
-    if rank is not None:
-        if not 0 <= rank < n:
-            raise FaultError(f"--rank: {rank} is outside the job; logical ranks are 0..{n - 1}")
-        if rank not in by_logical:
-            raise FaultError(f"--rank: no live slot holds logical rank {rank} now; nothing was sent")
-        targets = [by_logical[rank]]
-        target: dict[str, Any] = {"logical_rank": int(rank)}
-    elif coord is not None:
-        pp, dp, tp = parse_coord(coord, grid)
-        if grid is None:
-            raise FaultError("--coord: the job's grid is not known yet; use --rank or --node")
-        r = (pp * grid[2] + dp) * grid[0] + tp
-        if r not in by_logical:
-            raise FaultError(f"--coord: no live slot holds ({pp},{dp},{tp}) (logical rank {r}) now; nothing was sent")
-        targets = [by_logical[r]]
-        target = {"coord": [pp, dp, tp]}
-    else:
-        names = sorted({s.node for s in st.slots} | set(job.node_list))
-        if node not in names:
-            raise FaultError(f"--node: {node!r} is not a node of job {job.job_id or job.run_dir}; its nodes: "
-                             f"{', '.join(names)}")
-        targets = [s for s in live if s.node == node]
-        if not targets:
-            raise FaultError(f"--node: {node} has no live slot (lost or released); nothing was sent")
-        target = {"node": node}
+    targets, target, live = resolve_target(st, rank=rank, node=node, coord=coord)
 
     kill_node = spec.name == "kill-node"
     the_node = targets[0].node if kill_node else None
