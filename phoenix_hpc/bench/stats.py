@@ -124,26 +124,33 @@ def median_ratio(num: Sequence[float], den: Sequence[float], *, resamples: int =
     Raises BenchError: an empty side, a non-positive median of ``den``, ``resamples < 1`` or ``level``
     outside (0, 1).
     """
+    return _bootstrap_ratio(num, den, statistics.median, "median", resamples, level, seed)
+
+
+def _bootstrap_ratio(num: Sequence[float], den: Sequence[float], stat, name: str, resamples: int, level: float,
+                     seed: int) -> Ratio:
+    """``stat(num) / stat(den)`` with the percentile-bootstrap CI of :func:`median_ratio` and
+    :func:`mean_ratio` (each resample draws ``den`` first, then ``num``; ``name`` names ``stat`` in errors).
+
+    Raises BenchError: an empty side, ``resamples < 1``, ``level`` outside (0, 1) or ``stat(den) <= 0``."""
     if not num or not den:
         raise BenchError(f"ratio: need values on both sides, got {len(num)} and {len(den)}")
     if resamples < 1:
         raise BenchError(f"resamples: must be >= 1, got {resamples}")
     if not 0.0 < level < 1.0:
         raise BenchError(f"level: must be in (0, 1), got {level}")
-    d = statistics.median(den)
+    d = stat(den)
     if d <= 0:
-        raise BenchError(f"ratio: the denominator's median is {d}, must be > 0")
-    value = statistics.median(num) / d
+        raise BenchError(f"ratio: the denominator's {name} is {d}, must be > 0")
+    value = stat(num) / d
     rng = random.Random(seed)
     ratios = []
     for _ in range(resamples):
-        n = statistics.median(rng.choices(num, k=len(num)))
-        m = statistics.median(rng.choices(den, k=len(den)))
+        m = stat(rng.choices(den, k=len(den)))
         if m > 0:
-            ratios.append(n / m)
-    lo = quantile(ratios, (1 - level) / 2)
-    hi = quantile(ratios, (1 + level) / 2)
-    return Ratio(value=value, lo=lo, hi=hi, level=level, resamples=resamples)
+            ratios.append(stat(rng.choices(num, k=len(num))) / m)
+    return Ratio(value=value, lo=quantile(ratios, (1 - level) / 2), hi=quantile(ratios, (1 + level) / 2),
+                 level=level, resamples=resamples)
 
 
 def clean_steps(step_ms: Sequence[float], warmup: int, trim: float) -> list[float]:
@@ -202,23 +209,6 @@ def mean_ratio(num: Sequence[float], den: Sequence[float], *, resamples: int = 2
     Raises BenchError: an empty side, a non-positive mean of ``den`` or a negative value, ``resamples < 1``
     or ``level`` outside (0, 1).
     """
-    if not num or not den:
-        raise BenchError(f"ratio: need values on both sides, got {len(num)} and {len(den)}")
-    if resamples < 1:
-        raise BenchError(f"resamples: must be >= 1, got {resamples}")
-    if not 0.0 < level < 1.0:
-        raise BenchError(f"level: must be in (0, 1), got {level}")
-    if min(den) < 0 or min(num) < 0:
+    if (num and min(num) < 0) or (den and min(den) < 0):
         raise BenchError("ratio: durations must be >= 0")
-    d = statistics.fmean(den)
-    if d <= 0:
-        raise BenchError(f"ratio: the denominator's mean is {d}, must be > 0")
-    value = statistics.fmean(num) / d
-    rng = random.Random(seed)
-    ratios = []
-    for _ in range(resamples):
-        m = statistics.fmean(rng.choices(den, k=len(den)))
-        if m > 0:
-            ratios.append(statistics.fmean(rng.choices(num, k=len(num))) / m)
-    return Ratio(value=value, lo=quantile(ratios, (1 - level) / 2), hi=quantile(ratios, (1 + level) / 2),
-                 level=level, resamples=resamples)
+    return _bootstrap_ratio(num, den, statistics.fmean, "mean", resamples, level, seed)
