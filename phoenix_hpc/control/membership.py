@@ -108,7 +108,9 @@ class MembershipMixin:
         if logical is not None:
             self.rank_map[logical] = w
         self.counters["accepted"] += 1
-        self.journal.append("registered", world_rank=w, pid=pid, node=node, role=role, logical_rank=logical)
+        # the placement inputs go to the journal too: a restarted coordinator recomputes placements from them
+        self.journal.append("registered", world_rank=w, pid=pid, node=node, role=role, logical_rank=logical,
+                            **({"placement_inputs": inputs} if inputs is not None else {}))
         self._reply(body, {"type": "registered", "generation": self.generation, "role": role,
                            "logical_rank": logical})
         if self.grid and len(self.rank_map) == self.grid[0] * self.grid[1] * self.grid[2] \

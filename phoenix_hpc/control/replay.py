@@ -41,6 +41,7 @@ class SlotRecord:
     state: str
     generation: int = 0
     step: int = 0
+    domain: dict[str, str] | None = None  # its node's failure domains (registration's placement inputs)
 
 
 @dataclass
@@ -56,6 +57,8 @@ class Rebuilt:
     ended: str | None = None
     slots: dict[int, SlotRecord] = field(default_factory=dict)
     rank_map: dict[int, int] = field(default_factory=dict)  # logical -> world
+    rank_maps: dict[int, dict[int, int]] = field(default_factory=dict)  # generation -> its rank map
+    placement_inputs: dict[str, Any] | None = None  # {"k", "levels"}: the first registration that gave them
     recoverable_step: int | None = None
     checkpoint_step: int | None = None
     recovery: dict[str, Any] | None = None
@@ -81,8 +84,12 @@ def replay(records: Iterable[dict[str, Any]]) -> Rebuilt:
             w = int(rec["world_rank"])
             lr = rec.get("logical_rank")
             role = str(rec.get("role", "active"))
+            pi = rec.get("placement_inputs") or {}
             r.slots[w] = SlotRecord(w, int(rec["pid"]), str(rec.get("node", "")), role,
-                                    None if lr is None else int(lr), role)
+                                    None if lr is None else int(lr), role,
+                                    domain=dict(pi["domain"]) if pi.get("domain") else None)
+            if pi and r.placement_inputs is None:
+                r.placement_inputs = {"k": int(pi["k"]), "levels": list(pi["levels"])}
             if lr is not None:
                 r.rank_map[int(lr)] = w
         elif ev == "job_running":
@@ -91,6 +98,7 @@ def replay(records: Iterable[dict[str, Any]]) -> Rebuilt:
                 r.grid = tuple(int(x) for x in rec["grid"])  # type: ignore[assignment]
             if rec.get("rank_map"):
                 r.rank_map = {int(lr): int(w) for lr, w in rec["rank_map"]}
+            r.rank_maps[0] = dict(r.rank_map)
         elif ev == "slots_dead":
             for w in rec.get("slots", []):
                 if int(w) in r.slots:
@@ -105,6 +113,7 @@ def replay(records: Iterable[dict[str, Any]]) -> Rebuilt:
         elif ev == "recovery_plan":
             if rec.get("rank_map"):
                 r.rank_map = {int(lr): int(w) for lr, w in rec["rank_map"]}
+                r.rank_maps[int(rec.get("generation", r.generation))] = dict(r.rank_map)
             for j in rec.get("joins", []):
                 s = r.slots.get(int(j["world_rank"]))
                 if s is not None and s.state == "standby":

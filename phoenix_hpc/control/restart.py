@@ -42,12 +42,16 @@ class RestartMixin:
         if r.grid is not None:
             self.grid = r.grid
         self.rank_map = dict(r.rank_map)
+        # what the recovery evidence recomputes each generation's replica placement from (control/evidence.py)
+        self.rank_maps = {g: dict(m) for g, m in r.rank_maps.items()}
+        self.placement_inputs = r.placement_inputs
         self.checkpoint_step = r.checkpoint_step
         self._rejoined: set[int] = set()
         for w, s in r.slots.items():
             m = slot_machine(f"slot {w}", _SLOT_STATE.get(s.state, SlotState.ACTIVE))
             # not re-registered yet: step 0 gives it the start-up grace before its heartbeats are judged
-            self.slots[w] = Slot(w, s.node, s.pid, s.role, m, now, s.logical_rank, s.generation, 0)
+            self.slots[w] = Slot(w, s.node, s.pid, s.role, m, now, s.logical_rank, s.generation, 0,
+                                 domain=s.domain)
         if r.ended is not None:  # it died between the job's end and its verdict: give the verdict, nothing more
             self.job = job_machine({"job_done": JobState.DONE, "coordinator_stopped": JobState.STOPPED}.get(
                 r.ended, JobState.FAILED))

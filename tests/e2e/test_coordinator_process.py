@@ -77,11 +77,12 @@ class Rank:
         self.world_rank, self.role, self.logical, self.node = world_rank, role, logical, node
         self.gen, self.step = (0 if role == "active" else None), 0
         self.lost: list[str] = []
+        self.placement_inputs = None  # {"k", "levels"} as real slots register them (evidence placements)
 
     def register(self):
         return self.c.register(node=self.node, role=self.role,
                                logical_rank=self.logical, grid=(1, 1, 2) if self.role == "active" else None,
-                               world_size=3)
+                               world_size=3, placement_inputs=self.placement_inputs)
 
     def beat(self, interval_s=0.2, timeout_s=1.5, per_node=False):
         self.c.start_heartbeat(interval_s, timeout_s, lambda: (self.gen, self.step), on_lost=self.lost.append,
@@ -553,6 +554,7 @@ def _restartable_job(run_dir, clients):
     ranks = [Rank(run_dir, clients, 0, "active", 0), Rank(run_dir, clients, 1, "active", 1, node="nid00002"),
              Rank(run_dir, clients, 2, "standby", node="nid00003")]
     for r in ranks:
+        r.placement_inputs = {"k": 1, "levels": ["node"]}  # as the rank entry point registers them
         r.register()
         r.c.start_heartbeat(0.2, 1.5, (lambda r=r: (r.gen, r.step)), on_lost=r.lost.append, restart_timeout_s=60.0)
     _wait(lambda: _events(run_dir, "job_running"), what="job_running")
@@ -680,9 +682,13 @@ def test_a_coordinator_killed_during_a_hot_swap_starts_it_again_after_its_restar
     assert spare.expect("recover", timeout_s=20)["plan"] == plan
     assert plan["action"] == "hot_swap" and plan["rank_map"] == [[0, 0], [1, 2]] and plan["recoverable_step"] == 4
     spare.logical = 1
-    for r in (r0, spare):
-        r.c.report_recovered(2, _recovered_report(r, 2, plan["rank_map"], 4), {"reconfigure": 0.1, "params": 0.1,
-                                                                            "optimizer": 0.1})
+    # evidence: the spare's restored shard equals the replica of step 4 the survivor holds; the dead owner's
+    # statement died with the old coordinator, so the claim stands on generation 0's placement, which the
+    # restarted coordinator recomputes from the registrations in the journal
+    phases = {"reconfigure": 0.1, "params": 0.1, "optimizer": 0.1}
+    r0.c.report_recovered(2, _recovered_report(r0, 2, plan["rank_map"], 4, "0a0a0a0a",
+                                               held=[("opt/pp0/tp0/dp1", 4, 0, "1b1b1b1b")]), phases)
+    spare.c.report_recovered(2, _recovered_report(spare, 2, plan["rank_map"], 4, "1b1b1b1b"), phases)
     for r in (r0, spare):
         r.expect("resume", timeout_s=20)
         r.gen, r.step = 2, 5

@@ -54,6 +54,22 @@ def test_replay_after_a_hot_swap_has_the_spare_as_the_member_and_the_dead_slot_f
     assert r.recoverable_step == 19
 
 
+def test_replay_keeps_what_the_recovery_evidence_recomputes_placements_from():
+    """Each generation's rank map and the registrations' placement inputs and domains come back, so a
+    restarted coordinator can still judge a holder's claim on a dead owner's shard (control/evidence.py)."""
+    recs = _job()
+    for rec in recs:
+        if rec["event"] == "registered":
+            rec["placement_inputs"] = {"k": 1, "levels": ["node", "rack"], "domain": {"rack": f"r{rec['world_rank']}"}}
+    recs += [{"event": "recovery_start", "generation": 1, "survivors": [0], "dead": [1]},
+             {"event": "recovery_plan", "generation": 1, "rank_map": [[0, 0], [1, 2]], "joins": []}]
+    r = replay(recs)
+    assert r.placement_inputs == {"k": 1, "levels": ["node", "rack"]}
+    assert r.rank_maps == {0: {0: 0, 1: 1}, 1: {0: 0, 1: 2}}
+    assert r.slots[2].domain == {"rack": "r2"}
+    assert replay(_job()).placement_inputs is None  # registrations without inputs: nothing invented
+
+
 @pytest.mark.parametrize("upto,phase", [(2, "quiesce"), (3, "restore"), (4, "replay")])
 def test_replay_names_the_recovery_in_progress_and_its_phase(upto, phase):
     steps = [
