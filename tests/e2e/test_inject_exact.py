@@ -16,8 +16,11 @@ The same job bounds host memory across repeated recoveries: the resident set siz
 (``VmRSS`` of ``/proc/PID/status``; the local cluster's nodes are this host, the PIDs come from the
 journal's registrations) is read after each request; from the second landed recovery on (the first one
 pays for one-time set-up), it may grow by at most ``RSS_PER_RECOVERY`` per landed recovery on average.
-Each recovery builds a new generation's protector, which takes over the previous one's host buffers
-(docs/design.md section 6), so nothing the size of the buffers is allocated again.
+How many of the 20 land depends on the machine's speed, so further requests with a margin of
+``RSS_MARGIN`` steps follow until ``RSS_LANDINGS`` have landed (each checked like the others). Each recovery
+builds a new generation's protector; the previous generation's buffers hold the copies of the recoverable
+step until the new generation's first commit fence and are released there (docs/design.md section 6), so
+memory does not accumulate.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ pytestmark = pytest.mark.cluster
 
 REQUESTS = 20
 RSS_PER_RECOVERY = 2 << 20  # bytes, both ranks together, averaged over the landed recoveries
+RSS_LANDINGS = 7  # landed recoveries the memory bound is measured over (5 after the second)
+RSS_MARGIN = 8  # steps ahead of the live step for the requests that only serve the memory bound
 STEPS = 2000  # long enough for 20 requests and their recoveries; the job is cancelled once they are done
 
 
@@ -80,6 +85,17 @@ def test_requests_at_the_targets_live_step_land_exactly_or_are_refused(env, data
             assert r.exit_code in (0, 1, 2), r.output
             time.sleep(0.3)
             rss.append((sum(1 for x in results if x[2] == 0), _rss_bytes(pids)))
+        deadline = time.monotonic() + 240
+        while sum(1 for x in results if x[2] == 0) < RSS_LANDINGS:
+            assert time.monotonic() < deadline, f"only {sum(1 for x in results if x[2] == 0)} requests landed"
+            live = _live_step(job, 1)
+            at = live + RSS_MARGIN
+            r = CliRunner().invoke(cli, ["inject-fault", str(job.run_dir), "--kind", "transient", "--rank", "1",
+                                         "--at-step", str(at), "--phase", "forward", "--json"], env=job.env)
+            results.append((at, live, r.exit_code, r.stdout, r.output))
+            assert r.exit_code in (0, 1, 2), r.output
+            time.sleep(0.3)
+            rss.append((sum(1 for x in results if x[2] == 0), _rss_bytes(pids)))
     finally:
         job.cancel()
     journal = job.events()
@@ -114,9 +130,9 @@ def test_requests_at_the_targets_live_step_land_exactly_or_are_refused(env, data
         if rid in armed:
             assert (rid in landed) != (rid in missed), rid
     assert set(landed) <= set(armed)
-    assert counts["landed"] + counts["refused"] + counts["missed"] == REQUESTS
+    assert counts["landed"] + counts["refused"] + counts["missed"] == len(results)
     assert counts["refused"] >= REQUESTS // 5  # every d = 0 request
-    print(f"{REQUESTS} requests at the live step + 0..4: {counts}")
+    print(f"{len(results)} requests ({REQUESTS} at the live step + 0..4, the rest + {RSS_MARGIN}): {counts}")
     # host memory flat across recoveries: from the sample after the second landing to the last one
     start = next(i for i, (n, _) in enumerate(rss) if n >= 2)
     n = rss[-1][0] - rss[start][0]
