@@ -158,12 +158,7 @@ def _run_reference(env, data, tmp, name, config=None) -> dict:
 
 
 def _check_recovery(job: Job, done: dict, reference: dict, action: str = "hot_swap") -> dict:
-    assert done["final_hash"] == reference["final_hash"], (
-        f"final hash {done['final_hash'][:16]} != fault-free {reference['final_hash'][:16]}; "
-        f"rank hashes {done['rank_hashes']} vs {reference['rank_hashes']}")
-    assert done["step"] == STEPS and done["steps_agree"]
-    # the job finished: Slurm must say so (afterok chains, sacct), although lost slots exited non-zero
-    assert job.slurm_state == "COMPLETED", (job.slurm_state, job.output()[-1500:])
+    _assert_fault_free_end(job, done, reference)
     (rec,) = job.events("recovery_done")
     assert rec["action"] == action and rec["steps_replayed"] <= 1
     assert set(rec["phases"]) == PHASES and all(v >= 0 for v in rec["phases"].values())
@@ -173,6 +168,16 @@ def _check_recovery(job: Job, done: dict, reference: dict, action: str = "hot_sw
     print(f"{action}: job {job.elapsed_s:.1f} s, recovery {rec['total_s']} s {rec['phases']}, "
           f"R={rec['recoverable_step']}, replayed {rec['steps_replayed']}")
     return rec
+
+
+def _assert_fault_free_end(job, done, reference):
+    """The job ended with the fault-free final state at the last step, every rank agreeing, and Slurm says it
+    COMPLETED (afterok chains, sacct), although lost slots exited non-zero."""
+    assert done["final_hash"] == reference["final_hash"], (
+        f"final hash {done['final_hash'][:16]} != fault-free {reference['final_hash'][:16]}; "
+        f"rank hashes {done['rank_hashes']} vs {reference['rank_hashes']}")
+    assert done["step"] == STEPS and done["steps_agree"]
+    assert job.slurm_state == "COMPLETED", (job.slurm_state, job.output()[-1500:])
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -270,12 +275,7 @@ def test_process_crash_in_each_phase_is_hot_swapped_with_identical_final_hash(en
         done = job.wait_end()
     finally:
         job.cancel()
-    assert done["final_hash"] == reference["final_hash"], (
-        f"final hash {done['final_hash'][:16]} != fault-free {reference['final_hash'][:16]}; "
-        f"rank hashes {done['rank_hashes']} vs {reference['rank_hashes']}")
-    assert done["step"] == STEPS and done["steps_agree"]
-    # the job finished: Slurm must say so (afterok chains, sacct), although lost slots exited non-zero
-    assert job.slurm_state == "COMPLETED", (job.slurm_state, job.output()[-1500:])
+    _assert_fault_free_end(job, done, reference)
     fired = sorted(_fired(job), key=lambda f: f["step"])
     assert [(f["world_rank"], f["step"], f["kind"], f["phase"]) for f in fired] == [
         (r, a, "crash", WIRE_PHASE.get(ph, ph)) for ph, a, r in zip(phases, at, victims)], fired
@@ -316,11 +316,7 @@ def test_hang_and_link_down_are_detected_by_heartbeat_timeout_and_hot_swapped(en
         done = job.wait_end()
     finally:
         job.cancel()
-    assert done["final_hash"] == reference["final_hash"], (
-        f"final hash {done['final_hash'][:16]} != fault-free {reference['final_hash'][:16]}; "
-        f"rank hashes {done['rank_hashes']} vs {reference['rank_hashes']}")
-    assert done["step"] == STEPS and done["steps_agree"]
-    assert job.slurm_state == "COMPLETED", (job.slurm_state, job.output()[-1500:])
+    _assert_fault_free_end(job, done, reference)
     fired = sorted(_fired(job), key=lambda f: f["step"])
     assert [(f["world_rank"], f["step"], f["kind"], f["phase"]) for f in fired] == [
         (1, AT_STEP, "hang", "forward_backward"), (0, SECOND_AT, "link_down", "forward_backward")], fired

@@ -76,26 +76,22 @@ def test_requests_at_the_targets_live_step_land_exactly_or_are_refused(env, data
         while _live_step(job, 1) < 3:
             assert time.monotonic() < deadline, "rank 1 did not train"
             time.sleep(0.2)
-        for i in range(REQUESTS):
+        def request(d: int) -> None:
+            """One transient request at the live step + ``d``; its outcome, then both ranks' RSS."""
             live = _live_step(job, 1)
-            at = live + i % 5
             r = CliRunner().invoke(cli, ["inject-fault", str(job.run_dir), "--kind", "transient", "--rank", "1",
-                                         "--at-step", str(at), "--phase", "forward", "--json"], env=job.env)
-            results.append((at, live, r.exit_code, r.stdout, r.output))
+                                         "--at-step", str(live + d), "--phase", "forward", "--json"], env=job.env)
+            results.append((live + d, live, r.exit_code, r.stdout, r.output))
             assert r.exit_code in (0, 1, 2), r.output
             time.sleep(0.3)
             rss.append((sum(1 for x in results if x[2] == 0), _rss_bytes(pids)))
+
+        for i in range(REQUESTS):
+            request(i % 5)
         deadline = time.monotonic() + 240
         while sum(1 for x in results if x[2] == 0) < RSS_LANDINGS:
             assert time.monotonic() < deadline, f"only {sum(1 for x in results if x[2] == 0)} requests landed"
-            live = _live_step(job, 1)
-            at = live + RSS_MARGIN
-            r = CliRunner().invoke(cli, ["inject-fault", str(job.run_dir), "--kind", "transient", "--rank", "1",
-                                         "--at-step", str(at), "--phase", "forward", "--json"], env=job.env)
-            results.append((at, live, r.exit_code, r.stdout, r.output))
-            assert r.exit_code in (0, 1, 2), r.output
-            time.sleep(0.3)
-            rss.append((sum(1 for x in results if x[2] == 0), _rss_bytes(pids)))
+            request(RSS_MARGIN)
     finally:
         job.cancel()
     journal = job.events()
