@@ -349,9 +349,9 @@ class Member:
             self._store_incarnation = inc
         return e.store
 
-    def _build_protector(self, reuse=None):
-        """This generation's protector; ``reuse``: the previous one's host buffers (closed protector's
-        :meth:`~phoenix_hpc.runtime.protector.Protector.reusable_buffers`), taken over where sizes match."""
+    def _build_protector(self):
+        """This generation's protector (new host buffers: the previous generation's keep the copies of the
+        recoverable step until this generation's first commit fence, docs/design.md section 6)."""
         from phoenix_hpc.runtime.protector import Protector
         from phoenix_hpc.topology import generation_placement
 
@@ -368,7 +368,7 @@ class Member:
             grid={"tp": g.tp, "pp": g.pp, "dp": g.dp}, generation=self.generation, chunk_bytes=res.chunk_bytes,
             ranks_per_node=node_of_rank.count(me), commit_timeout_s=res.collective_timeout_s,
             on_commit=self._on_commit, log=e.log if self.logical == 0 else None, fault_hook=self._fault_hook,
-            device=e.device, checksum=res.checksum, reuse=reuse,
+            device=e.device, checksum=res.checksum,
         )
         protector.abort_check = self._poll  # a quiesce also ends a commit wait on a peer that is gone
         return protector

@@ -182,40 +182,19 @@ class BufferSet:
         return 2 * self.local.nbytes + sum(2 * p.nbytes for p in self.held.values())
 
 
-def allocate_buffers(plan: MemoryPlan, pin: bool, reuse: BufferSet | None = None) -> BufferSet:
+def allocate_buffers(plan: MemoryPlan, pin: bool) -> BufferSet:
     """Allocate every buffer of ``plan`` or nothing: on any allocation failure the buffers already made are
-    released and ReplicationError is raised. Call :func:`check_host_memory` first.
-
-    ``reuse``: the buffers of this rank's previous generation, whose contents are no longer needed. Each
-    new pair takes over a pair of exactly the same size and pinning (the local pair first, then the held
-    ones: a held shard's size does not depend on which shard it is), with fresh ping-pong state; the pairs
-    left over are released *before* anything new is allocated, so a recovery never holds both generations'
-    buffers at once, and with the same sizes it allocates nothing (host memory and RSS stay flat)."""
-    pool: list[tuple[torch.Tensor, torch.Tensor]] = []
-    if reuse is not None:
-        pool = [reuse.local.bufs] + [p.bufs for p in reuse.held.values()]
-        pool = [b for b in pool if b[0].is_pinned() == pin and b[1].is_pinned() == pin]
-
-    def take(nbytes: int):
-        for i, pair in enumerate(pool):
-            if pair[0].numel() == nbytes:
-                return pool.pop(i)
-        return None
-
-    sizes = [plan.snapshot_bytes] + [n for _, n in plan.held]
-    taken = [take(n) for n in sizes]
-    pool.clear()  # leftovers released before any new allocation
-    reuse = None
+    released and ReplicationError is raised. Call :func:`check_host_memory` first."""
     made: list[torch.Tensor] = []
     try:
-        pairs = []
-        for n, got in zip(sizes, taken):
-            if got is None:
-                got = allocate_pair(n, pin)
-                made.extend(got)
-            pairs.append(got)
+        local = allocate_pair(plan.snapshot_bytes, pin)
+        made.extend(local)
+        held = {}
+        for shard, nbytes in plan.held:
+            pair = allocate_pair(nbytes, pin)
+            made.extend(pair)
+            held[shard] = PingPong(pair, f"replica {shard}")
     except (RuntimeError, MemoryError) as e:
         made.clear()
         raise ReplicationError(f"allocating the replication buffers failed ({plan.describe()}): {e}") from e
-    held = {shard: PingPong(pair, f"replica {shard}") for (shard, _), pair in zip(plan.held, pairs[1:])}
-    return BufferSet(PingPong(pairs[0], "local snapshot"), held)
+    return BufferSet(PingPong(local, "local snapshot"), held)

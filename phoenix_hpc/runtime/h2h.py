@@ -224,7 +224,6 @@ class H2HEngine:
         self._thread: threading.Thread | None = None
         self._started = False
         self.abandon_report = None  # mpi_faults.AbandonReport after stop(abandon=True)
-        self.unsafe_held: set[str] = set()  # held shards whose receive was freed, not cancelled, on abandon
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def start(self, threaded: bool) -> None:
@@ -286,13 +285,7 @@ class H2HEngine:
         colls = [(req, (send, recv)) for _, req, send, recv in self._fences]
         if self._barrier is not None and not self._barrier[1]:
             colls.append((self._barrier[0], None))
-        from phoenix_hpc.runtime.mpi_faults import KEPT_BUFFERS
-
-        n_kept = len(KEPT_BUFFERS)
         rep = abandon_requests(p2p, colls, MPI=self._MPI)
-        kept = {id(b) for b in KEPT_BUFFERS[n_kept:]}
-        # a receive that could not be cancelled was freed: MPI may still write its buffer
-        self.unsafe_held = {inc.spec.shard_id for inc in self._incoming if id(inc.chunks) in kept}
         self._incoming, self._outgoing, self._acks_out, self._fences = [], [], [], []
         return rep
 

@@ -192,7 +192,6 @@ class Protector:
         fault_hook: Callable[[str, int, int], None] | None = None,
         device: torch.device | str | None = None,
         checksum: str = DEFAULT_CHECKSUM,
-        reuse: BufferSet | None = None,
     ) -> "Protector":
         """Set up protection for ``engine`` (collective: every active rank of the generation calls it).
 
@@ -219,10 +218,6 @@ class Protector:
                 before the copy of step) and ``h2h_send_chunk`` (H2H engine, before chunk i of step).
             device: where the engine's tensors live (default: the first optimizer tensor's device).
             checksum: the checksum algorithm (``resilience.checksum``; :mod:`phoenix_hpc.runtime.checksum`).
-            reuse: the host buffers of this rank's previous protector (closed, its copies no longer needed):
-                every buffer of the right size and pinning is taken over instead of allocated anew, the
-                others are released before anything new is allocated (docs/design.md section 6), so host
-                memory stays flat across recoveries.
 
         Raises:
             ReplicationError (on every rank, before anything is allocated): ``chunk_bytes <= 0``; this rank
@@ -261,7 +256,7 @@ class Protector:
                 max_chunks = max(len(chunk_ranges(s, chunk_bytes)) for s in sizes)
                 tag_plan = make_tag_plan(max_chunks, int(pcomm.Get_attr(MPI.TAG_UB)))
                 avail = read_mem_available() if mem_available_bytes is None else mem_available_bytes
-                check_host_memory(plan, avail + (reuse.total_bytes if reuse is not None else 0), ranks_per_node)
+                check_host_memory(plan, avail, ranks_per_node)
             except ReplicationError as e:
                 problem = str(e)
             problems = pcomm.allgather(problem)
@@ -274,8 +269,7 @@ class Protector:
                 )
             buffers, problem = None, None
             try:
-                buffers = allocate_buffers(plan, pin, reuse=reuse)
-                reuse = None
+                buffers = allocate_buffers(plan, pin)
             except ReplicationError as e:
                 problem = str(e)
             problems = pcomm.allgather(problem)
@@ -485,16 +479,6 @@ class Protector:
         self._worker.join(timeout=30)
         if not abandon:
             self._comm.Free()
-
-    def reusable_buffers(self) -> BufferSet | None:
-        """After :meth:`close`: this protector's host buffers for the next generation's protector
-        (``Protector.create(reuse=...)``), less any held pair whose receive MPI could not cancel on an
-        abandon (MPI may still write it; it stays referenced by ``mpi_faults.KEPT_BUFFERS``). None while
-        the protector runs."""
-        if not self._closed:
-            return None
-        unsafe = self.h2h.unsafe_held
-        return BufferSet(self.buffers.local, {s: p for s, p in self.buffers.held.items() if s not in unsafe})
 
     def stats(self) -> dict[str, Any]:
         """Summary of the protected steps: counts, exposed wait (mean/max, s), background D2H/H2H (mean, s),
