@@ -267,15 +267,17 @@ def test_a_fault_in_the_first_step_after_a_hot_swap_is_recovered_in_memory(env, 
     job = Job(env, tmp_path, data, "first-step", _dp3_config(1))
     try:
         _wait(lambda: job.step(1) >= 3, 180, "the first commits")
+        # armed first, a few steps ahead, while the job is surely still short of its end (reading phoenix status
+        # first took, on a loaded machine, until the last step)
+        at = _inject_ahead(job, "crash", "optimizer", rank=1)["at_step"]  # armed by logical rank 1 itself
+        spare = min(job.node_of(3), job.node_of(4))  # the spare node a plan takes first (best fit, then name)
+        for s in (at - 1, at):  # the new generation's first step: R + 1 (R = at - 1, or at - 2 if a commit lagged)
+            _arm_on_standby(job, "crash", "forward", s, spare)
         # during the run: one verified replica (k=1) per shard, on a holder of another node
         during = _wait(lambda: (lambda r: r if r and all(x["verified_replicas"] == 1 for x in r.values()) else None)(
             _replicas(job)), 60, "a verified replica of every shard in phoenix status", poll_s=1.0)
         assert all(x["verified_domains"] != [x["owner_node"]] and len(x["verified_domains"]) == 1
                    for x in during.values()), during
-        at = _inject_ahead(job, "crash", "optimizer", rank=1)["at_step"]  # armed by logical rank 1 itself
-        spare = min(job.node_of(3), job.node_of(4))  # the spare node a plan takes first (best fit, then name)
-        for s in (at - 1, at):  # the new generation's first step: R + 1 (R = at - 1, or at - 2 if a commit lagged)
-            _arm_on_standby(job, "crash", "forward", s, spare)
         job.done = job.wait_end(240)
     finally:
         job.cancel()
