@@ -356,7 +356,9 @@ def render_markdown(r: dict) -> str:
     a("")
     a("```\nscripts/bench.sh            # full run (about 7-15 min on 2 cores)\nscripts/bench.sh --quick    "
       "# under 3 min: overhead and memory on model S, one hot swap\nphoenix bench [--quick]     # the same "
-      "from the CLI (after scripts/setup.sh)\n```")
+      "from the CLI (after scripts/setup.sh)\nscripts/bench-control-plane # section 5 (CPU only, minutes)\n"
+      "scripts/check-many-nodes    # 8 active + 4 spare nodes, gpt-small's timings, 2 node losses: same final "
+      "hash\n```")
     a("")
     return "\n".join(L)
 
