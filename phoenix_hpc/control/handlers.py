@@ -16,6 +16,7 @@ from phoenix_hpc.control.classify import Fault, FaultKind, kind_from_exception
 from phoenix_hpc.control.records import PendingFault
 from phoenix_hpc.control.states import JobState
 from phoenix_hpc.recovery.steps import committed_step, recoverable_step
+from phoenix_hpc.runtime.interval import lost_steps_at_most
 from phoenix_hpc.topology import coord_of
 
 
@@ -50,7 +51,7 @@ class HandlersMixin:
             self.protect_interval = m
             step = max((int(s) for s in dict(body.get("shards", {})).values()), default=None)
             self.journal.append("protect_interval", interval=m, step=step, generation=self.generation,
-                                lost_steps_at_most=m)
+                                lost_steps_at_most=lost_steps_at_most(m))
         self._record_sent(slot, int(g), body.get("sent"), body)  # control/evidence.py
         self._commit_dirty = True  # the recoverable step is an O(ranks) scan: once per tick, not per message
 

@@ -368,7 +368,7 @@ class Member:
             grid={"tp": g.tp, "pp": g.pp, "dp": g.dp}, generation=self.generation, chunk_bytes=res.chunk_bytes,
             ranks_per_node=node_of_rank.count(me), commit_timeout_s=res.collective_timeout_s,
             on_commit=self._on_commit, log=e.log if self.logical == 0 else None, fault_hook=self._fault_hook,
-            device=e.device, checksum=res.checksum, interval_cap=res.protect_interval_cap,
+            device=e.device, checksum=res.checksum, interval_cap=res.protect_every_max,
         )
         protector.abort_check = self._poll  # a quiesce also ends a commit wait on a peer that is gone
         return protector

@@ -5,8 +5,9 @@ step that follows it, training waits before ``optimizer.step()`` (the *exposed w
 protects only every m-th step: a snapshot of ``S(t)`` is started before the forward pass of step ``t + 1``;
 its local copy must still be done before that step's ``optimizer_step`` (it reads the live state), but its
 H2H may take the compute windows of steps ``t + 1 .. t + m`` and is committed before the optimizer step of
-step ``t + m``; the next snapshot is of ``S(t + m)``. Lost work on a fault is then at most ``m`` steps plus
-the partial current step.
+step ``t + m``; the next snapshot is of ``S(t + m)``. Lost work on a fault is then at most ``2m - 1``
+finished steps plus the partial current step (:func:`lost_steps_at_most`): just before ``S(t + m)`` is
+committed, in step ``t + 2m``, the recoverable step is still ``t``. With m = 1 that is the per-step bound, 1.
 
 :func:`choose_interval` is what one rank proposes from its own measurements. The ranks agree on the
 largest proposal through the commit fence (an MPI all-reduce every rank already makes at every commit,
@@ -28,6 +29,11 @@ EXPOSED_THRESHOLD = 0.05
 HEADROOM = 1.25
 #: how many of the newest commits a proposal looks at (median, so one slow step does not change m)
 SAMPLES = 3
+
+
+def lost_steps_at_most(m: int) -> int:
+    """Finished steps a fault can lose with protection interval ``m`` (>= 1): ``2m - 1`` (see module doc)."""
+    return 2 * int(m) - 1
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ Why a fault during a copy can only damage the buffer being written, and the newe
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -74,6 +75,10 @@ from phoenix_hpc.topology import Placement
 
 
 ABORT_CHECK_S = 0.1  # how often a blocked wait_commit calls Protector.abort_check, seconds
+#: test-only knob (tests/e2e/test_hotswap.py, adaptive interval): seconds the copy thread waits after a
+#: snapshot's local copy before handing its replica to the H2H engine, as a slow replication path would
+#: (the local copy is done, so only the replication is slow: a protection that does not fit one step)
+TEST_REPLICATION_DELAY_ENV = "PHOENIX_TEST_REPLICATION_DELAY_S"
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,7 @@ class Protector:
         self.d2h = D2H(device)
         self.checksum = checksum
         self.interval_cap = int(interval_cap)
+        self._test_delay_s = float(os.environ.get(TEST_REPLICATION_DELAY_ENV) or 0.0)
         self.interval = 1  # protection interval of the newest snapshot (runtime/interval.py)
         self.next_snapshot_step: int | None = None  # the state step the next snapshot must be of
         self._commits = 0  # commits (= fences started) in this generation
@@ -643,6 +649,10 @@ class Protector:
             crc = seal(buf, self.layout, shard_id=self.shard_id, step=job.step, generation=self.generation,
                        grid=self.grid, coord=self.coord, envelope=envelope, checksum=self.checksum, sums=sums)
             job.idx, job.crc, job.d2h_s = idx, crc, time.perf_counter() - t0
+            job.d2h_done = True  # the live state is copied: the next optimizer step may run
+            self.h2h.notify()
+            if self._test_delay_s > 0:
+                time.sleep(self._test_delay_s)
             if self.holders:
                 self.h2h.send_replica(job.step, buf.numpy()[: self.layout.opt_end])
         except BaseException as e:  # noqa: BLE001 -- reported by wait_commit in the training thread
