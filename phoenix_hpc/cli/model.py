@@ -77,10 +77,17 @@ def model() -> None:
               help="E[phi]: completed fraction of the interrupted step, in [0, 1).")
 @click.option("--phoenix-overhead-s", type=float, default=0.0, show_default=True,
               help="PHOENIX overhead per fault C_overhead^PHOENIX (Eq. 5), seconds; the paper measures ~0.")
+@click.option("--overhead-ratio", type=float, default=None,
+              help="PHOENIX's per-step overhead ratio (step time protected / unprotected), charged as "
+                   "(ratio - 1) x MTTF per fault; default: overhead_ratio of the last benchmark (BENCHMARKS.json, "
+                   "its source is printed), 1 where there is none.")
+@click.option("--protect-every", type=int, default=1, show_default=True,
+              help="PHOENIX's protection interval m (resilience.protect_every_max, phoenix status): a fault then "
+                   "loses 3(m-1)/2 more steps on average (at most 2m-1 in all).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--plot", "plot_path", type=str, default=None, help="Also write eta against MTTF to FILE.png.")
 def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhead_s, hotswap_s, phi,
-                   phoenix_overhead_s, as_json, plot_path):
+                   phoenix_overhead_s, overhead_ratio, protect_every, as_json, plot_path):
     """Disruption per fault and efficiency of checkpoint-restart and PHOENIX (Eqs. 1-5).
 
     C_ckpt = C_overhead + restart + t_step (K-1)/2; C_PHOENIX = C_overhead^PHOENIX + hot swap + t_step phi;
@@ -96,18 +103,19 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhe
         restart_s = next(iter(named.values()))
     if plot_path:
         plots.check_target(plot_path)
-    rep = analytic.compare_schemes(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart_s,
-                                   ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap_s, phi=phi,
-                                   phoenix_overhead_s=phoenix_overhead_s)
+    if overhead_ratio is None:
+        overhead_ratio, ratio_source = benchmark_overhead_ratio()
+    else:
+        ratio_source = "given (--overhead-ratio)"
+    common = dict(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, ckpt_overhead_s=ckpt_overhead_s,
+                  hotswap_s=hotswap_s, phi=phi, phoenix_overhead_s=phoenix_overhead_s,
+                  overhead_ratio=overhead_ratio, protect_every=protect_every)
+    rep = analytic.compare_schemes(restart_s=restart_s, **common)
     out = rep.to_dict()
-    out["inputs"] = dict(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart_s,
-                         ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap_s, phi=phi,
-                         phoenix_overhead_s=phoenix_overhead_s)
+    out["inputs"] = dict(restart_s=restart_s, overhead_ratio_source=ratio_source, **common)
     extra = {}
     for name, sec in named.items():
-        b = analytic.compare_schemes(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=sec,
-                                     ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap_s, phi=phi,
-                                     phoenix_overhead_s=phoenix_overhead_s)
+        b = analytic.compare_schemes(restart_s=sec, **common)
         extra[name] = b
     if named:
         out["inputs"]["baselines"] = dict(named)
@@ -129,8 +137,31 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhe
     con.print(t)
     con.print(f"E[R] = (K-1)/2 = {rep.expected_replay_steps:g} steps; C_ckpt / C_PHOENIX = "
               f"{_g(rep.disruption_ratio)}")
+    con.print(f"PHOENIX per-step overhead ratio {overhead_ratio:.4g} ({ratio_source}), charged "
+              f"{_g(rep.phoenix.overhead_s)} s per fault; protection every {protect_every} step(s)"
+              + (f": a fault loses at most {2 * protect_every - 1} steps" if protect_every > 1 else ""))
+    x = rep.crossover_mttf_s
+    con.print("crossover: PHOENIX is more efficient at every MTTF" if x == math.inf else
+              "crossover: checkpoint-restart is more efficient at every MTTF" if x == 0 else
+              f"crossover: above an MTTF of {_g(x)} s checkpoint-restart is more efficient (the per-step tax "
+              "outweighs the cheaper recoveries)")
     if plot_path:
         con.print(f"plot written to {out['plot']}")
+
+
+def benchmark_overhead_ratio(path=None) -> tuple[float, str]:
+    """The last benchmark's ``overhead_ratio`` and where it came from: ``BENCHMARKS.json`` at the repository
+    root (or ``path``); ``(1.0, reason)`` where there is none or it has no such figure."""
+    from pathlib import Path
+
+    p = Path(path) if path is not None else Path(__file__).resolve().parents[2] / "BENCHMARKS.json"
+    try:
+        d = json.loads(p.read_text())
+        r = float(d["overhead_ratio"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1.0, f"no benchmark figure in {p.name}: 1 (the paper's zero overhead)"
+    return r, (f"BENCHMARKS.json overhead_ratio, median over the overhead cases of the run of "
+               f"{d.get('date', '?')}, commit {d.get('commit', '?')}")
 
 
 def parse_baseline_times(items) -> dict[str, float]:
