@@ -300,11 +300,14 @@ def loss_risk_cmd(shards, p_fail, k, steps, q_domain_fail, interruption_interval
               help="Rank slots per node (what a shrink frees).")
 @click.option("--shrink-s", type=str, default=None,
               help="Downtime of a shrink, same forms as --hotswap-s [default: the hot-swap law].")
+@click.option("--overhead-ratio", type=float, default=None,
+              help="PHOENIX's per-step overhead ratio: its steps (and replays) take this many times longer; default: "
+                   "overhead_ratio of the last benchmark (BENCHMARKS.json, its source is printed), 1 where there is none.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--plot", "plot_path", type=str, default=None, help="Also write a lost-time histogram to FILE.png.")
 def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswap_journal, ckpt_overhead_s,
                  ckpt_write_s, phoenix_overhead_s, arrivals, fault_clock, trials, seed, max_faults, spares, dp, tp,
-                 pp, gpus_per_node, shrink_s, as_json, plot_path):
+                 pp, gpus_per_node, shrink_s, overhead_ratio, as_json, plot_path):
     """Monte Carlo over whole campaigns: mean and 95 % CI of lost time, eta, and the ckpt/PHOENIX ratio.
 
     With --spares S and --dp D, the (S+1)-th fault shrinks the job instead of being hot-swapped: dp drops by
@@ -338,21 +341,25 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
                    "dp": v.integer_at_least("dp", dp, 1),
                    "shape": spm.shrink_shape(tp, pp, dp, gpus_per_node),
                    "shrink": None if shrink_s is None else dist.parse_dist("shrink_s", shrink_s)}
+    if overhead_ratio is None:
+        overhead_ratio, ratio_source = benchmark_overhead_ratio()
+    else:
+        ratio_source = "given (--overhead-ratio)"
     camp = montecarlo.Campaign(
         mttf_s=mttf_s, step_s=step_s, steps=steps, ckpt_every=ckpt_every, restart=restart, hotswap=hotswap,
         ckpt_overhead_s=ckpt_overhead_s, phoenix_overhead_s=phoenix_overhead_s, ckpt_write_s=ckpt_write_s,
-        arrivals=montecarlo.parse_arrivals(arrivals), fault_clock=fault_clock, trials=trials, seed=seed,
+        phoenix_overhead_ratio=overhead_ratio, arrivals=montecarlo.parse_arrivals(arrivals), fault_clock=fault_clock, trials=trials, seed=seed,
         max_faults=max_faults, **elastic)
     ck, px = montecarlo.run_trials(camp)
     res = montecarlo.summarise(camp, ck, px)
     ref = analytic.compare_schemes(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart.mean_s,
                                    ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap.mean_s, phi=0.5,
-                                   phoenix_overhead_s=phoenix_overhead_s)
+                                   phoenix_overhead_s=phoenix_overhead_s, overhead_ratio=overhead_ratio)
     out = res.to_dict()
     out["inputs"] = {"restart_s": restart.label, "hotswap_s": hotswap.label, "ckpt_every": ckpt_every,
                      "mttf_s": mttf_s, "step_s": step_s, "steps": steps, "ckpt_overhead_s": ckpt_overhead_s,
                      "ckpt_write_s": ckpt_write_s, "phoenix_overhead_s": phoenix_overhead_s,
-                     "spares": spares, "dp": dp,
+                     "overhead_ratio": overhead_ratio, "overhead_ratio_source": ratio_source, "spares": spares, "dp": dp,
                      "shrink_shape": elastic["shape"].to_dict() if elastic else None,
                      "shrink_s": (camp.shrink or hotswap).label if elastic else None}
     out["analytic_eq4"] = {"checkpoint_restart_efficiency": ref.checkpoint_restart.efficiency,
@@ -394,6 +401,8 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
                   f"{sh.freed_spares} node(s) as spares; Eq. 4 above assumes unlimited spares")
     r = res.lost_ratio
     con.print(f"lost time checkpoint-restart / PHOENIX: {_g(r.mean)} (95 % CI {_g(r.low)} - {_g(r.high)})")
+    con.print(f"PHOENIX per-step overhead ratio {overhead_ratio:.4g} ({ratio_source}): its steps and replays run "
+              f"that much slower (lost time includes {_g(steps * step_s * max(0.0, overhead_ratio - 1) / 3600)} h of it)")
     for name, s in (("checkpoint-restart", res.checkpoint_restart), ("PHOENIX", res.phoenix)):
         if s.unfinished_trials:
             con.print(f"[yellow]{name}: {s.unfinished_trials} trial(s) hit --max-faults {max_faults}; their lost "

@@ -16,7 +16,7 @@ EFFICIENCY = ["model", "efficiency", "--mttf-s", "1080", "--step-s", "20", "--ck
               "600", "--ckpt-overhead-s", "5", "--hotswap-s", "30", "--phi", "0.5", "--overhead-ratio", "1", "--json"]
 LOSS_RISK = ["model", "loss-risk", "--shards", "128", "--p-fail", "1e-6", "--k", "1", "--steps", "100000", "--json"]
 SIM = ["model", "simulate", "--mttf-s", "1080", "--step-s", "20", "--steps", "2000", "--ckpt-every", "100",
-       "--restart-s", "normal:600,60", "--trials", "50"]
+       "--restart-s", "normal:600,60", "--trials", "50", "--overhead-ratio", "1"]
 
 
 def run(args):
@@ -218,3 +218,14 @@ def test_the_default_overhead_ratio_is_the_last_benchmarks_with_its_source(tmp_p
     assert r == 1.07 and "commit abc" in src and "D" in src
     r, src = benchmark_overhead_ratio(tmp_path / "missing.json")
     assert r == 1.0 and "no benchmark figure" in src
+
+
+def test_simulate_runs_phoenix_steps_slower_by_the_overhead_ratio():
+    base = json.loads(run(SIM + ["--hotswap-s", "30", "--json", "--seed", "3"]).stdout)
+    r = run(SIM[:-2] + ["--overhead-ratio", "1.1", "--hotswap-s", "30", "--json", "--seed", "3"])
+    assert r.exit_code == 0, r.output
+    taxed = json.loads(r.stdout)
+    # 2000 steps x 20 s x 0.1 = 4000 s more lost per campaign, at least (replays run slower too)
+    assert taxed["phoenix"]["lost_s"]["mean"] >= base["phoenix"]["lost_s"]["mean"] + 4000 - 1e-6
+    assert taxed["phoenix"]["efficiency"]["mean"] < base["phoenix"]["efficiency"]["mean"]
+    assert taxed["inputs"]["overhead_ratio"] == 1.1 and base["checkpoint_restart"] == taxed["checkpoint_restart"]
