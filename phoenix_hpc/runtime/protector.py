@@ -263,12 +263,15 @@ class Protector:
         c_of = (lambda r: r) if comm_rank_of is None else (lambda r: comm_rank_of[r])
         example = {"format": 1, "shard_id": shard_id, "step": 2**40, "generation": 2**20, "grid": dict(grid),
                    "coord": {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp}, "envelope": env}
+        tc = {"start": time.perf_counter()}
         layout = plan_layout(opt, params, example)
+        tc["layout"] = time.perf_counter()
         if device is None:
             device = (opt or params)[0][1].device if (opt or params) else torch.device("cpu")
         pin = torch.device(device).type == "cuda"
 
         pcomm = errors_return(comm.Dup())  # a dead peer's errors are returned, never fatal
+        tc["arrive"] = time.perf_counter()  # the first collective: waits for the last member to arrive
         try:
             sizes = pcomm.allgather(layout.replica_bytes)  # by comm rank
             held_sizes = tuple((r.shard_id, sizes[c_of(r.owner_rank)]) for r in held_pl)
@@ -289,9 +292,11 @@ class Protector:
                     + "; ".join(f"rank {r}: {p}" for r, p in bad[:4])
                     + (f" (and {len(bad) - 4} more ranks)" if len(bad) > 4 else "")
                 )
+            tc["check"] = time.perf_counter()
             buffers, problem = None, None
             try:
                 buffers = allocate_buffers(plan, pin)
+                tc["allocate"] = time.perf_counter()
             except ReplicationError as e:
                 problem = str(e)
             problems = pcomm.allgather(problem)
@@ -315,9 +320,16 @@ class Protector:
             log(f"phoenix runtime rank {logical_rank} ({shard_id}) gen {generation}: {plan.describe()}; "
                 f"replicas to ranks {list(setup.holders_logical)}, holding {[s for s, _ in held_sizes]}; "
                 f"MPI thread level {names.get(level, level)}, H2H {'in a progress thread' if threaded else 'driven by the training thread'}")
-        return cls(engine_coord=coord, shard_id=shard_id, grid=grid, generation=generation, setup=setup,
+        tc["agree"] = time.perf_counter()
+        prot = cls(engine_coord=coord, shard_id=shard_id, grid=grid, generation=generation, setup=setup,
                    chunk_bytes=chunk_bytes, commit_timeout_s=commit_timeout_s, on_commit=on_commit, log=log,
                    fault_hook=fault_hook, device=device, checksum=checksum, interval_cap=interval_cap)
+        tc["threads"] = time.perf_counter()
+        # seconds per part of the construction (recovery timings): layout, the memory check and its agreement
+        # (two collectives), allocation, the allocation's agreement, the threads' start
+        keys = list(tc)
+        prot.create_s = {k: tc[k] - tc[p] for p, k in zip(keys, keys[1:])}
+        return prot
 
     # --- the two calls of the training loop -------------------------------------------------------------
     def start_snapshot(self, engine) -> None:
