@@ -8,6 +8,7 @@ H2H may take the compute windows of steps ``t + 1 .. t + m`` and is committed be
 step ``t + m``; the next snapshot is of ``S(t + m)``. Lost work on a fault is then at most ``2m - 1``
 finished steps plus the partial current step (:func:`lost_steps_at_most`): just before ``S(t + m)`` is
 committed, in step ``t + 2m``, the recoverable step is still ``t``. With m = 1 that is the per-step bound, 1.
+While the interval changes from m to m' the bound is ``m + m' - 1``; in any case ``2 x cap - 1``.
 
 :func:`choose_interval` is what one rank proposes from its own measurements. The ranks agree on the
 largest proposal through the commit fence (an MPI all-reduce every rank already makes at every commit,
