@@ -115,6 +115,29 @@ def _nbytes(pairs) -> int:
     return sum(t.numel() * t.element_size() for _, t in pairs)
 
 
+def pin_plan(allowed: list[int]) -> tuple[set[int], set[int]]:
+    """The GPU-like pinning (pure): the training thread on the first allowed CPU, the protection threads
+    on the rest. Raises BenchError with fewer than 2 allowed CPUs (there is nothing to separate)."""
+    from phoenix_hpc.errors import BenchError
+
+    if len(allowed) < 2:
+        raise BenchError(f"pinned case needs at least 2 allowed CPUs, this rank has {allowed}")
+    return {allowed[0]}, set(allowed[1:])
+
+
+def pin_protection_threads(cpus: set[int]) -> list[str]:
+    """Pin this process's runtime threads (names starting ``phoenix-``) to ``cpus`` (Linux thread ids via
+    ``sched_setaffinity``); returns the names pinned."""
+    import threading
+
+    done = []
+    for t in threading.enumerate():
+        if t.name.startswith("phoenix-") and t.native_id is not None:
+            os.sched_setaffinity(t.native_id, cpus)
+            done.append(t.name)
+    return done
+
+
 def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
     import torch
     import torch.distributed as dist
@@ -149,6 +172,10 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
                           "wait_ms": rec.exposed_wait_ms})
         return on_step
 
+    pin = pin_plan(sorted(os.sched_getaffinity(0))) if extra.get("pinned") else None
+    allowed = os.sched_getaffinity(0)
+    if pin is not None:
+        os.sched_setaffinity(0, pin[0])  # the calling (training) thread only; threads it starts inherit it
     train(engine, engine.step + extra["warmup"], tokens, on_step=record("warmup", -1))
     # every slot is its own failure domain here (one host): the node level is the process
     placement = generation_placement((grid.tp, grid.pp, grid.dp), res.k, [f"slot{r}" for r in range(size)])
@@ -162,6 +189,8 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
             prot = Protector.create(engine=engine, comm=comm, placement=placement, logical_rank=rank,
                                     grid={"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, generation=index,
                                     chunk_bytes=res.chunk_bytes, log=None, checksum=res.checksum)
+            if pin is not None:
+                pin_protection_threads(pin[1])
             train(engine, until, tokens, protector=prot, on_step=record("on", b))
             after = rss_bytes()
             resident = resident_bytes(buffer_tensors(prot))
@@ -179,8 +208,11 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
             before = rss_bytes()
             train(engine, until, tokens, protector=None, on_step=record("off", b))
             blocks.append({"mode": "off", "block": b, "rss_before_bytes": before, "rss_after_bytes": rss_bytes()})
+    if pin is not None:
+        os.sched_setaffinity(0, allowed)
     opt, par = engine.optimizer_shard(), engine.param_shard()
     result = {
+        "pinned": {"compute_cpus": sorted(pin[0]), "protection_cpus": sorted(pin[1])} if pin else None,
         "case": index, "name": extra["name"], "rank": rank, "k": res.k, "memory": bool(extra.get("memory")),
         "exact_rss": exact_rss, "checksum": res.checksum, "throughput_ns_per_byte": throughput,
         "coord": {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp},

@@ -77,10 +77,17 @@ def model() -> None:
               help="E[phi]: completed fraction of the interrupted step, in [0, 1).")
 @click.option("--phoenix-overhead-s", type=float, default=0.0, show_default=True,
               help="PHOENIX overhead per fault C_overhead^PHOENIX (Eq. 5), seconds; the paper measures ~0.")
+@click.option("--overhead-ratio", type=float, default=None,
+              help="PHOENIX's per-step overhead ratio (step time protected / unprotected), charged as "
+                   "(ratio - 1) x MTTF per fault; default: overhead_ratio of the last benchmark (BENCHMARKS.json, "
+                   "its source is printed), 1 where there is none.")
+@click.option("--protect-every", type=int, default=1, show_default=True,
+              help="PHOENIX's protection interval m (resilience.protect_every_max, phoenix status): a fault then "
+                   "loses 3(m-1)/2 more steps on average (at most 2m-1 in all).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--plot", "plot_path", type=str, default=None, help="Also write eta against MTTF to FILE.png.")
 def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhead_s, hotswap_s, phi,
-                   phoenix_overhead_s, as_json, plot_path):
+                   phoenix_overhead_s, overhead_ratio, protect_every, as_json, plot_path):
     """Disruption per fault and efficiency of checkpoint-restart and PHOENIX (Eqs. 1-5).
 
     C_ckpt = C_overhead + restart + t_step (K-1)/2; C_PHOENIX = C_overhead^PHOENIX + hot swap + t_step phi;
@@ -96,18 +103,19 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhe
         restart_s = next(iter(named.values()))
     if plot_path:
         plots.check_target(plot_path)
-    rep = analytic.compare_schemes(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart_s,
-                                   ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap_s, phi=phi,
-                                   phoenix_overhead_s=phoenix_overhead_s)
+    if overhead_ratio is None:
+        overhead_ratio, ratio_source = benchmark_overhead_ratio()
+    else:
+        ratio_source = "given (--overhead-ratio)"
+    common = dict(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, ckpt_overhead_s=ckpt_overhead_s,
+                  hotswap_s=hotswap_s, phi=phi, phoenix_overhead_s=phoenix_overhead_s,
+                  overhead_ratio=overhead_ratio, protect_every=protect_every)
+    rep = analytic.compare_schemes(restart_s=restart_s, **common)
     out = rep.to_dict()
-    out["inputs"] = dict(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart_s,
-                         ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap_s, phi=phi,
-                         phoenix_overhead_s=phoenix_overhead_s)
+    out["inputs"] = dict(restart_s=restart_s, overhead_ratio_source=ratio_source, **common)
     extra = {}
     for name, sec in named.items():
-        b = analytic.compare_schemes(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=sec,
-                                     ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap_s, phi=phi,
-                                     phoenix_overhead_s=phoenix_overhead_s)
+        b = analytic.compare_schemes(restart_s=sec, **common)
         extra[name] = b
     if named:
         out["inputs"]["baselines"] = dict(named)
@@ -129,8 +137,31 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhe
     con.print(t)
     con.print(f"E[R] = (K-1)/2 = {rep.expected_replay_steps:g} steps; C_ckpt / C_PHOENIX = "
               f"{_g(rep.disruption_ratio)}")
+    con.print(f"PHOENIX per-step overhead ratio {overhead_ratio:.4g} ({ratio_source}), charged "
+              f"{_g(rep.phoenix.overhead_s)} s per fault; protection every {protect_every} step(s)"
+              + (f": a fault loses at most {2 * protect_every - 1} steps" if protect_every > 1 else ""))
+    x = rep.crossover_mttf_s
+    con.print("crossover: PHOENIX is more efficient at every MTTF" if x == math.inf else
+              "crossover: checkpoint-restart is more efficient at every MTTF" if x == 0 else
+              f"crossover: above an MTTF of {_g(x)} s checkpoint-restart is more efficient (the per-step tax "
+              "outweighs the cheaper recoveries)")
     if plot_path:
         con.print(f"plot written to {out['plot']}")
+
+
+def benchmark_overhead_ratio(path=None) -> tuple[float, str]:
+    """The last benchmark's ``overhead_ratio`` and where it came from: ``BENCHMARKS.json`` at the repository
+    root (or ``path``); ``(1.0, reason)`` where there is none or it has no such figure."""
+    from pathlib import Path
+
+    p = Path(path) if path is not None else Path(__file__).resolve().parents[2] / "BENCHMARKS.json"
+    try:
+        d = json.loads(p.read_text())
+        r = float(d["overhead_ratio"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1.0, f"no benchmark figure in {p.name}: 1 (the paper's zero overhead)"
+    return r, (f"BENCHMARKS.json overhead_ratio, median over the overhead cases of the run of "
+               f"{d.get('date', '?')}, commit {d.get('commit', '?')}")
 
 
 def parse_baseline_times(items) -> dict[str, float]:
@@ -269,11 +300,14 @@ def loss_risk_cmd(shards, p_fail, k, steps, q_domain_fail, interruption_interval
               help="Rank slots per node (what a shrink frees).")
 @click.option("--shrink-s", type=str, default=None,
               help="Downtime of a shrink, same forms as --hotswap-s [default: the hot-swap law].")
+@click.option("--overhead-ratio", type=float, default=None,
+              help="PHOENIX's per-step overhead ratio: its steps (and replays) take this many times longer; default: "
+                   "overhead_ratio of the last benchmark (BENCHMARKS.json, its source is printed), 1 where there is none.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--plot", "plot_path", type=str, default=None, help="Also write a lost-time histogram to FILE.png.")
 def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswap_journal, ckpt_overhead_s,
                  ckpt_write_s, phoenix_overhead_s, arrivals, fault_clock, trials, seed, max_faults, spares, dp, tp,
-                 pp, gpus_per_node, shrink_s, as_json, plot_path):
+                 pp, gpus_per_node, shrink_s, overhead_ratio, as_json, plot_path):
     """Monte Carlo over whole campaigns: mean and 95 % CI of lost time, eta, and the ckpt/PHOENIX ratio.
 
     With --spares S and --dp D, the (S+1)-th fault shrinks the job instead of being hot-swapped: dp drops by
@@ -307,21 +341,25 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
                    "dp": v.integer_at_least("dp", dp, 1),
                    "shape": spm.shrink_shape(tp, pp, dp, gpus_per_node),
                    "shrink": None if shrink_s is None else dist.parse_dist("shrink_s", shrink_s)}
+    if overhead_ratio is None:
+        overhead_ratio, ratio_source = benchmark_overhead_ratio()
+    else:
+        ratio_source = "given (--overhead-ratio)"
     camp = montecarlo.Campaign(
         mttf_s=mttf_s, step_s=step_s, steps=steps, ckpt_every=ckpt_every, restart=restart, hotswap=hotswap,
         ckpt_overhead_s=ckpt_overhead_s, phoenix_overhead_s=phoenix_overhead_s, ckpt_write_s=ckpt_write_s,
-        arrivals=montecarlo.parse_arrivals(arrivals), fault_clock=fault_clock, trials=trials, seed=seed,
+        phoenix_overhead_ratio=overhead_ratio, arrivals=montecarlo.parse_arrivals(arrivals), fault_clock=fault_clock, trials=trials, seed=seed,
         max_faults=max_faults, **elastic)
     ck, px = montecarlo.run_trials(camp)
     res = montecarlo.summarise(camp, ck, px)
     ref = analytic.compare_schemes(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart.mean_s,
                                    ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap.mean_s, phi=0.5,
-                                   phoenix_overhead_s=phoenix_overhead_s)
+                                   phoenix_overhead_s=phoenix_overhead_s, overhead_ratio=overhead_ratio)
     out = res.to_dict()
     out["inputs"] = {"restart_s": restart.label, "hotswap_s": hotswap.label, "ckpt_every": ckpt_every,
                      "mttf_s": mttf_s, "step_s": step_s, "steps": steps, "ckpt_overhead_s": ckpt_overhead_s,
                      "ckpt_write_s": ckpt_write_s, "phoenix_overhead_s": phoenix_overhead_s,
-                     "spares": spares, "dp": dp,
+                     "overhead_ratio": overhead_ratio, "overhead_ratio_source": ratio_source, "spares": spares, "dp": dp,
                      "shrink_shape": elastic["shape"].to_dict() if elastic else None,
                      "shrink_s": (camp.shrink or hotswap).label if elastic else None}
     out["analytic_eq4"] = {"checkpoint_restart_efficiency": ref.checkpoint_restart.efficiency,
@@ -363,6 +401,8 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
                   f"{sh.freed_spares} node(s) as spares; Eq. 4 above assumes unlimited spares")
     r = res.lost_ratio
     con.print(f"lost time checkpoint-restart / PHOENIX: {_g(r.mean)} (95 % CI {_g(r.low)} - {_g(r.high)})")
+    con.print(f"PHOENIX per-step overhead ratio {overhead_ratio:.4g} ({ratio_source}): its steps and replays run "
+              f"that much slower (lost time includes {_g(steps * step_s * max(0.0, overhead_ratio - 1) / 3600)} h of it)")
     for name, s in (("checkpoint-restart", res.checkpoint_restart), ("PHOENIX", res.phoenix)):
         if s.unfinished_trials:
             con.print(f"[yellow]{name}: {s.unfinished_trials} trial(s) hit --max-faults {max_faults}; their lost "

@@ -338,6 +338,12 @@ class ResilienceConfig(BaseModel):
         "(XXH3, 64 bit; the fastest measured), crc32c (CRC-32C, hardware instruction where the CPU has one) "
         "or crc32 (zlib CRC-32)",
     )
+    protect_every_max: int = Field(
+        1,
+        description="largest adaptive protection interval m (design section 4, Protection interval): when a step's "
+        "protection cannot finish inside the next step's compute window, the ranks protect every m-th step (lost "
+        "work then at most 2m-1 steps), m chosen from the measured times; 1 (the default) protects every step "
+        "whatever it costs. Allowed: 1 .. checkpoint.interval_steps")
     recovery_path: Literal["auto", "rebind", "rebuild"] = Field(
         "auto",
         description="how members take part in a recovery (design section 6): rebind keeps each survivor's engine "
@@ -382,6 +388,10 @@ class ResilienceConfig(BaseModel):
         if self.recovery_source == "checkpoint" and self.mode != "phoenix":
             raise ValueError(f"resilience.recovery_source: 'checkpoint' needs mode 'phoenix', got mode {self.mode!r} "
                              "(allowed with it: 'memory')")
+        m = self.protect_every_max
+        if not 1 <= m <= self.checkpoint.interval_steps:
+            raise ValueError(f"resilience.protect_every_max: {m} is not allowed (allowed: 1 .. "
+                             f"resilience.checkpoint.interval_steps = {self.checkpoint.interval_steps})")
         if "node" not in self.placement_levels:
             raise ValueError(
                 f"resilience.placement_levels ({self.placement_levels}) must contain 'node' "

@@ -365,13 +365,17 @@ class CoordinatorClient:
                    "generation": generation, "step": step})
 
     def report_commit(self, generation: int, live_step: int, shards: dict[str, int],
-                      replicas: dict[str, int], sent: dict[str, dict[str, Any]] | None = None) -> None:
+                      replicas: dict[str, int], sent: dict[str, dict[str, Any]] | None = None,
+                      interval: int = 1) -> None:
         """Committed steps: ``shards`` {own shard id: committed local step}, ``replicas`` {shard id: step};
         ``sent`` (the owner's word, evidence for the recovery checks): {own shard id: {"holders": [logical
         ranks its replicas went to in this generation], "step": committed step, "hash": 8 hex digits}}.
         With a node board (heartbeats per node) the report rides on the node's next ``heartbeats`` message
-        (at most one heartbeat interval later) instead of a message of its own."""
+        (at most one heartbeat interval later) instead of a message of its own. ``interval``: the protection
+        interval m of the committed snapshot (runtime/interval.py; lost work is at most m steps)."""
         extra = {"sent": sent} if sent else {}
+        if interval != 1:
+            extra["interval"] = int(interval)
         if self.board is not None:
             with self._lock:
                 self._commit = {"g": generation, "live_step": live_step, "shards": dict(shards),

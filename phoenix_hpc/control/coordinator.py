@@ -139,6 +139,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         self.generation = 0
         self.rank_map: dict[int, int] = {}  # logical -> world
         self.committed: dict[str, dict[int, int]] = {}  # shard id -> {logical: step}
+        self.protect_interval = 1  # protection interval m the ranks report with their commits (runtime/interval.py)
         self.placement: dict[str, list[int]] = {}  # shard id -> holder logical ranks (as reported)
         # the owners' word, evidence for the recovery checks (control/evidence.py): (shard id, generation) ->
         # logical ranks its replicas were sent to; shard id -> {step: hash the owner committed} (newest few)

@@ -16,6 +16,7 @@ from phoenix_hpc.control.classify import Fault, FaultKind, kind_from_exception
 from phoenix_hpc.control.records import PendingFault
 from phoenix_hpc.control.states import JobState
 from phoenix_hpc.recovery.steps import committed_step, recoverable_step
+from phoenix_hpc.runtime.interval import lost_steps_at_most
 from phoenix_hpc.topology import coord_of
 
 
@@ -43,6 +44,14 @@ class HandlersMixin:
             if r not in holders:
                 holders.append(r)
         g = body["generation"] if "generation" in body else body.get("g", slot.generation)  # "g": a node's heartbeats
+        m = int(body.get("interval", 1))
+        if m != self.protect_interval and int(g) == self.generation:
+            # every rank commits the same steps with the same interval (runtime/interval.py): the first
+            # report of a new one is journalled with what it means for lost work
+            self.protect_interval = m
+            step = max((int(s) for s in dict(body.get("shards", {})).values()), default=None)
+            self.journal.append("protect_interval", interval=m, step=step, generation=self.generation,
+                                lost_steps_at_most=lost_steps_at_most(m))
         self._record_sent(slot, int(g), body.get("sent"), body)  # control/evidence.py
         self._commit_dirty = True  # the recoverable step is an O(ranks) scan: once per tick, not per message
 
@@ -78,7 +87,8 @@ class HandlersMixin:
             # generation's placement: `phoenix status` counts the verified replicas of every shard from them
             placed = {sid: sorted(h) for (sid, g), h in self._placements(before=self.generation + 1).items()
                       if g == self.generation}
-            self.journal.append("commit", recoverable_step=rs, shards=len(self.committed),
+            self.journal.append("commit", recoverable_step=rs, protect_every=self.protect_interval,
+                                shards=len(self.committed),
                                 replicas=sum(len(v) for v in self.placement.values()), generation=self.generation,
                                 shard_steps={sid: {str(r): st for r, st in sorted(c.items())}
                                              for sid, c in sorted(self.committed.items())},

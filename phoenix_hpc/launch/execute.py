@@ -368,7 +368,7 @@ class Member:
             grid={"tp": g.tp, "pp": g.pp, "dp": g.dp}, generation=self.generation, chunk_bytes=res.chunk_bytes,
             ranks_per_node=node_of_rank.count(me), commit_timeout_s=res.collective_timeout_s,
             on_commit=self._on_commit, log=e.log if self.logical == 0 else None, fault_hook=self._fault_hook,
-            device=e.device, checksum=res.checksum,
+            device=e.device, checksum=res.checksum, interval_cap=res.protect_every_max,
         )
         protector.abort_check = self._poll  # a quiesce also ends a commit wait on a peer that is gone
         return protector
@@ -426,7 +426,7 @@ class Member:
                                "hash": hash_hex(rec.crc) if rec.crc is not None else None}}
         try:
             self.env.client.report_commit(self.generation, int(self.engine.step), {rec.shard_id: rec.step}, held,
-                                          sent=sent)
+                                          sent=sent, interval=rec.interval)
         except Exception:  # noqa: BLE001 -- a lost report is repaired by the next commit; never fail a step
             pass
 
@@ -736,6 +736,8 @@ class Member:
         detail["evidence"] = time.perf_counter() - t2
         t2 = time.perf_counter()
         self.protector = self._build_protector()
+        created = dict(getattr(self.protector, "create_s", {}))
+        detail.update({f"protector_{k}": v for k, v in created.items()})
         old, self.old_protector = self.old_protector, None
         # the copies of R stay usable until this generation's first commit fence (:meth:`_phase`): the old
         # protector's, and those kept before it unless the old generation had a fence of its own
@@ -743,7 +745,11 @@ class Member:
             self.kept = [old]
         else:
             self.kept = ([old] if old is not None else []) + self.kept
-        t_repl = time.perf_counter() - t2
+        # every member reaches the protector's first collective only after its transfers: the wait there for
+        # the slowest member (the receiving spare, usually) is measured apart ("protector_arrive") and left
+        # out of "reconfigure", which then holds this member's own work; the transfers are not counted a
+        # second time in it (the recovery's total is the same)
+        t_repl = time.perf_counter() - t2 - created.get("arrive", 0.0)
         detail["protector"] = t_repl
         report["sent"] = {self.protector.shard_id: {"holders": list(self.protector.holders)}}
         timings = {"reconfigure": t_reconf + t_repl, "params": t_params, "optimizer": t_opt + t_rollback}
@@ -871,8 +877,8 @@ class Member:
             meta = {"shard_id": sid, "step": step, "generation": self.generation, "grid": {}, "coord": {},
                     "envelope": {}}
             layout = plan_layout([], pairs, meta)
-            buf = torch.zeros(layout.total_bytes, dtype=torch.uint8)
-            copy_in(buf, layout, [], pairs)
+            buf = torch.empty(layout.total_bytes, dtype=torch.uint8)  # every tensor byte is written below;
+            copy_in(buf, layout, [], pairs)  # seal writes header and index; the checksums cover the tensors only
             seal(buf, layout, shard_id=sid, step=step, generation=self.generation, grid={}, coord={}, envelope={},
                  parts=(PARAM,))
             send_buffer(self.comm, buf.numpy(), peer, step, res.chunk_bytes, res.collective_timeout_s, what)

@@ -8,6 +8,11 @@ Per step (docs/design.md section 4)::
     protector.wait_commit()            # only with a protector: S(k-1) committed locally and on the peers
     engine.optimizer_step()            # -> S(k)
 
+With a protection interval m > 1 (runtime/interval.py; a protector with ``due``/``commit_due``/
+``wait_local``) the snapshot is started only when it is due (every m-th step); in the steps of its interval
+the loop waits before ``optimizer_step`` only for its local copy (``wait_local``, the live state is read) and
+commits it (``wait_commit``) before the optimizer step of the interval's last step.
+
 With ``protector=None`` (resilience disabled) the loop makes no call besides the three engine calls.
 The time spent inside ``wait_commit`` is the *exposed wait* of the step and is logged.
 
@@ -78,18 +83,22 @@ def train(
         s = engine.step + 1
         if phase_hook is not None:
             phase_hook(s, "forward_backward")
-        if protector is not None:
+        adaptive = protector is not None and hasattr(protector, "due")
+        if protector is not None and (not adaptive or protector.due(engine.step)):
             protector.start_snapshot(engine)
         loss = engine.forward_backward()
         if phase_hook is not None:
             phase_hook(s, "reduce_gradients")
         engine.reduce_gradients()
         wait = 0.0
-        if protector is not None:
+        if protector is not None and (not adaptive or protector.pending()):
             if phase_hook is not None:
                 phase_hook(s, "wait_commit")
             tw = clock()
-            protector.wait_commit()
+            if not adaptive or protector.commit_due(engine.step):
+                protector.wait_commit()
+            else:
+                protector.wait_local()
             wait = clock() - tw
         if phase_hook is not None:
             phase_hook(s, "optimizer_step")

@@ -166,6 +166,40 @@ def loss_prob_over_run_independent(per_step: float, steps: int) -> float:
     return -math.expm1(n * math.log1p(-p))
 
 
+def per_step_overhead_s(mttf_s: float, overhead_ratio: float) -> float:
+    """PHOENIX's per-step protection tax charged per fault, seconds: ``(ratio - 1) * MTTF``.
+
+    ``overhead_ratio`` is the measured step time with protection over without (BENCHMARKS.md section 1); in
+    the MTTF seconds between two faults the steps ran that much slower, so Eq. (5)'s ``C_overhead^PHOENIX``
+    gets ``(ratio - 1) * MTTF`` and, with no faults at all, efficiency tends to ``1 / ratio``. A ratio below 1
+    (measurement noise) charges 0. Raises ModelError if ``mttf_s`` <= 0 or ``overhead_ratio`` <= 0."""
+    m = v.positive("mttf_s", mttf_s)
+    r = v.positive("overhead_ratio", overhead_ratio)
+    return max(0.0, r - 1.0) * m
+
+
+def interval_lost_steps(protect_every: int) -> float:
+    """Expected finished steps a fault loses beyond the per-step case with protection interval m
+    (runtime/interval.py): a snapshot of ``S(t)`` is committed in step ``t + m``, so a fault in step
+    ``t + m + i`` (i = 1..m, uniform) loses ``m + i - 1`` finished steps, on average ``(3m - 1) / 2``; the
+    per-step case (m = 1) loses 1, which Eq. (5) leaves out, so the extra is ``3 (m - 1) / 2``. Raises
+    ModelError if ``protect_every`` < 1."""
+    m = v.integer_at_least("protect_every", protect_every, 1)
+    return 1.5 * (m - 1)
+
+
+def crossover_mttf_s(ckpt_disruption: float, phoenix_recovery_s: float, overhead_ratio: float) -> float:
+    """The MTTF above which checkpoint-restart is more efficient than PHOENIX with a per-step overhead
+    ratio (pure): solving ``1 / (ratio + a / M) = M / (M + c)`` for M with ``a`` PHOENIX's disruption per
+    fault without the overhead and ``c`` checkpoint-restart's gives ``M* = (c - a) / (ratio - 1)``. ``inf``
+    when PHOENIX is better at every MTTF (ratio <= 1 and a <= c); 0 when it is better at none (a >= c)."""
+    if phoenix_recovery_s >= ckpt_disruption:
+        return 0.0
+    if overhead_ratio <= 1.0:
+        return math.inf
+    return (ckpt_disruption - phoenix_recovery_s) / (overhead_ratio - 1.0)
+
+
 @dataclass(frozen=True)
 class SchemeCost:
     """Disruption per fault of one recovery scheme, broken into the terms of Eq. (2) or Eq. (5), seconds."""
@@ -191,6 +225,9 @@ class EfficiencyReport:
     checkpoint_restart: SchemeCost
     phoenix: SchemeCost
     disruption_ratio: float  # C_ckpt / C_PHOENIX (inf when C_PHOENIX is 0)
+    overhead_ratio: float = 1.0  # PHOENIX's per-step overhead ratio charged (per_step_overhead_s)
+    protect_every: int = 1  # PHOENIX's protection interval m (interval_lost_steps)
+    crossover_mttf_s: float = math.inf  # above this MTTF checkpoint-restart wins (crossover_mttf_s)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -209,14 +246,23 @@ def compare_schemes(
     hotswap_s: float,
     phi: float,
     phoenix_overhead_s: float = 0.0,
+    overhead_ratio: float = 1.0,
+    protect_every: int = 1,
 ) -> EfficiencyReport:
     """Evaluate Eqs. (1)-(5) for checkpoint-restart and PHOENIX at one MTTF_sys.
+
+    ``overhead_ratio`` (PHOENIX's measured per-step overhead, :func:`per_step_overhead_s`) and
+    ``protect_every`` (its protection interval, :func:`interval_lost_steps`) extend Eq. (5); with 1 and 1 it is
+    the paper's.
 
     Raises ModelError for any invalid input (see the individual formulas).
     """
     er = expected_replay_steps(ckpt_every)
     c_ck = ckpt_disruption_s(step_s, ckpt_every, restart_s, ckpt_overhead_s)
-    c_px = phoenix_disruption_s(step_s, hotswap_s, phi, phoenix_overhead_s)
+    extra_replay = float(step_s) * interval_lost_steps(protect_every)
+    c_rec = phoenix_disruption_s(step_s, hotswap_s, phi, phoenix_overhead_s) + extra_replay
+    tax = per_step_overhead_s(mttf_s, overhead_ratio)
+    c_px = c_rec + tax
     ck = SchemeCost(
         overhead_s=float(ckpt_overhead_s),
         recovery_s=float(restart_s),
@@ -226,9 +272,9 @@ def compare_schemes(
         disruption_rate=disruption_rate(mttf_s, c_ck),
     )
     px = SchemeCost(
-        overhead_s=float(phoenix_overhead_s),
+        overhead_s=float(phoenix_overhead_s) + tax,
         recovery_s=float(hotswap_s),
-        replay_s=float(step_s) * float(phi),
+        replay_s=float(step_s) * float(phi) + extra_replay,
         disruption_s=c_px,
         efficiency=efficiency(mttf_s, c_px),
         disruption_rate=disruption_rate(mttf_s, c_px),
@@ -240,6 +286,9 @@ def compare_schemes(
         checkpoint_restart=ck,
         phoenix=px,
         disruption_ratio=(c_ck / c_px) if c_px > 0 else math.inf,
+        overhead_ratio=float(overhead_ratio),
+        protect_every=int(protect_every),
+        crossover_mttf_s=crossover_mttf_s(c_ck, c_rec, float(overhead_ratio)),
     )
 
 

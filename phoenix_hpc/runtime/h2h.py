@@ -218,6 +218,8 @@ class H2HEngine:
         self.acks: dict[int, dict[int, tuple[int, int]]] = {}  # step -> holder -> (status, crc)
         self.send_s: dict[int, float] = {}  # step -> seconds from first post to last ack
         self.fenced_step: int | None = None  # newest completed fence result (min committed step)
+        # per completed fence, in order: the largest protection interval any rank proposed with it
+        self.fenced_intervals: list[int] = []
         self.error: BaseException | None = None
         self._stop = False
         self._barrier: list | None = None  # [request, done]
@@ -322,9 +324,12 @@ class H2HEngine:
     def send_ack(self, spec: HeldSpec, step: int, status: int, crc: int) -> None:
         self._enqueue(("ack", spec.owner, np.array([step, self.generation, status, crc], dtype=np.int64)))
 
-    def fence(self, committed_step: int) -> None:
-        """Start the commit fence for ``committed_step`` (every rank calls it once per commit, in order)."""
-        self._enqueue(("fence", committed_step))
+    def fence(self, committed_step: int, interval: int = 1) -> None:
+        """Start the commit fence for ``committed_step`` (every rank calls it once per commit, in order).
+        ``interval`` is this rank's proposed protection interval (:mod:`phoenix_hpc.runtime.interval`); the
+        fence's result gives the job-wide minimum committed step (:attr:`fenced_step`) and the maximum
+        proposal (appended to :attr:`fenced_intervals`), in one MIN all-reduce of ``[step, -interval]``."""
+        self._enqueue(("fence", committed_step, interval))
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float | None, drive: bool = False) -> bool:
         """Block until ``predicate()`` (evaluated under the engine's lock) is true, the engine failed or
@@ -402,8 +407,8 @@ class H2HEngine:
                 req = self.comm.Isend([cmd[2], MPI.INT64_T], dest=cmd[1], tag=ACK_TAG)
                 self._acks_out.append((req, cmd[2]))
             elif kind == "fence":
-                send = np.array([cmd[1]], dtype=np.int64)
-                recv = np.zeros(1, dtype=np.int64)
+                send = np.array([cmd[1], -cmd[2]], dtype=np.int64)
+                recv = np.zeros(2, dtype=np.int64)
                 req = self.comm.Iallreduce([send, MPI.INT64_T], [recv, MPI.INT64_T], op=MPI.MIN)
                 self._fences.append((cmd[1], req, send, recv))
             elif kind == "barrier":
@@ -429,6 +434,7 @@ class H2HEngine:
             _, _, _, recv = self._fences.pop(0)
             with self._cv:
                 self.fenced_step = int(recv[0])
+                self.fenced_intervals.append(int(-recv[1]))
                 self._cv.notify_all()
         return moving
 

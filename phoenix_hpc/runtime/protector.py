@@ -44,6 +44,7 @@ Why a fault during a copy can only damage the buffer being written, and the newe
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -64,6 +65,9 @@ from phoenix_hpc.runtime.checksum import DEFAULT_CHECKSUM, checksum_function
 from phoenix_hpc.runtime.cpu_account import CpuAccount, Span, delta
 from phoenix_hpc.runtime.d2h import D2H
 from phoenix_hpc.runtime.mpi_faults import errors_return
+from phoenix_hpc.runtime.interval import SAMPLES as INTERVAL_SAMPLES
+from phoenix_hpc.runtime.interval import Sample as IntervalSample
+from phoenix_hpc.runtime.interval import choose_interval
 from phoenix_hpc.runtime.h2h import ACK_BAD_CHECKSUM, ACK_OK, H2HEngine, HeldSpec, chunk_ranges, make_tag_plan
 from phoenix_hpc.runtime.snapshot import (OPT, PARAM, SnapshotLayout, Unpacked, checksums, plan_layout, seal, unpack,
                                           verify)
@@ -71,6 +75,10 @@ from phoenix_hpc.topology import Placement
 
 
 ABORT_CHECK_S = 0.1  # how often a blocked wait_commit calls Protector.abort_check, seconds
+#: test-only knob (tests/e2e/test_hotswap.py, adaptive interval): seconds the copy thread waits after a
+#: snapshot's local copy before handing its replica to the H2H engine, as a slow replication path would
+#: (the local copy is done, so only the replication is slow: a protection that does not fit one step)
+TEST_REPLICATION_DELAY_ENV = "PHOENIX_TEST_REPLICATION_DELAY_S"
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,7 @@ class CommitRecord:
     exposed_wait_s: float
     recoverable_step: int | None
     crc: int | None = None  # combined CRC-32 of the optimizer part (what every holder acknowledged)
+    interval: int = 1  # protection interval m of this snapshot: the next one is of step + interval
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,9 @@ class _Pending:
     error: BaseException | None = None
     start_s: float = 0.0
     d2h_s: float = 0.0
+    interval: int = 1  # protection interval m: committed before the optimizer step of step + interval
+    t0: float = 0.0  # perf_counter when start_snapshot was called
+    local_wait_s: float = 0.0  # blocked in wait_local (the live state's copy) before earlier optimizer steps
 
 
 @dataclass
@@ -135,7 +147,7 @@ class Protector:
 
     def __init__(self, *, engine_coord, shard_id: str, grid: Mapping[str, int], generation: int, setup: _Setup,
                  chunk_bytes: int, commit_timeout_s: float | None, on_commit, log, fault_hook, device,
-                 checksum: str = DEFAULT_CHECKSUM):
+                 checksum: str = DEFAULT_CHECKSUM, interval_cap: int = 1):
         self.shard_id = shard_id
         self.grid = dict(grid)
         self.coord = {"pp": engine_coord.pp, "dp": engine_coord.dp, "tp": engine_coord.tp}
@@ -154,6 +166,13 @@ class Protector:
         self.abort_check: Callable[[], None] | None = None
         self.d2h = D2H(device)
         self.checksum = checksum
+        self.interval_cap = int(interval_cap)
+        self._test_delay_s = float(os.environ.get(TEST_REPLICATION_DELAY_ENV) or 0.0)
+        self.interval = 1  # protection interval of the newest snapshot (runtime/interval.py)
+        self.next_snapshot_step: int | None = None  # the state step the next snapshot must be of
+        self._commits = 0  # commits (= fences started) in this generation
+        self._proposal = 1  # the interval this rank proposes with its next fence
+        self._samples: list[IntervalSample] = []
         self.cpu = CpuAccount()
         self._cpu_at_commit = self.cpu.totals()
         self.committed_step: int | None = None
@@ -192,6 +211,7 @@ class Protector:
         fault_hook: Callable[[str, int, int], None] | None = None,
         device: torch.device | str | None = None,
         checksum: str = DEFAULT_CHECKSUM,
+        interval_cap: int = 1,
     ) -> "Protector":
         """Set up protection for ``engine`` (collective: every active rank of the generation calls it).
 
@@ -218,6 +238,8 @@ class Protector:
                 before the copy of step) and ``h2h_send_chunk`` (H2H engine, before chunk i of step).
             device: where the engine's tensors live (default: the first optimizer tensor's device).
             checksum: the checksum algorithm (``resilience.checksum``; :mod:`phoenix_hpc.runtime.checksum`).
+            interval_cap: the largest protection interval the ranks may choose
+                (``resilience.protect_every_max``; :mod:`phoenix_hpc.runtime.interval`); 1: every step.
 
         Raises:
             ReplicationError (on every rank, before anything is allocated): ``chunk_bytes <= 0``; this rank
@@ -241,12 +263,15 @@ class Protector:
         c_of = (lambda r: r) if comm_rank_of is None else (lambda r: comm_rank_of[r])
         example = {"format": 1, "shard_id": shard_id, "step": 2**40, "generation": 2**20, "grid": dict(grid),
                    "coord": {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp}, "envelope": env}
+        tc = {"start": time.perf_counter()}
         layout = plan_layout(opt, params, example)
+        tc["layout"] = time.perf_counter()
         if device is None:
             device = (opt or params)[0][1].device if (opt or params) else torch.device("cpu")
         pin = torch.device(device).type == "cuda"
 
         pcomm = errors_return(comm.Dup())  # a dead peer's errors are returned, never fatal
+        tc["arrive"] = time.perf_counter()  # the first collective: waits for the last member to arrive
         try:
             sizes = pcomm.allgather(layout.replica_bytes)  # by comm rank
             held_sizes = tuple((r.shard_id, sizes[c_of(r.owner_rank)]) for r in held_pl)
@@ -267,9 +292,11 @@ class Protector:
                     + "; ".join(f"rank {r}: {p}" for r, p in bad[:4])
                     + (f" (and {len(bad) - 4} more ranks)" if len(bad) > 4 else "")
                 )
+            tc["check"] = time.perf_counter()
             buffers, problem = None, None
             try:
                 buffers = allocate_buffers(plan, pin)
+                tc["allocate"] = time.perf_counter()
             except ReplicationError as e:
                 problem = str(e)
             problems = pcomm.allgather(problem)
@@ -293,9 +320,16 @@ class Protector:
             log(f"phoenix runtime rank {logical_rank} ({shard_id}) gen {generation}: {plan.describe()}; "
                 f"replicas to ranks {list(setup.holders_logical)}, holding {[s for s, _ in held_sizes]}; "
                 f"MPI thread level {names.get(level, level)}, H2H {'in a progress thread' if threaded else 'driven by the training thread'}")
-        return cls(engine_coord=coord, shard_id=shard_id, grid=grid, generation=generation, setup=setup,
+        tc["agree"] = time.perf_counter()
+        prot = cls(engine_coord=coord, shard_id=shard_id, grid=grid, generation=generation, setup=setup,
                    chunk_bytes=chunk_bytes, commit_timeout_s=commit_timeout_s, on_commit=on_commit, log=log,
-                   fault_hook=fault_hook, device=device, checksum=checksum)
+                   fault_hook=fault_hook, device=device, checksum=checksum, interval_cap=interval_cap)
+        tc["threads"] = time.perf_counter()
+        # seconds per part of the construction (recovery timings): layout, the memory check and its agreement
+        # (two collectives), allocation, the allocation's agreement, the threads' start
+        keys = list(tc)
+        prot.create_s = {k: tc[k] - tc[p] for p, k in zip(keys, keys[1:])}
+        return prot
 
     # --- the two calls of the training loop -------------------------------------------------------------
     def start_snapshot(self, engine) -> None:
@@ -308,14 +342,72 @@ class Protector:
         if self._pending is not None:
             raise ReplicationError(f"start_snapshot: step {self._pending.step} was started but never committed")
         step = int(engine.step)
+        interval = self._agreed_interval()
         token = self.d2h.mark()
-        job = _Pending(step)
+        job = _Pending(step, interval=interval, t0=t0)
+        self.interval = interval
         self._pending = job
         self._jobs.put(("snapshot", job, token, engine.optimizer_shard(), engine.param_shard(), engine.envelope()))
         if not self.h2h.threaded:
             self.h2h.poll()
         job.start_s = time.perf_counter() - t0
         self._bookkeeping(c0, m0)
+
+    def due(self, engine_step: int) -> bool:
+        """Whether the loop starts a snapshot of ``S(engine_step)`` now: none is pending and the protection
+        interval since the last one has passed (always with interval 1)."""
+        return self._pending is None and (self.next_snapshot_step is None or engine_step >= self.next_snapshot_step)
+
+    def pending(self) -> bool:
+        """Whether a snapshot was started and not committed yet."""
+        return self._pending is not None
+
+    def commit_due(self, engine_step: int) -> bool:
+        """Whether the pending snapshot must be committed before the optimizer step that ends step
+        ``engine_step + 1`` (the last step of its interval); otherwise only :meth:`wait_local` is needed."""
+        job = self._pending
+        return job is not None and engine_step + 1 >= job.step + job.interval
+
+    def wait_local(self, timeout_s: float | None = None) -> float:
+        """Block until the pending snapshot's local copy is done (it reads the live state, which the next
+        optimizer step changes); returns the seconds blocked. Raises ReplicationError if it failed or timed
+        out, or what :attr:`abort_check` raises."""
+        t0 = time.perf_counter()
+        job = self._pending
+        if job is None or job.d2h_done:
+            return 0.0
+        timeout_s = self.commit_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + (float("inf") if timeout_s is None else timeout_s)
+        while True:
+            left = deadline - time.monotonic()
+            ok = self.h2h.wait(lambda: job.d2h_done, max(0.0, min(left, ABORT_CHECK_S)), drive=True)
+            if ok or self.h2h.error is not None or left <= ABORT_CHECK_S:
+                break
+            if self.abort_check is not None:
+                self.abort_check()
+        self._raise_if_failed()
+        if job.error is not None:
+            self._pending = None
+            raise ReplicationError(f"snapshot of step {job.step} failed: {job.error}") from job.error
+        if not ok:
+            raise ReplicationError(f"local copy of step {job.step} of {self.shard_id} timed out after {timeout_s} s")
+        waited = time.perf_counter() - t0
+        job.local_wait_s += waited
+        return waited
+
+    def _agreed_interval(self) -> int:
+        """The interval of the snapshot about to start (the ``n``-th of this generation): 1 for the first two;
+        then the largest proposal of the fence started by commit ``n - 2``, the same on every rank (waits for
+        that fence, started at least one snapshot ago)."""
+        n = self._commits
+        if n < 2 or self.interval_cap <= 1:
+            return 1
+        ok = self.h2h.wait(lambda: len(self.h2h.fenced_intervals) >= n - 1, self.commit_timeout_s, drive=True)
+        self._raise_if_failed()
+        if not ok:
+            raise ReplicationError(f"commit fence {n - 2} of {self.shard_id} did not complete within "
+                                   f"{self.commit_timeout_s} s")
+        return max(1, min(self.interval_cap, self.h2h.fenced_intervals[n - 2]))
 
     def wait_commit(self, timeout_s: float | None = None) -> CommitRecord:
         """Wait for the local D2H and every holder's verified ack of the snapshot started last, then flip
@@ -379,22 +471,34 @@ class Protector:
                 )
         self.buffers.local.commit(job.idx, job.step)
         self.committed_step = job.step
-        self.h2h.fence(job.step)
         wait_s = time.perf_counter() - t0
+        h2h_s = self.h2h.send_s.pop(job.step, 0.0)
+        exposed = job.start_s + job.local_wait_s + wait_s
+        if self.interval_cap > 1:
+            window = max(0.0, time.perf_counter() - job.t0 - exposed) / job.interval
+            self._samples = (self._samples + [IntervalSample(window, job.d2h_s + h2h_s, exposed / job.interval)])[
+                -INTERVAL_SAMPLES:]
+            self._proposal = choose_interval(job.interval, self._samples, self.interval_cap)
+        self.h2h.fence(job.step, self._proposal)
+        self._commits += 1
+        self.next_snapshot_step = job.step + job.interval
         self._bookkeeping(c0, m0)
         now = self.cpu.totals()
-        self.timings.append(StepTiming(job.step, job.start_s, wait_s, job.start_s + wait_s, job.d2h_s,
-                                       self.h2h.send_s.pop(job.step, 0.0), delta(now, self._cpu_at_commit)))
+        self.timings.append(StepTiming(job.step, job.start_s, job.local_wait_s + wait_s, exposed, job.d2h_s,
+                                       h2h_s, delta(now, self._cpu_at_commit)))
         self._cpu_at_commit = now
         self._pending = None
-        rec = CommitRecord(self.shard_id, job.step, self.generation, self.holders, job.start_s + wait_s,
-                           self.h2h.fenced_step, job.crc)
+        rec = CommitRecord(self.shard_id, job.step, self.generation, self.holders, exposed,
+                           self.h2h.fenced_step, job.crc, job.interval)
         if self.on_commit is not None:
             self.on_commit(rec)
         return rec
 
     def flush(self, engine, timeout_s: float | None = None) -> CommitRecord:
-        """Protect the final state (after the last ``optimizer_step``): ``start_snapshot`` + ``wait_commit``."""
+        """Protect the final state (after the last ``optimizer_step``): commits a pending snapshot first,
+        then ``start_snapshot`` + ``wait_commit``."""
+        if self._pending is not None:
+            self.wait_commit(timeout_s)
         self.start_snapshot(engine)
         return self.wait_commit(timeout_s)
 
@@ -557,6 +661,10 @@ class Protector:
             crc = seal(buf, self.layout, shard_id=self.shard_id, step=job.step, generation=self.generation,
                        grid=self.grid, coord=self.coord, envelope=envelope, checksum=self.checksum, sums=sums)
             job.idx, job.crc, job.d2h_s = idx, crc, time.perf_counter() - t0
+            job.d2h_done = True  # the live state is copied: the next optimizer step may run
+            self.h2h.notify()
+            if self._test_delay_s > 0:
+                time.sleep(self._test_delay_s)
             if self.holders:
                 self.h2h.send_replica(job.step, buf.numpy()[: self.layout.opt_end])
         except BaseException as e:  # noqa: BLE001 -- reported by wait_commit in the training thread

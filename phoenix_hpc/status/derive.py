@@ -180,6 +180,7 @@ class _State:
         self.live: int | None = None  # current live step (see module doc)
         self.heartbeat_progress = True  # heartbeat_summary's max_step counts (no progress records)
         self.recoverable_step: int | None = None
+        self.protect_every = 1
         self.checkpoint_step: int | None = None
         self.checkpoint_pending: int | None = None  # reported, not yet covered by the committed step
         self.end_signal: str | None = None
@@ -286,6 +287,8 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             st.shard_bytes[str(sid)] = int(n)
         for sid, holders in (rec.get("placement") or {}).items():
             st.placement[str(sid)] = [int(h) for h in holders]
+    elif ev == "protect_interval":
+        st.protect_every = int(rec.get("interval", 1))
     elif ev == "placement":
         st.placement = {}
         for sid, _owner, holder in rec.get("replicas") or []:
@@ -708,7 +711,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         node_list=live_nodes or [n.name for n in nodes if n.slots],
         nodes=_get(cfg, "resources", "nodes"), spares=_get(cfg, "resources", "spares"), gpus_per_node=gpus,
         grid={"tp": grid[0], "pp": grid[1], "dp": grid[2]} if grid else None, k=k, generation=st.generation,
-        step=st.live, steps_total=steps_total, recoverable_step=st.recoverable_step,
+        step=st.live, steps_total=steps_total, recoverable_step=st.recoverable_step, protect_every=st.protect_every,
         # after the end, the newest complete checkpoint on disk too (a job killed before it journalled it)
         checkpoint_step=max([s for s in (st.checkpoint_step, *(run.checkpoints[-1:] if finished else ()))
                              if s is not None], default=None),

@@ -79,6 +79,9 @@ class JobInfo:
     end_signal: str | None = None  # the external signal that ended the job (USR1: time limit, TERM), if any
     jobs: list[str] = field(default_factory=list)  # the run's Slurm jobs, oldest first (phoenix submit --resume)
     end_cause: str | None = None  # what ended the job: finished, time limit, SIGTERM, failure, batch-host loss, coordinator loss
+    # adaptive protection interval m (journal ``protect_interval``; runtime/interval.py): every m-th step is
+    # protected and a fault loses at most m steps; 1 = every step
+    protect_every: int = 1
 
 
 @dataclass

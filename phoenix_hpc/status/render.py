@@ -73,6 +73,10 @@ def _header(st: Status) -> Table:
     t.add_row("step", f"{step}{total}   committed {j.recoverable_step if j.recoverable_step is not None else '-'}"
                       f"   checkpoint {j.checkpoint_step if j.checkpoint_step is not None else '-'}"
                       f"   generation {j.generation}")
+    if j.protect_every != 1:
+        t.add_row("protection", f"every {j.protect_every} steps (adaptive: protection does not fit in one step's "
+                                f"compute; a fault loses at most {2 * j.protect_every - 1} steps while m stays, "
+                                f"at most 2 x resilience.protect_every_max - 1 in any case)")
     spares = "-" if st.spare_nodes_left is None else f"{st.spare_nodes_left} node(s), {st.spare_slots_left} slot(s)"
     t.add_row("spares left", spares)
     if j.node_list:

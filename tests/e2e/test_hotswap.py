@@ -536,3 +536,35 @@ def test_killed_coordinator_is_restarted_and_the_job_finishes_identical(env, dat
     assert "restart 1 of 3" in log, log[-2000:]
     print(f"coordinator killed at step {killed_at}: rejoined at steps "
           f"{[rejoined[w]['step'] for w in (0, 1)]}, job {job.elapsed_s:.1f} s")
+
+
+def test_protection_that_does_not_fit_runs_every_mth_step_and_a_crash_replays_at_most_2m_minus_1(env, data, reference,
+                                                                                                  tmp_path):
+    """A replication path too slow for one step's compute window (the documented test-only knob
+    ``PHOENIX_TEST_REPLICATION_DELAY_S``, runtime/protector.py, delays every replica by 0.3 s; this job's steps
+    take about 50 ms) with ``protect_every_max: 4``: the ranks choose m > 1 from their measurements (journal
+    ``protect_interval``, ``phoenix status``), a crash of logical rank 1 at step AT_STEP is hot swapped replaying
+    at most 2 x cap - 1 steps, and the job ends bitwise identical to the fault-free run (protection only reads the
+    state, so the reference of :data:`CONFIG` serves)."""
+    cfg = dict(CONFIG, resilience=dict(CONFIG["resilience"], protect_every_max=4))
+    job = Job(dict(env, PHOENIX_TEST_REPLICATION_DELAY_S="0.3"), tmp_path, data, "adaptive-interval", cfg)
+    try:
+        _inject(job, "crash", "forward", wait=False)
+        done = job.wait_end(timeout_s=200)
+    finally:
+        job.cancel()
+    _assert_fault_free_end(job, done, reference)
+    chosen = job.events("protect_interval")
+    gen0 = [e["interval"] for e in chosen if e["generation"] == 0]
+    assert gen0 and max(gen0) > 1 and all(1 <= m <= 4 for m in gen0), chosen
+    (rec,) = job.events("recovery_done")
+    m = [e["interval"] for e in chosen if e["generation"] == 0 and (e["step"] or 0) < AT_STEP][-1]
+    # the journal names the interval of committed snapshots; the one in flight at the fault may be larger
+    # (m + m' - 1 for consecutive intervals m, m'), so the bound is that of the cap: 2 x 4 - 1
+    assert rec["action"] == "hot_swap" and 0 <= rec["steps_replayed"] <= 2 * 4 - 1, (rec, chosen)
+    assert not job.events("invariant_violation") and not job.events("evidence_rejected")
+    st = json.loads(_cli(job, "status", str(job.run_dir), "--json").stdout)
+    assert st["job"]["protect_every"] == chosen[-1]["interval"], (st["job"], chosen[-1])
+    print(f"adaptive interval: m chosen {[(e['generation'], e['step'], e['interval']) for e in chosen]}; crash at "
+          f"{AT_STEP} with m={m}: R={rec['recoverable_step']}, replayed {rec['steps_replayed']}, recovery "
+          f"{rec['total_s']} s; job {job.elapsed_s:.1f} s")

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from phoenix_hpc.cli.main import cli
 
 EFFICIENCY = ["model", "efficiency", "--mttf-s", "1080", "--step-s", "20", "--ckpt-every", "100", "--restart-s",
-              "600", "--ckpt-overhead-s", "5", "--hotswap-s", "30", "--phi", "0.5", "--json"]
+              "600", "--ckpt-overhead-s", "5", "--hotswap-s", "30", "--phi", "0.5", "--overhead-ratio", "1", "--json"]
 LOSS_RISK = ["model", "loss-risk", "--shards", "128", "--p-fail", "1e-6", "--k", "1", "--steps", "100000", "--json"]
 SIM = ["model", "simulate", "--mttf-s", "1080", "--step-s", "20", "--steps", "2000", "--ckpt-every", "100",
-       "--restart-s", "normal:600,60", "--trials", "50"]
+       "--restart-s", "normal:600,60", "--trials", "50", "--overhead-ratio", "1"]
 
 
 def run(args):
@@ -194,3 +194,38 @@ def test_simulate_spares_bad_input(extra, needle):
     r = run(SIM + ["--hotswap-s", "30", *extra])
     assert r.exit_code == 2, r.output
     assert needle in r.output and "Traceback" not in r.output
+
+
+def test_efficiency_charges_the_measured_overhead_and_the_interval_and_finds_the_crossover():
+    """--overhead-ratio 1.1: (1.1 - 1) x 1080 s = 108 s per fault; --protect-every 3: 3 (3 - 1) / 2 = 3 more
+    steps of 20 s replayed; crossover M* = (1595 - (30 + 10 + 60)) / 0.1 = 14950 s."""
+    r = run(EFFICIENCY[:-3] + ["--overhead-ratio", "1.1", "--protect-every", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["phoenix"]["overhead_s"] == pytest.approx(108) and d["phoenix"]["replay_s"] == pytest.approx(70)
+    assert d["phoenix"]["disruption_s"] == pytest.approx(208) and d["crossover_mttf_s"] == pytest.approx(14950)
+    assert d["inputs"]["overhead_ratio_source"] == "given (--overhead-ratio)"
+    r = run(EFFICIENCY[:-3] + ["--protect-every", "0"])
+    assert r.exit_code == 2 and "--protect-every: 0 is not allowed" in r.output, r.output
+
+
+def test_the_default_overhead_ratio_is_the_last_benchmarks_with_its_source(tmp_path):
+    from phoenix_hpc.cli.model import benchmark_overhead_ratio
+
+    p = tmp_path / "BENCHMARKS.json"
+    p.write_text(json.dumps({"overhead_ratio": 1.07, "date": "D", "commit": "abc"}))
+    r, src = benchmark_overhead_ratio(p)
+    assert r == 1.07 and "commit abc" in src and "D" in src
+    r, src = benchmark_overhead_ratio(tmp_path / "missing.json")
+    assert r == 1.0 and "no benchmark figure" in src
+
+
+def test_simulate_runs_phoenix_steps_slower_by_the_overhead_ratio():
+    base = json.loads(run(SIM + ["--hotswap-s", "30", "--json", "--seed", "3"]).stdout)
+    r = run(SIM[:-2] + ["--overhead-ratio", "1.1", "--hotswap-s", "30", "--json", "--seed", "3"])
+    assert r.exit_code == 0, r.output
+    taxed = json.loads(r.stdout)
+    # 2000 steps x 20 s x 0.1 = 4000 s more lost per campaign, at least (replays run slower too)
+    assert taxed["phoenix"]["lost_s"]["mean"] >= base["phoenix"]["lost_s"]["mean"] + 4000 - 1e-6
+    assert taxed["phoenix"]["efficiency"]["mean"] < base["phoenix"]["efficiency"]["mean"]
+    assert taxed["inputs"]["overhead_ratio"] == 1.1 and base["checkpoint_restart"] == taxed["checkpoint_restart"]

@@ -486,3 +486,26 @@ def test_a_dead_holders_copy_is_not_a_verified_replica():
     for r in st.replicas:
         assert r.verified_replicas == sum(1 for h in r.holders if h.alive)
     assert [r.verified_replicas for r in st.replicas if r.owner_node == N1] == [0, 0]
+
+
+def test_the_protection_interval_the_ranks_chose_is_shown_with_its_lost_work_bound():
+    recs = start_records() + [{"ts": 4.0, "event": "protect_interval", "interval": 3, "step": 6, "generation": 0,
+                               "lost_steps_at_most": 5}]
+    st = derive_status(recs, running_slurm(), now=5.0, run=run_files())
+    assert st.job.protect_every == 3
+    text = _text(st)
+    assert "every 3 steps" in text and "at most 5 steps" in text, text
+    back = recs + [{"ts": 4.5, "event": "protect_interval", "interval": 1, "step": 9, "generation": 0,
+                    "lost_steps_at_most": 1}]
+    st = derive_status(back, running_slurm(), now=5.0, run=run_files())
+    assert st.job.protect_every == 1 and "protection" not in _text(st)
+
+
+def _text(st) -> str:
+    from rich.console import Console
+
+    from phoenix_hpc.status.render import status_renderable
+
+    console = Console(width=250, record=True, color_system=None)
+    console.print(status_renderable(st))
+    return console.export_text()

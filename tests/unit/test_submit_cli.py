@@ -406,3 +406,11 @@ def test_unsupported_checksum(in_tmp):
     assert_bad(invoke("--site", "local", p, "--dry-run"), "resilience.checksum", "'md5'",
                "Input should be 'xxh3_64', 'crc32c' or 'crc32'")
     assert not (in_tmp / "runs").exists()
+
+
+@pytest.mark.parametrize("cap", [0, 6])
+def test_a_protection_interval_cap_below_one_or_above_the_checkpoint_interval_exits_2(in_tmp, cap):
+    p = write_cfg(in_tmp, resilience={"protect_every_max": cap, "checkpoint": {"interval_steps": 5}})
+    assert_bad(invoke("--site", "local", p, "--dry-run"), "resilience.protect_every_max", str(cap),
+               "allowed: 1 .. resilience.checkpoint.interval_steps = 5")
+    assert not (in_tmp / "runs").exists()
