@@ -189,6 +189,9 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         # the silent spare is found 10 s after its last heartbeat: wait for it if the window was shorter
         d_silent = jr.wait("slots_dead", lambda r: spare_silent in r["slots"] and r["ts"] >= w0, 30)
         d_exit = jr.wait("slots_dead", lambda r: spare_exit in r["slots"] and r["ts"] >= exited["t_exit"], 10)
+        # the handled rates come from the summaries around the window: wait for the first one after it (the
+        # detections above may have returned before it was written; then the column came out empty)
+        jr.wait("heartbeat_summary", lambda r: r["ts"] >= w1, 3 * SUMMARY_S)
         all_summaries = list(jr.read("heartbeat_summary"))
         summaries = [r for r in all_summaries if w0 <= r["ts"] <= w1 + 0.5]
         # --- an active slot exits: detection, quiesce, plan, delivery ------------------------------------
