@@ -19,8 +19,12 @@ each from the coordinator's journal or process:
   connection open -> ``slots_dead`` (expected: the 10 s timeout after its last heartbeat);
 - *recovery plan*: an active slot exits; ``slots_dead`` -> ``recovery_start`` (quiesce sent) ->
   ``recovery_plan`` (every survivor answered) -> ``recovery_plan_sent`` (plan made and pushed to every
-  member's queue: ``plan_s``, ``send_s``) -> the last member read it (the simulators' sweep of their
-  queues adds its own period to this last figure).
+  member's queue: ``plan_s``, ``send_s``) -> the last member read it (after its doorbell rang);
+- *registration*: the longest time a simulator waited from its first ``register`` request to its last
+  answer (``register_s``), and from spawning the simulators to every slot registered (``sim_start_s``).
+
+The run directories are on disk (the temporary directory), like a job's run directory, so the journal's
+``fsync`` costs what it costs there.
 
 Numbers of one run on one machine, where simulators and coordinator share the cores; the simulators'
 achieved send rate is reported next to the nominal one. Exit codes: 0 measured; 2 bad option.
@@ -154,9 +158,11 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
             procs.append(p)
             pipes.append(a)
         regs = [c.recv() for c in pipes]
-        t_reg = time.time() - t0
+        t_start_all = time.time() - t0  # spawning the simulators (each imports torch) and registering
+        t_reg = max(r["register_s"] for r in regs)  # a simulator's first request -> its last answer
         registered = sum(r["registered"] for r in regs)
-        log(f"[ctl {n}] {registered}/{len(slots)} slots registered in {t_reg:.1f} s "
+        log(f"[ctl {n}] {registered}/{len(slots)} slots registered in {t_reg:.1f} s ({t_start_all:.1f} s with "
+            f"starting the simulators) "
             f"({', '.join(x for r in regs for x in r['refused'])})")
         if registered != len(slots):
             raise RuntimeError(f"only {registered} of {len(slots)} simulated slots registered: "
@@ -237,6 +243,7 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         "ranks": n, "slots": len(slots), "nodes": len(slots) // PER_NODE, "slots_per_node": PER_NODE,
         "workers": workers, "heartbeat_interval_s": 1.0,
         "heartbeat_timeout_s": 10.0, "step_s": step_s, "register_s": round(t_reg, 2),
+        "sim_start_s": round(t_start_all, 2),
         "window_s": round(win, 2),
         "sent_heartbeats_per_s": round(sent / win, 1), "sent_messages_per_s": round(sent_msgs / win, 1),
         "sent_commits_per_s": 0.0, "carried_commits_per_s": round(commits / win, 1),
