@@ -19,8 +19,12 @@ each from the coordinator's journal or process:
   connection open -> ``slots_dead`` (expected: the 10 s timeout after its last heartbeat);
 - *recovery plan*: an active slot exits; ``slots_dead`` -> ``recovery_start`` (quiesce sent) ->
   ``recovery_plan`` (every survivor answered) -> ``recovery_plan_sent`` (plan made and pushed to every
-  member's queue: ``plan_s``, ``send_s``) -> the last member read it (the simulators' sweep of their
-  queues adds its own period to this last figure).
+  member's queue: ``plan_s``, ``send_s``) -> the last member read it (after its doorbell rang);
+- *registration*: the longest time a simulator waited from its first ``register`` request to its last
+  answer (``register_s``), and from spawning the simulators to every slot registered (``sim_start_s``).
+
+The run directories are on disk (the temporary directory), like a job's run directory, so the journal's
+``fsync`` costs what it costs there.
 
 Numbers of one run on one machine, where simulators and coordinator share the cores; the simulators'
 achieved send rate is reported next to the nominal one. Exit codes: 0 measured; 2 bad option.
@@ -44,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 from phoenix_hpc.control import protocol as P
-from phoenix_hpc.control.journal import read_journal
 
 PER_NODE = 8
 SPARE_NODES = 2
@@ -57,14 +60,49 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _wait_event(run_dir: Path, event: str, pred, timeout_s: float) -> dict | None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        for r in read_journal(run_dir, event):
-            if pred(r):
-                return r
-        time.sleep(0.05)
-    return None
+class _Follower:
+    """Reads a growing journal incrementally (only the bytes added since the last read; each complete line is
+    parsed once) and keeps the records of the events asked for. Re-reading the whole journal every 50 ms
+    costs the driver a core at 16k slots (16k ``registered`` lines), CPU the coordinator then lacks."""
+
+    def __init__(self, run_dir: Path, events: tuple[str, ...]):
+        self.path = run_dir / "journal.jsonl"
+        self.events = set(events)
+        self.records: dict[str, list[dict]] = {e: [] for e in events}
+        self._offset = 0
+        self._tail = b""
+
+    def read(self, event: str) -> list[dict]:
+        """The records of ``event`` so far, in journal order."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        self._offset += len(data)
+        data, cut = self._tail + data, (self._tail + data).rfind(b"\n")
+        self._tail = data[cut + 1:]
+        for line in data[:cut + 1].splitlines():
+            if any(f'"event":"{e}"'.encode() in line for e in self.events):
+                rec = json.loads(line)
+                if rec.get("event") in self.events:
+                    self.records[rec["event"]].append(rec)
+        return self.records[event]
+
+    def wait(self, event: str, pred, timeout_s: float) -> dict | None:
+        """The first record of ``event`` for which ``pred`` holds, waiting up to ``timeout_s`` seconds."""
+        deadline = time.time() + timeout_s
+        while True:
+            for r in self.read(event):
+                if pred(r):
+                    return r
+            if time.time() >= deadline:
+                return None
+            time.sleep(0.05)
+
+
+_EVENTS = ("slots_dead", "heartbeat_summary", "recovery_start", "recovery_plan", "recovery_plan_sent")
 
 
 def _slots(n: int) -> list[dict[str, Any]]:
@@ -102,6 +140,7 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         if info is None:
             raise RuntimeError(f"the coordinator did not start (see {coord_log.name})")
         secret = P.read_secret(run_dir).decode()
+        jr = _Follower(run_dir, _EVENTS)
         slots = _slots(n)
         ctx = mp.get_context("spawn")
         t0 = time.time()
@@ -119,9 +158,11 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
             procs.append(p)
             pipes.append(a)
         regs = [c.recv() for c in pipes]
-        t_reg = time.time() - t0
+        t_start_all = time.time() - t0  # spawning the simulators (each imports torch) and registering
+        t_reg = max(r["register_s"] for r in regs)  # a simulator's first request -> its last answer
         registered = sum(r["registered"] for r in regs)
-        log(f"[ctl {n}] {registered}/{len(slots)} slots registered in {t_reg:.1f} s "
+        log(f"[ctl {n}] {registered}/{len(slots)} slots registered in {t_reg:.1f} s ({t_start_all:.1f} s with "
+            f"starting the simulators) "
             f"({', '.join(x for r in regs for x in r['refused'])})")
         if registered != len(slots):
             raise RuntimeError(f"only {registered} of {len(slots)} simulated slots registered: "
@@ -152,16 +193,19 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         sent_msgs = sum(r["beats"] for r in rep1) - sum(r["beats"] for r in rep0)
         commits = sum(r["commits"] for r in rep1) - sum(r["commits"] for r in rep0)
         # the silent spare is found 10 s after its last heartbeat: wait for it if the window was shorter
-        d_silent = _wait_event(run_dir, "slots_dead", lambda r: spare_silent in r["slots"] and r["ts"] >= w0, 30)
-        d_exit = _wait_event(run_dir, "slots_dead", lambda r: spare_exit in r["slots"] and r["ts"] >= exited["t_exit"], 10)
-        all_summaries = read_journal(run_dir, "heartbeat_summary")
+        d_silent = jr.wait("slots_dead", lambda r: spare_silent in r["slots"] and r["ts"] >= w0, 30)
+        d_exit = jr.wait("slots_dead", lambda r: spare_exit in r["slots"] and r["ts"] >= exited["t_exit"], 10)
+        # the handled rates come from the summaries around the window: wait for the first one after it (the
+        # detections above may have returned before it was written; then the column came out empty)
+        jr.wait("heartbeat_summary", lambda r: r["ts"] >= w1, 3 * SUMMARY_S)
+        all_summaries = list(jr.read("heartbeat_summary"))
         summaries = [r for r in all_summaries if w0 <= r["ts"] <= w1 + 0.5]
         # --- an active slot exits: detection, quiesce, plan, delivery ------------------------------------
         ask_all("watch")
         victim_exit = ask(victim, "exit", victim)
-        d_victim = _wait_event(run_dir, "slots_dead", lambda r: victim in r["slots"] and r["ts"] >= victim_exit["t_exit"], 30)
-        early = [r for r in read_journal(run_dir, "slots_dead") if r["ts"] < w0]
-        sent_rec = _wait_event(run_dir, "recovery_plan_sent", lambda r: True, 60)
+        d_victim = jr.wait("slots_dead", lambda r: victim in r["slots"] and r["ts"] >= victim_exit["t_exit"], 30)
+        early = [r for r in jr.read("slots_dead") if r["ts"] < w0]
+        sent_rec = jr.wait("recovery_plan_sent", lambda r: True, 60)
         members = n
         got: dict[int, float] = {}
         deadline = time.time() + 60
@@ -172,8 +216,8 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
             if len(got) >= members:
                 break
             time.sleep(0.2)
-        start = (read_journal(run_dir, "recovery_start") or [None])[0]
-        plan = (read_journal(run_dir, "recovery_plan") or [None])[0]
+        start = (jr.read("recovery_start") or [None])[0]
+        plan = (jr.read("recovery_plan") or [None])[0]
     finally:
         for c in pipes:
             try:
@@ -199,6 +243,7 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         "ranks": n, "slots": len(slots), "nodes": len(slots) // PER_NODE, "slots_per_node": PER_NODE,
         "workers": workers, "heartbeat_interval_s": 1.0,
         "heartbeat_timeout_s": 10.0, "step_s": step_s, "register_s": round(t_reg, 2),
+        "sim_start_s": round(t_start_all, 2),
         "window_s": round(win, 2),
         "sent_heartbeats_per_s": round(sent / win, 1), "sent_messages_per_s": round(sent_msgs / win, 1),
         "sent_commits_per_s": 0.0, "carried_commits_per_s": round(commits / win, 1),
@@ -318,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= a.workers <= 64:
         print(f"error: --workers: {a.workers} is not allowed; expected 0..64", file=sys.stderr)
         return 2
-    base = Path(tempfile.mkdtemp(prefix="phx-ctlbench-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    # on disk, like a job's run directory: the journal's fsyncs cost what they cost there (not /dev/shm)
+    base = Path(tempfile.mkdtemp(prefix="phx-ctlbench-"))
     rows = []
     t0 = time.time()
     try:

@@ -187,8 +187,11 @@ def section_lines(result: dict[str, Any]) -> list[str]:
          "liveness connection closed -> `slots_dead`; *detect silence*: a spare stops heartbeating -> "
          "`slots_dead`. *quiesce*: `recovery_start` -> `recovery_plan` after an active rank exited; *plan*: "
          "`plan_recovery`; *plan pushed*: plan journalled -> the signed `recover` in every member's queue; "
-         "*read by all*: -> the last simulated member read it (includes the simulators' sweep over their "
-         "queues).", ""]
+         "*read by all*: -> the last simulated member read it (a simulated slot reads its queue when its "
+         "doorbell rings, as a real one does; the simulators' own CPU share is in this figure). *register*: "
+         "the longest time a simulator process waited from its first `register` request to its last answer "
+         "(every request sent at once; the coordinator journals each with one `fsync` per batch of messages; "
+         "the run directory is on disk, like a job's).", ""]
     fits = a.get("fits", {})
     if fits:
         L += ["Scaling laws (`phoenix_hpc.model.fit.fit_scaling`, the code of `phoenix model fit`: constant, "

@@ -13,8 +13,10 @@ same TCPStore keys and the same liveness connection (:func:`phoenix_hpc.control.
   registration is answered, while the other slots still register (a node's heartbeats do not wait for the
   whole simulated block). A slot that "stops" (silence) or "exits" stays in the message with its record's
   age growing until the heartbeat timeout, as the record it left on its node's board would;
-- while watching a recovery: its instruction queue ``ctl/out/{world_rank}`` is read; ``quiesce`` is answered
-  with ``quiesced`` (live step, committed and previous step of every copy), ``recover`` is timed.
+- while watching a recovery: its instruction queue ``ctl/out/{world_rank}`` is read when its doorbell rang
+  on its liveness connection, as the real slot does (:mod:`phoenix_hpc.control.liveness`; no slot polls the
+  store); ``quiesce`` is answered with ``quiesced`` (live step, committed and previous step of every copy),
+  ``recover`` is timed.
 
 What is not the real rank: no training, no board files (the process knows its nodes' slots), one TCPStore
 connection per process instead of two per slot (the store server is C++ and serves each request alike; the
@@ -147,6 +149,8 @@ def worker(conn, spec: dict[str, Any]) -> None:
                 refused.append(f"{w}: {reply.get('reason')}")
                 continue
             alive[w] = connect_alive(spec["host"], int(spec["liveness_port"]), w, pid(w), secret)
+            alive[w].setblocking(False)
+            bells.register(alive[w], selectors.EVENT_READ, w)
             sending.add(w)
         del pending_order[:done]
         if not reg_reported and (not pending or time.time() > reg_deadline):
@@ -182,7 +186,9 @@ def worker(conn, spec: dict[str, Any]) -> None:
                     plans[ref] = P.resolve_plan(msg, store.get, secret)
                 received.setdefault(w, time.time())
 
-    sweep_i = 0
+    import selectors
+
+    bells = selectors.DefaultSelector()  # the doorbells of this process's slots (their liveness connections)
     hb = _Round(len(node_names), interval, time.time())
     while True:
         if not reg_reported:
@@ -203,6 +209,7 @@ def worker(conn, spec: dict[str, Any]) -> None:
                 sock = alive.pop(arg, None)
                 t = time.time()
                 if sock is not None:
+                    bells.unregister(sock)
                     sock.close()
                 conn.send({"t_exit": t})
             elif cmd == "watch":
@@ -218,12 +225,19 @@ def worker(conn, spec: dict[str, Any]) -> None:
                 return
         for i in hb.due(time.time(), 64):
             beat(node_names[i])
+        wait = max(0.0, min(0.005, hb.next_at() - time.time())) if reg_reported else 0.0
         if watch:
-            for _ in range(64):
-                read_instructions(order[sweep_i % n])
-                sweep_i += 1
+            for key, _ in bells.select(timeout=wait):  # sleeps until a ring or the next node's heartbeat
+                try:
+                    key.fileobj.recv(4096)  # the rings: the queue holds something new
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    bells.unregister(key.fileobj)
+                    continue
+                read_instructions(key.data)
         elif reg_reported:
-            time.sleep(max(0.0, min(0.005, hb.next_at() - time.time())))
+            time.sleep(wait)
 
 
 class _Round:

@@ -163,6 +163,7 @@ class CoordinatorClient:
         self.lost_reason: str | None = None
         self.pending_signal: str | None = None  # a signal to pass on (note_signal), sent by the heartbeat thread
         self.board = None  # the node's heartbeat board (node_beats.NodeBoard) once heartbeats run per node
+        self._board_stale_s: float | None = None  # records older than this do not keep the board (leave)
         self._commit: dict[str, Any] | None = None  # the newest commit report, carried by the node's heartbeats
         self._dist = dist
         self.incarnation = 0  # restarted coordinators this slot rejoined (a new store each time)
@@ -723,7 +724,11 @@ class CoordinatorClient:
         self.board.write_record({"pid": self.pid, "g": g, "step": step, "t": time.time(), "commit": commit})
         records = self.board.records()
         now = time.time()
+        self._board_stale_s = timeout_s + fresh_s  # for leave() at the end
         if carrier_of(records, now, fresh_s) == self.world_rank:
+            # the carrier removes the records killed slots left (older than the timeout: declared dead)
+            for w in self.board.prune(records, now, timeout_s + fresh_s):
+                records.pop(w, None)
             store.queue_push(P.KEY_IN, P.encode(
                 {"type": "heartbeats", "world_rank": self.world_rank, "pid": self.pid,
                  "beats": entries_of(records, now, timeout_s)}, self.secret))
@@ -779,7 +784,7 @@ class CoordinatorClient:
         self.stop_heartbeat()
         self.stop_received = True
         if self.board is not None:
-            self.board.leave()
+            self.board.leave(stale_s=self._board_stale_s)
         if self._alive is not None:
             self._alive.close()
         self.store = None

@@ -161,6 +161,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         self._last_commit_logged = -1
         self._last_commit_log_t = float("-inf")
         self._commit_dirty = False  # commit reports arrived since the recoverable step was last evaluated
+        self._next_commit_eval = float("-inf")  # coordinator clock of the next evaluation (_tick)
         self._shard_ids_of: tuple[tuple | None, tuple[str, ...]] = (None, ())
         self._stop_reason: str | None = None
         self._stop_signal: str | None = None  # the external signal behind the stop (USR1, TERM), if any
@@ -183,6 +184,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         self.drained: set[int] = set()  # world ranks that left by a drain (DONE)
         self.drained_nodes: set[str] = set()  # nodes drained: no spare there takes a logical rank
         self._held_replies: set[str] = set()  # reply_to of requests answered later (injects being confirmed)
+        self._after_sync: list[tuple[dict, dict]] = []  # answers that wait for the journal's fsync (messaging.py)
         self.heartbeat_ages = AgeWindow()  # ages of heartbeats at handling, per summary window (loadstats.py)
 
     def open(self) -> None:
@@ -299,8 +301,11 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
             return
         self._injects_tick(now)
         self._drains_tick(now)
-        if self._commit_dirty:  # commit reports arrived: the recoverable step may have advanced
+        # commit reports arrived: the recoverable step may have advanced. It is an O(ranks) scan, so at most
+        # twice per heartbeat interval (the reports come with the heartbeats, once per interval and node)
+        if self._commit_dirty and now >= self._next_commit_eval:
             self._commit_dirty = False
+            self._next_commit_eval = now + self.t.heartbeat_interval_s / 2
             self._maybe_log_commit()
         if self.ending is not None:  # members leave on purpose: no detection, no decisions
             return self._advance_end(now)

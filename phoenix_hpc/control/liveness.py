@@ -93,10 +93,12 @@ class LivenessServer:
         conn.setblocking(False)
         self._sel.register(conn, selectors.EVENT_READ, {"buf": bytearray(), "who": None})
 
-    def _drop(self, conn: socket.socket) -> None:
+    def _drop(self, conn: socket.socket, state: dict[str, Any] | None = None) -> None:
+        """Forget ``conn`` (O(1): its verified world rank is in ``state``) and close it."""
+        who = (state or {}).get("who")
         with self._lock:
-            for w in [w for w, c in self._conns.items() if c is conn]:
-                del self._conns[w]
+            if who is not None and self._conns.get(who[0]) is conn:
+                del self._conns[who[0]]
         try:
             self._sel.unregister(conn)
         except (KeyError, ValueError):
@@ -113,7 +115,7 @@ class LivenessServer:
         if not chunk:  # end of file: the process (or its connection) is gone
             if state["who"] is not None:
                 self._exits.put(state["who"])
-            self._drop(conn)
+            self._drop(conn, state)
             return
         if state["who"] is not None:
             return  # a verified slot never sends more; ignore

@@ -109,10 +109,12 @@ class MembershipMixin:
             self.rank_map[logical] = w
         self.counters["accepted"] += 1
         # the placement inputs go to the journal too: a restarted coordinator recomputes placements from them
-        self.journal.append("registered", world_rank=w, pid=pid, node=node, role=role, logical_rank=logical,
-                            **({"placement_inputs": inputs} if inputs is not None else {}))
-        self._reply(body, {"type": "registered", "generation": self.generation, "role": role,
-                           "logical_rank": logical})
+        # group commit (control/journal.py): the record is written now and made durable with the rest of this
+        # batch of messages by one fsync, and the answer goes out after that fsync (messaging._sync_and_answer)
+        self.journal.append_deferred("registered", world_rank=w, pid=pid, node=node, role=role,
+                                     logical_rank=logical, **({"placement_inputs": inputs} if inputs is not None else {}))
+        self._reply_after_sync(body, {"type": "registered", "generation": self.generation, "role": role,
+                                      "logical_rank": logical})
         if self.grid and len(self.rank_map) == self.grid[0] * self.grid[1] * self.grid[2] \
                 and self.job.state is JobState.STARTING:
             self.job.to(JobState.RUNNING, "all active ranks registered")

@@ -21,14 +21,31 @@ class MessagingMixin:
         import torch.distributed as dist
 
         n = 0
-        while n < 1000:
-            try:
-                raw = self.store.queue_pop(P.KEY_IN, block=False)
-            except dist.QueueEmptyError:
-                break
-            n += 1
-            self._handle(raw)
+        try:
+            while n < 1000:
+                try:
+                    raw = self.store.queue_pop(P.KEY_IN, block=False)
+                except dist.QueueEmptyError:
+                    break
+                n += 1
+                self._handle(raw)
+        finally:
+            self._sync_and_answer()
         return n > 0
+
+    def _reply_after_sync(self, body: dict, reply: dict) -> None:
+        """Answer ``body`` once the journal lines written so far are durable: at the end of this batch of
+        messages (:meth:`_sync_and_answer`), after one ``fsync`` for the whole batch (group commit,
+        :meth:`phoenix_hpc.control.journal.Journal.append_deferred`)."""
+        self._after_sync.append((body, reply))
+
+    def _sync_and_answer(self) -> None:
+        """One ``fsync`` for the journal lines the batch deferred, then the answers that waited for it. O(answers)."""
+        if self.journal is not None:
+            self.journal.sync()
+        answers, self._after_sync = self._after_sync, []
+        for body, reply in answers:
+            self._reply(body, reply)
 
     def _drain_operator(self) -> bool:
         """Requests from the operator channel (:mod:`phoenix_hpc.control.operator`): handled like store

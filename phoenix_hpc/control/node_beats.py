@@ -22,8 +22,19 @@ dead slot is unchanged: its process exit closes its own liveness connection (:mo
 liveness`), and a hung slot's record ages until the heartbeat timeout passes.
 
 Records are not signed (only the node's slots of this user can write the 0700 directory); the carrier signs
-what it sends. A slot removes its record when it closes; records of killed processes stay until the node's
-memory file system is cleared (a few hundred bytes per slot).
+what it sends. Clean-up:
+
+- a slot removes its record when it closes (:meth:`NodeBoard.leave`);
+- the record of a killed slot (SIGKILL, OOM kill) is removed by the carrier once it is older than the
+  heartbeat timeout plus the carrier's freshness window (:func:`stale_records`): by then the coordinator
+  has counted that slot silent for longer than its timeout and declared it dead, so no message will name it
+  again (a stopped slot that wakes after that was fenced anyway; it writes its record again, and a removed
+  board directory is made again by the next write). The carrier also removes a temporary file a killed
+  writer left behind (``.{name}.{pid}.tmp``) once it is that old;
+- the last slot to leave a node removes the board: records that are stale, or whose process is gone from
+  this node (the pid no longer exists: the slots of one node share the srun step's process namespace), do
+  not keep it (:meth:`NodeBoard.leave`). A board on a node whose slots were all killed stays until that
+  node's memory file system is cleared (a node that was lost usually reboots).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -75,6 +87,24 @@ def entries_of(records: Mapping[int, Mapping[str, Any]], now: float, max_age_s: 
     return out
 
 
+def stale_records(records: Mapping[int, Mapping[str, Any]], now: float, stale_s: float) -> list[int]:
+    """World ranks whose record was written more than ``stale_s`` seconds before ``now`` (unix seconds): the
+    records of slots that stopped writing long enough ago to have been declared dead (module docstring).
+    Pure."""
+    return sorted(w for w, r in records.items() if now - float(r.get("t", 0.0)) > stale_s)
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (a process of another user counts as existing)."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
 class NodeBoard:
     """One slot's view of its node's board (see the module docstring).
 
@@ -93,7 +123,11 @@ class NodeBoard:
 
     def _write(self, name: str, obj: Any) -> None:
         tmp = self.path / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(obj, separators=(",", ":")))
+        try:
+            tmp.write_text(json.dumps(obj, separators=(",", ":")))
+        except FileNotFoundError:  # the last slot to leave removed the board meanwhile: make it again
+            self.path.mkdir(mode=0o700, parents=False, exist_ok=True)
+            tmp.write_text(json.dumps(obj, separators=(",", ":")))
         os.replace(tmp, self.path / name)  # readers see the old or the new record, never half of one
 
     def write_record(self, record: dict[str, Any]) -> None:
@@ -124,12 +158,41 @@ class NodeBoard:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def leave(self) -> None:
-        """Remove this slot's record; the last slot to leave removes the board."""
+    def prune(self, records: Mapping[int, Mapping[str, Any]], now: float, stale_s: float) -> list[int]:
+        """Remove the records of :func:`stale_records` and temporary files older than ``stale_s`` (by their
+        modification time); returns the world ranks whose records were removed. Never raises: a file another
+        slot removed first is skipped. O(files on the board)."""
+        gone = []
+        for w in stale_records(records, now, stale_s):
+            if w == self.world_rank:
+                continue
+            try:
+                (self.path / str(w)).unlink()
+                gone.append(w)
+            except OSError:
+                pass
+        try:
+            for p in self.path.iterdir():
+                if p.name.endswith(".tmp") and now - p.stat().st_mtime > stale_s:
+                    p.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return gone
+
+    def leave(self, stale_s: float | None = None, now: float | None = None) -> None:
+        """Remove this slot's record; the last slot to leave removes the board. Records that do not keep the
+        board (module docstring): those older than ``stale_s`` seconds (None: no age rule) and those whose
+        process no longer exists; they are removed with it."""
+        now = time.time() if now is None else now
         try:
             (self.path / str(self.world_rank)).unlink(missing_ok=True)
-            if not any(p.name.isdigit() for p in self.path.iterdir()):
-                (self.path / BEAT_FILE).unlink(missing_ok=True)
-                self.path.rmdir()
+            left = self.records()
+            dead = set(stale_records(left, now, stale_s) if stale_s is not None else ())
+            dead |= {w for w, r in left.items() if not pid_exists(r.get("pid", -1))}
+            if set(left) - dead:
+                return  # another slot of this node still runs
+            for p in self.path.iterdir():
+                p.unlink(missing_ok=True)
+            self.path.rmdir()
         except OSError:  # another slot wrote meanwhile, or removed it first
             pass

@@ -92,8 +92,9 @@ class RestartMixin:
             slot.generation = max(slot.generation, int(rj["generation"]))
         first = w not in self._rejoined
         self._rejoined.add(w)
-        self.journal.append("rejoined", world_rank=w, pid=pid, node=slot.node, role=str(body.get("role")),
-                            generation=rj.get("generation"), step=step, again=not first,
-                            buffered=int(rj.get("buffered") or 0), dropped=int(rj.get("dropped") or 0))
-        self._reply(body, {"type": "registered", "generation": self.generation, "role": slot.role,
-                           "logical_rank": slot.logical_rank})
+        # group commit, as for a registration (membership.py): one fsync per batch of rejoining slots
+        self.journal.append_deferred("rejoined", world_rank=w, pid=pid, node=slot.node, role=str(body.get("role")),
+                                     generation=rj.get("generation"), step=step, again=not first,
+                                     buffered=int(rj.get("buffered") or 0), dropped=int(rj.get("dropped") or 0))
+        self._reply_after_sync(body, {"type": "registered", "generation": self.generation, "role": slot.role,
+                                      "logical_rank": slot.logical_rank})

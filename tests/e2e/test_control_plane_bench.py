@@ -23,7 +23,8 @@ def test_control_plane_bench_runs_end_to_end_and_prints_numbers(tmp_path):
     # every figure was measured (a number, not missing), and the recovery reached every member
     for key in ("sent_heartbeats_per_s", "handled_heartbeats_per_s", "sent_messages_per_s", "handled_messages_per_s", "heartbeat_age_p50_ms",
                 "heartbeat_age_p99_ms", "coordinator_cores", "detect_exit_s", "detect_silence_s",
-                "detect_active_exit_s", "quiesce_s", "plan_s", "plan_delivered_s", "plan_read_by_all_s"):
+                "detect_active_exit_s", "quiesce_s", "plan_s", "plan_delivered_s", "plan_read_by_all_s", "register_s",
+                "sim_start_s"):
         assert isinstance(run.get(key), (int, float)), (key, run)
     assert run["plan_read_by"] == 200
     # a node's 8 slots heartbeat in one message: the coordinator handles 8 slot heartbeats per message

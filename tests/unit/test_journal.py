@@ -64,3 +64,23 @@ def test_missing_journal_reads_empty_and_private_file_is_atomic(tmp_path):
     p = write_private_file(tmp_path / "coordinator.json", '{"port": 1}')
     assert stat.S_IMODE(os.stat(p).st_mode) == 0o600 and json.loads(p.read_text()) == {"port": 1}
     assert [x.name for x in tmp_path.iterdir()] == ["coordinator.json"]  # no temp file left behind
+
+
+def test_deferred_lines_keep_their_order_and_one_sync_makes_them_durable(tmp_path):
+    j = Journal(tmp_path)
+    j.append("first")
+    assert j.fsyncs == 1
+    for i in range(5):
+        j.append_deferred("registered", world_rank=i)
+    assert j.fsyncs == 1  # written, not yet synced
+    assert [r.get("world_rank") for r in read_journal(tmp_path)] == [None, 0, 1, 2, 3, 4]  # in call order
+    assert j.sync() == 5 and j.fsyncs == 2
+    assert j.sync() == 0 and j.fsyncs == 2  # nothing pending: no fsync
+    j.append_deferred("registered", world_rank=5)
+    j.append("job_running")  # a synced append covers the deferred line before it
+    assert j.fsyncs == 3 and j.sync() == 0
+    j.append_deferred("registered", world_rank=6)
+    j.close()  # close makes the pending line durable
+    assert j.fsyncs == 3 and read_journal(tmp_path)[-1]["world_rank"] == 6
+    with pytest.raises(ValueError, match="closed"):
+        j.append_deferred("late")

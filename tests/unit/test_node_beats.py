@@ -7,7 +7,7 @@ import os
 
 from phoenix_hpc.control.coordinator import Coordinator, Slot
 from phoenix_hpc.control.journal import Journal, read_journal
-from phoenix_hpc.control.node_beats import NodeBoard, board_dir, carrier_of, entries_of
+from phoenix_hpc.control.node_beats import NodeBoard, board_dir, carrier_of, entries_of, stale_records
 from phoenix_hpc.control.states import JobState, SlotState, job_machine, slot_machine
 
 
@@ -34,8 +34,9 @@ def test_board_records_beat_and_leave(tmp_path):
     assert board_dir(b"t" * 32, "gpu node/1", root=tmp_path) != path  # another job, another board
     a, b = NodeBoard(path, 3), NodeBoard(path, 2)
     assert oct(path.stat().st_mode & 0o777) == oct(0o700)
-    a.write_record({"pid": 30, "g": 0, "step": 1, "t": 5.0, "commit": None})
-    b.write_record({"pid": 20, "g": 0, "step": 2, "t": 6.0, "commit": None})
+    # both "slots" are this test's process: a record keeps the board only while its process exists
+    a.write_record({"pid": os.getpid(), "g": 0, "step": 1, "t": 5.0, "commit": None})
+    b.write_record({"pid": os.getpid(), "g": 0, "step": 2, "t": 6.0, "commit": None})
     assert {w: r["step"] for w, r in a.records().items()} == {3: 1, 2: 2}
     assert a.beat() is None
     b.write_beat(17, 6.5)
@@ -149,3 +150,68 @@ def test_the_carrier_sends_the_nodes_heartbeats_and_the_others_read_its_beat(tmp
     store_hi.pushed.clear()
     assert high._beat_on_board(store_hi, 0, 9, 0.5, 4.0) == 42  # not the carrier: the carrier's reading
     assert store_hi.pushed == []
+
+
+def _gone_pid() -> int:
+    """The pid of a process that has ended (a killed slot's)."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_the_carrier_removes_the_records_killed_slots_left_once_older_than_the_timeout(tmp_path):
+    import time
+
+    from phoenix_hpc.control import protocol as P
+
+    path = board_dir(b"k" * 32, "n2", root=tmp_path)
+    carrier, other = _client(path, 1, os.getpid()), _client(path, 6, os.getpid())
+    now = time.time()
+    # interval 0.5 s, timeout 4 s: stale after 4 + 3 * 0.5 = 5.5 s
+    assert stale_records({7: {"t": now - 5.6}, 8: {"t": now - 5.4}}, now, 5.5) == [7]
+    killed_long_ago = NodeBoard(path, 7)
+    killed_long_ago.write_record({"pid": _gone_pid(), "g": 0, "step": 3, "t": now - 30.0, "commit": None})
+    killed_just_now = NodeBoard(path, 8)
+    killed_just_now.write_record({"pid": _gone_pid(), "g": 0, "step": 3, "t": now - 2.0, "commit": None})
+    torn = path / ".7.99999.tmp"  # a writer killed between its write and its rename
+    torn.write_text("{")
+    os.utime(torn, (now - 30.0, now - 30.0))
+    carrier.board.write_record({"pid": os.getpid(), "g": 0, "step": 3, "t": now, "commit": None})
+    # a slot that does not carry leaves the board alone
+    assert other._beat_on_board(_FakeStore(5), 0, 3, 0.5, 4.0) is None
+    assert sorted(p.name for p in path.iterdir() if p.name.isdigit()) == ["1", "6", "7", "8"] and torn.exists()
+    store = _FakeStore(5)
+    assert carrier._beat_on_board(store, 0, 3, 0.5, 4.0) == 5
+    # the old record is gone; the recent one stays until it is as old (its slot is still being judged) and
+    # still rides in the message with its age, so the coordinator can time its silence
+    assert sorted(p.name for p in path.iterdir() if p.name.isdigit()) == ["1", "6", "8"] and not torn.exists()
+    (msg,) = [P.decode(m, b"k" * 32) for m in store.pushed]
+    assert [e[0] for e in msg["beats"]] == [1, 6, 8] and msg["beats"][2][4] >= 2.0
+    # once the coordinator dropped a record's slot, a write by that slot (a stopped one that woke) comes back
+    killed_long_ago.write_record({"pid": os.getpid(), "g": 0, "step": 4, "t": time.time(), "commit": None})
+    assert 7 in carrier.board.records()
+
+
+def test_the_last_slot_to_leave_removes_the_board_with_the_records_of_killed_slots(tmp_path):
+    import time
+
+    path = board_dir(b"k" * 32, "n3", root=tmp_path)
+    mine, killed = NodeBoard(path, 0), NodeBoard(path, 1)
+    killed.write_record({"pid": _gone_pid(), "g": 0, "step": 3, "t": time.time() - 1.0, "commit": None})
+    other = NodeBoard(path, 2)
+    other.write_record({"pid": os.getpid(), "g": 0, "step": 3, "t": time.time() - 100.0, "commit": None})
+    mine.write_record({"pid": os.getpid(), "g": 0, "step": 3, "t": time.time(), "commit": None})
+    mine.leave(stale_s=5.5)  # slot 2 has not written for 100 s (stale) and slot 1's process is gone
+    assert not path.exists()
+    # a live slot's fresh record keeps the board; it goes with the last live slot
+    a, b = NodeBoard(path, 0), NodeBoard(path, 2)
+    a.write_record({"pid": os.getpid(), "g": 0, "step": 3, "t": time.time(), "commit": None})
+    b.write_record({"pid": os.getpid(), "g": 0, "step": 3, "t": time.time(), "commit": None})
+    NodeBoard(path, 1).write_record({"pid": _gone_pid(), "g": 0, "step": 3, "t": time.time(), "commit": None})
+    a.leave(stale_s=5.5)
+    assert sorted(p.name for p in path.iterdir()) == ["1", "2"]
+    b.leave(stale_s=5.5)
+    assert not path.exists() and not list(tmp_path.iterdir())
