@@ -736,7 +736,7 @@ class Member:
         detail["evidence"] = time.perf_counter() - t2
         t2 = time.perf_counter()
         self.protector = self._build_protector()
-        created = dict(getattr(self.protector, "create_s", {}))
+        created = self.protector.create_s
         detail.update({f"protector_{k}": v for k, v in created.items()})
         old, self.old_protector = self.old_protector, None
         # the copies of R stay usable until this generation's first commit fence (:meth:`_phase`): the old

@@ -78,12 +78,12 @@ def train(
     them); a step interrupted that way is not recorded.
     """
     records: list[StepRecord] = []
+    adaptive = protector is not None and hasattr(protector, "due")  # a protector with an interval (once)
     while engine.step < until_step:
         t0 = clock()
         s = engine.step + 1
         if phase_hook is not None:
             phase_hook(s, "forward_backward")
-        adaptive = protector is not None and hasattr(protector, "due")
         if protector is not None and (not adaptive or protector.due(engine.step)):
             protector.start_snapshot(engine)
         loss = engine.forward_backward()

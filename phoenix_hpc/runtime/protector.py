@@ -167,6 +167,7 @@ class Protector:
         self.d2h = D2H(device)
         self.checksum = checksum
         self.interval_cap = int(interval_cap)
+        self.create_s: dict[str, float] = {}  # seconds per part of create() (recovery timings)
         self._test_delay_s = float(os.environ.get(TEST_REPLICATION_DELAY_ENV) or 0.0)
         self.interval = 1  # protection interval of the newest snapshot (runtime/interval.py)
         self.next_snapshot_step: int | None = None  # the state step the next snapshot must be of
@@ -377,23 +378,31 @@ class Protector:
         if job is None or job.d2h_done:
             return 0.0
         timeout_s = self.commit_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + (float("inf") if timeout_s is None else timeout_s)
-        while True:
-            left = deadline - time.monotonic()
-            ok = self.h2h.wait(lambda: job.d2h_done, max(0.0, min(left, ABORT_CHECK_S)), drive=True)
-            if ok or self.h2h.error is not None or left <= ABORT_CHECK_S:
-                break
-            if self.abort_check is not None:
-                self.abort_check()
-        self._raise_if_failed()
-        if job.error is not None:
-            self._pending = None
-            raise ReplicationError(f"snapshot of step {job.step} failed: {job.error}") from job.error
+        ok = self._wait_pending(job, lambda: job.d2h_done, timeout_s)
         if not ok:
             raise ReplicationError(f"local copy of step {job.step} of {self.shard_id} timed out after {timeout_s} s")
         waited = time.perf_counter() - t0
         job.local_wait_s += waited
         return waited
+
+    def _wait_pending(self, job: _Pending, ready: Callable[[], bool], timeout_s: float | None) -> bool:
+        """Wait (driving H2H) until ``ready()``, the snapshot ``job`` or the engine failed, or ``timeout_s``
+        passed (None: no limit), calling :attr:`abort_check` about every ``ABORT_CHECK_S`` seconds. Returns
+        whether ``ready()`` held. Raises what the engine or the copy thread failed with (ReplicationError),
+        or what :attr:`abort_check` raises."""
+        deadline = time.monotonic() + (float("inf") if timeout_s is None else timeout_s)
+        while True:
+            left = deadline - time.monotonic()
+            ok = self.h2h.wait(ready, max(0.0, min(left, ABORT_CHECK_S)), drive=True)
+            if ok or self.h2h.error is not None or job.error is not None or left <= ABORT_CHECK_S:
+                break
+            if self.abort_check is not None:
+                self.abort_check()  # may raise (e.g. the coordinator asked this rank to quiesce)
+        self._raise_if_failed()
+        if job.error is not None:
+            self._pending = None
+            raise ReplicationError(f"snapshot of step {job.step} failed: {job.error}") from job.error
+        return ok
 
     def _agreed_interval(self) -> int:
         """The interval of the snapshot about to start (the ``n``-th of this generation): 1 for the first two;
@@ -438,18 +447,7 @@ class Protector:
                 all(self.held_steps.get(s, -1) >= job.step for s in self.buffers.held) and self.h2h.queue_empty()
             )
 
-        deadline = time.monotonic() + (float("inf") if timeout_s is None else timeout_s)
-        while True:
-            left = deadline - time.monotonic()
-            ok = self.h2h.wait(ready, max(0.0, min(left, ABORT_CHECK_S)), drive=True)
-            if ok or self.h2h.error is not None or job.error is not None or left <= ABORT_CHECK_S:
-                break
-            if self.abort_check is not None:
-                self.abort_check()  # may raise (e.g. the coordinator asked this rank to quiesce)
-        self._raise_if_failed()
-        if job.error is not None:
-            self._pending = None
-            raise ReplicationError(f"snapshot of step {job.step} failed: {job.error}") from job.error
+        ok = self._wait_pending(job, ready, timeout_s)
         if not ok:
             got = self.h2h.acks.get(job.step, {})
             missing = [h for h, c in zip(self.holders, self.h2h.holders) if c not in got]
