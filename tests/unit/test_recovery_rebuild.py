@@ -106,6 +106,7 @@ class FakeProtector:
     holders: tuple[int, ...] = ()
     generation = 0
     recoverable_step = None  # the newest commit fence's step (None: this generation had none yet)
+    create_s: dict = {}  # seconds per part of Protector.create (none here)
 
     def __init__(self, snapshots: dict[int, tuple[torch.Tensor, torch.Tensor, dict]]):
         self.snapshots = snapshots
