@@ -162,6 +162,9 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         self._last_commit_log_t = float("-inf")
         self._commit_dirty = False  # commit reports arrived since the recoverable step was last evaluated
         self._next_commit_eval = float("-inf")  # coordinator clock of the next evaluation (_tick)
+        # coordinator clock at which a member first reported a step above 0 (None: training has not begun):
+        # from then on every member has passed its set-up (_watched)
+        self.training_since: float | None = None
         self._shard_ids_of: tuple[tuple | None, tuple[str, ...]] = (None, ())
         self._stop_reason: str | None = None
         self._stop_signal: str | None = None  # the external signal behind the stop (USR1, TERM), if any
@@ -296,6 +299,35 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
                                 reason="this process did not run (stopped or starved of CPU); the slots' "
                                        "silence during it is not counted")
 
+    def _watched(self, now: float) -> dict[int, float]:
+        """Live slot -> the time its silence counts from, for the slots whose heartbeats are judged now.
+
+        Start-up grace (``resilience.coordinator_grace_s``): a slot that has not reported a step may be starved
+        by imports and set-up on a loaded node, so it is judged only once it reports a step above 0 or the
+        grace since its registration has passed. A member (a slot holding a logical rank) is also judged once
+        any member reported a step above 0 (:attr:`training_since`): a training step ends only after the
+        step's collectives with every member (the DP gradient reduction, the pipeline's sends), so every member
+        has finished its set-up; its silence counts from that moment at the earliest. Without this a member
+        that hangs in its first steps, before one of its heartbeats carried a step, would be found only at
+        the end of the grace. Its process exit counts at once in any case (liveness). O(slots)."""
+        grace, started = self.t.startup_grace_s, self.training_since
+        out = {}
+        for w, s in self.slots.items():
+            if s.state not in LIVE_SLOT_STATES:
+                continue
+            if s.step > 0 or now - s.registered_at > grace:
+                out[w] = s.last_seen
+            elif started is not None and s.logical_rank is not None:
+                out[w] = max(s.last_seen, started)
+        return out
+
+    def _note_step(self, slot, step: int) -> None:
+        """Take a slot's reported live ``step``; the first step above 0 of a member starts
+        :attr:`training_since`. O(1)."""
+        slot.step = step
+        if step > 0 and self.training_since is None and slot.logical_rank is not None:
+            self.training_since = self.clock()
+
     def _tick(self, now: float) -> None:
         if self.job.state in TERMINAL_JOB_STATES:
             return
@@ -310,11 +342,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         if self.ending is not None:  # members leave on purpose: no detection, no decisions
             return self._advance_end(now)
         self._account_pause()
-        # start-up grace (resilience.coordinator_grace_s): a slot that has not reported a step yet may be starved
-        # by imports and set-up on a loaded node; its process exit still counts at once (liveness)
-        watched = {w: s.last_seen for w, s in self.slots.items() if s.state in LIVE_SLOT_STATES
-                   and (s.step > 0 or now - s.registered_at > self.t.startup_grace_s)}
-        dead, reason = detect(now, watched, self.t)
+        dead, reason = detect(now, self._watched(now), self.t)
         if dead:
             self._declare_dead(list(dead), FaultKind.HEARTBEAT_TIMEOUT, reason, now)
         if self.recovery is not None:

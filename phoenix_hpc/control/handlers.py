@@ -34,7 +34,7 @@ class HandlersMixin:
         """A commit report's content (``live_step``, ``shards``, ``replicas``) for an active ``slot`` whose
         generation was checked; O(shards the slot holds)."""
         if body.get("live_step") is not None:
-            slot.step = int(body["live_step"])
+            self._note_step(slot, int(body["live_step"]))
         r = slot.logical_rank
         for sid, step in dict(body.get("shards", {})).items():
             self.committed.setdefault(sid, {})[r] = int(step)

@@ -144,7 +144,7 @@ class MembershipMixin:
             return
         slot.last_seen = self.clock()
         if body.get("step") is not None:
-            slot.step = int(body["step"])
+            self._note_step(slot, int(body["step"]))
         self.counters["heartbeats"] += 1
         self.heartbeat_ages.add(body.get("sent_at"))
 
@@ -174,7 +174,7 @@ class MembershipMixin:
                 continue
             slot.last_seen = max(slot.last_seen, now - age)
             if step is not None:
-                slot.step = int(step)
+                self._note_step(slot, int(step))
             self.counters["heartbeats"] += 1
             if commit and slot.logical_rank is not None and commit.get("g") == slot.generation:
                 self._apply_commit(slot, commit)

@@ -21,6 +21,14 @@ pytestmark = pytest.mark.cluster
 STOP_AT = 15  # the live step after which the job is told to end
 
 
+def _slowed(env: dict) -> dict:
+    """``env`` with every replica delayed 0.1 s (the test-only knob of runtime/protector.py), so each step
+    waits about that long for its commit: the signal, which Slurm delivers through slurmctld, slurmd and the
+    step's tasks, reaches a job that is still training (unslowed, its remaining 25 steps take ~0.3 s and the job
+    could end first). Protection only reads the state: the fault-free reference still applies."""
+    return dict(env, PHOENIX_TEST_REPLICATION_DELAY_S="0.1")
+
+
 def _stop_mid_run(job: Job, signal: str, batch: bool) -> dict:
     _wait(lambda: min(job.step(0), job.step(1)) >= STOP_AT, 180, f"step {STOP_AT}")
     job.client.cancel(job.job_id, signal=signal, batch=batch)
@@ -95,7 +103,7 @@ def test_time_limit_warning_writes_the_committed_step_and_the_chain_continues_id
         env, data, reference, tmp_path, slurm_cluster):  # noqa: F811
     """Slurm's time-limit warning on a chained run (chain: 1): the final checkpoint holds the committed step,
     the job the chain queued at the start resumes from it by itself and ends with the fault-free hash."""
-    job = Job(env, tmp_path, data, "usr1", _chained())
+    job = Job(_slowed(env), tmp_path, data, "usr1", _chained())
     first = job.job_id
     try:
         end = _stop_mid_run(job, "USR1", batch=True)
@@ -181,7 +189,7 @@ def test_batch_host_loss_continues_through_the_chain(env, data, reference, tmp_p
 
 def test_scancel_sigterm_stops_cleanly_with_the_checkpoint_and_no_lost_node(
         env, data, reference, tmp_path, slurm_cluster):  # noqa: F811
-    job = Job(env, tmp_path, data, "term")
+    job = Job(_slowed(env), tmp_path, data, "term")
     try:
         end = _stop_mid_run(job, "TERM", batch=False)
         _wait(lambda: job.client.show_job(job.job_id).get("JobState") not in ("RUNNING", "COMPLETING"), 60,

@@ -117,3 +117,29 @@ def test_start_up_grace_a_slot_without_a_step_is_not_judged_by_heartbeats_until_
     c._tick(130.0)
     (dead,) = [r for r in read_journal(tmp_path) if r["event"] == "slots_dead"]
     assert dead["slots"] == [0, 1]  # 1 trained a step, 0's grace ended; 2 is setting up
+
+
+def test_once_a_member_reported_a_step_every_member_is_judged_from_that_moment(tmp_path):
+    """A member that hangs in its first steps, before a heartbeat of its own carried a step, is found by the
+    heartbeat timeout counted from the first member's step report, not at the end of the start-up grace; a
+    standby slot (no logical rank) keeps its grace."""
+    c = _coordinator(tmp_path, [0, 0, 0], now=10.0)
+    c.t.startup_grace_s = 120.0
+    for s in c.slots.values():
+        s.registered_at, s.last_seen = 0.0, 1.0
+    c.slots[2].logical_rank = None  # a spare
+    c._tick(10.0)
+    assert c.training_since is None and c._watched(10.0) == {}  # nobody trained yet: all inside the grace
+    c._note_step(c.slots[2], 5)  # a spare's step does not start training
+    assert c.training_since is None
+    c.slots[2].step = 0
+    c._note_step(c.slots[0], 1)  # logical 0 reports step 1 at 10.0; logical 1 (hung) never reports one
+    assert c.training_since == 10.0
+    assert c._watched(10.0) == {0: 1.0, 1: 10.0}  # 1's silence counts from 10.0; the spare is not judged
+    c.slots[0].last_seen = 14.5
+    c._tick(14.5)
+    assert not [r for r in read_journal(tmp_path) if r["event"] == "slots_dead"]  # 4.5 s < the timeout
+    c.slots[0].last_seen = 20.5
+    c._tick(20.5)
+    (dead,) = [r for r in read_journal(tmp_path) if r["event"] == "slots_dead"]
+    assert dead["slots"] == [1] and dead["kind"] == "heartbeat_timeout"
