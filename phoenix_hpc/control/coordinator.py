@@ -64,6 +64,7 @@ from phoenix_hpc.control.drain_relay import DrainRelayMixin
 from phoenix_hpc.control.drains import PendingDrain
 from phoenix_hpc.control.evidence import EvidenceMixin
 from phoenix_hpc.control.handlers import HandlersMixin
+from phoenix_hpc.control.hold import hold_of
 from phoenix_hpc.control.inject_relay import InjectRelayMixin
 from phoenix_hpc.control.injects import PendingInject
 from phoenix_hpc.control.journal import Journal, ensure_private_dir, write_private_file
@@ -128,6 +129,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         restart: int = 0,
     ):
         self.restart = int(restart)
+        self.test_hold = hold_of(os.environ, self.restart)  # control/hold.py (tests only)
         self._rejoined: set[int] = set()  # world ranks re-registered after a restart
         self.run_dir = ensure_private_dir(run_dir)
         self.grid = grid
@@ -321,6 +323,17 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
                 out[w] = max(s.last_seen, started)
         return out
 
+    def _hold_after(self, event: str) -> None:
+        """The test-only hold of :mod:`phoenix_hpc.control.hold` after ``event``, once: ring what is queued,
+        journal ``test_hold``, sleep."""
+        if self.test_hold is None or self.test_hold[0] != event:
+            return
+        _, secs = self.test_hold
+        self.test_hold = None
+        self._ring()
+        self.journal.append("test_hold", after=event, hold_s=secs)
+        time.sleep(secs)
+
     def _note_step(self, slot, step: int) -> None:
         """Take a slot's reported live ``step``; the first step above 0 of a member starts
         :attr:`training_since`. O(1)."""
@@ -441,7 +454,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.summary_interval_s:
         timing.summary_interval_s = args.summary_interval_s
-    coord = Coordinator(run_dir, grid=grid, timing=timing, host=args.host, port=args.port, restart=args.restart)
+    try:
+        coord = Coordinator(run_dir, grid=grid, timing=timing, host=args.host, port=args.port, restart=args.restart)
+    except ValueError as exc:  # the test-only hold variable (control/hold.py)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     coord.open()
     signal.signal(signal.SIGTERM, lambda *_: coord.request_stop("SIGTERM to the batch script (scancel, preemption)", "TERM"))
     signal.signal(signal.SIGINT, lambda *_: coord.request_stop("SIGINT", "INT"))

@@ -170,6 +170,7 @@ class RecoveryMixin:
             if s.state is SlotState.ACTIVE:
                 s.machine.to(SlotState.QUIESCED, f"recovery to generation {self.generation}")
             self._send_encoded(w, raw)
+        self._hold_after("recovery_start")
 
     def _abort_recovery(self, reason: str, now: float) -> None:
         rec = self.recovery

@@ -538,6 +538,41 @@ def test_killed_coordinator_is_restarted_and_the_job_finishes_identical(env, dat
           f"{[rejoined[w]['step'] for w in (0, 1)]}, job {job.elapsed_s:.1f} s")
 
 
+def test_coordinator_killed_during_a_hot_swap_is_restarted_and_the_swap_ends_identical(env, data, reference,
+                                                                                       tmp_path):
+    """Logical rank 1 crashes at step AT_STEP; the coordinator starts the hot swap (``recovery_start``, the
+    survivor quiesced) and is SIGKILLed inside it: the test-only hold ``PHOENIX_TEST_HOLD_AFTER``
+    (control/hold.py) keeps it there until the kill. The restarted coordinator reads the recovery in progress
+    from the journal, the survivor and the spare rejoin, the hot swap runs again as generation 2, and the job
+    ends in the same allocation with the fault-free final hash."""
+    import signal
+
+    job = Job(dict(env, PHOENIX_TEST_HOLD_AFTER="recovery_start:60"), tmp_path, data, "coordinator-kill-swap")
+    try:
+        _inject(job, "crash", "forward", wait=False)
+        _wait(lambda: job.events("test_hold"), 180, "the coordinator inside the hot swap", poll_s=0.05)
+        pid = int(json.loads((job.run_dir / "coordinator.json").read_text())["pid"])
+        os.kill(pid, signal.SIGKILL)
+        done = job.wait_end(timeout_s=240)
+    finally:
+        job.cancel()
+    _assert_fault_free_end(job, done, reference)
+    starts = job.events("coordinator_started")
+    assert [s.get("restart") for s in starts] == [None, 1] and starts[1]["pid"] != pid
+    (rebuilt,) = job.events("coordinator_restarted")
+    assert rebuilt["recovery_interrupted"] and rebuilt["generation"] == 1 and rebuilt["dead"] == [1], rebuilt
+    assert [e["generation"] for e in job.events("recovery_start")] == [1, 2]
+    (rec,) = job.events("recovery_done")
+    assert rec["generation"] == 2 and rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1, rec
+    assert not job.events("invariant_violation")
+    spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
+    assert spare["world_rank"] == 2 and spare["joined"] and spare["state_hash"] == reference["rank_hashes"][1]
+    out = job.output()
+    assert "Traceback" not in out and "coordinator lost" not in out, out[-3000:]
+    print(f"coordinator killed in the hot swap: restarted, recovery {rec['total_s']} s {rec['phases']}, "
+          f"job {job.elapsed_s:.1f} s")
+
+
 def test_protection_that_does_not_fit_runs_every_mth_step_and_a_crash_replays_at_most_2m_minus_1(env, data, reference,
                                                                                                   tmp_path):
     """A replication path too slow for one step's compute window (the documented test-only knob
