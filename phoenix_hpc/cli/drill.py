@@ -19,6 +19,10 @@ planned step and phase; the target slot arms it only if it has not started that 
 way, or armed and missed (its target lost, the job ended), is not sent again: it did not land where planned,
 and the drill fails.
 
+With ``resilience.mode: checkpoint-restart`` and ``resilience.checkpoint.restart: in-job`` the drill runs the
+in-job baseline (:mod:`phoenix_hpc.drills.in_job`): every fault must end in an in-job restart (a new srun
+step in the same allocation from the newest checkpoint), measured over every srun step's records.
+
 Runs go under ``--run-dir`` (default ``runs/drill-<name>-<time>``): ``reference/`` and ``job/``; both are
 recorded in the runs index, so ``phoenix status`` shows them. ``--dry-run`` prints the plan only.
 
@@ -42,6 +46,7 @@ import click
 
 from phoenix_hpc.errors import FaultError, SubmitError
 from phoenix_hpc.drills.drill import VERIFIED_KINDS, match_outcome
+from phoenix_hpc.drills.in_job import IN_JOB_KINDS
 from phoenix_hpc.faults.kinds import KINDS
 
 POLL_S = 0.25  # seconds between polls of the job's journal
@@ -116,9 +121,10 @@ def _wait(collect, until: Callable, timeout_s: float, on_poll: Callable, what: s
 @click.option("--site", required=True, metavar="NAME|PATH", help="site profile (e.g. local)")
 @click.option("--faults", "n_faults", type=int, default=3, show_default=True, help="number of faults to inject")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random plan")
-@click.option("--kinds", default=",".join(VERIFIED_KINDS), show_default=True,
+@click.option("--kinds", default=None,
               help=f"comma-separated kinds to draw from (of {', '.join(KINDS)}; link-down and gpu-error only when "
-                   "named)")
+                   f"named) [default: {','.join(VERIFIED_KINDS)}; with checkpoint.restart in-job: "
+                   f"{','.join(IN_JOB_KINDS)}, the only kinds that mode accepts]")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="folder for the drill's runs (default runs/drill-<name>-<time>)")
 @click.option("--reference", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -140,14 +146,21 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
 
     cfg = load_job_config(config)
     profile = load_profile(site)
-    if not cfg.resilience.enabled or cfg.resilience.mode != "phoenix":
-        raise FaultError("resilience: a drill needs resilience.enabled = true and resilience.mode = phoenix "
-                         f"(got enabled={cfg.resilience.enabled}, mode={cfg.resilience.mode!r})")
+    from phoenix_hpc.drills.in_job import drill_mode
+
+    rz = cfg.resilience
+    in_job = drill_mode(rz.enabled, rz.mode, rz.checkpoint.restart) == "in-job"
+    if kinds is None:
+        kinds = ",".join(IN_JOB_KINDS if in_job else VERIFIED_KINDS)
+    if in_job and batch_host_at is not None:
+        raise FaultError("--kill-batch-host-at: not with resilience.checkpoint.restart = in-job (the batch host's "
+                         "loss ends the allocation, not an srun step); drill it with resilience.mode = phoenix")
     base = Path(run_dir or Path("runs") / f"drill-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     job = resolve(cfg, profile, run_dir=str(base / "job"), default_python=sys.executable)
     plan = [] if (n_faults == 0 and batch_host_at is not None) else plan_drill(
         n_faults, seed, steps=cfg.training.steps, world=job.world_size, gpus_per_node=job.gpus_per_node,
-        spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",") if k.strip()], k=cfg.resilience.k)
+        spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",") if k.strip()], k=cfg.resilience.k,
+        in_job=in_job)
     extra: tuple[str, ...] = ()
     if batch_host_at is not None:
         from phoenix_hpc.drills.drill import check_batch_host_step
@@ -173,14 +186,14 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
             if batch_host_at is not None:
                 click.echo(f"then: kill the batch host at step {batch_host_at}; the chain continues the run")
         return
-    report = _run(config, site, cfg, base, plan, reference, timeout_s, as_json, batch_host_at, extra)
+    report = _run(config, site, cfg, base, plan, reference, timeout_s, as_json, batch_host_at, extra, in_job)
     _print_report(report, as_json)
     if not report["passed"]:
         sys.exit(1)
 
 
 def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, batch_host_at=None,
-         extra: tuple[str, ...] = ()) -> dict:
+         extra: tuple[str, ...] = (), in_job: bool = False) -> dict:
     from phoenix_hpc.cli.output import LineProgress, make_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -191,9 +204,17 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, bat
     console = make_console(stderr=True)
     outcomes = [DrillOutcome(f) for f in plan]
     report: dict = {"config": str(config), "site": site, "base": str(base), "faults": [], "passed": False,
-                    "nodes_killed": [], "nodes_revived": []}
+                    "nodes_killed": [], "nodes_revived": [], "mode": "in-job" if in_job else "phoenix"}
     job_id = ref_job_id = None
     st = ref = st_faults = None
+
+    def over(s) -> bool:  # the drill job ended (in-job: not an in-job restart between two srun steps)
+        if not in_job:
+            return s.finished
+        from phoenix_hpc.control.journal import read_journal
+        from phoenix_hpc.drills.in_job import run_over
+
+        return run_over(s.finished, s.job.slurm_state, read_journal(base / "job"))
     lines = None if as_json or console.is_terminal else LineProgress(lambda t: click.echo(t, err=True))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=as_json or lines is not None) as progress:
@@ -228,15 +249,16 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, bat
             collect = _collector(job_dir)
             progress.reset(task, total=steps, description="waiting for the job to train")
             def trains(s):
-                return s.finished or (s.job.state == "running" and s.job.coordinator is not None and bool(s.slots)
+                return over(s) or (s.job.state == "running" and s.job.coordinator is not None and bool(s.slots)
                                       and s.job.slurm_state in (None, "RUNNING"))
 
             st = _wait(collect, trains, timeout_s, show("starting"), "job start")
             for out in outcomes:
-                if st.finished:
-                    out.error = f"job ended ({st.job.state}) before this fault"
+                if over(st):
+                    out.error = f"job ended ({st.job.state}, Slurm {st.job.slurm_state or '-'}) before this fault"
                     continue
-                st, stop = _drill_fault(out, st, collect, job_dir, report, timeout_s, show, len(outcomes))
+                st, stop = _drill_fault(out, st, collect, job_dir, report, timeout_s, show, len(outcomes),
+                                        over, in_job)
                 if stop:
                     break
             if batch_host_at is not None and not st.finished:
@@ -245,7 +267,7 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, bat
                 if not st.finished:
                     _kill_batch_host(st, report)
             try:
-                st = _wait(collect, _run_over if batch_host_at is not None else (lambda s: s.finished), timeout_s,
+                st = _wait(collect, _run_over if batch_host_at is not None else over, timeout_s,
                            show("finishing"), "job end")
             except TimeoutError as exc:
                 report["error"] = str(exc)
@@ -255,7 +277,7 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, bat
         except TimeoutError as exc:
             report["error"] = str(exc)
         finally:
-            if job_id is not None and (st is None or not st.finished):
+            if job_id is not None and (st is None or not over(st)):
                 _cancel(job_id)
             if ref_job_id is not None and (ref is None or not ref.finished):
                 _cancel(ref_job_id)
@@ -270,10 +292,14 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, bat
         st = st_faults  # the drawn faults are matched in the first job's records
     if st is not None:
         # each fault's recovery started after it landed and before the next one landed
+        match = _in_job_matcher(base / "job") if in_job else (lambda out, before_ts: match_outcome(out, st, before_ts))
+        if in_job:  # every landing is known before the first match
+            for out in outcomes:
+                match(out, None)
         ts = [landed_ts(o) for o in outcomes]
         for i, out in enumerate(outcomes):
             later = [t for t in ts[i + 1:] if t is not None]
-            match_outcome(out, st, before_ts=min(later) if later else None)
+            match(out, min(later) if later else None)
         with contextlib.suppress(Exception):  # the quiesce column is informative only
             from phoenix_hpc.status.collect import read_records
 
@@ -290,6 +316,20 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, bat
                         and all(o.passed for o in outcomes)
                         and (batch_host_at is None or report.get("batch_host", {}).get("passed", False)))
     return report
+
+
+def _in_job_matcher(job_dir: Path):
+    """``match(outcome, before_ts)`` of an in-job drill (:func:`phoenix_hpc.drills.in_job.match_in_job`) over
+    the job's whole journal, landing records and ``in_job_restarts.jsonl`` as they are now."""
+    from phoenix_hpc.control.in_job import RESTARTS_LOG
+    from phoenix_hpc.control.journal import read_journal
+    from phoenix_hpc.drills.in_job import match_in_job
+    from phoenix_hpc.faults.trigger import read_fired
+
+    records, fired = read_journal(job_dir), read_fired(job_dir)
+    log = job_dir / RESTARTS_LOG
+    restarts = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+    return lambda out, before_ts: match_in_job(out, records, fired, restarts, before_ts)
 
 
 def _run_over(s) -> bool:
@@ -313,7 +353,8 @@ def _kill_batch_host(st, report: dict) -> None:
     kill_node(load_cluster(), host)
 
 
-def _drill_fault(out, st, collect, job_dir: Path, report: dict, timeout_s: float, show, n: int):
+def _drill_fault(out, st, collect, job_dir: Path, report: dict, timeout_s: float, show, n: int,
+                 over: Callable = lambda s: s.finished, in_job: bool = False):
     """Send one planned fault at its planned step, wait until it landed, then until the recovery it causes
     has ended. Returns ``(status, give_up)``.
 
@@ -357,8 +398,11 @@ def _drill_fault(out, st, collect, job_dir: Path, report: dict, timeout_s: float
         return collect(), False
 
     def settled(s, out=out):
-        match_outcome(out, s)
-        return s.finished or out.recovery_state in ("done", "fallback", "aborted")
+        if in_job:  # the restart it caused, over every srun step's records
+            _in_job_matcher(job_dir)(out, None)
+        else:
+            match_outcome(out, s)
+        return over(s) or out.recovery_state in ("done", "fallback", "aborted")
 
     try:
         st = _wait(collect, settled, timeout_s, progress, label)
@@ -410,8 +454,10 @@ def _print_report(report: dict, as_json: bool) -> None:
 
     t = Table(title=f"Drill of {report['config']} on {report['site']} (job {report.get('job', {}).get('job_id')})",
               title_justify="left")
-    for c in ("#", "kind", "target", "step/phase", "landed", "action", "detect", "quiesce", "reconfigure",
-              "params", "optimizer", "replay", "total", "replayed", "result"):
+    in_job = report.get("mode") == "in-job"
+    phase_cols = ("teardown", "relaunch", "replay") if in_job else ("reconfigure", "params", "optimizer", "replay")
+    for c in ("#", "kind", "target", "step/phase", "landed", "action", "detect",
+              *(() if in_job else ("quiesce",)), *phase_cols, "total", "replayed", "result"):
         t.add_column(c)
 
     def s(v):
@@ -432,13 +478,19 @@ def _print_report(report: dict, as_json: bool) -> None:
         else:
             result = f"[red]{f['recovery_state'] or 'not recovered'}[/red]"
         t.add_row(str(f["index"] + 1), f["kind"], target, f"{f['at_step'] or f['planned_step']}/{f['phase']}",
-                  landed, f["action"] or "-", s(f["detect_s"]), s(f["quiesce_s"]),
-                  *(s(f["phases"].get(p)) for p in ("reconfigure", "params", "optimizer", "replay")),
+                  landed, f["action"] or "-", s(f["detect_s"]), *(() if in_job else (s(f["quiesce_s"]),)),
+                  *(s(f["phases"].get(p)) for p in phase_cols),
                   s(f["total_s"]), "-" if f["steps_replayed"] is None else str(f["steps_replayed"]), result)
     c = make_console()
     c.print(t)
-    c.print("quiesce: recovery start -> plan, survivors leaving the step they were in (bounded by the collective "
-            "timeout); reconfigure/params/optimizer: the slowest member's time each; total: fault -> replay done")
+    if in_job:
+        c.print("in-job restart: detect fault -> first record of it; teardown -> the srun step ended and the next "
+                "nodes chosen; relaunch -> the new step's coordinator started; replay -> the new step's ranks "
+                "restored the checkpoint and are back at the fault's step; total: fault -> back at that step")
+    else:
+        c.print("quiesce: recovery start -> plan, survivors leaving the step they were in (bounded by the "
+                "collective timeout); reconfigure/params/optimizer: the slowest member's time each; total: fault -> "
+                "replay done")
     c.print(REPLAYED_MEANS)
     bh = report.get("batch_host")
     if bh:

@@ -48,6 +48,14 @@ def next_step_nodes(alloc_nodes: list[str], dead_nodes: list[str], active: int) 
     return left, len(left) - active
 
 
+def left_out(earlier: list[dict], dead_nodes: list[str]) -> list[str]:
+    """The nodes the next srun step must not use (pure): this restart's ``dead_nodes`` and those of every
+    earlier restart of the job (``earlier``: the lines of ``in_job_restarts.jsonl``). A node that left the
+    job stays out: Slurm keeps the allocation (``--no-kill``) but a step asking for a DOWN node is refused
+    ("Requested node configuration is not available")."""
+    return sorted({str(n) for r in earlier for n in r.get("dead_nodes") or []} | {str(n) for n in dead_nodes})
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m phoenix_hpc.control.in_job next-nodes --run-dir D --nodes HOSTLIST --active N``: print
     ``NODELIST SPARES`` of the next step (hostlist of the nodes left, spares among them) and consume the
@@ -64,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     if not p.exists():
         return 4
     req = json.loads(p.read_text())
+    log = Path(a.run_dir) / RESTARTS_LOG
+    earlier = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
     try:
-        nodes, spares = next_step_nodes(expand(a.nodes), list(req.get("dead_nodes", [])), a.active)
+        nodes, spares = next_step_nodes(expand(a.nodes), left_out(earlier, req.get("dead_nodes", [])), a.active)
     except ValueError as exc:
         print(f"[phoenix] no in-job restart: {exc}", file=sys.stderr)
         return 1

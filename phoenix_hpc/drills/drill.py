@@ -67,15 +67,22 @@ def slot_cost(kind: str, gpus_per_node: int) -> int:
 
 
 def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int, spare_nodes: int,
-               kinds: Sequence[str] = VERIFIED_KINDS, k: int = 1) -> list[DrillFault]:
+               kinds: Sequence[str] = VERIFIED_KINDS, k: int = 1, in_job: bool = False) -> list[DrillFault]:
     """``n`` faults for a job of ``steps`` steps and ``world`` logical ranks (see the module doc); ``k``: the
-    job's replicas per shard (what a ``corrupt-replica`` drill expects depends on it).
+    job's replicas per shard (what a ``corrupt-replica`` drill expects depends on it). ``in_job``: a drill of
+    the in-job checkpoint-restart baseline (:mod:`phoenix_hpc.drills.in_job`): only its kinds, each fault
+    costs a whole spare node and is expected to end in an in-job restart.
 
     Raises:
-        FaultError: ``n < 1``, too few steps for ``n`` separated faults, or an unknown kind.
+        FaultError: ``n < 1``, too few steps for ``n`` separated faults, or an unknown kind (or, ``in_job``,
+            one that mode does not accept).
     """
     if n < 1:
         raise FaultError(f"--faults: {n} is not allowed; at least 1")
+    if in_job:
+        from phoenix_hpc.drills.in_job import check_kinds
+
+        check_kinds(kinds)
     replicas = k
     for k in kinds:
         if k not in KINDS:
@@ -92,6 +99,9 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
                          f"({min_gap} per fault after step {FIRST_STEP}); the config has training.steps = {steps}")
     rng = random.Random(seed)
     budget = spare_nodes * gpus_per_node
+
+    def cost(kind: str) -> int:  # in-job: the dead slot's whole node leaves the job (drills/in_job.py)
+        return gpus_per_node if in_job else slot_cost(kind, gpus_per_node)
     out = []
     seg = span / n
     for i in range(n):
@@ -100,14 +110,20 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
         # the first half of the segment: at least half a segment lies between two faults for the recovery
         # (and its replay) to end before the next fault's step
         step = rng.randint(lo, max(lo, lo + (hi - lo) // 2))
-        affordable = [k for k in kinds if slot_cost(k, gpus_per_node) <= budget]
+        affordable = [k for k in kinds if cost(k) <= budget]
         if not affordable:
             raise FaultError(f"--faults: no spare capacity left for fault {i + 1} of {n} with kinds {list(kinds)} "
-                             f"({spare_nodes} spare node(s) x {gpus_per_node} slots); add 'transient' or spares")
+                             f"({spare_nodes} spare node(s) x {gpus_per_node} slots); add "
+                             + ("spare nodes (with in-job restarts every fault takes one)" if in_job
+                                else "'transient' or spares"))
         kind = rng.choice(affordable)
-        budget -= slot_cost(kind, gpus_per_node)
+        budget -= cost(kind)
         phases = [p for p in KINDS[kind].phases if p != "recovery"]
         expect = None
+        if in_job:
+            from phoenix_hpc.drills.in_job import ACTION, IN_JOB_PHASES
+
+            phases, expect = [p for p in phases if p in IN_JOB_PHASES], ACTION
         if kind == "corrupt-replica":  # the phase is its companion crash's; the corrupted copy lands in recovery
             phases = [p for p in KINDS[CORRUPT_COMPANION].phases if p != "recovery"]
             expect = "hot_swap" if replicas >= 2 else "checkpoint_restart"

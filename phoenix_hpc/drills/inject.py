@@ -330,7 +330,13 @@ def job_over_probe(run_dir: Path, slurm=None) -> Callable[[], str | None]:
     last = {"t": float("-inf"), "why": None}
 
     def probe() -> str | None:
-        for r in read_journal(run_dir):
+        from phoenix_hpc.drills.in_job import run_over
+        from phoenix_hpc.status.derive import current_job_records
+
+        records = current_job_records(read_journal(run_dir))  # a resumed run: only its newest job's end counts
+        # an in-job restart (drills/in_job.py) ends the srun step and its coordinator, not the job
+        restarting = any(r.get("event") == "restart_in_job" for r in records)
+        for r in records if not restarting else ():
             if r.get("event") in ends:
                 return ends[r["event"]]
         if slurm is not None and time.monotonic() - last["t"] >= 2.0:
@@ -342,7 +348,8 @@ def job_over_probe(run_dir: Path, slurm=None) -> Callable[[], str | None]:
             except Exception:  # noqa: BLE001 -- an unreadable status proves nothing
                 return last["why"]
             last["why"] = (f"the job ended (Slurm: {st.job.slurm_state or st.job.state})"
-                           if st.finished or st.job.state == "ended" else None)
+                           if run_over(st.finished or st.job.state == "ended", st.job.slurm_state, records)
+                           else None)
         return last["why"]
 
     return probe

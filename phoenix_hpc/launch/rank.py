@@ -194,10 +194,12 @@ def listen_from_registration(client, cfg, run_dir: Path, restore_dir: str | None
 
 
 def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resilient=None,
-               join_plan: dict | None = None) -> dict:
+               join_plan: dict | None = None, client=None) -> dict:
     """Train as logical rank ``slot.world_rank`` (generation 0), or, with ``join_plan``, as the logical rank
     a recovery plan gives this standby slot. ``resilient`` (a dict with ``client``, ``nodes``, ``domains``,
-    ``levels``, ``world_comm``) turns on the protected driver (:class:`phoenix_hpc.launch.execute.Member`).
+    ``levels``, ``world_comm``) turns on the protected driver (:class:`phoenix_hpc.launch.execute.Member`);
+    without it, ``client`` (the coordinator client of an unprotected job under the batch script) lets
+    injected faults land in the plain loop (:mod:`phoenix_hpc.launch.plain_faults`).
     Returns the summary written to ``rank{r}.json``."""
     import torch
     import torch.distributed as dist
@@ -300,7 +302,13 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                 coord = member.coord
                 member.finish()
             else:
-                records = train(engine, cfg.training.steps, tokens_per_step, protector=None, on_step=on_step)
+                hook = None
+                if client is not None:
+                    from phoenix_hpc.launch.plain_faults import injection_hook
+
+                    hook = injection_hook(client, run_dir, slot.world_rank, cfg.training.steps)
+                records = train(engine, cfg.training.steps, tokens_per_step, protector=None, on_step=on_step,
+                                phase_hook=hook)
         finally:
             steps_log.close()
         losses = [r.loss for r in records if r.loss is not None]
@@ -455,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = None
     try:
         if active:
-            summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None, resilient)
+            summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None, resilient,
+                                 client=att.client if att is not None and resilient is None else None)
         elif att is not None and resilient is not None:
             from phoenix_hpc.launch.execute import wait_for_join, warm_up
 
@@ -499,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         _barrier(comm)
         MPI.Finalize()
         return code
-    if summary is not None:  # wait (bounded) for the coordinator's end of the job
+    if summary is not None and not att.client.stop_received:  # wait (bounded) for the coordinator's end
         while att.client.wait_instruction(("stop",), timeout_s=max(30.0, 3 * cfg.resilience.heartbeat_timeout_s)) \
                 is None and att.client.away:
             pass  # a restart is under way: ``done`` goes to the next coordinator (the watchdog bounds the wait)

@@ -176,3 +176,59 @@ def test_drill_leaves_the_cluster_whole(drill_run, slurm_cluster):
     _wait(lambda: all(n.get("State", "").lower().startswith("idle") for n in client.show_nodes()), 60,
           "every node idle")
     print(f"drill took {elapsed:.1f} s")
+
+
+IN_JOB_STEPS = 100
+IN_JOB_SEED = 5  # a kill-node planned on logical rank 0 at step 22 (optimizer), then a crash of rank 0 at step 65
+
+
+def test_an_in_job_checkpoint_restart_drill_restarts_each_fault_in_the_same_allocation_and_ends_identical(
+        slurm_cluster, slurm_env, tmp_path):
+    """``phoenix drill`` of the in-job baseline (``mode: checkpoint-restart``, ``checkpoint.restart: in-job``,
+    a checkpoint every 10 steps, 2 active + 2 spare nodes): each of the two faults ends the srun step and the
+    batch script starts the next one in the same Slurm job without the dead node; the ranks restore the
+    newest checkpoint and train the steps since it again; the report measures detect, teardown, relaunch and
+    replay from every step's records, and the final state equals the fault-free reference's."""
+    from phoenix_hpc.control.in_job import RESTARTS_LOG
+    from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
+    from phoenix_hpc.drills.in_job import ACTION
+
+    data = tmp_path / "data" / "stdlib"
+    prepare_dataset(stdlib_dir(), data, max_bytes=300_000)
+    cfg = dict(CONFIG, name="drill-in-job", data={"path": str(data)},
+               training=dict(CONFIG["training"], steps=IN_JOB_STEPS),
+               resilience=dict(CONFIG["resilience"], mode="checkpoint-restart",
+                               checkpoint={"interval_steps": 10, "restart": "in-job"}))
+    cfg_path = tmp_path / "drill-in-job.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    env = dict(slurm_env, PHOENIX_HOME=str(tmp_path / "home"), PHOENIX_CLUSTER_DIR=str(slurm_cluster.run_dir))
+    base = tmp_path / "runs"
+    out = subprocess.run([PHOENIX, "drill", str(cfg_path), "--site", "local", "--faults", "2", "--seed",
+                          str(IN_JOB_SEED), "--kinds", "crash,kill-node", "--run-dir", str(base),
+                          "--timeout-s", "200", "--json"], env=env, capture_output=True, text=True, timeout=900)
+    slurm_cluster.daemons.update(lc.load_cluster(slurm_cluster.run_dir).daemons)  # the revived slurmd's PID
+    assert out.returncode == 0, f"drill exit {out.returncode}\n{out.stdout}\n{out.stderr[-4000:]}"
+    report = json.loads(out.stdout)
+    assert report["mode"] == "in-job" and report["passed"] and report["hash_equal"]
+    job_dir = base / "job"
+    (done,) = read_journal(job_dir, "job_done")
+    assert done["step"] == IN_JOB_STEPS and done["final_hash"] == report["reference"]["final_hash"]
+    requests = read_journal(job_dir, "restart_in_job")
+    restarts = [json.loads(x) for x in (job_dir / RESTARTS_LOG).read_text().splitlines()]
+    faults = report["faults"]
+    assert [(f["kind"], f["phase"], f["planned_step"]) for f in faults] == [
+        ("kill-node", "optimizer", 22), ("crash", "forward", 65)]
+    assert len(requests) == len(restarts) == 2
+    assert {r["slurm_job_id"] for r in restarts} == {str(report["job"]["job_id"])}  # one Slurm job throughout
+    for f, req, restart in zip(faults, requests, restarts):
+        assert f["passed"] and f["action"] == ACTION and f["recovery_state"] == "done", f
+        assert set(f["phases"]) == {"detect", "teardown", "relaunch", "replay"} and f["total_s"] > 0, f
+        assert f["target_node"] in req["dead_nodes"] and f["target_node"] not in restart["nodes"], (f, req, restart)
+        ck = req["checkpoint_step"]
+        assert ck == (f["at_step"] - 1) // 10 * 10  # the newest checkpoint before the fault
+        assert f["steps_replayed"] == f["at_step"] - 1 - ck
+    # the ranks restored each checkpoint in srun steps 1 and 2 of that job
+    restores = [json.loads(x) for x in (job_dir / "ranks" / "rank0.persist.jsonl").read_text().splitlines()]
+    assert [(x["slurm_step_id"], x["step"]) for x in restores if x["event"] == "restore" and x["step"]] == [
+        ("1", requests[0]["checkpoint_step"]), ("2", requests[1]["checkpoint_step"])]
+    print(f"in-job drill: {[(f['kind'], f['at_step'], f['total_s'], f['phases']) for f in faults]}")

@@ -2,6 +2,7 @@
 with a fake torch module."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -57,16 +58,22 @@ PEER = textwrap.dedent("""
     t = torch.ones(8)
     dist.all_reduce(t, group=sub)
     ab = GenerationAbort("gloo", 0, cap.sockets)
+    def say(line):  # one write per line: the two threads' lines must not interleave
+        sys.stdout.write(line + "\\n")
+        sys.stdout.flush()
+    timer = threading.Timer(0.5, lambda: say(f"ABORTED {ab.abort('test').sockets}"))
     if rank == 0:  # the survivor: blocked in a collective its peer never joins, aborted from another thread
-        threading.Timer(0.5, lambda: print("ABORTED", ab.abort("test").sockets, flush=True)).start()
+        timer.start()
     else:  # the hung peer: joins late, after rank 0 aborted
         time.sleep(3.0)
     t0 = time.monotonic()
     try:
         dist.all_reduce(t, group=sub)
-        print("RETURNED", flush=True)
+        say("RETURNED")
     except Exception as exc:
-        print(f"RAISED after {time.monotonic() - t0:.1f} s: {str(exc).splitlines()[0]}", flush=True)
+        say(f"RAISED after {time.monotonic() - t0:.1f} s: {str(exc).splitlines()[0]}")
+    if rank == 0:  # the collective fails as soon as the sockets are shut, before abort() returned and printed
+        timer.join(10)
     os._exit(0)
 """)
 
@@ -85,7 +92,7 @@ def test_gloo_abort_fails_the_blocked_collective_and_the_peers_instead_of_the_ti
     assert "ABORTED" in outs[0] and "Connection closed" in outs[0] and "RETURNED" not in outs[0], outs[0]
     assert "Timed out" not in outs[0] + outs[1], outs
     assert "RAISED" in outs[1] and "RETURNED" not in outs[1], outs[1]
-    n = int(outs[0].split("ABORTED", 1)[1].split()[0])
+    n = int(re.search(r"ABORTED (\d+)", outs[0]).group(1))
     assert n >= 1
 
 

@@ -143,3 +143,20 @@ def test_recovery_source_checkpoint_plans_a_checkpoint_restart_where_memory_woul
 
     c._plan(SimpleNamespace(quiesced={}), 10.0)
     assert called == {"reason": "resilience.recovery_source is 'checkpoint'"}
+
+
+def test_a_second_in_job_restart_leaves_out_the_nodes_of_every_earlier_restart_too(tmp_path, capsys):
+    from phoenix_hpc.control.in_job import RESTARTS_LOG, left_out, main, write_restart_request
+
+    assert left_out([{"dead_nodes": ["n2"]}, {"dead_nodes": None}], ["n1"]) == ["n1", "n2"]
+    args = ["next-nodes", "--run-dir", str(tmp_path), "--nodes", "n[1-4]", "--active", "2"]
+    write_restart_request(tmp_path, ["n2"], 20, "kill-node")
+    assert main(args) == 0 and capsys.readouterr().out.split() == ["n[1,3-4]", "1"]
+    write_restart_request(tmp_path, ["n1"], 60, "crash")  # n2 is still down: the next step must not ask for it
+    assert main(args) == 0 and capsys.readouterr().out.split() == ["n[3-4]", "0"]
+    lines = [json.loads(x) for x in (tmp_path / RESTARTS_LOG).read_text().splitlines()]
+    assert [(x["dead_nodes"], x["nodes"]) for x in lines] == [(["n2"], ["n1", "n3", "n4"]), (["n1"], ["n3", "n4"])]
+    write_restart_request(tmp_path, ["n3"], 80, "crash")  # one node left for two active ones
+    assert main(args) == 1 and "1 node(s) left" in capsys.readouterr().err
+    (tmp_path / "in_job_restart.json").unlink()
+    assert main(args) == 4  # no request: no restart

@@ -1,0 +1,141 @@
+"""Drills of the in-job checkpoint-restart baseline (``resilience.mode: checkpoint-restart`` with
+``resilience.checkpoint.restart: in-job``), so a user can compare it with the hot swap on their own site
+with the same ``phoenix drill``.
+
+In that mode every fault ends the srun step: the coordinator journals ``restart_in_job {dead_nodes,
+checkpoint_step}`` and exits, the batch script starts a new srun step (and a new coordinator, whose
+``coordinator_started`` opens the step's records) on the allocation's nodes without the dead ones, and
+every rank restores the newest persistent checkpoint (:mod:`phoenix_hpc.control.in_job`). A fault therefore
+costs one whole node of the allocation (the dead slot's node leaves the job even when only the process
+died), and the steps since the checkpoint are trained again. All functions here are pure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from phoenix_hpc.errors import FaultError
+
+IN_JOB_KINDS: tuple[str, ...] = ("crash", "kill-node", "hang")
+"""Kinds an in-job drill draws and accepts: each one makes the coordinator declare a slot dead, which ends
+the srun step. ``transient``, ``link-down`` and ``gpu-error`` are refused: their slot's node stays in the job
+(it reported the error itself), so they would test nothing that a crash does not; ``corrupt-replica``
+needs in-memory replicas, which this mode does not keep."""
+
+IN_JOB_PHASES: tuple[str, ...] = ("forward", "optimizer")
+"""Phases an in-job drill draws: those of every training step in this mode. ``d2h`` and ``h2h`` are the
+in-memory protection's, which this mode does not run; ``recovery`` is never drawn by a drill."""
+
+ACTION = "in_job_restart"  # the recovery action of every fault in this mode (the coordinator's end reason)
+
+PHASES = ("detect", "teardown", "relaunch", "replay")
+"""The phases an in-job drill reports, in seconds: *detect* the fault landed -> the coordinator's first record
+of it (``slots_dead``/``fault``/``decision``); *teardown* -> the old srun step ended and the next step's
+nodes were chosen (``RUN_DIR/in_job_restarts.jsonl``); *relaunch* -> the new step's coordinator started;
+*replay* -> the new step's ranks (restore of the checkpoint included) reported a step at or past the fault's
+step (``progress``/``commit`` records, so to within ``progress_interval_s``)."""
+
+_DETECTION = ("slots_dead", "fault", "decision")
+_SLURM_RUNNING = ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+
+
+def drill_mode(enabled: bool, mode: str, restart: str) -> str:
+    """Which drill a config allows: ``"phoenix"`` (hot swap) or ``"in-job"`` (the in-job baseline).
+
+    Raises:
+        FaultError: resilience off, or ``mode: checkpoint-restart`` with ``checkpoint.restart: requeue`` (a
+            requeue ends the Slurm job: there is no job left to inject the next fault into); the message
+            names the fields, their values and what is allowed.
+    """
+    if enabled and mode == "phoenix":
+        return "phoenix"
+    if enabled and mode == "checkpoint-restart" and restart == "in-job":
+        return "in-job"
+    raise FaultError("resilience: a drill needs resilience.enabled = true and either resilience.mode = phoenix, or "
+                     "resilience.mode = checkpoint-restart with resilience.checkpoint.restart = in-job (got "
+                     f"enabled={enabled}, mode={mode!r}, checkpoint.restart={restart!r})")
+
+
+def check_kinds(kinds: Sequence[str]) -> None:
+    """Raises FaultError naming a kind an in-job drill does not accept, and the allowed ones."""
+    for k in kinds:
+        if k not in IN_JOB_KINDS:
+            raise FaultError(f"--kinds: {k!r} is not allowed with resilience.checkpoint.restart = in-job; allowed: "
+                             f"{', '.join(IN_JOB_KINDS)}")
+
+
+def _new_step_at(records: Sequence[Mapping[str, Any]], after: float) -> int | None:
+    """Index of the first ``coordinator_started`` of a new srun step (not a restarted coordinator) at or
+    after ``after``."""
+    return next((i for i, r in enumerate(records) if r.get("event") == "coordinator_started"
+                 and not r.get("restart") and float(r["ts"]) >= after), None)
+
+
+def match_in_job(out, records: Sequence[Mapping[str, Any]], fired: Iterable[Mapping[str, Any]],
+                 restarts: Sequence[Mapping[str, Any]], before_ts: float | None = None):
+    """Fill a :class:`phoenix_hpc.drills.drill.DrillOutcome` of an in-job drill from the whole journal of the
+    Slurm job (every srun step's records, oldest first), the landing records (``faults/fired-*.json``) and
+    ``in_job_restarts.jsonl``: the first ``restart_in_job`` at or after the fault landed (and before
+    ``before_ts``, the next fault's landing) is the restart it caused; :data:`PHASES` are measured as
+    documented there. ``steps_replayed``: the completed steps trained again, ``landed step - 1 -
+    checkpoint step`` (the step the fault hit was not completed; no checkpoint: from step 0).
+    ``recovery_state`` is ``done`` once the new step is back at the fault's step. Returns ``out``."""
+    out.action = out.recovery_state = out.total_s = out.steps_replayed = out.detect_s = None
+    out.phases = {}
+    from phoenix_hpc.faults.kinds import PHASE_OF_WIRE as user_phase  # the landing records name the wire phase
+
+    out.landed = [{"world_rank": int(f["world_rank"]), "step": f.get("step"),
+                   "phase": user_phase.get(str(f.get("phase")), f.get("phase")), "ts": float(f["ts"])}
+                  for f in fired if f.get("request_id") == out.request_id and f.get("world_rank") is not None]
+    if not out.landed:
+        return out
+    t_landed = min(f["ts"] for f in out.landed)
+    step = max(int(f["step"]) for f in out.landed if isinstance(f["step"], int)) if any(
+        isinstance(f["step"], int) for f in out.landed) else None
+    req = next((r for r in records if r.get("event") == "restart_in_job" and float(r["ts"]) >= t_landed
+                and (before_ts is None or float(r["ts"]) < before_ts)), None)
+    if req is None:
+        return out
+    out.action, out.recovery_state = ACTION, "restarting"
+    ck = req.get("checkpoint_step")
+    phases: dict[str, float] = {}
+    seen = [float(r["ts"]) for r in records if r.get("event") in _DETECTION and float(r["ts"]) >= t_landed]
+    t_detect = min(seen) if seen else float(req["ts"])
+    phases["detect"] = t_detect - t_landed
+    t_end = next((float(x["ts"]) for x in restarts if float(x["ts"]) >= float(req["ts"])), None)
+    if step is not None:
+        out.steps_replayed = max(0, step - 1 - int(ck or 0))
+    if t_end is None:
+        out.phases = {k: round(v, 3) for k, v in phases.items()}
+        return out
+    phases["teardown"] = t_end - t_detect
+    i = _new_step_at(records, t_end)
+    if i is None:
+        out.phases = {k: round(v, 3) for k, v in phases.items()}
+        return out
+    t_start = float(records[i]["ts"])
+    phases["relaunch"] = t_start - t_end
+    back = next((float(r["ts"]) for r in records[i:] if (
+        (r.get("event") == "progress" and int(r.get("step") or 0) >= (step or 0))
+        or (r.get("event") == "commit" and int(r.get("recoverable_step") or 0) >= (step or 0))
+        or r.get("event") == "job_done")), None)
+    if back is not None:
+        phases["replay"] = back - t_start
+        out.recovery_state = "done"
+        out.total_s = round(back - t_landed, 3)
+    out.detect_s = round(phases["detect"], 3)
+    out.phases = {k: round(v, 3) for k, v in phases.items()}
+    return out
+
+
+def run_over(finished: bool, slurm_state: str | None, records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether an in-job drill's job is over: the status of its newest srun step says it ended and that end
+    was not an in-job restart (the batch script is then starting the next step), or Slurm no longer runs the
+    job (e.g. too few nodes left for another step)."""
+    if slurm_state is not None and slurm_state not in _SLURM_RUNNING:
+        return True
+    if not finished:
+        return False
+    starts = [i for i, r in enumerate(records) if r.get("event") == "coordinator_started" and not r.get("restart")]
+    newest = records[starts[-1]:] if starts else records
+    return not any(r.get("event") == "restart_in_job" for r in newest)
