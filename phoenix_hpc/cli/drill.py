@@ -178,8 +178,12 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
                  "planned_logical_rank": f.rank}
                 for f in plan]
         if as_json:
-            click.echo(json.dumps({"plan": rows, "kill_batch_host_at": batch_host_at}, indent=2))
+            click.echo(json.dumps({"plan": rows, "kill_batch_host_at": batch_host_at,
+                                   "mode": "in-job" if in_job else "phoenix"}, indent=2))
         else:
+            if in_job:
+                click.echo("in-job checkpoint-restart drill: each fault must end the srun step and restart it in "
+                           "the allocation from the newest checkpoint, without one spare node")
             for r in rows:
                 click.echo(f"fault {r['index'] + 1}: {r['kind']} at step {r['at_step']}, phase {r['phase']}, "
                            f"logical rank {r['planned_logical_rank']}")

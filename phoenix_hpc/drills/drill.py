@@ -79,10 +79,15 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
     """
     if n < 1:
         raise FaultError(f"--faults: {n} is not allowed; at least 1")
+    if not kinds:
+        raise FaultError("--kinds: names no kind; give a comma-separated list of " + ", ".join(KINDS))
     if in_job:
         from phoenix_hpc.drills.in_job import check_kinds
 
         check_kinds(kinds)
+        if n > spare_nodes:
+            raise FaultError(f"--faults: {n} is not allowed with resilience.checkpoint.restart = in-job: every "
+                             f"fault takes one of the job's {spare_nodes} spare node(s); at most {spare_nodes}")
     replicas = k
     for k in kinds:
         if k not in KINDS:

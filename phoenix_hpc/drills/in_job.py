@@ -57,8 +57,14 @@ def drill_mode(enabled: bool, mode: str, restart: str) -> str:
 
 
 def check_kinds(kinds: Sequence[str]) -> None:
-    """Raises FaultError naming a kind an in-job drill does not accept, and the allowed ones."""
+    """Raises FaultError naming a kind an in-job drill does not accept (or that is no fault kind at all),
+    and the allowed ones."""
+    from phoenix_hpc.faults.kinds import KINDS
+
     for k in kinds:
+        if k not in KINDS:
+            raise FaultError(f"--kinds: {k!r} is not a fault kind; allowed with resilience.checkpoint.restart = "
+                             f"in-job: {', '.join(IN_JOB_KINDS)}")
         if k not in IN_JOB_KINDS:
             raise FaultError(f"--kinds: {k!r} is not allowed with resilience.checkpoint.restart = in-job; allowed: "
                              f"{', '.join(IN_JOB_KINDS)}")

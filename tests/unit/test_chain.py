@@ -229,7 +229,7 @@ def test_drill_batch_host_refused_off_the_local_cluster_and_in_its_step_range(in
     assert r.exit_code == 2 and "--kill-batch-host-at: 60 is not allowed" in r.output, r.output
     r = CliRunner().invoke(cli, ["drill", str(GPT_SMALL), "--site", "local", "--faults", "0",
                                  "--kill-batch-host-at", "20", "--dry-run", "--json"])
-    assert r.exit_code == 0 and json.loads(r.output) == {"plan": [], "kill_batch_host_at": 20}, r.output
+    assert r.exit_code == 0 and json.loads(r.output) == {"plan": [], "kill_batch_host_at": 20, "mode": "phoenix"}, r.output
 
 
 def test_a_batch_host_slurm_removed_from_the_job_is_a_batch_host_loss_after_the_node_came_back():

@@ -36,9 +36,14 @@ def test_an_in_job_plan_expects_restarts_costs_a_node_per_fault_and_refuses_othe
                                         in_job=True)} <= {"forward", "optimizer"}
     assert all(DrillOutcome(f).expected_action == ACTION for f in plan)
     # a crash keeps its node in a hot swap (one slot), but an in-job restart leaves the node out: 2 nodes, 2 faults
-    with pytest.raises(FaultError, match="no spare capacity left for fault 3 of 3 .* add spare nodes"):
+    with pytest.raises(FaultError, match="--faults: 3 is not allowed .* every fault takes one of the job's 2 spare "
+                                         r"node\(s\); at most 2"):
         plan_drill(3, 0, steps=60, world=4, gpus_per_node=2, spare_nodes=2, kinds=["crash"], in_job=True)
     assert len(plan_drill(3, 0, steps=60, world=4, gpus_per_node=2, spare_nodes=2, kinds=["crash"])) == 3
+    with pytest.raises(FaultError, match="--kinds: 'bogus' is not a fault kind; allowed with .* crash, kill-node, hang"):
+        plan_drill(1, 0, steps=60, world=4, gpus_per_node=1, spare_nodes=2, kinds=["bogus"], in_job=True)
+    with pytest.raises(FaultError, match="--kinds: names no kind"):
+        plan_drill(1, 0, steps=60, world=4, gpus_per_node=1, spare_nodes=2, kinds=[], in_job=True)
     for kind in ("transient", "link-down", "corrupt-replica"):
         with pytest.raises(FaultError, match=f"--kinds: '{kind}' is not allowed with resilience.checkpoint.restart = "
                                              "in-job; allowed: crash, kill-node, hang"):
@@ -112,11 +117,12 @@ def test_drill_cli_plans_an_in_job_drill_and_refuses_what_that_mode_cannot_do(tm
     cfg = _in_job_config(tmp_path)
     r = CliRunner().invoke(cli, ["drill", str(cfg), "--site", "local", "--faults", "2", "--dry-run", "--json"])
     assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["mode"] == "in-job"
     plan = json.loads(r.output)["plan"]
     assert len(plan) == 2 and {p["kind"] for p in plan} <= set(IN_JOB_KINDS)
     for extra, needle in ((["--kinds", "transient"], "--kinds: 'transient' is not allowed"),
                           (["--faults", "0", "--kill-batch-host-at", "20"], "--kill-batch-host-at: not with"),
-                          (["--faults", "3"], "no spare capacity left for fault 3 of 3")):
+                          (["--faults", "3"], "--faults: 3 is not allowed"), (["--kinds", ","], "--kinds: names no")):
         r = CliRunner().invoke(cli, ["drill", str(cfg), "--site", "local", "--dry-run", *extra])
         assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, (extra, r.output)
     requeue = yaml.safe_load(cfg.read_text())
