@@ -206,7 +206,7 @@ def render_markdown(r: dict) -> str:
           "PHOENIX has one spare node in the job; checkpoint-restart writes a DCP checkpoint every K steps, the "
           "job is cancelled on detection and submitted again, restores the newest checkpoint and **really "
           "replays** the lost steps (replay time = the sum of the relaunched job's measured step times). "
-          "The fault step is random (seeded) in [K, 2K), so the lost steps are uniform on 0..K-1.")
+          "The fault step is random (seeded) in [K+1, 2K], so the lost steps are uniform on 1..K.")
         a("")
         hs = [h for h in rec.get("hotswap", []) if "total_s" in h]
         if rec.get("hotswap_unavailable"):

@@ -58,7 +58,7 @@ def render(rec: dict) -> list[str]:
           "measured phases without replay, which do not depend on K.")
         a("")
     a("The baselines write a DCP checkpoint every K steps, restore the newest and **really replay** the lost "
-      "steps (the fault step is drawn in [K, 2K), so the steps lost are uniform on 0..K-1); the hot swap does not "
+      "steps (the fault step is drawn in [K+1, 2K], so the steps lost are uniform on 1..K and the checkpoint of step K is complete); the hot swap does not "
       "depend on K. Phases (seconds): *detect* fault -> first journal record of it; *teardown* -> the old "
       "processes are gone (requeue: scancel until Slurm shows the job ended; in-job: the step ended and the next "
       "nodes chosen; in-process and hot swap: survivors abandoning the step and answering the quiesce, and the "

@@ -156,3 +156,15 @@ def test_scrub_paths_removes_local_folders():
     obj = {"error": "see /x/run/work/a.out", "list": ["/x/run/work", "/x/run/other"], "n": 3}
     out = scrub_paths(obj, {"/x/run/work": "<work>", "/x/run": "<repo>"})
     assert out == {"error": "see <work>/a.out", "list": ["<work>", "<repo>/other"], "n": 3}
+
+
+def test_the_bench_fault_step_comes_after_the_first_checkpoint_is_complete():
+    import random
+
+    from phoenix_hpc.bench.recovery import draw_fault_step, drawn_lost_steps
+
+    rng = random.Random(0)
+    steps = [draw_fault_step(rng, 10) for _ in range(2000)]
+    assert min(steps) == 11 and max(steps) == 20  # [K+1, 2K]: never the step whose checkpoint may be in flight
+    assert sorted({s - 10 for s in steps}) == list(range(1, 11))  # steps lost since checkpoint 10: uniform on 1..K
+    assert drawn_lost_steps(10) == 5.5
