@@ -100,6 +100,7 @@ def summarize(trials: Mapping[str, Mapping[str, Sequence[Mapping]]], hotswap: Se
               step_s: float = PAPER_STEP_S, seed: int = 0) -> dict:
     """Per baseline and K (pure): the trials' totals, the median phases, the ratio of mean disruption
     against the hot swap with its 95 % bootstrap interval (:func:`phoenix_hpc.bench.stats.mean_ratio`), and
+    the mean restart time without replay (``restart_s``, each trial's phases but replay, averaged), and
     the computed cost at ``step_s`` s steps for both sides and its ratio (baselines: Eq. 2 with E[R] =
     (K - 1) / 2; hot swap: Eq. 5, its measured replayed steps plus E[phi] = :data:`HOTSWAP_PHI` of a step).
 
@@ -112,6 +113,7 @@ def summarize(trials: Mapping[str, Mapping[str, Sequence[Mapping]]], hotswap: Se
     hs_steps = statistics.fmean(float(h.get("steps_replayed") or 0) for h in hs) if hs else None
     out: dict = {"hot-swap": {"n": len(hs), "total_s": _sample(hs_tot),
                               "phases_median": _median_phases(hs),
+                              "restart_s": statistics.fmean(hs_no_replay) if hs else None,
                               "computed_at_step_s": (statistics.fmean(hs_no_replay) + (hs_steps + HOTSWAP_PHI) * step_s)
                               if hs else None,
                               "steps_replayed_mean": hs_steps}}
@@ -121,6 +123,9 @@ def summarize(trials: Mapping[str, Mapping[str, Sequence[Mapping]]], hotswap: Se
             ok = [t for t in ts if "total_s" in t]
             row: dict = {"n": len(ok), "total_s": _sample([float(t["total_s"]) for t in ok]),
                          "phases_median": _median_phases(ok),
+                         # mean over the trials of the disruption without its replay (what the cost model takes)
+                         "restart_s": statistics.fmean(sum(v for p, v in t["phases"].items() if p != "replay")
+                                                       for t in ok) if ok else None,
                          "steps_replayed": [t.get("steps_replayed") for t in ok]}
             if ok and hs:
                 row["ratio"] = S.mean_ratio([float(t["total_s"]) for t in ok], hs_tot, seed=seed).as_dict()

@@ -92,7 +92,7 @@ def section_recovery(ctx: Context, quick: bool, seed: int, baselines: tuple[str,
                      ks: tuple[int, ...] | None = None, trials: int | None = None) -> dict:
     """Section 2: every scheme of :mod:`phoenix_hpc.bench.baselines` on the same job (model S, pp=2 x dp=2,
     4 active nodes, one spare) and the same fault, ``trials`` times per baseline and K (fault step drawn in
-    [K, 2K)), and the hot swap ``trials`` times; then the comparison (:func:`baselines.summarize`)."""
+    [K+1, 2K]), and the hot swap ``trials`` times; then the comparison (:func:`baselines.summarize`)."""
     from phoenix_hpc.bench import baselines as B
     from phoenix_hpc.bench import recovery as R
 

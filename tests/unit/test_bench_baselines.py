@@ -176,3 +176,17 @@ def test_a_run_of_one_section_keeps_the_others_from_the_previous_report(tmp_path
     res = keep_previous_sections({"recovery": {"new": 1}}, prev, ["recovery"])
     assert res["recovery"] == {"new": 1} and res["overhead"]["kept_from"] == "D, commit C"
     assert res["kept_sections"] == ["overhead"]
+
+
+def test_the_model_command_takes_each_side_s_mean_restart_time_without_replay_never_a_negative_one():
+    from phoenix_hpc.bench.report_recovery import model_command
+
+    # in-process at K=100 as measured once: trials that replayed very few and very many steps, so the median
+    # replay exceeds the mean total; each trial's restart without its replay is 1 s
+    ip = [_trial(1.0 + r, r, n) for r, n in ((0.1, 2), (6.0, 73), (7.0, 87))]
+    c = B.summarize({"in-process": {"100": ip}}, [_trial(1.2, 0.2, 1)] * 3)
+    assert c["in-process"]["100"]["restart_s"] == pytest.approx(1.0)
+    assert c["hot-swap"]["restart_s"] == pytest.approx(1.0)
+    assert c["in-process"]["100"]["total_s"]["mean"] - c["in-process"]["100"]["phases_median"]["replay"] < 0
+    cmd = model_command(c, "100")
+    assert "--hotswap-s 1.00 " in cmd and cmd.endswith("--baseline in-process=1.00"), cmd

@@ -218,6 +218,11 @@ def test_the_default_overhead_ratio_is_the_last_benchmarks_with_its_source(tmp_p
     assert r == 1.07 and "commit abc" in src and "D" in src
     r, src = benchmark_overhead_ratio(tmp_path / "missing.json")
     assert r == 1.0 and "no benchmark figure" in src
+    # a run of other sections kept the overhead section: its source is the run that measured it
+    p.write_text(json.dumps({"overhead_ratio": 1.07, "date": "D2", "commit": "new",
+                             "overhead": {"kept_from": "D1, commit old"}}))
+    r, src = benchmark_overhead_ratio(p)
+    assert src.endswith("the run of D1, commit old") and "new" not in src
 
 
 def test_simulate_runs_phoenix_steps_slower_by_the_overhead_ratio():
