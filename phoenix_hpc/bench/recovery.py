@@ -304,7 +304,7 @@ def run_in_job(t: Trial, ctx) -> dict:
     coordinator), init (-> the ranks start loading), load (DCP load, slowest rank), replay (the new step's
     measured step times up to the fault step, slowest rank per step). Raises BenchError when the job did
     not restart in the same allocation in a new step or did not finish."""
-    from phoenix_hpc.control.in_job import RESTARTS_LOG
+    from phoenix_hpc.control.in_job import read_restarts
 
     run_dir = ctx.work / "recovery" / t.name
     cfg = _config(t, ctx.work, ctx.data_path, steps=t.fault_step + 5, spares=1)
@@ -316,8 +316,7 @@ def run_in_job(t: Trial, ctx) -> dict:
     n = t.nodes
     jr = _journal(run_dir)
     seen = [r for r in jr if r["ts"] >= info["t_fault"] and r["event"] in ("slots_dead", "fault", "decision")]
-    log = run_dir / RESTARTS_LOG
-    restarts = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+    restarts = read_restarts(run_dir)
     if not seen or not restarts:
         raise BenchError(f"{t.name}: no in-job restart (job state {state}, detection records {len(seen)}, "
                          f"restarts {len(restarts)}); see {run_dir}")

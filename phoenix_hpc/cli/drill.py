@@ -325,14 +325,12 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, bat
 def _in_job_matcher(job_dir: Path):
     """``match(outcome, before_ts)`` of an in-job drill (:func:`phoenix_hpc.drills.in_job.match_in_job`) over
     the job's whole journal, landing records and ``in_job_restarts.jsonl`` as they are now."""
-    from phoenix_hpc.control.in_job import RESTARTS_LOG
+    from phoenix_hpc.control.in_job import read_restarts
     from phoenix_hpc.control.journal import read_journal
     from phoenix_hpc.drills.in_job import match_in_job
     from phoenix_hpc.faults.trigger import read_fired
 
-    records, fired = read_journal(job_dir), read_fired(job_dir)
-    log = job_dir / RESTARTS_LOG
-    restarts = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+    records, fired, restarts = read_journal(job_dir), read_fired(job_dir), read_restarts(job_dir)
     return lambda out, before_ts: match_in_job(out, records, fired, restarts, before_ts)
 
 

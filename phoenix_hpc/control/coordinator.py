@@ -127,9 +127,10 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         port: int = 0,
         clock: Callable[[], float] = time.monotonic,
         restart: int = 0,
+        test_hold: tuple[str, float] | None = None,
     ):
         self.restart = int(restart)
-        self.test_hold = hold_of(os.environ, self.restart)  # control/hold.py (tests only)
+        self.test_hold = test_hold  # control/hold.py (tests only): (event, seconds) to hold after, once
         self._rejoined: set[int] = set()  # world ranks re-registered after a restart
         self.run_dir = ensure_private_dir(run_dir)
         self.grid = grid
@@ -455,10 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.summary_interval_s:
         timing.summary_interval_s = args.summary_interval_s
     try:
-        coord = Coordinator(run_dir, grid=grid, timing=timing, host=args.host, port=args.port, restart=args.restart)
-    except ValueError as exc:  # the test-only hold variable (control/hold.py)
+        test_hold = hold_of(os.environ, args.restart)  # the test-only hold variable (control/hold.py)
+    except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    coord = Coordinator(run_dir, grid=grid, timing=timing, host=args.host, port=args.port, restart=args.restart,
+                        test_hold=test_hold)
     coord.open()
     signal.signal(signal.SIGTERM, lambda *_: coord.request_stop("SIGTERM to the batch script (scancel, preemption)", "TERM"))
     signal.signal(signal.SIGINT, lambda *_: coord.request_stop("SIGINT", "INT"))

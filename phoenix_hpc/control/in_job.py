@@ -48,6 +48,12 @@ def next_step_nodes(alloc_nodes: list[str], dead_nodes: list[str], active: int) 
     return left, len(left) - active
 
 
+def read_restarts(run_dir: str | os.PathLike) -> list[dict]:
+    """The lines of ``RUN_DIR/in_job_restarts.jsonl``, oldest first (``[]`` when no restart happened)."""
+    log = Path(run_dir) / RESTARTS_LOG
+    return [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+
+
 def left_out(earlier: list[dict], dead_nodes: list[str]) -> list[str]:
     """The nodes the next srun step must not use (pure): this restart's ``dead_nodes`` and those of every
     earlier restart of the job (``earlier``: the lines of ``in_job_restarts.jsonl``). A node that left the
@@ -72,10 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     if not p.exists():
         return 4
     req = json.loads(p.read_text())
-    log = Path(a.run_dir) / RESTARTS_LOG
-    earlier = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
     try:
-        nodes, spares = next_step_nodes(expand(a.nodes), left_out(earlier, req.get("dead_nodes", [])), a.active)
+        nodes, spares = next_step_nodes(expand(a.nodes), left_out(read_restarts(a.run_dir), req.get("dead_nodes", [])),
+                                        a.active)
     except ValueError as exc:
         print(f"[phoenix] no in-job restart: {exc}", file=sys.stderr)
         return 1

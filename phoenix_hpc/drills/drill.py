@@ -82,7 +82,7 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
     if not kinds:
         raise FaultError("--kinds: names no kind; give a comma-separated list of " + ", ".join(KINDS))
     if in_job:
-        from phoenix_hpc.drills.in_job import check_kinds
+        from phoenix_hpc.drills.in_job import ACTION, IN_JOB_PHASES, check_kinds
 
         check_kinds(kinds)
         if n > spare_nodes:
@@ -105,8 +105,8 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
     rng = random.Random(seed)
     budget = spare_nodes * gpus_per_node
 
-    def cost(kind: str) -> int:  # in-job: the dead slot's whole node leaves the job (drills/in_job.py)
-        return gpus_per_node if in_job else slot_cost(kind, gpus_per_node)
+    def cost(kind: str) -> int:  # in-job: the dead slot's whole node leaves the job (refused above when n
+        return gpus_per_node if in_job else slot_cost(kind, gpus_per_node)  # exceeds the spare nodes)
     out = []
     seg = span / n
     for i in range(n):
@@ -118,16 +118,12 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
         affordable = [k for k in kinds if cost(k) <= budget]
         if not affordable:
             raise FaultError(f"--faults: no spare capacity left for fault {i + 1} of {n} with kinds {list(kinds)} "
-                             f"({spare_nodes} spare node(s) x {gpus_per_node} slots); add "
-                             + ("spare nodes (with in-job restarts every fault takes one)" if in_job
-                                else "'transient' or spares"))
+                             f"({spare_nodes} spare node(s) x {gpus_per_node} slots); add 'transient' or spares")
         kind = rng.choice(affordable)
         budget -= cost(kind)
         phases = [p for p in KINDS[kind].phases if p != "recovery"]
         expect = None
         if in_job:
-            from phoenix_hpc.drills.in_job import ACTION, IN_JOB_PHASES
-
             phases, expect = [p for p in phases if p in IN_JOB_PHASES], ACTION
         if kind == "corrupt-replica":  # the phase is its companion crash's; the corrupted copy lands in recovery
             phases = [p for p in KINDS[CORRUPT_COMPANION].phases if p != "recovery"]

@@ -36,7 +36,6 @@ nodes were chosen (``RUN_DIR/in_job_restarts.jsonl``); *relaunch* -> the new ste
 step (``progress``/``commit`` records, so to within ``progress_interval_s``)."""
 
 _DETECTION = ("slots_dead", "fault", "decision")
-_SLURM_RUNNING = ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 
 
 def drill_mode(enabled: bool, mode: str, restart: str) -> str:
@@ -77,71 +76,74 @@ def _new_step_at(records: Sequence[Mapping[str, Any]], after: float) -> int | No
                  and not r.get("restart") and float(r["ts"]) >= after), None)
 
 
+def _back_at(records: Iterable[Mapping[str, Any]], step: int) -> float | None:
+    """When the records first show the job at or past ``step`` (``progress``, ``commit``) or finished."""
+    return next((float(r["ts"]) for r in records if (
+        (r.get("event") == "progress" and int(r.get("step") or 0) >= step)
+        or (r.get("event") == "commit" and int(r.get("recoverable_step") or 0) >= step)
+        or r.get("event") == "job_done")), None)
+
+
 def match_in_job(out, records: Sequence[Mapping[str, Any]], fired: Iterable[Mapping[str, Any]],
                  restarts: Sequence[Mapping[str, Any]], before_ts: float | None = None):
     """Fill a :class:`phoenix_hpc.drills.drill.DrillOutcome` of an in-job drill from the whole journal of the
     Slurm job (every srun step's records, oldest first), the landing records (``faults/fired-*.json``) and
     ``in_job_restarts.jsonl``: the first ``restart_in_job`` at or after the fault landed (and before
     ``before_ts``, the next fault's landing) is the restart it caused; :data:`PHASES` are measured as
-    documented there. ``steps_replayed``: the completed steps trained again, ``landed step - 1 -
-    checkpoint step`` (the step the fault hit was not completed; no checkpoint: from step 0).
-    ``recovery_state`` is ``done`` once the new step is back at the fault's step. Returns ``out``."""
+    documented there, each as far as the records reach. ``steps_replayed``: the completed steps trained
+    again, ``landed step - 1 - checkpoint step`` (the step the fault hit was not completed; no checkpoint:
+    from step 0). ``recovery_state`` is ``restarting`` from the restart request on and ``done`` once the new
+    step is back at the fault's step. Returns ``out``."""
+    from phoenix_hpc.faults.kinds import PHASE_OF_WIRE  # the landing records name the wire phase
+
     out.action = out.recovery_state = out.total_s = out.steps_replayed = out.detect_s = None
     out.phases = {}
-    from phoenix_hpc.faults.kinds import PHASE_OF_WIRE as user_phase  # the landing records name the wire phase
-
     out.landed = [{"world_rank": int(f["world_rank"]), "step": f.get("step"),
-                   "phase": user_phase.get(str(f.get("phase")), f.get("phase")), "ts": float(f["ts"])}
+                   "phase": PHASE_OF_WIRE.get(str(f.get("phase")), f.get("phase")), "ts": float(f["ts"])}
                   for f in fired if f.get("request_id") == out.request_id and f.get("world_rank") is not None]
     if not out.landed:
         return out
     t_landed = min(f["ts"] for f in out.landed)
-    step = max(int(f["step"]) for f in out.landed if isinstance(f["step"], int)) if any(
-        isinstance(f["step"], int) for f in out.landed) else None
+    step = max((f["step"] for f in out.landed if isinstance(f["step"], int)), default=None)
     req = next((r for r in records if r.get("event") == "restart_in_job" and float(r["ts"]) >= t_landed
                 and (before_ts is None or float(r["ts"]) < before_ts)), None)
     if req is None:
         return out
     out.action, out.recovery_state = ACTION, "restarting"
-    ck = req.get("checkpoint_step")
-    phases: dict[str, float] = {}
-    seen = [float(r["ts"]) for r in records if r.get("event") in _DETECTION and float(r["ts"]) >= t_landed]
-    t_detect = min(seen) if seen else float(req["ts"])
-    phases["detect"] = t_detect - t_landed
-    t_end = next((float(x["ts"]) for x in restarts if float(x["ts"]) >= float(req["ts"])), None)
     if step is not None:
-        out.steps_replayed = max(0, step - 1 - int(ck or 0))
-    if t_end is None:
-        out.phases = {k: round(v, 3) for k, v in phases.items()}
-        return out
-    phases["teardown"] = t_end - t_detect
-    i = _new_step_at(records, t_end)
-    if i is None:
-        out.phases = {k: round(v, 3) for k, v in phases.items()}
-        return out
-    t_start = float(records[i]["ts"])
-    phases["relaunch"] = t_start - t_end
-    back = next((float(r["ts"]) for r in records[i:] if (
-        (r.get("event") == "progress" and int(r.get("step") or 0) >= (step or 0))
-        or (r.get("event") == "commit" and int(r.get("recoverable_step") or 0) >= (step or 0))
-        or r.get("event") == "job_done")), None)
-    if back is not None:
-        phases["replay"] = back - t_start
-        out.recovery_state = "done"
-        out.total_s = round(back - t_landed, 3)
-    out.detect_s = round(phases["detect"], 3)
-    out.phases = {k: round(v, 3) for k, v in phases.items()}
+        out.steps_replayed = max(0, step - 1 - int(req.get("checkpoint_step") or 0))
+    seen = [float(r["ts"]) for r in records if r.get("event") in _DETECTION and float(r["ts"]) >= t_landed]
+    marks = [t_landed, min(seen, default=float(req["ts"]))]  # the ends of PHASES in order, as far as known
+    t_end = next((float(x["ts"]) for x in restarts if float(x["ts"]) >= float(req["ts"])), None)
+    i = _new_step_at(records, t_end) if t_end is not None else None
+    if i is not None:
+        marks += [t_end, float(records[i]["ts"])]
+        back = _back_at(records[i:], step or 0)
+        if back is not None:
+            marks.append(back)
+            out.recovery_state, out.total_s = "done", round(back - t_landed, 3)
+    elif t_end is not None:
+        marks.append(t_end)
+    out.phases = {p: round(b - a, 3) for p, a, b in zip(PHASES, marks, marks[1:])}
+    out.detect_s = out.phases["detect"]
     return out
+
+
+def restarting(records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the newest srun step's records (:func:`phoenix_hpc.status.derive.current_job_records`) hold
+    an in-job restart request: its coordinator's end is then the step's, not the job's (the batch script is
+    starting the next step)."""
+    from phoenix_hpc.status.derive import current_job_records
+
+    return any(r.get("event") == "restart_in_job" for r in current_job_records(records))
 
 
 def run_over(finished: bool, slurm_state: str | None, records: Sequence[Mapping[str, Any]]) -> bool:
     """Whether an in-job drill's job is over: the status of its newest srun step says it ended and that end
-    was not an in-job restart (the batch script is then starting the next step), or Slurm no longer runs the
-    job (e.g. too few nodes left for another step)."""
-    if slurm_state is not None and slurm_state not in _SLURM_RUNNING:
+    was not an in-job restart (:func:`restarting`), or Slurm no longer runs the job (not one of
+    :data:`phoenix_hpc.slurm.client.ACTIVE_JOB_STATES`; e.g. too few nodes left for another step)."""
+    from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
+
+    if slurm_state is not None and slurm_state not in ACTIVE_JOB_STATES:
         return True
-    if not finished:
-        return False
-    starts = [i for i, r in enumerate(records) if r.get("event") == "coordinator_started" and not r.get("restart")]
-    newest = records[starts[-1]:] if starts else records
-    return not any(r.get("event") == "restart_in_job" for r in newest)
+    return finished and not restarting(records)

@@ -330,15 +330,14 @@ def job_over_probe(run_dir: Path, slurm=None) -> Callable[[], str | None]:
     last = {"t": float("-inf"), "why": None}
 
     def probe() -> str | None:
-        from phoenix_hpc.drills.in_job import run_over
+        from phoenix_hpc.drills.in_job import restarting, run_over
         from phoenix_hpc.status.derive import current_job_records
 
         records = current_job_records(read_journal(run_dir))  # a resumed run: only its newest job's end counts
-        # an in-job restart (drills/in_job.py) ends the srun step and its coordinator, not the job
-        restarting = any(r.get("event") == "restart_in_job" for r in records)
-        for r in records if not restarting else ():
-            if r.get("event") in ends:
-                return ends[r["event"]]
+        if not restarting(records):  # an in-job restart ends the srun step and its coordinator, not the job
+            why = next((ends[r["event"]] for r in records if r.get("event") in ends), None)
+            if why is not None:
+                return why
         if slurm is not None and time.monotonic() - last["t"] >= 2.0:
             last["t"] = time.monotonic()
             from phoenix_hpc.status.collect import collect_status

@@ -6,7 +6,7 @@ the in-job checkpoint-restart can be drilled fault for fault against the hot swa
 (:mod:`phoenix_hpc.drills.in_job`). The hook does what the member does at the phases of
 :func:`phoenix_hpc.launch.loop.train`: at the start of every iteration it pops the slot's instructions (an
 ``inject`` is armed or refused against the step it is about to start, :meth:`~phoenix_hpc.control.client.
-CoordinatorClient.poll`; any other instruction stays queued in ``client.instructions``, in order) and marks
+CoordinatorClient.poll_if_rung`; any other instruction stays queued in ``client.instructions``, in order) and marks
 the iteration started; at every phase it fires the injection due there
 (:class:`~phoenix_hpc.faults.trigger.FaultTrigger`, landing record first). The phases of this loop are
 ``forward_backward``, ``reduce_gradients`` and ``optimizer_step``: the in-memory protection's phases (D2H,
@@ -37,7 +37,9 @@ def injection_hook(client, run_dir: Path, world_rank: int, last_step: int) -> Ca
 
     def hook(step: int, phase: str) -> None:
         if phase == "forward_backward":
-            client.instructions.extend(client.poll())  # arms or refuses injections for this step and later
+            # arms or refuses injections for this step and later; the store is read only when the coordinator
+            # rang this slot's doorbell (every step without a liveness connection), as the member does
+            client.instructions.extend(client.poll_if_rung())
             client.started_step = step  # from now on, injections for this step come too late
         trigger.check(step, phase)
 

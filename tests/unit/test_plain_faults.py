@@ -10,28 +10,33 @@ from collections import deque
 
 import pytest
 
-from phoenix_hpc.faults.trigger import InjectedCommError
+from phoenix_hpc.faults.trigger import InjectedCommError, arm_decision
 from phoenix_hpc.launch.loop import train
 from phoenix_hpc.launch.plain_faults import injection_hook
 
 
 class FakeClient:
-    """What the hook uses of :class:`phoenix_hpc.control.client.CoordinatorClient`; ``inbox``: the
-    instructions each poll pops (an ``inject`` is armed as the real client arms it, for a later step)."""
+    """What the hook uses of :class:`phoenix_hpc.control.client.CoordinatorClient` without a liveness
+    connection (``poll_if_rung`` pops every time); ``inbox``: the instructions each poll pops. An ``inject``
+    is armed or refused with the real client's rule (:func:`phoenix_hpc.faults.trigger.arm_decision`)."""
 
     def __init__(self, inbox):
         self.inbox, self.sent, self.pid = deque(inbox), [], 4242
         self.injections, self.injections_lock = [], threading.Lock()
         self.instructions, self.started_step, self.last_step, self.polls = deque(), 0, None, []
+        self.refused = []
 
-    def poll(self):
+    def poll_if_rung(self):
         self.polls.append(self.started_step)
         out = []
         for msg in self.inbox.popleft() if self.inbox else []:
-            if msg["type"] == "inject" and msg["at_step"] > self.started_step:
-                self.injections.append(dict(msg))
-            elif msg["type"] != "inject":
+            if msg["type"] != "inject":
                 out.append(msg)
+                continue
+            step, why = arm_decision(msg["at_step"], msg["phase"], self.started_step, self.last_step, None)
+            if step is not None:
+                self.injections.append({**msg, "at_step": step})
+            self.refused += [] if step is not None else [(msg["request_id"], why)]
         return out
 
     def send(self, msg):
@@ -68,6 +73,7 @@ def test_an_injection_armed_for_a_later_step_fires_at_its_phase_with_its_landing
     assert engine.step == 2 and engine.calls[-2:] == [("fb", 3), ("rg", 3)]
     assert client.polls == [0, 1, 2] and client.started_step == 3 and client.last_step == 10
     assert list(client.instructions) == [{"type": "note"}]  # kept, in order, for whoever waits for it
+    assert [r for r, _ in client.refused] == ["r0"]  # step 1 had started when it came
     (fired,) = client.sent
     assert fired["type"] == "inject_fired" and fired["request_id"] == "r1" and fired["step"] == 3
     assert fired["phase"] == "optimizer_step" and fired["world_rank"] == 1
