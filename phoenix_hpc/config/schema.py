@@ -356,6 +356,14 @@ class ResilienceConfig(BaseModel):
         "persistent checkpoint only when they cannot cover the loss; checkpoint: every recovery restarts in the "
         "same processes from the newest persistent checkpoint (the fallback path taken on purpose, to compare "
         "with the hot swap)")
+    spares_exhausted: Literal["auto", "shrink", "stop"] = Field(
+        "auto",
+        description="mode phoenix only: what a fault does when it needs a replacement and no spare is left (design "
+        "section 6, Shrink): shrink removes the whole DP replica of the lost slot(s) (dp - 1; its healthy slots "
+        "become spares; global batch and sample order unchanged) and training goes on; stop ends the job naming "
+        "the checkpoint to resubmit from (or restarts from it in the job if spares allow); auto is shrink with "
+        "engine torch and stop with any other engine (shrink needs an engine that can re-partition its "
+        "optimizer: torch only)")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="persistent checkpoints")
 
     @field_validator("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", mode="before")
@@ -502,6 +510,9 @@ class JobConfig(BaseModel):
             recovery_path_of(self.engine, self.resilience.recovery_path)
         except ValueError as exc:
             problems.append(str(exc))
+        if self.resilience.spares_exhausted == "shrink" and self.engine != "torch":
+            problems.append(f"resilience.spares_exhausted: 'shrink' needs engine 'torch' (engine is {self.engine!r}; "
+                            "allowed here: auto, stop)")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -398,15 +398,20 @@ class CoordinatorClient:
                    "path": path})
 
     def report_quiesced(self, generation: int, live_step: int, shards: dict[str, list[int]],
-                        replicas: dict[str, list[int]], dirty: bool, rejected: list | None = None) -> None:
+                        replicas: dict[str, list[int]], dirty: bool, rejected: list | None = None,
+                        numel: dict[str, int] | None = None) -> None:
         """Answer a ``quiesce``: the live step (optimizer steps fully applied), the steps of the verified
         copies (committed buffer first, then the previous one) of the own shard and of held replicas,
         ``dirty`` when the live state holds a partially applied update, and ``rejected``: ``[[shard id, step,
-        reason], ...]`` of held replicas that failed verification now and are not offered."""
+        reason], ...]`` of held replicas that failed verification now and are not offered; ``numel``:
+        ``{"pp{pp}/tp{tp}": elements}`` of the own stage's flat optimizer vector (what a shrink re-partitions;
+        engines that support one)."""
         body = {"type": "quiesced", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
                 "live_step": live_step, "shards": shards, "replicas": replicas, "dirty": dirty}
         if rejected:
             body["rejected"] = [list(x) for x in rejected]
+        if numel:
+            body["opt_numel"] = {str(k): int(v) for k, v in numel.items()}
         self.send(body)
 
     def report_recovered(self, generation: int, report: dict[str, Any], timings: dict[str, float]) -> None:

@@ -99,6 +99,8 @@ class Timing:
     startup_grace_s: float = 0.0  # a slot's heartbeats are judged once it reported a step or after this (registration)
     in_job_restart: bool = False  # mode checkpoint-restart, checkpoint.restart in-job: a fault ends the step for a new one
     recovery_from_checkpoint: bool = False  # recovery_source checkpoint: every recovery loads the persistent checkpoint
+    shrink: bool = False  # spares exhausted: shrink (remove the lost slots' DP replica) instead of stopping
+    shrink_capable: bool = False  # the engine can shrink (drain --shrink asks for one whatever spares_exhausted says)
 
 
 class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin, RecoveryMixin, InjectRelayMixin,
@@ -152,6 +154,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         # the slots registered them, and the rank map of every generation
         self.placement_inputs: dict[str, Any] | None = None
         self.rank_maps: dict[int, dict[int, int]] = {}
+        self.grid_since: dict[int, tuple[int, int, int]] = {}  # generation -> grid from then on (shrinks only)
         self._placement_cache: dict[int, dict[str, frozenset[int]]] = {}
         self.job = job_machine()
         self.faults: deque[PendingFault] = deque()
@@ -428,7 +431,10 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
                final_checkpoint=bool(r.enabled and r.mode == "phoenix"), checkpoint_keep=r.checkpoint.keep,
                startup_grace_s=r.coordinator_grace_s,
                in_job_restart=bool(r.enabled and r.mode == "checkpoint-restart" and r.checkpoint.restart == "in-job"),
-               recovery_from_checkpoint=bool(r.enabled and r.mode == "phoenix" and r.recovery_source == "checkpoint"))
+               recovery_from_checkpoint=bool(r.enabled and r.mode == "phoenix" and r.recovery_source == "checkpoint"),
+               shrink=bool(r.enabled and r.mode == "phoenix" and (r.spares_exhausted == "shrink" or (
+                   r.spares_exhausted == "auto" and cfg.engine == "torch"))),
+               shrink_capable=bool(r.enabled and r.mode == "phoenix" and cfg.engine == "torch"))
     par = cfg.parallelism
     grid = (par.tp, par.pp, par.dp) if par.dp else None
     return t, grid

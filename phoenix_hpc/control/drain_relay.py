@@ -15,6 +15,7 @@ from phoenix_hpc.control.drains import (
     STEPS_AHEAD, PendingDrain, drain_refusal, drain_verdict, retry_step, target_nodes_of)
 from phoenix_hpc.control.injects import confirm_within
 from phoenix_hpc.control.states import LIVE_SLOT_STATES, JobState, SlotState
+from phoenix_hpc.recovery.shrink import shrink_refusal
 
 
 class DrainRelayMixin:
@@ -27,9 +28,16 @@ class DrainRelayMixin:
         nodes = target_nodes_of(self.slots, targets)
         standby_off = sum(1 for s in self.slots.values() if s.state is SlotState.STANDBY and s.node not in nodes)
         pending = self.drain is not None and self.drain.state in ("confirming", "armed", "moving")
+        shrink = None
+        if body.get("shrink"):
+            w2l = {w: r for r, w in self.rank_map.items()}
+            shrink = ("" if self.t.shrink_capable else "the job's engine cannot shrink (engine torch can; "
+                      "resilience.spares_exhausted: stop or another engine)")
+            if not shrink and self.grid:
+                shrink = shrink_refusal(tuple(self.grid), [w2l[w] for w in targets if w in w2l]) or ""
         why = drain_refusal(job_state=self.job.state.value, recovering=self.recovery is not None, pending=pending,
                             targets={w: self.slots[w].state.value for w in targets},
-                            standby_off_target=standby_off, target_nodes=nodes)
+                            standby_off_target=standby_off, target_nodes=nodes, shrink=shrink)
         if why:
             return self._reject(f"drain: {why}", body)
         rid = str(body.get("request_id") or uuid.uuid4().hex[:12])
@@ -38,6 +46,11 @@ class DrainRelayMixin:
         if not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 1:
             return self._reject(f"drain: steps_ahead {ahead!r} must be an integer >= 1", body)
         at_step = max(self.slots[w].step for w in members) + ahead
+        exact = body.get("at_step")
+        if exact is not None:  # obeyed exactly or refused (by the slots, if one already started it)
+            if not isinstance(exact, int) or isinstance(exact, bool) or exact < 1:
+                return self._reject(f"drain: at_step {exact!r} must be an integer >= 1", body)
+            at_step = exact
         self.drain = PendingDrain(rid, sorted(targets), members, at_step, body,
                                   deadline=self.clock() + confirm_within(body), target=dict(body["target"]))
         self._held_replies.add(str(body.get("reply_to")))
@@ -59,6 +72,8 @@ class DrainRelayMixin:
             return
         d.acks[slot.world_rank] = body
         v = drain_verdict(d)
+        if v == "retry" and d.request.get("at_step") is not None:  # an exact iteration is never moved later
+            v = "refused"
         if v == "retry":
             self._undrain(d)
             d.at_step = retry_step(d)
@@ -98,8 +113,10 @@ class DrainRelayMixin:
         for w in d.targets:
             self.slots[w].machine.to(SlotState.DONE, f"drained (request {d.request_id})")
             self._send(w, {"type": "stop", "drained": True, "job_state": "drained",
-                           "reason": f"drained: logical rank {self.slots[w].logical_rank} moves to a spare"})
-        decision = Decision(Action.HOT_SWAP, f"planned drain of {', '.join(nodes)} (request {d.request_id})")
+                           "reason": f"drained: logical rank {self.slots[w].logical_rank} "
+                                     f"{'leaves with its DP replica (shrink)' if d.request.get('shrink') else 'moves to a spare'}"})
+        decision = Decision(Action.HOT_SWAP, f"planned drain of {', '.join(nodes)} (request {d.request_id})"
+                                             f"{' by a shrink' if d.request.get('shrink') else ''}")
         self._start_recovery(decision, [], now, now, drain=d)
         d.generation = self.generation
 
@@ -112,7 +129,10 @@ class DrainRelayMixin:
         moved = [[j.replaces_world_rank, j.world_rank, j.logical_rank] for j in rec.plan.joins]
         self.journal.append("drain_done", request_id=d.request_id, generation=rec.generation,
                             steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
-                            moved=moved, total_s=round(now - rec.t_start, 3))
+                            moved=moved, total_s=round(now - rec.t_start, 3),
+                            **({"dp": rec.plan.grid[2], "freed": [w for w in rec.plan.leavers
+                                                                 if self.slots[w].state is SlotState.STANDBY]}
+                               if rec.plan.action == "shrink" else {}))
 
     def _drain_missed(self, reason: str) -> None:
         """Something came first (a fault, a lost slot, the end of the job): a drain being confirmed is

@@ -53,7 +53,7 @@ class PendingDrain:
 
 
 def drain_refusal(*, job_state: str, recovering: bool, pending: bool, targets: dict[int, str],
-                  standby_off_target: int, target_nodes: set[str]) -> str | None:
+                  standby_off_target: int, target_nodes: set[str], shrink: str | None = None) -> str | None:
     """Why a drain must be refused now, or None. Pure.
 
     Args:
@@ -63,6 +63,8 @@ def drain_refusal(*, job_state: str, recovering: bool, pending: bool, targets: d
         targets: the slots the target names, world rank -> slot state value.
         standby_off_target: standby slots on nodes other than the drained ones.
         target_nodes: the nodes of the targets.
+        shrink: None for a drain onto spares; for ``--shrink``, ``""`` when the shrink is possible, else why not
+            (:func:`phoenix_hpc.recovery.shrink.shrink_refusal`, or an engine that cannot shrink).
     """
     if job_state in ("done", "failed", "stopped"):
         return f"the job is {job_state}: nothing to drain"
@@ -78,9 +80,11 @@ def drain_refusal(*, job_state: str, recovering: bool, pending: bool, targets: d
     idle = sorted(f"{w} ({s})" for w, s in targets.items() if s != "active")
     if idle:
         return f"world rank(s) {', '.join(idle)} are not active"
-    if standby_off_target < len(targets):
-        return (f"{len(targets)} slot(s) to move but {standby_off_target} spare slot(s) left on other nodes; "
-                "shrinking the job instead (dp - 1) is not available: the drain needs a spare")
+    if shrink:
+        return f"--shrink: {shrink}"
+    if shrink is None and standby_off_target < len(targets):
+        return (f"{len(targets)} slot(s) to move but {standby_off_target} spare slot(s) left on other nodes: the "
+                "drain needs a spare, or --shrink to remove the slot's DP replica instead (dp - 1)")
     return None
 
 

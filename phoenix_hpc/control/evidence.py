@@ -88,8 +88,9 @@ class EvidenceMixin:
                 continue
             if g not in self._placement_cache:
                 try:
-                    node_of_rank = [nodes[rank_map[r]] for r in range(world_size_of(*self.grid))]
-                    pl = generation_placement(self.grid, int(pi["k"]), node_of_rank, domains, tuple(pi["levels"]))
+                    grid = self._grid_of(g)  # a shrink changes the grid from its generation on
+                    node_of_rank = [nodes[rank_map[r]] for r in range(world_size_of(*grid))]
+                    pl = generation_placement(grid, int(pi["k"]), node_of_rank, domains, tuple(pi["levels"]))
                     self._placement_cache[g] = {sid: frozenset(h) for sid, h in pl.holders_by_shard().items()}
                 except (KeyError, ReplicationError):
                     self._placement_cache[g] = {}  # not recomputable: claims need their owner's statement
@@ -110,7 +111,7 @@ class EvidenceMixin:
             placement=self._placements(before=rec.generation),
             rank_maps={g: tuple(sorted(m.items())) for g, m in self.rank_maps.items() if g < rec.generation},
             committed={(sid, st): h for sid, hs in self.commit_hash.items() for st, h in hs.items()},
-            from_memory=plan.action != "checkpoint_restart",
+            from_memory=plan.action not in ("checkpoint_restart", "shrink"),
         )
 
     def _holder_of(self, owners: list[int]) -> tuple[tuple[int, str] | None, str]:

@@ -142,7 +142,7 @@ class HandlersMixin:
             h = hashlib.sha256()
             for r in sorted(self.done):
                 h.update(self.done[r]["state_hash"].encode())
-            self._end(JobState.DONE, "job_done", final_hash=h.hexdigest(), step=max(steps),
+            self._end(JobState.DONE, "job_done", final_hash=h.hexdigest(), step=max(steps), grid=list(self.grid),
                       steps_agree=len(steps) == 1, generation=self.generation,
                       rank_hashes=[self.done[r]["state_hash"] for r in sorted(self.done)])
 

@@ -46,6 +46,7 @@ from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.states import JobState, SlotState
 from phoenix_hpc.recovery.invariants import report_from_json, verify_recovery
 from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, plan_checkpoint_restart, plan_recovery
+from phoenix_hpc.recovery.shrink import plan_shrink
 
 
 _COMM_KINDS = (FaultKind.COMM_ERROR, FaultKind.COLLECTIVE_TIMEOUT)
@@ -221,7 +222,10 @@ class RecoveryMixin:
         committed: dict[str, dict[int, int]] = {}
         live_steps: dict[int, int] = {}
         dirty: list[int] = []
+        numel: dict[str, int] = {}  # stage -> elements of its flat optimizer vector (what a shrink re-partitions)
         for w, q in rec.quiesced.items():
+            for key, v in dict(q.get("opt_numel") or {}).items():
+                numel[str(key)] = int(v)
             r = self.slots[w].logical_rank
             if r is None or r in self.restore_pending:
                 continue
@@ -240,6 +244,15 @@ class RecoveryMixin:
         if self.t.recovery_from_checkpoint:  # resilience.recovery_source: checkpoint (the fallback on purpose)
             return self._fallback(rec, FallbackRequired("resilience.recovery_source is 'checkpoint'"), live_steps,
                                   spares, dead, now)
+        if self._shrink_wanted(rec, dead, spares):
+            try:
+                plan = plan_shrink(
+                    generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),
+                    nodes={w: s.node for w, s in self.slots.items()}, dead=dead, placement=self.placement,
+                    committed=committed, live_steps=live_steps, numel=numel, dirty=dirty)
+            except FallbackRequired as exc:
+                return self._fallback(rec, exc, live_steps, spares, dead, now)
+            return self._send_plan(rec, plan, now, time.perf_counter() - t0)
         try:
             plan = plan_recovery(
                 generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),
@@ -251,6 +264,22 @@ class RecoveryMixin:
             return self._fallback(rec, exc, live_steps, spares, dead, now)
         self._send_plan(rec, plan, now, time.perf_counter() - t0)
 
+    def _shrink_wanted(self, rec: Recovery, dead: list[int], spares: list[int]) -> bool:
+        """Whether this recovery is a shrink (docs/design.md section 6, "Shrink"): a drain that asked for one,
+        or (``resilience.spares_exhausted`` allows it) more lost active slots than live standby slots. Not
+        while a spare's cut-short restore is pending (its state cannot serve as a source)."""
+        if self.restore_pending:
+            return False
+        if rec.drain is not None:
+            return bool(rec.drain.request.get("shrink"))
+        lost = [w for w in dead if w in self.rank_map.values()]
+        return self.t.shrink and len(lost) > len(spares)
+
+    def _grid_of(self, generation: int) -> tuple[int, int, int]:
+        """The grid of ``generation`` (it changes only at a shrink)."""
+        since = [g for g in self.grid_since if g <= generation]
+        return self.grid_since[max(since)] if since else tuple(self.grid)
+
     def _send_plan(self, rec: Recovery, plan: RecoveryPlan, now: float, plan_s: float) -> None:
         # the plan was made for generation - 1 -> generation; keep the coordinator's numbering
         rec.plan = plan
@@ -260,6 +289,13 @@ class RecoveryMixin:
         self.rank_map = plan.world_of()
         self.rank_maps[rec.generation] = dict(self.rank_map)
         self.restore_pending = set()
+        if plan.action == "shrink":  # a new grid: the old layout's copies and statements name other shards
+            self.grid_since.setdefault(0, tuple(plan.old_grid))
+            self.grid = tuple(plan.grid)
+            self.grid_since[rec.generation] = tuple(plan.grid)
+            self.committed.clear()
+            self.commit_hash.clear()
+            self.placement.clear()
         for j in plan.joins:  # a joining slot holds no copy yet: the dead slot's reported copies are gone
             for copies in self.committed.values():
                 copies.pop(j.logical_rank, None)
@@ -277,7 +313,7 @@ class RecoveryMixin:
         # and every member gets the same small signed ``recover`` naming the key and the plan's SHA-256
         # (P.plan_reference), encoded once: O(members) bytes to send instead of O(members^2).
         raw = P.encode(P.plan_reference(self.store, rec.generation, plan_json, self.secret), self.secret)
-        for _, w in plan.rank_map:
+        for w in [w for _, w in plan.rank_map] + list(plan.leavers):  # a shrink's leavers send before they go
             self._send_encoded(w, raw)
         self.journal.append("recovery_plan_sent", generation=rec.generation, members=len(plan.rank_map),
                             plan_s=round(plan_s, 4), send_s=round(time.perf_counter() - t0, 4))
@@ -311,6 +347,19 @@ class RecoveryMixin:
             s.step = plan.recoverable_step
             if s.state in (SlotState.QUIESCED, SlotState.JOINING):
                 s.machine.to(SlotState.ACTIVE, f"generation {rec.generation} restored")
+        if plan.action == "shrink":  # every member has its new shard: the leavers have sent what they held
+            freed = []
+            for w in plan.leavers:
+                s = self.slots[w]
+                if s.state is SlotState.QUIESCED:
+                    s.machine.to(SlotState.STANDBY, f"left DP replica of generation {rec.generation - 1} (shrink)")
+                    s.logical_rank, s.role = None, "standby"
+                    freed.append(w)
+            tp, pp, dp = plan.grid
+            self.journal.append("shrink", generation=rec.generation, dp_from=plan.old_grid[2], dp_to=dp,
+                                grid={"tp": tp, "pp": pp, "dp": dp}, recoverable_step=plan.recoverable_step,
+                                freed=freed, dead=list(plan.dead_world),
+                                **({"drain": rec.drain.request_id} if rec.drain is not None else {}))
         rec.t_restored = now
         rec.phase = "replay"
         rec.target_step = plan.recoverable_step + plan.steps_replayed

@@ -58,6 +58,7 @@ class Rebuilt:
     slots: dict[int, SlotRecord] = field(default_factory=dict)
     rank_map: dict[int, int] = field(default_factory=dict)  # logical -> world
     rank_maps: dict[int, dict[int, int]] = field(default_factory=dict)  # generation -> its rank map
+    grid_since: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # generation -> grid (shrinks)
     placement_inputs: dict[str, Any] | None = None  # {"k", "levels"}: the first registration that gave them
     recoverable_step: int | None = None
     checkpoint_step: int | None = None
@@ -118,8 +119,20 @@ def replay(records: Iterable[dict[str, Any]]) -> Rebuilt:
                 s = r.slots.get(int(j["world_rank"]))
                 if s is not None and s.state == "standby":
                     s.state, s.role, s.logical_rank = "joining", "active", int(j["logical_rank"])
+            if rec.get("shrink") and rec.get("grid"):  # a shrink: the grid changes from this generation on
+                g = rec["grid"]
+                r.grid = (int(g["tp"]), int(g["pp"]), int(g["dp"]))
+                r.grid_since[int(rec.get("generation", r.generation))] = r.grid
+                old = rec["shrink"].get("old_grid") or {}
+                if old:
+                    r.grid_since.setdefault(0, (int(old["tp"]), int(old["pp"]), int(old["dp"])))
             if r.recovery is not None:
                 r.recovery["phase"] = "restore"
+        elif ev == "shrink":  # the leavers of the removed replicas went back to standby
+            for w in rec.get("freed", []):
+                s = r.slots.get(int(w))
+                if s is not None:
+                    s.state, s.role, s.logical_rank = "standby", "standby", None
         elif ev == "recovery_restored":
             g = int(rec["generation"])
             for w in r.rank_map.values():

@@ -44,6 +44,7 @@ class RestartMixin:
         self.rank_map = dict(r.rank_map)
         # what the recovery evidence recomputes each generation's replica placement from (control/evidence.py)
         self.rank_maps = {g: dict(m) for g, m in r.rank_maps.items()}
+        self.grid_since = dict(r.grid_since)
         self.placement_inputs = r.placement_inputs
         self.checkpoint_step = r.checkpoint_step
         self._rejoined: set[int] = set()

@@ -5,6 +5,7 @@ Slot (one process of the job, docs/design.md section 2)::
     STARTING --register--> STANDBY (spare node) | ACTIVE (holds a logical rank)
     STANDBY  --taken by a recovery--> JOINING --restored--> ACTIVE
     ACTIVE   --quiesce for a recovery--> QUIESCED --resume--> ACTIVE
+    QUIESCED --its DP replica removed by a shrink--> STANDBY
     any live state --> DEAD (missed heartbeats, process exit, node loss)    [terminal]
     STANDBY | ACTIVE --> DONE (job finished)                                  [terminal]
 
@@ -54,7 +55,7 @@ SLOT_TRANSITIONS: Mapping[SlotState, frozenset[SlotState]] = {
     S.STANDBY: frozenset({S.JOINING, S.DEAD, S.DONE}),
     S.JOINING: frozenset({S.ACTIVE, S.DEAD}),
     S.ACTIVE: frozenset({S.QUIESCED, S.DEAD, S.DONE}),
-    S.QUIESCED: frozenset({S.ACTIVE, S.DEAD}),
+    S.QUIESCED: frozenset({S.ACTIVE, S.DEAD, S.STANDBY}),
     S.DEAD: frozenset(),
     S.DONE: frozenset(),
 }

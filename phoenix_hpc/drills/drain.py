@@ -29,20 +29,29 @@ class DrainRequest:
     target: dict[str, Any]
     slots: tuple[int, ...]
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    shrink: bool = False  # remove the target's DP replica (dp - 1) instead of moving it onto spares
+    at_step: int | None = None  # pause at the commit fence of exactly this iteration (else the coordinator picks)
 
     def body(self) -> dict[str, Any]:
         """The ``drain`` message body of the control protocol."""
-        return {"type": "drain", "target": dict(self.target), "request_id": self.request_id}
+        return {"type": "drain", "target": dict(self.target), "request_id": self.request_id,
+                **({"shrink": True} if self.shrink else {}),
+                **({"at_step": int(self.at_step)} if self.at_step is not None else {})}
 
 
 def build_drain(st: Status, *, rank: int | None = None, node: str | None = None,
-                coord: str | None = None) -> DrainRequest:
+                coord: str | None = None, shrink: bool = False, at_step: int | None = None) -> DrainRequest:
     """Validate a drain against the job's status and resolve its target. Pure.
+
+    ``shrink``: remove the DP replica(s) of the target instead of moving it onto spares (docs/design.md
+    section 6, "Shrink"; the coordinator refuses one that would leave dp < 1 or an engine that cannot);
+    ``at_step``: the iteration at whose commit fence every member pauses (recoverable step ``at_step - 1``);
+    refused by the coordinator when a member already started it (never moved to a later one).
 
     Raises:
         FaultError: not exactly one target; a finished job or one not training yet; a rank, coordinate or
             node outside the job or without a live slot; a node (or rank) that holds only standby spares;
-            no spare left on another node (shrinking the job instead is not available).
+            no spare left on another node without ``shrink``; ``at_step`` below 1 or past the last step.
     """
     job = st.job
     if st.finished or job.state == "ended":
@@ -58,13 +67,16 @@ def build_drain(st: Status, *, rank: int | None = None, node: str | None = None,
     if spares:
         raise FaultError(f"--node: {node} holds standby spares (world ranks {[s.world_rank for s in spares]}), "
                          "which hold no logical rank: a drain moves active slots; nothing was sent")
+    if at_step is not None and (at_step < 1 or (st.job.steps_total is not None and at_step > st.job.steps_total)):
+        raise FaultError(f"--at-step: {at_step} is not an iteration of this job (allowed: 1 .. "
+                         f"{st.job.steps_total if st.job.steps_total is not None else 'its last step'}); nothing was sent")
     nodes = {s.node for s in targets}
     left = [s for s in live if s.state == "standby" and s.node not in nodes]
-    if len(left) < len(targets):
+    if not shrink and len(left) < len(targets):
         raise FaultError(f"drain: {len(targets)} slot(s) to move but {len(left)} spare slot(s) left on other "
-                         "nodes; shrinking the job instead (dp - 1) is not available: the drain needs a spare; "
-                         "nothing was sent")
-    return DrainRequest(target=target, slots=tuple(s.world_rank for s in targets))
+                         "nodes: the drain needs a spare, or --shrink to remove the slot's DP replica instead "
+                         "(dp - 1); nothing was sent")
+    return DrainRequest(target=target, slots=tuple(s.world_rank for s in targets), shrink=shrink, at_step=at_step)
 
 
 CONFIRM_MARGIN_S = 3.0

@@ -87,6 +87,10 @@ class Engine(abc.ABC):
     supported_recovery_styles: ClassVar[tuple[str, ...]] = ("rebind",)
     #: ``True`` when the constructor creates the dp/pp/tp groups itself (see the class docstring).
     owns_groups: ClassVar[bool] = False
+    #: ``True`` when the engine can be built with a dp below the configured one and implements
+    #: ``optimizer_numel()`` and ``load_resharded_optimizer(old, old_dp)`` (a shrink, docs/design.md section 6);
+    #: the coordinator never plans a shrink for other engines (spares exhausted: the job stops as before).
+    supports_shrink: ClassVar[bool] = False
 
     # --- the step, split where the runtime has to act -------------------------------------------------
     @abc.abstractmethod

@@ -8,8 +8,12 @@ reads its share of each step's global batch from a Megatron indexed dataset
 
 Batching: a step consumes ``global_batch_size`` samples at global data positions
 ``[step * G, (step + 1) * G)``; DP rank ``d`` takes ``G / dp`` consecutive positions starting at
-``step * G + d * G / dp``, as ``n_micro = G / (micro_batch_size * dp)`` micro-batches. The data-iterator
-position in the envelope is the global position of the next step (``step * G``).
+``step * G + d * G / dp``, as ``n_micro = G / (micro_batch_size * dp)`` micro-batches. After a shrink
+(docs/design.md section 6) ``G`` may not divide over the smaller dp: the ``M = G / micro_batch_size``
+micro-batches are then dealt out in order, the first ``M mod dp`` DP ranks taking one more
+(:func:`micro_split`), and each micro-batch's loss is scaled so that the reduced gradient is the same sum
+over the same samples divided by ``M`` (the mean over the global batch). The data-iterator position in the
+envelope is the global position of the next step (``step * G``).
 
 Determinism: parameters start from a seed-derived init (identical on every DP peer), the model has no
 dropout, the data order is a pure function of (seed, position), every collective runs over a fixed group
@@ -56,6 +60,24 @@ def _unb64(s: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
 
 
+def micro_split(global_batch: int, micro_batch: int, dp: int, dp_rank: int) -> tuple[int, int]:
+    """``(first micro-batch, micro-batches)`` of DP rank ``dp_rank`` when the ``M = G / mbs`` micro-batches
+    of a step are dealt out over ``dp`` ranks in order, the first ``M mod dp`` ranks taking one more. With
+    ``G`` a multiple of ``mbs * dp`` every rank takes ``G / (mbs * dp)``, as :func:`micro_batches`.
+
+    Raises:
+        EngineError: ``global_batch`` is not a multiple of ``micro_batch``, or some rank would get none.
+    """
+    if global_batch % micro_batch:
+        raise EngineError(f"training.global_batch_size ({global_batch}) must be a multiple of "
+                          f"training.micro_batch_size ({micro_batch})")
+    m = global_batch // micro_batch
+    if m < dp:
+        raise EngineError(f"{m} micro-batches per step cannot be dealt out over dp = {dp} ranks")
+    q, extra = divmod(m, dp)
+    return dp_rank * q + min(dp_rank, extra), q + (1 if dp_rank < extra else 0)
+
+
 def micro_batches(global_batch: int, micro_batch: int, dp: int) -> int:
     """Micro-batches per step per DP rank, ``G / (mbs * dp)``.
 
@@ -87,6 +109,7 @@ class TorchEngine(Engine):
         ConfigError: ``model.factory`` fails or its module is malformed (see :mod:`.custom_model`).
     """
 
+    supports_shrink = True
     recovery_style = ENGINE_RECOVERY_STYLES["torch"][0]
     supported_recovery_styles = ENGINE_RECOVERY_STYLES["torch"][1]
 
@@ -105,7 +128,8 @@ class TorchEngine(Engine):
                 f"parallelism.tp ({cfg.parallelism.tp}) must be 1 for engine 'torch' (no tensor parallelism); "
                 "use engine: megatron for tp > 1"
             )
-        if self.pp != cfg.parallelism.pp or (cfg.parallelism.dp is not None and self.dp != cfg.parallelism.dp):
+        # dp may be below the configured one after a shrink (docs/design.md section 6), never above it
+        if self.pp != cfg.parallelism.pp or (cfg.parallelism.dp is not None and self.dp > cfg.parallelism.dp):
             raise EngineError(
                 f"process groups (pp={self.pp}, dp={self.dp}) do not match parallelism "
                 f"(pp={cfg.parallelism.pp}, dp={cfg.parallelism.dp})"
@@ -113,7 +137,9 @@ class TorchEngine(Engine):
         if m.dtype not in _DTYPES:
             raise EngineError(f"model.dtype {m.dtype!r} is not supported by engine 'torch' (allowed: float32, bfloat16)")
         self.dtype = _DTYPES[m.dtype]
-        self.n_micro = micro_batches(t.global_batch_size, t.micro_batch_size, self.dp)
+        self.even = t.global_batch_size % (t.micro_batch_size * self.dp) == 0
+        self.first_micro, self.n_micro = micro_split(t.global_batch_size, t.micro_batch_size, self.dp, coord.dp)
+        self.total_micro = t.global_batch_size // t.micro_batch_size
         self.tokens_per_step = t.global_batch_size * m.seq_length
         self.model = self._build_model(coord.pp)
         self.optimizer = ShardedAdamW(
@@ -169,8 +195,8 @@ class TorchEngine(Engine):
 
     # --- the step --------------------------------------------------------------------------------------
     def _local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        per_dp = self.cfg.training.global_batch_size // self.dp
-        x, y = self.samples.batch(self.data_position + self.coord.dp * per_dp, per_dp)
+        mbs = self.cfg.training.micro_batch_size
+        x, y = self.samples.batch(self.data_position + self.first_micro * mbs, self.n_micro * mbs)
         return x.to(self.device), y.to(self.device)
 
     def forward_backward(self) -> float | None:
@@ -183,18 +209,31 @@ class TorchEngine(Engine):
         if self._runner is None:
             mbs = self.cfg.training.micro_batch_size
             total = torch.zeros((), dtype=torch.float32, device=self.device)
+            # even split: loss / n_micro, then the DP average; uneven: loss * dp / M, so that the DP average
+            # is the sum over the step's M micro-batches / M (module doc)
+            scale = 1.0 / self.n_micro if self.even else self.dp / self.total_micro
             for i in range(self.n_micro):
                 sl = slice(i * mbs, (i + 1) * mbs)
                 loss = lm_loss(self.model(x[sl]), y[sl])
-                (loss / self.n_micro).backward()
+                (loss / self.n_micro if self.even else loss * scale).backward()
                 total += loss.detach()
             loss_val: float | None = float(total / self.n_micro)
         else:
             loss_val = self._runner.run(x if is_first else None, y if is_last else None)
+            if not self.even:  # the schedule divided by n_micro: make it dp / M (module doc)
+                f = self.n_micro * self.dp / self.total_micro
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(f)
         if loss_val is not None and self.dp > 1:
-            t = torch.tensor([loss_val], dtype=torch.float64, device=self.device)
-            dist.all_reduce(t, group=self.groups.dp)
-            loss_val = float(t) / self.dp
+            if self.even:
+                t = torch.tensor([loss_val], dtype=torch.float64, device=self.device)
+                dist.all_reduce(t, group=self.groups.dp)
+                loss_val = float(t) / self.dp
+            else:  # weighted by each rank's micro-batches
+                t = torch.tensor([loss_val * self.n_micro], dtype=torch.float64, device=self.device)
+                dist.all_reduce(t, group=self.groups.dp)
+                loss_val = float(t) / self.total_micro
         return loss_val
 
     def reduce_gradients(self) -> None:
@@ -276,6 +315,24 @@ class TorchEngine(Engine):
 
     def load_optimizer_shard(self, tensors: dict[str, torch.Tensor]) -> None:
         self._check_and_copy("optimizer shard", self._opt_state, tensors)
+
+    def load_resharded_optimizer(self, old: dict[str, torch.Tensor], old_dp: int) -> None:
+        """After a shrink: fill this rank's optimizer slice from slices of the old DP size ``old_dp``
+        (``old``: ``opt/pp{pp}/tp0/dp{d}/{param}/{kind}`` -> 1-D fp32 tensor, the old slices that intersect
+        this rank's; :meth:`.zero.ShardedAdamW.load_resharded`).
+
+        Raises:
+            EngineError: a needed piece is missing or malformed, or the pieces do not cover the slice once.
+        """
+        c = self.coord
+        try:
+            self.optimizer.load_resharded(old, old_dp, lambda d: f"opt/pp{c.pp}/tp{c.tp}/dp{d}")
+        except ValueError as exc:
+            raise EngineError(f"{c.shard_prefix()}: {exc}") from None
+
+    def optimizer_numel(self) -> int:
+        """Elements of this stage's flat optimizer vector (the same on every DP rank of the stage)."""
+        return int(self.optimizer.numel)
 
     def load_param_shard(self, tensors: dict[str, torch.Tensor]) -> None:
         self._check_and_copy("param shard", self.param_shard(), tensors)

@@ -164,3 +164,45 @@ class ShardedAdamW:
             n = p.numel()
             p.copy_(flat[off : off + n].view_as(p))
             off += n
+
+    # --- re-partition (a shrink, docs/design.md section 6) ---------------------------------------------
+    @torch.no_grad()
+    def load_resharded(self, old: dict[str, torch.Tensor], old_dp: int, prefix_of) -> None:
+        """Fill this rank's slice (``main``, ``exp_avg``, ``exp_avg_sq``) from slices of the same flat vector
+        cut over ``old_dp`` ranks: ``old`` maps ``f"{prefix_of(d)}/{param}/{kind}"`` to the 1-D fp32 tensor
+        of that old piece (:meth:`named_state` of old DP index ``d``); only the old slices that intersect
+        this rank's slice are needed (:func:`phoenix_hpc.recovery.shrink.overlapping`).
+
+        Raises:
+            ValueError: a needed old piece is missing or has the wrong length, or the old pieces do not cover
+                every element of this rank's slice exactly once.
+        """
+        sizes = [(n, p.numel()) for n, p in self.named_params]
+        base, off = {}, 0
+        for n, k in sizes:
+            base[n] = off
+            off += k
+        lo, hi = self.lo, min(self.lo + self.shard_len, self.numel)
+        covered = torch.zeros(self.shard_len, dtype=torch.int32)
+        old_len = -(-self.numel // old_dp) if self.numel else 0
+        for d in range(old_dp):
+            if old_len == 0 or (d + 1) * old_len <= lo or d * old_len >= hi:
+                continue
+            _, pieces = flat_pieces(sizes, d, old_dp)
+            for pc in pieces:
+                g0 = base[pc.name] + pc.param_offset
+                a, b = max(g0, lo), min(g0 + pc.length, hi)
+                if a >= b:
+                    continue
+                for kind in KINDS:
+                    name = f"{prefix_of(d)}/{pc.name}/{kind}"
+                    src = old.get(name)
+                    if src is None or src.numel() != pc.length:
+                        raise ValueError(f"re-partition: old piece {name} is "
+                                         f"{'missing' if src is None else f'{src.numel()} elements, expected {pc.length}'}")
+                    getattr(self, kind)[a - lo : b - lo] = src[a - g0 : b - g0].to(self.main.device)
+                covered[a - lo : b - lo] += 1
+        if hi > lo and not bool((covered[: hi - lo] == 1).all()):
+            bad = int((covered[: hi - lo] != 1).nonzero()[0])
+            raise ValueError(f"re-partition: element {lo + bad} of the flat vector is covered "
+                             f"{int(covered[bad])} times by the old slices (expected once)")

@@ -94,6 +94,13 @@ class QuiesceRequested(Exception):
         self.msg = msg
 
 
+class LeftToStandby(RecoveryError):
+    """A shrink removed this slot's DP replica: it sent what it held and is a standby slot again (the
+    entry point waits for a recovery plan that names it, as a spare does)."""
+
+    job_state = "standby"
+
+
 class StopRequested(RecoveryError):
     """The coordinator told this slot to stop (job ended, clean stop, fallback, or this slot was fenced)."""
 
@@ -262,9 +269,10 @@ class Member:
     def n_ranks(self) -> int:
         return self.env.grid.world_size
 
-    def _setup_groups(self) -> dict[str, float]:
-        """Destroy the old torch groups, build this generation's groups and MPI communicator. Returns the
-        seconds spent per part: ``arrive`` (waiting for the slowest member), ``torch``, ``mpi``."""
+    def _setup_groups(self, leavers: list[int] | tuple[int, ...] = ()) -> dict[str, float]:
+        """Destroy the old torch groups, build this generation's groups and MPI communicator (whose ranks
+        are the members in logical order, then a shrink's ``leavers``, world ranks). Returns the seconds spent
+        per part: ``arrive`` (waiting for the slowest member), ``torch``, ``mpi``."""
         import torch.distributed as dist
 
         from phoenix_hpc.launch.abort import SocketCapture
@@ -288,7 +296,8 @@ class Member:
         t2 = time.perf_counter()
         t["torch"] = t2 - t1
         # the old communicator may contain a dead rank: it is dropped, not freed (MPI_Comm_free is collective)
-        self.comm = make_comm(e.world_comm, [self.rank_map[r] for r in range(self.n_ranks)], self.generation)
+        self.comm = make_comm(e.world_comm, [self.rank_map[r] for r in range(self.n_ranks)] + list(leavers),
+                              self.generation)
         t["mpi"] = time.perf_counter() - t2
         return t
 
@@ -658,7 +667,10 @@ class Member:
                 if v:
                     replicas[sid] = sorted(set(replicas.get(sid, [])) | set(v), reverse=True)
         self.old_protector = prot
-        self.env.client.report_quiesced(g, live, shards, replicas, dirty, rejected=rejected)
+        numel = None
+        if getattr(self.engine, "supports_shrink", False):
+            numel = {f"pp{self.coord.pp}/tp{self.coord.tp}": self.engine.optimizer_numel()}
+        self.env.client.report_quiesced(g, live, shards, replicas, dirty, rejected=rejected, numel=numel)
         self.env.log(f"[phoenix] rank {self.logical}: quiesced for generation {g} (live step {live}, "
                      f"committed {shards}, holding {replicas}, dirty={dirty})")
         while True:
@@ -667,11 +679,20 @@ class Member:
                 break
             # a re-planned recovery (a fault during this one): answer the new quiesce the same way
             g = int(msg["generation"])
-            self.env.client.report_quiesced(g, int(self.engine.step), shards, replicas, dirty, rejected=rejected)
+            self.env.client.report_quiesced(g, int(self.engine.step), shards, replicas, dirty, rejected=rejected,
+                                            numel=numel)
         return self._apply_plan(msg["plan"], dirty=dirty, live=live)
 
     def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None) -> RecoveryRecord:
+        from phoenix_hpc.launch.groups import Grid
+
+        if plan.get("action") == "shrink":
+            from phoenix_hpc.launch.shrink import apply_shrink
+
+            return apply_shrink(self, plan, dirty, live)
         e = self.env
+        if plan.get("grid"):  # the grid of the plan's generation (a joining spare after a shrink: a smaller one)
+            e.grid = Grid(int(plan["grid"]["tp"]), int(plan["grid"]["pp"]), int(plan["grid"]["dp"]))
         g = int(plan["generation"])
         rank_map = {int(r): int(w) for r, w in plan["rank_map"]}
         R = int(plan["recoverable_step"])

@@ -342,11 +342,20 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
             summary["status"] = "stopped"
         elif getattr(exc, "job_state", None) == "drained":  # a planned drain moved this rank to a spare
             summary["status"] = "drained"
+        elif getattr(exc, "job_state", None) == "standby":  # a shrink removed its DP replica
+            summary["status"] = "left"
         raise
     finally:
         if member is not None:
             summary["generation"] = member.generation
             summary["recoveries"] = [vars(r) for r in member.recoveries]
+            g = member.env.grid  # a shrink changes the grid and renumbers the members
+            summary["grid"] = {"tp": g.tp, "pp": g.pp, "dp": g.dp}
+            if member.logical is not None:
+                rank = member.logical
+                summary["rank"] = rank
+                if member.coord is not None:
+                    summary["coord"] = {"pp": member.coord.pp, "dp": member.coord.dp, "tp": member.coord.tp}
         _write_json_atomic(ranks_dir / f"rank{rank}.json", summary)
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -462,22 +471,37 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     summary = None
     try:
+        standby = not active
         if active:
-            summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None, resilient,
-                                 client=att.client if att is not None and resilient is None else None)
-        elif att is not None and resilient is not None:
+            try:
+                summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None, resilient,
+                                     client=att.client if att is not None and resilient is None else None)
+            except PhoenixError as exc:
+                if getattr(exc, "job_state", None) != "standby":
+                    raise
+                print(f"[phoenix] world rank {slot.world_rank}: {exc}; waiting as a spare", flush=True)
+                standby = True  # a shrink removed its DP replica (launch/shrink.py): a spare from now on
+        if standby and att is not None and resilient is not None:
             from phoenix_hpc.launch.execute import wait_for_join, warm_up
 
             warm_up(cfg)
-            plan = wait_for_join(att.client)  # None: the job ended (stop) without needing this spare
-            if plan is not None:
+            while summary is None:
+                plan = wait_for_join(att.client)  # None: the job ended (stop) without needing this spare
+                if plan is None:
+                    break
                 print(f"[phoenix] standby world rank {slot.world_rank} on {slot.hostname}: joining generation "
                       f"{plan.get('generation')}", flush=True)
                 store = att.client.tcp_store()
-                summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress, resilient, join_plan=plan)
-        elif att is not None:
+                try:
+                    summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress, resilient,
+                                         join_plan=plan)
+                except PhoenixError as exc:
+                    if getattr(exc, "job_state", None) != "standby":
+                        raise
+                    print(f"[phoenix] world rank {slot.world_rank}: {exc}; waiting as a spare", flush=True)
+        elif standby and att is not None:
             att.client.wait_instruction(("stop",), timeout_s=float("inf"))
-        else:
+        elif standby:
             wait_for_role(comm)
             MPI.Finalize()
             return 0

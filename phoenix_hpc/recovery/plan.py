@@ -103,6 +103,13 @@ class RecoveryPlan:
     steps_replayed: int
     grid: tuple[int, int, int] = (1, 1, 1)  # (tp, pp, dp)
     invariants: tuple[str, ...] = field(default=ALL_INVARIANTS)
+    # a shrink (recovery/shrink.py) only: the grid before it, the healthy slots of the removed DP replicas
+    # that go back to standby after sending what they hold, and for each member the old optimizer shards it
+    # re-partitions its new shard from
+    old_grid: tuple[int, int, int] | None = None
+    leavers: tuple[int, ...] = ()
+    needs: tuple[tuple[int, tuple[str, ...]], ...] = ()  # (world rank, old shard ids)
+    sources: tuple[tuple[str, int], ...] = ()  # (old shard id, world rank that provides it)
 
     def world_of(self) -> dict[int, int]:
         """logical rank -> world rank of the new generation."""
@@ -143,6 +150,11 @@ class RecoveryPlan:
             "replication": [[p.shard_id, p.owner, p.holder] for p in self.replication],
             "steps_replayed": self.steps_replayed,
             "invariants": list(self.invariants),
+            **({"shrink": {"old_grid": {"tp": self.old_grid[0], "pp": self.old_grid[1], "dp": self.old_grid[2]},
+                           "leavers": list(self.leavers),
+                           "needs": [[w, list(sids)] for w, sids in self.needs],
+                           "sources": [[sid, w] for sid, w in self.sources]}}
+               if self.old_grid is not None else {}),
         }
 
 
@@ -274,42 +286,9 @@ def plan_recovery(
     assignment, new_map = _assign_spares(dead_logical, live_spares, rank_map, nodes)
 
     # --- the recoverable step ----------------------------------------------------------------------
-    # O(ranks) with a small constant: one pass, shard ids from the grid arithmetic of topology.coord_of, and a
-    # copy's steps converted only where they are read (16k ranks: 0.8 s before, see BENCHMARKS.md)
-    def sid_of(r: int) -> str:  # = shard_id_of(r, tp, pp, dp), without the per-call checks
-        return f"opt/pp{r // (tp * dp)}/tp{r % tp}/dp{(r // tp) % dp}"
-
-    candidates: dict[str, set[int]] = {}
+    recoverable, sid_of = recoverable_of(grid, rank_map, nodes, placement, committed, live_steps,
+                                         set(dead_logical) | restore_set, alive_set, dirty_set)
     no_copies: Mapping[int, Any] = {}
-    for r in range(n):
-        sid = sid_of(r)
-        copies = committed.get(sid, no_copies)
-        if r in dead_logical or r in restore_set:
-            cand = {s for h, st in copies.items() if h != r and h in alive_set for s in _steps(st)}
-        else:
-            if r not in live_steps:
-                raise RecoveryError(f"live logical rank {r} reported no step")
-            cand = set() if r in dirty_set else {live_steps[r]}
-            own = copies.get(r)
-            if own is not None:
-                cand |= _steps(own)
-        if not cand:
-            holders = [h for h in placement.get(sid, ()) if h != r]
-            raise FallbackRequired(
-                f"shard {sid} lost: owner (logical rank {r}, {nodes[rank_map[r]]}) and all holders "
-                f"({', '.join(f'{h} on {nodes[rank_map[h]]}' for h in holders) or 'none'}) are dead"
-                " or hold no committed replica",
-                [sid],
-            )
-        candidates[sid] = cand
-    recoverable = recoverable_step(candidates)
-    missing = shards_without(candidates, recoverable)
-    if missing:
-        raise FallbackRequired(
-            f"shard(s) {', '.join(missing)} have no copy at the recoverable step {recoverable} "
-            f"(copies: {', '.join(f'{s}={sorted(candidates[s])}' for s in missing)})",
-            missing,
-        )
 
     # --- transfers ---------------------------------------------------------------------------------
     transfers: list[Transfer] = []
@@ -359,6 +338,59 @@ def plan_recovery(
         grid=(tp, pp, dp),
     )
 
+
+
+def recoverable_of(grid, rank_map, nodes, placement, committed, live_steps, unavailable, alive_set, dirty_set):
+    """The recoverable step ``R`` of a grid (module doc) and the grid's shard-id function ``sid_of(r)``.
+
+    ``unavailable``: logical ranks whose own state cannot serve (dead, or restored again in place): their
+    shard counts only through a copy on a live holder (``alive_set``); ``dirty_set``: live ranks whose live
+    state holds a partial update (only their committed local snapshot counts).
+
+    Raises:
+        FallbackRequired: a shard has no usable copy at all, or none at the recoverable step.
+        RecoveryError: a live logical rank reported no step.
+    """
+    tp, pp, dp = grid
+    n = tp * pp * dp
+
+    # O(ranks) with a small constant: one pass, shard ids from the grid arithmetic of topology.coord_of, and a
+    # copy's steps converted only where they are read (16k ranks: 0.8 s before, see BENCHMARKS.md)
+    def sid_of(r: int) -> str:  # = shard_id_of(r, tp, pp, dp), without the per-call checks
+        return f"opt/pp{r // (tp * dp)}/tp{r % tp}/dp{(r // tp) % dp}"
+
+    candidates: dict[str, set[int]] = {}
+    no_copies: Mapping[int, Any] = {}
+    for r in range(n):
+        sid = sid_of(r)
+        copies = committed.get(sid, no_copies)
+        if r in unavailable:
+            cand = {s for h, st in copies.items() if h != r and h in alive_set for s in _steps(st)}
+        else:
+            if r not in live_steps:
+                raise RecoveryError(f"live logical rank {r} reported no step")
+            cand = set() if r in dirty_set else {live_steps[r]}
+            own = copies.get(r)
+            if own is not None:
+                cand |= _steps(own)
+        if not cand:
+            holders = [h for h in placement.get(sid, ()) if h != r]
+            raise FallbackRequired(
+                f"shard {sid} lost: owner (logical rank {r}, {nodes[rank_map[r]]}) and all holders "
+                f"({', '.join(f'{h} on {nodes[rank_map[h]]}' for h in holders) or 'none'}) are dead"
+                " or hold no committed replica",
+                [sid],
+            )
+        candidates[sid] = cand
+    recoverable = recoverable_step(candidates)
+    missing = shards_without(candidates, recoverable)
+    if missing:
+        raise FallbackRequired(
+            f"shard(s) {', '.join(missing)} have no copy at the recoverable step {recoverable} "
+            f"(copies: {', '.join(f'{s}={sorted(candidates[s])}' for s in missing)})",
+            missing,
+        )
+    return recoverable, sid_of
 
 def _steps(copy: int | Iterable[int]) -> set[int]:
     """The steps one copy can provide: a single step, or the steps of its (committed, previous) buffers."""

@@ -195,6 +195,7 @@ class _State:
         self.faults: list[FaultStatus] = []
         self.injections: dict[str, InjectionStatus] = {}
         self.drains: dict[str, DrainStatus] = {}
+        self.shrinks: list[dict[str, Any]] = []  # journal ``shrink`` records, oldest first
         self.pending_reason: str | None = None
         self.pending_action: str | None = None
 
@@ -343,6 +344,14 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
                 s["state"] = "quiesced"
     elif ev == "recovery_plan":
         cur = st.current_recovery()
+        if rec.get("shrink"):  # a shrink renumbers the members of a smaller grid
+            st.rank_map.clear()
+            g = rec.get("grid") or {}
+            if g:
+                st.grid = (int(g["tp"]), int(g["pp"]), int(g["dp"]))  # type: ignore[assignment]
+            for w, s in st.slots.items():
+                if s["state"] != "dead" and w in set(int(x) for x in rec["shrink"].get("leavers") or []):
+                    s["note"] = (s["note"] + "; " if s["note"] else "") + "DP replica removed (shrink)"
         for lr, w in rec.get("rank_map") or []:
             st.rank_map[int(lr)] = int(w)
         for j in rec.get("joins") or []:
@@ -395,6 +404,15 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
         if cur is not None:
             cur.state, cur.finished_at = "aborted", ts
             cur.reason = f"{cur.reason or ''} (aborted: {rec.get('reason', '')})".strip()
+    elif ev == "shrink":
+        st.shrinks.append({"ts": ts, "generation": rec.get("generation"), "dp_from": rec.get("dp_from"),
+                           "dp_to": rec.get("dp_to"), "recoverable_step": rec.get("recoverable_step"),
+                           "freed": list(rec.get("freed") or []), "dead": list(rec.get("dead") or []),
+                           "drain": rec.get("drain")})
+        for w in rec.get("freed") or []:
+            s = st.slots.get(int(w))
+            if s is not None:
+                s["state"], s["logical_rank"], s["generation"] = "standby", None, None
     elif ev == "drain_requested":
         rid = str(rec.get("request_id") or f"t{ts}")
         st.drains[rid] = DrainStatus(rid, ts, dict(rec.get("target") or {}), [int(w) for w in rec.get("targets") or []],
@@ -732,4 +750,4 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
                   spare_slots_left=spare_slots, spare_nodes_left=spare_nodes, recoveries=st.recoveries,
                   faults=st.faults, injections=list(st.injections.values()), warnings=warnings,
                   progress=st.progress, commits=st.commits, journal_records=len(records), run_jobs=jobs,
-                  drains=list(st.drains.values()))
+                  drains=list(st.drains.values()), shrinks=list(st.shrinks))

@@ -264,7 +264,21 @@ def status_line(st: Status) -> str:
         parts.append(f"faults {len(st.faults)}")
     if st.drains:
         parts.append(f"drains {len(st.drains)} (last: {st.drains[-1].state})")
+    if st.shrinks:
+        parts.append(f"shrinks {len(st.shrinks)} (dp {st.shrinks[0]['dp_from']} -> {st.shrinks[-1]['dp_to']})")
     return "  ".join(parts)
+
+
+def _shrinks(st: Status) -> Table:
+    t0 = st.job.started_at
+    t = Table(title="Shrinks (spares exhausted or drain --shrink)", title_justify="left")
+    for c in ("when", "generation", "dp", "at step", "lost slots", "back to standby", "drain"):
+        t.add_column(c)
+    for x in st.shrinks:
+        t.add_row(_rel(x["ts"], t0), str(x["generation"]), f"{x['dp_from']} -> {x['dp_to']}",
+                  str(x["recoverable_step"]), ",".join(map(str, x["dead"])) or "-",
+                  ",".join(map(str, x["freed"])) or "-", x["drain"] or "-")
+    return t
 
 
 def status_renderable(st: Status) -> Group:
@@ -287,6 +301,8 @@ def status_renderable(st: Status) -> Group:
         parts.append(_injections(st))
     if st.drains:
         parts.append(_drains(st))
+    if st.shrinks:
+        parts.append(_shrinks(st))
     if st.journal_records == 0:
         parts.append(Text("(no journal yet: the coordinator has not started)", style="dim"))
     return Group(*parts)

@@ -479,7 +479,7 @@ def test_planned_drain_moves_the_node_to_the_spare_replaying_no_step(env, data, 
         out = json.loads(r.stdout)
         assert out["state"] == "done" and out["steps_replayed"] == 0 and out["moved"] == [[1, 2, 1]], out
         r = _cli(job, "drain", str(job.run_dir), "--rank", "0")  # the spare is used: none left
-        assert r.exit_code == 2 and ("shrinking the job instead (dp - 1) is not available" in r.output
+        assert r.exit_code == 2 and ("the drain needs a spare, or --shrink" in r.output
                                      or "nothing to drain" in r.output), r.output
         done = job.wait_end()
     finally:

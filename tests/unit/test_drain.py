@@ -30,7 +30,9 @@ def test_drain_refusal_rules():
     assert "standby spares" in why and "[4, 5]" in why
     assert "not active" in _refusal(targets={2: "quiesced"})
     why = _refusal(standby_off_target=1)
-    assert "2 slot(s) to move but 1 spare" in why and "shrink" in why and "not available" in why
+    assert "2 slot(s) to move but 1 spare" in why and "--shrink" in why
+    assert _refusal(standby_off_target=0, shrink="") is None  # a shrink needs no spare
+    assert _refusal(shrink="a shrink would ... leave dp = 0").startswith("--shrink: a shrink would")
 
 
 def test_arm_drain_on_the_slot():
@@ -91,10 +93,17 @@ def test_build_drain_refuses_bad_input(kw, msg):
         build_drain(_running(), **kw)
 
 
-def test_build_drain_without_a_spare_left_names_the_missing_shrink():
+def test_build_drain_without_a_spare_left_names_the_shrink():
     st = _running(node_loss_records())  # N3's two spares took logical ranks 2 and 3
-    with pytest.raises(FaultError, match=r"0 spare slot\(s\) left.*shrinking the job instead \(dp - 1\) is not available"):
+    with pytest.raises(FaultError, match=r"0 spare slot\(s\) left.*the drain needs a spare, or --shrink"):
         build_drain(st, node=N1)
+    req = build_drain(st, node=N1, shrink=True, at_step=12)  # a shrink needs no spare; the coordinator judges dp
+    assert req.body()["shrink"] is True and req.body()["at_step"] == 12
+
+
+def test_build_drain_refuses_an_at_step_outside_the_job():
+    with pytest.raises(FaultError, match=r"--at-step: 0 is not an iteration"):
+        build_drain(_running(), rank=1, at_step=0)
 
 
 def test_build_drain_on_a_finished_job_is_refused():

@@ -136,7 +136,7 @@ class FakeClient:
     def stop_heartbeat(self):
         pass
 
-    def report_quiesced(self, g, live, shards, replicas, dirty, rejected=None):
+    def report_quiesced(self, g, live, shards, replicas, dirty, rejected=None, numel=None):
         self.sent.append(("quiesced", g, live, dirty))
         self.offered = dict(shards)
 

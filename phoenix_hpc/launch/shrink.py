@@ -1,0 +1,193 @@
+"""A member's part in a shrink (docs/design.md section 6, "Shrink"; the plan: :mod:`phoenix_hpc.recovery.shrink`).
+
+Every slot named in the plan (members of the new, smaller grid and the *leavers*, the healthy slots of the
+removed DP replicas) first takes a host copy of its own ``S(R)`` (the live state when it is clean and at
+``R``, else its committed local snapshot) and ends its engine. Then:
+
+- a leaver joins the recovery's MPI communicator only (members first in logical order, then the leavers),
+  sends every old optimizer slice the plan names it the source of, drops its copies and raises
+  :class:`~phoenix_hpc.launch.execute.LeftToStandby`: its entry point waits as a spare from then on;
+- a member takes the new grid, builds the generation's groups (torch over the members, MPI over members
+  and leavers), constructs a new engine at its new coordinate, runs the plan's ``reshard`` transfers in plan
+  order (each old slice sealed and verified as a replica is, :mod:`phoenix_hpc.runtime.snapshot`), loads its
+  stage's parameters from its own ``S(R)``, re-partitions its optimizer slice from the old slices it needs
+  (:meth:`phoenix_hpc.engines.zero.ShardedAdamW.load_resharded`) and its envelope with the new coordinate and
+  grid, and reports as in any recovery. The copies of the old layout are dropped: they name shards of the old
+  grid. The new generation's first commit fence protects ``S(R)`` in the new layout.
+
+A transfer in plan order is deadlock-free: every slot runs its own transfers in the one order of the plan, so
+the earliest unfinished one always has both its ends waiting for it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from phoenix_hpc.errors import RecoveryError
+
+
+def _seal_opt(opt: dict, sid: str, step: int, generation: int):
+    """The optimizer tensors ``opt`` of slice ``sid`` sealed into a host buffer (OPT part, CRC-32 per tensor)."""
+    import torch
+
+    from phoenix_hpc.runtime.snapshot import OPT, copy_in, plan_layout, seal
+
+    pairs = sorted(opt.items())
+    meta = {"shard_id": sid, "step": step, "generation": generation, "grid": {}, "coord": {}, "envelope": {}}
+    layout = plan_layout(pairs, [], meta)
+    buf = torch.empty(layout.total_bytes, dtype=torch.uint8)
+    copy_in(buf, layout, pairs, [])
+    seal(buf, layout, shard_id=sid, step=step, generation=generation, grid={}, coord={}, envelope={}, parts=(OPT,))
+    return buf
+
+
+def _send(member, sid: str, own_sid: str, own_opt: dict, peer: int, step: int) -> None:
+    """Send old slice ``sid`` of ``S(step)`` to communicator rank ``peer``: the own slice from the host copy,
+    another from the replica this slot holds of it (verified before it goes)."""
+    from phoenix_hpc.runtime.h2h import send_buffer
+    from phoenix_hpc.runtime.snapshot import OPT, verify
+
+    res = member.env.cfg.resilience
+    what = f"sending slice {sid} to communicator rank {peer}"
+    if sid == own_sid:
+        buf = _seal_opt(own_opt, sid, step, member.generation)
+        send_buffer(member.comm, buf.numpy(), peer, step, res.chunk_bytes, res.collective_timeout_s, what)
+        return
+    for prot in member._copy_sources():
+        pp = prot.buffers.held.get(sid)
+        buf = pp.find(step) if pp is not None else None
+        if buf is not None:
+            h, _ = verify(buf, (OPT,))
+            send_buffer(member.comm, buf.numpy()[: int(h.opt_end)], peer, step, res.chunk_bytes,
+                        res.collective_timeout_s, what)
+            return
+    raise RecoveryError(f"world rank {member.env.world_rank} holds no copy of {sid} at step {step}")
+
+
+def _recv(member, sid: str, peer: int, step: int) -> dict:
+    from phoenix_hpc.runtime.h2h import recv_buffer
+    from phoenix_hpc.runtime.snapshot import OPT, unpack
+
+    res = member.env.cfg.resilience
+    buf = recv_buffer(member.comm, peer, step, res.chunk_bytes, res.collective_timeout_s,
+                      f"receiving slice {sid} from communicator rank {peer}")
+    u = unpack(buf, (OPT,))  # raises ReplicationError when a checksum fails
+    if u.shard_id != sid or u.step != step:
+        raise RecoveryError(f"received slice is {u.shard_id} step {u.step}, expected {sid} step {step}")
+    return dict(u.tensors)
+
+
+def _exchange(member, plan: dict, comm_order: list[int], own_sid: str, own_opt: dict, step: int) -> dict:
+    """This slot's ``reshard`` transfers, in plan order; returns the received slices' tensors by name."""
+    me = member.env.world_rank
+    crank = {w: i for i, w in enumerate(comm_order)}
+    got: dict = {}
+    for t in plan.get("transfers", []):
+        if t["kind"] != "reshard" or me not in (t["sender"], t["receiver"]):
+            continue
+        if int(t["step"]) != step:
+            raise RecoveryError(f"transfer {t} is for step {t['step']}, the recoverable step is {step}")
+        if t["sender"] == me:
+            _send(member, str(t["shard_id"]), own_sid, own_opt, crank[int(t["receiver"])], step)
+        else:
+            got.update(_recv(member, str(t["shard_id"]), crank[int(t["sender"])], step))
+    return got
+
+
+def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
+    """Carry out ``plan`` (``action == "shrink"``) on ``member`` (a :class:`phoenix_hpc.launch.execute.Member`).
+
+    Returns the member's :class:`~phoenix_hpc.launch.execute.RecoveryRecord`.
+
+    Raises:
+        LeftToStandby: this slot is a leaver; it sent what it had to.
+        RecoveryError: the slot is neither a member nor a leaver, a transfer is malformed, or a copy is missing.
+        EngineError: the received slices do not cover the new slice exactly once.
+    """
+    from phoenix_hpc.launch.execute import LeftToStandby, RecoveryRecord, make_comm
+    from phoenix_hpc.launch.groups import Grid
+
+    e = member.env
+    g = int(plan["generation"])
+    R = int(plan["recoverable_step"])
+    sh = plan["shrink"]
+    rank_map = {int(r): int(w) for r, w in plan["rank_map"]}
+    leavers = [int(w) for w in sh["leavers"]]
+    comm_order = [rank_map[r] for r in range(len(rank_map))] + leavers
+    leaving = e.world_rank in leavers
+    mine = [r for r, w in rank_map.items() if w == e.world_rank]
+    if not leaving and len(mine) != 1:
+        raise RecoveryError(f"world rank {e.world_rank} is neither a member nor a leaver of generation {g}'s shrink")
+    if member.engine is None:
+        raise RecoveryError(f"world rank {e.world_rank} has no state to take into generation {g}'s shrink")
+    detail: dict[str, float] = {}
+    t0 = time.perf_counter()
+    rolled = int(member.engine.step) != R or dirty
+    own_opt, own_par, envelope = member._snapshot_state(R) if rolled else member._live_state()
+    own_sid = member.coord.shard_prefix()
+    detail["host_copy"] = time.perf_counter() - t0
+    member._teardown_engine()
+    member.generation = g
+    e.progress.set(generation=g)
+
+    if leaving:  # send what the plan asks of this slot, then go back to standby
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        member.groups, member.comm = None, make_comm(e.world_comm, comm_order, g)
+        _exchange(member, plan, comm_order, own_sid, own_opt, R)
+        member.old_protector, member.kept, member.logical, member.rank_map = None, [], None, {}
+        e.log(f"[phoenix] world rank {e.world_rank}: DP replica removed by the shrink to generation {g} "
+              f"(dp {sh['old_grid']['dp']} -> {plan['grid']['dp']}); back to standby")
+        raise LeftToStandby(f"world rank {e.world_rank} left its DP replica in the shrink to generation {g}")
+
+    member.rank_map, member.logical = rank_map, mine[0]
+    e.grid = Grid(int(plan["grid"]["tp"]), int(plan["grid"]["pp"]), int(plan["grid"]["dp"]))
+    detail.update(member._setup_groups(leavers))
+    t1 = time.perf_counter()
+    member._construct_engine()
+    detail["engine"] = time.perf_counter() - t1
+    t_reconf = time.perf_counter() - t0
+    t2 = time.perf_counter()
+    old = _exchange(member, plan, comm_order, own_sid, own_opt, R)
+    needs = {int(w): list(sids) for w, sids in sh["needs"]}.get(e.world_rank, [])
+    if own_sid in needs:
+        old.update(own_opt)
+    eng = member.engine
+    eng.load_param_shard(own_par)
+    eng.load_resharded_optimizer(old, int(sh["old_grid"]["dp"]))
+    c = member.coord
+    env2 = json.loads(json.dumps(envelope))
+    env2["coord"] = {"pp": c.pp, "dp": c.dp, "tp": c.tp}
+    env2["grid"] = {"tp": e.grid.tp, "pp": e.grid.pp, "dp": e.grid.dp}
+    eng.load_envelope(env2)
+    t_opt = time.perf_counter() - t2
+    if int(eng.step) != R:
+        raise RecoveryError(f"rank {member.logical} is at step {eng.step} after the shrink, plan says {R}")
+    # the old layout's copies name shards of the old grid: none of them may serve a later recovery
+    member.old_protector, member.kept = None, []
+    t3 = time.perf_counter()
+    report = member._evidence(g, rank_map)
+    detail["evidence"] = time.perf_counter() - t3
+    t3 = time.perf_counter()
+    member.protector = member._build_protector()
+    created = member.protector.create_s
+    detail.update({f"protector_{k}": v for k, v in created.items()})
+    t_repl = time.perf_counter() - t3 - created.get("arrive", 0.0)
+    detail["protector"] = t_repl
+    report["sent"] = {member.protector.shard_id: {"holders": list(member.protector.holders)}}
+    timings = {"reconfigure": t_reconf + t_repl, "params": 0.0, "optimizer": t_opt}
+    member.trigger.check(R + 1, "recovery")
+    e.client.report_recovered(g, report, timings)
+    member._wait_for(("resume",), "resume")
+    e.progress.set(step=int(eng.step))
+    rec = RecoveryRecord(g, R, live, dirty, rolled, {k: round(v, 4) for k, v in timings.items()},
+                         {k: round(v, 4) for k, v in detail.items()}, "rebuild")
+    member.recoveries.append(rec)
+    e.log(f"[phoenix] rank {member.logical} (world {e.world_rank}): generation {g} resumed at step {R} after a "
+          f"shrink to dp {e.grid.dp} ({'rolled back from ' + str(live) if rolled else 'no rollback'}), "
+          f"timings {rec.timings}, detail {rec.detail}")
+    return rec

@@ -1,0 +1,185 @@
+"""The shrink plan: when no standby slot is left, remove the DP replica(s) of the lost slots and go on.
+
+A pure function from the same inputs as :func:`phoenix_hpc.recovery.plan.plan_recovery` (plus the size of
+each stage's flat optimizer vector) to a :class:`~phoenix_hpc.recovery.plan.RecoveryPlan` with
+``action == "shrink"`` (docs/design.md section 6, "Shrink"):
+
+- the removed replicas ``H`` are the DP indices of the lost slots (dead, or drained with ``--shrink``);
+  ``dp' = dp - |H|``; the kept replicas keep their order and are numbered ``0 .. dp' - 1``, so the logical
+  rank of a kept slot becomes ``(pp * dp' + d') * tp + tp_index`` and its world rank stays;
+- the recoverable step ``R`` is computed as for a hot swap over the *old* grid (every old shard must have a
+  copy at ``R`` on a live slot: its owner, or a holder of its replica);
+- the healthy slots of the removed replicas are *leavers*: members of the recovery's MPI communicator that
+  send what they hold, then go back to standby (a drained node's slots end instead);
+- the optimizer state is re-partitioned: for every stage ``(pp, tp)`` the flat fp32 vector of ``numel``
+  elements was cut into ``dp`` slices of ``ceil(numel / dp)`` (:mod:`phoenix_hpc.engines.zero`); the new
+  member ``d'`` owns ``[d' L', (d' + 1) L')`` with ``L' = ceil(numel / dp')`` and needs every old slice that
+  intersects it (:func:`overlapping`). Each old slice comes from one *source*: its owner when alive (its own
+  copy of ``S(R)``), else a live holder of its replica at ``R``. One ``reshard`` transfer per (old slice,
+  member) pair whose source is another slot, in a fixed order every member computes the same way;
+- parameters are not moved: every member keeps its stage's parameters of ``S(R)`` (DP peers hold identical
+  parameters, docs/design.md section 3); every member takes the rebuild path (its engine's dp changes).
+
+The result depends only on ``S(R)`` and ``dp'``, not on which replica was removed or why: a shrink after a
+fault and a ``phoenix drain --shrink`` at the same step give bit-identical state.
+
+Checked afterwards: I1, I2 (one owner per new shard), I4, I5; I3 (restored from a verified replica) does
+not apply as such: every old slice is verified (CRC-32 per tensor) when it is received and the engine
+checks that the received slices cover its new slice exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+from phoenix_hpc.errors import RecoveryError
+from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, Transfer, _steps, recoverable_of
+from phoenix_hpc.topology import coord_of
+
+SHRINK_INVARIANTS = ("I1", "I2", "I4", "I5")
+
+
+def overlapping(numel: int, old_dp: int, new_dp: int, new_d: int) -> list[int]:
+    """The old DP indices whose ZeRO-1 slice (``ceil(numel / old_dp)`` elements each) intersects the slice of
+    new DP index ``new_d`` (``ceil(numel / new_dp)`` each, cut at ``numel``). Empty for an empty slice."""
+    if numel <= 0:
+        return []
+    l_new = -(-numel // new_dp)
+    lo, hi = new_d * l_new, min((new_d + 1) * l_new, numel)
+    if hi <= lo:
+        return []
+    l_old = -(-numel // old_dp)
+    return list(range(lo // l_old, (hi - 1) // l_old + 1))
+
+
+def removed_replicas(grid: tuple[int, int, int], lost_logical: Iterable[int]) -> list[int]:
+    """The DP indices of the replicas that hold ``lost_logical`` ranks (sorted)."""
+    tp, pp, dp = grid
+    return sorted({coord_of(r, tp, pp, dp).dp for r in lost_logical})
+
+
+def shrink_refusal(grid: tuple[int, int, int], lost_logical: Iterable[int]) -> str | None:
+    """Why a shrink that removes the replicas of ``lost_logical`` is impossible, or None. Pure."""
+    tp, pp, dp = grid
+    h = removed_replicas(grid, lost_logical)
+    if dp - len(h) < 1:
+        return (f"a shrink would remove DP replica(s) {h} of {dp} and leave dp = {dp - len(h)}; at least one whole "
+                "model replica must remain")
+    return None
+
+
+def plan_shrink(
+    *,
+    generation: int,
+    grid: tuple[int, int, int],
+    rank_map: Mapping[int, int],
+    nodes: Mapping[int, str],
+    dead: Iterable[int],
+    placement: Mapping[str, Sequence[int]],
+    committed: Mapping[str, Mapping[int, int]],
+    live_steps: Mapping[int, int],
+    numel: Mapping[str, int],
+    drained: Iterable[int] = (),
+    dirty: Iterable[int] = (),
+) -> RecoveryPlan:
+    """Plan a shrink (module doc).
+
+    Args:
+        generation, grid, rank_map, nodes, dead, placement, committed, live_steps, dirty: as
+            :func:`phoenix_hpc.recovery.plan.plan_recovery` (``dead``: world ranks).
+        numel: ``"pp{pp}/tp{tp}"`` -> elements of that stage's flat optimizer vector (every stage).
+        drained: world ranks of live active slots to remove (``phoenix drain --shrink``): their replicas are
+            removed as a dead slot's are; they still send what they hold.
+
+    Returns:
+        A frozen :class:`RecoveryPlan` with ``action == "shrink"``, ``grid`` the new grid, ``old_grid``,
+        ``leavers``, ``needs``, ``sources`` and ``reshard`` transfers.
+
+    Raises:
+        FallbackRequired: the shrink would leave dp < 1, or an old shard has no copy at the recoverable step.
+        RecoveryError: inconsistent input (rank map does not cover the grid, a stage's ``numel`` is missing,
+            nothing to remove).
+    """
+    tp, pp, dp = grid
+    n = tp * pp * dp
+    if sorted(rank_map) != list(range(n)):
+        raise RecoveryError(f"rank map covers logical ranks {sorted(rank_map)}, grid needs 0..{n - 1}")
+    w2l = {w: r for r, w in rank_map.items()}
+    dead_set = set(dead)
+    dead_logical = sorted(w2l[w] for w in dead_set if w in w2l)
+    drained_logical = sorted(w2l[w] for w in set(drained) if w in w2l and w not in dead_set)
+    lost = dead_logical + drained_logical
+    if not lost:
+        raise RecoveryError("a shrink needs a lost or drained active slot")
+    why = shrink_refusal(grid, lost)
+    if why:
+        raise FallbackRequired(why)
+    gone = set(removed_replicas(grid, lost))
+    new_dp = dp - len(gone)
+    dirty_set = set(dirty)
+    alive_set = {r for r in range(n) if r not in set(dead_logical)}
+    recoverable, sid_of = recoverable_of(grid, rank_map, nodes, placement, committed, live_steps,
+                                         set(dead_logical), alive_set, dirty_set)
+
+    kept = [d for d in range(dp) if d not in gone]
+    new_index = {d: i for i, d in enumerate(kept)}
+    new_map: dict[int, int] = {}
+    leavers: list[int] = []
+    for r in range(n):
+        c = coord_of(r, tp, pp, dp)
+        if c.dp in gone:
+            if r in alive_set:
+                leavers.append(rank_map[r])
+            continue
+        new_map[(c.pp * new_dp + new_index[c.dp]) * tp + c.tp] = rank_map[r]
+
+    sources: dict[str, int] = {}
+    for r in range(n):
+        sid = sid_of(r)
+        if r in alive_set:
+            sources[sid] = rank_map[r]
+            continue
+        copies = {h: _steps(v) for h, v in committed.get(sid, {}).items()}
+        order = [h for h in placement.get(sid, ()) if h in alive_set] + sorted(h for h in copies if h in alive_set)
+        holder = next((h for h in order if recoverable in copies.get(h, ())), None)
+        if holder is None:  # recoverable_of found a copy at R on a live holder; this cannot be reached
+            raise FallbackRequired(f"shard {sid} has no live copy at step {recoverable}", [sid])
+        sources[sid] = rank_map[holder]
+
+    transfers: list[Transfer] = []
+    needs: list[tuple[int, tuple[str, ...]]] = []
+    for p in range(pp):
+        for t in range(tp):
+            key = f"pp{p}/tp{t}"
+            if key not in numel:
+                raise RecoveryError(f"no member reported the optimizer size of stage {key}")
+            for d_new in range(new_dp):
+                w = new_map[(p * new_dp + d_new) * tp + t]
+                sids = tuple(f"opt/pp{p}/tp{t}/dp{d}" for d in overlapping(int(numel[key]), dp, new_dp, d_new))
+                needs.append((w, sids))
+                transfers += [Transfer("reshard", sid, sources[sid], w, recoverable) for sid in sids
+                              if sources[sid] != w]
+
+    rollbacks = tuple((r, live_steps[r]) for r in sorted(alive_set)
+                      if r in live_steps and (live_steps[r] > recoverable or r in dirty_set))
+    newest = max([live_steps[r] for r in alive_set if r in live_steps] + [recoverable])
+    return RecoveryPlan(
+        action="shrink",
+        old_generation=generation,
+        generation=generation + 1,
+        rank_map=tuple(sorted(new_map.items())),
+        dead_world=tuple(sorted(dead_set)),
+        released_spares=tuple(sorted(w for w in dead_set if w not in w2l)),
+        joins=(),
+        transfers=tuple(transfers),
+        recoverable_step=recoverable,
+        rollbacks=rollbacks,
+        replication=(),
+        steps_replayed=newest - recoverable,
+        grid=(tp, pp, new_dp),
+        invariants=SHRINK_INVARIANTS,
+        old_grid=(tp, pp, dp),
+        leavers=tuple(leavers),
+        needs=tuple(needs),
+        sources=tuple(sorted(sources.items())),
+    )

@@ -1,0 +1,75 @@
+"""Shrink end to end on the real local Slurm cluster (docs/design.md section 6, "Shrink").
+
+A job of pp=1 x dp=4 with one spare node (the tiny GPT of :mod:`test_hotswap`, torch engine on gloo, k=1)
+takes two process crashes: the first is hot swapped onto the spare, the second finds no spare left and the
+coordinator removes that slot's DP replica (dp 4 -> 3). The global batch (8 samples, micro-batches of 2)
+no longer divides over 3 ranks: the 4 micro-batches are dealt out 2, 1, 1, the gradient is the same sum over
+the same samples. The optimizer state is re-partitioned from the survivors' slices and the lost slice's
+replica.
+
+The oracle: a second run of the same config, without faults, asks for ``phoenix drain --shrink --at-step
+R+1`` of a slot, where ``R`` is the recoverable step the fault run shrank at. Its final state (SHA-256 over
+the ranks' parameter and optimizer hashes) must be bitwise the fault run's: a shrink is a pure function of
+``S(R)`` and the new dp, whatever caused it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_hotswap import CONFIG, STEPS, Job, _cli, _inject, _wait
+
+pytestmark = pytest.mark.cluster
+
+SHRINK_CONFIG = dict(CONFIG, name="shrink", parallelism={"tp": 1, "pp": 1, "dp": 4},
+                     resources=dict(CONFIG["resources"], nodes=4, spares=1))
+FIRST_AT, SECOND_AT = 10, 25
+
+
+def test_spares_exhausted_shrinks_the_job_bitwise_as_a_planned_shrink_at_the_same_step(env, data, tmp_path):
+    job = Job(env, tmp_path, data, "shrink-faults", SHRINK_CONFIG)
+    try:
+        _inject(job, "crash", "forward", at_step=FIRST_AT, rank=1, wait=False)
+        _inject(job, "crash", "forward", at_step=SECOND_AT, rank=3, wait=False)
+        done = job.wait_end(timeout_s=240)
+    finally:
+        job.cancel()
+    assert done["step"] == STEPS and done["steps_agree"], done
+    assert done["grid"] == [1, 1, 3], done
+    assert job.slurm_state == "COMPLETED", (job.slurm_state, job.output()[-1500:])
+    recs = job.events("recovery_done")
+    assert [r["action"] for r in recs] == ["hot_swap", "shrink"], recs
+    assert all(r["steps_replayed"] <= 1 for r in recs), recs
+    assert not job.events("invariant_violation") and not job.events("evidence_rejected")
+    (sh,) = job.events("shrink")
+    assert (sh["dp_from"], sh["dp_to"], sh["freed"]) == (4, 3, []), sh
+    R = sh["recoverable_step"]
+    assert FIRST_AT <= R < SECOND_AT, sh
+    (plan,) = [p for p in job.events("recovery_plan") if p["action"] == "shrink"]
+    assert plan["grid"] == {"tp": 1, "pp": 1, "dp": 3} and plan["joins"] == []
+    assert {t["kind"] for t in plan["transfers"]} == {"reshard"}, plan["transfers"]
+    st = json.loads(_cli(job, "status", str(job.run_dir), "--json").stdout)
+    assert st["job"]["grid"]["dp"] == 3 and [s["dp_to"] for s in st["shrinks"]] == [3], st.get("shrinks")
+
+    ref = Job(env, tmp_path, data, "shrink-drain", SHRINK_CONFIG)
+    try:
+        _wait(lambda: ref.events("job_running"), 120, "job_running")
+        r = _cli(ref, "drain", str(ref.run_dir), "--rank", "3", "--shrink", "--at-step", str(R + 1), "--json")
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert out["state"] == "done" and out["steps_replayed"] == 0 and out["dp"] == 3, out
+        done_ref = ref.wait_end(timeout_s=240)
+    finally:
+        ref.cancel()
+    assert not ref.events("fault") and not ref.events("slots_dead")
+    (d,) = ref.events("drain_done")
+    assert d["recoverable_step"] == R, d
+    assert done_ref["grid"] == [1, 1, 3] and done_ref["step"] == STEPS
+    assert done["final_hash"] == done_ref["final_hash"], (done["rank_hashes"], done_ref["rank_hashes"])
+    # a drain that would leave no replica is refused and changes nothing (the job has ended by now or
+    # still runs: either way exit 2 with the reason)
+    print(f"shrink: fault job {job.elapsed_s:.1f} s, recoveries "
+          + "; ".join(f"{x['action']} {x['total_s']} s {x['phases']}" for x in recs)
+          + f"; planned shrink job {ref.elapsed_s:.1f} s at R={R}")
