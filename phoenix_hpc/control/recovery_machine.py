@@ -244,7 +244,7 @@ class RecoveryMixin:
         if self.t.recovery_from_checkpoint:  # resilience.recovery_source: checkpoint (the fallback on purpose)
             return self._fallback(rec, FallbackRequired("resilience.recovery_source is 'checkpoint'"), live_steps,
                                   spares, dead, now)
-        if self._shrink_wanted(rec, dead, spares):
+        if numel and self._shrink_wanted(rec, dead, spares):  # no numel: the members' engine cannot shrink
             try:
                 plan = plan_shrink(
                     generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),

@@ -97,8 +97,8 @@ def plan_shrink(
 
     Raises:
         FallbackRequired: the shrink would leave dp < 1, or an old shard has no copy at the recoverable step.
-        RecoveryError: inconsistent input (rank map does not cover the grid, a stage's ``numel`` is missing,
-            nothing to remove).
+            A stage's ``numel`` missing (no member of it could report one) is a fallback too.
+        RecoveryError: inconsistent input (rank map does not cover the grid, nothing to remove).
     """
     tp, pp, dp = grid
     n = tp * pp * dp
@@ -151,8 +151,9 @@ def plan_shrink(
     for p in range(pp):
         for t in range(tp):
             key = f"pp{p}/tp{t}"
-            if key not in numel:
-                raise RecoveryError(f"no member reported the optimizer size of stage {key}")
+            if key not in numel:  # its engine cannot re-partition (or every member of the stage is lost)
+                raise FallbackRequired(f"no spare left and no shrink: no member reported the optimizer size of "
+                                       f"stage {key}")
             for d_new in range(new_dp):
                 w = new_map[(p * new_dp + d_new) * tp + t]
                 sids = tuple(f"opt/pp{p}/tp{t}/dp{d}" for d in overlapping(int(numel[key]), dp, new_dp, d_new))

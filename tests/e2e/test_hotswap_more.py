@@ -304,8 +304,9 @@ def test_a_fault_in_the_first_step_after_a_hot_swap_is_recovered_in_memory(env, 
 
 def test_no_spare_left_stops_cleanly_naming_the_checkpoint(env, data, slurm_cluster, tmp_path):  # noqa: F811
     """1 spare, two node losses one after the other: the first is hot swapped, the second finds no spare;
+    with ``resilience.spares_exhausted: stop`` (the default shrinks the torch engine's job, tests/e2e/test_shrink.py)
     the job stops (no training on) with a message naming the newest checkpoint and the command that resumes the run."""
-    cfg = _config(resilience={"checkpoint": {"interval_steps": 5}})
+    cfg = _config(resilience={"checkpoint": {"interval_steps": 5}, "spares_exhausted": "stop"})
     job = Job(env, tmp_path, data, "no-spare", cfg)
     nodes: list[str] = []
     try:
