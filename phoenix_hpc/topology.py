@@ -267,6 +267,7 @@ def place_replicas(
     node_of_rank: _Sequence[str],
     domains: DomainMap | None = None,
     levels: _Sequence[str] = ("node", "switch"),
+    beyond_dp: bool = False,
 ) -> Placement:
     """Choose ``k`` holders for every optimizer shard (docs/design.md section 5).
 
@@ -287,6 +288,10 @@ def place_replicas(
         domains: failure-domain model (:data:`DomainMap`) covering every level of ``levels`` other than
             ``node`` for every node; may be ``None`` when ``levels == ("node",)``.
         levels: failure-domain levels, most specific first; must start with ``node``.
+        beyond_dp: where a shard's DP peers on other nodes span fewer than ``k`` nodes, take the other ranks
+            of the grid as further candidates (ring order from the owner) instead of raising. Used for the grid
+            left by a shrink (docs/design.md section 6), where dp may be below ``k + 1``; a new job's grid is
+            held to ``k < dp`` at submit.
 
     Returns:
         A :class:`Placement`; its ``warnings`` say, per most-general-level reached, how many shards could
@@ -324,6 +329,10 @@ def place_replicas(
                 owner = group[i]
                 shard = GridCoord(p, i, t).shard_prefix()
                 ring = group[i + 1:] + group[:i]  # DP peers i+1, i+2, ... (mod dp)
+                if len(group_nodes) - 1 < k and beyond_dp:  # then the other stages' ranks, in ring order
+                    in_group = set(group)
+                    ring += [r for r in list(range(owner + 1, n)) + list(range(owner)) if r not in in_group]
+                    group_nodes = {node_of_rank[r] for r in ring} | {node_of_rank[owner]}
                 if len(group_nodes) - 1 < k:  # the DP peers on other nodes span too few nodes
                     other_nodes = group_nodes - {node_of_rank[owner]}
                     raise ReplicationError(
@@ -396,6 +405,7 @@ def generation_placement(
     node_of_rank: _Sequence[str],
     domains: DomainMap | None = None,
     levels: _Sequence[str] = ("node",),
+    beyond_dp: bool = False,
 ) -> Placement:
     """The replica placement of one generation (docs/design.md section 5): :func:`place_replicas` over the
     node of every logical rank, at the levels of ``levels`` that ``domains`` covers (:func:`covered_levels`).
@@ -408,6 +418,7 @@ def generation_placement(
         node_of_rank: node name of every logical rank (length ``tp*pp*dp``).
         domains: failure-domain model (:data:`DomainMap`), or ``None`` (node level only).
         levels: requested failure-domain levels, most specific first, starting with ``node``.
+        beyond_dp: as :func:`place_replicas` (True for a grid a shrink made smaller than the job's first).
 
     Returns:
         A :class:`Placement`; ``Placement.levels`` are the levels used (compare with ``levels`` to tell
@@ -417,4 +428,5 @@ def generation_placement(
         ReplicationError: as :func:`place_replicas`.
     """
     tp, pp, dp = grid
-    return place_replicas(tp, pp, dp, k, node_of_rank, domains, covered_levels(levels, node_of_rank, domains))
+    return place_replicas(tp, pp, dp, k, node_of_rank, domains, covered_levels(levels, node_of_rank, domains),
+                          beyond_dp=beyond_dp)

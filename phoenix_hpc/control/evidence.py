@@ -90,7 +90,8 @@ class EvidenceMixin:
                 try:
                     grid = self._grid_of(g)  # a shrink changes the grid from its generation on
                     node_of_rank = [nodes[rank_map[r]] for r in range(world_size_of(*grid))]
-                    pl = generation_placement(grid, int(pi["k"]), node_of_rank, domains, tuple(pi["levels"]))
+                    pl = generation_placement(grid, int(pi["k"]), node_of_rank, domains, tuple(pi["levels"]),
+                                              beyond_dp=grid[2] < self._grid_of(0)[2])
                     self._placement_cache[g] = {sid: frozenset(h) for sid, h in pl.holders_by_shard().items()}
                 except (KeyError, ReplicationError):
                     self._placement_cache[g] = {}  # not recomputable: claims need their owner's statement

@@ -249,7 +249,8 @@ class RecoveryMixin:
                 plan = plan_shrink(
                     generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),
                     nodes={w: s.node for w, s in self.slots.items()}, dead=dead, placement=self.placement,
-                    committed=committed, live_steps=live_steps, numel=numel, dirty=dirty)
+                    committed=committed, live_steps=live_steps, numel=numel, dirty=dirty,
+                    k=int((self.placement_inputs or {}).get("k", 1)))
             except FallbackRequired as exc:
                 return self._fallback(rec, exc, live_steps, spares, dead, now)
             return self._send_plan(rec, plan, now, time.perf_counter() - t0)
@@ -258,7 +259,7 @@ class RecoveryMixin:
                 generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),
                 nodes={w: s.node for w, s in self.slots.items()}, dead=dead, spares=spares,
                 placement=self.placement, committed=committed, live_steps=live_steps,
-                restore=sorted(self.restore_pending), dirty=dirty,
+                restore=sorted(self.restore_pending), dirty=dirty, params_from_optimizer=self.t.shrink_capable,
             )
         except FallbackRequired as exc:
             return self._fallback(rec, exc, live_steps, spares, dead, now)
@@ -296,6 +297,8 @@ class RecoveryMixin:
             self.committed.clear()
             self.commit_hash.clear()
             self.placement.clear()
+            for r, w in plan.rank_map:  # the kept slots are renumbered in the smaller grid
+                self.slots[w].logical_rank = r
         for j in plan.joins:  # a joining slot holds no copy yet: the dead slot's reported copies are gone
             for copies in self.committed.values():
                 copies.pop(j.logical_rank, None)

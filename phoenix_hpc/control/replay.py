@@ -126,6 +126,9 @@ def replay(records: Iterable[dict[str, Any]]) -> Rebuilt:
                 old = rec["shrink"].get("old_grid") or {}
                 if old:
                     r.grid_since.setdefault(0, (int(old["tp"]), int(old["pp"]), int(old["dp"])))
+                for lr, w in rec.get("rank_map") or []:  # the kept slots are renumbered
+                    if int(w) in r.slots:
+                        r.slots[int(w)].logical_rank = int(lr)
             if r.recovery is not None:
                 r.recovery["phase"] = "restore"
         elif ev == "shrink":  # the leavers of the removed replicas went back to standby

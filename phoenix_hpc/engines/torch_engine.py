@@ -330,6 +330,19 @@ class TorchEngine(Engine):
         except ValueError as exc:
             raise EngineError(f"{c.shard_prefix()}: {exc}") from None
 
+    def params_from_optimizer(self) -> None:
+        """Set the stage's parameters from the optimizer slice's fp32 main copy, cast to the model dtype, as
+        every optimizer step leaves them (:meth:`.zero.ShardedAdamW.gather_params`); the whole stage only
+        when dp == 1 (a recovery with no live DP peer to take them from).
+
+        Raises:
+            EngineError: dp > 1 (the slice holds only part of the stage).
+        """
+        if self.dp != 1:
+            raise EngineError(f"{self.coord.shard_prefix()}: parameters can be rebuilt from the optimizer only "
+                              f"with dp == 1 (dp is {self.dp})")
+        self.optimizer.gather_params(None)
+
     def optimizer_numel(self) -> int:
         """Elements of this stage's flat optimizer vector (the same on every DP rank of the stage)."""
         return int(self.optimizer.numel)

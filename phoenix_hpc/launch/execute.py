@@ -131,16 +131,17 @@ def fault_kind_of(exc: BaseException) -> str | None:
     return None
 
 
-def make_comm(world_comm, members_world: list[int], generation: int):
+def make_comm(world_comm, members_world: list[int], generation: int, tag_base: int = 0):
     """The MPI communicator of a generation: ``Create_group`` over ``members_world`` (world ranks in
     logical-rank order, so the new communicator's rank of a member is its logical rank). Collective over
     the members only (MPI-3 ``MPI_Comm_create_group``); dead world ranks are not involved. Its error
-    handler is ``MPI.ERRORS_RETURN`` (:func:`phoenix_hpc.runtime.mpi_faults.errors_return`)."""
+    handler is ``MPI.ERRORS_RETURN`` (:func:`phoenix_hpc.runtime.mpi_faults.errors_return`). ``tag_base``:
+    another tag range for a second communicator of the same generation (a shrink's exchange)."""
     from phoenix_hpc.runtime.mpi_faults import errors_return
 
     group = world_comm.Get_group().Incl(list(members_world))
     try:  # errors returned, not fatal: a member may die while the communicator is in use
-        return errors_return(world_comm.Create_group(group, tag=COMM_TAG_BASE + generation))
+        return errors_return(world_comm.Create_group(group, tag=(tag_base or COMM_TAG_BASE) + generation))
     finally:
         group.Free()
 
@@ -234,6 +235,7 @@ class Member:
         from phoenix_hpc.faults.trigger import FaultTrigger
 
         self.env = env
+        self.dp0 = env.grid.dp  # the job's first dp (the entry point's grid); a shrink makes it smaller
         self.generation = 0
         self.rank_map: dict[int, int] = {}
         self.logical: int | None = None
@@ -269,10 +271,9 @@ class Member:
     def n_ranks(self) -> int:
         return self.env.grid.world_size
 
-    def _setup_groups(self, leavers: list[int] | tuple[int, ...] = ()) -> dict[str, float]:
-        """Destroy the old torch groups, build this generation's groups and MPI communicator (whose ranks
-        are the members in logical order, then a shrink's ``leavers``, world ranks). Returns the seconds spent
-        per part: ``arrive`` (waiting for the slowest member), ``torch``, ``mpi``."""
+    def _setup_groups(self) -> dict[str, float]:
+        """Destroy the old torch groups, build this generation's groups and MPI communicator. Returns the
+        seconds spent per part: ``arrive`` (waiting for the slowest member), ``torch``, ``mpi``."""
         import torch.distributed as dist
 
         from phoenix_hpc.launch.abort import SocketCapture
@@ -296,8 +297,7 @@ class Member:
         t2 = time.perf_counter()
         t["torch"] = t2 - t1
         # the old communicator may contain a dead rank: it is dropped, not freed (MPI_Comm_free is collective)
-        self.comm = make_comm(e.world_comm, [self.rank_map[r] for r in range(self.n_ranks)] + list(leavers),
-                              self.generation)
+        self.comm = make_comm(e.world_comm, [self.rank_map[r] for r in range(self.n_ranks)], self.generation)
         t["mpi"] = time.perf_counter() - t2
         return t
 
@@ -367,7 +367,8 @@ class Member:
         e, res = self.env, self.env.cfg.resilience
         g = e.grid
         node_of_rank = [e.nodes[self.rank_map[r]] for r in range(self.n_ranks)]
-        placement = generation_placement((g.tp, g.pp, g.dp), res.k, node_of_rank, e.domains, tuple(e.levels))
+        placement = generation_placement((g.tp, g.pp, g.dp), res.k, node_of_rank, e.domains, tuple(e.levels),
+                                         beyond_dp=g.dp < self.dp0)  # a shrunk grid (docs/design.md section 6)
         if self.logical == 0:  # said once per generation: the allocation (or what is left of it) decides
             for w in placement.warnings:
                 e.log(f"[phoenix] generation {self.generation}: replica placement: {w}")
@@ -875,6 +876,9 @@ class Member:
             elif t["kind"] == "optimizer":
                 self._optimizer(str(t["shard_id"]), peer, sending, step)
                 t_opt += time.perf_counter() - t0
+            elif t["kind"] == "params_from_optimizer":  # dp == 1: no DP peer holds these parameters
+                self.engine.params_from_optimizer()
+                t_params += time.perf_counter() - t0
             else:
                 raise RecoveryError(f"unknown transfer kind {t['kind']!r}")
         return t_params, t_opt

@@ -4,12 +4,12 @@ Every slot named in the plan (members of the new, smaller grid and the *leavers*
 removed DP replicas) first takes a host copy of its own ``S(R)`` (the live state when it is clean and at
 ``R``, else its committed local snapshot) and ends its engine. Then:
 
-- a leaver joins the recovery's MPI communicator only (members first in logical order, then the leavers),
-  sends every old optimizer slice the plan names it the source of, drops its copies and raises
+- a leaver joins the recovery's exchange communicator only (members first in logical order, then the
+  leavers; the generation's own communicator has the members only), sends every old optimizer slice the plan names it the source of, drops its copies and raises
   :class:`~phoenix_hpc.launch.execute.LeftToStandby`: its entry point waits as a spare from then on;
 - a member takes the new grid, builds the generation's groups (torch over the members, MPI over members
   and leavers), constructs a new engine at its new coordinate, runs the plan's ``reshard`` transfers in plan
-  order (each old slice sealed and verified as a replica is, :mod:`phoenix_hpc.runtime.snapshot`), loads its
+  order over the exchange communicator (each old slice sealed and verified as a replica is, :mod:`phoenix_hpc.runtime.snapshot`), loads its
   stage's parameters from its own ``S(R)``, re-partitions its optimizer slice from the old slices it needs
   (:meth:`phoenix_hpc.engines.zero.ShardedAdamW.load_resharded`) and its envelope with the new coordinate and
   grid, and reports as in any recovery. The copies of the old layout are dropped: they name shards of the old
@@ -27,6 +27,8 @@ from typing import Any
 
 from phoenix_hpc.errors import RecoveryError
 
+EXCHANGE_TAG_BASE = 17000  # Create_group tags of the exchange communicators (generation g: base + g)
+
 
 def _seal_opt(opt: dict, sid: str, step: int, generation: int):
     """The optimizer tensors ``opt`` of slice ``sid`` sealed into a host buffer (OPT part, CRC-32 per tensor)."""
@@ -43,7 +45,7 @@ def _seal_opt(opt: dict, sid: str, step: int, generation: int):
     return buf
 
 
-def _send(member, sid: str, own_sid: str, own_opt: dict, peer: int, step: int) -> None:
+def _send(member, comm, sid: str, own_sid: str, own_opt: dict, peer: int, step: int) -> None:
     """Send old slice ``sid`` of ``S(step)`` to communicator rank ``peer``: the own slice from the host copy,
     another from the replica this slot holds of it (verified before it goes)."""
     from phoenix_hpc.runtime.h2h import send_buffer
@@ -53,25 +55,37 @@ def _send(member, sid: str, own_sid: str, own_opt: dict, peer: int, step: int) -
     what = f"sending slice {sid} to communicator rank {peer}"
     if sid == own_sid:
         buf = _seal_opt(own_opt, sid, step, member.generation)
-        send_buffer(member.comm, buf.numpy(), peer, step, res.chunk_bytes, res.collective_timeout_s, what)
+        send_buffer(comm, buf.numpy(), peer, step, res.chunk_bytes, res.collective_timeout_s, what)
         return
     for prot in member._copy_sources():
         pp = prot.buffers.held.get(sid)
         buf = pp.find(step) if pp is not None else None
         if buf is not None:
             h, _ = verify(buf, (OPT,))
-            send_buffer(member.comm, buf.numpy()[: int(h.opt_end)], peer, step, res.chunk_bytes,
+            send_buffer(comm, buf.numpy()[: int(h.opt_end)], peer, step, res.chunk_bytes,
                         res.collective_timeout_s, what)
             return
     raise RecoveryError(f"world rank {member.env.world_rank} holds no copy of {sid} at step {step}")
 
 
-def _recv(member, sid: str, peer: int, step: int) -> dict:
+def _held(member, sid: str, step: int) -> dict:
+    """The tensors of the replica of ``sid`` at ``step`` this slot holds (verified)."""
+    from phoenix_hpc.runtime.snapshot import OPT, unpack
+
+    for prot in member._copy_sources():
+        pp = prot.buffers.held.get(sid)
+        buf = pp.find(step) if pp is not None else None
+        if buf is not None:
+            return dict(unpack(buf, (OPT,)).tensors)
+    raise RecoveryError(f"world rank {member.env.world_rank} holds no copy of {sid} at step {step}")
+
+
+def _recv(member, comm, sid: str, peer: int, step: int) -> dict:
     from phoenix_hpc.runtime.h2h import recv_buffer
     from phoenix_hpc.runtime.snapshot import OPT, unpack
 
     res = member.env.cfg.resilience
-    buf = recv_buffer(member.comm, peer, step, res.chunk_bytes, res.collective_timeout_s,
+    buf = recv_buffer(comm, peer, step, res.chunk_bytes, res.collective_timeout_s,
                       f"receiving slice {sid} from communicator rank {peer}")
     u = unpack(buf, (OPT,))  # raises ReplicationError when a checksum fails
     if u.shard_id != sid or u.step != step:
@@ -80,8 +94,14 @@ def _recv(member, sid: str, peer: int, step: int) -> dict:
 
 
 def _exchange(member, plan: dict, comm_order: list[int], own_sid: str, own_opt: dict, step: int) -> dict:
-    """This slot's ``reshard`` transfers, in plan order; returns the received slices' tensors by name."""
+    """This slot's ``reshard`` transfers, in plan order, over the exchange communicator (members in logical
+    order, then leavers; collective over them only); returns the received slices' tensors by name. The
+    generation's own communicator has the members only: its collectives (the protector's) never wait for a
+    leaver."""
+    from phoenix_hpc.launch.execute import make_comm
+
     me = member.env.world_rank
+    comm = make_comm(member.env.world_comm, comm_order, member.generation, tag_base=EXCHANGE_TAG_BASE)
     crank = {w: i for i, w in enumerate(comm_order)}
     got: dict = {}
     for t in plan.get("transfers", []):
@@ -90,10 +110,10 @@ def _exchange(member, plan: dict, comm_order: list[int], own_sid: str, own_opt: 
         if int(t["step"]) != step:
             raise RecoveryError(f"transfer {t} is for step {t['step']}, the recoverable step is {step}")
         if t["sender"] == me:
-            _send(member, str(t["shard_id"]), own_sid, own_opt, crank[int(t["receiver"])], step)
+            _send(member, comm, str(t["shard_id"]), own_sid, own_opt, crank[int(t["receiver"])], step)
         else:
-            got.update(_recv(member, str(t["shard_id"]), crank[int(t["sender"])], step))
-    return got
+            got.update(_recv(member, comm, str(t["shard_id"]), crank[int(t["sender"])], step))
+    return got  # the exchange communicator is dropped, not freed (a peer may have died: MPI_Comm_free is collective)
 
 
 def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
@@ -106,7 +126,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
         RecoveryError: the slot is neither a member nor a leaver, a transfer is malformed, or a copy is missing.
         EngineError: the received slices do not cover the new slice exactly once.
     """
-    from phoenix_hpc.launch.execute import LeftToStandby, RecoveryRecord, make_comm
+    from phoenix_hpc.launch.execute import LeftToStandby, RecoveryRecord
     from phoenix_hpc.launch.groups import Grid
 
     e = member.env
@@ -137,7 +157,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
 
         if dist.is_initialized():
             dist.destroy_process_group()
-        member.groups, member.comm = None, make_comm(e.world_comm, comm_order, g)
+        member.groups, member.comm = None, None
         _exchange(member, plan, comm_order, own_sid, own_opt, R)
         member.old_protector, member.kept, member.logical, member.rank_map = None, [], None, {}
         e.log(f"[phoenix] world rank {e.world_rank}: DP replica removed by the shrink to generation {g} "
@@ -146,7 +166,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
 
     member.rank_map, member.logical = rank_map, mine[0]
     e.grid = Grid(int(plan["grid"]["tp"]), int(plan["grid"]["pp"]), int(plan["grid"]["dp"]))
-    detail.update(member._setup_groups(leavers))
+    detail.update(member._setup_groups())
     t1 = time.perf_counter()
     member._construct_engine()
     detail["engine"] = time.perf_counter() - t1
@@ -154,8 +174,12 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
     t2 = time.perf_counter()
     old = _exchange(member, plan, comm_order, own_sid, own_opt, R)
     needs = {int(w): list(sids) for w, sids in sh["needs"]}.get(e.world_rank, [])
-    if own_sid in needs:
-        old.update(own_opt)
+    sources = {str(sid): int(w) for sid, w in sh["sources"]}
+    for sid in needs:  # what this slot is the source of itself: its own slice, or a replica it holds
+        if sid == own_sid:
+            old.update(own_opt)
+        elif sources.get(sid) == e.world_rank:
+            old.update(_held(member, sid, R))
     eng = member.engine
     eng.load_param_shard(own_par)
     eng.load_resharded_optimizer(old, int(sh["old_grid"]["dp"]))

@@ -243,6 +243,7 @@ def plan_recovery(
     live_steps: Mapping[int, int],
     restore: Iterable[int] = (),
     dirty: Iterable[int] = (),
+    params_from_optimizer: bool = False,
 ) -> RecoveryPlan:
     """Plan a hot swap (some active slot dead) or a local recovery (no active slot dead).
 
@@ -265,6 +266,10 @@ def plan_recovery(
             restore was cut short by a second fault): restored again in place, never used as a source.
         dirty: live logical ranks whose live state holds a partially applied update (the fault hit inside
             ``optimizer_step``): only their committed local snapshot counts, and they always roll back.
+        params_from_optimizer: the engine can rebuild a stage's parameters from its optimizer slice when that
+            slice is the whole stage (dp == 1, ZeRO-1 main copy in fp32: the parameters are its cast to the
+            model dtype after every step, docs/design.md section 6): a dead rank with no live DP peer then gets
+            the ``optimizer`` transfer followed by a local ``params_from_optimizer`` instead of a fallback.
 
     Returns:
         A frozen :class:`RecoveryPlan`.
@@ -301,16 +306,20 @@ def plan_recovery(
             joins.append(Join(spare, nodes[spare], r, c, rank_map[r]))
         peer = next((d * tp + c.pp * tp * dp + c.tp for d in range(dp)  # the DP group, in dp order (topology)
                      if d != c.dp and d * tp + c.pp * tp * dp + c.tp in alive_set), None)
-        if peer is None:
+        if peer is None and not (params_from_optimizer and dp == 1):
             raise FallbackRequired(
                 f"no live DP peer of logical rank {r} at (pp={c.pp}, tp={c.tp}) to restore parameters from",
                 [sid],
             )
-        transfers.append(Transfer("params", f"param/pp{c.pp}/tp{c.tp}", new_map[peer], spare, recoverable))
+        if peer is not None:
+            transfers.append(Transfer("params", f"param/pp{c.pp}/tp{c.tp}", new_map[peer], spare, recoverable))
         copies = {h: _steps(v) for h, v in committed.get(sid, no_copies).items()}
         order = [h for h in placement.get(sid, ()) if h in alive_set] + sorted(h for h in copies if h in alive_set)
         holder = next(h for h in order if recoverable in copies.get(h, ()))
         transfers.append(Transfer("optimizer", sid, new_map[holder], spare, recoverable))
+        if peer is None:  # dp == 1: the one optimizer slice holds every parameter's fp32 main copy
+            transfers.append(Transfer("params_from_optimizer", f"param/pp{c.pp}/tp{c.tp}", spare, spare,
+                                      recoverable))
 
     rollbacks = tuple((r, live_steps[r]) for r in alive if live_steps[r] > recoverable or r in dirty_set)
     newest = max([live_steps[r] for r in alive] + [recoverable])

@@ -81,6 +81,7 @@ def plan_shrink(
     numel: Mapping[str, int],
     drained: Iterable[int] = (),
     dirty: Iterable[int] = (),
+    k: int = 1,
 ) -> RecoveryPlan:
     """Plan a shrink (module doc).
 
@@ -90,6 +91,8 @@ def plan_shrink(
         numel: ``"pp{pp}/tp{tp}"`` -> elements of that stage's flat optimizer vector (every stage).
         drained: world ranks of live active slots to remove (``phoenix drain --shrink``): their replicas are
             removed as a dead slot's are; they still send what they hold.
+        k: replicas per shard: the members must span at least ``k + 1`` nodes (the new grid's placement
+            takes holders beyond the DP peers where it must, :func:`phoenix_hpc.topology.place_replicas`).
 
     Returns:
         A frozen :class:`RecoveryPlan` with ``action == "shrink"``, ``grid`` the new grid, ``old_grid``,
@@ -132,6 +135,10 @@ def plan_shrink(
                 leavers.append(rank_map[r])
             continue
         new_map[(c.pp * new_dp + new_index[c.dp]) * tp + c.tp] = rank_map[r]
+    member_nodes = {nodes[w] for w in new_map.values()}
+    if len(member_nodes) - 1 < k:
+        raise FallbackRequired(f"a shrink to dp = {new_dp} leaves {len(member_nodes)} node(s): too few for k = {k} "
+                               "replica(s) of each shard on another node")
 
     sources: dict[str, int] = {}
     for r in range(n):

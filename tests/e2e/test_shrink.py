@@ -73,3 +73,49 @@ def test_spares_exhausted_shrinks_the_job_bitwise_as_a_planned_shrink_at_the_sam
     print(f"shrink: fault job {job.elapsed_s:.1f} s, recoveries "
           + "; ".join(f"{x['action']} {x['total_s']} s {x['phases']}" for x in recs)
           + f"; planned shrink job {ref.elapsed_s:.1f} s at R={R}")
+
+
+PP_SHRINK_CONFIG = dict(CONFIG, name="shrink-pp2", parallelism={"tp": 1, "pp": 2, "dp": 2},
+                        resources=dict(CONFIG["resources"], nodes=4, spares=1))
+
+
+def test_three_faults_with_one_spare_at_pp2_reuse_the_slots_a_shrink_freed(env, data, tmp_path):
+    """pp=2 x dp=2 (logical r = pp * 2 + dp) with one spare: a crash of logical 1 is hot swapped onto the spare;
+    a crash of logical 2 finds none and the shrink removes DP replica 0 (logical 0 and 2): world 0, healthy,
+    goes back to standby and dp = 1; a crash of world 3 (logical 1 of the shrunk grid) is then hot swapped onto
+    world 0, which takes its stage's parameters from the optimizer slice it receives (dp = 1: no DP peer holds
+    them). The job finishes with every member at the last step."""
+    job = Job(env, tmp_path, data, "shrink-pp2", PP_SHRINK_CONFIG)
+    try:
+        _inject(job, "crash", "forward", at_step=8, rank=1, wait=False)
+        _inject(job, "crash", "forward", at_step=18, rank=2, wait=False)
+        _inject(job, "crash", "forward", at_step=30, rank=3, wait=False)
+        done = job.wait_end(timeout_s=300)
+    finally:
+        job.cancel()
+    assert done["step"] == STEPS and done["steps_agree"] and done["grid"] == [1, 2, 1], done
+    assert job.slurm_state == "COMPLETED", (job.slurm_state, job.output()[-1500:])
+    recs = job.events("recovery_done")
+    assert [r["action"] for r in recs] == ["hot_swap", "shrink", "hot_swap"], recs
+    assert not job.events("invariant_violation") and not job.events("evidence_rejected")
+    (sh,) = job.events("shrink")
+    assert (sh["dp_from"], sh["dp_to"], sh["freed"], sh["dead"]) == (2, 1, [0], [1, 2]), sh
+    last = job.events("recovery_plan")[-1]
+    assert [(j["world_rank"], j["replaces_world_rank"], j["logical_rank"]) for j in last["joins"]] == [(0, 3, 1)]
+    kinds = [(t["kind"], t["receiver"]) for t in last["transfers"]]
+    assert kinds == [("optimizer", 0), ("params_from_optimizer", 0)], last["transfers"]
+    # the oracle: the hot swaps change no bit, so the run equals a fault-free one shrunk at the same step
+    ref = Job(env, tmp_path, data, "shrink-pp2-drain", PP_SHRINK_CONFIG)
+    try:
+        _wait(lambda: ref.events("job_running"), 120, "job_running")
+        r = _cli(ref, "drain", str(ref.run_dir), "--rank", "2", "--shrink", "--at-step",
+                 str(sh["recoverable_step"] + 1), "--json")
+        assert r.exit_code == 0, r.output
+        done_ref = ref.wait_end(timeout_s=240)
+    finally:
+        ref.cancel()
+    (d,) = ref.events("drain_done")
+    assert d["freed"] == [0] and d["dp"] == 1, d  # the drained rank's node ends; its replica's other slot waits
+    assert done["final_hash"] == done_ref["final_hash"], (done["rank_hashes"], done_ref["rank_hashes"])
+    print(f"pp2 shrink: job {job.elapsed_s:.1f} s, recoveries "
+          + "; ".join(f"{x['action']} {x['total_s']} s" for x in recs) + f"; planned shrink job {ref.elapsed_s:.1f} s")

@@ -150,3 +150,30 @@ def test_micro_split_refuses_fewer_micro_batches_than_ranks():
 
     with pytest.raises(EngineError, match="cannot be dealt out over dp = 5"):
         micro_split(8, 2, 5, 0)
+
+
+def test_at_dp_1_a_dead_rank_gets_its_parameters_from_the_optimizer_slice():
+    from phoenix_hpc.recovery.plan import plan_recovery
+
+    grid = (1, 2, 1)  # pp=2 x dp=1, as after a shrink from dp 2: no DP peer holds any stage's parameters
+    kw = dict(generation=4, grid=grid, rank_map={0: 4, 1: 3}, nodes={w: f"n{w}" for w in range(5)}, dead=[3],
+              spares=[0], placement={"opt/pp0/tp0/dp0": (1,), "opt/pp1/tp0/dp0": (0,)},
+              committed={"opt/pp0/tp0/dp0": {0: 20, 1: 20}, "opt/pp1/tp0/dp0": {1: 20, 0: 20}},
+              live_steps={0: 21})
+    with pytest.raises(FallbackRequired, match="no live DP peer of logical rank 1"):
+        plan_recovery(**kw)
+    p = plan_recovery(**kw, params_from_optimizer=True)
+    assert [(t.kind, t.sender_world, t.receiver_world) for t in p.transfers] == [
+        ("optimizer", 4, 0), ("params_from_optimizer", 0, 0)]
+    assert dict(p.rank_map) == {0: 4, 1: 0} and p.recoverable_step == 20
+
+
+def test_parameters_rebuilt_from_the_optimizer_equal_those_a_step_leaves():
+    opt = _adam([("a", 5), ("b", 4)], 0, 1)
+    opt.main.add_(0.25)  # as if a step had updated the main copy
+    opt.gather_params(None)
+    want = [p.detach().clone() for _, p in opt.named_params]
+    for _, p in opt.named_params:
+        p.data.zero_()
+    opt.gather_params(None)
+    assert all(torch.equal(p, w) for (_, p), w in zip(opt.named_params, want))
