@@ -245,3 +245,35 @@ def test_a_fault_before_the_pause_makes_the_armed_drain_missed(tmp_path):
     (m,) = _events(tmp_path, "drain_missed")
     assert "a recovery started first (transient)" in m["reason"] and c.drain.state == "missed"
     assert {(w, msg["type"]) for w, msg in _sent(c, n)} >= {(0, "undrain"), (1, "undrain")}
+
+
+def test_coordinator_refuses_a_shrink_that_leaves_no_replica_and_an_engine_that_cannot(tmp_path):
+    from phoenix_hpc.control.coordinator import Timing
+
+    c = _coordinator(tmp_path)
+    c.t = Timing(shrink=True, shrink_capable=True)
+    c.grid = (1, 1, 1)  # one replica left (as after a shrink): removing it would leave dp = 0
+    c.rank_map = {0: 0}
+    c._dispatch({"type": "drain", "target": {"logical_rank": 0}, "request_id": "s0", "reply_to": "r0", "shrink": True})
+    assert "--shrink: a shrink would remove DP replica(s) [0] of 1 and leave dp = 0" in \
+        _events(tmp_path, "rejected")[-1]["reason"]
+    c = _coordinator(tmp_path)
+    c.t = Timing(shrink=False, shrink_capable=False)  # e.g. engine megatron
+    c._dispatch({"type": "drain", "target": {"logical_rank": 1}, "request_id": "s1", "reply_to": "r1", "shrink": True})
+    assert "the job's engine cannot shrink" in _events(tmp_path, "rejected")[-1]["reason"]
+    assert c.drain is None
+
+
+def test_coordinator_arms_a_shrink_drain_at_the_exact_step_and_never_moves_it(tmp_path):
+    from phoenix_hpc.control.coordinator import Timing
+
+    c = _coordinator(tmp_path)
+    c.t = Timing(shrink=True, shrink_capable=True)
+    c.slots[2].machine.to(c.slots[2].state.__class__.DEAD, "no spare left for the test")
+    c._dispatch({"type": "drain", "target": {"logical_rank": 1}, "request_id": "d1", "reply_to": "r1",
+                 "shrink": True, "at_step": 12})
+    assert [(w, m["at_step"]) for w, m in _sent(c)] == [(0, 12), (1, 12)]  # no spare needed; the step asked
+    _ack(c, 0, 1)
+    _ack(c, 1, 1, armed=False, late=True, started=12)  # already started 12: refused, not moved to 14
+    assert c.drain.state == "refused" and c.drain.at_step == 12
+    assert _events(tmp_path, "drain_refused") and not _events(tmp_path, "drain_rearmed")
