@@ -28,7 +28,9 @@ Sequence on every slot:
    plan naming them (:func:`phoenix_hpc.launch.execute.wait_for_join`): they then take their logical
    rank, are restored, and train to the end like any member; or for ``stop``.
 4. Without a coordinator every slot ends with a barrier over ``MPI.COMM_WORLD`` (so the store host,
-   world rank 0, outlives its users and standby slots learn that the job is over) and ``MPI_Finalize``.
+   world rank 0, outlives its users and standby slots learn that the job is over) and ``MPI_Finalize``
+   (unless it left PMIx after ``MPI_Init``, :mod:`.pmix`, which every slot under Open MPI's PMIx does so that
+   its death does not cancel the Slurm step: then it just ends).
    Under a coordinator a slot reports ``done`` and waits (bounded) for the coordinator's ``stop``; it does
    not call ``MPI_Finalize``, which would synchronise with slots that may have died.
 
@@ -396,10 +398,20 @@ def main(argv: list[str] | None = None) -> int:
 
     import mpi4py
 
+    from phoenix_hpc.launch import pmix
+
     # MPI_Finalize synchronises with every process of the job, dead ones included: it is called by hand,
-    # only when no slot can have died (see the end of this function).
+    # only when no slot can have died and the slot did not leave PMIx (see the end of this function).
     mpi4py.rc.finalize = False
+    pmix.prepare_env()  # before MPI_Init: every peer's address is fetched at init (launch/pmix.py)
     from mpi4py import MPI
+
+    # a slot's death must not cancel the whole Slurm step (Slurm's PMIx plugin does on a lost connection)
+    detached = pmix.detach() is not None
+
+    def finalize() -> None:
+        if not detached:  # MPI_Finalize's fence needs PMIx: a detached slot just ends
+            MPI.Finalize()
 
     from phoenix_hpc.launch.groups import resolve_grid
     from phoenix_hpc.launch.rendezvous import mpi_store_rendezvous
@@ -434,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error (all slots): {exc}", file=sys.stderr, flush=True)
             err = exc
     if err is not None:
-        MPI.Finalize()
+        finalize()
         return err.exit_code
 
     from phoenix_hpc.control.attach import attach, coordinator_present
@@ -503,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
             att.client.wait_instruction(("stop",), timeout_s=float("inf"))
         elif standby:
             wait_for_role(comm)
-            MPI.Finalize()
+            finalize()
             return 0
         if att and summary is not None:
             att.client.report_done(int(summary.get("generation", 0)), summary["steps"], summary["state_hash"])
@@ -530,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         resilient["watchdog"].close()  # the client is read directly from here on
     if att is None:
         _barrier(comm)
-        MPI.Finalize()
+        finalize()
         return code
     if summary is not None and not att.client.stop_received:  # wait (bounded) for the coordinator's end
         while att.client.wait_instruction(("stop",), timeout_s=max(30.0, 3 * cfg.resilience.heartbeat_timeout_s)) \

@@ -51,3 +51,28 @@ def test_survivors_of_a_killed_peer_abandon_its_requests_and_continue(slurm_clus
     assert "task 2: Killed" in proc.stderr, proc.stderr
     if btl == "self,tcp":
         assert "failed to TCP connect to a peer MPI process" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["in-pmix", "detached"])
+def test_a_crash_beside_a_live_slot_cancels_the_step_unless_the_slots_left_pmix(slurm_env, tmp_path, detach):
+    """Two nodes with two tasks each; task 1 SIGKILLs itself while task 0 lives on the same node, so that
+    node's slurmstepd stays up. In PMIx (as Open MPI leaves it) Slurm's PMIx plugin reports the lost
+    connection and cancels the whole step about a second later, ``--no-kill`` notwithstanding: the survivors,
+    which wait 4 s before their rounds, are killed. Detached after ``MPI_Init`` (phoenix_hpc/launch/pmix.py,
+    what every slot of a job does), the death is not an event: the three survivors finish their rounds."""
+    env = dict(slurm_env, SURVIVORS_DETACH="1" if detach else "0", SURVIVORS_HOLD_S="4",
+               OMPI_MCA_btl="self,tcp")  # vader between two tasks of one fake node is not what is tested
+    proc = subprocess.run(
+        ["srun", "-N", "2", "--ntasks-per-node=2", "--mpi=pmix", "--no-kill", "--kill-on-bad-exit=0",
+         "-t", "00:02:00", str(PYTHON), str(ASSETS / "mpi_survivors.py"), "1", "3", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=150)
+    out = proc.stdout + proc.stderr
+    print(out)
+    assert len(re.findall(r"STARTED world_rank=\d size=4", proc.stdout)) == 4, out
+    survivors = sorted(int(m) for m in re.findall(r"SURVIVOR world_rank=(\d)", proc.stdout))
+    if detach:
+        assert proc.stdout.count("DETACHED /") == 4, out  # every task found its libpmix and left
+        assert survivors == [0, 2, 3] and "ring_ok=1" in proc.stdout, out
+        assert "CANCELLED" not in out, out
+    else:
+        assert survivors == [] and "CANCELLED" in out, out

@@ -10,6 +10,8 @@ Usage: python mpi_survivors.py VICTIM_RANK ROUNDS SHARED_DIR
    /proc shows it), build a communicator of the survivors with ``Comm.Create_group`` (collective over
    the group only, so the dead rank is not needed), then run ROUNDS rounds of allreduce and a ring
    sendrecv over it, checking every value.
+   With ``SURVIVORS_HOLD_S`` they first wait that long (whether the step outlives Slurm's reaction to the
+   death); with ``SURVIVORS_DETACH=1`` every rank leaves PMIx after ``MPI_Init`` (phoenix_hpc/launch/pmix.py).
 4. Each survivor prints one line ``SURVIVOR world_rank=R new_rank=K size=S rounds=N sum=X ring_ok=1``
    and leaves without MPI_Finalize (which would wait for the dead rank).
 """
@@ -17,11 +19,23 @@ Usage: python mpi_survivors.py VICTIM_RANK ROUNDS SHARED_DIR
 import os
 import sys
 
+import time
+
 import mpi4py
 
 mpi4py.rc.finalize = False  # MPI_Finalize would synchronise with the dead rank
+# SURVIVORS_DETACH=1: leave PMIx after MPI_Init as the project's slots do (phoenix_hpc/launch/pmix.py)
+DETACH = os.environ.get("SURVIVORS_DETACH") == "1"
+if DETACH:
+    from phoenix_hpc.launch import pmix
+
+    pmix.prepare_env()
 from mpi4py import MPI  # noqa: E402
 from victim import die, wait_gone  # noqa: E402  (this folder)
+
+if DETACH:
+    DETACHED = pmix.detach()
+    print(f"DETACHED {DETACHED}", flush=True)
 
 
 def main() -> None:
@@ -36,6 +50,7 @@ def main() -> None:
     if rank == victim:
         die(shared)
     wait_gone(shared)
+    time.sleep(float(os.environ.get("SURVIVORS_HOLD_S", "0")))  # still alive after Slurm's reaction time?
     survivors = world.Get_group().Excl([victim])
     comm = world.Create_group(survivors, tag=7)
     me, n = comm.Get_rank(), comm.Get_size()
