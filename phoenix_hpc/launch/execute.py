@@ -753,6 +753,17 @@ class Member:
         if int(self.engine.step) != R:
             raise RecoveryError(f"rank {self.logical} is at step {self.engine.step} after the restore, plan says {R}")
 
+        return self._report_and_resume(g, rank_map, R, live, dirty, rolled, detail, self.recovery_path,
+                                       t_reconf=t_reconf, t_params=t_params, t_opt=t_opt + t_rollback)
+
+    def _report_and_resume(self, g: int, rank_map: dict[int, int], R: int, live: int | None, dirty: bool,
+                           rolled: bool, detail: dict[str, float], path: str, *, t_reconf: float, t_params: float,
+                           t_opt: float, keep_old: bool = True, what: str = "") -> RecoveryRecord:
+        """The end of every recovery a member takes part in: its evidence, this generation's protector, the
+        ``recovered`` report with the phase timings, the wait for ``resume``; returns the record. With
+        ``keep_old`` the previous generation's copies of ``R`` stay usable until this generation's first
+        commit fence; without (a shrink: they name shards of the old grid) they are dropped."""
+        e = self.env
         t2 = time.perf_counter()
         report = self._evidence(g, rank_map)
         detail["evidence"] = time.perf_counter() - t2
@@ -763,7 +774,9 @@ class Member:
         old, self.old_protector = self.old_protector, None
         # the copies of R stay usable until this generation's first commit fence (:meth:`_phase`): the old
         # protector's, and those kept before it unless the old generation had a fence of its own
-        if old is not None and old.recoverable_step is not None:
+        if not keep_old:
+            self.kept = []
+        elif old is not None and old.recoverable_step is not None:
             self.kept = [old]
         else:
             self.kept = ([old] if old is not None else []) + self.kept
@@ -774,15 +787,15 @@ class Member:
         t_repl = time.perf_counter() - t2 - created.get("arrive", 0.0)
         detail["protector"] = t_repl
         report["sent"] = {self.protector.shard_id: {"holders": list(self.protector.holders)}}
-        timings = {"reconfigure": t_reconf + t_repl, "params": t_params, "optimizer": t_opt + t_rollback}
+        timings = {"reconfigure": t_reconf + t_repl, "params": t_params, "optimizer": t_opt}
         self.trigger.check(R + 1, "recovery")
         e.client.report_recovered(g, report, timings)
         self._wait_for(("resume",), "resume")
         e.progress.set(step=int(self.engine.step))
         rec = RecoveryRecord(g, R, live, dirty, rolled, {k: round(v, 4) for k, v in timings.items()},
-                             {k: round(v, 4) for k, v in detail.items()}, self.recovery_path)
+                             {k: round(v, 4) for k, v in detail.items()}, path)
         self.recoveries.append(rec)
-        e.log(f"[phoenix] rank {self.logical} (world {e.world_rank}): generation {g} resumed at step {R} "
+        e.log(f"[phoenix] rank {self.logical} (world {e.world_rank}): generation {g} resumed at step {R}{what} "
               f"({'rolled back from ' + str(live) if rolled else 'no rollback'}) on the {rec.path} path, "
               f"timings {rec.timings}, detail {rec.detail}")
         return rec

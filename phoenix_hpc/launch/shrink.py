@@ -126,7 +126,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
         RecoveryError: the slot is neither a member nor a leaver, a transfer is malformed, or a copy is missing.
         EngineError: the received slices do not cover the new slice exactly once.
     """
-    from phoenix_hpc.launch.execute import LeftToStandby, RecoveryRecord
+    from phoenix_hpc.launch.execute import LeftToStandby
     from phoenix_hpc.launch.groups import Grid
 
     e = member.env
@@ -160,6 +160,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
         member.groups, member.comm = None, None
         _exchange(member, plan, comm_order, own_sid, own_opt, R)
         member.old_protector, member.kept, member.logical, member.rank_map = None, [], None, {}
+        member.watchdog.close()  # the spare it becomes waits on the client itself, then joins as a new member
         e.log(f"[phoenix] world rank {e.world_rank}: DP replica removed by the shrink to generation {g} "
               f"(dp {sh['old_grid']['dp']} -> {plan['grid']['dp']}); back to standby")
         raise LeftToStandby(f"world rank {e.world_rank} left its DP replica in the shrink to generation {g}")
@@ -191,27 +192,9 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
     t_opt = time.perf_counter() - t2
     if int(eng.step) != R:
         raise RecoveryError(f"rank {member.logical} is at step {eng.step} after the shrink, plan says {R}")
-    # the old layout's copies name shards of the old grid: none of them may serve a later recovery
+    # the old layout's copies name shards of the old grid: none of them may serve a later recovery, nor be
+    # offered as evidence
     member.old_protector, member.kept = None, []
-    t3 = time.perf_counter()
-    report = member._evidence(g, rank_map)
-    detail["evidence"] = time.perf_counter() - t3
-    t3 = time.perf_counter()
-    member.protector = member._build_protector()
-    created = member.protector.create_s
-    detail.update({f"protector_{k}": v for k, v in created.items()})
-    t_repl = time.perf_counter() - t3 - created.get("arrive", 0.0)
-    detail["protector"] = t_repl
-    report["sent"] = {member.protector.shard_id: {"holders": list(member.protector.holders)}}
-    timings = {"reconfigure": t_reconf + t_repl, "params": 0.0, "optimizer": t_opt}
-    member.trigger.check(R + 1, "recovery")
-    e.client.report_recovered(g, report, timings)
-    member._wait_for(("resume",), "resume")
-    e.progress.set(step=int(eng.step))
-    rec = RecoveryRecord(g, R, live, dirty, rolled, {k: round(v, 4) for k, v in timings.items()},
-                         {k: round(v, 4) for k, v in detail.items()}, "rebuild")
-    member.recoveries.append(rec)
-    e.log(f"[phoenix] rank {member.logical} (world {e.world_rank}): generation {g} resumed at step {R} after a "
-          f"shrink to dp {e.grid.dp} ({'rolled back from ' + str(live) if rolled else 'no rollback'}), "
-          f"timings {rec.timings}, detail {rec.detail}")
-    return rec
+    return member._report_and_resume(g, rank_map, R, live, dirty, rolled, detail, "rebuild", t_reconf=t_reconf,
+                                     t_params=0.0, t_opt=t_opt, keep_old=False,
+                                     what=f" after a shrink to dp {e.grid.dp}")
