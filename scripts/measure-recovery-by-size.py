@@ -4,7 +4,9 @@
 local cluster of its own; prints the journal's phases and, per recovery part, the largest time any member
 reports (the ranks' ``recoveries[].detail``, launch/execute.py), with the ratio L / S.
 
-Usage: .venv/bin/python scripts/measure-recovery-by-size.py [--work DIR] [--sizes S,L]
+Usage: .venv/bin/python scripts/measure-recovery-by-size.py [--work DIR] [--sizes S,L] [--update-benchmarks DIR]
+  --update-benchmarks DIR: keep the result under "recovery_by_size" in DIR/BENCHMARKS.json and render it into
+  section 3 of DIR/BENCHMARKS.md (the other sections are re-rendered unchanged from the same JSON).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default=None)
     ap.add_argument("--sizes", default="S,L")
+    ap.add_argument("--update-benchmarks", default=None, metavar="DIR")
     a = ap.parse_args()
     from phoenix_hpc.bench import recovery as R
     from phoenix_hpc.bench.run import Context
@@ -70,7 +73,43 @@ def main() -> int:
         print(f"{k:32}" + "".join(f"{'-' if v is None else format(v, '.3f'):>16}" for v in vals) + ratio)
     (work / "by-size.json").write_text(json.dumps(rows, indent=2))
     print(f"\n(results: {work / 'by-size.json'})")
+    if a.update_benchmarks:
+        update_benchmarks(Path(a.update_benchmarks), rows)
     return 0
+
+
+def findings(rows: dict) -> list[str]:
+    """The numbers the issue asks for: total minus the replayed step, and what of the difference is the lost
+    rank's transfer, the survivors' rollback copy and the detection."""
+    if len(rows) != 2:
+        return []
+    (s, a), (l, b) = rows.items()
+    core = {k: v["total_s"] - v["phase.replay"] for k, v in rows.items()}
+    out = [f"- total minus the replayed step: {s} {core[s]:.2f} s, {l} {core[l]:.2f} s ({core[l] / core[s]:.2f}x); "
+           f"reconfigure {a['phase.reconfigure']:.2f} -> {b['phase.reconfigure']:.2f} s."]
+    growth = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in ("phase.detect", "phase.params", "phase.optimizer",
+                                                          "rollback", "protector_allocate", "engine")}
+    out.append("- of the difference: " + ", ".join(f"{k} {v:+.2f} s" for k, v in growth.items())
+               + " (params and optimizer are the lost rank's bytes on the wire plus the survivors' rollback copy; "
+               "engine is the joining spare's model construction; protector_allocate the new generation's host "
+               "buffers).")
+    return out
+
+
+def update_benchmarks(folder: Path, rows: dict) -> None:
+    import datetime as dt
+
+    from phoenix_hpc.bench import jobs
+    from phoenix_hpc.bench.report import _atomic_text, render_markdown
+
+    repo = Path(__file__).resolve().parents[1]
+    js = folder / "BENCHMARKS.json"
+    data = json.loads(js.read_text()) if js.exists() else {}
+    data["recovery_by_size"] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": jobs.git_commit(repo),
+        "command": "scripts/measure-recovery-by-size.py", "rows": rows, "findings": findings(rows)}
+    _atomic_text(js, json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+    _atomic_text(folder / "BENCHMARKS.md", render_markdown(data))
 
 
 if __name__ == "__main__":

@@ -84,6 +84,32 @@ def dominant_cost(case: dict) -> str:
             "background work per step share the CPU cores with the ranks' compute)")
 
 
+def by_size_lines(bs: dict | None) -> list[str]:
+    """Section 3's per-part view of what grows with the model (``scripts/measure-recovery-by-size.py``, kept
+    in ``BENCHMARKS.json`` under ``recovery_by_size`` across full runs)."""
+    if not bs or not bs.get("rows"):
+        return []
+    rows = bs["rows"]
+    sizes = list(rows)
+    out = [f"What grows with the model, per recovery part (run {bs.get('date')}, commit `{str(bs.get('commit'))[:12]}`, "
+           f"`{bs.get('command')}`; one job per model, the same fault; per part the largest time any member reports, "
+           "`recoveries[].detail` of the ranks' summaries; phases from the journal):", ""]
+    out.append("| part (s) | " + " | ".join(f"{s} ({rows[s]['params'] / 1e6:.2f} M)" for s in sizes)
+               + (" | ratio |" if len(sizes) == 2 else " |"))
+    out.append("| --- |" + " --- |" * (len(sizes) + (1 if len(sizes) == 2 else 0)))
+    keys = sorted({k for v in rows.values() for k in v if k != "params"})
+    for k in keys:
+        vals = [rows[s].get(k) for s in sizes]
+        ratio = (f" {vals[1] / vals[0]:.2f} |" if len(vals) == 2 and vals[0] and vals[1] is not None else
+                 (" - |" if len(sizes) == 2 else ""))
+        out.append(f"| {k} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in vals) + " |" + ratio)
+    out.append("")
+    for line in bs.get("findings") or []:
+        out.append(line)
+    out.append("")
+    return out
+
+
 def render_markdown(r: dict) -> str:
     m = r.get("machine", {})
     L: list[str] = []
@@ -304,6 +330,7 @@ def render_markdown(r: dict) -> str:
         for line in quiesce_findings(list(uniq.values())):
             a(line)
         a("")
+        L.extend(by_size_lines(r.get("recovery_by_size")))
         fit = sc.get("fit") or {}
         if "result" in fit:
             fr = fit["result"]
@@ -361,7 +388,8 @@ def render_markdown(r: dict) -> str:
       "# under 3 min: overhead and memory on model S, one hot swap\nphoenix bench [--quick]     # the same "
       "from the CLI (after scripts/setup.sh)\nscripts/bench-control-plane # section 5 (CPU only, minutes)\n"
       "scripts/check-many-nodes    # 8 active + 4 spare nodes, gpt-small's timings, 2 node losses: same final "
-      "hash\n```")
+      "hash\n.venv/bin/python scripts/measure-recovery-by-size.py --update-benchmarks .  # section 3: what grows "
+      "with the model\n```")
     a("")
     return "\n".join(L)
 
@@ -537,13 +565,15 @@ def write_all(results: dict, out: Path, replacements: dict[str, str] | None = No
     passed through :func:`scrub_paths` with ``replacements`` (e.g. the work folder -> ``<work>``)."""
     out = Path(out)
     old = out / "BENCHMARKS.json"
-    if "control_plane" not in results and old.exists():  # the control-plane section has its own command
+    for key in ("control_plane", "recovery_by_size"):  # sections measured by commands of their own
+        if key in results or not old.exists():
+            continue
         try:
-            prev = json.loads(old.read_text()).get("control_plane")
+            prev = json.loads(old.read_text()).get(key)
         except (OSError, ValueError, AttributeError):
             prev = None
         if prev:
-            results = {**results, "control_plane": prev}
+            results = {**results, key: prev}
     results = scrub_paths(results, replacements or {})
     _plots(results, out / PLOT_DIR)
     _atomic_text(out / "BENCHMARKS.json", json.dumps(results, indent=1, sort_keys=True, default=str) + "\n")
