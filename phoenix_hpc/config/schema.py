@@ -396,6 +396,9 @@ class ResilienceConfig(BaseModel):
         if self.recovery_source == "checkpoint" and self.mode != "phoenix":
             raise ValueError(f"resilience.recovery_source: 'checkpoint' needs mode 'phoenix', got mode {self.mode!r} "
                              "(allowed with it: 'memory')")
+        if self.spares_exhausted != "auto" and self.mode != "phoenix":
+            raise ValueError(f"resilience.spares_exhausted: {self.spares_exhausted!r} needs mode 'phoenix', got mode "
+                             f"{self.mode!r} (allowed with it: 'auto')")
         m = self.protect_every_max
         if not 1 <= m <= self.checkpoint.interval_steps:
             raise ValueError(f"resilience.protect_every_max: {m} is not allowed (allowed: 1 .. "

@@ -34,7 +34,9 @@ class DrainRelayMixin:
             shrink = ("" if self.t.shrink_capable else "the job's engine cannot shrink (engine torch can; "
                       "resilience.spares_exhausted: stop or another engine)")
             if not shrink and self.grid:
-                shrink = shrink_refusal(tuple(self.grid), [w2l[w] for w in targets if w in w2l]) or ""
+                shrink = shrink_refusal(tuple(self.grid), [w2l[w] for w in targets if w in w2l],
+                                        {r: self.slots[w].node for r, w in self.rank_map.items()},
+                                        int((self.placement_inputs or {}).get("k", 1))) or ""
         why = drain_refusal(job_state=self.job.state.value, recovering=self.recovery is not None, pending=pending,
                             targets={w: self.slots[w].state.value for w in targets},
                             standby_off_target=standby_off, target_nodes=nodes, shrink=shrink)

@@ -361,7 +361,7 @@ class RecoveryMixin:
             tp, pp, dp = plan.grid
             self.journal.append("shrink", generation=rec.generation, dp_from=plan.old_grid[2], dp_to=dp,
                                 grid={"tp": tp, "pp": pp, "dp": dp}, recoverable_step=plan.recoverable_step,
-                                freed=freed, dead=list(plan.dead_world),
+                                freed=freed, lost=list(plan.lost),
                                 **({"drain": rec.drain.request_id} if rec.drain is not None else {}))
         rec.t_restored = now
         rec.phase = "replay"
@@ -409,8 +409,9 @@ class RecoveryMixin:
                     generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),
                     nodes={w: s.node for w, s in self.slots.items()}, dead=dead, spares=spares,
                     checkpoint_step=ck, live_steps=live_steps)
-            except FallbackRequired as exc2:
-                exc = exc2
+            except FallbackRequired as exc2:  # say both: why memory could not, and why the checkpoint cannot here
+                exc = FallbackRequired(exc.reason if exc2.reason in exc.reason else f"{exc.reason}; and {exc2.reason}",
+                                       exc.lost_shards)
             else:
                 self.journal.append("decision", action="checkpoint_restart", reason=exc.reason, checkpoint_step=ck,
                                     lost_steps=lost)

@@ -110,6 +110,7 @@ class RecoveryPlan:
     leavers: tuple[int, ...] = ()
     needs: tuple[tuple[int, tuple[str, ...]], ...] = ()  # (world rank, old shard ids)
     sources: tuple[tuple[str, int], ...] = ()  # (old shard id, world rank that provides it)
+    lost: tuple[int, ...] = ()  # world ranks of the active slots lost (dead or drained) that caused the shrink
 
     def world_of(self) -> dict[int, int]:
         """logical rank -> world rank of the new generation."""
@@ -153,7 +154,7 @@ class RecoveryPlan:
             **({"shrink": {"old_grid": {"tp": self.old_grid[0], "pp": self.old_grid[1], "dp": self.old_grid[2]},
                            "leavers": list(self.leavers),
                            "needs": [[w, list(sids)] for w, sids in self.needs],
-                           "sources": [[sid, w] for sid, w in self.sources]}}
+                           "sources": [[sid, w] for sid, w in self.sources], "lost": list(self.lost)}}
                if self.old_grid is not None else {}),
         }
 

@@ -58,13 +58,24 @@ def removed_replicas(grid: tuple[int, int, int], lost_logical: Iterable[int]) ->
     return sorted({coord_of(r, tp, pp, dp).dp for r in lost_logical})
 
 
-def shrink_refusal(grid: tuple[int, int, int], lost_logical: Iterable[int]) -> str | None:
-    """Why a shrink that removes the replicas of ``lost_logical`` is impossible, or None. Pure."""
+def shrink_refusal(grid: tuple[int, int, int], lost_logical: Iterable[int],
+                   node_of_logical: Mapping[int, str] | None = None, k: int = 1) -> str | None:
+    """Why a shrink that removes the replicas of ``lost_logical`` is impossible, or None. Pure.
+
+    Impossible when no whole model replica would remain (dp' < 1), or (with ``node_of_logical``, the node of
+    every logical rank) when the kept slots span fewer than ``k + 1`` nodes: each shard's ``k`` replicas must
+    be on nodes other than its owner's (e.g. pp=1, k=1: dp' = 1 leaves one node)."""
     tp, pp, dp = grid
     h = removed_replicas(grid, lost_logical)
     if dp - len(h) < 1:
         return (f"a shrink would remove DP replica(s) {h} of {dp} and leave dp = {dp - len(h)}; at least one whole "
                 "model replica must remain")
+    if node_of_logical is not None:
+        gone = set(h)
+        kept = {node_of_logical[r] for r in range(tp * pp * dp) if coord_of(r, tp, pp, dp).dp not in gone}
+        if len(kept) < k + 1:
+            return (f"a shrink to dp = {dp - len(h)} would leave {len(kept)} node(s), too few for k = {k} "
+                    f"replica(s) of each shard on a node other than its owner's (needs {k + 1} nodes)")
     return None
 
 
@@ -135,10 +146,9 @@ def plan_shrink(
                 leavers.append(rank_map[r])
             continue
         new_map[(c.pp * new_dp + new_index[c.dp]) * tp + c.tp] = rank_map[r]
-    member_nodes = {nodes[w] for w in new_map.values()}
-    if len(member_nodes) - 1 < k:
-        raise FallbackRequired(f"a shrink to dp = {new_dp} leaves {len(member_nodes)} node(s): too few for k = {k} "
-                               "replica(s) of each shard on another node")
+    why = shrink_refusal(grid, lost, {r: nodes[w] for r, w in rank_map.items()}, k)
+    if why:
+        raise FallbackRequired(why)
 
     sources: dict[str, int] = {}
     for r in range(n):
@@ -190,4 +200,5 @@ def plan_shrink(
         leavers=tuple(leavers),
         needs=tuple(needs),
         sources=tuple(sorted(sources.items())),
+        lost=tuple(sorted(rank_map[r] for r in lost)),
     )

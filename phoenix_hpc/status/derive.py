@@ -349,9 +349,13 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             g = rec.get("grid") or {}
             if g:
                 st.grid = (int(g["tp"]), int(g["pp"]), int(g["dp"]))  # type: ignore[assignment]
+            leavers = {int(x) for x in rec["shrink"].get("leavers") or []}
             for w, s in st.slots.items():
-                if s["state"] != "dead" and w in set(int(x) for x in rec["shrink"].get("leavers") or []):
+                if s["state"] != "dead" and w in leavers:
                     s["note"] = (s["note"] + "; " if s["note"] else "") + "DP replica removed (shrink)"
+            for lr, w in rec.get("rank_map") or []:  # the kept slots are renumbered in the smaller grid
+                if int(w) in st.slots:
+                    st.slots[int(w)]["logical_rank"] = int(lr)
         for lr, w in rec.get("rank_map") or []:
             st.rank_map[int(lr)] = int(w)
         for j in rec.get("joins") or []:
@@ -407,7 +411,7 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
     elif ev == "shrink":
         st.shrinks.append({"ts": ts, "generation": rec.get("generation"), "dp_from": rec.get("dp_from"),
                            "dp_to": rec.get("dp_to"), "recoverable_step": rec.get("recoverable_step"),
-                           "freed": list(rec.get("freed") or []), "dead": list(rec.get("dead") or []),
+                           "freed": list(rec.get("freed") or []), "lost": list(rec.get("lost") or []),
                            "drain": rec.get("drain")})
         for w in rec.get("freed") or []:
             s = st.slots.get(int(w))

@@ -259,7 +259,7 @@ class Status:
     journal_records: int
     run_jobs: list[RunJobStatus] = field(default_factory=list)  # the run's Slurm jobs, oldest first
     drains: list[DrainStatus] = field(default_factory=list)  # planned drains, oldest first
-    # shrinks (docs/design.md section 6): {ts, generation, dp_from, dp_to, recoverable_step, freed, dead, drain}
+    # shrinks (docs/design.md section 6): {ts, generation, dp_from, dp_to, recoverable_step, freed, lost, drain}
     shrinks: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:

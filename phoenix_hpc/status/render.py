@@ -272,11 +272,11 @@ def status_line(st: Status) -> str:
 def _shrinks(st: Status) -> Table:
     t0 = st.job.started_at
     t = Table(title="Shrinks (spares exhausted or drain --shrink)", title_justify="left")
-    for c in ("when", "generation", "dp", "at step", "lost slots", "back to standby", "drain"):
+    for c in ("when", "generation", "dp", "recoverable step", "lost or drained slots", "back to standby", "drain"):
         t.add_column(c)
     for x in st.shrinks:
         t.add_row(_rel(x["ts"], t0), str(x["generation"]), f"{x['dp_from']} -> {x['dp_to']}",
-                  str(x["recoverable_step"]), ",".join(map(str, x["dead"])) or "-",
+                  str(x["recoverable_step"]), ",".join(map(str, x["lost"])) or "-",
                   ",".join(map(str, x["freed"])) or "-", x["drain"] or "-")
     return t
 

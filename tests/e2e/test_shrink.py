@@ -44,7 +44,7 @@ def test_spares_exhausted_shrinks_the_job_bitwise_as_a_planned_shrink_at_the_sam
     assert all(r["steps_replayed"] <= 1 for r in recs), recs
     assert not job.events("invariant_violation") and not job.events("evidence_rejected")
     (sh,) = job.events("shrink")
-    assert (sh["dp_from"], sh["dp_to"], sh["freed"]) == (4, 3, []), sh
+    assert (sh["dp_from"], sh["dp_to"], sh["freed"], sh["lost"]) == (4, 3, [], [3]), sh
     R = sh["recoverable_step"]
     assert FIRST_AT <= R < SECOND_AT, sh
     (plan,) = [p for p in job.events("recovery_plan") if p["action"] == "shrink"]
@@ -99,7 +99,7 @@ def test_three_faults_with_one_spare_at_pp2_reuse_the_slots_a_shrink_freed(env, 
     assert [r["action"] for r in recs] == ["hot_swap", "shrink", "hot_swap"], recs
     assert not job.events("invariant_violation") and not job.events("evidence_rejected")
     (sh,) = job.events("shrink")
-    assert (sh["dp_from"], sh["dp_to"], sh["freed"], sh["dead"]) == (2, 1, [0], [1, 2]), sh
+    assert (sh["dp_from"], sh["dp_to"], sh["freed"], sh["lost"]) == (2, 1, [0], [2]), sh
     last = job.events("recovery_plan")[-1]
     assert [(j["world_rank"], j["replaces_world_rank"], j["logical_rank"]) for j in last["joins"]] == [(0, 3, 1)]
     kinds = [(t["kind"], t["receiver"]) for t in last["transfers"]]

@@ -257,6 +257,10 @@ def test_coordinator_refuses_a_shrink_that_leaves_no_replica_and_an_engine_that_
     c._dispatch({"type": "drain", "target": {"logical_rank": 0}, "request_id": "s0", "reply_to": "r0", "shrink": True})
     assert "--shrink: a shrink would remove DP replica(s) [0] of 1 and leave dp = 0" in \
         _events(tmp_path, "rejected")[-1]["reason"]
+    c = _coordinator(tmp_path)  # dp 2 -> 1 at pp=1 would leave one node: no room for k = 1 replica elsewhere
+    c.t = Timing(shrink=True, shrink_capable=True)
+    c._dispatch({"type": "drain", "target": {"logical_rank": 1}, "request_id": "s3", "reply_to": "r3", "shrink": True})
+    assert "would leave 1 node(s), too few for k = 1" in _events(tmp_path, "rejected")[-1]["reason"]
     c = _coordinator(tmp_path)
     c.t = Timing(shrink=False, shrink_capable=False)  # e.g. engine megatron
     c._dispatch({"type": "drain", "target": {"logical_rank": 1}, "request_id": "s1", "reply_to": "r1", "shrink": True})
@@ -267,13 +271,19 @@ def test_coordinator_refuses_a_shrink_that_leaves_no_replica_and_an_engine_that_
 def test_coordinator_arms_a_shrink_drain_at_the_exact_step_and_never_moves_it(tmp_path):
     from phoenix_hpc.control.coordinator import Timing
 
+    from phoenix_hpc.control.records import Slot
+    from phoenix_hpc.control.states import SlotState, slot_machine
+
     c = _coordinator(tmp_path)
     c.t = Timing(shrink=True, shrink_capable=True)
-    c.slots[2].machine.to(c.slots[2].state.__class__.DEAD, "no spare left for the test")
+    # three replicas on three nodes, no spare: dp 3 -> 2 leaves 2 nodes, enough for k = 1
+    c.slots[2] = Slot(2, "n3", 102, "active", slot_machine("slot 2", SlotState.ACTIVE), 0.0, logical_rank=2, step=5)
+    c.rank_map, c.grid = {0: 0, 1: 1, 2: 2}, (1, 1, 3)
     c._dispatch({"type": "drain", "target": {"logical_rank": 1}, "request_id": "d1", "reply_to": "r1",
                  "shrink": True, "at_step": 12})
-    assert [(w, m["at_step"]) for w, m in _sent(c)] == [(0, 12), (1, 12)]  # no spare needed; the step asked
+    assert [(w, m["at_step"]) for w, m in _sent(c)] == [(0, 12), (1, 12), (2, 12)]  # no spare needed; step asked
     _ack(c, 0, 1)
+    _ack(c, 2, 1)
     _ack(c, 1, 1, armed=False, late=True, started=12)  # already started 12: refused, not moved to 14
     assert c.drain.state == "refused" and c.drain.at_step == 12
     assert _events(tmp_path, "drain_refused") and not _events(tmp_path, "drain_rearmed")

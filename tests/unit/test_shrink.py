@@ -177,3 +177,25 @@ def test_parameters_rebuilt_from_the_optimizer_equal_those_a_step_leaves():
         p.data.zero_()
     opt.gather_params(None)
     assert all(torch.equal(p, w) for (_, p), w in zip(opt.named_params, want))
+
+
+def test_a_shrink_must_leave_k_plus_1_nodes_for_the_replicas():
+    # pp=1 x dp=2 on two nodes, k=1: dp 1 would leave one node, where no replica can go
+    grid, nodes = (1, 1, 2), {0: "a", 1: "b"}
+    assert "would leave 1 node(s), too few for k = 1" in shrink_refusal(grid, [1], nodes, 1)
+    assert shrink_refusal((1, 2, 2), [1], {0: "a", 1: "b", 2: "c", 3: "d"}, 1) is None  # pp=2: two nodes left
+    with pytest.raises(FallbackRequired, match="too few for k = 1"):
+        plan_shrink(generation=0, grid=grid, rank_map={0: 0, 1: 1}, nodes={0: "a", 1: "b"}, dead=[1],
+                    placement={"opt/pp0/tp0/dp0": (1,), "opt/pp0/tp0/dp1": (0,)},
+                    committed={"opt/pp0/tp0/dp0": {0: 5, 1: 5}, "opt/pp0/tp0/dp1": {1: 5, 0: 5}},
+                    live_steps={0: 5}, numel={"pp0/tp0": 10}, k=1)
+
+
+def test_spares_exhausted_is_refused_outside_mode_phoenix():
+    import pydantic
+
+    from phoenix_hpc.config.schema import JobConfig
+
+    with pytest.raises(pydantic.ValidationError, match="spares_exhausted: 'shrink' needs mode 'phoenix'"):
+        JobConfig.model_validate({"name": "x", "data": {"path": "d"},
+                                  "resilience": {"mode": "checkpoint-restart", "spares_exhausted": "shrink"}})

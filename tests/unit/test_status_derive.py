@@ -509,3 +509,26 @@ def _text(st) -> str:
     console = Console(width=250, record=True, color_system=None)
     console.print(status_renderable(st))
     return console.export_text()
+
+
+def test_a_shrink_renumbers_the_slots_and_frees_the_leavers():
+    """dp 4 -> 2: world 2 (logical 2) dies with no spare left; the shrink removes DP replica 2 ... here one
+    slot per replica, so the kept ones (world 0, 1, 3) are renumbered 0, 1, 2 -- status shows the new logical
+    ranks and coordinates (what --rank/--coord resolve against), the grid, and the shrink."""
+    recs = start_records() + [
+        {"ts": 10.0, "event": "slots_dead", "slots": [2], "nodes": [N2], "kind": "process_exit", "reason": "x"},
+        {"ts": 11.0, "event": "recovery_start", "generation": 1, "action": "hot_swap", "survivors": [0, 1, 3],
+         "dead": [2], "detect_s": 0.1},
+        {"ts": 12.0, "event": "recovery_plan", "generation": 1, "action": "shrink", "grid": {"tp": 1, "pp": 1, "dp": 3},
+         "rank_map": [[0, 0], [1, 1], [2, 3]], "dead_world": [2], "released_spares": [], "joins": [],
+         "transfers": [], "recoverable_step": 7, "rollbacks": [], "replication": [], "steps_replayed": 0,
+         "shrink": {"old_grid": {"tp": 1, "pp": 1, "dp": 4}, "leavers": [], "needs": [], "sources": []}},
+        {"ts": 13.0, "event": "shrink", "generation": 1, "dp_from": 4, "dp_to": 3, "recoverable_step": 7,
+         "freed": [], "lost": [2], "drain": None},
+        {"ts": 13.1, "event": "recovery_restored", "generation": 1, "recoverable_step": 7},
+    ]
+    st = derive_status(recs, running_slurm(), now=14.0, run=run_files())
+    assert st.job.grid == {"tp": 1, "pp": 1, "dp": 3}
+    by_world = {s.world_rank: s for s in st.slots}
+    assert by_world[3].logical_rank == 2 and by_world[3].coord == [0, 2, 0], by_world[3]
+    assert [(x["dp_from"], x["dp_to"], x["lost"]) for x in st.shrinks] == [(4, 3, [2])]
