@@ -37,6 +37,14 @@ def main() -> int:
     ap.add_argument("--sizes", default="S,L")
     ap.add_argument("--update-benchmarks", default=None, metavar="DIR")
     a = ap.parse_args()
+    from phoenix_hpc.bench.jobs import MODEL_SIZES
+
+    sizes = a.sizes.split(",")
+    bad = [x for x in sizes if x not in MODEL_SIZES]
+    if bad or len(set(sizes)) != len(sizes):
+        print(f"error: --sizes: {a.sizes!r} is not allowed (allowed: distinct names of {sorted(MODEL_SIZES)}, "
+              "comma-separated)", file=sys.stderr)
+        return 2
     from phoenix_hpc.bench import recovery as R
     from phoenix_hpc.bench.run import Context
     from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
@@ -54,7 +62,7 @@ def main() -> int:
                       data_path=str(data), log=lambda m: print(m, flush=True))
         rng = random.Random(1)
         rows = {}
-        for s in a.sizes.split(","):
+        for s in sizes:
             t = R.Trial(f"size-{s}", "phoenix", 4, s, 1, fault_step=8 + rng.randrange(5))
             res = R.run_hotswap(t, ctx)
             ctx.revive()

@@ -211,11 +211,11 @@ class TorchEngine(Engine):
             total = torch.zeros((), dtype=torch.float32, device=self.device)
             # even split: loss / n_micro, then the DP average; uneven: loss * dp / M, so that the DP average
             # is the sum over the step's M micro-batches / M (module doc)
-            scale = 1.0 / self.n_micro if self.even else self.dp / self.total_micro
+            uneven = self.dp / self.total_micro
             for i in range(self.n_micro):
                 sl = slice(i * mbs, (i + 1) * mbs)
                 loss = lm_loss(self.model(x[sl]), y[sl])
-                (loss / self.n_micro if self.even else loss * scale).backward()
+                (loss / self.n_micro if self.even else loss * uneven).backward()
                 total += loss.detach()
             loss_val: float | None = float(total / self.n_micro)
         else:
@@ -225,15 +225,10 @@ class TorchEngine(Engine):
                 for p in self.model.parameters():
                     if p.grad is not None:
                         p.grad.mul_(f)
-        if loss_val is not None and self.dp > 1:
-            if self.even:
-                t = torch.tensor([loss_val], dtype=torch.float64, device=self.device)
-                dist.all_reduce(t, group=self.groups.dp)
-                loss_val = float(t) / self.dp
-            else:  # weighted by each rank's micro-batches
-                t = torch.tensor([loss_val * self.n_micro], dtype=torch.float64, device=self.device)
-                dist.all_reduce(t, group=self.groups.dp)
-                loss_val = float(t) / self.total_micro
+        if loss_val is not None and self.dp > 1:  # the mean over the step's micro-batches, each rank's weighted
+            t = torch.tensor([loss_val * self.n_micro], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, group=self.groups.dp)
+            loss_val = float(t) / self.total_micro
         return loss_val
 
     def reduce_gradients(self) -> None:

@@ -465,6 +465,19 @@ class Member:
             self.env.log(f"[phoenix] rank {self.logical}: injected corrupt-replica: no replica of {inj.shard_id} "
                          "held here, nothing corrupted")
 
+    def _held_buffer(self, shard_id: str, step: int):
+        """The replica buffer of ``shard_id`` at ``step`` this slot holds: the newest generation's copy, else a
+        kept one (not verified here).
+
+        Raises:
+            RecoveryError: it holds none."""
+        for prot in self._copy_sources():
+            pp = prot.buffers.held.get(shard_id)
+            buf = pp.find(step) if pp is not None else None
+            if buf is not None:
+                return buf
+        raise RecoveryError(f"world rank {self.env.world_rank} holds no replica of {shard_id} at step {step}")
+
     def _copy_sources(self, current=None) -> list:
         """The protectors whose verified copies a recovery may use, newest first: ``current`` (the one being
         closed, or the old generation's during a recovery) and the kept ones of earlier generations."""
@@ -685,15 +698,15 @@ class Member:
         return self._apply_plan(msg["plan"], dirty=dirty, live=live)
 
     def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None) -> RecoveryRecord:
-        from phoenix_hpc.launch.groups import Grid
-
         if plan.get("action") == "shrink":
             from phoenix_hpc.launch.shrink import apply_shrink
 
             return apply_shrink(self, plan, dirty, live)
         e = self.env
         if plan.get("grid"):  # the grid of the plan's generation (a joining spare after a shrink: a smaller one)
-            e.grid = Grid(int(plan["grid"]["tp"]), int(plan["grid"]["pp"]), int(plan["grid"]["dp"]))
+            from phoenix_hpc.launch.groups import Grid
+
+            e.grid = Grid.of(plan["grid"])
         g = int(plan["generation"])
         rank_map = {int(r): int(w) for r, w in plan["rank_map"]}
         R = int(plan["recoverable_step"])
@@ -758,11 +771,11 @@ class Member:
 
     def _report_and_resume(self, g: int, rank_map: dict[int, int], R: int, live: int | None, dirty: bool,
                            rolled: bool, detail: dict[str, float], path: str, *, t_reconf: float, t_params: float,
-                           t_opt: float, keep_old: bool = True, what: str = "") -> RecoveryRecord:
+                           t_opt: float, what: str = "") -> RecoveryRecord:
         """The end of every recovery a member takes part in: its evidence, this generation's protector, the
-        ``recovered`` report with the phase timings, the wait for ``resume``; returns the record. With
-        ``keep_old`` the previous generation's copies of ``R`` stay usable until this generation's first
-        commit fence; without (a shrink: they name shards of the old grid) they are dropped."""
+        ``recovered`` report with the phase timings, the wait for ``resume``; returns the record. The previous
+        generation's copies of ``R`` (``old_protector``, ``kept``) stay usable until this generation's first
+        commit fence (a shrink has dropped them before: they name shards of the old grid)."""
         e = self.env
         t2 = time.perf_counter()
         report = self._evidence(g, rank_map)
@@ -774,9 +787,7 @@ class Member:
         old, self.old_protector = self.old_protector, None
         # the copies of R stay usable until this generation's first commit fence (:meth:`_phase`): the old
         # protector's, and those kept before it unless the old generation had a fence of its own
-        if not keep_old:
-            self.kept = []
-        elif old is not None and old.recoverable_step is not None:
+        if old is not None and old.recoverable_step is not None:
             self.kept = [old]
         else:
             self.kept = ([old] if old is not None else []) + self.kept
@@ -901,24 +912,15 @@ class Member:
         sender seals it (model dtype, own shapes, CRC-32 per tensor, :mod:`phoenix_hpc.runtime.snapshot`)
         into a host buffer sent with :func:`phoenix_hpc.runtime.h2h.send_buffer` (windowed chunks, tags under
         ``MPI_TAG_UB``); the receiver verifies every tensor before it loads any."""
-        import torch
-
         from phoenix_hpc.runtime.h2h import recv_buffer, send_buffer
-        from phoenix_hpc.runtime.snapshot import PARAM, copy_in, plan_layout, seal, unpack
+        from phoenix_hpc.runtime.snapshot import PARAM, seal_part, unpack
 
         res = self.env.cfg.resilience
         c = self.coord
         sid = f"param/pp{c.pp}/tp{c.tp}"
         what = f"the param shard {sid} {'to' if sending else 'from'} rank {peer}"
         if sending:
-            pairs = sorted(self.engine.param_shard(), key=lambda x: x[0])
-            meta = {"shard_id": sid, "step": step, "generation": self.generation, "grid": {}, "coord": {},
-                    "envelope": {}}
-            layout = plan_layout([], pairs, meta)
-            buf = torch.empty(layout.total_bytes, dtype=torch.uint8)  # every tensor byte is written below;
-            copy_in(buf, layout, [], pairs)  # seal writes header and index; the checksums cover the tensors only
-            seal(buf, layout, shard_id=sid, step=step, generation=self.generation, grid={}, coord={}, envelope={},
-                 parts=(PARAM,))
+            buf = seal_part(self.engine.param_shard(), PARAM, sid, step, self.generation)
             send_buffer(self.comm, buf.numpy(), peer, step, res.chunk_bytes, res.collective_timeout_s, what)
             return
         buf = recv_buffer(self.comm, peer, step, res.chunk_bytes, res.collective_timeout_s, what)
@@ -937,14 +939,7 @@ class Member:
         chunk = self.env.cfg.resilience.chunk_bytes
         timeout = self.env.cfg.resilience.collective_timeout_s
         if sending:
-            buf = None
-            for prot in self._copy_sources():  # the newest generation's copy of ``step``, else a kept one
-                pp = prot.buffers.held.get(shard_id)
-                buf = pp.find(step) if pp is not None else None
-                if buf is not None:
-                    break
-            if buf is None:
-                raise RecoveryError(f"rank {self.logical} holds no replica of {shard_id} at step {step}")
+            buf = self._held_buffer(shard_id, step)
             h, _ = verify(buf, (OPT,))
             send_buffer(self.comm, buf.numpy()[: int(h.opt_end)], peer, step, chunk, timeout,
                         f"sending the replica of {shard_id} to rank {peer}")

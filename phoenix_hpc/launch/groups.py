@@ -31,6 +31,11 @@ class Grid:
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
 
+    @classmethod
+    def of(cls, d) -> "Grid":
+        """The grid of a plan's or envelope's ``{"tp", "pp", "dp"}``."""
+        return cls(int(d["tp"]), int(d["pp"]), int(d["dp"]))
+
 
 def resolve_grid(tp: int, pp: int, dp: int | None, active_slots: int) -> Grid:
     """The grid for ``active_slots`` ranks; ``dp`` None means ``active_slots / (tp * pp)``.

@@ -21,7 +21,7 @@ it finalized and its death is no longer an event. What this costs, measured on t
 
 Only a process in which Open MPI loaded ``libpmix`` (``/proc/self/maps``) is detached; with another MPI or
 launcher nothing happens. ``PHOENIX_PMIX_DETACH=0`` turns it off (then a slot's death cancels the step on
-nodes that run several slots, as Slurm does).
+nodes that run several slots, as Slurm does); a value other than 0 or 1 is refused (exit code 2).
 """
 
 from __future__ import annotations
@@ -30,13 +30,22 @@ import ctypes
 import os
 from typing import MutableMapping
 
+from phoenix_hpc.errors import ConfigError
+
 ADD_PROCS_CUTOFF = "1000000"  # above any job size: every peer is added (its address fetched) in MPI_Init
 
 
 def enabled(environ: MutableMapping[str, str] | None = None) -> bool:
-    """Whether slots detach from PMIx (``PHOENIX_PMIX_DETACH``, default on; ``0`` turns it off)."""
+    """Whether slots detach from PMIx (``PHOENIX_PMIX_DETACH``: ``1``, the default, or ``0``).
+
+    Raises:
+        ConfigError: any other value (named, with the allowed ones)."""
     env = os.environ if environ is None else environ
-    return env.get("PHOENIX_PMIX_DETACH", "1") != "0"
+    value = env.get("PHOENIX_PMIX_DETACH", "1")
+    if value not in ("0", "1"):
+        raise ConfigError(f"PHOENIX_PMIX_DETACH: value {value!r} is not allowed (allowed: 1, the default: slots "
+                          "leave PMIx after MPI_Init; 0: they stay)")
+    return value == "1"
 
 
 def prepare_env(environ: MutableMapping[str, str] | None = None) -> None:

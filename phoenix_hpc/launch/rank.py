@@ -403,7 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     # MPI_Finalize synchronises with every process of the job, dead ones included: it is called by hand,
     # only when no slot can have died and the slot did not leave PMIx (see the end of this function).
     mpi4py.rc.finalize = False
-    pmix.prepare_env()  # before MPI_Init: every peer's address is fetched at init (launch/pmix.py)
+    try:
+        pmix.prepare_env()  # before MPI_Init: every peer's address is fetched at init (launch/pmix.py)
+    except PhoenixError as exc:  # a bad PHOENIX_PMIX_DETACH
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
     from mpi4py import MPI
 
     # a slot's death must not cancel the whole Slurm step (Slurm's PMIx plugin does on a lost connection)
@@ -483,16 +487,20 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     summary = None
     try:
-        standby = not active
-        if active:
+        def train(**kw) -> dict | None:
+            """``run_active``; None when a shrink sent this slot back to standby (launch/shrink.py)."""
             try:
-                summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None, resilient,
-                                     client=att.client if att is not None and resilient is None else None)
+                return run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None, resilient,
+                                  **kw)
             except PhoenixError as exc:
                 if getattr(exc, "job_state", None) != "standby":
                     raise
                 print(f"[phoenix] world rank {slot.world_rank}: {exc}; waiting as a spare", flush=True)
-                standby = True  # a shrink removed its DP replica (launch/shrink.py): a spare from now on
+                return None
+
+        if active:
+            summary = train(client=att.client if att is not None and resilient is None else None)
+        standby = summary is None
         if standby and att is not None and resilient is not None:
             from phoenix_hpc.launch.execute import wait_for_join, warm_up
 
@@ -504,13 +512,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[phoenix] standby world rank {slot.world_rank} on {slot.hostname}: joining generation "
                       f"{plan.get('generation')}", flush=True)
                 store = att.client.tcp_store()
-                try:
-                    summary = run_active(args, cfg, slot, grid, store, run_dir, att.progress, resilient,
-                                         join_plan=plan)
-                except PhoenixError as exc:
-                    if getattr(exc, "job_state", None) != "standby":
-                        raise
-                    print(f"[phoenix] world rank {slot.world_rank}: {exc}; waiting as a spare", flush=True)
+                summary = train(join_plan=plan)
         elif standby and att is not None:
             att.client.wait_instruction(("stop",), timeout_s=float("inf"))
         elif standby:

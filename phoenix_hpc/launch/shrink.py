@@ -21,7 +21,6 @@ the earliest unfinished one always has both its ends waiting for it.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -30,54 +29,21 @@ from phoenix_hpc.errors import RecoveryError
 EXCHANGE_TAG_BASE = 17000  # Create_group tags of the exchange communicators (generation g: base + g)
 
 
-def _seal_opt(opt: dict, sid: str, step: int, generation: int):
-    """The optimizer tensors ``opt`` of slice ``sid`` sealed into a host buffer (OPT part, CRC-32 per tensor)."""
-    import torch
-
-    from phoenix_hpc.runtime.snapshot import OPT, copy_in, plan_layout, seal
-
-    pairs = sorted(opt.items())
-    meta = {"shard_id": sid, "step": step, "generation": generation, "grid": {}, "coord": {}, "envelope": {}}
-    layout = plan_layout(pairs, [], meta)
-    buf = torch.empty(layout.total_bytes, dtype=torch.uint8)
-    copy_in(buf, layout, pairs, [])
-    seal(buf, layout, shard_id=sid, step=step, generation=generation, grid={}, coord={}, envelope={}, parts=(OPT,))
-    return buf
-
-
 def _send(member, comm, sid: str, own_sid: str, own_opt: dict, peer: int, step: int) -> None:
     """Send old slice ``sid`` of ``S(step)`` to communicator rank ``peer``: the own slice from the host copy,
     another from the replica this slot holds of it (verified before it goes)."""
     from phoenix_hpc.runtime.h2h import send_buffer
-    from phoenix_hpc.runtime.snapshot import OPT, verify
+    from phoenix_hpc.runtime.snapshot import OPT, seal_part, verify
 
     res = member.env.cfg.resilience
-    what = f"sending slice {sid} to communicator rank {peer}"
     if sid == own_sid:
-        buf = _seal_opt(own_opt, sid, step, member.generation)
-        send_buffer(comm, buf.numpy(), peer, step, res.chunk_bytes, res.collective_timeout_s, what)
-        return
-    for prot in member._copy_sources():
-        pp = prot.buffers.held.get(sid)
-        buf = pp.find(step) if pp is not None else None
-        if buf is not None:
-            h, _ = verify(buf, (OPT,))
-            send_buffer(comm, buf.numpy()[: int(h.opt_end)], peer, step, res.chunk_bytes,
-                        res.collective_timeout_s, what)
-            return
-    raise RecoveryError(f"world rank {member.env.world_rank} holds no copy of {sid} at step {step}")
-
-
-def _held(member, sid: str, step: int) -> dict:
-    """The tensors of the replica of ``sid`` at ``step`` this slot holds (verified)."""
-    from phoenix_hpc.runtime.snapshot import OPT, unpack
-
-    for prot in member._copy_sources():
-        pp = prot.buffers.held.get(sid)
-        buf = pp.find(step) if pp is not None else None
-        if buf is not None:
-            return dict(unpack(buf, (OPT,)).tensors)
-    raise RecoveryError(f"world rank {member.env.world_rank} holds no copy of {sid} at step {step}")
+        buf = seal_part(list(own_opt.items()), OPT, sid, step, member.generation).numpy()
+    else:
+        held = member._held_buffer(sid, step)
+        h, _ = verify(held, (OPT,))
+        buf = held.numpy()[: int(h.opt_end)]
+    send_buffer(comm, buf, peer, step, res.chunk_bytes, res.collective_timeout_s,
+                f"sending slice {sid} to communicator rank {peer}")
 
 
 def _recv(member, comm, sid: str, peer: int, step: int) -> dict:
@@ -128,6 +94,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
     """
     from phoenix_hpc.launch.execute import LeftToStandby
     from phoenix_hpc.launch.groups import Grid
+    from phoenix_hpc.runtime.snapshot import OPT, unpack
 
     e = member.env
     g = int(plan["generation"])
@@ -166,7 +133,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
         raise LeftToStandby(f"world rank {e.world_rank} left its DP replica in the shrink to generation {g}")
 
     member.rank_map, member.logical = rank_map, mine[0]
-    e.grid = Grid(int(plan["grid"]["tp"]), int(plan["grid"]["pp"]), int(plan["grid"]["dp"]))
+    e.grid = Grid.of(plan["grid"])
     detail.update(member._setup_groups())
     t1 = time.perf_counter()
     member._construct_engine()
@@ -180,15 +147,13 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
         if sid == own_sid:
             old.update(own_opt)
         elif sources.get(sid) == e.world_rank:
-            old.update(_held(member, sid, R))
+            old.update(unpack(member._held_buffer(sid, R), (OPT,)).tensors)  # verified as it is unpacked
     eng = member.engine
     eng.load_param_shard(own_par)
     eng.load_resharded_optimizer(old, int(sh["old_grid"]["dp"]))
-    c = member.coord
-    env2 = json.loads(json.dumps(envelope))
-    env2["coord"] = {"pp": c.pp, "dp": c.dp, "tp": c.tp}
-    env2["grid"] = {"tp": e.grid.tp, "pp": e.grid.pp, "dp": e.grid.dp}
-    eng.load_envelope(env2)
+    c = member.coord  # the envelope of S(R) at the member's new coordinate and grid (nothing else changes)
+    eng.load_envelope({**envelope, "coord": {"pp": c.pp, "dp": c.dp, "tp": c.tp},
+                       "grid": {"tp": e.grid.tp, "pp": e.grid.pp, "dp": e.grid.dp}})
     t_opt = time.perf_counter() - t2
     if int(eng.step) != R:
         raise RecoveryError(f"rank {member.logical} is at step {eng.step} after the shrink, plan says {R}")
@@ -196,5 +161,4 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
     # offered as evidence
     member.old_protector, member.kept = None, []
     return member._report_and_resume(g, rank_map, R, live, dirty, rolled, detail, "rebuild", t_reconf=t_reconf,
-                                     t_params=0.0, t_opt=t_opt, keep_old=False,
-                                     what=f" after a shrink to dp {e.grid.dp}")
+                                     t_params=0.0, t_opt=t_opt, what=f" after a shrink to dp {e.grid.dp}")

@@ -294,7 +294,6 @@ def plan_recovery(
     # --- the recoverable step ----------------------------------------------------------------------
     recoverable, sid_of = recoverable_of(grid, rank_map, nodes, placement, committed, live_steps,
                                          set(dead_logical) | restore_set, alive_set, dirty_set)
-    no_copies: Mapping[int, Any] = {}
 
     # --- transfers ---------------------------------------------------------------------------------
     transfers: list[Transfer] = []
@@ -314,9 +313,7 @@ def plan_recovery(
             )
         if peer is not None:
             transfers.append(Transfer("params", f"param/pp{c.pp}/tp{c.tp}", new_map[peer], spare, recoverable))
-        copies = {h: _steps(v) for h, v in committed.get(sid, no_copies).items()}
-        order = [h for h in placement.get(sid, ()) if h in alive_set] + sorted(h for h in copies if h in alive_set)
-        holder = next(h for h in order if recoverable in copies.get(h, ()))
+        holder = holder_at(sid, recoverable, placement, committed, alive_set)
         transfers.append(Transfer("optimizer", sid, new_map[holder], spare, recoverable))
         if peer is None:  # dp == 1: the one optimizer slice holds every parameter's fp32 main copy
             transfers.append(Transfer("params_from_optimizer", f"param/pp{c.pp}/tp{c.tp}", spare, spare,
@@ -347,7 +344,6 @@ def plan_recovery(
         steps_replayed=newest - recoverable,
         grid=(tp, pp, dp),
     )
-
 
 
 def recoverable_of(grid, rank_map, nodes, placement, committed, live_steps, unavailable, alive_set, dirty_set):
@@ -401,6 +397,17 @@ def recoverable_of(grid, rank_map, nodes, placement, committed, live_steps, unav
             missing,
         )
     return recoverable, sid_of
+
+
+def holder_at(sid: str, step: int, placement: Mapping[str, Sequence[int]], committed: Mapping[str, Mapping[int, Any]],
+              alive: set[int]) -> int:
+    """The live holder (logical rank) whose copy of shard ``sid`` serves step ``step``: the placement's holders
+    first, in placement order, then any other live copy, lowest rank first. :func:`recoverable_of` has made
+    sure one exists."""
+    copies = {h: _steps(v) for h, v in committed.get(sid, {}).items()}
+    order = [h for h in placement.get(sid, ()) if h in alive] + sorted(h for h in copies if h in alive)
+    return next(h for h in order if step in copies.get(h, ()))
+
 
 def _steps(copy: int | Iterable[int]) -> set[int]:
     """The steps one copy can provide: a single step, or the steps of its (committed, previous) buffers."""

@@ -4,13 +4,14 @@ A pure function from the same inputs as :func:`phoenix_hpc.recovery.plan.plan_re
 each stage's flat optimizer vector) to a :class:`~phoenix_hpc.recovery.plan.RecoveryPlan` with
 ``action == "shrink"`` (docs/design.md section 6, "Shrink"):
 
-- the removed replicas ``H`` are the DP indices of the lost slots (dead, or drained with ``--shrink``);
+- the removed replicas ``H`` are the DP indices of the lost slots (dead, or drained with ``--shrink``: a
+  drained slot has stopped at the drain's commit fence and counts as dead here, its shard served by a holder);
   ``dp' = dp - |H|``; the kept replicas keep their order and are numbered ``0 .. dp' - 1``, so the logical
   rank of a kept slot becomes ``(pp * dp' + d') * tp + tp_index`` and its world rank stays;
 - the recoverable step ``R`` is computed as for a hot swap over the *old* grid (every old shard must have a
   copy at ``R`` on a live slot: its owner, or a holder of its replica);
-- the healthy slots of the removed replicas are *leavers*: members of the recovery's MPI communicator that
-  send what they hold, then go back to standby (a drained node's slots end instead);
+- the healthy slots of the removed replicas are *leavers*: members of the recovery's exchange communicator
+  that send what they hold, then go back to standby;
 - the optimizer state is re-partitioned: for every stage ``(pp, tp)`` the flat fp32 vector of ``numel``
   elements was cut into ``dp`` slices of ``ceil(numel / dp)`` (:mod:`phoenix_hpc.engines.zero`); the new
   member ``d'`` owns ``[d' L', (d' + 1) L')`` with ``L' = ceil(numel / dp')`` and needs every old slice that
@@ -33,7 +34,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 from phoenix_hpc.errors import RecoveryError
-from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, Transfer, _steps, recoverable_of
+from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, Transfer, holder_at, recoverable_of
 from phoenix_hpc.topology import coord_of
 
 SHRINK_INVARIANTS = ("I1", "I2", "I4", "I5")
@@ -90,7 +91,6 @@ def plan_shrink(
     committed: Mapping[str, Mapping[int, int]],
     live_steps: Mapping[int, int],
     numel: Mapping[str, int],
-    drained: Iterable[int] = (),
     dirty: Iterable[int] = (),
     k: int = 1,
 ) -> RecoveryPlan:
@@ -98,10 +98,9 @@ def plan_shrink(
 
     Args:
         generation, grid, rank_map, nodes, dead, placement, committed, live_steps, dirty: as
-            :func:`phoenix_hpc.recovery.plan.plan_recovery` (``dead``: world ranks).
+            :func:`phoenix_hpc.recovery.plan.plan_recovery` (``dead``: world ranks; a slot drained with
+            ``--shrink`` is among them).
         numel: ``"pp{pp}/tp{tp}"`` -> elements of that stage's flat optimizer vector (every stage).
-        drained: world ranks of live active slots to remove (``phoenix drain --shrink``): their replicas are
-            removed as a dead slot's are; they still send what they hold.
         k: replicas per shard: the members must span at least ``k + 1`` nodes (the new grid's placement
             takes holders beyond the DP peers where it must, :func:`phoenix_hpc.topology.place_replicas`).
 
@@ -110,9 +109,9 @@ def plan_shrink(
         ``leavers``, ``needs``, ``sources`` and ``reshard`` transfers.
 
     Raises:
-        FallbackRequired: the shrink would leave dp < 1, or an old shard has no copy at the recoverable step.
-            A stage's ``numel`` missing (no member of it could report one) is a fallback too.
-        RecoveryError: inconsistent input (rank map does not cover the grid, nothing to remove).
+        FallbackRequired: the shrink is impossible (:func:`shrink_refusal`), an old shard has no copy at the
+            recoverable step, or a stage's ``numel`` is missing (no member of it could report one).
+        RecoveryError: inconsistent input (rank map does not cover the grid, no lost active slot).
     """
     tp, pp, dp = grid
     n = tp * pp * dp
@@ -120,20 +119,18 @@ def plan_shrink(
         raise RecoveryError(f"rank map covers logical ranks {sorted(rank_map)}, grid needs 0..{n - 1}")
     w2l = {w: r for r, w in rank_map.items()}
     dead_set = set(dead)
-    dead_logical = sorted(w2l[w] for w in dead_set if w in w2l)
-    drained_logical = sorted(w2l[w] for w in set(drained) if w in w2l and w not in dead_set)
-    lost = dead_logical + drained_logical
+    lost = sorted(w2l[w] for w in dead_set if w in w2l)
     if not lost:
-        raise RecoveryError("a shrink needs a lost or drained active slot")
-    why = shrink_refusal(grid, lost)
+        raise RecoveryError("a shrink needs a lost (dead or drained) active slot")
+    why = shrink_refusal(grid, lost, {r: nodes[w] for r, w in rank_map.items()}, k)
     if why:
         raise FallbackRequired(why)
     gone = set(removed_replicas(grid, lost))
     new_dp = dp - len(gone)
     dirty_set = set(dirty)
-    alive_set = {r for r in range(n) if r not in set(dead_logical)}
+    alive_set = set(range(n)) - set(lost)
     recoverable, sid_of = recoverable_of(grid, rank_map, nodes, placement, committed, live_steps,
-                                         set(dead_logical), alive_set, dirty_set)
+                                         set(lost), alive_set, dirty_set)
 
     kept = [d for d in range(dp) if d not in gone]
     new_index = {d: i for i, d in enumerate(kept)}
@@ -146,22 +143,11 @@ def plan_shrink(
                 leavers.append(rank_map[r])
             continue
         new_map[(c.pp * new_dp + new_index[c.dp]) * tp + c.tp] = rank_map[r]
-    why = shrink_refusal(grid, lost, {r: nodes[w] for r, w in rank_map.items()}, k)
-    if why:
-        raise FallbackRequired(why)
 
-    sources: dict[str, int] = {}
-    for r in range(n):
-        sid = sid_of(r)
-        if r in alive_set:
-            sources[sid] = rank_map[r]
-            continue
-        copies = {h: _steps(v) for h, v in committed.get(sid, {}).items()}
-        order = [h for h in placement.get(sid, ()) if h in alive_set] + sorted(h for h in copies if h in alive_set)
-        holder = next((h for h in order if recoverable in copies.get(h, ())), None)
-        if holder is None:  # recoverable_of found a copy at R on a live holder; this cannot be reached
-            raise FallbackRequired(f"shard {sid} has no live copy at step {recoverable}", [sid])
-        sources[sid] = rank_map[holder]
+    # an old slice comes from its owner when it is alive, else from a live holder of its replica at R
+    sources = {sid_of(r): rank_map[r if r in alive_set else
+                                    holder_at(sid_of(r), recoverable, placement, committed, alive_set)]
+               for r in range(n)}
 
     transfers: list[Transfer] = []
     needs: list[tuple[int, tuple[str, ...]]] = []
@@ -178,9 +164,8 @@ def plan_shrink(
                 transfers += [Transfer("reshard", sid, sources[sid], w, recoverable) for sid in sids
                               if sources[sid] != w]
 
-    rollbacks = tuple((r, live_steps[r]) for r in sorted(alive_set)
-                      if r in live_steps and (live_steps[r] > recoverable or r in dirty_set))
-    newest = max([live_steps[r] for r in alive_set if r in live_steps] + [recoverable])
+    rollbacks = tuple((r, live_steps[r]) for r in sorted(alive_set) if live_steps[r] > recoverable or r in dirty_set)
+    newest = max([live_steps[r] for r in alive_set] + [recoverable])
     return RecoveryPlan(
         action="shrink",
         old_generation=generation,

@@ -282,6 +282,23 @@ class SnapshotHeader:
     index: dict[str, Any]
 
 
+def seal_part(pairs: list[tuple[str, torch.Tensor]], part: str, shard_id: str, step: int,
+              generation: int) -> torch.Tensor:
+    """One part (``OPT`` or ``PARAM``) of a state, ``(name, tensor)`` pairs, copied into a new host buffer and
+    sealed (header, index, a checksum per tensor; empty grid, coordinate and envelope): what a recovery sends
+    that is not a replica buffer already (a DP peer's parameters, a shrink's own optimizer slice).
+    :func:`unpack` with ``(part,)`` verifies and reads it."""
+    pairs = sorted(pairs, key=lambda x: x[0])
+    meta = {"shard_id": shard_id, "step": step, "generation": generation, "grid": {}, "coord": {}, "envelope": {}}
+    opt, par = (pairs, []) if part == OPT else ([], pairs)
+    layout = plan_layout(opt, par, meta)
+    buf = torch.empty(layout.total_bytes, dtype=torch.uint8)  # every tensor byte is written below; seal
+    copy_in(buf, layout, opt, par)  # writes header and index; the checksums cover the tensors only
+    seal(buf, layout, shard_id=shard_id, step=step, generation=generation, grid={}, coord={}, envelope={},
+         parts=(part,))
+    return buf
+
+
 def read_header(buf: torch.Tensor | np.ndarray) -> SnapshotHeader:
     """Parse and check the fixed header and the JSON index of a snapshot or replica buffer.
 

@@ -68,8 +68,6 @@ def test_spares_exhausted_shrinks_the_job_bitwise_as_a_planned_shrink_at_the_sam
     assert d["recoverable_step"] == R, d
     assert done_ref["grid"] == [1, 1, 3] and done_ref["step"] == STEPS
     assert done["final_hash"] == done_ref["final_hash"], (done["rank_hashes"], done_ref["rank_hashes"])
-    # a drain that would leave no replica is refused and changes nothing (the job has ended by now or
-    # still runs: either way exit 2 with the reason)
     print(f"shrink: fault job {job.elapsed_s:.1f} s, recoveries "
           + "; ".join(f"{x['action']} {x['total_s']} s {x['phases']}" for x in recs)
           + f"; planned shrink job {ref.elapsed_s:.1f} s at R={R}")

@@ -76,8 +76,11 @@ def test_the_shrink_is_the_same_whichever_replica_is_removed():
 
 
 def test_a_drained_slot_is_removed_like_a_dead_one():
-    p = _plan(dead=[], drained=[3])
-    assert p.grid == (1, 2, 2) and p.leavers == (0, 3) and dict(p.sources)["opt/pp1/tp0/dp0"] == 3
+    """``drain --shrink``: the drained slot stopped at the commit fence and is passed as dead; its replica's
+    other stage leaves, its own slice comes from its holder."""
+    p = _plan(dead=[3])
+    assert p.grid == (1, 2, 2) and p.leavers == (0,) and p.lost == (3,)
+    assert dict(p.sources)["opt/pp1/tp0/dp0"] == 4  # (pp1, dp0)'s holder is (pp1, dp1)
 
 
 def test_a_shrink_that_would_leave_no_replica_falls_back():
@@ -199,3 +202,37 @@ def test_spares_exhausted_is_refused_outside_mode_phoenix():
     with pytest.raises(pydantic.ValidationError, match="spares_exhausted: 'shrink' needs mode 'phoenix'"):
         JobConfig.model_validate({"name": "x", "data": {"path": "d"},
                                   "resilience": {"mode": "checkpoint-restart", "spares_exhausted": "shrink"}})
+
+
+def test_a_sealed_part_unpacks_to_the_same_tensors_and_a_flipped_byte_is_caught():
+    from phoenix_hpc.errors import ReplicationError
+    from phoenix_hpc.runtime.snapshot import OPT, seal_part, unpack
+
+    pairs = [("opt/pp0/tp0/dp1/b/main", torch.arange(5, dtype=torch.float32)),
+             ("opt/pp0/tp0/dp1/a/main", torch.ones(3))]
+    buf = seal_part(pairs, OPT, "opt/pp0/tp0/dp1", 7, 2)
+    u = unpack(buf, (OPT,))
+    assert (u.shard_id, u.step) == ("opt/pp0/tp0/dp1", 7)
+    assert all(torch.equal(u.tensors[n], t) for n, t in pairs) and set(u.tensors) == {n for n, _ in pairs}
+    raw = bytes(buf.numpy())
+    at = raw.index(torch.ones(3).numpy().tobytes())  # the bytes of tensor .../a/main in the buffer
+    buf[at + 1] ^= 0xFF
+    with pytest.raises(ReplicationError):
+        unpack(buf, (OPT,))
+
+
+def test_the_pmix_switch_takes_0_or_1_only():
+    from phoenix_hpc.errors import ConfigError
+    from phoenix_hpc.launch import pmix
+
+    assert pmix.enabled({}) and pmix.enabled({"PHOENIX_PMIX_DETACH": "1"})
+    assert not pmix.enabled({"PHOENIX_PMIX_DETACH": "0"})
+    env = {"PHOENIX_PMIX_DETACH": "0"}
+    pmix.prepare_env(env)
+    assert "OMPI_MCA_mpi_add_procs_cutoff" not in env  # off: Open MPI is left as it is
+    env = {}
+    pmix.prepare_env(env)
+    assert env["OMPI_MCA_mpi_add_procs_cutoff"] == pmix.ADD_PROCS_CUTOFF
+    with pytest.raises(ConfigError, match=r"PHOENIX_PMIX_DETACH: value 'no' is not allowed \(allowed: 1"):
+        pmix.enabled({"PHOENIX_PMIX_DETACH": "no"})
+    assert ConfigError("x").exit_code == 2
