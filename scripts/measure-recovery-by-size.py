@@ -1,10 +1,14 @@
 #!/usr/bin/env python
 """What grows in a hot swap with the model size: the same fault (last active node killed, 4 active slots +
-1 spare, pp=1) on models S and L of the benchmark (phoenix_hpc/bench/jobs.py), one job each, in one run on a
-local cluster of its own; prints the journal's phases and, per recovery part, the largest time any member
-reports (the ranks' ``recoveries[].detail``, launch/execute.py), with the ratio L / S.
+1 spare, pp=1) on models S and L of the benchmark (phoenix_hpc/bench/jobs.py), ``--trials`` jobs per model run
+interleaved (S, L, S, L, ...) in one run on a local cluster of its own; prints, per part, the median over the
+trials of the journal's phases and of the largest time any member reports (the ranks'
+``recoveries[].detail``, launch/execute.py), the ratio L / S of those medians, and the ratio of "total minus
+the replayed step" with a 95 % percentile-bootstrap interval (phoenix_hpc/bench/stats.median_ratio).
 
-Usage: .venv/bin/python scripts/measure-recovery-by-size.py [--work DIR] [--sizes S,L] [--update-benchmarks DIR]
+Usage: .venv/bin/python scripts/measure-recovery-by-size.py [--work DIR] [--sizes S,L] [--trials N]
+                                                            [--update-benchmarks DIR]
+  --trials N: jobs per model (default 3, at least 1; about 40 s each on 2 cores).
   --update-benchmarks DIR: keep the result under "recovery_by_size" in DIR/BENCHMARKS.json and render it into
   section 3 of DIR/BENCHMARKS.md (the other sections are re-rendered unchanged from the same JSON).
 """
@@ -17,6 +21,9 @@ import random
 import sys
 import tempfile
 from pathlib import Path
+
+
+NOT_PARTS = ("params", "trials", "core_s")  # the row's facts that are not a part's seconds
 
 
 def member_detail(run_dir: Path) -> dict[str, float]:
@@ -35,6 +42,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default=None)
     ap.add_argument("--sizes", default="S,L")
+    ap.add_argument("--trials", default="3")
     ap.add_argument("--update-benchmarks", default=None, metavar="DIR")
     a = ap.parse_args()
     from phoenix_hpc.bench.jobs import MODEL_SIZES
@@ -44,6 +52,10 @@ def main() -> int:
     if bad or len(set(sizes)) != len(sizes):
         print(f"error: --sizes: {a.sizes!r} is not allowed (allowed: distinct names of {sorted(MODEL_SIZES)}, "
               "comma-separated)", file=sys.stderr)
+        return 2
+    trials = int(a.trials) if a.trials.isdigit() else 0
+    if trials < 1:
+        print(f"error: --trials: {a.trials!r} is not allowed (allowed: a whole number >= 1)", file=sys.stderr)
         return 2
     from phoenix_hpc.bench import recovery as R
     from phoenix_hpc.bench.run import Context
@@ -61,29 +73,47 @@ def main() -> int:
         ctx = Context(cluster=cluster, client=SlurmClient(env=cluster.env), env=cluster.env, work=work,
                       data_path=str(data), log=lambda m: print(m, flush=True))
         rng = random.Random(1)
-        rows = {}
-        for s in sizes:
-            t = R.Trial(f"size-{s}", "phoenix", 4, s, 1, fault_step=8 + rng.randrange(5))
-            res = R.run_hotswap(t, ctx)
-            ctx.revive()
-            rows[s] = {"total_s": res["total_s"], **{f"phase.{k}": v for k, v in res["phases"].items()},
-                       **member_detail(work / "recovery" / t.name), "params": res["params"]}
-            print(json.dumps({s: rows[s]}), flush=True)
+        runs: dict[str, list[dict]] = {s: [] for s in sizes}
+        for i in range(trials):
+            for s in sizes:  # interleaved, so that a drift of the shared machine hits every model alike
+                t = R.Trial(f"size-{s}-{i}", "phoenix", 4, s, 1, fault_step=8 + rng.randrange(5))
+                res = R.run_hotswap(t, ctx)
+                ctx.revive()
+                runs[s].append({"total_s": res["total_s"], **{f"phase.{k}": v for k, v in res["phases"].items()},
+                                **member_detail(work / "recovery" / t.name), "params": res["params"]})
+                print(json.dumps({s: runs[s][-1]}), flush=True)
     finally:
         lc.down(cdir)
-    sizes = list(rows)
-    keys = sorted({k for r in rows.values() for k in r if k != "params"})
+    rows = median_rows(runs)
+    keys = sorted({k for r in rows.values() for k in r if k not in NOT_PARTS})
     print(f"\n{'part (s)':32}" + "".join(f"{s + ' (' + format(rows[s]['params'] / 1e6, '.2f') + ' M)':>16}" for s in sizes)
           + (f"{'ratio':>10}" if len(sizes) == 2 else ""))
     for k in keys:
         vals = [rows[s].get(k) for s in sizes]
         ratio = (f"{vals[1] / vals[0]:10.2f}" if len(vals) == 2 and vals[0] and vals[1] is not None else "")
         print(f"{k:32}" + "".join(f"{'-' if v is None else format(v, '.3f'):>16}" for v in vals) + ratio)
-    (work / "by-size.json").write_text(json.dumps(rows, indent=2))
+    for line in findings(rows):
+        print(line)
+    (work / "by-size.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=2))
     print(f"\n(results: {work / 'by-size.json'})")
     if a.update_benchmarks:
-        update_benchmarks(Path(a.update_benchmarks), rows)
+        update_benchmarks(Path(a.update_benchmarks), rows, runs)
     return 0
+
+
+def median_rows(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per model, the median over its trials of every part (a part missing from a trial counts as absent),
+    plus ``trials`` and ``core_s``: each trial's total minus its replayed step."""
+    import statistics
+
+    rows = {}
+    for s, rs in runs.items():
+        keys = sorted({k for r in rs for k in r if k not in NOT_PARTS})
+        rows[s] = {k: statistics.median([r[k] for r in rs if k in r]) for k in keys}
+        rows[s]["params"] = rs[0]["params"]
+        rows[s]["trials"] = len(rs)
+        rows[s]["core_s"] = [round(r["total_s"] - r["phase.replay"], 3) for r in rs]
+    return rows
 
 
 def findings(rows: dict) -> list[str]:
@@ -91,10 +121,15 @@ def findings(rows: dict) -> list[str]:
     rank's transfer, the survivors' rollback copy and the detection."""
     if len(rows) != 2:
         return []
+    from phoenix_hpc.bench.stats import median_ratio
+
     (s, a), (l, b) = rows.items()
-    core = {k: v["total_s"] - v["phase.replay"] for k, v in rows.items()}
-    out = [f"- total minus the replayed step: {s} {core[s]:.2f} s, {l} {core[l]:.2f} s ({core[l] / core[s]:.2f}x); "
-           f"reconfigure {a['phase.reconfigure']:.2f} -> {b['phase.reconfigure']:.2f} s."]
+    cs, cl = a.get("core_s") or [a["total_s"] - a["phase.replay"]], b.get("core_s") or [b["total_s"] - b["phase.replay"]]
+    r = median_ratio(cl, cs)
+    out = [f"- total minus the replayed step, median of {len(cs)} and {len(cl)} trials: {s} {median(cs):.2f} s "
+           f"(trials {', '.join(f'{x:.2f}' for x in cs)}), {l} {median(cl):.2f} s (trials "
+           f"{', '.join(f'{x:.2f}' for x in cl)}): {r.value:.2f}x [95 % CI {r.lo:.2f}, {r.hi:.2f}]; reconfigure "
+           f"{a['phase.reconfigure']:.2f} -> {b['phase.reconfigure']:.2f} s."]
     growth = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in ("phase.detect", "phase.params", "phase.optimizer",
                                                           "rollback", "protector_allocate", "engine")}
     out.append("- of the difference: " + ", ".join(f"{k} {v:+.2f} s" for k, v in growth.items())
@@ -104,7 +139,13 @@ def findings(rows: dict) -> list[str]:
     return out
 
 
-def update_benchmarks(folder: Path, rows: dict) -> None:
+def median(xs: list[float]) -> float:
+    import statistics
+
+    return statistics.median(xs)
+
+
+def update_benchmarks(folder: Path, rows: dict, runs: dict) -> None:
     import datetime as dt
 
     from phoenix_hpc.bench import jobs
@@ -115,7 +156,8 @@ def update_benchmarks(folder: Path, rows: dict) -> None:
     data = json.loads(js.read_text()) if js.exists() else {}
     data["recovery_by_size"] = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": jobs.git_commit(repo),
-        "command": "scripts/measure-recovery-by-size.py", "rows": rows, "findings": findings(rows)}
+        "command": "scripts/measure-recovery-by-size.py", "rows": rows, "runs": runs,
+        "findings": findings(rows)}
     _atomic_text(js, json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     _atomic_text(folder / "BENCHMARKS.md", render_markdown(data))
 

@@ -7,7 +7,8 @@ SIGKILL) and revived after the trial.
 
 PHOENIX (``mode: phoenix``, one spare node): the phases come from the coordinator's journal,
 ``recovery_done {total_s, phases{detect, reconfigure, params, optimizer, replay}, steps_replayed}``
-(total: fault -> the members are past the replayed steps).
+(total: fault -> the members are past the replayed steps), except ``detect``, which is measured from the kill
+as for the baselines (:func:`true_detect`; the journal's own starts at the dead slot's last heartbeat).
 
 Checkpoint-restart (``mode: checkpoint-restart``, a DCP checkpoint every K steps, no spare), phases in
 wall-clock seconds:
@@ -122,7 +123,7 @@ def _config(t: Trial, work: Path, data_path: str, steps: int, spares: int) -> di
 
 def _start_and_kill(t: Trial, cfg: dict, run_dir: Path, ctx) -> dict:
     """Submit, wait until rank 0 finished ``t.fault_step``, kill the last active node. Returns times."""
-    from phoenix_hpc.slurm.cluster import kill_node
+    from phoenix_hpc.slurm.cluster import kill_node, node_kill_targets
 
     cfg_path = jobs.write_yaml(run_dir.parent / f"{run_dir.name}.yaml", cfg)
     sub = jobs.phoenix_submit(cfg_path, run_dir, ctx.env)
@@ -130,8 +131,9 @@ def _start_and_kill(t: Trial, cfg: dict, run_dir: Path, ctx) -> dict:
           lambda: any(s["step"] >= t.fault_step for s in _read_steps(run_dir, 0)), timeout_s=240)
     nodes = _active_nodes(run_dir)
     victim = nodes[max(nodes)]
+    targets = node_kill_targets(ctx.cluster, victim)  # the /proc scan before the clock: the fault is the kill
     t_fault = time.time()
-    kill_node(ctx.cluster, victim)
+    kill_node(ctx.cluster, victim, targets=targets)
     ctx.killed.append(victim)
     return {"job_id": sub["job_id"], "submitted_at": sub["submitted_at"], "t_fault": t_fault, "node": victim,
             "step_at_kill": max(s["step"] for s in _read_steps(run_dir, 0))}
@@ -162,12 +164,32 @@ def run_hotswap(t: Trial, ctx) -> dict:
     if rec["event"] != "recovery_done":
         raise BenchError(f"{t.name}: no hot swap, the journal says {json.dumps(rec)[:300]}")
     steps = [s["step_time_ms"] for s in _read_steps(run_dir, 0)]
-    marks = journal_marks(_journal(run_dir), rec["ts"])
+    journal = _journal(run_dir)
+    marks = journal_marks(journal, rec["ts"])
+    phases, total = true_detect(rec, journal, info["t_fault"])
     return {"marks": marks,"name": t.name, "nodes": t.nodes, "spares": 1, "size": t.size, "params": jobs.model_params(t.size),
-            "pp": t.pp, "fault_step": t.fault_step, **info, "total_s": rec["total_s"], "phases": rec["phases"],
+            "pp": t.pp, "fault_step": t.fault_step, **info, "total_s": total, "phases": phases,
+            "coordinator_detect_s": rec["phases"]["detect"],
             "steps_replayed": rec.get("steps_replayed"), "recoverable_step": rec.get("recoverable_step"),
             "action": rec.get("action"),
             "step_ms_median": statistics.median(steps) if steps else None}
+
+
+def true_detect(done: dict, journal: list[dict], t_fault: float) -> tuple[dict, float]:
+    """The hot swap's phases and total measured from the kill (pure): ``detect`` = the kill -> the first
+    journal record of the fault (``slots_dead``/``fault``/``decision``), as for the baselines; the other
+    phases as ``recovery_done`` has them; the total = that detect + the journal's total without its own
+    detect. The coordinator cannot know when a node died: its ``detect`` starts at the dead slot's last
+    heartbeat (``control/membership.py``), up to a heartbeat interval before the kill, and is kept apart as
+    ``coordinator_detect_s``.
+
+    Raises BenchError when the journal has no record of the fault at or after ``t_fault``."""
+    seen = [r["ts"] for r in journal if r["ts"] >= t_fault and r["event"] in ("slots_dead", "fault", "decision")]
+    if not seen:
+        raise BenchError(f"no journal record of the fault at or after {t_fault}")
+    detect = min(seen) - t_fault
+    phases = {**done["phases"], "detect": round(detect, 3)}
+    return phases, round(done["total_s"] - done["phases"]["detect"] + detect, 3)
 
 
 def journal_marks(journal: list[dict], t_done: float) -> dict:

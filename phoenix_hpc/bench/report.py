@@ -91,13 +91,16 @@ def by_size_lines(bs: dict | None) -> list[str]:
         return []
     rows = bs["rows"]
     sizes = list(rows)
+    n = {s: rows[s].get("trials", 1) for s in sizes}
+    jobs = ("one job per model" if set(n.values()) == {1} else
+            f"{' and '.join(str(v) for v in n.values())} jobs per model run interleaved, per part the median over them of")
     out = [f"What grows with the model, per recovery part (run {bs.get('date')}, commit `{str(bs.get('commit'))[:12]}`, "
-           f"`{bs.get('command')}`; one job per model, the same fault; per part the largest time any member reports, "
+           f"`{bs.get('command')}`; {jobs}, the same fault; per part the largest time any member reports, "
            "`recoveries[].detail` of the ranks' summaries; phases from the journal):", ""]
     out.append("| part (s) | " + " | ".join(f"{s} ({rows[s]['params'] / 1e6:.2f} M)" for s in sizes)
                + (" | ratio |" if len(sizes) == 2 else " |"))
     out.append("| --- |" + " --- |" * (len(sizes) + (1 if len(sizes) == 2 else 0)))
-    keys = sorted({k for v in rows.values() for k in v if k != "params"})
+    keys = sorted({k for v in rows.values() for k in v if k not in ("params", "trials", "core_s")})
     for k in keys:
         vals = [rows[s].get(k) for s in sizes]
         ratio = (f" {vals[1] / vals[0]:.2f} |" if len(vals) == 2 and vals[0] and vals[1] is not None else

@@ -126,8 +126,13 @@ def open_samples(cfg):
     return TokenSamples(cfg.data.path, cfg.model.seq_length, cfg.training.seed, cfg.model.vocab_size)
 
 
-def create_engine(cfg, coord: GridCoord, groups: ProcessGroups, device: torch.device) -> Engine:
+def create_engine(cfg, coord: GridCoord, groups: ProcessGroups, device: torch.device, *,
+                  state_follows: bool = False) -> Engine:
     """Build the engine named by ``cfg.engine`` for this rank (the dataset is opened here).
+
+    ``state_follows``: the caller loads every parameter before the first step (a recovery); the torch
+    engine then skips the built-in GPT's random initialisation (:class:`.torch_engine.TorchEngine`). The
+    Megatron engine and a user's engine class are built as always.
 
     Raises:
         EngineError / DataError / ConfigError: see :func:`check_engine_runnable`,
@@ -145,4 +150,4 @@ def create_engine(cfg, coord: GridCoord, groups: ProcessGroups, device: torch.de
         return MegatronEngine(cfg, coord, groups, device)
     from phoenix_hpc.engines.torch_engine import TorchEngine
 
-    return TorchEngine(cfg, coord, groups, open_samples(cfg), device)
+    return TorchEngine(cfg, coord, groups, open_samples(cfg), device, state_follows=state_follows)

@@ -44,7 +44,7 @@ import torch.distributed as dist
 from phoenix_hpc.engines.base import Engine, GridCoord, ProcessGroups
 from phoenix_hpc.engines.schedule import lr_at
 from phoenix_hpc.engines.styles import ENGINE_RECOVERY_STYLES
-from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage, lm_loss
+from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage, empty_stage, lm_loss
 from phoenix_hpc.engines.zero import ShardedAdamW
 from phoenix_hpc.errors import ConfigError, EngineError
 
@@ -102,6 +102,11 @@ class TorchEngine(Engine):
         samples: the dataset reader (:class:`~phoenix_hpc.data.indexed.TokenSamples` or
             :class:`~.custom_model.FactorySamples`: ``batch(position, count) -> (inputs, targets)``).
         device: where the model lives (default CPU).
+        state_follows: the caller loads every parameter before the first step (a joining spare, a member
+            rebuilt in a recovery): the built-in GPT is then allocated without its random initialisation
+            (:func:`.torch_gpt.empty_stage`); a ``model.factory`` module is built as always. Until
+            :meth:`load_param_shard` or :meth:`params_from_optimizer` has run, :meth:`forward_backward`
+            raises EngineError instead of training on uninitialised memory.
 
     Raises:
         EngineError: tp != 1, float16, a batch size that does not split over dp, or a group size that
@@ -113,7 +118,8 @@ class TorchEngine(Engine):
     recovery_style = ENGINE_RECOVERY_STYLES["torch"][0]
     supported_recovery_styles = ENGINE_RECOVERY_STYLES["torch"][1]
 
-    def __init__(self, cfg, coord: GridCoord, groups: ProcessGroups, samples, device: torch.device | None = None):
+    def __init__(self, cfg, coord: GridCoord, groups: ProcessGroups, samples, device: torch.device | None = None,
+                 state_follows: bool = False):
         self.cfg = cfg
         self.coord = coord
         self.groups = groups
@@ -141,7 +147,8 @@ class TorchEngine(Engine):
         self.first_micro, self.n_micro = micro_split(t.global_batch_size, t.micro_batch_size, self.dp, coord.dp)
         self.total_micro = t.global_batch_size // t.micro_batch_size
         self.tokens_per_step = t.global_batch_size * m.seq_length
-        self.model = self._build_model(coord.pp)
+        self.params_pending = bool(state_follows)  # parameters promised by the caller, not loaded yet
+        self.model = self._build_model(coord.pp, empty=self.params_pending)
         self.optimizer = ShardedAdamW(
             list(self.model.named_parameters()), coord.dp, self.dp, weight_decay=t.weight_decay
         )
@@ -154,9 +161,10 @@ class TorchEngine(Engine):
         self._runner = self._make_runner()
 
     # --- model construction ---------------------------------------------------------------------------
-    def _build_model(self, stage: int) -> torch.nn.Module:
-        """The stage's module: the built-in GPT, or ``model.factory``'s module after a shape probe (one
-        micro-batch of zeros through the stage, no gradients), cast to ``model.dtype`` on ``self.device``.
+    def _build_model(self, stage: int, empty: bool = False) -> torch.nn.Module:
+        """The stage's module: the built-in GPT (``empty``: without initialisation, its parameters to be
+        loaded), or ``model.factory``'s module after a shape probe (one micro-batch of zeros through the
+        stage, no gradients), cast to ``model.dtype`` on ``self.device``.
 
         Raises:
             ConfigError: the factory's module is malformed (:mod:`.custom_model`), or raises on the probe.
@@ -164,6 +172,8 @@ class TorchEngine(Engine):
         m, t = self.cfg.model, self.cfg.training
         if m.factory is None:
             shape = GPTShape(m.layers, m.hidden_size, m.heads, m.vocab_size, m.seq_length)
+            if empty:
+                return empty_stage(shape, self.pp, stage, self.dtype, self.device)
             return GPTStage(shape, self.pp, stage, t.seed, self.dtype).to(self.device)
         from phoenix_hpc.engines.custom_model import build_stage, check_stage_output, stage_io_shapes
 
@@ -201,7 +211,13 @@ class TorchEngine(Engine):
 
     def forward_backward(self) -> float | None:
         """Forward and backward of step ``self.step + 1`` (``n_micro`` micro-batches). Returns the step's
-        mean loss (nats/token, averaged over the DP group) on the last stage, None elsewhere."""
+        mean loss (nats/token, averaged over the DP group) on the last stage, None elsewhere.
+
+        Raises:
+            EngineError: the engine was built with ``state_follows`` and its parameters were never loaded."""
+        if self.params_pending:
+            raise EngineError(f"{self.coord.shard_prefix()}: built to receive its parameters (a recovery), but "
+                              "they were never loaded; refusing to train on uninitialised memory")
         for p in self.model.parameters():
             p.grad = None
         is_first, is_last = self.coord.pp == 0, self.coord.pp == self.pp - 1
@@ -337,6 +353,7 @@ class TorchEngine(Engine):
             raise EngineError(f"{self.coord.shard_prefix()}: parameters can be rebuilt from the optimizer only "
                               f"with dp == 1 (dp is {self.dp})")
         self.optimizer.gather_params(None)
+        self.params_pending = False
 
     def optimizer_numel(self) -> int:
         """Elements of this stage's flat optimizer vector (the same on every DP rank of the stage)."""
@@ -344,6 +361,7 @@ class TorchEngine(Engine):
 
     def load_param_shard(self, tensors: dict[str, torch.Tensor]) -> None:
         self._check_and_copy("param shard", self.param_shard(), tensors)
+        self.params_pending = False
 
     def load_envelope(self, envelope: dict[str, Any]) -> None:
         """Restore step, data position, LR-schedule position and RNG states.

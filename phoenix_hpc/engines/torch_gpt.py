@@ -77,7 +77,8 @@ class GPTStage(nn.Module):
     returns hidden states, or logits ``(B, S, V)`` on the last stage.
     """
 
-    def __init__(self, shape: GPTShape, pp: int, stage: int, seed: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, shape: GPTShape, pp: int, stage: int, seed: int, dtype: torch.dtype = torch.float32,
+                 init: bool = True):
         super().__init__()
         if shape.hidden_size % shape.heads:
             raise ValueError(f"hidden_size ({shape.hidden_size}) must be divisible by heads ({shape.heads})")
@@ -92,7 +93,8 @@ class GPTStage(nn.Module):
         if self.is_last:
             self.ln_f = nn.LayerNorm(shape.hidden_size)
             self.head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
-        self._init_weights(seed)
+        if init:  # init=False: the caller loads every parameter (see :func:`empty_stage`)
+            self._init_weights(seed)
         self.to(dtype)
 
     @torch.no_grad()
@@ -124,6 +126,17 @@ class GPTStage(nn.Module):
         if self.is_last:
             x = self.head(self.ln_f(x))
         return x
+
+
+def empty_stage(shape: GPTShape, pp: int, stage: int, dtype: torch.dtype, device: torch.device) -> GPTStage:
+    """A :class:`GPTStage` whose parameters are allocated on ``device`` but hold whatever the memory held:
+    built on the ``meta`` device without any initialisation, then given storage (``Module.to_empty``). For a
+    stage whose every parameter is about to be loaded (a joining spare, a rebuilt member), it skips the
+    random draws of construction (``nn.Linear``'s own and :meth:`GPTStage._init_weights`: about 0.2 s for
+    11 M parameters on one CPU core). The stage has no buffers, so nothing else is left unset."""
+    with torch.device("meta"):
+        module = GPTStage(shape, pp, stage, 0, dtype, init=False)
+    return module.to_empty(device=device)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

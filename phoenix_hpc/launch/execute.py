@@ -413,12 +413,15 @@ class Member:
             restore(self.engine)
         self.protector = self._build_protector()
 
-    def _construct_engine(self) -> None:
+    def _construct_engine(self, state_follows: bool = False) -> None:
         """Build this generation's engine on its groups (collective over the generation when the engine
-        runs collectives in its constructor); take the engine's groups when it owns them."""
+        runs collectives in its constructor); take the engine's groups when it owns them. ``state_follows``:
+        a recovery loads every parameter next (transfers, own S(R) or the checkpoint), so the engine may skip
+        its random initialisation (:func:`phoenix_hpc.engines.factory.create_engine`)."""
         from phoenix_hpc.engines.factory import create_engine
 
-        self.engine = create_engine(self.env.cfg, self.coord, self.groups, self.env.device)
+        self.engine = create_engine(self.env.cfg, self.coord, self.groups, self.env.device,
+                                    state_follows=state_follows)
         if self.owns_groups:
             self.groups = self.engine.groups
 
@@ -742,7 +745,7 @@ class Member:
                 rolled = True
             detail["rollback"] = time.perf_counter() - t1
         else:  # a joining spare, or every member on the rebuild path (3'')
-            self._construct_engine()
+            self._construct_engine(state_follows=True)
             detail["engine"] = time.perf_counter() - t1
             if rebuild:
                 t_reconf += detail["engine"]
@@ -846,7 +849,8 @@ class Member:
 
     def _snapshot_state(self, step: int) -> tuple[dict, dict, dict]:
         """S(step) from the committed local snapshot of the old protector (verified; host memory):
-        ``(optimizer shard, param shard, envelope)``.
+        ``(optimizer shard, param shard, envelope)``, the tensors views of that buffer (the old protectors
+        are closed when a recovery starts, and nobody writes their buffers; :meth:`_load_state` copies them).
 
         Raises:
             RecoveryError: there is no old protector; ReplicationError: no verified snapshot of ``step``."""
@@ -858,7 +862,7 @@ class Member:
                 break
         else:
             prot = srcs[-1]
-        u = prot.local_snapshot(step=step)
+        u = prot.local_snapshot(step=step, copy=False)
         opt = {n: t for n, t in u.tensors.items() if n.startswith("opt/")}
         par = {n: t for n, t in u.tensors.items() if not n.startswith("opt/")}
         return opt, par, u.envelope
@@ -924,7 +928,7 @@ class Member:
             send_buffer(self.comm, buf.numpy(), peer, step, res.chunk_bytes, res.collective_timeout_s, what)
             return
         buf = recv_buffer(self.comm, peer, step, res.chunk_bytes, res.collective_timeout_s, what)
-        u = unpack(buf, (PARAM,))  # raises ReplicationError when a checksum fails
+        u = unpack(buf, (PARAM,), copy=False)  # raises ReplicationError when a checksum fails; views, loaded now
         if u.shard_id != sid or u.step != step:
             raise RecoveryError(f"received param shard is {u.shard_id} step {u.step}, expected {sid} step {step}")
         self.engine.load_param_shard(u.tensors)
@@ -945,7 +949,7 @@ class Member:
                         f"sending the replica of {shard_id} to rank {peer}")
             return
         buf = recv_buffer(self.comm, peer, step, chunk, timeout, f"receiving the replica of {shard_id} from rank {peer}")
-        u = unpack(buf, (OPT,))  # raises ReplicationError when a checksum fails
+        u = unpack(buf, (OPT,), copy=False)  # raises ReplicationError when a checksum fails; views, loaded now
         if u.shard_id != shard_id or u.step != step:
             raise RecoveryError(f"received replica is {u.shard_id} step {u.step}, expected {shard_id} step {step}")
         self.engine.load_optimizer_shard(u.tensors)

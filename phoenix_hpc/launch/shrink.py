@@ -136,7 +136,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
     e.grid = Grid.of(plan["grid"])
     detail.update(member._setup_groups())
     t1 = time.perf_counter()
-    member._construct_engine()
+    member._construct_engine(state_follows=True)
     detail["engine"] = time.perf_counter() - t1
     t_reconf = time.perf_counter() - t0
     t2 = time.perf_counter()

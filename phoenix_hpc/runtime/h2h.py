@@ -569,7 +569,7 @@ def recv_buffer(comm, peer: int, step: int, chunk_bytes: int, timeout_s: float, 
         ReplicationError: the announce names another step or a negative size, too many chunks for the tag
             space, or no completion within ``timeout_s``.
     """
-    import torch
+    from phoenix_hpc.runtime.buffers import host_empty
 
     deadline = time.monotonic() + timeout_s
     hdr = np.zeros(3, dtype=np.int64)
@@ -577,7 +577,7 @@ def recv_buffer(comm, peer: int, step: int, chunk_bytes: int, timeout_s: float, 
     got_step, n = int(hdr[0]), int(hdr[2])
     if got_step != step or n < 0:
         raise ReplicationError(f"{what}: the sender announced step {got_step} ({n} bytes), expected step {step}")
-    buf = torch.empty(n, dtype=torch.uint8)
+    buf = host_empty(n)  # every byte is received into below
     arr = buf.numpy()
     chunks = chunk_ranges(n, chunk_bytes)
     tags = make_tag_plan(len(chunks), tag_ub(comm))

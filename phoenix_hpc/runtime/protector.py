@@ -552,18 +552,22 @@ class Protector:
             raise ReplicationError(f"this rank holds no replica of {shard_id} (holds {self.held_shards()})")
         return self._read(pp, step, (OPT,), f"replica of {shard_id}")
 
-    def local_snapshot(self, step: int | None = None) -> Unpacked:
-        """Verified local snapshot (optimizer + param shard + envelope): committed, or of ``step``."""
-        return self._read(self.buffers.local, step, (OPT, PARAM), "local snapshot")
+    def local_snapshot(self, step: int | None = None, copy: bool = True) -> Unpacked:
+        """Verified local snapshot (optimizer + param shard + envelope): committed, or of ``step``.
+        ``copy=False``: views of the buffer (:func:`~phoenix_hpc.runtime.snapshot.unpack`); only once this
+        protector is closed (its copy thread joined, so no copy can write the buffer)."""
+        if not copy and not self._closed:
+            raise ReplicationError("views of the local snapshot are only safe from a closed protector")
+        return self._read(self.buffers.local, step, (OPT, PARAM), "local snapshot", copy)
 
-    def _read(self, pp, step, parts, what) -> Unpacked:
+    def _read(self, pp, step, parts, what, copy: bool = True) -> Unpacked:
         if step is None:
             s, buf = pp.committed()
         else:
             s, buf = step, pp.find(step)
         if buf is None:
             raise ReplicationError(f"no verified {what} of step {step if step is not None else '(committed)'}")
-        u = unpack(buf, parts)
+        u = unpack(buf, parts, copy)
         if u.step != s:
             raise ReplicationError(f"{what}: buffer says step {u.step}, expected {s}")
         return u

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from phoenix_hpc.errors import ReplicationError
+from phoenix_hpc.runtime.buffers import host_empty
 from phoenix_hpc.runtime.checksum import DEFAULT_CHECKSUM, checksum_function, combine
 
 MAGIC = b"PHXSNAP1"
@@ -292,7 +293,8 @@ def seal_part(pairs: list[tuple[str, torch.Tensor]], part: str, shard_id: str, s
     meta = {"shard_id": shard_id, "step": step, "generation": generation, "grid": {}, "coord": {}, "envelope": {}}
     opt, par = (pairs, []) if part == OPT else ([], pairs)
     layout = plan_layout(opt, par, meta)
-    buf = torch.empty(layout.total_bytes, dtype=torch.uint8)  # every tensor byte is written below; seal
+    buf = host_empty(layout.total_bytes)  # header, index and every tensor byte are written below; the
+    # checksums cover those bytes only, so the alignment gaps need no fill
     copy_in(buf, layout, opt, par)  # writes header and index; the checksums cover the tensors only
     seal(buf, layout, shard_id=shard_id, step=step, generation=generation, grid={}, coord={}, envelope={},
          parts=(part,))
@@ -364,13 +366,18 @@ def verify(buf: torch.Tensor, parts: tuple[str, ...] = (OPT,)) -> tuple[Snapshot
     return h, combined_crc(opt_crcs)
 
 
-def unpack(buf: torch.Tensor, parts: tuple[str, ...] = (OPT,)) -> Unpacked:
-    """Verify (see :func:`verify`) then copy the tensors of ``parts`` out of ``buf``."""
+def unpack(buf: torch.Tensor, parts: tuple[str, ...] = (OPT,), copy: bool = True) -> Unpacked:
+    """Verify (see :func:`verify`) then copy the tensors of ``parts`` out of ``buf``.
+
+    ``copy=False``: the tensors are views of ``buf`` instead, for a caller that loads them into an engine at
+    once (a recovery) and knows that nobody writes ``buf`` until then: a buffer it received itself, or a
+    committed or verified copy of a closed protector (written by nobody). It saves a copy of every byte."""
     h, occ = verify(buf, parts)
     tensors = {}
     for e in h.index["tensors"]:
         if e["part"] in parts:
             slot = TensorSlot(e["name"], e["part"], e["dtype"], tuple(e["shape"]), e["offset"], e["nbytes"])
-            tensors[e["name"]] = tensor_view(buf, slot).clone()
+            view = tensor_view(buf, slot)
+            tensors[e["name"]] = view.clone() if copy else view
     ix = h.index
     return Unpacked(ix["shard_id"], h.step, h.generation, ix["grid"], ix["coord"], ix["envelope"], tensors, occ)

@@ -487,23 +487,33 @@ def _node_procs(cluster: Cluster, node: str | None) -> list[_procs.ProcId]:
     return stepds + [p for p in (_procs.proc_id(pid) for pid in below) if p is not None]
 
 
-def kill_node(cluster: Cluster, node: str, *, mark_down_reason: str | None = None,
-              timeout_s: float = 10.0) -> list[int]:
-    """Make ``node`` vanish as in a hardware failure: SIGKILL its slurmd, its slurmstepd and their tasks.
+def node_kill_targets(cluster: Cluster, node: str) -> list[_procs.ProcId]:
+    """What :func:`kill_node` kills: ``node``'s slurmd, its slurmstepd and their tasks (a scan of ``/proc``:
+    tens to hundreds of milliseconds on a busy host, so a measurement takes it before its clock starts).
 
-    Slurm then notices by itself: the node is set DOWN after SlurmdTimeout (``cluster.slurmd_timeout_s``)
-    and, for jobs started with ``--no-kill``, removed from the job, which keeps running. With
-    ``mark_down_reason`` the node is also set DOWN at once (``scontrol update nodename=... state=down``).
-
-    Returns the PIDs killed. Raises :class:`ClusterError` for an unknown node or a process that survives
-    SIGKILL, :class:`SlurmError` when the ``scontrol update`` fails.
-    """
+    Raises :class:`ClusterError` for an unknown node."""
     cluster.switch_of(node)  # validates the name
     targets = []
     slurmd = cluster.daemons.get(f"slurmd:{node}")
     if slurmd is not None and _procs.is_alive(slurmd):
         targets.append(slurmd)
-    targets += _node_procs(cluster, node)
+    return targets + _node_procs(cluster, node)
+
+
+def kill_node(cluster: Cluster, node: str, *, mark_down_reason: str | None = None,
+              timeout_s: float = 10.0, targets: list[_procs.ProcId] | None = None) -> list[int]:
+    """Make ``node`` vanish as in a hardware failure: SIGKILL its slurmd, its slurmstepd and their tasks.
+
+    Slurm then notices by itself: the node is set DOWN after SlurmdTimeout (``cluster.slurmd_timeout_s``)
+    and, for jobs started with ``--no-kill``, removed from the job, which keeps running. With
+    ``mark_down_reason`` the node is also set DOWN at once (``scontrol update nodename=... state=down``).
+    ``targets``: :func:`node_kill_targets` of ``node`` taken beforehand (the first SIGKILL then follows the
+    call at once); a process that appeared since is caught by the sweep after the kill.
+
+    Returns the PIDs killed. Raises :class:`ClusterError` for an unknown node or a process that survives
+    SIGKILL, :class:`SlurmError` when the ``scontrol update`` fails.
+    """
+    targets = node_kill_targets(cluster, node) if targets is None else list(targets)
     left = _procs.stop_procs(targets, term_timeout_s=timeout_s, first_signal=signal.SIGKILL)
     # A task may have forked between the scan and the kill: sweep once more.
     extra = _node_procs(cluster, node)

@@ -190,3 +190,19 @@ def test_the_model_command_takes_each_side_s_mean_restart_time_without_replay_ne
     assert c["in-process"]["100"]["total_s"]["mean"] - c["in-process"]["100"]["phases_median"]["replay"] < 0
     cmd = model_command(c, "100")
     assert "--hotswap-s 1.00 " in cmd and cmd.endswith("--baseline in-process=1.00"), cmd
+
+
+def test_the_hot_swap_detect_is_measured_from_the_kill_not_from_the_last_heartbeat():
+    from phoenix_hpc.bench.recovery import true_detect
+    from phoenix_hpc.errors import BenchError
+
+    done = {"total_s": 1.3, "phases": {"detect": 0.35, "reconfigure": 0.2, "replay": 0.1}}
+    journal = [{"ts": 99.0, "event": "fault"},  # before the kill: another matter
+               {"ts": 100.02, "event": "slots_dead"}, {"ts": 100.03, "event": "fault"},
+               {"ts": 100.05, "event": "decision"}]
+    phases, total = true_detect(done, journal, t_fault=100.0)
+    assert phases == {"detect": 0.02, "reconfigure": 0.2, "replay": 0.1}
+    assert total == 0.97  # 1.3 - 0.35 + 0.02
+    assert done["phases"]["detect"] == 0.35  # the journal's record is left as it was
+    with pytest.raises(BenchError, match="no journal record of the fault"):
+        true_detect(done, journal[:1], t_fault=100.0)

@@ -191,6 +191,30 @@ def test_rebuilt_engine_on_new_groups_continues_bit_identically(dataset, world1)
     assert b.state_hash() == ref.state_hash()
 
 
+def test_engine_built_for_a_recovery_skips_init_and_refuses_to_train_before_its_params_arrive(dataset, world1):
+    """``state_follows``: the built-in GPT is allocated without its random draws; training before the
+    parameters are loaded is refused; once loaded (the state of another engine), it continues bit for bit."""
+    cfg = _cfg(dataset)
+    t = cfg.training
+    ref = _engine(cfg, world1)
+    train(ref, 3, 128)
+    saved = ({n: t_.clone() for n, t_ in ref.optimizer_shard()}, {n: t_.clone() for n, t_ in ref.param_shard()},
+             ref.envelope())
+    train(ref, 6, 128)
+    samples = TokenSamples(cfg.data.path, cfg.model.seq_length, t.seed, 256)
+    gen = torch.random.get_rng_state()
+    b = TorchEngine(cfg, GridCoord(0, 0, 0), world1, samples, state_follows=True)
+    assert torch.equal(torch.random.get_rng_state(), gen)  # nothing was drawn
+    assert all(p.device.type == "cpu" for p in b.model.parameters())
+    with pytest.raises(EngineError, match="never loaded; refusing to train"):
+        b.forward_backward()
+    b.load_optimizer_shard(saved[0])
+    b.load_param_shard(saved[1])
+    b.load_envelope(saved[2])
+    train(b, 6, 128)
+    assert b.state_hash() == ref.state_hash()
+
+
 def test_recovery_styles_table_matches_the_engine_classes():
     """The config checks ``resilience.recovery_path`` against a torch-free table; the ranks use the engine
     classes' attributes. They must agree."""

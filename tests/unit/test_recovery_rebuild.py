@@ -120,7 +120,7 @@ class FakeProtector:
     def reverify_held(self):
         return [], []
 
-    def local_snapshot(self, step):
+    def local_snapshot(self, step, copy=True):
         opt, par, env = self.snapshots[step]
         return SimpleNamespace(tensors={"opt/pp0/tp0/dp0/w/main": opt.clone(), "param/pp0/tp0/w": par.clone()},
                                envelope=dict(env), step=step)
@@ -168,7 +168,12 @@ def member(monkeypatch, tmp_path):
     PARALLEL_STATE.clear()
     EVENTS.clear()
     monkeypatch.setattr(user_code, "load_engine_class", lambda name, python_path=(): FakeGlobalEngine)
-    monkeypatch.setattr(factory, "create_engine", lambda cfg, coord, groups, device: FakeGlobalEngine(cfg, coord, groups, device))
+
+    def create_engine(cfg, coord, groups, device, state_follows=False):
+        EVENTS.append(("state_follows", state_follows))
+        return FakeGlobalEngine(cfg, coord, groups, device)
+
+    monkeypatch.setattr(factory, "create_engine", create_engine)
 
     def init_generation(store, generation, rank, grid, backend, timeout_s, device_id=None, sub_groups=True):
         EVENTS.append(("groups", generation, sub_groups))
@@ -218,6 +223,7 @@ def _kinds(events, *names):
 def test_start_builds_only_the_world_group_and_takes_the_engines_groups(member):
     member.start()
     assert _kinds(EVENTS, "groups", "construct") == [("groups", 0, False), ("construct", 0)]
+    assert _kinds(EVENTS, "state_follows") == [("state_follows", False)]  # a new job initialises its model
     assert member.groups is member.engine.groups and member.groups.dp == ("dp", 0)
     assert member.recovery_path == "rebuild"
 
@@ -235,6 +241,7 @@ def test_rebuild_at_the_live_step_keeps_the_live_state_and_leaves_nothing_of_the
     # teardown, then the world group, then construction, then the load: every step in this order
     assert _kinds(EVENTS, "teardown", "groups", "construct", "load") == [
         ("teardown", 0), ("groups", 1, False), ("construct", 1), ("load", 1)]
+    assert _kinds(EVENTS, "state_follows") == [("state_follows", True)]  # loaded next: no random init
     new = member.engine
     assert torch.equal(new.param, live[0]) and torch.equal(new.opt, live[1]) and new.envelope() == live[2]
     # nothing of generation 0: global state, member's groups and the old engine object itself
@@ -387,7 +394,7 @@ def test_start_answers_an_injection_while_the_generation_is_built(member, monkey
     member.watchdog.interval_s = 0.01
     during_setup = {}
 
-    def slow_engine(cfg, coord, groups, device):
+    def slow_engine(cfg, coord, groups, device, state_follows=False):
         store.push({"type": "inject", "kind": "crash", "at_step": 1, "phase": "forward_backward",
                     "request_id": "r1", "steps_ahead": 3})
         store.push({"type": "inject", "kind": "crash", "at_step": 60, "phase": "forward_backward",

@@ -139,3 +139,38 @@ def test_pingpong_keeps_the_previous_step_until_it_is_written_again():
     assert pp.verified_steps() == [5, 4] and pp.find(4) is not None and pp.find(5) is not None
     pp.begin_write(pp.target_idx())  # the write of step 6 destroys step 4 only
     assert pp.verified_steps() == [5] and pp.find(4) is None
+
+
+def test_host_buffers_skip_the_deterministic_fill_and_leave_the_flag_as_it_was():
+    """Under ``use_deterministic_algorithms`` torch.empty writes every byte (uint8: 255); the host buffers
+    are allocated without that write, and the process-wide flag is back to what it was afterwards."""
+    import torch.utils.deterministic as det
+
+    from phoenix_hpc.runtime.buffers import allocate_pair, host_empty
+
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert det.fill_uninitialized_memory is True
+        assert int(torch.empty(1 << 20, dtype=torch.uint8).min()) == 255  # what the fill does
+        a = host_empty(64 << 20)  # a fresh mapping: the kernel's zero pages, never written by torch
+        assert a.numel() == 64 << 20 and int(a[: 1 << 20].max()) != 255
+        assert all(int(b[: 1 << 20].max()) != 255 for b in allocate_pair(48 << 20, pin=False))
+        assert det.fill_uninitialized_memory is True
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+def test_unpack_without_copy_gives_verified_views_of_the_buffer():
+    opt, _ = state(3)
+    buf = S.seal_part(opt, S.OPT, "opt/pp0/tp0/dp1", 7, 2)
+    lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel()
+    views = S.unpack(buf, (S.OPT,), copy=False).tensors
+    copies = S.unpack(buf, (S.OPT,)).tensors
+    for name, t in opt:
+        assert torch.equal(views[name], t) and torch.equal(copies[name], t)
+        assert lo <= views[name].data_ptr() < hi  # inside the buffer: no copy made
+        assert not lo <= copies[name].data_ptr() < hi
+    buf[views[opt[0][0]].data_ptr() - lo] ^= 0xFF  # a byte of the first tensor: verification still comes first
+    with pytest.raises(ReplicationError):
+        S.unpack(buf, (S.OPT,), copy=False)
