@@ -31,8 +31,10 @@ being written, and then no checkpoint exists at all for the in-process restart, 
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,11 +134,55 @@ def _start_and_kill(t: Trial, cfg: dict, run_dir: Path, ctx) -> dict:
     nodes = _active_nodes(run_dir)
     victim = nodes[max(nodes)]
     targets = node_kill_targets(ctx.cluster, victim)  # the /proc scan before the clock: the fault is the kill
+    slot = _slot_proc(run_dir, max(nodes))
+    gone: list[float] = []
+    watcher = threading.Thread(target=_watch_exit, args=(slot, gone), daemon=True)
+    watcher.start()
     t_fault = time.time()
     kill_node(ctx.cluster, victim, targets=targets)
     ctx.killed.append(victim)
+    watcher.join(timeout=30)
     return {"job_id": sub["job_id"], "submitted_at": sub["submitted_at"], "t_fault": t_fault, "node": victim,
-            "step_at_kill": max(s["step"] for s in _read_steps(run_dir, 0))}
+            "step_at_kill": max(s["step"] for s in _read_steps(run_dir, 0)),
+            # the killed slot's process gone (exit finished: address space freed, sockets closed), seconds
+            # after the kill, polled every 2 ms; None when it could not be watched
+            "slot_exit_s": round(gone[0] - t_fault, 3) if gone else None}
+
+
+def _slot_proc(run_dir: Path, logical_rank: int):
+    """The :class:`~phoenix_hpc.slurm.procs.ProcId` of an active slot's process (its ``registered`` pid),
+    None when it is not running."""
+    from phoenix_hpc.slurm.procs import proc_id
+
+    pids = [r["pid"] for r in _journal(run_dir) if r["event"] == "registered" and r.get("role") == "active"
+            and r.get("logical_rank") == logical_rank]
+    return proc_id(pids[-1]) if pids else None
+
+
+def _watch_exit(proc, out: list[float], timeout_s: float = 20.0) -> None:
+    """Append the time the exit of ``proc`` is complete: its last thread is gone (``/proc/<pid>/task`` empty
+    or the pid reaped). A multi-threaded process shows its leader as a zombie as soon as the leader thread
+    exits; its files (sockets) and memory are released only with the last thread (exit(2) of a thread
+    group), so the leader's state alone says too early that it ended."""
+    if proc is None:
+        return
+    task = Path("/proc") / str(proc.pid) / "task"
+    deadline = time.monotonic() + timeout_s
+    def running(t: str) -> bool:
+        try:
+            return (task / t / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return False  # this thread is gone (the others are looked at on their own)
+
+    while time.monotonic() < deadline:
+        try:
+            live = [t for t in os.listdir(task) if running(t)]
+        except FileNotFoundError:
+            live = []  # the process is gone and reaped
+        if not live:
+            out.append(time.time())
+            return
+        time.sleep(0.002)
 
 
 def run_hotswap(t: Trial, ctx) -> dict:

@@ -100,7 +100,7 @@ def by_size_lines(bs: dict | None) -> list[str]:
     out.append("| part (s) | " + " | ".join(f"{s} ({rows[s]['params'] / 1e6:.2f} M)" for s in sizes)
                + (" | ratio |" if len(sizes) == 2 else " |"))
     out.append("| --- |" + " --- |" * (len(sizes) + (1 if len(sizes) == 2 else 0)))
-    keys = sorted({k for v in rows.values() for k in v if k not in ("params", "trials", "core_s")})
+    keys = sorted({k for v in rows.values() for k in v if k not in ("params", "trials", "core_s", "recovery_s")})
     for k in keys:
         vals = [rows[s].get(k) for s in sizes]
         ratio = (f" {vals[1] / vals[0]:.2f} |" if len(vals) == 2 and vals[0] and vals[1] is not None else

@@ -129,14 +129,18 @@ class GPTStage(nn.Module):
 
 
 def empty_stage(shape: GPTShape, pp: int, stage: int, dtype: torch.dtype, device: torch.device) -> GPTStage:
-    """A :class:`GPTStage` whose parameters are allocated on ``device`` but hold whatever the memory held:
+    """A :class:`GPTStage` whose parameters are allocated on ``device`` but hold whatever the memory held
+    (not even filled by the deterministic mode, :func:`phoenix_hpc.engines.alloc.no_fill`):
     built on the ``meta`` device without any initialisation, then given storage (``Module.to_empty``). For a
     stage whose every parameter is about to be loaded (a joining spare, a rebuilt member), it skips the
     random draws of construction (``nn.Linear``'s own and :meth:`GPTStage._init_weights`: about 0.2 s for
     11 M parameters on one CPU core). The stage has no buffers, so nothing else is left unset."""
+    from phoenix_hpc.engines.alloc import no_fill
+
     with torch.device("meta"):
         module = GPTStage(shape, pp, stage, 0, dtype, init=False)
-    return module.to_empty(device=device)
+    with no_fill():  # not even the deterministic mode's fill: every parameter is loaded next
+        return module.to_empty(device=device)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

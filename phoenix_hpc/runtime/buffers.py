@@ -161,29 +161,16 @@ class PingPong:
             return None
 
 
-_FILL_LOCK = threading.Lock()
-
-
 def host_empty(nbytes: int, pin: bool = False) -> torch.Tensor:
-    """A uint8 host tensor of ``nbytes`` (page-locked when ``pin``) whose pages are left untouched.
+    """A uint8 host tensor of ``nbytes`` (page-locked when ``pin``) whose pages are left untouched
+    (:func:`phoenix_hpc.engines.alloc.no_fill`): without it, the ranks' deterministic mode writes every byte
+    of a new tensor (about 0.1 s of CPU for the 218 MB of a 10.8 M-parameter rank, measured), only to be
+    overwritten. Every buffer made here is written before it is read (a copy fills the target of a pair before
+    its commit; a receive fills its buffer before it is unpacked; checksums cover written bytes only)."""
+    from phoenix_hpc.engines.alloc import no_fill
 
-    The ranks run with ``torch.use_deterministic_algorithms(True)`` (launch/rank.py), under which
-    ``torch.empty`` fills every new tensor (``torch.utils.deterministic.fill_uninitialized_memory``, on by
-    default: "uninitialized memory is filled with a known value"): for a recovery's host buffers that is a
-    write of every byte (about 0.1 s of CPU for the 218 MB of a 10.8 M-parameter rank, measured), done only
-    to be overwritten. Every buffer made here is written before it is read (a copy fills the target of a
-    pair before its commit; a receive fills its buffer before it is unpacked; checksums cover written bytes
-    only), so the fill is skipped for this one allocation. The flag is process-wide; the lock keeps two
-    such allocations from restoring it out of order."""
-    import torch.utils.deterministic as det
-
-    with _FILL_LOCK:
-        old = det.fill_uninitialized_memory
-        det.fill_uninitialized_memory = False
-        try:
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-        finally:
-            det.fill_uninitialized_memory = old
+    with no_fill():
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
 
 
 def allocate_pair(nbytes: int, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,14 +30,18 @@ def test_trials_are_reduced_to_medians_and_the_core_ratio_has_an_interval():
         "by_size", Path(__file__).resolve().parents[2] / "scripts" / "measure-recovery-by-size.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    runs = {"S": [{"params": 8, "total_s": t, "phase.replay": 0.1, "phase.reconfigure": 0.3} for t in (1.1, 1.3, 1.2)],
-            "L": [{"params": 99, "total_s": t, "phase.replay": 1.0, "phase.reconfigure": 0.3, "engine": 0.1}
-                  for t in (2.9, 2.5, 2.7)]}
+    runs = {"S": [{"params": 8, "total_s": t, "phase.replay": 0.1, "phase.reconfigure": 0.3, "phase.detect": 0.05,
+                   "kill.slot_exit": 0.04} for t in (1.1, 1.3, 1.2)],
+            "L": [{"params": 99, "total_s": t, "phase.replay": 1.0, "phase.reconfigure": 0.3, "engine": 0.1,
+                   "phase.detect": 0.3, "kill.slot_exit": None if t == 2.5 else 0.29} for t in (2.9, 2.5, 2.7)]}
     rows = mod.median_rows(runs)
     assert rows["S"]["total_s"] == 1.2 and rows["L"]["engine"] == 0.1 and rows["L"]["trials"] == 3
-    assert rows["S"]["core_s"] == [1.0, 1.2, 1.1]
+    assert rows["S"]["core_s"] == [1.0, 1.2, 1.1] and rows["L"]["recovery_s"] == [1.6, 1.2, 1.4]
+    assert rows["L"]["kill.slot_exit"] == 0.29  # a trial that could not watch the exit is left out
     f = mod.findings(rows)
     assert "S 1.10 s (trials 1.00, 1.20, 1.10), L 1.70 s" in f[0] and "1.55x [95 % CI" in f[0]
+    assert "without the detection" in f[1] and "S 1.05 s" in f[1] and "L 1.40 s" in f[1]
+    assert "0.04 -> 0.29 s" in f[2]
     lines = by_size_lines({"rows": rows, "date": "d", "commit": "c", "command": "cmd", "findings": f})
     assert any("3 and 3 jobs per model run interleaved" in x for x in lines)
-    assert "| engine | - | 0.100 | - |" in lines and not any(x.startswith("| core_s") for x in lines)
+    assert "| engine | - | 0.100 | - |" in lines and not any(x.startswith(("| core_s", "| recovery_s")) for x in lines)
