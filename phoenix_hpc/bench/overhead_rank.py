@@ -188,7 +188,8 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
             before = rss_bytes()
             prot = Protector.create(engine=engine, comm=comm, placement=placement, logical_rank=rank,
                                     grid={"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, generation=index,
-                                    chunk_bytes=res.chunk_bytes, log=None, checksum=res.checksum)
+                                    chunk_bytes=res.chunk_bytes, log=None, checksum=res.checksum,
+                                    thread_nice=res.thread_nice)
             if pin is not None:
                 pin_protection_threads(pin[1])
             train(engine, until, tokens, protector=prot, on_step=record("on", b))

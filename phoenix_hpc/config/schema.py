@@ -332,6 +332,12 @@ class ResilienceConfig(BaseModel):
                                  "the restarted coordinator (reports are buffered meanwhile), before it stops with "
                                  "exit code 75; used when coordinator_restarts > 0")
     chunk_bytes: int = Field(4 << 20, gt=0, description="H2H message chunk size in bytes")
+    thread_nice: int = Field(
+        19, ge=0, le=19,
+        description="added to the nice value (setpriority(2)) of the runtime's two background threads, the D2H "
+        "copy/checksum thread and the H2H MPI thread, when they start (design section 4, Cost): on cores they "
+        "share with the training thread they then take what it leaves. 0: the training thread's priority. "
+        "Allowed: 0 .. 19")
     checksum: Literal["xxh3_64", "crc32c", "crc32"] = Field(
         "xxh3_64",
         description="checksum of every snapshot and replica tensor (design section 4, Checksums): xxh3_64 "

@@ -379,6 +379,7 @@ class Member:
             ranks_per_node=node_of_rank.count(me), commit_timeout_s=res.collective_timeout_s,
             on_commit=self._on_commit, log=e.log if self.logical == 0 else None, fault_hook=self._fault_hook,
             device=e.device, checksum=res.checksum, interval_cap=res.protect_every_max,
+            thread_nice=res.thread_nice,
         )
         protector.abort_check = self._poll  # a quiesce also ends a commit wait on a peer that is gone
         return protector

@@ -178,6 +178,9 @@ class H2HEngine:
         window: chunks in flight per peer and direction.
         fault_hook: test/drill hook called as ``fault_hook("h2h_send_chunk", step, chunk_index)`` before
             each chunk is posted (may kill the process).
+        thread_nice: added to the engine thread's nice value when it starts (``resilience.thread_nice``,
+            :func:`~phoenix_hpc.runtime.cpu_account.lower_thread_priority`); unthreaded, the training thread
+            drives the engine and keeps its priority.
     """
 
     def __init__(
@@ -194,6 +197,7 @@ class H2HEngine:
         idle_sleep_s: float = 2e-3,
         fault_hook: Callable[[str, int, int], None] | None = None,
         cpu: Any = None,
+        thread_nice: int = 0,
     ):
         from mpi4py import MPI
 
@@ -208,6 +212,7 @@ class H2HEngine:
         self.busy_sleep_s, self.idle_sleep_s = busy_sleep_s, idle_sleep_s
         self.fault_hook = fault_hook
         self.cpu = cpu  # cpu_account.CpuAccount or None
+        self.thread_nice = int(thread_nice)  # added to the engine thread's nice value when it starts
         self.events = 0  # requests completed and commands posted so far (progress, for the back-off)
         self._cmds: collections.deque = collections.deque()
         self._cv = threading.Condition()
@@ -361,6 +366,9 @@ class H2HEngine:
 
     # --- progress (engine thread, or the main thread when unthreaded) --------------------------------------
     def _run(self) -> None:
+        from phoenix_hpc.runtime.cpu_account import lower_thread_priority
+
+        lower_thread_priority(self.thread_nice)
         sleep = self.busy_sleep_s
         while True:
             t0 = time.thread_time_ns()

@@ -147,7 +147,7 @@ class Protector:
 
     def __init__(self, *, engine_coord, shard_id: str, grid: Mapping[str, int], generation: int, setup: _Setup,
                  chunk_bytes: int, commit_timeout_s: float | None, on_commit, log, fault_hook, device,
-                 checksum: str = DEFAULT_CHECKSUM, interval_cap: int = 1):
+                 checksum: str = DEFAULT_CHECKSUM, interval_cap: int = 1, thread_nice: int = 0):
         self.shard_id = shard_id
         self.grid = dict(grid)
         self.coord = {"pp": engine_coord.pp, "dp": engine_coord.dp, "tp": engine_coord.tp}
@@ -167,6 +167,7 @@ class Protector:
         self.d2h = D2H(device)
         self.checksum = checksum
         self.interval_cap = int(interval_cap)
+        self.thread_nice = int(thread_nice)
         self.create_s: dict[str, float] = {}  # seconds per part of create() (recovery timings)
         self._test_delay_s = float(os.environ.get(TEST_REPLICATION_DELAY_ENV) or 0.0)
         self.interval = 1  # protection interval of the newest snapshot (runtime/interval.py)
@@ -185,7 +186,8 @@ class Protector:
         self._comm = setup.comm
         self._closed = False
         self.h2h = H2HEngine(setup.comm, list(setup.holders_comm), setup.held, generation, chunk_bytes,
-                             setup.tag_plan, self._on_received, fault_hook=fault_hook, cpu=self.cpu)
+                             setup.tag_plan, self._on_received, fault_hook=fault_hook, cpu=self.cpu,
+                             thread_nice=self.thread_nice)
         self._worker = threading.Thread(target=self._work, name="phoenix-copy", daemon=True)
         self._worker.start()
         self.h2h.start(threaded=setup.threaded)
@@ -213,6 +215,7 @@ class Protector:
         device: torch.device | str | None = None,
         checksum: str = DEFAULT_CHECKSUM,
         interval_cap: int = 1,
+        thread_nice: int = 0,
     ) -> "Protector":
         """Set up protection for ``engine`` (collective: every active rank of the generation calls it).
 
@@ -239,11 +242,14 @@ class Protector:
                 before the copy of step) and ``h2h_send_chunk`` (H2H engine, before chunk i of step).
             device: where the engine's tensors live (default: the first optimizer tensor's device).
             checksum: the checksum algorithm (``resilience.checksum``; :mod:`phoenix_hpc.runtime.checksum`).
+            thread_nice: added to the nice value of the copy and H2H threads when they start
+                (``resilience.thread_nice``; :func:`~phoenix_hpc.runtime.cpu_account.lower_thread_priority`).
             interval_cap: the largest protection interval the ranks may choose
                 (``resilience.protect_every_max``; :mod:`phoenix_hpc.runtime.interval`); 1: every step.
 
         Raises:
-            ReplicationError (on every rank, before anything is allocated): ``chunk_bytes <= 0``; this rank
+            ReplicationError (on every rank, before anything is allocated): ``chunk_bytes <= 0``;
+                ``thread_nice`` outside 0..19; this rank
                 missing from the placement; a replica too large for the MPI tag space; any rank lacking host
                 memory for its buffers (MemAvailable check); an allocation failure on any rank.
         """
@@ -251,6 +257,9 @@ class Protector:
 
         chunk_ranges(0, chunk_bytes)  # validates chunk_bytes before any collective call
         checksum_function(checksum)  # validates the checksum name before any collective call
+        if not isinstance(thread_nice, int) or not 0 <= thread_nice <= 19:
+            raise ReplicationError(f"resilience.thread_nice: value {thread_nice!r} is not allowed (allowed: an "
+                                   "integer from 0 to 19)")
         opt, params, env = engine.optimizer_shard(), engine.param_shard(), engine.envelope()
         coord = engine.coord
         shard_id = coord.shard_prefix()
@@ -324,7 +333,8 @@ class Protector:
         tc["agree"] = time.perf_counter()
         prot = cls(engine_coord=coord, shard_id=shard_id, grid=grid, generation=generation, setup=setup,
                    chunk_bytes=chunk_bytes, commit_timeout_s=commit_timeout_s, on_commit=on_commit, log=log,
-                   fault_hook=fault_hook, device=device, checksum=checksum, interval_cap=interval_cap)
+                   fault_hook=fault_hook, device=device, checksum=checksum, interval_cap=interval_cap,
+                   thread_nice=thread_nice)
         tc["threads"] = time.perf_counter()
         # seconds per part of the construction (recovery timings): layout, the memory check and its agreement
         # (two collectives), allocation, the allocation's agreement, the threads' start
@@ -625,6 +635,9 @@ class Protector:
         self._jobs.put(("verify", spec, idx, step))
 
     def _work(self) -> None:
+        from phoenix_hpc.runtime.cpu_account import lower_thread_priority
+
+        lower_thread_priority(self.thread_nice)
         while True:
             item = self._jobs.get()
             if item is None:

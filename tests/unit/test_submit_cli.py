@@ -408,6 +408,15 @@ def test_unsupported_checksum(in_tmp):
     assert not (in_tmp / "runs").exists()
 
 
+@pytest.mark.parametrize("nice, allowed", [(-1, "greater than or equal to 0"), (20, "less than or equal to 19"),
+                                           ("low", "integer")])
+def test_a_thread_nice_outside_0_to_19_exits_2(in_tmp, nice, allowed):
+    p = write_cfg(in_tmp, resilience={"thread_nice": nice})
+    assert_bad(invoke("--site", "local", p, "--dry-run"), "resilience.thread_nice",
+               repr(nice) if isinstance(nice, str) else str(nice), allowed)
+    assert not (in_tmp / "runs").exists()
+
+
 @pytest.mark.parametrize("cap", [0, 6])
 def test_a_protection_interval_cap_below_one_or_above_the_checkpoint_interval_exits_2(in_tmp, cap):
     p = write_cfg(in_tmp, resilience={"protect_every_max": cap, "checkpoint": {"interval_steps": 5}})
