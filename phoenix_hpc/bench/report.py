@@ -90,13 +90,16 @@ def by_size_lines(bs: dict | None) -> list[str]:
     if not bs or not bs.get("rows"):
         return []
     rows = bs["rows"]
-    sizes = list(rows)
+    sizes = sorted(rows, key=lambda k: rows[k].get("params", 0))  # smaller model first (JSON sorts the keys)
     n = {s: rows[s].get("trials", 1) for s in sizes}
-    jobs = ("one job per model" if set(n.values()) == {1} else
-            f"{' and '.join(str(v) for v in n.values())} jobs per model run interleaved, per part the median over them of")
+    if set(n.values()) == {1}:
+        jobs = "one job per model, the same fault; per part the largest time any member reports"
+    else:
+        jobs = (f"{' and '.join(str(v) for v in n.values())} jobs per model, run interleaved, the same fault; per part "
+                "the median over the jobs of the largest time any member reports")
     out = [f"What grows with the model, per recovery part (run {bs.get('date')}, commit `{str(bs.get('commit'))[:12]}`, "
-           f"`{bs.get('command')}`; {jobs}, the same fault; per part the largest time any member reports, "
-           "`recoveries[].detail` of the ranks' summaries; phases from the journal):", ""]
+           f"`{bs.get('command')}`; {jobs}, `recoveries[].detail` of the ranks' summaries; phases from the journal):",
+           ""]
     out.append("| part (s) | " + " | ".join(f"{s} ({rows[s]['params'] / 1e6:.2f} M)" for s in sizes)
                + (" | ratio |" if len(sizes) == 2 else " |"))
     out.append("| --- |" + " --- |" * (len(sizes) + (1 if len(sizes) == 2 else 0)))
