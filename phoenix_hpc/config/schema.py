@@ -333,10 +333,11 @@ class ResilienceConfig(BaseModel):
                                  "exit code 75; used when coordinator_restarts > 0")
     chunk_bytes: int = Field(4 << 20, gt=0, description="H2H message chunk size in bytes")
     thread_nice: int = Field(
-        19, ge=0, le=19,
+        0, ge=0, le=19,
         description="added to the nice value (setpriority(2)) of the runtime's two background threads, the D2H "
         "copy/checksum thread and the H2H MPI thread, when they start (design section 4, Cost): on cores they "
-        "share with the training thread they then take what it leaves. 0: the training thread's priority. "
+        "share with the training thread they then take what it leaves, at the risk of starving replica verification "
+        "on oversubscribed hosts (commits then time out). 0 (the default): the training thread's priority. "
         "Allowed: 0 .. 19")
     checksum: Literal["xxh3_64", "crc32c", "crc32"] = Field(
         "xxh3_64",
