@@ -58,6 +58,16 @@ class RecoveryError(PhoenixError):
     """A recovery cannot proceed (no spare, no verified replica, invariant violated)."""
 
 
+class TransportWedged(RecoveryError):
+    """This process's MPI library is stuck (its H2H thread never left an MPI call after a peer died,
+    :data:`phoenix_hpc.runtime.h2h.ABANDON_JOIN_S`): the slot cannot take part in another generation and
+    leaves with exit code 74 (``EX_IOERR``), reporting a ``host_fault`` so that the coordinator replaces it
+    at once. ``fault_kind``: the kind it reports."""
+
+    exit_code = 74
+    fault_kind = "host_fault"
+
+
 class FaultError(PhoenixError):
     """A fault injection request is invalid (unknown target, unsupported phase, finished job)."""
 

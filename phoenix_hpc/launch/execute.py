@@ -664,6 +664,15 @@ class Member:
         rejected: list[list] = []
         if prot is not None:
             prot.close(abandon=True)  # MPI requests still posted are cancelled or freed (runtime/mpi_faults.py)
+            if getattr(getattr(prot, "h2h", None), "wedged", False):
+                from phoenix_hpc.errors import TransportWedged
+                from phoenix_hpc.runtime.h2h import ABANDON_JOIN_S
+
+                raise TransportWedged(
+                    f"rank {self.logical} gen {self.generation}: the H2H thread did not leave MPI within "
+                    f"{ABANDON_JOIN_S:g} s of the abandon (the MPI library deadlocked on a dead peer's "
+                    "connection); this slot cannot take part in another generation and leaves so that a spare "
+                    "replaces it")
             ab = getattr(getattr(prot, "h2h", None), "abandon_report", None)
             if ab is not None and (ab.cancelled or ab.freed or ab.kept or ab.errors):
                 self.env.log(f"[phoenix] rank {self.logical}: abandoned MPI requests of generation "

@@ -56,7 +56,8 @@ the step's tasks) into a ``signal`` report: the coordinator then ends the job as
 writing the final checkpoint from their host snapshots (:mod:`phoenix_hpc.control.ending`).
 
 Exit codes: 0 done; 2 bad input or environment (a PhoenixError); 3 the coordinator stopped the job before
-its end (time limit, SIGTERM, a stop request: one line says why and names the checkpoint); 1 anything else.
+its end (time limit, SIGTERM, a stop request: one line says why and names the checkpoint); 74 the slot's MPI
+library deadlocked on a dead peer (:class:`phoenix_hpc.errors.TransportWedged`); 1 anything else.
 """
 
 from __future__ import annotations
@@ -534,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error [world rank {slot.world_rank}]: {exc}", file=sys.stderr, flush=True)
             code = 1 if isinstance(exc, StopRequested) else exc.exit_code
         if att and not isinstance(exc, StopRequested):
-            att.client.report_fault(att.progress.generation or 0, att.progress.step, "step", exc)
+            att.client.report_fault(att.progress.generation or 0, att.progress.step, "step", exc,
+                                    kind=getattr(exc, "fault_kind", None))
     except Exception as exc:
         traceback.print_exc()
         code = 1

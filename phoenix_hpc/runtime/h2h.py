@@ -53,6 +53,16 @@ ACK_TAG = 2
 DATA_TAG_BASE = 16
 ACK_OK, ACK_BAD_CHECKSUM = 0, 1
 DEFAULT_WINDOW = 4  # chunks in flight per peer and direction
+#: Seconds an abandoning rank waits for the engine thread to leave its poll. Every MPI call the thread makes
+#: is non-blocking, so it returns within one poll round (milliseconds) -- unless the MPI library itself
+#: deadlocked. Open MPI 4.1's TCP transport does when a peer dies while a large message to it is being
+#: written (RDMA pipeline protocol): ``mca_btl_tcp_frag_send`` fails holding the endpoint's send lock,
+#: ``mca_btl_tcp_endpoint_close`` completes the pending fragments in error, and ob1's completion sends its
+#: FIN on the same endpoint, which waits for that lock for ever (stack taken with gdb on the local cluster,
+#: docs/design.md section 12). Such a thread never returns, and nothing else in the process can use MPI
+#: over TCP any more. The bound stays well under the coordinator's quiesce timeout, so the member leaves at
+#: once instead of being declared silent later.
+ABANDON_JOIN_S = 3.0
 
 
 def chunk_ranges(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
@@ -231,6 +241,7 @@ class H2HEngine:
         self._thread: threading.Thread | None = None
         self._started = False
         self.abandon_report = None  # mpi_faults.AbandonReport after stop(abandon=True)
+        self.wedged = False  # stop(abandon=True) found the engine thread stuck inside MPI
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def start(self, threaded: bool) -> None:
@@ -246,10 +257,14 @@ class H2HEngine:
     def threaded(self) -> bool:
         return self._thread is not None
 
-    def stop(self, abandon: bool = False, timeout_s: float = 30.0) -> None:
+    def stop(self, abandon: bool = False, timeout_s: float = 30.0, abandon_join_s: float = ABANDON_JOIN_S) -> None:
         """Stop the engine. Unless ``abandon`` (collective then: every rank stops together), first wait for
         this rank's outstanding sends and fences, then an ``Ibarrier`` (after it, no rank has a replica in
-        flight, so no holder can miss one), then cancel the receives still posted for future steps."""
+        flight, so no holder can miss one), then cancel the receives still posted for future steps.
+
+        With ``abandon`` the engine thread is given ``abandon_join_s`` seconds to leave its poll. A thread
+        still inside MPI after that is stuck there for good (:data:`ABANDON_JOIN_S`): :attr:`wedged` is set,
+        nothing more is called on MPI (a ``Wait`` would block this thread too) and the method returns."""
         if not abandon and self.error is None:
             deadline = time.monotonic() + timeout_s
             self._enqueue(("barrier",))
@@ -261,7 +276,10 @@ class H2HEngine:
             self._stop = True
             self._cv.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
+            self._thread.join(timeout=min(timeout_s, abandon_join_s) if abandon else timeout_s)
+            if abandon and self._thread.is_alive():
+                self.wedged = True
+                return
         if abandon and (self._thread is None or not self._thread.is_alive()):
             self.abandon_report = self._abandon_posted()
         else:

@@ -451,3 +451,20 @@ def test_the_kept_copies_are_dropped_at_the_new_generations_first_fence(member):
     member.protector.recoverable_step = 4
     _recover(member, R=4, generation=2)
     assert member.kept and member.kept[0] is not rec_protector and len(member.kept) == 1
+
+
+def test_a_survivor_whose_h2h_thread_is_stuck_in_mpi_leaves_instead_of_answering_the_quiesce(member):
+    """Open MPI can deadlock inside the H2H thread when a peer dies mid-transfer (runtime/h2h.ABANDON_JOIN_S):
+    such a member cannot join another generation, so it raises TransportWedged (exit code 74, reported as a
+    host fault) before it offers anything, rather than answer and then block in the next communicator."""
+    from phoenix_hpc.errors import TransportWedged
+
+    snaps: dict = {}
+    member.start()
+    _train(member, 2, snaps)
+    member.protector.h2h = SimpleNamespace(wedged=True, abandon_report=None)
+    member.env.client.offered = None
+    with pytest.raises(TransportWedged, match="did not leave MPI") as err:
+        _recover(member, R=2, generation=1, failed=True)
+    assert err.value.exit_code == 74 and err.value.fault_kind == "host_fault"
+    assert member.env.client.offered is None  # no quiesced answer went out
