@@ -31,7 +31,6 @@ being written, and then no checkpoint exists at all for the in-process restart, 
 from __future__ import annotations
 
 import json
-import os
 import random
 import statistics
 import threading
@@ -160,26 +159,16 @@ def _slot_proc(run_dir: Path, logical_rank: int):
 
 
 def _watch_exit(proc, out: list[float], timeout_s: float = 20.0) -> None:
-    """Append the time the exit of ``proc`` is complete: its last thread is gone (``/proc/<pid>/task`` empty
-    or the pid reaped). A multi-threaded process shows its leader as a zombie as soon as the leader thread
-    exits; its files (sockets) and memory are released only with the last thread (exit(2) of a thread
-    group), so the leader's state alone says too early that it ended."""
+    """Append the time the exit of ``proc`` is complete (:func:`phoenix_hpc.slurm.procs.exit_complete`: its
+    last thread gone, which is when the kernel closes its sockets), polled every 2 ms for up to
+    ``timeout_s``; nothing when ``proc`` is None or the exit did not complete in time."""
+    from phoenix_hpc.slurm.procs import exit_complete
+
     if proc is None:
         return
-    task = Path("/proc") / str(proc.pid) / "task"
     deadline = time.monotonic() + timeout_s
-    def running(t: str) -> bool:
-        try:
-            return (task / t / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            return False  # this thread is gone (the others are looked at on their own)
-
     while time.monotonic() < deadline:
-        try:
-            live = [t for t in os.listdir(task) if running(t)]
-        except FileNotFoundError:
-            live = []  # the process is gone and reaped
-        if not live:
+        if exit_complete(proc):
             out.append(time.time())
             return
         time.sleep(0.002)
@@ -230,12 +219,19 @@ def true_detect(done: dict, journal: list[dict], t_fault: float) -> tuple[dict, 
     ``coordinator_detect_s``.
 
     Raises BenchError when the journal has no record of the fault at or after ``t_fault``."""
-    seen = [r["ts"] for r in journal if r["ts"] >= t_fault and r["event"] in ("slots_dead", "fault", "decision")]
+    seen = fault_records(journal, t_fault)
     if not seen:
         raise BenchError(f"no journal record of the fault at or after {t_fault}")
-    detect = min(seen) - t_fault
+    detect = min(r["ts"] for r in seen) - t_fault
     phases = {**done["phases"], "detect": round(detect, 3)}
     return phases, round(done["total_s"] - done["phases"]["detect"] + detect, 3)
+
+
+def fault_records(journal: list[dict], t_fault: float) -> list[dict]:
+    """The journal records that show the coordinator learned of a fault (``slots_dead``, ``fault``,
+    ``decision``) at or after ``t_fault`` (the kill, epoch seconds), in journal order (pure). The first one's
+    ``ts`` minus ``t_fault`` is the detection time of every benchmark trial."""
+    return [r for r in journal if r["ts"] >= t_fault and r["event"] in ("slots_dead", "fault", "decision")]
 
 
 def journal_marks(journal: list[dict], t_done: float) -> dict:
@@ -268,8 +264,7 @@ def run_baseline(t: Trial, ctx) -> dict:
     info = _start_and_kill(t, cfg, run1, ctx)
     try:
         seen = _wait(f"{t.name}: detection in the journal",
-                     lambda: [r for r in _journal(run1) if r["ts"] >= info["t_fault"]
-                              and r["event"] in ("slots_dead", "fault", "decision")], timeout_s=60)
+                     lambda: fault_records(_journal(run1), info["t_fault"]), timeout_s=60)
         t_detect = min(r["ts"] for r in seen)
         t_cancel = time.time()
         ctx.client.cancel(info["job_id"])
@@ -383,7 +378,7 @@ def run_in_job(t: Trial, ctx) -> dict:
         ctx.revive()
     n = t.nodes
     jr = _journal(run_dir)
-    seen = [r for r in jr if r["ts"] >= info["t_fault"] and r["event"] in ("slots_dead", "fault", "decision")]
+    seen = fault_records(jr, info["t_fault"])
     restarts = read_restarts(run_dir)
     if not seen or not restarts:
         raise BenchError(f"{t.name}: no in-job restart (job state {state}, detection records {len(seen)}, "

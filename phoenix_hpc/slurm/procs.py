@@ -34,14 +34,16 @@ class ProcId:
         return cls(int(data["pid"]), int(data["start_ticks"]))
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command name, or None when the process does not exist.
+def _stat_fields(pid: int, tid: int | None = None) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` (of thread ``tid``: ``/proc/<pid>/task/<tid>/stat``) after the command
+    name, or None when the process (thread) does not exist.
 
     The command name (field 2) is in parentheses and may contain spaces, so split after the last ')'.
     Returned list index 0 is field 3 (state), index 1 field 4 (ppid), index 19 field 22 (starttime).
     """
+    path = PROC / str(pid) / "stat" if tid is None else PROC / str(pid) / "task" / str(tid) / "stat"
     try:
-        raw = (PROC / str(pid) / "stat").read_text()
+        raw = path.read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     return raw[raw.rindex(")") + 2:].split()
@@ -66,6 +68,26 @@ def is_alive(proc: ProcId) -> bool:
     _reap(proc.pid)
     fields = _stat_fields(proc.pid)
     return fields is not None and int(fields[19]) == proc.start_ticks and fields[0] != "Z"
+
+
+def exit_complete(proc: ProcId) -> bool:
+    """True once the exit of ``proc`` is complete: none of its threads runs any more (``/proc/<pid>/task``
+    empty or gone), or the PID now names another process. A multi-threaded process shows its leader as a
+    zombie as soon as the leader thread exits; its files (sockets) and memory are released only with the last
+    thread (exit(2) of a thread group), so :func:`is_alive` says too early that it ended."""
+    _reap(proc.pid)
+    fields = _stat_fields(proc.pid)
+    if fields is None or int(fields[19]) != proc.start_ticks:
+        return True
+    try:
+        tids = [int(t) for t in os.listdir(PROC / str(proc.pid) / "task")]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    for tid in tids:
+        f = _stat_fields(proc.pid, tid)
+        if f is not None and f[0] != "Z":
+            return False
+    return True
 
 
 def parents() -> dict[int, int]:
