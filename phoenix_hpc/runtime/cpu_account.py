@@ -55,29 +55,6 @@ class Span:
         self.account.add(self.category, time.thread_time_ns() - self.t0)
 
 
-def lower_thread_priority(increment: int) -> int:
-    """Make the calling thread ``increment`` nicer than it is (``setpriority(PRIO_PROCESS, tid, nice)``:
-    on Linux the nice value belongs to each thread, setpriority(2) "NOTES"), capped at 19, the lowest
-    priority; returns the thread's nice value afterwards. The runtime's background threads call it when
-    they start (``resilience.thread_nice``), so that on cores they share with the training thread the
-    scheduler gives them what the training thread leaves (CFS weights: nice 10 weighs 110 against 1024
-    for nice 0; nice 19: 15). Raising one's own nice needs no privilege, so this does not fail for
-    ``increment >= 0``; 0 leaves the thread as it is.
-
-    Raises ValueError for a negative ``increment`` (a higher priority would need CAP_SYS_NICE)."""
-    import os
-
-    if increment < 0:
-        raise ValueError(f"thread nice increment must be >= 0, got {increment}")
-    tid = threading.get_native_id()
-    now = os.getpriority(os.PRIO_PROCESS, tid)
-    if increment == 0:
-        return now
-    new = min(19, now + increment)
-    os.setpriority(os.PRIO_PROCESS, tid, new)
-    return new
-
-
 def delta(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     """Per-category difference ``now - before`` (both from :meth:`CpuAccount.totals`)."""
     return {k: now[k] - before.get(k, 0) for k in CATEGORIES}

@@ -189,7 +189,7 @@ class H2HEngine:
         fault_hook: test/drill hook called as ``fault_hook("h2h_send_chunk", step, chunk_index)`` before
             each chunk is posted (may kill the process).
         thread_nice: added to the engine thread's nice value when it starts (``resilience.thread_nice``,
-            :func:`~phoenix_hpc.runtime.cpu_account.lower_thread_priority`); unthreaded, the training thread
+            :func:`~phoenix_hpc.runtime.thread_priority.lower_thread_priority`); unthreaded, the training thread
             drives the engine and keeps its priority.
     """
 
@@ -384,7 +384,7 @@ class H2HEngine:
 
     # --- progress (engine thread, or the main thread when unthreaded) --------------------------------------
     def _run(self) -> None:
-        from phoenix_hpc.runtime.cpu_account import lower_thread_priority
+        from phoenix_hpc.runtime.thread_priority import lower_thread_priority
 
         lower_thread_priority(self.thread_nice)
         sleep = self.busy_sleep_s

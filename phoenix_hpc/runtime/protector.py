@@ -243,7 +243,7 @@ class Protector:
             device: where the engine's tensors live (default: the first optimizer tensor's device).
             checksum: the checksum algorithm (``resilience.checksum``; :mod:`phoenix_hpc.runtime.checksum`).
             thread_nice: added to the nice value of the copy and H2H threads when they start
-                (``resilience.thread_nice``; :func:`~phoenix_hpc.runtime.cpu_account.lower_thread_priority`).
+                (``resilience.thread_nice``; :func:`~phoenix_hpc.runtime.thread_priority.lower_thread_priority`).
             interval_cap: the largest protection interval the ranks may choose
                 (``resilience.protect_every_max``; :mod:`phoenix_hpc.runtime.interval`); 1: every step.
 
@@ -255,11 +255,13 @@ class Protector:
         """
         from mpi4py import MPI
 
+        from phoenix_hpc.runtime.thread_priority import thread_nice_problem
+
         chunk_ranges(0, chunk_bytes)  # validates chunk_bytes before any collective call
         checksum_function(checksum)  # validates the checksum name before any collective call
-        if not isinstance(thread_nice, int) or not 0 <= thread_nice <= 19:
-            raise ReplicationError(f"resilience.thread_nice: value {thread_nice!r} is not allowed (allowed: an "
-                                   "integer from 0 to 19)")
+        problem = thread_nice_problem(thread_nice)
+        if problem is not None:
+            raise ReplicationError(problem)
         opt, params, env = engine.optimizer_shard(), engine.param_shard(), engine.envelope()
         coord = engine.coord
         shard_id = coord.shard_prefix()
@@ -635,7 +637,7 @@ class Protector:
         self._jobs.put(("verify", spec, idx, step))
 
     def _work(self) -> None:
-        from phoenix_hpc.runtime.cpu_account import lower_thread_priority
+        from phoenix_hpc.runtime.thread_priority import lower_thread_priority
 
         lower_thread_priority(self.thread_nice)
         while True:

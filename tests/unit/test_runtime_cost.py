@@ -98,30 +98,3 @@ def test_analyze_cpu_per_protected_byte_against_the_measured_limit():
     assert p["limit_ns_per_byte"] == 0.6 and p["ratio"] == round(500 / 600, 2)
     assert out["ratio_median"] == p["ratio"]
     assert analyze_cpu([{"rank": 0, "blocks": [{"mode": "off"}]}]) == {"ranks": [], "ratio_median": None}
-
-
-def test_a_background_thread_lowers_its_own_priority_only():
-    import os
-    import threading
-
-    from phoenix_hpc.runtime.cpu_account import lower_thread_priority
-
-    main_before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    seen = {}
-
-    def worker(inc, key):
-        tid = threading.get_native_id()
-        before = os.getpriority(os.PRIO_PROCESS, tid)
-        seen[key] = (before, lower_thread_priority(inc), os.getpriority(os.PRIO_PROCESS, tid))
-
-    for inc, key in ((3, "three"), (0, "zero"), (40, "capped")):
-        t = threading.Thread(target=worker, args=(inc, key))
-        t.start()
-        t.join()
-    b = seen["three"][0]
-    assert seen["three"][1:] == (min(19, b + 3), min(19, b + 3))
-    assert seen["zero"][1:] == (seen["zero"][0], seen["zero"][0])
-    assert seen["capped"][1:] == (19, 19)
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before  # the caller's thread only
-    with pytest.raises(ValueError, match="must be >= 0"):
-        lower_thread_priority(-1)
