@@ -146,7 +146,7 @@ def analyze_case(ranks: Sequence[dict], case: Case, trim: float = 0.05) -> dict:
     on_s, off_s = S.summarize(t_on), S.summarize(t_off)
     return {
         "name": case.name, "size": case.size, "params": jobs.model_params(case.size), "grid": case.grid, "k": case.k,
-        "pinned": case.pinned, "target": target_ratio(case),
+        "pinned": case.pinned, "target": target_ratio(case), "thread_nice": ranks[0].get("thread_nice"),
         "steps_on": len(t_on), "steps_off": len(t_off), "warmup": case.warmup, "trim": trim,
         "step_ms_on": on_s.as_dict(), "step_ms_off": off_s.as_dict(),
         "ratio": ratio.as_dict(), "exposed_wait_ms": S.summarize(wait).as_dict(),

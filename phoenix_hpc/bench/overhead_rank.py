@@ -215,7 +215,8 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
     result = {
         "pinned": {"compute_cpus": sorted(pin[0]), "protection_cpus": sorted(pin[1])} if pin else None,
         "case": index, "name": extra["name"], "rank": rank, "k": res.k, "memory": bool(extra.get("memory")),
-        "exact_rss": exact_rss, "checksum": res.checksum, "throughput_ns_per_byte": throughput,
+        "exact_rss": exact_rss, "checksum": res.checksum, "thread_nice": res.thread_nice,
+        "throughput_ns_per_byte": throughput,
         "coord": {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp},
         "grid": {"tp": grid.tp, "pp": grid.pp, "dp": grid.dp},
         "steps": steps, "blocks": blocks,

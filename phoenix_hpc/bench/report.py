@@ -50,6 +50,19 @@ def unattributed(h: dict) -> float:
     return h["total_s"] - sum(h["phases"].get(p, 0.0) for p in PHOENIX_PHASES)
 
 
+def thread_nice_sentence(cases: list[dict]) -> str:
+    """What ``resilience.thread_nice`` the protected blocks ran with (pure): one value for every case, the
+    values per case, or that the run did not record it (runs before it was recorded)."""
+    vals = {c["name"]: c.get("thread_nice") for c in cases}
+    if any(v is None for v in vals.values()):
+        return "The background threads' nice increment (`resilience.thread_nice`) was not recorded in this run."
+    if len(set(vals.values())) == 1:
+        v = next(iter(vals.values()))
+        return (f"The copy and H2H threads ran with `resilience.thread_nice: {v}`"
+                + (" (the default: the training thread's priority)." if v == 0 else "."))
+    return "`resilience.thread_nice` per case: " + ", ".join(f"{n} {v}" for n, v in vals.items()) + "."
+
+
 def quiesce_findings(trials: list[dict]) -> list[str]:
     """Sentences on hot swaps whose quiesce took most of the total (pure)."""
     slow = [h for h in trials if (h.get("marks") or {}).get("quiesce_s") is not None
@@ -167,7 +180,8 @@ def render_markdown(r: dict) -> str:
           f"the first step of every block dropped, slowest {c0['trim']:.0%} of each mode trimmed; the job's step "
           "time is the slowest rank's; ratio of medians with a 95 % bootstrap CI (2000 resamples). Interleaving "
           "inside one process keeps the process start (tens of seconds here) out of the comparison; "
-          "`scripts/bench-overhead` measures the same with one process per mode.")
+          "`scripts/bench-overhead` measures the same with one process per mode. "
+          + thread_nice_sentence(ov["cases"]))
         a("")
         a("| case | params | grid | steps on/off | off ms (median, IQR) | on ms (median, IQR) | ratio [95 % CI] | "
           "exposed wait ms (median, p75) | D2H+CRC ms/step | H2H ms/step |")

@@ -168,3 +168,14 @@ def test_the_bench_fault_step_comes_after_the_first_checkpoint_is_complete():
     assert min(steps) == 11 and max(steps) == 20  # [K+1, 2K]: never the step whose checkpoint may be in flight
     assert sorted({s - 10 for s in steps}) == list(range(1, 11))  # steps lost since checkpoint 10: uniform on 1..K
     assert drawn_lost_steps(10) == 5.5
+
+
+def test_the_overhead_section_says_which_thread_nice_it_ran_with():
+    from phoenix_hpc.bench.report import thread_nice_sentence
+
+    assert thread_nice_sentence([{"name": "S", "thread_nice": 0}, {"name": "M", "thread_nice": 0}]) == (
+        "The copy and H2H threads ran with `resilience.thread_nice: 0` (the default: the training thread's priority).")
+    assert thread_nice_sentence([{"name": "S", "thread_nice": 19}]) == \
+        "The copy and H2H threads ran with `resilience.thread_nice: 19`."
+    assert "S 0, M 19" in thread_nice_sentence([{"name": "S", "thread_nice": 0}, {"name": "M", "thread_nice": 19}])
+    assert "was not recorded" in thread_nice_sentence([{"name": "S"}])
