@@ -191,9 +191,22 @@ def analyze_cpu(ranks: Sequence[dict]) -> dict:
             "ratio": round(total / limit, 2) if limit else None,
             "memcpy_ns_per_byte": round(tp["memcpy"], 4), "checksum_ns_per_byte": round(tp[r["checksum"]], 4),
             "checksum": r["checksum"],
+            **mpi_floor(tp.get("mpi"), sent + recv, snap, med["mpi"]),
         })
     return {"ranks": per_rank,
             "ratio_median": statistics.median(p["ratio"] for p in per_rank) if per_rank else None}
+
+
+def mpi_floor(ns_per_byte_moved: float | None, moved_bytes: int, protected_bytes: int, mpi_ns: float) -> dict:
+    """The bare transport's cost for the replica bytes one rank moves per step (pure): ``mpi_floor_ns_per_byte``
+    per protected byte (the MPI ring's CPU ns per byte moved, :func:`phoenix_hpc.bench.throughput.measure_mpi`,
+    x bytes sent and received / protected bytes) and ``mpi_over_floor`` = the measured MPI category / that
+    floor. Empty when the run did not measure the transport (runs before it, or one rank)."""
+    if ns_per_byte_moved is None or not protected_bytes:
+        return {}
+    floor = ns_per_byte_moved * moved_bytes
+    return {"mpi_floor_ns_per_byte": round(floor / protected_bytes, 4),
+            "mpi_over_floor": round(mpi_ns / floor, 2) if floor else None}
 
 
 def analyze_memory(ranks: Sequence[dict], case: Case) -> dict:

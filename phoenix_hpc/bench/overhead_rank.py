@@ -150,12 +150,14 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
     from phoenix_hpc.runtime.protector import Protector
     from phoenix_hpc.topology import generation_placement
 
-    from phoenix_hpc.bench.throughput import measure
+    from phoenix_hpc.bench.throughput import measure, measure_mpi
 
     cfg = load_job_config(cfg_path)
     extra = json.loads(Path(cfg_path).with_suffix(".bench.json").read_text())
     # this machine's physical limit, measured in the same run by every rank (CPU time of one thread)
     throughput = measure(16 << 20, 3)
+    # and the bare MPI transport's floor for the bytes the H2H moves (collective; same chunking)
+    throughput["mpi"] = measure_mpi(comm, 16 << 20, cfg.resilience.chunk_bytes, 3)
     exact_rss = fix_mmap_threshold(1 << 16 if extra.get("memory") else 32 << 20)
     rank, size = comm.Get_rank(), comm.Get_size()
     p, res = cfg.parallelism, cfg.resilience

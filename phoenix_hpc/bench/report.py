@@ -209,19 +209,25 @@ def render_markdown(r: dict) -> str:
           "engine's thread) and bookkeeping (everything else, the training thread's calls included). The "
           "limit is what the same bytes cost at this machine's memcpy and checksum speed, measured by every "
           "rank in the same run: memcpy x (snapshot + replica sent + replica received) + checksum x "
-          "(snapshot + replica received).")
+          "(snapshot + replica received). The MPI floor is what the bare transport costs for the same replica "
+          "bytes: a ring exchange of 16 MiB in the runtime's chunks between the same ranks, in the same run "
+          "(`bench/throughput.measure_mpi`, CPU ns per byte sent + received), x the rank's bytes sent and "
+          "received; MPI / floor above 1 is the H2H engine's own cost (polling, bookkeeping of requests).")
         a("")
         a("| case | rank | checksum | protected MiB | copy | checksum | MPI | bookkeeping | total ns/B "
-          "(ms/step) | limit ns/B (memcpy, checksum ns/B) | total / limit |")
-        a("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "(ms/step) | limit ns/B (memcpy, checksum ns/B) | total / limit | MPI floor ns/B (MPI / floor) |")
+        a("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for c in ov["cases"]:
             for p in (c.get("cpu") or {}).get("ranks", []):
                 n = p["ns_per_byte"]
+                floor = (f"{p['mpi_floor_ns_per_byte']:.3f} ({p['mpi_over_floor']:.2f})"
+                         if p.get("mpi_floor_ns_per_byte") is not None and p.get("mpi_over_floor") is not None
+                         else "not measured")
                 a(f"| {c['name']} | {p['rank']} | {p['checksum']} | {_mib(p['protected_bytes'])} | "
                   f"{n['copy']:.3f} | {n['checksum']:.3f} | {n['mpi']:.3f} | {n['bookkeeping']:.3f} | "
                   f"{p['ns_per_byte_total']:.3f} ({p['cpu_ms_total_per_step']:.1f}) | "
                   f"{p['limit_ns_per_byte']:.3f} ({p['memcpy_ns_per_byte']:.3f}, {p['checksum_ns_per_byte']:.3f}) | "
-                  f"{p['ratio']:.2f} |")
+                  f"{p['ratio']:.2f} | {floor} |")
         a("")
         a(f"![overhead]({PLOT_DIR}/overhead.png)")
     a("")

@@ -10,6 +10,41 @@ import argparse
 import time
 
 
+def measure_mpi(comm, nbytes: int = 16 << 20, chunk_bytes: int = 4 << 20, repeat: int = 3,
+                sleep_s: float = 50e-6) -> float | None:
+    """Best-of-``repeat`` CPU nanoseconds of the calling thread per byte moved (sent + received) by a bare
+    MPI ring exchange over ``comm`` (an mpi4py communicator; collective: every rank calls it): each rank
+    sends ``nbytes`` to the next rank and receives as many from the previous one, in ``chunk_bytes``
+    ``Isend``/``Irecv`` pairs (the runtime's chunking), testing them with a ``sleep_s`` pause between tests
+    as the H2H engine does. This is the floor of the protection path's MPI category on this transport (on the
+    local cluster: Open MPI over TCP loopback, whose kernel copies the bytes twice). None when ``comm`` has
+    one rank."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size < 2:
+        return None
+    import numpy as np
+    from mpi4py import MPI
+
+    from phoenix_hpc.runtime.h2h import chunk_ranges
+
+    src = np.random.default_rng(rank).integers(0, 256, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    right, left = (rank + 1) % size, (rank - 1) % size
+    best = float("inf")
+    for _ in range(repeat):
+        comm.Barrier()
+        t0 = time.thread_time_ns()
+        reqs = []
+        for i, (a, b) in enumerate(chunk_ranges(nbytes, chunk_bytes)):
+            reqs.append(comm.Irecv([dst[a:b], MPI.BYTE], source=left, tag=1000 + i))
+            reqs.append(comm.Isend([src[a:b], MPI.BYTE], dest=right, tag=1000 + i))
+        while not MPI.Request.Testall(reqs):
+            time.sleep(sleep_s)
+        best = min(best, (time.thread_time_ns() - t0) / (2 * nbytes))
+    comm.Barrier()
+    return best
+
+
 def measure(nbytes: int = 64 << 20, repeat: int = 5) -> dict[str, float]:
     """Best-of-``repeat`` CPU nanoseconds per byte (``time.thread_time_ns``) of: ``memcpy`` (a torch
     ``copy_`` of ``nbytes`` between two written uint8 buffers, what the D2H does on CPU) and each

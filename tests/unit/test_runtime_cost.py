@@ -97,4 +97,20 @@ def test_analyze_cpu_per_protected_byte_against_the_measured_limit():
     # limit: memcpy x (1000 + 400 + 400) + crc32 x (1000 + 400) = 180 + 420 = 600 ns
     assert p["limit_ns_per_byte"] == 0.6 and p["ratio"] == round(500 / 600, 2)
     assert out["ratio_median"] == p["ratio"]
+    assert "mpi_floor_ns_per_byte" not in p  # this run did not measure the transport
     assert analyze_cpu([{"rank": 0, "blocks": [{"mode": "off"}]}]) == {"ranks": [], "ratio_median": None}
+
+
+def test_the_mpi_category_is_set_against_the_bare_transports_floor():
+    step = {"copy": 100, "checksum": 300, "mpi": 50, "bookkeeping": 50}
+    (p,) = analyze_cpu([_rank(0, [step, step], tp={"memcpy": 0.1, "crc32": 0.3, "mpi": 0.025})])["ranks"]
+    # floor: 0.025 ns per byte moved x (400 sent + 400 received) = 20 ns per step, over 1000 protected bytes
+    assert p["mpi_floor_ns_per_byte"] == 0.02 and p["mpi_over_floor"] == 2.5
+
+
+def test_the_transport_floor_needs_a_peer():
+    from types import SimpleNamespace
+
+    from phoenix_hpc.bench.throughput import measure_mpi
+
+    assert measure_mpi(SimpleNamespace(Get_rank=lambda: 0, Get_size=lambda: 1)) is None
