@@ -54,14 +54,14 @@ def plan_cases(quick: bool) -> list[Case]:
     sizes = ("S",) if quick else ("S", "M")
     cases = [Case(f"mem-{msize}-k{k}", msize, 1, k, 2, 4, 1, memory=True) for k in (1, 2)]
     cases += [Case(f"{size}-pp{pp}", size, pp, 1, 10, block, rounds) for size in sizes for pp in (1, 2)]
-    # GPU-like (issue 21 item 6): every rank's training thread on the first allowed core, the protection
+    # GPU-like: every rank's training thread on the first allowed core, the protection
     # threads (phoenix-copy, phoenix-h2h) on the others, as on a GPU node where compute is off the host cores
     cases.append(Case(f"{sizes[-1]}-pp1-pinned", sizes[-1], 1, 1, 10, block, rounds, pinned=True))
     return cases
 
 
 def target_ratio(case: "Case | dict") -> float:
-    """The overhead target of a case (issue 21): 1.02 for the pinned GPU-like case, 1.15 for 4 ranks
+    """The overhead target of a case: 1.02 for the pinned GPU-like case, 1.15 for 4 ranks
     sharing the cores with their protection threads."""
     pinned = case.get("pinned") if isinstance(case, dict) else case.pinned
     return 1.02 if pinned else 1.15
