@@ -664,7 +664,7 @@ class Member:
         rejected: list[list] = []
         if prot is not None:
             prot.close(abandon=True)  # MPI requests still posted are cancelled or freed (runtime/mpi_faults.py)
-            if getattr(getattr(prot, "h2h", None), "wedged", False):
+            if prot.wedged:
                 from phoenix_hpc.errors import TransportWedged
                 from phoenix_hpc.runtime.h2h import ABANDON_JOIN_S
 
@@ -673,7 +673,7 @@ class Member:
                     f"{ABANDON_JOIN_S:g} s of the abandon (the MPI library deadlocked on a dead peer's "
                     "connection); this slot cannot take part in another generation and leaves so that a spare "
                     "replaces it")
-            ab = getattr(getattr(prot, "h2h", None), "abandon_report", None)
+            ab = prot.abandon_report
             if ab is not None and (ab.cancelled or ab.freed or ab.kept or ab.errors):
                 self.env.log(f"[phoenix] rank {self.logical}: abandoned MPI requests of generation "
                              f"{self.generation}: {ab.cancelled} cancelled, {ab.freed} freed, {ab.kept} "

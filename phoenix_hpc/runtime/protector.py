@@ -518,6 +518,18 @@ class Protector:
         """Job-wide minimum committed step from the newest completed commit fence (None before one)."""
         return self.h2h.fenced_step
 
+    @property
+    def wedged(self) -> bool:
+        """True when :meth:`close` with ``abandon`` found the H2H thread stuck inside MPI (runtime/h2h.py,
+        ``ABANDON_JOIN_S``): this process cannot take part in another generation."""
+        return self.h2h.wedged
+
+    @property
+    def abandon_report(self):
+        """What :meth:`close` with ``abandon`` did with the MPI requests still posted (None before it, or when
+        the H2H thread was wedged and MPI was not touched)."""
+        return self.h2h.abandon_report
+
     def copy_steps(self) -> tuple[list[int], dict[str, list[int]]]:
         """Steps this rank can still restore, committed first: its local snapshot's, and per held shard the
         replica's (both ping-pong buffers, docs/design.md section 4). Read with :meth:`local_snapshot` /

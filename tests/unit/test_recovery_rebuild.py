@@ -107,6 +107,8 @@ class FakeProtector:
     generation = 0
     recoverable_step = None  # the newest commit fence's step (None: this generation had none yet)
     create_s: dict = {}  # seconds per part of Protector.create (none here)
+    wedged = False  # close(abandon=True) found the H2H thread stuck inside MPI
+    abandon_report = None
 
     def __init__(self, snapshots: dict[int, tuple[torch.Tensor, torch.Tensor, dict]]):
         self.snapshots = snapshots
@@ -462,7 +464,7 @@ def test_a_survivor_whose_h2h_thread_is_stuck_in_mpi_leaves_instead_of_answering
     snaps: dict = {}
     member.start()
     _train(member, 2, snaps)
-    member.protector.h2h = SimpleNamespace(wedged=True, abandon_report=None)
+    member.protector.wedged = True
     member.env.client.offered = None
     with pytest.raises(TransportWedged, match="did not leave MPI") as err:
         _recover(member, R=2, generation=1, failed=True)
