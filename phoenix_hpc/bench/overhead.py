@@ -201,12 +201,13 @@ def mpi_floor(ns_per_byte_moved: float | None, moved_bytes: int, protected_bytes
     """The bare transport's cost for the replica bytes one rank moves per step (pure): ``mpi_floor_ns_per_byte``
     per protected byte (the MPI ring's CPU ns per byte moved, :func:`phoenix_hpc.bench.throughput.measure_mpi`,
     x bytes sent and received / protected bytes) and ``mpi_over_floor`` = the measured MPI category / that
-    floor. Empty when the run did not measure the transport (runs before it, or one rank)."""
-    if ns_per_byte_moved is None or not protected_bytes:
+    floor. Empty when the run did not measure the transport (runs before it, or one rank) or the rank moved
+    no replica bytes."""
+    floor = (ns_per_byte_moved or 0.0) * moved_bytes
+    if not floor or not protected_bytes:
         return {}
-    floor = ns_per_byte_moved * moved_bytes
     return {"mpi_floor_ns_per_byte": round(floor / protected_bytes, 4),
-            "mpi_over_floor": round(mpi_ns / floor, 2) if floor else None}
+            "mpi_over_floor": round(mpi_ns / floor, 2)}
 
 
 def analyze_memory(ranks: Sequence[dict], case: Case) -> dict:

@@ -108,6 +108,15 @@ def test_the_mpi_category_is_set_against_the_bare_transports_floor():
     assert p["mpi_floor_ns_per_byte"] == 0.02 and p["mpi_over_floor"] == 2.5
 
 
+def test_a_rank_that_moved_no_replica_bytes_has_no_transport_floor():
+    from phoenix_hpc.bench.overhead import mpi_floor
+
+    assert mpi_floor(0.025, 0, 1000, 50.0) == {}  # no bytes moved: a ratio against 0 ns would be meaningless
+    assert mpi_floor(0.0, 800, 1000, 50.0) == {}
+    assert mpi_floor(None, 800, 1000, 50.0) == {}
+    assert mpi_floor(0.025, 800, 1000, 50.0) == {"mpi_floor_ns_per_byte": 0.02, "mpi_over_floor": 2.5}
+
+
 def test_the_transport_floor_needs_a_peer():
     from types import SimpleNamespace
 
