@@ -409,7 +409,7 @@ def test_unsupported_checksum(in_tmp):
 
 
 @pytest.mark.parametrize("nice, allowed", [(-1, "greater than or equal to 0"), (20, "less than or equal to 19"),
-                                           ("low", "integer")])
+                                           ("low", "integer"), (True, "integer")])
 def test_a_thread_nice_outside_0_to_19_exits_2(in_tmp, nice, allowed):
     p = write_cfg(in_tmp, resilience={"thread_nice": nice})
     assert_bad(invoke("--site", "local", p, "--dry-run"), "resilience.thread_nice",
