@@ -58,7 +58,10 @@ def _unb64(s: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
 
 
-def _quiet_import():
+def import_megatron_core() -> dict[str, Any]:
+    """Import the megatron-core pieces this engine uses (Apex / Transformer Engine fallback warnings and
+    deprecations silenced) and return them by name. Seconds on a busy node; a standby slot does it before it
+    waits (:func:`phoenix_hpc.launch.execute.warm_up`). Raises ImportError when megatron-core is missing."""
     import warnings
 
     with warnings.catch_warnings():
@@ -95,7 +98,7 @@ def build_gpt_model(cfg, pre_process: bool, post_process: bool, mc=None):
     """
     from phoenix_hpc.engines.megatron_spec import gpt_model_kwargs, layer_spec, transformer_config_kwargs
 
-    mc = mc or _quiet_import()
+    mc = mc or import_megatron_core()
     tconfig = mc["TransformerConfig"](**transformer_config_kwargs(cfg))
     try:
         spec = layer_spec(cfg)
@@ -149,7 +152,7 @@ class MegatronEngine(Engine):
         os.environ.setdefault("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")
         self.cfg, self.device = cfg, device
         p = cfg.parallelism
-        self._mc = _quiet_import()
+        self._mc = import_megatron_core()
         ps = self._mc["parallel_state"]
         try:
             init_parallel_state(p.tp, p.pp, cfg.resilience.collective_timeout_s)

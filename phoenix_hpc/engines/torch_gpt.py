@@ -143,6 +143,14 @@ def empty_stage(shape: GPTShape, pp: int, stage: int, dtype: torch.dtype, device
         return module.to_empty(device=device)
 
 
+def load_meta_kernels() -> None:
+    """Build a one-layer stage of width 8 with :func:`empty_stage` and drop it: the first construction on
+    the ``meta`` device imports what torch runs it with (its meta registrations and their dependencies, about
+    800 modules and 0.9 s on an idle core, unless megatron-core's import brought them in already), which a
+    joining spare would otherwise pay inside a recovery (:func:`phoenix_hpc.launch.execute.import_runtime`)."""
+    empty_stage(GPTShape(1, 8, 1, 16, 4), 1, 0, torch.float32, torch.device("cpu"))
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy (nats/token, fp32). logits ``(B, S, V)``, targets ``(B, S)`` int64."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -81,7 +81,7 @@ def plan(work: Path) -> dict:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Apex / Transformer Engine absent: megatron-core falls back
-        megatron_engine._quiet_import()
+        megatron_engine.import_megatron_core()
     pcfg = provider_config(work)
     check_user_code(pcfg)
     check_user_code(provider_config(work, f"{__name__}:plain_torch_provider"))

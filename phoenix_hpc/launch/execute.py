@@ -250,6 +250,7 @@ class Member:
         self.kept: list = []
         self.phase: str | None = None
         self.recoveries: list[RecoveryRecord] = []
+        self._gc_mark: float | None = None  # heap.PAUSES.total_s where the current recovery started (_mark_gc)
         self.trigger = FaultTrigger(env.client.injections, notify=fired_notice(env.client, env.run_dir, env.world_rank),
                                     on_link_down=[env.client.stop_heartbeat], lock=env.client.injections_lock,
                                     on_corrupt_replica=self._corrupt_replica)
@@ -428,7 +429,17 @@ class Member:
 
     def join(self, plan: dict[str, Any]) -> None:
         """A standby slot named in ``plan`` takes its logical rank: build the generation, restore, resume."""
+        self._mark_gc()
         self._apply_plan(plan, dirty=False)
+
+    def _mark_gc(self) -> None:
+        """Where this member's part of a recovery starts, for its ``detail["gc"]``: the seconds the garbage
+        collector paused this process until the resume (:class:`phoenix_hpc.launch.heap.GcPauses`). The first
+        mark of a recovery counts (the fault's, not the later call in :meth:`recover`)."""
+        from phoenix_hpc.launch.heap import PAUSES
+
+        if self._gc_mark is None:
+            self._gc_mark = PAUSES.total_s
 
     # --- hooks ---------------------------------------------------------------------------------------
     def _on_commit(self, rec) -> None:
@@ -637,6 +648,7 @@ class Member:
                     except Exception:  # noqa: BLE001 -- heartbeats/peers' reports still reach the coordinator
                         pass
             # outside the handler: the error's traceback (whose frames hold the groups) is gone
+            self._mark_gc()
             self.release_groups()
             if quiesce is None:
                 quiesce = self._wait_for(("quiesce",), "quiesce after the error")
@@ -652,6 +664,7 @@ class Member:
     # --- recovery ------------------------------------------------------------------------------------
     def recover(self, quiesce: dict[str, Any], failed: bool) -> RecoveryRecord:
         """Steps 1-7 for a survivor (see the module doc)."""
+        self._mark_gc()
         g = int(quiesce["generation"])
         with self.env.client.injections_lock:  # a drain armed before this recovery cannot pause it any more
             self.env.client.drain = None
@@ -815,6 +828,11 @@ class Member:
         self.trigger.check(R + 1, "recovery")
         e.client.report_recovered(g, report, timings)
         self._wait_for(("resume",), "resume")
+        if self._gc_mark is not None:
+            from phoenix_hpc.launch.heap import PAUSES
+
+            detail["gc"] = PAUSES.total_s - self._gc_mark
+            self._gc_mark = None
         e.progress.set(step=int(self.engine.step))
         rec = RecoveryRecord(g, R, live, dirty, rolled, {k: round(v, 4) for k, v in timings.items()},
                              {k: round(v, 4) for k, v in detail.items()}, path)
@@ -966,20 +984,41 @@ class Member:
         self.engine.load_envelope(u.envelope)
 
 
-def warm_up(cfg) -> None:
-    """What a standby slot does before it waits (a *warm* spare, docs/design.md section 7): import the engine,
-    runtime and recovery code and open the dataset once, so that a recovery does not pay for it."""
+def import_runtime(cfg) -> None:
+    """Import the code a slot runs: torch.distributed, the dataset reader (megatron-core's, with ``data.path``),
+    the engine named by ``cfg.engine`` (``torch``: also what torch loads on the first construction of a model
+    on the meta device, :func:`~phoenix_hpc.engines.torch_gpt.load_meta_kernels`; ``megatron``: the
+    megatron-core modules it builds with, :func:`~phoenix_hpc.engines.megatron_engine.import_megatron_core`),
+    the protection runtime and the recovery driver. A user's engine class is imported when it is built.
+    Seconds on a busy node (megatron-core's import alone brings in about 2,900 modules)."""
     import torch.distributed  # noqa: F401
 
-    from phoenix_hpc.data.indexed import open_indexed_dataset
     from phoenix_hpc.engines import factory  # noqa: F401
     from phoenix_hpc.launch import groups, loop  # noqa: F401
     from phoenix_hpc.runtime import protector  # noqa: F401
 
-    if cfg.engine == "torch":
-        from phoenix_hpc.engines import torch_engine  # noqa: F401
     if cfg.data.path is not None:
-        open_indexed_dataset(cfg.data.path)  # imports megatron-core's reader: seconds on a busy node
+        from phoenix_hpc.data.indexed import megatron_indexed_module
+
+        megatron_indexed_module()
+    if cfg.engine == "torch":
+        from phoenix_hpc.engines.torch_gpt import load_meta_kernels
+
+        load_meta_kernels()
+    elif cfg.engine == "megatron":
+        from phoenix_hpc.engines.megatron_engine import import_megatron_core
+
+        import_megatron_core()
+
+
+def warm_up(cfg) -> None:
+    """What a standby slot does before it waits (a *warm* spare, docs/design.md section 7): import what it
+    will run (:func:`import_runtime`) and open the dataset once, so that a recovery does not pay for it."""
+    from phoenix_hpc.data.indexed import open_indexed_dataset
+
+    import_runtime(cfg)
+    if cfg.data.path is not None:
+        open_indexed_dataset(cfg.data.path)
 
 
 def wait_for_join(client, wait_s: float | None = None, poll_s: float = 0.1) -> dict[str, Any] | None:

@@ -349,6 +349,9 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
             summary["status"] = "left"
         raise
     finally:
+        from phoenix_hpc.launch.heap import PAUSES
+
+        summary["gc"] = PAUSES.summary()
         if member is not None:
             summary["generation"] = member.generation
             summary["recoveries"] = [vars(r) for r in member.recoveries]
@@ -386,6 +389,9 @@ def _agree_on_errors(comm, error: PhoenixError | None) -> PhoenixError | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from phoenix_hpc.launch.heap import PAUSES
+
+    PAUSES.install()  # the collections' pauses, in the rank summary and each recovery's detail
     args = _parse(argv)
     run_dir = Path(args.run_dir)
     from phoenix_hpc.config.load import load_job_config
@@ -499,13 +505,20 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[phoenix] world rank {slot.world_rank}: {exc}; waiting as a spare", flush=True)
                 return None
 
+        from phoenix_hpc.launch.heap import freeze_long_lived
+
         if active:
+            from phoenix_hpc.launch.execute import import_runtime
+
+            import_runtime(cfg)
+            freeze_long_lived()  # before the first generation's groups, engine and protector (launch/heap.py)
             summary = train(client=att.client if att is not None and resilient is None else None)
         standby = summary is None
         if standby and att is not None and resilient is not None:
             from phoenix_hpc.launch.execute import wait_for_join, warm_up
 
             warm_up(cfg)
+            freeze_long_lived()  # a slot that was active froze at its start: nothing more (launch/heap.py)
             while summary is None:
                 plan = wait_for_join(att.client)  # None: the job ended (stop) without needing this spare
                 if plan is None:
