@@ -18,6 +18,7 @@ things a recovery replaces) are collected as before.
 from __future__ import annotations
 
 import gc
+import time
 
 _frozen = False
 
@@ -66,15 +67,15 @@ class GcPauses:
         if self._callback not in gc.callbacks:
             gc.callbacks.append(self._callback)
 
-    def _callback(self, phase: str, info: dict) -> None:
-        import time
-
+    def _callback(self, phase: str, info: dict, _clock=time.perf_counter) -> None:
+        # the clock is bound at definition: collections also run while the interpreter shuts down, when no
+        # import may happen any more
         if phase == "start":
-            self._t0 = time.perf_counter()
+            self._t0 = _clock()
             return
         if self._t0 is None:
             return
-        d = time.perf_counter() - self._t0
+        d = _clock() - self._t0
         self._t0 = None
         self.collections += 1
         self.full += int(info.get("generation") == 2)

@@ -78,3 +78,18 @@ def test_a_slot_imports_before_it_freezes_what_its_engine_construction_would_imp
         print(json.dumps({"torch_new": torch_new, "megatron": "megatron.core.models.gpt" in sys.modules}))
     """)
     assert r["torch_new"] == 0 and r["megatron"]
+
+
+def test_the_pause_record_survives_collections_during_interpreter_shutdown():
+    """Collections run while the interpreter shuts down, when imports fail: the callback must not import."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import sys
+        from phoenix_hpc.launch.heap import PAUSES
+        PAUSES.install()
+        class Cycle:
+            def __init__(self):
+                self.me = self
+        keep = [Cycle() for _ in range(1000)]
+        sys.modules["time"] = None  # what shutdown does to imports, early
+    """)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
