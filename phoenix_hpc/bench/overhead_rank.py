@@ -250,9 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     from phoenix_hpc.launch.rendezvous import mpi_store_rendezvous
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
+    from phoenix_hpc.config.load import load_job_config
+    from phoenix_hpc.launch.execute import import_runtime
+    from phoenix_hpc.launch.heap import freeze_long_lived
+
     comm = MPI.COMM_WORLD
     store = mpi_store_rendezvous(comm, True, 120.0)
     out = Path(a.out)
+    import_runtime(load_job_config(a.configs[0]))  # as a training slot does before it builds anything
+    freeze_long_lived()  # (launch/heap.py): later collections traverse only what the cases build
     for i, cfg in enumerate(a.configs):
         run_case(i, cfg, out, comm, store)
         if comm.Get_rank() == 0:
