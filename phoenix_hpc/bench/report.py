@@ -221,7 +221,7 @@ def render_markdown(r: dict) -> str:
             for p in (c.get("cpu") or {}).get("ranks", []):
                 n = p["ns_per_byte"]
                 floor = (f"{p['mpi_floor_ns_per_byte']:.3f} ({p['mpi_over_floor']:.2f})"
-                         if "mpi_over_floor" in p
+                         if p.get("mpi_over_floor") is not None  # results of older runs may hold null
                          else "not measured")
                 a(f"| {c['name']} | {p['rank']} | {p['checksum']} | {_mib(p['protected_bytes'])} | "
                   f"{n['copy']:.3f} | {n['checksum']:.3f} | {n['mpi']:.3f} | {n['bookkeeping']:.3f} | "

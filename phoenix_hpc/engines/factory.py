@@ -46,6 +46,24 @@ def default_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def engine_family(cfg) -> tuple[bool, bool]:
+    """``(torch_like, megatron_like)``: whether ``cfg.engine`` is the torch engine or the Megatron engine, or
+    a user's engine class derived from one of them (imported with ``python_path``).
+
+    Raises:
+        ConfigError: a user's engine class cannot be imported (:func:`~.user_code.load_engine_class`).
+    """
+    from phoenix_hpc.engines.user_code import is_builtin_engine, load_engine_class
+
+    if is_builtin_engine(cfg.engine):
+        return cfg.engine == "torch", cfg.engine == "megatron"
+    from phoenix_hpc.engines.megatron_engine import MegatronEngine
+    from phoenix_hpc.engines.torch_engine import TorchEngine
+
+    cls = load_engine_class(cfg.engine, cfg.python_path)
+    return issubclass(cls, TorchEngine), issubclass(cls, MegatronEngine)
+
+
 def check_user_code(cfg) -> None:
     """Import every piece of user code the config names, exactly as the ranks will (same ``python_path``),
     and check it: the engine class (and ``resilience.recovery_path`` against its recovery styles); for
@@ -75,13 +93,11 @@ def check_user_code(cfg) -> None:
     torch_like, megatron_like = cfg.engine == "torch", cfg.engine == "megatron"
     if not is_builtin_engine(cfg.engine):
         try:
-            from phoenix_hpc.engines.megatron_engine import MegatronEngine
             from phoenix_hpc.engines.styles import recovery_path_of_class
-            from phoenix_hpc.engines.torch_engine import TorchEngine
 
-            cls = load_engine_class(cfg.engine, cfg.python_path)
-            torch_like, megatron_like = issubclass(cls, TorchEngine), issubclass(cls, MegatronEngine)
-            recovery_path_of_class(cls, cfg.resilience.recovery_path, cfg.engine)
+            torch_like, megatron_like = engine_family(cfg)
+            recovery_path_of_class(load_engine_class(cfg.engine, cfg.python_path), cfg.resilience.recovery_path,
+                                   cfg.engine)
         except ConfigError as exc:
             problems.extend(exc.problems)
         except ValueError as exc:  # resilience.recovery_path names a style the class does not support

@@ -986,14 +986,18 @@ class Member:
 
 def import_runtime(cfg) -> None:
     """Import the code a slot runs: torch.distributed, the dataset reader (megatron-core's, with ``data.path``),
-    the engine named by ``cfg.engine`` (``torch``: also what torch loads on the first construction of a model
-    on the meta device, :func:`~phoenix_hpc.engines.torch_gpt.load_meta_kernels`; ``megatron``: the
+    the engine of ``cfg.engine`` (a user's engine class too; the torch engine or one derived from it: also
+    what torch loads on the first construction of a model on the meta device,
+    :func:`~phoenix_hpc.engines.torch_gpt.load_meta_kernels`; the Megatron engine or one derived from it: the
     megatron-core modules it builds with, :func:`~phoenix_hpc.engines.megatron_engine.import_megatron_core`),
-    the protection runtime and the recovery driver. A user's engine class is imported when it is built.
-    Seconds on a busy node (megatron-core's import alone brings in about 2,900 modules)."""
+    the protection runtime and the recovery driver. Seconds on a busy node (megatron-core's import alone
+    brings in about 2,900 modules). On a GPU node, call it after ``torch.cuda.set_device``: a library may
+    touch CUDA when it is imported. A user's class that cannot be imported is left to the engine's
+    construction to report (the rank's preflight has refused it already)."""
     import torch.distributed  # noqa: F401
 
-    from phoenix_hpc.engines import factory  # noqa: F401
+    from phoenix_hpc.engines import factory
+    from phoenix_hpc.errors import ConfigError
     from phoenix_hpc.launch import groups, loop  # noqa: F401
     from phoenix_hpc.runtime import protector  # noqa: F401
 
@@ -1001,11 +1005,15 @@ def import_runtime(cfg) -> None:
         from phoenix_hpc.data.indexed import megatron_indexed_module
 
         megatron_indexed_module()
-    if cfg.engine == "torch":
+    try:
+        torch_like, megatron_like = factory.engine_family(cfg)
+    except ConfigError:
+        return
+    if torch_like:
         from phoenix_hpc.engines.torch_gpt import load_meta_kernels
 
         load_meta_kernels()
-    elif cfg.engine == "megatron":
+    if megatron_like:
         from phoenix_hpc.engines.megatron_engine import import_megatron_core
 
         import_megatron_core()

@@ -44,7 +44,8 @@ Files written by active rank ``r`` (logical rank):
   ``recoveries`` (under protection: per recovery the generation, recoverable step, live step, dirty,
   rolled back, timings and their detail in seconds), ``engine, host, node_id, start_step, steps, first_loss,
   final_loss, mean_step_time_ms, tokens_per_s, state_hash`` (:meth:`Engine.state_hash`), ``param_hash``,
-  ``optimizer_hash``, shard sizes in bytes, and on failure ``error``;
+  ``optimizer_hash``, shard sizes in bytes, ``gc`` (the garbage collector's pauses in this process,
+  :meth:`phoenix_hpc.launch.heap.GcPauses.summary`), and on failure ``error``;
 * with ``--snapshot-at S``: the rank's state after step S in ``--snapshot-dir`` (default
   ``RUN_DIR/snapshots/step{S}``), one file per logical coordinate (:mod:`.state_files`).
 
@@ -505,8 +506,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[phoenix] world rank {slot.world_rank}: {exc}; waiting as a spare", flush=True)
                 return None
 
+        import torch
+
+        from phoenix_hpc.engines.factory import default_device
         from phoenix_hpc.launch.heap import freeze_long_lived
 
+        device = default_device(slot.local_rank)
+        if device.type == "cuda":  # before the imports: a library that touches CUDA when imported (Transformer
+            torch.cuda.set_device(device)  # Engine) must find this slot's GPU current, not GPU 0
         if active:
             from phoenix_hpc.launch.execute import import_runtime
 

@@ -93,3 +93,25 @@ def test_the_pause_record_survives_collections_during_interpreter_shutdown():
         sys.modules["time"] = None  # what shutdown does to imports, early
     """)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_user_engine_is_warmed_up_as_the_builtin_engine_it_derives_from():
+    """import_runtime chooses the warm-up by the engine's class (factory.engine_family), not by its name."""
+    from pathlib import Path
+
+    kit = str(Path(__file__).resolve().parent / "kit_engines")
+    r = _run(f"""
+        import json, sys
+        from types import SimpleNamespace
+        from phoenix_hpc.engines.factory import engine_family
+        from phoenix_hpc.launch.execute import import_runtime
+        cfg = lambda e: SimpleNamespace(engine=e, python_path=[{kit!r}], data=SimpleNamespace(path=None))
+        fam = [engine_family(cfg(e)) for e in ("torch", "megatron", "broken_engines:ClockEngine",
+                                               "user_providers:DerivedMegatron")]
+        import_runtime(cfg("user_providers:DerivedMegatron"))
+        meg = "megatron.core.models.gpt" in sys.modules
+        import_runtime(cfg("no_such_module:Engine"))  # left to the engine's construction to report
+        print(json.dumps({{"fam": fam, "megatron": meg}}))
+    """)
+    assert r["fam"] == [[True, False], [False, True], [True, False], [False, True]]
+    assert r["megatron"]

@@ -470,3 +470,24 @@ def test_a_survivor_whose_h2h_thread_is_stuck_in_mpi_leaves_instead_of_answering
         _recover(member, R=2, generation=1, failed=True)
     assert err.value.exit_code == 74 and err.value.fault_kind == "host_fault"
     assert member.env.client.offered is None  # no quiesced answer went out
+
+
+def test_each_recovery_reports_the_collectors_pauses_since_its_start(member, monkeypatch):
+    """detail["gc"]: the seconds the garbage collector paused this process between the member's first sign of
+    the fault and its resume (launch/heap.PAUSES); the mark is cleared, so the next recovery counts afresh."""
+    from phoenix_hpc.launch import heap
+
+    pauses = heap.GcPauses()
+    monkeypatch.setattr(heap, "PAUSES", pauses)
+    snaps: dict = {}
+    member.start()
+    _train(member, 2, snaps)
+    pauses.total_s = 5.0  # collections before the fault do not count
+    member._mark_gc()  # where the training loop marks the fault, before release_groups
+    pauses.total_s = 5.25
+    _recover(member, R=2, generation=1)
+    assert member.recoveries[-1].detail["gc"] == 0.25 and member._gc_mark is None
+    _train(member, 1, snaps)
+    pauses.total_s = 6.0
+    _recover(member, R=3, generation=2)  # recover() marks when nothing did before it
+    assert member.recoveries[-1].detail["gc"] == 0.0
