@@ -90,18 +90,18 @@ def check_user_code(cfg) -> None:
         except ConfigError as exc:
             problems.extend(exc.problems)
 
-    torch_like, megatron_like = cfg.engine == "torch", cfg.engine == "megatron"
-    if not is_builtin_engine(cfg.engine):
-        try:
+    torch_like = megatron_like = False  # a user's class that cannot be imported is neither
+    try:
+        torch_like, megatron_like = engine_family(cfg)
+        if not is_builtin_engine(cfg.engine):
             from phoenix_hpc.engines.styles import recovery_path_of_class
 
-            torch_like, megatron_like = engine_family(cfg)
             recovery_path_of_class(load_engine_class(cfg.engine, cfg.python_path), cfg.resilience.recovery_path,
                                    cfg.engine)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-        except ValueError as exc:  # resilience.recovery_path names a style the class does not support
-            problems.append(str(exc))
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    except ValueError as exc:  # resilience.recovery_path names a style the class does not support
+        problems.append(str(exc))
     hints = {"model.factory": "its model comes from model.provider (a megatron-core model-provider function) or "
                               "from the model fields; set engine: torch (or your own engine) to use a factory",
              "data.factory": "it reads the Megatron indexed dataset of data.path; set engine: torch (or your own "
