@@ -3,7 +3,7 @@
 A full (generation 2) collection traverses every container object the interpreter tracks: after torch,
 mpi4py, numpy and this package are imported a rank holds about 170,000 of them, about 400,000 once
 megatron-core's dataset reader is imported too (:func:`phoenix_hpc.launch.execute.import_runtime`),
-and a full collection takes 0.03 s on an idle core and 0.2-0.4 s on the shared cores of a busy node
+and a full collection takes 0.03 s on an idle core and 0.2-0.5 s on the shared cores of a busy node
 (measured on the local cluster with a ``gc.callbacks`` probe). Such collections come automatically (CPython
 starts one when the objects created since the last one exceed a quarter of the long-lived ones) and
 explicitly in :meth:`phoenix_hpc.launch.execute.Member.release_groups`, which collects at the start of every
