@@ -307,6 +307,9 @@ def test_no_spare_left_stops_cleanly_naming_the_checkpoint(env, data, slurm_clus
     with ``resilience.spares_exhausted: stop`` (the default shrinks the torch engine's job, tests/e2e/test_shrink.py)
     the job stops (no training on) with a message naming the newest checkpoint and the command that resumes the run."""
     cfg = _config(resilience={"checkpoint": {"interval_steps": 5}, "spares_exhausted": "stop"})
+    # the second loss must land while the job still trains: with STEPS it could finish first (the kill of a node
+    # takes longer than the dozen steps left); the job stops at that loss, so more steps cost no time
+    cfg["training"]["steps"] = 3 * STEPS
     job = Job(env, tmp_path, data, "no-spare", cfg)
     nodes: list[str] = []
     try:
