@@ -30,13 +30,14 @@ the coordinator's ``quiesce``) or with a ``quiesce`` received at a step boundary
 4. *roll back*: a survivor whose live step is past the recoverable step ``R`` (or that is dirty) loads
    S(R) from its committed local snapshot (checksums verified): optimizer shard, parameters, envelope (step,
    data position, LR schedule, RNG);
-5. *restore the spare* (the plan's transfers, processed in plan order by every rank, so blocking pairs
-   cannot deadlock): parameters from a live DP peer at the same (pp, tp), sealed into a snapshot buffer
-   (CRC-32 per tensor), and optimizer shard + envelope as the holder's verified replica buffer of step R,
-   both sent over the new MPI communicator as H2H sends a replica (:func:`phoenix_hpc.runtime.h2h.send_buffer`:
-   windowed chunks, tags under ``MPI_TAG_UB``) and verified (CRC-32 of every tensor) by the receiver before
-   use; the copies of R come from this generation's protector or, before its first commit fence, from the
-   kept protectors of earlier generations (:meth:`Member._copy_sources`);
+5. *restore the spare* (the plan's transfers, :mod:`phoenix_hpc.launch.transfers`: a rank's transfers with
+   one peer in plan order, with different peers at once): parameters from a live DP peer at the same
+   (pp, tp), sealed into a snapshot buffer (CRC-32 per tensor), and optimizer shard + envelope as the
+   holder's replica buffer of step R, both sent over the new MPI communicator as H2H sends a replica
+   (:class:`phoenix_hpc.runtime.h2h.BufferTransfer`: windowed chunks, tags under ``MPI_TAG_UB``) and verified
+   (CRC-32 of every tensor) by the receiver before use; a joining spare receives while it builds its
+   engine; the copies of R come from this generation's protector or, before its first commit fence, from
+   the kept protectors of earlier generations (:meth:`Member._copy_sources`);
 6. *re-establish replication*: a new protector for ``g + 1`` (placement recomputed from the new node list
    with :func:`phoenix_hpc.topology.generation_placement`);
 7. it answers ``recovered`` {MemberReport, timings {reconfigure, params, optimizer} in seconds}, waits for
@@ -82,6 +83,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from phoenix_hpc.errors import ConfigError, RecoveryError, ReplicationError
+from phoenix_hpc.launch.transfers import run as run_transfers
+from phoenix_hpc.launch.transfers import sources_ready
 
 COMM_TAG_BASE = 7000  # Create_group tag of generation g: COMM_TAG_BASE + g
 
@@ -380,7 +383,7 @@ class Member:
             ranks_per_node=node_of_rank.count(me), commit_timeout_s=res.collective_timeout_s,
             on_commit=self._on_commit, log=e.log if self.logical == 0 else None, fault_hook=self._fault_hook,
             device=e.device, checksum=res.checksum, interval_cap=res.protect_every_max,
-            thread_nice=res.thread_nice,
+            thread_nice=res.thread_nice, arrive_timeout_s=self.wait_s,
         )
         protector.abort_check = self._poll  # a quiesce also ends a commit wait on a peer that is gone
         return protector
@@ -492,6 +495,15 @@ class Member:
             if buf is not None:
                 return buf
         raise RecoveryError(f"world rank {self.env.world_rank} holds no replica of {shard_id} at step {step}")
+
+    def _local_buffer(self, step: int):
+        """The buffer of this slot's local snapshot of ``step`` (committed or the previous one; the newest
+        generation's copy, else a kept one; not verified here), or None when it has none."""
+        for prot in self._copy_sources():
+            buf = prot.buffers.local.find(step)
+            if buf is not None:
+                return buf
+        return None
 
     def _copy_sources(self, current=None) -> list:
         """The protectors whose verified copies a recovery may use, newest first: ``current`` (the one being
@@ -760,35 +772,49 @@ class Member:
         detail.update(self._setup_groups())
         t_reconf = time.perf_counter() - t0  # rebuild: teardown, groups and (below) the new engine
 
-        t1 = time.perf_counter()
-        if self.engine is not None:  # rebind: keep the engine, give it the new groups
-            self.engine.rebind(self.groups, self.coord)
-            if not from_checkpoint and (int(self.engine.step) != R or dirty):
-                self._rollback(R)
-                rolled = True
-            detail["rollback"] = time.perf_counter() - t1
-        else:  # a joining spare, or every member on the rebuild path (3'')
+        spent = {"reconfigure": 0.0, "rollback": 0.0}  # the engine work's seconds, by the phase they count to
+
+        def engine_work() -> None:  # 3''/4/4': this member's engine, at S(R) unless its transfers bring it
+            nonlocal rolled, held
+            t1 = time.perf_counter()
+            if self.engine is not None:  # rebind: keep the engine, give it the new groups
+                self.engine.rebind(self.groups, self.coord)
+                if not from_checkpoint and (int(self.engine.step) != R or dirty):
+                    self._rollback(R)
+                    rolled = True
+                detail["rollback"] = spent["rollback"] = time.perf_counter() - t1
+                return
+            # a joining spare, or every member on the rebuild path (3'')
             self._construct_engine(state_follows=True)
             detail["engine"] = time.perf_counter() - t1
-            if rebuild:
-                t_reconf += detail["engine"]
-                t1 = time.perf_counter()
+            spent["reconfigure" if rebuild else "rollback"] += detail["engine"]
             if held is not None:  # 4': the survivor's own S(R)
+                t2 = time.perf_counter()
                 self._load_state(*held)
                 held = None
-                detail["rollback"] = time.perf_counter() - t1
-        t_rollback = time.perf_counter() - t1
+                detail["rollback"] = time.perf_counter() - t2
+                spent["rollback"] += detail["rollback"]
 
         if from_checkpoint:  # memory could not cover the loss: every member loads the persistent checkpoint
             from phoenix_hpc.launch.persist import restore_step
 
+            engine_work()
             t3 = time.perf_counter()
             restore_step(self.engine, self.groups, e.cfg, e.run_dir, R)
             rolled = live is not None
             detail["checkpoint_load"] = time.perf_counter() - t3
             t_params, t_opt = 0.0, detail["checkpoint_load"]
-        else:
-            t_params, t_opt = self._transfers(plan.get("transfers", []), R)
+        else:  # 5: the engine work runs while this member's buffers go, when none of them needs the engine
+            transfers = plan.get("transfers", [])
+            if sources_ready(self, transfers, R):
+                restored = run_transfers(self, transfers, R, during=engine_work)
+            else:
+                engine_work()
+                restored = run_transfers(self, transfers, R)
+            t_params, t_opt = restored.params_s, restored.optimizer_s
+            detail.update({f"wire.{k}": v for k, v in restored.wire.items()})
+        t_reconf += spent["reconfigure"]
+        t_rollback = spent["rollback"]
         if int(self.engine.step) != R:
             raise RecoveryError(f"rank {self.logical} is at step {self.engine.step} after the restore, plan says {R}")
 
@@ -912,76 +938,6 @@ class Member:
     def _rollback(self, step: int) -> None:
         """Load S(step) from the committed local snapshot (verified) into the engine (I4)."""
         self._load_state(*self._snapshot_state(step))
-
-    def _transfers(self, transfers: list[dict[str, Any]], step: int) -> tuple[float, float]:
-        """Run this rank's part of the plan's transfers, in plan order. Returns (params_s, optimizer_s)."""
-        me = self.env.world_rank
-        w2l = {w: r for r, w in self.rank_map.items()}
-        t_params = t_opt = 0.0
-        for t in transfers:
-            if me not in (t["sender"], t["receiver"]):
-                continue
-            t0 = time.perf_counter()
-            peer = w2l[t["receiver"] if t["sender"] == me else t["sender"]]
-            sending = t["sender"] == me
-            if int(t["step"]) != step:
-                raise RecoveryError(f"transfer {t} is for step {t['step']}, the recoverable step is {step}")
-            if t["kind"] == "params":
-                self._params(peer, sending, step)
-                t_params += time.perf_counter() - t0
-            elif t["kind"] == "optimizer":
-                self._optimizer(str(t["shard_id"]), peer, sending, step)
-                t_opt += time.perf_counter() - t0
-            elif t["kind"] == "params_from_optimizer":  # dp == 1: no DP peer holds these parameters
-                self.engine.params_from_optimizer()
-                t_params += time.perf_counter() - t0
-            else:
-                raise RecoveryError(f"unknown transfer kind {t['kind']!r}")
-        return t_params, t_opt
-
-    def _params(self, peer: int, sending: bool, step: int) -> None:
-        """The param shard of S(``step``) from a DP peer at the same (pp, tp), the way a replica travels: the
-        sender seals it (model dtype, own shapes, CRC-32 per tensor, :mod:`phoenix_hpc.runtime.snapshot`)
-        into a host buffer sent with :func:`phoenix_hpc.runtime.h2h.send_buffer` (windowed chunks, tags under
-        ``MPI_TAG_UB``); the receiver verifies every tensor before it loads any."""
-        from phoenix_hpc.runtime.h2h import recv_buffer, send_buffer
-        from phoenix_hpc.runtime.snapshot import PARAM, seal_part, unpack
-
-        res = self.env.cfg.resilience
-        c = self.coord
-        sid = f"param/pp{c.pp}/tp{c.tp}"
-        what = f"the param shard {sid} {'to' if sending else 'from'} rank {peer}"
-        if sending:
-            buf = seal_part(self.engine.param_shard(), PARAM, sid, step, self.generation)
-            send_buffer(self.comm, buf.numpy(), peer, step, res.chunk_bytes, res.collective_timeout_s, what)
-            return
-        buf = recv_buffer(self.comm, peer, step, res.chunk_bytes, res.collective_timeout_s, what)
-        u = unpack(buf, (PARAM,), copy=False)  # raises ReplicationError when a checksum fails; views, loaded now
-        if u.shard_id != sid or u.step != step:
-            raise RecoveryError(f"received param shard is {u.shard_id} step {u.step}, expected {sid} step {step}")
-        self.engine.load_param_shard(u.tensors)
-
-    def _optimizer(self, shard_id: str, peer: int, sending: bool, step: int) -> None:
-        """The optimizer shard + envelope as the holder's replica buffer of ``step``, sent as H2H sends it
-        (:func:`phoenix_hpc.runtime.h2h.send_buffer`: windowed chunks, tags under ``MPI_TAG_UB``) and
-        verified on both sides (CRC-32 per tensor, :func:`phoenix_hpc.runtime.snapshot.verify`)."""
-        from phoenix_hpc.runtime.h2h import recv_buffer, send_buffer
-        from phoenix_hpc.runtime.snapshot import OPT, unpack, verify
-
-        chunk = self.env.cfg.resilience.chunk_bytes
-        timeout = self.env.cfg.resilience.collective_timeout_s
-        if sending:
-            buf = self._held_buffer(shard_id, step)
-            h, _ = verify(buf, (OPT,))
-            send_buffer(self.comm, buf.numpy()[: int(h.opt_end)], peer, step, chunk, timeout,
-                        f"sending the replica of {shard_id} to rank {peer}")
-            return
-        buf = recv_buffer(self.comm, peer, step, chunk, timeout, f"receiving the replica of {shard_id} from rank {peer}")
-        u = unpack(buf, (OPT,), copy=False)  # raises ReplicationError when a checksum fails; views, loaded now
-        if u.shard_id != shard_id or u.step != step:
-            raise RecoveryError(f"received replica is {u.shard_id} step {u.step}, expected {shard_id} step {step}")
-        self.engine.load_optimizer_shard(u.tensors)
-        self.engine.load_envelope(u.envelope)
 
 
 def import_runtime(cfg) -> None:

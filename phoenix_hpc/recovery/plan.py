@@ -231,6 +231,16 @@ def _choose_spares(
     return out
 
 
+def params_source(peers: list[int], holder: int, sends: dict[int, int]) -> int:
+    """The DP peer a spare takes its parameters from: among ``peers`` (the live DP peers at its (pp, tp), in
+    dp order; any of them holds the same parameters), the one with the fewest transfers to send in the plan
+    so far (``sends``, logical rank -> count), counting the optimizer transfer that ``holder`` sends this
+    spare; ties go to dp order. So the parameters and the optimizer shard come from two senders where the
+    DP group allows it (a spare then receives both at once, launch/transfers.py), and several spares do not
+    all drain one peer. Pure."""
+    return min(peers, key=lambda p: (sends.get(p, 0) + (p == holder), peers.index(p)))
+
+
 def plan_recovery(
     *,
     generation: int,
@@ -298,23 +308,27 @@ def plan_recovery(
     # --- transfers ---------------------------------------------------------------------------------
     transfers: list[Transfer] = []
     joins: list[Join] = []
+    sends: dict[int, int] = {}  # logical rank -> transfers it sends in this plan so far
     for r in sorted(set(dead_logical) | restore_set):
         c = coord_of(r, tp, pp, dp)
         sid = c.shard_prefix()
         spare = new_map[r]
         if r in assignment:
             joins.append(Join(spare, nodes[spare], r, c, rank_map[r]))
-        peer = next((d * tp + c.pp * tp * dp + c.tp for d in range(dp)  # the DP group, in dp order (topology)
-                     if d != c.dp and d * tp + c.pp * tp * dp + c.tp in alive_set), None)
-        if peer is None and not (params_from_optimizer and dp == 1):
+        peers = [d * tp + c.pp * tp * dp + c.tp for d in range(dp)  # the DP group, in dp order (topology)
+                 if d != c.dp and d * tp + c.pp * tp * dp + c.tp in alive_set]
+        if not peers and not (params_from_optimizer and dp == 1):
             raise FallbackRequired(
                 f"no live DP peer of logical rank {r} at (pp={c.pp}, tp={c.tp}) to restore parameters from",
                 [sid],
             )
+        holder = holder_at(sid, recoverable, placement, committed, alive_set)
+        peer = params_source(peers, holder, sends) if peers else None
         if peer is not None:
             transfers.append(Transfer("params", f"param/pp{c.pp}/tp{c.tp}", new_map[peer], spare, recoverable))
-        holder = holder_at(sid, recoverable, placement, committed, alive_set)
+            sends[peer] = sends.get(peer, 0) + 1
         transfers.append(Transfer("optimizer", sid, new_map[holder], spare, recoverable))
+        sends[holder] = sends.get(holder, 0) + 1
         if peer is None:  # dp == 1: the one optimizer slice holds every parameter's fp32 main copy
             transfers.append(Transfer("params_from_optimizer", f"param/pp{c.pp}/tp{c.tp}", spare, spare,
                                       recoverable))

@@ -25,7 +25,7 @@ overwritten once the fence shows every shard committed j-1 (see ``protector``).
 
 Chunks go through :class:`ChunkWindow`, at most ``window`` in flight per message; it is the one windowed
 chunk transfer of the package: :class:`H2HEngine` drives one per replica in flight, and a recovery's
-transfers (:func:`send_buffer` / :func:`recv_buffer`, the same wire protocol, blocking) drive one each.
+transfers (:class:`BufferTransfer`, the same wire protocol, driven by :func:`drive_transfers`) one each.
 
 All operations are non-blocking (``Isend``/``Irecv``/``Iallreduce`` + ``Test``): Open MPI's blocking waits
 spin a core, which on a busy node steals it from compute. The engine thread sleeps between polls: after a
@@ -102,8 +102,8 @@ def make_tag_plan(max_chunks: int, tag_ub: int) -> TagPlan:
 class ChunkWindow:
     """The chunks of one message, posted at most ``window`` at a time: the one windowed chunk transfer of
     this module. :class:`H2HEngine` drives one per replica in flight (sends and receives, interleaved with
-    everything else it does); :func:`send_buffer` / :func:`recv_buffer` drive one to completion for a
-    recovery's transfer. Not thread-safe: one thread (the one allowed to call MPI) calls :meth:`progress`.
+    everything else it does); a :class:`BufferTransfer` drives one for a recovery's transfer. Not
+    thread-safe: one thread (the one allowed to call MPI) calls :meth:`progress`.
 
     Args:
         views: the chunks (numpy uint8 views), in order; chunk ``i`` goes with the data tag of index ``i``.
@@ -538,15 +538,6 @@ class H2HEngine:
 # --- the same transfer, blocking, for a recovery's one-off messages -----------------------------------
 
 
-def _wait_all(reqs: list, deadline: float, what: str, poll_s: float) -> None:
-    from mpi4py import MPI
-
-    while not MPI.Request.Testall(reqs):
-        if time.monotonic() > deadline:
-            raise ReplicationError(f"{what}: no completion within the timeout")
-        time.sleep(poll_s)
-
-
 def _drive(chunks: ChunkWindow, deadline: float, what: str, poll_s: float) -> None:
     """Progress ``chunks`` until every chunk completed (sleeping ``poll_s`` between rounds)."""
     while not chunks.progress():
@@ -564,26 +555,142 @@ def tag_ub(comm) -> int:
     return int(v if v is not None else MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
 
 
+class BufferTransfer:
+    """One buffer sent to or received from ``peer`` with the H2H wire protocol, as a non-blocking state
+    machine: an announce (int64[3] = step, head bytes, nbytes) at :data:`ANNOUNCE_TAG`, then the head (when
+    not empty) as one message and the rest in ``chunk_bytes`` chunks, at the data tags of
+    :func:`make_tag_plan` under the communicator's ``MPI_TAG_UB``, at most ``window`` in flight
+    (:class:`ChunkWindow`). A recovery's transfers are these (:func:`drive_transfers`); the receiver verifies
+    the checksums the buffer carries (:func:`phoenix_hpc.runtime.snapshot.unpack`).
+
+    Args:
+        comm: the generation's communicator; ``peer`` a rank in it.
+        step: the step the buffer holds (part of every data tag; the receiver refuses another).
+        chunk_bytes: bytes per chunk (``resilience.chunk_bytes``).
+        what: names the transfer in errors.
+        arr: what to send: a uint8 host array (a sealed snapshot buffer), or ``(head, body)``, two uint8
+            arrays that the receiver gets as one buffer (:func:`phoenix_hpc.runtime.snapshot.param_part`);
+            None to receive into a new host tensor (:attr:`buf`, allocated once the announce gives its size;
+            not verified here).
+
+    Raises (from the constructor or :meth:`progress`):
+        ReplicationError: too many chunks for the tag space (raise ``resilience.chunk_bytes``; a sender
+            raises it before posting anything), or the announce names another step, a negative size or a
+            head outside the buffer.
+    """
+
+    def __init__(self, comm, peer: int, step: int, chunk_bytes: int, what: str,
+                 arr: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None, window: int = DEFAULT_WINDOW):
+        self.comm, self.peer, self.step, self.chunk_bytes, self.what, self.window = (
+            comm, peer, step, chunk_bytes, what, window)
+        self.sending = arr is not None
+        self.buf = None  # the received host tensor (uint8, nbytes of the announce)
+        self.started_at: float | None = None  # time.monotonic() of the first progress
+        self.done_at: float | None = None  # time.perf_counter() when the last chunk completed
+        self._hdr = np.zeros(3, dtype=np.int64)
+        self._announce = None
+        self._chunks: ChunkWindow | None = None
+        if self.sending:
+            head, body = arr if isinstance(arr, tuple) else (arr[:0], arr)
+            self._hdr[:] = (step, head.nbytes, head.nbytes + body.nbytes)
+            self._views = self._plan(head, body)
+
+    def _plan(self, head: np.ndarray, body: np.ndarray) -> list:
+        ranges = chunk_ranges(int(body.nbytes), self.chunk_bytes)
+        views = ([head] if head.nbytes else []) + [body[a:b] for a, b in ranges]
+        self._tags = make_tag_plan(len(views), tag_ub(self.comm))
+        return views
+
+    def progress(self) -> bool:
+        """Post or test what is due; True once the whole buffer went (or arrived)."""
+        if self.done_at is not None:
+            return True
+        c, step = self.comm, self.step
+        if self._announce is None:
+            self.started_at = time.monotonic()
+            self._announce = (c.Isend(self._hdr, dest=self.peer, tag=ANNOUNCE_TAG) if self.sending
+                              else c.Irecv(self._hdr, source=self.peer, tag=ANNOUNCE_TAG))
+        if self._chunks is None:
+            if not self._announce.Test():
+                return False
+            if self.sending:
+                post = lambda i, v: c.Isend(v, dest=self.peer, tag=self._tags.data_tag(step, i))  # noqa: E731
+            else:
+                got_step, h, n = (int(x) for x in self._hdr)
+                if got_step != step or n < 0 or not 0 <= h <= n:
+                    raise ReplicationError(f"{self.what}: the sender announced step {got_step} ({n} bytes, head "
+                                           f"{h}), expected step {step}")
+                from phoenix_hpc.runtime.buffers import host_empty
+
+                self.buf = host_empty(n)  # every byte is received into below
+                a = self.buf.numpy()
+                self._views = self._plan(a[:h], a[h:])
+                post = lambda i, v: c.Irecv(v, source=self.peer, tag=self._tags.data_tag(step, i))  # noqa: E731
+            self._chunks = ChunkWindow(self._views, post, self.window)
+        if self._chunks.progress():
+            self.done_at = time.perf_counter()
+            return True
+        return False
+
+    def describe(self) -> str:
+        return ("announce pending" if self._chunks is None else self._chunks.describe())
+
+
+class TransferSet:
+    """Transfers driven together (:class:`BufferTransfer`): those with the same peer one after the other in
+    list order (their announces and chunks then match by tag unambiguously, MPI's non-overtaking order, when
+    the peer lists its side in the same order), those with different peers concurrently, so a rank restored
+    from several peers receives from all of them at once. Every rank running its transfers in the one
+    order of a plan cannot deadlock: the earliest unfinished transfer of each pair has both ends progressing
+    it. One thread (the one allowed to call MPI) calls :meth:`poll`; others may read each transfer's
+    ``done_at``."""
+
+    def __init__(self, transfers: list[BufferTransfer], timeout_s: float):
+        self.timeout_s = timeout_s
+        self.queues: dict[int, collections.deque] = {}
+        for t in transfers:
+            self.queues.setdefault(t.peer, collections.deque()).append(t)
+
+    def poll(self) -> bool:
+        """One round: progress the head transfer of every peer; True once all are done.
+
+        Raises:
+            ReplicationError: from :class:`BufferTransfer`, or a transfer not complete ``timeout_s`` after
+                it started (its ``what`` and progress named)."""
+        now = time.monotonic()
+        for peer in list(self.queues):
+            q = self.queues[peer]
+            while q and q[0].progress():
+                q.popleft()
+            if not q:
+                del self.queues[peer]
+            elif now - q[0].started_at > self.timeout_s:
+                raise ReplicationError(f"{q[0].what}: no completion within the timeout ({q[0].describe()})")
+        return not self.queues
+
+
+def drive_transfers(transfers: list[BufferTransfer], timeout_s: float, poll_s: float = 0.001) -> None:
+    """Run ``transfers`` to completion as one :class:`TransferSet`, polling with ``poll_s`` sleeps (never
+    spins a core).
+
+    Raises:
+        ReplicationError: as :meth:`TransferSet.poll`.
+    """
+    ts = TransferSet(transfers, timeout_s)
+    while not ts.poll():
+        time.sleep(poll_s)
+
+
 def send_buffer(comm, arr: np.ndarray, peer: int, step: int, chunk_bytes: int, timeout_s: float, what: str,
                 window: int = DEFAULT_WINDOW, poll_s: float = 0.001) -> None:
     """Send ``arr`` (a uint8 host array holding a sealed snapshot buffer, :mod:`phoenix_hpc.runtime.snapshot`)
-    to ``peer`` on ``comm`` with the H2H wire protocol: an announce (int64[3] = step, 0, nbytes) at
-    :data:`ANNOUNCE_TAG`, then ``chunk_bytes`` chunks at the data tags of :func:`make_tag_plan` under the
-    communicator's ``MPI_TAG_UB``, at most ``window`` in flight. The receiver (:func:`recv_buffer`) verifies
-    the CRC-32s the buffer carries. Blocking (polls with ``poll_s`` sleeps, never spins a core).
+    to ``peer`` as one :class:`BufferTransfer`; blocking (polls with ``poll_s`` sleeps, never spins a core).
 
     Raises:
         ReplicationError: too many chunks for the tag space (raise ``resilience.chunk_bytes``), or no
             completion within ``timeout_s`` (``what`` names the transfer).
     """
-    deadline = time.monotonic() + timeout_s
-    n = int(arr.nbytes)
-    chunks = chunk_ranges(n, chunk_bytes)
-    tags = make_tag_plan(len(chunks), tag_ub(comm))
-    _wait_all([comm.Isend(np.array([step, 0, n], dtype=np.int64), dest=peer, tag=ANNOUNCE_TAG)], deadline, what,
-              poll_s)
-    _drive(ChunkWindow([arr[a:b] for a, b in chunks],
-                       lambda i, v: comm.Isend(v, dest=peer, tag=tags.data_tag(step, i)), window), deadline, what, poll_s)
+    drive_transfers([BufferTransfer(comm, peer, step, chunk_bytes, what, arr=arr, window=window)], timeout_s, poll_s)
 
 
 def recv_buffer(comm, peer: int, step: int, chunk_bytes: int, timeout_s: float, what: str,
@@ -595,19 +702,6 @@ def recv_buffer(comm, peer: int, step: int, chunk_bytes: int, timeout_s: float, 
         ReplicationError: the announce names another step or a negative size, too many chunks for the tag
             space, or no completion within ``timeout_s``.
     """
-    from phoenix_hpc.runtime.buffers import host_empty
-
-    deadline = time.monotonic() + timeout_s
-    hdr = np.zeros(3, dtype=np.int64)
-    _wait_all([comm.Irecv(hdr, source=peer, tag=ANNOUNCE_TAG)], deadline, what, poll_s)
-    got_step, n = int(hdr[0]), int(hdr[2])
-    if got_step != step or n < 0:
-        raise ReplicationError(f"{what}: the sender announced step {got_step} ({n} bytes), expected step {step}")
-    buf = host_empty(n)  # every byte is received into below
-    arr = buf.numpy()
-    chunks = chunk_ranges(n, chunk_bytes)
-    tags = make_tag_plan(len(chunks), tag_ub(comm))
-    _drive(ChunkWindow([arr[a:b] for a, b in chunks],
-                       lambda i, v: comm.Irecv(v, source=peer, tag=tags.data_tag(step, i)), window), deadline, what,
-           poll_s)
-    return buf
+    t = BufferTransfer(comm, peer, step, chunk_bytes, what, window=window)
+    drive_transfers([t], timeout_s, poll_s)
+    return t.buf

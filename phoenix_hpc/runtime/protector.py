@@ -44,6 +44,7 @@ Why a fault during a copy can only damage the buffer being written, and the newe
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import threading
@@ -54,6 +55,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from phoenix_hpc.errors import ReplicationError
+from phoenix_hpc.runtime import polled
 from phoenix_hpc.runtime.buffers import (
     BufferSet,
     MemoryPlan,
@@ -216,6 +218,7 @@ class Protector:
         checksum: str = DEFAULT_CHECKSUM,
         interval_cap: int = 1,
         thread_nice: int = 0,
+        arrive_timeout_s: float | None = None,
     ) -> "Protector":
         """Set up protection for ``engine`` (collective: every active rank of the generation calls it).
 
@@ -246,8 +249,13 @@ class Protector:
                 (``resilience.thread_nice``; :func:`~phoenix_hpc.runtime.thread_priority.lower_thread_priority`).
             interval_cap: the largest protection interval the ranks may choose
                 (``resilience.protect_every_max``; :mod:`phoenix_hpc.runtime.interval`); 1: every step.
+            arrive_timeout_s: how long a rank waits for the last one to arrive (None: no bound). The wait is a
+                sleeping one (:func:`phoenix_hpc.runtime.polled.barrier`): in a recovery the survivors
+                arrive long before the spare they wait for, and the blocking collectives that follow
+                would spin a core each meanwhile.
 
         Raises:
+            RecoveryError: not every rank arrived within ``arrive_timeout_s``.
             ReplicationError (on every rank, before anything is allocated): ``chunk_bytes <= 0``;
                 ``thread_nice`` outside 0..19; this rank
                 missing from the placement; a replica too large for the MPI tag space; any rank lacking host
@@ -282,8 +290,11 @@ class Protector:
             device = (opt or params)[0][1].device if (opt or params) else torch.device("cpu")
         pin = torch.device(device).type == "cuda"
 
+        # the first collective waits for the last member to arrive, sleeping (runtime/polled.py)
+        polled.barrier(comm, math.inf if arrive_timeout_s is None else arrive_timeout_s,
+                       f"rank {logical_rank} gen {generation}: waiting for every member to start protection")
         pcomm = errors_return(comm.Dup())  # a dead peer's errors are returned, never fatal
-        tc["arrive"] = time.perf_counter()  # the first collective: waits for the last member to arrive
+        tc["arrive"] = time.perf_counter()
         try:
             sizes = pcomm.allgather(layout.replica_bytes)  # by comm rank
             held_sizes = tuple((r.shard_id, sizes[c_of(r.owner_rank)]) for r in held_pl)

@@ -324,6 +324,40 @@ def read_header(buf: torch.Tensor | np.ndarray) -> SnapshotHeader:
     return SnapshotHeader(step, gen, icap, opt_end, total, index)
 
 
+def param_part(buf: torch.Tensor, shard_id: str) -> tuple[np.ndarray, np.ndarray]:
+    """The param part of a sealed snapshot ``buf`` as a param-only sealed buffer in two pieces, without
+    copying or checksumming a tensor byte: ``head`` (uint8, a new header and index: shard ``shard_id``, the
+    snapshot's step, generation and checksum algorithm, each param tensor with its checksum and its offset
+    moved) and ``body`` (a uint8 view of ``buf[opt_end:total]``). ``head`` followed by ``body`` reads with
+    :func:`unpack` ``(PARAM,)`` as :func:`seal_part` of the same tensors would: what a DP peer sends a spare
+    from its local snapshot of the recoverable step (sealed by its copy path, so every byte was checksummed
+    once already; the receiver verifies every tensor).
+
+    Raises:
+        ReplicationError: ``buf`` is not a sealed snapshot (:func:`read_header`), or a param tensor has no
+            checksum (a buffer sealed without its param part)."""
+    h = read_header(buf)
+    params = [e for e in h.index["tensors"] if e["part"] == PARAM]
+    if any(int(e["sum"]) < 0 for e in params):
+        raise ReplicationError(f"snapshot of {h.index.get('shard_id')} step {h.step} has no param checksums")
+    index = {"format": FORMAT_VERSION, "shard_id": shard_id, "step": h.step, "generation": h.generation,
+             "checksum": h.index["checksum"], "grid": {}, "coord": {}, "envelope": {}, "tensors": []}
+
+    def raw_for(start: int) -> bytes:
+        index["tensors"] = [{**e, "offset": e["offset"] - h.opt_end + start} for e in params]
+        return json.dumps(index, separators=(",", ":")).encode()
+
+    capacity = _align(len(raw_for(2**40)) + 64)  # the largest offsets bound the index's length
+    start = _align(HEADER_BYTES + capacity)
+    raw = raw_for(start)
+    head = np.zeros(start, dtype=np.uint8)
+    head[:HEADER_BYTES] = np.frombuffer(_HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(raw), zlib.crc32(raw), capacity,
+                                                     start, start + h.total_bytes - h.opt_end, h.step, h.generation),
+                                        dtype=np.uint8)
+    head[HEADER_BYTES : HEADER_BYTES + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    return head, _np(buf)[h.opt_end : h.total_bytes]
+
+
 @dataclass(frozen=True)
 class Unpacked:
     """A verified snapshot or replica, copied out of its buffer: ``tensors`` maps logical names to fresh

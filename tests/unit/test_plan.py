@@ -46,12 +46,26 @@ def test_node_loss_moves_the_node_onto_the_spare_node():
     assert p.recoverable_step == 9 and p.steps_replayed == 1
     assert p.rollbacks == tuple((r, 10) for r in range(4))
     by_kind = {(t.kind, t.receiver_world): t for t in p.transfers}
-    # params from a live DP peer at the same (pp, tp): logical 4 is (dp2, tp0) -> peer dp0 tp0 = rank 0
-    assert by_kind[("params", 8)].sender_world == 0 and by_kind[("params", 8)].shard_id == "param/pp0/tp0"
-    assert by_kind[("params", 9)].sender_world == 1
     # optimizer shard of dp2 tp0 (rank 4) is held by dp0 tp0 (rank 0) on the other node
     assert by_kind[("optimizer", 8)].sender_world == 0 and by_kind[("optimizer", 8)].shard_id == "opt/pp0/tp0/dp2"
+    # params from a live DP peer at the same (pp, tp), not the optimizer's holder: logical 4 is (dp2, tp0),
+    # its live peers are dp0 tp0 = rank 0 (the holder) and dp1 tp0 = rank 2
+    assert by_kind[("params", 8)].sender_world == 2 and by_kind[("params", 8)].shard_id == "param/pp0/tp0"
+    assert by_kind[("params", 9)].sender_world == 3  # logical 5 (dp2, tp1): rank 1 holds its optimizer shard
+    for spare in (8, 9, 10, 11):  # each spare receives from two senders
+        assert by_kind[("params", spare)].sender_world != by_kind[("optimizer", spare)].sender_world
+    sends = [t.sender_world for t in p.transfers]
+    assert sorted(sends.count(w) for w in range(4)) == [2, 2, 2, 2]  # the four survivors send two each
     assert all(t.step == 9 for t in p.transfers)
+
+
+def test_the_params_source_spreads_the_sends_and_avoids_the_holder():
+    from phoenix_hpc.recovery.plan import params_source
+
+    assert params_source([0, 2, 3], holder=0, sends={}) == 2  # not the holder; then dp order
+    assert params_source([0, 2, 3], holder=5, sends={}) == 0  # the holder is no DP peer: dp order
+    assert params_source([0, 2, 3], holder=5, sends={0: 1, 2: 1}) == 3  # the peer with the fewest sends
+    assert params_source([0], holder=0, sends={0: 3}) == 0  # the only peer, holder or not
 
 
 def test_owner_and_its_only_holder_lost_falls_back_with_the_shard_named():

@@ -119,7 +119,7 @@ def test_the_receiver_refuses_a_buffer_of_another_step():
     t = threading.Thread(target=sender)
     t.start()
     try:
-        with pytest.raises(ReplicationError, match="the sender announced step 8 .1024 bytes., expected step 9"):
+        with pytest.raises(ReplicationError, match="the sender announced step 8 .1024 bytes, head 0., expected step 9"):
             recv_buffer(Recording(), 0, 9, 1024, 5.0, "test receive")
     finally:
         t.join(30)
@@ -149,11 +149,11 @@ def test_never_more_chunks_in_flight_than_the_window_and_every_one_completes():
 
 
 def test_the_engine_and_the_recovery_transfer_share_one_windowed_chunk_transfer():
-    """H2HEngine's replica sends and receives and send_buffer/recv_buffer all drive ChunkWindow: one
+    """H2HEngine's replica sends and receives and a recovery's BufferTransfer all drive ChunkWindow: one
     implementation of the windowed chunk transfer, not two."""
     import inspect
 
-    for fn in (h2h.H2HEngine._start_send, h2h.H2HEngine._progress_incoming, h2h.send_buffer, h2h.recv_buffer):
+    for fn in (h2h.H2HEngine._start_send, h2h.H2HEngine._progress_incoming, h2h.BufferTransfer.progress):
         assert "ChunkWindow(" in inspect.getsource(fn), fn.__qualname__
     src = inspect.getsource(h2h)
     assert src.count(".window and") == 1, "a second windowed posting loop besides ChunkWindow.progress"
