@@ -27,6 +27,10 @@ class GridCoord:
         """``opt/pp{pp}/tp{tp}/dp{dp}`` -- the logical id of this rank's optimizer shard."""
         return f"opt/pp{self.pp}/tp{self.tp}/dp{self.dp}"
 
+    def param_shard(self) -> str:
+        """``param/pp{pp}/tp{tp}`` -- the logical id of this rank's param shard (the same on every DP rank)."""
+        return f"param/pp{self.pp}/tp{self.tp}"
+
 
 # --- grid maths ------------------------------------------------------------------------------------------
 

@@ -106,7 +106,7 @@ class EvidenceMixin:
         coords = {r: coord_of(r, T, PP, D) for r, _ in plan.rank_map}
         return Expected(
             rec.generation, plan.rank_map, {c.shard_prefix(): r for r, c in coords.items()}, plan.recoverable_step,
-            param_of={r: f"param/pp{c.pp}/tp{c.tp}" for r, c in coords.items()},
+            param_of={r: c.param_shard() for r, c in coords.items()},
             sources={t.shard_id: t.sender_world for t in plan.transfers if t.kind == "optimizer"},
             sent=dict(self.sent),
             placement=self._placements(before=rec.generation),

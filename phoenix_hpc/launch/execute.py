@@ -31,12 +31,14 @@ the coordinator's ``quiesce``) or with a ``quiesce`` received at a step boundary
    S(R) from its committed local snapshot (checksums verified): optimizer shard, parameters, envelope (step,
    data position, LR schedule, RNG);
 5. *restore the spare* (the plan's transfers, :mod:`phoenix_hpc.launch.transfers`: a rank's transfers with
-   one peer in plan order, with different peers at once): parameters from a live DP peer at the same
-   (pp, tp), sealed into a snapshot buffer (CRC-32 per tensor), and optimizer shard + envelope as the
-   holder's replica buffer of step R, both sent over the new MPI communicator as H2H sends a replica
+   one peer in plan order, with different peers at once, while it rolls back (step 4), builds its engine
+   (a joining spare) or does steps 3''-4' (rebuild path), :func:`~phoenix_hpc.launch.transfers.sources_ready`
+   permitting): parameters from a
+   live DP peer at the same (pp, tp), the param part of its local snapshot of R (a checksum per tensor;
+   sealed from its engine when it has none), and optimizer shard + envelope as the holder's replica buffer
+   of step R, both sent over the new MPI communicator as H2H sends a replica
    (:class:`phoenix_hpc.runtime.h2h.BufferTransfer`: windowed chunks, tags under ``MPI_TAG_UB``) and verified
-   (CRC-32 of every tensor) by the receiver before use; a joining spare receives while it builds its
-   engine; the copies of R come from this generation's protector or, before its first commit fence, from
+   (CRC-32 of every tensor) by the receiver before use; the copies of R come from this generation's protector or, before its first commit fence, from
    the kept protectors of earlier generations (:meth:`Member._copy_sources`);
 6. *re-establish replication*: a new protector for ``g + 1`` (placement recomputed from the new node list
    with :func:`phoenix_hpc.topology.generation_placement`);
@@ -62,7 +64,8 @@ every member of the new generation, survivors and joining spares together, build
    and constructs a new engine, in lockstep: every collective of construction is entered by every member
    in the same order;
 4'. a survivor loads its host copy of S(R) into the new engine; a spare is restored by the transfers of
-   step 5 as on the ``rebind`` path (a survivor sends parameters from its new engine, already at S(R)).
+   step 5 as on the ``rebind`` path, which run meanwhile (a survivor sends the param part of its local
+   snapshot of R, or, without one, seals the parameters from its new engine once that is at S(R)).
 
 A ``checkpoint_restart`` plan takes the same steps 3' (without the host copy) and 3'', then loads the
 checkpoint. :attr:`RecoveryRecord.path` (also in ``rank{r}.json`` and the rank's log line) says which path
@@ -383,7 +386,10 @@ class Member:
             ranks_per_node=node_of_rank.count(me), commit_timeout_s=res.collective_timeout_s,
             on_commit=self._on_commit, log=e.log if self.logical == 0 else None, fault_hook=self._fault_hook,
             device=e.device, checksum=res.checksum, interval_cap=res.protect_every_max,
-            thread_nice=res.thread_nice, arrive_timeout_s=self.wait_s,
+            thread_nice=res.thread_nice,
+            # in a recovery every member is expected within the instruction timeout; at the start a member
+            # may still load a large checkpoint
+            arrive_timeout_s=self.wait_s if self.generation > 0 else None,
         )
         protector.abort_check = self._poll  # a quiesce also ends a commit wait on a peer that is gone
         return protector
@@ -886,7 +892,7 @@ class Member:
         return {"world_rank": self.env.world_rank, "logical_rank": self.logical, "generation": g,
                 "rank_map": [[r, w] for r, w in sorted(rank_map.items())], "step": int(eng.step),
                 "partial": False, "opt_shard": c.shard_prefix(), "opt_hash": part_hash(eng.optimizer_shard(), ck),
-                "param_shard": f"param/pp{c.pp}/tp{c.tp}", "param_hash": part_hash(eng.param_shard(), ck),
+                "param_shard": c.param_shard(), "param_hash": part_hash(eng.param_shard(), ck),
                 "held": held}
 
     def _teardown_engine(self) -> None:

@@ -45,7 +45,10 @@ Files written by active rank ``r`` (logical rank):
   rolled back, timings and their detail in seconds), ``engine, host, node_id, start_step, steps, first_loss,
   final_loss, mean_step_time_ms, tokens_per_s, state_hash`` (:meth:`Engine.state_hash`), ``param_hash``,
   ``optimizer_hash``, shard sizes in bytes, ``gc`` (the garbage collector's pauses in this process,
-  :meth:`phoenix_hpc.launch.heap.GcPauses.summary`), and on failure ``error``;
+  :meth:`phoenix_hpc.launch.heap.GcPauses.summary`), and on failure ``error``. A slot that a planned drain
+  moved to a spare (``status`` drained) writes its summary to ``RUN_DIR/ranks/drained-world{w}.json`` (its
+  world rank) instead: ``rank{r}.json`` belongs to the spare that holds rank ``r`` now, and the drained slot
+  may leave after that spare has finished;
 * with ``--snapshot-at S``: the rank's state after step S in ``--snapshot-dir`` (default
   ``RUN_DIR/snapshots/step{S}``), one file per logical coordinate (:mod:`.state_files`).
 
@@ -363,7 +366,9 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                 summary["rank"] = rank
                 if member.coord is not None:
                     summary["coord"] = {"pp": member.coord.pp, "dp": member.coord.dp, "tp": member.coord.tp}
-        _write_json_atomic(ranks_dir / f"rank{rank}.json", summary)
+        name = (f"drained-world{summary.get('world_rank')}.json" if summary.get("status") == "drained"
+                else f"rank{rank}.json")  # a drained slot's rank is held by a spare now
+        _write_json_atomic(ranks_dir / name, summary)
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -26,6 +26,7 @@ last transfer completed, overlap included.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -91,7 +92,7 @@ def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[],
         ReplicationError: a checksum fails on arrival, the tag space is too small, or a transfer does not
             complete within ``resilience.collective_timeout_s`` of its start.
     """
-    from phoenix_hpc.runtime.h2h import BufferTransfer, TransferSet
+    from phoenix_hpc.runtime.h2h import ABANDON_JOIN_S, BufferTransfer, TransferSet
 
     me, res = member.env.world_rank, member.env.cfg.resilience
     w2l = {w: r for r, w in member.rank_map.items()}
@@ -109,18 +110,18 @@ def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[],
         t0 = time.perf_counter()
         arr = _outgoing(member, t, peer, step) if sending else None
         spent[t["kind"]] += time.perf_counter() - t0
-        moves.append((t, BufferTransfer(member.comm, peer, step, res.chunk_bytes, _what(member, t, peer, sending),
+        moves.append((t, BufferTransfer(member.comm, peer, step, res.chunk_bytes, _what(t, peer, sending),
                                         arr=arr)))
     ts = TransferSet([x for _, x in moves], res.collective_timeout_s)
     t_start = time.perf_counter()
     th = None
     box: dict[str, BaseException] = {}
     if during is not None and moves and _threads_ok():
+        ts.not_before = math.inf  # no timeout counts while this member does its own engine work
 
         def drive() -> None:
             try:
-                while not ts.poll():
-                    time.sleep(POLL_S)
+                ts.drive(POLL_S)
             except BaseException as exc:  # noqa: BLE001 - raised in the member's thread below
                 box["error"] = exc
 
@@ -128,7 +129,13 @@ def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[],
         th.start()
     try:
         if during is not None:
-            during()
+            try:
+                during()
+            except BaseException as exc:
+                ts.stopped = f"the engine work failed: {type(exc).__name__}"
+                raise
+            finally:
+                ts.not_before = time.monotonic()
             out.during_s = time.perf_counter() - t_start
         # in plan order: the wait for each transfer counts to its kind, and a received buffer is loaded as
         # soon as it is complete, while the later ones are still on the wire
@@ -149,9 +156,14 @@ def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[],
                 t0 = time.perf_counter()
                 _load(member, t, x.buf, step)
                 spent[t["kind"]] += time.perf_counter() - t0
+    except BaseException as exc:
+        ts.stopped = ts.stopped or f"{type(exc).__name__} in the member's thread"
+        if th is None:  # else the driving thread abandons them when it sees ``stopped``
+            ts.abandon()
+        raise
     finally:
-        if th is not None:
-            th.join()
+        if th is not None:  # it leaves within one poll round once stopped (every MPI call it makes is
+            th.join(ABANDON_JOIN_S)  # non-blocking), unless the MPI library itself hangs (runtime/h2h.py)
     if "error" in box:
         raise box["error"]
     for t, x in moves:
@@ -165,11 +177,9 @@ def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[],
     return out
 
 
-def _what(member, t: dict[str, Any], peer: int, sending: bool) -> str:
-    if t["kind"] == "params":
-        c = member.coord
-        return f"the param shard param/pp{c.pp}/tp{c.tp} {'to' if sending else 'from'} rank {peer}"
-    return f"{'sending' if sending else 'receiving'} the replica of {t['shard_id']} {'to' if sending else 'from'} rank {peer}"
+def _what(t: dict[str, Any], peer: int, sending: bool) -> str:
+    what = "the param shard" if t["kind"] == "params" else "the replica of"
+    return f"{'sending' if sending else 'receiving'} {what} {t['shard_id']} {'to' if sending else 'from'} rank {peer}"
 
 
 def _outgoing(member, t: dict[str, Any], peer: int, step: int):
@@ -183,8 +193,7 @@ def _outgoing(member, t: dict[str, Any], peer: int, step: int):
     from phoenix_hpc.runtime.snapshot import PARAM, param_part, read_header, seal_part
 
     if t["kind"] == "params":
-        c = member.coord
-        sid = f"param/pp{c.pp}/tp{c.tp}"
+        sid = str(t["shard_id"])  # the plan's: the param shard at the spare's (pp, tp), the sender's too
         local = member._local_buffer(step)
         if local is not None:
             return param_part(local, sid)
@@ -202,8 +211,7 @@ def _load(member, t: dict[str, Any], buf, step: int) -> None:
     from phoenix_hpc.runtime.snapshot import OPT, PARAM, unpack
 
     if t["kind"] == "params":
-        c = member.coord
-        sid = f"param/pp{c.pp}/tp{c.tp}"
+        sid = member.coord.param_shard()
         u = unpack(buf, (PARAM,), copy=False)  # raises ReplicationError when a checksum fails
         if u.shard_id != sid or u.step != step:
             raise RecoveryError(f"received param shard is {u.shard_id} step {u.step}, expected {sid} step {step}")

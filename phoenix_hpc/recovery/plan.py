@@ -235,10 +235,10 @@ def params_source(peers: list[int], holder: int, sends: dict[int, int]) -> int:
     """The DP peer a spare takes its parameters from: among ``peers`` (the live DP peers at its (pp, tp), in
     dp order; any of them holds the same parameters), the one with the fewest transfers to send in the plan
     so far (``sends``, logical rank -> count), counting the optimizer transfer that ``holder`` sends this
-    spare; ties go to dp order. So the parameters and the optimizer shard come from two senders where the
+    spare; on a tie a peer that is not ``holder``, then dp order. So the parameters and the optimizer shard come from two senders where the
     DP group allows it (a spare then receives both at once, launch/transfers.py), and several spares do not
     all drain one peer. Pure."""
-    return min(peers, key=lambda p: (sends.get(p, 0) + (p == holder), peers.index(p)))
+    return min(peers, key=lambda p: (sends.get(p, 0) + (p == holder), p == holder, peers.index(p)))
 
 
 def plan_recovery(
@@ -325,12 +325,12 @@ def plan_recovery(
         holder = holder_at(sid, recoverable, placement, committed, alive_set)
         peer = params_source(peers, holder, sends) if peers else None
         if peer is not None:
-            transfers.append(Transfer("params", f"param/pp{c.pp}/tp{c.tp}", new_map[peer], spare, recoverable))
+            transfers.append(Transfer("params", c.param_shard(), new_map[peer], spare, recoverable))
             sends[peer] = sends.get(peer, 0) + 1
         transfers.append(Transfer("optimizer", sid, new_map[holder], spare, recoverable))
         sends[holder] = sends.get(holder, 0) + 1
         if peer is None:  # dp == 1: the one optimizer slice holds every parameter's fp32 main copy
-            transfers.append(Transfer("params_from_optimizer", f"param/pp{c.pp}/tp{c.tp}", spare, spare,
+            transfers.append(Transfer("params_from_optimizer", c.param_shard(), spare, spare,
                                       recoverable))
 
     rollbacks = tuple((r, live_steps[r]) for r in alive if live_steps[r] > recoverable or r in dirty_set)

@@ -25,7 +25,8 @@ overwritten once the fence shows every shard committed j-1 (see ``protector``).
 
 Chunks go through :class:`ChunkWindow`, at most ``window`` in flight per message; it is the one windowed
 chunk transfer of the package: :class:`H2HEngine` drives one per replica in flight, and a recovery's
-transfers (:class:`BufferTransfer`, the same wire protocol, driven by :func:`drive_transfers`) one each.
+transfers (:class:`BufferTransfer`, the same wire protocol, driven together by a :class:`TransferSet`) one
+each.
 
 All operations are non-blocking (``Isend``/``Irecv``/``Iallreduce`` + ``Test``): Open MPI's blocking waits
 spin a core, which on a busy node steals it from compute. The engine thread sleeps between polls: after a
@@ -39,6 +40,7 @@ goes to the ``mpi`` category of the protector's :class:`~phoenix_hpc.runtime.cpu
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -535,15 +537,7 @@ class H2HEngine:
         return not sent  # only the acknowledgement outstanding: nothing moves on this side
 
 
-# --- the same transfer, blocking, for a recovery's one-off messages -----------------------------------
-
-
-def _drive(chunks: ChunkWindow, deadline: float, what: str, poll_s: float) -> None:
-    """Progress ``chunks`` until every chunk completed (sleeping ``poll_s`` between rounds)."""
-    while not chunks.progress():
-        if time.monotonic() > deadline:
-            raise ReplicationError(f"{what}: no completion within the timeout ({chunks.describe()})")
-        time.sleep(poll_s)
+# --- the same wire protocol for a recovery's one-off messages: non-blocking transfers driven together ---
 
 
 def tag_ub(comm) -> int:
@@ -635,6 +629,15 @@ class BufferTransfer:
     def describe(self) -> str:
         return ("announce pending" if self._chunks is None else self._chunks.describe())
 
+    def pending(self) -> list[tuple[Any, Any]]:
+        """``(request, buffer)`` of what this transfer still has posted (for
+        :func:`phoenix_hpc.runtime.mpi_faults.abandon_requests`)."""
+        if self._announce is None or self.done_at is not None:
+            return []
+        if self._chunks is None:
+            return [(self._announce, self._hdr)]
+        return [(r, self._views) for r in self._chunks.reqs]
+
 
 class TransferSet:
     """Transfers driven together (:class:`BufferTransfer`): those with the same peer one after the other in
@@ -650,13 +653,20 @@ class TransferSet:
         self.queues: dict[int, collections.deque] = {}
         for t in transfers:
             self.queues.setdefault(t.peer, collections.deque()).append(t)
+        #: time.monotonic() before which no timeout counts: a member that drives its transfers from a
+        #: thread while it does its own engine work sets it to infinity, then to the end of that work (a
+        #: peer that builds its engine first must not exhaust this member's timeout meanwhile)
+        self.not_before = -math.inf
+        self.stopped: str | None = None  # set (from any thread) to end the transfers: poll raises it
 
     def poll(self) -> bool:
         """One round: progress the head transfer of every peer; True once all are done.
 
         Raises:
-            ReplicationError: from :class:`BufferTransfer`, or a transfer not complete ``timeout_s`` after
-                it started (its ``what`` and progress named)."""
+            ReplicationError: from :class:`BufferTransfer`, a transfer not complete ``timeout_s`` after it
+                started or after ``not_before`` (its ``what`` and progress named), or :attr:`stopped` set."""
+        if self.stopped is not None:
+            raise ReplicationError(f"transfers stopped: {self.stopped}")
         now = time.monotonic()
         for peer in list(self.queues):
             q = self.queues[peer]
@@ -664,9 +674,29 @@ class TransferSet:
                 q.popleft()
             if not q:
                 del self.queues[peer]
-            elif now - q[0].started_at > self.timeout_s:
+            elif now - max(q[0].started_at, self.not_before) > self.timeout_s:
                 raise ReplicationError(f"{q[0].what}: no completion within the timeout ({q[0].describe()})")
         return not self.queues
+
+    def drive(self, poll_s: float = 0.001) -> None:
+        """:meth:`poll` until every transfer is done, sleeping ``poll_s`` between rounds (never spins a core).
+        Raises as :meth:`poll`, after :meth:`abandon`."""
+        try:
+            while not self.poll():
+                time.sleep(poll_s)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def abandon(self):
+        """Leave nothing posted: every request still active is cancelled or freed
+        (:func:`phoenix_hpc.runtime.mpi_faults.abandon_requests`; local), so a later message on the same
+        communicator cannot land in a buffer of these transfers. Returns its report."""
+        from phoenix_hpc.runtime.mpi_faults import abandon_requests
+
+        pending = [p for q in self.queues.values() for t in q for p in t.pending()]
+        self.queues = {}
+        return abandon_requests(pending)
 
 
 def drive_transfers(transfers: list[BufferTransfer], timeout_s: float, poll_s: float = 0.001) -> None:
@@ -676,9 +706,7 @@ def drive_transfers(transfers: list[BufferTransfer], timeout_s: float, poll_s: f
     Raises:
         ReplicationError: as :meth:`TransferSet.poll`.
     """
-    ts = TransferSet(transfers, timeout_s)
-    while not ts.poll():
-        time.sleep(poll_s)
+    TransferSet(transfers, timeout_s).drive(poll_s)
 
 
 def send_buffer(comm, arr: np.ndarray, peer: int, step: int, chunk_bytes: int, timeout_s: float, what: str,

@@ -494,6 +494,9 @@ def test_planned_drain_moves_the_node_to_the_spare_replaying_no_step(env, data, 
     assert d["steps_replayed"] == 0 and d["recoverable_step"] == out["at_step"] - 1
     spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
     assert spare["world_rank"] == 2 and spare["joined"] and spare["state_hash"] == reference["rank_hashes"][1]
+    # the drained slot's own summary, apart: it may leave after the spare has finished
+    drained = json.loads((job.run_dir / "ranks" / "drained-world1.json").read_text())
+    assert drained["status"] == "drained" and drained["rank"] == 1 and drained["world_rank"] == 1
     st = _cli(job, "status", str(job.run_dir), "--json")
     drains = json.loads(st.stdout)["drains"]
     assert [(x["state"], x["steps_replayed"]) for x in drains] == [("done", 0)]

@@ -65,6 +65,7 @@ def test_the_params_source_spreads_the_sends_and_avoids_the_holder():
     assert params_source([0, 2, 3], holder=0, sends={}) == 2  # not the holder; then dp order
     assert params_source([0, 2, 3], holder=5, sends={}) == 0  # the holder is no DP peer: dp order
     assert params_source([0, 2, 3], holder=5, sends={0: 1, 2: 1}) == 3  # the peer with the fewest sends
+    assert params_source([0, 1], holder=0, sends={1: 1}) == 1  # a tie: the peer that is not the holder
     assert params_source([0], holder=0, sends={0: 3}) == 0  # the only peer, holder or not
 
 

@@ -29,7 +29,7 @@ def test_a_long_wait_sleeps_instead_of_spinning():
     cpu0 = time.thread_time()
     waited = polled.wait(req, 5.0, "test")
     cpu = time.thread_time() - cpu0
-    assert 0.3 <= waited < 2.0
+    assert 0.25 <= waited < 2.0  # the request was made just before the wait began
     assert cpu < 0.1 * waited, f"{cpu:.3f} s of CPU for {waited:.3f} s of waiting"
     assert req.tests < 0.3 / 0.001 + 10  # about one test per poll interval, not a busy loop
 

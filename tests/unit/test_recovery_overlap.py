@@ -82,10 +82,16 @@ def test_a_head_and_body_arrive_as_one_buffer_in_windowed_chunks():
 
 class FakeReq:
     def __init__(self, log, what):
-        self.log, self.what, self.done = log, what, False
+        self.log, self.what, self.done, self.cancelled, self.freed = log, what, False, False, False
 
-    def Test(self):
+    def Test(self, status=None):
         return self.done
+
+    def Cancel(self):
+        self.cancelled = True
+
+    def Free(self):
+        self.freed = True
 
 
 class FakeComm:
@@ -146,10 +152,12 @@ def test_transfers_with_different_peers_go_at_once_and_with_one_peer_in_order():
     assert all(x.buf is not None and x.buf.numel() == 100 for x in (a1, a2, b))
 
 
-def test_a_transfer_that_never_completes_times_out_naming_itself():
+def test_a_transfer_that_never_completes_times_out_naming_itself_and_leaves_nothing_posted():
     c = FakeComm()
     with pytest.raises(ReplicationError, match="from 7: no completion within the timeout .announce pending."):
         drive_transfers([BufferTransfer(c, 7, 5, 64, "from 7")], 0.05, poll_s=0.005)
+    (req,) = c.reqs  # the announce receive: cancelled, and freed since the fake never completes it
+    assert req.cancelled and req.freed
 
 
 def _plan_transfers():
@@ -197,13 +205,14 @@ def _spare(engine_box):
     from types import SimpleNamespace
 
     from phoenix_hpc.launch import transfers as T
+    from phoenix_hpc.topology import GridCoord
 
     res = SimpleNamespace(chunk_bytes=1024, collective_timeout_s=20.0)
     m = SimpleNamespace(env=SimpleNamespace(world_rank=5, cfg=SimpleNamespace(resilience=res)),
-                        rank_map={0: 9, 1: 5}, comm=MPI.COMM_WORLD, coord=SimpleNamespace(pp=0, tp=0),
+                        rank_map={0: 9, 1: 5}, comm=MPI.COMM_WORLD, coord=GridCoord(pp=0, dp=1, tp=0),
                         generation=4, _local_buffer=lambda step: None)
     m.engine = None
-    plan = [{"kind": "params", "sender": 9, "receiver": 5, "step": 5, "shard_id": None},
+    plan = [{"kind": "params", "sender": 9, "receiver": 5, "step": 5, "shard_id": "param/pp0/tp0"},
             {"kind": "optimizer", "sender": 9, "receiver": 5, "step": 5, "shard_id": "opt/pp0/tp0/dp1"}]
 
     def build():  # the spare's engine construction: takes a while, the buffers arrive meanwhile
@@ -266,3 +275,41 @@ def test_a_received_buffer_of_another_shard_is_refused_before_it_is_loaded():
     finally:
         sender.join(30)
     assert "optimizer" not in eng["engine"].loaded
+
+
+def test_an_engine_work_that_fails_ends_the_transfers_at_once_not_after_their_timeout():
+    eng = {}
+    T, m, plan, _ = _spare(eng)  # nobody sends: the receives would wait for their whole timeout (20 s)
+
+    def build():
+        time.sleep(0.1)
+        raise RuntimeError("engine construction failed")
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="engine construction failed"):
+        T.run(m, plan, 5, during=build)
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_the_timeout_of_a_receive_counts_from_the_end_of_the_own_engine_work():
+    """A sender that builds its engine first (the rebuild path) starts late; the spare's own construction
+    time must not be taken from the timeout of its receives."""
+    buf, box, eng = _snapshot(), {}, {}
+    T, m, plan, _ = _spare(eng)
+    m.env.cfg.resilience.collective_timeout_s = 0.5
+
+    def build():
+        time.sleep(0.8)  # longer than the timeout
+        m.engine = eng["engine"] = _Engine()
+
+    def late_sender():
+        time.sleep(1.0)  # starts after the spare's construction, within the timeout of its end
+        _send_both(buf, box)
+
+    sender = threading.Thread(target=late_sender)
+    sender.start()
+    try:
+        T.run(m, plan, 5, during=build)
+    finally:
+        sender.join(30)
+    assert "e" not in box and set(eng["engine"].loaded) == {"params", "optimizer", "envelope"}
