@@ -131,7 +131,7 @@ def _ratio_line(what: str, s: str, xs: list[float], l: str, xl: list[float]) -> 
 
 def findings(rows: dict) -> list[str]:
     """The numbers the issue asks for: total minus the replayed step, the same without the detection, and
-    what of the difference is the victim's own exit, the lost rank's transfer and the survivors' rollback."""
+    what of the difference is the victim's own exit, the lost rank's transfer and the work overlapped with it."""
     if len(rows) != 2:
         return []
     (s, a), (l, b) = rows.items()
@@ -148,11 +148,14 @@ def findings(rows: dict) -> list[str]:
                    f"{b['kill.slot_exit']:.2f} s. A process's exit grows with its resident memory; a node that loses "
                    "power is found by heartbeat timeout instead.")
     growth = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in ("phase.detect", "phase.params", "phase.optimizer",
-                                                          "rollback", "protector_allocate", "engine")}
+                                                          "wire.params", "wire.optimizer", "engine", "rollback",
+                                                          "protector_arrive", "protector_allocate")}
     out.append("- of the difference: " + ", ".join(f"{k} {v:+.2f} s" for k, v in growth.items())
-               + " (params and optimizer are the lost rank's bytes on the wire plus the survivors' rollback copy; "
-               "engine is the joining spare's model construction; protector_allocate the new generation's host "
-               "buffers).")
+               + " (params and optimizer: the spare's wait for the lost rank's bytes once its engine is built, "
+               "then their verification and load into the engine; wire.*: each kind's whole time on the wire, "
+               "which overlaps the spare's engine construction (engine) and the survivors' rollback; "
+               "protector_arrive: the wait at the new protector's first collective for the slowest member; "
+               "protector_allocate: the new generation's host buffers).")
     return out
 
 
