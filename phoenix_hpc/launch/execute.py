@@ -33,13 +33,13 @@ the coordinator's ``quiesce``) or with a ``quiesce`` received at a step boundary
 5. *restore the spare* (the plan's transfers, :mod:`phoenix_hpc.launch.transfers`: a rank's transfers with
    one peer in plan order, with different peers at once, while it rolls back (step 4), builds its engine
    (a joining spare) or does steps 3''-4' (rebuild path), :func:`~phoenix_hpc.launch.transfers.sources_ready`
-   permitting): parameters from a
-   live DP peer at the same (pp, tp), the param part of its local snapshot of R (a checksum per tensor;
-   sealed from its engine when it has none), and optimizer shard + envelope as the holder's replica buffer
-   of step R, both sent over the new MPI communicator as H2H sends a replica
-   (:class:`phoenix_hpc.runtime.h2h.BufferTransfer`: windowed chunks, tags under ``MPI_TAG_UB``) and verified
-   (CRC-32 of every tensor) by the receiver before use; the copies of R come from this generation's protector or, before its first commit fence, from
-   the kept protectors of earlier generations (:meth:`Member._copy_sources`);
+   permitting): parameters from a live DP peer at the same (pp, tp), the param part of its local snapshot
+   of R (a checksum per tensor; sealed from its engine when it has none), and optimizer shard + envelope
+   as the holder's replica buffer of step R, both sent over the new MPI communicator as H2H sends a
+   replica (:class:`phoenix_hpc.runtime.h2h.BufferTransfer`: windowed chunks, tags under ``MPI_TAG_UB``)
+   and verified (CRC-32 of every tensor) by the receiver before use; the copies of R come from this
+   generation's protector or, before its first commit fence, from the kept protectors of earlier
+   generations (:meth:`Member._copy_sources`);
 6. *re-establish replication*: a new protector for ``g + 1`` (placement recomputed from the new node list
    with :func:`phoenix_hpc.topology.generation_placement`);
 7. it answers ``recovered`` {MemberReport, timings {reconfigure, params, optimizer} in seconds}, waits for
@@ -87,7 +87,6 @@ from typing import Any, Callable
 
 from phoenix_hpc.errors import ConfigError, RecoveryError, ReplicationError
 from phoenix_hpc.launch.transfers import run as run_transfers
-from phoenix_hpc.launch.transfers import sources_ready
 
 COMM_TAG_BASE = 7000  # Create_group tag of generation g: COMM_TAG_BASE + g
 
@@ -811,12 +810,7 @@ class Member:
             detail["checkpoint_load"] = time.perf_counter() - t3
             t_params, t_opt = 0.0, detail["checkpoint_load"]
         else:  # 5: the engine work runs while this member's buffers go, when none of them needs the engine
-            transfers = plan.get("transfers", [])
-            if sources_ready(self, transfers, R):
-                restored = run_transfers(self, transfers, R, during=engine_work)
-            else:
-                engine_work()
-                restored = run_transfers(self, transfers, R)
+            restored = run_transfers(self, plan.get("transfers", []), R, during=engine_work)
             t_params, t_opt = restored.params_s, restored.optimizer_s
             detail.update({f"wire.{k}": v for k, v in restored.wire.items()})
         t_reconf += spent["reconfigure"]

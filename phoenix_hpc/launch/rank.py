@@ -366,7 +366,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                 summary["rank"] = rank
                 if member.coord is not None:
                     summary["coord"] = {"pp": member.coord.pp, "dp": member.coord.dp, "tp": member.coord.tp}
-        name = (f"drained-world{summary.get('world_rank')}.json" if summary.get("status") == "drained"
+        name = (f"drained-world{summary['world_rank']}.json" if summary.get("status") == "drained"
                 else f"rank{rank}.json")  # a drained slot's rank is held by a spare now
         _write_json_atomic(ranks_dir / name, summary)
         if dist.is_initialized():

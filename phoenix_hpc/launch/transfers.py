@@ -19,8 +19,8 @@ other). A received buffer is loaded once the engine work is done and the buffer 
 while the later ones are still on the wire.
 
 Phase times (the ``params`` and ``optimizer`` of the ``recovered`` report) partition this member's wall time
-here apart from ``during`` (reported apart): sealing a kind's buffers, the wait for each transfer in plan order and the
-load of a received buffer count to its kind. ``wire`` gives each kind's raw time from the start until its
+here apart from ``during`` (reported apart): sealing a kind's buffers, the wait for each transfer in plan
+order and the load of a received buffer count to its kind. ``wire`` gives each kind's raw time from the start until its
 last transfer completed, overlap included.
 """
 
@@ -44,7 +44,7 @@ class TransferTimes:
 
     params_s: float = 0.0
     optimizer_s: float = 0.0
-    during_s: float = 0.0  # the engine work run while the buffers went
+    during_s: float = 0.0  # the engine work, run while the buffers went (or before them)
     wire: dict[str, float] = field(default_factory=dict)  # kind -> start .. its last completion, seconds
 
 
@@ -83,12 +83,11 @@ def _threads_ok() -> bool:
 
 def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[], None] | None = None) -> TransferTimes:
     """Run ``member``'s part of the plan's ``transfers`` for the recoverable ``step``, with ``during`` (called
-    once: the member's engine work) overlapped with them.
+    once: the member's engine work) overlapped with them when :func:`sources_ready`, else before them.
 
     Raises:
         RecoveryError: a transfer for another step or of an unknown kind, a received buffer naming another
-            shard or step, ``during`` given to a member whose parameters must be sealed from its engine
-            (:func:`sources_ready` is false);
+            shard or step;
         ReplicationError: a checksum fails on arrival, the tag space is too small, or a transfer does not
             complete within ``resilience.collective_timeout_s`` of its start.
     """
@@ -98,17 +97,18 @@ def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[],
     w2l = {w: r for r, w in member.rank_map.items()}
     todo = mine(transfers, me, step)
     wire = [t for t in todo if t["kind"] != "params_from_optimizer"]
-    if during is not None and not sources_ready(member, todo, step):
-        raise RecoveryError(f"world rank {me} seals the parameters it sends from its engine: the engine work "
-                            "must come before its transfers")
     out = TransferTimes()
+    if during is not None and not sources_ready(member, todo, step):  # it seals its parameters from the
+        t0 = time.perf_counter()  # engine: the engine work comes first
+        during()
+        out.during_s, during = time.perf_counter() - t0, None
     spent = {"params": 0.0, "optimizer": 0.0}
     moves: list[tuple[dict[str, Any], BufferTransfer]] = []
     for t in wire:
         sending = t["sender"] == me
         peer = w2l[t["receiver"] if sending else t["sender"]]
         t0 = time.perf_counter()
-        arr = _outgoing(member, t, peer, step) if sending else None
+        arr = _outgoing(member, t, step) if sending else None
         spent[t["kind"]] += time.perf_counter() - t0
         moves.append((t, BufferTransfer(member.comm, peer, step, res.chunk_bytes, _what(t, peer, sending),
                                         arr=arr)))
@@ -182,7 +182,7 @@ def _what(t: dict[str, Any], peer: int, sending: bool) -> str:
     return f"{'sending' if sending else 'receiving'} {what} {t['shard_id']} {'to' if sending else 'from'} rank {peer}"
 
 
-def _outgoing(member, t: dict[str, Any], peer: int, step: int):
+def _outgoing(member, t: dict[str, Any], step: int):
     """What a sender sends, none of it checksummed again here (the receiver verifies every tensor before it
     loads any): parameters as the param part of its local snapshot of ``step``
     (:func:`phoenix_hpc.runtime.snapshot.param_part`: a new header and index, then the tensor bytes where

@@ -313,3 +313,43 @@ def test_the_timeout_of_a_receive_counts_from_the_end_of_the_own_engine_work():
     finally:
         sender.join(30)
     assert "e" not in box and set(eng["engine"].loaded) == {"params", "optimizer", "envelope"}
+
+
+def test_a_param_sender_without_its_snapshot_rolls_back_first_then_seals_from_the_engine():
+    """Without a local snapshot of the step, the parameters are sealed from the engine, so the engine work
+    (its rollback) must be done before the seal: run() does it first and sends S(step), not the live state."""
+    from types import SimpleNamespace
+
+    from phoenix_hpc.launch import transfers as T
+    from phoenix_hpc.runtime.h2h import recv_buffer
+    from phoenix_hpc.topology import GridCoord
+
+    events = []
+
+    class Engine:
+        w = torch.full((4,), 7.0)  # the live state, past the step
+
+        def param_shard(self):
+            events.append("seal")
+            return [("param/w", self.w)]
+
+    res = SimpleNamespace(chunk_bytes=1024, collective_timeout_s=20.0)
+    m = SimpleNamespace(env=SimpleNamespace(world_rank=5, cfg=SimpleNamespace(resilience=res)),
+                        rank_map={0: 9, 1: 5}, comm=MPI.COMM_WORLD, coord=GridCoord(pp=0, dp=1, tp=0),
+                        generation=4, _local_buffer=lambda step: None, engine=Engine())
+
+    def rollback():
+        events.append("rollback")
+        m.engine.w = torch.full((4,), 3.0)  # S(step)
+
+    plan = [{"kind": "params", "sender": 5, "receiver": 9, "step": 5, "shard_id": "param/pp0/tp0"}]
+    box = {}
+    rx = threading.Thread(target=lambda: box.setdefault("buf", recv_buffer(MPI.COMM_WORLD, 0, 5, 1024, 20.0, "rx")))
+    rx.start()
+    try:
+        out = T.run(m, plan, 5, during=rollback)
+    finally:
+        rx.join(30)
+    assert events == ["rollback", "seal"]
+    assert torch.equal(unpack(box["buf"], (PARAM,)).tensors["param/w"], torch.full((4,), 3.0))
+    assert out.during_s > 0
