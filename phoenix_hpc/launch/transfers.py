@@ -11,11 +11,11 @@ optimizer's fp32 master copy, after the optimizer shard is loaded).
 Every buffer travels as a :class:`phoenix_hpc.runtime.h2h.BufferTransfer`, all of a member's at once
 (:class:`phoenix_hpc.runtime.h2h.TransferSet`: those with one peer in plan order, different peers
 concurrently, so a spare receives its parameters and its optimizer shard from their two senders together).
-What a member sends lies in host memory already (its local snapshot of ``R``, the replicas it holds;
-:func:`sources_ready`), so its engine work -- a spare's construction, a survivor's rollback, a rebuild
-member's construction and load -- runs meanwhile (``during``): the transfers then run in a thread of their own
-(MPI's ``MPI_THREAD_MULTIPLE`` level, which mpi4py requests, is required, else the two run one after the
-other). A received buffer is loaded once the engine work is done and the buffer complete, in plan order,
+When what a member sends lies in host memory already (its local snapshot of ``R``, the replicas it holds;
+:func:`sources_ready`), its engine work -- a spare's construction, a survivor's rollback, a rebuild
+member's construction and load -- runs meanwhile (``during``): the transfers then run in a thread of their
+own (MPI's ``MPI_THREAD_MULTIPLE`` level, which mpi4py requests, is required, else the two run one after
+the other). A member that must seal its parameters from its engine does the engine work first. A received buffer is loaded once the engine work is done and the buffer complete, in plan order,
 while the later ones are still on the wire.
 
 Phase times (the ``params`` and ``optimizer`` of the ``recovered`` report) partition this member's wall time
