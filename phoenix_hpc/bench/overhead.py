@@ -166,13 +166,15 @@ def analyze_cpu(ranks: Sequence[dict]) -> dict:
     of one step cost at this machine's measured memcpy and checksum speed (same run, same rank) --
     memcpy x (snapshot + replica bytes sent + replica bytes received: one copy each, the least a
     transport can do) + checksum x (snapshot + replica bytes received: each byte checksummed once where
-    it lands). ``ratio`` = total / limit."""
+    it lands). ``ratio`` = total / limit. ``h2h_wakeups_per_step``: median rounds of the H2H engine's thread
+    per step (None in runs before it was recorded)."""
     per_rank = []
     for r in ranks:
-        steps = []
+        steps, wakeups = [], []
         for b in r["blocks"]:
             if b["mode"] == "on" and b["stats"].get("cpu_ns_per_step"):
                 steps += b["stats"]["cpu_ns_per_step"][1:]
+                wakeups += b["stats"].get("wakeups_per_step", [])[1:]
         if not steps:
             continue
         st = next(b["stats"] for b in r["blocks"] if b["mode"] == "on")
@@ -192,6 +194,7 @@ def analyze_cpu(ranks: Sequence[dict]) -> dict:
             "memcpy_ns_per_byte": round(tp["memcpy"], 4), "checksum_ns_per_byte": round(tp[r["checksum"]], 4),
             "checksum": r["checksum"],
             **mpi_floor(tp.get("mpi"), sent + recv, snap, med["mpi"]),
+            "h2h_wakeups_per_step": statistics.median(wakeups) if wakeups else None,
         })
     return {"ranks": per_rank,
             "ratio_median": statistics.median(p["ratio"] for p in per_rank) if per_rank else None}

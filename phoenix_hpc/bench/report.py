@@ -36,6 +36,11 @@ def _mib(b) -> str:
     return "n/a" if b is None else f"{b / 2**20:.2f}"
 
 
+def _count(v) -> str:
+    """A median count (may be x.5), or "not recorded" for results of runs before it was recorded."""
+    return "not recorded" if v is None else f"{v:g}"
+
+
 def _by_k(d) -> list:
     """Items of a dict keyed by K (strings once read back from JSON) in numeric order."""
     return sorted((d or {}).items(), key=lambda kv: int(kv[0]))
@@ -212,11 +217,15 @@ def render_markdown(r: dict) -> str:
           "(snapshot + replica received). The MPI floor is what the bare transport costs for the same replica "
           "bytes: a ring exchange of 16 MiB in the runtime's chunks between the same ranks, in the same run "
           "(`bench/throughput.measure_mpi`, CPU ns per byte sent + received), x the rank's bytes sent and "
-          "received; MPI / floor above 1 is the H2H engine's own cost (polling, bookkeeping of requests).")
+          "received; MPI / floor above 1 is the H2H engine's own cost (polling, bookkeeping of requests). "
+          "H2H wake-ups: the engine thread's rounds per step (median), each one a sleep and wake-up that costs "
+          "CPU time whether or not bytes moved; while nothing is in flight or expected the thread sleeps until "
+          "the next command (`runtime/h2h.py`).")
         a("")
         a("| case | rank | checksum | protected MiB | copy | checksum | MPI | bookkeeping | total ns/B "
-          "(ms/step) | limit ns/B (memcpy, checksum ns/B) | total / limit | MPI floor ns/B (MPI / floor) |")
-        a("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "(ms/step) | limit ns/B (memcpy, checksum ns/B) | total / limit | MPI floor ns/B (MPI / floor) | "
+          "H2H wake-ups/step |")
+        a("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for c in ov["cases"]:
             for p in (c.get("cpu") or {}).get("ranks", []):
                 n = p["ns_per_byte"]
@@ -227,7 +236,7 @@ def render_markdown(r: dict) -> str:
                   f"{n['copy']:.3f} | {n['checksum']:.3f} | {n['mpi']:.3f} | {n['bookkeeping']:.3f} | "
                   f"{p['ns_per_byte_total']:.3f} ({p['cpu_ms_total_per_step']:.1f}) | "
                   f"{p['limit_ns_per_byte']:.3f} ({p['memcpy_ns_per_byte']:.3f}, {p['checksum_ns_per_byte']:.3f}) | "
-                  f"{p['ratio']:.2f} | {floor} |")
+                  f"{p['ratio']:.2f} | {floor} | {_count(p.get('h2h_wakeups_per_step'))} |")
         a("")
         a(f"![overhead]({PLOT_DIR}/overhead.png)")
     a("")

@@ -31,10 +31,16 @@ each.
 All operations are non-blocking (``Isend``/``Irecv``/``Iallreduce`` + ``Test``): Open MPI's blocking waits
 spin a core, which on a busy node steals it from compute. The engine thread sleeps between polls: after a
 round in which something completed (a command posted, a request done) for ``busy_sleep_s``, then twice as
-long after every round in which nothing did, up to ``idle_sleep_s``; so it wakes often only while bytes
-move, and about ``1/idle_sleep_s`` times a second while nothing does (an announce or acknowledgement is
-then seen at most ``idle_sleep_s`` late). A command from another thread wakes it at once. Its CPU time
-goes to the ``mpi`` category of the protector's :class:`~phoenix_hpc.runtime.cpu_account.CpuAccount`.
+long after every round in which nothing did, up to ``idle_sleep_s``, while a message of this rank is in
+flight or a replica is expected: a held shard's replica of the step this rank itself sent last has not
+arrived yet (every rank protects the same steps, so its owners' announces come around its own send).
+When nothing is in flight and nothing is expected (the *quiet* state, most of every step), it sleeps until
+a command arrives (the next step's send wakes it), or ``quiet_sleep_s`` at most: a replica announced
+earlier than expected is then seen at most ``quiet_sleep_s`` late. A command from another thread always
+wakes it at once. Every wake-up costs CPU time whether or not anything moved (a timed sleep and wake-up of
+a thread: 25-60 us of thread CPU time on the 2-core benchmark host, `scripts/bench.sh`), which is why
+the engine does not poll while quiet. Its CPU time goes to the ``mpi`` category of the protector's
+:class:`~phoenix_hpc.runtime.cpu_account.CpuAccount`.
 """
 
 from __future__ import annotations
@@ -159,6 +165,7 @@ class _Incoming:
     idx: int | None = None
     chunks: ChunkWindow | None = None  # the replica's chunks, once its announce arrived
     t0: float = 0.0
+    received: int | None = None  # step of the last replica fully received
 
 
 @dataclass
@@ -207,6 +214,7 @@ class H2HEngine:
         window: int = DEFAULT_WINDOW,
         busy_sleep_s: float = 50e-6,
         idle_sleep_s: float = 2e-3,
+        quiet_sleep_s: float = 20e-3,
         fault_hook: Callable[[str, int, int], None] | None = None,
         cpu: Any = None,
         thread_nice: int = 0,
@@ -221,7 +229,9 @@ class H2HEngine:
         self.tags = tag_plan
         self.on_received = on_received
         self.window = max(1, window)
-        self.busy_sleep_s, self.idle_sleep_s = busy_sleep_s, idle_sleep_s
+        self.busy_sleep_s, self.idle_sleep_s, self.quiet_sleep_s = busy_sleep_s, idle_sleep_s, quiet_sleep_s
+        self.sent_step: int | None = None  # step of the last replica this rank started to send
+        self.wakeups = 0  # rounds of the engine thread (each one a wake-up from its sleep)
         self.fault_hook = fault_hook
         self.cpu = cpu  # cpu_account.CpuAccount or None
         self.thread_nice = int(thread_nice)  # added to the engine thread's nice value when it starts
@@ -316,6 +326,18 @@ class H2HEngine:
         self._incoming, self._outgoing, self._acks_out, self._fences = [], [], [], []
         return rep
 
+    def _quiet(self) -> bool:
+        """Nothing in flight and nothing expected (engine thread, under the lock): no command queued, no send,
+        acknowledgement, fence or barrier pending, and every held shard waits for its next announce having
+        received the replica of :attr:`sent_step` (or this rank sent nothing yet)."""
+        if self._cmds or self._outgoing or self._fences or self._acks_out:
+            return False
+        if self._barrier is not None and not self._barrier[1]:
+            return False
+        sent = self.sent_step
+        return all(inc.step is None and (sent is None or (inc.received is not None and inc.received >= sent))
+                   for inc in self._incoming)
+
     def _busy(self) -> bool:
         with self._cv:
             cmds = bool(self._cmds)
@@ -406,7 +428,8 @@ class H2HEngine:
             sleep = self.busy_sleep_s if self.events != before else min(2 * sleep, self.idle_sleep_s)
             with self._cv:
                 if not self._cmds and not self._stop:
-                    self._cv.wait(timeout=sleep)
+                    self._cv.wait(timeout=self.quiet_sleep_s if self._quiet() else sleep)
+            self.wakeups += 1
             if self.cpu is not None:
                 self.cpu.add("mpi", time.thread_time_ns() - t0)
 
@@ -496,6 +519,7 @@ class H2HEngine:
         if done:
             step, idx = inc.step, inc.idx
             inc.step = inc.idx = None
+            inc.received = step
             inc.chunks = None
             self._post_announce(inc)
             self.on_received(inc.spec, idx, step)
@@ -504,6 +528,7 @@ class H2HEngine:
 
     def _start_send(self, step: int, view: np.ndarray) -> None:
         MPI, tags = self._MPI, self.tags
+        self.sent_step = step
         views = [view[a:b] for a, b in chunk_ranges(view.size, self.chunk_bytes)]
         hook = None
         if self.fault_hook is not None:

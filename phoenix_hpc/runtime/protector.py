@@ -104,7 +104,9 @@ class StepTiming:
     """Per protected step, in seconds: ``start_s`` spent in ``start_snapshot``; ``wait_s`` blocked in
     ``wait_commit``; ``exposed_s`` = both (what training lost); ``d2h_s`` copy + checksums (background);
     ``h2h_s`` first post to last ack (background). ``cpu_ns``: CPU nanoseconds of every runtime thread of
-    this rank since the previous commit, per category of :mod:`phoenix_hpc.runtime.cpu_account`."""
+    this rank since the previous commit, per category of :mod:`phoenix_hpc.runtime.cpu_account`;
+    ``wakeups``: rounds of the H2H engine's thread since the previous commit (each a wake-up from sleep;
+    :attr:`~phoenix_hpc.runtime.h2h.H2HEngine.wakeups`, 0 when the training thread drives the engine)."""
 
     step: int
     start_s: float
@@ -113,6 +115,7 @@ class StepTiming:
     d2h_s: float
     h2h_s: float
     cpu_ns: dict = field(default_factory=dict)
+    wakeups: int = 0
 
 
 @dataclass
@@ -179,6 +182,7 @@ class Protector:
         self._samples: list[IntervalSample] = []
         self.cpu = CpuAccount()
         self._cpu_at_commit = self.cpu.totals()
+        self._wakeups_at_commit = 0
         self.committed_step: int | None = None
         self.timings: list[StepTiming] = []
         self.held_steps: dict[str, int] = {}
@@ -506,8 +510,9 @@ class Protector:
         self._bookkeeping(c0, m0)
         now = self.cpu.totals()
         self.timings.append(StepTiming(job.step, job.start_s, job.local_wait_s + wait_s, exposed, job.d2h_s,
-                                       h2h_s, delta(now, self._cpu_at_commit)))
-        self._cpu_at_commit = now
+                                       h2h_s, delta(now, self._cpu_at_commit),
+                                       self.h2h.wakeups - self._wakeups_at_commit))
+        self._cpu_at_commit, self._wakeups_at_commit = now, self.h2h.wakeups
         self._pending = None
         rec = CommitRecord(self.shard_id, job.step, self.generation, self.holders, exposed,
                            self.h2h.fenced_step, job.crc, job.interval)
@@ -624,7 +629,8 @@ class Protector:
     def stats(self) -> dict[str, Any]:
         """Summary of the protected steps: counts, exposed wait (mean/max, s), background D2H/H2H (mean, s),
         the checksum, the CPU nanoseconds per step and category (``cpu_ns_per_step``: one dict per step,
-        :attr:`StepTiming.cpu_ns`) and the bytes behind them per step: ``snapshot_bytes`` copied and
+        :attr:`StepTiming.cpu_ns`), the H2H engine's wake-ups per step (``wakeups_per_step``) and the bytes
+        behind them per step: ``snapshot_bytes`` copied and
         checksummed locally, ``sent_bytes`` (replica x holders) and ``received_bytes`` (held replicas,
         each checksummed once)."""
         t = self.timings
@@ -633,6 +639,7 @@ class Protector:
         return {
             "checksum": self.checksum,
             "cpu_ns_per_step": [x.cpu_ns for x in t],
+            "wakeups_per_step": [x.wakeups for x in t],
             "sent_bytes": self.layout.replica_bytes * len(self.holders),
             "received_bytes": sum(p.nbytes for p in self.buffers.held.values()),
             "steps": len(t),

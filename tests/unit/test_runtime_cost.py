@@ -101,6 +101,16 @@ def test_analyze_cpu_per_protected_byte_against_the_measured_limit():
     assert analyze_cpu([{"rank": 0, "blocks": [{"mode": "off"}]}]) == {"ranks": [], "ratio_median": None}
 
 
+def test_the_h2h_wakeups_per_step_are_the_median_without_each_blocks_first_step():
+    step = {"copy": 100, "checksum": 300, "mpi": 50, "bookkeeping": 50}
+    r = _rank(0, [step, step, step, step])
+    r["blocks"][1]["stats"]["wakeups_per_step"] = [500, 10, 30, 12]
+    (p,) = analyze_cpu([r])["ranks"]
+    assert p["h2h_wakeups_per_step"] == 12
+    (old,) = analyze_cpu([_rank(0, [step, step])])["ranks"]  # a run before wake-ups were recorded
+    assert old["h2h_wakeups_per_step"] is None
+
+
 def test_the_mpi_category_is_set_against_the_bare_transports_floor():
     step = {"copy": 100, "checksum": 300, "mpi": 50, "bookkeeping": 50}
     (p,) = analyze_cpu([_rank(0, [step, step], tp={"memcpy": 0.1, "crc32": 0.3, "mpi": 0.025})])["ranks"]
