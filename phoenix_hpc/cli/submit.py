@@ -40,7 +40,7 @@ from pydantic import ValidationError
 from phoenix_hpc.config.load import load_job_config
 from phoenix_hpc.config.resolve import ResolvedJob, resolve
 from phoenix_hpc.data.format import check_indexed_dataset
-from phoenix_hpc.errors import ConfigError, DataError, SlurmError, SubmitError
+from phoenix_hpc.errors import ConfigError, DataError, ProfileError, SlurmError, SubmitError
 from phoenix_hpc.profiles import load_profile
 from phoenix_hpc.slurm.render import render_sbatch, sbatch_cli_args
 
@@ -127,6 +127,20 @@ def with_steps(cfg, steps: int):
 def with_chain(cfg, chain: int):
     """``cfg`` with ``resources.chain = chain`` (:func:`with_option` for ``--chain``)."""
     return with_option(cfg, "--chain", ("resources", "chain"), chain)
+
+
+def _with_config_problems(site_exc: ProfileError, point, config: Path | None) -> ConfigError:
+    """``site_exc`` (the site profile cannot be used) plus what loading ``config`` finds on its own (missing
+    file, YAML, schema), so that both are listed at once; the checks of the config against a site run once
+    the site is found."""
+    problems = list(site_exc.problems)
+    if point is None and config is not None:
+        try:
+            load_job_config(config)
+        except ConfigError as exc:
+            problems += [p if exc.source is None else f"{exc.source}: {p}" for p in exc.problems]
+    return ConfigError(problems, note="not checked yet: the config against the site; that runs once the site is "
+                                      "found")
 
 
 def _with_site_problems(exc: ConfigError, config: Path, profile) -> ConfigError:
@@ -225,7 +239,10 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         raise SubmitError("--site: missing; name a site profile (e.g. --site local)")
     if config is None and point is None:
         raise SubmitError("CONFIG: missing; pass a job config file, or --resume RUN_DIR")
-    profile = load_profile(site)
+    try:
+        profile = load_profile(site)
+    except ProfileError as site_exc:  # the config's own problems are listed with it, all at once
+        raise _with_config_problems(site_exc, point, config) from None
     try:
         cfg = point.config if point is not None else load_job_config(config)
     except ConfigError as exc:

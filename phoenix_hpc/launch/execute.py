@@ -494,18 +494,22 @@ class Member:
 
         Raises:
             RecoveryError: it holds none."""
-        for prot in self._copy_sources():
-            pp = prot.buffers.held.get(shard_id)
-            buf = pp.find(step) if pp is not None else None
-            if buf is not None:
-                return buf
-        raise RecoveryError(f"world rank {self.env.world_rank} holds no replica of {shard_id} at step {step}")
+        buf = self._find_copy(lambda prot: prot.buffers.held.get(shard_id), step)
+        if buf is None:
+            raise RecoveryError(f"world rank {self.env.world_rank} holds no replica of {shard_id} at step {step}")
+        return buf
 
     def _local_buffer(self, step: int):
         """The buffer of this slot's local snapshot of ``step`` (committed or the previous one; the newest
         generation's copy, else a kept one; not verified here), or None when it has none."""
+        return self._find_copy(lambda prot: prot.buffers.local, step)
+
+    def _find_copy(self, pair_of, step: int):
+        """The first buffer holding ``step`` in ``pair_of(protector)`` (a ping-pong pair, or None) over
+        :meth:`_copy_sources`, newest first; None when none holds it."""
         for prot in self._copy_sources():
-            buf = prot.buffers.local.find(step)
+            pp = pair_of(prot)
+            buf = pp.find(step) if pp is not None else None
             if buf is not None:
                 return buf
         return None

@@ -264,13 +264,18 @@ def seal(
             f"snapshot index of {len(raw)} bytes exceeds the reserved {layout.index_capacity} bytes "
             "(the engine's envelope grew a lot since start-up)"
         )
-    a = _np(buf)
-    a[HEADER_BYTES : HEADER_BYTES + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-    a[HEADER_BYTES + len(raw) : HEADER_BYTES + layout.index_capacity] = 0
-    header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(raw), zlib.crc32(raw), layout.index_capacity,
-                          layout.opt_end, layout.total_bytes, step, generation)
-    a[:HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
+    _write_head(_np(buf), raw, layout.index_capacity, layout.opt_end, layout.total_bytes, step, generation)
     return combined_crc(opt_crcs)
+
+
+def _write_head(a: np.ndarray, raw: bytes, capacity: int, opt_end: int, total_bytes: int, step: int,
+                generation: int) -> None:
+    """Write the JSON index ``raw`` (zero-padded to ``capacity`` bytes), then the fixed header naming it, at
+    the start of the uint8 array ``a``: the head of every sealed buffer (:func:`seal`, :func:`param_part`)."""
+    a[HEADER_BYTES : HEADER_BYTES + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    a[HEADER_BYTES + len(raw) : HEADER_BYTES + capacity] = 0
+    a[:HEADER_BYTES] = np.frombuffer(_HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(raw), zlib.crc32(raw), capacity,
+                                                  opt_end, total_bytes, step, generation), dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -351,10 +356,7 @@ def param_part(buf: torch.Tensor, shard_id: str) -> tuple[np.ndarray, np.ndarray
     start = _align(HEADER_BYTES + capacity)
     raw = raw_for(start)
     head = np.zeros(start, dtype=np.uint8)
-    head[:HEADER_BYTES] = np.frombuffer(_HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(raw), zlib.crc32(raw), capacity,
-                                                     start, start + h.total_bytes - h.opt_end, h.step, h.generation),
-                                        dtype=np.uint8)
-    head[HEADER_BYTES : HEADER_BYTES + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    _write_head(head, raw, capacity, start, start + h.total_bytes - h.opt_end, h.step, h.generation)
     return head, _np(buf)[h.opt_end : h.total_bytes]
 
 

@@ -81,6 +81,16 @@ def test_unknown_site(in_tmp):
     assert_bad(invoke("--site", "nosuch", GPT_SMALL, "--dry-run"), "site", "nosuch", "perlmutter")
 
 
+def test_an_unknown_site_and_a_bad_config_are_listed_together(in_tmp):
+    missing = in_tmp / "nope.yaml"
+    r = invoke("--site", "nosuch", missing, "--dry-run")
+    assert_bad(r, "unknown site 'nosuch'", "perlmutter", f"'{missing}' does not exist")
+    bad = write_cfg(in_tmp, model={"layers": "four"})
+    r = invoke("--site", "nosuch", bad, "--dry-run")
+    assert_bad(r, "unknown site 'nosuch'", "model.layers", "once the site is found")
+    assert not list(in_tmp.glob("runs"))
+
+
 def test_malformed_yaml(in_tmp):
     p = in_tmp / "bad.yaml"
     p.write_text("name: x\nmodel: {layers: [\n")
