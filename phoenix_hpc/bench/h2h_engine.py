@@ -11,6 +11,7 @@ measured). Prints numbers; it is not a test.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import threading
 import time
@@ -79,6 +80,7 @@ def run(nbytes: int, steps: int, step_s: float, busy: bool, chunk_bytes: int) ->
     comm.Barrier()
     mpi0, wake0, t0 = cpu.totals()["mpi"], eng.wakeups, time.monotonic()
     for s in range(steps):
+        eng.expect(s)  # as the protector does when a snapshot starts
         eng.send_replica(s, src)
         _compute(step_s, busy)
         if not eng.wait(lambda s=s: right in eng.acks.get(s, {}), 60.0):
@@ -104,10 +106,13 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-bytes", type=int, default=4 << 20)
     ap.add_argument("--check-args", action="store_true", help="check the arguments and exit (no MPI)")
     a = ap.parse_args(argv)
-    for name, v, ok in (("--mib", a.mib, a.mib > 0), ("--steps", a.steps, a.steps >= 1),
-                        ("--step-s", a.step_s, a.step_s >= 0), ("--chunk-bytes", a.chunk_bytes, a.chunk_bytes >= 1)):
+    checks = (("--mib", a.mib, math.isfinite(a.mib) and 1 <= a.mib * 2**20 <= 2**40, "from 1 byte to 1 TiB"),
+              ("--steps", a.steps, a.steps >= 1, "an integer >= 1"),
+              ("--step-s", a.step_s, math.isfinite(a.step_s) and 0 <= a.step_s <= 3600, "from 0 to 3600 seconds"),
+              ("--chunk-bytes", a.chunk_bytes, a.chunk_bytes >= 1, "an integer >= 1"))
+    for name, v, ok, allowed in checks:
         if not ok:
-            ap.error(f"{name} must be {'>= 0' if name == '--step-s' else 'positive'}, got {v}")
+            ap.error(f"{name} must be {allowed}, got {v}")
     if a.check_args:
         return 0
     from mpi4py import MPI

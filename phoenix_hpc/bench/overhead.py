@@ -167,14 +167,14 @@ def analyze_cpu(ranks: Sequence[dict]) -> dict:
     memcpy x (snapshot + replica bytes sent + replica bytes received: one copy each, the least a
     transport can do) + checksum x (snapshot + replica bytes received: each byte checksummed once where
     it lands). ``ratio`` = total / limit. ``h2h_wakeups_per_step``: median rounds of the H2H engine's thread
-    per step (None in runs before it was recorded)."""
+    per step (None in runs before it was recorded, or when the training thread drove the engine)."""
     per_rank = []
     for r in ranks:
         steps, wakeups = [], []
         for b in r["blocks"]:
             if b["mode"] == "on" and b["stats"].get("cpu_ns_per_step"):
                 steps += b["stats"]["cpu_ns_per_step"][1:]
-                wakeups += b["stats"].get("wakeups_per_step", [])[1:]
+                wakeups += [w for w in b["stats"].get("wakeups_per_step", [])[1:] if w is not None]
         if not steps:
             continue
         st = next(b["stats"] for b in r["blocks"] if b["mode"] == "on")

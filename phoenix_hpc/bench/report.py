@@ -37,8 +37,8 @@ def _mib(b) -> str:
 
 
 def _count(v) -> str:
-    """A median count (may be x.5), or "not recorded" for results of runs before it was recorded."""
-    return "not recorded" if v is None else f"{v:g}"
+    """A median count (may be x.5), or "n/a": not recorded (runs before it was) or no engine thread."""
+    return "n/a" if v is None else f"{v:g}"
 
 
 def _by_k(d) -> list:

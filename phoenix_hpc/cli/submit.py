@@ -130,17 +130,17 @@ def with_chain(cfg, chain: int):
 
 
 def _with_config_problems(site_exc: ProfileError, point, config: Path | None) -> ConfigError:
-    """``site_exc`` (the site profile cannot be used) plus what loading ``config`` finds on its own (missing
-    file, YAML, schema), so that both are listed at once; the checks of the config against a site run once
-    the site is found."""
-    problems = list(site_exc.problems)
+    """``site_exc`` (the site profile cannot be used: unknown site, or a profile file with problems, named)
+    plus what loading ``config`` finds on its own (missing file, YAML, schema), so that both are listed at
+    once; the checks of the config against a site run once the profile can be used."""
+    problems = [p if site_exc.source is None else f"site profile {site_exc.source}: {p}" for p in site_exc.problems]
     if point is None and config is not None:
         try:
             load_job_config(config)
         except ConfigError as exc:
             problems += [p if exc.source is None else f"{exc.source}: {p}" for p in exc.problems]
-    return ConfigError(problems, note="not checked yet: the config against the site; that runs once the site is "
-                                      "found")
+    return ConfigError(problems, note="not checked yet: the config against the site; that runs once the site "
+                                      "profile can be used")
 
 
 def _with_site_problems(exc: ConfigError, config: Path, profile) -> ConfigError:

@@ -32,12 +32,13 @@ All operations are non-blocking (``Isend``/``Irecv``/``Iallreduce`` + ``Test``):
 spin a core, which on a busy node steals it from compute. The engine thread sleeps between polls: after a
 round in which something completed (a command posted, a request done) for ``busy_sleep_s``, then twice as
 long after every round in which nothing did, up to ``idle_sleep_s``, while a message of this rank is in
-flight or a replica is expected: a held shard's replica of the step this rank itself sent last has not
-arrived yet (every rank protects the same steps, so its owners' announces come around its own send).
-When nothing is in flight and nothing is expected (the *quiet* state, most of every step), it sleeps until
-a command arrives (the next step's send wakes it), or ``quiet_sleep_s`` at most: a replica announced
-earlier than expected is then seen at most ``quiet_sleep_s`` late. A command from another thread always
-wakes it at once. Every wake-up costs CPU time whether or not anything moved (a timed sleep and wake-up of
+flight or a replica is expected: a held shard has not yet received the replica of the newest step this
+rank started to protect (:meth:`H2HEngine.expect`, called when its own snapshot starts; every rank protects
+the same steps, so its owners' announces come from then on). When nothing is in flight and nothing is
+expected (the *quiet* state: from the last acknowledgement or fence result of a step until the next
+snapshot starts), it sleeps until a command arrives (the next snapshot's ``expect`` wakes it), or
+``quiet_sleep_s`` at most: a replica announced before this rank started that step's snapshot is then seen
+at most ``quiet_sleep_s`` late. A command from another thread always wakes it at once. Every wake-up costs CPU time whether or not anything moved (a timed sleep and wake-up of
 a thread: 25-60 us of thread CPU time on the 2-core benchmark host, `scripts/bench.sh`), which is why
 the engine does not poll while quiet. Its CPU time goes to the ``mpi`` category of the protector's
 :class:`~phoenix_hpc.runtime.cpu_account.CpuAccount`.
@@ -230,8 +231,8 @@ class H2HEngine:
         self.on_received = on_received
         self.window = max(1, window)
         self.busy_sleep_s, self.idle_sleep_s, self.quiet_sleep_s = busy_sleep_s, idle_sleep_s, quiet_sleep_s
-        self.sent_step: int | None = None  # step of the last replica this rank started to send
-        self.wakeups = 0  # rounds of the engine thread (each one a wake-up from its sleep)
+        self.expected_step: int | None = None  # newest step whose replicas this rank expects (expect, sends)
+        self.wakeups = 0  # rounds of the engine thread's loop (each one after a sleep, unless a command waited)
         self.fault_hook = fault_hook
         self.cpu = cpu  # cpu_account.CpuAccount or None
         self.thread_nice = int(thread_nice)  # added to the engine thread's nice value when it starts
@@ -250,6 +251,7 @@ class H2HEngine:
         self.error: BaseException | None = None
         self._stop = False
         self._barrier: list | None = None  # [request, done]
+        self._barrier_wanted = False  # stop() asked for the barrier; posted once nothing of this rank is pending
         self._thread: threading.Thread | None = None
         self._started = False
         self.abandon_report = None  # mpi_faults.AbandonReport after stop(abandon=True)
@@ -326,24 +328,24 @@ class H2HEngine:
         self._incoming, self._outgoing, self._acks_out, self._fences = [], [], [], []
         return rep
 
+    def _in_flight(self) -> bool:
+        """A command queued, or a send, acknowledgement, fence or replica receive of this rank pending (under
+        the lock)."""
+        return bool(self._cmds or self._outgoing or self._fences or self._acks_out) or any(
+            inc.step is not None for inc in self._incoming)
+
     def _quiet(self) -> bool:
-        """Nothing in flight and nothing expected (engine thread, under the lock): no command queued, no send,
-        acknowledgement, fence or barrier pending, and every held shard waits for its next announce having
-        received the replica of :attr:`sent_step` (or this rank sent nothing yet)."""
-        if self._cmds or self._outgoing or self._fences or self._acks_out:
+        """Nothing in flight and nothing expected (engine thread, under the lock): :meth:`_in_flight` is
+        false, no barrier is wanted or pending, and every held shard has received the replica of
+        :attr:`expected_step` (or nothing is expected yet)."""
+        if self._in_flight() or self._barrier_wanted or (self._barrier is not None and not self._barrier[1]):
             return False
-        if self._barrier is not None and not self._barrier[1]:
-            return False
-        sent = self.sent_step
-        return all(inc.step is None and (sent is None or (inc.received is not None and inc.received >= sent))
-                   for inc in self._incoming)
+        want = self.expected_step
+        return want is None or all(inc.received is not None and inc.received >= want for inc in self._incoming)
 
     def _busy(self) -> bool:
         with self._cv:
-            cmds = bool(self._cmds)
-        return cmds or bool(self._outgoing or self._fences or self._acks_out) or any(
-            inc.step is not None for inc in self._incoming
-        )
+            return self._in_flight()
 
     def describe(self) -> str:
         """One line on what is in flight (for timeout messages)."""
@@ -367,6 +369,11 @@ class H2HEngine:
         """Send ``view`` (uint8, the replica of ``step``) to every holder. ``view`` must stay unchanged
         until every holder acknowledged."""
         self._enqueue(("send", step, view))
+
+    def expect(self, step: int) -> None:
+        """This rank started protecting ``step``: the replicas of ``step`` from its owners come from now on, so
+        the engine polls for them instead of sleeping quietly (module doc). Any thread."""
+        self._enqueue(("expect", step))
 
     def send_ack(self, spec: HeldSpec, step: int, status: int, crc: int) -> None:
         self._enqueue(("ack", spec.owner, np.array([step, self.generation, status, crc], dtype=np.int64)))
@@ -462,13 +469,14 @@ class H2HEngine:
                 recv = np.zeros(2, dtype=np.int64)
                 req = self.comm.Iallreduce([send, MPI.INT64_T], [recv, MPI.INT64_T], op=MPI.MIN)
                 self._fences.append((cmd[1], req, send, recv))
+            elif kind == "expect":
+                self._expect(cmd[1])
             elif kind == "barrier":
-                # only once this rank's own replicas are all acknowledged
-                if self._outgoing or self._fences:
-                    with self._cv:
-                        self._cmds.append(cmd)
-                    break
-                self._barrier = [self.comm.Ibarrier(), False]
+                self._barrier_wanted = True
+        if self._barrier_wanted and not (self._outgoing or self._fences):
+            # only once this rank's own replicas are all acknowledged
+            self._barrier_wanted = False
+            self._barrier = [self.comm.Ibarrier(), False]
         moving = False
         for inc in self._incoming:
             moving |= self._progress_incoming(inc)
@@ -526,9 +534,12 @@ class H2HEngine:
             return False
         return True
 
+    def _expect(self, step: int) -> None:
+        self.expected_step = step if self.expected_step is None else max(self.expected_step, step)
+
     def _start_send(self, step: int, view: np.ndarray) -> None:
         MPI, tags = self._MPI, self.tags
-        self.sent_step = step
+        self._expect(step)
         views = [view[a:b] for a, b in chunk_ranges(view.size, self.chunk_bytes)]
         hook = None
         if self.fault_hook is not None:

@@ -105,8 +105,9 @@ class StepTiming:
     ``wait_commit``; ``exposed_s`` = both (what training lost); ``d2h_s`` copy + checksums (background);
     ``h2h_s`` first post to last ack (background). ``cpu_ns``: CPU nanoseconds of every runtime thread of
     this rank since the previous commit, per category of :mod:`phoenix_hpc.runtime.cpu_account`;
-    ``wakeups``: rounds of the H2H engine's thread since the previous commit (each a wake-up from sleep;
-    :attr:`~phoenix_hpc.runtime.h2h.H2HEngine.wakeups`, 0 when the training thread drives the engine)."""
+    ``wakeups``: rounds of the H2H engine thread's loop since the previous commit (each one after a sleep,
+    unless a command was already queued; :attr:`~phoenix_hpc.runtime.h2h.H2HEngine.wakeups`), None when the
+    training thread drives the engine (no engine thread)."""
 
     step: int
     start_s: float
@@ -115,7 +116,7 @@ class StepTiming:
     d2h_s: float
     h2h_s: float
     cpu_ns: dict = field(default_factory=dict)
-    wakeups: int = 0
+    wakeups: int | None = None
 
 
 @dataclass
@@ -375,6 +376,8 @@ class Protector:
         job = _Pending(step, interval=interval, t0=t0)
         self.interval = interval
         self._pending = job
+        if self.buffers.held:
+            self.h2h.expect(step)  # the owners' replicas of this step come from now on: the engine polls for them
         self._jobs.put(("snapshot", job, token, engine.optimizer_shard(), engine.param_shard(), engine.envelope()))
         if not self.h2h.threaded:
             self.h2h.poll()
@@ -511,7 +514,7 @@ class Protector:
         now = self.cpu.totals()
         self.timings.append(StepTiming(job.step, job.start_s, job.local_wait_s + wait_s, exposed, job.d2h_s,
                                        h2h_s, delta(now, self._cpu_at_commit),
-                                       self.h2h.wakeups - self._wakeups_at_commit))
+                                       self.h2h.wakeups - self._wakeups_at_commit if self.h2h.threaded else None))
         self._cpu_at_commit, self._wakeups_at_commit = now, self.h2h.wakeups
         self._pending = None
         rec = CommitRecord(self.shard_id, job.step, self.generation, self.holders, exposed,

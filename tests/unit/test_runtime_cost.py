@@ -133,3 +133,32 @@ def test_the_transport_floor_needs_a_peer():
     from phoenix_hpc.bench.throughput import measure_mpi
 
     assert measure_mpi(SimpleNamespace(Get_rank=lambda: 0, Get_size=lambda: 1)) is None
+
+
+def test_the_cost_table_shows_the_h2h_wakeups_per_step_or_na():
+    import json
+    from pathlib import Path
+
+    from phoenix_hpc.bench.report import render_markdown
+
+    r = json.loads((Path(__file__).resolve().parents[2] / "BENCHMARKS.json").read_text())
+    case = r["overhead"]["cases"][0]
+    first, second = case["cpu"]["ranks"][:2]
+    first["h2h_wakeups_per_step"] = 17.5
+    second.pop("h2h_wakeups_per_step", None)  # a run before they were recorded
+    rows = {line.split(" | ")[1]: line for line in render_markdown(r).splitlines()
+            if line.startswith(f"| {case['name']} | ")}
+    assert rows[str(first["rank"])].endswith("| 17.5 |")
+    assert rows[str(second["rank"])].endswith("| n/a |")
+
+
+def test_the_engine_bench_refuses_bad_arguments_before_mpi():
+    import pytest
+
+    from phoenix_hpc.bench.h2h_engine import main
+
+    assert main(["--check-args"]) == 0
+    for bad in (["--mib", "inf"], ["--mib", "1e-9"], ["--step-s", "nan"], ["--steps", "0"], ["--chunk-bytes", "0"]):
+        with pytest.raises(SystemExit) as e:
+            main(bad + ["--check-args"])
+        assert e.value.code == 2

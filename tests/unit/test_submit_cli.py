@@ -87,7 +87,11 @@ def test_an_unknown_site_and_a_bad_config_are_listed_together(in_tmp):
     assert_bad(r, "unknown site 'nosuch'", "perlmutter", f"'{missing}' does not exist")
     bad = write_cfg(in_tmp, model={"layers": "four"})
     r = invoke("--site", "nosuch", bad, "--dry-run")
-    assert_bad(r, "unknown site 'nosuch'", "model.layers", "once the site is found")
+    assert_bad(r, "unknown site 'nosuch'", "model.layers", "once the site profile can be used")
+    prof = in_tmp / "site.yaml"
+    prof.write_text("name: x\nscheduler: {bogus: 1}\n")
+    r = invoke("--site", prof, bad, "--dry-run")
+    assert_bad(r, f"site profile {prof}: ", "scheduler.bogus", f"{bad}: model.layers")
     assert not list(in_tmp.glob("runs"))
 
 
