@@ -7,7 +7,7 @@
 # Usage: scripts/bench.sh [--quick] [--sections overhead,recovery,scaling] [--out DIR] [--seed N]
 #                         [--baselines requeue,in-job,in-process] [--ks 10,50,100] [--trials 3]
 #   --quick   under 3 minutes on 2 cores: fewer steps, K=10 only, fewer scaling points
-#   (full run: about 7-15 minutes on 2 cores)
+#   (full run: about 15-30 minutes on 2 cores)
 #
 # The cluster (8 nodes) lives in .phoenix/bench/<timestamp>/cluster with the work files; it is stopped by
 # the PIDs it recorded when this script ends, also on failure or Ctrl-C.

@@ -419,9 +419,10 @@ def render_markdown(r: dict) -> str:
     L.extend(gpu_section(r.get("gpu_report")))
     a("## Reproduce")
     a("")
-    a("```\nscripts/bench.sh            # full run (about 7-15 min on 2 cores)\nscripts/bench.sh --quick    "
+    a("```\nscripts/bench.sh            # full run (about 15-30 min on 2 cores)\nscripts/bench.sh --quick    "
       "# under 3 min: overhead and memory on model S, one hot swap\nphoenix bench [--quick]     # the same "
       "from the CLI (after scripts/setup.sh)\nscripts/bench-control-plane # section 5 (CPU only, minutes)\n"
+      "scripts/bench-h2h-engine    # the H2H engine alone: CPU per byte moved, wake-ups per step (seconds)\n"
       "scripts/check-many-nodes    # 8 active + 4 spare nodes, gpt-small's timings, 2 node losses: same final "
       "hash\n.venv/bin/python scripts/measure-recovery-by-size.py --update-benchmarks .  # section 3: what grows "
       "with the model\n```")
