@@ -104,15 +104,15 @@ def main(argv=None) -> int:
     ap.add_argument("--step-s", type=float, default=0.1, help="seconds per step (default 0.1)")
     ap.add_argument("--compute", choices=["sleep", "busy"], default="busy")
     ap.add_argument("--chunk-bytes", type=int, default=4 << 20)
-    ap.add_argument("--check-args", action="store_true", help="check the arguments and exit (no MPI)")
+    ap.add_argument("--check-args", action="store_true", help=argparse.SUPPRESS)  # the script's check before mpirun
     a = ap.parse_args(argv)
     checks = (("--mib", a.mib, math.isfinite(a.mib) and 1 <= a.mib * 2**20 <= 2**40, "from 1 byte to 1 TiB"),
               ("--steps", a.steps, a.steps >= 1, "an integer >= 1"),
               ("--step-s", a.step_s, math.isfinite(a.step_s) and 0 <= a.step_s <= 3600, "from 0 to 3600 seconds"),
               ("--chunk-bytes", a.chunk_bytes, a.chunk_bytes >= 1, "an integer >= 1"))
     for name, v, ok, allowed in checks:
-        if not ok:
-            ap.error(f"{name} must be {allowed}, got {v}")
+        if not ok:  # one line, exit 2 (argparse's own errors, e.g. a value that is not a number, add its usage)
+            ap.exit(2, f"bench-h2h-engine: {name} must be {allowed}, got {v}\n")
     if a.check_args:
         return 0
     from mpi4py import MPI
