@@ -131,7 +131,8 @@ def main(argv=None) -> int:
           "replication ms (median) | step ms")
     for r in out["ranks"]:
         f = r["floor_ns_per_byte_moved"]
-        print(f"{r['rank']} | {r['engine_ns_per_byte_moved']:.3f} | {f:.3f} | {r['engine_ns_per_byte_moved'] / f:.2f} | "
+        e = r["engine_ns_per_byte_moved"]
+        print(f"{r['rank']} | {e:.3f} | {f:.3f} | {e / f:.2f} | "
               f"{r['engine_ms_per_step']:.2f} | {r['wakeups_per_step']:.1f} | {r['replication_ms_median']:.1f} | "
               f"{r['step_ms']:.1f}")
     return 0

@@ -38,8 +38,9 @@ the same steps, so its owners' announces come from then on). When nothing is in 
 expected (the *quiet* state: from the last acknowledgement or fence result of a step until the next
 snapshot starts), it sleeps until a command arrives (the next snapshot's ``expect`` wakes it), or
 ``quiet_sleep_s`` at most: a replica announced before this rank started that step's snapshot is then seen
-at most ``quiet_sleep_s`` late. A command from another thread always wakes it at once. Every wake-up costs CPU time whether or not anything moved (a timed sleep and wake-up of
-a thread: 25-60 us of thread CPU time on the 2-core benchmark host, `scripts/bench.sh`), which is why
+at most ``quiet_sleep_s`` late. A command from another thread always wakes it at once. Every wake-up costs
+CPU time whether or not anything moved (a timed sleep and wake-up of a thread: 35-150 us of its CPU time on
+the 2-core benchmark host, more the longer it slept; ``scripts/bench-h2h-engine`` prints it), which is why
 the engine does not poll while quiet. Its CPU time goes to the ``mpi`` category of the protector's
 :class:`~phoenix_hpc.runtime.cpu_account.CpuAccount`.
 """
