@@ -23,6 +23,7 @@ from pathlib import Path
 
 from phoenix_hpc.bench import jobs
 from phoenix_hpc.bench import stats as S
+from phoenix_hpc.bench.cpu_demand import analyze_demand
 from phoenix_hpc.errors import BenchError
 
 
@@ -144,6 +145,7 @@ def analyze_case(ranks: Sequence[dict], case: Case, trim: float = 0.05) -> dict:
     d2h = statistics.fmean(b["stats"]["d2h_mean_s"] for b in blocks) * 1e3
     h2h = statistics.fmean(b["stats"]["h2h_mean_s"] for b in blocks) * 1e3
     on_s, off_s = S.summarize(t_on), S.summarize(t_off)
+    cpu = analyze_cpu(ranks)
     return {
         "name": case.name, "size": case.size, "params": jobs.model_params(case.size), "grid": case.grid, "k": case.k,
         "pinned": case.pinned, "target": target_ratio(case), "thread_nice": ranks[0].get("thread_nice"),
@@ -152,7 +154,8 @@ def analyze_case(ranks: Sequence[dict], case: Case, trim: float = 0.05) -> dict:
         "ratio": ratio.as_dict(), "exposed_wait_ms": S.summarize(wait).as_dict(),
         "d2h_ms_mean": round(d2h, 2), "h2h_ms_mean": round(h2h, 2),
         "snapshot_bytes": ranks[0]["snapshot_bytes"], "host_buffer_bytes": ranks[0]["host_buffer_bytes"],
-        "cpu": analyze_cpu(ranks),
+        "cpu": cpu,
+        "demand": analyze_demand(ranks, sum(p["cpu_ms_total_per_step"] for p in cpu["ranks"]) if cpu["ranks"] else None),
         "raw": {"on_ms": on, "off_ms": off, "wait_ms": wait},
     }
 

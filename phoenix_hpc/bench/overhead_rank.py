@@ -115,6 +115,45 @@ def _nbytes(pairs) -> int:
     return sum(t.numel() * t.element_size() for _, t in pairs)
 
 
+def machine_cpu_ms(stat_path: str = "/proc/stat") -> dict[str, float]:
+    """Milliseconds all CPUs of this machine spent, since boot and summed over CPUs, ``idle`` (idle and
+    iowait), ``irq`` (hard and soft interrupts: where the kernel's loopback TCP receive path runs) and
+    ``steal`` (taken by the hypervisor), from the ``cpu`` line of proc(5) ``/proc/stat`` (USER_HZ ticks).
+    Raises RuntimeError when the file does not start with that line."""
+    with open(stat_path) as f:
+        fields = f.readline().split()
+    if len(fields) < 9 or fields[0] != "cpu":
+        raise RuntimeError(f"no aggregate cpu line at the top of {stat_path}")
+    v = [int(x) * 1e3 / os.sysconf("SC_CLK_TCK") for x in fields[1:9]]
+    return {"idle": v[3] + v[4], "irq": v[5] + v[6], "steal": v[7]}
+
+
+class StepClocks:
+    """CPU clocks read once per step by the training thread (its ``on_step`` callback), as differences
+    since the previous step: ``train_cpu_ms`` the training thread's own CPU time
+    (``time.thread_time_ns``, the runtime's calls on it included), ``proc_cpu_ms`` every thread of this
+    process (``time.process_time_ns``: the runtime's threads, gloo's and MPI's threads, torch's), and the
+    whole machine's ``idle_ms``, ``irq_ms`` and ``steal_ms`` (:func:`machine_cpu_ms`, 10 ms ticks: use
+    sums or medians over many steps). Milliseconds."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._time = time
+        self._last = self._read()
+
+    def _read(self) -> dict[str, float]:
+        m = machine_cpu_ms()
+        return {"train_cpu_ms": self._time.thread_time_ns() / 1e6, "proc_cpu_ms": self._time.process_time_ns() / 1e6,
+                "idle_ms": m["idle"], "irq_ms": m["irq"], "steal_ms": m["steal"]}
+
+    def lap(self) -> dict:
+        now = self._read()
+        out = {k: now[k] - self._last[k] for k in now}
+        self._last = now
+        return out
+
+
 def pin_plan(allowed: list[int]) -> tuple[set[int], set[int]]:
     """The GPU-like pinning (pure): the training thread on the first allowed CPU, the protection threads
     on the rest. Raises BenchError with fewer than 2 allowed CPUs (there is nothing to separate)."""
@@ -169,9 +208,11 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
     blocks: list[dict] = []
 
     def record(mode: str, block: int):
+        clock = StepClocks()
+
         def on_step(rec) -> None:
             steps.append({"mode": mode, "block": block, "step": rec.step, "step_ms": rec.step_time_ms,
-                          "wait_ms": rec.exposed_wait_ms})
+                          "wait_ms": rec.exposed_wait_ms, **clock.lap()})
         return on_step
 
     pin = pin_plan(sorted(os.sched_getaffinity(0))) if extra.get("pinned") else None
@@ -217,7 +258,7 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
     result = {
         "pinned": {"compute_cpus": sorted(pin[0]), "protection_cpus": sorted(pin[1])} if pin else None,
         "case": index, "name": extra["name"], "rank": rank, "k": res.k, "memory": bool(extra.get("memory")),
-        "exact_rss": exact_rss, "checksum": res.checksum, "thread_nice": res.thread_nice,
+        "exact_rss": exact_rss, "checksum": res.checksum, "thread_nice": res.thread_nice, "cores": os.cpu_count(),
         "throughput_ns_per_byte": throughput,
         "coord": {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp},
         "grid": {"tp": grid.tp, "pp": grid.pp, "dp": grid.dp},

@@ -12,6 +12,8 @@ import os
 import statistics
 from pathlib import Path
 
+from phoenix_hpc.bench.cpu_demand import demand_sentence
+
 PLOT_DIR = "benchmarks"
 PHOENIX_PHASES = ("detect", "reconfigure", "params", "optimizer", "replay")
 BASELINE_PHASES = ("detect", "teardown", "relaunch", "init", "load", "replay")
@@ -97,9 +99,41 @@ def dominant_cost(case: dict) -> str:
     if share >= 0.5:
         return (f"the exposed wait ({wait:.1f} ms of {extra:.1f} ms extra per step): the copies do not fit in "
                 "the compute window")
+    spent = demand_sentence(case.get("demand"))
+    if spent:
+        return (f"CPU time, not waiting (exposed wait {wait:.2f} ms per step): {spent} (table below)")
     return (f"compute slowed by the background copies, not waiting (exposed wait {wait:.2f} ms of {extra:.1f} ms "
             f"extra per step; D2H+CRC {case['d2h_ms_mean']:.0f} ms and H2H {case['h2h_ms_mean']:.0f} ms of "
             "background work per step share the CPU cores with the ranks' compute)")
+
+
+def demand_lines(cases: list[dict], a) -> None:
+    """Section 1's table of where the added step time went (``bench/cpu_demand.py``); nothing for runs
+    that did not record the per-step clocks."""
+    rows = [(c, c["demand"]) for c in cases if c.get("demand")]
+    if not rows:
+        return
+    a("Where the added step time went: every rank reads, once per step, its training thread's CPU time, its "
+      "process's CPU time and the machine's idle, interrupt and steal time (`/proc/stat`); per step, summed "
+      "over ranks, cores x wall = training threads + the ranks' other threads (the runtime's copy and H2H "
+      "threads, gloo's and MPI's) + interrupts + steal + idle + outside the ranks (what is left: Slurm's step "
+      "daemons, MPI's helpers, the skew of the ranks' step windows). Means over the kept steps, core-ms per "
+      "step, off -> on (change). The runtime's own accounting (section below, summed over ranks) is the part "
+      "of the other threads and of the training threads that is the protection path's own work; the rest of "
+      "a training thread's change is its compute running slower beside the copies (caches, memory bandwidth).")
+    a("")
+    a("| case | cores | wall ms | training threads | ranks' other threads | runtime's own | interrupts + steal "
+      "| outside the ranks | idle |")
+    a("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def cell(d: dict, *keys: str) -> str:
+        off, on = (sum(d[m][k] for k in keys) for m in ("off", "on"))
+        return f"{off:.0f} -> {on:.0f} ({on - off:+.0f})"
+
+    for c, d in rows:
+        a(f"| {c['name']} | {d['cores']} | {cell(d, 'wall_ms')} | {cell(d, 'train')} | {cell(d, 'other')} | "
+          f"{_f(d.get('protector_ms'), 0)} | {cell(d, 'irq', 'steal')} | {cell(d, 'outside')} | {cell(d, 'idle')} |")
+    a("")
 
 
 def by_size_lines(bs: dict | None) -> list[str]:
@@ -208,6 +242,7 @@ def render_markdown(r: dict) -> str:
             a(f"- {c['name']}{label}: ratio {v:.3f} [{c['ratio']['lo']:.3f}, {hi:.3f}] {verdict} the {t:.2f} target" +
               ("" if hi <= t else f"; what dominates: {dominant_cost(c)}."))
         a("")
+        demand_lines(ov["cases"], a)
         a("CPU time of the protection path per step and rank (thread CPU time of every runtime thread, "
           "`time.thread_time_ns`; median over the on steps), per protected byte (the rank's snapshot), split "
           "into copy (D2H), checksum (owner's seal and holder's verification), MPI progress/polling (the H2H "

@@ -1,0 +1,97 @@
+"""Where the added step time goes on shared cores (bench/cpu_demand.py) and its lines in the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from phoenix_hpc.bench.cpu_demand import FIELDS, analyze_demand, demand_sentence
+from phoenix_hpc.bench.overhead_rank import StepClocks, machine_cpu_ms
+
+
+def _step(mode, block, wall, train, proc, idle=0.0, irq=0.0, steal=0.0):
+    return {"mode": mode, "block": block, "step_ms": wall, "wait_ms": 0.0, "train_cpu_ms": train,
+            "proc_cpu_ms": proc, "idle_ms": idle, "irq_ms": irq, "steal_ms": steal}
+
+
+def _ranks(on_other: float, on_train: float = 40.0, on_wall: float = 60.0):
+    """Two ranks on 2 cores: off steps 50 ms wall, each rank 40 ms training + 5 ms other, 10 ms idle;
+    on steps with the given other-thread time per rank. The first step of each block is junk (dropped)."""
+    def rank(r):
+        steps = [_step("warmup", -1, 999, 999, 999)]
+        for b, mode in enumerate(("off", "on", "on", "off")):
+            steps.append(_step(mode, b, 999, 999, 999, 999))  # first of block
+            for _ in range(3):
+                if mode == "off":
+                    steps.append(_step("off", b, 50.0, 40.0, 45.0, idle=10.0))
+                else:
+                    steps.append(_step("on", b, on_wall, on_train, on_train + on_other, idle=10.0, irq=2.0))
+        return {"rank": r, "cores": 2, "steps": steps}
+    return [rank(0), rank(1)]
+
+
+def test_the_terms_add_up_to_cores_times_wall_and_the_change_is_located():
+    d = analyze_demand(_ranks(on_other=14.0), protector_ms=17.0)
+    assert d["steps"] == {"off": 6, "on": 6}
+    for mode in ("off", "on"):
+        m = d[mode]
+        assert m["capacity"] == pytest.approx(2 * m["wall_ms"])
+        assert sum(m[t] for t in ("train", "other", "irq", "steal", "idle", "outside")) == pytest.approx(m["capacity"])
+    assert d["off"]["train"] == 80 and d["off"]["other"] == 10 and d["off"]["outside"] == 0
+    # on: 120 core-ms = 80 train + 28 other + 2 irq + 10 idle + 0 outside
+    assert d["delta"] == {"wall_ms": 10.0, "capacity": 20.0, "train": 0.0, "other": 18.0, "irq": 2.0,
+                          "steal": 0.0, "idle": 0.0, "outside": 0.0}
+    s = demand_sentence(d)
+    assert s.startswith("10.0 ms more per step on 2 cores 90% busy without protection: 20 core-ms")
+    assert "the ranks' other threads +18 (the runtime's own accounting 17), interrupts +2 core-ms" in s
+    assert "training threads" not in s  # a zero change is not listed
+
+
+def test_a_slower_training_thread_is_what_it_names_first():
+    d = analyze_demand(_ranks(on_other=5.0, on_train=50.0))
+    s = demand_sentence(d)
+    assert s.index("training threads +20") < s.index("interrupts +2")
+    assert "own accounting" not in s
+
+
+def test_runs_without_the_clocks_or_without_a_slower_step_give_nothing():
+    ranks = _ranks(on_other=14.0)
+    old = [dict(r, steps=[{k: v for k, v in s.items() if k not in FIELDS} for s in r["steps"]]) for r in ranks]
+    assert analyze_demand(old) is None
+    assert analyze_demand([{k: v for k, v in r.items() if k != "cores"} for r in ranks]) is None
+    assert demand_sentence(None) is None
+    assert demand_sentence(analyze_demand(_ranks(on_other=5.0, on_wall=50.0))) is None
+
+
+def test_the_report_shows_the_table_and_names_the_cpu_time(tmp_path):
+    from phoenix_hpc.bench.report import demand_lines, dominant_cost
+
+    d = analyze_demand(_ranks(on_other=14.0), protector_ms=17.0)
+    case = {"name": "S-pp1", "demand": d, "step_ms_on": {"median": 60.0}, "step_ms_off": {"median": 50.0},
+            "exposed_wait_ms": {"median": 0.2}, "d2h_ms_mean": 1.0, "h2h_ms_mean": 1.0}
+    assert dominant_cost(case).startswith("CPU time, not waiting (exposed wait 0.20 ms per step): 10.0 ms more")
+    lines: list[str] = []
+    demand_lines([case, {"name": "old", "demand": None}], lines.append)
+    row = next(x for x in lines if x.startswith("| S-pp1 "))
+    assert row == "| S-pp1 | 2 | 50 -> 60 (+10) | 80 -> 80 (+0) | 10 -> 28 (+18) | 17 | 0 -> 2 (+2) | 0 -> 0 (+0) | 10 -> 10 (+0) |"
+    assert not any(x.startswith("| old ") for x in lines)
+    empty: list[str] = []
+    demand_lines([{"name": "old"}], empty.append)
+    assert empty == []
+
+
+def test_the_step_clocks_read_this_process_and_machine(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 1000 20 3 7 11 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    hz = __import__("os").sysconf("SC_CLK_TCK")
+    m = machine_cpu_ms(str(stat))
+    assert m == pytest.approx({"idle": 1020 * 1e3 / hz, "irq": 10 * 1e3 / hz, "steal": 11 * 1e3 / hz})
+    stat.write_text("intr 1 2 3\n")
+    with pytest.raises(RuntimeError, match="no aggregate cpu line"):
+        machine_cpu_ms(str(stat))
+    clocks = StepClocks()
+    x = 0
+    for i in range(200000):
+        x += i
+    lap = clocks.lap()
+    assert set(lap) == {"train_cpu_ms", "proc_cpu_ms", "idle_ms", "irq_ms", "steal_ms"}
+    assert 0 < lap["train_cpu_ms"] <= lap["proc_cpu_ms"] + 1.0
