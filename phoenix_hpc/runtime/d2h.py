@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from phoenix_hpc.runtime.snapshot import SnapshotLayout, copy_in
+from phoenix_hpc.runtime.snapshot import SnapshotLayout, copy_in, slot_views
 
 
 class D2H:
@@ -31,6 +31,8 @@ class D2H:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+        # the typed views of the buffers copied into (the ping-pong pair), built once per buffer and layout
+        self._views: dict[int, tuple[torch.Tensor, SnapshotLayout, tuple[torch.Tensor, ...]]] = {}
 
     @property
     def pin(self) -> bool:
@@ -46,13 +48,32 @@ class D2H:
         return ev
 
     def copy(self, token: Any, buf: torch.Tensor, layout: SnapshotLayout, opt: list, params: list) -> None:
-        """Copy thread: copy ``opt`` + ``params`` into ``buf``; returns when the bytes are in host memory."""
+        """Copy thread: copy ``opt`` + ``params`` into ``buf``; returns when the bytes are in host memory.
+        Raises ReplicationError when the tensors do not match ``layout`` (:func:`copy_in`)."""
+        views = self._views_of(buf, layout)
         if not self.cuda:
-            copy_in(buf, layout, opt, params)
+            copy_in(buf, layout, opt, params, views=views)
             return
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             self._stream.wait_event(token)
-            copy_in(buf, layout, opt, params, non_blocking=True)
+            copy_in(buf, layout, opt, params, non_blocking=True, views=views)
             done = torch.cuda.Event()
             done.record(self._stream)
         done.synchronize()
+
+    def _views_of(self, buf: torch.Tensor, layout: SnapshotLayout) -> tuple[torch.Tensor, ...]:
+        """The slot views of ``buf`` for ``layout``, built on first use (a snapshot of small tensors spends
+        more CPU time building 200 views than copying their bytes). At most the two buffers of the
+        ping-pong pair are kept; the views hold the buffers, so :meth:`forget` drops them."""
+        got = self._views.get(id(buf))
+        if got is not None and got[0] is buf and got[1] is layout:
+            return got[2]
+        if len(self._views) >= 2:
+            self._views.clear()
+        views = slot_views(buf, layout)
+        self._views[id(buf)] = (buf, layout, views)
+        return views
+
+    def forget(self) -> None:
+        """Drop the cached views (and with them this object's references to the buffers)."""
+        self._views.clear()

@@ -626,6 +626,7 @@ class Protector:
         self.h2h.stop(abandon=abandon)  # first: draining needs the copy thread to verify incoming replicas
         self._jobs.put(None)
         self._worker.join(timeout=30)
+        self.d2h.forget()
         if not abandon:
             self._comm.Free()
 

@@ -152,38 +152,45 @@ def tensor_view(buf: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
     return buf[slot.offset : slot.offset + slot.nbytes].view(_DTYPES[slot.dtype]).view(slot.shape)
 
 
+def slot_views(buf: torch.Tensor, layout: SnapshotLayout) -> tuple[torch.Tensor, ...]:
+    """A typed view of every slot of ``layout`` in ``buf`` (:func:`tensor_view`, slot order). Building a
+    view costs a few microseconds of Python and torch dispatch; a caller that copies into the same buffer
+    every step builds them once (``runtime/d2h.py``)."""
+    return tuple(tensor_view(buf, s) for s in layout.slots)
+
+
 def copy_in(
     buf: torch.Tensor,
     layout: SnapshotLayout,
     opt: list[tuple[str, torch.Tensor]],
     params: list[tuple[str, torch.Tensor]],
     non_blocking: bool = False,
+    views: tuple[torch.Tensor, ...] | None = None,
 ) -> None:
     """Copy the live tensors into ``buf`` (a uint8 host tensor of at least ``layout.total_bytes``).
 
-    On CUDA call it inside the D2H stream with ``non_blocking=True`` and a pinned ``buf``.
+    On CUDA call it inside the D2H stream with ``non_blocking=True`` and a pinned ``buf``. ``views``:
+    :func:`slot_views` of ``buf`` and ``layout``, built earlier (the same bytes are written either way).
     Raises ReplicationError if names, shapes or dtypes differ from the layout (the engine changed shape).
     """
     pairs = opt + params
     if len(pairs) != len(layout.slots):
         raise ReplicationError(f"engine state has {len(pairs)} tensors, the snapshot layout {len(layout.slots)}")
-    for (name, t), slot in zip(pairs, layout.slots):
-        if name != slot.name or str(t.dtype) != slot.dtype or tuple(t.shape) != slot.shape:
+    if views is None:
+        views = slot_views(buf, layout)
+    for (name, t), slot, view in zip(pairs, layout.slots, views):
+        if name != slot.name or t.dtype != view.dtype or t.shape != view.shape:
             raise ReplicationError(
                 f"engine tensor {name} {t.dtype} {tuple(t.shape)} does not match the snapshot layout's "
                 f"{slot.name} {slot.dtype} {slot.shape}"
             )
-        tensor_view(buf, slot).copy_(t.detach(), non_blocking=non_blocking)
+    with torch.no_grad():  # the buffer's views must not join an autograd graph of a parameter
+        for (_, t), view in zip(pairs, views):
+            view.copy_(t, non_blocking=non_blocking)
 
 
 def _np(buf: torch.Tensor) -> np.ndarray:
     return buf.numpy() if buf.device.type == "cpu" else buf.cpu().numpy()
-
-
-def crc_of(buf: torch.Tensor, slot: TensorSlot, checksum: str = DEFAULT_CHECKSUM) -> int:
-    """Checksum ``checksum`` (:data:`phoenix_hpc.runtime.checksum.CHECKSUMS`) of ``slot``'s bytes in host
-    buffer ``buf``."""
-    return checksum_function(checksum)(memoryview(_np(buf)[slot.offset : slot.offset + slot.nbytes]))
 
 
 def checksums(buf: torch.Tensor, layout: SnapshotLayout, parts: tuple[str, ...] = (OPT, PARAM),
@@ -381,7 +388,8 @@ def verify(buf: torch.Tensor, parts: tuple[str, ...] = (OPT,)) -> tuple[Snapshot
     that fails, or an algorithm this build does not know."""
     h = read_header(buf)
     algo = h.index.get("checksum", "")
-    checksum_function(algo)  # raises on an unknown algorithm
+    fn = checksum_function(algo)  # raises on an unknown algorithm
+    a = _np(buf)
     opt_crcs = []
     for e in h.index["tensors"]:
         if e["part"] not in parts:
@@ -390,8 +398,7 @@ def verify(buf: torch.Tensor, parts: tuple[str, ...] = (OPT,)) -> tuple[Snapshot
             e["offset"] + e["nbytes"] > buf.numel()
         ):
             raise ReplicationError(f"tensor {e['name']} lies outside the buffer")
-        slot = TensorSlot(e["name"], e["part"], e["dtype"], tuple(e["shape"]), e["offset"], e["nbytes"])
-        c = crc_of(buf, slot, algo)
+        c = fn(memoryview(a[e["offset"] : e["offset"] + e["nbytes"]]))
         if c != e["sum"]:
             raise ReplicationError(
                 f"tensor {e['name']} of shard {h.index['shard_id']} step {h.step} fails its checksum "

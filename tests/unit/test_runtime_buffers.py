@@ -177,3 +177,31 @@ def test_unpack_without_copy_gives_verified_views_of_the_buffer():
     buf[views[opt[0][0]].data_ptr() - lo] ^= 0xFF  # a byte of the first tensor: verification still comes first
     with pytest.raises(ReplicationError):
         S.unpack(buf, (S.OPT,), copy=False)
+
+
+def test_d2h_builds_the_views_of_a_buffer_once_and_copies_exactly_what_copy_in_does():
+    from phoenix_hpc.runtime.d2h import D2H
+
+    opt, params = state(5)
+    params = [(n, torch.nn.Parameter(t) if t.is_floating_point() else t) for n, t in params]
+    lay = S.plan_layout(opt, params, {"shard_id": "x", "envelope": {}})
+    ref = torch.zeros(lay.total_bytes, dtype=torch.uint8)
+    S.copy_in(ref, lay, opt, params)
+    d = D2H(torch.device("cpu"))
+    bufs = [torch.zeros(lay.total_bytes, dtype=torch.uint8) for _ in range(3)]
+    d.copy(None, bufs[0], lay, opt, params)
+    first = d._views_of(bufs[0], lay)
+    assert d._views_of(bufs[0], lay) is first  # built once per buffer
+    assert torch.equal(bufs[0], ref) and not bufs[0].requires_grad
+    assert not any(v.requires_grad for v in first)  # a Parameter's copy joins no autograd graph
+    d.copy(None, bufs[1], lay, opt, params)
+    assert torch.equal(bufs[1], ref) and len(d._views) == 2
+    d.copy(None, bufs[2], lay, opt, params)  # a third buffer: the older entries go
+    assert torch.equal(bufs[2], ref) and len(d._views) == 1
+    other = S.plan_layout(opt, params, {"shard_id": "x", "envelope": {}})
+    assert d._views_of(bufs[2], other) is not d._views_of(bufs[2], lay)  # another layout, other views
+    bad = [(n, t[:-1] if i == 0 else t) for i, (n, t) in enumerate(opt)]
+    with pytest.raises(ReplicationError, match="does not match the snapshot layout"):
+        d.copy(None, bufs[2], lay, bad, params)
+    d.forget()
+    assert d._views == {}
