@@ -37,6 +37,38 @@ def _kept(steps: Sequence[dict]) -> list[int]:
     return [i for i, s in enumerate(steps) if s["mode"] != "warmup" and first[s["block"]] != i]
 
 
+def thread_group(name: str) -> str:
+    """The group of a thread name of ``bench/overhead_rank.thread_cpu_ms`` (pure): ``runtime`` (the
+    runtime's ``phoenix-*`` threads), ``gloo`` (torch's gloo threads: its TCP loop and work run-loop),
+    ``training`` (``MainThread``) or ``other``."""
+    base = name.split("#", 1)[0]
+    if base.startswith("phoenix-"):
+        return "runtime"
+    if "gloo" in base:
+        return "gloo"
+    return "training" if base == "MainThread" else "other"
+
+
+def thread_groups(ranks: Sequence[dict]) -> dict | None:
+    """CPU time per step of each :func:`thread_group`, summed over ranks, for ``off`` and ``on`` (pure):
+    the mean over a mode's blocks of each thread's CPU time per step after the block's first step
+    (``thread_cpu_ms_per_step`` of ``bench/overhead_rank``). None for runs that did not record it."""
+    out: dict = {"delta": {}}
+    for mode in ("off", "on"):
+        total: dict[str, float] = {}
+        for r in ranks:
+            blocks = [b for b in r.get("blocks", []) if b["mode"] == mode]
+            if not blocks or any("thread_cpu_ms_per_step" not in b for b in blocks):
+                return None
+            for b in blocks:
+                for name, ms in b["thread_cpu_ms_per_step"].items():
+                    g = thread_group(name)
+                    total[g] = total.get(g, 0.0) + ms / len(blocks)
+        out[mode] = {g: round(total.get(g, 0.0), 2) for g in ("training", "runtime", "gloo", "other")}
+    out["delta"] = {g: round(out["on"][g] - out["off"][g], 2) for g in out["on"]}
+    return out
+
+
 def analyze_demand(ranks: Sequence[dict], protector_ms: float | None = None) -> dict | None:
     """The CPU time of one case's steps by who spent it (pure), in core-milliseconds per step (means over
     the kept steps of each mode; :func:`_kept`).
@@ -77,6 +109,7 @@ def analyze_demand(ranks: Sequence[dict], protector_ms: float | None = None) -> 
         out["steps"][mode] = len(rows)
         out[mode] = {k: round(statistics.fmean(r[k] for r in rows), 2) for k in rows[0]}
     out["delta"] = {k: round(out["on"][k] - out["off"][k], 2) for k in out["on"]}
+    out["threads"] = thread_groups(ranks)
     return out
 
 
@@ -92,8 +125,12 @@ def demand_sentence(d: dict | None) -> str | None:
     for v, t in sorted(((dl[t], t) for t in TERMS), reverse=True):
         if abs(v) < 0.5:
             continue
-        extra = (f" (the runtime's own accounting {d['protector_ms']:.0f})"
-                 if t == "other" and d.get("protector_ms") is not None else "")
+        extra = ""
+        if t == "other" and d.get("threads"):
+            g = d["threads"]["delta"]
+            extra = f" (the runtime's threads {g['runtime']:+.0f}, gloo's {g['gloo']:+.0f})"
+        elif t == "other" and d.get("protector_ms") is not None:
+            extra = f" (the runtime's own accounting {d['protector_ms']:.0f})"
         parts.append(f"{names[t]} {v:+.0f}{extra}")
     busy = 1 - d["off"]["idle"] / d["off"]["capacity"] if d["off"]["capacity"] else 0.0
     return (f"{dl['wall_ms']:.1f} ms more per step on {d['cores']} cores {busy:.0%} busy without protection: "

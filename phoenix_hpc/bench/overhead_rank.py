@@ -154,6 +154,29 @@ class StepClocks:
         return out
 
 
+def thread_cpu_ms(task_dir: str = "/proc/self/task") -> dict[str, float]:
+    """CPU time (ms) of every live thread of this process, by name: the Python name of a thread started by
+    ``threading`` (e.g. ``phoenix-copy``, ``phoenix-h2h``, ``MainThread``), otherwise the kernel's ``comm``
+    of the thread (proc(5) ``/proc/self/task/TID/comm``), ``#TID`` appended so that threads of one name stay
+    apart. Each is read from the thread's own CPU clock, the one ``clock_getcpuclockid(3)`` and
+    ``time.thread_time_ns`` use: Linux encodes the clock of thread TID as ``(~TID << 3) | 6`` (per-thread,
+    scheduler clock; the kernel's ``MAKE_THREAD_CPUCLOCK``). A thread that ends meanwhile is left out."""
+    import threading
+    import time
+
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    out = {}
+    for tid in os.listdir(task_dir):
+        try:
+            ns = time.clock_gettime_ns(((~int(tid)) << 3) | 6)
+            with open(f"{task_dir}/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        out[f"{names.get(int(tid), comm)}#{tid}"] = ns / 1e6
+    return out
+
+
 def pin_plan(allowed: list[int]) -> tuple[set[int], set[int]]:
     """The GPU-like pinning (pure): the training thread on the first allowed CPU, the protection threads
     on the rest. Raises BenchError with fewer than 2 allowed CPUs (there is nothing to separate)."""
@@ -207,13 +230,23 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
     steps: list[dict] = []
     blocks: list[dict] = []
 
-    def record(mode: str, block: int):
+    def record(mode: str, block: int, threads: dict | None = None):
+        """The ``on_step`` of a block; ``threads`` (if given) gets every thread's CPU time at the end of the
+        block's first step (``thread_cpu_ms``), the step the statistics drop."""
         clock = StepClocks()
 
         def on_step(rec) -> None:
             steps.append({"mode": mode, "block": block, "step": rec.step, "step_ms": rec.step_time_ms,
                           "wait_ms": rec.exposed_wait_ms, **clock.lap()})
+            if threads is not None and not threads:
+                threads.update(thread_cpu_ms())
         return on_step
+
+    def threads_since(th0: dict) -> dict:
+        """CPU ms per thread since ``th0`` over the block's steps after its first (threads started later
+        count from 0)."""
+        n = max(1, extra["block_steps"] - 1)
+        return {k: round((v - th0.get(k, 0.0)) / n, 3) for k, v in thread_cpu_ms().items()}
 
     pin = pin_plan(sorted(os.sched_getaffinity(0))) if extra.get("pinned") else None
     allowed = os.sched_getaffinity(0)
@@ -235,12 +268,15 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
                                     thread_nice=res.thread_nice)
             if pin is not None:
                 pin_protection_threads(pin[1])
-            train(engine, until, tokens, protector=prot, on_step=record("on", b))
+            th0: dict = {}
+            train(engine, until, tokens, protector=prot, on_step=record("on", b, th0))
+            per_thread = threads_since(th0)
             after = rss_bytes()
             resident = resident_bytes(buffer_tensors(prot))
             plan = prot.memory_plan
             blocks.append({"mode": "on", "block": b, "rss_before_bytes": before, "rss_after_bytes": after,
-                           "buffers_resident_bytes": resident, "stats": prot.stats()})
+                           "buffers_resident_bytes": resident, "stats": prot.stats(),
+                           "thread_cpu_ms_per_step": per_thread})
             prot.close()
             del prot
             gc.collect()
@@ -250,8 +286,10 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
             gc.collect()
             trim_heap()
             before = rss_bytes()
-            train(engine, until, tokens, protector=None, on_step=record("off", b))
-            blocks.append({"mode": "off", "block": b, "rss_before_bytes": before, "rss_after_bytes": rss_bytes()})
+            th0 = {}
+            train(engine, until, tokens, protector=None, on_step=record("off", b, th0))
+            blocks.append({"mode": "off", "block": b, "rss_before_bytes": before, "rss_after_bytes": rss_bytes(),
+                           "thread_cpu_ms_per_step": threads_since(th0)})
     if pin is not None:
         os.sched_setaffinity(0, allowed)
     opt, par = engine.optimizer_shard(), engine.param_shard()

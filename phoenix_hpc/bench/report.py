@@ -118,20 +118,25 @@ def demand_lines(cases: list[dict], a) -> None:
       "over ranks, cores x wall = training threads + the ranks' other threads (the runtime's copy and H2H "
       "threads, gloo's and MPI's) + interrupts + steal + idle + outside the ranks (what is left: Slurm's step "
       "daemons, MPI's helpers, the skew of the ranks' step windows). Means over the kept steps, core-ms per "
-      "step, off -> on (change). The runtime's own accounting (section below, summed over ranks) is the part "
-      "of the other threads and of the training threads that is the protection path's own work; the rest of "
-      "a training thread's change is its compute running slower beside the copies (caches, memory bandwidth).")
+      "step, off -> on (change). The other threads are split by name (each thread's own CPU clock, per step after a block's first, from "
+      "`/proc/self/task`): the runtime's `phoenix-copy` and `phoenix-h2h`, "
+      "and gloo's TCP loop and run-loop, which carry the gradients' all-reduce. The runtime's own accounting "
+      "(section below, summed over ranks: its threads' work and its two calls on the training thread) is the "
+      "protection path's own work; the rest of a training thread's change is its compute running slower "
+      "beside the copies (caches, memory bandwidth).")
     a("")
-    a("| case | cores | wall ms | training threads | ranks' other threads | runtime's own | interrupts + steal "
-      "| outside the ranks | idle |")
-    a("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    a("| case | cores | wall ms | training threads | ranks' other threads | of them: runtime's threads / gloo's "
+      "threads | runtime's own | interrupts + steal | outside the ranks | idle |")
+    a("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 
     def cell(d: dict, *keys: str) -> str:
         off, on = (sum(d[m][k] for k in keys) for m in ("off", "on"))
         return f"{off:.0f} -> {on:.0f} ({on - off:+.0f})"
 
     for c, d in rows:
-        a(f"| {c['name']} | {d['cores']} | {cell(d, 'wall_ms')} | {cell(d, 'train')} | {cell(d, 'other')} | "
+        th = d.get("threads")
+        split = (f"{cell(th, 'runtime')} / {cell(th, 'gloo')}" if th else "n/a")
+        a(f"| {c['name']} | {d['cores']} | {cell(d, 'wall_ms')} | {cell(d, 'train')} | {cell(d, 'other')} | {split} | "
           f"{_f(d.get('protector_ms'), 0)} | {cell(d, 'irq', 'steal')} | {cell(d, 'outside')} | {cell(d, 'idle')} |")
     a("")
 

@@ -72,7 +72,7 @@ def test_the_report_shows_the_table_and_names_the_cpu_time(tmp_path):
     lines: list[str] = []
     demand_lines([case, {"name": "old", "demand": None}], lines.append)
     row = next(x for x in lines if x.startswith("| S-pp1 "))
-    assert row == "| S-pp1 | 2 | 50 -> 60 (+10) | 80 -> 80 (+0) | 10 -> 28 (+18) | 17 | 0 -> 2 (+2) | 0 -> 0 (+0) | 10 -> 10 (+0) |"
+    assert row == "| S-pp1 | 2 | 50 -> 60 (+10) | 80 -> 80 (+0) | 10 -> 28 (+18) | n/a | 17 | 0 -> 2 (+2) | 0 -> 0 (+0) | 10 -> 10 (+0) |"
     assert not any(x.startswith("| old ") for x in lines)
     empty: list[str] = []
     demand_lines([{"name": "old"}], empty.append)
@@ -95,3 +95,55 @@ def test_the_step_clocks_read_this_process_and_machine(tmp_path):
     lap = clocks.lap()
     assert set(lap) == {"train_cpu_ms", "proc_cpu_ms", "idle_ms", "irq_ms", "steal_ms"}
     assert 0 < lap["train_cpu_ms"] <= lap["proc_cpu_ms"] + 1.0
+
+
+def test_threads_are_grouped_by_name_and_summed_over_ranks_per_step():
+    from phoenix_hpc.bench.cpu_demand import thread_group, thread_groups
+
+    assert [thread_group(n) for n in ("phoenix-copy#12", "phoenix-h2h#13", "gloo_tcp_loop#5",
+                                      "pt_gloo_runloop#6", "MainThread#1", "python3#9")] == [
+        "runtime", "runtime", "gloo", "gloo", "training", "other"]
+    ranks = _ranks(on_other=14.0)
+    for r in ranks:
+        r["blocks"] = [
+            {"mode": "off", "thread_cpu_ms_per_step": {"MainThread#1": 40.0, "gloo_tcp_loop#5": 4.0}},
+            {"mode": "on", "thread_cpu_ms_per_step": {"MainThread#1": 41.0, "gloo_tcp_loop#5": 5.0,
+                                                      "phoenix-copy#7": 3.0, "phoenix-h2h#8": 5.0}},
+            {"mode": "on", "thread_cpu_ms_per_step": {"MainThread#1": 39.0, "gloo_tcp_loop#5": 5.0,
+                                                      "phoenix-copy#9": 4.0, "phoenix-h2h#10": 6.0}},
+        ]
+    g = thread_groups(ranks)
+    assert g["off"] == {"training": 80.0, "runtime": 0.0, "gloo": 8.0, "other": 0.0}
+    assert g["on"] == {"training": 80.0, "runtime": 18.0, "gloo": 10.0, "other": 0.0}
+    assert g["delta"] == {"training": 0.0, "runtime": 18.0, "gloo": 2.0, "other": 0.0}
+    d = analyze_demand(ranks, protector_ms=17.0)
+    assert d["threads"] == g
+    assert "the ranks' other threads +18 (the runtime's threads +18, gloo's +2)" in demand_sentence(d)
+    del ranks[1]["blocks"][0]["thread_cpu_ms_per_step"]
+    assert thread_groups(ranks) is None
+
+
+def test_thread_cpu_ms_reads_each_live_threads_own_clock():
+    import threading
+
+    from phoenix_hpc.bench.overhead_rank import thread_cpu_ms
+
+    done, go = threading.Event(), threading.Event()
+
+    def burn():
+        x = 0
+        for i in range(400000):
+            x += i
+        done.set()
+        go.wait(5)
+
+    t = threading.Thread(target=burn, name="phoenix-test-burner")
+    t.start()
+    done.wait(5)
+    got = thread_cpu_ms()
+    go.set()
+    t.join()
+    mine = {k.split("#")[0]: v for k, v in got.items()}
+    assert mine["phoenix-test-burner"] > 1.0  # it ran a loop of 400 000 additions
+    assert mine["MainThread"] > 0
+    assert f"phoenix-test-burner#{t.native_id}" in got
