@@ -2,8 +2,10 @@
 
 Items:
 
-- ``d2h.exact``: state updated by work still queued on the compute stream is copied by ``D2H.copy`` from a
-  background thread (as the runtime's copy thread does) into a pinned buffer and packs byte-exact;
+- ``d2h.exact``: state updated by work still queued on the compute stream is copied by
+  ``D2H.copy_checksummed`` from a background thread (as the runtime's copy thread does) into a pinned buffer
+  and packs byte-exact, and each checksum it took as its tensor landed equals the checksum of the buffer's
+  bytes afterwards (an event per tensor, blocking synchronisation);
 - ``d2h.overhead``: a ~1B-parameter torch-engine model (bf16 weights, fp32 ZeRO-1 AdamW state: 14 bytes
   per parameter in the snapshot) trains in ABBA blocks with protection on and off in one process
   (:func:`phoenix_hpc.gpucheck.protect.abba`); numbers: the per-step ratio on/off with its 95 % interval,
@@ -71,10 +73,11 @@ def exact_item() -> dict:
     params[0][1].mul_(2)
     token = d2h.mark()  # nothing synchronises the device before the copy
     errors: list[BaseException] = []
+    sums: list[int] = []
 
     def copier() -> None:
-        try:
-            d2h.copy(token, buf, lay, opt, params)
+        try:  # as the protector's copy thread does: each tensor checksummed as soon as it landed
+            sums.extend(d2h.copy_checksummed(token, buf, lay, opt, params, S.DEFAULT_CHECKSUM)[0])
         except BaseException as e:  # noqa: BLE001 -- reported below
             errors.append(e)
 
@@ -82,7 +85,9 @@ def exact_item() -> dict:
     th.start()
     th.join()
     if errors:
-        return item(ITEMS[0], "failed", f"D2H.copy raised {errors[0]!r}")
+        return item(ITEMS[0], "failed", f"D2H.copy_checksummed raised {errors[0]!r}")
+    if sums != S.checksums(buf, lay, (S.OPT, S.PARAM), S.DEFAULT_CHECKSUM):
+        return item(ITEMS[0], "failed", "a checksum taken as its tensor landed differs from the buffer's")
     expected = {n: t.cpu() for n, t in opt + params}
     S.seal(buf, lay, shard_id="opt/pp0/tp0/dp0", step=1, generation=0, grid={}, coord={}, envelope={})
     u = S.unpack(buf, (S.OPT, S.PARAM))

@@ -17,11 +17,13 @@ waits for this copy, so it never reads a half-updated state.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
 
-from phoenix_hpc.runtime.snapshot import SnapshotLayout, copy_in, slot_views
+from phoenix_hpc.runtime.checksum import checksum_function
+from phoenix_hpc.runtime.snapshot import SnapshotLayout, check_state, copy_in, slot_views
 
 
 class D2H:
@@ -60,6 +62,55 @@ class D2H:
             done = torch.cuda.Event()
             done.record(self._stream)
         done.synchronize()
+
+    def copy_checksummed(self, token: Any, buf: torch.Tensor, layout: SnapshotLayout, opt: list, params: list,
+                         checksum: str) -> tuple[list[int], int, int]:
+        """Copy thread: copy ``opt`` + ``params`` into ``buf`` as :meth:`copy` does and checksum every tensor
+        (``checksum``, :data:`~phoenix_hpc.runtime.checksum.CHECKSUMS`) right after its bytes landed: on CPU
+        while they are still in the core's cache (separate passes read the whole snapshot from memory
+        again), on CUDA while the next tensors are still on the link (an event per tensor, created with
+        blocking synchronisation, so that the thread sleeps instead of spinning until the bytes are there).
+
+        Returns ``(sums, copy_ns, checksum_ns)``: the checksum of every slot in slot order, as
+        :func:`~phoenix_hpc.runtime.snapshot.checksums` of the whole ``buf`` would give, and this thread's
+        CPU time (``time.thread_time_ns``) split between copying and checksumming by the wall-time shares of
+        the two (a thread clock read per tensor would cost a system call each). Raises ReplicationError when
+        the tensors do not match ``layout`` or the algorithm is unknown."""
+        fn = checksum_function(checksum)
+        views = self._views_of(buf, layout)
+        pairs = check_state(layout, opt, params, views)
+        a = buf.numpy()
+        sums: list[int] = []
+        wall_copy = wall_sum = 0
+        c0 = time.thread_time_ns()
+        if not self.cuda:
+            with torch.no_grad():
+                for (_, t), slot, view in zip(pairs, layout.slots, views):
+                    t0 = time.perf_counter_ns()
+                    view.copy_(t)
+                    t1 = time.perf_counter_ns()
+                    sums.append(fn(memoryview(a[slot.offset : slot.offset + slot.nbytes])))
+                    wall_copy, wall_sum = wall_copy + t1 - t0, wall_sum + time.perf_counter_ns() - t1
+        else:
+            events = []
+            t0 = time.perf_counter_ns()
+            with torch.cuda.device(self.device), torch.cuda.stream(self._stream), torch.no_grad():
+                self._stream.wait_event(token)
+                for (_, t), view in zip(pairs, views):
+                    view.copy_(t, non_blocking=True)
+                    ev = torch.cuda.Event(blocking=True)
+                    ev.record(self._stream)
+                    events.append(ev)
+            wall_copy = time.perf_counter_ns() - t0
+            for ev, slot in zip(events, layout.slots):
+                t0 = time.perf_counter_ns()
+                ev.synchronize()
+                t1 = time.perf_counter_ns()
+                sums.append(fn(memoryview(a[slot.offset : slot.offset + slot.nbytes])))
+                wall_copy, wall_sum = wall_copy + t1 - t0, wall_sum + time.perf_counter_ns() - t1
+        cpu = time.thread_time_ns() - c0
+        copy_ns = cpu * wall_copy // max(1, wall_copy + wall_sum)
+        return sums, copy_ns, cpu - copy_ns
 
     def _views_of(self, buf: torch.Tensor, layout: SnapshotLayout) -> tuple[torch.Tensor, ...]:
         """The slot views of ``buf`` for ``layout``, built on first use (a snapshot of small tensors spends

@@ -173,20 +173,29 @@ def copy_in(
     :func:`slot_views` of ``buf`` and ``layout``, built earlier (the same bytes are written either way).
     Raises ReplicationError if names, shapes or dtypes differ from the layout (the engine changed shape).
     """
+    if views is None:
+        views = slot_views(buf, layout)
+    pairs = check_state(layout, opt, params, views)
+    with torch.no_grad():  # the buffer's views must not join an autograd graph of a parameter
+        for (_, t), view in zip(pairs, views):
+            view.copy_(t, non_blocking=non_blocking)
+
+
+def check_state(layout: SnapshotLayout, opt: list[tuple[str, torch.Tensor]], params: list[tuple[str, torch.Tensor]],
+                views: tuple[torch.Tensor, ...]) -> list[tuple[str, torch.Tensor]]:
+    """``opt + params`` after checking them against ``layout`` and its :func:`slot_views` ``views``: one
+    tensor per slot, in slot order, with the slot's name, dtype and shape. Raises ReplicationError naming the
+    first that differs (the engine changed shape)."""
     pairs = opt + params
     if len(pairs) != len(layout.slots):
         raise ReplicationError(f"engine state has {len(pairs)} tensors, the snapshot layout {len(layout.slots)}")
-    if views is None:
-        views = slot_views(buf, layout)
     for (name, t), slot, view in zip(pairs, layout.slots, views):
         if name != slot.name or t.dtype != view.dtype or t.shape != view.shape:
             raise ReplicationError(
                 f"engine tensor {name} {t.dtype} {tuple(t.shape)} does not match the snapshot layout's "
                 f"{slot.name} {slot.dtype} {slot.shape}"
             )
-    with torch.no_grad():  # the buffer's views must not join an autograd graph of a parameter
-        for (_, t), view in zip(pairs, views):
-            view.copy_(t, non_blocking=non_blocking)
+    return pairs
 
 
 def _np(buf: torch.Tensor) -> np.ndarray:

@@ -205,3 +205,23 @@ def test_d2h_builds_the_views_of_a_buffer_once_and_copies_exactly_what_copy_in_d
         d.copy(None, bufs[2], lay, bad, params)
     d.forget()
     assert d._views == {}
+
+
+@pytest.mark.parametrize("algo", ["xxh3_64", "crc32c", "crc32"])
+def test_copy_checksummed_gives_the_buffers_checksums_and_splits_its_cpu_time(algo):
+    from phoenix_hpc.runtime.d2h import D2H
+
+    opt, params = state(7)
+    lay = S.plan_layout(opt, params, {"shard_id": "x", "envelope": {}})
+    buf = torch.zeros(lay.total_bytes, dtype=torch.uint8)
+    d = D2H(torch.device("cpu"))
+    sums, copy_ns, sum_ns = d.copy_checksummed(None, buf, lay, opt, params, algo)
+    assert sums == S.checksums(buf, lay, (S.OPT, S.PARAM), algo)  # every tensor, in slot order
+    ref = torch.zeros(lay.total_bytes, dtype=torch.uint8)
+    S.copy_in(ref, lay, opt, params)
+    assert torch.equal(buf, ref)
+    assert copy_ns >= 0 and sum_ns >= 0
+    with pytest.raises(ReplicationError, match="unknown checksum 'md5'"):
+        d.copy_checksummed(None, buf, lay, opt, params, "md5")
+    with pytest.raises(ReplicationError, match="engine state has"):
+        d.copy_checksummed(None, buf, lay, opt[1:], params, algo)
