@@ -29,6 +29,11 @@ from phoenix_hpc.runtime.snapshot import SnapshotLayout, check_state, copy_in, s
 class D2H:
     """Device-to-host copier for one rank. ``device`` is the engine's device (``cpu`` or ``cuda:N``)."""
 
+    #: on CUDA, bytes of tensors copied between two events of :meth:`copy_checksummed` (:func:`event_ends`):
+    #: few enough events that the thread wakes a few times per step, each group small enough that its
+    #: checksum overlaps the next groups' transfer
+    event_bytes = 64 << 20
+
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
@@ -68,8 +73,9 @@ class D2H:
         """Copy thread: copy ``opt`` + ``params`` into ``buf`` as :meth:`copy` does and checksum every tensor
         (``checksum``, :data:`~phoenix_hpc.runtime.checksum.CHECKSUMS`) right after its bytes landed: on CPU
         while they are still in the core's cache (separate passes read the whole snapshot from memory
-        again), on CUDA while the next tensors are still on the link (an event per tensor, created with
-        blocking synchronisation, so that the thread sleeps instead of spinning until the bytes are there).
+        again), on CUDA while the next tensors are still on the link (an event after every
+        :attr:`event_bytes` of tensors, :func:`event_ends`, created with blocking synchronisation, so that
+        the thread sleeps instead of spinning until the bytes are there).
 
         Returns ``(sums, copy_ns, checksum_ns)``: the checksum of every slot in slot order, as
         :func:`~phoenix_hpc.runtime.snapshot.checksums` of the whole ``buf`` would give, and this thread's
@@ -92,21 +98,28 @@ class D2H:
                     sums.append(fn(memoryview(a[slot.offset : slot.offset + slot.nbytes])))
                     wall_copy, wall_sum = wall_copy + t1 - t0, wall_sum + time.perf_counter_ns() - t1
         else:
+            ends = event_ends(layout.slots, self.event_bytes)
             events = []
             t0 = time.perf_counter_ns()
             with torch.cuda.device(self.device), torch.cuda.stream(self._stream), torch.no_grad():
                 self._stream.wait_event(token)
-                for (_, t), view in zip(pairs, views):
-                    view.copy_(t, non_blocking=True)
+                start = 0
+                for end in ends:
+                    for (_, t), view in zip(pairs[start:end], views[start:end]):
+                        view.copy_(t, non_blocking=True)
                     ev = torch.cuda.Event(blocking=True)
                     ev.record(self._stream)
                     events.append(ev)
+                    start = end
             wall_copy = time.perf_counter_ns() - t0
-            for ev, slot in zip(events, layout.slots):
+            start = 0
+            for ev, end in zip(events, ends):
                 t0 = time.perf_counter_ns()
                 ev.synchronize()
                 t1 = time.perf_counter_ns()
-                sums.append(fn(memoryview(a[slot.offset : slot.offset + slot.nbytes])))
+                for slot in layout.slots[start:end]:
+                    sums.append(fn(memoryview(a[slot.offset : slot.offset + slot.nbytes])))
+                start = end
                 wall_copy, wall_sum = wall_copy + t1 - t0, wall_sum + time.perf_counter_ns() - t1
         cpu = time.thread_time_ns() - c0
         copy_ns = cpu * wall_copy // max(1, wall_copy + wall_sum)
@@ -128,3 +141,18 @@ class D2H:
     def forget(self) -> None:
         """Drop the cached views (and with them this object's references to the buffers)."""
         self._views.clear()
+
+
+def event_ends(slots, event_bytes: int) -> list[int]:
+    """Where :meth:`D2H.copy_checksummed` records its events on CUDA (pure): the end index (exclusive) of
+    each group of consecutive ``slots`` (:class:`~phoenix_hpc.runtime.snapshot.TensorSlot`, in buffer
+    order) that spans at least ``event_bytes`` of the buffer, the last group ending with the last slot. A
+    tensor is never split. Empty for no slots."""
+    ends: list[int] = []
+    start = slots[0].offset if slots else 0
+    for i in range(1, len(slots) + 1):
+        if i == len(slots) or slots[i].offset - start >= event_bytes:
+            ends.append(i)
+            if i < len(slots):
+                start = slots[i].offset
+    return ends

@@ -225,3 +225,26 @@ def test_copy_checksummed_gives_the_buffers_checksums_and_splits_its_cpu_time(al
         d.copy_checksummed(None, buf, lay, opt, params, "md5")
     with pytest.raises(ReplicationError, match="engine state has"):
         d.copy_checksummed(None, buf, lay, opt[1:], params, algo)
+
+
+def test_cuda_event_groups_span_at_least_the_event_bytes_and_never_split_a_tensor():
+    from phoenix_hpc.runtime.d2h import event_ends
+
+    def slots(sizes):
+        out, off = [], 4096
+        for n in sizes:
+            out.append(S.TensorSlot(f"t{len(out)}", S.OPT, "torch.float32", (n // 4,), off, n))
+            off = S._align(off + n)
+        return out
+
+    assert event_ends([], 64) == []
+    assert event_ends(slots([10]), 1 << 20) == [1]  # one group, ending with the last slot
+    sl = slots([1 << 20] * 10)  # 1 MiB tensors, aligned: each starts 1 MiB (+ alignment) after the last
+    ends = event_ends(sl, 3 << 20)
+    assert ends[-1] == 10 and ends == sorted(set(ends))
+    starts = [0] + ends[:-1]
+    for a, b in zip(starts, ends[:-1]):  # every group but the last spans at least the event bytes
+        assert sl[b].offset - sl[a].offset >= 3 << 20
+    assert len(ends) == 4  # 3 + 3 + 3 + 1 tensors
+    assert event_ends(sl, 1) == list(range(1, 11))  # tiny groups: an event per tensor
+    assert event_ends(slots([5 << 20, 10, 10]), 4 << 20) == [1, 3]  # a big tensor is a group of its own
