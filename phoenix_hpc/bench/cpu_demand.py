@@ -9,7 +9,10 @@ time (proc(5) ``/proc/stat``). Per step of the case, summed over ranks::
     cores x wall = training threads + ranks' other threads + interrupts + steal + idle + outside
 
 where *outside* is what is left: processes that are not ranks (Slurm's step daemons, the MPI launcher's
-helpers), plus the skew between the ranks' step windows. The difference of each term between protected
+helpers), plus the skew between the ranks' step windows. It can be negative: besides the skew, a kernel
+built without ``IRQ_TIME_ACCOUNTING`` counts soft-interrupt work done in a thread's context (the loopback
+TCP receive path) both in that thread's clock and in ``/proc/stat``'s softirq time, and steal time without
+paravirtual steal accounting is in the threads' clocks too. The difference of each term between protected
 (on) and unprotected (off) steps says where the added wall time went: the runtime's threads (counted in
 the ranks' other threads; their own accounting, :mod:`phoenix_hpc.runtime.cpu_account`, is shown beside
 it), the training threads (the runtime's two calls per step on it, and compute that runs slower while the
@@ -122,7 +125,8 @@ def demand_sentence(d: dict | None) -> str | None:
     names = {"train": "training threads", "other": "the ranks' other threads", "irq": "interrupts",
              "steal": "steal", "idle": "idle", "outside": "outside the ranks"}
     parts = []
-    for v, t in sorted(((dl[t], t) for t in TERMS), reverse=True):
+    ranked = sorted(((dl[t], t) for t in TERMS), reverse=True)
+    for v, t in ranked:
         if abs(v) < 0.5:
             continue
         extra = ""
@@ -133,5 +137,8 @@ def demand_sentence(d: dict | None) -> str | None:
             extra = f" (the runtime's own accounting {d['protector_ms']:.0f})"
         parts.append(f"{names[t]} {v:+.0f}{extra}")
     busy = 1 - d["off"]["idle"] / d["off"]["capacity"] if d["off"]["capacity"] else 0.0
-    return (f"{dl['wall_ms']:.1f} ms more per step on {d['cores']} cores {busy:.0%} busy without protection: "
-            f"{dl['capacity']:.0f} core-ms, spent as " + (", ".join(parts) or "nothing measurable") + " core-ms")
+    head = ("waiting: the cores idled more" if ranked[0][1] == "idle"
+            else "CPU time: the cores were busy with more work")
+    return (f"{head}; {dl['wall_ms']:.1f} ms more per step (mean of rank 0's kept steps) on {d['cores']} cores "
+            f"{busy:.0%} busy without protection: {dl['capacity']:.0f} core-ms, spent as "
+            + (", ".join(parts) or "nothing measurable") + " core-ms")

@@ -134,7 +134,7 @@ class StepClocks:
     (``time.thread_time_ns``, the runtime's calls on it included), ``proc_cpu_ms`` every thread of this
     process (``time.process_time_ns``: the runtime's threads, gloo's and MPI's threads, torch's), and the
     whole machine's ``idle_ms``, ``irq_ms`` and ``steal_ms`` (:func:`machine_cpu_ms`, 10 ms ticks: use
-    sums or medians over many steps). Milliseconds."""
+    sums or means over many steps, not medians). Milliseconds."""
 
     def __init__(self) -> None:
         import time

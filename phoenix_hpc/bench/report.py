@@ -101,7 +101,7 @@ def dominant_cost(case: dict) -> str:
                 "the compute window")
     spent = demand_sentence(case.get("demand"))
     if spent:
-        return (f"CPU time, not waiting (exposed wait {wait:.2f} ms per step): {spent} (table below)")
+        return f"{spent} (exposed wait {wait:.2f} ms per step; table below)"
     return (f"compute slowed by the background copies, not waiting (exposed wait {wait:.2f} ms of {extra:.1f} ms "
             f"extra per step; D2H+CRC {case['d2h_ms_mean']:.0f} ms and H2H {case['h2h_ms_mean']:.0f} ms of "
             "background work per step share the CPU cores with the ranks' compute)")
@@ -117,8 +117,10 @@ def demand_lines(cases: list[dict], a) -> None:
       "process's CPU time and the machine's idle, interrupt and steal time (`/proc/stat`); per step, summed "
       "over ranks, cores x wall = training threads + the ranks' other threads (the runtime's copy and H2H "
       "threads, gloo's and MPI's) + interrupts + steal + idle + outside the ranks (what is left: Slurm's step "
-      "daemons, MPI's helpers, the skew of the ranks' step windows). Means over the kept steps, core-ms per "
-      "step, off -> on (change). The other threads are split by name (each thread's own CPU clock, per step after a block's first, from "
+      "daemons, MPI's helpers, the skew of the ranks' step windows; negative where the kernel counts soft "
+      "interrupts both in a thread's clock and in `/proc/stat`). Means over rank 0's kept steps (wall: rank "
+      "0's step time; the ratios above are medians of the slowest rank's), core-ms per step, off -> on "
+      "(change). The other threads are split by name (each thread's own CPU clock, per step after a block's first, from "
       "`/proc/self/task`): the runtime's `phoenix-copy` and `phoenix-h2h`, "
       "and gloo's TCP loop and run-loop, which carry the gradients' all-reduce. The runtime's own accounting "
       "(section below, summed over ranks: its threads' work and its two calls on the training thread) is the "
@@ -126,7 +128,7 @@ def demand_lines(cases: list[dict], a) -> None:
       "beside the copies (caches, memory bandwidth).")
     a("")
     a("| case | cores | wall ms | training threads | ranks' other threads | of them: runtime's threads / gloo's "
-      "threads | runtime's own | interrupts + steal | outside the ranks | idle |")
+      "threads | runtime's own (sum of per-rank medians) | interrupts + steal | outside the ranks | idle |")
     a("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 
     def cell(d: dict, *keys: str) -> str:

@@ -41,7 +41,8 @@ def test_the_terms_add_up_to_cores_times_wall_and_the_change_is_located():
     assert d["delta"] == {"wall_ms": 10.0, "capacity": 20.0, "train": 0.0, "other": 18.0, "irq": 2.0,
                           "steal": 0.0, "idle": 0.0, "outside": 0.0}
     s = demand_sentence(d)
-    assert s.startswith("10.0 ms more per step on 2 cores 90% busy without protection: 20 core-ms")
+    assert s.startswith("CPU time: the cores were busy with more work; 10.0 ms more per step (mean of rank 0's "
+                        "kept steps) on 2 cores 90% busy without protection: 20 core-ms")
     assert "the ranks' other threads +18 (the runtime's own accounting 17), interrupts +2 core-ms" in s
     assert "training threads" not in s  # a zero change is not listed
 
@@ -68,7 +69,9 @@ def test_the_report_shows_the_table_and_names_the_cpu_time(tmp_path):
     d = analyze_demand(_ranks(on_other=14.0), protector_ms=17.0)
     case = {"name": "S-pp1", "demand": d, "step_ms_on": {"median": 60.0}, "step_ms_off": {"median": 50.0},
             "exposed_wait_ms": {"median": 0.2}, "d2h_ms_mean": 1.0, "h2h_ms_mean": 1.0}
-    assert dominant_cost(case).startswith("CPU time, not waiting (exposed wait 0.20 ms per step): 10.0 ms more")
+    got = dominant_cost(case)
+    assert got.startswith("CPU time: the cores were busy with more work; 10.0 ms more")
+    assert got.endswith("(exposed wait 0.20 ms per step; table below)")
     lines: list[str] = []
     demand_lines([case, {"name": "old", "demand": None}], lines.append)
     row = next(x for x in lines if x.startswith("| S-pp1 "))
@@ -147,3 +150,19 @@ def test_thread_cpu_ms_reads_each_live_threads_own_clock():
     assert mine["phoenix-test-burner"] > 1.0  # it ran a loop of 400 000 additions
     assert mine["MainThread"] > 0
     assert f"phoenix-test-burner#{t.native_id}" in got
+
+
+def test_idle_time_that_grew_most_is_named_waiting_and_the_remainder_is_outside():
+    ranks = _ranks(on_other=2.0, on_wall=70.0)  # on: 140 core-ms = 80 train + 4 other + 2 irq + idle + outside
+    for r in ranks:
+        for st in r["steps"]:
+            if st["mode"] == "on" and st["step_ms"] == 70.0:
+                st["idle_ms"] = 40.0  # the cores idled 30 ms more: the ranks waited for each other
+    d = analyze_demand(ranks)
+    assert d["delta"]["idle"] == 30.0 and d["on"]["outside"] == 14.0  # 140 - 80 - 4 - 2 - 40
+    assert demand_sentence(d).startswith("waiting: the cores idled more; 20.0 ms more per step")
+    skew = _ranks(on_other=14.0)
+    skew[1]["steps"] = [dict(st, train_cpu_ms=st["train_cpu_ms"] + 5.0, proc_cpu_ms=st["proc_cpu_ms"] + 5.0)
+                        if st["mode"] == "on" else st
+                        for st in skew[1]["steps"]]  # rank 1's windows hold more than rank 0's wall
+    assert analyze_demand(skew)["on"]["outside"] == -5.0

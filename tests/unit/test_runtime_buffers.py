@@ -212,6 +212,7 @@ def test_copy_checksummed_gives_the_buffers_checksums_and_splits_its_cpu_time(al
     from phoenix_hpc.runtime.d2h import D2H
 
     opt, params = state(7)
+    opt = [(n, torch.nn.Parameter(t)) for n, t in opt]  # tensors that require grad, as live state can
     lay = S.plan_layout(opt, params, {"shard_id": "x", "envelope": {}})
     buf = torch.zeros(lay.total_bytes, dtype=torch.uint8)
     d = D2H(torch.device("cpu"))
@@ -219,8 +220,9 @@ def test_copy_checksummed_gives_the_buffers_checksums_and_splits_its_cpu_time(al
     assert sums == S.checksums(buf, lay, (S.OPT, S.PARAM), algo)  # every tensor, in slot order
     ref = torch.zeros(lay.total_bytes, dtype=torch.uint8)
     S.copy_in(ref, lay, opt, params)
-    assert torch.equal(buf, ref)
-    assert copy_ns >= 0 and sum_ns >= 0
+    assert torch.equal(buf, ref) and not buf.requires_grad
+    assert not any(v.requires_grad for v in d._views_of(buf, lay))
+    assert copy_ns >= 0 and sum_ns >= 0 and copy_ns + sum_ns > 0  # its loop's CPU time, split
     with pytest.raises(ReplicationError, match="unknown checksum 'md5'"):
         d.copy_checksummed(None, buf, lay, opt, params, "md5")
     with pytest.raises(ReplicationError, match="engine state has"):
