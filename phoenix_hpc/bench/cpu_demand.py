@@ -27,17 +27,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from phoenix_hpc.bench.stats import kept_steps
+
 #: the per-step fields a rank file must hold for the analysis (runs before they were recorded lack them)
 FIELDS = ("train_cpu_ms", "proc_cpu_ms", "idle_ms", "irq_ms", "steal_ms")
 TERMS = ("train", "other", "irq", "steal", "idle", "outside")
-
-
-def _kept(steps: Sequence[dict]) -> list[int]:
-    """Indices of the steps the overhead statistics keep: not warm-up, not the first step of a block."""
-    first: dict = {}
-    for i, s in enumerate(steps):
-        first.setdefault(s["block"], i)
-    return [i for i, s in enumerate(steps) if s["mode"] != "warmup" and first[s["block"]] != i]
 
 
 def thread_group(name: str) -> str:
@@ -56,7 +50,7 @@ def thread_groups(ranks: Sequence[dict]) -> dict | None:
     """CPU time per step of each :func:`thread_group`, summed over ranks, for ``off`` and ``on`` (pure):
     the mean over a mode's blocks of each thread's CPU time per step after the block's first step
     (``thread_cpu_ms_per_step`` of ``bench/overhead_rank``). None for runs that did not record it."""
-    out: dict = {"delta": {}}
+    out: dict = {}
     for mode in ("off", "on"):
         total: dict[str, float] = {}
         for r in ranks:
@@ -74,7 +68,7 @@ def thread_groups(ranks: Sequence[dict]) -> dict | None:
 
 def analyze_demand(ranks: Sequence[dict], protector_ms: float | None = None) -> dict | None:
     """The CPU time of one case's steps by who spent it (pure), in core-milliseconds per step (means over
-    the kept steps of each mode; :func:`_kept`).
+    the kept steps of each mode; :func:`phoenix_hpc.bench.stats.kept_steps`).
 
     ``ranks``: the case's rank files (``bench/overhead_rank``), each with ``cores`` and per step the
     :data:`FIELDS`; the machine counters are rank 0's (they are machine-wide, read at rank 0's step
@@ -93,7 +87,7 @@ def analyze_demand(ranks: Sequence[dict], protector_ms: float | None = None) -> 
         return None
     r0 = ranks[0]
     cores = int(r0["cores"])
-    kept = _kept(r0["steps"])
+    kept = kept_steps(r0["steps"])
     out: dict = {"cores": cores, "steps": {}, "protector_ms": None if protector_ms is None else round(protector_ms, 2)}
     for mode in ("off", "on"):
         idx = [i for i in kept if r0["steps"][i]["mode"] == mode]
@@ -137,8 +131,8 @@ def demand_sentence(d: dict | None) -> str | None:
             extra = f" (the runtime's own accounting {d['protector_ms']:.0f})"
         parts.append(f"{names[t]} {v:+.0f}{extra}")
     busy = 1 - d["off"]["idle"] / d["off"]["capacity"] if d["off"]["capacity"] else 0.0
-    head = ("waiting: the cores idled more" if ranked[0][1] == "idle"
-            else "CPU time: the cores were busy with more work")
+    head = ("waiting (the cores idled more)" if ranked[0][1] == "idle"
+            else "CPU time (the cores were busy with more work)")
     return (f"{head}; {dl['wall_ms']:.1f} ms more per step (mean of rank 0's kept steps) on {d['cores']} cores "
             f"{busy:.0%} busy without protection: {dl['capacity']:.0f} core-ms, spent as "
             + (", ".join(parts) or "nothing measurable") + " core-ms")

@@ -132,10 +132,7 @@ def analyze_case(ranks: Sequence[dict], case: Case, trim: float = 0.05) -> dict:
     """Per-step overhead of one case from its rank files (pure)."""
     steps = _job_series(ranks, "step_ms")
     waits = _job_series(ranks, "wait_ms")
-    first = {}
-    for i, s in enumerate(steps):
-        first.setdefault(s["block"], i)
-    keep = [i for i, s in enumerate(steps) if s["mode"] != "warmup" and first[s["block"]] != i]
+    keep = S.kept_steps(steps)
     on = [steps[i]["v"] for i in keep if steps[i]["mode"] == "on"]
     off = [steps[i]["v"] for i in keep if steps[i]["mode"] == "off"]
     wait = [waits[i]["v"] for i in keep if waits[i]["mode"] == "on"]

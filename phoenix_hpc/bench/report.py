@@ -123,9 +123,10 @@ def demand_lines(cases: list[dict], a) -> None:
       "(change). The other threads are split by name (each thread's own CPU clock, per step after a block's first, from "
       "`/proc/self/task`): the runtime's `phoenix-copy` and `phoenix-h2h`, "
       "and gloo's TCP loop and run-loop, which carry the gradients' all-reduce. The runtime's own accounting "
-      "(section below, summed over ranks: its threads' work and its two calls on the training thread) is the "
-      "protection path's own work; the rest of a training thread's change is its compute running slower "
-      "beside the copies (caches, memory bandwidth).")
+      "(section below: its threads' work and its two calls on the training thread, a median over steps per "
+      "rank, summed over ranks) reads below the runtime threads' clocks, which are means: the steps' CPU "
+      "time is skewed by a few costly ones. A training thread's change beyond the runtime's two calls is its "
+      "compute running slower beside the copies (caches, memory bandwidth).")
     a("")
     a("| case | cores | wall ms | training threads | ranks' other threads | of them: runtime's threads / gloo's "
       "threads | runtime's own (sum of per-rank medians) | interrupts + steal | outside the ranks | idle |")

@@ -45,6 +45,17 @@ def drop_warmup(values: Sequence[float], warmup: int) -> list[float]:
     return list(values[warmup:])
 
 
+def kept_steps(steps: Sequence[dict]) -> list[int]:
+    """Indices of the steps an interleaved overhead case keeps (pure): ``steps`` are ``{"mode", "block"}``
+    dicts in order; dropped are the warm-up steps (mode ``warmup``) and the first step of every block (an
+    on block's first step writes fresh buffers and starts the runtime's threads; off blocks lose theirs
+    for symmetry)."""
+    first: dict = {}
+    for i, s in enumerate(steps):
+        first.setdefault(s["block"], i)
+    return [i for i, s in enumerate(steps) if s["mode"] != "warmup" and first[s["block"]] != i]
+
+
 def trim_slowest(values: Sequence[float], fraction: float) -> list[float]:
     """``values`` sorted ascending without the slowest ``round(n * fraction)`` (at least one value kept).
 
