@@ -614,13 +614,13 @@ class Member:
                 c.instructions.appendleft(msg)
 
     # --- training ------------------------------------------------------------------------------------
-    def run(self, until_step: int, tokens_per_step: int, on_step=None) -> list:
-        """Train to ``until_step`` through any number of recoveries; return the step records (replayed
-        steps appear again). Raises StopRequested when the coordinator ends the job early; on a planned end
+    def run(self, until_step: int, tokens_per_step: int, on_step=None) -> None:
+        """Train to ``until_step`` through any number of recoveries; ``on_step`` gets every step's record
+        (replayed steps again; none is kept here, so memory does not grow with the steps). Raises StopRequested when the coordinator ends the job early; on a planned end
         (``stop`` with ``checkpoint``) first writes this member's shard of the final checkpoint
         (:func:`phoenix_hpc.launch.final.final_checkpoint`) and raises with the coordinator's last ``stop``."""
         try:
-            return self._train_through_recoveries(until_step, tokens_per_step, on_step)
+            self._train_through_recoveries(until_step, tokens_per_step, on_step)
         except StopRequested as stop:
             if not stop.msg.get("checkpoint"):
                 raise
@@ -628,10 +628,9 @@ class Member:
 
             raise StopRequested(final_checkpoint(self, stop.msg)) from None
 
-    def _train_through_recoveries(self, until_step: int, tokens_per_step: int, on_step=None) -> list:
+    def _train_through_recoveries(self, until_step: int, tokens_per_step: int, on_step=None) -> None:
         from phoenix_hpc.launch.loop import train
 
-        records: list = []
         self.env.client.last_step = int(until_step)  # an injection past the last step is refused at once
         while True:
             quiesce: dict[str, Any] | None = None
@@ -639,11 +638,11 @@ class Member:
                 self.phase = None
                 self.watchdog.arm()
                 try:
-                    records += train(self.engine, until_step, tokens_per_step, protector=self.protector,
-                                     on_step=on_step, phase_hook=self._phase)
+                    train(self.engine, until_step, tokens_per_step, protector=self.protector, on_step=on_step,
+                          phase_hook=self._phase, keep=False)
                 finally:
                     self.watchdog.disarm()
-                return records
+                return
             except QuiesceRequested as q:
                 self.watchdog.take_fired(remove=False)  # a later quiesce it heard stays queued
                 quiesce, failed = q.msg, False

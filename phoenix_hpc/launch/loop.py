@@ -63,6 +63,26 @@ class StepRecord:
         return asdict(self)
 
 
+@dataclass
+class StepTotals:
+    """What a rank's summary reports of its steps, summed as they finish: ``steps`` recorded (replayed steps
+    count again), their ``time_ms`` (sum of :attr:`StepRecord.step_time_ms`), the first and the newest
+    loss (None until a step reports one)."""
+
+    steps: int = 0
+    time_ms: float = 0.0
+    first_loss: float | None = None
+    last_loss: float | None = None
+
+    def add(self, rec: StepRecord) -> None:
+        self.steps += 1
+        self.time_ms += rec.step_time_ms
+        if rec.loss is not None:
+            if self.first_loss is None:
+                self.first_loss = rec.loss
+            self.last_loss = rec.loss
+
+
 def train(
     engine: Engine,
     until_step: int,
@@ -71,8 +91,11 @@ def train(
     on_step: Callable[[StepRecord], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     phase_hook: Callable[[int, str], None] | None = None,
+    keep: bool = True,
 ) -> list[StepRecord]:
-    """Run steps ``engine.step + 1 .. until_step``; return their records (also passed to ``on_step``).
+    """Run steps ``engine.step + 1 .. until_step``; return their records (also passed to ``on_step``), or
+    with ``keep=False`` an empty list: a long job logs each record from ``on_step`` and sums them in a
+    :class:`StepTotals`, since a list of every step's record would grow for the whole job.
 
     Exceptions from the engine, the protector or ``phase_hook`` propagate unchanged (the caller classifies
     them); a step interrupted that way is not recorded.
@@ -114,7 +137,8 @@ def train(
             grad_norm=float(getattr(engine, "last_grad_norm", 0.0)),
             ts=time.time(),
         )
-        records.append(rec)
+        if keep:
+            records.append(rec)
         if on_step is not None:
             on_step(rec)
     return records

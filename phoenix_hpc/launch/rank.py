@@ -214,7 +214,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
     from phoenix_hpc.engines.factory import create_engine, default_device
     from phoenix_hpc.engines.user_code import load_engine_class
     from phoenix_hpc.launch.groups import init_generation
-    from phoenix_hpc.launch.loop import train
+    from phoenix_hpc.launch.loop import StepTotals, train
     from phoenix_hpc.launch.state_files import load_rank_state, save_rank_state
     from phoenix_hpc.launch import persist
 
@@ -280,8 +280,10 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
         snapshot_at = set(args.snapshot_at)
         log_every = cfg.training.log_interval
         steps_log = (ranks_dir / f"rank{rank}.steps.jsonl").open("a")
+        totals = StepTotals()  # the records themselves go to the step log, not to memory
 
         def on_step(rec) -> None:
+            totals.add(rec)
             if progress is not None:  # what the coordinator heartbeat reports
                 progress.set(step=rec.step)
             steps_log.write(json.dumps(rec.as_dict()) + "\n")
@@ -304,7 +306,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
 
         try:
             if member is not None:
-                records = member.run(cfg.training.steps, tokens_per_step, on_step=on_step)
+                member.run(cfg.training.steps, tokens_per_step, on_step=on_step)
                 engine = member.engine
                 coord = member.coord
                 member.finish()
@@ -314,21 +316,18 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                     from phoenix_hpc.launch.plain_faults import injection_hook
 
                     hook = injection_hook(client, run_dir, slot.world_rank, cfg.training.steps)
-                records = train(engine, cfg.training.steps, tokens_per_step, protector=None, on_step=on_step,
-                                phase_hook=hook)
+                train(engine, cfg.training.steps, tokens_per_step, protector=None, on_step=on_step,
+                      phase_hook=hook, keep=False)
         finally:
             steps_log.close()
-        losses = [r.loss for r in records if r.loss is not None]
-        times = [r.step_time_ms for r in records]
         opt, par = engine.optimizer_shard(), engine.param_shard()
         summary.update(
             status="done",
             steps=engine.step,
-            first_loss=losses[0] if losses else None,
-            final_loss=losses[-1] if losses else None,
-            losses=losses,
-            mean_step_time_ms=sum(times) / len(times) if times else None,
-            tokens_per_s=tokens_per_step * len(times) / (sum(times) / 1e3) if times else None,
+            first_loss=totals.first_loss,
+            final_loss=totals.last_loss,
+            mean_step_time_ms=totals.time_ms / totals.steps if totals.steps else None,
+            tokens_per_s=tokens_per_step * totals.steps / (totals.time_ms / 1e3) if totals.time_ms > 0 else None,
             state_hash=engine.state_hash(),
             param_hash=_hash(par),
             optimizer_hash=_hash(opt),

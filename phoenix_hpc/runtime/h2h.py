@@ -63,6 +63,10 @@ ACK_TAG = 2
 DATA_TAG_BASE = 16
 ACK_OK, ACK_BAD_CHECKSUM = 0, 1
 DEFAULT_WINDOW = 4  # chunks in flight per peer and direction
+#: Completed commit fences whose interval proposals are kept. The protector reads the proposal of the fence
+#: started two commits before the snapshot it starts, and fences complete in order, so at most the newest
+#: two are ever read.
+FENCES_KEPT = 4
 #: Seconds an abandoning rank waits for the engine thread to leave its poll. Every MPI call the thread makes
 #: is non-blocking, so it returns within one poll round (milliseconds) -- unless the MPI library itself
 #: deadlocked. Open MPI 4.1's TCP transport does when a peer dies while a large message to it is being
@@ -247,8 +251,10 @@ class H2HEngine:
         self.acks: dict[int, dict[int, tuple[int, int]]] = {}  # step -> holder -> (status, crc)
         self.send_s: dict[int, float] = {}  # step -> seconds from first post to last ack
         self.fenced_step: int | None = None  # newest completed fence result (min committed step)
-        # per completed fence, in order: the largest protection interval any rank proposed with it
-        self.fenced_intervals: list[int] = []
+        # completed fences, and the largest protection interval any rank proposed with each of the newest
+        # FENCES_KEPT of them (a per-step list would grow for the whole job): see fenced_interval()
+        self.fences_done = 0
+        self._fenced_intervals: collections.deque[int] = collections.deque(maxlen=FENCES_KEPT)
         self.error: BaseException | None = None
         self._stop = False
         self._barrier: list | None = None  # [request, done]
@@ -383,8 +389,22 @@ class H2HEngine:
         """Start the commit fence for ``committed_step`` (every rank calls it once per commit, in order).
         ``interval`` is this rank's proposed protection interval (:mod:`phoenix_hpc.runtime.interval`); the
         fence's result gives the job-wide minimum committed step (:attr:`fenced_step`) and the maximum
-        proposal (appended to :attr:`fenced_intervals`), in one MIN all-reduce of ``[step, -interval]``."""
+        proposal (:meth:`fenced_interval`), in one MIN all-reduce of ``[step, -interval]``."""
         self._enqueue(("fence", committed_step, interval))
+
+    def fenced_interval(self, i: int) -> int:
+        """The largest interval proposed with fence ``i`` (0-based, in the order :meth:`fence` was called).
+
+        Raises:
+            IndexError: fence ``i`` has not completed (``i >= fences_done``), or is older than the newest
+                :data:`FENCES_KEPT` completed fences.
+        """
+        with self._cv:
+            back = self.fences_done - i
+            if not 1 <= back <= len(self._fenced_intervals):
+                raise IndexError(f"fence {i}: {self.fences_done} completed, the newest "
+                                 f"{len(self._fenced_intervals)} kept")
+            return self._fenced_intervals[-back]
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float | None, drive: bool = False) -> bool:
         """Block until ``predicate()`` (evaluated under the engine's lock) is true, the engine failed or
@@ -494,7 +514,8 @@ class H2HEngine:
             _, _, _, recv = self._fences.pop(0)
             with self._cv:
                 self.fenced_step = int(recv[0])
-                self.fenced_intervals.append(int(-recv[1]))
+                self._fenced_intervals.append(int(-recv[1]))
+                self.fences_done += 1
                 self._cv.notify_all()
         return moving
 

@@ -43,6 +43,7 @@ Why a fault during a copy can only damage the buffer being written, and the newe
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -77,6 +78,9 @@ from phoenix_hpc.topology import Placement
 
 
 ABORT_CHECK_S = 0.1  # how often a blocked wait_commit calls Protector.abort_check, seconds
+#: Protected steps whose :class:`StepTiming` a protector keeps (the benchmark's blocks are far shorter); the
+#: means in :meth:`Protector.stats` cover every step.
+STEP_HISTORY = 256
 #: test-only knob (tests/e2e/test_hotswap.py, adaptive interval): seconds the copy thread waits after a
 #: snapshot's local copy before handing its replica to the H2H engine, as a slow replication path would
 #: (the local copy is done, so only the replication is slow: a protection that does not fit one step)
@@ -117,6 +121,25 @@ class StepTiming:
     h2h_s: float
     cpu_ns: dict = field(default_factory=dict)
     wakeups: int | None = None
+
+
+@dataclass
+class _TimingTotals:
+    """Sums over every :class:`StepTiming` added: step count, seconds of exposed wait (and its maximum),
+    of background D2H and of H2H."""
+
+    steps: int = 0
+    exposed_s: float = 0.0
+    exposed_max_s: float = 0.0
+    d2h_s: float = 0.0
+    h2h_s: float = 0.0
+
+    def add(self, t: StepTiming) -> None:
+        self.steps += 1
+        self.exposed_s += t.exposed_s
+        self.exposed_max_s = max(self.exposed_max_s, t.exposed_s)
+        self.d2h_s += t.d2h_s
+        self.h2h_s += t.h2h_s
 
 
 @dataclass
@@ -185,7 +208,10 @@ class Protector:
         self._cpu_at_commit = self.cpu.totals()
         self._wakeups_at_commit = 0
         self.committed_step: int | None = None
-        self.timings: list[StepTiming] = []
+        # the newest STEP_HISTORY steps' timings, and sums over every protected step of this generation (a
+        # list of every step would grow for the whole job, by about 1 KiB a step)
+        self.timings: collections.deque[StepTiming] = collections.deque(maxlen=STEP_HISTORY)
+        self._totals = _TimingTotals()
         self.held_steps: dict[str, int] = {}
         self._pending: _Pending | None = None
         self._lock = threading.Lock()
@@ -441,12 +467,12 @@ class Protector:
         n = self._commits
         if n < 2 or self.interval_cap <= 1:
             return 1
-        ok = self.h2h.wait(lambda: len(self.h2h.fenced_intervals) >= n - 1, self.commit_timeout_s, drive=True)
+        ok = self.h2h.wait(lambda: self.h2h.fences_done >= n - 1, self.commit_timeout_s, drive=True)
         self._raise_if_failed()
         if not ok:
             raise ReplicationError(f"commit fence {n - 2} of {self.shard_id} did not complete within "
                                    f"{self.commit_timeout_s} s")
-        return max(1, min(self.interval_cap, self.h2h.fenced_intervals[n - 2]))
+        return max(1, min(self.interval_cap, self.h2h.fenced_interval(n - 2)))
 
     def wait_commit(self, timeout_s: float | None = None) -> CommitRecord:
         """Wait for the local D2H and every holder's verified ack of the snapshot started last, then flip
@@ -512,9 +538,11 @@ class Protector:
         self.next_snapshot_step = job.step + job.interval
         self._bookkeeping(c0, m0)
         now = self.cpu.totals()
-        self.timings.append(StepTiming(job.step, job.start_s, job.local_wait_s + wait_s, exposed, job.d2h_s,
-                                       h2h_s, delta(now, self._cpu_at_commit),
-                                       self.h2h.wakeups - self._wakeups_at_commit if self.h2h.threaded else None))
+        timing = StepTiming(job.step, job.start_s, job.local_wait_s + wait_s, exposed, job.d2h_s, h2h_s,
+                            delta(now, self._cpu_at_commit),
+                            self.h2h.wakeups - self._wakeups_at_commit if self.h2h.threaded else None)
+        self.timings.append(timing)
+        self._totals.add(timing)
         self._cpu_at_commit, self._wakeups_at_commit = now, self.h2h.wakeups
         self._pending = None
         rec = CommitRecord(self.shard_id, job.step, self.generation, self.holders, exposed,
@@ -631,26 +659,28 @@ class Protector:
             self._comm.Free()
 
     def stats(self) -> dict[str, Any]:
-        """Summary of the protected steps: counts, exposed wait (mean/max, s), background D2H/H2H (mean, s),
-        the checksum, the CPU nanoseconds per step and category (``cpu_ns_per_step``: one dict per step,
-        :attr:`StepTiming.cpu_ns`), the H2H engine's wake-ups per step (``wakeups_per_step``) and the bytes
-        behind them per step: ``snapshot_bytes`` copied and
-        checksummed locally, ``sent_bytes`` (replica x holders) and ``received_bytes`` (held replicas,
-        each checksummed once)."""
-        t = self.timings
-        if not t:
+        """Summary of this generation's protected steps: ``steps`` (all of them), exposed wait (mean/max, s),
+        background D2H/H2H (mean, s), the checksum, and for the newest :data:`STEP_HISTORY` steps
+        (``history_steps`` of them) the CPU nanoseconds per step and category (``cpu_ns_per_step``: one dict
+        per step, :attr:`StepTiming.cpu_ns`) and the H2H engine's wake-ups per step (``wakeups_per_step``);
+        then the bytes behind them per step: ``snapshot_bytes`` copied and checksummed locally,
+        ``sent_bytes`` (replica x holders) and ``received_bytes`` (held replicas, each checksummed once)."""
+        n = self._totals.steps
+        if not n:
             return {"steps": 0}
+        t = self.timings
         return {
             "checksum": self.checksum,
             "cpu_ns_per_step": [x.cpu_ns for x in t],
             "wakeups_per_step": [x.wakeups for x in t],
+            "history_steps": len(t),
             "sent_bytes": self.layout.replica_bytes * len(self.holders),
             "received_bytes": sum(p.nbytes for p in self.buffers.held.values()),
-            "steps": len(t),
-            "exposed_wait_mean_s": sum(x.exposed_s for x in t) / len(t),
-            "exposed_wait_max_s": max(x.exposed_s for x in t),
-            "d2h_mean_s": sum(x.d2h_s for x in t) / len(t),
-            "h2h_mean_s": sum(x.h2h_s for x in t) / len(t),
+            "steps": n,
+            "exposed_wait_mean_s": self._totals.exposed_s / n,
+            "exposed_wait_max_s": self._totals.exposed_max_s,
+            "d2h_mean_s": self._totals.d2h_s / n,
+            "h2h_mean_s": self._totals.h2h_s / n,
             "snapshot_bytes": self.layout.total_bytes,
             "replica_bytes": self.layout.replica_bytes,
             "host_buffer_bytes": self.memory_plan.total_bytes,

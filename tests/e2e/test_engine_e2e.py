@@ -48,6 +48,12 @@ def _ranks(run_dir: Path) -> list[dict]:
     return [json.loads((run_dir / "ranks" / f"rank{r}.json").read_text()) for r in range(4)]
 
 
+def _losses(run_dir: Path, rank: int) -> list:
+    """The rank's loss per step, from its step log (its summary keeps only the first and the last)."""
+    lines = (run_dir / "ranks" / f"rank{rank}.steps.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines if line.strip()]
+
+
 @pytest.fixture(scope="module")
 def runs(slurm_env, tmp_path_factory):
     base = tmp_path_factory.mktemp("engine")
@@ -70,10 +76,12 @@ def test_two_runs_identical_and_loss_falls(runs):
     assert all(r["status"] == "done" and r["steps"] == STEPS for r in a + b)
     assert [r["state_hash"] for r in a] == [r["state_hash"] for r in b]
     assert len({r["state_hash"] for r in a}) == 4
-    last = [r for r in a if r["coord"]["pp"] == 1]
-    assert len(last) == 2 and last[0]["losses"] == last[1]["losses"]  # loss is averaged over DP
-    losses = last[0]["losses"]
+    last = [r["rank"] for r in a if r["coord"]["pp"] == 1]
+    assert len(last) == 2 and _losses(runs["a"][0], last[0]) == _losses(runs["a"][0], last[1])  # averaged over DP
+    losses = _losses(runs["a"][0], last[0])
     assert len(losses) == STEPS and sum(losses[-2:]) / 2 < sum(losses[:2]) / 2 - 0.2, losses
+    assert [r["first_loss"] for r in a if r["rank"] == last[0]] == [losses[0]]
+    assert [r["final_loss"] for r in a if r["rank"] == last[0]] == [losses[-1]]
     assert "step      8/8 | loss" in runs["a"][1].stdout
 
 

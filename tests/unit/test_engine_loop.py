@@ -59,3 +59,25 @@ def test_failed_commit_stops_before_the_update():
     with pytest.raises(RuntimeError, match="replica lost"):
         train(eng, 3, 1, protector=RecProtector(calls, fail_at=2))
     assert eng.step == 1 and calls[-1] == "wait"  # S(1) untouched: no optimizer step after the failure
+
+
+def test_a_long_run_keeps_no_records_and_its_totals_match_the_records():
+    from phoenix_hpc.launch.loop import StepTotals
+
+    kept, totals, seen = train(RecEngine([]), 3, 10), StepTotals(), []
+    calls = []
+    out = train(RecEngine(calls), 3, 10, on_step=lambda r: (seen.append(r), totals.add(r)), keep=False)
+    assert out == [] and [r.step for r in seen] == [1, 2, 3] and calls == ["fb", "reduce", "opt"] * 3
+    assert (totals.steps, totals.first_loss, totals.last_loss) == (3, kept[0].loss, kept[-1].loss) == (3, 3.0, 1.0)
+    assert totals.time_ms == pytest.approx(sum(r.step_time_ms for r in seen))
+
+
+def test_step_totals_skip_steps_without_a_loss():
+    from phoenix_hpc.launch.loop import StepRecord, StepTotals
+
+    t = StepTotals()
+    for step, loss in ((1, None), (2, 5.0), (3, None), (4, 4.0), (5, None)):
+        t.add(StepRecord(step=step, loss=loss, step_time_ms=2.0, tokens_per_s=0.0, exposed_wait_ms=0.0, lr=0.0,
+                         grad_norm=0.0))
+    assert (t.steps, t.time_ms, t.first_loss, t.last_loss) == (5, 10.0, 5.0, 4.0)
+    assert StepTotals().first_loss is None

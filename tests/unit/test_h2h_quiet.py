@@ -9,6 +9,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import torch
 from mpi4py import MPI
 
@@ -159,4 +160,24 @@ def test_stop_waiting_for_an_acknowledgement_backs_off_instead_of_spinning():
     finally:
         if not stopper.is_alive() and not eng._stop:
             eng.stop()
+        comm.Free()
+
+
+def test_the_fence_proposals_kept_are_the_newest_few_and_older_ones_are_refused():
+    comm = MPI.COMM_WORLD.Dup()
+    eng, _ = _engine(comm)
+    eng.start(threaded=True)
+    n = 3 * h2h.FENCES_KEPT  # a job fences once a step: a list of every proposal would grow with the job
+    try:
+        for i in range(n):
+            eng.fence(i, interval=1 + i % 5)
+        assert eng.wait(lambda: eng.fences_done == n, 10.0), eng.describe()
+        assert eng.fenced_step == n - 1
+        assert [eng.fenced_interval(i) for i in range(n - h2h.FENCES_KEPT, n)] == [
+            1 + i % 5 for i in range(n - h2h.FENCES_KEPT, n)]
+        for i in (n - h2h.FENCES_KEPT - 1, 0, n):  # dropped, dropped, not completed
+            with pytest.raises(IndexError, match=f"fence {i}: {n} completed"):
+                eng.fenced_interval(i)
+    finally:
+        eng.stop()
         comm.Free()
