@@ -26,6 +26,7 @@ defence against an adversary.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import zlib
@@ -103,6 +104,19 @@ class SnapshotLayout:
     @property
     def opt_data_bytes(self) -> int:
         return sum(s.nbytes for s in self.slots if s.part == OPT)
+
+    @functools.cached_property
+    def index_entries(self) -> tuple[str, ...]:
+        """Per slot, the compact JSON text of its index entry up to its checksum value
+        (``{"name":...,"nbytes":N,"sum":``): the part of every :func:`seal` of this layout that never changes,
+        built once. Encoding the whole index every step cost about 0.7 ms for 212 tensors."""
+        return tuple(_compact({"name": s.name, "part": s.part, "dtype": s.dtype, "shape": list(s.shape),
+                               "offset": s.offset, "nbytes": s.nbytes, "sum": 0})[:-2] for s in self.slots)
+
+
+def _compact(obj: Any) -> str:
+    """``obj`` as compact JSON, the encoding of every snapshot index."""
+    return json.dumps(obj, separators=(",", ":"))
 
 
 def _check_tensors(pairs: list[tuple[str, torch.Tensor]], part: str) -> None:
@@ -266,15 +280,12 @@ def seal(
         sums = checksums(buf, layout, parts, checksum)
     if len(sums) != len(layout.slots):
         raise ReplicationError(f"{len(sums)} checksums for {len(layout.slots)} tensors")
-    entries, opt_crcs = [], []
-    for s, c in zip(layout.slots, sums):
-        if s.part == OPT:
-            opt_crcs.append(c)
-        entries.append({"name": s.name, "part": s.part, "dtype": s.dtype, "shape": list(s.shape),
-                        "offset": s.offset, "nbytes": s.nbytes, "sum": c})
-    index = {"format": FORMAT_VERSION, "shard_id": shard_id, "step": step, "generation": generation,
-             "checksum": checksum, "grid": grid, "coord": coord, "envelope": envelope, "tensors": entries}
-    raw = json.dumps(index, separators=(",", ":")).encode()
+    opt_crcs = [int(c) for s, c in zip(layout.slots, sums) if s.part == OPT]
+    # the index as json.dumps would write it with "tensors" last, from the layout's fixed entry texts
+    head = _compact({"format": FORMAT_VERSION, "shard_id": shard_id, "step": step, "generation": generation,
+                     "checksum": checksum, "grid": grid, "coord": coord, "envelope": envelope})
+    tensors = ",".join([f"{e}{int(c)}}}" for e, c in zip(layout.index_entries, sums)])
+    raw = f'{head[:-1]},"tensors":[{tensors}]}}'.encode()
     if len(raw) > layout.index_capacity:
         raise ReplicationError(
             f"snapshot index of {len(raw)} bytes exceeds the reserved {layout.index_capacity} bytes "
@@ -398,22 +409,24 @@ def verify(buf: torch.Tensor, parts: tuple[str, ...] = (OPT,)) -> tuple[Snapshot
     h = read_header(buf)
     algo = h.index.get("checksum", "")
     fn = checksum_function(algo)  # raises on an unknown algorithm
-    a = _np(buf)
+    mv = memoryview(_np(buf))
+    opt_limit, all_limit = min(h.opt_end, len(mv)), min(h.total_bytes, len(mv))
     opt_crcs = []
     for e in h.index["tensors"]:
-        if e["part"] not in parts:
+        part = e["part"]
+        if part not in parts:
             continue
-        if e["offset"] + e["nbytes"] > (h.opt_end if e["part"] == OPT else h.total_bytes) or (
-            e["offset"] + e["nbytes"] > buf.numel()
-        ):
+        start = e["offset"]
+        end = start + e["nbytes"]
+        if end > (opt_limit if part == OPT else all_limit):
             raise ReplicationError(f"tensor {e['name']} lies outside the buffer")
-        c = fn(memoryview(a[e["offset"] : e["offset"] + e["nbytes"]]))
+        c = fn(mv[start:end])
         if c != e["sum"]:
             raise ReplicationError(
                 f"tensor {e['name']} of shard {h.index['shard_id']} step {h.step} fails its checksum "
                 f"({algo} {c:#x}, expected {e['sum']:#x})"
             )
-        if e["part"] == OPT:
+        if part == OPT:
             opt_crcs.append(c)
     return h, combined_crc(opt_crcs)
 

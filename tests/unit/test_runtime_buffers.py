@@ -250,3 +250,27 @@ def test_cuda_event_groups_span_at_least_the_event_bytes_and_never_split_a_tenso
     assert len(ends) == 4  # 3 + 3 + 3 + 1 tensors
     assert event_ends(sl, 1) == list(range(1, 11))  # tiny groups: an event per tensor
     assert event_ends(slots([5 << 20, 10, 10]), 4 << 20) == [1, 3]  # a big tensor is a group of its own
+
+
+def test_the_sealed_index_is_the_compact_json_of_what_it_says_with_the_tensors_last():
+    """seal writes the index from the layout's fixed entry texts plus this step's values: the bytes must
+    be exactly json.dumps of the parsed index (keys in the written order), names with quotes and
+    non-ASCII included, negative sums (the -1 of an unchecked part) and an empty tensor."""
+    opt, params = state(3)
+    params.append(('param/pp0/tp0/na"me\\ü', torch.ones(2)))
+    env = {"step": 7, "note": "ü\n"}
+    lay = S.plan_layout(opt, params, {"shard_id": "s", "envelope": env})
+    buf = torch.zeros(lay.total_bytes, dtype=torch.uint8)
+    S.copy_in(buf, lay, opt, params)
+    S.seal(buf, lay, shard_id="s", step=7, generation=1, grid={"tp": 1}, coord={"tp": 0}, envelope=env,
+           parts=(S.OPT,))
+    h = S.read_header(buf)
+    ilen = S._HEADER.unpack(buf[: S.HEADER_BYTES].numpy().tobytes())[3]  # the index length the header names
+    raw = buf[S.HEADER_BYTES: S.HEADER_BYTES + ilen].numpy().tobytes()
+    assert raw == S._compact(h.index).encode()
+    assert list(h.index) == ["format", "shard_id", "step", "generation", "checksum", "grid", "coord", "envelope",
+                             "tensors"]
+    assert [e["name"] for e in h.index["tensors"]] == [s.name for s in lay.slots]
+    assert {e["sum"] for e in h.index["tensors"] if e["part"] == S.PARAM} == {-1}
+    assert h.index["envelope"] == env and h.index["tensors"][-1]["shape"] == [2]
+    assert S.unpack(buf, (S.OPT,)).tensors.keys() == {n for n, _ in opt}
