@@ -90,19 +90,10 @@ class D2H:
         fn = checksum_function(checksum)
         views = self._views_of(buf, layout)
         pairs = check_state(layout, opt, params, views)
-        a = buf.numpy()
+        mv = memoryview(buf.numpy())
         sums: list[int] = []
-        wall_copy = wall_sum = 0
         c0 = time.thread_time_ns()
-        if not self.cuda:
-            with torch.no_grad():
-                for (_, t), slot, view in zip(pairs, layout.slots, views):
-                    t0 = time.perf_counter_ns()
-                    view.copy_(t)
-                    t1 = time.perf_counter_ns()
-                    sums.append(fn(memoryview(a[slot.offset : slot.offset + slot.nbytes])))
-                    wall_copy, wall_sum = wall_copy + t1 - t0, wall_sum + time.perf_counter_ns() - t1
-        else:
+        if self.cuda:
             ends = event_ends(layout.slots, self.event_bytes)
             events = []
             with torch.cuda.device(self.device), torch.cuda.stream(self._stream), torch.no_grad():
@@ -120,11 +111,19 @@ class D2H:
                 ev.synchronize()
                 t1 = time.thread_time_ns()
                 for slot in layout.slots[start:end]:
-                    sums.append(fn(memoryview(a[slot.offset : slot.offset + slot.nbytes])))
+                    sums.append(fn(mv[slot.offset : slot.offset + slot.nbytes]))
                 sum_ns += time.thread_time_ns() - t1
                 start = end
             cpu = time.thread_time_ns() - c0
             return sums, cpu - sum_ns, sum_ns
+        wall_copy = wall_sum = 0
+        with torch.no_grad():
+            for (_, t), slot, view in zip(pairs, layout.slots, views):
+                t0 = time.perf_counter_ns()
+                view.copy_(t)
+                t1 = time.perf_counter_ns()
+                sums.append(fn(mv[slot.offset : slot.offset + slot.nbytes]))
+                wall_copy, wall_sum = wall_copy + t1 - t0, wall_sum + time.perf_counter_ns() - t1
         cpu = time.thread_time_ns() - c0
         copy_ns = cpu * wall_copy // max(1, wall_copy + wall_sum)
         return sums, copy_ns, cpu - copy_ns

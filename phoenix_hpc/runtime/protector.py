@@ -660,8 +660,8 @@ class Protector:
 
     def stats(self) -> dict[str, Any]:
         """Summary of this generation's protected steps: ``steps`` (all of them), exposed wait (mean/max, s),
-        background D2H/H2H (mean, s), the checksum, and for the newest :data:`STEP_HISTORY` steps
-        (``history_steps`` of them) the CPU nanoseconds per step and category (``cpu_ns_per_step``: one dict
+        background D2H/H2H (mean, s), the checksum, and for the newest :data:`STEP_HISTORY` steps the CPU
+        nanoseconds per step and category (``cpu_ns_per_step``: one dict
         per step, :attr:`StepTiming.cpu_ns`) and the H2H engine's wake-ups per step (``wakeups_per_step``);
         then the bytes behind them per step: ``snapshot_bytes`` copied and checksummed locally,
         ``sent_bytes`` (replica x holders) and ``received_bytes`` (held replicas, each checksummed once)."""
@@ -673,7 +673,6 @@ class Protector:
             "checksum": self.checksum,
             "cpu_ns_per_step": [x.cpu_ns for x in t],
             "wakeups_per_step": [x.wakeups for x in t],
-            "history_steps": len(t),
             "sent_bytes": self.layout.replica_bytes * len(self.holders),
             "received_bytes": sum(p.nbytes for p in self.buffers.held.values()),
             "steps": n,

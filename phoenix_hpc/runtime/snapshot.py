@@ -147,7 +147,7 @@ def plan_layout(
          "offset": 2**40, "nbytes": 2**40, "sum": 2**64 - 1}
         for i, (n, t) in enumerate(opt + params)
     ]
-    first = len(json.dumps(probe, separators=(",", ":")).encode())
+    first = len(_compact(probe).encode())
     capacity = _align(2 * first + (64 << 10))
     off = data_start = _align(HEADER_BYTES + capacity)
     slots = []
@@ -377,7 +377,7 @@ def param_part(buf: torch.Tensor, shard_id: str) -> tuple[np.ndarray, np.ndarray
 
     def raw_for(start: int) -> bytes:
         index["tensors"] = [{**e, "offset": e["offset"] - h.opt_end + start} for e in params]
-        return json.dumps(index, separators=(",", ":")).encode()
+        return _compact(index).encode()
 
     capacity = _align(len(raw_for(2**40)) + 64)  # the largest offsets bound the index's length
     start = _align(HEADER_BYTES + capacity)
