@@ -81,6 +81,7 @@ def main() -> int:
                 ctx.revive()
                 runs[s].append({"total_s": res["total_s"], **{f"phase.{k}": v for k, v in res["phases"].items()},
                                 "kill.slot_exit": res.get("slot_exit_s"),
+                                "journal.quiesce": (res.get("marks") or {}).get("quiesce_s"),
                                 **member_detail(work / "recovery" / t.name), "params": res["params"]})
                 print(json.dumps({s: runs[s][-1]}), flush=True)
     finally:
@@ -147,11 +148,16 @@ def findings(rows: dict) -> list[str]:
                    f"closes its sockets, after freeing its memory): {a['kill.slot_exit']:.2f} -> "
                    f"{b['kill.slot_exit']:.2f} s. A process's exit grows with its resident memory; a node that loses "
                    "power is found by heartbeat timeout instead.")
-    growth = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in ("phase.detect", "phase.params", "phase.optimizer",
+    growth = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in ("phase.detect", "journal.quiesce", "leave", "quiesce",
+                                                          "phase.params", "phase.optimizer",
                                                           "wire.params", "wire.optimizer", "engine", "rollback",
                                                           "protector_arrive", "protector_allocate")}
     out.append("- of the difference: " + ", ".join(f"{k} {v:+.2f} s" for k, v in growth.items())
-               + " (params and optimizer: the spare's wait for the lost rank's bytes once its engine is built, "
+               + " (journal.quiesce: recovery_start -> recovery_plan, the coordinator's wait for every "
+               "survivor's quiesced; leave: a survivor's time from the watchdog's abort to out of its step "
+               "(launch/interrupt.py); quiesce: from there to its quiesced (protector closed, replicas "
+               "verified again); "
+               "params and optimizer: the spare's wait for the lost rank's bytes once its engine is built, "
                "then their verification and load into the engine; wire.*: each kind's whole time on the wire, "
                "which overlaps the spare's engine construction (engine) and the survivors' rollback; "
                "protector_arrive: the wait at the new protector's first collective for the slowest member; "

@@ -255,6 +255,8 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
             busy = self._drain_operator() or busy
             busy = self._drain_exits() or busy
             now = self.clock()
+            if busy:
+                self._advance_on_answers(now)
             if now >= next_beat:
                 self.store.add(P.KEY_BEAT, 1)
                 next_beat = now + self.t.heartbeat_interval_s / 2
@@ -344,6 +346,15 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         slot.step = step
         if step > 0 and self.training_since is None and slot.logical_rank is not None:
             self.training_since = self.clock()
+
+    def _advance_on_answers(self, now: float) -> None:
+        """After messages arrived: a recovery waiting for its members' answers (``quiesced`` in its quiesce
+        phase, ``recovered`` in its restore phase) goes on as soon as the last one is in, instead of at the
+        next :meth:`_tick` (up to 0.1 s later, twice per recovery). Everything else stays on the tick."""
+        rec = self.recovery
+        if (rec is not None and rec.phase in ("quiesce", "restore") and self.ending is None
+                and self.job.state not in TERMINAL_JOB_STATES):
+            self._advance_recovery(now)
 
     def _tick(self, now: float) -> None:
         if self.job.state in TERMINAL_JOB_STATES:

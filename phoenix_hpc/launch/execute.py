@@ -86,6 +86,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from phoenix_hpc.errors import ConfigError, RecoveryError, ReplicationError
+from phoenix_hpc.launch.interrupt import ComputeInterrupt
 from phoenix_hpc.launch.transfers import run as run_transfers
 
 COMM_TAG_BASE = 7000  # Create_group tag of generation g: COMM_TAG_BASE + g
@@ -269,6 +270,9 @@ class Member:
             raise ConfigError(str(exc)) from None
         self.owns_groups = bool(cls.owns_groups)
         self.aborter = None  # launch.abort.GenerationAbort of the current generation
+        self.interrupt = ComputeInterrupt()  # leaves the step's compute after the watchdog's abort
+        self._left_s: float | None = None  # the abort -> the training thread out of its step, seconds
+        self._quiesce_detail: dict[str, float] = {}  # "leave" (above) and "quiesce" (recover: to quiesced)
         self.watchdog = env.watchdog or _quiesce_watchdog(env.client, self._abort_on_quiesce, env.world_rank)
         self.watchdog.on_quiesce = self._abort_on_quiesce
 
@@ -590,6 +594,7 @@ class Member:
         if aborter is None or aborter.aborted:
             return
         rec = aborter.abort(f"{msg.get('type')} for generation {msg.get('generation')}")
+        self.interrupt.interrupt(rec.reason)  # a rank computing leaves at its next module call
         self.env.log(f"[phoenix] rank {self.logical} gen {aborter.generation}: {rec.reason} heard while "
                      f"training; communicators aborted ({rec.method}, {rec.sockets} connections) in "
                      f"{rec.duration_s:.3f} s")
@@ -637,11 +642,14 @@ class Member:
             try:
                 self.phase = None
                 self.watchdog.arm()
+                self.interrupt.open(self.engine.autograd_parameters())
                 try:
                     train(self.engine, until_step, tokens_per_step, protector=self.protector, on_step=on_step,
                           phase_hook=self._phase, keep=False)
                 finally:
                     self.watchdog.disarm()
+                    at = self.interrupt.close()
+                    self._left_s = None if at is None else time.perf_counter() - at
                 return
             except QuiesceRequested as q:
                 self.watchdog.take_fired(remove=False)  # a later quiesce it heard stays queued
@@ -684,6 +692,7 @@ class Member:
     # --- recovery ------------------------------------------------------------------------------------
     def recover(self, quiesce: dict[str, Any], failed: bool) -> RecoveryRecord:
         """Steps 1-7 for a survivor (see the module doc)."""
+        t_quiesce = time.perf_counter()
         self._mark_gc()
         g = int(quiesce["generation"])
         with self.env.client.injections_lock:  # a drain armed before this recovery cannot pause it any more
@@ -696,7 +705,10 @@ class Member:
         replicas: dict[str, list[int]] = {}
         rejected: list[list] = []
         if prot is not None:
-            prot.close(abandon=True)  # MPI requests still posted are cancelled or freed (runtime/mpi_faults.py)
+            dead_world = {int(w) for w in quiesce.get("dead") or ()}
+            dead_peers = frozenset(r for r, w in self.rank_map.items() if w in dead_world)
+            # MPI requests still posted are cancelled or freed, those to a dead peer at once (runtime/mpi_faults.py)
+            prot.close(abandon=True, dead_peers=dead_peers)
             if prot.wedged:
                 from phoenix_hpc.errors import TransportWedged
                 from phoenix_hpc.runtime.h2h import ABANDON_JOIN_S
@@ -731,6 +743,10 @@ class Member:
         if getattr(self.engine, "supports_shrink", False):
             numel = {f"pp{self.coord.pp}/tp{self.coord.tp}": self.engine.optimizer_numel()}
         self.env.client.report_quiesced(g, live, shards, replicas, dirty, rejected=rejected, numel=numel)
+        self._quiesce_detail = {"quiesce": time.perf_counter() - t_quiesce}
+        if self._left_s is not None:
+            self._quiesce_detail["leave"] = self._left_s
+        self._left_s = None
         self.env.log(f"[phoenix] rank {self.logical}: quiesced for generation {g} (live step {live}, "
                      f"committed {shards}, holding {replicas}, dirty={dirty})")
         while True:
@@ -767,7 +783,8 @@ class Member:
         rebuild = self.recovery_path == "rebuild"
         rolled = False
         held: tuple[dict, dict, dict] | None = None
-        detail: dict[str, float] = {}
+        detail: dict[str, float] = dict(self._quiesce_detail)  # a survivor's: leaving the step, quiescing
+        self._quiesce_detail = {}
         t0 = time.perf_counter()
         if rebuild and self.engine is not None:  # 3': own host copy of S(R), then end the old engine
             if not from_checkpoint:

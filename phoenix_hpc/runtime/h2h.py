@@ -247,7 +247,7 @@ class H2HEngine:
         self._incoming = [_Incoming(s) for s in held]
         self._outgoing: list[_Outgoing] = []
         self._fences: list[tuple[int, Any, np.ndarray, np.ndarray]] = []
-        self._acks_out: list[tuple[Any, np.ndarray]] = []
+        self._acks_out: list[tuple[Any, np.ndarray, int]] = []  # (request, buffer, peer)
         self.acks: dict[int, dict[int, tuple[int, int]]] = {}  # step -> holder -> (status, crc)
         self.send_s: dict[int, float] = {}  # step -> seconds from first post to last ack
         self.fenced_step: int | None = None  # newest completed fence result (min committed step)
@@ -278,14 +278,17 @@ class H2HEngine:
     def threaded(self) -> bool:
         return self._thread is not None
 
-    def stop(self, abandon: bool = False, timeout_s: float = 30.0, abandon_join_s: float = ABANDON_JOIN_S) -> None:
+    def stop(self, abandon: bool = False, timeout_s: float = 30.0, abandon_join_s: float = ABANDON_JOIN_S,
+             dead_peers: frozenset[int] = frozenset()) -> None:
         """Stop the engine. Unless ``abandon`` (collective then: every rank stops together), first wait for
         this rank's outstanding sends and fences, then an ``Ibarrier`` (after it, no rank has a replica in
         flight, so no holder can miss one), then cancel the receives still posted for future steps.
 
         With ``abandon`` the engine thread is given ``abandon_join_s`` seconds to leave its poll. A thread
         still inside MPI after that is stuck there for good (:data:`ABANDON_JOIN_S`): :attr:`wedged` is set,
-        nothing more is called on MPI (a ``Wait`` would block this thread too) and the method returns."""
+        nothing more is called on MPI (a ``Wait`` would block this thread too) and the method returns.
+        ``dead_peers`` (ranks of :attr:`comm` the coordinator declared dead): their requests are freed without
+        the wait for completion that the others get (:meth:`_abandon_posted`)."""
         if not abandon and self.error is None:
             deadline = time.monotonic() + timeout_s
             self._enqueue(("barrier",))
@@ -302,7 +305,7 @@ class H2HEngine:
                 self.wedged = True
                 return
         if abandon and (self._thread is None or not self._thread.is_alive()):
-            self.abandon_report = self._abandon_posted()
+            self.abandon_report = self._abandon_posted(dead_peers)
         else:
             for inc in self._incoming:
                 for r in [inc.announce_req] + (inc.chunks.reqs if inc.chunks is not None else []):
@@ -313,25 +316,32 @@ class H2HEngine:
                         except self._MPI.Exception:
                             pass
 
-    def _abandon_posted(self):
+    def _abandon_posted(self, dead_peers: frozenset[int] = frozenset()):
         """Cancel or free every request still posted (the generation is abandoned, a peer may be dead;
-        :func:`phoenix_hpc.runtime.mpi_faults.abandon_requests`). Called after the engine thread ended."""
-        from phoenix_hpc.runtime.mpi_faults import abandon_requests
+        :func:`phoenix_hpc.runtime.mpi_faults.abandon_requests`). Called after the engine thread ended.
+        Requests with a peer in ``dead_peers`` cannot complete any more: they get one test and are freed
+        (``wait_s=0``); the others may still complete within the usual wait (a transfer to a live peer that
+        is abandoning too)."""
+        from phoenix_hpc.runtime.mpi_faults import abandon_requests, merge_reports
 
-        p2p = []
+        p2p: dict[bool, list] = {True: [], False: []}  # peer dead? -> (request, buffer)
         for inc in self._incoming:
-            p2p.append((inc.announce_req, inc.announce))
+            dead = inc.spec.owner in dead_peers
+            p2p[dead].append((inc.announce_req, inc.announce))
             if inc.chunks is not None:
-                p2p += [(r, inc.chunks.views) for r in inc.chunks.reqs]
+                p2p[dead] += [(r, inc.chunks.views) for r in inc.chunks.reqs]
         for out in self._outgoing:
-            p2p.append((out.announce_req, out.announce))
-            p2p += [(r, out.view) for r in out.chunks.reqs]
-            p2p.append((out.ack_req, out.ack))
-        p2p += list(self._acks_out)
+            dead = out.holder in dead_peers
+            p2p[dead].append((out.announce_req, out.announce))
+            p2p[dead] += [(r, out.view) for r in out.chunks.reqs]
+            p2p[dead].append((out.ack_req, out.ack))
+        for r, b, peer in self._acks_out:
+            p2p[peer in dead_peers].append((r, b))
         colls = [(req, (send, recv)) for _, req, send, recv in self._fences]
         if self._barrier is not None and not self._barrier[1]:
             colls.append((self._barrier[0], None))
-        rep = abandon_requests(p2p, colls, MPI=self._MPI)
+        rep = merge_reports(abandon_requests(p2p[True], MPI=self._MPI, wait_s=0.0),
+                            abandon_requests(p2p[False], colls, MPI=self._MPI))
         self._incoming, self._outgoing, self._acks_out, self._fences = [], [], [], []
         return rep
 
@@ -484,7 +494,7 @@ class H2HEngine:
                 self._start_send(cmd[1], cmd[2])
             elif kind == "ack":
                 req = self.comm.Isend([cmd[2], MPI.INT64_T], dest=cmd[1], tag=ACK_TAG)
-                self._acks_out.append((req, cmd[2]))
+                self._acks_out.append((req, cmd[2], cmd[1]))
             elif kind == "fence":
                 send = np.array([cmd[1], -cmd[2]], dtype=np.int64)
                 recv = np.zeros(2, dtype=np.int64)
@@ -504,7 +514,7 @@ class H2HEngine:
         for out in list(self._outgoing):
             moving |= self._progress_outgoing(out)
         n_acks = len(self._acks_out)
-        self._acks_out = [(r, b) for r, b in self._acks_out if not r.Test()]
+        self._acks_out = [a for a in self._acks_out if not a[0].Test()]
         self.events += n_acks - len(self._acks_out)
         if self._barrier is not None and not self._barrier[1] and self._barrier[0].Test():
             self._barrier[1] = True

@@ -13,7 +13,9 @@ fault-tolerance extensions:
    explicitly so that neither an rc setting nor an implementation's inheritance is relied on.)
 2. **Nothing posted to a dead peer is left to fail later.** When a generation is abandoned,
    :func:`abandon_requests` cancels every point-to-point request still active (``MPI_Cancel``; a
-   cancelled receive completes locally, MPI 4.1 section 3.8.4), tests it for at most 0.1 s,
+   cancelled receive completes locally, MPI 4.1 section 3.8.4), tests it for at most 0.1 s (once only when
+   its peer is one the coordinator declared dead: it cannot complete, and a survivor would otherwise wait
+   the whole 0.1 s before answering the quiesce whenever a replica to the lost rank was on the wire),
    and frees what did not complete (``MPI_Request_free``, local). Open MPI's ob1 cannot cancel a send
    that has started: such a send is freed, and its buffer is kept referenced for the life of the process
    (:data:`KEPT_BUFFERS`), because MPI may still read it. A non-blocking *collective* (the commit fence
@@ -82,6 +84,18 @@ class AbandonReport:
     errors: list[str] = field(default_factory=list)
 
 
+def merge_reports(*reports: AbandonReport) -> AbandonReport:
+    """One :class:`AbandonReport` with the counts and errors of ``reports`` added up (pure)."""
+    out = AbandonReport()
+    for r in reports:
+        out.completed += r.completed
+        out.cancelled += r.cancelled
+        out.freed += r.freed
+        out.kept += r.kept
+        out.errors += r.errors
+    return out
+
+
 def abandon_requests(p2p: Iterable[tuple[Any, Any]], collectives: Iterable[tuple[Any, Any]] = (),
                      MPI: Any | None = None, wait_s: float = 0.1, poll_s: float = 0.001) -> AbandonReport:
     """Leave nothing of an abandoned generation posted (rule 2 of the module doc). Local: no call here
@@ -92,7 +106,8 @@ def abandon_requests(p2p: Iterable[tuple[Any, Any]], collectives: Iterable[tuple
             the request reads or writes (kept alive if the request has to be freed while active).
         collectives: ``(request, buffers)`` of non-blocking collectives; kept referenced, never waited on.
         MPI: the ``mpi4py.MPI`` module (default: imported).
-        wait_s: how long cancelled requests may take to complete before they are freed, seconds.
+        wait_s: how long cancelled requests may take to complete before they are freed, seconds (0: one
+            test, then free: for requests to a peer known dead, which cannot complete).
 
     Returns:
         :class:`AbandonReport`.

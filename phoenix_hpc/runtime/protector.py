@@ -644,14 +644,17 @@ class Protector:
         return u
 
     # --- lifecycle ----------------------------------------------------------------------------------------
-    def close(self, abandon: bool = False) -> None:
+    def close(self, abandon: bool = False, dead_peers: frozenset[int] = frozenset()) -> None:
         """Stop the copy and H2H threads and free the runtime communicator. Without ``abandon`` (normal end)
         outstanding transfers and fences complete first (all ranks close together); with ``abandon``
-        (after a fault) nothing waits on peers and the communicator is not freed. Buffers stay readable."""
+        (after a fault) nothing waits on peers and the communicator is not freed; requests to
+        ``dead_peers`` (logical ranks the coordinator declared dead) are freed at once
+        (:meth:`phoenix_hpc.runtime.h2h.H2HEngine.stop`). Buffers stay readable."""
         if self._closed:
             return
         self._closed = True
-        self.h2h.stop(abandon=abandon)  # first: draining needs the copy thread to verify incoming replicas
+        # first: draining needs the copy thread to verify incoming replicas
+        self.h2h.stop(abandon=abandon, dead_peers=frozenset(dead_peers))
         self._jobs.put(None)
         self._worker.join(timeout=30)
         self.d2h.forget()

@@ -34,7 +34,8 @@ def _engine(target) -> tuple[h2h.H2HEngine, list]:
     eng._cv = threading.Condition()
     eng._stop, eng.error, eng.wedged, eng.abandon_report = False, None, False, None
     eng._MPI = SimpleNamespace(REQUEST_NULL=None, Exception=RuntimeError)
-    eng._incoming = [SimpleNamespace(announce_req=_Req(calls), announce=None, chunks=None)]
+    eng._incoming = [SimpleNamespace(spec=SimpleNamespace(owner=1), announce_req=_Req(calls), announce=None,
+                                     chunks=None)]
     eng._outgoing, eng._acks_out, eng._fences, eng._barrier = [], [], [], None
     eng._thread = threading.Thread(target=target, args=(eng,), daemon=True)
     eng._thread.start()
@@ -66,3 +67,52 @@ def test_a_thread_that_leaves_its_poll_is_not_wedged_and_its_requests_are_abando
     eng.stop(abandon=True, abandon_join_s=2.0)
     assert not eng.wedged and not eng._thread.is_alive()
     assert eng.abandon_report is not None and eng.abandon_report.completed == 1 and calls == ["Test"]
+
+
+class _Stuck:
+    """A request that never completes and cannot be cancelled (Open MPI's started send to a lost peer)."""
+
+    def __init__(self):
+        self.tests, self.freed = 0, False
+
+    def Test(self, status=None):
+        self.tests += 1
+        return False
+
+    def Cancel(self):
+        pass
+
+    def Free(self):
+        self.freed = True
+
+
+def test_requests_to_a_dead_peer_are_freed_after_one_test_the_others_get_the_wait(monkeypatch):
+    from phoenix_hpc.runtime import mpi_faults
+
+    monkeypatch.setattr(mpi_faults, "KEPT_BUFFERS", [])
+    eng = object.__new__(h2h.H2HEngine)
+    eng._MPI = SimpleNamespace(REQUEST_NULL=None, Exception=RuntimeError,
+                               Status=lambda: SimpleNamespace(Is_cancelled=lambda: False))
+    from_dead, from_live, to_dead, ack_to_live = _Stuck(), _Stuck(), _Stuck(), _Stuck()
+    eng._incoming = [SimpleNamespace(spec=SimpleNamespace(owner=1), announce_req=from_dead, announce="a1", chunks=None),
+                     SimpleNamespace(spec=SimpleNamespace(owner=2), announce_req=from_live, announce="a2", chunks=None)]
+    eng._outgoing = [SimpleNamespace(holder=1, announce_req=to_dead, announce="o", ack_req=None, ack="k",
+                                     view="v", chunks=SimpleNamespace(reqs=[]))]
+    eng._acks_out = [(ack_to_live, "ack", 2)]
+    eng._fences, eng._barrier = [], None
+    rep = eng._abandon_posted(frozenset({1}))
+    assert (rep.freed, rep.completed, rep.cancelled) == (4, 0, 0)
+    assert from_dead.tests == to_dead.tests == 2  # the first test, one round, freed: no wait for a lost peer
+    assert from_live.tests > 10 and ack_to_live.tests > 10  # tested through the wait (0.1 s, 1 ms apart)
+    assert all(r.freed for r in (from_dead, from_live, to_dead, ack_to_live))
+    assert eng._incoming == [] and eng._outgoing == [] and eng._acks_out == []
+
+
+def test_merge_reports_adds_the_counts_and_errors():
+    from phoenix_hpc.runtime.mpi_faults import AbandonReport, merge_reports
+
+    a = AbandonReport(completed=1, cancelled=2, freed=3, kept=0, errors=["x"])
+    b = AbandonReport(completed=4, cancelled=0, freed=1, kept=2, errors=["y"])
+    m = merge_reports(a, b)
+    assert (m.completed, m.cancelled, m.freed, m.kept, m.errors) == (5, 2, 4, 2, ["x", "y"])
+    assert merge_reports() == AbandonReport()

@@ -113,8 +113,8 @@ class FakeProtector:
     def __init__(self, snapshots: dict[int, tuple[torch.Tensor, torch.Tensor, dict]]):
         self.snapshots = snapshots
 
-    def close(self, abandon=False):
-        pass
+    def close(self, abandon=False, dead_peers=frozenset()):
+        self.closed_with = (abandon, dead_peers)
 
     def copy_steps(self):
         return sorted(self.snapshots), {}
@@ -209,13 +209,14 @@ def _train(m: Member, steps: int, snapshots: dict) -> None:
     m.protector = FakeProtector(snapshots)
 
 
-def _recover(m: Member, R: int, generation: int, failed: bool = False, action: str = "local_recovery"):
+def _recover(m: Member, R: int, generation: int, failed: bool = False, action: str = "local_recovery",
+             dead: tuple[int, ...] = ()):
     plan = {"generation": generation, "rank_map": [[0, 0]], "recoverable_step": R, "action": action,
             "transfers": [], "joins": []}
     m.env.client.instructions.extend([{"type": "recover", "generation": generation, "plan": plan},
                                       {"type": "resume", "generation": generation}])
     m.release_groups()
-    return m.recover({"type": "quiesce", "generation": generation}, failed=failed)
+    return m.recover({"type": "quiesce", "generation": generation, "dead": list(dead)}, failed=failed)
 
 
 def _kinds(events, *names):
@@ -491,3 +492,13 @@ def test_each_recovery_reports_the_collectors_pauses_since_its_start(member, mon
     pauses.total_s = 6.0
     _recover(member, R=3, generation=2)  # recover() marks when nothing did before it
     assert member.recoveries[-1].detail["gc"] == 0.0
+
+
+def test_a_survivor_frees_at_once_the_requests_to_the_peers_the_quiesce_names_dead(member):
+    snaps: dict = {}
+    member.start()
+    _train(member, 2, snaps)
+    prot = member.protector
+    member.rank_map = {0: 0, 1: 4, 2: 9}  # logical -> world rank in the generation being left
+    _recover(member, R=2, generation=1, dead=(3, 4))  # world 3: dead in an earlier generation, not a peer
+    assert prot.closed_with == (True, frozenset({1}))  # logical rank 1 (world 4) only
