@@ -154,9 +154,9 @@ def findings(rows: dict) -> list[str]:
                                                           "protector_arrive", "protector_allocate")}
     out.append("- of the difference: " + ", ".join(f"{k} {v:+.2f} s" for k, v in growth.items())
                + " (journal.quiesce: recovery_start -> recovery_plan, the coordinator's wait for every "
-               "survivor's quiesced; leave: a survivor's time from the watchdog's abort to out of its step "
-               "(launch/interrupt.py); quiesce: from there to its quiesced (protector closed, replicas "
-               "verified again); "
+               "survivor's quiesced, plus up to one coordinator tick; leave: a survivor's time from the interrupt "
+               "(just after the watchdog's abort) to out of its step (launch/interrupt.py); quiesce: from out "
+               "of the step to its quiesced (groups released, protector closed, copies verified again); "
                "params and optimizer: the spare's wait for the lost rank's bytes once its engine is built, "
                "then their verification and load into the engine; wire.*: each kind's whole time on the wire, "
                "which overlaps the spare's engine construction (engine) and the survivors' rollback; "

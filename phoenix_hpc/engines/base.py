@@ -164,12 +164,12 @@ class Engine(abc.ABC):
         )
 
     def autograd_parameters(self) -> list[torch.Tensor]:
-        """The leaf parameters this rank's backward pass accumulates gradients into. The launcher hooks
-        them (``Tensor.register_post_accumulate_grad_hook``) so that a backward pass running when the
-        coordinator ends the generation stops at the next parameter whose gradient is complete
-        (:mod:`phoenix_hpc.launch.interrupt`). The default is none: a running backward then finishes first
-        (an engine whose backward runs collectives, as Megatron's DDP with overlapped gradient reduction,
-        is stopped by the aborted communicators instead)."""
+        """The trainable leaf parameters this rank's backward pass accumulates gradients into. The launcher
+        hooks some of them (``Tensor.register_post_accumulate_grad_hook``) so that a backward pass running
+        when the coordinator ends the generation stops at the next hooked parameter whose gradient is
+        complete (:mod:`phoenix_hpc.launch.interrupt`). The default is none: a running backward then
+        finishes first (the Megatron engine keeps the default: it runs only on a GPU, where no such hook has
+        been tried)."""
         return []
 
     def release_groups(self) -> None:

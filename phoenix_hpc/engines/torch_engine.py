@@ -281,8 +281,9 @@ class TorchEngine(Engine):
         return [(f"{self._param_prefix}/{n}", p.data) for n, p in self.model.named_parameters()]
 
     def autograd_parameters(self) -> list[torch.Tensor]:
-        """The stage's ``nn.Parameter`` objects, in the model's order (:meth:`.base.Engine.autograd_parameters`)."""
-        return list(self.model.parameters())
+        """The stage's trainable ``nn.Parameter`` objects, in the model's order
+        (:meth:`.base.Engine.autograd_parameters`)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def envelope(self) -> dict[str, Any]:
         """JSON-serialisable metadata: ``format``, ``engine``, ``step``, ``coord``, ``grid``, ``rng``

@@ -271,7 +271,8 @@ class Member:
         self.owns_groups = bool(cls.owns_groups)
         self.aborter = None  # launch.abort.GenerationAbort of the current generation
         self.interrupt = ComputeInterrupt()  # leaves the step's compute after the watchdog's abort
-        self._left_s: float | None = None  # the abort -> the training thread out of its step, seconds
+        self._left_s: float | None = None  # the interrupt (just after the abort) -> out of the step, seconds
+        self._left_at: float | None = None  # time.perf_counter() when the training thread left its last step
         self._quiesce_detail: dict[str, float] = {}  # "leave" (above) and "quiesce" (recover: to quiesced)
         self.watchdog = env.watchdog or _quiesce_watchdog(env.client, self._abort_on_quiesce, env.world_rank)
         self.watchdog.on_quiesce = self._abort_on_quiesce
@@ -594,7 +595,7 @@ class Member:
         if aborter is None or aborter.aborted:
             return
         rec = aborter.abort(f"{msg.get('type')} for generation {msg.get('generation')}")
-        self.interrupt.interrupt(rec.reason)  # a rank computing leaves at its next module call
+        self.interrupt.interrupt(aborter.generation, rec.reason)  # a rank computing leaves its step at once
         self.env.log(f"[phoenix] rank {self.logical} gen {aborter.generation}: {rec.reason} heard while "
                      f"training; communicators aborted ({rec.method}, {rec.sockets} connections) in "
                      f"{rec.duration_s:.3f} s")
@@ -642,14 +643,15 @@ class Member:
             try:
                 self.phase = None
                 self.watchdog.arm()
-                self.interrupt.open(self.engine.autograd_parameters())
                 try:
+                    self.interrupt.open(self.generation, self.engine.autograd_parameters())
                     train(self.engine, until_step, tokens_per_step, protector=self.protector, on_step=on_step,
                           phase_hook=self._phase, keep=False)
                 finally:
                     self.watchdog.disarm()
                     at = self.interrupt.close()
-                    self._left_s = None if at is None else time.perf_counter() - at
+                    self._left_at = time.perf_counter()  # the step is left (or the training is done)
+                    self._left_s = None if at is None else self._left_at - at
                 return
             except QuiesceRequested as q:
                 self.watchdog.take_fired(remove=False)  # a later quiesce it heard stays queued
@@ -743,10 +745,11 @@ class Member:
         if getattr(self.engine, "supports_shrink", False):
             numel = {f"pp{self.coord.pp}/tp{self.coord.tp}": self.engine.optimizer_numel()}
         self.env.client.report_quiesced(g, live, shards, replicas, dirty, rejected=rejected, numel=numel)
-        self._quiesce_detail = {"quiesce": time.perf_counter() - t_quiesce}
+        # from out of the step (groups released, protector closed, copies checked) to the answer
+        self._quiesce_detail = {"quiesce": time.perf_counter() - (self._left_at or t_quiesce)}
         if self._left_s is not None:
             self._quiesce_detail["leave"] = self._left_s
-        self._left_s = None
+        self._left_s = self._left_at = None
         self.env.log(f"[phoenix] rank {self.logical}: quiesced for generation {g} (live step {live}, "
                      f"committed {shards}, holding {replicas}, dirty={dirty})")
         while True:

@@ -28,14 +28,18 @@ backward there, and the step is ``dirty`` as before), and the gradients are set 
 starts.
 
 The hooks raise only between :meth:`ComputeInterrupt.open` and :meth:`ComputeInterrupt.close` (the
-training thread's steps) and only after an :meth:`~ComputeInterrupt.interrupt` in that window; ``close``
-removes the forward hook. An ``interrupt`` outside the window (a late firing of the watchdog) does nothing.
+training thread's steps of one generation) and only after an :meth:`~ComputeInterrupt.interrupt` for that
+generation; ``close`` removes the forward hook. An ``interrupt`` outside the window or for another generation
+(a late firing of the watchdog) does nothing. At pp > 1 the pipeline schedule may re-raise the error as a
+``RuntimeError``; the member does not rely on the type (the watchdog's firing tells it the error was the
+quiesce).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 
 #: Parameters per engine that carry the backward hook: a running backward is left within about 1/8 of it.
@@ -72,44 +76,48 @@ class ComputeInterrupt:
     def __init__(self):
         self._lock = threading.Lock()
         self._thread: int | None = None  # threading.get_ident() of the training thread while the window is open
+        self._generation: int | None = None  # the generation whose steps the window covers
         self._handle = None  # the forward hook's RemovableHandle, after an interrupt in the window
         self._requested = False  # read by the backward hooks without the lock (one attribute load)
         self._grad_handles: list = []  # the backward hooks of the hooked parameters
-        self._hooked: list[int] = []  # id() of the hooked parameters, in order
+        self._hooked: list[weakref.ref] = []  # the parameters last given to open(), in order
         self.reason: str | None = None
         self.at: float | None = None  # time.perf_counter() of the interrupt, while the window is open
 
-    def open(self, params: list | None = None) -> None:
-        """From the training thread, before its steps: from now on :meth:`interrupt` takes effect. ``params``
-        (the engine's :meth:`~phoenix_hpc.engines.base.Engine.autograd_parameters`) get the backward hooks
-        (:func:`spaced`), unless they have them already; the hooks of earlier parameters are removed."""
-        params = list(params or [])
-        if [id(p) for p in params] != self._hooked:
+    def open(self, generation: int, params: list | None = None) -> None:
+        """From the training thread, before the steps of ``generation``: from now on an :meth:`interrupt` for
+        it takes effect. The trainable ones of ``params`` (the engine's
+        :meth:`~phoenix_hpc.engines.base.Engine.autograd_parameters`; a frozen parameter takes no hook) get
+        the backward hooks (:func:`spaced`), unless they have them already; earlier parameters lose theirs."""
+        params = [p for p in (params or []) if p.requires_grad]
+        if len(params) != len(self._hooked) or any(r() is not p for r, p in zip(self._hooked, params)):
             for h in self._grad_handles:
                 h.remove()
             self._grad_handles = [params[i].register_post_accumulate_grad_hook(self._grad_hook)
                                   for i in spaced([p.numel() for p in params], BACKWARD_CHECKS)]
-            self._hooked = [id(p) for p in params]
+            self._hooked = [weakref.ref(p) for p in params]
         with self._lock:
-            self._thread, self.reason, self.at, self._requested = threading.get_ident(), None, None, False
+            self._thread, self._generation = threading.get_ident(), int(generation)
+            self.reason, self.at, self._requested = None, None, False
 
     def close(self) -> float | None:
         """End the window and remove the forward hook (idempotent). Returns the :func:`time.perf_counter` at
         which an interrupt was requested in the window, or None."""
         with self._lock:
-            handle, self._handle, self._thread, self._requested = self._handle, None, None, False
+            handle, self._handle, self._thread, self._generation, self._requested = self._handle, None, None, None, False
             at, self.at = self.at, None
         if handle is not None:
             handle.remove()
         return at
 
-    def interrupt(self, reason: str) -> bool:
-        """Any thread: end the window's step at its next module call or completed parameter gradient.
-        Returns False (and does nothing) outside a window or when already requested."""
+    def interrupt(self, generation: int, reason: str) -> bool:
+        """Any thread: end the step of ``generation``'s window at its next module call or hooked parameter
+        gradient. Returns False (and does nothing) outside a window, for another generation's window (a late
+        call after the training thread moved on) or when already requested."""
         from torch.nn.modules.module import register_module_forward_pre_hook
 
         with self._lock:
-            if self._thread is None or self._handle is not None:
+            if self._thread is None or self._generation != generation or self._handle is not None:
                 return False
             self.reason, self.at = reason, time.perf_counter()
             self._handle = register_module_forward_pre_hook(self._forward_hook)
@@ -124,4 +132,3 @@ class ComputeInterrupt:
         if self._requested:
             raise StepInterrupted(f"{self.reason}: the step was left in the backward pass, at a parameter of "
                                   f"shape {tuple(param.shape)}")
-

@@ -106,8 +106,8 @@ def abandon_requests(p2p: Iterable[tuple[Any, Any]], collectives: Iterable[tuple
             the request reads or writes (kept alive if the request has to be freed while active).
         collectives: ``(request, buffers)`` of non-blocking collectives; kept referenced, never waited on.
         MPI: the ``mpi4py.MPI`` module (default: imported).
-        wait_s: how long cancelled requests may take to complete before they are freed, seconds (0: one
-            test, then free: for requests to a peer known dead, which cannot complete).
+        wait_s: how long cancelled requests may take to complete before they are freed, seconds (0: tested
+            once more after the cancel, then freed: for requests to a peer known dead, which cannot complete).
 
     Returns:
         :class:`AbandonReport`.

@@ -648,7 +648,8 @@ class Protector:
         """Stop the copy and H2H threads and free the runtime communicator. Without ``abandon`` (normal end)
         outstanding transfers and fences complete first (all ranks close together); with ``abandon``
         (after a fault) nothing waits on peers and the communicator is not freed; requests to
-        ``dead_peers`` (logical ranks the coordinator declared dead) are freed at once
+        ``dead_peers`` (ranks of the runtime's communicator the coordinator declared dead; the launcher's
+        communicator numbers members by logical rank, so these are logical ranks) are freed at once
         (:meth:`phoenix_hpc.runtime.h2h.H2HEngine.stop`). Buffers stay readable."""
         if self._closed:
             return

@@ -1,39 +1,65 @@
-"""The coordinator moves a recovery on when the last answer arrives, not at its next tick."""
+"""The coordinator resumes a recovery when the last ``recovered`` arrives, not at its next tick; the quiesce
+phase, losses and deadlines stay on the tick."""
 
 from __future__ import annotations
 
-from test_drain import _coordinator, _events, _sent
+from test_drain import _coordinator, _events
 
 from phoenix_hpc.control.classify import FaultKind
+from phoenix_hpc.control.states import SlotState
 
 
-def _quiesce_phase(tmp_path):
+def _quiesced(tmp_path):
     c = _coordinator(tmp_path)
     now = c.clock()
     for slot in c.slots.values():  # alive: heard just now
         slot.last_seen = now
     c._declare_dead([1], FaultKind.PROCESS_EXIT, "process exited: world rank 1", now)
-    c._tick(now)  # the decision (still on the tick)
+    c._tick(now)  # the decision
     assert c.recovery is not None and c.recovery.phase == "quiesce"
-    assert [w for w, m in _sent(c) if m["type"] == "quiesce"] == [0]
     c._dispatch({"type": "quiesced", "world_rank": 0, "pid": 100, "generation": c.recovery.generation,
                  "live_step": 5, "dirty": False, "shards": {"opt/pp0/tp0/dp0": [5, 4]},
                  "replicas": {"opt/pp0/tp0/dp1": [5, 4]}})
     return c
 
 
-def test_the_last_quiesced_makes_the_plan_without_waiting_for_the_tick(tmp_path):
-    c = _quiesce_phase(tmp_path)
-    assert c.recovery.phase == "quiesce" and not _events(tmp_path, "recovery_plan")  # answers alone do not plan
-    c._advance_on_answers(c.clock())
-    assert c.recovery.phase == "restore"
-    plan = _events(tmp_path, "recovery_plan")[-1]
-    assert plan["rank_map"] == [[0, 0], [1, 2]]
-    assert [w for w, m in _sent(c) if m["type"] == "recover"] == [0, 2]
-
-
-def test_a_planned_end_in_progress_leaves_the_recovery_to_the_tick(tmp_path):
-    c = _quiesce_phase(tmp_path)
-    c.ending = object()  # members leave on purpose (control/ending.py): nothing is judged but the end
+def test_the_last_quiesced_still_waits_for_the_tick(tmp_path):
+    c = _quiesced(tmp_path)
     c._advance_on_answers(c.clock())
     assert c.recovery.phase == "quiesce" and not _events(tmp_path, "recovery_plan")
+    c._tick(c.clock())
+    assert c.recovery.phase == "restore" and _events(tmp_path, "recovery_plan")[-1]["rank_map"] == [[0, 0], [1, 2]]
+
+
+def _restoring(tmp_path, monkeypatch):
+    c = _quiesced(tmp_path)
+    c._tick(c.clock())  # the plan: members 0 (survivor) and 2 (the spare)
+    resumed = []
+    monkeypatch.setattr(c, "_check_and_resume", lambda rec, now: resumed.append(rec.generation))
+    return c, resumed
+
+
+def test_the_last_recovered_resumes_at_once(tmp_path, monkeypatch):
+    c, resumed = _restoring(tmp_path, monkeypatch)
+    c.recovery.recovered[0] = {"report": {}}
+    c._advance_on_answers(c.clock())
+    assert resumed == []  # member 2 has not answered
+    c.recovery.recovered[2] = {"report": {}}
+    c._advance_on_answers(c.clock())
+    assert resumed == [c.recovery.generation]
+
+
+def test_a_lost_member_a_passed_deadline_or_a_planned_end_are_left_to_the_tick(tmp_path, monkeypatch):
+    c, resumed = _restoring(tmp_path, monkeypatch)
+    c.recovery.recovered.update({0: {"report": {}}, 2: {"report": {}}})
+    c.slots[2].machine.to(SlotState.DEAD, "test")
+    c._advance_on_answers(c.clock())
+    assert resumed == [] and c.recovery.phase == "restore"  # the tick aborts it
+    c, resumed = _restoring(tmp_path / "b", monkeypatch)
+    c.recovery.recovered[0] = {"report": {}}
+    c._advance_on_answers(c.recovery.deadline + 100.0)  # past the deadline: judging it needs the pause check
+    assert resumed == [] and c.slots[2].state is not SlotState.DEAD and not _events(tmp_path / "b", "recovery_aborted")
+    c.recovery.recovered[2] = {"report": {}}
+    c.ending = object()  # members leave on purpose (control/ending.py)
+    c._advance_on_answers(c.clock())
+    assert resumed == []

@@ -502,3 +502,19 @@ def test_a_survivor_frees_at_once_the_requests_to_the_peers_the_quiesce_names_de
     member.rank_map = {0: 0, 1: 4, 2: 9}  # logical -> world rank in the generation being left
     _recover(member, R=2, generation=1, dead=(3, 4))  # world 3: dead in an earlier generation, not a peer
     assert prot.closed_with == (True, frozenset({1}))  # logical rank 1 (world 4) only
+
+
+def test_the_watchdogs_abort_makes_the_training_thread_leave_its_compute(member):
+    from phoenix_hpc.launch.interrupt import StepInterrupted
+
+    member.start()
+    g = member.generation
+    member.aborter = SimpleNamespace(aborted=False, generation=g, abort=lambda reason: SimpleNamespace(
+        reason=reason, method="test", sockets=0, duration_s=0.0))
+    member.interrupt.open(g, [])
+    try:
+        member._abort_on_quiesce({"type": "quiesce", "generation": g + 1})
+        with pytest.raises(StepInterrupted, match=f"quiesce for generation {g + 1}"):
+            torch.nn.Linear(1, 1)(torch.zeros(1, 1))
+    finally:
+        assert member.interrupt.close() is not None
