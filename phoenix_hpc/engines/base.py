@@ -163,15 +163,6 @@ class Engine(abc.ABC):
             f"(supported: {list(self.supported_recovery_styles)}); rebind is not one of them"
         )
 
-    def autograd_parameters(self) -> list[torch.Tensor]:
-        """The trainable leaf parameters this rank's backward pass accumulates gradients into. The launcher
-        hooks some of them (``Tensor.register_post_accumulate_grad_hook``) so that a backward pass running
-        when the coordinator ends the generation stops at the next hooked parameter whose gradient is
-        complete (:mod:`phoenix_hpc.launch.interrupt`). The default is none: a running backward then
-        finishes first (the Megatron engine keeps the default: it runs only on a GPU, where no such hook has
-        been tried)."""
-        return []
-
     def release_groups(self) -> None:
         """Drop every reference this engine holds to its process groups (after a fault, before
         :meth:`rebind`), so that a destroyed gloo group is freed and its connections close at once. The

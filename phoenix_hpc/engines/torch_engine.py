@@ -280,11 +280,6 @@ class TorchEngine(Engine):
         """``param/pp{pp}/tp0/{param}``: the stage's parameters, model dtype, their own shapes."""
         return [(f"{self._param_prefix}/{n}", p.data) for n, p in self.model.named_parameters()]
 
-    def autograd_parameters(self) -> list[torch.Tensor]:
-        """The stage's trainable ``nn.Parameter`` objects, in the model's order
-        (:meth:`.base.Engine.autograd_parameters`)."""
-        return [p for p in self.model.parameters() if p.requires_grad]
-
     def envelope(self) -> dict[str, Any]:
         """JSON-serialisable metadata: ``format``, ``engine``, ``step``, ``coord``, ``grid``, ``rng``
         (torch CPU and, on GPU, CUDA generator states, base64), ``lr_scheduler`` (the schedule is a pure

@@ -644,7 +644,7 @@ class Member:
                 self.phase = None
                 self.watchdog.arm()
                 try:
-                    self.interrupt.open(self.generation, self.engine.autograd_parameters())
+                    self.interrupt.open(self.generation)
                     train(self.engine, until_step, tokens_per_step, protector=self.protector, on_step=on_step,
                           phase_hook=self._phase, keep=False)
                 finally:

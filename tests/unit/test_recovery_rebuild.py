@@ -511,7 +511,7 @@ def test_the_watchdogs_abort_makes_the_training_thread_leave_its_compute(member)
     g = member.generation
     member.aborter = SimpleNamespace(aborted=False, generation=g, abort=lambda reason: SimpleNamespace(
         reason=reason, method="test", sockets=0, duration_s=0.0))
-    member.interrupt.open(g, [])
+    member.interrupt.open(g)
     try:
         member._abort_on_quiesce({"type": "quiesce", "generation": g + 1})
         with pytest.raises(StepInterrupted, match=f"quiesce for generation {g + 1}"):
