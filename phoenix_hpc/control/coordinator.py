@@ -347,28 +347,6 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         if step > 0 and self.training_since is None and slot.logical_rank is not None:
             self.training_since = self.clock()
 
-    def _advance_on_answers(self, now: float) -> None:
-        """After messages arrived: a recovery in its restore phase resumes the job as soon as the last member's
-        ``recovered`` is in, instead of at the next :meth:`_tick` (up to a tick later). Only that completion
-        moves here; losses, deadlines (which need :meth:`_account_pause` first) and the quiesce phase stay on
-        the tick. The quiesce phase on purpose: a member that has answered ``quiesced`` waits for its plan in
-        a loop that also answers a newer ``quiesce``, but a member applying a plan waits at the arrival
-        barrier of the plan's generation and does not; a second node lost just after the plan went out then
-        ends the job. Planning at the last answer (about 25 ms after the quiesce instead of up to a tick)
-        made that happen to a second node lost 60 ms after the first (``tests/e2e/test_hotswap_more.py``,
-        owner and holder lost at k=1); with the plan on the tick such a loss usually still falls in the
-        quiesce phase, and the recovery is planned again with both.
-        """
-        rec = self.recovery
-        if (rec is None or rec.phase != "restore" or self.ending is not None
-                or self.job.state in TERMINAL_JOB_STATES or rec.plan is None):
-            return
-        members = {w for _, w in rec.plan.rank_map}
-        if any(self.slots[w].state is SlotState.DEAD for w in members):
-            return  # the tick aborts the recovery
-        if set(rec.recovered) >= members:
-            self._check_and_resume(rec, now)
-
     def _tick(self, now: float) -> None:
         if self.job.state in TERMINAL_JOB_STATES:
             return

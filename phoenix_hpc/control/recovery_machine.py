@@ -43,7 +43,7 @@ from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine
 from phoenix_hpc.control.ending import continue_hint
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
-from phoenix_hpc.control.states import JobState, SlotState
+from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, SlotState
 from phoenix_hpc.recovery.invariants import report_from_json, verify_recovery
 from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, plan_checkpoint_restart, plan_recovery
 from phoenix_hpc.recovery.shrink import plan_shrink
@@ -209,7 +209,7 @@ class RecoveryMixin:
             return self._abort_recovery(f"slot(s) {silent} did not answer the {rec.phase}", now)
         if rec.phase == "quiesce" and set(rec.quiesced) >= rec.survivors:
             self._plan(rec, now)
-        elif rec.phase == "restore" and set(rec.recovered) >= {w for _, w in rec.plan.rank_map}:
+        elif rec.phase == "restore" and self._all_recovered(rec):
             self._check_and_resume(rec, now)
         elif rec.phase == "replay":
             members = [w for _, w in rec.plan.rank_map]
@@ -217,6 +217,25 @@ class RecoveryMixin:
                 self._finish_recovery(rec, now, interrupted=False)
             elif self.faults:
                 self._finish_recovery(rec, now, interrupted=True)
+
+    def _all_recovered(self, rec: Recovery) -> bool:
+        """Every member of the plan answered ``recovered``."""
+        return set(rec.recovered) >= {w for _, w in rec.plan.rank_map}
+
+    def _advance_on_answers(self, now: float) -> None:
+        """Called by the coordinator's loop after messages arrived: a recovery in its restore phase resumes as
+        soon as the last ``recovered`` is in, not up to a tick later. Everything else stays on the tick: a
+        lost member and the deadlines (judged after the pause accounting, :meth:`_advance_recovery`) and the
+        quiesce phase (docs/design.md, the coordinator: a member applying a plan does not answer a newer
+        quiesce, so planning at once made a second node lost just after the plan end the job)."""
+        rec = self.recovery
+        if (rec is None or rec.phase != "restore" or self.ending is not None
+                or self.job.state in TERMINAL_JOB_STATES):
+            return
+        if any(self.slots[w].state is SlotState.DEAD for _, w in rec.plan.rank_map):
+            return  # the tick aborts the recovery
+        if self._all_recovered(rec):
+            self._check_and_resume(rec, now)
 
     def _plan(self, rec: Recovery, now: float) -> None:
         committed: dict[str, dict[int, int]] = {}

@@ -271,9 +271,8 @@ class Member:
         self.owns_groups = bool(cls.owns_groups)
         self.aborter = None  # launch.abort.GenerationAbort of the current generation
         self.interrupt = ComputeInterrupt()  # leaves the step's compute after the watchdog's abort
-        self._left_s: float | None = None  # the interrupt (just after the abort) -> out of the step, seconds
-        self._left_at: float | None = None  # time.perf_counter() when the training thread left its last step
-        self._quiesce_detail: dict[str, float] = {}  # "leave" (above) and "quiesce" (recover: to quiesced)
+        # time.perf_counter() when the training thread left its last step, and of the interrupt in it (or None)
+        self._left: tuple[float, float | None] | None = None
         self.watchdog = env.watchdog or _quiesce_watchdog(env.client, self._abort_on_quiesce, env.world_rank)
         self.watchdog.on_quiesce = self._abort_on_quiesce
 
@@ -649,9 +648,8 @@ class Member:
                           phase_hook=self._phase, keep=False)
                 finally:
                     self.watchdog.disarm()
-                    at = self.interrupt.close()
-                    self._left_at = time.perf_counter()  # the step is left (or the training is done)
-                    self._left_s = None if at is None else self._left_at - at
+                    asked = self.interrupt.close()
+                    self._left = (time.perf_counter(), asked)  # the step is left (or the training is done)
                 return
             except QuiesceRequested as q:
                 self.watchdog.take_fired(remove=False)  # a later quiesce it heard stays queued
@@ -745,11 +743,10 @@ class Member:
         if getattr(self.engine, "supports_shrink", False):
             numel = {f"pp{self.coord.pp}/tp{self.coord.tp}": self.engine.optimizer_numel()}
         self.env.client.report_quiesced(g, live, shards, replicas, dirty, rejected=rejected, numel=numel)
-        # from out of the step (groups released, protector closed, copies checked) to the answer
-        self._quiesce_detail = {"quiesce": time.perf_counter() - (self._left_at or t_quiesce)}
-        if self._left_s is not None:
-            self._quiesce_detail["leave"] = self._left_s
-        self._left_s = self._left_at = None
+        left_at, asked = self._left or (t_quiesce, None)
+        self._left = None
+        # out of the step (groups released, protector closed, copies checked) -> the answer; interrupt -> out
+        quiesced = {"quiesce": time.perf_counter() - left_at, **({"leave": left_at - asked} if asked is not None else {})}
         self.env.log(f"[phoenix] rank {self.logical}: quiesced for generation {g} (live step {live}, "
                      f"committed {shards}, holding {replicas}, dirty={dirty})")
         while True:
@@ -760,13 +757,15 @@ class Member:
             g = int(msg["generation"])
             self.env.client.report_quiesced(g, int(self.engine.step), shards, replicas, dirty, rejected=rejected,
                                             numel=numel)
-        return self._apply_plan(msg["plan"], dirty=dirty, live=live)
+        return self._apply_plan(msg["plan"], dirty=dirty, live=live, detail=quiesced)
 
-    def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None) -> RecoveryRecord:
+    def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None,
+                    detail: dict[str, float] | None = None) -> RecoveryRecord:
+        """``detail``: what the recovery reports already (a survivor's ``leave`` and ``quiesce``)."""
         if plan.get("action") == "shrink":
             from phoenix_hpc.launch.shrink import apply_shrink
 
-            return apply_shrink(self, plan, dirty, live)
+            return apply_shrink(self, plan, dirty, live, detail)
         e = self.env
         if plan.get("grid"):  # the grid of the plan's generation (a joining spare after a shrink: a smaller one)
             from phoenix_hpc.launch.groups import Grid
@@ -786,8 +785,7 @@ class Member:
         rebuild = self.recovery_path == "rebuild"
         rolled = False
         held: tuple[dict, dict, dict] | None = None
-        detail: dict[str, float] = dict(self._quiesce_detail)  # a survivor's: leaving the step, quiescing
-        self._quiesce_detail = {}
+        detail = dict(detail or {})
         t0 = time.perf_counter()
         if rebuild and self.engine is not None:  # 3': own host copy of S(R), then end the old engine
             if not from_checkpoint:

@@ -82,10 +82,12 @@ def _exchange(member, plan: dict, comm_order: list[int], own_sid: str, own_opt: 
     return got  # the exchange communicator is dropped, not freed (a peer may have died: MPI_Comm_free is collective)
 
 
-def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
+def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
+                 detail: dict[str, float] | None = None):
     """Carry out ``plan`` (``action == "shrink"``) on ``member`` (a :class:`phoenix_hpc.launch.execute.Member`).
 
-    Returns the member's :class:`~phoenix_hpc.launch.execute.RecoveryRecord`.
+    Returns the member's :class:`~phoenix_hpc.launch.execute.RecoveryRecord`, whose ``detail`` starts from
+    ``detail`` (a survivor's ``leave`` and ``quiesce``, :meth:`~phoenix_hpc.launch.execute.Member.recover`).
 
     Raises:
         LeftToStandby: this slot is a leaver; it sent what it had to.
@@ -109,7 +111,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None):
         raise RecoveryError(f"world rank {e.world_rank} is neither a member nor a leaver of generation {g}'s shrink")
     if member.engine is None:
         raise RecoveryError(f"world rank {e.world_rank} has no state to take into generation {g}'s shrink")
-    detail: dict[str, float] = {}
+    detail = dict(detail or {})  # a survivor's leave and quiesce (Member.recover)
     t0 = time.perf_counter()
     rolled = int(member.engine.step) != R or dirty
     own_opt, own_par, envelope = member._snapshot_state(R) if rolled else member._live_state()

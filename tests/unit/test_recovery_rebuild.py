@@ -517,4 +517,21 @@ def test_the_watchdogs_abort_makes_the_training_thread_leave_its_compute(member)
         with pytest.raises(StepInterrupted, match=f"quiesce for generation {g + 1}"):
             torch.nn.Linear(1, 1)(torch.zeros(1, 1))
     finally:
-        assert member.interrupt.close() is not None
+        asked = member.interrupt.close()
+    assert asked is not None
+
+
+def test_a_survivor_reports_how_long_it_took_to_leave_the_step_and_to_quiesce(member):
+    import time
+
+    snaps: dict = {}
+    member.start()
+    _train(member, 2, snaps)
+    left_at = time.perf_counter()
+    member._left = (left_at, left_at - 0.25)  # as the training window left it: interrupted 0.25 s before
+    rec = _recover(member, R=2, generation=1)
+    assert rec.detail["leave"] == 0.25 and rec.detail["quiesce"] >= 0.0
+    _train(member, 1, snaps)
+    member._left = (time.perf_counter(), None)  # left on the failed collective: no interrupt in the window
+    rec = _recover(member, R=3, generation=2)
+    assert "leave" not in rec.detail and rec.detail["quiesce"] >= 0.0
