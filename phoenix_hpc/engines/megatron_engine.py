@@ -112,6 +112,22 @@ def build_gpt_model(cfg, pre_process: bool, post_process: bool, mc=None):
     return tconfig, gpt
 
 
+def cast_to_params_dtype(module: torch.nn.Module, dtype: torch.dtype) -> list[str]:
+    """Cast every floating-point parameter and buffer of ``module`` that is not ``dtype`` to ``dtype``, in
+    place, as Megatron-LM's training loop does by wrapping a bf16/fp16 model in ``Float16Module``
+    (``module.bfloat16()`` / ``module.half()``, megatron/core/transformer/module.py). Needed because
+    megatron-core's torch fallback norm (``WrappedTorchNorm``, used when neither Apex nor Transformer Engine
+    is installed) builds ``torch.nn.RMSNorm``/``LayerNorm`` without ``params_dtype``: fp32 weights in a bf16
+    model, which the shards would carry as a second dtype and which torch cannot fuse (measured on an H200
+    with megatron-core 0.16.1). Integer and bool tensors are left alone. Returns the names of the
+    parameters cast (empty for an fp32 model or one built fully in ``dtype``)."""
+    cast = [n for n, p in module.named_parameters() if p.is_floating_point() and p.dtype != dtype]
+    stale = any(b.is_floating_point() and b.dtype != dtype for b in module.buffers())
+    if cast or stale:
+        module.to(dtype=dtype)  # floating-point parameters and buffers only (torch.nn.Module.to)
+    return cast
+
+
 class MegatronEngine(Engine):
     """See the module docstring.
 
@@ -195,6 +211,7 @@ class MegatronEngine(Engine):
         else:
             self.tconfig, gpt = build_gpt_model(cfg, first, last, mc)
         gpt = gpt.to(device)
+        self.params_cast = cast_to_params_dtype(gpt, dtype)  # before DDP and the optimizer's main params
         ddp_config = mc["DDPConfig"](grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True)
         self.model = mc["DDP"](self.tconfig, ddp_config, gpt)
         self.model.broadcast_params()  # identical start on every DP rank of a (pp, tp)

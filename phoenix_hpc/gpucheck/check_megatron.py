@@ -135,6 +135,7 @@ def run(work: Path) -> list[dict]:
                       f"names/dtypes/main params/Llama shape wrong for {bad[:3]}" if bad
                       else ("" if opt else "empty optimizer shard"),
                       {"optimizer_tensors": len(opt), "param_tensors": len(par), "optimizer": optim,
+                       "params_cast_to_dtype": len(getattr(a, "params_cast", [])),
                        "model": {**MODEL, **LLAMA}}, limit))
     ra = train(a, SAVE_AT, tokens)
     snap = common.host_snapshot(a)

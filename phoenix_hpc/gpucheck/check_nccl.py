@@ -8,8 +8,11 @@ collective.
 
 Item ``nccl.generation_abort``: the recovery's own sequence (:func:`phoenix_hpc.launch.abort.abort_nccl_groups`,
 which aborts every registered communicator, the default group's included, and never destroys one), then
-``destroy_process_group`` and a new default group for the next generation, whose all-reduce must give the
-right sum. Times in ms: the abort, the destroy, the new generation's set-up and first collective.
+``destroy_process_group`` where torch still has a default group (as
+:meth:`phoenix_hpc.launch.execute.Member.release_groups` does: ``_abort_process_group()`` unregisters every
+group on torch 2.11, so ``is_initialized()`` is false after it), and a new default group for the next
+generation, whose all-reduce must give the right sum. Times in ms: the abort, the destroy, the new
+generation's set-up and first collective; ``unregistered_by_abort``: whether the abort left no default group.
 """
 
 from __future__ import annotations
@@ -96,8 +99,10 @@ def generation_abort() -> dict:
     t0 = time.perf_counter()
     nums["abort_api"] = abort_nccl_groups()
     nums["abort_ms"] = ms(t0)
+    nums["unregistered_by_abort"] = not dist.is_initialized()
     t0 = time.perf_counter()
-    dist.destroy_process_group()
+    if dist.is_initialized():  # the recovery's own guard (Member.release_groups, Member._reconfigure)
+        dist.destroy_process_group()
     nums["destroy_ms"] = ms(t0)
     t0 = time.perf_counter()
     common.init_nccl_world()
