@@ -459,7 +459,7 @@ def render_markdown(r: dict) -> str:
         from phoenix_hpc.bench.control_plane_report import section_lines
 
         L.extend(section_lines(r["control_plane"]))
-    L.extend(gpu_section(r.get("gpu_report")))
+    L.extend(gpu_section(r.get("gpu_reports")))
     a("## Reproduce")
     a("")
     a("```\nscripts/bench.sh            # full run (about 15-30 min on 2 cores)\nscripts/bench.sh --quick    "
@@ -473,35 +473,64 @@ def render_markdown(r: dict) -> str:
     return "\n".join(L)
 
 
-#: Where BENCHMARKS.md's GPU section reads the last GPU report from (relative to the repository).
-GPU_REPORT = "benchmarks/gpu-report.json"
+#: Where BENCHMARKS.md's GPU section reads the kept GPU reports from (relative to the repository): every
+#: ``*.json`` there is one ``gpu-report.json`` of ``scripts/gpu-check.sh`` (a run may cover only some checks,
+#: ``--only``); the section shows each item's result from the newest run that has it.
+GPU_REPORT_DIR = "benchmarks/gpu"
 _KEY_NUMBERS = ("ratio", "ratio_ci95", "exposed_wait_ms_median", "d2h_gbs", "host_link_limit_gbs", "host_link",
-                "raw_pinned_copy_gbs", "crc32_gbs", "d2h_crc_ms_mean", "abort_ms", "again_create_ms",
-                "rss_growth_over_expected", "teardown_ms", "rebuild_and_load_ms")
+                "raw_pinned_copy_gbs", "checksum_gbs", "crc32_gbs", "checksum_threads", "checksum_gbs_threads", "d2h_crc_ms_mean", "abort_ms",
+                "again_create_ms", "params_cast_to_dtype", "rss_growth_over_expected", "teardown_ms",
+                "rebuild_and_load_ms")
 
 
-def gpu_section(gpu_report: dict | None) -> list[str]:
-    """The GPU section of BENCHMARKS.md (lines) from the last ``gpu-report.json`` of ``scripts/gpu-check.sh``
-    (format: :mod:`phoenix_hpc.gpucheck.report`): device, versions, verdicts and key numbers, or a plain
+def load_gpu_reports(folder: Path) -> list[dict]:
+    """The GPU-mode reports kept in ``folder`` (:data:`GPU_REPORT_DIR`), newest ``started`` first; dry runs
+    and files that are not reports are left out. Empty when the folder is missing."""
+    reps = []
+    for f in sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else []:
+        try:
+            r = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(r, dict) and r.get("mode") == "gpu" and "checks" in r:
+            reps.append({**r, "file": f.name})
+    return sorted(reps, key=lambda r: str(r.get("started")), reverse=True)
+
+
+def gpu_section(gpu_reports: list[dict] | dict | None) -> list[str]:
+    """The GPU section of BENCHMARKS.md (lines) from the kept reports of ``scripts/gpu-check.sh`` (format:
+    :mod:`phoenix_hpc.gpucheck.report`; a list, newest first, or one report): each run's device, versions
+    and verdicts, then every item's status and key numbers from the newest run that has it, or a plain
     statement that no GPU check has run yet."""
     L = ["## GPU (one-GPU check)", ""]
-    if not gpu_report or gpu_report.get("mode") != "gpu":
+    reps = [gpu_reports] if isinstance(gpu_reports, dict) else list(gpu_reports or [])
+    reps = [r for r in reps if r.get("mode") == "gpu"]
+    if not reps:
         return L + [
             "**No GPU check has run yet**: no GPU was available where this project has been run, so the Megatron "
             "engine, the CUDA D2H path and NCCL groups have never executed, and every number above comes from "
             "CPU ranks. `scripts/gpu-check.sh OUT_DIR` runs every check on one CUDA GPU in under 8 minutes "
             f"(after `scripts/gpu-wheels.sh` where the package index is reachable); copy `OUT_DIR/gpu-report.json` "
-            f"to `{GPU_REPORT}`, and the next `scripts/bench.sh` shows it here.", ""]
-    v, d, s = gpu_report["versions"], gpu_report["device"], gpu_report["summary"]
-    L += [f"Last GPU check: {gpu_report['started']}, {d.get('name')}, torch {v.get('torch')}, CUDA {v.get('cuda')}, "
-          f"driver {v.get('driver')}, megatron-core {v.get('megatron_core')}: {s['passed']} passed, "
-          f"{s['failed']} failed, {s['skipped']} skipped ({gpu_report['wall_s']} s).", "",
-          "| item | status | key numbers | reason |", "| --- | --- | --- | --- |"]
-    for c in gpu_report["checks"]:
-        for it in c["items"]:
-            nums = ", ".join(f"{k} {fmt_number(it['numbers'][k])}" for k in _KEY_NUMBERS if k in it["numbers"])
-            L.append(f"| {it['name']} | {it['status']} | {nums} | {it['reason'].replace('|', '/')} |")
-    return L + ["", f"Full report: `{GPU_REPORT}`.", ""]
+            f"into `{GPU_REPORT_DIR}/`, and the next `scripts/bench.sh` shows it here.", ""]
+    L += ["GPU check runs kept (newest first; each item below is from the newest run that has it):", ""]
+    for i, r in enumerate(reps, 1):
+        v, d, s = r["versions"], r["device"], r["summary"]
+        names = [c["check"] for c in r["checks"]]
+        L.append(f"{i}. {r['started']}, {d.get('name')}, torch {v.get('torch')}, CUDA {v.get('cuda')}, "
+                 f"driver {v.get('driver')}, megatron-core {v.get('megatron_core')}; checks {', '.join(names)}: "
+                 f"{s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped ({r['wall_s']} s)"
+                 + (f"; `{GPU_REPORT_DIR}/{r['file']}`" if r.get("file") else ""))
+    L += ["", "| item | run | status | key numbers | reason |", "| --- | --- | --- | --- | --- |"]
+    seen: set[str] = set()
+    for i, r in enumerate(reps, 1):
+        for c in r["checks"]:
+            for it in c["items"]:
+                if it["name"] in seen:
+                    continue
+                seen.add(it["name"])
+                nums = ", ".join(f"{k} {fmt_number(it['numbers'][k])}" for k in _KEY_NUMBERS if k in it["numbers"])
+                L.append(f"| {it['name']} | {i} | {it['status']} | {nums} | {it['reason'].replace('|', '/')} |")
+    return L + [""]
 
 
 def fmt_number(v) -> str:
@@ -657,3 +686,35 @@ def write_all(results: dict, out: Path, replacements: dict[str, str] | None = No
     _plots(results, out / PLOT_DIR)
     _atomic_text(out / "BENCHMARKS.json", json.dumps(results, indent=1, sort_keys=True, default=str) + "\n")
     _atomic_text(out / "BENCHMARKS.md", render_markdown(results))
+
+
+def refresh_gpu_section(folder: Path, repo: Path) -> int:
+    """Re-render ``folder/BENCHMARKS.md`` and ``.json`` with the GPU reports kept now under
+    ``repo``/:data:`GPU_REPORT_DIR`; every other section is re-rendered unchanged from the same JSON (no
+    benchmark runs). Returns how many reports it shows."""
+    js = Path(folder) / "BENCHMARKS.json"
+    data = json.loads(js.read_text()) if js.exists() else {}
+    data.pop("gpu_report", None)
+    data["gpu_reports"] = load_gpu_reports(Path(repo) / GPU_REPORT_DIR)
+    _atomic_text(js, json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+    _atomic_text(Path(folder) / "BENCHMARKS.md", render_markdown(data))
+    return len(data["gpu_reports"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m phoenix_hpc.bench.report refresh-gpu [DIR]``: :func:`refresh_gpu_section` of DIR (default:
+    the repository), after a GPU report was copied into :data:`GPU_REPORT_DIR`. Exit 2 on other arguments."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "refresh-gpu" or len(args) > 2:
+        print("usage: python -m phoenix_hpc.bench.report refresh-gpu [DIR]", file=sys.stderr)
+        return 2
+    repo = Path(__file__).resolve().parents[2]
+    n = refresh_gpu_section(Path(args[1]) if len(args) == 2 else repo, repo)
+    print(f"[bench] GPU section re-rendered from {n} kept report(s) in {GPU_REPORT_DIR}/")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

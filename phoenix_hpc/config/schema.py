@@ -15,7 +15,8 @@ Shape of the file (every section but ``name`` and ``data`` has defaults)::
                  weight_decay, grad_clip, seed, log_interval}
     data:       {path, factory, options}  # a Megatron indexed dataset (PREFIX.bin + .idx), or your factory
     resilience: {enabled, mode, k, placement_levels, heartbeat_interval_s, heartbeat_timeout_s,
-                 collective_timeout_s, chunk_bytes, checksum, recovery_path, checkpoint: {interval_steps, path}}
+                 collective_timeout_s, chunk_bytes, checksum, checksum_threads, recovery_path,
+                 checkpoint: {interval_steps, path}}
     resources:  {nodes, spares, gpus_per_node, time_limit, account, qos, partition, constraint}
 
 Relations that need only the config are checked here (heartbeat interval < heartbeat timeout < collective
@@ -345,6 +346,13 @@ class ResilienceConfig(BaseModel):
         "(XXH3, 64 bit; the fastest measured), crc32c (CRC-32C, hardware instruction where the CPU has one) "
         "or crc32 (zlib CRC-32)",
     )
+    checksum_threads: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
+        "auto",
+        description="threads that checksum the snapshot tensors a CUDA D2H copy landed, while the next ones are "
+        "still on the link (design section 4, Checksums): one core checksums pinned memory at about 10 GB/s, the "
+        "host link copies 55 GB/s (H200, PCIe gen 5). auto (the default): half of the CPUs Slurm bound the rank "
+        "to, at most 8, on a GPU rank; 1 on a CPU rank, whose copy thread checksums each tensor right after "
+        "copying it. Allowed: auto or an integer from 1 to 64")
     protect_every_max: int = Field(
         1,
         description="largest adaptive protection interval m (design section 4, Protection interval): when a step's "

@@ -7,7 +7,8 @@ Split in two halves so that only a negligible part runs on the training thread:
   does nothing.
 - :meth:`D2H.copy_checksummed` (the runtime's copy thread): on CUDA, a dedicated stream waits for that
   event, the tensors are copied with ``non_blocking=True`` into the pinned buffer with a blocking-sync event
-  after every :attr:`D2H.event_bytes` of them, and the thread checksums each group once its event passed;
+  after every :attr:`D2H.event_bytes` of them, and each group's tensors are checksummed once its event passed, on
+  ``checksum_threads`` threads (:mod:`.checksum_pool`) while the next groups are still on the link;
   on CPU, a plain copy in that background thread (torch releases the GIL while copying, so it overlaps the
   training thread's forward/backward), each tensor checksummed right after its copy. :meth:`D2H.copy` is
   the same copy without the checksums (one event at the end on CUDA).
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from phoenix_hpc.runtime.checksum import checksum_function
+from phoenix_hpc.runtime.checksum_pool import ChecksumPool, checksum_groups
 from phoenix_hpc.runtime.snapshot import SnapshotLayout, check_state, copy_in, slot_views
 
 
@@ -36,9 +38,12 @@ class D2H:
     #: checksum overlaps the next groups' transfer
     event_bytes = 64 << 20
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, checksum_threads: int = 1, thread_nice: int = 0):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        # CUDA: the threads that checksum each group of tensors once it landed (checksum_pool.py); the CPU
+        # path checksums in the copy thread, right after each copy, while the bytes are in its cache
+        self.checksums = ChecksumPool(checksum_threads if self.cuda else 1, thread_nice)
         self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None
         # the typed views of the buffers copied into (the ping-pong pair), built once per buffer and layout
         self._views: dict[int, tuple[torch.Tensor, SnapshotLayout, tuple[torch.Tensor, ...]]] = {}
@@ -77,13 +82,14 @@ class D2H:
         while they are still in the core's cache (separate passes read the whole snapshot from memory
         again), on CUDA while the next tensors are still on the link (an event after every
         :attr:`event_bytes` of tensors, :func:`event_ends`, created with blocking synchronisation, so that
-        the thread sleeps instead of spinning until the bytes are there).
+        the thread sleeps instead of spinning until the bytes are there), each group's tensors on the
+        checksum threads (:func:`~phoenix_hpc.runtime.checksum_pool.checksum_groups`).
 
         Returns ``(sums, copy_ns, checksum_ns)``: the checksum of every slot in slot order, as
         :func:`~phoenix_hpc.runtime.snapshot.checksums` of the whole ``buf`` would give, and this thread's
-        CPU time (``time.thread_time_ns``, ns) of the loop split between copying and checksumming. On CUDA
-        the thread's clock is read around each group's checksums (a few groups per step; the waits for the
-        events sleep and cost next to nothing); on CPU, where copy and checksum alternate per tensor, the
+        CPU time (``time.thread_time_ns``, ns) split between copying and checksumming. On CUDA the copy
+        part is this thread's own (issuing the copies; the waits for the events sleep and cost next to
+        nothing) and the checksum part the checksum threads' time over each tensor, summed; on CPU, where copy and checksum alternate per tensor, the
         loop's CPU time is split by the wall-time shares of the two halves (a thread clock read per tensor
         is a system call, 0.6 us here). Raises ReplicationError when the tensors do not match ``layout`` or
         the algorithm is unknown."""
@@ -106,16 +112,10 @@ class D2H:
                     ev.record(self._stream)
                     events.append(ev)
                     start = end
-            start = sum_ns = 0
-            for ev, end in zip(events, ends):
-                ev.synchronize()
-                t1 = time.thread_time_ns()
-                for slot in layout.slots[start:end]:
-                    sums.append(fn(mv[slot.offset : slot.offset + slot.nbytes]))
-                sum_ns += time.thread_time_ns() - t1
-                start = end
-            cpu = time.thread_time_ns() - c0
-            return sums, cpu - sum_ns, sum_ns
+            sums, sum_ns = checksum_groups(mv, layout.slots, ends, lambda i: events[i].synchronize(), fn,
+                                           self.checksums)
+            own = time.thread_time_ns() - c0  # with one checksum thread, the checksums ran in this one
+            return sums, own - (sum_ns if self.checksums.threads == 1 else 0), sum_ns
         wall_copy = wall_sum = 0
         with torch.no_grad():
             for (_, t), slot, view in zip(pairs, layout.slots, views):
@@ -142,7 +142,9 @@ class D2H:
         return views
 
     def forget(self) -> None:
-        """Drop the cached views (and with them this object's references to the buffers)."""
+        """Drop the cached views (and with them this object's references to the buffers) and stop the
+        checksum threads (they end once their checksums did; a later copy starts them again)."""
+        self.checksums.close()
         self._views.clear()
 
 

@@ -65,6 +65,7 @@ from phoenix_hpc.runtime.buffers import (
     read_mem_available,
 )
 from phoenix_hpc.runtime.checksum import DEFAULT_CHECKSUM, checksum_function
+from phoenix_hpc.runtime.checksum_pool import available_cpus, resolve_threads
 from phoenix_hpc.runtime.cpu_account import CpuAccount, Span, delta
 from phoenix_hpc.runtime.d2h import D2H
 from phoenix_hpc.runtime.mpi_faults import errors_return
@@ -176,7 +177,8 @@ class Protector:
 
     def __init__(self, *, engine_coord, shard_id: str, grid: Mapping[str, int], generation: int, setup: _Setup,
                  chunk_bytes: int, commit_timeout_s: float | None, on_commit, log, fault_hook, device,
-                 checksum: str = DEFAULT_CHECKSUM, interval_cap: int = 1, thread_nice: int = 0):
+                 checksum: str = DEFAULT_CHECKSUM, interval_cap: int = 1, thread_nice: int = 0,
+                 checksum_threads: int = 1):
         self.shard_id = shard_id
         self.grid = dict(grid)
         self.coord = {"pp": engine_coord.pp, "dp": engine_coord.dp, "tp": engine_coord.tp}
@@ -193,7 +195,7 @@ class Protector:
         # called about every ABORT_CHECK_S while wait_commit blocks; it may raise to leave the wait (the
         # recovery driver polls the coordinator, so a quiesce ends a wait on a peer that will never ack)
         self.abort_check: Callable[[], None] | None = None
-        self.d2h = D2H(device)
+        self.d2h = D2H(device, checksum_threads, thread_nice)
         self.checksum = checksum
         self.interval_cap = int(interval_cap)
         self.thread_nice = int(thread_nice)
@@ -250,6 +252,7 @@ class Protector:
         interval_cap: int = 1,
         thread_nice: int = 0,
         arrive_timeout_s: float | None = None,
+        checksum_threads: int | str = "auto",
     ) -> "Protector":
         """Set up protection for ``engine`` (collective: every active rank of the generation calls it).
 
@@ -278,6 +281,10 @@ class Protector:
             checksum: the checksum algorithm (``resilience.checksum``; :mod:`phoenix_hpc.runtime.checksum`).
             thread_nice: added to the nice value of the copy and H2H threads when they start
                 (``resilience.thread_nice``; :func:`~phoenix_hpc.runtime.thread_priority.lower_thread_priority`).
+            checksum_threads: threads that checksum the tensors a CUDA D2H copy landed
+                (``resilience.checksum_threads``: an integer or ``"auto"``,
+                :func:`~phoenix_hpc.runtime.checksum_pool.resolve_threads` over this process's CPUs; a CPU
+                rank checksums in its copy thread).
             interval_cap: the largest protection interval the ranks may choose
                 (``resilience.protect_every_max``; :mod:`phoenix_hpc.runtime.interval`); 1: every step.
             arrive_timeout_s: how long a rank waits for the last one to arrive (None: no bound). The wait is a
@@ -378,7 +385,8 @@ class Protector:
         prot = cls(engine_coord=coord, shard_id=shard_id, grid=grid, generation=generation, setup=setup,
                    chunk_bytes=chunk_bytes, commit_timeout_s=commit_timeout_s, on_commit=on_commit, log=log,
                    fault_hook=fault_hook, device=device, checksum=checksum, interval_cap=interval_cap,
-                   thread_nice=thread_nice)
+                   thread_nice=thread_nice, checksum_threads=resolve_threads(
+                       checksum_threads, torch.device(device or "cpu").type == "cuda", available_cpus()))
         tc["threads"] = time.perf_counter()
         # seconds per part of the construction (recovery timings): layout, the memory check and its agreement
         # (two collectives), allocation, the allocation's agreement, the threads' start

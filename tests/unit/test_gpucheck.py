@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from phoenix_hpc.bench.report import GPU_REPORT, gpu_section
+from phoenix_hpc.bench.report import GPU_REPORT_DIR, gpu_section, load_gpu_reports
 from phoenix_hpc.gpucheck import CHECKS, env, protect, report, wheels
 from phoenix_hpc.gpucheck.check_d2h import param_count
 from phoenix_hpc.gpucheck.check_memory import verdict
@@ -165,16 +165,35 @@ def test_benchmarks_section_says_plainly_when_no_gpu_check_ran():
     rep = report.build_report("gpu", "2026-01-01", 300.0, {"torch": "2.11", "cuda": "13.0", "driver": "580",
                                                            "megatron_core": "0.16.1"}, {"name": "NVIDIA H200"}, checks)
     text = "\n".join(gpu_section(rep))
-    assert "NVIDIA H200, torch 2.11, CUDA 13.0, driver 580, megatron-core 0.16.1: 1 passed, 0 failed" in text
-    assert "| d2h.overhead | passed | ratio 1.312, d2h_gbs 48.2 |  |" in text
+    assert "NVIDIA H200, torch 2.11, CUDA 13.0, driver 580, megatron-core 0.16.1; checks d2h: 1 passed, 0 failed" in text
+    assert "| d2h.overhead | 1 | passed | ratio 1.312, d2h_gbs 48.2 |  |" in text
+
+
+def test_gpu_section_takes_each_item_from_the_newest_run_that_has_it(tmp_path):
+    import json
+
+    def run(started, checks):
+        return report.build_report("gpu", started, 9.0, {"torch": "2.11"}, {"name": "H200"}, checks)
+
+    old = run("2026-01-01T00:00:00", [
+        {"check": "nccl", "items": [report.item("nccl.a", "failed", "broken")]},
+        {"check": "memory", "items": [report.item("memory.host", "passed", numbers={"rss_growth_over_expected": 1.5})]}])
+    new = run("2026-01-02T00:00:00", [{"check": "nccl", "items": [report.item("nccl.a", "passed")]}])
+    (tmp_path / "a.json").write_text(json.dumps(old))
+    (tmp_path / "b.json").write_text(json.dumps(new))
+    (tmp_path / "dry.json").write_text(json.dumps(report.build_report("dry-run", "2027", 1.0, {}, {}, [])))
+    (tmp_path / "junk.json").write_text("{not json")
+    reps = load_gpu_reports(tmp_path)
+    assert [r["file"] for r in reps] == ["b.json", "a.json"]
+    text = "\n".join(gpu_section(reps))
+    assert "| nccl.a | 1 | passed |" in text and "broken" not in text
+    assert "| memory.host | 2 | passed | rss_growth_over_expected 1.5 |" in text
+    assert "1. 2026-01-02T00:00:00" in text and "2. 2026-01-01T00:00:00" in text
+    assert load_gpu_reports(tmp_path / "missing") == []
 
 
 def test_benchmarks_md_has_the_generated_gpu_section():
-    import json
-
-    kept = ROOT / GPU_REPORT
-    last = json.loads(kept.read_text()) if kept.exists() else None
-    assert "\n".join(gpu_section(last)) in (ROOT / "BENCHMARKS.md").read_text()
+    assert "\n".join(gpu_section(load_gpu_reports(ROOT / GPU_REPORT_DIR))) in (ROOT / "BENCHMARKS.md").read_text()
 
 
 def test_check_timeout_keeps_budget_for_the_checks_to_come():
