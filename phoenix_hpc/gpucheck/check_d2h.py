@@ -15,7 +15,9 @@ Items:
   pinned copy's GB/s, the checksum rate of one thread (``checksum_gbs``, the default ``xxh3_64``; kept
   reports before it name it ``crc32_gbs``) and how many threads checksummed during the protected steps
   (``checksum_threads``, ``resilience.checksum_threads: auto``) with their rate over the same bytes
-  (``checksum_gbs_threads``). It fails when a protected step fails or the committed snapshot
+  (``checksum_gbs_threads``). Diagnosis (not a verdict): the median unprotected step while a thread
+  repeats only the D2H copy (``contention_copy_only_ms_median``) or only the checksums
+  (``contention_checksum_only_ms_median``), against ``off_ms_median`` (:func:`protect.contention`). It fails when a protected step fails or the committed snapshot
   differs from the live state.
 """
 
@@ -34,6 +36,7 @@ ITEMS = ("d2h.exact", "d2h.overhead")
 MODEL = {"layers": 20, "hidden_size": 2048, "heads": 16, "vocab_size": 256, "seq_length": 1024, "dtype": "bfloat16"}
 TRAINING = {"steps": 1000, "micro_batch_size": 4, "global_batch_size": 8, "lr": 1e-4, "warmup_steps": 2, "seed": 3}
 WARMUP, ROUNDS, BLOCK_STEPS = 3, 2, 4
+CONTENTION_STEPS = 4  # unprotected steps beside each half of the protection's work (protect.contention)
 TARGET_RATIO = 1.05  # the per-step overhead the design aims at (docs/design.md section 1), reported not asserted
 
 
@@ -181,6 +184,14 @@ def overhead_item(work: Path) -> dict:
                     checksum_function(prot.checksum), prot.d2h.checksums)
     nums["checksum_gbs_threads"] = protect.gbs(prot.layout.total_bytes, time.perf_counter() - t0)
     prot.d2h.checksums.close()
+    try:  # a diagnosis, not a verdict: where the step slows besides the exposed wait
+        nums.update({f"contention_{k}": v for k, v in
+                     protect.contention(engine, prot, buf, tokens, CONTENTION_STEPS).items()})
+    except Exception as e:  # noqa: BLE001 -- reported in the numbers; the log has the traceback
+        import traceback
+
+        traceback.print_exc()
+        nums["contention_error"] = repr(e)[:300]
     nums["raw_pinned_copy_gbs"] = raw_copy_gbs()
     pcie = env.pcie_facts(env.nvidia_smi())
     if "limit_gbs" in pcie:

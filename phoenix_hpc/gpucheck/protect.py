@@ -84,6 +84,62 @@ def snapshot_matches(protector, engine) -> list[str]:
     return bad
 
 
+def contention(engine, protector, buf, tokens: int, steps: int) -> dict[str, Any]:
+    """Where protection slows a step besides the exposed wait: ``steps`` unprotected steps train while a
+    background thread repeats one half of the protection's work back to back, then the other:
+
+    - ``copy``: the runtime's D2H of the live state into ``buf`` (:meth:`~phoenix_hpc.runtime.d2h.D2H.copy`:
+      side stream, pinned buffer; no checksum), which keeps the GPU's device-to-host copy engine busy,
+      where the training's own small device-to-host copies (the loss) queue too;
+    - ``checksum``: the protector's checksums of ``buf`` on its checksum threads
+      (:func:`~phoenix_hpc.runtime.checksum_pool.checksum_groups`), host work only, which takes cores and the
+      GIL between tensors from the training thread that launches the kernels.
+
+    Call after ``protector.close()``, with ``buf`` a host buffer of ``protector.layout`` nothing else uses.
+    Returns, per half, the median step time (ms; the first step of each block dropped) and the passes the
+    thread made per step; the unprotected steps before them are the reference. Raises what the thread
+    raised."""
+    import threading
+
+    from phoenix_hpc.launch.loop import train
+    from phoenix_hpc.runtime.checksum import checksum_function
+    from phoenix_hpc.runtime.checksum_pool import checksum_groups
+
+    opt, par = engine.optimizer_shard(), engine.param_shard()
+    slots, fn = protector.layout.slots, checksum_function(protector.checksum)
+    work = {
+        "copy": lambda: protector.d2h.copy(protector.d2h.mark(), buf, protector.layout, opt, par),
+        "checksum": lambda: checksum_groups(memoryview(buf.numpy()), slots, [len(slots)], lambda i: None, fn,
+                                            protector.d2h.checksums),
+    }
+    out: dict[str, Any] = {}
+    for name, one in work.items():
+        stop, passes, errors = threading.Event(), [0], []
+
+        def loop(one=one, stop=stop, passes=passes, errors=errors) -> None:
+            try:
+                while not stop.is_set():
+                    one()
+                    passes[0] += 1
+            except BaseException as e:  # noqa: BLE001 -- raised below, in the caller
+                errors.append(e)
+
+        th = threading.Thread(target=loop, name=f"phoenix-contention-{name}", daemon=True)
+        th.start()
+        try:
+            recs = train(engine, engine.step + steps, tokens)
+        finally:
+            stop.set()
+            th.join()
+        if errors:
+            raise errors[0]
+        kept = [r.step_time_ms for r in recs[1:]] or [r.step_time_ms for r in recs]
+        out[f"{name}_only_ms_median"] = round(statistics.median(kept), 2)
+        out[f"{name}_passes_per_step"] = round(passes[0] / max(1, len(recs)), 2)
+    protector.d2h.checksums.close()
+    return out
+
+
 def gbs(nbytes: int, seconds: float) -> float:
     """GB/s (1e9 bytes per second), rounded to 0.01; 0 for a zero time."""
     return round(nbytes / seconds / 1e9, 2) if seconds > 0 else 0.0
