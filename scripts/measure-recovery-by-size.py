@@ -175,7 +175,7 @@ def update_benchmarks(folder: Path, rows: dict, runs: dict) -> None:
     import datetime as dt
 
     from phoenix_hpc.bench import jobs
-    from phoenix_hpc.bench.report import GPU_REPORT_DIR, _atomic_text, load_gpu_reports, render_markdown
+    from phoenix_hpc.bench.report import _atomic_text, render_markdown, with_gpu_reports
 
     repo = Path(__file__).resolve().parents[1]
     js = folder / "BENCHMARKS.json"
@@ -184,8 +184,7 @@ def update_benchmarks(folder: Path, rows: dict, runs: dict) -> None:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": jobs.git_commit(repo),
         "command": "scripts/measure-recovery-by-size.py", "rows": rows, "runs": runs,
         "findings": findings(rows)}
-    data.pop("gpu_report", None)
-    data["gpu_reports"] = load_gpu_reports(repo / GPU_REPORT_DIR)
+    with_gpu_reports(data, repo)
     _atomic_text(js, json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     _atomic_text(folder / "BENCHMARKS.md", render_markdown(data))
 

@@ -689,14 +689,22 @@ def write_all(results: dict, out: Path, replacements: dict[str, str] | None = No
     _atomic_text(out / "BENCHMARKS.md", render_markdown(results))
 
 
+def with_gpu_reports(data: dict, repo: Path) -> dict:
+    """``data`` (a BENCHMARKS.json's content) with ``gpu_reports`` read now from ``repo``/:data:`GPU_REPORT_DIR`
+    (and the single ``gpu_report`` of earlier versions dropped); changes ``data`` in place and returns it."""
+    data.pop("gpu_report", None)
+    data["gpu_reports"] = load_gpu_reports(Path(repo) / GPU_REPORT_DIR)
+    return data
+
+
 def refresh_gpu_section(folder: Path, repo: Path) -> int:
     """Re-render ``folder/BENCHMARKS.md`` and ``.json`` with the GPU reports kept now under
     ``repo``/:data:`GPU_REPORT_DIR`; every other section is re-rendered unchanged from the same JSON (no
-    benchmark runs). Returns how many reports it shows."""
+    benchmark runs). Returns how many reports it shows.
+
+    Raises FileNotFoundError when ``folder`` has no BENCHMARKS.json (nothing to re-render)."""
     js = Path(folder) / "BENCHMARKS.json"
-    data = json.loads(js.read_text()) if js.exists() else {}
-    data.pop("gpu_report", None)
-    data["gpu_reports"] = load_gpu_reports(Path(repo) / GPU_REPORT_DIR)
+    data = with_gpu_reports(json.loads(js.read_text()), repo)
     _atomic_text(js, json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     _atomic_text(Path(folder) / "BENCHMARKS.md", render_markdown(data))
     return len(data["gpu_reports"])
@@ -712,7 +720,11 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m phoenix_hpc.bench.report refresh-gpu [DIR]", file=sys.stderr)
         return 2
     repo = Path(__file__).resolve().parents[2]
-    n = refresh_gpu_section(Path(args[1]) if len(args) == 2 else repo, repo)
+    folder = Path(args[1]) if len(args) == 2 else repo
+    if not (folder / "BENCHMARKS.json").is_file():
+        print(f"refresh-gpu: {folder}: no BENCHMARKS.json to re-render (run scripts/bench.sh first)", file=sys.stderr)
+        return 2
+    n = refresh_gpu_section(folder, repo)
     print(f"[bench] GPU section re-rendered from {n} kept report(s) in {GPU_REPORT_DIR}/")
     return 0
 

@@ -297,8 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out_dir).absolute()
     results = keep_previous_sections(results, out / "BENCHMARKS.json", sections)
     results.update(summarize_top(results))
-    results.pop("gpu_report", None)  # a single report, as earlier versions kept it
-    results["gpu_reports"] = report.load_gpu_reports(repo / report.GPU_REPORT_DIR)  # scripts/gpu-check.sh runs
+    report.with_gpu_reports(results, repo)  # the kept runs of scripts/gpu-check.sh
     report.write_all(results, out, {str(work): "<work>", str(repo): "<repo>"})
     print(f"[bench] wrote {out / 'BENCHMARKS.md'} and {out / 'BENCHMARKS.json'} in {results['wall_s']:.0f} s", flush=True)
     return 0

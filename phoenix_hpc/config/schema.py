@@ -290,6 +290,10 @@ class CheckpointConfig(BaseModel):
         "every rank restores the newest checkpoint")
 
 
+#: ``resilience.checksum_threads`` bounds, inclusive (runtime/checksum_pool.py THREADS_MIN/MAX; a unit test ties them)
+CHECKSUM_THREADS_RANGE = (1, 64)
+
+
 class ResilienceConfig(BaseModel):
     """PHOENIX protection settings (docs/design.md sections 4-6). With ``enabled: false`` training runs with no
     extra layer at all."""
@@ -335,8 +339,8 @@ class ResilienceConfig(BaseModel):
     chunk_bytes: int = Field(4 << 20, gt=0, description="H2H message chunk size in bytes")
     thread_nice: int = Field(
         0, ge=0, le=19,
-        description="added to the nice value (setpriority(2)) of the runtime's two background threads, the D2H "
-        "copy/checksum thread and the H2H MPI thread, when they start (design section 4, Cost): on cores they "
+        description="added to the nice value (setpriority(2)) of the runtime's background threads, the D2H "
+        "copy/checksum thread, the H2H MPI thread and a GPU rank's checksum threads, when they start (design section 4, Cost): on cores they "
         "share with the training thread they then take what it leaves, at the risk of starving replica verification "
         "on oversubscribed hosts (commits then time out). 0 (the default): the training thread's priority. "
         "Allowed: 0 .. 19")
@@ -346,7 +350,7 @@ class ResilienceConfig(BaseModel):
         "(XXH3, 64 bit; the fastest measured), crc32c (CRC-32C, hardware instruction where the CPU has one) "
         "or crc32 (zlib CRC-32)",
     )
-    checksum_threads: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
+    checksum_threads: int | Literal["auto"] = Field(
         "auto",
         description="threads that checksum the snapshot tensors a CUDA D2H copy landed, while the next ones are "
         "still on the link (design section 4, Checksums): one core checksums pinned memory at about 10 GB/s, the "
@@ -380,6 +384,16 @@ class ResilienceConfig(BaseModel):
         "engine torch and stop with any other engine (shrink needs an engine that can re-partition its "
         "optimizer: torch only)")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="persistent checkpoints")
+
+    @field_validator("checksum_threads", mode="before")
+    @classmethod
+    def _checksum_threads(cls, v):
+        """One message for every refused value (the two-member union would give one per member)."""
+        lo, hi = CHECKSUM_THREADS_RANGE
+        if not (isinstance(v, str) and v == "auto") and (
+                isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
+            raise ValueError(f"not allowed (allowed: 'auto' or an integer from {lo} to {hi})")
+        return v
 
     @field_validator("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", mode="before")
     @classmethod

@@ -12,7 +12,8 @@ Items:
   (:func:`phoenix_hpc.gpucheck.protect.abba`); numbers: the per-step ratio on/off with its 95 % interval,
   the exposed wait before ``optimizer_step`` (``wait_commit``), the background D2H+CRC time per step, the
   D2H copy's GB/s alone against the host link's limit (nvidia-smi's PCIe generation and width) and a plain
-  pinned copy's GB/s, the checksum rate of one thread (``checksum_gbs``, the default ``xxh3_64``; kept
+  pinned copy's GB/s, the checksum rate of one thread (``checksum_gbs``, the default ``xxh3_64``, timed
+  over a whole seal: the checksums and the index and header they go into; kept
   reports before it name it ``crc32_gbs``) and how many threads checksummed during the protected steps
   (``checksum_threads``, ``resilience.checksum_threads: auto``) with their rate over the same bytes
   (``checksum_gbs_threads``). Diagnosis (not a verdict): the median unprotected step while a thread

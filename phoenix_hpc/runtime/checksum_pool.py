@@ -17,6 +17,7 @@ snapshot dominated by one huge tensor gains little.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
@@ -36,20 +37,33 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def threads_problem(value: object) -> str | None:
+    """Why ``value`` is not an allowed ``resilience.checksum_threads`` (``"auto"`` or an ``int`` from
+    :data:`THREADS_MIN` to :data:`THREADS_MAX`; a ``bool`` is not one), naming the field, the value and what
+    is allowed; None when it is allowed. Pure."""
+    if value == "auto" and isinstance(value, str):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not THREADS_MIN <= value <= THREADS_MAX:
+        return (f"resilience.checksum_threads: value {value!r} is not allowed (allowed: 'auto' or an integer "
+                f"from {THREADS_MIN} to {THREADS_MAX})")
+    return None
+
+
 def resolve_threads(setting: int | str, cuda: bool, cpus: int) -> int:
     """The number of checksum threads for ``resilience.checksum_threads = setting`` (pure): an integer is
-    taken as given; ``"auto"`` is 1 for a CPU rank (whose copy thread checksums each tensor right after
+    taken as given (the D2H uses them on a CUDA rank only: :class:`~phoenix_hpc.runtime.d2h.D2H`);
+    ``"auto"`` is 1 for a CPU rank (whose copy thread checksums each tensor right after
     copying it, while the bytes are in its cache, and whose cores are the compute's) and
     ``min(AUTO_MAX_THREADS, cpus // 2)``, at least 1, for a CUDA rank with ``cpus`` CPUs.
 
     Raises ValueError for a setting that is neither ``"auto"`` nor an integer from :data:`THREADS_MIN` to
     :data:`THREADS_MAX` (the config refuses those first)."""
+    problem = threads_problem(setting)
+    if problem is not None:
+        raise ValueError(problem)
     if setting == "auto":
         return max(1, min(AUTO_MAX_THREADS, cpus // 2)) if cuda else 1
-    if isinstance(setting, bool) or not isinstance(setting, int) or not THREADS_MIN <= setting <= THREADS_MAX:
-        raise ValueError(f"resilience.checksum_threads: value {setting!r} is not allowed (allowed: 'auto' or an "
-                         f"integer from {THREADS_MIN} to {THREADS_MAX})")
-    return setting
+    return int(setting)
 
 
 def timed(fn: Callable[[object], int], view) -> tuple[int, int]:
@@ -59,10 +73,19 @@ def timed(fn: Callable[[object], int], view) -> tuple[int, int]:
     return value, time.thread_time_ns() - c0
 
 
+def _nice_at_least(target: int) -> None:
+    """Pool initializer: raise the calling thread's nice value to ``target`` (never lower it: that needs
+    ``CAP_SYS_NICE``)."""
+    tid = threading.get_native_id()
+    if os.getpriority(os.PRIO_PROCESS, tid) < target:
+        os.setpriority(os.PRIO_PROCESS, tid, target)
+
+
 class ChecksumPool:
-    """``threads`` worker threads (``phoenix-checksum-N``, each made ``nice`` nicer as it starts,
-    :func:`phoenix_hpc.runtime.thread_priority.lower_thread_priority`), started on first use. With one
-    thread nothing is started: :meth:`submit` computes in the caller's thread."""
+    """``threads`` worker threads (``phoenix-checksum-N``), started on first use, each at the process's
+    nice value + ``nice`` (``resilience.thread_nice``, capped at 19): a thread inherits its creator's nice
+    value, and the creator is usually the copy thread, already made nicer, so the value is set absolutely,
+    not added again. With one thread nothing is started: :meth:`submit` computes in the caller's thread."""
 
     def __init__(self, threads: int, nice: int = 0):
         self.threads = max(1, int(threads))
@@ -70,10 +93,11 @@ class ChecksumPool:
         self._pool: ThreadPoolExecutor | None = None
 
     def _start(self) -> None:
-        from phoenix_hpc.runtime.thread_priority import lower_thread_priority
+        from phoenix_hpc.runtime.thread_priority import NICE_MAX
 
+        target = min(NICE_MAX, os.getpriority(os.PRIO_PROCESS, os.getpid()) + self.nice)  # the main thread's + nice
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="phoenix-checksum",
-                                        initializer=lower_thread_priority, initargs=(self.nice,))
+                                        initializer=_nice_at_least, initargs=(target,))
 
     def submit(self, fn: Callable[[object], int], view) -> Future:
         """A future of :func:`timed` ``(fn, view)``; it raises what ``fn`` raised. ``view`` must stay valid

@@ -279,7 +279,7 @@ class Protector:
                 before the copy of step) and ``h2h_send_chunk`` (H2H engine, before chunk i of step).
             device: where the engine's tensors live (default: the first optimizer tensor's device).
             checksum: the checksum algorithm (``resilience.checksum``; :mod:`phoenix_hpc.runtime.checksum`).
-            thread_nice: added to the nice value of the copy and H2H threads when they start
+            thread_nice: added to the nice value of the copy, H2H and checksum threads when they start
                 (``resilience.thread_nice``; :func:`~phoenix_hpc.runtime.thread_priority.lower_thread_priority`).
             checksum_threads: threads that checksum the tensors a CUDA D2H copy landed
                 (``resilience.checksum_threads``: an integer or ``"auto"``,
@@ -295,7 +295,7 @@ class Protector:
         Raises:
             RecoveryError: not every rank arrived within ``arrive_timeout_s``.
             ReplicationError (on every rank, before anything is allocated): ``chunk_bytes <= 0``;
-                ``thread_nice`` outside 0..19; this rank
+                ``thread_nice`` outside 0..19; ``checksum_threads`` neither ``"auto"`` nor 1..64; this rank
                 missing from the placement; a replica too large for the MPI tag space; any rank lacking host
                 memory for its buffers (MemAvailable check); an allocation failure on any rank.
         """
@@ -309,6 +309,12 @@ class Protector:
         if problem is not None:
             raise ReplicationError(problem)
         opt, params, env = engine.optimizer_shard(), engine.param_shard(), engine.envelope()
+        if device is None:
+            device = (opt or params)[0][1].device if (opt or params) else torch.device("cpu")
+        try:  # before any collective call
+            n_checksum = resolve_threads(checksum_threads, torch.device(device).type == "cuda", available_cpus())
+        except ValueError as exc:
+            raise ReplicationError(str(exc)) from None
         coord = engine.coord
         shard_id = coord.shard_prefix()
         mine = placement.holders_of(logical_rank)
@@ -324,8 +330,6 @@ class Protector:
         tc = {"start": time.perf_counter()}
         layout = plan_layout(opt, params, example)
         tc["layout"] = time.perf_counter()
-        if device is None:
-            device = (opt or params)[0][1].device if (opt or params) else torch.device("cpu")
         pin = torch.device(device).type == "cuda"
 
         # the first collective waits for the last member to arrive, sleeping (runtime/polled.py)
@@ -385,8 +389,7 @@ class Protector:
         prot = cls(engine_coord=coord, shard_id=shard_id, grid=grid, generation=generation, setup=setup,
                    chunk_bytes=chunk_bytes, commit_timeout_s=commit_timeout_s, on_commit=on_commit, log=log,
                    fault_hook=fault_hook, device=device, checksum=checksum, interval_cap=interval_cap,
-                   thread_nice=thread_nice, checksum_threads=resolve_threads(
-                       checksum_threads, torch.device(device or "cpu").type == "cuda", available_cpus()))
+                   thread_nice=thread_nice, checksum_threads=n_checksum)
         tc["threads"] = time.perf_counter()
         # seconds per part of the construction (recovery timings): layout, the memory check and its agreement
         # (two collectives), allocation, the allocation's agreement, the threads' start
@@ -593,20 +596,20 @@ class Protector:
                 {sid: pp.verified_steps() for sid, pp in self.buffers.held.items()})
 
     def reverify_held(self) -> tuple[list[tuple[str, int, int, int]], list[tuple[str, int, str]]]:
-        """Verify every held replica buffer again (header, index and the CRC-32 of every optimizer tensor;
+        """Verify every held replica buffer again (header, index and the checksum of every optimizer tensor;
         its shard id and step as the buffer says) and forget each one that fails, so that a copy corrupted
         in host memory since it arrived is never offered to a recovery. Call after :meth:`close`.
 
         Returns ``(good, bad)``: ``good`` is ``[(shard id, step, generation, combined opt CRC-32), ...]`` of
         the copies that verify (the CRC is what the owner sealed and the holder acknowledged), ``bad`` is
         ``[(shard id, step, reason), ...]`` of the copies forgotten. Costs one CRC pass over the held
-        replicas (about 4 GB/s, module doc of :mod:`phoenix_hpc.runtime.snapshot`)."""
+        replicas (on a GPU rank on the checksum threads, :mod:`phoenix_hpc.runtime.checksum_pool`)."""
         good, bad = [], []
         for sid, pp in self.buffers.held.items():
             for step in pp.verified_steps():
                 buf = pp.find(step)
-                try:
-                    h, crc = verify(buf, (OPT,))
+                try:  # on a GPU rank on the checksum threads (runtime/checksum_pool.py)
+                    h, crc = verify(buf, (OPT,), pool=self.d2h.checksums)
                     if h.step != step or h.index.get("shard_id") != sid:
                         raise ReplicationError(f"buffer holds {h.index.get('shard_id')} step {h.step}")
                 except ReplicationError as exc:
@@ -614,6 +617,7 @@ class Protector:
                     bad.append((sid, step, str(exc)))
                 else:
                     good.append((sid, step, int(h.generation), crc))
+        self.d2h.checksums.close()  # called after close(): the threads this pass started end with it
         return good, bad
 
     def held_shards(self) -> list[str]:
@@ -745,7 +749,8 @@ class Protector:
             buf = local.begin_write(idx)
             # its views and checks count as bookkeeping; its loop's CPU time as copy and checksum
             sums, copy_ns, sum_ns = self.d2h.copy_checksummed(token, buf, self.layout, opt, params, self.checksum)
-            inner += copy_ns + sum_ns
+            # on one thread the checksums ran in this one; on several, in the checksum threads
+            inner += copy_ns + (sum_ns if self.d2h.checksums.threads == 1 else 0)
             self.cpu.add("copy", copy_ns)
             self.cpu.add("checksum", sum_ns)
             envelope = json.loads(json.dumps(envelope))
@@ -769,9 +774,16 @@ class Protector:
         c0 = time.thread_time_ns()
         buf = spec.pingpong.bufs[idx]
         try:
-            with Span(self.cpu, "checksum") as sp:
-                h, crc = verify(buf, (OPT,))
-            inner = time.thread_time_ns() - sp.t0
+            pool = self.d2h.checksums
+            if pool.threads > 1:  # a GPU rank: on the checksum threads, whose CPU time they report
+                t: dict = {}
+                h, crc = verify(buf, (OPT,), pool=pool, timings=t)
+                self.cpu.add("checksum", t["checksum_ns"])
+                inner = 0  # this thread's own part (submitting, waiting) stays bookkeeping
+            else:
+                with Span(self.cpu, "checksum") as sp:
+                    h, crc = verify(buf, (OPT,))
+                inner = time.thread_time_ns() - sp.t0
             if h.step != step or h.generation != self.generation or h.index["shard_id"] != spec.shard_id:
                 raise ReplicationError(
                     f"received {h.index['shard_id']} step {h.step} gen {h.generation}, expected "

@@ -402,31 +402,41 @@ class Unpacked:
     opt_crc: int
 
 
-def verify(buf: torch.Tensor, parts: tuple[str, ...] = (OPT,)) -> tuple[SnapshotHeader, int]:
+def verify(buf: torch.Tensor, parts: tuple[str, ...] = (OPT,), pool=None,
+           timings: dict | None = None) -> tuple[SnapshotHeader, int]:
     """Check header, index and the checksum (the index's algorithm) of every tensor of ``parts``; return
     the header and the combined checksum of the opt part. Raises ReplicationError naming the first tensor
-    that fails, or an algorithm this build does not know."""
+    (in index order) that fails, or an algorithm this build does not know.
+
+    ``pool``: a :class:`~phoenix_hpc.runtime.checksum_pool.ChecksumPool`; with more than one thread the
+    tensors are checksummed on it (a GPU rank's held replicas, gigabytes of host memory), and
+    ``timings["checksum_ns"]`` (when ``timings`` is given) receives the CPU ns the checksums took on its
+    threads. Without one, or with one thread, they are checksummed in the calling thread."""
     h = read_header(buf)
     algo = h.index.get("checksum", "")
     fn = checksum_function(algo)  # raises on an unknown algorithm
     mv = memoryview(_np(buf))
     opt_limit, all_limit = min(h.opt_end, len(mv)), min(h.total_bytes, len(mv))
-    opt_crcs = []
-    for e in h.index["tensors"]:
-        part = e["part"]
-        if part not in parts:
-            continue
-        start = e["offset"]
-        end = start + e["nbytes"]
-        if end > (opt_limit if part == OPT else all_limit):
+    entries = [e for e in h.index["tensors"] if e["part"] in parts]
+    for e in entries:
+        if e["offset"] + e["nbytes"] > (opt_limit if e["part"] == OPT else all_limit):
             raise ReplicationError(f"tensor {e['name']} lies outside the buffer")
-        c = fn(mv[start:end])
+    if pool is not None and pool.threads > 1:
+        futures = [pool.submit(fn, mv[e["offset"] : e["offset"] + e["nbytes"]]) for e in entries]
+        done = [f.result() for f in futures]
+        values = [v for v, _ in done]
+        if timings is not None:
+            timings["checksum_ns"] = sum(ns for _, ns in done)
+    else:
+        values = (fn(mv[e["offset"] : e["offset"] + e["nbytes"]]) for e in entries)
+    opt_crcs = []
+    for e, c in zip(entries, values):
         if c != e["sum"]:
             raise ReplicationError(
                 f"tensor {e['name']} of shard {h.index['shard_id']} step {h.step} fails its checksum "
                 f"({algo} {c:#x}, expected {e['sum']:#x})"
             )
-        if part == OPT:
+        if e["part"] == OPT:
             opt_crcs.append(c)
     return h, combined_crc(opt_crcs)
 

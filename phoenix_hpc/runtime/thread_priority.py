@@ -3,7 +3,8 @@ section 4, Cost).
 
 On Linux the nice value belongs to each thread (setpriority(2), "NOTES": ``PRIO_PROCESS`` with a thread ID
 sets that thread only). The D2H copy/checksum thread and the H2H thread call :func:`lower_thread_priority`
-when they start, so that on cores they share with the training thread the scheduler gives them what the
+when they start (a GPU rank's checksum threads are set to the same value by their pool,
+:class:`phoenix_hpc.runtime.checksum_pool.ChecksumPool`), so that on cores they share with the training thread the scheduler gives them what the
 training thread leaves (CFS weights, kernel ``sched_prio_to_weight``: nice 0 weighs 1024, nice 10 110,
 nice 19 15). Raising one's own nice value needs no privilege; lowering it needs ``CAP_SYS_NICE``, so only
 increments from 0 to 19 are accepted.

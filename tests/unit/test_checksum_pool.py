@@ -46,7 +46,7 @@ def test_group_checksums_equal_the_whole_buffers_and_are_taken_after_each_wait(t
         sums, ns = checksum_groups(memoryview(buf.numpy()), lay.slots, ends, wait, checksum_function(name), pool)
     finally:
         pool.close()
-    assert sums == want and waited == list(range(len(ends))) and ns >= 0
+    assert sums == want and waited == list(range(len(ends))) and ns > 0
 
 
 def test_the_pool_runs_on_its_own_threads_and_one_thread_runs_in_the_caller():
@@ -70,25 +70,30 @@ def test_the_pool_runs_on_its_own_threads_and_one_thread_runs_in_the_caller():
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_failing_checksum_is_raised_after_every_submitted_one_ended(threads):
+    import time
+
     lay, opt, par = _layout()
     buf = torch.zeros(lay.total_bytes, dtype=torch.uint8)
     S.copy_in(buf, lay, opt, par)
-    ended = []
+    bad = lay.slots[3].offset
+    ended, lock = [], threading.Lock()
 
     def fn(view):
-        if len(ended) == 3:
-            ended.append("bad")
+        time.sleep(0.01)  # slow enough that the others are still running when the bad one fails
+        with lock:
+            ended.append(len(view))
+        if view.obj is not None and np.frombuffer(view, dtype=np.uint8).ctypes.data == buf.numpy()[bad:].ctypes.data:
             raise ValueError("torn view")
-        ended.append(len(view))
         return 0
 
     pool = ChecksumPool(threads)
     try:
         with pytest.raises(ValueError, match="torn view"):
             checksum_groups(memoryview(buf.numpy()), lay.slots, [len(lay.slots)], lambda i: None, fn, pool)
+        n_at_raise = len(ended)  # read before close(), which would wait for any still running
     finally:
         pool.close()
-    assert len(ended) == len(lay.slots)  # the others ran to their end before the error came back
+    assert n_at_raise == len(lay.slots)
 
 
 def test_a_failing_wait_stops_before_the_next_group():
@@ -119,11 +124,50 @@ def test_resolve_threads():
 
 
 def test_the_job_configs_bounds_are_the_pools():
-    from phoenix_hpc.config.schema import ResilienceConfig
+    from phoenix_hpc.config.schema import CHECKSUM_THREADS_RANGE, ResilienceConfig
 
+    assert CHECKSUM_THREADS_RANGE == (THREADS_MIN, THREADS_MAX)
     assert ResilienceConfig().checksum_threads == "auto"
     assert ResilienceConfig(checksum_threads=THREADS_MIN).checksum_threads == THREADS_MIN
     assert ResilienceConfig(checksum_threads=THREADS_MAX).checksum_threads == THREADS_MAX
     for bad in (THREADS_MIN - 1, THREADS_MAX + 1):
         with pytest.raises(Exception, match="checksum_threads"):
             ResilienceConfig(checksum_threads=bad)
+
+
+def test_pool_threads_run_at_the_process_nice_plus_the_increment_even_from_a_niced_thread():
+    import os
+
+    from phoenix_hpc.runtime.thread_priority import lower_thread_priority
+
+    base = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    seen = []
+
+    def creator():  # the copy thread: already niced by the increment when it starts the pool
+        lower_thread_priority(3)
+        pool = ChecksumPool(2, nice=3)
+        try:
+            pool.submit(lambda v: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())) or 0,
+                        b"x").result()
+        finally:
+            pool.close()
+
+    th = threading.Thread(target=creator)
+    th.start()
+    th.join()
+    assert seen == [min(19, base + 3)]
+
+
+def test_a_cpu_d2h_keeps_one_thread_and_a_closed_pool_stops_its_threads_and_starts_again_on_use():
+    from phoenix_hpc.runtime.d2h import D2H
+
+    d = D2H(torch.device("cpu"), checksum_threads=4)
+    assert d.checksums.threads == 1  # a CPU rank checksums in its copy thread
+    pool = ChecksumPool(2)
+    pool.submit(len, b"abc").result()
+    names = {t.name for t in threading.enumerate()}
+    assert any(n.startswith("phoenix-checksum") for n in names)
+    pool.close()
+    assert not any(t.name.startswith("phoenix-checksum") and t.is_alive() for t in threading.enumerate())
+    assert pool.submit(len, b"ab").result()[0] == 2
+    pool.close()

@@ -225,3 +225,17 @@ def test_runner_orchestration_on_cpu_records_a_check_that_fails_and_one_that_tim
     timed = R.run_check("megatron", tmp_path, 0.5)
     assert [i["status"] for i in timed["items"]] == ["failed"] * len(timed["items"])
     assert timed["items"][0]["reason"].startswith("timed out after 0 s")
+
+
+def test_refresh_gpu_rerenders_from_the_json_and_refuses_a_folder_without_one(tmp_path, capsys):
+    import json
+
+    from phoenix_hpc.bench import report as R
+
+    assert R.main(["refresh-gpu", str(tmp_path)]) == 2
+    assert "no BENCHMARKS.json" in capsys.readouterr().err and not (tmp_path / "BENCHMARKS.md").exists()
+    assert R.main(["refresh", "x", "y"]) == 2
+    data = json.loads((ROOT / "BENCHMARKS.json").read_text())
+    (tmp_path / "BENCHMARKS.json").write_text(json.dumps(data))
+    assert R.main(["refresh-gpu", str(tmp_path)]) == 0
+    assert (tmp_path / "BENCHMARKS.md").read_text() == (ROOT / "BENCHMARKS.md").read_text()

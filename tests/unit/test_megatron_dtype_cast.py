@@ -29,9 +29,10 @@ def test_stray_fp32_params_and_buffers_are_cast_and_named():
 
 def test_fp32_model_and_uniform_model_are_left_alone():
     m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    before = [p for p in m.parameters()]
+    before = [p.data_ptr() for p in m.parameters()]
     assert cast_to_params_dtype(m, torch.float32) == []
-    assert [p for p in m.parameters()] == before and all(p.dtype == torch.float32 for p in m.parameters())
+    assert [p.data_ptr() for p in m.parameters()] == before and all(p.dtype == torch.float32 for p in m.parameters())
     b = torch.nn.Linear(4, 4, dtype=torch.bfloat16)
+    ptr = b.weight.data_ptr()
     assert cast_to_params_dtype(b, torch.bfloat16) == []
-    assert b.weight.dtype == torch.bfloat16
+    assert b.weight.dtype == torch.bfloat16 and b.weight.data_ptr() == ptr  # nothing re-allocated

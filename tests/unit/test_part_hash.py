@@ -53,6 +53,7 @@ def test_a_held_replica_corrupted_in_memory_is_forgotten_at_quiesce_and_the_othe
     from types import SimpleNamespace
 
     from phoenix_hpc.runtime.buffers import PingPong
+    from phoenix_hpc.runtime.checksum_pool import ChecksumPool
     from phoenix_hpc.runtime.protector import Protector
 
     opt, params = _state()
@@ -67,7 +68,8 @@ def test_a_held_replica_corrupted_in_memory_is_forgotten_at_quiesce_and_the_othe
     pp.commit(0, 4)
     assert pp.verified_steps() == [4, 3]
     pp.bufs[0][layout.slots[0].offset + 5] ^= 0x10  # silent corruption of the committed copy
-    fake = SimpleNamespace(buffers=SimpleNamespace(held={"opt/pp0/tp0/dp0": pp}))
+    fake = SimpleNamespace(buffers=SimpleNamespace(held={"opt/pp0/tp0/dp0": pp}),
+                           d2h=SimpleNamespace(checksums=ChecksumPool(2)))  # verified on two threads
     good, bad = Protector.reverify_held(fake)
     assert [(s, k) for s, k, _ in bad] == [("opt/pp0/tp0/dp0", 4)] and "fails its checksum" in bad[0][2]
     assert [g[:3] for g in good] == [("opt/pp0/tp0/dp0", 3, 1)]
