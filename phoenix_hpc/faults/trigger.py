@@ -16,7 +16,8 @@ injection whose step and phase match. Integration (the rank loop, ``phoenix_hpc.
     trigger.check(s, "d2h")                  # in the D2H worker, before copying S(s-1)
     trigger.check(s, "h2h")                  # in the H2H worker, before sending S(s-1)
     trigger.check(s, "optimizer_step")       # before engine.optimizer_step()
-    trigger.check(live_step + 1, "recovery") # in the quiesce/restore handler
+    trigger.check(live_step + 1, "recovery") # in the quiesce/restore handler; a standby slot checks
+                                             # trigger.check(R + 1, "recovery") as it starts to join a plan
     # an InjectedFault raised by check() is reported like any error inside the step:
     #   client.report_fault(generation, s, phase, exc=e, kind=e.fault_kind)
 

@@ -100,6 +100,22 @@ class QuiesceRequested(Exception):
         self.msg = msg
 
 
+class RestoreInterrupted(Exception):
+    """The coordinator re-planned the recovery this member is applying: a member of the plan was lost before
+    every member arrived at the new generation (``msg``: the newer ``quiesce``). Raised at the arrival barrier
+    (:meth:`Member._arrive_all`), where nothing of the new generation exists yet and a survivor's engine on
+    the rebind path is untouched; the member answers the newer quiesce from what it held and applies the next
+    plan (docs/design.md section 6, "A loss in the restore phase")."""
+
+    def __init__(self, msg: dict[str, Any]):
+        super().__init__(f"recovery re-planned as generation {msg.get('generation')}")
+        self.msg = msg
+
+
+#: how often the arrival barrier looks for a newer quiesce, seconds
+ARRIVE_CHECK_S = 0.05
+
+
 class LeftToStandby(RecoveryError):
     """A shrink removed this slot's DP replica: it sent what it held and is a standby slot again (the
     entry point waits for a recovery plan that names it, as a spare does)."""
@@ -254,6 +270,10 @@ class Member:
         # closed protectors of earlier generations whose copies of the last recoverable step still serve a
         # recovery: kept until the current generation's first commit fence (no unprotected window)
         self.kept: list = []
+        # rebuild path: (R, host copy of S(R), rolled, its host-copy and teardown seconds) of a survivor whose
+        # plan was cut short at the arrival barrier after its engine ended (RestoreInterrupted); the next plan
+        # loads it
+        self._held_copy: tuple[int, Any, bool, dict[str, float]] | None = None
         self.phase: str | None = None
         self.recoveries: list[RecoveryRecord] = []
         self._gc_mark: float | None = None  # heap.PAUSES.total_s where the current recovery started (_mark_gc)
@@ -351,11 +371,38 @@ class Member:
         store = self._store()
         store.add(key, 1)
         deadline = time.monotonic() + self.wait_s
+        next_check = 0.0
         while store.add(key, 0) < self.n_ranks:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise RecoveryError(f"generation {self.generation}: only {store.add(key, 0)} of {self.n_ranks} "
                                     f"members reached the rebuild within {self.wait_s:g} s")
+            if now >= next_check:  # a member lost meanwhile: the coordinator re-plans (a newer quiesce)
+                newer = self._take_newer_quiesce()
+                if newer is not None:
+                    raise RestoreInterrupted(newer)
+                next_check = now + ARRIVE_CHECK_S
             time.sleep(poll_s)
+
+    def _take_newer_quiesce(self) -> dict[str, Any] | None:
+        """A ``quiesce`` of a generation after this member's that the coordinator queued, taken out of the
+        instructions (other instructions stay, in order); None when there is none. The watchdog is disarmed
+        in a recovery, so only this thread reads the instructions. Raises StopRequested on a ``stop``."""
+        from phoenix_hpc.errors import ControlError
+
+        try:
+            self.watchdog.pump(only_if_rung=True)
+        except ControlError:
+            return None  # the coordinator watchdog ends the process if the coordinator is really gone
+        c = self.env.client
+        for msg in list(c.instructions):
+            if msg["type"] == "stop":
+                c.instructions.remove(msg)
+                raise StopRequested(msg)
+            if msg["type"] == "quiesce" and int(msg.get("generation", -1)) > int(self.generation):
+                c.instructions.remove(msg)
+                return msg
+        return None
 
     def _store(self):
         """The coordinator's store for this generation's rendezvous: a new client when the slot rejoined a
@@ -440,9 +487,34 @@ class Member:
             self.groups = self.engine.groups
 
     def join(self, plan: dict[str, Any]) -> None:
-        """A standby slot named in ``plan`` takes its logical rank: build the generation, restore, resume."""
+        """A standby slot named in ``plan`` takes its logical rank: build the generation, restore, resume.
+        When the coordinator re-plans before every member arrived (:class:`RestoreInterrupted`), the slot
+        answers the newer quiesce with nothing to offer (its restore is redone in place) and applies the next
+        plan."""
         self._mark_gc()
-        self._apply_plan(plan, dirty=False)
+        # an injection armed on this standby slot for phase "recovery" lands here, before it reaches the new
+        # generation (a spare lost while it joins)
+        self.trigger.check(int(plan["recoverable_step"]) + 1, "recovery")
+        while True:
+            try:
+                self._apply_plan(plan, dirty=False)
+                return
+            except RestoreInterrupted as ri:
+                plan = self._answer_replan(ri, -1, {}, {}, False)
+
+    def _answer_replan(self, ri: RestoreInterrupted, live: int, shards: dict, replicas: dict, dirty: bool,
+                       rejected: list | None = None, numel: dict | None = None) -> dict[str, Any]:
+        """Answer the newer quiesce of ``ri`` (and any later one) with what this member offers, then return
+        the plan that comes (``recover`` body's ``plan``)."""
+        g = int(ri.msg["generation"])
+        self.env.log(f"[phoenix] rank {self.logical}: recovery re-planned as generation {g} while waiting for "
+                     f"the members of generation {self.generation}; answering its quiesce")
+        while True:
+            self.env.client.report_quiesced(g, live, shards, replicas, dirty, rejected=rejected, numel=numel)
+            msg = self._wait_for(("recover", "quiesce"), "recovery plan")
+            if msg["type"] == "recover":
+                return msg["plan"]
+            g = int(msg["generation"])
 
     def _mark_gc(self) -> None:
         """Where this member's part of a recovery starts, for its ``detail["gc"]``: the seconds the garbage
@@ -757,7 +829,13 @@ class Member:
             g = int(msg["generation"])
             self.env.client.report_quiesced(g, int(self.engine.step), shards, replicas, dirty, rejected=rejected,
                                             numel=numel)
-        return self._apply_plan(msg["plan"], dirty=dirty, live=live, detail=quiesced)
+        plan = msg["plan"]
+        while True:
+            try:
+                return self._apply_plan(plan, dirty=dirty, live=live, detail=quiesced)
+            except RestoreInterrupted as ri:  # at the arrival barrier: this member's state is as it quiesced
+                now_live = int(self.engine.step) if self.engine is not None else live
+                plan = self._answer_replan(ri, now_live, shards, replicas, dirty, rejected, numel)
 
     def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None,
                     detail: dict[str, float] | None = None) -> RecoveryRecord:
@@ -795,7 +873,22 @@ class Member:
             t_down = time.perf_counter()
             self._teardown_engine()
             detail["teardown"] = time.perf_counter() - t_down
-        detail.update(self._setup_groups())
+        elif rebuild and self._held_copy is not None:  # a survivor whose earlier plan was cut short at arrival
+            held_r, held, rolled, done = self._held_copy
+            detail.update(done)  # its host copy and teardown, made for that plan, count to this recovery
+            if from_checkpoint:
+                held = None
+            elif held_r != R:
+                raise RecoveryError(f"rank {self.logical}: the re-planned recovery restores step {R}, and this "
+                                    f"survivor's host copy (its engine ended for the cut-short plan) is of step "
+                                    f"{held_r}")
+        self._held_copy = None
+        try:
+            detail.update(self._setup_groups())
+        except RestoreInterrupted:
+            if held is not None:  # the engine is gone: the next plan loads this copy
+                self._held_copy = (R, held, rolled, {k: detail[k] for k in ("host_copy", "teardown") if k in detail})
+            raise
         t_reconf = time.perf_counter() - t0  # rebuild: teardown, groups and (below) the new engine
 
         spent = {"reconfigure": 0.0, "rollback": 0.0}  # the engine work's seconds, by the phase they count to

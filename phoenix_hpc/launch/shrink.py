@@ -94,7 +94,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
         RecoveryError: the slot is neither a member nor a leaver, a transfer is malformed, or a copy is missing.
         EngineError: the received slices do not cover the new slice exactly once.
     """
-    from phoenix_hpc.launch.execute import LeftToStandby
+    from phoenix_hpc.launch.execute import LeftToStandby, RestoreInterrupted
     from phoenix_hpc.launch.groups import Grid
     from phoenix_hpc.runtime.snapshot import OPT, unpack
 
@@ -136,7 +136,12 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
 
     member.rank_map, member.logical = rank_map, mine[0]
     e.grid = Grid.of(plan["grid"])
-    detail.update(member._setup_groups())
+    try:
+        detail.update(member._setup_groups())
+    except RestoreInterrupted as ri:  # the engine has ended and the old grid's copies are no plan's source
+        raise RecoveryError(f"world rank {e.world_rank}: the shrink to generation {g} was re-planned as generation "
+                            f"{ri.msg.get('generation')} before every member arrived; a cut-short shrink is not "
+                            "resumed") from None
     t1 = time.perf_counter()
     member._construct_engine(state_follows=True)
     detail["engine"] = time.perf_counter() - t1

@@ -302,6 +302,42 @@ def test_a_fault_in_the_first_step_after_a_hot_swap_is_recovered_in_memory(env, 
     assert all(x["verified_replicas"] == 1 and len(x["verified_domains"]) == 1 for x in after.values()), after
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_a_spare_lost_while_it_joins_is_replaced_by_the_next_spare(env, data, dp3_reference, slurm_cluster,  # noqa: F811
+                                                                   tmp_path, path):
+    """Logical rank 1's node is lost; the spare the plan names crashes as it starts to join (a crash armed on
+    it for phase ``recovery``), while the survivors wait for it at the new generation's arrival barrier (on
+    the rebuild path with their engines already ended). The coordinator aborts that recovery in its restore
+    phase and plans again with the other spare; the survivors answer the newer quiesce from the barrier and
+    restore what they quiesced with. The final state is the fault-free one."""
+    job = Job(env, tmp_path, data, f"spare-lost-{path}", with_path(_dp3_config(1), path))
+    nodes: list[str] = []
+    try:
+        _wait(lambda: job.step(1) >= 3, 180, "the first commits")
+        first, second = sorted([job.node_of(3), job.node_of(4)])  # the spare node a plan takes first: by name
+        armed = _arm_on_standby(job, "crash", "recovery", 1, first)  # lands when it starts to join
+        assert armed["targets"] and armed["armed_steps"], armed
+        nodes = _kill_nodes(slurm_cluster, job, [1], 8)
+        job.done = job.wait_end(240)
+    finally:
+        job.cancel()
+        _revive(slurm_cluster, nodes)
+    _same_hash(job.done, dp3_reference)
+    (fired,) = [f for f in _fired_of(job) if f["phase"] == "recovery"]
+    assert fired["kind"] == "crash" and fired["world_rank"] in armed["targets"]
+    assert [(a["generation"], a["phase"]) for a in job.events("recovery_aborted")] == [(1, "restore")]
+    plans = job.events("recovery_plan")
+    assert [[j["node"] for j in p["joins"]] for p in plans] == [[first], [second]]
+    assert plans[0]["recoverable_step"] == plans[1]["recoverable_step"]
+    (rec,) = job.events("recovery_done")
+    assert rec["generation"] == 2 and rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1
+    for ev in ("checkpoint_restart", "fallback", "invariant_violation", "evidence_rejected"):
+        assert not job.events(ev), (ev, job.events(ev))
+    logs = job.output()
+    assert "recovery re-planned as generation 2 while waiting for the members of generation 1" in logs, logs[-3000:]
+    check_path(job, _dp3_config(1), path)
+
+
 def test_no_spare_left_stops_cleanly_naming_the_checkpoint(env, data, slurm_cluster, tmp_path):  # noqa: F811
     """1 spare, two node losses one after the other: the first is hot swapped, the second finds no spare;
     with ``resilience.spares_exhausted: stop`` (the default shrinks the torch engine's job, tests/e2e/test_shrink.py)

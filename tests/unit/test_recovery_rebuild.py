@@ -535,3 +535,87 @@ def test_a_survivor_reports_how_long_it_took_to_leave_the_step_and_to_quiesce(me
     member._left = (time.perf_counter(), None)  # left on the failed collective: no interrupt in the window
     rec = _recover(member, R=3, generation=2)
     assert "leave" not in rec.detail and rec.detail["quiesce"] >= 0.0
+
+
+def _plan(generation: int, R: int, ranks: int = 1) -> dict:
+    return {"generation": generation, "rank_map": [[r, r] for r in range(ranks)], "recoverable_step": R,
+            "action": "hot_swap", "transfers": [], "joins": []}
+
+
+def test_a_replan_heard_at_the_arrival_barrier_is_answered_and_the_next_plan_loads_the_host_copy(member):
+    """Generation 1's plan names a second member that never arrives (lost while joining); the coordinator
+    re-plans as generation 2. The survivor, waiting at the arrival barrier with its engine already ended (the
+    rebuild path), answers the newer quiesce with what it quiesced with, and generation 2's plan loads the
+    host copy it took for generation 1."""
+    snaps: dict = {}
+    member.start()
+    _train(member, 4, snaps)
+    live = (member.engine.param.clone(), member.engine.opt.clone(), member.engine.envelope())
+    EVENTS.clear()
+
+    class Gen1NeverComplete(FakeStore):  # the second member of generation 1 never arrives
+        def add(self, key, n):
+            v = super().add(key, n)
+            return 0 if key == "phoenix/gen1/arrived" and n == 0 else v
+
+    counters = member.env.store.counters
+    member.env.store = Gen1NeverComplete()
+    member.env.store.counters = counters
+    c = member.env.client
+    c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 4)},
+                           {"type": "quiesce", "generation": 2, "dead": [1]},
+                           {"type": "recover", "generation": 2, "plan": _plan(2, 4)},
+                           {"type": "resume", "generation": 2}])
+    member.release_groups()
+    member.env.store.counters.clear()
+    rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
+    assert [x[:2] for x in c.sent] == [("quiesced", 1), ("quiesced", 2), ("recovered", 2)]
+    assert c.sent[1][2:] == (4, False) and c.offered == {"opt/pp0/tp0/dp0": [4, 3, 2, 1]}  # as quiesced
+    # the engine ended once (for generation 1) and was built once, for generation 2, from the host copy
+    assert _kinds(EVENTS, "teardown", "construct", "load") == [("teardown", 0), ("construct", 2), ("load", 2)]
+    assert _kinds(EVENTS, "groups") == [("groups", 2, False)]  # generation 1's groups were never built
+    e = member.engine
+    assert torch.equal(e.param, live[0]) and torch.equal(e.opt, live[1]) and e.envelope() == live[2]
+    assert member.generation == 2 and rec.generation == 2 and member._held_copy is None
+    assert {"host_copy", "teardown", "engine"} <= set(rec.detail)  # the cut-short plan's teardown counts here
+    assert member.env.store.counters == {"phoenix/gen1/arrived": 1, "phoenix/gen2/arrived": 1}
+    assert any(x[0] == "log" and "re-planned as generation 2" in x[1] for x in EVENTS)
+
+
+def test_the_arrival_barrier_takes_only_a_newer_quiesce_and_leaves_other_instructions_in_order(member):
+    member.start()
+    member.generation = 3
+    c = member.env.client
+    older = {"type": "quiesce", "generation": 3}
+    inj = {"type": "inject", "request_id": "x"}
+    newer = {"type": "quiesce", "generation": 4}
+    c.instructions.extend([older, inj, newer])
+    assert member._take_newer_quiesce() is newer
+    assert list(c.instructions) == [older, inj] and member._take_newer_quiesce() is None
+    c.instructions.append({"type": "stop", "reason": "end"})
+    with pytest.raises(execute.StopRequested):
+        member._take_newer_quiesce()
+
+
+def test_a_joining_spare_cut_short_at_arrival_offers_nothing_and_applies_the_next_plan(member):
+    c = member.env.client
+    c.instructions.extend([{"type": "quiesce", "generation": 2, "dead": [7]},
+                           {"type": "recover", "generation": 2, "plan": _plan(2, 0)},
+                           {"type": "resume", "generation": 2}])
+    monkey_state = {"calls": 0}
+    real, real_arrive = member._apply_plan, member._arrive_all
+
+    def cut_short(poll_s=0.01):  # generation 1's barrier: the coordinator re-planned meanwhile
+        member._arrive_all = real_arrive
+        raise execute.RestoreInterrupted(c.instructions.popleft())
+
+    def apply(plan, dirty, **kw):
+        monkey_state["calls"] += 1
+        if plan["generation"] == 1:
+            member._arrive_all = cut_short
+        return real(plan, dirty, **kw)
+
+    member._apply_plan = apply
+    member.join(_plan(1, 0, ranks=2))
+    assert monkey_state["calls"] == 2 and c.sent[0] == ("quiesced", 2, -1, False) and c.offered == {}
+    assert c.sent[-1][:3] == ("recovered", 2, 0) and member.generation == 2
