@@ -501,6 +501,10 @@ class Member:
                 return
             except RestoreInterrupted as ri:
                 plan = self._answer_replan(ri, -1, {}, {}, False)
+            except QuiesceRequested as q:  # re-planned after it answered recovered: quiesce as a member
+                self.release_groups()
+                self._recover_through_replans(q.msg, failed=False)
+                return
 
     def _answer_replan(self, ri: RestoreInterrupted, live: int, shards: dict, replicas: dict, dirty: bool,
                        rejected: list | None = None, numel: dict | None = None) -> dict[str, Any]:
@@ -752,7 +756,18 @@ class Member:
             self.release_groups()
             if quiesce is None:
                 quiesce = self._wait_for(("quiesce",), "quiesce after the error")
-            self.recover(quiesce, failed=failed)
+            self._recover_through_replans(quiesce, failed)
+
+    def _recover_through_replans(self, quiesce: dict[str, Any], failed: bool) -> RecoveryRecord:
+        """:meth:`recover`, again for each re-plan that reaches this member after it answered ``recovered``
+        and before ``resume`` (:meth:`_report_and_resume` raises QuiesceRequested): its new generation's
+        groups and protector go as after a fault, and its copies of the recoverable step serve again."""
+        while True:
+            try:
+                return self.recover(quiesce, failed=failed)
+            except QuiesceRequested as q:
+                self.release_groups()
+                quiesce, failed = q.msg, False
 
     def finish(self) -> None:
         """Normal end: close the protector (collective over the members)."""
@@ -937,11 +952,16 @@ class Member:
 
     def _report_and_resume(self, g: int, rank_map: dict[int, int], R: int, live: int | None, dirty: bool,
                            rolled: bool, detail: dict[str, float], path: str, *, t_reconf: float, t_params: float,
-                           t_opt: float, what: str = "") -> RecoveryRecord:
+                           t_opt: float, what: str = "", replan_ok: bool = True) -> RecoveryRecord:
         """The end of every recovery a member takes part in: its evidence, this generation's protector, the
         ``recovered`` report with the phase timings, the wait for ``resume``; returns the record. The previous
         generation's copies of ``R`` (``old_protector``, ``kept``) stay usable until this generation's first
-        commit fence (a shrink has dropped them before: they name shards of the old grid)."""
+        commit fence (a shrink has dropped them before: they name shards of the old grid).
+
+        Raises QuiesceRequested when, instead of ``resume``, a ``quiesce`` of a later generation comes (a
+        member was lost before every member answered; with ``replan_ok``, not after a shrink): this member is
+        then at ``S(R)`` with the copies of ``R`` kept, as in the first step of the generation, and quiesces
+        again (:meth:`_recover_through_replans`)."""
         e = self.env
         t2 = time.perf_counter()
         report = self._evidence(g, rank_map)
@@ -967,7 +987,14 @@ class Member:
         timings = {"reconfigure": t_reconf + t_repl, "params": t_params, "optimizer": t_opt}
         self.trigger.check(R + 1, "recovery")
         e.client.report_recovered(g, report, timings)
-        self._wait_for(("resume",), "resume")
+        while True:  # a member lost before every member answered: the coordinator re-plans (a newer quiesce)
+            msg = self._wait_for(("resume", "quiesce") if replan_ok else ("resume",), "resume")
+            if msg["type"] == "resume":
+                break
+            if int(msg.get("generation", -1)) > g:
+                e.log(f"[phoenix] rank {self.logical}: recovery re-planned as generation {msg['generation']} "
+                      f"while waiting for the resume of generation {g}; quiescing again")
+                raise QuiesceRequested(msg)
         if self._gc_mark is not None:
             from phoenix_hpc.launch.heap import PAUSES
 

@@ -168,4 +168,5 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
     # offered as evidence
     member.old_protector, member.kept = None, []
     return member._report_and_resume(g, rank_map, R, live, dirty, rolled, detail, "rebuild", t_reconf=t_reconf,
-                                     t_params=0.0, t_opt=t_opt, what=f" after a shrink to dp {e.grid.dp}")
+                                     t_params=0.0, t_opt=t_opt, what=f" after a shrink to dp {e.grid.dp}",
+                                     replan_ok=False)

@@ -619,3 +619,34 @@ def test_a_joining_spare_cut_short_at_arrival_offers_nothing_and_applies_the_nex
     member.join(_plan(1, 0, ranks=2))
     assert monkey_state["calls"] == 2 and c.sent[0] == ("quiesced", 2, -1, False) and c.offered == {}
     assert c.sent[-1][:3] == ("recovered", 2, 0) and member.generation == 2
+
+
+def test_a_replan_heard_while_waiting_for_resume_quiesces_again_from_the_kept_copies(member):
+    """Generation 1 is restored and this member answered ``recovered``; another member is lost before the
+    coordinator resumed, and it re-plans as generation 2. Instead of ``resume`` the member hears the newer
+    quiesce: it quiesces again (its new protector closed, the copies of R it kept offered, its live step R,
+    clean) and generation 2 resumes it at R."""
+    snaps: dict = {}
+    member.start()
+    _train(member, 4, snaps)
+    want = (member.engine.param.clone(), member.engine.opt.clone(), member.engine.envelope())
+    built = []
+    member._build_protector = lambda: built.append(FakeProtector({})) or built[-1]
+    EVENTS.clear()
+    c = member.env.client
+    c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 4)},
+                           {"type": "quiesce", "generation": 1},  # stale: ignored
+                           {"type": "quiesce", "generation": 2, "dead": [1]},
+                           {"type": "recover", "generation": 2, "plan": _plan(2, 4)},
+                           {"type": "resume", "generation": 2}])
+    member.release_groups()
+    rec = member._recover_through_replans({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
+    assert [x[:3] for x in c.sent] == [("quiesced", 1, 4), ("recovered", 1, 4), ("quiesced", 2, 4),
+                                      ("recovered", 2, 4)]
+    assert c.sent[2][3] is False and c.offered == {"opt/pp0/tp0/dp0": [4, 3, 2, 1]}  # the kept copies of R
+    assert built[0].closed_with[0] is True  # generation 1's protector closed as after a fault
+    assert rec.generation == 2 and [r.generation for r in member.recoveries] == [2]
+    e = member.engine
+    assert torch.equal(e.param, want[0]) and torch.equal(e.opt, want[1]) and e.envelope() == want[2]
+    assert _kinds(EVENTS, "construct") == [("construct", 1), ("construct", 2)]
+    assert any(x[0] == "log" and "while waiting for the resume of generation 1" in x[1] for x in EVENTS)
