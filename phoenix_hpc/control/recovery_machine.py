@@ -226,8 +226,8 @@ class RecoveryMixin:
         """Called by the coordinator's loop after messages arrived: a recovery in its restore phase resumes as
         soon as the last ``recovered`` is in, not up to a tick later. Everything else stays on the tick: a
         lost member and the deadlines (judged after the pause accounting, :meth:`_advance_recovery`) and the
-        quiesce phase (docs/design.md, the coordinator: a member applying a plan does not answer a newer
-        quiesce, so planning at once made a second node lost just after the plan end the job)."""
+        quiesce phase (docs/design.md, the coordinator: a member between its generation's arrival barrier and
+        its ``recovered`` does not answer a newer quiesce, so planning at once moves a second loss there)."""
         rec = self.recovery
         if (rec is None or rec.phase != "restore" or self.ending is not None
                 or self.job.state in TERMINAL_JOB_STATES):
@@ -238,6 +238,13 @@ class RecoveryMixin:
             self._check_and_resume(rec, now)
 
     def _plan(self, rec: Recovery, now: float) -> None:
+        # a spare whose restore was cut short at its generation's arrival barrier answers live step -1 and
+        # offers nothing (launch/execute.py Member.join): it is restored again in place, also when the plan it
+        # was cut short in restored it in place already (restore_pending then no longer names it)
+        for w, q in rec.quiesced.items():
+            r = self.slots[w].logical_rank
+            if r is not None and int(q.get("live_step", 0)) < 0:
+                self.restore_pending.add(r)
         committed: dict[str, dict[int, int]] = {}
         live_steps: dict[int, int] = {}
         dirty: list[int] = []

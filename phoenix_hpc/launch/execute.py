@@ -112,8 +112,10 @@ class RestoreInterrupted(Exception):
         self.msg = msg
 
 
-#: how often the arrival barrier looks for a newer quiesce, seconds
+#: how often the arrival barrier looks for a newer quiesce, seconds (at each doorbell ring; every FULL_POLL_S
+#: it reads the coordinator's store even without one, as ``CoordinatorClient.wait_instruction`` does)
 ARRIVE_CHECK_S = 0.05
+FULL_POLL_S = 2.0
 
 
 class LeftToStandby(RecoveryError):
@@ -390,8 +392,12 @@ class Member:
         in a recovery, so only this thread reads the instructions. Raises StopRequested on a ``stop``."""
         from phoenix_hpc.errors import ControlError
 
+        now = time.monotonic()
+        full = now >= getattr(self, "_next_full_pump", 0.0)  # every FULL_POLL_S also without a ring (one lost)
+        if full:
+            self._next_full_pump = now + FULL_POLL_S
         try:
-            self.watchdog.pump(only_if_rung=True)
+            self.watchdog.pump(only_if_rung=not full)
         except ControlError:
             return None  # the coordinator watchdog ends the process if the coordinator is really gone
         c = self.env.client
@@ -493,18 +499,33 @@ class Member:
         plan."""
         self._mark_gc()
         # an injection armed on this standby slot for phase "recovery" lands here, before it reaches the new
-        # generation (a spare lost while it joins)
+        # generation (a spare lost while it joins); a fault it raises is reported as the plan's generation's
+        self.env.progress.set(generation=int(plan["generation"]))
         self.trigger.check(int(plan["recoverable_step"]) + 1, "recovery")
         while True:
+            quiesce = None
             try:
                 self._apply_plan(plan, dirty=False)
                 return
             except RestoreInterrupted as ri:
                 plan = self._answer_replan(ri, -1, {}, {}, False)
             except QuiesceRequested as q:  # re-planned after it answered recovered: quiesce as a member
-                self.release_groups()
-                self._recover_through_replans(q.msg, failed=False)
+                quiesce = q.msg
+            if quiesce is not None:
+                self.release_groups()  # outside the handler: the traceback's frames hold no groups then
+                self._recover_through_replans(quiesce, failed=False)
                 return
+
+    def _held_state(self, R: int) -> tuple[Any, bool, dict[str, float]]:
+        """A rebuild-path survivor cut short at the arrival barrier after its engine ended: ``(S(R) as
+        (optimizer shard, param shard, envelope), rolled back, the seconds its host copy and teardown took)``:
+        the host copy it took for the cut-short plan when that was of ``R``, else the committed local snapshot
+        of ``R`` its closed protectors still hold (a re-plan restores a step no later than the cut-short one).
+        Raises ReplicationError when no copy of ``R`` is there."""
+        held_r, held, rolled, done = self._held_copy
+        if held_r != R:
+            held, rolled = self._snapshot_state(R), True
+        return held, rolled, done
 
     def _answer_replan(self, ri: RestoreInterrupted, live: int, shards: dict, replicas: dict, dirty: bool,
                        rejected: list | None = None, numel: dict | None = None) -> dict[str, Any]:
@@ -515,7 +536,10 @@ class Member:
                      f"the members of generation {self.generation}; answering its quiesce")
         while True:
             self.env.client.report_quiesced(g, live, shards, replicas, dirty, rejected=rejected, numel=numel)
-            msg = self._wait_for(("recover", "quiesce"), "recovery plan")
+            while True:
+                msg = self._wait_for(("recover", "quiesce"), "recovery plan")
+                if int(msg.get("generation", -1)) >= g:
+                    break  # an older one (already superseded) is not answered
             if msg["type"] == "recover":
                 return msg["plan"]
             g = int(msg["generation"])
@@ -766,8 +790,8 @@ class Member:
             try:
                 return self.recover(quiesce, failed=failed)
             except QuiesceRequested as q:
-                self.release_groups()
                 quiesce, failed = q.msg, False
+            self.release_groups()  # outside the handler: the traceback's frames hold no groups then
 
     def finish(self) -> None:
         """Normal end: close the protector (collective over the members)."""
@@ -825,7 +849,10 @@ class Member:
             for sid, v in held.items():
                 if v:
                     replicas[sid] = sorted(set(replicas.get(sid, [])) | set(v), reverse=True)
-        self.old_protector = prot
+        # a protector of a generation that never committed (re-planned before its first step) offers nothing:
+        # not kept, so that its buffers go before the next generation allocates its own
+        empty = prot is not None and prot.copy_steps() == ([], {})
+        self.old_protector = None if empty else prot
         numel = None
         if getattr(self.engine, "supports_shrink", False):
             numel = {f"pp{self.coord.pp}/tp{self.coord.tp}": self.engine.optimizer_numel()}
@@ -889,14 +916,10 @@ class Member:
             self._teardown_engine()
             detail["teardown"] = time.perf_counter() - t_down
         elif rebuild and self._held_copy is not None:  # a survivor whose earlier plan was cut short at arrival
-            held_r, held, rolled, done = self._held_copy
+            held, rolled, done = self._held_state(R)
             detail.update(done)  # its host copy and teardown, made for that plan, count to this recovery
             if from_checkpoint:
                 held = None
-            elif held_r != R:
-                raise RecoveryError(f"rank {self.logical}: the re-planned recovery restores step {R}, and this "
-                                    f"survivor's host copy (its engine ended for the cut-short plan) is of step "
-                                    f"{held_r}")
         self._held_copy = None
         try:
             detail.update(self._setup_groups())
@@ -988,10 +1011,13 @@ class Member:
         self.trigger.check(R + 1, "recovery")
         e.client.report_recovered(g, report, timings)
         while True:  # a member lost before every member answered: the coordinator re-plans (a newer quiesce)
-            msg = self._wait_for(("resume", "quiesce") if replan_ok else ("resume",), "resume")
+            msg = self._wait_for(("resume", "quiesce"), "resume")
             if msg["type"] == "resume":
                 break
             if int(msg.get("generation", -1)) > g:
+                if not replan_ok:
+                    raise RecoveryError(f"rank {self.logical}: generation {g}{what} was re-planned as generation "
+                                        f"{msg['generation']} before it resumed; it cannot be quiesced again")
                 e.log(f"[phoenix] rank {self.logical}: recovery re-planned as generation {msg['generation']} "
                       f"while waiting for the resume of generation {g}; quiescing again")
                 raise QuiesceRequested(msg)

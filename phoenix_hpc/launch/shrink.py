@@ -109,15 +109,20 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
     mine = [r for r, w in rank_map.items() if w == e.world_rank]
     if not leaving and len(mine) != 1:
         raise RecoveryError(f"world rank {e.world_rank} is neither a member nor a leaver of generation {g}'s shrink")
-    if member.engine is None:
-        raise RecoveryError(f"world rank {e.world_rank} has no state to take into generation {g}'s shrink")
     detail = dict(detail or {})  # a survivor's leave and quiesce (Member.recover)
     t0 = time.perf_counter()
-    rolled = int(member.engine.step) != R or dirty
-    own_opt, own_par, envelope = member._snapshot_state(R) if rolled else member._live_state()
+    if member.engine is not None:
+        rolled = int(member.engine.step) != R or dirty
+        own_opt, own_par, envelope = member._snapshot_state(R) if rolled else member._live_state()
+        detail["host_copy"] = time.perf_counter() - t0
+        member._teardown_engine()
+    elif member._held_copy is not None:  # its engine ended for a plan cut short at the arrival barrier
+        (own_opt, own_par, envelope), rolled, done = member._held_state(R)
+        detail.update(done)
+        member._held_copy = None
+    else:
+        raise RecoveryError(f"world rank {e.world_rank} has no state to take into generation {g}'s shrink")
     own_sid = member.coord.shard_prefix()
-    detail["host_copy"] = time.perf_counter() - t0
-    member._teardown_engine()
     member.generation = g
     e.progress.set(generation=g)
 

@@ -63,3 +63,29 @@ def test_a_lost_member_a_passed_deadline_or_a_planned_end_are_left_to_the_tick(t
     c.ending = object()  # members leave on purpose (control/ending.py)
     c._advance_on_answers(c.clock())
     assert resumed == []
+
+
+def test_a_member_answering_live_step_minus_one_is_restored_in_place_and_never_a_source(tmp_path, monkeypatch):
+    """A spare cut short at its generation's arrival barrier answers ``quiesced`` with live step -1 and no
+    copies (launch/execute.py Member.join); the next plan restores it in place even when no earlier plan's
+    joins name it any more."""
+    from phoenix_hpc.control import recovery_machine as RM
+
+    c = _coordinator(tmp_path)
+    now = c.clock()
+    for slot in c.slots.values():
+        slot.last_seen = now
+    c._declare_dead([1], FaultKind.PROCESS_EXIT, "process exited: world rank 1", now)
+    c._tick(now)
+    seen = {}
+
+    def plan_recovery(**kw):
+        seen.update(kw)
+        raise RM.FallbackRequired("captured")
+
+    monkeypatch.setattr(RM, "plan_recovery", plan_recovery)
+    monkeypatch.setattr(c, "_fallback", lambda *a, **k: None)
+    c._dispatch({"type": "quiesced", "world_rank": 0, "pid": 100, "generation": c.recovery.generation,
+                 "live_step": -1, "dirty": False, "shards": {"opt/pp0/tp0/dp0": [5]}, "replicas": {}})
+    c._tick(c.clock())
+    assert seen["restore"] == [0] and seen["live_steps"] == {} and seen["committed"] == {}

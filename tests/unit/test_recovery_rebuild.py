@@ -645,8 +645,33 @@ def test_a_replan_heard_while_waiting_for_resume_quiesces_again_from_the_kept_co
                                       ("recovered", 2, 4)]
     assert c.sent[2][3] is False and c.offered == {"opt/pp0/tp0/dp0": [4, 3, 2, 1]}  # the kept copies of R
     assert built[0].closed_with[0] is True  # generation 1's protector closed as after a fault
+    assert all(p is not built[0] for p in member.kept)  # it had no copy: not kept beside the next generation's
     assert rec.generation == 2 and [r.generation for r in member.recoveries] == [2]
     e = member.engine
     assert torch.equal(e.param, want[0]) and torch.equal(e.opt, want[1]) and e.envelope() == want[2]
     assert _kinds(EVENTS, "construct") == [("construct", 1), ("construct", 2)]
     assert any(x[0] == "log" and "while waiting for the resume of generation 1" in x[1] for x in EVENTS)
+
+
+def test_a_replan_to_an_earlier_step_loads_that_steps_snapshot_instead_of_the_cut_short_host_copy(member):
+    snaps: dict = {}
+    member.start()
+    _train(member, 4, snaps)
+
+    class Gen1NeverComplete(FakeStore):
+        def add(self, key, n):
+            v = super().add(key, n)
+            return 0 if key == "phoenix/gen1/arrived" and n == 0 else v
+
+    member.env.store = Gen1NeverComplete()
+    c = member.env.client
+    c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 4)},
+                           {"type": "quiesce", "generation": 2, "dead": [1]},
+                           {"type": "recover", "generation": 2, "plan": _plan(2, 3)},  # a lost holder: R 4 -> 3
+                           {"type": "resume", "generation": 2}])
+    member.release_groups()
+    rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
+    opt, par, env = snaps[3]
+    e = member.engine
+    assert e.step == 3 and torch.equal(e.opt, opt) and torch.equal(e.param, par) and e.envelope() == env
+    assert (rec.generation, rec.recoverable_step, rec.rolled_back) == (2, 3, True)
