@@ -338,6 +338,50 @@ def test_a_spare_lost_while_it_joins_is_replaced_by_the_next_spare(env, data, dp
     check_path(job, _dp3_config(1), path)
 
 
+def test_the_only_spare_lost_while_it_joins_shrinks_the_job_from_the_cut_short_host_copies(  # noqa: F811
+        env, data, slurm_cluster, tmp_path):
+    """Rebuild path, one spare: logical rank 1's node is lost and the spare crashes as it starts to join, while
+    the survivors wait at the barrier with their engines already ended. No spare is left, so the coordinator
+    plans a shrink (dp 3 -> 2), which the survivors enter from the host copies they took for the cut-short
+    plan. Oracle: a fault-free run of the same config drained with ``--shrink`` of logical rank 1 at the same
+    step ends bitwise the same (test_shrink.py: a shrink is a pure function of S(R) and the new dp)."""
+    from test_hotswap import _cli
+
+    cfg = with_path(_config(parallelism={"dp": 3}, resources={"nodes": 3, "spares": 1},
+                            training={"global_batch_size": 6},
+                            resilience={"k": 1, "placement_levels": ["node"]}), "rebuild")
+    cfg["training"]["steps"] = 2 * STEPS  # the loss lands while it trains; the drain of the reference in time
+    job = Job(env, tmp_path, data, "only-spare-lost", cfg)
+    nodes: list[str] = []
+    try:
+        _wait(lambda: job.step(1) >= 3, 180, "the first commits")
+        armed = _arm_on_standby(job, "crash", "recovery", 1, job.node_of(3))
+        assert armed["targets"] == [3], armed
+        nodes = _kill_nodes(slurm_cluster, job, [1], 16)
+        done = job.wait_end(240)
+    finally:
+        job.cancel()
+        _revive(slurm_cluster, nodes)
+    assert done["step"] == 2 * STEPS and done["steps_agree"] and done["grid"] == [1, 1, 2], done
+    assert [(a["generation"], a["phase"]) for a in job.events("recovery_aborted")] == [(1, "restore")]
+    (sh,) = job.events("shrink")
+    assert (sh["dp_from"], sh["dp_to"], sh["lost"]) == (3, 2, [3]), sh  # world rank 3 held logical rank 1
+    assert [r["action"] for r in job.events("recovery_done")] == ["shrink"]
+    assert "re-planned as generation 2 while waiting for the members of generation 1" in job.output()
+    R = sh["recoverable_step"]
+
+    ref = Job(env, tmp_path, data, "only-spare-lost-drain", cfg)
+    try:
+        _wait(lambda: ref.events("job_running"), 120, "job_running")
+        r = _cli(ref, "drain", str(ref.run_dir), "--rank", "1", "--shrink", "--at-step", str(R + 1), "--json")
+        assert r.exit_code == 0, r.output
+        done_ref = ref.wait_end(timeout_s=240)
+    finally:
+        ref.cancel()
+    assert done_ref["grid"] == [1, 1, 2] and done_ref["step"] == 2 * STEPS
+    assert done["final_hash"] == done_ref["final_hash"], (done["rank_hashes"], done_ref["rank_hashes"])
+
+
 def test_no_spare_left_stops_cleanly_naming_the_checkpoint(env, data, slurm_cluster, tmp_path):  # noqa: F811
     """1 spare, two node losses one after the other: the first is hot swapped, the second finds no spare;
     with ``resilience.spares_exhausted: stop`` (the default shrinks the torch engine's job, tests/e2e/test_shrink.py)
