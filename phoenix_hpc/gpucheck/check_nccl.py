@@ -84,8 +84,32 @@ def run(work: Path) -> list[dict]:
     ok_world = bool(torch.all(w == 2.0))
     why = [] if ok_again else ["the re-created group's all-reduce gave a wrong sum"]
     why += [] if ok_world else ["the default group's all-reduce failed after the abort"]
+    nums["abort_ms_by_api"] = abort_times_by_api(bring_up)  # a diagnosis: which call aborts fastest
     first = item(ITEMS[0], "failed", "; ".join(why), nums, LIMIT) if why else item(ITEMS[0], "passed", numbers=nums, limit=LIMIT)
     return [first, generation_abort()]
+
+
+def abort_times_by_api(bring_up) -> dict[str, float | str]:
+    """Milliseconds to abort one freshly used group with each of the three one-group aborts
+    (:func:`phoenix_hpc.launch.abort.abort_group`: ``abort_process_group``, ``group_abort``,
+    ``backend_abort``) that the installed torch offers, or the error it raised (a diagnosis, not a verdict:
+    the recovery's abort took about a second per group on an H200, which one of them may avoid)."""
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    from phoenix_hpc.launch.abort import abort_group
+
+    out: dict[str, float | str] = {}
+    for how in ("abort_process_group", "group_abort", "backend_abort"):
+        try:
+            g, _ = bring_up(f"diag_{how}")
+            t0 = time.perf_counter()
+            abort_group(g, how, c10d)
+            torch.cuda.synchronize()
+            out[how] = ms(t0)
+        except Exception as e:  # noqa: BLE001 -- recorded: this torch lacks it, or it failed
+            out[how] = f"{type(e).__name__}: {str(e)[:120]}"
+    return out
 
 
 def generation_abort() -> dict:
