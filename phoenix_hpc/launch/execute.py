@@ -516,15 +516,33 @@ class Member:
                 self._recover_through_replans(quiesce, failed=False)
                 return
 
-    def _held_state(self, R: int) -> tuple[Any, bool, dict[str, float]]:
-        """A rebuild-path survivor cut short at the arrival barrier after its engine ended: ``(S(R) as
-        (optimizer shard, param shard, envelope), rolled back, the seconds its host copy and teardown took)``:
-        the host copy it took for the cut-short plan when that was of ``R``, else the committed local snapshot
-        of ``R`` its closed protectors still hold (a re-plan restores a step no later than the cut-short one).
-        Raises ReplicationError when no copy of ``R`` is there."""
-        held_r, held, rolled, done = self._held_copy
-        if held_r != R:
-            held, rolled = self._snapshot_state(R), True
+    def _host_copy_then_teardown(self, R: int, dirty: bool, copy: bool = True) -> tuple[Any, bool, dict[str, float]]:
+        """Step 3' of the rebuild path and of a shrink: ``(S(R) in host memory as (optimizer shard, param shard,
+        envelope), or None without ``copy``; rolled back; seconds {"host_copy", "teardown"})``, the engine
+        ended. The copy is the committed local snapshot of ``R`` when the live step is past ``R`` or dirty,
+        else the live state. A survivor whose engine ended already, for a plan cut short at the arrival
+        barrier, takes the copy it kept then (its seconds count here), or the committed snapshot of ``R`` when
+        the re-plan restores an earlier step. ``(None, False, {})`` for a member with neither (a joining
+        spare). Raises ReplicationError when no copy of ``R`` is there."""
+        if self.engine is None:
+            kept, self._held_copy = self._held_copy, None
+            if kept is None:
+                return None, False, {}
+            held_r, held, rolled, done = kept
+            if not copy:
+                return None, False, dict(done)
+            if held_r != R:
+                held, rolled = self._snapshot_state(R), True
+            return held, rolled, dict(done)
+        held, rolled, done = None, False, {}
+        t0 = time.perf_counter()
+        if copy:
+            rolled = int(self.engine.step) != R or dirty
+            held = self._snapshot_state(R) if rolled else self._live_state()
+            done["host_copy"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self._teardown_engine()
+        done["teardown"] = time.perf_counter() - t1
         return held, rolled, done
 
     def _answer_replan(self, ri: RestoreInterrupted, live: int, shards: dict, replicas: dict, dirty: bool,
@@ -906,26 +924,16 @@ class Member:
         rolled = False
         held: tuple[dict, dict, dict] | None = None
         detail = dict(detail or {})
+        done: dict[str, float] = {}
         t0 = time.perf_counter()
-        if rebuild and self.engine is not None:  # 3': own host copy of S(R), then end the old engine
-            if not from_checkpoint:
-                rolled = int(self.engine.step) != R or dirty
-                held = self._snapshot_state(R) if rolled else self._live_state()
-                detail["host_copy"] = time.perf_counter() - t0
-            t_down = time.perf_counter()
-            self._teardown_engine()
-            detail["teardown"] = time.perf_counter() - t_down
-        elif rebuild and self._held_copy is not None:  # a survivor whose earlier plan was cut short at arrival
-            held, rolled, done = self._held_state(R)
-            detail.update(done)  # its host copy and teardown, made for that plan, count to this recovery
-            if from_checkpoint:
-                held = None
-        self._held_copy = None
+        if rebuild:  # 3': own host copy of S(R), then end the old engine
+            held, rolled, done = self._host_copy_then_teardown(R, dirty, copy=not from_checkpoint)
+            detail.update(done)
         try:
             detail.update(self._setup_groups())
         except RestoreInterrupted:
             if held is not None:  # the engine is gone: the next plan loads this copy
-                self._held_copy = (R, held, rolled, {k: detail[k] for k in ("host_copy", "teardown") if k in detail})
+                self._held_copy = (R, held, rolled, done)
             raise
         t_reconf = time.perf_counter() - t0  # rebuild: teardown, groups and (below) the new engine
 

@@ -111,17 +111,12 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
         raise RecoveryError(f"world rank {e.world_rank} is neither a member nor a leaver of generation {g}'s shrink")
     detail = dict(detail or {})  # a survivor's leave and quiesce (Member.recover)
     t0 = time.perf_counter()
-    if member.engine is not None:
-        rolled = int(member.engine.step) != R or dirty
-        own_opt, own_par, envelope = member._snapshot_state(R) if rolled else member._live_state()
-        detail["host_copy"] = time.perf_counter() - t0
-        member._teardown_engine()
-    elif member._held_copy is not None:  # its engine ended for a plan cut short at the arrival barrier
-        (own_opt, own_par, envelope), rolled, done = member._held_state(R)
-        detail.update(done)
-        member._held_copy = None
-    else:
+    # S(R) in host memory and the engine ended (also a copy kept from a plan cut short at the arrival barrier)
+    held, rolled, done = member._host_copy_then_teardown(R, dirty)
+    if held is None:
         raise RecoveryError(f"world rank {e.world_rank} has no state to take into generation {g}'s shrink")
+    own_opt, own_par, envelope = held
+    detail.update(done)
     own_sid = member.coord.shard_prefix()
     member.generation = g
     e.progress.set(generation=g)
