@@ -675,3 +675,41 @@ def test_a_replan_to_an_earlier_step_loads_that_steps_snapshot_instead_of_the_cu
     e = member.engine
     assert e.step == 3 and torch.equal(e.opt, opt) and torch.equal(e.param, par) and e.envelope() == env
     assert (rec.generation, rec.recoverable_step, rec.rolled_back) == (2, 3, True)
+
+
+def test_a_checkpoint_restart_after_a_cut_short_plan_loads_the_checkpoint_and_reads_no_snapshot(member, monkeypatch):
+    """The re-plan after a cut-short hot swap is a restart from the persistent checkpoint of step 2, which no
+    closed protector holds: the survivor, whose engine ended for the cut-short plan, loads the checkpoint and
+    never asks its snapshots for step 2."""
+    from phoenix_hpc.launch import persist
+
+    snaps: dict = {}
+    member.start()
+    _train(member, 4, snaps)
+    del snaps[1], snaps[2]  # the protectors hold steps 3 and 4 only (the ping-pong pair)
+
+    def restore_step(engine, groups, cfg, run_dir, step):
+        EVENTS.append(("checkpoint", step))
+        engine.load_envelope({"step": step, "rng": 0})
+        return step
+
+    monkeypatch.setattr(persist, "restore_step", restore_step)
+
+    class Gen1NeverComplete(FakeStore):
+        def add(self, key, n):
+            v = super().add(key, n)
+            return 0 if key == "phoenix/gen1/arrived" and n == 0 else v
+
+    member.env.store = Gen1NeverComplete()
+    c = member.env.client
+    c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 4)},
+                           {"type": "quiesce", "generation": 2, "dead": [1]},
+                           {"type": "recover", "generation": 2, "plan": dict(_plan(2, 2), action="checkpoint_restart")},
+                           {"type": "resume", "generation": 2}])
+    member.release_groups()
+    EVENTS.clear()
+    rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
+    assert _kinds(EVENTS, "teardown", "construct", "load", "checkpoint") == [
+        ("teardown", 0), ("construct", 2), ("checkpoint", 2)]
+    assert member.engine.step == 2 and rec.generation == 2 and "checkpoint_load" in rec.detail
+    assert member._held_copy is None
