@@ -475,7 +475,8 @@ def render_markdown(r: dict) -> str:
 
 #: Where BENCHMARKS.md's GPU section reads the kept GPU reports from (relative to the repository): every
 #: ``*.json`` there is one ``gpu-report.json`` of ``scripts/gpu-check.sh`` (a run may cover only some checks,
-#: ``--only``); the section shows each item's result from the newest run that has it.
+#: ``--only``); the section shows each item's result from the newest run that has it. A ``NAME.note`` beside
+#: ``NAME.json`` is shown under that run (what the run was made with, when the code has changed since).
 GPU_REPORT_DIR = "benchmarks/gpu"
 _KEY_NUMBERS = ("ratio", "ratio_ci95", "off_ms_median", "exposed_wait_ms_median", "d2h_gbs", "host_link_limit_gbs",
                 "host_link", "raw_pinned_copy_gbs", "checksum_gbs", "crc32_gbs", "checksum_threads",
@@ -485,8 +486,9 @@ _KEY_NUMBERS = ("ratio", "ratio_ci95", "off_ms_median", "exposed_wait_ms_median"
 
 
 def load_gpu_reports(folder: Path) -> list[dict]:
-    """The GPU-mode reports kept in ``folder`` (:data:`GPU_REPORT_DIR`), newest ``started`` first; dry runs
-    and files that are not reports are left out. Empty when the folder is missing."""
+    """The GPU-mode reports kept in ``folder`` (:data:`GPU_REPORT_DIR`), newest ``started`` first, each with
+    its ``file`` name and, where a ``.note`` file sits beside it, its ``note`` (whitespace collapsed); dry
+    runs and files that are not reports are left out. Empty when the folder is missing."""
     reps = []
     for f in sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else []:
         try:
@@ -494,7 +496,9 @@ def load_gpu_reports(folder: Path) -> list[dict]:
         except (OSError, ValueError):
             continue
         if isinstance(r, dict) and r.get("mode") == "gpu" and "checks" in r:
-            reps.append({**r, "file": f.name})
+            note = f.with_suffix(".note")
+            extra = {"note": " ".join(note.read_text().split())} if note.is_file() else {}
+            reps.append({**r, "file": f.name, **extra})
     return sorted(reps, key=lambda r: str(r.get("started")), reverse=True)
 
 
@@ -521,6 +525,8 @@ def gpu_section(gpu_reports: list[dict] | dict | None) -> list[str]:
                  f"driver {v.get('driver')}, megatron-core {v.get('megatron_core')}; checks {', '.join(names)}: "
                  f"{s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped ({r['wall_s']} s)"
                  + (f"; `{GPU_REPORT_DIR}/{r['file']}`" if r.get("file") else ""))
+        if r.get("note"):
+            L.append(f"   Note: {r['note']}")
     L += ["", "| item | run | status | key numbers | reason |", "| --- | --- | --- | --- | --- |"]
     seen: set[str] = set()
     for i, r in enumerate(reps, 1):

@@ -4,7 +4,9 @@ Item ``nccl.create_abort_create``: on the default NCCL group of world size 1, a 
 its communicator brought up by a first all-reduce; the group is aborted (:func:`abort_function`); a second
 group is created and its all-reduce must give the right sum, and the default group must still work.
 Times in ms: group creation, first collective (communicator set-up), abort, re-creation, its first
-collective.
+collective. Every group is made under the NCCL error-handling variables of a protected job
+(``nccl_env``, :func:`phoenix_hpc.gpucheck.common.job_nccl_env`); diagnoses: the abort by each API
+(``abort_ms_by_api``) and with torch's heartbeat monitor on (``abort_ms_torch_monitoring``).
 
 Item ``nccl.generation_abort``: the recovery's own sequence (:func:`phoenix_hpc.launch.abort.abort_nccl_groups`,
 which aborts every registered communicator, the default group's included, and never destroys one), then
@@ -17,6 +19,7 @@ generation's set-up and first collective; ``unregistered_by_abort``: whether the
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -57,7 +60,7 @@ def run(work: Path) -> list[dict]:
 
     common.init_nccl_world()
     abort, how = abort_function()
-    nums: dict = {"abort_api": how}
+    nums: dict = {"abort_api": how, "nccl_env": common.job_nccl_env()}
 
     def bring_up(key: str):
         t0 = time.perf_counter()
@@ -85,6 +88,7 @@ def run(work: Path) -> list[dict]:
     why = [] if ok_again else ["the re-created group's all-reduce gave a wrong sum"]
     why += [] if ok_world else ["the default group's all-reduce failed after the abort"]
     nums["abort_ms_by_api"] = abort_times_by_api(bring_up)  # a diagnosis: which call aborts fastest
+    nums["abort_ms_torch_monitoring"] = abort_time_with_monitoring(bring_up, abort)  # and with torch's default
     first = item(ITEMS[0], "failed", "; ".join(why), nums, LIMIT) if why else item(ITEMS[0], "passed", numbers=nums, limit=LIMIT)
     return [first, generation_abort()]
 
@@ -110,6 +114,32 @@ def abort_times_by_api(bring_up) -> dict[str, float | str]:
         except Exception as e:  # noqa: BLE001 -- recorded: this torch lacks it, or it failed
             out[how] = f"{type(e).__name__}: {str(e)[:120]}"
     return out
+
+
+def abort_time_with_monitoring(bring_up, abort) -> float | str:
+    """Milliseconds to abort one freshly used group created with torch's default
+    ``TORCH_NCCL_ENABLE_MONITORING=1`` (its heartbeat monitor thread), which a protected job turns off
+    (:mod:`phoenix_hpc.launch.nccl_env`), or the error raised; the variable is put back afterwards (a
+    diagnosis: the check's earlier runs kept torch's default and measured about a second per abort)."""
+    import torch
+
+    from phoenix_hpc.launch.nccl_env import ENABLE_MONITORING
+
+    before = os.environ.get(ENABLE_MONITORING)
+    os.environ[ENABLE_MONITORING] = "1"
+    try:
+        g, _ = bring_up("diag_monitoring")
+        t0 = time.perf_counter()
+        abort(g)
+        torch.cuda.synchronize()
+        return ms(t0)
+    except Exception as e:  # noqa: BLE001 -- recorded
+        return f"{type(e).__name__}: {str(e)[:120]}"
+    finally:
+        if before is None:
+            os.environ.pop(ENABLE_MONITORING, None)
+        else:
+            os.environ[ENABLE_MONITORING] = before
 
 
 def generation_abort() -> dict:

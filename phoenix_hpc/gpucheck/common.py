@@ -46,16 +46,38 @@ def job_config(engine: str, data: str, model: dict, training: dict, python_path:
 
 
 def prepare_cuda():
-    """CUDA device 0 as the current device, with deterministic algorithms as the launcher sets them
-    (``launch/rank.py``: cuBLAS workspace config, ``use_deterministic_algorithms(warn_only=True)`` on CUDA).
-    Returns the device."""
+    """CUDA device 0 as the current device, set up as the launcher sets up a protected job's rank
+    (``launch/rank.py``): torch's NCCL error-handling variables (:func:`job_nccl_env`), cuBLAS workspace
+    config, ``use_deterministic_algorithms(warn_only=True)``. Returns the device.
+
+    Raises:
+        RuntimeError: the environment holds an NCCL error-handling value a protected job refuses.
+    """
     import torch
 
+    job_nccl_env()
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
     return dev
+
+
+def job_nccl_env() -> dict[str, str]:
+    """The NCCL error-handling variables a protected job runs with
+    (:func:`phoenix_hpc.launch.nccl_env.nccl_error_env`), set where unset, before any NCCL group exists
+    (torch reads them when a group is created). Returns their values now.
+
+    Raises:
+        RuntimeError: a value a protected job refuses (the message names the variable and the allowed ones).
+    """
+    from phoenix_hpc.launch.nccl_env import ASYNC_ERROR_HANDLING, ENABLE_MONITORING, nccl_error_env
+
+    updates, problems = nccl_error_env(os.environ, "nccl", True)
+    if problems:
+        raise RuntimeError("; ".join(problems))
+    os.environ.update(updates)
+    return {k: os.environ[k] for k in (ASYNC_ERROR_HANDLING, ENABLE_MONITORING)}
 
 
 def init_nccl_world():

@@ -190,6 +190,12 @@ def test_gpu_section_takes_each_item_from_the_newest_run_that_has_it(tmp_path):
     assert "| memory.host | 2 | passed | rss_growth_over_expected 1.5 |" in text
     assert "1. 2026-01-02T00:00:00" in text and "2. 2026-01-01T00:00:00" in text
     assert load_gpu_reports(tmp_path / "missing") == []
+    assert "Note:" not in text
+    (tmp_path / "a.note").write_text("made with an experiment\n  reverted since.\n")
+    text = "\n".join(gpu_section(load_gpu_reports(tmp_path)))
+    run2 = text.split("\n2. 2026-01-01T00:00:00", 1)[1].split("\n")
+    assert run2[1] == "   Note: made with an experiment reverted since."  # under its own run, not the other
+    assert text.count("Note:") == 1
 
 
 def test_benchmarks_md_has_the_generated_gpu_section():
