@@ -84,16 +84,24 @@ def snapshot_matches(protector, engine) -> list[str]:
     return bad
 
 
-def contention(engine, protector, buf, tokens: int, steps: int) -> dict[str, Any]:
+def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: int | None = None) -> dict[str, Any]:
     """Where protection slows a step besides the exposed wait: ``steps`` unprotected steps train while a
-    background thread repeats one half of the protection's work back to back, then the other:
+    background thread repeats one kind of work back to back, each kind in turn:
 
     - ``copy``: the runtime's D2H of the live state into ``buf`` (:meth:`~phoenix_hpc.runtime.d2h.D2H.copy`:
-      side stream, pinned buffer; no checksum), which keeps the GPU's device-to-host copy engine busy,
-      where the training's own small device-to-host copies (the loss) queue too;
+      side stream, pinned buffer; no checksum), which keeps the GPU's device-to-host copy engine busy (on
+      an H200 the step slowed the same with the whole snapshot queued at once or two 64 MiB groups at a
+      time, so the training's own small copies do not just wait behind the queue: BENCHMARKS.md, the GPU
+      run's note);
     - ``checksum``: the protector's checksums of ``buf`` on its checksum threads
       (:func:`~phoenix_hpc.runtime.checksum_pool.checksum_groups`), host work only, which takes cores and the
-      GIL between tensors from the training thread that launches the kernels.
+      GIL between tensors from the training thread that launches the kernels;
+    - ``one_copy``: one contiguous device tensor of ``one_copy_bytes`` (default :data:`ONE_COPY_BYTES`)
+      copied into a pinned host tensor by a single call per pass (on CUDA on a side stream, then that
+      stream synchronised; on CPU a plain copy into unpinned memory): the same copy engine and
+      link as ``copy`` with almost no host work. If the step slows beside ``copy`` but not beside this one,
+      issuing the snapshot tensor by tensor (Python, the GIL, the driver) is what slows it; if beside both,
+      the transfer itself does.
 
     Call after ``protector.close()``, with ``buf`` a host buffer of ``protector.layout`` nothing else uses.
     Returns, per half, the median step time (ms; the first step of each block dropped) and the passes the
@@ -105,12 +113,30 @@ def contention(engine, protector, buf, tokens: int, steps: int) -> dict[str, Any
     from phoenix_hpc.runtime.checksum import checksum_function
     from phoenix_hpc.runtime.checksum_pool import checksum_groups
 
+    import torch
+
     opt, par = engine.optimizer_shard(), engine.param_shard()
     slots, fn = protector.layout.slots, checksum_function(protector.checksum)
+    device = (opt or par)[0][1].device
+    n = ONE_COPY_BYTES if one_copy_bytes is None else one_copy_bytes
+    cuda = device.type == "cuda"
+    src = torch.ones(n, dtype=torch.uint8, device=device)
+    dst = torch.empty(n, dtype=torch.uint8, pin_memory=cuda)
+    side = torch.cuda.Stream(device=device) if cuda else None
+
+    def one_copy() -> None:
+        if side is None:
+            dst.copy_(src)
+            return
+        with torch.cuda.stream(side):
+            dst.copy_(src, non_blocking=True)
+        side.synchronize()
+
     work = {
         "copy": lambda: protector.d2h.copy(protector.d2h.mark(), buf, protector.layout, opt, par),
         "checksum": lambda: checksum_groups(memoryview(buf.numpy()), slots, [len(slots)], lambda i: None, fn,
                                             protector.d2h.checksums),
+        "one_copy": one_copy,
     }
     out: dict[str, Any] = {}
     for name, one in work.items():
@@ -138,6 +164,10 @@ def contention(engine, protector, buf, tokens: int, steps: int) -> dict[str, Any
         out[f"{name}_passes_per_step"] = round(passes[0] / max(1, len(recs)), 2)
     protector.d2h.checksums.close()
     return out
+
+
+#: bytes of :func:`contention`'s ``one_copy`` (1 GiB: about 20 ms per pass at the 55 GB/s measured on an H200)
+ONE_COPY_BYTES = 1 << 30
 
 
 def gbs(nbytes: int, seconds: float) -> float:

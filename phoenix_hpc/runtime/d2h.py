@@ -6,13 +6,12 @@ Split in two halves so that only a negligible part runs on the training thread:
   (compute) stream, so the copy is ordered after the ``optimizer_step`` that produced the state; on CPU it
   does nothing.
 - :meth:`D2H.copy_checksummed` (the runtime's copy thread): on CUDA, a dedicated stream waits for that
-  event, the tensors are copied with ``non_blocking=True`` into the pinned buffer in groups of
-  :attr:`D2H.event_bytes`, each followed by a blocking-sync event, at most :attr:`D2H.window_groups` groups
-  queued at a time (:func:`windowed`), and each group's tensors are checksummed once its event passed, on
+  event, the tensors are copied with ``non_blocking=True`` into the pinned buffer with a blocking-sync event
+  after every :attr:`D2H.event_bytes` of them, and each group's tensors are checksummed once its event passed, on
   ``checksum_threads`` threads (:mod:`.checksum_pool`) while the next groups are still on the link;
   on CPU, a plain copy in that background thread (torch releases the GIL while copying, so it overlaps the
   training thread's forward/backward), each tensor checksummed right after its copy. :meth:`D2H.copy` is
-  the same copy without the checksums (the same groups and window on CUDA).
+  the same copy without the checksums (one event at the end on CUDA).
 
 The engine contract (``engines/base.py``) keeps the state stable from the end of ``optimizer_step`` of
 step k-1 until ``optimizer_step`` of step k; the runtime's ``wait_commit`` (before ``optimizer_step``)
@@ -22,7 +21,6 @@ waits for this copy, so it never reads a half-updated state.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,14 +37,6 @@ class D2H:
     #: few enough events that the thread wakes a few times per step, each group small enough that its
     #: checksum overlaps the next groups' transfer
     event_bytes = 64 << 20
-    #: on CUDA, groups queued on the copy stream at a time (:func:`windowed`). The training step's own
-    #: device-to-host copies (the loss and the gradient norm it reads as Python floats) go through the same
-    #: copy engine; with the whole snapshot queued at once each of them waited behind all of it (on an H200
-    #: a 14.1 GB snapshot is 258 ms of link time, and the unprotected step of 155 ms took 517 ms beside a
-    #: thread copying back to back, ``benchmarks/gpu/2026-12-04T18-35-full.json``). Two groups keep the
-    #: link busy while the thread wakes for the next one, and bound what such a copy waits behind to about
-    #: two groups (2 x 64 MiB, 2.4 ms at 55 GB/s).
-    window_groups = 2
 
     def __init__(self, device: torch.device, checksum_threads: int = 1, thread_nice: int = 0):
         self.device = torch.device(device)
@@ -73,17 +63,17 @@ class D2H:
 
     def copy(self, token: Any, buf: torch.Tensor, layout: SnapshotLayout, opt: list, params: list) -> None:
         """Copy thread: copy ``opt`` + ``params`` into ``buf``; returns when the bytes are in host memory.
-        Raises ReplicationError when the tensors do not match ``layout`` (:func:`check_state`)."""
+        Raises ReplicationError when the tensors do not match ``layout`` (:func:`copy_in`)."""
         views = self._views_of(buf, layout)
         if not self.cuda:
             copy_in(buf, layout, opt, params, views=views)
             return
-        pairs = check_state(layout, opt, params, views)
-        ends = event_ends(layout.slots, self.event_bytes)
-        with torch.cuda.device(self.device), torch.cuda.stream(self._stream), torch.no_grad():
-            wait = self._queue_groups(token, pairs, views, ends)
-            for i in range(len(ends)):
-                wait(i)
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            self._stream.wait_event(token)
+            copy_in(buf, layout, opt, params, non_blocking=True, views=views)
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        done.synchronize()
 
     def copy_checksummed(self, token: Any, buf: torch.Tensor, layout: SnapshotLayout, opt: list, params: list,
                          checksum: str) -> tuple[list[int], int, int]:
@@ -92,8 +82,8 @@ class D2H:
         while they are still in the core's cache (separate passes read the whole snapshot from memory
         again), on CUDA while the next tensors are still on the link (an event after every
         :attr:`event_bytes` of tensors, :func:`event_ends`, created with blocking synchronisation, so that
-        the thread sleeps instead of spinning until the bytes are there; at most :attr:`window_groups`
-        groups queued, :func:`windowed`), each group's tensors on the checksum threads (:func:`~phoenix_hpc.runtime.checksum_pool.checksum_groups`).
+        the thread sleeps instead of spinning until the bytes are there), each group's tensors on the
+        checksum threads (:func:`~phoenix_hpc.runtime.checksum_pool.checksum_groups`).
 
         Returns ``(sums, copy_ns, checksum_ns)``: the checksum of every slot in slot order, as
         :func:`~phoenix_hpc.runtime.snapshot.checksums` of the whole ``buf`` would give, and this thread's
@@ -111,9 +101,19 @@ class D2H:
         c0 = time.thread_time_ns()
         if self.cuda:
             ends = event_ends(layout.slots, self.event_bytes)
+            events = []
             with torch.cuda.device(self.device), torch.cuda.stream(self._stream), torch.no_grad():
-                wait = self._queue_groups(token, pairs, views, ends)
-                sums, sum_ns = checksum_groups(mv, layout.slots, ends, wait, fn, self.checksums)
+                self._stream.wait_event(token)
+                start = 0
+                for end in ends:
+                    for (_, t), view in zip(pairs[start:end], views[start:end]):
+                        view.copy_(t, non_blocking=True)
+                    ev = torch.cuda.Event(blocking=True)
+                    ev.record(self._stream)
+                    events.append(ev)
+                    start = end
+            sums, sum_ns = checksum_groups(mv, layout.slots, ends, lambda i: events[i].synchronize(), fn,
+                                           self.checksums)
             own = time.thread_time_ns() - c0  # with one checksum thread, the checksums ran in this one
             return sums, own - (sum_ns if self.checksums.threads == 1 else 0), sum_ns
         wall_copy = wall_sum = 0
@@ -127,23 +127,6 @@ class D2H:
         cpu = time.thread_time_ns() - c0
         copy_ns = cpu * wall_copy // max(1, wall_copy + wall_sum)
         return sums, copy_ns, cpu - copy_ns
-
-    def _queue_groups(self, token: Any, pairs: list, views: tuple, ends: list[int]) -> Callable[[int], None]:
-        """CUDA, inside the copy stream's context: order the stream after ``token``, queue the first
-        :attr:`window_groups` groups of tensors (``pairs[ends[i-1]:ends[i]]`` into their ``views``), each
-        followed by a blocking-sync event; returns :func:`windowed`'s ``wait(i)``: it sleeps until group
-        ``i`` landed, then queues the group :attr:`window_groups` further on."""
-        self._stream.wait_event(token)
-
-        def queue(i: int) -> torch.cuda.Event:
-            start = ends[i - 1] if i else 0
-            for (_, t), view in zip(pairs[start : ends[i]], views[start : ends[i]]):
-                view.copy_(t, non_blocking=True)
-            ev = torch.cuda.Event(blocking=True)
-            ev.record(self._stream)
-            return ev
-
-        return windowed(len(ends), self.window_groups, queue, lambda ev: ev.synchronize())
 
     def _views_of(self, buf: torch.Tensor, layout: SnapshotLayout) -> tuple[torch.Tensor, ...]:
         """The slot views of ``buf`` for ``layout``, built on first use (a snapshot of small tensors spends
@@ -178,27 +161,3 @@ def event_ends(slots, event_bytes: int) -> list[int]:
             if i < len(slots):
                 start = slots[i].offset
     return ends
-
-
-def windowed(n: int, window: int, queue: Callable[[int], Any], sync: Callable[[Any], None]) -> Callable[[int], None]:
-    """Keep at most ``window`` of ``n`` groups queued (pure scheduling): ``queue(i)`` is called for the
-    first ``window`` groups now and returns a handle (a CUDA event in :class:`D2H`); the returned
-    ``wait(i)``, called for ``i = 0 .. n-1`` in order, calls ``sync`` on group ``i``'s handle and then
-    queues group ``i + window``. Raises ValueError for ``window < 1``; ``wait`` raises KeyError for a group
-    not queued (called out of order) and what ``sync`` or ``queue`` raised."""
-    if window < 1:
-        raise ValueError(f"window must be at least 1, got {window}")
-    handles: dict[int, Any] = {}
-
-    def start(i: int) -> None:
-        if i < n:
-            handles[i] = queue(i)
-
-    for i in range(min(window, n)):
-        start(i)
-
-    def wait(i: int) -> None:
-        sync(handles.pop(i))
-        start(i + window)
-
-    return wait

@@ -252,48 +252,6 @@ def test_cuda_event_groups_span_at_least_the_event_bytes_and_never_split_a_tenso
     assert event_ends(slots([5 << 20, 10, 10]), 4 << 20) == [1, 3]  # a big tensor is a group of its own
 
 
-
-@pytest.mark.parametrize("n,window", [(0, 2), (1, 2), (5, 1), (5, 2), (7, 3), (3, 8)])
-def test_cuda_copy_groups_are_queued_at_most_a_window_ahead_of_the_one_awaited(n, window):
-    """D2H keeps at most ``window_groups`` groups on the copy stream: a training step's own small copy
-    then waits behind a few groups, not the whole snapshot. ``windowed`` queues each group once, in order,
-    never more than ``window`` queued and not yet synced, and syncs each group's own handle."""
-    from phoenix_hpc.runtime.d2h import windowed
-
-    log, queued = [], set()
-
-    def queue(i):
-        queued.add(i)
-        assert len(queued) <= window, f"group {i} queued with {sorted(queued)} outstanding"
-        log.append(("queue", i))
-        return f"event{i}"
-
-    def sync(handle):
-        i = int(handle.removeprefix("event"))
-        queued.remove(i)
-        log.append(("sync", i))
-
-    wait = windowed(n, window, queue, sync)
-    assert log == [("queue", i) for i in range(min(n, window))]  # the first window, before any wait
-    for i in range(n):
-        wait(i)
-    assert [i for op, i in log if op == "queue"] == list(range(n))
-    assert [i for op, i in log if op == "sync"] == list(range(n))
-    assert not queued
-    for i in range(n):  # group i + window is queued only after group i was synced
-        if i + window < n:
-            assert log.index(("sync", i)) < log.index(("queue", i + window))
-
-
-def test_windowed_refuses_a_window_below_one_and_a_wait_out_of_order():
-    from phoenix_hpc.runtime.d2h import windowed
-
-    with pytest.raises(ValueError, match="window must be at least 1, got 0"):
-        windowed(3, 0, lambda i: i, lambda h: None)
-    wait = windowed(4, 1, lambda i: i, lambda h: None)
-    with pytest.raises(KeyError):
-        wait(1)  # group 1 is not queued before group 0 was awaited
-
 def test_the_sealed_index_is_the_compact_json_of_what_it_says_with_the_tensors_last():
     """seal writes the index from the layout's fixed entry texts plus this step's values: the bytes must
     be exactly json.dumps of the parsed index (keys in the written order), names with quotes and
