@@ -1,8 +1,9 @@
 """Sections 1 (per-step overhead) and 4 (host memory) of the benchmarks.
 
 One batch job on the local cluster (4 nodes, one slot each) runs one srun step of
-:mod:`phoenix_hpc.bench.overhead_rank` over every case: protection on and off interleaved in ABBA blocks
-inside the same processes, then two memory cases (dp=4, k=1 and k=2). :func:`analyze_case` and
+:mod:`phoenix_hpc.bench.overhead_rank` over every 4-rank case: protection on and off interleaved in ABBA
+blocks inside the same processes, then two memory cases (dp=4, k=1 and k=2); a second job of 2 nodes runs
+the 2-rank case the same way (one rank per core of the 2-core host). :func:`analyze_case` and
 :func:`analyze_memory` are pure functions of the rank files.
 
 Cleaning of the step times (the published method, :mod:`phoenix_hpc.bench.stats`): the job's time of a
@@ -29,7 +30,8 @@ from phoenix_hpc.errors import BenchError
 
 @dataclass(frozen=True)
 class Case:
-    """One overhead/memory case: model ``size``, pipeline depth ``pp`` over 4 ranks, ``k`` replicas."""
+    """One overhead/memory case: model ``size``, pipeline depth ``pp`` over ``ranks`` ranks (one per node),
+    ``k`` replicas."""
 
     name: str
     size: str
@@ -40,16 +42,18 @@ class Case:
     rounds: int = 4
     memory: bool = False
     pinned: bool = False  # "GPU-like": compute on one core, the protection threads on the others
+    ranks: int = 4
 
     @property
     def grid(self) -> str:
-        return f"pp={self.pp} x dp={4 // self.pp}"
+        return f"pp={self.pp} x dp={self.ranks // self.pp}"
 
 
 def plan_cases(quick: bool) -> list[Case]:
     """Cases of sections 1 and 4. Full: sizes S and M x grids dp=4 and pp=2 x dp=2 (k=1), 3 ABBA rounds
-    of 8-step blocks; plus memory cases M, dp=4, k=1 and k=2 (run first). Quick: size S only, 2 rounds
-    of 6-step blocks, memory cases on size S."""
+    of 8-step blocks; plus memory cases M, dp=4, k=1 and k=2 (run first); the pinned GPU-like case of the
+    larger size; and the larger size on 2 ranks (dp=2, k=1), in a job of its own. Quick: size S only, 2
+    rounds of 6-step blocks, memory cases on size S."""
     rounds, block = (2, 6) if quick else (3, 8)
     msize = "S" if quick else "M"
     sizes = ("S",) if quick else ("S", "M")
@@ -58,20 +62,24 @@ def plan_cases(quick: bool) -> list[Case]:
     # GPU-like: every rank's training thread on the first allowed core, the protection
     # threads (phoenix-copy, phoenix-h2h) on the others, as on a GPU node where compute is off the host cores
     cases.append(Case(f"{sizes[-1]}-pp1-pinned", sizes[-1], 1, 1, 10, block, rounds, pinned=True))
+    # 2 ranks on the 2-core host: each rank's training thread has a core to itself, and its protection
+    # threads share it (scripts/bench-overhead measures the same with one process per mode)
+    if not quick:
+        cases.append(Case(f"{sizes[-1]}-dp2", sizes[-1], 1, 1, 10, block, rounds, ranks=2))
     return cases
 
 
 def target_ratio(case: "Case | dict") -> float:
-    """The overhead target of a case: 1.02 for the pinned GPU-like case, 1.15 for 4 ranks
+    """The overhead target of a case: 1.02 for the pinned GPU-like case and for 2 ranks, 1.15 for 4 ranks
     sharing the cores with their protection threads."""
-    pinned = case.get("pinned") if isinstance(case, dict) else case.pinned
-    return 1.02 if pinned else 1.15
+    get = case.get if isinstance(case, dict) else lambda k, d=None: getattr(case, k, d)
+    return 1.02 if get("pinned") or get("ranks", 4) == 2 else 1.15
 
 
 def write_cases(cases: Sequence[Case], folder: Path, data_path: str) -> list[Path]:
     paths = []
     for i, c in enumerate(cases):
-        cfg = jobs.job_config(name=f"bench-{c.name}", size=c.size, pp=c.pp, nodes=4, spares=0, steps=100000,
+        cfg = jobs.job_config(name=f"bench-{c.name}", size=c.size, pp=c.pp, nodes=c.ranks, spares=0, steps=100000,
                               data_path=data_path, resilience={"k": c.k})
         p = jobs.write_yaml(folder / f"case{i}.yaml", cfg)
         p.with_suffix(".bench.json").write_text(json.dumps(
@@ -82,9 +90,10 @@ def write_cases(cases: Sequence[Case], folder: Path, data_path: str) -> list[Pat
 
 
 def run(client, work: Path, data_path: str, quick: bool, log=print) -> dict:
-    """Run the overhead/memory job; returns ``{"cases": [...], "memory": {...}, "job_id", "wall_s"}``.
+    """Run the overhead/memory jobs (one per rank count, the 4-rank one first); returns ``{"cases": [...],
+    "memory": {...}, "job_id", "job_ids", "wall_s"}`` (cases in :func:`plan_cases` order).
 
-    Raises BenchError when the job fails or a rank file is missing (the job's output file is named)."""
+    Raises BenchError when a job fails or a rank file is missing (the job's output file is named)."""
     import time
 
     folder = work / "overhead"
@@ -92,28 +101,38 @@ def run(client, work: Path, data_path: str, quick: bool, log=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     cases = plan_cases(quick)
     paths = write_cases(cases, folder, data_path)
-    body = ("export OMP_NUM_THREADS=1\n"
-            f"srun --mpi=pmix --nodes=4 --ntasks-per-node=1 {sys.executable} -m phoenix_hpc.bench.overhead_rank "
-            + " ".join(str(x) for x in [out, *paths]) + "\n")
     t0 = time.time()
-    job_id = jobs.submit_batch(client, folder / "overhead.sbatch", body, nodes=4, name="bench-overhead")
-    log(f"[bench] overhead/memory: job {job_id}, {len(cases)} cases on 4 ranks")
-    state, t1 = jobs.wait_job_end(client, job_id, timeout_s=900)
-    if state not in (None, "COMPLETED"):
-        raise BenchError(f"overhead job {job_id} ended {state}; see {folder / 'overhead.out'}")
+    job_ids, t1 = [], t0
+    files: dict[int, Path] = {}  # case index -> its rank files' prefix (overhead_rank numbers a job's cases)
+    for n in sorted({c.ranks for c in cases}, reverse=True):
+        mine = [i for i, c in enumerate(cases) if c.ranks == n]
+        tag = "overhead" if n == 4 else f"overhead-{n}ranks"
+        job_out = out / f"{n}ranks"
+        job_out.mkdir(exist_ok=True)
+        files.update({i: job_out / f"case{j}" for j, i in enumerate(mine)})
+        body = ("export OMP_NUM_THREADS=1\n"
+                f"srun --mpi=pmix --nodes={n} --ntasks-per-node=1 {sys.executable} -m phoenix_hpc.bench.overhead_rank "
+                + " ".join(str(x) for x in [job_out, *(paths[i] for i in mine)]) + "\n")
+        job_id = jobs.submit_batch(client, folder / f"{tag}.sbatch", body, nodes=n, name=f"bench-{tag}")
+        log(f"[bench] overhead/memory: job {job_id}, {len(mine)} cases on {n} ranks")
+        state, t1 = jobs.wait_job_end(client, job_id, timeout_s=900)
+        if state not in (None, "COMPLETED"):
+            raise BenchError(f"overhead job {job_id} ended {state}; see {folder / (tag + '.out')}")
+        job_ids.append(job_id)
     results, memory = [], {}
     for i, c in enumerate(cases):
         ranks = []
-        for r in range(4):
-            f = out / f"case{i}.rank{r}.json"
+        for r in range(c.ranks):
+            f = Path(f"{files[i]}.rank{r}.json")
             if not f.exists():
-                raise BenchError(f"overhead case {c.name}: {f} missing; see {folder / 'overhead.out'}")
+                raise BenchError(f"overhead case {c.name}: {f} missing; see the job output in {folder}")
             ranks.append(json.loads(f.read_text()))
         if c.memory:
             memory[f"k{c.k}"] = analyze_memory(ranks, c)
         else:
             results.append(analyze_case(ranks, c))
-    return {"job_id": job_id, "wall_s": round(t1 - t0, 1), "cases": results, "memory": memory}
+    return {"job_id": job_ids[0], "job_ids": job_ids, "wall_s": round(t1 - t0, 1), "cases": results,
+            "memory": memory}
 
 
 def _job_series(ranks: Sequence[dict], key: str) -> list[dict]:
@@ -145,7 +164,7 @@ def analyze_case(ranks: Sequence[dict], case: Case, trim: float = 0.05) -> dict:
     cpu = analyze_cpu(ranks)
     return {
         "name": case.name, "size": case.size, "params": jobs.model_params(case.size), "grid": case.grid, "k": case.k,
-        "pinned": case.pinned, "target": target_ratio(case), "thread_nice": ranks[0].get("thread_nice"),
+        "pinned": case.pinned, "ranks": case.ranks, "target": target_ratio(case), "thread_nice": ranks[0].get("thread_nice"),
         "steps_on": len(t_on), "steps_off": len(t_off), "warmup": case.warmup, "trim": trim,
         "step_ms_on": on_s.as_dict(), "step_ms_off": off_s.as_dict(),
         "ratio": ratio.as_dict(), "exposed_wait_ms": S.summarize(wait).as_dict(),

@@ -222,7 +222,10 @@ def render_markdown(r: dict) -> str:
         a(f"Not measured: {ov.get('error', 'section not run')}")
     else:
         c0 = ov["cases"][0]
-        a(f"One batch job, 4 nodes x 1 rank, one srun step; per case protection on and off alternate in ABBA "
+        two = [c["name"] for c in ov["cases"] if c.get("ranks", 4) == 2]
+        a(f"One batch job, 4 nodes x 1 rank, one srun step"
+          + (f" (and one of 2 nodes for {', '.join(two)})" if two else "")
+          + "; per case protection on and off alternate in ABBA "
           f"blocks inside the same processes (k=1). Cleaning: {c0['warmup']} unprotected warm-up steps dropped, "
           f"the first step of every block dropped, slowest {c0['trim']:.0%} of each mode trimmed; the job's step "
           "time is the slowest rank's; ratio of medians with a 95 % bootstrap CI (2000 resamples). Interleaving "
@@ -245,8 +248,7 @@ def render_markdown(r: dict) -> str:
             v, hi = c["ratio"]["value"], c["ratio"]["hi"]
             t = c.get("target", 1.05)
             verdict = "meets" if hi <= t else ("misses (the interval reaches above)" if v <= t else "misses")
-            label = (" (GPU-like: every rank's training thread pinned to one core, the protection threads to "
-                     "the others)") if c.get("pinned") else " (4 ranks sharing the cores with their protection threads)"
+            label = case_label(c)
             a(f"- {c['name']}{label}: ratio {v:.3f} [{c['ratio']['lo']:.3f}, {hi:.3f}] {verdict} the {t:.2f} target" +
               ("" if hi <= t else f"; what dominates: {dominant_cost(c)}."))
         a("")
@@ -538,6 +540,15 @@ def gpu_section(gpu_reports: list[dict] | dict | None) -> list[str]:
                 nums = ", ".join(f"{k} {fmt_number(it['numbers'][k])}" for k in _KEY_NUMBERS if k in it["numbers"])
                 L.append(f"| {it['name']} | {i} | {it['status']} | {nums} | {it['reason'].replace('|', '/')} |")
     return L + [""]
+
+
+def case_label(c: dict) -> str:
+    """How the ranks of an overhead case share the host's cores, for its verdict line."""
+    if c.get("pinned"):
+        return " (GPU-like: every rank's training thread pinned to one core, the protection threads to the others)"
+    if c.get("ranks", 4) == 2:
+        return " (2 ranks on the 2 cores: each rank's protection threads share its core)"
+    return " (4 ranks sharing the cores with their protection threads)"
 
 
 def fmt_number(v) -> str:

@@ -1,6 +1,7 @@
 """Pure statistics of the benchmarks: interleaving, warm-up, trimming, summaries, bootstrap ratio."""
 
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,50 @@ def test_the_overhead_section_says_which_thread_nice_it_ran_with():
         "The copy and H2H threads ran with `resilience.thread_nice: 19`."
     assert "S 0, M 19" in thread_nice_sentence([{"name": "S", "thread_nice": 0}, {"name": "M", "thread_nice": 19}])
     assert "was not recorded" in thread_nice_sentence([{"name": "S"}])
+
+
+def test_the_full_overhead_plan_has_a_two_rank_case_held_to_the_two_rank_target():
+    from phoenix_hpc.bench.overhead import plan_cases, target_ratio
+    from phoenix_hpc.bench.report import case_label
+
+    full = {c.name: c for c in plan_cases(False)}
+    two = full["M-dp2"]
+    assert (two.ranks, two.pp, two.k, two.grid) == (2, 1, 1, "pp=1 x dp=2") and not two.pinned
+    assert target_ratio(two) == 1.02 and target_ratio({"ranks": 2}) == 1.02
+    assert target_ratio(full["M-pp1"]) == 1.15 and target_ratio(full["M-pp1-pinned"]) == 1.02
+    assert target_ratio({"name": "old run without ranks"}) == 1.15  # reports of earlier runs: 4 ranks
+    assert all(c.ranks == 4 for c in plan_cases(True))  # the quick run keeps one job
+    assert "2 ranks on the 2 cores" in case_label({"ranks": 2})
+    assert "4 ranks sharing" in case_label({}) and "GPU-like" in case_label({"pinned": True, "ranks": 4})
+
+
+def test_overhead_run_submits_one_job_per_rank_count_and_reads_each_cases_own_rank_files(tmp_path, monkeypatch):
+    """overhead_rank numbers the cases of its own job from 0, so the 2-rank job's first case and the 4-rank
+    job's first case must not read the same files."""
+    import json as _json
+    import re
+
+    from phoenix_hpc.bench import jobs, overhead
+
+    submitted = []
+
+    def fake_submit(client, script_path, body, *, nodes, name, **kw):
+        args = re.search(r"overhead_rank (.+)\n", body).group(1).split()
+        out, cfgs = Path(args[0]), args[1:]
+        submitted.append((nodes, out.name, len(cfgs)))
+        for j, cfg in enumerate(cfgs):
+            extra = _json.loads(Path(cfg).with_suffix(".bench.json").read_text())
+            for r in range(nodes):  # off 100 ms; on 100 + the job's rank count, so the cases differ
+                (out / f"case{j}.rank{r}.json").write_text(_json.dumps(_rank_file(r, 100.0 + nodes, 100.0)))
+            assert extra["name"]
+        return f"job{len(submitted)}"
+
+    monkeypatch.setattr(jobs, "submit_batch", fake_submit)
+    monkeypatch.setattr(jobs, "wait_job_end", lambda client, job_id, timeout_s: ("COMPLETED", 0.0))
+    res = overhead.run(None, tmp_path, str(tmp_path / "data"), quick=False, log=lambda m: None)
+    assert submitted == [(4, "4ranks", 7), (2, "2ranks", 1)]  # 2 memory + 4 + pinned on 4 ranks, then dp2
+    assert res["job_ids"] == ["job1", "job2"] and res["job_id"] == "job1"
+    by = {c["name"]: c for c in res["cases"]}
+    assert by["M-dp2"]["ranks"] == 2 and by["M-dp2"]["step_ms_on"]["median"] == 102.0
+    assert by["M-pp1"]["ranks"] == 4 and by["M-pp1"]["step_ms_on"]["median"] == 104.0
+    assert set(res["memory"]) == {"k1", "k2"}
