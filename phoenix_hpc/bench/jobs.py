@@ -37,19 +37,20 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 }
 
 
-def model_params(size: str, vocab_size: int = 256) -> int:
+def model_params(size: str, vocab_size: int = 256, seq_length: int | None = None) -> int:
     """Parameter count of a GPT of :data:`MODEL_SIZES` ``size`` (12 h^2 per layer for attention + MLP,
-    plus embeddings and position embeddings; biases and norms ignored: < 1 %)."""
+    plus embeddings and position embeddings, ``seq_length`` of them if given; biases and norms ignored:
+    < 1 %)."""
     m = MODEL_SIZES[size]
     h = m["hidden_size"]
-    return 12 * h * h * m["layers"] + vocab_size * h + m["seq_length"] * h
+    return 12 * h * h * m["layers"] + vocab_size * h + (seq_length or m["seq_length"]) * h
 
 
 def job_config(*, name: str, size: str, pp: int, nodes: int, spares: int, steps: int, data_path: str,
                global_batch: int = 8, micro_batch: int = 2, resilience: Mapping[str, Any] | None = None,
-               time_limit: str = "00:15:00", run_dir: str | None = None) -> dict:
+               time_limit: str = "00:15:00", run_dir: str | None = None, seq_length: int | None = None) -> dict:
     """A job config (the dict form of ``config.yaml``) for the benchmarks: the torch engine on CPU, one
-    slot per node, ``tp=1``, ``pp`` as given and ``dp = nodes / pp``."""
+    slot per node, ``tp=1``, ``pp`` as given and ``dp = nodes / pp``; ``seq_length`` replaces the size's."""
     if size not in MODEL_SIZES:
         raise BenchError(f"model size: {size!r} is not one of {sorted(MODEL_SIZES)}")
     res = {"enabled": True, "mode": "phoenix", "k": 1, "placement_levels": ["node"],
@@ -58,7 +59,8 @@ def job_config(*, name: str, size: str, pp: int, nodes: int, spares: int, steps:
     cfg = {
         "name": name,
         "engine": "torch",
-        "model": {**MODEL_SIZES[size], "vocab_size": 256, "dtype": "float32"},
+        "model": {**MODEL_SIZES[size], **({"seq_length": seq_length} if seq_length else {}), "vocab_size": 256,
+                  "dtype": "float32"},
         "parallelism": {"tp": 1, "pp": pp},
         "training": {"steps": steps, "micro_batch_size": micro_batch, "global_batch_size": global_batch,
                      "lr": 1.0e-4, "min_lr": 1.0e-5, "lr_schedule": "constant", "warmup_steps": 0, "seed": 1234,

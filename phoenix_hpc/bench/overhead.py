@@ -43,6 +43,9 @@ class Case:
     memory: bool = False
     pinned: bool = False  # "GPU-like": compute on one core, the protection threads on the others
     ranks: int = 4
+    seq_length: int | None = None  # None: the size's (jobs.MODEL_SIZES)
+    global_batch: int = 8
+    micro_batch: int = 2
 
     @property
     def grid(self) -> str:
@@ -62,10 +65,12 @@ def plan_cases(quick: bool) -> list[Case]:
     # GPU-like: every rank's training thread on the first allowed core, the protection
     # threads (phoenix-copy, phoenix-h2h) on the others, as on a GPU node where compute is off the host cores
     cases.append(Case(f"{sizes[-1]}-pp1-pinned", sizes[-1], 1, 1, 10, block, rounds, pinned=True))
-    # 2 ranks on the 2-core host: each rank's training thread has a core to itself, and its protection
-    # threads share it (scripts/bench-overhead measures the same with one process per mode)
+    # 2 ranks on the 2-core host, each with a core for its training thread and its protection threads,
+    # with the model and batch of scripts/bench-overhead (which runs one process per mode): M at sequence
+    # length 256, a global batch of 24
     if not quick:
-        cases.append(Case(f"{sizes[-1]}-dp2", sizes[-1], 1, 1, 10, block, rounds, ranks=2))
+        cases.append(Case(f"{sizes[-1]}-dp2", sizes[-1], 1, 1, 10, block, rounds, ranks=2, seq_length=256,
+                          global_batch=24, micro_batch=12))
     return cases
 
 
@@ -80,7 +85,8 @@ def write_cases(cases: Sequence[Case], folder: Path, data_path: str) -> list[Pat
     paths = []
     for i, c in enumerate(cases):
         cfg = jobs.job_config(name=f"bench-{c.name}", size=c.size, pp=c.pp, nodes=c.ranks, spares=0, steps=100000,
-                              data_path=data_path, resilience={"k": c.k})
+                              data_path=data_path, resilience={"k": c.k}, seq_length=c.seq_length,
+                              global_batch=c.global_batch, micro_batch=c.micro_batch)
         p = jobs.write_yaml(folder / f"case{i}.yaml", cfg)
         p.with_suffix(".bench.json").write_text(json.dumps(
             {"name": c.name, "warmup": c.warmup, "block_steps": c.block_steps, "rounds": c.rounds,
@@ -163,8 +169,9 @@ def analyze_case(ranks: Sequence[dict], case: Case, trim: float = 0.05) -> dict:
     on_s, off_s = S.summarize(t_on), S.summarize(t_off)
     cpu = analyze_cpu(ranks)
     return {
-        "name": case.name, "size": case.size, "params": jobs.model_params(case.size), "grid": case.grid, "k": case.k,
-        "pinned": case.pinned, "ranks": case.ranks, "target": target_ratio(case), "thread_nice": ranks[0].get("thread_nice"),
+        "name": case.name, "size": case.size, "params": jobs.model_params(case.size, seq_length=case.seq_length),
+        "grid": case.grid, "k": case.k, "pinned": case.pinned, "ranks": case.ranks,
+        "seq_length": case.seq_length or jobs.MODEL_SIZES[case.size]["seq_length"], "global_batch": case.global_batch, "target": target_ratio(case), "thread_nice": ranks[0].get("thread_nice"),
         "steps_on": len(t_on), "steps_off": len(t_off), "warmup": case.warmup, "trim": trim,
         "step_ms_on": on_s.as_dict(), "step_ms_off": off_s.as_dict(),
         "ratio": ratio.as_dict(), "exposed_wait_ms": S.summarize(wait).as_dict(),

@@ -86,7 +86,8 @@ def snapshot_matches(protector, engine) -> list[str]:
 
 def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: int | None = None) -> dict[str, Any]:
     """Where protection slows a step besides the exposed wait: ``steps`` unprotected steps train while a
-    background thread repeats one kind of work back to back, each kind in turn:
+    background thread repeats one kind of work back to back (:data:`PASS_GAP_S` between passes), each kind in
+    turn:
 
     - ``copy``: the runtime's D2H of the live state into ``buf`` (:meth:`~phoenix_hpc.runtime.d2h.D2H.copy`:
       side stream, pinned buffer; no checksum), which keeps the GPU's device-to-host copy engine busy (on
@@ -104,12 +105,13 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
       the transfer itself does.
 
     Call after ``protector.close()``, with ``buf`` a host buffer of ``protector.layout`` nothing else uses.
-    Returns, per half, the median step time (ms; the first step of each block dropped) and the passes the
-    thread made per step; the unprotected steps before them are the reference. Raises what the thread
-    raised."""
+    Returns, per kind, the median step time (``{kind}_only_ms_median``, ms; the first step of each block
+    dropped), the passes the thread made per step and the median time of each phase of the step on the
+    training thread (``{kind}_phase_ms``, :func:`phase_times`); first the same for ``steps`` steps with no
+    thread (``alone_ms_median``, ``alone_phase_ms``), the reference measured beside them. Raises what the
+    thread raised."""
     import threading
 
-    from phoenix_hpc.launch.loop import train
     from phoenix_hpc.runtime.checksum import checksum_function
     from phoenix_hpc.runtime.checksum_pool import checksum_groups
 
@@ -139,6 +141,9 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
         "one_copy": one_copy,
     }
     out: dict[str, Any] = {}
+    recs, phases = timed_train(engine, steps, tokens)
+    out["alone_ms_median"] = round(statistics.median([r.step_time_ms for r in recs[1:]] or [recs[0].step_time_ms]), 2)
+    out["alone_phase_ms"] = median_phases(phases[1:] or phases)
     for name, one in work.items():
         stop, passes, errors = threading.Event(), [0], []
 
@@ -147,13 +152,16 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
                 while not stop.is_set():
                     one()
                     passes[0] += 1
+                    # a pause of PASS_GAP_S between passes: a pass of a few microseconds (a small model on
+                    # CPU) would otherwise keep the GIL from the training thread for whole switch intervals
+                    stop.wait(PASS_GAP_S)
             except BaseException as e:  # noqa: BLE001 -- raised below, in the caller
                 errors.append(e)
 
         th = threading.Thread(target=loop, name=f"phoenix-contention-{name}", daemon=True)
         th.start()
         try:
-            recs = train(engine, engine.step + steps, tokens)
+            recs, phases = timed_train(engine, steps, tokens)
         finally:
             stop.set()
             th.join()
@@ -162,9 +170,48 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
         kept = [r.step_time_ms for r in recs[1:]] or [r.step_time_ms for r in recs]
         out[f"{name}_only_ms_median"] = round(statistics.median(kept), 2)
         out[f"{name}_passes_per_step"] = round(passes[0] / max(1, len(recs)), 2)
+        out[f"{name}_phase_ms"] = median_phases(phases[1:] or phases)
     protector.d2h.checksums.close()
     return out
 
+
+def timed_train(engine, steps: int, tokens: int) -> tuple[list, list[dict[str, float]]]:
+    """Train ``steps`` unprotected steps; returns their records and :func:`phase_times` of them."""
+    import time
+
+    from phoenix_hpc.launch.loop import train
+
+    marks: list[tuple[str, float]] = []
+    recs = train(engine, engine.step + steps, tokens, on_step=lambda rec: marks.append(("end", time.perf_counter())),
+                 phase_hook=lambda s, phase: marks.append((phase, time.perf_counter())))
+    return recs, phase_times(marks)
+
+
+def phase_times(marks: list[tuple[str, float]]) -> list[dict[str, float]]:
+    """Per step, milliseconds from each phase's start to the next mark (pure): ``marks`` are ``(phase,
+    perf_counter seconds)`` in order, as :func:`~phoenix_hpc.launch.loop.train`'s ``phase_hook`` gives them
+    (``forward_backward``, ``reduce_gradients``, ``optimizer_step``; ``wait_commit`` with a protector), each
+    step closed by an ``("end", t)`` mark from its ``on_step``. On CUDA these are the training thread's
+    times: kernels run asynchronously, so a phase's time includes the waits of the synchronising calls in
+    it (the loss and the gradient norm read as Python floats) for everything queued before."""
+    out, cur = [], []
+    for phase, t in marks:
+        cur.append((phase, t))
+        if phase == "end":
+            out.append({a: round((tb - ta) * 1e3, 3) for (a, ta), (_, tb) in zip(cur, cur[1:])})
+            cur = []
+    return out
+
+
+def median_phases(steps: list[dict[str, float]]) -> dict[str, float]:
+    """The median of each phase's milliseconds over ``steps`` (:func:`phase_times`; pure)."""
+    names = [k for k in (steps[0] if steps else {})]
+    return {k: round(statistics.median(s[k] for s in steps if k in s), 2) for k in names}
+
+
+#: seconds :func:`contention`'s thread sleeps between two passes (on an H200 a ``copy`` pass of the 1B
+#: model's 14.1 GB took 258 ms, so this is under 1 % of its time; a ``one_copy`` pass of 1 GiB about 20 ms: 5 %)
+PASS_GAP_S = 1e-3
 
 #: bytes of :func:`contention`'s ``one_copy`` (1 GiB: about 20 ms per pass at the 55 GB/s measured on an H200)
 ONE_COPY_BYTES = 1 << 30

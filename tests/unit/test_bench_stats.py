@@ -189,11 +189,14 @@ def test_the_full_overhead_plan_has_a_two_rank_case_held_to_the_two_rank_target(
     full = {c.name: c for c in plan_cases(False)}
     two = full["M-dp2"]
     assert (two.ranks, two.pp, two.k, two.grid) == (2, 1, 1, "pp=1 x dp=2") and not two.pinned
+    # the model and batch of scripts/bench-overhead's defaults (--seq 256 --batch 24, micro = batch / ranks)
+    assert (two.size, two.seq_length, two.global_batch, two.micro_batch) == ("M", 256, 24, 12)
     assert target_ratio(two) == 1.02 and target_ratio({"ranks": 2}) == 1.02
     assert target_ratio(full["M-pp1"]) == 1.15 and target_ratio(full["M-pp1-pinned"]) == 1.02
     assert target_ratio({"name": "old run without ranks"}) == 1.15  # reports of earlier runs: 4 ranks
     assert all(c.ranks == 4 for c in plan_cases(True))  # the quick run keeps one job
-    assert "2 ranks on the 2 cores" in case_label({"ranks": 2})
+    assert "2 ranks on the 2 cores" in case_label({"ranks": 2, "seq_length": 256, "global_batch": 24})
+    assert "sequence length 256, global batch 24" in case_label({"ranks": 2, "seq_length": 256, "global_batch": 24})
     assert "4 ranks sharing" in case_label({}) and "GPU-like" in case_label({"pinned": True, "ranks": 4})
 
 
@@ -202,6 +205,8 @@ def test_overhead_run_submits_one_job_per_rank_count_and_reads_each_cases_own_ra
     job's first case must not read the same files."""
     import json as _json
     import re
+
+    import yaml
 
     from phoenix_hpc.bench import jobs, overhead
 
@@ -225,5 +230,9 @@ def test_overhead_run_submits_one_job_per_rank_count_and_reads_each_cases_own_ra
     assert res["job_ids"] == ["job1", "job2"] and res["job_id"] == "job1"
     by = {c["name"]: c for c in res["cases"]}
     assert by["M-dp2"]["ranks"] == 2 and by["M-dp2"]["step_ms_on"]["median"] == 102.0
+    assert by["M-dp2"]["params"] == jobs.model_params("M") + 128 * 256  # 256 positions instead of 128
+    cfg = yaml.safe_load((tmp_path / "overhead" / "case7.yaml").read_text())  # the 2-rank case's job config
+    assert cfg["model"]["seq_length"] == 256 and cfg["resources"]["nodes"] == 2
+    assert (cfg["training"]["global_batch_size"], cfg["training"]["micro_batch_size"]) == (24, 12)
     assert by["M-pp1"]["ranks"] == 4 and by["M-pp1"]["step_ms_on"]["median"] == 104.0
     assert set(res["memory"]) == {"k1", "k2"}

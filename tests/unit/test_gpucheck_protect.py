@@ -57,6 +57,24 @@ def test_k0_protector_runs_abba_and_commits_the_live_state(tmp_path):
     assert out["committed"] == out["step"] == 13 and out["holders"] == []
     assert out["plan"] == 2 * out["snapshot"] and out["state"] < out["snapshot"] < out["state"] + (1 << 20)
     c = out["contention"]  # three blocks of 3 unprotected steps, each beside one kind of background work
-    assert out["step_after"] == out["step"] + 9
+    assert out["step_after"] == out["step"] + 12  # and first 3 steps with no thread, the reference
+    assert c["alone_ms_median"] > 0
     for kind in ("copy", "checksum", "one_copy"):
         assert c[f"{kind}_only_ms_median"] > 0 and c[f"{kind}_passes_per_step"] > 0, kind
+    for kind in ("alone", "copy", "checksum", "one_copy"):
+        ph = c[f"{kind}_phase_ms"]
+        assert list(ph) == ["forward_backward", "reduce_gradients", "optimizer_step"], kind
+        assert all(v > 0 for v in ph.values()) and sum(ph.values()) <= c[f"{kind}_ms_median" if kind == "alone" else f"{kind}_only_ms_median"] * 1.5
+
+
+def test_phase_times_split_each_step_at_its_marks():
+    from phoenix_hpc.gpucheck.protect import median_phases, phase_times
+
+    marks = [("forward_backward", 0.0), ("reduce_gradients", 0.010), ("optimizer_step", 0.012), ("end", 0.015),
+             ("forward_backward", 0.015), ("reduce_gradients", 0.045), ("wait_commit", 0.046),
+             ("optimizer_step", 0.050), ("end", 0.051)]
+    steps = phase_times(marks)
+    assert steps == [{"forward_backward": 10.0, "reduce_gradients": 2.0, "optimizer_step": 3.0},
+                     {"forward_backward": 30.0, "reduce_gradients": 1.0, "wait_commit": 4.0, "optimizer_step": 1.0}]
+    assert median_phases(steps) == {"forward_backward": 20.0, "reduce_gradients": 1.5, "optimizer_step": 2.0}
+    assert phase_times([]) == [] and median_phases([]) == {}
