@@ -43,23 +43,28 @@ def model_params(size: str, vocab_size: int = 256, seq_length: int | None = None
     < 1 %)."""
     m = MODEL_SIZES[size]
     h = m["hidden_size"]
-    return 12 * h * h * m["layers"] + vocab_size * h + (seq_length or m["seq_length"]) * h
+    return 12 * h * h * m["layers"] + vocab_size * h + (m["seq_length"] if seq_length is None else seq_length) * h
 
 
 def job_config(*, name: str, size: str, pp: int, nodes: int, spares: int, steps: int, data_path: str,
                global_batch: int = 8, micro_batch: int = 2, resilience: Mapping[str, Any] | None = None,
                time_limit: str = "00:15:00", run_dir: str | None = None, seq_length: int | None = None) -> dict:
     """A job config (the dict form of ``config.yaml``) for the benchmarks: the torch engine on CPU, one
-    slot per node, ``tp=1``, ``pp`` as given and ``dp = nodes / pp``; ``seq_length`` replaces the size's."""
+    slot per node, ``tp=1``, ``pp`` as given and ``dp = nodes / pp``; ``seq_length`` replaces the size's.
+
+    Raises:
+        BenchError: an unknown ``size`` or a ``seq_length`` below 1."""
     if size not in MODEL_SIZES:
         raise BenchError(f"model size: {size!r} is not one of {sorted(MODEL_SIZES)}")
+    if seq_length is not None and seq_length < 1:
+        raise BenchError(f"seq_length: {seq_length!r} -- allowed: a positive integer, or None for the size's")
     res = {"enabled": True, "mode": "phoenix", "k": 1, "placement_levels": ["node"],
            "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 3.0, "collective_timeout_s": 30.0}
     res.update(resilience or {})
     cfg = {
         "name": name,
         "engine": "torch",
-        "model": {**MODEL_SIZES[size], **({"seq_length": seq_length} if seq_length else {}), "vocab_size": 256,
+        "model": {**MODEL_SIZES[size], **({} if seq_length is None else {"seq_length": seq_length}), "vocab_size": 256,
                   "dtype": "float32"},
         "parallelism": {"tp": 1, "pp": pp},
         "training": {"steps": steps, "micro_batch_size": micro_batch, "global_batch_size": global_batch,

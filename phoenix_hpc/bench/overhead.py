@@ -65,9 +65,9 @@ def plan_cases(quick: bool) -> list[Case]:
     # GPU-like: every rank's training thread on the first allowed core, the protection
     # threads (phoenix-copy, phoenix-h2h) on the others, as on a GPU node where compute is off the host cores
     cases.append(Case(f"{sizes[-1]}-pp1-pinned", sizes[-1], 1, 1, 10, block, rounds, pinned=True))
-    # 2 ranks on the 2-core host, each with a core for its training thread and its protection threads,
-    # with the model and batch of scripts/bench-overhead (which runs one process per mode): M at sequence
-    # length 256, a global batch of 24
+    # 2 ranks on the 2-core host (not bound to cores: the local cluster binds no tasks), with the model and
+    # batch of scripts/bench-overhead (which runs one process per mode): M at sequence length 256, a global
+    # batch of 24
     if not quick:
         cases.append(Case(f"{sizes[-1]}-dp2", sizes[-1], 1, 1, 10, block, rounds, ranks=2, seq_length=256,
                           global_batch=24, micro_batch=12))
@@ -109,13 +109,14 @@ def run(client, work: Path, data_path: str, quick: bool, log=print) -> dict:
     paths = write_cases(cases, folder, data_path)
     t0 = time.time()
     job_ids, t1 = [], t0
-    files: dict[int, Path] = {}  # case index -> its rank files' prefix (overhead_rank numbers a job's cases)
+    files: dict[int, tuple[Path, Path]] = {}  # case index -> (its rank files' prefix, its job's output file)
     for n in sorted({c.ranks for c in cases}, reverse=True):
         mine = [i for i, c in enumerate(cases) if c.ranks == n]
         tag = "overhead" if n == 4 else f"overhead-{n}ranks"
         job_out = out / f"{n}ranks"
         job_out.mkdir(exist_ok=True)
-        files.update({i: job_out / f"case{j}" for j, i in enumerate(mine)})
+        # overhead_rank numbers the cases of its own job from 0
+        files.update({i: (job_out / f"case{j}", folder / f"{tag}.out") for j, i in enumerate(mine)})
         body = ("export OMP_NUM_THREADS=1\n"
                 f"srun --mpi=pmix --nodes={n} --ntasks-per-node=1 {sys.executable} -m phoenix_hpc.bench.overhead_rank "
                 + " ".join(str(x) for x in [job_out, *(paths[i] for i in mine)]) + "\n")
@@ -129,9 +130,9 @@ def run(client, work: Path, data_path: str, quick: bool, log=print) -> dict:
     for i, c in enumerate(cases):
         ranks = []
         for r in range(c.ranks):
-            f = Path(f"{files[i]}.rank{r}.json")
+            f = Path(f"{files[i][0]}.rank{r}.json")
             if not f.exists():
-                raise BenchError(f"overhead case {c.name}: {f} missing; see the job output in {folder}")
+                raise BenchError(f"overhead case {c.name}: {f} missing; see {files[i][1]}")
             ranks.append(json.loads(f.read_text()))
         if c.memory:
             memory[f"k{c.k}"] = analyze_memory(ranks, c)
@@ -171,7 +172,8 @@ def analyze_case(ranks: Sequence[dict], case: Case, trim: float = 0.05) -> dict:
     return {
         "name": case.name, "size": case.size, "params": jobs.model_params(case.size, seq_length=case.seq_length),
         "grid": case.grid, "k": case.k, "pinned": case.pinned, "ranks": case.ranks,
-        "seq_length": case.seq_length or jobs.MODEL_SIZES[case.size]["seq_length"], "global_batch": case.global_batch, "target": target_ratio(case), "thread_nice": ranks[0].get("thread_nice"),
+        "seq_length": jobs.MODEL_SIZES[case.size]["seq_length"] if case.seq_length is None else case.seq_length,
+        "global_batch": case.global_batch, "target": target_ratio(case), "thread_nice": ranks[0].get("thread_nice"),
         "steps_on": len(t_on), "steps_off": len(t_off), "warmup": case.warmup, "trim": trim,
         "step_ms_on": on_s.as_dict(), "step_ms_off": off_s.as_dict(),
         "ratio": ratio.as_dict(), "exposed_wait_ms": S.summarize(wait).as_dict(),

@@ -40,7 +40,7 @@ ITEMS = ("d2h.exact", "d2h.overhead")
 MODEL = {"layers": 20, "hidden_size": 2048, "heads": 16, "vocab_size": 256, "seq_length": 1024, "dtype": "bfloat16"}
 TRAINING = {"steps": 1000, "micro_batch_size": 4, "global_batch_size": 8, "lr": 1e-4, "warmup_steps": 2, "seed": 3}
 WARMUP, ROUNDS, BLOCK_STEPS = 3, 2, 4
-CONTENTION_STEPS = 4  # unprotected steps beside each half of the protection's work (protect.contention)
+CONTENTION_STEPS = 4  # unprotected steps alone, then beside each kind of background work (protect.contention)
 TARGET_RATIO = 1.05  # the per-step overhead the design aims at (docs/design.md section 1), reported not asserted
 
 

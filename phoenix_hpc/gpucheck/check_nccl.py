@@ -6,7 +6,7 @@ group is created and its all-reduce must give the right sum, and the default gro
 Times in ms: group creation, first collective (communicator set-up), abort, re-creation, its first
 collective. Every group is made under the NCCL error-handling variables of a protected job
 (``nccl_env``, :func:`phoenix_hpc.gpucheck.common.job_nccl_env`); diagnoses: the abort by each API
-(``abort_ms_by_api``) and with torch's heartbeat monitor on (``abort_ms_torch_monitoring``).
+(``abort_ms_by_api``) and with ``TORCH_NCCL_ENABLE_MONITORING=1`` instead (``abort_ms_torch_monitoring``).
 
 Item ``nccl.generation_abort``: the recovery's own sequence (:func:`phoenix_hpc.launch.abort.abort_nccl_groups`,
 which aborts every registered communicator, the default group's included, and never destroys one), then
@@ -118,9 +118,10 @@ def abort_times_by_api(bring_up) -> dict[str, float | str]:
 
 def abort_time_with_monitoring(bring_up, abort) -> float | str:
     """Milliseconds to abort one freshly used group created with torch's default
-    ``TORCH_NCCL_ENABLE_MONITORING=1`` (its heartbeat monitor thread), which a protected job turns off
-    (:mod:`phoenix_hpc.launch.nccl_env`), or the error raised; the variable is put back afterwards (a
-    diagnosis: the check's earlier runs kept torch's default and measured about a second per abort)."""
+    ``TORCH_NCCL_ENABLE_MONITORING=1`` (whether torch's heartbeat monitor may end the process), which a
+    protected job sets to 0 (:mod:`phoenix_hpc.launch.nccl_env`), or the error raised; the variable is put
+    back afterwards (a diagnosis: the check's earlier runs kept torch's default and measured about a second
+    per abort)."""
     import torch
 
     from phoenix_hpc.launch.nccl_env import ENABLE_MONITORING

@@ -51,7 +51,9 @@ def prepare_cuda():
     config, ``use_deterministic_algorithms(warn_only=True)``. Returns the device.
 
     Raises:
-        RuntimeError: the environment holds an NCCL error-handling value a protected job refuses.
+        RuntimeError: the environment holds an NCCL error-handling value a protected job refuses; every
+            check that calls this then fails with that message, also those that make no NCCL group (a
+            protected job would not start in that environment either).
     """
     import torch
 

@@ -125,6 +125,8 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
     src = torch.ones(n, dtype=torch.uint8, device=device)
     dst = torch.empty(n, dtype=torch.uint8, pin_memory=cuda)
     side = torch.cuda.Stream(device=device) if cuda else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(device))  # src is filled before the first pass reads it
 
     def one_copy() -> None:
         if side is None:

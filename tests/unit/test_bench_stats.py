@@ -195,7 +195,7 @@ def test_the_full_overhead_plan_has_a_two_rank_case_held_to_the_two_rank_target(
     assert target_ratio(full["M-pp1"]) == 1.15 and target_ratio(full["M-pp1-pinned"]) == 1.02
     assert target_ratio({"name": "old run without ranks"}) == 1.15  # reports of earlier runs: 4 ranks
     assert all(c.ranks == 4 for c in plan_cases(True))  # the quick run keeps one job
-    assert "2 ranks on the 2 cores" in case_label({"ranks": 2, "seq_length": 256, "global_batch": 24})
+    assert "2 ranks on the 2-core host, not bound to cores" in case_label({"ranks": 2, "seq_length": 256, "global_batch": 24})
     assert "sequence length 256, global batch 24" in case_label({"ranks": 2, "seq_length": 256, "global_batch": 24})
     assert "4 ranks sharing" in case_label({}) and "GPU-like" in case_label({"pinned": True, "ranks": 4})
 

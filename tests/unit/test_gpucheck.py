@@ -3,6 +3,7 @@ analysis, Llama options, the model size formula and the memory verdict; and the 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from importlib.metadata import version
@@ -245,3 +246,49 @@ def test_refresh_gpu_rerenders_from_the_json_and_refuses_a_folder_without_one(tm
     (tmp_path / "BENCHMARKS.json").write_text(json.dumps(data))
     assert R.main(["refresh-gpu", str(tmp_path)]) == 0
     assert (tmp_path / "BENCHMARKS.md").read_text() == (ROOT / "BENCHMARKS.md").read_text()
+
+
+def test_the_checks_take_a_protected_jobs_nccl_variables_and_refuse_what_it_refuses(monkeypatch):
+    from phoenix_hpc.gpucheck import common
+
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    monkeypatch.setenv("TORCH_NCCL_ENABLE_MONITORING", "1")  # a user's value is kept
+    assert common.job_nccl_env() == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_ENABLE_MONITORING": "1"}
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    with pytest.raises(RuntimeError, match="TORCH_NCCL_ASYNC_ERROR_HANDLING='3'"):
+        common.job_nccl_env()
+
+
+def test_the_monitoring_diagnosis_puts_the_variable_back_also_when_the_abort_fails(monkeypatch):
+    import torch
+
+    from phoenix_hpc.gpucheck import check_nccl
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    seen = []
+
+    def bring_up(key):
+        seen.append((key, os.environ.get("TORCH_NCCL_ENABLE_MONITORING")))
+        return object(), None
+
+    monkeypatch.setenv("TORCH_NCCL_ENABLE_MONITORING", "0")
+    assert isinstance(check_nccl.abort_time_with_monitoring(bring_up, lambda g: None), float)
+    assert seen == [("diag_monitoring", "1")] and os.environ["TORCH_NCCL_ENABLE_MONITORING"] == "0"
+
+    def failing(g):
+        raise RuntimeError("abort failed")
+
+    monkeypatch.delenv("TORCH_NCCL_ENABLE_MONITORING")
+    assert check_nccl.abort_time_with_monitoring(bring_up, failing) == "RuntimeError: abort failed"
+    assert "TORCH_NCCL_ENABLE_MONITORING" not in os.environ
+
+
+def test_a_bench_job_config_refuses_a_sequence_length_below_one():
+    from phoenix_hpc.bench import jobs
+    from phoenix_hpc.errors import BenchError
+
+    kw = dict(name="x", size="M", pp=1, nodes=2, spares=0, steps=1, data_path="d")
+    assert jobs.job_config(**kw, seq_length=256)["model"]["seq_length"] == 256
+    assert jobs.job_config(**kw)["model"]["seq_length"] == 128
+    with pytest.raises(BenchError, match="seq_length: 0 -- allowed: a positive integer"):
+        jobs.job_config(**kw, seq_length=0)
