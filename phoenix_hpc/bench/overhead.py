@@ -43,6 +43,7 @@ class Case:
     memory: bool = False
     pinned: bool = False  # "GPU-like": compute on one core, the protection threads on the others
     ranks: int = 4
+    bound: bool = False  # every rank's process bound to one core (bench/overhead_rank.bound_cpu)
     seq_length: int | None = None  # None: the size's (jobs.MODEL_SIZES)
     global_batch: int = 8
     micro_batch: int = 2
@@ -69,8 +70,9 @@ def plan_cases(quick: bool) -> list[Case]:
     # batch of scripts/bench-overhead (which runs one process per mode): M at sequence length 256, a global
     # batch of 24
     if not quick:
-        cases.append(Case(f"{sizes[-1]}-dp2", sizes[-1], 1, 1, 10, block, rounds, ranks=2, seq_length=256,
-                          global_batch=24, micro_batch=12))
+        for bound in (False, True):  # unbound as the local cluster starts ranks, then one core per rank
+            cases.append(Case(f"{sizes[-1]}-dp2" + ("-bound" if bound else ""), sizes[-1], 1, 1, 10, block, rounds,
+                              ranks=2, bound=bound, seq_length=256, global_batch=24, micro_batch=12))
     return cases
 
 
@@ -90,7 +92,7 @@ def write_cases(cases: Sequence[Case], folder: Path, data_path: str) -> list[Pat
         p = jobs.write_yaml(folder / f"case{i}.yaml", cfg)
         p.with_suffix(".bench.json").write_text(json.dumps(
             {"name": c.name, "warmup": c.warmup, "block_steps": c.block_steps, "rounds": c.rounds,
-             "memory": c.memory, "pinned": c.pinned}))
+             "memory": c.memory, "pinned": c.pinned, "bound": c.bound}))
         paths.append(p)
     return paths
 
@@ -171,7 +173,7 @@ def analyze_case(ranks: Sequence[dict], case: Case, trim: float = 0.05) -> dict:
     cpu = analyze_cpu(ranks)
     return {
         "name": case.name, "size": case.size, "params": jobs.model_params(case.size, seq_length=case.seq_length),
-        "grid": case.grid, "k": case.k, "pinned": case.pinned, "ranks": case.ranks,
+        "grid": case.grid, "k": case.k, "pinned": case.pinned, "ranks": case.ranks, "bound": case.bound,
         "seq_length": jobs.MODEL_SIZES[case.size]["seq_length"] if case.seq_length is None else case.seq_length,
         "global_batch": case.global_batch, "target": target_ratio(case), "thread_nice": ranks[0].get("thread_nice"),
         "steps_on": len(t_on), "steps_off": len(t_off), "warmup": case.warmup, "trim": trim,

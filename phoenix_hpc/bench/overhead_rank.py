@@ -187,6 +187,31 @@ def pin_plan(allowed: list[int]) -> tuple[set[int], set[int]]:
     return {allowed[0]}, set(allowed[1:])
 
 
+def bound_cpu(allowed: list[int], rank: int) -> int:
+    """The one CPU a rank's whole process is bound to in a ``bound`` case (pure): ``allowed[rank mod
+    len(allowed)]``, as ``srun --cpu-bind=cores`` or Open MPI's ``mpirun`` (its default for 2 ranks) bind
+    one rank per core. Raises BenchError with no allowed CPU."""
+    from phoenix_hpc.errors import BenchError
+
+    if not allowed:
+        raise BenchError("bound case: this rank has no allowed CPU")
+    return sorted(allowed)[rank % len(allowed)]
+
+
+def set_process_affinity(cpus: set[int]) -> int:
+    """Set the CPU affinity of every thread of this process (``/proc/self/task``; gloo's and MPI's threads
+    included; threads started later inherit their creator's); returns how many threads were set. A thread
+    that ended meanwhile is skipped."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+            n += 1
+        except ProcessLookupError:
+            continue
+    return n
+
+
 def pin_protection_threads(cpus: set[int]) -> list[str]:
     """Pin this process's runtime threads (names starting ``phoenix-``) to ``cpus`` (Linux thread ids via
     ``sched_setaffinity``); returns the names pinned."""
@@ -250,6 +275,9 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
 
     pin = pin_plan(sorted(os.sched_getaffinity(0))) if extra.get("pinned") else None
     allowed = os.sched_getaffinity(0)
+    bound = bound_cpu(sorted(allowed), rank) if extra.get("bound") else None
+    if bound is not None:
+        set_process_affinity({bound})
     if pin is not None:
         os.sched_setaffinity(0, pin[0])  # the calling (training) thread only; threads it starts inherit it
     train(engine, engine.step + extra["warmup"], tokens, on_step=record("warmup", -1))
@@ -292,9 +320,12 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
                            "thread_cpu_ms_per_step": threads_since(th0)})
     if pin is not None:
         os.sched_setaffinity(0, allowed)
+    if bound is not None:
+        set_process_affinity(allowed)
     opt, par = engine.optimizer_shard(), engine.param_shard()
     result = {
         "pinned": {"compute_cpus": sorted(pin[0]), "protection_cpus": sorted(pin[1])} if pin else None,
+        "bound_cpu": bound,
         "case": index, "name": extra["name"], "rank": rank, "k": res.k, "memory": bool(extra.get("memory")),
         "exact_rss": exact_rss, "checksum": res.checksum, "thread_nice": res.thread_nice, "cores": os.cpu_count(),
         "throughput_ns_per_byte": throughput,

@@ -546,6 +546,10 @@ def case_label(c: dict) -> str:
     """How the ranks of an overhead case share the host's cores, for its verdict line."""
     if c.get("pinned"):
         return " (GPU-like: every rank's training thread pinned to one core, the protection threads to the others)"
+    if c.get("ranks", 4) == 2 and c.get("bound"):
+        return (f" (2 ranks on the 2-core host, each process bound to one core as `srun --cpu-bind=cores` binds "
+                f"it, its protection threads sharing that core; sequence length {c.get('seq_length')}, global "
+                f"batch {c.get('global_batch')}: the model and batch of `scripts/bench-overhead`)")
     if c.get("ranks", 4) == 2:
         return (f" (2 ranks on the 2-core host, not bound to cores, sharing them with their protection threads; sequence length "
                 f"{c.get('seq_length')}, global batch {c.get('global_batch')}: the model and batch of "

@@ -192,6 +192,9 @@ def test_the_full_overhead_plan_has_a_two_rank_case_held_to_the_two_rank_target(
     # the model and batch of scripts/bench-overhead's defaults (--seq 256 --batch 24, micro = batch / ranks)
     assert (two.size, two.seq_length, two.global_batch, two.micro_batch) == ("M", 256, 24, 12)
     assert target_ratio(two) == 1.02 and target_ratio({"ranks": 2}) == 1.02
+    bound = full["M-dp2-bound"]
+    assert bound.bound and not two.bound and (bound.ranks, bound.seq_length, bound.global_batch) == (2, 256, 24)
+    assert target_ratio(bound) == 1.02 and "bound to one core" in case_label({"ranks": 2, "bound": True})
     assert target_ratio(full["M-pp1"]) == 1.15 and target_ratio(full["M-pp1-pinned"]) == 1.02
     assert target_ratio({"name": "old run without ranks"}) == 1.15  # reports of earlier runs: 4 ranks
     assert all(c.ranks == 4 for c in plan_cases(True))  # the quick run keeps one job
@@ -226,13 +229,41 @@ def test_overhead_run_submits_one_job_per_rank_count_and_reads_each_cases_own_ra
     monkeypatch.setattr(jobs, "submit_batch", fake_submit)
     monkeypatch.setattr(jobs, "wait_job_end", lambda client, job_id, timeout_s: ("COMPLETED", 0.0))
     res = overhead.run(None, tmp_path, str(tmp_path / "data"), quick=False, log=lambda m: None)
-    assert submitted == [(4, "4ranks", 7), (2, "2ranks", 1)]  # 2 memory + 4 + pinned on 4 ranks, then dp2
+    assert submitted == [(4, "4ranks", 7), (2, "2ranks", 2)]  # 2 memory + 4 + pinned on 4 ranks, then dp2 x2
     assert res["job_ids"] == ["job1", "job2"] and res["job_id"] == "job1"
     by = {c["name"]: c for c in res["cases"]}
     assert by["M-dp2"]["ranks"] == 2 and by["M-dp2"]["step_ms_on"]["median"] == 102.0
     assert by["M-dp2"]["params"] == jobs.model_params("M") + 128 * 256  # 256 positions instead of 128
+    assert by["M-dp2-bound"]["bound"] and not by["M-dp2"]["bound"]
+    extra = _json.loads((tmp_path / "overhead" / "case8.bench.json").read_text())
+    assert extra["bound"] is True and extra["name"] == "M-dp2-bound"
     cfg = yaml.safe_load((tmp_path / "overhead" / "case7.yaml").read_text())  # the 2-rank case's job config
     assert cfg["model"]["seq_length"] == 256 and cfg["resources"]["nodes"] == 2
     assert (cfg["training"]["global_batch_size"], cfg["training"]["micro_batch_size"]) == (24, 12)
     assert by["M-pp1"]["ranks"] == 4 and by["M-pp1"]["step_ms_on"]["median"] == 104.0
     assert set(res["memory"]) == {"k1", "k2"}
+
+
+def test_a_bound_rank_takes_one_core_by_its_rank_and_every_thread_of_its_process_follows():
+    import os
+    import threading
+
+    from phoenix_hpc.bench.overhead_rank import bound_cpu, set_process_affinity
+    from phoenix_hpc.errors import BenchError
+
+    assert [bound_cpu([3, 1], r) for r in range(4)] == [1, 3, 1, 3]
+    with pytest.raises(BenchError, match="no allowed CPU"):
+        bound_cpu([], 0)
+    allowed = os.sched_getaffinity(0)
+    stop = threading.Event()
+    th = threading.Thread(target=stop.wait)  # a thread started before the binding (as gloo's are)
+    th.start()
+    try:
+        core = bound_cpu(sorted(allowed), 1)
+        assert set_process_affinity({core}) >= 2
+        assert os.sched_getaffinity(th.native_id) == {core} and os.sched_getaffinity(0) == {core}
+    finally:
+        set_process_affinity(allowed)
+        stop.set()
+        th.join()
+    assert os.sched_getaffinity(0) == allowed
