@@ -542,6 +542,28 @@ def _plan(generation: int, R: int, ranks: int = 1) -> dict:
             "action": "hot_swap", "transfers": [], "joins": []}
 
 
+class Gen1NeverComplete(FakeStore):
+    """Generation 1's second member never arrives at the arrival barrier (lost while joining)."""
+
+    def add(self, key, n):
+        v = super().add(key, n)
+        return 0 if key == "phoenix/gen1/arrived" and n == 0 else v
+
+
+def _cut_short_then(member, replan: dict) -> None:
+    """Generation 1's hot swap to step 4 is cut short at its arrival barrier (:class:`Gen1NeverComplete`,
+    the store's counters kept); the coordinator re-plans as generation 2 with ``replan`` and resumes it.
+    Leaves the member's groups released, ready for ``member.recover`` of generation 1's quiesce."""
+    counters = member.env.store.counters
+    member.env.store = Gen1NeverComplete()
+    member.env.store.counters = counters
+    member.env.client.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 4)},
+                                           {"type": "quiesce", "generation": 2, "dead": [1]},
+                                           {"type": "recover", "generation": 2, "plan": replan},
+                                           {"type": "resume", "generation": 2}])
+    member.release_groups()
+
+
 def test_a_replan_heard_at_the_arrival_barrier_is_answered_and_the_next_plan_loads_the_host_copy(member):
     """Generation 1's plan names a second member that never arrives (lost while joining); the coordinator
     re-plans as generation 2. The survivor, waiting at the arrival barrier with its engine already ended (the
@@ -553,20 +575,8 @@ def test_a_replan_heard_at_the_arrival_barrier_is_answered_and_the_next_plan_loa
     live = (member.engine.param.clone(), member.engine.opt.clone(), member.engine.envelope())
     EVENTS.clear()
 
-    class Gen1NeverComplete(FakeStore):  # the second member of generation 1 never arrives
-        def add(self, key, n):
-            v = super().add(key, n)
-            return 0 if key == "phoenix/gen1/arrived" and n == 0 else v
-
-    counters = member.env.store.counters
-    member.env.store = Gen1NeverComplete()
-    member.env.store.counters = counters
     c = member.env.client
-    c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 4)},
-                           {"type": "quiesce", "generation": 2, "dead": [1]},
-                           {"type": "recover", "generation": 2, "plan": _plan(2, 4)},
-                           {"type": "resume", "generation": 2}])
-    member.release_groups()
+    _cut_short_then(member, _plan(2, 4))
     member.env.store.counters.clear()
     rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
     assert [x[:2] for x in c.sent] == [("quiesced", 1), ("quiesced", 2), ("recovered", 2)]
@@ -658,18 +668,7 @@ def test_a_replan_to_an_earlier_step_loads_that_steps_snapshot_instead_of_the_cu
     member.start()
     _train(member, 4, snaps)
 
-    class Gen1NeverComplete(FakeStore):
-        def add(self, key, n):
-            v = super().add(key, n)
-            return 0 if key == "phoenix/gen1/arrived" and n == 0 else v
-
-    member.env.store = Gen1NeverComplete()
-    c = member.env.client
-    c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 4)},
-                           {"type": "quiesce", "generation": 2, "dead": [1]},
-                           {"type": "recover", "generation": 2, "plan": _plan(2, 3)},  # a lost holder: R 4 -> 3
-                           {"type": "resume", "generation": 2}])
-    member.release_groups()
+    _cut_short_then(member, _plan(2, 3))  # a lost holder: R 4 -> 3
     rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
     opt, par, env = snaps[3]
     e = member.engine
@@ -695,18 +694,7 @@ def test_a_checkpoint_restart_after_a_cut_short_plan_loads_the_checkpoint_and_re
 
     monkeypatch.setattr(persist, "restore_step", restore_step)
 
-    class Gen1NeverComplete(FakeStore):
-        def add(self, key, n):
-            v = super().add(key, n)
-            return 0 if key == "phoenix/gen1/arrived" and n == 0 else v
-
-    member.env.store = Gen1NeverComplete()
-    c = member.env.client
-    c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 4)},
-                           {"type": "quiesce", "generation": 2, "dead": [1]},
-                           {"type": "recover", "generation": 2, "plan": dict(_plan(2, 2), action="checkpoint_restart")},
-                           {"type": "resume", "generation": 2}])
-    member.release_groups()
+    _cut_short_then(member, dict(_plan(2, 2), action="checkpoint_restart"))
     EVENTS.clear()
     rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
     assert _kinds(EVENTS, "teardown", "construct", "load", "checkpoint") == [
