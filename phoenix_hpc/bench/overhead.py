@@ -3,7 +3,7 @@
 One batch job on the local cluster (4 nodes, one slot each) runs one srun step of
 :mod:`phoenix_hpc.bench.overhead_rank` over every 4-rank case: protection on and off interleaved in ABBA
 blocks inside the same processes, then two memory cases (dp=4, k=1 and k=2); a second job of 2 nodes runs
-the 2-rank case the same way (one rank per core of the 2-core host). :func:`analyze_case` and
+the 2-rank cases the same way (its ranks not bound to cores, then each bound to one). :func:`analyze_case` and
 :func:`analyze_memory` are pure functions of the rank files.
 
 Cleaning of the step times (the published method, :mod:`phoenix_hpc.bench.stats`): the job's time of a
@@ -52,12 +52,18 @@ class Case:
     def grid(self) -> str:
         return f"pp={self.pp} x dp={self.ranks // self.pp}"
 
+    @property
+    def seq(self) -> int:
+        """The sequence length the case trains with."""
+        return jobs.MODEL_SIZES[self.size]["seq_length"] if self.seq_length is None else self.seq_length
+
 
 def plan_cases(quick: bool) -> list[Case]:
     """Cases of sections 1 and 4. Full: sizes S and M x grids dp=4 and pp=2 x dp=2 (k=1), 3 ABBA rounds
     of 8-step blocks; plus memory cases M, dp=4, k=1 and k=2 (run first); the pinned GPU-like case of the
-    larger size; and the larger size on 2 ranks (dp=2, k=1), in a job of its own. Quick: size S only, 2
-    rounds of 6-step blocks, memory cases on size S."""
+    larger size; and, in a job of its own, the larger size on 2 ranks (dp=2, k=1, sequence length 256,
+    global batch 24), unbound and bound. Quick: size S only, 2 rounds of 6-step blocks, memory cases on
+    size S."""
     rounds, block = (2, 6) if quick else (3, 8)
     msize = "S" if quick else "M"
     sizes = ("S",) if quick else ("S", "M")
@@ -66,11 +72,10 @@ def plan_cases(quick: bool) -> list[Case]:
     # GPU-like: every rank's training thread on the first allowed core, the protection
     # threads (phoenix-copy, phoenix-h2h) on the others, as on a GPU node where compute is off the host cores
     cases.append(Case(f"{sizes[-1]}-pp1-pinned", sizes[-1], 1, 1, 10, block, rounds, pinned=True))
-    # 2 ranks on the 2-core host (not bound to cores: the local cluster binds no tasks), with the model and
-    # batch of scripts/bench-overhead (which runs one process per mode): M at sequence length 256, a global
-    # batch of 24
+    # 2 ranks on the 2-core host with the model and batch of scripts/bench-overhead (which runs one process
+    # per mode): M at sequence length 256, a global batch of 24
     if not quick:
-        for bound in (False, True):  # unbound as the local cluster starts ranks, then one core per rank
+        for bound in (False, True):  # unbound as the local cluster starts ranks (no task binding), then one core each
             cases.append(Case(f"{sizes[-1]}-dp2" + ("-bound" if bound else ""), sizes[-1], 1, 1, 10, block, rounds,
                               ranks=2, bound=bound, seq_length=256, global_batch=24, micro_batch=12))
     return cases
@@ -172,10 +177,9 @@ def analyze_case(ranks: Sequence[dict], case: Case, trim: float = 0.05) -> dict:
     on_s, off_s = S.summarize(t_on), S.summarize(t_off)
     cpu = analyze_cpu(ranks)
     return {
-        "name": case.name, "size": case.size, "params": jobs.model_params(case.size, seq_length=case.seq_length),
+        "name": case.name, "size": case.size, "params": jobs.model_params(case.size, seq_length=case.seq),
         "grid": case.grid, "k": case.k, "pinned": case.pinned, "ranks": case.ranks, "bound": case.bound,
-        "seq_length": jobs.MODEL_SIZES[case.size]["seq_length"] if case.seq_length is None else case.seq_length,
-        "global_batch": case.global_batch, "target": target_ratio(case), "thread_nice": ranks[0].get("thread_nice"),
+        "seq_length": case.seq, "global_batch": case.global_batch, "target": target_ratio(case), "thread_nice": ranks[0].get("thread_nice"),
         "steps_on": len(t_on), "steps_off": len(t_off), "warmup": case.warmup, "trim": trim,
         "step_ms_on": on_s.as_dict(), "step_ms_off": off_s.as_dict(),
         "ratio": ratio.as_dict(), "exposed_wait_ms": S.summarize(wait).as_dict(),

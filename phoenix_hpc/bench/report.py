@@ -483,7 +483,9 @@ GPU_REPORT_DIR = "benchmarks/gpu"
 _KEY_NUMBERS = ("ratio", "ratio_ci95", "off_ms_median", "exposed_wait_ms_median", "d2h_gbs", "host_link_limit_gbs",
                 "host_link", "raw_pinned_copy_gbs", "checksum_gbs", "crc32_gbs", "checksum_threads",
                 "checksum_gbs_threads", "d2h_crc_ms_mean", "contention_copy_only_ms_median",
-                "contention_alone_ms_median", "contention_checksum_only_ms_median", "contention_one_copy_only_ms_median", "abort_ms", "abort_ms_by_api", "abort_ms_torch_monitoring", "again_create_ms",
+                "contention_alone_ms_median", "contention_checksum_only_ms_median",
+                "contention_one_copy_only_ms_median", "abort_ms", "abort_ms_by_api", "abort_ms_torch_monitoring",
+                "again_create_ms",
                 "params_cast_to_dtype", "rss_growth_over_expected", "teardown_ms", "rebuild_and_load_ms")
 
 
@@ -546,14 +548,11 @@ def case_label(c: dict) -> str:
     """How the ranks of an overhead case share the host's cores, for its verdict line."""
     if c.get("pinned"):
         return " (GPU-like: every rank's training thread pinned to one core, the protection threads to the others)"
-    if c.get("ranks", 4) == 2 and c.get("bound"):
-        return (f" (2 ranks on the 2-core host, each process bound to one core as `srun --cpu-bind=cores` binds "
-                f"it, its protection threads sharing that core; sequence length {c.get('seq_length')}, global "
-                f"batch {c.get('global_batch')}: the model and batch of `scripts/bench-overhead`)")
     if c.get("ranks", 4) == 2:
-        return (f" (2 ranks on the 2-core host, not bound to cores, sharing them with their protection threads; sequence length "
-                f"{c.get('seq_length')}, global batch {c.get('global_batch')}: the model and batch of "
-                "`scripts/bench-overhead`)")
+        how = ("each process bound to one core as `srun --cpu-bind=cores` binds it, its protection threads "
+               "sharing that core" if c.get("bound") else "not bound to cores, sharing them with their protection threads")
+        return (f" (2 ranks on the 2-core host, {how}; sequence length {c.get('seq_length')}, global batch "
+                f"{c.get('global_batch')}: the model and batch of `scripts/bench-overhead`)")
     return " (4 ranks sharing the cores with their protection threads)"
 
 

@@ -51,7 +51,7 @@ def prepare_cuda():
     config, ``use_deterministic_algorithms(warn_only=True)``. Returns the device.
 
     Raises:
-        RuntimeError: the environment holds an NCCL error-handling value a protected job refuses; every
+        EngineError: the environment holds an NCCL error-handling value a protected job refuses; every
             check that calls this then fails with that message, also those that make no NCCL group (a
             protected job would not start in that environment either).
     """
@@ -66,19 +66,17 @@ def prepare_cuda():
 
 
 def job_nccl_env() -> dict[str, str]:
-    """The NCCL error-handling variables a protected job runs with
-    (:func:`phoenix_hpc.launch.nccl_env.nccl_error_env`), set where unset, before any NCCL group exists
-    (torch reads them when a group is created). Returns their values now.
+    """The NCCL error-handling variables a protected job runs with, set where unset as the launcher sets
+    them (:func:`phoenix_hpc.launch.rank.apply_nccl_error_env`), before any NCCL group exists (torch reads
+    them when a group is created). Returns their values now.
 
     Raises:
-        RuntimeError: a value a protected job refuses (the message names the variable and the allowed ones).
+        EngineError: a value a protected job refuses (the message names the variable and the allowed ones).
     """
-    from phoenix_hpc.launch.nccl_env import ASYNC_ERROR_HANDLING, ENABLE_MONITORING, nccl_error_env
+    from phoenix_hpc.launch.nccl_env import ASYNC_ERROR_HANDLING, ENABLE_MONITORING
+    from phoenix_hpc.launch.rank import apply_nccl_error_env
 
-    updates, problems = nccl_error_env(os.environ, "nccl", True)
-    if problems:
-        raise RuntimeError("; ".join(problems))
-    os.environ.update(updates)
+    apply_nccl_error_env(os.environ, "nccl", True)
     return {k: os.environ[k] for k in (ASYNC_ERROR_HANDLING, ENABLE_MONITORING)}
 
 

@@ -144,8 +144,7 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
     }
     out: dict[str, Any] = {}
     recs, phases = timed_train(engine, steps, tokens)
-    out["alone_ms_median"] = round(statistics.median([r.step_time_ms for r in recs[1:]] or [recs[0].step_time_ms]), 2)
-    out["alone_phase_ms"] = median_phases(phases[1:] or phases)
+    out["alone_ms_median"], out["alone_phase_ms"] = step_medians(recs, phases)
     for name, one in work.items():
         stop, passes, errors = threading.Event(), [0], []
 
@@ -169,10 +168,8 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
             th.join()
         if errors:
             raise errors[0]
-        kept = [r.step_time_ms for r in recs[1:]] or [r.step_time_ms for r in recs]
-        out[f"{name}_only_ms_median"] = round(statistics.median(kept), 2)
+        out[f"{name}_only_ms_median"], out[f"{name}_phase_ms"] = step_medians(recs, phases)
         out[f"{name}_passes_per_step"] = round(passes[0] / max(1, len(recs)), 2)
-        out[f"{name}_phase_ms"] = median_phases(phases[1:] or phases)
     protector.d2h.checksums.close()
     return out
 
@@ -207,15 +204,23 @@ def phase_times(marks: list[tuple[str, float]]) -> list[dict[str, float]]:
 
 def median_phases(steps: list[dict[str, float]]) -> dict[str, float]:
     """The median of each phase's milliseconds over ``steps`` (:func:`phase_times`; pure)."""
-    names = [k for k in (steps[0] if steps else {})]
-    return {k: round(statistics.median(s[k] for s in steps if k in s), 2) for k in names}
+    return {k: round(statistics.median(s[k] for s in steps if k in s), 2) for k in (steps[0] if steps else {})}
+
+
+def step_medians(recs: list, phases: list[dict[str, float]]) -> tuple[float, dict[str, float]]:
+    """The median step time (ms) of :func:`timed_train`'s records and :func:`median_phases` of its phases,
+    the first step dropped when there are more (it pays for the switch of background work; pure)."""
+    kept = slice(1, None) if len(recs) > 1 else slice(None)
+    return round(statistics.median(r.step_time_ms for r in recs[kept]), 2), median_phases(phases[kept])
 
 
 #: seconds :func:`contention`'s thread sleeps between two passes (on an H200 a ``copy`` pass of the 1B
-#: model's 14.1 GB took 258 ms, so this is under 1 % of its time; a ``one_copy`` pass of 1 GiB about 20 ms: 5 %)
+#: model's 14.1 GB took 258 ms, so this is under 1 % of its time; a ``one_copy`` pass of 1 GiB at the
+#: 55 GB/s measured there would take about 20 ms, computed, not measured: 5 %)
 PASS_GAP_S = 1e-3
 
-#: bytes of :func:`contention`'s ``one_copy`` (1 GiB: about 20 ms per pass at the 55 GB/s measured on an H200)
+#: bytes of :func:`contention`'s ``one_copy`` (1 GiB: about 20 ms per pass at the 55 GB/s measured on an H200,
+#: computed)
 ONE_COPY_BYTES = 1 << 30
 
 

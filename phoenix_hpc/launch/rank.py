@@ -142,11 +142,22 @@ def set_nccl_error_env(cfg, env=None) -> dict[str, str]:
     """
     import torch
 
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    return apply_nccl_error_env(os.environ if env is None else env, backend, _resilient(cfg))
+
+
+def apply_nccl_error_env(env, backend: str, protected: bool) -> dict[str, str]:
+    """Set in ``env`` (a mutable mapping, e.g. ``os.environ``) what
+    :func:`phoenix_hpc.launch.nccl_env.nccl_error_env` decides for ``backend`` and ``protected``; returns
+    what was set. The GPU check (``gpucheck/common.py``) calls it as a protected job on CUDA does.
+
+    Raises:
+        EngineError: a variable holds a value under which torch would end a surviving rank (the message
+            names the variable, its value and the allowed values).
+    """
     from phoenix_hpc.launch.nccl_env import nccl_error_env
 
-    env = os.environ if env is None else env
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    updates, problems = nccl_error_env(env, backend, _resilient(cfg))
+    updates, problems = nccl_error_env(env, backend, protected)
     if problems:
         raise EngineError("; ".join(problems))
     env.update(updates)

@@ -255,7 +255,9 @@ def test_the_checks_take_a_protected_jobs_nccl_variables_and_refuse_what_it_refu
     monkeypatch.setenv("TORCH_NCCL_ENABLE_MONITORING", "1")  # a user's value is kept
     assert common.job_nccl_env() == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_ENABLE_MONITORING": "1"}
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-    with pytest.raises(RuntimeError, match="TORCH_NCCL_ASYNC_ERROR_HANDLING='3'"):
+    from phoenix_hpc.errors import EngineError
+
+    with pytest.raises(EngineError, match="TORCH_NCCL_ASYNC_ERROR_HANDLING='3'"):
         common.job_nccl_env()
 
 

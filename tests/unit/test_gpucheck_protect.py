@@ -78,3 +78,10 @@ def test_phase_times_split_each_step_at_its_marks():
                      {"forward_backward": 30.0, "reduce_gradients": 1.0, "wait_commit": 4.0, "optimizer_step": 1.0}]
     assert median_phases(steps) == {"forward_backward": 20.0, "reduce_gradients": 1.5, "optimizer_step": 2.0}
     assert phase_times([]) == [] and median_phases([]) == {}
+    from types import SimpleNamespace
+
+    from phoenix_hpc.gpucheck.protect import step_medians
+
+    recs = [SimpleNamespace(step_time_ms=t) for t in (500.0, 20.0, 30.0)]  # the first step is dropped
+    assert step_medians(recs, steps + [steps[1]]) == (25.0, median_phases([steps[1], steps[1]]))
+    assert step_medians(recs[:1], steps[:1]) == (500.0, median_phases(steps[:1]))  # one step: kept
