@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 
-NOT_PARTS = ("params", "trials", "core_s", "recovery_s")  # the row's facts that are not a part's seconds
+MIB_FACTS = ("slot_rss_mib", "slot_huge_mib")  # the killed slot's memory: medians, kept out of the seconds table
 
 
 def member_detail(run_dir: Path) -> dict[str, float]:
@@ -58,6 +58,7 @@ def main() -> int:
         print(f"error: --trials: {a.trials!r} is not allowed (allowed: a whole number >= 1)", file=sys.stderr)
         return 2
     from phoenix_hpc.bench import recovery as R
+    from phoenix_hpc.bench.report import BY_SIZE_FACTS
     from phoenix_hpc.bench.run import Context
     from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
     from phoenix_hpc.slurm import cluster as lc
@@ -81,13 +82,14 @@ def main() -> int:
                 ctx.revive()
                 runs[s].append({"total_s": res["total_s"], **{f"phase.{k}": v for k, v in res["phases"].items()},
                                 "kill.slot_exit": res.get("slot_exit_s"),
+                                **{k: res.get(k) for k in MIB_FACTS},
                                 "journal.quiesce": (res.get("marks") or {}).get("quiesce_s"),
                                 **member_detail(work / "recovery" / t.name), "params": res["params"]})
                 print(json.dumps({s: runs[s][-1]}), flush=True)
     finally:
         lc.down(cdir)
     rows = median_rows(runs)
-    keys = sorted({k for r in rows.values() for k in r if k not in NOT_PARTS})
+    keys = sorted({k for r in rows.values() for k in r if k not in BY_SIZE_FACTS})
     print(f"\n{'part (s)':32}" + "".join(f"{s + ' (' + format(rows[s]['params'] / 1e6, '.2f') + ' M)':>16}" for s in sizes)
           + (f"{'ratio':>10}" if len(sizes) == 2 else ""))
     for k in keys:
@@ -109,9 +111,11 @@ def median_rows(runs: dict[str, list[dict]]) -> dict[str, dict]:
     total minus its replayed step and its detection: from the first record of the fault to the end)."""
     import statistics
 
+    from phoenix_hpc.bench.report import BY_SIZE_FACTS
+
     rows = {}
     for s, rs in runs.items():
-        keys = sorted({k for r in rs for k in r if k not in NOT_PARTS})
+        keys = sorted({k for r in rs for k in r if k not in BY_SIZE_FACTS or k in MIB_FACTS})
         vals = {k: [r[k] for r in rs if r.get(k) is not None] for k in keys}
         rows[s] = {k: statistics.median(v) for k, v in vals.items() if v}
         rows[s]["params"] = rs[0]["params"]
@@ -143,11 +147,16 @@ def findings(rows: dict) -> list[str]:
         out.append(_ratio_line("the same without the detection (first record of the fault -> past the replayed "
                                "step)", s, a["recovery_s"], l, b["recovery_s"]) + ".")
     if "kill.slot_exit" in a and "kill.slot_exit" in b:
+        mem = ""
+        if all(k in r for r in (a, b) for k in MIB_FACTS):
+            mem = (f" (the killed slot resident {a['slot_rss_mib']:.0f} -> {b['slot_rss_mib']:.0f} MiB, of it in "
+                   f"transparent huge pages {a['slot_huge_mib']:.0f} -> {b['slot_huge_mib']:.0f} MiB)")
         out.append(f"- detect (the kill -> the first journal record) {a['phase.detect']:.2f} -> {b['phase.detect']:.2f} s "
                    f"follows the killed slot's own exit (SIGKILL -> its last thread gone, which is when the kernel "
                    f"closes its sockets, after freeing its memory): {a['kill.slot_exit']:.2f} -> "
-                   f"{b['kill.slot_exit']:.2f} s. A process's exit grows with its resident memory; a node that loses "
-                   "power is found by heartbeat timeout instead.")
+                   f"{b['kill.slot_exit']:.2f} s{mem}. Freeing grows with the memory in 4 KiB pages, hardly with "
+                   "that in 2 MiB pages (launcher.torch_huge_pages); a node that loses power is found by heartbeat "
+                   "timeout instead.")
     growth = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in ("phase.detect", "journal.quiesce", "leave", "quiesce",
                                                           "phase.params", "phase.optimizer",
                                                           "wire.params", "wire.optimizer", "engine", "rollback",

@@ -109,7 +109,12 @@ def run(client, work: Path, data_path: str, quick: bool, log=print) -> dict:
     Raises BenchError when a job fails or a rank file is missing (the job's output file is named)."""
     import time
 
+    from phoenix_hpc.profiles import load_profile
+    from phoenix_hpc.slurm.render import environment_lines
+
     folder = work / "overhead"
+    # the ranks' environment of a job on the local cluster (its site profile), as phoenix submit renders it
+    env_lines = "".join(f"{ln}\n" for ln in environment_lines(load_profile("local")))
     out = folder / "out"
     out.mkdir(parents=True, exist_ok=True)
     cases = plan_cases(quick)
@@ -124,8 +129,7 @@ def run(client, work: Path, data_path: str, quick: bool, log=print) -> dict:
         job_out.mkdir(exist_ok=True)
         # overhead_rank numbers the cases of its own job from 0
         files.update({i: (job_out / f"case{j}", folder / f"{tag}.out") for j, i in enumerate(mine)})
-        body = ("export OMP_NUM_THREADS=1\n"
-                f"srun --mpi=pmix --nodes={n} --ntasks-per-node=1 {sys.executable} -m phoenix_hpc.bench.overhead_rank "
+        body = (env_lines + f"srun --mpi=pmix --nodes={n} --ntasks-per-node=1 {sys.executable} -m phoenix_hpc.bench.overhead_rank "
                 + " ".join(str(x) for x in [job_out, *(paths[i] for i in mine)]) + "\n")
         job_id = jobs.submit_batch(client, folder / f"{tag}.sbatch", body, nodes=n, name=f"bench-{tag}")
         log(f"[bench] overhead/memory: job {job_id}, {len(mine)} cases on {n} ranks")

@@ -134,6 +134,7 @@ def _start_and_kill(t: Trial, cfg: dict, run_dir: Path, ctx) -> dict:
     victim = nodes[max(nodes)]
     targets = node_kill_targets(ctx.cluster, victim)  # the /proc scan before the clock: the fault is the kill
     slot = _slot_proc(run_dir, max(nodes))
+    rss_mib, huge_mib = resident_mib(slot.pid) if slot is not None else (None, None)
     gone: list[float] = []
     watcher = threading.Thread(target=_watch_exit, args=(slot, gone), daemon=True)
     watcher.start()
@@ -145,7 +146,28 @@ def _start_and_kill(t: Trial, cfg: dict, run_dir: Path, ctx) -> dict:
             "step_at_kill": max(s["step"] for s in _read_steps(run_dir, 0)),
             # the killed slot's process gone (exit finished: address space freed, sockets closed), seconds
             # after the kill, polled every 2 ms; None when it could not be watched
-            "slot_exit_s": round(gone[0] - t_fault, 3) if gone else None}
+            "slot_exit_s": round(gone[0] - t_fault, 3) if gone else None,
+            # what the killed slot's exit frees: its resident memory just before the kill, and the part of it in
+            # transparent huge pages (launcher.torch_huge_pages), MiB; None when it could not be read
+            "slot_rss_mib": rss_mib, "slot_huge_mib": huge_mib}
+
+
+def resident_mib(pid: int, proc_root: str = "/proc") -> tuple[float | None, float | None]:
+    """``(resident, of it in transparent huge pages)`` of process ``pid`` in MiB: the ``Rss`` and
+    ``AnonHugePages`` lines of ``/proc/PID/smaps_rollup`` (proc(5), Linux 4.14+; kB). ``(None, None)`` when the
+    file cannot be read (the process is gone, or an older kernel)."""
+    try:
+        text = Path(f"{proc_root}/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None, None
+    kib = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("Rss:", "AnonHugePages:") and parts[1].isdigit():
+            kib[parts[0][:-1]] = int(parts[1])
+    if "Rss" not in kib:
+        return None, None
+    return round(kib["Rss"] / 1024, 1), round(kib.get("AnonHugePages", 0) / 1024, 1)
 
 
 def _slot_proc(run_dir: Path, logical_rank: int):

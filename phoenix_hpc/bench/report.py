@@ -144,6 +144,12 @@ def demand_lines(cases: list[dict], a) -> None:
     a("")
 
 
+#: Facts of a row of ``recovery_by_size`` that are not a part's seconds (its table leaves them out): the model's
+#: parameters, the trials, each trial's total minus its replay (with and without its detection), and the
+#: killed slot's resident memory and the part of it in transparent huge pages (MiB, medians).
+BY_SIZE_FACTS = ("params", "trials", "core_s", "recovery_s", "slot_rss_mib", "slot_huge_mib")
+
+
 def by_size_lines(bs: dict | None) -> list[str]:
     """Section 3's per-part view of what grows with the model (``scripts/measure-recovery-by-size.py``, kept
     in ``BENCHMARKS.json`` under ``recovery_by_size`` across full runs)."""
@@ -163,7 +169,7 @@ def by_size_lines(bs: dict | None) -> list[str]:
     out.append("| part (s) | " + " | ".join(f"{s} ({rows[s]['params'] / 1e6:.2f} M)" for s in sizes)
                + (" | ratio |" if len(sizes) == 2 else " |"))
     out.append("| --- |" + " --- |" * (len(sizes) + (1 if len(sizes) == 2 else 0)))
-    keys = sorted({k for v in rows.values() for k in v if k not in ("params", "trials", "core_s", "recovery_s")})
+    keys = sorted({k for v in rows.values() for k in v if k not in BY_SIZE_FACTS})
     for k in keys:
         vals = [rows[s].get(k) for s in sizes]
         ratio = (f" {vals[1] / vals[0]:.2f} |" if len(vals) == 2 and vals[0] and vals[1] is not None else

@@ -9,7 +9,8 @@ Shape of a profile file (see ``sites/perlmutter.yaml`` for a commented one)::
                  run_root, extra_sbatch}
     node:       {gpus_per_node, gpu_model, gpu_mem_gb, cores_per_node, mem_gb, nics, host_reserved_gb,
                  host_per_rank_gb, mttf_h, mttf_source}
-    launcher:   {srun_mpi, gpu_bind, cpus_per_task, cpu_bind, extra_srun, python, coordinator_timeout_s}
+    launcher:   {srun_mpi, gpu_bind, cpus_per_task, cpu_bind, torch_huge_pages, extra_srun, python,
+                 coordinator_timeout_s}
     environment: {modules, env}
     failure_domains: {levels, source, rule}
 
@@ -164,6 +165,10 @@ class LauncherProfile(BaseModel):
     gpu_bind: str | None = Field(None, description="srun --gpu-bind value; null: not rendered")
     cpus_per_task: int | None = Field(None, ge=1, description="srun/sbatch --cpus-per-task; null: not rendered")
     cpu_bind: str | None = Field(None, description="srun --cpu-bind value; null: not rendered")
+    torch_huge_pages: bool = Field(
+        True, description="export THP_MEM_ALLOC_ENABLE=1 to the ranks (a value in the submitting environment is "
+        "kept): torch backs its CPU tensors of >= 2 MiB with transparent huge pages (madvise), so a crashed rank's "
+        "exit, and with it its detection, does not grow with its host memory; false: not rendered")
     extra_srun: list[str] = Field(default_factory=list, description="extra srun arguments, shell-quoted")
     python: str | None = Field(None, description="python on the compute nodes; null: the one running phoenix submit")
     coordinator_timeout_s: int = Field(120, ge=1, description="seconds to wait for RUN_DIR/coordinator.json")

@@ -109,6 +109,33 @@ def failure_line(job: ResolvedJob) -> str:
             f"{sp.spares_needed} (this job: {job.spares})")
 
 
+def environment_lines(profile: SiteProfile) -> list[str]:
+    """The lines of a job script that set up the ranks' environment (each group followed by an empty line):
+    ``launcher.torch_huge_pages`` (``export THP_MEM_ALLOC_ENABLE``, unless the submitting environment, which
+    sbatch passes on, sets it: torch's CPU allocator, since torch 2.2, then asks for transparent huge pages
+    with ``madvise(MADV_HUGEPAGE)`` for every allocation of >= 2 MiB), then the site's modules and variables
+    (``environment``; a site variable of the same name wins). Shared by :func:`render_sbatch` and the
+    benchmark's own jobs, so that both run their ranks alike."""
+    ln, env = profile.launcher, profile.environment
+    out: list[str] = []
+    if ln.torch_huge_pages:
+        out += [
+            "# torch's CPU tensors of >= 2 MiB in transparent huge pages (launcher.torch_huge_pages): a killed",
+            "# rank's exit, which its detection waits for, then does not grow with its host memory",
+            'export THP_MEM_ALLOC_ENABLE="${THP_MEM_ALLOC_ENABLE:-1}"',
+            "",
+        ]
+    if env.modules or env.env:
+        out.append("# site environment")
+    if env.modules:
+        out.append("module load " + " ".join(_q(m) for m in env.modules))
+    for k, v in env.env.items():
+        out.append(f"export {k}={_q(v)}")
+    if env.modules or env.env:
+        out.append("")
+    return out
+
+
 def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = None) -> str:
     """The complete batch script text (ends with a newline).
 
@@ -122,7 +149,7 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
     """
     if job.site != profile.name:
         raise SubmitError(f"job was resolved for site {job.site!r}, not {profile.name!r}")
-    sch, ln, env = profile.scheduler, profile.launcher, profile.environment
+    sch, ln = profile.scheduler, profile.launcher
     if (job.nodelist or job.exclude) and not sch.allow_node_pinning:
         raise SubmitError(f"site {profile.name} forbids -w/-x at submission")
     rd = run_dir or job.run_dir
@@ -188,14 +215,7 @@ def render_sbatch(job: ResolvedJob, profile: SiteProfile, run_dir: str | None = 
         "export PHOENIX_JOB_NAME RUN_DIR ACTIVE_NODES SPARE_NODES PHOENIX_SWITCH_LEVELS",
         "",
     ]
-    if env.modules or env.env:
-        out.append("# site environment")
-    if env.modules:
-        out.append("module load " + " ".join(_q(m) for m in env.modules))
-    for k, v in env.env.items():
-        out.append(f"export {k}={_q(v)}")
-    if env.modules or env.env:
-        out.append("")
+    out += environment_lines(profile)
 
     out += [
         'mkdir -p "$RUN_DIR/logs"',

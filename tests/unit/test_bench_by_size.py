@@ -33,9 +33,10 @@ def test_trials_are_reduced_to_medians_and_the_core_ratio_has_an_interval():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     runs = {"S": [{"params": 8, "total_s": t, "phase.replay": 0.1, "phase.reconfigure": 0.3, "phase.detect": 0.05,
-                   "kill.slot_exit": 0.04} for t in (1.1, 1.3, 1.2)],
+                   "kill.slot_exit": 0.04, "slot_rss_mib": 400.0, "slot_huge_mib": 10.0} for t in (1.1, 1.3, 1.2)],
             "L": [{"params": 99, "total_s": t, "phase.replay": 1.0, "phase.reconfigure": 0.3, "engine": 0.1,
-                   "phase.detect": 0.3, "kill.slot_exit": None if t == 2.5 else 0.29} for t in (2.9, 2.5, 2.7)]}
+                   "phase.detect": 0.3, "kill.slot_exit": None if t == 2.5 else 0.29,
+                   "slot_rss_mib": None if t == 2.5 else t * 300, "slot_huge_mib": 500.0} for t in (2.9, 2.5, 2.7)]}
     rows = mod.median_rows(runs)
     assert rows["S"]["total_s"] == 1.2 and rows["L"]["engine"] == 0.1 and rows["L"]["trials"] == 3
     assert rows["S"]["core_s"] == [1.0, 1.2, 1.1] and rows["L"]["recovery_s"] == [1.6, 1.2, 1.4]
@@ -44,7 +45,27 @@ def test_trials_are_reduced_to_medians_and_the_core_ratio_has_an_interval():
     assert "S 1.10 s (trials 1.00, 1.20, 1.10), L 1.70 s" in f[0] and "1.55x [95 % CI" in f[0]
     assert "without the detection" in f[1] and "S 1.05 s" in f[1] and "L 1.40 s" in f[1]
     assert "0.04 -> 0.29 s" in f[2]
+    # the killed slot's memory: medians over the trials that could read it, named in the detection's line and
+    # kept out of the seconds table
+    assert rows["L"]["slot_rss_mib"] == 840.0 and rows["S"]["slot_huge_mib"] == 10.0
+    assert "resident 400 -> 840 MiB, of it in transparent huge pages 10 -> 500 MiB" in f[2]
     lines = by_size_lines({"rows": rows, "date": "d", "commit": "c", "command": "cmd", "findings": f})
     assert any("3 and 3 jobs per model, run interleaved, the same fault; per part the median over the jobs of the "
                "largest time any member reports" in x for x in lines)
-    assert "| engine | - | 0.100 | - |" in lines and not any(x.startswith(("| core_s", "| recovery_s")) for x in lines)
+    assert "| engine | - | 0.100 | - |" in lines and not any(
+        x.startswith(("| core_s", "| recovery_s", "| slot_rss_mib", "| slot_huge_mib")) for x in lines)
+
+
+def test_resident_mib_reads_rss_and_huge_pages(tmp_path):
+    import os
+
+    from phoenix_hpc.bench.recovery import resident_mib
+
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "smaps_rollup").write_text(
+        "55a0-7ffc ---p 00000000 00:00 0  [rollup]\nRss:              819200 kB\nPss:  1 kB\n"
+        "AnonHugePages:    598016 kB\n")
+    assert resident_mib(7, proc_root=str(tmp_path)) == (800.0, 584.0)
+    assert resident_mib(8, proc_root=str(tmp_path)) == (None, None)  # gone
+    rss, huge = resident_mib(os.getpid())  # this process, from the real /proc
+    assert rss > 10 and 0 <= huge <= rss

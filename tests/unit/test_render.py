@@ -208,3 +208,70 @@ def test_a_chained_run_queues_its_next_job_first_and_cancels_it_when_the_run_fin
     assert text.index("COORDINATOR_RC=$(cat") < end < text.index('exit "$COORDINATOR_RC"')
     assert 'if [ "$CHAIN_RC" -eq 4 ]; then exit 0; fi' in text
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def _env_after(lines: list[str], environ: dict[str, str]) -> str:
+    """THP_MEM_ALLOC_ENABLE after bash ran ``lines`` in ``environ`` ("unset" when not set)."""
+    script = "\n".join(lines) + '\necho "${THP_MEM_ALLOC_ENABLE-unset}"\n'
+    env = {"PATH": os.environ["PATH"], **environ}
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_torch_huge_pages_are_asked_for_unless_the_submitter_or_the_profile_says_otherwise():
+    from phoenix_hpc.slurm.render import environment_lines
+
+    prof = load_profile("local")
+    assert prof.launcher.torch_huge_pages is True  # the default
+    lines = environment_lines(prof)
+    assert _env_after(lines, {}) == "1"
+    assert _env_after(lines, {"THP_MEM_ALLOC_ENABLE": "0"}) == "0"  # the submitting environment's value is kept
+    off = prof.model_copy(update={"launcher": prof.launcher.model_copy(update={"torch_huge_pages": False})})
+    assert not any("THP_MEM_ALLOC_ENABLE" in ln for ln in environment_lines(off))
+    assert _env_after(environment_lines(off), {}) == "unset"
+    # the site's own variables follow, so a site that sets the variable wins
+    site = off.model_copy(update={"launcher": prof.launcher, "environment": prof.environment.model_copy(
+        update={"env": {"THP_MEM_ALLOC_ENABLE": "0"}})})
+    assert _env_after(environment_lines(site), {}) == "0"
+    # the job script carries exactly these lines
+    job = resolve(load_job_config(ROOT / "examples" / "gpt-small.yaml"), prof, run_dir="/scratch/runs/x",
+                  default_python=PYTHON)
+    text = render_sbatch(job, prof)
+    assert "\n".join(lines) in text
+
+
+def test_a_non_boolean_torch_huge_pages_is_refused():
+    import pydantic
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "sites" / "local.yaml").read_text())
+    raw["launcher"]["torch_huge_pages"] = "yes"
+    with pytest.raises(pydantic.ValidationError, match="launcher.torch_huge_pages"):
+        SiteProfile.model_validate(raw)
+
+
+def test_torch_honours_the_variable(tmp_path):
+    """What the rendered line relies on: torch's CPU allocator asks for huge pages for >= 2 MiB when
+    THP_MEM_ALLOC_ENABLE=1 (seen in /proc/self/smaps_rollup), and not without it. Where the kernel's THP mode
+    is ``never`` no process gets any, with or without the variable."""
+    import sys
+
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    never = (not mode.exists()) or "[never]" in mode.read_text()
+    probe = ("import torch\n"
+             "t = torch.ones(64 << 18)\n"  # 64 MiB of float32, touched
+             "import re\n"
+             "print(int(re.search(r'AnonHugePages:\\s+(\\d+)', open('/proc/self/smaps_rollup').read()).group(1)))\n")
+
+    def huge_kib(value: str | None) -> int:
+        env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+        if value is not None:
+            env["THP_MEM_ALLOC_ENABLE"] = value
+        return int(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                                  check=True).stdout)
+
+    on, off = huge_kib("1"), huge_kib(None)
+    if never:
+        assert on == off == 0
+    else:
+        assert on >= 32 << 10, f"only {on} KiB of huge pages for a 64 MiB tensor with THP_MEM_ALLOC_ENABLE=1"
+        assert off < on
