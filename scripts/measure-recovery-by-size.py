@@ -23,7 +23,6 @@ import tempfile
 from pathlib import Path
 
 
-MIB_FACTS = ("slot_rss_mib", "slot_huge_mib")  # the killed slot's memory: medians, kept out of the seconds table
 
 
 def member_detail(run_dir: Path) -> dict[str, float]:
@@ -58,7 +57,7 @@ def main() -> int:
         print(f"error: --trials: {a.trials!r} is not allowed (allowed: a whole number >= 1)", file=sys.stderr)
         return 2
     from phoenix_hpc.bench import recovery as R
-    from phoenix_hpc.bench.report import BY_SIZE_FACTS
+    from phoenix_hpc.bench.report import BY_SIZE_FACTS, BY_SIZE_MIB
     from phoenix_hpc.bench.run import Context
     from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
     from phoenix_hpc.slurm import cluster as lc
@@ -82,7 +81,7 @@ def main() -> int:
                 ctx.revive()
                 runs[s].append({"total_s": res["total_s"], **{f"phase.{k}": v for k, v in res["phases"].items()},
                                 "kill.slot_exit": res.get("slot_exit_s"),
-                                **{k: res.get(k) for k in MIB_FACTS},
+                                **{k: res.get(k) for k in BY_SIZE_MIB},
                                 "journal.quiesce": (res.get("marks") or {}).get("quiesce_s"),
                                 **member_detail(work / "recovery" / t.name), "params": res["params"]})
                 print(json.dumps({s: runs[s][-1]}), flush=True)
@@ -111,11 +110,12 @@ def median_rows(runs: dict[str, list[dict]]) -> dict[str, dict]:
     total minus its replayed step and its detection: from the first record of the fault to the end)."""
     import statistics
 
-    from phoenix_hpc.bench.report import BY_SIZE_FACTS
+    from phoenix_hpc.bench.report import BY_SIZE_FACTS, BY_SIZE_MIB
 
     rows = {}
     for s, rs in runs.items():
-        keys = sorted({k for r in rs for k in r if k not in BY_SIZE_FACTS or k in MIB_FACTS})
+        # every part's seconds and the killed slot's memory (MiB), as medians
+        keys = sorted({k for r in rs for k in r if k not in BY_SIZE_FACTS or k in BY_SIZE_MIB})
         vals = {k: [r[k] for r in rs if r.get(k) is not None] for k in keys}
         rows[s] = {k: statistics.median(v) for k, v in vals.items() if v}
         rows[s]["params"] = rs[0]["params"]
@@ -135,8 +135,10 @@ def _ratio_line(what: str, s: str, xs: list[float], l: str, xl: list[float]) -> 
 
 
 def findings(rows: dict) -> list[str]:
-    """The numbers the issue asks for: total minus the replayed step, the same without the detection, and
+    """The numbers section 3 reports: total minus the replayed step, the same without the detection, and
     what of the difference is the victim's own exit, the lost rank's transfer and the work overlapped with it."""
+    from phoenix_hpc.bench.report import BY_SIZE_MIB
+
     if len(rows) != 2:
         return []
     (s, a), (l, b) = rows.items()
@@ -148,13 +150,13 @@ def findings(rows: dict) -> list[str]:
                                "step)", s, a["recovery_s"], l, b["recovery_s"]) + ".")
     if "kill.slot_exit" in a and "kill.slot_exit" in b:
         mem = ""
-        if all(k in r for r in (a, b) for k in MIB_FACTS):
+        if all(k in r for r in (a, b) for k in BY_SIZE_MIB):
             mem = (f" (the killed slot resident {a['slot_rss_mib']:.0f} -> {b['slot_rss_mib']:.0f} MiB, of it in "
                    f"transparent huge pages {a['slot_huge_mib']:.0f} -> {b['slot_huge_mib']:.0f} MiB)")
         out.append(f"- detect (the kill -> the first journal record) {a['phase.detect']:.2f} -> {b['phase.detect']:.2f} s "
                    f"follows the killed slot's own exit (SIGKILL -> its last thread gone, which is when the kernel "
                    f"closes its sockets, after freeing its memory): {a['kill.slot_exit']:.2f} -> "
-                   f"{b['kill.slot_exit']:.2f} s{mem}. Freeing grows with the memory in 4 KiB pages, hardly with "
+                   f"{b['kill.slot_exit']:.2f} s{mem}. Freeing grows with the memory in 4 KiB pages, far less with "
                    "that in 2 MiB pages (launcher.torch_huge_pages); a node that loses power is found by heartbeat "
                    "timeout instead.")
     growth = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in ("phase.detect", "journal.quiesce", "leave", "quiesce",

@@ -123,8 +123,10 @@ def _config(t: Trial, work: Path, data_path: str, steps: int, spares: int) -> di
 
 
 def _start_and_kill(t: Trial, cfg: dict, run_dir: Path, ctx) -> dict:
-    """Submit, wait until rank 0 finished ``t.fault_step``, kill the last active node. Returns times."""
+    """Submit, wait until rank 0 finished ``t.fault_step``, kill the last active node. Returns the job, the
+    fault's times and the killed slot's memory just before the kill."""
     from phoenix_hpc.slurm.cluster import kill_node, node_kill_targets
+    from phoenix_hpc.slurm.procs import resident_mib
 
     cfg_path = jobs.write_yaml(run_dir.parent / f"{run_dir.name}.yaml", cfg)
     sub = jobs.phoenix_submit(cfg_path, run_dir, ctx.env)
@@ -134,7 +136,7 @@ def _start_and_kill(t: Trial, cfg: dict, run_dir: Path, ctx) -> dict:
     victim = nodes[max(nodes)]
     targets = node_kill_targets(ctx.cluster, victim)  # the /proc scan before the clock: the fault is the kill
     slot = _slot_proc(run_dir, max(nodes))
-    rss_mib, huge_mib = resident_mib(slot.pid) if slot is not None else (None, None)
+    rss_mib, huge_mib = resident_mib(slot.pid) if slot is not None else (None, None)  # before the clock too
     gone: list[float] = []
     watcher = threading.Thread(target=_watch_exit, args=(slot, gone), daemon=True)
     watcher.start()
@@ -151,23 +153,6 @@ def _start_and_kill(t: Trial, cfg: dict, run_dir: Path, ctx) -> dict:
             # transparent huge pages (launcher.torch_huge_pages), MiB; None when it could not be read
             "slot_rss_mib": rss_mib, "slot_huge_mib": huge_mib}
 
-
-def resident_mib(pid: int, proc_root: str = "/proc") -> tuple[float | None, float | None]:
-    """``(resident, of it in transparent huge pages)`` of process ``pid`` in MiB: the ``Rss`` and
-    ``AnonHugePages`` lines of ``/proc/PID/smaps_rollup`` (proc(5), Linux 4.14+; kB). ``(None, None)`` when the
-    file cannot be read (the process is gone, or an older kernel)."""
-    try:
-        text = Path(f"{proc_root}/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return None, None
-    kib = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] in ("Rss:", "AnonHugePages:") and parts[1].isdigit():
-            kib[parts[0][:-1]] = int(parts[1])
-    if "Rss" not in kib:
-        return None, None
-    return round(kib["Rss"] / 1024, 1), round(kib.get("AnonHugePages", 0) / 1024, 1)
 
 
 def _slot_proc(run_dir: Path, logical_rank: int):

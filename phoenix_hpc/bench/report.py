@@ -144,10 +144,12 @@ def demand_lines(cases: list[dict], a) -> None:
     a("")
 
 
+#: The killed slot's resident memory and the part of it in transparent huge pages, MiB (medians over trials).
+BY_SIZE_MIB = ("slot_rss_mib", "slot_huge_mib")
 #: Facts of a row of ``recovery_by_size`` that are not a part's seconds (its table leaves them out): the model's
-#: parameters, the trials, each trial's total minus its replay (with and without its detection), and the
-#: killed slot's resident memory and the part of it in transparent huge pages (MiB, medians).
-BY_SIZE_FACTS = ("params", "trials", "core_s", "recovery_s", "slot_rss_mib", "slot_huge_mib")
+#: parameters, the trials, each trial's total minus its replay (with and without its detection), and
+#: :data:`BY_SIZE_MIB`.
+BY_SIZE_FACTS = ("params", "trials", "core_s", "recovery_s") + BY_SIZE_MIB
 
 
 def by_size_lines(bs: dict | None) -> list[str]:
@@ -476,7 +478,8 @@ def render_markdown(r: dict) -> str:
       "scripts/bench-h2h-engine    # the H2H engine alone: CPU per byte moved, wake-ups per step (seconds)\n"
       "scripts/check-many-nodes    # 8 active + 4 spare nodes, gpt-small's timings, 2 node losses: same final "
       "hash\n.venv/bin/python scripts/measure-recovery-by-size.py --update-benchmarks .  # section 3: what grows "
-      "with the model\n```")
+      "with the model\n.venv/bin/python -m phoenix_hpc.bench.exit_time  # a killed process's exit by its memory, with and "
+      "without huge pages (seconds)\n```")
     a("")
     return "\n".join(L)
 

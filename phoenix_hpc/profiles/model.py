@@ -167,8 +167,9 @@ class LauncherProfile(BaseModel):
     cpu_bind: str | None = Field(None, description="srun --cpu-bind value; null: not rendered")
     torch_huge_pages: bool = Field(
         True, description="export THP_MEM_ALLOC_ENABLE=1 to the ranks (a value in the submitting environment is "
-        "kept): torch backs its CPU tensors of >= 2 MiB with transparent huge pages (madvise), so a crashed rank's "
-        "exit, and with it its detection, does not grow with its host memory; false: not rendered")
+        "kept; environment.env must not set it then): torch's CPU allocations of >= 2 MiB ask for transparent huge "
+        "pages (madvise), so a killed rank's exit, which its detection waits for, grows far less with them; false: "
+        "not rendered")
     extra_srun: list[str] = Field(default_factory=list, description="extra srun arguments, shell-quoted")
     python: str | None = Field(None, description="python on the compute nodes; null: the one running phoenix submit")
     coordinator_timeout_s: int = Field(120, ge=1, description="seconds to wait for RUN_DIR/coordinator.json")
@@ -179,6 +180,10 @@ class LauncherProfile(BaseModel):
         if v is not None and not re.match(r"^[A-Za-z0-9_.,:=-]+$", v):
             raise ValueError(f"launcher.{info.field_name} {v!r} must be a single srun option value")
         return v
+
+
+#: The variable ``launcher.torch_huge_pages`` renders (torch's c10 ``alloc_cpu``, torch 2.2 and later).
+TORCH_THP_VARIABLE = "THP_MEM_ALLOC_ENABLE"
 
 
 class EnvironmentProfile(BaseModel):
@@ -262,3 +267,14 @@ class SiteProfile(BaseModel):
     launcher: LauncherProfile
     environment: EnvironmentProfile = Field(default_factory=EnvironmentProfile)
     failure_domains: FailureDomainProfile = Field(default_factory=FailureDomainProfile)
+
+    @model_validator(mode="after")
+    def _one_place_for_huge_pages(self):
+        """``launcher.torch_huge_pages`` renders ``THP_MEM_ALLOC_ENABLE``; the same variable in
+        ``environment.env`` (rendered after it) would override the field without a word, so it is refused."""
+        if self.launcher.torch_huge_pages and TORCH_THP_VARIABLE in self.environment.env:
+            raise ValueError(
+                f"environment.env.{TORCH_THP_VARIABLE} ({self.environment.env[TORCH_THP_VARIABLE]!r}) is set while "
+                f"launcher.torch_huge_pages is true, which renders that variable; allowed: one of them (set "
+                f"launcher.torch_huge_pages: false to set the variable in environment.env)")
+        return self

@@ -185,3 +185,22 @@ def stop_procs(procs: Iterable[ProcId], term_timeout_s: float = 10.0, kill_timeo
         signal_procs(left, signal.SIGKILL)
         left = wait_gone(left, kill_timeout_s)
     return left
+
+
+def resident_mib(pid: int, proc_root: str = "/proc") -> tuple[float | None, float | None]:
+    """``(resident, of it in transparent huge pages)`` of process ``pid`` in MiB: the ``Rss`` and
+    ``AnonHugePages`` lines of ``/proc/PID/smaps_rollup`` (proc(5), Linux 4.14+; kB; ``AnonHugePages`` counts
+    transparent huge pages of anonymous memory). ``(None, None)`` when the file cannot be read (the process is
+    gone, or an older kernel)."""
+    try:
+        text = Path(f"{proc_root}/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None, None
+    kib = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("Rss:", "AnonHugePages:") and parts[1].isdigit():
+            kib[parts[0][:-1]] = int(parts[1])
+    if "Rss" not in kib:
+        return None, None
+    return round(kib["Rss"] / 1024, 1), round(kib.get("AnonHugePages", 0) / 1024, 1)

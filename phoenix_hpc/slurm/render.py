@@ -5,7 +5,8 @@ What the script does (docs/design.md section 7), in order:
 1. asks for ``nodes + spares`` nodes with ``--no-kill --no-requeue`` (sbatch(1): without ``--no-kill`` a node
    failure ends the job as NODE_FAIL, and Slurm then requeues it) and ``--signal=B:<SIG>@<s>`` so the batch
    shell is warned ``s`` seconds before the time limit; it forwards the signal to the coordinator;
-2. loads the site's modules and exports the site's environment;
+2. exports ``THP_MEM_ALLOC_ENABLE=1`` unless set already (``launcher.torch_huge_pages``), loads the site's
+   modules and exports the site's environment (:func:`environment_lines`);
 3. for a chained run (``resources.chain`` > 0) checks what this job continues and queues the next job of
    the chain (``phoenix_hpc.cli.chain start``: ``sbatch --dependency=afternotok:THIS_JOB``); then
    starts the coordinator in the background under its supervisor (:mod:`phoenix_hpc.control.supervise`,
@@ -42,7 +43,7 @@ from phoenix_hpc import __version__
 from phoenix_hpc.config.resolve import ResolvedJob
 from phoenix_hpc.control.protocol import EXIT_STATUS_FILE
 from phoenix_hpc.errors import SubmitError
-from phoenix_hpc.profiles.model import SiteProfile
+from phoenix_hpc.profiles.model import TORCH_THP_VARIABLE, SiteProfile
 from phoenix_hpc.topology import switch_levels_of
 
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_.,+=/@:-]+$")
@@ -111,18 +112,19 @@ def failure_line(job: ResolvedJob) -> str:
 
 def environment_lines(profile: SiteProfile) -> list[str]:
     """The lines of a job script that set up the ranks' environment (each group followed by an empty line):
-    ``launcher.torch_huge_pages`` (``export THP_MEM_ALLOC_ENABLE``, unless the submitting environment, which
-    sbatch passes on, sets it: torch's CPU allocator, since torch 2.2, then asks for transparent huge pages
-    with ``madvise(MADV_HUGEPAGE)`` for every allocation of >= 2 MiB), then the site's modules and variables
-    (``environment``; a site variable of the same name wins). Shared by :func:`render_sbatch` and the
-    benchmark's own jobs, so that both run their ranks alike."""
+    ``launcher.torch_huge_pages`` (``export THP_MEM_ALLOC_ENABLE=1`` unless the submitting environment sets
+    it, also to an empty value: sbatch passes that environment on under its default ``--export=ALL``; torch's
+    CPU allocator, c10 ``alloc_cpu`` since torch 2.2 (pytorch#107697), then aligns every allocation of
+    >= 2 MiB to 2 MiB and asks for transparent huge pages with ``madvise(MADV_HUGEPAGE)``), then the site's
+    modules and variables (``environment``; the profile refuses the same variable there while the field is
+    on). Shared by :func:`render_sbatch` and the benchmark's own jobs, so that both run their ranks alike."""
     ln, env = profile.launcher, profile.environment
     out: list[str] = []
     if ln.torch_huge_pages:
         out += [
             "# torch's CPU tensors of >= 2 MiB in transparent huge pages (launcher.torch_huge_pages): a killed",
-            "# rank's exit, which its detection waits for, then does not grow with its host memory",
-            'export THP_MEM_ALLOC_ENABLE="${THP_MEM_ALLOC_ENABLE:-1}"',
+            "# rank's exit, which its detection waits for, then grows far less with them",
+            f'export {TORCH_THP_VARIABLE}="${{{TORCH_THP_VARIABLE}-1}}"',
             "",
         ]
     if env.modules or env.env:

@@ -59,7 +59,7 @@ def test_trials_are_reduced_to_medians_and_the_core_ratio_has_an_interval():
 def test_resident_mib_reads_rss_and_huge_pages(tmp_path):
     import os
 
-    from phoenix_hpc.bench.recovery import resident_mib
+    from phoenix_hpc.slurm.procs import resident_mib
 
     (tmp_path / "7").mkdir()
     (tmp_path / "7" / "smaps_rollup").write_text(

@@ -213,12 +213,13 @@ def test_overhead_run_submits_one_job_per_rank_count_and_reads_each_cases_own_ra
 
     from phoenix_hpc.bench import jobs, overhead
 
-    submitted = []
+    submitted, bodies = [], []
 
     def fake_submit(client, script_path, body, *, nodes, name, **kw):
         args = re.search(r"overhead_rank (.+)\n", body).group(1).split()
         out, cfgs = Path(args[0]), args[1:]
         submitted.append((nodes, out.name, len(cfgs)))
+        bodies.append(body)
         for j, cfg in enumerate(cfgs):
             extra = _json.loads(Path(cfg).with_suffix(".bench.json").read_text())
             for r in range(nodes):  # off 100 ms; on 100 + the job's rank count, so the cases differ
@@ -242,6 +243,13 @@ def test_overhead_run_submits_one_job_per_rank_count_and_reads_each_cases_own_ra
     assert (cfg["training"]["global_batch_size"], cfg["training"]["micro_batch_size"]) == (24, 12)
     assert by["M-pp1"]["ranks"] == 4 and by["M-pp1"]["step_ms_on"]["median"] == 104.0
     assert set(res["memory"]) == {"k1", "k2"}
+    # the ranks run in the environment a job on the local cluster gets (phoenix submit's lines)
+    from phoenix_hpc.profiles import load_profile
+    from phoenix_hpc.slurm.render import environment_lines
+
+    env = "".join(f"{ln}\n" for ln in environment_lines(load_profile("local")))
+    assert "THP_MEM_ALLOC_ENABLE" in env and "OMP_NUM_THREADS=1" in env
+    assert all(b.startswith(env) for b in bodies) and len(bodies) == 2
 
 
 def test_a_bound_rank_takes_one_core_by_its_rank_and_every_thread_of_its_process_follows():

@@ -228,10 +228,8 @@ def test_torch_huge_pages_are_asked_for_unless_the_submitter_or_the_profile_says
     off = prof.model_copy(update={"launcher": prof.launcher.model_copy(update={"torch_huge_pages": False})})
     assert not any("THP_MEM_ALLOC_ENABLE" in ln for ln in environment_lines(off))
     assert _env_after(environment_lines(off), {}) == "unset"
-    # the site's own variables follow, so a site that sets the variable wins
-    site = off.model_copy(update={"launcher": prof.launcher, "environment": prof.environment.model_copy(
-        update={"env": {"THP_MEM_ALLOC_ENABLE": "0"}})})
-    assert _env_after(environment_lines(site), {}) == "0"
+    # set but empty in the submitting environment: kept as it is (torch reads it as off)
+    assert _env_after(lines, {"THP_MEM_ALLOC_ENABLE": ""}) == ""
     # the job script carries exactly these lines
     job = resolve(load_job_config(ROOT / "examples" / "gpt-small.yaml"), prof, run_dir="/scratch/runs/x",
                   default_python=PYTHON)
@@ -239,24 +237,48 @@ def test_torch_huge_pages_are_asked_for_unless_the_submitter_or_the_profile_says
     assert "\n".join(lines) in text
 
 
-def test_a_non_boolean_torch_huge_pages_is_refused():
-    import pydantic
+def _profile_file(tmp_path, launcher: dict | None = None, env: dict | None = None) -> str:
     import yaml
 
     raw = yaml.safe_load((ROOT / "sites" / "local.yaml").read_text())
-    raw["launcher"]["torch_huge_pages"] = "yes"
-    with pytest.raises(pydantic.ValidationError, match="launcher.torch_huge_pages"):
-        SiteProfile.model_validate(raw)
+    raw["launcher"].update(launcher or {})
+    raw["environment"]["env"].update(env or {})
+    p = tmp_path / "site.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return str(p)
+
+
+def test_a_non_boolean_torch_huge_pages_is_refused(tmp_path):
+    from phoenix_hpc.errors import ProfileError
+
+    with pytest.raises(ProfileError, match="launcher.torch_huge_pages"):
+        load_profile(_profile_file(tmp_path, launcher={"torch_huge_pages": "yes"}))
+
+
+def test_a_site_variable_that_contradicts_torch_huge_pages_is_refused(tmp_path):
+    """The field renders the variable; a site that also sets it in environment.env would silently override
+    it, so the profile must say one thing: with the field on, the variable is refused there."""
+    from phoenix_hpc.errors import ProfileError
+
+    with pytest.raises(ProfileError, match="environment.env.*THP_MEM_ALLOC_ENABLE.*launcher.torch_huge_pages"):
+        load_profile(_profile_file(tmp_path, env={"THP_MEM_ALLOC_ENABLE": "0"}))
+    # with the field off the site sets the variable itself, and the job script carries the site's value
+    prof = load_profile(_profile_file(tmp_path, launcher={"torch_huge_pages": False},
+                                      env={"THP_MEM_ALLOC_ENABLE": "0"}))
+    from phoenix_hpc.slurm.render import environment_lines
+
+    assert _env_after(environment_lines(prof), {}) == "0"
 
 
 def test_torch_honours_the_variable(tmp_path):
     """What the rendered line relies on: torch's CPU allocator asks for huge pages for >= 2 MiB when
     THP_MEM_ALLOC_ENABLE=1 (seen in /proc/self/smaps_rollup), and not without it. Where the kernel's THP mode
-    is ``never`` no process gets any, with or without the variable."""
+    is ``never`` no process gets any, with or without the variable; where it is ``always`` every process may
+    get them, with or without it."""
     import sys
 
-    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    never = (not mode.exists()) or "[never]" in mode.read_text()
+    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    mode = re.search(r"\[(\w+)\]", path.read_text()).group(1) if path.exists() else "never"
     probe = ("import torch\n"
              "t = torch.ones(64 << 18)\n"  # 64 MiB of float32, touched
              "import re\n"
@@ -270,8 +292,9 @@ def test_torch_honours_the_variable(tmp_path):
                                   check=True).stdout)
 
     on, off = huge_kib("1"), huge_kib(None)
-    if never:
+    if mode == "never":
         assert on == off == 0
     else:
         assert on >= 32 << 10, f"only {on} KiB of huge pages for a 64 MiB tensor with THP_MEM_ALLOC_ENABLE=1"
+    if mode == "madvise":  # only the variable asks for them
         assert off < on
