@@ -166,10 +166,11 @@ class LauncherProfile(BaseModel):
     cpus_per_task: int | None = Field(None, ge=1, description="srun/sbatch --cpus-per-task; null: not rendered")
     cpu_bind: str | None = Field(None, description="srun --cpu-bind value; null: not rendered")
     torch_huge_pages: bool = Field(
-        True, description="export THP_MEM_ALLOC_ENABLE=1 to the ranks (a value in the submitting environment is "
+        False, description="export THP_MEM_ALLOC_ENABLE=1 to the ranks (a value in the submitting environment is "
         "kept; environment.env must not set it then): torch's CPU allocations of >= 2 MiB ask for transparent huge "
-        "pages (madvise), so a killed rank's exit, which its detection waits for, grows far less with them; false: "
-        "not rendered")
+        "pages (madvise), so a killed rank's exit, which its detection waits for, grows far less with them; off by "
+        "default: on CPU ranks sharing cores it made protected steps slower (docs/design.md section 6); false: not "
+        "rendered")
     extra_srun: list[str] = Field(default_factory=list, description="extra srun arguments, shell-quoted")
     python: str | None = Field(None, description="python on the compute nodes; null: the one running phoenix submit")
     coordinator_timeout_s: int = Field(120, ge=1, description="seconds to wait for RUN_DIR/coordinator.json")

@@ -220,14 +220,14 @@ def _env_after(lines: list[str], environ: dict[str, str]) -> str:
 def test_torch_huge_pages_are_asked_for_unless_the_submitter_or_the_profile_says_otherwise():
     from phoenix_hpc.slurm.render import environment_lines
 
-    prof = load_profile("local")
-    assert prof.launcher.torch_huge_pages is True  # the default
+    off = load_profile("local")
+    assert off.launcher.torch_huge_pages is False  # the default
+    assert not any("THP_MEM_ALLOC_ENABLE" in ln for ln in environment_lines(off))
+    assert _env_after(environment_lines(off), {}) == "unset"
+    prof = off.model_copy(update={"launcher": off.launcher.model_copy(update={"torch_huge_pages": True})})
     lines = environment_lines(prof)
     assert _env_after(lines, {}) == "1"
     assert _env_after(lines, {"THP_MEM_ALLOC_ENABLE": "0"}) == "0"  # the submitting environment's value is kept
-    off = prof.model_copy(update={"launcher": prof.launcher.model_copy(update={"torch_huge_pages": False})})
-    assert not any("THP_MEM_ALLOC_ENABLE" in ln for ln in environment_lines(off))
-    assert _env_after(environment_lines(off), {}) == "unset"
     # set but empty in the submitting environment: kept as it is (torch reads it as off)
     assert _env_after(lines, {"THP_MEM_ALLOC_ENABLE": ""}) == ""
     # the job script carries exactly these lines
@@ -261,7 +261,7 @@ def test_a_site_variable_that_contradicts_torch_huge_pages_is_refused(tmp_path):
     from phoenix_hpc.errors import ProfileError
 
     with pytest.raises(ProfileError, match="environment.env.*THP_MEM_ALLOC_ENABLE.*launcher.torch_huge_pages"):
-        load_profile(_profile_file(tmp_path, env={"THP_MEM_ALLOC_ENABLE": "0"}))
+        load_profile(_profile_file(tmp_path, launcher={"torch_huge_pages": True}, env={"THP_MEM_ALLOC_ENABLE": "0"}))
     # with the field off the site sets the variable itself, and the job script carries the site's value
     prof = load_profile(_profile_file(tmp_path, launcher={"torch_huge_pages": False},
                                       env={"THP_MEM_ALLOC_ENABLE": "0"}))
