@@ -5,8 +5,8 @@ What the script does (docs/design.md section 7), in order:
 1. asks for ``nodes + spares`` nodes with ``--no-kill --no-requeue`` (sbatch(1): without ``--no-kill`` a node
    failure ends the job as NODE_FAIL, and Slurm then requeues it) and ``--signal=B:<SIG>@<s>`` so the batch
    shell is warned ``s`` seconds before the time limit; it forwards the signal to the coordinator;
-2. exports ``THP_MEM_ALLOC_ENABLE=1`` unless set already (``launcher.torch_huge_pages``), loads the site's
-   modules and exports the site's environment (:func:`environment_lines`);
+2. with ``launcher.torch_huge_pages`` (off by default) exports ``THP_MEM_ALLOC_ENABLE=1`` unless set already;
+   loads the site's modules and exports the site's environment (:func:`environment_lines`);
 3. for a chained run (``resources.chain`` > 0) checks what this job continues and queues the next job of
    the chain (``phoenix_hpc.cli.chain start``: ``sbatch --dependency=afternotok:THIS_JOB``); then
    starts the coordinator in the background under its supervisor (:mod:`phoenix_hpc.control.supervise`,
