@@ -13,7 +13,8 @@ sends SIGKILL and times the kill until its end of the socket reads end-of-file (
 process's files only after it freed its memory: ``do_exit`` calls ``exit_mm`` before ``exit_files``, in
 kernel/exit.c). Per size and setting: medians over the rounds, milliseconds of wall time and MiB.
 
-Exit status: 0 done; 1 a child failed (its stderr is printed); 2 bad arguments (named, with what is allowed).
+Exit status: 0 done; 1 a child or its socket failed (the error is printed, with the child's stderr); 2 bad
+arguments (named, with what is allowed).
 """
 
 from __future__ import annotations
@@ -89,8 +90,10 @@ def kill_to_eof_ms(mib: int, thp: str, python: str = sys.executable) -> tuple[fl
             rss, huge = resident_mib(child.pid)
             t0 = time.perf_counter()
             os.kill(child.pid, signal.SIGKILL)
-            conn.recv(1)  # b"": end-of-file once the kernel closed the child's socket
+            end = conn.recv(1)  # b"": end-of-file once the kernel closed the child's socket
             ms = (time.perf_counter() - t0) * 1e3
+            if end != b"":
+                raise failed(f"sent {end!r} after it was killed instead of closing its socket")
     finally:
         srv.close()
         if child.poll() is None:
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(repeat):
                 for thp in got:
                     got[thp].append(kill_to_eof_ms(mib, thp))
-        except RuntimeError as e:
+        except (RuntimeError, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
         for thp, rs in got.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -159,9 +160,15 @@ def dirty_files(repo: Path) -> list[str]:
     return [line[3:] for line in out.splitlines() if line.strip()]
 
 
-def machine_info(slurm_version: str | None, meminfo: str = "/proc/meminfo", cpuinfo: str = "/proc/cpuinfo") -> dict:
+def machine_info(slurm_version: str | None, meminfo: str = "/proc/meminfo", cpuinfo: str = "/proc/cpuinfo",
+                 thp_mode: str = "/sys/kernel/mm/transparent_hugepage/enabled",
+                 environ: dict[str, str] | None = None) -> dict:
     """Facts about this machine for the report: CPU model, logical CPUs, memory, OS, Python, torch, Slurm
-    (``slurm_version``, from :meth:`SlurmClient.slurm_version`) and Open MPI versions."""
+    (``slurm_version``, from :meth:`SlurmClient.slurm_version`) and Open MPI versions, the kernel's
+    transparent-huge-page mode (the bracketed word of ``thp_mode``; None when unreadable) and the
+    ``THP_MEM_ALLOC_ENABLE`` of the environment the benchmark's jobs inherit (``environ``, default this
+    process's; None when unset): with both, torch's CPU tensors of >= 2 MiB get huge pages
+    (``launcher.torch_huge_pages``, docs/design.md section 6)."""
     import torch
 
     model = "unknown"
@@ -180,6 +187,13 @@ def machine_info(slurm_version: str | None, meminfo: str = "/proc/meminfo", cpui
     except OSError:
         pass
 
+    mode = None
+    try:
+        m = re.search(r"\[(\w+)\]", Path(thp_mode).read_text())
+        mode = m.group(1) if m else None
+    except OSError:
+        pass
+
     def version(cmd: list[str]) -> str | None:
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
@@ -191,4 +205,5 @@ def machine_info(slurm_version: str | None, meminfo: str = "/proc/meminfo", cpui
     return {"cpu": model, "logical_cpus": os.cpu_count(), "mem_gib": mem_gib, "os": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__,
             "slurm": slurm_version, "mpi": version(["mpirun", "--version"]),
-            "gpu": "none (CPU torch engine, gloo)"}
+            "gpu": "none (CPU torch engine, gloo)", "thp_mode": mode,
+            "thp_mem_alloc_enable": (os.environ if environ is None else environ).get("THP_MEM_ALLOC_ENABLE")}

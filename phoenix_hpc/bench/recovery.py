@@ -154,7 +154,6 @@ def _start_and_kill(t: Trial, cfg: dict, run_dir: Path, ctx) -> dict:
             "slot_rss_mib": rss_mib, "slot_huge_mib": huge_mib}
 
 
-
 def _slot_proc(run_dir: Path, logical_rank: int):
     """The :class:`~phoenix_hpc.slurm.procs.ProcId` of an active slot's process (its ``registered`` pid),
     None when it is not running."""

@@ -165,7 +165,9 @@ def by_size_lines(bs: dict | None) -> list[str]:
     else:
         jobs = (f"{' and '.join(str(v) for v in n.values())} jobs per model, run interleaved, the same fault; per part "
                 "the median over the jobs of the largest time any member reports")
-    out = [f"What grows with the model, per recovery part (run {bs.get('date')}, commit `{str(bs.get('commit'))[:12]}`, "
+    commit = str(bs.get("commit"))
+    commit = commit[:12] + ("+dirty" if commit.endswith("+dirty") else "")  # uncommitted changes stay visible
+    out = [f"What grows with the model, per recovery part (run {bs.get('date')}, commit `{commit}`, "
            f"`{bs.get('command')}`; {jobs}, `recoveries[].detail` of the ranks' summaries; phases from the journal):",
            ""]
     out.append("| part (s) | " + " | ".join(f"{s} ({rows[s]['params'] / 1e6:.2f} M)" for s in sizes)
@@ -184,6 +186,17 @@ def by_size_lines(bs: dict | None) -> list[str]:
     return out
 
 
+def thp_phrase(machine: dict) -> str:
+    """The huge-page facts of a run's machine record (pure): the kernel's THP mode and the
+    ``THP_MEM_ALLOC_ENABLE`` the jobs inherited; empty for runs that did not record them."""
+    if "thp_mode" not in machine:
+        return ""
+    env, field = machine.get("thp_mem_alloc_enable"), machine.get("torch_huge_pages")
+    return (f"; kernel THP mode {machine.get('thp_mode') or 'unknown'}, the local profile's "
+            f"launcher.torch_huge_pages {'unknown' if field is None else str(bool(field)).lower()}, "
+            f"THP_MEM_ALLOC_ENABLE in the submitting environment {'unset' if env is None else repr(env)}")
+
+
 def render_markdown(r: dict) -> str:
     m = r.get("machine", {})
     L: list[str] = []
@@ -199,7 +212,7 @@ def render_markdown(r: dict) -> str:
         a(f"Files that differed from that commit during the run: {', '.join(f'`{x}`' for x in r['dirty_files'])}.  ")
     a(f"Machine: {m.get('cpu')}, {m.get('logical_cpus')} logical CPUs, {m.get('mem_gib')} GiB, {m.get('gpu')}; "
       f"{m.get('slurm')}; {m.get('mpi')}; Python {m.get('python')}, torch {m.get('torch')}; local Slurm cluster "
-      f"of {m.get('cluster_nodes')} nodes on this one host (one slot per node).  ")
+      f"of {m.get('cluster_nodes')} nodes on this one host (one slot per node)" + thp_phrase(m) + ".  ")
     a("Every number below was measured in this run on the local cluster with real Slurm jobs, srun, Open MPI "
       "and gloo; raw values are in `BENCHMARKS.json`. All ranks share the machine's cores, so absolute times "
       "are those of an oversubscribed CPU host: compare the ratios, which are taken inside one run.")
@@ -479,7 +492,7 @@ def render_markdown(r: dict) -> str:
       "scripts/check-many-nodes    # 8 active + 4 spare nodes, gpt-small's timings, 2 node losses: same final "
       "hash\n.venv/bin/python scripts/measure-recovery-by-size.py --update-benchmarks .  # section 3: what grows "
       "with the model\n.venv/bin/python -m phoenix_hpc.bench.exit_time  # a killed process's exit by its memory, with and "
-      "without huge pages (seconds)\n```")
+      "without huge pages (about a minute)\n```")
     a("")
     return "\n".join(L)
 

@@ -258,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from phoenix_hpc.bench import report
     from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
+    from phoenix_hpc.profiles import load_profile
     from phoenix_hpc.slurm.client import SlurmClient
     from phoenix_hpc.slurm.cluster import load_cluster
 
@@ -277,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": jobs.git_commit(repo),
         "dirty_files": jobs.dirty_files(repo),
-        "machine": {**jobs.machine_info(client.slurm_version()), "cluster_nodes": len(cluster.nodes)},
+        "machine": {**jobs.machine_info(client.slurm_version()), "cluster_nodes": len(cluster.nodes),
+                    "torch_huge_pages": load_profile("local").launcher.torch_huge_pages},
         "seed": a.seed,
     }
     try:

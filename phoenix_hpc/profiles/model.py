@@ -169,8 +169,8 @@ class LauncherProfile(BaseModel):
         False, description="export THP_MEM_ALLOC_ENABLE=1 to the ranks (a value in the submitting environment is "
         "kept; environment.env must not set it then): torch's CPU allocations of >= 2 MiB ask for transparent huge "
         "pages (madvise), so a killed rank's exit, which its detection waits for, grows far less with them; off by "
-        "default: on CPU ranks sharing cores it made protected steps slower (docs/design.md section 6); false: not "
-        "rendered")
+        "default: on CPU ranks sharing cores it made protected steps slower in an A/B (docs/design.md section 6); "
+        "false: not rendered")
     extra_srun: list[str] = Field(default_factory=list, description="extra srun arguments, shell-quoted")
     python: str | None = Field(None, description="python on the compute nodes; null: the one running phoenix submit")
     coordinator_timeout_s: int = Field(120, ge=1, description="seconds to wait for RUN_DIR/coordinator.json")
@@ -272,7 +272,8 @@ class SiteProfile(BaseModel):
     @model_validator(mode="after")
     def _one_place_for_huge_pages(self):
         """``launcher.torch_huge_pages`` renders ``THP_MEM_ALLOC_ENABLE``; the same variable in
-        ``environment.env`` (rendered after it) would override the field without a word, so it is refused."""
+        ``environment.env`` (rendered after it) would override the field without a word, so it is refused
+        there while the field is true (with the field false the site may set it)."""
         if self.launcher.torch_huge_pages and TORCH_THP_VARIABLE in self.environment.env:
             raise ValueError(
                 f"environment.env.{TORCH_THP_VARIABLE} ({self.environment.env[TORCH_THP_VARIABLE]!r}) is set while "

@@ -12,6 +12,8 @@ ROWS = {"S": {"params": 827392, "total_s": 1.2, "phase.replay": 0.1, "engine": 0
 def test_by_size_lines_give_each_part_and_the_ratio():
     lines = by_size_lines({"rows": ROWS, "date": "d", "commit": "c" * 40, "command": "cmd", "findings": ["- f"]})
     assert "| part (s) | S (0.83 M) | L (10.76 M) | ratio |" in lines
+    assert "commit `cccccccccccc`" in lines[0]
+    assert "commit `abcdefabcdef+dirty`" in by_size_lines({"rows": ROWS, "commit": "abcdefabcdef0123+dirty"})[0]
     assert "| engine | 0.050 | 0.400 | 8.00 |" in lines and "- f" in lines
     # BENCHMARKS.json keeps its keys sorted (L before S): the smaller model still comes first
     assert by_size_lines({"rows": dict(sorted(ROWS.items()))}) == by_size_lines({"rows": ROWS})

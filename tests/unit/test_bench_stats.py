@@ -275,3 +275,21 @@ def test_a_bound_rank_takes_one_core_by_its_rank_and_every_thread_of_its_process
         stop.set()
         th.join()
     assert os.sched_getaffinity(0) == allowed
+
+
+def test_the_machine_record_names_the_huge_page_setting(tmp_path):
+    from phoenix_hpc.bench.jobs import machine_info
+    from phoenix_hpc.bench.report import thp_phrase
+
+    mode = tmp_path / "enabled"
+    mode.write_text("always [madvise] never\n")
+    m = machine_info(None, thp_mode=str(mode), environ={})
+    assert m["thp_mode"] == "madvise" and m["thp_mem_alloc_enable"] is None
+    assert machine_info(None, thp_mode=str(tmp_path / "none"), environ={"THP_MEM_ALLOC_ENABLE": "0"})[
+        "thp_mem_alloc_enable"] == "0"
+    assert machine_info(None, thp_mode=str(tmp_path / "none"), environ={})["thp_mode"] is None
+    phrase = thp_phrase({**m, "torch_huge_pages": False})
+    assert phrase == ("; kernel THP mode madvise, the local profile's launcher.torch_huge_pages false, "
+                      "THP_MEM_ALLOC_ENABLE in the submitting environment unset")
+    assert "'0'" in thp_phrase({"thp_mode": None, "thp_mem_alloc_enable": "0", "torch_huge_pages": True})
+    assert thp_phrase({"cpu": "x"}) == ""  # runs that did not record it

@@ -217,11 +217,13 @@ def _env_after(lines: list[str], environ: dict[str, str]) -> str:
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_torch_huge_pages_are_asked_for_unless_the_submitter_or_the_profile_says_otherwise():
+def test_torch_huge_pages_are_asked_for_only_when_the_profile_turns_them_on_and_the_submitter_has_not_set_them():
+    from phoenix_hpc.profiles.model import LauncherProfile
     from phoenix_hpc.slurm.render import environment_lines
 
+    assert LauncherProfile.model_fields["torch_huge_pages"].default is False  # the default: off
     off = load_profile("local")
-    assert off.launcher.torch_huge_pages is False  # the default
+    assert off.launcher.torch_huge_pages is False
     assert not any("THP_MEM_ALLOC_ENABLE" in ln for ln in environment_lines(off))
     assert _env_after(environment_lines(off), {}) == "unset"
     prof = off.model_copy(update={"launcher": off.launcher.model_copy(update={"torch_huge_pages": True})})
