@@ -23,8 +23,6 @@ import tempfile
 from pathlib import Path
 
 
-
-
 def member_detail(run_dir: Path) -> dict[str, float]:
     """Per detail key, the largest value over the members' last recovery (seconds)."""
     out: dict[str, float] = {}

@@ -52,13 +52,14 @@ def kill_to_eof_ms(mib: int, thp: str, python: str = sys.executable) -> tuple[fl
 
     Raises RuntimeError when the child ends, or is not ready within ``READY_TIMEOUT_S``, before it is killed
     (its stderr in the message)."""
+    from phoenix_hpc.profiles.model import TORCH_THP_VARIABLE
     from phoenix_hpc.slurm.procs import resident_mib
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
     srv.settimeout(0.2)
-    env = dict(os.environ, THP_MEM_ALLOC_ENABLE=thp)
+    env = {**os.environ, TORCH_THP_VARIABLE: thp}
     child = subprocess.Popen([python, "-c", _CHILD, str(srv.getsockname()[1]), str(mib), str(TENSOR_MIB)],
                              env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

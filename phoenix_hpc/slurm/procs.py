@@ -8,6 +8,7 @@ process is never mistaken for one of ours and never signalled.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Iterable
@@ -185,6 +186,20 @@ def stop_procs(procs: Iterable[ProcId], term_timeout_s: float = 10.0, kill_timeo
         signal_procs(left, signal.SIGKILL)
         left = wait_gone(left, kill_timeout_s)
     return left
+
+
+#: The kernel's transparent-huge-page mode (Documentation/admin-guide/mm/transhuge.rst): the word in brackets.
+THP_MODE_PATH = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def thp_mode(path: str = THP_MODE_PATH) -> str | None:
+    """The kernel's transparent-huge-page mode, ``always``, ``madvise`` or ``never`` (the bracketed word of
+    ``path``); None when the file cannot be read or names none (a kernel without THP)."""
+    try:
+        m = re.search(r"\[(\w+)\]", Path(path).read_text())
+    except OSError:
+        return None
+    return m.group(1) if m else None
 
 
 def resident_mib(pid: int, proc_root: str = "/proc") -> tuple[float | None, float | None]:

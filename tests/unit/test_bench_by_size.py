@@ -71,3 +71,13 @@ def test_resident_mib_reads_rss_and_huge_pages(tmp_path):
     assert resident_mib(8, proc_root=str(tmp_path)) == (None, None)  # gone
     rss, huge = resident_mib(os.getpid())  # this process, from the real /proc
     assert rss > 10 and 0 <= huge <= rss
+
+
+def test_thp_mode_is_the_bracketed_word_or_none(tmp_path):
+    from phoenix_hpc.slurm.procs import thp_mode
+
+    for text, want in (("always [madvise] never\n", "madvise"), ("[always] madvise never\n", "always"),
+                       ("always madvise [never]\n", "never"), ("no brackets\n", None)):
+        (tmp_path / "enabled").write_text(text)
+        assert thp_mode(str(tmp_path / "enabled")) == want
+    assert thp_mode(str(tmp_path / "missing")) is None

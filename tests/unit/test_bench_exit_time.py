@@ -36,13 +36,11 @@ def test_a_child_that_fails_is_reported_with_its_stderr(tmp_path):
 
 
 def test_one_child_is_killed_and_its_socket_closes():
-    import re
-    from pathlib import Path
-
     ms, rss, huge = E.kill_to_eof_ms(32, "1", python=sys.executable)
     assert 0 < ms < 10_000
     assert rss is not None and rss >= 32  # its tensors are resident
     assert huge is not None and 0 <= huge <= rss
-    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if mode.exists() and re.search(r"\[(\w+)\]", mode.read_text()).group(1) in ("madvise", "always"):
+    from phoenix_hpc.slurm.procs import thp_mode
+
+    if thp_mode() in ("madvise", "always"):
         assert huge >= 16, f"{huge} MiB in huge pages for 32 MiB of tensors with THP_MEM_ALLOC_ENABLE=1"

@@ -279,24 +279,26 @@ def test_torch_honours_the_variable(tmp_path):
     get them, with or without it."""
     import sys
 
-    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    mode = re.search(r"\[(\w+)\]", path.read_text()).group(1) if path.exists() else "never"
-    probe = ("import torch\n"
+    from phoenix_hpc.profiles.model import TORCH_THP_VARIABLE
+    from phoenix_hpc.slurm.procs import thp_mode
+
+    mode = thp_mode() or "never"
+    probe = ("import os, torch\n"
+             "from phoenix_hpc.slurm.procs import resident_mib\n"
              "t = torch.ones(64 << 18)\n"  # 64 MiB of float32, touched
-             "import re\n"
-             "print(int(re.search(r'AnonHugePages:\\s+(\\d+)', open('/proc/self/smaps_rollup').read()).group(1)))\n")
+             "print(resident_mib(os.getpid())[1])\n")
 
-    def huge_kib(value: str | None) -> int:
-        env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    def huge_mib(value: str | None) -> float:
+        env = {k: v for k, v in os.environ.items() if k != TORCH_THP_VARIABLE}
         if value is not None:
-            env["THP_MEM_ALLOC_ENABLE"] = value
-        return int(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
-                                  check=True).stdout)
+            env[TORCH_THP_VARIABLE] = value
+        return float(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                                    check=True).stdout)
 
-    on, off = huge_kib("1"), huge_kib(None)
+    on, off = huge_mib("1"), huge_mib(None)
     if mode == "never":
         assert on == off == 0
     else:
-        assert on >= 32 << 10, f"only {on} KiB of huge pages for a 64 MiB tensor with THP_MEM_ALLOC_ENABLE=1"
+        assert on >= 32, f"only {on} MiB of huge pages for a 64 MiB tensor with THP_MEM_ALLOC_ENABLE=1"
     if mode == "madvise":  # only the variable asks for them
         assert off < on
