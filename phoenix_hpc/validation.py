@@ -43,8 +43,9 @@ def format_validation_error(exc: ValidationError) -> list[str]:
             lines.append(f"{loc}: value {err.get('input')!r} -- {msg}")
         else:
             scalar = err["loc"] and not isinstance(err.get("input"), (dict, list))  # a field's, not a section's
-            lines.append(f"{loc}: value {err.get('input')!r} -- {msg}" if scalar else f"{loc}: {msg}" if err["loc"]
-                         else msg)
+            # a section's relation check that names its field itself (``resilience.k: ...``) is not prefixed again
+            lines.append(f"{loc}: value {err.get('input')!r} -- {msg}" if scalar
+                         else f"{loc}: {msg}" if err["loc"] and not msg.startswith(f"{loc}.") else msg)
     return lines
 
 

@@ -78,22 +78,25 @@ def model() -> None:
 @click.option("--phoenix-overhead-s", type=float, default=0.0, show_default=True,
               help="PHOENIX overhead per fault C_overhead^PHOENIX (Eq. 5), seconds; the paper measures ~0.")
 @click.option("--overhead-ratio", type=float, default=None,
-              help="PHOENIX's per-step overhead ratio (step time protected / unprotected), charged as "
-                   "(ratio - 1) x MTTF per fault; default: overhead_ratio of the last benchmark (BENCHMARKS.json, "
+              help="PHOENIX's per-step overhead ratio r (step time protected / unprotected, a number >= 1), charged "
+                   "as (r - 1) x MTTF per fault; default: overhead_ratio of the last benchmark (BENCHMARKS.json, "
                    "its source is printed), 1 where there is none.")
 @click.option("--protect-every", type=int, default=1, show_default=True,
-              help="PHOENIX's protection interval m (resilience.protect_every_max, phoenix status): a fault then "
-                   "loses 3(m-1)/2 more steps on average (at most 2m-1 in all).")
+              help="PHOENIX's protection interval m, from 1 to --ckpt-every (resilience.protect_every_max, phoenix "
+                   "status): a fault then loses 3(m-1)/2 more steps on average (at most 2m-1 in all).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--plot", "plot_path", type=str, default=None, help="Also write eta against MTTF to FILE.png.")
+@click.option("--plot", "plot_path", type=str, default=None,
+              help="Also write eta against MTTF to FILE.png, every scheme, with the crossovers.")
 def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhead_s, hotswap_s, phi,
                    phoenix_overhead_s, overhead_ratio, protect_every, as_json, plot_path):
     """Disruption per fault and efficiency of checkpoint-restart and PHOENIX (Eqs. 1-5).
 
-    C_ckpt = C_overhead + restart + t_step (K-1)/2; C_PHOENIX = C_overhead^PHOENIX + hot swap + t_step phi;
-    eta = MTTF / (MTTF + C).
+    C_ckpt = C_overhead + restart + t_step (K-1)/2; C_PHOENIX = C_overhead^PHOENIX + (r-1) MTTF + hot swap +
+    t_step (phi + 3(m-1)/2); eta = MTTF / (MTTF + C). With r > 1 checkpoint-restart wins above the crossover
+    MTTF, printed per checkpoint scheme.
     """
     from phoenix_hpc.model import analytic, plots
+    from phoenix_hpc.model import validate as v
 
     named = parse_baseline_times(baselines)
     explicit = restart_s is not None
@@ -103,66 +106,88 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhe
         restart_s = next(iter(named.values()))
     if plot_path:
         plots.check_target(plot_path)
+    if v.integer_at_least("protect_every", protect_every, 1) > v.integer_at_least("ckpt_every", ckpt_every, 1):
+        raise v.fail("protect_every", protect_every, f"must be an integer from 1 to --ckpt-every ({ckpt_every}), "
+                                                     "as resilience.protect_every_max is")
     if overhead_ratio is None:
         overhead_ratio, ratio_source = benchmark_overhead_ratio()
     else:
         ratio_source = "given (--overhead-ratio)"
-    common = dict(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, ckpt_overhead_s=ckpt_overhead_s,
+    common = dict(step_s=step_s, ckpt_every=ckpt_every, ckpt_overhead_s=ckpt_overhead_s,
                   hotswap_s=hotswap_s, phi=phi, phoenix_overhead_s=phoenix_overhead_s,
                   overhead_ratio=overhead_ratio, protect_every=protect_every)
-    rep = analytic.compare_schemes(restart_s=restart_s, **common)
+    rep = analytic.compare_schemes(mttf_s=mttf_s, restart_s=restart_s, **common)
     out = rep.to_dict()
-    out["inputs"] = dict(restart_s=restart_s, overhead_ratio_source=ratio_source, **common)
-    extra = {}
-    for name, sec in named.items():
-        b = analytic.compare_schemes(restart_s=sec, **common)
-        extra[name] = b
+    out["inputs"] = dict(mttf_s=mttf_s, restart_s=restart_s, overhead_ratio_source=ratio_source, **common)
+    extra = {name: analytic.compare_schemes(mttf_s=mttf_s, restart_s=sec, **common) for name, sec in named.items()}
     if named:
         out["inputs"]["baselines"] = dict(named)
-        out["baselines"] = {n: {**b.checkpoint_restart.to_dict(), "disruption_ratio": b.disruption_ratio}
-                            for n, b in extra.items()}
+        out["baselines"] = {n: {**b.checkpoint_restart.to_dict(), "disruption_ratio": b.disruption_ratio,
+                                "crossover_mttf_s": b.crossover_mttf_s} for n, b in extra.items()}
+    # the checkpoint schemes compared: ckpt-restart (--restart-s) and every --baseline, each with its own report
+    schemes = ([("ckpt-restart", restart_s, rep)] if explicit else []) + [(n, named[n], b) for n, b in extra.items()]
     if plot_path:
-        out["plot"] = str(plots.efficiency_vs_mttf(plot_path, mttf_s, rep.checkpoint_restart.disruption_s,
-                                                   rep.phoenix.disruption_s))
+        def eta(restart: float, phoenix: bool):
+            def at(m: float) -> float:
+                r = analytic.compare_schemes(mttf_s=m, restart_s=restart, **common)
+                return (r.phoenix if phoenix else r.checkpoint_restart).efficiency
+            return at
+
+        curves = [(f"{n} (C = {b.checkpoint_restart.disruption_s:.0f} s)", eta(sec, False)) for n, sec, b in schemes]
+        curves.append((f"PHOENIX (r = {overhead_ratio:.4g}, m = {protect_every})", eta(restart_s, True)))
+        marks = [(f"crossover with {n}", b.crossover_mttf_s) for n, _, b in schemes if 0 < b.crossover_mttf_s < math.inf]
+        out["plot"] = str(plots.efficiency_vs_mttf(plot_path, mttf_s, curves, marks))
     if as_json:
         _emit_json(out)
         return
     t = _table(f"Disruption per fault at MTTF {mttf_s:g} s (lambda = {rep.failure_rate_per_s:.3g}/s)",
                "scheme", "overhead s", "recovery s", "replay s", "C per fault s", "eta")
-    rows = [("ckpt-restart Eq.2", rep.checkpoint_restart)] if explicit else []
-    rows += [(f"{n} Eq.2", b.checkpoint_restart) for n, b in extra.items()] + [("PHOENIX Eq.5", rep.phoenix)]
-    for name, s in rows:
-        t.add_row(name, _g(s.overhead_s), _g(s.recovery_s), _g(s.replay_s), _g(s.disruption_s), f"{s.efficiency:.3f}")
+    rows = [(f"{n} Eq.2", b.checkpoint_restart) for n, _, b in schemes] + [("PHOENIX Eq.5", rep.phoenix)]
+    for name, sc in rows:
+        t.add_row(name, _g(sc.overhead_s), _g(sc.recovery_s), _g(sc.replay_s), _g(sc.disruption_s),
+                  f"{sc.efficiency:.3f}")
     con = _console()
     con.print(t)
-    con.print(f"E[R] = (K-1)/2 = {rep.expected_replay_steps:g} steps; C_ckpt / C_PHOENIX = "
-              f"{_g(rep.disruption_ratio)}")
+    con.print(f"E[R] = (K-1)/2 = {rep.expected_replay_steps:g} steps; "
+              + "; ".join(f"C_{n} / C_PHOENIX = {_g(b.disruption_ratio)}" for n, _, b in schemes))
     con.print(f"PHOENIX per-step overhead ratio {overhead_ratio:.4g} ({ratio_source}), charged "
               f"{_g(rep.phoenix.overhead_s)} s per fault; protection every {protect_every} step(s)"
               + (f": a fault loses at most {2 * protect_every - 1} steps" if protect_every > 1 else ""))
-    x = rep.crossover_mttf_s
-    con.print("crossover: PHOENIX is more efficient at every MTTF" if x == math.inf else
-              "crossover: checkpoint-restart is more efficient at every MTTF" if x == 0 else
-              f"crossover: above an MTTF of {_g(x)} s checkpoint-restart is more efficient (the per-step tax "
-              "outweighs the cheaper recoveries)")
+    for n, _, b in schemes:
+        x = b.crossover_mttf_s
+        con.print(f"crossover with {n}: " + (
+            "PHOENIX is more efficient at every MTTF" if x == math.inf else
+            f"{n} is more efficient at every MTTF" if x == 0 else
+            f"above an MTTF of {_g(x)} s {n} is more efficient (the per-step tax outweighs the cheaper recoveries)"))
     if plot_path:
         con.print(f"plot written to {out['plot']}")
 
 
 def benchmark_overhead_ratio(path=None) -> tuple[float, str]:
     """The last benchmark's ``overhead_ratio`` and where it came from: ``BENCHMARKS.json`` at the repository
-    root (or ``path``); ``(1.0, reason)`` where there is none or it has no such figure."""
+    root (or ``path``); ``(1.0, reason)`` where that file is missing or has no such figure.
+
+    Raises:
+        ModelError: the file is not JSON, or its ``overhead_ratio`` is not a number >= 1 (the message names the
+            file and asks for ``--overhead-ratio``)."""
     from pathlib import Path
 
     p = Path(path) if path is not None else Path(__file__).resolve().parents[2] / "BENCHMARKS.json"
     try:
         d = json.loads(p.read_text())
-        r = float(d["overhead_ratio"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 1.0, f"no benchmark figure in {p.name}: 1 (the paper's zero overhead)"
+    except FileNotFoundError:
+        return 1.0, f"{p.name} not found at {p.parent}: 1 (the paper's zero overhead)"
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{p}: cannot be read as JSON ({e}); give --overhead-ratio") from None
+    if not isinstance(d, dict) or "overhead_ratio" not in d:
+        return 1.0, f"no overhead_ratio in {p.name}: 1 (the paper's zero overhead)"
+    r = d["overhead_ratio"]
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r < 1:
+        raise ModelError(f"{p}: overhead_ratio {r!r} is not allowed; expected a number >= 1 (a measured ratio below "
+                         "1 is noise); give --overhead-ratio")
     kept = (d.get("overhead") or {}).get("kept_from") if isinstance(d.get("overhead"), dict) else None
     run = kept or f"{d.get('date', '?')}, commit {d.get('commit', '?')}"  # a section kept from an earlier run
-    return r, f"BENCHMARKS.json overhead_ratio, median over the overhead cases of the run of {run}"
+    return float(r), f"BENCHMARKS.json overhead_ratio, median over the overhead cases of the run of {run}"
 
 
 def parse_baseline_times(items) -> dict[str, float]:
@@ -302,7 +327,8 @@ def loss_risk_cmd(shards, p_fail, k, steps, q_domain_fail, interruption_interval
 @click.option("--shrink-s", type=str, default=None,
               help="Downtime of a shrink, same forms as --hotswap-s [default: the hot-swap law].")
 @click.option("--overhead-ratio", type=float, default=None,
-              help="PHOENIX's per-step overhead ratio: its steps (and replays) take this many times longer; default: "
+              help="PHOENIX's per-step overhead ratio (a number >= 1): its steps (and replays) take this many times "
+                   "longer; default: "
                    "overhead_ratio of the last benchmark (BENCHMARKS.json, its source is printed), 1 where there is none.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--plot", "plot_path", type=str, default=None, help="Also write a lost-time histogram to FILE.png.")

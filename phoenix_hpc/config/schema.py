@@ -357,12 +357,6 @@ class ResilienceConfig(BaseModel):
         "host link copies 55 GB/s (H200, PCIe gen 5). auto (the default): half of the CPUs Slurm bound the rank "
         "to, at most 8, on a GPU rank; 1 on a CPU rank, whose copy thread checksums each tensor right after "
         "copying it. Allowed: auto or an integer from 1 to 64")
-    protect_every_max: int = Field(
-        1,
-        description="largest adaptive protection interval m (design section 4, Protection interval): when a step's "
-        "protection cannot finish inside the next step's compute window, the ranks protect every m-th step (lost "
-        "work then at most 2m-1 steps), m chosen from the measured times; 1 (the default) protects every step "
-        "whatever it costs. Allowed: 1 .. checkpoint.interval_steps")
     recovery_path: Literal["auto", "rebind", "rebuild"] = Field(
         "auto",
         description="how members take part in a recovery (design section 6): rebind keeps each survivor's engine "
@@ -384,6 +378,13 @@ class ResilienceConfig(BaseModel):
         "engine torch and stop with any other engine (shrink needs an engine that can re-partition its "
         "optimizer: torch only)")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="persistent checkpoints")
+    # after ``checkpoint``: its check reads checkpoint.interval_steps (pydantic validates fields in this order)
+    protect_every_max: int = Field(
+        1,
+        description="mode phoenix only: largest adaptive protection interval m (design section 4, Protection "
+        "interval): when a step's protection cannot finish inside the next step's compute window, the ranks "
+        "protect every m-th step (lost work then at most 2m-1 steps), m chosen from the measured times; 1 (the "
+        "default) protects every step whatever it costs. Allowed: 1 .. checkpoint.interval_steps")
 
     @field_validator("checksum_threads", mode="before")
     @classmethod
@@ -393,6 +394,19 @@ class ResilienceConfig(BaseModel):
         if not (isinstance(v, str) and v == "auto") and (
                 isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
             raise ValueError(f"not allowed (allowed: 'auto' or an integer from {lo} to {hi})")
+        return v
+
+    @field_validator("protect_every_max")
+    @classmethod
+    def _interval_cap(cls, v, info):
+        """``1 <= protect_every_max <= checkpoint.interval_steps`` (a field check, so that a bad cap is refused
+        on its own and the section's other checks still run on the rest; the upper bound only when
+        ``checkpoint`` itself is valid)."""
+        ckpt = info.data.get("checkpoint")
+        hi = ckpt.interval_steps if ckpt is not None else None
+        if v < 1 or (hi is not None and v > hi):
+            allowed = "1 .. resilience.checkpoint.interval_steps" + (f" = {hi}" if hi is not None else "")
+            raise ValueError(f"{v} is not allowed (allowed: {allowed})")
         return v
 
     @field_validator("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", mode="before")
@@ -428,10 +442,10 @@ class ResilienceConfig(BaseModel):
         if self.spares_exhausted != "auto" and self.mode != "phoenix":
             raise ValueError(f"resilience.spares_exhausted: {self.spares_exhausted!r} needs mode 'phoenix', got mode "
                              f"{self.mode!r} (allowed with it: 'auto')")
-        m = self.protect_every_max
-        if not 1 <= m <= self.checkpoint.interval_steps:
-            raise ValueError(f"resilience.protect_every_max: {m} is not allowed (allowed: 1 .. "
-                             f"resilience.checkpoint.interval_steps = {self.checkpoint.interval_steps})")
+        if self.protect_every_max != 1 and not (self.enabled and self.mode == "phoenix"):
+            raise ValueError(f"resilience.protect_every_max: {self.protect_every_max} needs enabled: true and mode "
+                             f"'phoenix', got enabled {str(self.enabled).lower()} and mode {self.mode!r} (allowed "
+                             "with them: 1)")
         if "node" not in self.placement_levels:
             raise ValueError(
                 f"resilience.placement_levels ({self.placement_levels}) must contain 'node' "

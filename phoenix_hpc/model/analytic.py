@@ -171,11 +171,11 @@ def per_step_overhead_s(mttf_s: float, overhead_ratio: float) -> float:
 
     ``overhead_ratio`` is the measured step time with protection over without (BENCHMARKS.md section 1); in
     the MTTF seconds between two faults the steps ran that much slower, so Eq. (5)'s ``C_overhead^PHOENIX``
-    gets ``(ratio - 1) * MTTF`` and, with no faults at all, efficiency tends to ``1 / ratio``. A ratio below 1
-    (measurement noise) charges 0. Raises ModelError if ``mttf_s`` <= 0 or ``overhead_ratio`` <= 0."""
+    gets ``(ratio - 1) * MTTF`` and, with no faults at all, efficiency tends to ``1 / ratio``. Raises ModelError
+    if ``mttf_s`` <= 0 or ``overhead_ratio`` < 1 (a measured ratio below 1 is noise: pass 1)."""
     m = v.positive("mttf_s", mttf_s)
-    r = v.positive("overhead_ratio", overhead_ratio)
-    return max(0.0, r - 1.0) * m
+    r = v.ratio_at_least_one("overhead_ratio", overhead_ratio)
+    return (r - 1.0) * m
 
 
 def interval_lost_steps(protect_every: int) -> float:
@@ -192,7 +192,7 @@ def crossover_mttf_s(ckpt_disruption: float, phoenix_recovery_s: float, overhead
     """The MTTF above which checkpoint-restart is more efficient than PHOENIX with a per-step overhead
     ratio (pure): solving ``1 / (ratio + a / M) = M / (M + c)`` for M with ``a`` PHOENIX's disruption per
     fault without the overhead and ``c`` checkpoint-restart's gives ``M* = (c - a) / (ratio - 1)``. ``inf``
-    when PHOENIX is better at every MTTF (ratio <= 1 and a <= c); 0 when it is better at none (a >= c)."""
+    when PHOENIX is better at every MTTF (ratio 1 and a < c); 0 when it is better at none (a >= c)."""
     if phoenix_recovery_s >= ckpt_disruption:
         return 0.0
     if overhead_ratio <= 1.0:

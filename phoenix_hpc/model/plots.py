@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -47,20 +48,27 @@ def _figure():
     return fig, fig.add_subplot(1, 1, 1)
 
 
-def efficiency_vs_mttf(path, mttf_s: float, ckpt_disruption_s: float, phoenix_disruption_s: float) -> Path:
-    """eta = MTTF / (MTTF + C) (Eq. 4) for both schemes over MTTF from mttf_s/30 to 30 x mttf_s."""
+def efficiency_vs_mttf(path, mttf_s: float, curves: list[tuple[str, Callable[[float], float]]],
+                       marks: list[tuple[str, float]] = ()) -> Path:
+    """Training efficiency eta against MTTF from ``mttf_s``/30 to 30 x ``mttf_s``: one line per ``(label,
+    eta_of_mttf)`` of ``curves`` (each a function of the MTTF in seconds, e.g. Eq. 4 with a scheme's disruption
+    per fault, which for PHOENIX grows with the MTTF by its per-step tax), a dotted line at ``mttf_s`` and a
+    dashed one per ``(label, mttf)`` of ``marks`` inside the range (the crossovers)."""
     m = np.geomspace(mttf_s / 30, mttf_s * 30, 200)
     fig, ax = _figure()
-    ax.plot(m / 60, m / (m + ckpt_disruption_s), label=f"checkpoint-restart (C = {ckpt_disruption_s:.0f} s)")
-    ax.plot(m / 60, m / (m + phoenix_disruption_s), label=f"PHOENIX (C = {phoenix_disruption_s:.0f} s)")
+    for label, eta in curves:
+        ax.plot(m / 60, [eta(float(x)) for x in m], label=label)
     ax.axvline(mttf_s / 60, color="grey", ls=":", label=f"MTTF = {mttf_s / 60:.1f} min")
+    for label, x in marks:
+        if m[0] <= x <= m[-1]:
+            ax.axvline(x / 60, color="black", ls="--", lw=0.8, label=f"{label} ({x / 60:.1f} min)")
     ax.set_xscale("log")
     ax.set_ylim(0, 1)
     ax.set_xlabel("system MTTF (min)")
     ax.set_ylabel("training efficiency eta")
     ax.set_title("Efficiency against MTTF (Eq. 4)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small")
     return _save(fig, path)
 
 

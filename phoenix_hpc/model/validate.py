@@ -76,6 +76,16 @@ def integer_at_least(name: str, value: object, minimum: int) -> int:
     return int(value)
 
 
+def ratio_at_least_one(name: str, value: object) -> float:
+    """Return ``value`` as float if it is a finite number >= 1 (a time ratio such as protected over unprotected
+    step time), else raise ModelError. A measured ratio below 1 is noise; the caller passes 1 for it."""
+    v = _number(name, value)
+    if v < 1.0:
+        raise fail(name, value, "must be a number >= 1 (step time with protection over without; a measured ratio "
+                                "below 1 is noise: give 1)")
+    return v
+
+
 def open_unit(name: str, value: object) -> float:
     """Return ``value`` as float if it lies strictly between 0 and 1, else raise ModelError (e.g. a target
     probability: 0 asks for nothing, 1 for infinitely many spares)."""

@@ -80,7 +80,7 @@ class JobInfo:
     jobs: list[str] = field(default_factory=list)  # the run's Slurm jobs, oldest first (phoenix submit --resume)
     end_cause: str | None = None  # what ended the job: finished, time limit, SIGTERM, failure, batch-host loss, coordinator loss
     # adaptive protection interval m (journal ``protect_interval``; runtime/interval.py): every m-th step is
-    # protected and a fault loses at most m steps; 1 = every step
+    # protected and a fault loses at most 2m-1 finished steps (m + m' - 1 across a change of m); 1 = every step
     protect_every: int = 1
 
 

@@ -217,12 +217,94 @@ def test_the_default_overhead_ratio_is_the_last_benchmarks_with_its_source(tmp_p
     r, src = benchmark_overhead_ratio(p)
     assert r == 1.07 and "commit abc" in src and "D" in src
     r, src = benchmark_overhead_ratio(tmp_path / "missing.json")
-    assert r == 1.0 and "no benchmark figure" in src
+    assert r == 1.0 and "missing.json not found" in src
+    p.write_text(json.dumps({"date": "D"}))
+    assert benchmark_overhead_ratio(p) == (1.0, "no overhead_ratio in BENCHMARKS.json: 1 (the paper's zero overhead)")
     # a run of other sections kept the overhead section: its source is the run that measured it
     p.write_text(json.dumps({"overhead_ratio": 1.07, "date": "D2", "commit": "new",
                              "overhead": {"kept_from": "D1, commit old"}}))
     r, src = benchmark_overhead_ratio(p)
     assert src.endswith("the run of D1, commit old") and "new" not in src
+
+
+@pytest.mark.parametrize("value", [float("nan"), 0, -1, 0.98, "1.2", True, None, [1.2]])
+def test_a_bad_benchmark_figure_is_refused_naming_the_file(tmp_path, value, monkeypatch):
+    """What the default would charge must be a number >= 1; anything else in the file stops the command with
+    exit 2 naming the file (not an option the user did not give), and an explicit --overhead-ratio is used
+    without reading it."""
+    from phoenix_hpc.cli import model as cli_model
+
+    p = tmp_path / "BENCHMARKS.json"
+    p.write_text(json.dumps({"overhead_ratio": value}))
+    monkeypatch.setattr(cli_model, "benchmark_overhead_ratio",
+                        lambda path=p, f=cli_model.benchmark_overhead_ratio: f(path))
+    r = run(EFFICIENCY[:-3] + ["--json"])
+    assert r.exit_code == 2 and f"{p}: overhead_ratio" in r.output and "--overhead-ratio" in r.output, r.output
+    assert "Traceback" not in r.output
+    r = run(EFFICIENCY)  # given explicitly: the file is not consulted
+    assert r.exit_code == 0, r.output
+    p.write_text("{not json")
+    r = run(EFFICIENCY[:-3] + ["--json"])
+    assert r.exit_code == 2 and "cannot be read as JSON" in r.output, r.output
+
+
+@pytest.mark.parametrize("cmd", [EFFICIENCY, SIM + ["--hotswap-s", "30"]])
+@pytest.mark.parametrize("ratio", ["0.5", "0.999", "0", "-1", "nan", "inf"])
+def test_a_ratio_below_one_is_refused_not_charged_as_one(cmd, ratio):
+    args = list(cmd)
+    args[args.index("--overhead-ratio") + 1] = ratio
+    r = run(args)
+    assert r.exit_code == 2 and f"--overhead-ratio: {float(ratio)!r} is not allowed" in r.output, r.output
+
+
+def test_the_interval_is_bounded_by_the_checkpoint_interval_as_in_the_job_config():
+    r = run(EFFICIENCY[:-1] + ["--protect-every", "100", "--json"])
+    assert r.exit_code == 0, r.output
+    for m in ("101", "99999999999999999999"):
+        r = run(EFFICIENCY[:-1] + ["--protect-every", m])
+        assert r.exit_code == 2 and f"--protect-every: {m} is not allowed" in r.output, r.output
+        assert "--ckpt-every (100)" in r.output
+
+
+def test_every_baseline_gets_its_own_crossover_labelled():
+    """C_in-job = 40 + 990 = 1030 s, C_requeue = 300 + 990 = 1290 s, PHOENIX without the tax 30 + 10 = 40 s;
+    r = 1.05: M* = (C - 40) / 0.05 = 19800 s and 25000 s."""
+    args = ["model", "efficiency", "--mttf-s", "1080", "--step-s", "20", "--ckpt-every", "100", "--hotswap-s", "30",
+            "--baseline", "in-job=40", "--baseline", "requeue=300", "--overhead-ratio", "1.05"]
+    d = json.loads(run(args + ["--json"]).stdout)
+    assert d["baselines"]["in-job"]["crossover_mttf_s"] == pytest.approx(19800)
+    assert d["baselines"]["requeue"]["crossover_mttf_s"] == pytest.approx(25000)
+    r = run(args)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "crossover with in-job: above an MTTF of 1.98e+04 s in-job" in text
+    assert "crossover with requeue: above an MTTF of 2.5e+04 s requeue" in text
+    assert "C_in-job / C_PHOENIX" in text and "C_requeue / C_PHOENIX" in text
+
+
+def test_the_plot_draws_phoenix_with_its_tax_at_every_mttf(tmp_path, monkeypatch):
+    """The PHOENIX curve is Eq. 4 with the tax (r - 1) x MTTF of each MTTF on the axis: it levels off at 1/r
+    and crosses checkpoint-restart at the crossover printed, instead of one disruption for every MTTF."""
+    from phoenix_hpc.model import plots
+
+    seen = {}
+
+    def capture(path, mttf_s, curves, marks=()):
+        seen.update(curves=dict(curves), marks=list(marks))
+        return path
+
+    monkeypatch.setattr(plots, "efficiency_vs_mttf", capture)
+    r = run(EFFICIENCY[:-3] + ["--overhead-ratio", "1.319", "--plot", str(tmp_path / "e.png"), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    x = d["crossover_mttf_s"]
+    (ck_label, ck), (px_label, px) = seen["curves"].items()
+    assert ck_label.startswith("ckpt-restart") and px_label.startswith("PHOENIX (r = 1.319")
+    assert px(1e9) == pytest.approx(1 / 1.319, rel=1e-6)  # no faults: the tax alone
+    assert px(x) == pytest.approx(ck(x), rel=1e-9)
+    assert px(x / 2) > ck(x / 2) and px(x * 2) < ck(x * 2)
+    assert px(1080) == pytest.approx(d["phoenix"]["efficiency"])
+    assert seen["marks"] == [("crossover with ckpt-restart", x)]
 
 
 def test_simulate_runs_phoenix_steps_slower_by_the_overhead_ratio():

@@ -439,6 +439,31 @@ def test_a_protection_interval_cap_below_one_or_above_the_checkpoint_interval_ex
     assert not (in_tmp / "runs").exists()
 
 
+def test_a_bad_interval_cap_does_not_hide_the_sections_other_problems(in_tmp):
+    """The cap is checked on its own field, so the rest of the section is still checked: against the site
+    (a failure-domain level the site lacks, k >= dp) and its relations (heartbeat order), all in one answer."""
+    p = write_cfg(in_tmp, resilience={"protect_every_max": 0, "placement_levels": ["node", "cabinet"], "k": 5,
+                                      "heartbeat_timeout_s": 50.0})
+    r = invoke("--site", "local", p, "--dry-run")
+    assert_bad(r, "resilience.protect_every_max: value 0", "need heartbeat_interval_s < heartbeat_timeout_s")
+    p = write_cfg(in_tmp, resilience={"protect_every_max": 0, "placement_levels": ["node", "cabinet"], "k": 5})
+    r = invoke("--site", "local", p, "--dry-run")
+    assert_bad(r, "resilience.protect_every_max: value 0", "resilience.placement_levels: ['cabinet']",
+               "resilience.k: 5 must be < dp")
+    assert "no further problems" not in r.output
+
+
+@pytest.mark.parametrize("section", [{"mode": "checkpoint-restart"}, {"enabled": False}])
+def test_an_interval_cap_without_phoenix_protection_exits_2(in_tmp, section):
+    """With nothing protected the cap would do nothing: refused, as the other phoenix-only fields are."""
+    p = write_cfg(in_tmp, resilience={"protect_every_max": 4, **section})
+    r = invoke("--site", "local", p, "--dry-run")
+    assert_bad(r, "resilience.protect_every_max: 4 needs enabled: true and mode 'phoenix'", "allowed with them: 1")
+    assert "resilience: resilience." not in r.output  # the field is named once
+    p = write_cfg(in_tmp, resilience={"protect_every_max": 1, **section})
+    assert invoke("--site", "local", p, "--dry-run").exit_code == 0
+
+
 @pytest.mark.parametrize("threads", [0, 65, "many", True])
 def test_a_checksum_thread_count_outside_1_to_64_or_auto_exits_2(in_tmp, threads):
     p = write_cfg(in_tmp, resilience={"checksum_threads": threads})
