@@ -330,11 +330,15 @@ def loss_risk_cmd(shards, p_fail, k, steps, q_domain_fail, interruption_interval
               help="PHOENIX's per-step overhead ratio (a number >= 1): its steps (and replays) take this many times "
                    "longer; default: "
                    "overhead_ratio of the last benchmark (BENCHMARKS.json, its source is printed), 1 where there is none.")
+@click.option("--protect-every", type=int, default=1, show_default=True,
+              help="PHOENIX's protection interval m, from 1 to --ckpt-every, for the whole campaign "
+                   "(resilience.protect_every_max's worst case): a fault rolls back to the newest committed "
+                   "snapshot, 3(m-1)/2 more steps on average.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--plot", "plot_path", type=str, default=None, help="Also write a lost-time histogram to FILE.png.")
 def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswap_journal, ckpt_overhead_s,
                  ckpt_write_s, phoenix_overhead_s, arrivals, fault_clock, trials, seed, max_faults, spares, dp, tp,
-                 pp, gpus_per_node, shrink_s, overhead_ratio, as_json, plot_path):
+                 pp, gpus_per_node, shrink_s, overhead_ratio, protect_every, as_json, plot_path):
     """Monte Carlo over whole campaigns: mean and 95 % CI of lost time, eta, and the ckpt/PHOENIX ratio.
 
     With --spares S and --dp D, the (S+1)-th fault shrinks the job instead of being hot-swapped: dp drops by
@@ -375,24 +379,27 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
     camp = montecarlo.Campaign(
         mttf_s=mttf_s, step_s=step_s, steps=steps, ckpt_every=ckpt_every, restart=restart, hotswap=hotswap,
         ckpt_overhead_s=ckpt_overhead_s, phoenix_overhead_s=phoenix_overhead_s, ckpt_write_s=ckpt_write_s,
-        phoenix_overhead_ratio=overhead_ratio, arrivals=montecarlo.parse_arrivals(arrivals), fault_clock=fault_clock, trials=trials, seed=seed,
+        phoenix_overhead_ratio=overhead_ratio, protect_every=protect_every, arrivals=montecarlo.parse_arrivals(arrivals), fault_clock=fault_clock, trials=trials, seed=seed,
         max_faults=max_faults, **elastic)
     ck, px = montecarlo.run_trials(camp)
     res = montecarlo.summarise(camp, ck, px)
     ref = analytic.compare_schemes(mttf_s=mttf_s, step_s=step_s, ckpt_every=ckpt_every, restart_s=restart.mean_s,
                                    ckpt_overhead_s=ckpt_overhead_s, hotswap_s=hotswap.mean_s, phi=0.5,
-                                   phoenix_overhead_s=phoenix_overhead_s, overhead_ratio=overhead_ratio)
+                                   phoenix_overhead_s=phoenix_overhead_s, overhead_ratio=overhead_ratio,
+                                   protect_every=protect_every)
     out = res.to_dict()
     out["inputs"] = {"restart_s": restart.label, "hotswap_s": hotswap.label, "ckpt_every": ckpt_every,
                      "mttf_s": mttf_s, "step_s": step_s, "steps": steps, "ckpt_overhead_s": ckpt_overhead_s,
                      "ckpt_write_s": ckpt_write_s, "phoenix_overhead_s": phoenix_overhead_s,
-                     "overhead_ratio": overhead_ratio, "overhead_ratio_source": ratio_source, "spares": spares, "dp": dp,
+                     "overhead_ratio": overhead_ratio, "overhead_ratio_source": ratio_source,
+                     "protect_every": protect_every, "spares": spares, "dp": dp,
                      "shrink_shape": elastic["shape"].to_dict() if elastic else None,
                      "shrink_s": (camp.shrink or hotswap).label if elastic else None}
     out["analytic_eq4"] = {"checkpoint_restart_efficiency": ref.checkpoint_restart.efficiency,
                            "phoenix_efficiency": ref.phoenix.efficiency,
                            "checkpoint_restart_disruption_s": ref.checkpoint_restart.disruption_s,
-                           "phoenix_disruption_s": ref.phoenix.disruption_s}
+                           "phoenix_disruption_s": ref.phoenix.disruption_s,
+                           "crossover_mttf_s": ref.crossover_mttf_s}
     if plot_path:
         out["plot"] = str(plots.lost_time_histogram(plot_path, ck.lost_s, px.lost_s))
     if as_json:
@@ -429,7 +436,14 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
     r = res.lost_ratio
     con.print(f"lost time checkpoint-restart / PHOENIX: {_g(r.mean)} (95 % CI {_g(r.low)} - {_g(r.high)})")
     con.print(f"PHOENIX per-step overhead ratio {overhead_ratio:.4g} ({ratio_source}): its steps and replays run "
-              f"that much slower (lost time includes {_g(steps * step_s * max(0.0, overhead_ratio - 1) / 3600)} h of it)")
+              f"that much slower (lost time includes {_g(steps * step_s * (overhead_ratio - 1) / 3600)} h of it); "
+              f"protection every {protect_every} step(s)"
+              + (f": a fault loses at most {2 * protect_every - 1} steps" if protect_every > 1 else ""))
+    x = ref.crossover_mttf_s
+    con.print("crossover (Eq. 4, means): " + (
+        "PHOENIX is more efficient at every MTTF" if x == math.inf else
+        "checkpoint-restart is more efficient at every MTTF" if x == 0 else
+        f"above an MTTF of {_g(x)} s checkpoint-restart is more efficient"))
     for name, s in (("checkpoint-restart", res.checkpoint_restart), ("PHOENIX", res.phoenix)):
         if s.unfinished_trials:
             con.print(f"[yellow]{name}: {s.unfinished_trials} trial(s) hit --max-faults {max_faults}; their lost "

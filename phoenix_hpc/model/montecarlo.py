@@ -15,7 +15,10 @@ Mechanics of one fault (progress is tracked in seconds of useful compute):
   ``ckpt_write_s`` of wall time (the fault-free tax, paid per write rather than per fault; writes are not
   exposed to faults).
 - PHOENIX: progress rolls back to the last completed step (only the partial step, phi x t_step, is lost);
-  then ``phoenix_overhead_s`` (Eq. 5; 0 by default) + a draw of the hot-swap time pass as downtime.
+  then ``phoenix_overhead_s`` (Eq. 5; 0 by default) + a draw of the hot-swap time pass as downtime. With a
+  protection interval m > 1 (``protect_every``, held for the whole campaign: the cap's worst case) it rolls
+  back further, to the newest committed snapshot (:func:`interval_rollback`): 3(m-1)/2 more steps on average,
+  as :func:`phoenix_hpc.model.analytic.interval_lost_steps` charges.
 
 Lost compute is redone, so wall = W + sum(downtime) + sum(rolled-back compute) + writes (+ slow-down, below).
 
@@ -116,6 +119,7 @@ class Campaign:
     phoenix_overhead_s: float = 0.0
     ckpt_write_s: float = 0.0
     phoenix_overhead_ratio: float = 1.0  # PHOENIX's step time protected / unprotected (steps and replays run slower)
+    protect_every: int = 1  # PHOENIX's protection interval m (interval_rollback), 1 .. ckpt_every
     arrivals: Arrivals = field(default_factory=Arrivals)
     fault_clock: str = "wall"
     trials: int = 1000
@@ -198,12 +202,27 @@ class SimulationResult:
         return asdict(self)
 
 
+def interval_rollback(progress: np.ndarray, step_s: float, m: int) -> np.ndarray:
+    """Progress (s) a PHOENIX job resumes from after a fault at ``progress`` (s of useful compute) with protection
+    interval ``m`` (pure; shape of ``progress``). With ``j`` finished steps, the newest committed snapshot is of
+    step ``t = m floor((j - m) / m)`` (0 before the first commit): a snapshot of ``S(t)`` commits in step ``t + m``
+    (runtime/interval.py). As in Eq. (5), the per-step case (m = 1) resumes at ``j`` (only the partial step is
+    lost), so the rollback is ``j - t - 1`` finished steps more: ``m - 1`` to ``2m - 2``, ``3(m - 1)/2`` on
+    average (:func:`phoenix_hpc.model.analytic.interval_lost_steps`)."""
+    j = np.floor(progress / step_s)
+    if m == 1:
+        return j * step_s
+    t = np.where(j >= m, m * np.floor((j - m) / m), 0.0)
+    return (j - np.maximum(0.0, j - t - 1)) * step_s
+
+
 def _run_scheme(c: Campaign, rng: np.random.Generator, rollback_s: float, dist: CostDist, overhead_s: float,
-                write_every_s: float | None, elastic: bool = False) -> SchemeTrials:
+                write_every_s: float | None, elastic: bool = False, interval: int = 1) -> SchemeTrials:
     """Simulate all trials of one scheme, vectorised over trials (one loop iteration per fault).
 
     ``elastic``: apply the spares rules (module doc) to every fault; ``rollback_s`` is then the step and a
-    stop rolls back to the checkpoint (``c.ckpt_every x c.step_s``) at the cost of a restart draw."""
+    stop rolls back to the checkpoint (``c.ckpt_every x c.step_s``) at the cost of a restart draw.
+    ``interval``: PHOENIX's protection interval m (:func:`interval_rollback`, with ``rollback_s`` the step)."""
     n = c.trials
     work = c.steps * c.step_s
     p = np.zeros(n)  # progress, s of useful compute at full dp
@@ -273,7 +292,7 @@ def _run_scheme(c: Campaign, rng: np.random.Generator, rollback_s: float, dist: 
         if f.size == 0:
             continue
         pff = pf[~done]
-        newp = np.floor(pff / rollback_s) * rollback_s
+        newp = interval_rollback(pff, rollback_s, interval)
         rep[f] += pff - newp
         hwm[f] = np.maximum(hwm[f], pff)
         p[f] = newp
@@ -343,6 +362,9 @@ def validate(c: Campaign) -> None:
     v.non_negative("ckpt_overhead_s", c.ckpt_overhead_s)
     v.non_negative("phoenix_overhead_s", c.phoenix_overhead_s)
     v.ratio_at_least_one("overhead_ratio", c.phoenix_overhead_ratio)
+    if v.integer_at_least("protect_every", c.protect_every, 1) > c.ckpt_every:
+        raise v.fail("protect_every", c.protect_every, f"must be an integer from 1 to --ckpt-every ({c.ckpt_every}), "
+                                                       "as resilience.protect_every_max is")
     v.non_negative("ckpt_write_s", c.ckpt_write_s)
     if c.fault_clock not in CLOCKS:
         raise v.fail("fault_clock", c.fault_clock, f"expected one of {', '.join(CLOCKS)}")
@@ -365,7 +387,8 @@ def run_trials(c: Campaign) -> tuple[SchemeTrials, SchemeTrials]:
     ck = _run_scheme(c, g_ck, c.ckpt_every * c.step_s, c.restart, c.ckpt_overhead_s, c.ckpt_every * c.step_s)
     r = float(c.phoenix_overhead_ratio)  # >= 1 (validate)
     cp = replace(c, step_s=c.step_s * r) if r != 1.0 else c  # every PHOENIX step (replays too) takes r x longer
-    px = _run_scheme(cp, g_px, cp.step_s, c.hotswap, c.phoenix_overhead_s, None, elastic=c.spares is not None)
+    px = _run_scheme(cp, g_px, cp.step_s, c.hotswap, c.phoenix_overhead_s, None, elastic=c.spares is not None,
+                     interval=c.protect_every)
     if r != 1.0:
         px = replace(px, tax_s=c.steps * c.step_s * (r - 1.0))
     return ck, px

@@ -316,3 +316,16 @@ def test_simulate_runs_phoenix_steps_slower_by_the_overhead_ratio():
     assert taxed["phoenix"]["lost_s"]["mean"] >= base["phoenix"]["lost_s"]["mean"] + 4000 - 1e-6
     assert taxed["phoenix"]["efficiency"]["mean"] < base["phoenix"]["efficiency"]["mean"]
     assert taxed["inputs"]["overhead_ratio"] == 1.1 and base["checkpoint_restart"] == taxed["checkpoint_restart"]
+
+
+def test_simulate_takes_the_protection_interval_and_prints_the_crossover():
+    r = run(SIM + ["--hotswap-s", "30", "--protect-every", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["inputs"]["protect_every"] == 4 and d["analytic_eq4"]["crossover_mttf_s"] is None  # r = 1: infinite
+    r = run(SIM[:-1] + ["1.1", "--hotswap-s", "30", "--protect-every", "4"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "a fault loses at most 7 steps" in text and "crossover (Eq. 4, means): above an MTTF of" in text
+    r = run(SIM + ["--hotswap-s", "30", "--protect-every", "101"])
+    assert r.exit_code == 2 and "--protect-every: 101 is not allowed" in r.output, r.output

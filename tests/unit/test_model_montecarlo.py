@@ -223,3 +223,31 @@ def test_a_stop_rolls_back_to_the_checkpoint_and_restores_the_job():
 def test_bad_spares_inputs(kw, option):
     with pytest.raises(ModelError, match=option):
         mc.simulate(campaign(**kw))
+
+
+def test_interval_rollback_resumes_from_the_newest_committed_snapshot():
+    """m = 3: a snapshot of S(t) (t a multiple of 3) commits in step t + 3, so with j finished steps the job
+    resumes from t = 3 floor((j - 3) / 3) plus the one step Eq. (5) leaves out; m = 1 keeps the finished steps."""
+    import numpy as np
+
+    from phoenix_hpc.model.montecarlo import interval_rollback
+
+    step = 2.0
+    p = np.array([0.5, 3.0, 6.5, 7.0, 12.1, 13.9, 19.0]) * step  # j = 0, 3, 6, 7, 12, 13, 19
+    assert list(interval_rollback(p, step, 1) / step) == [0, 3, 6, 7, 12, 13, 19]
+    # j = 0..5: S(0) is the newest committed (S(3) commits in step 6), resume at min(j, 0 + 1); j = 6..8: S(3),
+    # resume at 4; j = 12, 13: S(9), at 10; j = 19: S(15), at 16
+    assert list(interval_rollback(p, step, 3) / step) == [0, 1, 4, 4, 10, 10, 16]
+    j = np.arange(3, 3 + 3 * 1000) + 0.5  # uniform over the interval: 3(m - 1)/2 = 3 steps more on average
+    extra = np.floor(j) - interval_rollback(j * step, step, 3) / step
+    assert extra.min() == 2 and extra.max() == 4 and extra.mean() == pytest.approx(3.0)
+
+
+def test_a_protection_interval_adds_its_rollback_to_phoenix_only():
+    one, four = mc.simulate(campaign()), mc.simulate(campaign(protect_every=4))
+    assert four.checkpoint_restart == one.checkpoint_restart
+    # 3 (4 - 1) / 2 = 4.5 steps of 20 s more per fault (and a few more faults in the longer campaign)
+    per_fault = (four.phoenix.lost_s.mean - one.phoenix.lost_s.mean) / four.phoenix.faults.mean
+    assert 80 < per_fault < 100
+    with pytest.raises(ModelError, match="--protect-every: 101 is not allowed"):
+        mc.simulate(campaign(protect_every=101))
