@@ -19,7 +19,8 @@ Items:
   (``checksum_gbs_threads``). Diagnosis (not a verdict): the median unprotected step while a thread
   repeats only the D2H copy (``contention_copy_only_ms_median``) or only the checksums
   (``contention_checksum_only_ms_median``) or one contiguous 1 GiB copy by a single call per pass
-  (``contention_one_copy_only_ms_median``), against unprotected steps with no such thread run just before
+  (``contention_one_copy_only_ms_median``) or the same 1 GiB in 4 MiB commands
+  (``contention_chunked_copy_only_ms_median``), against unprotected steps with no such thread run just before
   (``contention_alone_ms_median``), each with the training thread's time per phase of the step
   (``contention_*_phase_ms``: where in the step the time goes; :func:`protect.contention`). It
   fails when a protected step fails or the committed snapshot differs from the live state.

@@ -102,7 +102,11 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
       stream synchronised; on CPU a plain copy into unpinned memory): the same copy engine and
       link as ``copy`` with almost no host work. If the step slows beside ``copy`` but not beside this one,
       issuing the snapshot tensor by tensor (Python, the GIL, the driver) is what slows it; if beside both,
-      the transfer itself does.
+      the transfer itself does;
+    - ``chunked_copy``: the same bytes as ``one_copy`` in commands of :data:`CHUNKED_COPY_BYTES` (4 MiB; the
+      same side stream, one synchronisation per pass). If the step slows beside ``one_copy`` but much less
+      beside this one, the training's own copies wait for a long command on the copy engine to end (then
+      splitting the snapshot's large tensors would help); if beside both alike, the link's bandwidth is shared.
 
     Call after ``protector.close()``, with ``buf`` a host buffer of ``protector.layout`` nothing else uses.
     Returns, per kind, the median step time (``{kind}_only_ms_median``, ms; the first step of each block
@@ -136,11 +140,24 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
             dst.copy_(src, non_blocking=True)
         side.synchronize()
 
+    pieces = [(a, min(a + CHUNKED_COPY_BYTES, n)) for a in range(0, n, CHUNKED_COPY_BYTES)]
+
+    def chunked_copy() -> None:
+        if side is None:
+            for a, b in pieces:
+                dst[a:b].copy_(src[a:b])
+            return
+        with torch.cuda.stream(side):
+            for a, b in pieces:
+                dst[a:b].copy_(src[a:b], non_blocking=True)
+        side.synchronize()
+
     work = {
         "copy": lambda: protector.d2h.copy(protector.d2h.mark(), buf, protector.layout, opt, par),
         "checksum": lambda: checksum_groups(memoryview(buf.numpy()), slots, [len(slots)], lambda i: None, fn,
                                             protector.d2h.checksums),
         "one_copy": one_copy,
+        "chunked_copy": chunked_copy,
     }
     out: dict[str, Any] = {}
     recs, phases = timed_train(engine, steps, tokens)
@@ -222,6 +239,10 @@ PASS_GAP_S = 1e-3
 #: bytes of :func:`contention`'s ``one_copy`` (1 GiB: about 20 ms per pass at the 55 GB/s measured on an H200,
 #: computed)
 ONE_COPY_BYTES = 1 << 30
+
+#: bytes per command of :func:`contention`'s ``chunked_copy`` (4 MiB: about 76 us on the copy engine at 55 GB/s,
+#: computed, against about 20 ms for ``one_copy``'s single command)
+CHUNKED_COPY_BYTES = 4 << 20
 
 
 def gbs(nbytes: int, seconds: float) -> float:

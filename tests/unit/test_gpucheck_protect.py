@@ -56,12 +56,12 @@ def test_k0_protector_runs_abba_and_commits_the_live_state(tmp_path):
     assert out["bad"] == [] and len(out["bad_after"]) == 1
     assert out["committed"] == out["step"] == 13 and out["holders"] == []
     assert out["plan"] == 2 * out["snapshot"] and out["state"] < out["snapshot"] < out["state"] + (1 << 20)
-    c = out["contention"]  # three blocks of 3 unprotected steps, each beside one kind of background work
-    assert out["step_after"] == out["step"] + 12  # and first 3 steps with no thread, the reference
+    c = out["contention"]  # four blocks of 3 unprotected steps, each beside one kind of background work
+    assert out["step_after"] == out["step"] + 15  # and first 3 steps with no thread, the reference
     assert c["alone_ms_median"] > 0
-    for kind in ("copy", "checksum", "one_copy"):
+    for kind in ("copy", "checksum", "one_copy", "chunked_copy"):
         assert c[f"{kind}_only_ms_median"] > 0 and c[f"{kind}_passes_per_step"] > 0, kind
-    for kind in ("alone", "copy", "checksum", "one_copy"):
+    for kind in ("alone", "copy", "checksum", "one_copy", "chunked_copy"):
         ph = c[f"{kind}_phase_ms"]
         assert list(ph) == ["forward_backward", "reduce_gradients", "optimizer_step"], kind
         assert all(v > 0 for v in ph.values()) and sum(ph.values()) <= c[f"{kind}_ms_median" if kind == "alone" else f"{kind}_only_ms_median"] * 1.5
