@@ -135,7 +135,8 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhe
 
         curves = [(f"{n} (C = {b.checkpoint_restart.disruption_s:.0f} s)", eta(sec, False)) for n, sec, b in schemes]
         curves.append((f"PHOENIX (r = {overhead_ratio:.4g}, m = {protect_every})", eta(restart_s, True)))
-        marks = [(f"crossover with {n}", b.crossover_mttf_s) for n, _, b in schemes if 0 < b.crossover_mttf_s < math.inf]
+        marks = [(f"crossover with {n}", b.crossover_mttf_s, i) for i, (n, _, b) in enumerate(schemes)
+                 if 0 < b.crossover_mttf_s < math.inf]
         out["plot"] = str(plots.efficiency_vs_mttf(plot_path, mttf_s, curves, marks))
     if as_json:
         _emit_json(out)
@@ -167,8 +168,11 @@ def benchmark_overhead_ratio(path=None) -> tuple[float, str]:
     """The last benchmark's ``overhead_ratio`` and where it came from: ``BENCHMARKS.json`` at the repository
     root (or ``path``); ``(1.0, reason)`` where that file is missing or has no such figure.
 
+    A measured ratio below 1 (noise: protection does not make a step faster) is returned as 1, the source
+    saying so; ``null`` (a benchmark run without overhead cases) counts as no figure.
+
     Raises:
-        ModelError: the file is not JSON, or its ``overhead_ratio`` is not a number >= 1 (the message names the
+        ModelError: the file is not JSON, or its ``overhead_ratio`` is not a number > 0 (the message names the
             file and asks for ``--overhead-ratio``)."""
     from pathlib import Path
 
@@ -179,15 +183,18 @@ def benchmark_overhead_ratio(path=None) -> tuple[float, str]:
         return 1.0, f"{p.name} not found at {p.parent}: 1 (the paper's zero overhead)"
     except (OSError, ValueError) as e:
         raise ModelError(f"{p}: cannot be read as JSON ({e}); give --overhead-ratio") from None
-    if not isinstance(d, dict) or "overhead_ratio" not in d:
+    if not isinstance(d, dict) or d.get("overhead_ratio") is None:  # a run without overhead cases writes null
         return 1.0, f"no overhead_ratio in {p.name}: 1 (the paper's zero overhead)"
     r = d["overhead_ratio"]
-    if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r < 1:
-        raise ModelError(f"{p}: overhead_ratio {r!r} is not allowed; expected a number >= 1 (a measured ratio below "
-                         "1 is noise); give --overhead-ratio")
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
+        raise ModelError(f"{p}: overhead_ratio {json.dumps(r)} is not allowed; expected a number > 0 (step time "
+                         "with protection over without); give --overhead-ratio")
     kept = (d.get("overhead") or {}).get("kept_from") if isinstance(d.get("overhead"), dict) else None
     run = kept or f"{d.get('date', '?')}, commit {d.get('commit', '?')}"  # a section kept from an earlier run
-    return float(r), f"BENCHMARKS.json overhead_ratio, median over the overhead cases of the run of {run}"
+    src = f"BENCHMARKS.json overhead_ratio, median over the overhead cases of the run of {run}"
+    if r < 1:  # measured, so noise around 1 (a protected step is not faster): said, and charged as 1
+        return 1.0, f"{src}: measured {r:.4g}, below 1 (noise), charged as 1"
+    return float(r), src
 
 
 def parse_baseline_times(items) -> dict[str, float]:

@@ -381,7 +381,8 @@ class ResilienceConfig(BaseModel):
     # after ``checkpoint``: its check reads checkpoint.interval_steps (pydantic validates fields in this order)
     protect_every_max: int = Field(
         1,
-        description="mode phoenix only: largest adaptive protection interval m (design section 4, Protection "
+        description="mode phoenix with enabled: true only: largest adaptive protection interval m (design section 4, "
+        "Protection "
         "interval): when a step's protection cannot finish inside the next step's compute window, the ranks "
         "protect every m-th step (lost work then at most 2m-1 steps), m chosen from the measured times; 1 (the "
         "default) protects every step whatever it costs. Allowed: 1 .. checkpoint.interval_steps")
@@ -406,7 +407,7 @@ class ResilienceConfig(BaseModel):
         hi = ckpt.interval_steps if ckpt is not None else None
         if v < 1 or (hi is not None and v > hi):
             allowed = "1 .. resilience.checkpoint.interval_steps" + (f" = {hi}" if hi is not None else "")
-            raise ValueError(f"{v} is not allowed (allowed: {allowed})")
+            raise ValueError(f"not allowed (allowed: {allowed})")
         return v
 
     @field_validator("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", mode="before")
@@ -422,8 +423,11 @@ class ResilienceConfig(BaseModel):
 
     @model_validator(mode="after")
     def _timeouts(self):
-        """``heartbeat_interval_s < heartbeat_timeout_s < collective_timeout_s``; ``placement_levels`` contains
-        ``node``."""
+        """``heartbeat_interval_s < heartbeat_timeout_s < collective_timeout_s`` and ``coordinator_timeout_s >
+        heartbeat_timeout_s``; ``checkpoint.restart: in-job`` needs mode ``checkpoint-restart``; the phoenix-only
+        fields away from their defaults (``recovery_source: checkpoint``, ``spares_exhausted``,
+        ``protect_every_max``) need mode ``phoenix``, ``protect_every_max`` also ``enabled: true``;
+        ``placement_levels`` contains ``node``."""
         a, b, c = self.heartbeat_interval_s, self.heartbeat_timeout_s, self.collective_timeout_s
         if not a < b < c:
             raise ValueError(

@@ -202,18 +202,22 @@ class SimulationResult:
         return asdict(self)
 
 
-def interval_rollback(progress: np.ndarray, step_s: float, m: int) -> np.ndarray:
+def interval_rollback(progress: np.ndarray, step_s: float, m: int, anchor: np.ndarray | float = 0.0) -> np.ndarray:
     """Progress (s) a PHOENIX job resumes from after a fault at ``progress`` (s of useful compute) with protection
-    interval ``m`` (pure; shape of ``progress``). With ``j`` finished steps, the newest committed snapshot is of
-    step ``t = m floor((j - m) / m)`` (0 before the first commit): a snapshot of ``S(t)`` commits in step ``t + m``
-    (runtime/interval.py). As in Eq. (5), the per-step case (m = 1) resumes at ``j`` (only the partial step is
-    lost), so the rollback is ``j - t - 1`` finished steps more: ``m - 1`` to ``2m - 2``, ``3(m - 1)/2`` on
-    average (:func:`phoenix_hpc.model.analytic.interval_lost_steps`)."""
-    j = np.floor(progress / step_s)
+    interval ``m`` (pure; shape of ``progress``), the job having last resumed (or started) at ``anchor`` (s, a
+    multiple of ``step_s``): each generation protects ``S(anchor)`` at once and then every m-th step after it,
+    and a snapshot of ``S(t)`` commits in step ``t + m`` (runtime/interval.py). With ``j`` steps finished since
+    the anchor, the newest committed snapshot is ``t = m floor((j - m) / m)`` steps after it (0 before the first
+    commit). As in Eq. (5), the per-step case (m = 1) resumes at ``j`` (only the partial step is lost), so the
+    rollback is ``j - t - 1`` finished steps more: ``m - 1`` to ``2m - 2``, ``3(m - 1)/2`` on average
+    (:func:`phoenix_hpc.model.analytic.interval_lost_steps`); never below the anchor."""
+    j_all = np.floor(progress / step_s)
     if m == 1:
-        return j * step_s
+        return j_all * step_s
+    a = np.floor(np.asarray(anchor, dtype=float) / step_s + 0.5)  # the anchor in steps
+    j = np.maximum(0.0, j_all - a)
     t = np.where(j >= m, m * np.floor((j - m) / m), 0.0)
-    return (j - np.maximum(0.0, j - t - 1)) * step_s
+    return (a + j - np.maximum(0.0, j - t - 1)) * step_s
 
 
 def _run_scheme(c: Campaign, rng: np.random.Generator, rollback_s: float, dist: CostDist, overhead_s: float,
@@ -222,11 +226,13 @@ def _run_scheme(c: Campaign, rng: np.random.Generator, rollback_s: float, dist: 
 
     ``elastic``: apply the spares rules (module doc) to every fault; ``rollback_s`` is then the step and a
     stop rolls back to the checkpoint (``c.ckpt_every x c.step_s``) at the cost of a restart draw.
-    ``interval``: PHOENIX's protection interval m (:func:`interval_rollback`, with ``rollback_s`` the step)."""
+    ``interval``: PHOENIX's protection interval m (:func:`interval_rollback`, with ``rollback_s`` the step and
+    each trial's last resume as its anchor)."""
     n = c.trials
     work = c.steps * c.step_s
     p = np.zeros(n)  # progress, s of useful compute at full dp
     hwm = np.zeros(n)  # highest progress ever reached
+    anchor = np.zeros(n)  # progress the trial last resumed from (interval > 1: where its snapshots start again)
     tau = c.arrivals.sample(rng, c.mttf_s, n)  # remaining time on the fault clock
     wall = np.zeros(n)
     down = np.zeros(n)
@@ -292,12 +298,13 @@ def _run_scheme(c: Campaign, rng: np.random.Generator, rollback_s: float, dist: 
         if f.size == 0:
             continue
         pff = pf[~done]
-        newp = interval_rollback(pff, rollback_s, interval)
+        newp = interval_rollback(pff, rollback_s, interval, anchor[f])
         rep[f] += pff - newp
         hwm[f] = np.maximum(hwm[f], pff)
         p[f] = newp
         nf[f] += 1
         d = event(f)
+        anchor[f] = p[f]  # after the event: a stop has rolled back further, to the checkpoint
         nxt = c.arrivals.sample(rng, c.mttf_s, f.size)
         if wall_clock:  # faults during the recovery restart it
             hit = np.flatnonzero(nxt < d)

@@ -49,19 +49,19 @@ def _figure():
 
 
 def efficiency_vs_mttf(path, mttf_s: float, curves: list[tuple[str, Callable[[float], float]]],
-                       marks: list[tuple[str, float]] = ()) -> Path:
+                       marks: list[tuple[str, float, int]] = ()) -> Path:
     """Training efficiency eta against MTTF from ``mttf_s``/30 to 30 x ``mttf_s``: one line per ``(label,
     eta_of_mttf)`` of ``curves`` (each a function of the MTTF in seconds, e.g. Eq. 4 with a scheme's disruption
     per fault, which for PHOENIX grows with the MTTF by its per-step tax), a dotted line at ``mttf_s`` and a
-    dashed one per ``(label, mttf)`` of ``marks`` inside the range (the crossovers)."""
+    dashed one per ``(label, mttf, curve)`` of ``marks`` inside the range (the crossovers), in the colour of
+    curve number ``curve``."""
     m = np.geomspace(mttf_s / 30, mttf_s * 30, 200)
     fig, ax = _figure()
-    for label, eta in curves:
-        ax.plot(m / 60, [eta(float(x)) for x in m], label=label)
+    lines = [ax.plot(m / 60, [eta(float(x)) for x in m], label=label)[0] for label, eta in curves]
     ax.axvline(mttf_s / 60, color="grey", ls=":", label=f"MTTF = {mttf_s / 60:.1f} min")
-    for label, x in marks:
+    for label, x, curve in marks:
         if m[0] <= x <= m[-1]:
-            ax.axvline(x / 60, color="black", ls="--", lw=0.8, label=f"{label} ({x / 60:.1f} min)")
+            ax.axvline(x / 60, color=lines[curve].get_color(), ls="--", lw=0.8, label=f"{label} ({x / 60:.1f} min)")
     ax.set_xscale("log")
     ax.set_ylim(0, 1)
     ax.set_xlabel("system MTTF (min)")

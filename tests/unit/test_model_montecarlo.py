@@ -238,6 +238,9 @@ def test_interval_rollback_resumes_from_the_newest_committed_snapshot():
     # j = 0..5: S(0) is the newest committed (S(3) commits in step 6), resume at min(j, 0 + 1); j = 6..8: S(3),
     # resume at 4; j = 12, 13: S(9), at 10; j = 19: S(15), at 16
     assert list(interval_rollback(p, step, 3) / step) == [0, 1, 4, 4, 10, 10, 16]
+    # after a resume at step 8 the snapshots start again there: j = 13 finished steps is 5 after it, S(8)
+    # is the newest committed (S(11) commits in step 14): resume at 9, never below 8 (a fault at 8.5 too)
+    assert list(interval_rollback(np.array([13.5, 8.5]) * step, step, 3, 8 * step) / step) == [9, 8]
     j = np.arange(3, 3 + 3 * 1000) + 0.5  # uniform over the interval: 3(m - 1)/2 = 3 steps more on average
     extra = np.floor(j) - interval_rollback(j * step, step, 3) / step
     assert extra.min() == 2 and extra.max() == 4 and extra.mean() == pytest.approx(3.0)
