@@ -429,33 +429,51 @@ class ResilienceConfig(BaseModel):
         ``protect_every_max``) need mode ``phoenix``, ``protect_every_max`` also ``enabled: true``;
         ``placement_levels`` contains ``node``."""
         a, b, c = self.heartbeat_interval_s, self.heartbeat_timeout_s, self.collective_timeout_s
+        problems: list[tuple[tuple[str, ...], str]] = []  # (the field it is about, or () for several; message)
         if not a < b < c:
-            raise ValueError(
-                "need heartbeat_interval_s < heartbeat_timeout_s < collective_timeout_s, "
-                f"got {a} < {b} < {c}"
-            )
+            problems.append(((), "need heartbeat_interval_s < heartbeat_timeout_s < collective_timeout_s, "
+                                 f"got {a} < {b} < {c}"))
         if not self.coordinator_timeout_s > b:
-            raise ValueError(f"need coordinator_timeout_s > heartbeat_timeout_s, got {self.coordinator_timeout_s} "
-                             f"and {b}")
+            problems.append((("coordinator_timeout_s",), f"need coordinator_timeout_s > heartbeat_timeout_s, got "
+                                                         f"{self.coordinator_timeout_s} and {b}"))
         if self.checkpoint.restart == "in-job" and self.mode != "checkpoint-restart":
-            raise ValueError(f"resilience.checkpoint.restart: 'in-job' needs mode 'checkpoint-restart', got mode "
-                             f"{self.mode!r} (allowed with mode {self.mode!r}: 'requeue')")
+            problems.append((("checkpoint", "restart"), f"needs mode 'checkpoint-restart', got mode {self.mode!r} "
+                                                        f"(allowed with mode {self.mode!r}: 'requeue')"))
         if self.recovery_source == "checkpoint" and self.mode != "phoenix":
-            raise ValueError(f"resilience.recovery_source: 'checkpoint' needs mode 'phoenix', got mode {self.mode!r} "
-                             "(allowed with it: 'memory')")
+            problems.append((("recovery_source",), f"needs mode 'phoenix', got mode {self.mode!r} (allowed with "
+                                                   "it: 'memory')"))
         if self.spares_exhausted != "auto" and self.mode != "phoenix":
-            raise ValueError(f"resilience.spares_exhausted: {self.spares_exhausted!r} needs mode 'phoenix', got mode "
-                             f"{self.mode!r} (allowed with it: 'auto')")
+            problems.append((("spares_exhausted",), f"needs mode 'phoenix', got mode {self.mode!r} (allowed with "
+                                                    "it: 'auto')"))
         if self.protect_every_max != 1 and not (self.enabled and self.mode == "phoenix"):
-            raise ValueError(f"resilience.protect_every_max: {self.protect_every_max} needs enabled: true and mode "
-                             f"'phoenix', got enabled {str(self.enabled).lower()} and mode {self.mode!r} (allowed "
-                             "with them: 1)")
+            problems.append((("protect_every_max",), f"needs enabled: true and mode 'phoenix', got enabled "
+                                                     f"{str(self.enabled).lower()} and mode {self.mode!r} (allowed "
+                                                     "with them: 1)"))
         if "node" not in self.placement_levels:
-            raise ValueError(
-                f"resilience.placement_levels ({self.placement_levels}) must contain 'node' "
-                "(a node is always a failure domain)"
-            )
+            problems.append((("placement_levels",), "must contain 'node' (a node is always a failure domain)"))
+        if problems:
+            raise relation_errors(self, problems)
         return self
+
+
+def relation_errors(model: BaseModel, problems: list[tuple[tuple[str, ...], str]]):
+    """One pydantic ``ValidationError`` with a ``value_error`` per problem of ``model``'s relation checks, each
+    located at the field it is about (its value as the input), or at the section itself for ``()``: so every
+    problem is listed, and the site re-check of an invalid config (:mod:`phoenix_hpc.config.partial`) leaves
+    out only those fields, not the whole section. Raised from a model validator, it is nested under the
+    section's own location by pydantic."""
+    from pydantic import ValidationError
+    from pydantic_core import InitErrorDetails, PydanticCustomError
+
+    def value(loc: tuple[str, ...]) -> Any:
+        v: Any = model
+        for k in loc:
+            v = getattr(v, k)
+        return v if loc else model.model_dump()
+
+    return ValidationError.from_exception_data(type(model).__name__, [
+        InitErrorDetails(type=PydanticCustomError("value_error", "{message}", {"message": msg}), loc=loc,
+                         input=value(loc)) for loc, msg in problems])
 
 
 class ResourcesConfig(BaseModel):

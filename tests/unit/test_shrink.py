@@ -199,9 +199,12 @@ def test_spares_exhausted_is_refused_outside_mode_phoenix():
 
     from phoenix_hpc.config.schema import JobConfig
 
-    with pytest.raises(pydantic.ValidationError, match="spares_exhausted: 'shrink' needs mode 'phoenix'"):
+    with pytest.raises(pydantic.ValidationError) as e:
         JobConfig.model_validate({"name": "x", "data": {"path": "d"},
                                   "resilience": {"mode": "checkpoint-restart", "spares_exhausted": "shrink"}})
+    (err,) = e.value.errors()
+    assert err["loc"] == ("resilience", "spares_exhausted") and err["input"] == "shrink"
+    assert err["msg"].startswith("needs mode 'phoenix', got mode 'checkpoint-restart'")
 
 
 def test_a_sealed_part_unpacks_to_the_same_tensors_and_a_flipped_byte_is_caught():

@@ -453,12 +453,28 @@ def test_a_bad_interval_cap_does_not_hide_the_sections_other_problems(in_tmp):
     assert "no further problems" not in r.output
 
 
+def test_every_relation_problem_of_the_section_is_listed_at_its_field(in_tmp):
+    """The section's relation checks report every problem at once, each at the field it is about with its
+    value, and the site re-check then leaves out only those fields, not the whole section."""
+    p = write_cfg(in_tmp, resilience={"mode": "checkpoint-restart", "recovery_source": "checkpoint",
+                                      "spares_exhausted": "shrink", "protect_every_max": 4,
+                                      "placement_levels": ["switch"], "coordinator_timeout_s": 3.0})
+    r = invoke("--site", "local", p, "--dry-run")
+    assert_bad(r, "resilience.recovery_source: value 'checkpoint' -- needs mode 'phoenix'",
+               "resilience.spares_exhausted: value 'shrink' -- needs mode 'phoenix'",
+               "resilience.protect_every_max: value 4 -- needs enabled: true and mode 'phoenix'",
+               "resilience.placement_levels: must contain 'node'",
+               "resilience.coordinator_timeout_s: value 3.0 -- need coordinator_timeout_s > heartbeat_timeout_s")
+    assert "with resilience left out" not in r.output and "resilience.placement_levels left out" in r.output
+
+
 @pytest.mark.parametrize("section", [{"mode": "checkpoint-restart"}, {"enabled": False}])
 def test_an_interval_cap_without_phoenix_protection_exits_2(in_tmp, section):
     """With nothing protected the cap would do nothing: refused, as the other phoenix-only fields are."""
     p = write_cfg(in_tmp, resilience={"protect_every_max": 4, **section})
     r = invoke("--site", "local", p, "--dry-run")
-    assert_bad(r, "resilience.protect_every_max: 4 needs enabled: true and mode 'phoenix'", "allowed with them: 1")
+    assert_bad(r, "resilience.protect_every_max: value 4 -- needs enabled: true and mode 'phoenix'",
+               "allowed with them: 1")
     assert "resilience: resilience." not in r.output  # the field is named once
     p = write_cfg(in_tmp, resilience={"protect_every_max": 1, **section})
     assert invoke("--site", "local", p, "--dry-run").exit_code == 0
