@@ -21,17 +21,18 @@ from phoenix_hpc.config.schema import JobConfig
 MAX_ROUNDS = 5  # dropping fields can reveal relation problems of the defaults; give up after this many
 
 
-def _drop(data: dict[str, Any], loc: tuple) -> bool:
-    """Remove the key at ``loc`` (a pydantic error location) from ``data``; False when there is none."""
-    node: Any = data
-    for key in loc[:-1]:
-        if not isinstance(node, dict) or key not in node:
-            return False
-        node = node[key]
-    if isinstance(node, dict) and loc and loc[-1] in node:
-        del node[loc[-1]]
-        return True
-    return False
+def _drop(data: dict[str, Any], loc: tuple) -> tuple | None:
+    """Remove the key at ``loc`` (a pydantic error location) from ``data``, or, when the config does not give
+    that key (a relation check failed on a field at its default, because of another one the user set), the
+    nearest enclosing key it gives; returns the location removed, None when there is none."""
+    for n in range(len(loc), 0, -1):
+        node: Any = data
+        for key in loc[: n - 1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and loc[n - 1] in node:
+            del node[loc[n - 1]]
+            return tuple(loc[:n])
+    return None
 
 
 def without_invalid_fields(data: dict[str, Any]) -> tuple[JobConfig | None, list[str], list[str]]:
@@ -53,7 +54,7 @@ def without_invalid_fields(data: dict[str, Any]) -> tuple[JobConfig | None, list
                 revealed += [p for p in format_validation_error(exc)
                              if not about_dropped(p, dropped) and p not in revealed]
             locs = [tuple(e["loc"]) for e in exc.errors() if e["loc"] and e["type"] != "missing"]
-            gone = [loc for loc in locs if _drop(data, loc)]
+            gone = [g for g in (_drop(data, loc) for loc in locs) if g is not None]
             if not gone:
                 return None, dropped, revealed
             dropped += [".".join(map(str, loc)) for loc in gone]

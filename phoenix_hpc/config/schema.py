@@ -429,28 +429,32 @@ class ResilienceConfig(BaseModel):
         ``protect_every_max``) need mode ``phoenix``, ``protect_every_max`` also ``enabled: true``;
         ``placement_levels`` contains ``node``."""
         a, b, c = self.heartbeat_interval_s, self.heartbeat_timeout_s, self.collective_timeout_s
-        problems: list[tuple[tuple[str, ...], str]] = []  # (the field it is about, or () for several; message)
+        # (the field it is about, or () for several; message). A message names every other field it judges by
+        # its full dotted path: the site re-check of an invalid config (config/partial.py) then leaves out a
+        # problem that judged a refused field's default instead of the user's value (``about_dropped``)
+        problems: list[tuple[tuple[str, ...], str]] = []
+        mode = f"resilience.mode {self.mode!r}"
         if not a < b < c:
-            problems.append(((), "need heartbeat_interval_s < heartbeat_timeout_s < collective_timeout_s, "
-                                 f"got {a} < {b} < {c}"))
+            problems.append(((), "need resilience.heartbeat_interval_s < resilience.heartbeat_timeout_s < "
+                                 f"resilience.collective_timeout_s, got {a} < {b} < {c}"))
         if not self.coordinator_timeout_s > b:
-            problems.append((("coordinator_timeout_s",), f"need coordinator_timeout_s > heartbeat_timeout_s, got "
-                                                         f"{self.coordinator_timeout_s} and {b}"))
+            problems.append((("coordinator_timeout_s",), f"must be more than resilience.heartbeat_timeout_s ({b})"))
         if self.checkpoint.restart == "in-job" and self.mode != "checkpoint-restart":
-            problems.append((("checkpoint", "restart"), f"needs mode 'checkpoint-restart', got mode {self.mode!r} "
-                                                        f"(allowed with mode {self.mode!r}: 'requeue')"))
+            problems.append((("checkpoint", "restart"), f"needs resilience.mode 'checkpoint-restart', got {mode} "
+                                                        "(allowed with it: 'requeue')"))
         if self.recovery_source == "checkpoint" and self.mode != "phoenix":
-            problems.append((("recovery_source",), f"needs mode 'phoenix', got mode {self.mode!r} (allowed with "
-                                                   "it: 'memory')"))
+            problems.append((("recovery_source",), f"needs resilience.mode 'phoenix', got {mode} (allowed with it: "
+                                                   "'memory')"))
         if self.spares_exhausted != "auto" and self.mode != "phoenix":
-            problems.append((("spares_exhausted",), f"needs mode 'phoenix', got mode {self.mode!r} (allowed with "
+            problems.append((("spares_exhausted",), f"needs resilience.mode 'phoenix', got {mode} (allowed with "
                                                     "it: 'auto')"))
         if self.protect_every_max != 1 and not (self.enabled and self.mode == "phoenix"):
-            problems.append((("protect_every_max",), f"needs enabled: true and mode 'phoenix', got enabled "
-                                                     f"{str(self.enabled).lower()} and mode {self.mode!r} (allowed "
-                                                     "with them: 1)"))
+            problems.append((("protect_every_max",), "needs resilience.enabled true and resilience.mode 'phoenix', got "
+                                                     f"resilience.enabled {str(self.enabled).lower()} and {mode} "
+                                                     "(allowed with them: 1)"))
         if "node" not in self.placement_levels:
-            problems.append((("placement_levels",), "must contain 'node' (a node is always a failure domain)"))
+            problems.append((("placement_levels",), f"{self.placement_levels} must contain 'node' (a node is always a "
+                                                    "failure domain)"))
         if problems:
             raise relation_errors(self, problems)
         return self

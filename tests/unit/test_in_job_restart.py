@@ -31,9 +31,9 @@ def _cfg(tmp_path, **resilience) -> Path:
 
 @pytest.mark.parametrize("res,needle", [
     ({"mode": "checkpoint-restart", "checkpoint": {"restart": "inside"}}, "'requeue' or 'in-job'"),
-    ({"mode": "phoenix", "checkpoint": {"restart": "in-job"}}, "needs mode 'checkpoint-restart'"),
+    ({"mode": "phoenix", "checkpoint": {"restart": "in-job"}}, "needs resilience.mode 'checkpoint-restart'"),
     ({"mode": "phoenix", "recovery_source": "disk"}, "'memory' or 'checkpoint'"),
-    ({"mode": "checkpoint-restart", "recovery_source": "checkpoint"}, "needs mode 'phoenix'"),
+    ({"mode": "checkpoint-restart", "recovery_source": "checkpoint"}, "needs resilience.mode 'phoenix'"),
 ])
 def test_restart_fields_are_refused_naming_the_allowed_values(tmp_path, res, needle):
     with pytest.raises(ConfigError) as e:

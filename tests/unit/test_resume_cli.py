@@ -80,7 +80,8 @@ def test_resume_refuses_run_dir_and_a_missing_site_or_config(tmp_path):
 def test_a_coordinator_timeout_not_above_the_heartbeat_timeout_is_refused(tmp_path):
     cfg = write_cfg(tmp_path, data={"path": str(fake_dataset(tmp_path))},
                     resilience={"heartbeat_timeout_s": 4.0, "coordinator_timeout_s": 4.0})
-    assert_bad(invoke("--site", "local", cfg, "--dry-run"), "coordinator_timeout_s > heartbeat_timeout_s", "4.0")
+    assert_bad(invoke("--site", "local", cfg, "--dry-run"),
+               "resilience.coordinator_timeout_s: value 4.0 -- must be more than resilience.heartbeat_timeout_s (4.0)")
 
 
 class _Slurm:

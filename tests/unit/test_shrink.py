@@ -204,7 +204,7 @@ def test_spares_exhausted_is_refused_outside_mode_phoenix():
                                   "resilience": {"mode": "checkpoint-restart", "spares_exhausted": "shrink"}})
     (err,) = e.value.errors()
     assert err["loc"] == ("resilience", "spares_exhausted") and err["input"] == "shrink"
-    assert err["msg"].startswith("needs mode 'phoenix', got mode 'checkpoint-restart'")
+    assert err["msg"].startswith("needs resilience.mode 'phoenix', got resilience.mode 'checkpoint-restart'")
 
 
 def test_a_sealed_part_unpacks_to_the_same_tensors_and_a_flipped_byte_is_caught():

@@ -445,7 +445,8 @@ def test_a_bad_interval_cap_does_not_hide_the_sections_other_problems(in_tmp):
     p = write_cfg(in_tmp, resilience={"protect_every_max": 0, "placement_levels": ["node", "cabinet"], "k": 5,
                                       "heartbeat_timeout_s": 50.0})
     r = invoke("--site", "local", p, "--dry-run")
-    assert_bad(r, "resilience.protect_every_max: value 0", "need heartbeat_interval_s < heartbeat_timeout_s")
+    assert_bad(r, "resilience.protect_every_max: value 0",
+               "need resilience.heartbeat_interval_s < resilience.heartbeat_timeout_s")
     p = write_cfg(in_tmp, resilience={"protect_every_max": 0, "placement_levels": ["node", "cabinet"], "k": 5})
     r = invoke("--site", "local", p, "--dry-run")
     assert_bad(r, "resilience.protect_every_max: value 0", "resilience.placement_levels: ['cabinet']",
@@ -460,12 +461,33 @@ def test_every_relation_problem_of_the_section_is_listed_at_its_field(in_tmp):
                                       "spares_exhausted": "shrink", "protect_every_max": 4,
                                       "placement_levels": ["switch"], "coordinator_timeout_s": 3.0})
     r = invoke("--site", "local", p, "--dry-run")
-    assert_bad(r, "resilience.recovery_source: value 'checkpoint' -- needs mode 'phoenix'",
-               "resilience.spares_exhausted: value 'shrink' -- needs mode 'phoenix'",
-               "resilience.protect_every_max: value 4 -- needs enabled: true and mode 'phoenix'",
-               "resilience.placement_levels: must contain 'node'",
-               "resilience.coordinator_timeout_s: value 3.0 -- need coordinator_timeout_s > heartbeat_timeout_s")
+    assert_bad(r, "resilience.recovery_source: value 'checkpoint' -- needs resilience.mode 'phoenix'",
+               "resilience.spares_exhausted: value 'shrink' -- needs resilience.mode 'phoenix'",
+               "resilience.protect_every_max: value 4 -- needs resilience.enabled true and resilience.mode 'phoenix'",
+               "resilience.placement_levels: ['switch'] must contain 'node'",
+               "resilience.coordinator_timeout_s: value 3.0 -- must be more than resilience.heartbeat_timeout_s (4.0)")
     assert "with resilience left out" not in r.output and "resilience.placement_levels left out" in r.output
+
+
+def test_a_relation_failing_on_a_default_still_lets_the_site_checks_run(in_tmp):
+    """heartbeat_timeout_s 70 leaves the default coordinator_timeout_s (60) too short: that field is not in the
+    file, so the re-check leaves out the section instead and still runs the site checks (here: more spares
+    than the local site allows)."""
+    p = write_cfg(in_tmp, resilience={"heartbeat_timeout_s": 70.0, "collective_timeout_s": 100.0},
+                  resources={"spares": 40})
+    r = invoke("--site", "local", p, "--dry-run")
+    assert_bad(r, "resilience.coordinator_timeout_s: value 60.0 -- must be more than "
+                  "resilience.heartbeat_timeout_s (70.0)", "resources.spares")
+    assert "not checked yet" not in r.output
+
+
+def test_a_relation_judged_on_a_refused_fields_default_is_left_out(in_tmp):
+    """heartbeat_timeout_s of the wrong type is refused; the re-check with its default (10 s) would find the
+    user's coordinator_timeout_s 8 too short, a problem of the default, not of the user's config."""
+    p = write_cfg(in_tmp, resilience={"heartbeat_timeout_s": "x", "coordinator_timeout_s": 8.0})
+    r = invoke("--site", "local", p, "--dry-run")
+    assert_bad(r, "resilience.heartbeat_timeout_s: value 'x'")
+    assert "coordinator_timeout_s: value 8.0" not in r.output
 
 
 @pytest.mark.parametrize("section", [{"mode": "checkpoint-restart"}, {"enabled": False}])
@@ -473,8 +495,8 @@ def test_an_interval_cap_without_phoenix_protection_exits_2(in_tmp, section):
     """With nothing protected the cap would do nothing: refused, as the other phoenix-only fields are."""
     p = write_cfg(in_tmp, resilience={"protect_every_max": 4, **section})
     r = invoke("--site", "local", p, "--dry-run")
-    assert_bad(r, "resilience.protect_every_max: value 4 -- needs enabled: true and mode 'phoenix'",
-               "allowed with them: 1")
+    assert_bad(r, "resilience.protect_every_max: value 4 -- needs resilience.enabled true and resilience.mode "
+               "'phoenix'", "allowed with them: 1")
     assert "resilience: resilience." not in r.output  # the field is named once
     p = write_cfg(in_tmp, resilience={"protect_every_max": 1, **section})
     assert invoke("--site", "local", p, "--dry-run").exit_code == 0
