@@ -160,11 +160,10 @@ def dirty_files(repo: Path) -> list[str]:
 
 
 def machine_info(slurm_version: str | None, meminfo: str = "/proc/meminfo", cpuinfo: str = "/proc/cpuinfo",
-                 thp_mode: str | None = None,
-                 environ: dict[str, str] | None = None) -> dict:
+                 thp_path: str | None = None, environ: dict[str, str] | None = None) -> dict:
     """Facts about this machine for the report: CPU model, logical CPUs, memory, OS, Python, torch, Slurm
     (``slurm_version``, from :meth:`SlurmClient.slurm_version`) and Open MPI versions, the kernel's
-    transparent-huge-page mode (:func:`phoenix_hpc.slurm.procs.thp_mode` of ``thp_mode``, default the
+    transparent-huge-page mode (:func:`phoenix_hpc.slurm.procs.thp_mode` of ``thp_path``, default the
     kernel's file; None when unreadable) and the
     ``THP_MEM_ALLOC_ENABLE`` of the environment the benchmark's jobs inherit (``environ``, default this
     process's; None when unset): with both, torch's CPU tensors of >= 2 MiB get huge pages
@@ -172,8 +171,7 @@ def machine_info(slurm_version: str | None, meminfo: str = "/proc/meminfo", cpui
     import torch
 
     from phoenix_hpc.profiles.model import TORCH_THP_VARIABLE
-    from phoenix_hpc.slurm.procs import THP_MODE_PATH
-    from phoenix_hpc.slurm.procs import thp_mode as read_thp_mode
+    from phoenix_hpc.slurm.procs import THP_MODE_PATH, thp_mode
 
     model = "unknown"
     try:
@@ -202,5 +200,5 @@ def machine_info(slurm_version: str | None, meminfo: str = "/proc/meminfo", cpui
     return {"cpu": model, "logical_cpus": os.cpu_count(), "mem_gib": mem_gib, "os": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__,
             "slurm": slurm_version, "mpi": version(["mpirun", "--version"]),
-            "gpu": "none (CPU torch engine, gloo)", "thp_mode": read_thp_mode(thp_mode or THP_MODE_PATH),
+            "gpu": "none (CPU torch engine, gloo)", "thp_mode": thp_mode(thp_path or THP_MODE_PATH),
             "thp_mem_alloc_enable": (os.environ if environ is None else environ).get(TORCH_THP_VARIABLE)}

@@ -506,7 +506,8 @@ _KEY_NUMBERS = ("ratio", "ratio_ci95", "off_ms_median", "exposed_wait_ms_median"
                 "host_link", "raw_pinned_copy_gbs", "checksum_gbs", "crc32_gbs", "checksum_threads",
                 "checksum_gbs_threads", "d2h_crc_ms_mean", "contention_copy_only_ms_median",
                 "contention_alone_ms_median", "contention_checksum_only_ms_median",
-                "contention_one_copy_only_ms_median", "contention_chunked_copy_only_ms_median", "abort_ms", "abort_ms_by_api", "abort_ms_torch_monitoring",
+                "contention_one_copy_only_ms_median", "contention_chunked_copy_only_ms_median", "abort_ms",
+                "abort_ms_by_api", "abort_ms_torch_monitoring",
                 "again_create_ms",
                 "params_cast_to_dtype", "rss_growth_over_expected", "teardown_ms", "rebuild_and_load_ms")
 

@@ -381,11 +381,10 @@ class ResilienceConfig(BaseModel):
     # after ``checkpoint``: its check reads checkpoint.interval_steps (pydantic validates fields in this order)
     protect_every_max: int = Field(
         1,
-        description="mode phoenix with enabled: true only: largest adaptive protection interval m (design section 4, "
-        "Protection "
-        "interval): when a step's protection cannot finish inside the next step's compute window, the ranks "
-        "protect every m-th step (lost work then at most 2m-1 steps), m chosen from the measured times; 1 (the "
-        "default) protects every step whatever it costs. Allowed: 1 .. checkpoint.interval_steps")
+        description="mode phoenix with enabled: true only: largest adaptive protection interval m (design section "
+        "4, Protection interval): when a step's protection cannot finish inside the next step's compute window, "
+        "the ranks protect every m-th step (lost work then at most 2m-1 steps), m chosen from the measured times; "
+        "1 (the default) protects every step whatever it costs. Allowed: 1 .. checkpoint.interval_steps")
 
     @field_validator("checksum_threads", mode="before")
     @classmethod

@@ -118,6 +118,7 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
 
     from phoenix_hpc.runtime.checksum import checksum_function
     from phoenix_hpc.runtime.checksum_pool import checksum_groups
+    from phoenix_hpc.runtime.h2h import chunk_ranges
 
     import torch
 
@@ -140,7 +141,7 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
             dst.copy_(src, non_blocking=True)
         side.synchronize()
 
-    pieces = [(a, min(a + CHUNKED_COPY_BYTES, n)) for a in range(0, n, CHUNKED_COPY_BYTES)]
+    pieces = chunk_ranges(n, CHUNKED_COPY_BYTES)  # the H2H engine's chunking: [start, end) byte ranges
 
     def chunked_copy() -> None:
         if side is None:

@@ -252,12 +252,13 @@ def compare_schemes(
     """Evaluate Eqs. (1)-(5) for checkpoint-restart and PHOENIX at one MTTF_sys.
 
     ``overhead_ratio`` (PHOENIX's measured per-step overhead, :func:`per_step_overhead_s`) and
-    ``protect_every`` (its protection interval, :func:`interval_lost_steps`) extend Eq. (5); with 1 and 1 it is
-    the paper's.
+    ``protect_every`` (its protection interval, :func:`interval_lost_steps`, at most ``ckpt_every``) extend
+    Eq. (5); with 1 and 1 it is the paper's.
 
     Raises ModelError for any invalid input (see the individual formulas).
     """
     er = expected_replay_steps(ckpt_every)
+    v.protection_interval("protect_every", protect_every, int(ckpt_every))
     c_ck = ckpt_disruption_s(step_s, ckpt_every, restart_s, ckpt_overhead_s)
     extra_replay = float(step_s) * interval_lost_steps(protect_every)
     c_rec = phoenix_disruption_s(step_s, hotswap_s, phi, phoenix_overhead_s) + extra_replay

@@ -369,9 +369,7 @@ def validate(c: Campaign) -> None:
     v.non_negative("ckpt_overhead_s", c.ckpt_overhead_s)
     v.non_negative("phoenix_overhead_s", c.phoenix_overhead_s)
     v.ratio_at_least_one("overhead_ratio", c.phoenix_overhead_ratio)
-    if v.integer_at_least("protect_every", c.protect_every, 1) > c.ckpt_every:
-        raise v.fail("protect_every", c.protect_every, f"must be an integer from 1 to --ckpt-every ({c.ckpt_every}), "
-                                                       "as resilience.protect_every_max is")
+    v.protection_interval("protect_every", c.protect_every, c.ckpt_every)
     v.non_negative("ckpt_write_s", c.ckpt_write_s)
     if c.fault_clock not in CLOCKS:
         raise v.fail("fault_clock", c.fault_clock, f"expected one of {', '.join(CLOCKS)}")

@@ -86,6 +86,16 @@ def ratio_at_least_one(name: str, value: object) -> float:
     return v
 
 
+def protection_interval(name: str, value: object, ckpt_every: int) -> int:
+    """Return ``value`` as int if it is a protection interval m from 1 to ``ckpt_every`` (the checkpoint
+    interval bounds it, as it bounds ``resilience.protect_every_max``), else raise ModelError."""
+    m = integer_at_least(name, value, 1)
+    if m > ckpt_every:
+        raise fail(name, value, f"must be an integer from 1 to --ckpt-every ({ckpt_every}), as "
+                                "resilience.protect_every_max is")
+    return m
+
+
 def open_unit(name: str, value: object) -> float:
     """Return ``value`` as float if it lies strictly between 0 and 1, else raise ModelError (e.g. a target
     probability: 0 asks for nothing, 1 for infinitely many spares)."""

@@ -283,11 +283,11 @@ def test_the_machine_record_names_the_huge_page_setting(tmp_path):
 
     mode = tmp_path / "enabled"
     mode.write_text("always [madvise] never\n")
-    m = machine_info(None, thp_mode=str(mode), environ={})
+    m = machine_info(None, thp_path=str(mode), environ={})
     assert m["thp_mode"] == "madvise" and m["thp_mem_alloc_enable"] is None
-    assert machine_info(None, thp_mode=str(tmp_path / "none"), environ={"THP_MEM_ALLOC_ENABLE": "0"})[
+    assert machine_info(None, thp_path=str(tmp_path / "none"), environ={"THP_MEM_ALLOC_ENABLE": "0"})[
         "thp_mem_alloc_enable"] == "0"
-    assert machine_info(None, thp_mode=str(tmp_path / "none"), environ={})["thp_mode"] is None
+    assert machine_info(None, thp_path=str(tmp_path / "none"), environ={})["thp_mode"] is None
     phrase = thp_phrase({**m, "torch_huge_pages": False})
     assert phrase == ("; kernel THP mode madvise, the local profile's launcher.torch_huge_pages false, "
                       "THP_MEM_ALLOC_ENABLE in the submitting environment unset")

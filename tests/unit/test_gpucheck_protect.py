@@ -39,7 +39,8 @@ out = {"steps": steps, "summary": summary, "bad": bad, "bad_after": bad_after, "
        "state": state, "holders": list(prot.holders)}
 prot.close()
 local = prot.buffers.local
-out["contention"] = protect.contention(engine, prot, local.begin_write(local.target_idx()), 64, 3, 1 << 20)
+# one_copy of 9 MiB + 1 byte: chunked_copy copies it in three 4 MiB pieces and a short last one
+out["contention"] = protect.contention(engine, prot, local.begin_write(local.target_idx()), 64, 3, (9 << 20) + 1)
 out["step_after"] = engine.step
 print("RESULT " + json.dumps(out))
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -241,8 +242,7 @@ def test_a_bad_benchmark_figure_is_refused_naming_the_file(tmp_path, value, monk
 
     p = tmp_path / "BENCHMARKS.json"
     p.write_text(json.dumps({"overhead_ratio": value}))
-    monkeypatch.setattr(cli_model, "benchmark_overhead_ratio",
-                        lambda path=p, f=cli_model.benchmark_overhead_ratio: f(path))
+    monkeypatch.setattr(cli_model, "benchmark_overhead_ratio", functools.partial(cli_model.benchmark_overhead_ratio, p))
     r = run(EFFICIENCY[:-3] + ["--json"])
     assert r.exit_code == 2 and f"{p}: overhead_ratio" in r.output and "--overhead-ratio" in r.output, r.output
     assert "Traceback" not in r.output
