@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Benchmarks of PHOENIX on a local Slurm cluster of its own: per-step overhead (protection on vs off,
-# interleaved), host memory per rank, hot swap against requeue, in-job and in-process restart, hot-swap scaling.
+# interleaved), host memory per rank, hot swap against requeue, in-job and in-process restart, hot-swap scaling
+# and what of a hot swap grows with the model size.
 # Writes BENCHMARKS.md, BENCHMARKS.json and benchmarks/*.png (into --out, default the repository root).
 # Prints numbers; it is not a test.
 #
-# Usage: scripts/bench.sh [--quick] [--sections overhead,recovery,scaling] [--out DIR] [--seed N]
+# Usage: scripts/bench.sh [--quick] [--sections overhead,recovery,scaling,by_size] [--out DIR] [--seed N]
 #                         [--baselines requeue,in-job,in-process] [--ks 10,50,100] [--trials 3]
-#   --quick   under 3 minutes on 2 cores: fewer steps, K=10 only, fewer scaling points
-#   (full run: about 15-30 minutes on 2 cores)
+#   --quick   under 3 minutes on 2 cores: fewer steps, K=10 only, no scaling or by_size section
+#   (full run: about 20-35 minutes on 2 cores)
 #
 # The cluster (8 nodes) lives in .phoenix/bench/<timestamp>/cluster with the work files; it is stopped by
 # the PIDs it recorded when this script ends, also on failure or Ctrl-C.
@@ -20,7 +21,7 @@ while (($#)); do
     --quick) ARGS+=(--quick); shift ;;
     --sections|--seed|--baselines|--ks|--trials) ARGS+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
     --out) OUT=${2:?--out needs a value}; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "scripts/bench.sh: unknown option '$1' (allowed: --quick, --sections LIST, --out DIR, --seed N, --baselines LIST, --ks LIST, --trials N)" >&2; exit 2 ;;
   esac
 done

@@ -153,10 +153,14 @@ BY_SIZE_FACTS = ("params", "trials", "core_s", "recovery_s") + BY_SIZE_MIB
 
 
 def by_size_lines(bs: dict | None) -> list[str]:
-    """Section 3's per-part view of what grows with the model (``scripts/measure-recovery-by-size.py``, kept
-    in ``BENCHMARKS.json`` under ``recovery_by_size`` across full runs)."""
-    if not bs or not bs.get("rows"):
+    """Section 3's per-part view of what grows with the model (:mod:`phoenix_hpc.bench.by_size`: section
+    ``by_size`` of ``scripts/bench.sh`` or ``scripts/measure-recovery-by-size.py``, kept in ``BENCHMARKS.json``
+    under ``recovery_by_size``); a line saying why when it was not measured or failed."""
+    if not bs:
         return []
+    if not bs.get("rows"):
+        why = bs.get("unavailable") or (f"failed: {' '.join(str(bs['error']).split())[:300]}" if bs.get("error") else "")
+        return [f"What grows with the model, per recovery part: **not measured ({why})**.", ""] if why else []
     rows = bs["rows"]
     sizes = sorted(rows, key=lambda k: rows[k].get("params", 0))  # smaller model first (JSON sorts the keys)
     n = {s: rows[s].get("trials", 1) for s in sizes}
@@ -168,7 +172,8 @@ def by_size_lines(bs: dict | None) -> list[str]:
     commit = str(bs.get("commit"))
     commit = commit[:12] + ("+dirty" if commit.endswith("+dirty") else "")  # uncommitted changes stay visible
     out = [f"What grows with the model, per recovery part (run {bs.get('date')}, commit `{commit}`, "
-           f"`{bs.get('command')}`; {jobs}, `recoveries[].detail` of the ranks' summaries; phases from the journal):",
+           f"`{bs.get('command')}`; {jobs}, `recoveries[].detail` of the ranks' summaries; phases from the "
+           "journal):",
            ""]
     out.append("| part (s) | " + " | ".join(f"{s} ({rows[s]['params'] / 1e6:.2f} M)" for s in sizes)
                + (" | ratio |" if len(sizes) == 2 else " |"))
@@ -431,7 +436,6 @@ def render_markdown(r: dict) -> str:
         for line in quiesce_findings(list(uniq.values())):
             a(line)
         a("")
-        L.extend(by_size_lines(r.get("recovery_by_size")))
         fit = sc.get("fit") or {}
         if "result" in fit:
             fr = fit["result"]
@@ -447,6 +451,7 @@ def render_markdown(r: dict) -> str:
         a("")
         a(f"![scaling]({PLOT_DIR}/scaling.png)")
     a("")
+    L.extend(by_size_lines(r.get("recovery_by_size")))
 
     # 4. memory
     a("## 4. Host memory per rank")
@@ -485,13 +490,12 @@ def render_markdown(r: dict) -> str:
     L.extend(gpu_section(r.get("gpu_reports")))
     a("## Reproduce")
     a("")
-    a("```\nscripts/bench.sh            # full run (about 15-30 min on 2 cores)\nscripts/bench.sh --quick    "
+    a("```\nscripts/bench.sh            # full run (about 20-35 min on 2 cores)\nscripts/bench.sh --quick    "
       "# under 3 min: overhead and memory on model S, one hot swap\nphoenix bench [--quick]     # the same "
       "from the CLI (after scripts/setup.sh)\nscripts/bench-control-plane # section 5 (CPU only, minutes)\n"
       "scripts/bench-h2h-engine    # the H2H engine alone: CPU per byte moved, wake-ups per step (seconds)\n"
       "scripts/check-many-nodes    # 8 active + 4 spare nodes, gpt-small's timings, 2 node losses: same final "
-      "hash\n.venv/bin/python scripts/measure-recovery-by-size.py --update-benchmarks .  # section 3: what grows "
-      "with the model\n.venv/bin/python -m phoenix_hpc.bench.exit_time  # a killed process's exit by its memory, with and "
+      "hash\nscripts/bench.sh --sections by_size  # section 3's what grows with the model alone (about 6 min)\n.venv/bin/python -m phoenix_hpc.bench.exit_time  # a killed process's exit by its memory, with and "
       "without huge pages (about a minute)\n```")
     a("")
     return "\n".join(L)

@@ -4,7 +4,8 @@
 (``scripts/bench.sh`` starts the cluster, calls this and stops the cluster.)
 
 Sections (numbering of the report): 1 overhead and 4 memory (one job, :mod:`.overhead`), 2 hot swap
-against checkpoint-restart and 3 hot-swap scaling (:mod:`.recovery`). A section that cannot run records
+against checkpoint-restart and 3 hot-swap scaling (:mod:`.recovery`), with what grows with the model size
+(``by_size``, :mod:`.by_size`; kept in BENCHMARKS.json as ``recovery_by_size``). A section that cannot run records
 why (``"not measured: ..."``) instead of numbers; nothing is estimated in place of a measurement.
 """
 
@@ -25,7 +26,9 @@ from phoenix_hpc.bench import jobs
 from phoenix_hpc.bench import stats as S
 from phoenix_hpc.errors import BenchError
 
-SECTIONS = ("overhead", "recovery", "scaling")
+SECTIONS = ("overhead", "recovery", "scaling", "by_size")
+#: The key of BENCHMARKS.json each section's results are kept under.
+SECTION_KEYS = {"overhead": "overhead", "recovery": "recovery", "scaling": "scaling", "by_size": "recovery_by_size"}
 
 
 @dataclass
@@ -153,6 +156,26 @@ def section_scaling(ctx: Context, quick: bool, seed: int) -> dict:
     return out
 
 
+def section_by_size(ctx: Context, quick: bool, seed: int, commit: str) -> dict:
+    """Section 3's "what grows with the model" (:mod:`.by_size`): models S and L, :data:`.by_size.DEFAULT_TRIALS`
+    jobs each, interleaved; not run in ``--quick`` mode. A failed trial ends the section with its error
+    (``{"name", "error"}``)."""
+    from phoenix_hpc.bench import by_size
+
+    ok, why = hotswap_available()
+    if not ok:
+        return {"unavailable": f"hot swap unavailable: {why}"}
+    if quick:
+        return {"unavailable": "not run in --quick mode (each trial is a job of its own)"}
+
+    def measure() -> dict:
+        runs = by_size.measure(ctx, by_size.DEFAULT_SIZES, by_size.DEFAULT_TRIALS, seed=seed + 2,
+                               on_trial=lambda s, r: ctx.log(f"[bench] by_size {s}: total {r['total_s']:.2f} s"))
+        return by_size.section(runs, commit, "scripts/bench.sh (section by_size)")
+
+    return _try("by_size", measure, ctx.log)
+
+
 def model_fit(points: list[dict], work: Path) -> dict:
     """Feed the slots-scaling points to ``phoenix model fit`` (CSV ``gpus,seconds``); returns its JSON."""
     import subprocess
@@ -185,11 +208,12 @@ def keep_previous_sections(results: dict, previous: Path, ran: list[str]) -> dic
         old = {}
     kept = []
     for name in SECTIONS:
-        if name in ran or not isinstance(old.get(name), dict):
+        key = SECTION_KEYS[name]
+        if name in ran or not isinstance(old.get(key), dict):
             continue
-        sec = dict(old[name])
+        sec = dict(old[key])
         sec.setdefault("kept_from", f"{old.get('date')}, commit {old.get('commit')}")
-        results[name] = sec
+        results[key] = sec
         kept.append(name)
     if kept:
         results["kept_sections"] = kept
@@ -293,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             results["scaling"] = section_scaling(ctx, a.quick, a.seed)
             if not results["scaling"].get("unavailable"):
                 results["scaling"]["fit"] = model_fit(results["scaling"].get("by_slots", []), work)
+        if "by_size" in sections:
+            results["recovery_by_size"] = section_by_size(ctx, a.quick, a.seed, results["commit"])
     finally:
         ctx.revive()
     results["wall_s"] = round(time.time() - t0, 1)

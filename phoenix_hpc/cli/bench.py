@@ -22,8 +22,9 @@ from phoenix_hpc.errors import BenchError
 
 @click.command("bench")
 @click.option("--quick", is_flag=True, help="under 3 minutes: overhead, memory and one hot swap")
-@click.option("--sections", default="overhead,recovery,scaling", show_default=True,
-              help="comma-separated subset of overhead (with memory), recovery, scaling")
+@click.option("--sections", default="overhead,recovery,scaling,by_size", show_default=True,
+              help="comma-separated subset of overhead (with memory), recovery, scaling, by_size (what grows "
+                   "with the model; not in --quick mode)")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
               help="folder for BENCHMARKS.md, BENCHMARKS.json and benchmarks/*.png")
 @click.option("--seed", type=int, default=2026, show_default=True, help="seed of the random fault steps")

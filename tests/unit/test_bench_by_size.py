@@ -1,5 +1,6 @@
-"""Section 3's "what grows with the model" (scripts/measure-recovery-by-size.py): rendered from
-BENCHMARKS.json and kept across full benchmark runs, as the control-plane section is."""
+"""Section 3's "what grows with the model" (phoenix_hpc/bench/by_size.py: section ``by_size`` of
+scripts/bench.sh, and scripts/measure-recovery-by-size.py): rendered from BENCHMARKS.json, kept across runs of
+other sections."""
 
 import json
 
@@ -27,13 +28,8 @@ def test_a_full_run_keeps_the_by_size_section(tmp_path):
 
 
 def test_trials_are_reduced_to_medians_and_the_core_ratio_has_an_interval():
-    import importlib.util
-    from pathlib import Path
+    from phoenix_hpc.bench import by_size as mod
 
-    spec = importlib.util.spec_from_file_location(
-        "by_size", Path(__file__).resolve().parents[2] / "scripts" / "measure-recovery-by-size.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     runs = {"S": [{"params": 8, "total_s": t, "phase.replay": 0.1, "phase.reconfigure": 0.3, "phase.detect": 0.05,
                    "kill.slot_exit": 0.04, "slot_rss_mib": 400.0, "slot_huge_mib": 10.0} for t in (1.1, 1.3, 1.2)],
             "L": [{"params": 99, "total_s": t, "phase.replay": 1.0, "phase.reconfigure": 0.3, "engine": 0.1,
@@ -81,3 +77,33 @@ def test_thp_mode_is_the_bracketed_word_or_none(tmp_path):
         (tmp_path / "enabled").write_text(text)
         assert thp_mode(str(tmp_path / "enabled")) == want
     assert thp_mode(str(tmp_path / "missing")) is None
+
+
+def test_a_run_of_other_sections_keeps_the_by_size_one_and_a_missing_one_says_why(tmp_path):
+    from phoenix_hpc.bench.run import SECTIONS, keep_previous_sections
+
+    assert "by_size" in SECTIONS
+    prev = tmp_path / "BENCHMARKS.json"
+    prev.write_text(json.dumps({"date": "D", "commit": "C", "recovery_by_size": {"rows": ROWS}}))
+    res = keep_previous_sections({"overhead": {"cases": []}}, prev, ["overhead"])
+    assert res["recovery_by_size"]["rows"] == ROWS and "by_size" in res["kept_sections"]
+    res = keep_previous_sections({"recovery_by_size": {"rows": {}}}, prev, ["by_size"])
+    assert res["recovery_by_size"] == {"rows": {}}
+    assert by_size_lines({"unavailable": "not run in --quick mode (each trial is a job of its own)"})[0] == (
+        "What grows with the model, per recovery part: **not measured (not run in --quick mode (each trial is a "
+        "job of its own))**.")
+    assert "failed: BenchError: no recovery" in by_size_lines({"name": "by_size", "error": "BenchError: no\nrecovery"})[0]
+
+
+def test_the_section_is_rendered_even_when_the_scaling_section_is_missing(tmp_path):
+    write_all({"mode": "full", "recovery_by_size": {"rows": ROWS, "commit": "c" * 40, "command": "cmd"}}, tmp_path)
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "| engine | 0.050 | 0.400 | 8.00 |" in text
+
+
+def test_the_console_table_puts_the_smaller_model_first():
+    from phoenix_hpc.bench.by_size import table_lines
+
+    lines = table_lines(dict(sorted(ROWS.items())))
+    assert lines[0].split()[:5] == ["part", "(s)", "S", "(0.83", "M)"] and lines[0].rstrip().endswith("ratio")
+    assert lines[1].split() == ["engine", "0.050", "0.400", "8.00"]
