@@ -7,6 +7,13 @@ Items:
   and packs byte-exact, and each checksum it took as its tensors landed equals the checksum of the buffer's
   bytes afterwards (an event per 1 MiB group of tensors here, so that several groups are checked;
   blocking synchronisation);
+- ``d2h.pinned``: the protector's page-locked buffers are exactly the size asked
+  (:func:`phoenix_hpc.runtime.pinned.pinned_empty`, ``mmap`` + ``cudaHostRegister``) where torch's caching host
+  allocator rounds up to a power of two: one buffer of :data:`PINNED_BYTES` (1 GiB + 4 MiB) each way, with
+  the process's RSS growth, ``is_pinned()``, the seconds to allocate and the best D2H GB/s of a copy into it;
+  and the RSS given back when the exact one is dropped (unregistered and unmapped). Passes when the exact
+  buffer is pinned, grows the RSS by its size (not a power of two; at most :data:`PINNED_SLACK` more), is
+  given back, and copies at least 0.9 x as fast as into torch's;
 - ``d2h.overhead``: a ~1B-parameter torch-engine model (bf16 weights, fp32 ZeRO-1 AdamW state: 14 bytes
   per parameter in the snapshot) trains in ABBA blocks with protection on and off in one process
   (:func:`phoenix_hpc.gpucheck.protect.abba`); numbers: the per-step ratio on/off with its 95 % interval,
@@ -37,7 +44,9 @@ from phoenix_hpc.gpucheck.report import item
 
 NAME = "d2h"
 TIMEOUT_S = 200
-ITEMS = ("d2h.exact", "d2h.overhead")
+ITEMS = ("d2h.exact", "d2h.overhead", "d2h.pinned")
+PINNED_BYTES = (1 << 30) + (4 << 20)  # just above a power of two: torch's caching host allocator pins 2 GiB
+PINNED_SLACK = 16 << 20  # RSS growth beyond the buffer's own bytes allowed for (the process's other pages)
 MODEL = {"layers": 20, "hidden_size": 2048, "heads": 16, "vocab_size": 256, "seq_length": 1024, "dtype": "bfloat16"}
 TRAINING = {"steps": 1000, "micro_batch_size": 4, "global_batch_size": 8, "lr": 1e-4, "warmup_steps": 2, "seed": 3}
 WARMUP, ROUNDS, BLOCK_STEPS = 3, 2, 4
@@ -111,6 +120,60 @@ def exact_item() -> dict:
     if bad or not buf.is_pinned():
         return item(ITEMS[0], "failed", f"copy differs for {bad}" if bad else "host buffer is not pinned", nums)
     return item(ITEMS[0], "passed", numbers=nums)
+
+
+def pinned_verdict(nbytes: int, nums: dict) -> str:
+    """Empty when ``d2h.pinned``'s numbers show an exactly sized, page-locked, given-back buffer that copies
+    at least 0.9 x as fast as torch's pinned one; else what is wrong (pure)."""
+    if not nums.get("exact_pinned"):
+        return "the exact buffer is not page-locked (is_pinned() is false)"
+    grew = nums.get("exact_rss_growth_bytes", 0)
+    if not nbytes <= grew <= nbytes + PINNED_SLACK:
+        return f"the exact buffer of {nbytes} bytes grew the RSS by {grew} bytes (allowed: {nbytes} to {nbytes + PINNED_SLACK})"
+    if nums.get("exact_rss_kept_bytes", 0) > PINNED_SLACK:
+        return f"dropping the exact buffer gave back all but {nums['exact_rss_kept_bytes']} bytes"
+    if nums.get("exact_d2h_gbs", 0.0) < 0.9 * nums.get("torch_d2h_gbs", 0.0):
+        return f"D2H into the exact buffer {nums.get('exact_d2h_gbs')} GB/s, into torch's {nums.get('torch_d2h_gbs')}"
+    return ""
+
+
+def pinned_item() -> dict:
+    """``d2h.pinned`` (see the module docstring)."""
+    import gc
+
+    import torch
+
+    from phoenix_hpc.bench.overhead_rank import rss_bytes
+    from phoenix_hpc.runtime.pinned import pinned_empty
+
+    n = PINNED_BYTES
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    nums: dict = {"bytes": n}
+    for kind, make in (("torch", lambda: torch.empty(n, dtype=torch.uint8, pin_memory=True)),
+                       ("exact", lambda: pinned_empty(n))):
+        gc.collect()
+        r0 = rss_bytes()
+        t0 = time.perf_counter()
+        buf = make()
+        nums[f"{kind}_alloc_s"] = round(time.perf_counter() - t0, 3)
+        nums[f"{kind}_rss_growth_bytes"] = rss_bytes() - r0
+        nums[f"{kind}_pinned"] = bool(buf.is_pinned())
+        best = 0.0
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            buf.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            best = max(best, protect.gbs(n, time.perf_counter() - t0))
+        nums[f"{kind}_d2h_gbs"] = best
+        del buf
+        gc.collect()
+        nums[f"{kind}_rss_kept_bytes"] = rss_bytes() - r0  # torch's stays pinned in its allocator's cache
+    empty_cache = getattr(torch._C, "_host_emptyCache", None)  # torch's cached pinned block, back to the OS
+    if empty_cache is not None:
+        empty_cache()
+    why = pinned_verdict(n, nums)
+    return item(ITEMS[2], "failed" if why else "passed", why, nums)
 
 
 def raw_copy_gbs(nbytes: int = 1 << 30, reps: int = 3) -> float:
@@ -210,13 +273,18 @@ def overhead_item(work: Path) -> dict:
 
 
 def run(work: Path) -> list[dict]:
+    import traceback
+
     common.prepare_cuda()
     out = [exact_item()]
     try:
+        out.append(pinned_item())
+    except Exception as e:  # noqa: BLE001 -- the report names it; the log has the traceback
+        traceback.print_exc()
+        out.append(item(ITEMS[2], "failed", f"{type(e).__name__}: {e}"))
+    try:
         out.append(overhead_item(work))
     except Exception as e:  # noqa: BLE001 -- the report names it; the log has the traceback
-        import traceback
-
         traceback.print_exc()
         out.append(item(ITEMS[1], "failed", f"{type(e).__name__}: {e}", limit=protect.NO_PEER))
     return out

@@ -7,7 +7,8 @@ buffers written), then 2 unprotected ones as the control. Numbers: the design's 
 runtime's plan (which adds a header and an index per buffer), the bytes of its buffers resident
 in RAM (mincore(2)), the RSS growth over create + protected steps and over the control steps. Passes when
 the plan matches the formula (up to the per-buffer header and index, at most 1 % + 1 MiB) and every
-planned byte is resident; the RSS ratio is reported (the CUDA host allocator may round pinned blocks up).
+planned byte is resident; the RSS ratio is reported (1.508 when the buffers came from torch's caching host
+allocator, which rounds each up to a power of two; exactly sized since, :mod:`phoenix_hpc.runtime.pinned`).
 """
 
 from __future__ import annotations

@@ -162,20 +162,29 @@ class PingPong:
 
 
 def host_empty(nbytes: int, pin: bool = False) -> torch.Tensor:
-    """A uint8 host tensor of ``nbytes`` (page-locked when ``pin``) whose pages are left untouched
+    """A uint8 host tensor of ``nbytes`` whose pages are left untouched
     (:func:`phoenix_hpc.engines.alloc.no_fill`): without it, the ranks' deterministic mode writes every byte
     of a new tensor (about 0.1 s of CPU for the 218 MB of a 10.8 M-parameter rank, measured), only to be
     overwritten. Every buffer made here is written before it is read (a copy fills the target of a pair before
-    its commit; a receive fills its buffer before it is unpacked; checksums cover written bytes only)."""
+    its commit; a receive fills its buffer before it is unpacked; checksums cover written bytes only).
+    ``pin``: page-locked for the CUDA device, exactly ``nbytes`` (:func:`phoenix_hpc.runtime.pinned.pinned_empty`,
+    not torch's caching host allocator, which rounds up to a power of two); resident at once.
+
+    Raises:
+        ReplicationError: ``pin`` and the page-locking fails (:func:`~phoenix_hpc.runtime.pinned.pinned_empty`)."""
+    if pin:
+        from phoenix_hpc.runtime.pinned import pinned_empty
+
+        return pinned_empty(nbytes)
     from phoenix_hpc.engines.alloc import no_fill
 
     with no_fill():
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        return torch.empty(nbytes, dtype=torch.uint8)
 
 
 def allocate_pair(nbytes: int, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two uint8 host tensors of ``nbytes`` each (page-locked when ``pin``; pages untouched,
-    :func:`host_empty`)."""
+    """Two uint8 host tensors of ``nbytes`` each (:func:`host_empty`: page-locked and exactly sized when
+    ``pin``, else with their pages untouched)."""
     return host_empty(nbytes, pin), host_empty(nbytes, pin)
 
 
@@ -204,7 +213,7 @@ def allocate_buffers(plan: MemoryPlan, pin: bool) -> BufferSet:
             pair = allocate_pair(nbytes, pin)
             made.extend(pair)
             held[shard] = PingPong(pair, f"replica {shard}")
-    except (RuntimeError, MemoryError) as e:
+    except (RuntimeError, MemoryError, ReplicationError) as e:  # ReplicationError: page-locking failed
         made.clear()
         raise ReplicationError(f"allocating the replication buffers failed ({plan.describe()}): {e}") from e
     return BufferSet(PingPong(local, "local snapshot"), held)

@@ -1,0 +1,88 @@
+"""Page-locked host buffers of exactly the size asked (docs/design.md section 4, "Host memory").
+
+``torch.empty(n, pin_memory=True)`` goes through torch's caching host allocator, which rounds every request
+up to the next power of two and keeps freed blocks page-locked in its cache for later requests
+(``ATen/core/CachingHostAllocator.h``: ``PowerOf2Ceil`` unless ``pinned_max_round_threshold`` says otherwise,
+which it does not by default; pytorch issue 150517). A snapshot buffer of 1.43 GB pinned 2 GiB: the GPU
+check's ``memory.host`` measured the RSS growth of a protector's pair at 1.508 x its plan, 4,300,423,168
+bytes for two buffers of 1,425,710,400. The protector's buffers are allocated once per generation and never
+resized, so the cache's reuse buys nothing and its rounding costs up to twice the host memory the
+start-up check (:func:`phoenix_hpc.runtime.buffers.check_host_memory`) plans for.
+
+:func:`pinned_empty` maps exactly ``nbytes`` of anonymous memory (``mmap(2)``) and page-locks the range with
+``cudaHostRegister`` (CUDA runtime API, flags ``cudaHostRegisterDefault``: the device can DMA into it and a
+``non_blocking`` device-to-host copy into it is asynchronous, as into ``cudaHostAlloc`` memory; torch's
+``is_pinned()`` is true for it). The tensor's storage holds a ``memoryview`` of the mapping; when the last
+tensor using that storage is gone (typed views such as ``view(torch.float32)`` included, which do not keep
+the first tensor alive), the memoryview is freed, and its finalizer unregisters the range
+(``cudaHostUnregister``) and only then lets the mapping go (``munmap``), so no byte is unmapped while
+registered and none is unregistered while a tensor can still reach it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import weakref
+from typing import Callable
+
+import torch
+
+from phoenix_hpc.errors import ReplicationError
+
+#: ``cudaHostRegisterDefault`` (CUDA runtime API, ``cudaHostRegister`` flags).
+HOST_REGISTER_DEFAULT = 0
+
+Register = Callable[[int, int], int]  # (address, bytes) -> CUDA error code, 0 = cudaSuccess
+Unregister = Callable[[int], int]  # (address) -> CUDA error code
+
+
+def cuda_register_calls() -> tuple[Register, Unregister]:
+    """``cudaHostRegister`` / ``cudaHostUnregister`` through torch's bindings of the CUDA runtime
+    (``torch.cuda.cudart()``), each returning the CUDA error code as an int. Raises what ``torch.cuda.cudart``
+    raises without CUDA."""
+    rt = torch.cuda.cudart()
+
+    def code(rc) -> int:
+        return int(getattr(rc, "value", rc))
+
+    return (lambda ptr, n: code(rt.cudaHostRegister(ptr, n, HOST_REGISTER_DEFAULT)),
+            lambda ptr: code(rt.cudaHostUnregister(ptr)))
+
+
+def _release(unregister: Unregister, ptr: int, mapping: mmap.mmap) -> None:
+    """Finalizer of the memoryview behind a :func:`pinned_empty` storage: unregister the range, then drop
+    the last reference to the mapping (held by the finalizer until now), which unmaps it. An error code (at
+    interpreter exit the CUDA context may be gone) is ignored: nothing else can be done with it."""
+    unregister(ptr)
+    del mapping
+
+
+def pinned_empty(nbytes: int, calls: tuple[Register, Unregister] | None = None) -> torch.Tensor:
+    """A uint8 host tensor of exactly ``nbytes``, page-locked for the CUDA device (see the module doc). Its
+    pages are written by the registration (the kernel maps and locks each one, zero-filled), so it is
+    resident at once, as ``cudaHostAlloc`` memory is. ``calls``: the register / unregister functions
+    (default :func:`cuda_register_calls`; the CPU tests pass their own).
+
+    Raises:
+        ReplicationError: ``nbytes`` is negative, the mapping fails, or ``cudaHostRegister`` returns an error
+            (its code and the size named; the mapping is released again)."""
+    if not isinstance(nbytes, int) or nbytes < 0:
+        raise ReplicationError(f"pinned host buffer: {nbytes!r} bytes is not allowed (allowed: an integer >= 0)")
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    register, unregister = calls if calls is not None else cuda_register_calls()
+    try:
+        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as e:
+        raise ReplicationError(f"pinned host buffer: mapping {nbytes} bytes failed: {e}") from None
+    view = memoryview(mapping)  # what the storage holds: its lifetime is the storage's
+    t = torch.frombuffer(view, dtype=torch.uint8)
+    ptr = t.data_ptr()
+    rc = register(ptr, nbytes)
+    if rc != 0:
+        del t  # the storage's hold on the memoryview, and with it the export of the mapping, goes
+        view.release()
+        mapping.close()
+        raise ReplicationError(f"pinned host buffer: cudaHostRegister of {nbytes} bytes returned CUDA error {rc}")
+    weakref.finalize(view, _release, unregister, ptr, mapping)
+    return t

@@ -1,0 +1,98 @@
+"""Exactly sized page-locked host buffers (runtime/pinned.py): the mapping, its registration and its release,
+with the CUDA calls replaced by recorders (the CUDA calls themselves run in scripts/gpu-check.sh, d2h)."""
+
+import gc
+import mmap
+
+import pytest
+import torch
+
+from phoenix_hpc.errors import ReplicationError
+from phoenix_hpc.runtime import buffers, pinned
+
+
+class Calls:
+    def __init__(self, fail: int = 0):
+        self.fail, self.registered, self.unregistered = fail, [], []
+
+    def pair(self):
+        def register(ptr: int, n: int) -> int:
+            self.registered.append((ptr, n))
+            return self.fail
+
+        def unregister(ptr: int) -> int:
+            self.unregistered.append(ptr)
+            return 0
+
+        return register, unregister
+
+
+def test_a_buffer_is_exactly_the_size_asked_registered_once_and_released_after_its_last_view():
+    c = Calls()
+    n = (1 << 20) + 4096 + 7  # just above a power of two, and not a whole number of pages
+    t = pinned.pinned_empty(n, c.pair())
+    assert t.dtype == torch.uint8 and t.numel() == n and t.data_ptr() % mmap.PAGESIZE == 0
+    assert c.registered == [(t.data_ptr(), n)] and c.unregistered == []
+    ptr = t.data_ptr()
+    t[-1] = 7
+    view = t[4096:8192].view(torch.float32)
+    arr = t.numpy()  # the runtime keeps numpy and typed views of its buffers
+    del t
+    gc.collect()
+    assert c.unregistered == []  # the views still use the memory
+    assert int(arr[-1]) == 7
+    del arr
+    gc.collect()
+    assert c.unregistered == []  # a typed view does not keep the first tensor alive, but the storage lives
+    view.fill_(1.0)
+    del view
+    gc.collect()
+    assert c.unregistered == [ptr]
+
+
+def test_a_failed_registration_names_the_error_and_the_size_and_keeps_nothing():
+    c = Calls(fail=2)
+    with pytest.raises(ReplicationError, match=r"cudaHostRegister of 65536 bytes returned CUDA error 2"):
+        pinned.pinned_empty(65536, c.pair())
+    gc.collect()
+    assert len(c.registered) == 1 and c.unregistered == []  # nothing registered to undo
+
+
+def test_bad_sizes_are_refused_and_zero_bytes_need_no_registration():
+    c = Calls()
+    for bad in (-1, 1.5, "8"):
+        with pytest.raises(ReplicationError, match="is not allowed"):
+            pinned.pinned_empty(bad, c.pair())
+    assert pinned.pinned_empty(0, c.pair()).numel() == 0 and c.registered == []
+
+
+def test_pinned_protector_buffers_take_the_exact_path(monkeypatch):
+    c = Calls()
+    real = pinned.pinned_empty
+    monkeypatch.setattr(pinned, "pinned_empty", lambda n: real(n, c.pair()))
+    plan = buffers.MemoryPlan(3 << 20, (("opt/pp0/tp0/dp1", (1 << 20) + 1),))
+    got = buffers.allocate_buffers(plan, pin=True)
+    assert sorted(n for _, n in c.registered) == [(1 << 20) + 1, (1 << 20) + 1, 3 << 20, 3 << 20]
+    assert got.total_bytes == plan.total_bytes
+    c.fail = 3  # the second buffer of the second pair fails: the error names the plan, the first ones go
+    c.registered.clear()
+    calls = iter([0, 0, 0, 3])
+    monkeypatch.setattr(pinned, "pinned_empty", lambda n: real(n, (lambda p, k: next(calls), c.pair()[1])))
+    with pytest.raises(ReplicationError, match=r"allocating the replication buffers failed .*CUDA error 3"):
+        buffers.allocate_buffers(plan, pin=True)
+    gc.collect()
+    assert len(c.unregistered) == 3  # the three registered before the failure were released; `got` lives on
+
+
+def test_the_gpu_check_s_verdict_on_the_exact_buffer():
+    from phoenix_hpc.gpucheck.check_d2h import ITEMS, PINNED_BYTES, PINNED_SLACK, pinned_verdict
+
+    n = PINNED_BYTES
+    good = {"exact_pinned": True, "exact_rss_growth_bytes": n + 4096, "exact_rss_kept_bytes": 8192,
+            "exact_d2h_gbs": 54.0, "torch_d2h_gbs": 55.0, "torch_rss_growth_bytes": 2 << 30}
+    assert "d2h.pinned" in ITEMS and pinned_verdict(n, good) == ""
+    assert "not page-locked" in pinned_verdict(n, {**good, "exact_pinned": False})
+    assert "grew the RSS by 2147483648 bytes" in pinned_verdict(n, {**good, "exact_rss_growth_bytes": 2 << 30})
+    assert "grew the RSS by 0 bytes" in pinned_verdict(n, {**good, "exact_rss_growth_bytes": 0})  # not resident
+    assert "all but" in pinned_verdict(n, {**good, "exact_rss_kept_bytes": PINNED_SLACK + 1})
+    assert "GB/s" in pinned_verdict(n, {**good, "exact_d2h_gbs": 40.0})
