@@ -10,7 +10,8 @@ resized, so the cache's reuse buys nothing and its rounding costs up to twice th
 start-up check (:func:`phoenix_hpc.runtime.buffers.check_host_memory`) plans for.
 
 :func:`pinned_empty` maps exactly ``nbytes`` of anonymous memory (``mmap(2)``) and page-locks the range with
-``cudaHostRegister`` (CUDA runtime API, flags ``cudaHostRegisterDefault``: the device can DMA into it and a
+``cudaHostRegister`` (CUDA runtime API, flag ``cudaHostRegisterPortable``: page-locked for every CUDA context
+of the process, whichever device was current when it was made; the device can DMA into it and a
 ``non_blocking`` device-to-host copy into it is asynchronous, as into ``cudaHostAlloc`` memory; torch's
 ``is_pinned()`` is true for it). The tensor's storage holds a ``memoryview`` of the mapping; when the last
 tensor using that storage is gone (typed views such as ``view(torch.float32)`` included, which do not keep
@@ -29,8 +30,8 @@ import torch
 
 from phoenix_hpc.errors import ReplicationError
 
-#: ``cudaHostRegisterDefault`` (CUDA runtime API, ``cudaHostRegister`` flags).
-HOST_REGISTER_DEFAULT = 0
+#: ``cudaHostRegisterPortable`` (CUDA runtime API, ``cudaHostRegister`` flags): pinned for all CUDA contexts.
+HOST_REGISTER_PORTABLE = 1
 
 Register = Callable[[int, int], int]  # (address, bytes) -> CUDA error code, 0 = cudaSuccess
 Unregister = Callable[[int], int]  # (address) -> CUDA error code
@@ -45,7 +46,7 @@ def cuda_register_calls() -> tuple[Register, Unregister]:
     def code(rc) -> int:
         return int(getattr(rc, "value", rc))
 
-    return (lambda ptr, n: code(rt.cudaHostRegister(ptr, n, HOST_REGISTER_DEFAULT)),
+    return (lambda ptr, n: code(rt.cudaHostRegister(ptr, n, HOST_REGISTER_PORTABLE)),
             lambda ptr: code(rt.cudaHostUnregister(ptr)))
 
 

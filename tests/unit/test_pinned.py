@@ -96,3 +96,25 @@ def test_the_gpu_check_s_verdict_on_the_exact_buffer():
     assert "grew the RSS by 0 bytes" in pinned_verdict(n, {**good, "exact_rss_growth_bytes": 0})  # not resident
     assert "all but" in pinned_verdict(n, {**good, "exact_rss_kept_bytes": PINNED_SLACK + 1})
     assert "GB/s" in pinned_verdict(n, {**good, "exact_d2h_gbs": 40.0})
+
+
+def test_the_cuda_calls_pass_the_portable_flag_and_read_the_error_code(monkeypatch):
+    seen = []
+
+    class Err:  # torch binds cudaError_t as a pybind11 enum: its number is .value
+        def __init__(self, v):
+            self.value = v
+
+    class Rt:
+        def cudaHostRegister(self, ptr, n, flags):
+            seen.append(("register", ptr, n, flags))
+            return Err(0)
+
+        def cudaHostUnregister(self, ptr):
+            seen.append(("unregister", ptr))
+            return Err(712)
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Rt())
+    register, unregister = pinned.cuda_register_calls()
+    assert register(4096, 10) == 0 and unregister(4096) == 712
+    assert seen == [("register", 4096, 10, pinned.HOST_REGISTER_PORTABLE), ("unregister", 4096)]
