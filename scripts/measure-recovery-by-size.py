@@ -9,7 +9,7 @@ measurement is phoenix_hpc/bench/by_size.py; `scripts/bench.sh` runs the same as
 
 Usage: .venv/bin/python scripts/measure-recovery-by-size.py [--work DIR] [--sizes S,L] [--trials N]
                                                             [--update-benchmarks DIR]
-  --trials N: jobs per model (default 3, at least 1; about 40 s each on 2 cores).
+  --trials N: jobs per model (default 4, as in the benchmark's section, at least 1; about 40 s each on 2 cores).
   --update-benchmarks DIR: keep the result under "recovery_by_size" in DIR/BENCHMARKS.json and render it into
   section 3 of DIR/BENCHMARKS.md (the other sections are re-rendered unchanged from the same JSON).
 """
@@ -27,7 +27,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default=None)
     ap.add_argument("--sizes", default="S,L")
-    ap.add_argument("--trials", default="3")
+    ap.add_argument("--trials", default="4")
     ap.add_argument("--update-benchmarks", default=None, metavar="DIR")
     a = ap.parse_args()
     from phoenix_hpc.bench.jobs import MODEL_SIZES

@@ -12,7 +12,7 @@ Items:
   allocator rounds up to a power of two: one buffer of :data:`PINNED_BYTES` (1 GiB + 4 MiB) each way, with
   the process's RSS growth, ``is_pinned()``, the seconds to allocate and the best D2H GB/s of a copy into it;
   and the RSS given back when the exact one is dropped (unregistered and unmapped). Passes when the exact
-  buffer is pinned, grows the RSS by its size (not a power of two; at most :data:`PINNED_SLACK` more), is
+  buffer is pinned, grows the RSS by its size (not a power of two; within :data:`PINNED_SLACK` either way), is
   given back, and copies at least 0.9 x as fast as into torch's;
 - ``d2h.overhead``: a ~1B-parameter torch-engine model (bf16 weights, fp32 ZeRO-1 AdamW state: 14 bytes
   per parameter in the snapshot) trains in ABBA blocks with protection on and off in one process
@@ -46,7 +46,7 @@ NAME = "d2h"
 TIMEOUT_S = 200
 ITEMS = ("d2h.exact", "d2h.overhead", "d2h.pinned")
 PINNED_BYTES = (1 << 30) + (4 << 20)  # just above a power of two: torch's caching host allocator pins 2 GiB
-PINNED_SLACK = 16 << 20  # RSS growth beyond the buffer's own bytes allowed for (the process's other pages)
+PINNED_SLACK = 16 << 20  # RSS change besides the buffer's own bytes allowed for (the process's other pages)
 MODEL = {"layers": 20, "hidden_size": 2048, "heads": 16, "vocab_size": 256, "seq_length": 1024, "dtype": "bfloat16"}
 TRAINING = {"steps": 1000, "micro_batch_size": 4, "global_batch_size": 8, "lr": 1e-4, "warmup_steps": 2, "seed": 3}
 WARMUP, ROUNDS, BLOCK_STEPS = 3, 2, 4
@@ -128,8 +128,9 @@ def pinned_verdict(nbytes: int, nums: dict) -> str:
     if not nums.get("exact_pinned"):
         return "the exact buffer is not page-locked (is_pinned() is false)"
     grew = nums.get("exact_rss_growth_bytes", 0)
-    if not nbytes <= grew <= nbytes + PINNED_SLACK:
-        return f"the exact buffer of {nbytes} bytes grew the RSS by {grew} bytes (allowed: {nbytes} to {nbytes + PINNED_SLACK})"
+    if not nbytes - PINNED_SLACK <= grew <= nbytes + PINNED_SLACK:
+        return (f"the exact buffer of {nbytes} bytes grew the RSS by {grew} bytes (allowed: {nbytes - PINNED_SLACK} to "
+                f"{nbytes + PINNED_SLACK})")
     if nums.get("exact_rss_kept_bytes", 0) > PINNED_SLACK:
         return f"dropping the exact buffer gave back all but {nums['exact_rss_kept_bytes']} bytes"
     if nums.get("exact_d2h_gbs", 0.0) < 0.9 * nums.get("torch_d2h_gbs", 0.0):

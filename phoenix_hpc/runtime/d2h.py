@@ -68,12 +68,16 @@ class D2H:
         if not self.cuda:
             copy_in(buf, layout, opt, params, views=views)
             return
-        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
-            self._stream.wait_event(token)
-            copy_in(buf, layout, opt, params, non_blocking=True, views=views)
-            done = torch.cuda.Event()
-            done.record(self._stream)
-        done.synchronize()
+        try:
+            with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+                self._stream.wait_event(token)
+                copy_in(buf, layout, opt, params, non_blocking=True, views=views)
+                done = torch.cuda.Event()
+                done.record(self._stream)
+            done.synchronize()
+        except BaseException:
+            self._drain()
+            raise
 
     def copy_checksummed(self, token: Any, buf: torch.Tensor, layout: SnapshotLayout, opt: list, params: list,
                          checksum: str) -> tuple[list[int], int, int]:
@@ -102,18 +106,22 @@ class D2H:
         if self.cuda:
             ends = event_ends(layout.slots, self.event_bytes)
             events = []
-            with torch.cuda.device(self.device), torch.cuda.stream(self._stream), torch.no_grad():
-                self._stream.wait_event(token)
-                start = 0
-                for end in ends:
-                    for (_, t), view in zip(pairs[start:end], views[start:end]):
-                        view.copy_(t, non_blocking=True)
-                    ev = torch.cuda.Event(blocking=True)
-                    ev.record(self._stream)
-                    events.append(ev)
-                    start = end
-            sums, sum_ns = checksum_groups(mv, layout.slots, ends, lambda i: events[i].synchronize(), fn,
-                                           self.checksums)
+            try:
+                with torch.cuda.device(self.device), torch.cuda.stream(self._stream), torch.no_grad():
+                    self._stream.wait_event(token)
+                    start = 0
+                    for end in ends:
+                        for (_, t), view in zip(pairs[start:end], views[start:end]):
+                            view.copy_(t, non_blocking=True)
+                        ev = torch.cuda.Event(blocking=True)
+                        ev.record(self._stream)
+                        events.append(ev)
+                        start = end
+                sums, sum_ns = checksum_groups(mv, layout.slots, ends, lambda i: events[i].synchronize(), fn,
+                                               self.checksums)
+            except BaseException:
+                self._drain()
+                raise
             own = time.thread_time_ns() - c0  # with one checksum thread, the checksums ran in this one
             return sums, own - (sum_ns if self.checksums.threads == 1 else 0), sum_ns
         wall_copy = wall_sum = 0
@@ -127,6 +135,15 @@ class D2H:
         cpu = time.thread_time_ns() - c0
         copy_ns = cpu * wall_copy // max(1, wall_copy + wall_sum)
         return sums, copy_ns, cpu - copy_ns
+
+    def _drain(self) -> None:
+        """After a copy failed part-way: wait until every copy queued on the side stream has landed, so that
+        no buffer is released (:mod:`phoenix_hpc.runtime.pinned` unregisters and unmaps it) while the device
+        still writes into it. An error of the wait itself is left to the one being raised."""
+        try:
+            self._stream.synchronize()
+        except Exception:  # noqa: BLE001 - the copy's own error is the one to report
+            pass
 
     def _views_of(self, buf: torch.Tensor, layout: SnapshotLayout) -> tuple[torch.Tensor, ...]:
         """The slot views of ``buf`` for ``layout``, built on first use (a snapshot of small tensors spends

@@ -39,15 +39,44 @@ Unregister = Callable[[int], int]  # (address) -> CUDA error code
 
 def cuda_register_calls() -> tuple[Register, Unregister]:
     """``cudaHostRegister`` / ``cudaHostUnregister`` through torch's bindings of the CUDA runtime
-    (``torch.cuda.cudart()``), each returning the CUDA error code as an int. Raises what ``torch.cuda.cudart``
-    raises without CUDA."""
+    (``torch.cuda.cudart()``), each returning the CUDA error code as an int. Both run with the device that
+    is current now made current again: the unregistration may run on any thread (the one that drops the
+    last reference, or the garbage collector's), where device 0 would be current and the runtime would
+    create a context on it. A failed registration's error is cleared from the calling thread's last error
+    (``cudaGetLastError``), so that the next kernel launch does not report it as its own. Raises what
+    ``torch.cuda.cudart`` raises without CUDA."""
     rt = torch.cuda.cudart()
+    dev = torch.cuda.current_device()
 
     def code(rc) -> int:
         return int(getattr(rc, "value", rc))
 
-    return (lambda ptr, n: code(rt.cudaHostRegister(ptr, n, HOST_REGISTER_PORTABLE)),
-            lambda ptr: code(rt.cudaHostUnregister(ptr)))
+    def register(ptr: int, n: int) -> int:
+        with torch.cuda.device(dev):
+            rc = code(rt.cudaHostRegister(ptr, n, HOST_REGISTER_PORTABLE))
+            if rc != 0:
+                clear_last_error()
+            return rc
+
+    def unregister(ptr: int) -> int:
+        with torch.cuda.device(dev):
+            return code(rt.cudaHostUnregister(ptr))
+
+    return register, unregister
+
+
+def clear_last_error() -> None:
+    """Reset the calling thread's CUDA last error (``cudaGetLastError`` of the ``libcudart`` this process
+    loaded, found in ``/proc/self/maps``); nothing when none is loaded or it cannot be called."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split()[-1] for ln in f if "libcudart" in ln and ".so" in ln}
+        for path in sorted(paths)[:1]:
+            ctypes.CDLL(path).cudaGetLastError()
+    except (OSError, AttributeError):
+        pass
 
 
 def _release(unregister: Unregister, ptr: int, mapping: mmap.mmap) -> None:
@@ -76,6 +105,8 @@ def pinned_empty(nbytes: int, calls: tuple[Register, Unregister] | None = None) 
         mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except OSError as e:
         raise ReplicationError(f"pinned host buffer: mapping {nbytes} bytes failed: {e}") from None
+    if hasattr(mmap, "MADV_DONTFORK"):  # a process forked later (data-loader workers) does not share the pages
+        mapping.madvise(mmap.MADV_DONTFORK)  # copy-on-write, which page-locked pages must never become
     view = memoryview(mapping)  # what the storage holds: its lifetime is the storage's
     t = torch.frombuffer(view, dtype=torch.uint8)
     ptr = t.data_ptr()
@@ -85,5 +116,7 @@ def pinned_empty(nbytes: int, calls: tuple[Register, Unregister] | None = None) 
         view.release()
         mapping.close()
         raise ReplicationError(f"pinned host buffer: cudaHostRegister of {nbytes} bytes returned CUDA error {rc}")
-    weakref.finalize(view, _release, unregister, ptr, mapping)
+    # not at interpreter exit (atexit=False): the buffers are still reachable then and a daemon copy thread may
+    # be using them; the process's end releases the mapping and its registration
+    weakref.finalize(view, _release, unregister, ptr, mapping).atexit = False
     return t

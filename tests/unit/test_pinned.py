@@ -11,6 +11,19 @@ from phoenix_hpc.errors import ReplicationError
 from phoenix_hpc.runtime import buffers, pinned
 
 
+def vm_flags(addr: int) -> list[str]:
+    """The kernel's VmFlags of the mapping that starts at ``addr`` (proc(5), /proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                inside = int(head.split("-")[0], 16) == addr
+            elif inside and line.startswith("VmFlags:"):
+                return line.split()[1:]
+    raise AssertionError(f"no mapping starts at {addr:#x}")
+
+
 class Calls:
     def __init__(self, fail: int = 0):
         self.fail, self.registered, self.unregistered = fail, [], []
@@ -34,6 +47,7 @@ def test_a_buffer_is_exactly_the_size_asked_registered_once_and_released_after_i
     assert t.dtype == torch.uint8 and t.numel() == n and t.data_ptr() % mmap.PAGESIZE == 0
     assert c.registered == [(t.data_ptr(), n)] and c.unregistered == []
     ptr = t.data_ptr()
+    assert "dc" in vm_flags(ptr)  # MADV_DONTFORK: a process forked later does not get these pages
     t[-1] = 7
     view = t[4096:8192].view(torch.float32)
     arr = t.numpy()  # the runtime keeps numpy and typed views of its buffers
@@ -50,12 +64,31 @@ def test_a_buffer_is_exactly_the_size_asked_registered_once_and_released_after_i
     assert c.unregistered == [ptr]
 
 
-def test_a_failed_registration_names_the_error_and_the_size_and_keeps_nothing():
+def test_a_failed_registration_names_the_error_and_the_size_and_keeps_nothing(monkeypatch):
+    made = []
+    real_mmap = mmap.mmap
+
+    def recording_mmap(*a, **k):
+        made.append(real_mmap(*a, **k))
+        return made[-1]
+
+    monkeypatch.setattr(pinned.mmap, "mmap", recording_mmap)
     c = Calls(fail=2)
     with pytest.raises(ReplicationError, match=r"cudaHostRegister of 65536 bytes returned CUDA error 2"):
         pinned.pinned_empty(65536, c.pair())
     gc.collect()
     assert len(c.registered) == 1 and c.unregistered == []  # nothing registered to undo
+    assert len(made) == 1 and made[0].closed  # the mapping is gone at once, not when the collector runs
+
+
+def test_the_release_is_not_run_at_interpreter_exit():
+    import weakref
+
+    c = Calls()
+    t = pinned.pinned_empty(4096, c.pair())
+    alive = [f for f in weakref.finalize._registry if f.alive and f.peek() and f.peek()[1] is pinned._release]
+    assert alive and all(not f.atexit for f in alive)
+    del t
 
 
 def test_bad_sizes_are_refused_and_zero_bytes_need_no_registration():
@@ -114,7 +147,22 @@ def test_the_cuda_calls_pass_the_portable_flag_and_read_the_error_code(monkeypat
             seen.append(("unregister", ptr))
             return Err(712)
 
+    import contextlib
+
     monkeypatch.setattr(torch.cuda, "cudart", lambda: Rt())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: (seen.append(("device", d)), contextlib.nullcontext())[1])
+    cleared = []
+    monkeypatch.setattr(pinned, "clear_last_error", lambda: cleared.append(1))
     register, unregister = pinned.cuda_register_calls()
-    assert register(4096, 10) == 0 and unregister(4096) == 712
-    assert seen == [("register", 4096, 10, pinned.HOST_REGISTER_PORTABLE), ("unregister", 4096)]
+    assert register(4096, 10) == 0 and unregister(4096) == 712 and cleared == []
+    # both run on the device current at creation, whichever thread calls them
+    assert seen == [("device", 3), ("register", 4096, 10, pinned.HOST_REGISTER_PORTABLE), ("device", 3),
+                    ("unregister", 4096)]
+    Rt.cudaHostRegister = lambda self, ptr, n, flags: Err(2)
+    assert register(4096, 10) == 2 and cleared == [1]  # a failed registration's error is not left behind
+
+
+
+def test_clearing_the_last_cuda_error_is_a_no_op_without_libcudart():
+    pinned.clear_last_error()  # the CPU build loads no libcudart: nothing to call, nothing raised
