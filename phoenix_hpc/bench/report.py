@@ -231,7 +231,7 @@ def render_markdown(r: dict) -> str:
     ck = r.get("ckpt_restart_s") or {}
     a(f"| ckpt_restart_s | {', '.join(f'K={k}: {v:.2f}' for k, v in _by_k(ck)) or 'n/a'} |")
     a(f"| disruption_ratio (checkpoint-restart K=100 / hot swap) | {_f(r.get('disruption_ratio'))} |")
-    for n, by_k in (r.get("disruption_ratios") or {}).items():
+    for n, by_k in sorted((r.get("disruption_ratios") or {}).items()):  # as BENCHMARKS.json keeps them
         a(f"| disruption ratio {n} / hot swap [95 % CI] | " + ", ".join(
             f"K={k}: {q['value']:.1f} [{q['lo']:.1f}, {q['hi']:.1f}]" for k, q in _by_k(by_k)) + " |")
     a(f"| host_mem_ratio (measured / expected, k=1) | {_f(r.get('host_mem_ratio'), 3)} |")
