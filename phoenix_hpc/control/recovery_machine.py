@@ -224,18 +224,24 @@ class RecoveryMixin:
 
     def _advance_on_answers(self, now: float) -> None:
         """Called by the coordinator's loop after messages arrived: a recovery in its restore phase resumes as
-        soon as the last ``recovered`` is in, not up to a tick later. Everything else stays on the tick: a
-        lost member and the deadlines (judged after the pause accounting, :meth:`_advance_recovery`) and the
-        quiesce phase (docs/design.md, the coordinator: a member between its generation's arrival barrier and
-        its ``recovered`` does not answer a newer quiesce, so planning at once moves a second loss there)."""
+        soon as the last ``recovered`` is in, and one in its replay phase ends as soon as the last member's
+        step past the replayed ones is in, not up to a tick later. Everything else stays on the tick: a
+        lost member and the deadlines (judged after the pause accounting, :meth:`_advance_recovery`), a
+        replay cut short by a fault, and the quiesce phase (docs/design.md, the coordinator: a member between
+        its generation's arrival barrier and its ``recovered`` does not answer a newer quiesce, so planning at
+        once moves a second loss there)."""
         rec = self.recovery
-        if (rec is None or rec.phase != "restore" or self.ending is not None
+        if (rec is None or rec.phase not in ("restore", "replay") or self.ending is not None
                 or self.job.state in TERMINAL_JOB_STATES):
             return
-        if any(self.slots[w].state is SlotState.DEAD for _, w in rec.plan.rank_map):
+        members = [w for _, w in rec.plan.rank_map]
+        if any(self.slots[w].state is SlotState.DEAD for w in members):
             return  # the tick aborts the recovery
-        if self._all_recovered(rec):
-            self._check_and_resume(rec, now)
+        if rec.phase == "restore":
+            if self._all_recovered(rec):
+                self._check_and_resume(rec, now)
+        elif not self.faults and all(self.slots[w].step >= rec.target_step for w in members):
+            self._finish_recovery(rec, now, interrupted=False)
 
     def _plan(self, rec: Recovery, now: float) -> None:
         # a spare whose restore was cut short at its generation's arrival barrier answers live step -1 and

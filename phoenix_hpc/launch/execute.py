@@ -272,6 +272,7 @@ class Member:
         # closed protectors of earlier generations whose copies of the last recoverable step still serve a
         # recovery: kept until the current generation's first commit fence (no unprotected window)
         self.kept: list = []
+        self._replay_until: tuple[int, int] | None = None  # (generation, step) to report reaching at once
         # rebuild path: (R, host copy of S(R), rolled, its host-copy and teardown seconds) of a survivor whose
         # plan was cut short at the arrival barrier after its engine ended (RestoreInterrupted); the next plan
         # loads it
@@ -642,8 +643,22 @@ class Member:
         out = [p for p in (current if current is not None else self.old_protector,) if p is not None]
         return out + [p for p in self.kept if p not in out]
 
+    def _report_replayed(self) -> None:
+        """Once this member's step is past the steps its recovery replays, say so to the coordinator with a
+        heartbeat of its own: with a node board its step otherwise reaches the coordinator only with the
+        node's next heartbeat (up to ``resilience.heartbeat_interval_s`` later), and the recovery, its
+        ``recovery_done`` total and its ``replay`` phase would end only then."""
+        g, until = self._replay_until
+        if g != self.generation:
+            self._replay_until = None  # re-planned: the newer plan set its own target
+        elif int(self.engine.step) >= until:
+            self._replay_until = None
+            self.env.client.heartbeat(g, int(self.engine.step))
+
     def _phase(self, s: int, phase: str) -> None:
         if phase == "forward_backward":
+            if self._replay_until is not None and self.engine is not None:
+                self._report_replayed()
             self.phase = None  # a new iteration: nothing of it is applied yet
             if self.kept and self.protector is not None and self.protector.recoverable_step is not None:
                 self.kept = []  # this generation's first commit fence: its own copies protect every shard
@@ -900,6 +915,9 @@ class Member:
     def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None,
                     detail: dict[str, float] | None = None) -> RecoveryRecord:
         """``detail``: what the recovery reports already (a survivor's ``leave`` and ``quiesce``)."""
+        steps = int(plan.get("steps_replayed", 0))  # the coordinator hears the step past them at once
+        self._replay_until = ((int(plan["generation"]), int(plan["recoverable_step"]) + steps) if steps > 0
+                              else None)  # (:meth:`_report_replayed`)
         if plan.get("action") == "shrink":
             from phoenix_hpc.launch.shrink import apply_shrink
 

@@ -89,3 +89,42 @@ def test_a_member_answering_live_step_minus_one_is_restored_in_place_and_never_a
                  "live_step": -1, "dirty": False, "shards": {"opt/pp0/tp0/dp0": [5]}, "replicas": {}})
     c._tick(c.clock())
     assert seen["restore"] == [0] and seen["live_steps"] == {} and seen["committed"] == {}
+
+
+def _replaying(tmp_path, monkeypatch, until: int = 6):
+    c, _ = _restoring(tmp_path, monkeypatch)
+    rec = c.recovery
+    rec.phase, rec.target_step, rec.t_restored = "replay", until, c.clock()
+    for _, w in rec.plan.rank_map:
+        c.slots[w].step = until - 1
+        c.slots[w].generation = rec.generation
+    return c
+
+
+def test_the_step_past_the_replayed_ones_ends_the_recovery_at_once(tmp_path, monkeypatch):
+    """A member's own heartbeat with the step past the replayed ones (launch/execute.py
+    Member._report_replayed) ends the recovery in the loop iteration it arrives in, not at the next tick."""
+    c = _replaying(tmp_path, monkeypatch)
+    g = c.recovery.generation
+    c._dispatch({"type": "heartbeat", "world_rank": 0, "pid": 100, "generation": g, "step": 6})
+    c._advance_on_answers(c.clock())
+    assert c.recovery is not None and c.recovery.phase == "replay"  # member 2 is not past step 6 yet
+    c._dispatch({"type": "heartbeat", "world_rank": 2, "pid": c.slots[2].pid, "generation": g, "step": 6})
+    c._advance_on_answers(c.clock())
+    done = _events(tmp_path, "recovery_done")
+    assert c.recovery is None and len(done) == 1 and done[-1]["replay_interrupted"] is False
+
+
+def test_a_replay_with_a_fault_pending_or_a_lost_member_is_left_to_the_tick(tmp_path, monkeypatch):
+    c = _replaying(tmp_path, monkeypatch)
+    for _, w in c.recovery.plan.rank_map:
+        c.slots[w].step = 6
+    c.faults.append(object())  # a new fault: the tick ends the replay as interrupted and handles it
+    c._advance_on_answers(c.clock())
+    assert c.recovery is not None and not _events(tmp_path, "recovery_done")
+    c = _replaying(tmp_path / "b", monkeypatch)
+    for _, w in c.recovery.plan.rank_map:
+        c.slots[w].step = 6
+    c.slots[2].machine.to(SlotState.DEAD, "test")
+    c._advance_on_answers(c.clock())
+    assert c.recovery is not None and not _events(tmp_path / "b", "recovery_done")
