@@ -237,10 +237,10 @@ class RecoveryMixin:
         members = [w for _, w in rec.plan.rank_map]
         if any(self.slots[w].state is SlotState.DEAD for w in members):
             return  # the tick aborts the recovery
-        if rec.phase == "restore":
-            if self._all_recovered(rec):
-                self._check_and_resume(rec, now)
-        elif not self.faults and all(self.slots[w].step >= rec.target_step for w in members):
+        if rec.phase == "restore" and self._all_recovered(rec):
+            self._check_and_resume(rec, now)  # a plan that replays no step is past it at once: below
+        if (rec.phase == "replay" and self.recovery is rec and not self.faults
+                and all(self.slots[w].step >= rec.target_step for w in members)):
             self._finish_recovery(rec, now, interrupted=False)
 
     def _plan(self, rec: Recovery, now: float) -> None:

@@ -249,6 +249,14 @@ def fired_notice(client, run_dir, world_rank: int) -> Callable[[Any, int, str], 
     return notify
 
 
+def replay_target(plan: dict[str, Any]) -> tuple[int, int] | None:
+    """``(generation, step)`` a member of ``plan`` reports reaching at once (:meth:`Member._report_replayed`):
+    the recoverable step plus the steps the plan replays; None when it replays none (the recovery ends at
+    the resume). Pure."""
+    steps = int(plan.get("steps_replayed", 0))
+    return (int(plan["generation"]), int(plan["recoverable_step"]) + steps) if steps > 0 else None
+
+
 class Member:
     """This slot as a member of the job's generations. Build with :meth:`start` (active slot, generation
     0) or :meth:`join` (standby slot named in a plan)."""
@@ -645,15 +653,20 @@ class Member:
 
     def _report_replayed(self) -> None:
         """Once this member's step is past the steps its recovery replays, say so to the coordinator with a
-        heartbeat of its own: with a node board its step otherwise reaches the coordinator only with the
-        node's next heartbeat (up to ``resilience.heartbeat_interval_s`` later), and the recovery, its
-        ``recovery_done`` total and its ``replay`` phase would end only then."""
+        heartbeat of its own: with a node board its step otherwise reaches the coordinator only with its
+        node's heartbeats (the slot's record is written on its beat and pushed on the carrier's, so up to
+        about two ``resilience.heartbeat_interval_s`` later), and the recovery, its ``recovery_done`` total
+        and its ``replay`` phase would end only then. A failed send is left to those heartbeats: it is no
+        fault of the step."""
         g, until = self._replay_until
         if g != self.generation:
             self._replay_until = None  # re-planned: the newer plan set its own target
         elif int(self.engine.step) >= until:
             self._replay_until = None
-            self.env.client.heartbeat(g, int(self.engine.step))
+            try:
+                self.env.client.heartbeat(g, int(self.engine.step))
+            except Exception:  # noqa: BLE001 -- the node's heartbeat carries the step a little later
+                pass
 
     def _phase(self, s: int, phase: str) -> None:
         if phase == "forward_backward":
@@ -915,9 +928,7 @@ class Member:
     def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None,
                     detail: dict[str, float] | None = None) -> RecoveryRecord:
         """``detail``: what the recovery reports already (a survivor's ``leave`` and ``quiesce``)."""
-        steps = int(plan.get("steps_replayed", 0))  # the coordinator hears the step past them at once
-        self._replay_until = ((int(plan["generation"]), int(plan["recoverable_step"]) + steps) if steps > 0
-                              else None)  # (:meth:`_report_replayed`)
+        self._replay_until = replay_target(plan)  # the coordinator hears the step past them at once
         if plan.get("action") == "shrink":
             from phoenix_hpc.launch.shrink import apply_shrink
 
@@ -936,7 +947,9 @@ class Member:
         if self.logical is not None and mine[0] != self.logical:
             raise RecoveryError(f"plan moves world rank {e.world_rank} from logical rank {self.logical} to {mine[0]}")
         self.generation, self.rank_map, self.logical = g, rank_map, mine[0]
-        e.progress.set(generation=g)
+        # heartbeats of generation g say R from now on, not the live step this member quiesced at: a node's
+        # heartbeat arriving after the resume must not put it past the steps it is about to replay
+        e.progress.set(generation=g, step=R)
         from_checkpoint = plan.get("action") == "checkpoint_restart"
         rebuild = self.recovery_path == "rebuild"
         rolled = False

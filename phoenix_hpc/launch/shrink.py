@@ -119,7 +119,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
     detail.update(done)
     own_sid = member.coord.shard_prefix()
     member.generation = g
-    e.progress.set(generation=g)
+    e.progress.set(generation=g, step=None if leaving else R)  # as Member._apply_plan: R until the resume
 
     if leaving:  # send what the plan asks of this slot, then go back to standby
         import torch.distributed as dist

@@ -3,6 +3,8 @@ phase, losses and deadlines stay on the tick."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from test_drain import _coordinator, _events
 
 from phoenix_hpc.control.classify import FaultKind
@@ -119,7 +121,7 @@ def test_a_replay_with_a_fault_pending_or_a_lost_member_is_left_to_the_tick(tmp_
     c = _replaying(tmp_path, monkeypatch)
     for _, w in c.recovery.plan.rank_map:
         c.slots[w].step = 6
-    c.faults.append(object())  # a new fault: the tick ends the replay as interrupted and handles it
+    c.faults.append(object())  # a fault pending: the tick judges the replay (and then handles the fault)
     c._advance_on_answers(c.clock())
     assert c.recovery is not None and not _events(tmp_path, "recovery_done")
     c = _replaying(tmp_path / "b", monkeypatch)
@@ -128,3 +130,21 @@ def test_a_replay_with_a_fault_pending_or_a_lost_member_is_left_to_the_tick(tmp_
     c.slots[2].machine.to(SlotState.DEAD, "test")
     c._advance_on_answers(c.clock())
     assert c.recovery is not None and not _events(tmp_path / "b", "recovery_done")
+
+
+def test_a_plan_that_replays_no_step_ends_when_it_resumes(tmp_path):
+    """The last ``recovered`` resumes the recovery and, with nothing to replay, ends it in the same loop
+    iteration (a planned drain's hot swap replays no step)."""
+    c = _quiesced(tmp_path)
+    c._tick(c.clock())  # the plan
+    rec = c.recovery
+    rec.plan = dataclasses.replace(rec.plan, steps_replayed=0)
+    seen = []
+    c._check_and_resume = lambda r, now: (seen.append(1), setattr(r, "phase", "replay"),
+                                          setattr(r, "target_step", r.plan.recoverable_step),
+                                          setattr(r, "t_restored", now),
+                                          [setattr(c.slots[w], "step", r.plan.recoverable_step)
+                                           for _, w in r.plan.rank_map])
+    rec.recovered.update({0: {"report": {}}, 2: {"report": {}}})
+    c._advance_on_answers(c.clock())
+    assert seen == [1] and c.recovery is None and _events(tmp_path, "recovery_done")[-1]["phases"]["replay"] == 0.0

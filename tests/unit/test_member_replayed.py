@@ -3,7 +3,7 @@
 
 from types import SimpleNamespace
 
-from phoenix_hpc.launch.execute import Member
+from phoenix_hpc.launch.execute import Member, replay_target
 
 
 def _member(step: int, generation: int, until):
@@ -14,6 +14,12 @@ def _member(step: int, generation: int, until):
     m.generation = generation
     m._replay_until = until
     return m, sent
+
+
+def test_the_target_is_the_recoverable_step_plus_the_replayed_ones():
+    assert replay_target({"generation": 3, "recoverable_step": 17, "steps_replayed": 2}) == (3, 19)
+    assert replay_target({"generation": 3, "recoverable_step": 17, "steps_replayed": 0}) is None
+    assert replay_target({"generation": 3, "recoverable_step": 17}) is None
 
 
 def test_the_step_past_the_replayed_ones_is_reported_once():
@@ -29,3 +35,27 @@ def test_a_target_of_an_older_generation_is_dropped_unsent():
     m, sent = _member(9, 3, (2, 7))  # re-planned since: the newer plan sets its own
     m._report_replayed()
     assert sent == [] and m._replay_until is None
+
+
+def test_a_failed_send_is_no_fault_of_the_step():
+    m, _ = _member(7, 2, (2, 7))
+
+    def down(g, s):
+        raise OSError("store unreachable")
+
+    m.env.client.heartbeat = down
+    m._report_replayed()  # the node's heartbeat carries the step later
+    assert m._replay_until is None
+
+
+def test_the_first_phase_of_an_iteration_reports_the_finished_steps():
+    """``_phase(s, "forward_backward")`` runs before iteration ``s``: the engine has finished ``s - 1``."""
+    m, sent = _member(17, 2, (2, 18))
+    m.env.client.started_step = None
+    m.kept, m.protector, m._poll = [], None, lambda: None
+    m.trigger = SimpleNamespace(check=lambda s, phase: None)
+    m._phase(18, "forward_backward")  # replaying step 18: not past it
+    assert sent == []
+    m.engine.step = 18
+    m._phase(19, "forward_backward")
+    assert sent == [(2, 18)] and m.env.client.started_step == 19
