@@ -159,14 +159,7 @@ def pinned_item() -> dict:
         nums[f"{kind}_alloc_s"] = round(time.perf_counter() - t0, 3)
         nums[f"{kind}_rss_growth_bytes"] = rss_bytes() - r0
         nums[f"{kind}_pinned"] = bool(buf.is_pinned())
-        best = 0.0
-        for _ in range(3):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            buf.copy_(src, non_blocking=True)
-            torch.cuda.synchronize()
-            best = max(best, protect.gbs(n, time.perf_counter() - t0))
-        nums[f"{kind}_d2h_gbs"] = best
+        nums[f"{kind}_d2h_gbs"] = copy_gbs(buf, src)
         del buf
         gc.collect()
         nums[f"{kind}_rss_kept_bytes"] = rss_bytes() - r0  # torch's stays pinned in its allocator's cache
@@ -177,20 +170,27 @@ def pinned_item() -> dict:
     return item(ITEMS[2], "failed" if why else "passed", why, nums)
 
 
-def raw_copy_gbs(nbytes: int = 1 << 30, reps: int = 3) -> float:
-    """Best GB/s of a plain ``copy_`` of ``nbytes`` from the GPU into pinned host memory."""
+def copy_gbs(dst, src, reps: int = 3) -> float:
+    """Best GB/s over ``reps`` plain ``dst.copy_(src, non_blocking=True)`` of a device tensor into a host one,
+    each timed from a synchronised device to the copy's end."""
     import torch
 
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     best = 0.0
     for _ in range(reps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         dst.copy_(src, non_blocking=True)
         torch.cuda.synchronize()
-        best = max(best, protect.gbs(nbytes, time.perf_counter() - t0))
+        best = max(best, protect.gbs(dst.numel() * dst.element_size(), time.perf_counter() - t0))
     return best
+
+
+def raw_copy_gbs(nbytes: int = 1 << 30, reps: int = 3) -> float:
+    """Best GB/s of a plain ``copy_`` of ``nbytes`` from the GPU into pinned host memory (:func:`copy_gbs`)."""
+    import torch
+
+    return copy_gbs(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True),
+                    torch.empty(nbytes, dtype=torch.uint8, device="cuda"), reps)
 
 
 def overhead_item(work: Path) -> dict:
