@@ -61,26 +61,26 @@ def main() -> int:
                                on_trial=lambda s, r: print(json.dumps({s: r}), flush=True))
     finally:
         lc.down(cdir)
-    rows = by_size.median_rows(runs)
-    print()
-    for line in by_size.table_lines(rows) + by_size.findings(rows):
-        print(line)
-    (work / "by-size.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=2))
+    from phoenix_hpc.bench import jobs
+    from phoenix_hpc.bench.report import by_size_lines
+
+    repo = Path(__file__).resolve().parents[1]
+    sec = by_size.section(runs, jobs.git_commit(repo), "scripts/measure-recovery-by-size.py")
+    print("\n" + "\n".join(by_size_lines(sec)))  # the table and findings BENCHMARKS.md shows
+    (work / "by-size.json").write_text(json.dumps(sec, indent=2))
     print(f"\n(results: {work / 'by-size.json'})")
     if a.update_benchmarks:
-        update_benchmarks(Path(a.update_benchmarks), runs)
+        update_benchmarks(Path(a.update_benchmarks), sec, repo)
     return 0
 
 
-def update_benchmarks(folder: Path, runs: dict) -> None:
-    """Keep ``runs`` as ``recovery_by_size`` in ``folder``/BENCHMARKS.json and re-render BENCHMARKS.md from it."""
-    from phoenix_hpc.bench import by_size, jobs
+def update_benchmarks(folder: Path, sec: dict, repo: Path) -> None:
+    """Keep ``sec`` as ``recovery_by_size`` in ``folder``/BENCHMARKS.json and re-render BENCHMARKS.md from it."""
     from phoenix_hpc.bench.report import _atomic_text, render_markdown, with_gpu_reports
 
-    repo = Path(__file__).resolve().parents[1]
     js = folder / "BENCHMARKS.json"
     data = json.loads(js.read_text()) if js.exists() else {}
-    data["recovery_by_size"] = by_size.section(runs, jobs.git_commit(repo), "scripts/measure-recovery-by-size.py")
+    data["recovery_by_size"] = sec
     with_gpu_reports(data, repo)
     _atomic_text(js, json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     _atomic_text(folder / "BENCHMARKS.md", render_markdown(data))

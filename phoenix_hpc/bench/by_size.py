@@ -101,20 +101,18 @@ def _ratio_line(what: str, s: str, xs: list[float], l: str, xl: list[float]) -> 
 
 
 def findings(rows: dict) -> list[str]:
-    """The lines section 3 reports under the table (pure): total minus the replayed step, the same without
-    the detection, what of the difference is the victim's own exit, the lost rank's transfer and the work
-    overlapped with it. Empty unless exactly two models were measured."""
+    """The lines section 3 reports under the table (pure, ``rows`` from :func:`median_rows`): total minus the
+    replayed step, the same without the detection, what of the difference is the victim's own exit, the lost
+    rank's transfer and the work overlapped with it. Empty unless exactly two models were measured."""
     from phoenix_hpc.bench.report import BY_SIZE_MIB
 
     if len(rows) != 2:
         return []
     (s, a), (l, b) = rows.items()
-    cs, cl = a.get("core_s") or [a["total_s"] - a["phase.replay"]], b.get("core_s") or [b["total_s"] - b["phase.replay"]]
-    out = [_ratio_line("total minus the replayed step", s, cs, l, cl)
-           + f"; reconfigure {a['phase.reconfigure']:.2f} -> {b['phase.reconfigure']:.2f} s."]
-    if a.get("recovery_s") and b.get("recovery_s"):
-        out.append(_ratio_line("the same without the detection (first record of the fault -> past the replayed "
-                               "step)", s, a["recovery_s"], l, b["recovery_s"]) + ".")
+    out = [_ratio_line("total minus the replayed step", s, a["core_s"], l, b["core_s"])
+           + f"; reconfigure {a['phase.reconfigure']:.2f} -> {b['phase.reconfigure']:.2f} s.",
+           _ratio_line("the same without the detection (first record of the fault -> past the replayed step)",
+                       s, a["recovery_s"], l, b["recovery_s"]) + "."]
     if "kill.slot_exit" in a and "kill.slot_exit" in b:
         mem = ""
         if all(k in r for r in (a, b) for k in BY_SIZE_MIB):
@@ -147,17 +145,3 @@ def section(runs: dict[str, list[dict]], commit: str, command: str) -> dict:
     return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
             "command": command, "rows": rows, "runs": runs, "findings": findings(rows)}
 
-
-def table_lines(rows: dict[str, dict]) -> list[str]:
-    """The per-part table as plain text, smaller model first (the script's console output). Pure."""
-    from phoenix_hpc.bench.report import BY_SIZE_FACTS
-
-    sizes = sorted(rows, key=lambda k: rows[k].get("params", 0))
-    keys = sorted({k for r in rows.values() for k in r if k not in BY_SIZE_FACTS})
-    out = [f"{'part (s)':32}" + "".join(f"{s + ' (' + format(rows[s]['params'] / 1e6, '.2f') + ' M)':>16}"
-                                       for s in sizes) + (f"{'ratio':>10}" if len(sizes) == 2 else "")]
-    for k in keys:
-        vals = [rows[s].get(k) for s in sizes]
-        ratio = f"{vals[1] / vals[0]:10.2f}" if len(vals) == 2 and vals[0] and vals[1] is not None else ""
-        out.append(f"{k:32}" + "".join(f"{'-' if v is None else format(v, '.3f'):>16}" for v in vals) + ratio)
-    return out

@@ -100,10 +100,3 @@ def test_the_section_is_rendered_even_when_the_scaling_section_is_missing(tmp_pa
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| engine | 0.050 | 0.400 | 8.00 |" in text
 
-
-def test_the_console_table_puts_the_smaller_model_first():
-    from phoenix_hpc.bench.by_size import table_lines
-
-    lines = table_lines(dict(sorted(ROWS.items())))
-    assert lines[0].split()[:5] == ["part", "(s)", "S", "(0.83", "M)"] and lines[0].rstrip().endswith("ratio")
-    assert lines[1].split() == ["engine", "0.050", "0.400", "8.00"]
