@@ -20,6 +20,7 @@ waits for this copy, so it never reads a half-updated state.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -68,16 +69,12 @@ class D2H:
         if not self.cuda:
             copy_in(buf, layout, opt, params, views=views)
             return
-        try:
-            with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
-                self._stream.wait_event(token)
-                copy_in(buf, layout, opt, params, non_blocking=True, views=views)
-                done = torch.cuda.Event()
-                done.record(self._stream)
-            done.synchronize()
-        except BaseException:
-            self._drain()
-            raise
+        with self._drained_on_error(), torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            self._stream.wait_event(token)
+            copy_in(buf, layout, opt, params, non_blocking=True, views=views)
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        done.synchronize()
 
     def copy_checksummed(self, token: Any, buf: torch.Tensor, layout: SnapshotLayout, opt: list, params: list,
                          checksum: str) -> tuple[list[int], int, int]:
@@ -106,7 +103,7 @@ class D2H:
         if self.cuda:
             ends = event_ends(layout.slots, self.event_bytes)
             events = []
-            try:
+            with self._drained_on_error():
                 with torch.cuda.device(self.device), torch.cuda.stream(self._stream), torch.no_grad():
                     self._stream.wait_event(token)
                     start = 0
@@ -119,9 +116,6 @@ class D2H:
                         start = end
                 sums, sum_ns = checksum_groups(mv, layout.slots, ends, lambda i: events[i].synchronize(), fn,
                                                self.checksums)
-            except BaseException:
-                self._drain()
-                raise
             own = time.thread_time_ns() - c0  # with one checksum thread, the checksums ran in this one
             return sums, own - (sum_ns if self.checksums.threads == 1 else 0), sum_ns
         wall_copy = wall_sum = 0
@@ -136,14 +130,20 @@ class D2H:
         copy_ns = cpu * wall_copy // max(1, wall_copy + wall_sum)
         return sums, copy_ns, cpu - copy_ns
 
-    def _drain(self) -> None:
-        """After a copy failed part-way: wait until every copy queued on the side stream has landed, so that
-        no buffer is released (:mod:`phoenix_hpc.runtime.pinned` unregisters and unmaps it) while the device
-        still writes into it. An error of the wait itself is left to the one being raised."""
+    @contextlib.contextmanager
+    def _drained_on_error(self):
+        """Around a CUDA copy: if it fails part-way, wait until every copy queued on the side stream has
+        landed before the error leaves, so that no buffer is released (:mod:`phoenix_hpc.runtime.pinned`
+        unregisters and unmaps it) while the device still writes into it. An error of that wait is left to
+        the one being raised."""
         try:
-            self._stream.synchronize()
-        except Exception:  # noqa: BLE001 - the copy's own error is the one to report
-            pass
+            yield
+        except BaseException:
+            try:
+                self._stream.synchronize()
+            except Exception:  # noqa: BLE001 - the copy's own error is the one to report
+                pass
+            raise
 
     def _views_of(self, buf: torch.Tensor, layout: SnapshotLayout) -> tuple[torch.Tensor, ...]:
         """The slot views of ``buf`` for ``layout``, built on first use (a snapshot of small tensors spends

@@ -72,19 +72,18 @@ def clear_last_error() -> None:
 
     try:
         with open("/proc/self/maps") as f:
-            paths = {ln.split()[-1] for ln in f if "libcudart" in ln and ".so" in ln}
-        for path in sorted(paths)[:1]:
+            path = min((ln.split()[-1] for ln in f if "libcudart" in ln and ".so" in ln), default=None)
+        if path is not None:
             ctypes.CDLL(path).cudaGetLastError()
     except (OSError, AttributeError):
         pass
 
 
-def _release(unregister: Unregister, ptr: int, mapping: mmap.mmap) -> None:
-    """Finalizer of the memoryview behind a :func:`pinned_empty` storage: unregister the range, then drop
-    the last reference to the mapping (held by the finalizer until now), which unmaps it. An error code (at
-    interpreter exit the CUDA context may be gone) is ignored: nothing else can be done with it."""
+def _release(unregister: Unregister, ptr: int, mapping: mmap.mmap) -> None:  # noqa: ARG001 - ``mapping``
+    """Finalizer of the memoryview behind a :func:`pinned_empty` storage: unregister the range. The finalizer
+    holds ``mapping`` until this returns, so it is unmapped only after, when that last reference goes. An
+    error code is ignored: nothing else can be done with it."""
     unregister(ptr)
-    del mapping
 
 
 def pinned_empty(nbytes: int, calls: tuple[Register, Unregister] | None = None) -> torch.Tensor:

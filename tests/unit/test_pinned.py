@@ -81,13 +81,11 @@ def test_a_failed_registration_names_the_error_and_the_size_and_keeps_nothing(mo
     assert len(made) == 1 and made[0].closed  # the mapping is gone at once, not when the collector runs
 
 
-def test_the_release_is_not_run_at_interpreter_exit():
-    import weakref
-
-    c = Calls()
-    t = pinned.pinned_empty(4096, c.pair())
-    alive = [f for f in weakref.finalize._registry if f.alive and f.peek() and f.peek()[1] is pinned._release]
-    assert alive and all(not f.atexit for f in alive)
+def test_the_release_is_not_run_at_interpreter_exit(monkeypatch):
+    real, made = pinned.weakref.finalize, []
+    monkeypatch.setattr(pinned.weakref, "finalize", lambda *a: made.append(real(*a)) or made[-1])
+    t = pinned.pinned_empty(4096, Calls().pair())
+    assert len(made) == 1 and made[0].alive and made[0].atexit is False
     del t
 
 
@@ -107,9 +105,7 @@ def test_pinned_protector_buffers_take_the_exact_path(monkeypatch):
     got = buffers.allocate_buffers(plan, pin=True)
     assert sorted(n for _, n in c.registered) == [(1 << 20) + 1, (1 << 20) + 1, 3 << 20, 3 << 20]
     assert got.total_bytes == plan.total_bytes
-    c.fail = 3  # the second buffer of the second pair fails: the error names the plan, the first ones go
-    c.registered.clear()
-    calls = iter([0, 0, 0, 3])
+    calls = iter([0, 0, 0, 3])  # the second buffer of the second pair fails: the error names the plan
     monkeypatch.setattr(pinned, "pinned_empty", lambda n: real(n, (lambda p, k: next(calls), c.pair()[1])))
     with pytest.raises(ReplicationError, match=r"allocating the replication buffers failed .*CUDA error 3"):
         buffers.allocate_buffers(plan, pin=True)
@@ -166,3 +162,31 @@ def test_the_cuda_calls_pass_the_portable_flag_and_read_the_error_code(monkeypat
 
 def test_clearing_the_last_cuda_error_is_a_no_op_without_libcudart():
     pinned.clear_last_error()  # the CPU build loads no libcudart: nothing to call, nothing raised
+
+
+def test_a_cuda_copy_that_fails_part_way_waits_for_its_queued_copies_before_the_error_leaves():
+    """``D2H._drained_on_error`` (runtime/d2h.py): the side stream is synchronised before the buffer the
+    failed copy wrote can be released; a failing wait does not replace the copy's own error."""
+    from phoenix_hpc.runtime.d2h import D2H
+
+    d = D2H(torch.device("cpu"))
+    seen = []
+
+    class Stream:
+        def __init__(self, fail: bool):
+            self.fail = fail
+
+        def synchronize(self):
+            seen.append("synchronize")
+            if self.fail:
+                raise RuntimeError("device lost")
+
+    for fail in (False, True):
+        d._stream = Stream(fail)
+        with pytest.raises(ValueError, match="copy failed"):
+            with d._drained_on_error():
+                raise ValueError("copy failed")
+    assert seen == ["synchronize", "synchronize"]
+    with d._drained_on_error():  # no error: no wait
+        pass
+    assert len(seen) == 2
