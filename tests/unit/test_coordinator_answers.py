@@ -140,11 +140,16 @@ def test_a_plan_that_replays_no_step_ends_when_it_resumes(tmp_path):
     rec = c.recovery
     rec.plan = dataclasses.replace(rec.plan, steps_replayed=0)
     seen = []
-    c._check_and_resume = lambda r, now: (seen.append(1), setattr(r, "phase", "replay"),
-                                          setattr(r, "target_step", r.plan.recoverable_step),
-                                          setattr(r, "t_restored", now),
-                                          [setattr(c.slots[w], "step", r.plan.recoverable_step)
-                                           for _, w in r.plan.rank_map])
+
+    def resumed(r, now):  # what _check_and_resume leaves when the evidence checks pass (they need real reports)
+        seen.append(r.generation)
+        r.phase, r.t_restored = "replay", now
+        r.target_step = r.plan.recoverable_step + r.plan.steps_replayed
+        for _, w in r.plan.rank_map:
+            c.slots[w].step = r.plan.recoverable_step
+
+    c._check_and_resume = resumed
     rec.recovered.update({0: {"report": {}}, 2: {"report": {}}})
     c._advance_on_answers(c.clock())
-    assert seen == [1] and c.recovery is None and _events(tmp_path, "recovery_done")[-1]["phases"]["replay"] == 0.0
+    assert seen == [rec.generation] and c.recovery is None
+    assert _events(tmp_path, "recovery_done")[-1]["phases"]["replay"] == 0.0
