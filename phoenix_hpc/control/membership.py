@@ -60,7 +60,7 @@ class MembershipMixin:
         if slot.state is SlotState.DEAD:
             self._reject(f"{what} from world rank {w}, which was declared dead (fenced; it must exit)", body,
                          key=(what, "dead", w))
-            self._send(w, {"type": "stop", "reason": "this slot was declared dead and replaced"})
+            self._fence(w, "this slot was declared dead and replaced")
             return None
         return slot
 
@@ -186,6 +186,7 @@ class MembershipMixin:
         t_fault = min(self.slots[w].last_seen for w in worlds)
         for w in worlds:
             self.slots[w].machine.to(SlotState.DEAD, reason)
+            self._fence(w, f"this slot was declared dead ({kind.value}: {reason})")
         nodes = tuple(sorted({self.slots[w].node for w in worlds}))
         self.journal.append("slots_dead", slots=worlds, nodes=list(nodes), kind=kind.value, reason=reason)
         self._injects_lost(worlds, reason)
@@ -197,6 +198,13 @@ class MembershipMixin:
         f = Fault(kind, tuple(worlds), nodes, False, reason)
         self.faults.append(PendingFault(f, now))
         self._t_fault_hint = t_fault if self._t_fault_hint is None else min(self._t_fault_hint, t_fault)
+
+    def _fence(self, w: int, reason: str) -> None:
+        """Tell slot ``w``, declared dead, to exit (``stop`` with ``job_state`` fenced). A slot may be declared
+        dead while its process lives (a GPU error, a hang, a lost link, a missed heartbeat): told at once, it
+        frees its node's GPU and memory and never writes the summary of the logical rank a spare holds now. A
+        process that is gone never reads its queue; the message is harmless there."""
+        self._send(w, {"type": "stop", "reason": reason, "job_state": "fenced"})
 
     def _live_members(self) -> list[int]:
         return sorted(w for w in self.rank_map.values() if self.slots[w].state not in (SlotState.DEAD, SlotState.DONE))

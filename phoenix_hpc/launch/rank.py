@@ -39,7 +39,7 @@ Files written by active rank ``r`` (logical rank):
 * ``RUN_DIR/ranks/rank{r}.steps.jsonl`` -- one JSON object per step: ``step, loss (null except on the
   last pipeline stage), step_time_ms, tokens_per_s, exposed_wait_ms, lr, grad_norm``;
 * ``RUN_DIR/ranks/rank{r}.json`` (at the end, written atomically) -- summary: ``status`` (done | stopped |
-  failed),
+  failed | left | drained | fenced),
   ``rank, world_rank, coord, grid, generation, joined`` (a standby slot that took this rank),
   ``recoveries`` (under protection: per recovery the generation, recoverable step, live step, dirty,
   rolled back, timings and their detail in seconds), ``engine, host, node_id, start_step, steps, first_loss,
@@ -48,7 +48,9 @@ Files written by active rank ``r`` (logical rank):
   :meth:`phoenix_hpc.launch.heap.GcPauses.summary`), and on failure ``error``. A slot that a planned drain
   moved to a spare (``status`` drained) writes its summary to ``RUN_DIR/ranks/drained-world{w}.json`` (its
   world rank) instead: ``rank{r}.json`` belongs to the spare that holds rank ``r`` now, and the drained slot
-  may leave after that spare has finished;
+  may leave after that spare has finished. Likewise a slot the coordinator declared dead while its process
+  lived (a GPU error, a hang; ``status`` fenced: it is told to stop at once) writes
+  ``RUN_DIR/ranks/fenced-world{w}.json``;
 * with ``--snapshot-at S``: the rank's state after step S in ``--snapshot-dir`` (default
   ``RUN_DIR/snapshots/step{S}``), one file per logical coordinate (:mod:`.state_files`).
 
@@ -359,6 +361,8 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
             summary["status"] = "stopped"
         elif getattr(exc, "job_state", None) == "drained":  # a planned drain moved this rank to a spare
             summary["status"] = "drained"
+        elif getattr(exc, "job_state", None) == "fenced":  # declared dead: a spare may hold its rank now
+            summary["status"] = "fenced"
         elif getattr(exc, "job_state", None) == "standby":  # a shrink removed its DP replica
             summary["status"] = "left"
         raise
@@ -376,8 +380,8 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                 summary["rank"] = rank
                 if member.coord is not None:
                     summary["coord"] = {"pp": member.coord.pp, "dp": member.coord.dp, "tp": member.coord.tp}
-        name = (f"drained-world{summary['world_rank']}.json" if summary.get("status") == "drained"
-                else f"rank{rank}.json")  # a drained slot's rank is held by a spare now
+        moved = summary.get("status") in ("drained", "fenced")  # its rank is held by a spare now (or soon)
+        name = f"{summary['status']}-world{summary['world_rank']}.json" if moved else f"rank{rank}.json"
         _write_json_atomic(ranks_dir / name, summary)
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -291,9 +291,13 @@ def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
     if (1, 3) in prog:  # the restored step is journalled only when a tick falls between restore and next beat
         assert prog.index((1, 3)) < prog.index((1, 4))
     assert done["phases"]["detect"] >= 1.5  # the heartbeat timeout
-    # the fenced rank is told to stop when it shows up again
+    # the fenced rank is told to stop when it is declared dead (its process may live: a hang) ...
+    first = r1.expect("stop")
+    assert first["job_state"] == "fenced" and first["reason"].startswith("this slot was declared dead (")
+    # ... and again when it shows up again
     r1.c.heartbeat(0, 4)
-    assert r1.expect("stop")["reason"].startswith("this slot was declared dead")
+    again = r1.expect("stop")
+    assert again["job_state"] == "fenced" and again["reason"] == "this slot was declared dead and replaced"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 3  # stopped before the job's end
     assert (run_dir / P.EXIT_STATUS_FILE).read_text() == "3\n"

@@ -400,6 +400,10 @@ def test_gpu_error_fences_the_slot_and_hot_swaps_it(env, data, reference, tmp_pa
     assert dec["action"] == "hot_swap"
     spare = json.loads((job.run_dir / "ranks" / "rank1.json").read_text())
     assert spare["world_rank"] == 2 and spare["joined"]
+    # the fenced slot was told to stop when declared dead; its summary never takes the spare's file
+    fenced = json.loads((job.run_dir / "ranks" / "fenced-world1.json").read_text())
+    assert fenced["status"] == "fenced" and fenced["world_rank"] == 1
+    assert "declared dead (gpu_memory" in fenced["error"]
 
 
 PAUSE_S = 6.0  # longer than the heartbeat timeout (4 s) the coordinator applies to slots
