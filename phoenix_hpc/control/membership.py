@@ -186,24 +186,26 @@ class MembershipMixin:
         t_fault = min(self.slots[w].last_seen for w in worlds)
         for w in worlds:
             self.slots[w].machine.to(SlotState.DEAD, reason)
-            self._fence(w, f"this slot was declared dead ({kind.value}: {reason})")
         nodes = tuple(sorted({self.slots[w].node for w in worlds}))
         self.journal.append("slots_dead", slots=worlds, nodes=list(nodes), kind=kind.value, reason=reason)
         self._injects_lost(worlds, reason)
         members = set(self.rank_map.values())
-        if not any(w in members for w in worlds):
+        if any(w in members for w in worlds):
+            f = Fault(kind, tuple(worlds), nodes, False, reason)
+            self.faults.append(PendingFault(f, now))
+            self._t_fault_hint = t_fault if self._t_fault_hint is None else min(self._t_fault_hint, t_fault)
+        else:  # only standby slots died: the spare pool shrinks, training is not affected
             spares = sorted(w for w, s in self.slots.items() if s.state is SlotState.STANDBY)
             self.journal.append("spare_lost", slots=worlds, spares_left=spares)
-            return  # only standby slots died: the spare pool shrinks, training is not affected
-        f = Fault(kind, tuple(worlds), nodes, False, reason)
-        self.faults.append(PendingFault(f, now))
-        self._t_fault_hint = t_fault if self._t_fault_hint is None else min(self._t_fault_hint, t_fault)
+        for w in worlds:  # journalled and queued first, as every instruction: a restart knows it was sent
+            self._fence(w, f"this slot was declared dead ({kind.value}: {reason})")
 
     def _fence(self, w: int, reason: str) -> None:
         """Tell slot ``w``, declared dead, to exit (``stop`` with ``job_state`` fenced). A slot may be declared
-        dead while its process lives (a GPU error, a hang, a lost link, a missed heartbeat): told at once, it
-        frees its node's GPU and memory and never writes the summary of the logical rank a spare holds now. A
-        process that is gone never reads its queue; the message is harmless there."""
+        dead while its process lives (a GPU error, a hang, a lost link, a missed heartbeat): a member that
+        reads it leaves at once, frees its node's GPU and memory, and writes ``ranks/fenced-world{w}.json``,
+        never the summary of the logical rank a spare holds now (launch/rank.py). A process that is gone, or
+        blocked (a lost link in a drill), never reads it; the message is harmless there."""
         self._send(w, {"type": "stop", "reason": reason, "job_state": "fenced"})
 
     def _live_members(self) -> list[int]:

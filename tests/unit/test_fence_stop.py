@@ -25,3 +25,11 @@ def test_a_slot_declared_dead_is_told_to_stop_as_fenced_and_again_when_it_speaks
     assert "declared dead" in _events(tmp_path, "rejected")[-1]["reason"]
     # the live member and the spare are told nothing by the fencing
     assert {w for w, _ in _sent(c)} == {1}
+
+
+def test_a_spare_declared_dead_is_told_to_stop_too_and_no_fault_is_queued(tmp_path):
+    c = _coordinator(tmp_path)
+    since = len(c.store.pushed)
+    c._declare_dead([2], FaultKind.HEARTBEAT_TIMEOUT, "no heartbeat for 4.1 s", now=1.0)
+    assert [(w, m["type"], m["job_state"]) for w, m in _sent(c, since)] == [(2, "stop", "fenced")]
+    assert _events(tmp_path, "spare_lost")[0]["slots"] == [2] and not c.faults
