@@ -158,7 +158,8 @@ def test_the_engine_bench_refuses_bad_arguments_before_mpi():
     from phoenix_hpc.bench.h2h_engine import main
 
     assert main(["--check-args"]) == 0
-    for bad in (["--mib", "inf"], ["--mib", "1e-9"], ["--step-s", "nan"], ["--steps", "0"], ["--chunk-bytes", "0"]):
+    for bad in (["--mib", "inf"], ["--mib", "1e-9"], ["--step-s", "nan"], ["--steps", "0"], ["--chunk-bytes", "0"],
+                ["--idle-sleep-ms", "0"], ["--idle-sleep-ms", "nan"], ["--busy-sleep-us", "0.5"]):
         with pytest.raises(SystemExit) as e:
             main(bad + ["--check-args"])
         assert e.value.code == 2
