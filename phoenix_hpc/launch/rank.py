@@ -50,7 +50,9 @@ Files written by active rank ``r`` (logical rank):
   world rank) instead: ``rank{r}.json`` belongs to the spare that holds rank ``r`` now, and the drained slot
   may leave after that spare has finished. Likewise a slot the coordinator declared dead while its process
   lived (a GPU error, a hang; ``status`` fenced: it is told to stop at once) writes
-  ``RUN_DIR/ranks/fenced-world{w}.json``;
+  ``RUN_DIR/ranks/fenced-world{w}.json``, and a slot whose DP replica a shrink removed (``status`` left: its
+  logical rank may be a renumbered member's now) ``RUN_DIR/ranks/left-world{w}.json``; a slot that later
+  joins again as a spare writes the summary of the rank it then holds at its end;
 * with ``--snapshot-at S``: the rank's state after step S in ``--snapshot-dir`` (default
   ``RUN_DIR/snapshots/step{S}``), one file per logical coordinate (:mod:`.state_files`).
 
@@ -380,7 +382,8 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                 summary["rank"] = rank
                 if member.coord is not None:
                     summary["coord"] = {"pp": member.coord.pp, "dp": member.coord.dp, "tp": member.coord.tp}
-        moved = summary.get("status") in ("drained", "fenced")  # its rank is held by a spare now (or soon)
+        # its rank is held by a spare now (or soon), or by a renumbered member after a shrink
+        moved = summary.get("status") in ("drained", "fenced", "left")
         name = f"{summary['status']}-world{summary['world_rank']}.json" if moved else f"rank{rank}.json"
         _write_json_atomic(ranks_dir / name, summary)
         if dist.is_initialized():

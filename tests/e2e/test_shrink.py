@@ -102,6 +102,13 @@ def test_three_faults_with_one_spare_at_pp2_reuse_the_slots_a_shrink_freed(env, 
     assert [(j["world_rank"], j["replaces_world_rank"], j["logical_rank"]) for j in last["joins"]] == [(0, 3, 1)]
     kinds = [(t["kind"], t["receiver"]) for t in last["transfers"]]
     assert kinds == [("optimizer", 0), ("params_from_optimizer", 0)], last["transfers"]
+    # world 0 left its replica (its summary under its world rank, not the logical rank a renumbered member
+    # holds), then ended as logical 1; the rank files are the final members' only
+    ranks = job.run_dir / "ranks"
+    assert json.loads((ranks / "left-world0.json").read_text())["status"] == "left"
+    finals = {p.name: json.loads(p.read_text()) for p in ranks.glob("rank*.json")}
+    assert sorted(finals) == ["rank0.json", "rank1.json"], sorted(finals)
+    assert all(f["status"] == "done" for f in finals.values()) and finals["rank1.json"]["world_rank"] == 0
     # the oracle: the hot swaps change no bit, so the run equals a fault-free one shrunk at the same step
     ref = Job(env, tmp_path, data, "shrink-pp2-drain", PP_SHRINK_CONFIG)
     try:
