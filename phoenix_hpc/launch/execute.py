@@ -1191,12 +1191,15 @@ def warm_up(cfg) -> None:
         open_indexed_dataset(cfg.data.path)
 
 
-def wait_for_join(client, wait_s: float | None = None, poll_s: float = 0.1) -> dict[str, Any] | None:
+def wait_for_join(client, wait_s: float | None = None) -> dict[str, Any] | None:
     """Standby: wait for a ``recover`` instruction naming this slot in its joins. Returns the plan, or None
-    when the coordinator says ``stop`` (or, with ``wait_s``, nothing came in time)."""
+    when the coordinator says ``stop`` (or, with ``wait_s``, nothing came in time). Waits only inside
+    ``client.wait_instruction`` (on the doorbell), so a plan is taken as soon as it is rung, never after a
+    sleep of its own: the spare's start is on the hot swap's critical path."""
     deadline = None if wait_s is None else time.monotonic() + wait_s
     while True:
-        msg = client.wait_instruction(("recover",), 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic())))
+        left = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+        msg = client.wait_instruction(("recover",), left)
         if msg is not None:
             if msg["type"] == "stop":
                 return None
@@ -1205,6 +1208,5 @@ def wait_for_join(client, wait_s: float | None = None, poll_s: float = 0.1) -> d
                 return plan
         if deadline is not None and time.monotonic() >= deadline:
             return None
-        time.sleep(poll_s)
 
 

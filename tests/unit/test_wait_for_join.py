@@ -1,0 +1,43 @@
+"""A standby slot takes the plan that names it as soon as its client hands it over (launch/execute.py
+``wait_for_join``): it waits only inside ``wait_instruction`` (on the doorbell), never in a sleep of its own,
+skips a plan that does not name it, and ends on ``stop``."""
+
+import time
+
+from phoenix_hpc.launch.execute import wait_for_join
+
+
+class _Client:
+    world_rank = 2
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.timeouts = []
+
+    def wait_instruction(self, types, timeout_s):
+        assert types == ("recover",)
+        self.timeouts.append(timeout_s)
+        return self.answers.pop(0)
+
+
+def _no_sleep(monkeypatch):
+    def sleep(_s):
+        raise AssertionError("wait_for_join slept outside wait_instruction")
+
+    monkeypatch.setattr(time, "sleep", sleep)
+
+
+def test_the_plan_naming_this_slot_is_taken_after_timeouts_and_other_plans_without_a_sleep(monkeypatch):
+    _no_sleep(monkeypatch)
+    other = {"type": "recover", "plan": {"generation": 1, "joins": [{"world_rank": 3}]}}
+    mine = {"type": "recover", "plan": {"generation": 2, "joins": [{"world_rank": 3}, {"world_rank": 2}]}}
+    c = _Client([None, other, None, mine])
+    assert wait_for_join(c) == mine["plan"]
+    assert c.timeouts == [1.0] * 4 and c.answers == []
+
+
+def test_stop_ends_the_wait_and_a_deadline_bounds_it(monkeypatch):
+    _no_sleep(monkeypatch)
+    assert wait_for_join(_Client([None, {"type": "stop", "reason": "job done"}])) is None
+    c = _Client([None] * 100)
+    assert wait_for_join(c, wait_s=0.0) is None and c.timeouts == [0.0]
