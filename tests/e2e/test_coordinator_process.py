@@ -37,6 +37,8 @@ resilience:
 
 
 _wait = wait_for
+#: the coordinator imports torch before it writes coordinator.json: tens of seconds on a loaded 2-core host
+COORDINATOR_START_S = 90.0
 
 def _events(run_dir, name):
     return read_journal(run_dir, name)
@@ -52,7 +54,8 @@ def coordinator(tmp_path, request):
                              "--host", "127.0.0.1", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     clients: list[CoordinatorClient] = []
     try:
-        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists() or proc.poll() is not None, what="coordinator.json")
+        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists() or proc.poll() is not None, COORDINATOR_START_S,
+              what="coordinator.json")
         assert proc.poll() is None, proc.stdout.read()
         yield run_dir, proc, clients
     finally:
@@ -527,7 +530,8 @@ def supervised(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     clients: list[CoordinatorClient] = []
     try:
-        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists() or proc.poll() is not None, what="coordinator.json")
+        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists() or proc.poll() is not None, COORDINATOR_START_S,
+              what="coordinator.json")
         assert proc.poll() is None, proc.stdout.read()
         yield run_dir, proc, clients
     finally:
@@ -640,7 +644,7 @@ def test_slots_stop_cleanly_when_no_coordinator_comes_back(tmp_path):
                              "--host", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     clients: list[CoordinatorClient] = []
     try:
-        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists(), what="coordinator.json")
+        _wait(lambda: (run_dir / P.COORDINATOR_FILE).exists(), COORDINATOR_START_S, what="coordinator.json")
         r0 = Rank(run_dir, clients, 0, "active", 0)
         r0.register()
         r0.c.start_heartbeat(0.2, 1.5, lambda: (0, 1), on_lost=r0.lost.append, restart_timeout_s=2.0)

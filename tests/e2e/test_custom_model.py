@@ -43,8 +43,12 @@ def _node_loss(env, data, slurm_cluster, tmp: Path, name: str, cfg: dict, victim
     node = None
     try:
         node = job.node_of(victim)
+        # the node's processes are found before the wait (a /proc scan takes tens to hundreds of ms on a loaded
+        # host, a few of this job's steps), so that the kill lands well before the last step
+        targets = lc.node_kill_targets(slurm_cluster, node)
         _wait(lambda: job.step(victim) >= 8, 180, f"step 8 on logical rank {victim}", poll_s=0.01)
-        lc.kill_node(slurm_cluster, node, mark_down_reason="custom-model test: node loss")
+        lc.kill_node(slurm_cluster, node, mark_down_reason="custom-model test: node loss", targets=targets)
+        assert job.step(victim) < STEPS, "the victim finished its steps before the kill: no fault was tested"
         done = job.wait_end(240)
     finally:
         job.cancel()

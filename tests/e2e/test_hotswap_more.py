@@ -10,6 +10,7 @@ final hash with a fault-free run of the same configuration.
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -42,12 +43,16 @@ PP_CONFIG["training"]["steps"] = PP_STEPS
 
 def _kill_nodes(cluster, job: Job, logicals: list[int], at_step: int) -> list[str]:
     """SIGKILL the nodes of ``logicals`` (generation-0 world rank == logical rank) once logical rank
-    ``logicals[0]`` logged ``at_step``; mark them down. Returns the node names."""
+    ``logicals[0]`` logged ``at_step``, all in one sweep; mark them down. Returns the node names. The
+    processes to kill are found before the wait (a scan of ``/proc`` takes tens to hundreds of milliseconds on
+    a loaded host): killed node by node, a first hot swap could end before the second node dies."""
     nodes = [job.node_of(r) for r in logicals]
+    targets = {n: lc.node_kill_targets(cluster, n) for n in nodes}
     _wait(lambda: job.step(logicals[0]) >= at_step, 180, f"step {at_step} on logical rank {logicals[0]}",
           poll_s=0.01)
-    for n in nodes:
-        lc.kill_node(cluster, n, mark_down_reason="hot-swap test: node loss")
+    procs.signal_procs([p for n in nodes for p in targets[n]], signal.SIGKILL)
+    for n in nodes:  # waits for them, sweeps up what was forked since the scan, marks the node down
+        lc.kill_node(cluster, n, mark_down_reason="hot-swap test: node loss", targets=targets[n])
     return nodes
 
 

@@ -157,12 +157,16 @@ def test_batch_host_loss_continues_through_the_chain(env, data, reference, tmp_p
     first = job.job_id
     host = None
     try:
+        _wait(lambda: job.step(0) >= 1, 180, "the first step")
+        host = job.client.show_job(first)["BatchHost"]
+        # found before the wait (a /proc scan takes tens to hundreds of ms on a loaded host, several steps), so
+        # that the kill follows step 13 at once, well before the checkpoint of step 20
+        targets = lc.node_kill_targets(slurm_cluster, host)
         _wait(lambda: [e for e in job.events("checkpoint") if e.get("step") == 10] and job.step(0) >= 13, 180,
               "the checkpoint of step 10 and step 13")
-        host = job.client.show_job(first)["BatchHost"]
         newest = max(e["step"] for e in job.events("checkpoint"))
         t0 = time.monotonic()
-        lc.kill_node(slurm_cluster, host)
+        lc.kill_node(slurm_cluster, host, targets=targets)
         live = max(job.step(0), job.step(1))
         # the job's time limit lowered to 1 minute (the queued job keeps the config's 3), so Slurm's TIMEOUT
         # comes about 1 minute after the submit instead of 3 (time only; the same Slurm path)
