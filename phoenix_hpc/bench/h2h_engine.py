@@ -48,10 +48,10 @@ def _compute(seconds: float, busy: bool) -> None:
 
 
 def run(nbytes: int, steps: int, step_s: float, busy: bool, chunk_bytes: int,
-        idle_sleep_s: float | None = None, busy_sleep_s: float | None = None) -> dict | None:
+        idle_sleep_s: float, busy_sleep_s: float) -> dict | None:
     """Replicate ``nbytes`` around the ring ``steps`` times; returns rank 0's gathered results (None on the
     other ranks). ``idle_sleep_s``/``busy_sleep_s``: the engine's longest sleep while a transfer is in flight
-    and its sleep after a round that moved something (None: its defaults). Collective over ``MPI.COMM_WORLD``."""
+    and its sleep after a round that moved something (seconds). Collective over ``MPI.COMM_WORLD``."""
     import numpy as np
     import torch
     from mpi4py import MPI
@@ -76,8 +76,8 @@ def run(nbytes: int, steps: int, step_s: float, busy: bool, chunk_bytes: int,
         box["engine"].send_ack(spec_, step, h2h.ACK_OK, 0)
 
     tags = h2h.make_tag_plan(len(h2h.chunk_ranges(nbytes, chunk_bytes)), h2h.tag_ub(comm))
-    sleeps = {k: v for k, v in (("idle_sleep_s", idle_sleep_s), ("busy_sleep_s", busy_sleep_s)) if v is not None}
-    eng = box["engine"] = h2h.H2HEngine(comm, [right], [spec], 0, chunk_bytes, tags, on_received, cpu=cpu, **sleeps)
+    eng = box["engine"] = h2h.H2HEngine(comm, [right], [spec], 0, chunk_bytes, tags, on_received, cpu=cpu,
+                                        idle_sleep_s=idle_sleep_s, busy_sleep_s=busy_sleep_s)
     eng.start(threaded=True)
     src = np.random.default_rng(rank).integers(0, 256, nbytes, dtype=np.uint8)
     comm.Barrier()
@@ -107,20 +107,23 @@ def main(argv=None) -> int:
     ap.add_argument("--step-s", type=float, default=0.1, help="seconds per step (default 0.1)")
     ap.add_argument("--compute", choices=["sleep", "busy"], default="busy")
     ap.add_argument("--chunk-bytes", type=int, default=4 << 20)
-    ap.add_argument("--idle-sleep-ms", type=float, default=None,
-                    help="the engine's longest sleep while a transfer is in flight, ms (default: the engine's)")
-    ap.add_argument("--busy-sleep-us", type=float, default=None,
-                    help="the engine's sleep after a round that moved something, us (default: the engine's)")
+    from phoenix_hpc.runtime.h2h import BUSY_SLEEP_S, IDLE_SLEEP_S
+
+    ap.add_argument("--idle-sleep-ms", type=float, default=IDLE_SLEEP_S * 1e3,
+                    help=f"the engine's longest sleep while a transfer is in flight, ms (default {IDLE_SLEEP_S * 1e3:g})")
+    ap.add_argument("--busy-sleep-us", type=float, default=BUSY_SLEEP_S * 1e6,
+                    help=f"the engine's sleep after a round that moved something, us (default {BUSY_SLEEP_S * 1e6:g})")
     ap.add_argument("--check-args", action="store_true", help=argparse.SUPPRESS)  # the script's check before mpirun
     a = ap.parse_args(argv)
     checks = (("--mib", a.mib, math.isfinite(a.mib) and 1 <= a.mib * 2**20 <= 2**40, "from 1 byte to 1 TiB"),
               ("--steps", a.steps, a.steps >= 1, "an integer >= 1"),
               ("--step-s", a.step_s, math.isfinite(a.step_s) and 0 <= a.step_s <= 3600, "from 0 to 3600 seconds"),
               ("--chunk-bytes", a.chunk_bytes, a.chunk_bytes >= 1, "an integer >= 1"),
-              ("--idle-sleep-ms", a.idle_sleep_ms, a.idle_sleep_ms is None or (
-                  math.isfinite(a.idle_sleep_ms) and 0.01 <= a.idle_sleep_ms <= 1000), "from 0.01 to 1000 ms"),
-              ("--busy-sleep-us", a.busy_sleep_us, a.busy_sleep_us is None or (
-                  math.isfinite(a.busy_sleep_us) and 1 <= a.busy_sleep_us <= 1e6), "from 1 to 1000000 us"))
+              ("--idle-sleep-ms", a.idle_sleep_ms, math.isfinite(a.idle_sleep_ms) and 0.01 <= a.idle_sleep_ms <= 1000,
+               "from 0.01 to 1000 ms"),
+              ("--busy-sleep-us", a.busy_sleep_us, math.isfinite(a.busy_sleep_us) and 1 <= a.busy_sleep_us <= 1e6
+               and a.busy_sleep_us <= a.idle_sleep_ms * 1e3,
+               f"from 1 us to --idle-sleep-ms ({a.idle_sleep_ms:g} ms): the engine doubles it up to that cap"))
     for name, v, ok, allowed in checks:
         if not ok:  # one line, exit 2 (argparse's own errors, e.g. a value that is not a number, add its usage)
             ap.exit(2, f"bench-h2h-engine: {name} must be {allowed}, got {v}\n")
@@ -130,16 +133,17 @@ def main(argv=None) -> int:
 
     if MPI.COMM_WORLD.Get_size() < 2:
         ap.error("run it under MPI with 2 or more ranks (scripts/bench-h2h-engine)")
-    wake = wake_cost_us(50e-6, 2000), wake_cost_us(2e-3, 200)
-    out = run(int(a.mib * 2**20), a.steps, a.step_s, a.compute == "busy", a.chunk_bytes,
-              None if a.idle_sleep_ms is None else a.idle_sleep_ms / 1e3,
-              None if a.busy_sleep_us is None else a.busy_sleep_us / 1e6)
+    busy_s, idle_s = a.busy_sleep_us / 1e6, a.idle_sleep_ms / 1e3
+    wake = wake_cost_us(busy_s, max(1, min(2000, int(0.2 / busy_s)))), wake_cost_us(idle_s, max(1, min(200, int(0.4 / idle_s))))
+    out = run(int(a.mib * 2**20), a.steps, a.step_s, a.compute == "busy", a.chunk_bytes, idle_s, busy_s)
     if out is None:
         return 0
-    print(f"wake-up cost (thread CPU us per timed sleep, rank 0): sleep(50 us) {wake[0]['sleep']:.1f}, "
-          f"Condition.wait(50 us) {wake[0]['condition_wait']:.1f}, sleep(2 ms) {wake[1]['sleep']:.1f}, "
-          f"Condition.wait(2 ms) {wake[1]['condition_wait']:.1f}")
-    print(f"{a.mib:g} MiB per rank and step, step {a.step_s * 1e3:.0f} ms ({a.compute}), {a.steps} steps")
+    b, i = f"{a.busy_sleep_us:g} us", f"{a.idle_sleep_ms:g} ms"
+    print(f"wake-up cost (thread CPU us per timed sleep, rank 0): sleep({b}) {wake[0]['sleep']:.1f}, "
+          f"Condition.wait({b}) {wake[0]['condition_wait']:.1f}, sleep({i}) {wake[1]['sleep']:.1f}, "
+          f"Condition.wait({i}) {wake[1]['condition_wait']:.1f}")
+    print(f"{a.mib:g} MiB per rank and step, step {a.step_s * 1e3:.0f} ms ({a.compute}), {a.steps} steps; "
+          f"engine sleeps {b} after progress, up to {i} while a transfer is in flight")
     print("rank | engine ns/B moved | floor ns/B moved | engine / floor | engine ms/step | wake-ups/step | "
           "replication ms (median) | step ms")
     for r in out["ranks"]:

@@ -2,11 +2,13 @@
 
 :class:`MembershipMixin` is part of :class:`phoenix_hpc.control.coordinator.Coordinator`. It handles
 ``register`` (active slots at start, standby slots any time; the grid is taken from the first active
-registration) and ``heartbeat``; fences messages from unregistered, re-spawned, dead or wrong-generation slots
+registration) and ``heartbeat``; rejects messages from unregistered, re-spawned, dead or wrong-generation slots
 (:meth:`~MembershipMixin._slot_of`, :meth:`~MembershipMixin._gen_ok`); turns a closed liveness connection
 (:mod:`phoenix_hpc.control.liveness`) or a heartbeat timeout (:func:`phoenix_hpc.control.detect.detect`,
-called from the coordinator's tick) into :meth:`~MembershipMixin._declare_dead`, which marks the slots DEAD and
-queues a fault for the recovery machine (:mod:`phoenix_hpc.control.recovery_machine`) unless only spares died.
+called from the coordinator's tick) into :meth:`~MembershipMixin._declare_dead`, which marks the slots DEAD,
+queues a fault for the recovery machine (:mod:`phoenix_hpc.control.recovery_machine`) unless only spares died,
+and *fences* each slot: tells it to stop (:meth:`~MembershipMixin._fence`), again for any message a dead slot
+sends later.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class MembershipMixin:
         if slot.state is SlotState.DEAD:
             self._reject(f"{what} from world rank {w}, which was declared dead (fenced; it must exit)", body,
                          key=(what, "dead", w))
-            self._fence(w, "this slot was declared dead and replaced")
+            self._fence(w, "this slot was declared dead earlier (fenced)")
             return None
         return slot
 

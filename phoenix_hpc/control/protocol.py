@@ -60,9 +60,10 @@ stop            reason [, reply_to]
 Every body also carries ``sent_at`` and ``nonce`` (added by :func:`encode`). Instructions to a slot:
 ``quiesce``, ``recover``, ``resume``, ``inject`` {kind, at_step, phase, request_id [, steps_ahead]},
 ``disarm`` {request_id}, ``drain`` {request_id, at_step, attempt}, ``undrain`` {request_id}, ``stop``
-{reason [, job_state]} (job_state: the job's end state; a drained slot's "drained", with drained: true; a
-slot declared dead "fenced", sent when it is declared dead and again for any message it sends after; a
-planned end's first stop has checkpoint and generation instead, control/planned_end.py). ``quiesce`` and ``recover`` are one signed message pushed to every member
+{reason [, job_state]} (job_state: the job's end state, or what ends this slot: "drained" for a drained
+slot, with drained: true; "fenced" for a slot declared dead, sent when it is declared dead and again for
+any message it sends after; a planned end's first stop has checkpoint and generation instead,
+control/planned_end.py). ``quiesce`` and ``recover`` are one signed message pushed to every member
 (each slot's replay guard is its own). ``recover`` {generation, plan_key, plan_sha256} names the plan,
 stored once signed under ``ctl/plan/{generation}`` (it lists every member, so a copy per member would make
 a recovery O(members^2) bytes); the client reads and checks it (:func:`resolve_plan`) before handing the

@@ -63,6 +63,9 @@ ACK_TAG = 2
 DATA_TAG_BASE = 16
 ACK_OK, ACK_BAD_CHECKSUM = 0, 1
 DEFAULT_WINDOW = 4  # chunks in flight per peer and direction
+#: the engine thread's sleeps (module doc): after a round that moved something, the longest while a message is in
+#: flight or expected, and the longest while quiet (seconds)
+BUSY_SLEEP_S, IDLE_SLEEP_S, QUIET_SLEEP_S = 50e-6, 2e-3, 20e-3
 #: Completed commit fences whose interval proposals are kept. The protector reads the proposal of the fence
 #: started two commits before the snapshot it starts, and fences complete in order, so at most the newest
 #: two are ever read.
@@ -218,9 +221,9 @@ class H2HEngine:
         tag_plan: TagPlan,
         on_received: Callable[[HeldSpec, int, int], None],
         window: int = DEFAULT_WINDOW,
-        busy_sleep_s: float = 50e-6,
-        idle_sleep_s: float = 2e-3,
-        quiet_sleep_s: float = 20e-3,
+        busy_sleep_s: float = BUSY_SLEEP_S,
+        idle_sleep_s: float = IDLE_SLEEP_S,
+        quiet_sleep_s: float = QUIET_SLEEP_S,
         fault_hook: Callable[[str, int, int], None] | None = None,
         cpu: Any = None,
         thread_nice: int = 0,

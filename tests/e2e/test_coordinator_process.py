@@ -300,7 +300,7 @@ def test_coordinator_hot_swaps_a_silent_rank_onto_the_spare(coordinator):
     # ... and again when it shows up again
     r1.c.heartbeat(0, 4)
     again = r1.expect("stop")
-    assert again["job_state"] == "fenced" and again["reason"] == "this slot was declared dead and replaced"
+    assert again["job_state"] == "fenced" and again["reason"] == "this slot was declared dead earlier (fenced)"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 3  # stopped before the job's end
     assert (run_dir / P.EXIT_STATUS_FILE).read_text() == "3\n"

@@ -47,8 +47,9 @@ def _node_loss(env, data, slurm_cluster, tmp: Path, name: str, cfg: dict, victim
         # host, a few of this job's steps), so that the kill lands well before the last step
         targets = lc.node_kill_targets(slurm_cluster, node)
         _wait(lambda: job.step(victim) >= 8, 180, f"step 8 on logical rank {victim}", poll_s=0.01)
+        killed_at = job.step(victim)  # before the kill: the spare appends to the same log once it holds the rank
         lc.kill_node(slurm_cluster, node, mark_down_reason="custom-model test: node loss", targets=targets)
-        assert job.step(victim) < STEPS, "the victim finished its steps before the kill: no fault was tested"
+        assert killed_at < STEPS, "the victim finished its steps before the kill: no fault was tested"
         done = job.wait_end(240)
     finally:
         job.cancel()

@@ -187,10 +187,12 @@ def test_node_loss_is_hot_swapped_to_the_spare_with_identical_final_hash(env, da
     victim = None
     try:
         victim = job.node_of(1)
+        targets = lc.node_kill_targets(slurm_cluster, victim)  # the /proc scan before the wait: the kill follows it
         _wait(lambda: job.step(1) >= 10, 120, "step 10 on logical rank 1", poll_s=0.01)
+        # read before the kill: the spare appends to the same log once it holds logical rank 1
         killed_at = job.step(1)
-        lc.kill_node(slurm_cluster, victim, mark_down_reason="hot-swap test: node loss")
-        assert killed_at < STEPS
+        lc.kill_node(slurm_cluster, victim, mark_down_reason="hot-swap test: node loss", targets=targets)
+        assert killed_at < STEPS, "logical rank 1 finished its steps before the kill: no fault was tested"
         done = job.wait_end()
     finally:
         job.cancel()

@@ -158,8 +158,12 @@ def test_the_engine_bench_refuses_bad_arguments_before_mpi():
     from phoenix_hpc.bench.h2h_engine import main
 
     assert main(["--check-args"]) == 0
+    assert main(["--check-args", "--busy-sleep-us", "1000", "--idle-sleep-ms", "4"]) == 0
     for bad in (["--mib", "inf"], ["--mib", "1e-9"], ["--step-s", "nan"], ["--steps", "0"], ["--chunk-bytes", "0"],
-                ["--idle-sleep-ms", "0"], ["--idle-sleep-ms", "nan"], ["--busy-sleep-us", "0.5"]):
+                ["--idle-sleep-ms", "0"], ["--idle-sleep-ms", "nan"], ["--idle-sleep-ms", "1001"],
+                ["--idle-sleep-ms", "inf"], ["--busy-sleep-us", "0.5"],
+                ["--busy-sleep-us", "3000"],  # above the engine's default cap of 2 ms
+                ["--busy-sleep-us", "500", "--idle-sleep-ms", "0.4"]):
         with pytest.raises(SystemExit) as e:
             main(bad + ["--check-args"])
         assert e.value.code == 2
