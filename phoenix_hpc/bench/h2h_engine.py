@@ -134,7 +134,9 @@ def main(argv=None) -> int:
     if MPI.COMM_WORLD.Get_size() < 2:
         ap.error("run it under MPI with 2 or more ranks (scripts/bench-h2h-engine)")
     busy_s, idle_s = a.busy_sleep_us / 1e6, a.idle_sleep_ms / 1e3
-    wake = wake_cost_us(busy_s, max(1, min(2000, int(0.2 / busy_s)))), wake_cost_us(idle_s, max(1, min(200, int(0.4 / idle_s))))
+    # each mean over about 0.2-0.4 s of sleeping (2000 and 200 sleeps at the defaults), at least one sleep
+    wake = (wake_cost_us(busy_s, max(1, min(2000, int(0.2 / busy_s)))),
+            wake_cost_us(idle_s, max(1, min(200, int(0.4 / idle_s)))))
     out = run(int(a.mib * 2**20), a.steps, a.step_s, a.compute == "busy", a.chunk_bytes, idle_s, busy_s)
     if out is None:
         return 0

@@ -215,6 +215,15 @@ def listen_from_registration(client, cfg, run_dir: Path, restore_dir: str | None
     return {"watchdog": wd, "start_step": start}
 
 
+#: a summary's ``status`` when the rank left on the coordinator's word (the exception's ``job_state``): a
+#: planned end (not a failure), a planned drain that moved the rank to a spare, a fence (declared dead), a
+#: shrink that removed its DP replica; any other error leaves ``failed``
+STATUS_OF_END = {"stopped": "stopped", "drained": "drained", "fenced": "fenced", "standby": "left"}
+#: statuses whose summary goes to ``{status}-world{w}.json``: the logical rank is held by a spare now (or
+#: soon), or by a renumbered member after a shrink
+BY_WORLD_RANK = ("drained", "fenced", "left")
+
+
 def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resilient=None,
                join_plan: dict | None = None, client=None) -> dict:
     """Train as logical rank ``slot.world_rank`` (generation 0), or, with ``join_plan``, as the logical rank
@@ -359,14 +368,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
         return summary
     except BaseException as exc:
         summary["error"] = f"{type(exc).__name__}: {exc}"
-        if getattr(exc, "job_state", None) == "stopped":  # a planned end (StopRequested), not a failure
-            summary["status"] = "stopped"
-        elif getattr(exc, "job_state", None) == "drained":  # a planned drain moved this rank to a spare
-            summary["status"] = "drained"
-        elif getattr(exc, "job_state", None) == "fenced":  # declared dead: a spare may hold its rank now
-            summary["status"] = "fenced"
-        elif getattr(exc, "job_state", None) == "standby":  # a shrink removed its DP replica
-            summary["status"] = "left"
+        summary["status"] = STATUS_OF_END.get(getattr(exc, "job_state", None), summary["status"])
         raise
     finally:
         from phoenix_hpc.launch.heap import PAUSES
@@ -382,8 +384,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                 summary["rank"] = rank
                 if member.coord is not None:
                     summary["coord"] = {"pp": member.coord.pp, "dp": member.coord.dp, "tp": member.coord.tp}
-        # its rank is held by a spare now (or soon), or by a renumbered member after a shrink
-        moved = summary.get("status") in ("drained", "fenced", "left")
+        moved = summary.get("status") in BY_WORLD_RANK
         name = f"{summary['status']}-world{summary['world_rank']}.json" if moved else f"rank{rank}.json"
         _write_json_atomic(ranks_dir / name, summary)
         if dist.is_initialized():
