@@ -127,7 +127,7 @@ def findings(rows: dict) -> list[str]:
     growth = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in GROWTH_PARTS}
     out.append("- of the difference: " + ", ".join(f"{k} {v:+.2f} s" for k, v in growth.items())
                + " (journal.quiesce: recovery_start -> recovery_plan, the coordinator's wait for every "
-               "survivor's quiesced, plus up to one coordinator tick; leave: a survivor's time from the interrupt "
+               "survivor's quiesced, and no less than one coordinator tick; leave: a survivor's time from the interrupt "
                "(just after the watchdog's abort) to out of its step (launch/interrupt.py); quiesce: from out "
                "of the step to its quiesced (groups released, protector closed, copies verified again); "
                "params and optimizer: the spare's wait for the lost rank's bytes once its engine is built, "

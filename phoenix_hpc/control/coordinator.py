@@ -262,7 +262,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
                 next_beat = now + self.t.heartbeat_interval_s / 2
             if now >= next_tick:
                 self._tick(now)
-                next_tick = now + min(0.1, self.t.heartbeat_interval_s / 4)
+                next_tick = now + self.tick_s
             self._ring()
             if self._end_at is not None:
                 if now >= self._end_at:
@@ -275,6 +275,13 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
                 time.sleep(0.01)
         self.journal.append("coordinator_exit", job_state=self.job.state.value)
         return self.job.state
+
+    @property
+    def tick_s(self) -> float:
+        """Seconds between two runs of the periodic tick (detection, decisions, deadlines):
+        ``min(0.1, heartbeat_interval_s / 4)``. A recovery is planned no sooner than this after it started
+        (:meth:`~phoenix_hpc.control.recovery_machine.RecoveryMixin._advance_on_answers`)."""
+        return min(0.1, self.t.heartbeat_interval_s / 4)
 
     def close(self) -> None:
         if self.pause is not None:

@@ -223,16 +223,25 @@ class RecoveryMixin:
         return set(rec.recovered) >= {w for _, w in rec.plan.rank_map}
 
     def _advance_on_answers(self, now: float) -> None:
-        """Called by the coordinator's loop after messages arrived: a recovery in its restore phase resumes as
-        soon as the last ``recovered`` is in, and one in its replay phase ends as soon as the last member's
-        step past the replayed ones is in, not up to a tick later. Everything else stays on the tick: a
-        lost member and the deadlines (judged after the pause accounting, :meth:`_advance_recovery`), a
-        replay cut short by a fault, and the quiesce phase (docs/design.md, the coordinator: a member between
-        its generation's arrival barrier and its ``recovered`` does not answer a newer quiesce, so planning at
-        once moves a second loss there)."""
+        """Called by the coordinator's loop after messages arrived, so that a recovery does not wait up to a
+        tick for what it waits on: one in its quiesce phase is planned as soon as the last survivor's
+        ``quiesced`` is in, but no sooner than one tick (:attr:`tick_s`) after it started; one in its restore
+        phase resumes as soon as the last ``recovered`` is in; one in its replay phase ends as soon as the last
+        member's step past the replayed ones is in. The quiesce phase's floor of one tick is the window in which
+        a second loss found after the first (a node's other slots, a second node of a failed switch) still
+        falls in the quiesce phase and is planned together with it: a member between its generation's arrival
+        barrier and its ``recovered`` does not answer a newer quiesce, so a loss then ends the job
+        (docs/design.md, the coordinator). Everything else stays on the tick: a lost member, a pending fault
+        and the deadlines (judged after the pause accounting, :meth:`_advance_recovery`), a replay cut short
+        by a fault."""
         rec = self.recovery
-        if (rec is None or rec.phase not in ("restore", "replay") or self.ending is not None
-                or self.job.state in TERMINAL_JOB_STATES):
+        if rec is None or self.ending is not None or self.job.state in TERMINAL_JOB_STATES:
+            return
+        if rec.phase == "quiesce":
+            if (set(rec.quiesced) >= rec.survivors and not self.faults and now <= rec.deadline
+                    and now - rec.t_start >= self.tick_s
+                    and not any(self.slots[w].state is SlotState.DEAD for w in rec.survivors)):
+                self._plan(rec, now)
             return
         members = [w for _, w in rec.plan.rank_map]
         if any(self.slots[w].state is SlotState.DEAD for w in members):

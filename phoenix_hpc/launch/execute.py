@@ -1195,13 +1195,20 @@ def wait_for_join(client, wait_s: float | None = None) -> dict[str, Any] | None:
     """Standby: wait for a ``recover`` instruction naming this slot in its joins. Returns the plan, or None
     when the coordinator says ``stop`` (or, with ``wait_s``, nothing came in time). Waits only inside
     ``client.wait_instruction`` (on the doorbell), so a plan is taken as soon as it is rung, never after a
-    sleep of its own: the spare's start is on the hot swap's critical path."""
+    sleep of its own: the spare's start is on the hot swap's critical path.
+
+    Raises:
+        StopRequested: the ``stop`` says this slot was declared dead (``job_state`` fenced: a spare whose
+            heartbeats stopped while its process lived): the slot exits with an error line naming why, as a
+            fenced member does (launch/rank.py), not as a spare the job no longer needs."""
     deadline = None if wait_s is None else time.monotonic() + wait_s
     while True:
         left = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
         msg = client.wait_instruction(("recover",), left)
         if msg is not None:
             if msg["type"] == "stop":
+                if msg.get("job_state") == "fenced":
+                    raise StopRequested(msg)
                 return None
             plan = msg.get("plan") or {}
             if any(int(j["world_rank"]) == client.world_rank for j in plan.get("joins", [])):

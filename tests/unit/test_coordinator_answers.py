@@ -1,11 +1,12 @@
-"""The coordinator resumes a recovery when the last ``recovered`` arrives, not at its next tick; the quiesce
-phase, losses and deadlines stay on the tick."""
+"""The coordinator plans a recovery when the last ``quiesced`` arrives (no sooner than one tick after the
+recovery started), resumes it when the last ``recovered`` arrives and ends it when the last member is past the
+replayed steps, not at its next tick; losses, pending faults and deadlines stay on the tick."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from test_drain import _coordinator, _events
+from test_drain import _coordinator, _events, _sent
 
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.states import SlotState
@@ -25,12 +26,45 @@ def _quiesced(tmp_path):
     return c
 
 
-def test_the_last_quiesced_still_waits_for_the_tick(tmp_path):
+def test_the_last_quiesced_within_the_first_tick_waits_for_the_tick(tmp_path):
     c = _quiesced(tmp_path)
-    c._advance_on_answers(c.clock())
+    t0 = c.recovery.t_start
+    assert c.tick_s == 0.1  # min(0.1 s, heartbeat interval / 4) with the default heartbeat interval
+    c._advance_on_answers(t0 + c.tick_s * 0.9)
     assert c.recovery.phase == "quiesce" and not _events(tmp_path, "recovery_plan")
     c._tick(c.clock())
     assert c.recovery.phase == "restore" and _events(tmp_path, "recovery_plan")[-1]["rank_map"] == [[0, 0], [1, 2]]
+
+
+def test_the_last_quiesced_after_the_first_tick_is_planned_at_once(tmp_path):
+    c = _quiesced(tmp_path)
+    t0 = c.recovery.t_start
+    c._advance_on_answers(t0 + c.tick_s)
+    assert c.recovery.phase == "restore" and _events(tmp_path, "recovery_plan")[-1]["rank_map"] == [[0, 0], [1, 2]]
+    assert [w for w, m in _sent(c) if m["type"] == "recover"] == [0, 2]
+
+
+def test_a_silent_survivor_a_pending_fault_a_passed_deadline_a_planned_end_or_a_lost_survivor_wait(tmp_path):
+    c = _quiesced(tmp_path)
+    rec = c.recovery
+    later = rec.t_start + 10 * c.tick_s
+    answer = rec.quiesced.pop(0)
+    c._advance_on_answers(later)  # survivor 0 has not answered
+    assert rec.phase == "quiesce"
+    rec.quiesced[0] = answer
+    c.faults.append(object())  # a fault pending: the tick decides how it changes the recovery
+    c._advance_on_answers(later)
+    assert rec.phase == "quiesce"
+    c.faults.clear()
+    c._advance_on_answers(rec.deadline + 1.0)  # past the deadline: judged on the tick, after the pause check
+    assert rec.phase == "quiesce"
+    c.ending = object()  # members leave on purpose (control/ending.py)
+    c._advance_on_answers(later)
+    assert rec.phase == "quiesce"
+    c.ending = None
+    c.slots[0].machine.to(SlotState.DEAD, "test")  # lost after it answered: the tick aborts the recovery
+    c._advance_on_answers(later)
+    assert rec.phase == "quiesce" and not _events(tmp_path, "recovery_plan")
 
 
 def _restoring(tmp_path, monkeypatch):

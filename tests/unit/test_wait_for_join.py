@@ -1,10 +1,12 @@
 """A standby slot takes the plan that names it as soon as its client hands it over (launch/execute.py
 ``wait_for_join``): it waits only inside ``wait_instruction`` (on the doorbell), never in a sleep of its own,
-skips a plan that does not name it, and ends on ``stop``."""
+skips a plan that does not name it, and ends on ``stop``; a ``stop`` that fences it is an error."""
 
 import time
 
-from phoenix_hpc.launch.execute import wait_for_join
+import pytest
+
+from phoenix_hpc.launch.execute import StopRequested, wait_for_join
 
 
 class _Client:
@@ -41,3 +43,12 @@ def test_stop_ends_the_wait_and_a_deadline_bounds_it(monkeypatch):
     assert wait_for_join(_Client([None, {"type": "stop", "reason": "job done"}])) is None
     c = _Client([None] * 100)
     assert wait_for_join(c, wait_s=0.0) is None and c.timeouts == [0.0]
+
+
+def test_a_stop_that_fences_the_spare_is_raised_with_its_reason(monkeypatch):
+    _no_sleep(monkeypatch)
+    fence = {"type": "stop", "reason": "this slot was declared dead (heartbeat_timeout: silent 6.0 s)",
+             "job_state": "fenced"}
+    with pytest.raises(StopRequested, match="declared dead") as e:
+        wait_for_join(_Client([None, fence]))
+    assert e.value.job_state == "fenced"
