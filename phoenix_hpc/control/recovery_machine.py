@@ -41,6 +41,7 @@ import time
 
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine
+from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.ending import continue_hint
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, SlotState
@@ -228,19 +229,21 @@ class RecoveryMixin:
         ``quiesced`` is in, but no sooner than one tick (:attr:`tick_s`) after it started; one in its restore
         phase resumes as soon as the last ``recovered`` is in; one in its replay phase ends as soon as the last
         member's step past the replayed ones is in. The quiesce phase's floor of one tick is the window in which
-        a second loss found after the first (a node's other slots, a second node of a failed switch) still
-        falls in the quiesce phase and is planned together with it: a member between its generation's arrival
+        a second process exit found just after the first (a node's other slots, killed together) still falls
+        in the quiesce phase and is planned together with it: a member between its generation's arrival
         barrier and its ``recovered`` does not answer a newer quiesce, so a loss then ends the job
-        (docs/design.md, the coordinator). Everything else stays on the tick: a lost member, a pending fault
-        and the deadlines (judged after the pause accounting, :meth:`_advance_recovery`), a replay cut short
-        by a fault."""
+        (docs/design.md, the coordinator). Everything else stays on the tick: a lost member, a pending fault,
+        a slot whose heartbeats are overdue (the tick declares it dead before it plans, so a spare that went
+        silent is not named in a plan), the deadlines (judged after the pause accounting,
+        :meth:`_advance_recovery`), a replay cut short by a fault."""
         rec = self.recovery
         if rec is None or self.ending is not None or self.job.state in TERMINAL_JOB_STATES:
             return
         if rec.phase == "quiesce":
             if (set(rec.quiesced) >= rec.survivors and not self.faults and now <= rec.deadline
                     and now - rec.t_start >= self.tick_s
-                    and not any(self.slots[w].state is SlotState.DEAD for w in rec.survivors)):
+                    and not any(self.slots[w].state is SlotState.DEAD for w in rec.survivors)
+                    and not detect(now, self._watched(now), self.t)[0]):
                 self._plan(rec, now)
             return
         members = [w for _, w in rec.plan.rank_map]

@@ -67,6 +67,18 @@ def test_a_silent_survivor_a_pending_fault_a_passed_deadline_a_planned_end_or_a_
     assert rec.phase == "quiesce" and not _events(tmp_path, "recovery_plan")
 
 
+def test_a_spare_whose_heartbeats_are_overdue_is_left_to_the_tick_and_never_named_in_a_plan(tmp_path):
+    c = _quiesced(tmp_path)
+    rec = c.recovery
+    later = rec.t_start + 10 * c.tick_s
+    c.slots[2].last_seen = later - c.t.heartbeat_timeout_s - 1.0  # the spare went silent
+    c._advance_on_answers(later)
+    assert rec.phase == "quiesce" and not _events(tmp_path, "recovery_plan")
+    c.slots[2].last_seen = later  # heard again: nothing overdue, the plan goes out with it
+    c._advance_on_answers(later)
+    assert rec.phase == "restore" and [w for w, m in _sent(c) if m["type"] == "recover"] == [0, 2]
+
+
 def _restoring(tmp_path, monkeypatch):
     c = _quiesced(tmp_path)
     c._tick(c.clock())  # the plan: members 0 (survivor) and 2 (the spare)
