@@ -30,10 +30,11 @@ class HandlersMixin:
         slot.last_seen = self.clock()
         self._apply_commit(slot, body)
 
-    def _apply_commit(self, slot, body: dict) -> None:
+    def _apply_commit(self, slot, body: dict, live_step: bool = True) -> None:
         """A commit report's content (``live_step``, ``shards``, ``replicas``) for an active ``slot`` whose
-        generation was checked; O(shards the slot holds)."""
-        if body.get("live_step") is not None:
+        generation was checked; O(shards the slot holds). ``live_step=False``: the slot's step came with the
+        report from a newer source (a node board's entry), which its ``live_step`` must not lower."""
+        if live_step and body.get("live_step") is not None:
             self._note_step(slot, int(body["live_step"]))
         r = slot.logical_rank
         for sid, step in dict(body.get("shards", {})).items():

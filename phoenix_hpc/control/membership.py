@@ -154,10 +154,14 @@ class MembershipMixin:
         """One node's heartbeats (:mod:`phoenix_hpc.control.node_beats`): ``beats`` lists ``[world_rank, pid,
         generation, step, age_s, commit]`` per slot of the node. Per entry O(1): the slot's last-seen time
         becomes ``now - age_s`` (never earlier than it was), the step and the commit report are taken as from
-        a ``heartbeat`` and a ``commit``. An entry of a slot that is unknown, re-spawned or dead is rejected
-        like that slot's own message only while it is fresh (written within two heartbeat intervals: the
-        slot still runs); an older one is the record a killed slot left on its node, and is skipped. A
-        commit of an older generation is skipped (the slot has not committed in this one yet)."""
+        a ``heartbeat`` and a ``commit``, except that the commit's ``live_step`` does not override the entry's
+        own step: a record carries its slot's newest commit report until the next one, made at the next
+        step's commit fence, so that live step is one behind through most of every step (taken, it lowered
+        the coordinator's step of every slot, and a recovery whose members were past their replayed steps
+        ended only at their next commit fence). An entry of a slot that is unknown, re-spawned or dead is
+        rejected like that slot's own message only while it is fresh (written within two heartbeat
+        intervals: the slot still runs); an older one is the record a killed slot left on its node, and is
+        skipped. A commit of an older generation is skipped (the slot has not committed in this one yet)."""
         now = self.clock()
         fresh_s = 2 * self.t.heartbeat_interval_s
         self.heartbeat_ages.add(body.get("sent_at"))
@@ -179,7 +183,7 @@ class MembershipMixin:
                 self._note_step(slot, int(step))
             self.counters["heartbeats"] += 1
             if commit and slot.logical_rank is not None and commit.get("g") == slot.generation:
-                self._apply_commit(slot, commit)
+                self._apply_commit(slot, commit, live_step=step is None)
 
     def _declare_dead(self, worlds: list[int], kind: FaultKind, reason: str, now: float) -> None:
         worlds = [w for w in worlds if self.slots[w].state not in (SlotState.DEAD, SlotState.DONE)]

@@ -85,6 +85,25 @@ def test_the_coordinator_takes_each_entry_as_that_slots_heartbeat_and_commit(tmp
     assert not read_journal(tmp_path, "rejected")
 
 
+def test_an_entrys_commit_report_never_lowers_the_step_the_entry_carries(tmp_path):
+    """A record keeps its slot's newest commit report (of step S, live step S, made at the commit fence of
+    step S + 1) until the next fence; after step S + 1 ends, the record's step is S + 1: the coordinator
+    keeps S + 1 (a recovery waiting for its members to pass S + 1 ends on that heartbeat)."""
+    c = _coordinator(tmp_path, [50.0])
+    commit = {"g": 0, "live_step": 9, "shards": {"opt/pp0/tp0/dp1": 9}, "replicas": {"opt/pp0/tp0/dp0": 9}}
+    c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None,
+                 "beats": [[1, 101, 0, 10, 0.1, commit]]})
+    assert c.slots[1].step == 10 and c.committed["opt/pp0/tp0/dp1"] == {1: 9}
+    # a record without a step (none reported yet): the commit's live step is all there is
+    c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None,
+                 "beats": [[0, 100, 0, None, 0.1, {**commit, "live_step": 3}]]})
+    assert c.slots[0].step == 3
+    # a commit of its own (no board) is current when it is sent: its live step is taken
+    c._dispatch({"type": "commit", "world_rank": 1, "pid": 101, "generation": 0, "live_step": 11,
+                 "shards": {"opt/pp0/tp0/dp1": 10}, "replicas": {}})
+    assert c.slots[1].step == 11 and not read_journal(tmp_path, "rejected")
+
+
 def test_an_entry_of_a_dead_slot_is_rejected_only_while_fresh(tmp_path):
     now = [50.0]
     c = _coordinator(tmp_path, now)
