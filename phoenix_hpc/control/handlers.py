@@ -32,8 +32,8 @@ class HandlersMixin:
 
     def _apply_commit(self, slot, body: dict, live_step: bool = True) -> None:
         """A commit report's content (``live_step``, ``shards``, ``replicas``) for an active ``slot`` whose
-        generation was checked; O(shards the slot holds). ``live_step=False``: the slot's step came with the
-        report from a newer source (a node board's entry), which its ``live_step`` must not lower."""
+        generation was checked; O(shards the slot holds). ``live_step=False``: the caller has taken the slot's
+        step already (a node board's entry: the larger of the entry's step and this live step)."""
         if live_step and body.get("live_step") is not None:
             self._note_step(slot, int(body["live_step"]))
         r = slot.logical_rank

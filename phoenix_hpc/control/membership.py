@@ -154,11 +154,13 @@ class MembershipMixin:
         """One node's heartbeats (:mod:`phoenix_hpc.control.node_beats`): ``beats`` lists ``[world_rank, pid,
         generation, step, age_s, commit]`` per slot of the node. Per entry O(1): the slot's last-seen time
         becomes ``now - age_s`` (never earlier than it was), the step and the commit report are taken as from
-        a ``heartbeat`` and a ``commit``, except that the commit's ``live_step`` does not override the entry's
-        own step: a record carries its slot's newest commit report until the next one, made at the next
-        step's commit fence, so that live step is one behind through most of every step (taken, it lowered
-        the coordinator's step of every slot, and a recovery whose members were past their replayed steps
-        ended only at their next commit fence). An entry of a slot that is unknown, re-spawned or dead is
+        a ``heartbeat`` and a ``commit``, except that the slot's step is the larger of the entry's step and
+        the commit's ``live_step``: a record carries its slot's newest commit report until the next one, made
+        at the next step's commit fence, so that live step is one behind through most of every step (taken
+        after the entry's step, it lowered the coordinator's step of every slot, and a recovery whose members
+        were past their replayed steps ended only at their next commit fence); it is ahead only before the
+        first step of a job resumed from a checkpoint ends, if the slot's progress does not say the restored
+        step yet. An entry of a slot that is unknown, re-spawned or dead is
         rejected like that slot's own message only while it is fresh (written within two heartbeat
         intervals: the slot still runs); an older one is the record a killed slot left on its node, and is
         skipped. A commit of an older generation is skipped (the slot has not committed in this one yet)."""
@@ -179,11 +181,14 @@ class MembershipMixin:
             if not self._gen_ok(slot, g, "heartbeat", part):
                 continue
             slot.last_seen = max(slot.last_seen, now - age)
-            if step is not None:
-                self._note_step(slot, int(step))
+            commit = commit if commit and slot.logical_rank is not None and commit.get("g") == slot.generation \
+                else None
+            live = commit.get("live_step") if commit else None
+            if step is not None or live is not None:
+                self._note_step(slot, max(int(s) for s in (step, live) if s is not None))
             self.counters["heartbeats"] += 1
-            if commit and slot.logical_rank is not None and commit.get("g") == slot.generation:
-                self._apply_commit(slot, commit, live_step=step is None)
+            if commit:
+                self._apply_commit(slot, commit, live_step=False)
 
     def _declare_dead(self, worlds: list[int], kind: FaultKind, reason: str, now: float) -> None:
         worlds = [w for w in worlds if self.slots[w].state not in (SlotState.DEAD, SlotState.DONE)]

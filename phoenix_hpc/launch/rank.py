@@ -299,6 +299,8 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
             persist.restore_latest(engine, groups, cfg, run_dir)
         start_step = engine.step
         summary["start_step"] = start_step
+        if progress is not None:  # heartbeats say the restored step (a resumed job) before its first step ends
+            progress.set(step=start_step)
         reporter = coord.pp == grid.pp - 1 and coord.dp == 0
         tokens_per_step = cfg.training.global_batch_size * cfg.model.seq_length
         snapshot_at = set(args.snapshot_at)

@@ -94,10 +94,11 @@ def test_an_entrys_commit_report_never_lowers_the_step_the_entry_carries(tmp_pat
     c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None,
                  "beats": [[1, 101, 0, 10, 0.1, commit]]})
     assert c.slots[1].step == 10 and c.committed["opt/pp0/tp0/dp1"] == {1: 9}
-    # a record without a step (none reported yet): the commit's live step is all there is
+    # a commit ahead of the record's step (a job resumed from the checkpoint of step 30, its first fence
+    # reported, its progress not yet at the restored step): the larger one counts
     c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None,
-                 "beats": [[0, 100, 0, None, 0.1, {**commit, "live_step": 3}]]})
-    assert c.slots[0].step == 3
+                 "beats": [[0, 100, 0, 0, 0.1, {**commit, "live_step": 30}]]})
+    assert c.slots[0].step == 30
     # a commit of its own (no board) is current when it is sent: its live step is taken
     c._dispatch({"type": "commit", "world_rank": 1, "pid": 101, "generation": 0, "live_step": 11,
                  "shards": {"opt/pp0/tp0/dp1": 10}, "replicas": {}})
