@@ -28,14 +28,14 @@ class HandlersMixin:
         if slot is None or not self._gen_ok(slot, body.get("generation"), "commit", body) or slot.logical_rank is None:
             return
         slot.last_seen = self.clock()
+        if body.get("live_step") is not None:  # current when sent (a board entry's may lag: _on_heartbeats)
+            self._note_step(slot, int(body["live_step"]))
         self._apply_commit(slot, body)
 
-    def _apply_commit(self, slot, body: dict, live_step: bool = True) -> None:
-        """A commit report's content (``live_step``, ``shards``, ``replicas``) for an active ``slot`` whose
-        generation was checked; O(shards the slot holds). ``live_step=False``: the caller has taken the slot's
-        step already (a node board's entry: the larger of the entry's step and this live step)."""
-        if live_step and body.get("live_step") is not None:
-            self._note_step(slot, int(body["live_step"]))
+    def _apply_commit(self, slot, body: dict) -> None:
+        """A commit report's copies (``shards``, ``replicas``, the owner's statement, the interval) for an
+        active ``slot`` whose generation was checked; the caller takes its ``live_step``. O(shards the slot
+        holds)."""
         r = slot.logical_rank
         for sid, step in dict(body.get("shards", {})).items():
             self.committed.setdefault(sid, {})[r] = int(step)

@@ -155,15 +155,15 @@ class MembershipMixin:
         generation, step, age_s, commit]`` per slot of the node. Per entry O(1): the slot's last-seen time
         becomes ``now - age_s`` (never earlier than it was), the step and the commit report are taken as from
         a ``heartbeat`` and a ``commit``, except that the slot's step is the larger of the entry's step and
-        the commit's ``live_step``: a record carries its slot's newest commit report until the next one, made
-        at the next step's commit fence, so that live step is one behind through most of every step (taken
-        after the entry's step, it lowered the coordinator's step of every slot, and a recovery whose members
-        were past their replayed steps ended only at their next commit fence); it is ahead only before the
-        first step of a job resumed from a checkpoint ends, if the slot's progress does not say the restored
-        step yet. An entry of a slot that is unknown, re-spawned or dead is
-        rejected like that slot's own message only while it is fresh (written within two heartbeat
-        intervals: the slot still runs); an older one is the record a killed slot left on its node, and is
-        skipped. A commit of an older generation is skipped (the slot has not committed in this one yet)."""
+        the commit's ``live_step``. A record keeps its slot's newest commit report until the next commit
+        fence, so that live step is one behind through most of every step; taken after the entry's step, it
+        lowered every slot's step, and a recovery whose members were past their replayed steps ended only at
+        their next fence.
+
+        An entry of a slot that is unknown, re-spawned or dead is rejected like that slot's own message only
+        while it is fresh (written within two heartbeat intervals: the slot still runs); an older one is the
+        record a killed slot left on its node, and is skipped. A commit of an older generation is skipped
+        (the slot has not committed in this one yet)."""
         now = self.clock()
         fresh_s = 2 * self.t.heartbeat_interval_s
         self.heartbeat_ages.add(body.get("sent_at"))
@@ -188,7 +188,7 @@ class MembershipMixin:
                 self._note_step(slot, max(int(s) for s in (step, live) if s is not None))
             self.counters["heartbeats"] += 1
             if commit:
-                self._apply_commit(slot, commit, live_step=False)
+                self._apply_commit(slot, commit)
 
     def _declare_dead(self, worlds: list[int], kind: FaultKind, reason: str, now: float) -> None:
         worlds = [w for w in worlds if self.slots[w].state not in (SlotState.DEAD, SlotState.DONE)]

@@ -208,7 +208,7 @@ class RecoveryMixin:
             self._declare_dead(silent, FaultKind.HEARTBEAT_TIMEOUT,
                                f"no {rec.phase} answer within {rec.deadline - rec.t_start:.0f}s", now)
             return self._abort_recovery(f"slot(s) {silent} did not answer the {rec.phase}", now)
-        if rec.phase == "quiesce" and set(rec.quiesced) >= rec.survivors:
+        if rec.phase == "quiesce" and self._all_quiesced(rec):
             self._plan(rec, now)
         elif rec.phase == "restore" and self._all_recovered(rec):
             self._check_and_resume(rec, now)
@@ -218,6 +218,10 @@ class RecoveryMixin:
                 self._finish_recovery(rec, now, interrupted=False)
             elif self.faults:
                 self._finish_recovery(rec, now, interrupted=True)
+
+    def _all_quiesced(self, rec: Recovery) -> bool:
+        """Every survivor answered ``quiesced``."""
+        return set(rec.quiesced) >= rec.survivors
 
     def _all_recovered(self, rec: Recovery) -> bool:
         """Every member of the plan answered ``recovered``."""
@@ -240,7 +244,7 @@ class RecoveryMixin:
         if rec is None or self.ending is not None or self.job.state in TERMINAL_JOB_STATES:
             return
         if rec.phase == "quiesce":
-            if (set(rec.quiesced) >= rec.survivors and not self.faults and now <= rec.deadline
+            if (self._all_quiesced(rec) and not self.faults and now <= rec.deadline
                     and now - rec.t_start >= self.tick_s
                     and not any(self.slots[w].state is SlotState.DEAD for w in rec.survivors)
                     and not detect(now, self._watched(now), self.t)[0]):
