@@ -678,8 +678,12 @@ class BufferTransfer:
         if self._chunks is None:
             if not self._announce.Test():
                 return False
+            # the posting closures hold the peer and the tag plan, never this transfer: a window that referred
+            # back to it would keep it and the received buffer alive until the cycle collector's next run
+            peer = self.peer
             if self.sending:
-                post = lambda i, v: c.Isend(v, dest=self.peer, tag=self._tags.data_tag(step, i))  # noqa: E731
+                tags = self._tags
+                post = lambda i, v: c.Isend(v, dest=peer, tag=tags.data_tag(step, i))  # noqa: E731
             else:
                 got_step, h, n = (int(x) for x in self._hdr)
                 if got_step != step or n < 0 or not 0 <= h <= n:
@@ -690,7 +694,8 @@ class BufferTransfer:
                 self.buf = host_empty(n)  # every byte is received into below
                 a = self.buf.numpy()
                 self._views = self._plan(a[:h], a[h:])
-                post = lambda i, v: c.Irecv(v, source=self.peer, tag=self._tags.data_tag(step, i))  # noqa: E731
+                tags = self._tags
+                post = lambda i, v: c.Irecv(v, source=peer, tag=tags.data_tag(step, i))  # noqa: E731
             self._chunks = ChunkWindow(self._views, post, self.window)
         if self._chunks.progress():
             self.done_at = time.perf_counter()

@@ -159,3 +159,34 @@ def test_the_engine_and_the_recovery_transfer_share_one_windowed_chunk_transfer(
         assert "ChunkWindow(" in inspect.getsource(fn), fn.__qualname__
     src = inspect.getsource(h2h)
     assert src.count(".window and") == 1, "a second windowed posting loop besides ChunkWindow.progress"
+
+
+def test_a_finished_transfer_and_its_received_buffer_are_freed_without_the_cycle_collector():
+    """A recovery's received buffers (the lost rank's parameters and optimizer shard: GBs on a GPU node) go
+    as soon as the member drops its transfers: no reference cycle keeps them until CPython's next full
+    collection, which after ``gc.freeze`` may come only at the next recovery."""
+    import gc
+    import weakref
+
+    from phoenix_hpc.runtime.h2h import BufferTransfer, drive_transfers
+
+    buf = _sealed_params()
+    box = {}
+
+    def sender():
+        send_buffer(Recording(), buf.numpy(), 0, 9, 256, 20.0, "test send")
+
+    gc.collect()
+    gc.disable()
+    try:
+        t = threading.Thread(target=sender)
+        t.start()
+        x = BufferTransfer(Recording(), 0, 9, 256, "test receive")
+        drive_transfers([x], 20.0)
+        t.join(30)
+        box["transfer"], box["buffer"] = weakref.ref(x), weakref.ref(x.buf)
+        assert torch.equal(x.buf, buf)
+        del x
+        assert box["transfer"]() is None and box["buffer"]() is None
+    finally:
+        gc.enable()
