@@ -39,7 +39,8 @@ def test_the_last_quiesced_within_the_first_tick_waits_for_the_tick(tmp_path):
 def test_the_last_quiesced_after_the_first_tick_is_planned_at_once(tmp_path):
     c = _quiesced(tmp_path)
     t0 = c.recovery.t_start
-    c._advance_on_answers(t0 + c.tick_s)
+    # just past the floor: (t0 + tick) - t0 can round to one ulp below the tick, as t0 is the clock's reading
+    c._advance_on_answers(t0 + c.tick_s * 1.001)
     assert c.recovery.phase == "restore" and _events(tmp_path, "recovery_plan")[-1]["rank_map"] == [[0, 0], [1, 2]]
     assert [w for w, m in _sent(c) if m["type"] == "recover"] == [0, 2]
 
