@@ -114,7 +114,8 @@ def key_reply(nonce: str) -> str:
 # Fault injection (for ``phoenix inject-fault`` and step-targeted tests): what can be injected and where.
 INJECT_KINDS = ("node_loss", "crash", "hang", "transient", "link_down", "gpu_error", "exception", "nan",
                 "corrupt_replica")
-INJECT_PHASES = ("forward_backward", "reduce_gradients", "d2h", "h2h", "wait_commit", "optimizer_step", "recovery")
+INJECT_PHASES = ("forward_backward", "reduce_gradients", "d2h", "h2h", "wait_commit", "optimizer_step", "recovery",
+                 "restore")
 
 
 class ProtocolError(ValueError):

@@ -12,8 +12,9 @@ Planning rules (so that every planned fault can be survived by design):
   the restart of every member from the persistent checkpoint (``checkpoint_restart``);
 
 - faults land in steps ``FIRST_STEP .. steps - 2``, one in the first half of each of ``n`` equal segments of
-  that range, so recoveries (and their replays) end before the next fault's step; the ``recovery`` phase is never drawn (a fault in
-  the recovery phase lands only if another recovery follows; drill it on purpose with ``inject-fault``);
+  that range, so recoveries (and their replays) end before the next fault's step; the ``recovery`` and
+  ``restore`` phases are never drawn (a fault in a phase of a recovery lands only if another recovery follows;
+  drill it on purpose with ``inject-fault``);
 - the spare budget is respected: ``kill-node`` needs a whole spare node (G standby slots), ``crash``,
   ``hang``, ``link-down`` and ``gpu-error`` one standby slot, ``transient`` none; kinds that no longer fit
   are not drawn;
@@ -54,6 +55,7 @@ class DrillFault:
 
 
 CORRUPT_COMPANION = "crash"  # what makes the recovery that needs a corrupted replica (see the module doc)
+IN_RECOVERY = ("recovery", "restore")  # user phases outside every step (faults/trigger.RECOVERY_PHASES): never drawn
 
 
 def slot_cost(kind: str, gpus_per_node: int) -> int:
@@ -121,12 +123,12 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
                              f"({spare_nodes} spare node(s) x {gpus_per_node} slots); add 'transient' or spares")
         kind = rng.choice(affordable)
         budget -= cost(kind)
-        phases = [p for p in KINDS[kind].phases if p != "recovery"]
+        phases = [p for p in KINDS[kind].phases if p not in IN_RECOVERY]
         expect = None
         if in_job:
             phases, expect = [p for p in phases if p in IN_JOB_PHASES], ACTION
         if kind == "corrupt-replica":  # the phase is its companion crash's; the corrupted copy lands in recovery
-            phases = [p for p in KINDS[CORRUPT_COMPANION].phases if p != "recovery"]
+            phases = [p for p in KINDS[CORRUPT_COMPANION].phases if p not in IN_RECOVERY]
             expect = "hot_swap" if replicas >= 2 else "checkpoint_restart"
         out.append(DrillFault(i, kind, rng.choice(phases), step, rng.randrange(world), expect))
     return out

@@ -198,14 +198,14 @@ def _accepted(reply: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_exact(landed: dict[str, Any], at_step: int, phase_wire: str) -> bool:
-    """Whether a landing record is where the request asked: its step (for the ``recovery`` phase, the first
-    recovery at or after it) and phase. Pure."""
-    from phoenix_hpc.faults.trigger import RECOVERY_PHASE
+    """Whether a landing record is where the request asked: its step (for a phase of a recovery,
+    ``recovery`` or ``restore``, the first recovery at or after it) and phase. Pure."""
+    from phoenix_hpc.faults.trigger import RECOVERY_PHASES
 
     step = landed.get("step")
     if landed.get("phase") != phase_wire or not isinstance(step, int):
         return False
-    return step >= at_step if phase_wire == RECOVERY_PHASE else step == at_step
+    return step >= at_step if phase_wire in RECOVERY_PHASES else step == at_step
 
 
 def outcome_of(request_id: str, armed: dict[int, int], phase_wire: str, fired: list[dict[str, Any]],

@@ -12,7 +12,12 @@ d2h         while S(s-1) is copied device -> host into the staging buffer (``d2h
 h2h         while the optimizer part of S(s-1) is sent to the replica holders (``h2h``)
 optimizer   inside ``optimizer.step()`` of step s, after the commit (``optimizer_step``)
 recovery    during a recovery (quiesce, rebuild, restore) that happens at or after step s
-            (``recovery``): a second fault while the first is being handled
+            (``recovery``): a second fault while the first is being handled; it lands as the target
+            starts its part of the recovery (a survivor as it quiesces, a spare as it starts to join)
+restore     in a recovery that happens at or after step s, once every member of the new generation
+            arrived and the target built its groups, as it starts to restore state (its transfers or
+            the checkpoint load, then its new protector) (``restore``): a loss while the others
+            send, receive or wait for it to start protection
 =========== ==================================================================================
 
 The kinds, what each does to its target, and the coordinator's expected reaction (docs/design.md section 6):
@@ -46,7 +51,8 @@ restarts from the persistent checkpoint, every member at the same step.
 Phases a kind does not support are refused: a ``transient`` collective error needs a collective (forward
 and backward carry the TP/PP/DP collectives, h2h the replica exchange, optimizer the ZeRO parameter
 all-gather), a ``link-down`` needs communication (not the local D2H copy), a ``gpu-error`` needs GPU work
-(not the host-to-host replica exchange).
+(not the host-to-host replica exchange). ``restore`` takes the kinds that end or stop a process (crash,
+kill-node, hang): a raised error there is no fault of a step.
 """
 
 from __future__ import annotations
@@ -56,8 +62,9 @@ from typing import Mapping
 
 from phoenix_hpc.errors import FaultError
 
-PHASES: tuple[str, ...] = ("forward", "d2h", "h2h", "optimizer", "recovery")
-"""User-facing phase names, in the order they occur in a step (``recovery`` is outside the step)."""
+PHASES: tuple[str, ...] = ("forward", "d2h", "h2h", "optimizer", "recovery", "restore")
+"""User-facing phase names, in the order they occur in a step (``recovery`` and ``restore`` are outside the
+step, in a recovery: :data:`phoenix_hpc.faults.trigger.RECOVERY_PHASES`)."""
 
 PHASE_WIRE: Mapping[str, str] = {
     "forward": "forward_backward",
@@ -65,6 +72,7 @@ PHASE_WIRE: Mapping[str, str] = {
     "h2h": "h2h",
     "optimizer": "optimizer_step",
     "recovery": "recovery",
+    "restore": "restore",
 }
 """User phase -> the phase name of the control protocol (``phoenix_hpc.control.protocol.INJECT_PHASES``),
 which is also what the rank loop passes to :meth:`phoenix_hpc.faults.trigger.FaultTrigger.check`."""

@@ -18,6 +18,8 @@ injection whose step and phase match. Integration (the rank loop, ``phoenix_hpc.
     trigger.check(s, "optimizer_step")       # before engine.optimizer_step()
     trigger.check(live_step + 1, "recovery") # in the quiesce/restore handler; a standby slot checks
                                              # trigger.check(R + 1, "recovery") as it starts to join a plan
+    trigger.check(R + 1, "restore")          # every member of a plan, once the generation's members arrived
+                                             # and its groups are built, before its transfers
     # an InjectedFault raised by check() is reported like any error inside the step:
     #   client.report_fault(generation, s, phase, exc=e, kind=e.fault_kind)
 
@@ -57,6 +59,9 @@ from typing import Any, Callable, Iterable, MutableSequence
 EXIT_INJECTED_CRASH = 70  # EX_SOFTWARE: an injected crash
 FAULTS_DIR = "faults"
 RECOVERY_PHASE = "recovery"
+#: the phases of a recovery, outside every step: an injection in one lands at the first recovery at or after
+#: its step (a recovery's step is not known in advance), also one after the job's last step
+RECOVERY_PHASES = (RECOVERY_PHASE, "restore")
 
 
 class InjectedFault(Exception):
@@ -109,11 +114,12 @@ class Injection:
 
 
 def is_due(inj: Injection, step: int, phase: str) -> bool:
-    """Whether ``inj`` fires at ``(step, phase)``: same phase and same step; in the ``recovery`` phase the
-    first recovery at or after ``at_step`` (a recovery's step is not known in advance)."""
+    """Whether ``inj`` fires at ``(step, phase)``: same phase and same step; in a phase of a recovery
+    (:data:`RECOVERY_PHASES`) the first recovery at or after ``at_step`` (a recovery's step is not known in
+    advance)."""
     if inj.phase != phase:
         return False
-    return step >= inj.at_step if phase == RECOVERY_PHASE else step == inj.at_step
+    return step >= inj.at_step if phase in RECOVERY_PHASES else step == inj.at_step
 
 
 def take_due(pending: MutableSequence[Any], step: int, phase: str) -> Injection | None:
@@ -147,7 +153,7 @@ def arm_decision(at_step: int, phase: str, started_step: int, last_step: int | N
     if step <= started_step:
         return None, (f"the target already started step {started_step} (asked for step {step}, phase {phase}); "
                       "nothing armed")
-    if last_step is not None and step > last_step and phase != RECOVERY_PHASE:
+    if last_step is not None and step > last_step and phase not in RECOVERY_PHASES:
         return None, f"the job ends at step {last_step}, before step {step}; nothing armed"
     return step, ""
 

@@ -102,14 +102,24 @@ class QuiesceRequested(Exception):
 
 class RestoreInterrupted(Exception):
     """The coordinator re-planned the recovery this member is applying: a member of the plan was lost before
-    every member arrived at the new generation (``msg``: the newer ``quiesce``). Raised at the arrival barrier
-    (:meth:`Member._arrive_all`), where nothing of the new generation exists yet and a survivor's engine on
-    the rebind path is untouched; the member answers the newer quiesce from what it held and applies the next
-    plan (docs/design.md section 6, "A loss in the restore phase")."""
+    every member answered ``recovered`` (``msg``: the newer ``quiesce``). Raised where the member waits on the
+    others (``at``): at the arrival barrier (:meth:`Member._arrive_all`, ``"barrier"``), where nothing of the
+    new generation exists yet and a survivor's engine on the rebind path is untouched; in its transfers
+    (:func:`phoenix_hpc.launch.transfers.run`, ``"transfers"``), whose requests are then abandoned; at its new
+    protector's arrival (:meth:`Member._build_protector`, ``"protector"``), before any of its buffers exist.
+    The member answers the newer quiesce from the copies it quiesced with, which it still holds, and applies
+    the next plan (docs/design.md section 6, "A loss in the restore phase")."""
 
-    def __init__(self, msg: dict[str, Any]):
+    def __init__(self, msg: dict[str, Any], at: str = "barrier"):
         super().__init__(f"recovery re-planned as generation {msg.get('generation')}")
         self.msg = msg
+        self.at = at
+
+
+#: where a member was when its plan was cut short (:class:`RestoreInterrupted`), for its log line
+CUT_AT = {"barrier": "waiting for the members of generation {g}",
+          "transfers": "in its transfers of generation {g}",
+          "protector": "waiting for the members of generation {g} to start protection"}
 
 
 #: how often the arrival barrier looks for a newer quiesce, seconds (at each doorbell ring; every FULL_POLL_S
@@ -395,6 +405,24 @@ class Member:
                 next_check = now + ARRIVE_CHECK_S
             time.sleep(poll_s)
 
+    def _restore_check(self, at: str) -> Callable[[], None]:
+        """A check for the waits of the restore phase after the arrival barrier, which call it between their
+        polls: at most every ARRIVE_CHECK_S it looks for a newer quiesce (:meth:`_take_newer_quiesce`) and
+        raises :class:`RestoreInterrupted` (``at`` names the wait) when the coordinator queued one,
+        StopRequested on a ``stop``."""
+        due = [0.0]
+
+        def check() -> None:
+            now = time.monotonic()
+            if now < due[0]:
+                return
+            due[0] = now + ARRIVE_CHECK_S
+            newer = self._take_newer_quiesce()
+            if newer is not None:
+                raise RestoreInterrupted(newer, at)
+
+        return check
+
     def _take_newer_quiesce(self) -> dict[str, Any] | None:
         """A ``quiesce`` of a generation after this member's that the coordinator queued, taken out of the
         instructions (other instructions stay, in order); None when there is none. The watchdog is disarmed
@@ -430,9 +458,11 @@ class Member:
             self._store_incarnation = inc
         return e.store
 
-    def _build_protector(self):
+    def _build_protector(self, replan_ok: bool = False):
         """This generation's protector (new host buffers: the previous generation's keep the copies of the
-        recoverable step until this generation's first commit fence, docs/design.md section 6)."""
+        recoverable step until this generation's first commit fence, docs/design.md section 6). ``replan_ok``
+        (a recovery that a re-plan may cut short): the wait for the last member to arrive looks for a newer
+        quiesce and raises :class:`RestoreInterrupted` (``at="protector"``) before anything is allocated."""
         from phoenix_hpc.runtime.protector import Protector
         from phoenix_hpc.topology import generation_placement
 
@@ -455,6 +485,7 @@ class Member:
             # in a recovery every member is expected within the instruction timeout; at the start a member
             # may still load a large checkpoint
             arrive_timeout_s=self.wait_s if self.generation > 0 else None,
+            arrive_check=self._restore_check("protector") if replan_ok and self.generation > 0 else None,
         )
         protector.abort_check = self._poll  # a quiesce also ends a commit wait on a peer that is gone
         return protector
@@ -503,23 +534,28 @@ class Member:
 
     def join(self, plan: dict[str, Any]) -> None:
         """A standby slot named in ``plan`` takes its logical rank: build the generation, restore, resume.
-        When the coordinator re-plans before every member arrived (:class:`RestoreInterrupted`), the slot
-        answers the newer quiesce with nothing to offer (its restore is redone in place) and applies the next
-        plan."""
+        When the coordinator re-plans before every member answered ``recovered`` (:class:`RestoreInterrupted`),
+        the slot answers the newer quiesce with nothing to offer (its restore is redone in place: an engine it
+        built meanwhile is ended, the next plan builds and loads it again) and applies the next plan."""
         self._mark_gc()
         # an injection armed on this standby slot for phase "recovery" lands here, before it reaches the new
         # generation (a spare lost while it joins); a fault it raises is reported as the plan's generation's
         self.env.progress.set(generation=int(plan["generation"]))
         self.trigger.check(int(plan["recoverable_step"]) + 1, "recovery")
         while True:
-            quiesce = None
+            quiesce, cut = None, None
             try:
                 self._apply_plan(plan, dirty=False)
                 return
             except RestoreInterrupted as ri:
-                plan = self._answer_replan(ri, -1, {}, {}, False)
+                cut = ri
             except QuiesceRequested as q:  # re-planned after it answered recovered: quiesce as a member
                 quiesce = q.msg
+            if cut is not None:  # outside the handler: the traceback's frames hold no groups then
+                self.release_groups()
+                if self.engine is not None:  # built after the barrier and partly loaded
+                    self._teardown_engine()
+                plan = self._answer_replan(cut, -1, {}, {}, False)
             if quiesce is not None:
                 self.release_groups()  # outside the handler: the traceback's frames hold no groups then
                 self._recover_through_replans(quiesce, failed=False)
@@ -559,8 +595,8 @@ class Member:
         """Answer the newer quiesce of ``ri`` (and any later one) with what this member offers, then return
         the plan that comes (``recover`` body's ``plan``)."""
         g = int(ri.msg["generation"])
-        self.env.log(f"[phoenix] rank {self.logical}: recovery re-planned as generation {g} while waiting for "
-                     f"the members of generation {self.generation}; answering its quiesce")
+        self.env.log(f"[phoenix] rank {self.logical}: recovery re-planned as generation {g} while "
+                     f"{CUT_AT[ri.at].format(g=self.generation)}; answering its quiesce")
         while True:
             self.env.client.report_quiesced(g, live, shards, replicas, dirty, rejected=rejected, numel=numel)
             while True:
@@ -921,9 +957,16 @@ class Member:
         while True:
             try:
                 return self._apply_plan(plan, dirty=dirty, live=live, detail=quiesced)
-            except RestoreInterrupted as ri:  # at the arrival barrier: this member's state is as it quiesced
-                now_live = int(self.engine.step) if self.engine is not None else live
-                plan = self._answer_replan(ri, now_live, shards, replicas, dirty, rejected, numel)
+            except RestoreInterrupted as ri:
+                cut = ri
+            # outside the handler (its traceback's frames hold the cut-short generation's groups): those groups
+            # go as after a fault. What it quiesced with is still here: the copies (its closed protector; a new
+            # one is built only after every member arrived at it) and its engine (untouched at the barrier on
+            # the rebind path; rebound and perhaps rolled back to S(R) after it; on the rebuild path ended, its
+            # host copy kept, or built and loaded after the barrier)
+            self.release_groups()
+            now_live = int(self.engine.step) if self.engine is not None else live
+            plan = self._answer_replan(cut, now_live, shards, replicas, dirty, rejected, numel)
 
     def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None,
                     detail: dict[str, float] | None = None) -> RecoveryRecord:
@@ -966,6 +1009,8 @@ class Member:
             if held is not None:  # the engine is gone: the next plan loads this copy
                 self._held_copy = (R, held, rolled, done)
             raise
+        # every member arrived and built its groups: an injection for phase "restore" lands here
+        self.trigger.check(R + 1, "restore")
         t_reconf = time.perf_counter() - t0  # rebuild: teardown, groups and (below) the new engine
 
         spent = {"reconfigure": 0.0, "rollback": 0.0}  # the engine work's seconds, by the phase they count to
@@ -1001,7 +1046,8 @@ class Member:
             detail["checkpoint_load"] = time.perf_counter() - t3
             t_params, t_opt = 0.0, detail["checkpoint_load"]
         else:  # 5: the engine work runs while this member's buffers go, when none of them needs the engine
-            restored = run_transfers(self, plan.get("transfers", []), R, during=engine_work)
+            restored = run_transfers(self, plan.get("transfers", []), R, during=engine_work,
+                                     check=self._restore_check("transfers"))
             t_params, t_opt = restored.params_s, restored.optimizer_s
             detail.update({f"wire.{k}": v for k, v in restored.wire.items()})
         t_reconf += spent["reconfigure"]
@@ -1029,7 +1075,7 @@ class Member:
         report = self._evidence(g, rank_map)
         detail["evidence"] = time.perf_counter() - t2
         t2 = time.perf_counter()
-        self.protector = self._build_protector()
+        self.protector = self._build_protector(replan_ok=replan_ok)
         created = self.protector.create_s
         detail.update({f"protector_{k}": v for k, v in created.items()})
         old, self.old_protector = self.old_protector, None

@@ -81,16 +81,25 @@ def _threads_ok() -> bool:
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
-def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[], None] | None = None) -> TransferTimes:
+def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[], None] | None = None,
+        check: Callable[[], None] | None = None) -> TransferTimes:
     """Run ``member``'s part of the plan's ``transfers`` for the recoverable ``step``, with ``during`` (called
     once: the member's engine work) overlapped with them when :func:`sources_ready`, else before them.
+    ``check`` is called between polls while this member waits for its transfers (not during ``during``); what
+    it raises (the coordinator re-planned: a peer of these transfers may be gone) ends them: every request
+    still posted is abandoned (:meth:`phoenix_hpc.runtime.h2h.TransferSet.abandon`) and the error propagates.
 
     Raises:
         RecoveryError: a transfer for another step or of an unknown kind, a received buffer naming another
             shard or step;
         ReplicationError: a checksum fails on arrival, the tag space is too small, or a transfer does not
             complete within ``resilience.collective_timeout_s`` of its start.
+        TransportWedged: the thread driving the transfers did not leave MPI within ``ABANDON_JOIN_S`` of
+            their end (the MPI library deadlocked on a dead peer's connection, ``runtime/h2h.py``): the slot
+            cannot take part in another generation.
+        what ``check`` raises.
     """
+    from phoenix_hpc.errors import TransportWedged
     from phoenix_hpc.runtime.h2h import ABANDON_JOIN_S, BufferTransfer, TransferSet
 
     me, res = member.env.world_rank, member.env.cfg.resilience
@@ -149,6 +158,8 @@ def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[],
                     break
                 else:
                     time.sleep(POLL_S)
+                if check is not None and x.done_at is None:
+                    check()
             if x.done_at is None:  # the driving thread ended with an error
                 break
             spent[t["kind"]] += time.perf_counter() - t0
@@ -164,6 +175,10 @@ def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[],
     finally:
         if th is not None:  # it leaves within one poll round once stopped (every MPI call it makes is
             th.join(ABANDON_JOIN_S)  # non-blocking), unless the MPI library itself hangs (runtime/h2h.py)
+            if th.is_alive():
+                raise TransportWedged(f"rank {member.logical}: the transfer thread did not leave MPI within "
+                                      f"{ABANDON_JOIN_S:g} s of the end of its transfers ({ts.stopped}); this slot "
+                                      "cannot take part in another generation and leaves so that a spare replaces it")
     if "error" in box:
         raise box["error"]
     for t, x in moves:

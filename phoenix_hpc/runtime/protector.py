@@ -253,6 +253,7 @@ class Protector:
         thread_nice: int = 0,
         arrive_timeout_s: float | None = None,
         checksum_threads: int | str = "auto",
+        arrive_check: Callable[[], None] | None = None,
     ) -> "Protector":
         """Set up protection for ``engine`` (collective: every active rank of the generation calls it).
 
@@ -291,9 +292,12 @@ class Protector:
                 sleeping one (:func:`phoenix_hpc.runtime.polled.barrier`): in a recovery the survivors
                 arrive long before the spare they wait for, and the blocking collectives that follow
                 would spin a core each meanwhile.
+            arrive_check: called between the tests of that wait (``runtime/polled.wait``); what it raises (a
+                recovery re-planned because a member was lost before it arrived) ends the construction before
+                anything is allocated or duplicated.
 
         Raises:
-            RecoveryError: not every rank arrived within ``arrive_timeout_s``.
+            RecoveryError: not every rank arrived within ``arrive_timeout_s``; what ``arrive_check`` raises.
             ReplicationError (on every rank, before anything is allocated): ``chunk_bytes <= 0``;
                 ``thread_nice`` outside 0..19; ``checksum_threads`` neither ``"auto"`` nor 1..64; this rank
                 missing from the placement; a replica too large for the MPI tag space; any rank lacking host
@@ -334,7 +338,8 @@ class Protector:
 
         # the first collective waits for the last member to arrive, sleeping (runtime/polled.py)
         polled.barrier(comm, math.inf if arrive_timeout_s is None else arrive_timeout_s,
-                       f"rank {logical_rank} gen {generation}: waiting for every member to start protection")
+                       f"rank {logical_rank} gen {generation}: waiting for every member to start protection",
+                       check=arrive_check)
         pcomm = errors_return(comm.Dup())  # a dead peer's errors are returned, never fatal
         tc["arrive"] = time.perf_counter()
         try:

@@ -279,6 +279,7 @@ def test_a_target_arms_only_a_step_it_has_not_started():
     assert step is None and "ends at step 50" in why
     # the recovery phase fires at the first recovery at or after the step: any later step is fine
     assert arm_decision(60, "recovery", started_step=10, last_step=50) == (60, "")
+    assert arm_decision(60, "restore", started_step=10, last_step=50) == (60, "")
     # steps_ahead: at_step is a lower bound, the target picks its own started step + steps_ahead
     assert arm_decision(5, "h2h", started_step=10, last_step=50, steps_ahead=3) == (13, "")
     assert arm_decision(20, "h2h", started_step=10, last_step=50, steps_ahead=3) == (20, "")

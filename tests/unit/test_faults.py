@@ -38,7 +38,10 @@ from test_status_derive import node_loss_records, run_files, running_slurm, star
 
 def test_kinds_table():
     assert list(KINDS) == ["crash", "kill-node", "hang", "link-down", "transient", "gpu-error", "corrupt-replica"]
-    assert PHASES == ("forward", "d2h", "h2h", "optimizer", "recovery")
+    assert PHASES == ("forward", "d2h", "h2h", "optimizer", "recovery", "restore")
+    # restore: only the kinds that end or stop the process (an error raised there is no step's fault)
+    assert [k for k in KINDS if "restore" in KINDS[k].phases] == ["crash", "kill-node", "hang"]
+    assert PHASE_WIRE["restore"] == "restore"
     for k in KINDS.values():
         assert set(k.phases) <= set(PHASES) and k.phases
     assert "d2h" not in KINDS["transient"].phases and "d2h" not in KINDS["link-down"].phases
@@ -130,6 +133,9 @@ def test_is_due_and_take_due():
     assert is_due(inj, 5, "d2h") and not is_due(inj, 4, "d2h") and not is_due(inj, 5, "h2h")
     rec = Injection("hang", 5, "recovery")
     assert is_due(rec, 7, "recovery") and not is_due(rec, 4, "recovery")
+    res = Injection("crash", 5, "restore")  # also the first recovery at or after its step
+    assert is_due(res, 5, "restore") and is_due(res, 9, "restore") and not is_due(res, 4, "restore")
+    assert not is_due(res, 5, "recovery") and not is_due(rec, 7, "restore")
     pending = [{"kind": "crash", "at_step": 5, "phase": "h2h", "request_id": "a"}, {"bad": 1}, inj]
     assert take_due(pending, 5, "d2h") is inj and len(pending) == 2
     got = take_due(pending, 5, "h2h")

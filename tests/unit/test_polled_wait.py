@@ -41,3 +41,21 @@ def test_a_member_that_never_arrives_is_reported_after_the_bound():
 
 def test_a_barrier_on_a_real_communicator_completes():
     assert polled.barrier(MPI.COMM_WORLD, 5.0, "test barrier") < 5.0
+
+
+def test_a_check_between_the_tests_ends_the_wait_with_what_it_raises():
+    """The restore phase hands its waits a check that raises when the coordinator re-planned: the wait ends
+    at once (not after its bound) with that error, and a request that completes is not checked again."""
+    req, calls = LateRequest(60.0), []
+
+    def check():
+        calls.append(req.tests)
+        if len(calls) == 3:
+            raise KeyError("re-planned")
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyError, match="re-planned"):
+        polled.wait(req, 30.0, "test", poll_s=0.001, check=check)
+    assert time.monotonic() - t0 < 1.0 and calls == [1, 2, 3]
+    done = LateRequest(0.0)
+    assert polled.wait(done, 1.0, "test", check=lambda: pytest.fail("checked a completed wait")) >= 0.0

@@ -353,3 +353,39 @@ def test_a_param_sender_without_its_snapshot_rolls_back_first_then_seals_from_th
     assert events == ["rollback", "seal"]
     assert torch.equal(unpack(box["buf"], (PARAM,)).tensors["param/w"], torch.full((4,), 3.0))
     assert out.during_s > 0
+
+
+class _Cut(Exception):
+    pass
+
+
+@pytest.mark.parametrize("threads", [True, False])
+def test_a_check_that_raises_ends_the_transfers_at_once_and_leaves_nothing_posted(monkeypatch, threads):
+    """The member's check (the coordinator re-planned: a newer quiesce) ends transfers whose peer never
+    comes, long before their timeout, and what it raises propagates; no receive stays posted."""
+    from phoenix_hpc.runtime import mpi_faults
+
+    if not threads:
+        monkeypatch.setattr(__import__("phoenix_hpc.launch.transfers", fromlist=["x"]), "_threads_ok", lambda: False)
+    abandoned = []
+    real = mpi_faults.abandon_requests
+
+    def record(pending):
+        abandoned.extend(pending)
+        return real(pending)
+
+    monkeypatch.setattr(mpi_faults, "abandon_requests", record)
+    eng = {}
+    T, m, plan, build = _spare(eng)  # nobody sends: the receives would wait for their whole timeout (20 s)
+    calls = []
+    t0 = time.monotonic()
+
+    def check():
+        calls.append(time.monotonic() - t0)
+        if calls[-1] > 0.2:
+            raise _Cut("newer quiesce")
+
+    with pytest.raises(_Cut):
+        T.run(m, plan, 5, during=lambda: None, check=check)
+    assert time.monotonic() - t0 < 3.0 and len(calls) > 1
+    assert abandoned, "the posted receives were not abandoned"

@@ -91,6 +91,9 @@ class FakeGlobalEngine(Engine):
     def rebind(self, groups, coord):
         raise AssertionError("an engine with global state is never rebound")
 
+    def release_groups(self):
+        EVENTS.append(("release", self.groups.generation if self.groups else None))
+
     def teardown(self):
         EVENTS.append(("teardown", self.groups.generation if self.groups else None))
         self.param.fill_(float("nan"))  # what is left of freed memory
@@ -196,7 +199,7 @@ def member(monkeypatch, tmp_path):
                     domains={}, grid=Grid(1, 1, 1), backend="gloo", device=torch.device("cpu"),
                     log=lambda msg: EVENTS.append(("log", msg)), instruction_timeout_s=5.0)
     m = Member(env)
-    monkeypatch.setattr(m, "_build_protector", lambda: FakeProtector({}))
+    monkeypatch.setattr(m, "_build_protector", lambda replan_ok=False: FakeProtector({}))
     return m
 
 
@@ -641,7 +644,7 @@ def test_a_replan_heard_while_waiting_for_resume_quiesces_again_from_the_kept_co
     _train(member, 4, snaps)
     want = (member.engine.param.clone(), member.engine.opt.clone(), member.engine.envelope())
     built = []
-    member._build_protector = lambda: built.append(FakeProtector({})) or built[-1]
+    member._build_protector = lambda replan_ok=False: built.append(FakeProtector({})) or built[-1]
     EVENTS.clear()
     c = member.env.client
     c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 4)},
@@ -701,3 +704,157 @@ def test_a_checkpoint_restart_after_a_cut_short_plan_loads_the_checkpoint_and_re
         ("teardown", 0), ("construct", 2), ("checkpoint", 2)]
     assert member.engine.step == 2 and rec.generation == 2 and "checkpoint_load" in rec.detail
     assert member._held_copy is None
+
+
+def _cut_in(member, monkeypatch, where: str, load_step: bool = False) -> list:
+    """Generation 1's restore is cut short after its arrival barrier, in this member's transfers
+    (``where="transfers"``) or at its new protector's arrival (``"protector"``): the wait given the member's
+    check polls it until the coordinator's newer quiesce (queued by the test) ends it. Every other generation
+    runs through (with ``load_step``, its transfers bring the recoverable step, as a spare's do). Returns the
+    checks' polls, as (generation, where)."""
+    from phoenix_hpc.launch.transfers import TransferTimes
+
+    polls: list = []
+    real_build = member._build_protector
+
+    def wait_until_cut(check, at):
+        for _ in range(400):
+            polls.append((member.generation, at))
+            check()  # raises RestoreInterrupted once the newer quiesce is there
+            time.sleep(0.005)
+        raise AssertionError(f"the {at} wait was never cut short")
+
+    def run_transfers(m, transfers, R, during=None, check=None):
+        if during is not None:
+            during()
+        if where == "transfers" and m.generation == 1:
+            assert check is not None, "the transfers are given no check"
+            wait_until_cut(check, "transfers")
+        if load_step:
+            m.engine.load_envelope({"step": R, "rng": 0})
+        return TransferTimes()
+
+    def build_protector(replan_ok=False):
+        if where == "protector" and member.generation == 1:
+            assert replan_ok
+            wait_until_cut(member._restore_check("protector"), "protector")
+        return real_build(replan_ok)
+
+    monkeypatch.setattr(execute, "run_transfers", run_transfers)
+    member._build_protector = build_protector
+    return polls
+
+
+@pytest.mark.parametrize("where", ["transfers", "protector"])
+def test_a_replan_heard_after_the_arrival_barrier_is_answered_from_what_the_survivor_quiesced_with(
+        member, monkeypatch, where):
+    """Generation 1's plan is cut short after every member arrived: a member was lost while this survivor
+    was in its transfers or waited for the others at its new protector (rebuild path: its engine ended,
+    built again and loaded from its host copy). It answers the newer quiesce with the copies and the live step
+    it quiesced with, its generation-1 groups released, and generation 2's plan restores it to the same state."""
+    snaps: dict = {}
+    member.start()
+    _train(member, 4, snaps)
+    live = (member.engine.param.clone(), member.engine.opt.clone(), member.engine.envelope())
+    polls = _cut_in(member, monkeypatch, where)
+    EVENTS.clear()
+    c = member.env.client
+    c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 4)}])
+    member.release_groups()
+    queued = threading.Timer(0.1, lambda: c.instructions.extend([
+        {"type": "quiesce", "generation": 2, "dead": [1]}, {"type": "recover", "generation": 2, "plan": _plan(2, 4)},
+        {"type": "resume", "generation": 2}]))
+    queued.start()
+    try:
+        rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
+    finally:
+        queued.cancel()
+    assert polls and {p for p in polls} == {(1, where)}  # the wait polled its check until the cut
+    assert [x[:2] for x in c.sent] == [("quiesced", 1), ("quiesced", 2), ("recovered", 2)]
+    assert c.sent[1][2:] == (4, False) and c.offered == {"opt/pp0/tp0/dp0": [4, 3, 2, 1]}  # as quiesced
+    # generation 1 was built (groups, engine loaded from the host copy), its groups released at the cut;
+    # generation 2 took its host copy from the engine of generation 1
+    assert _kinds(EVENTS, "groups", "teardown", "construct", "release") == [
+        ("release", 0), ("teardown", 0), ("groups", 1, False), ("construct", 1), ("release", 1), ("teardown", 1),
+        ("groups", 2, False), ("construct", 2)]
+    e = member.engine
+    assert torch.equal(e.param, live[0]) and torch.equal(e.opt, live[1]) and e.envelope() == live[2]
+    assert member.generation == 2 and rec.generation == 2 and member.groups.generation == 2
+    said = {"transfers": "in its transfers of generation 1",
+            "protector": "waiting for the members of generation 1 to start protection"}[where]
+    assert any(x[0] == "log" and f"re-planned as generation 2 while {said}" in x[1] for x in EVENTS), EVENTS
+
+
+def test_a_joining_spare_cut_short_in_its_transfers_ends_the_engine_it_built_and_offers_nothing(
+        member, monkeypatch):
+    """A spare whose plan is cut short in its transfers, after it built its engine: the engine (partly
+    loaded) is ended, the spare answers with live step -1 and nothing to offer, and the next plan builds and
+    loads it again."""
+    polls = _cut_in(member, monkeypatch, "transfers")
+    c = member.env.client
+    queued = threading.Timer(0.1, lambda: c.instructions.extend([
+        {"type": "quiesce", "generation": 2, "dead": [7]}, {"type": "recover", "generation": 2, "plan": _plan(2, 0)},
+        {"type": "resume", "generation": 2}]))
+    queued.start()
+    try:
+        member.join(_plan(1, 0))
+    finally:
+        queued.cancel()
+    assert polls and c.sent[0] == ("quiesced", 2, -1, False) and c.offered == {}
+    assert _kinds(EVENTS, "construct", "teardown") == [("construct", 1), ("teardown", 1), ("construct", 2)]
+    assert c.sent[-1][:3] == ("recovered", 2, 0) and member.generation == 2
+
+
+def test_a_stop_heard_in_the_transfers_ends_the_restore(member, monkeypatch):
+    """A ``stop`` (the job ended meanwhile) reaches a member in its transfers too: StopRequested."""
+    snaps: dict = {}
+    member.start()
+    _train(member, 2, snaps)
+    _cut_in(member, monkeypatch, "transfers")
+    c = member.env.client
+    c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 2)}])
+    member.release_groups()
+    queued = threading.Timer(0.1, lambda: c.instructions.append({"type": "stop", "reason": "the job ended"}))
+    queued.start()
+    try:
+        with pytest.raises(execute.StopRequested, match="the job ended"):
+            member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
+    finally:
+        queued.cancel()
+
+
+class FakeRebindEngine(FakeGlobalEngine):
+    """The same engine on the rebind path: a survivor keeps it and gives it the new generation's groups."""
+
+    recovery_style = "rebind"
+    supported_recovery_styles = ("rebind",)
+
+    def rebind(self, groups, coord):
+        EVENTS.append(("rebind", groups.generation))
+        self.groups = ProcessGroups(groups.world, ("dp", groups.generation), ("pp", groups.generation),
+                                    ("tp", groups.generation), groups.generation)
+
+
+def test_a_joining_spare_on_the_rebind_path_cut_short_in_its_transfers_is_built_again_by_the_next_plan(
+        member, monkeypatch):
+    """On the rebind path the next plan would keep an engine it finds and roll it back from a local
+    snapshot, which a joining spare does not have: the engine a spare built before its plan was cut short
+    is ended, and the next plan builds it again and restores it through its transfers."""
+    from phoenix_hpc.engines import factory
+
+    member.recovery_path = "rebind"
+    monkeypatch.setattr(factory, "create_engine",
+                        lambda cfg, coord, groups, device, state_follows=False: FakeRebindEngine(cfg, coord, groups, device))
+    polls = _cut_in(member, monkeypatch, "transfers", load_step=True)
+    c = member.env.client
+    queued = threading.Timer(0.1, lambda: c.instructions.extend([
+        {"type": "quiesce", "generation": 2, "dead": [7]}, {"type": "recover", "generation": 2, "plan": _plan(2, 3)},
+        {"type": "resume", "generation": 2}]))
+    queued.start()
+    try:
+        member.join(_plan(1, 3))
+    finally:
+        queued.cancel()
+    assert polls and c.sent[0] == ("quiesced", 2, -1, False)
+    assert _kinds(EVENTS, "construct", "teardown", "rebind") == [("construct", 1), ("teardown", 1), ("construct", 2)]
+    assert c.sent[-1][:3] == ("recovered", 2, 3) and member.engine.step == 3
