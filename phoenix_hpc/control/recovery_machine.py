@@ -448,8 +448,12 @@ class RecoveryMixin:
         from the newest persistent checkpoint (spares take the dead ranks, every member loads it); when
         there is no checkpoint or not enough spares, stop cleanly naming the checkpoint to resubmit from."""
         ck = self._newest_checkpoint()
-        newest = max(live_steps.values(), default=0)
-        lost = None if ck is None else newest - ck
+        # the newest step any member finished: its survivors' live steps, or with none left (every member
+        # lost) the steps the members last reported
+        newest = max(live_steps.values(), default=None)
+        if newest is None:
+            newest = max((self.slots[w].step for w in self.rank_map.values() if w in self.slots), default=0)
+        lost = None if ck is None else max(0, newest - ck)
         if ck is not None:
             t0 = time.perf_counter()
             try:

@@ -200,3 +200,22 @@ def test_a_plan_that_replays_no_step_ends_when_it_resumes(tmp_path):
     c._advance_on_answers(c.clock())
     assert seen == [rec.generation] and c.recovery is None
     assert _events(tmp_path, "recovery_done")[-1]["phases"]["replay"] == 0.0
+
+
+def test_a_fallback_with_no_member_left_counts_the_lost_steps_from_the_members_last_steps(tmp_path):
+    """Every member lost (no live step to read): the stop message and the journal count the steps lost since
+    the checkpoint from the steps the members last reported, never a negative number."""
+    from types import SimpleNamespace
+
+    from phoenix_hpc.recovery.plan import FallbackRequired
+    from test_drain import _events
+
+    c = _coordinator(tmp_path)
+    c.checkpoint_step = 5
+    for w in (0, 1):
+        c.slots[w].step = 8
+    c._fallback(SimpleNamespace(generation=3), FallbackRequired("no spare left"), {}, [], [0, 1], c.clock())
+    (dec,) = [d for d in _events(tmp_path, "decision") if d["action"] == "fallback"]
+    assert dec["checkpoint_step"] == 5 and dec["lost_steps"] == 3
+    (end,) = _events(tmp_path, "fallback")
+    assert end["lost_steps"] == 3 and "(3 step(s) since then are lost)" in end["message"], end
