@@ -307,20 +307,16 @@ def test_a_fault_in_the_first_step_after_a_hot_swap_is_recovered_in_memory(env, 
     assert all(x["verified_replicas"] == 1 and len(x["verified_domains"]) == 1 for x in after.values()), after
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_spare_lost_while_it_joins_is_replaced_by_the_next_spare(env, data, dp3_reference, slurm_cluster,  # noqa: F811
-                                                                   tmp_path, path):
-    """Logical rank 1's node is lost; the spare the plan names crashes as it starts to join (a crash armed on
-    it for phase ``recovery``), while the survivors wait for it at the new generation's arrival barrier (on
-    the rebuild path with their engines already ended). The coordinator aborts that recovery in its restore
-    phase and plans again with the other spare; the survivors answer the newer quiesce from the barrier and
-    restore what they quiesced with. The final state is the fault-free one."""
-    job = Job(env, tmp_path, data, f"spare-lost-{path}", with_path(_dp3_config(1), path))
+def _spare_lost_in(phase: str, env, data, dp3_reference, slurm_cluster, tmp_path, path) -> Job:  # noqa: F811
+    """Logical rank 1's node is lost and the spare the plan names crashes in ``phase`` of its restore (a
+    crash armed on it). The coordinator aborts that recovery in its restore phase and plans again with the
+    other spare, from the same recoverable step; the final state is the fault-free one. Returns the job."""
+    job = Job(env, tmp_path, data, f"spare-lost-{phase}-{path}", with_path(_dp3_config(1), path))
     nodes: list[str] = []
     try:
         _wait(lambda: job.step(1) >= 3, 180, "the first commits")
         first, second = sorted([job.node_of(3), job.node_of(4)])  # the spare node a plan takes first: by name
-        armed = _arm_on_standby(job, "crash", "recovery", 1, first)  # lands when it starts to join
+        armed = _arm_on_standby(job, "crash", phase, 1, first)
         assert armed["targets"] and armed["armed_steps"], armed
         nodes = _kill_nodes(slurm_cluster, job, [1], 8)
         job.done = job.wait_end(240)
@@ -328,7 +324,7 @@ def test_a_spare_lost_while_it_joins_is_replaced_by_the_next_spare(env, data, dp
         job.cancel()
         _revive(slurm_cluster, nodes)
     _same_hash(job.done, dp3_reference)
-    (fired,) = [f for f in _fired_of(job) if f["phase"] == "recovery"]
+    (fired,) = [f for f in _fired_of(job) if f["phase"] == phase]
     assert fired["kind"] == "crash" and fired["world_rank"] in armed["targets"]
     assert [(a["generation"], a["phase"]) for a in job.events("recovery_aborted")] == [(1, "restore")]
     plans = job.events("recovery_plan")
@@ -338,51 +334,36 @@ def test_a_spare_lost_while_it_joins_is_replaced_by_the_next_spare(env, data, dp
     assert rec["generation"] == 2 and rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1
     for ev in ("checkpoint_restart", "fallback", "invariant_violation", "evidence_rejected"):
         assert not job.events(ev), (ev, job.events(ev))
+    check_path(job, _dp3_config(1), path)
+    return job
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_spare_lost_while_it_joins_is_replaced_by_the_next_spare(env, data, dp3_reference, slurm_cluster,  # noqa: F811
+                                                                   tmp_path, path):
+    """The spare crashes as it starts to join (phase ``recovery``), while the survivors wait for it at the
+    new generation's arrival barrier (on the rebuild path with their engines already ended); they answer the
+    newer quiesce from the barrier and restore what they quiesced with."""
+    job = _spare_lost_in("recovery", env, data, dp3_reference, slurm_cluster, tmp_path, path)
     logs = job.output()
     assert "recovery re-planned as generation 2 while waiting for the members of generation 1" in logs, logs[-3000:]
-    check_path(job, _dp3_config(1), path)
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_a_spare_lost_after_every_member_arrived_is_replaced_by_the_next_spare(env, data, dp3_reference,  # noqa: F811
                                                                            slurm_cluster, tmp_path, path):
-    """As above, but the spare crashes once every member of the new generation arrived and built its groups
-    (a crash armed on it for phase ``restore``): the survivors that send it the lost rank's state are in their
-    transfers, which never complete, and any other waits for it at the new protector's first collective. The
-    coordinator aborts that recovery in its restore phase and plans again with the other spare; the survivors
-    answer the newer quiesce from where they wait (their transfers abandoned, the cut-short generation's
-    groups released) with what they quiesced with, long before the transfers' timeout (8 s here), and the
-    final state is the fault-free one."""
-    job = Job(env, tmp_path, data, f"spare-lost-restore-{path}", with_path(_dp3_config(1), path))
-    nodes: list[str] = []
-    try:
-        _wait(lambda: job.step(1) >= 3, 180, "the first commits")
-        first, second = sorted([job.node_of(3), job.node_of(4)])  # the spare node a plan takes first: by name
-        armed = _arm_on_standby(job, "crash", "restore", 1, first)  # lands after the generation's barrier
-        assert armed["targets"] and armed["armed_steps"], armed
-        nodes = _kill_nodes(slurm_cluster, job, [1], 8)
-        job.done = job.wait_end(240)
-    finally:
-        job.cancel()
-        _revive(slurm_cluster, nodes)
-    _same_hash(job.done, dp3_reference)
-    (fired,) = [f for f in _fired_of(job) if f["phase"] == "restore"]
-    assert fired["kind"] == "crash" and fired["world_rank"] in armed["targets"]
-    assert [(a["generation"], a["phase"]) for a in job.events("recovery_aborted")] == [(1, "restore")]
-    plans = job.events("recovery_plan")
-    assert [[j["node"] for j in p["joins"]] for p in plans] == [[first], [second]]
-    assert plans[0]["recoverable_step"] == plans[1]["recoverable_step"]
-    (rec,) = job.events("recovery_done")
-    assert rec["generation"] == 2 and rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1
-    for ev in ("checkpoint_restart", "fallback", "invariant_violation", "evidence_rejected"):
-        assert not job.events(ev), (ev, job.events(ev))
-    # the second plan came within the quiesce phase, not after a survivor's transfer timeout
+    """The spare crashes once every member of the new generation arrived and built its groups (phase
+    ``restore``): the survivors that send it the lost rank's state are in their transfers, which never
+    complete, and any other waits for it at the new protector's first collective. They answer the newer
+    quiesce from where they wait (their transfers abandoned, the cut-short generation's groups released) with
+    what they quiesced with, long before the transfers' timeout (8 s here)."""
+    job = _spare_lost_in("restore", env, data, dp3_reference, slurm_cluster, tmp_path, path)
     (abort,) = job.events("recovery_aborted")
-    assert plans[1]["ts"] - abort["ts"] < 4.0, (abort, plans[1])
+    second = job.events("recovery_plan")[1]
+    assert second["ts"] - abort["ts"] < 4.0, (abort, second)  # within the quiesce phase, not after a timeout
     logs = job.output()
     assert "recovery re-planned as generation 2 while in its transfers of generation 1" in logs, logs[-3000:]
     assert "while waiting for the members of generation 1;" not in logs  # nobody was cut at the barrier
-    check_path(job, _dp3_config(1), path)
 
 
 def test_the_only_spare_lost_while_it_joins_shrinks_the_job_from_the_cut_short_host_copies(  # noqa: F811

@@ -745,6 +745,18 @@ def _cut_in(member, monkeypatch, where: str, load_step: bool = False) -> list:
     return polls
 
 
+def _replan_later(c, replan: dict | None, first: dict | None = None) -> threading.Timer:
+    """Queue, 0.1 s from now (while the member waits in its cut-short restore), the coordinator's newer
+    quiesce of generation 2 (or ``first`` instead), then ``replan`` (generation 2's plan) and its resume.
+    Cancel the returned timer when done."""
+    msgs = [first or {"type": "quiesce", "generation": 2, "dead": [7]}]
+    if replan is not None:
+        msgs += [{"type": "recover", "generation": 2, "plan": replan}, {"type": "resume", "generation": 2}]
+    t = threading.Timer(0.1, lambda: c.instructions.extend(msgs))
+    t.start()
+    return t
+
+
 @pytest.mark.parametrize("where", ["transfers", "protector"])
 def test_a_replan_heard_after_the_arrival_barrier_is_answered_from_what_the_survivor_quiesced_with(
         member, monkeypatch, where):
@@ -761,10 +773,7 @@ def test_a_replan_heard_after_the_arrival_barrier_is_answered_from_what_the_surv
     c = member.env.client
     c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 4)}])
     member.release_groups()
-    queued = threading.Timer(0.1, lambda: c.instructions.extend([
-        {"type": "quiesce", "generation": 2, "dead": [1]}, {"type": "recover", "generation": 2, "plan": _plan(2, 4)},
-        {"type": "resume", "generation": 2}]))
-    queued.start()
+    queued = _replan_later(c, _plan(2, 4), {"type": "quiesce", "generation": 2, "dead": [1]})
     try:
         rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
     finally:
@@ -785,26 +794,6 @@ def test_a_replan_heard_after_the_arrival_barrier_is_answered_from_what_the_surv
     assert any(x[0] == "log" and f"re-planned as generation 2 while {said}" in x[1] for x in EVENTS), EVENTS
 
 
-def test_a_joining_spare_cut_short_in_its_transfers_ends_the_engine_it_built_and_offers_nothing(
-        member, monkeypatch):
-    """A spare whose plan is cut short in its transfers, after it built its engine: the engine (partly
-    loaded) is ended, the spare answers with live step -1 and nothing to offer, and the next plan builds and
-    loads it again."""
-    polls = _cut_in(member, monkeypatch, "transfers")
-    c = member.env.client
-    queued = threading.Timer(0.1, lambda: c.instructions.extend([
-        {"type": "quiesce", "generation": 2, "dead": [7]}, {"type": "recover", "generation": 2, "plan": _plan(2, 0)},
-        {"type": "resume", "generation": 2}]))
-    queued.start()
-    try:
-        member.join(_plan(1, 0))
-    finally:
-        queued.cancel()
-    assert polls and c.sent[0] == ("quiesced", 2, -1, False) and c.offered == {}
-    assert _kinds(EVENTS, "construct", "teardown") == [("construct", 1), ("teardown", 1), ("construct", 2)]
-    assert c.sent[-1][:3] == ("recovered", 2, 0) and member.generation == 2
-
-
 def test_a_stop_heard_in_the_transfers_ends_the_restore(member, monkeypatch):
     """A ``stop`` (the job ended meanwhile) reaches a member in its transfers too: StopRequested."""
     snaps: dict = {}
@@ -814,8 +803,7 @@ def test_a_stop_heard_in_the_transfers_ends_the_restore(member, monkeypatch):
     c = member.env.client
     c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 2)}])
     member.release_groups()
-    queued = threading.Timer(0.1, lambda: c.instructions.append({"type": "stop", "reason": "the job ended"}))
-    queued.start()
+    queued = _replan_later(c, None, {"type": "stop", "reason": "the job ended"})
     try:
         with pytest.raises(execute.StopRequested, match="the job ended"):
             member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
@@ -835,26 +823,26 @@ class FakeRebindEngine(FakeGlobalEngine):
                                     ("tp", groups.generation), groups.generation)
 
 
-def test_a_joining_spare_on_the_rebind_path_cut_short_in_its_transfers_is_built_again_by_the_next_plan(
-        member, monkeypatch):
-    """On the rebind path the next plan would keep an engine it finds and roll it back from a local
-    snapshot, which a joining spare does not have: the engine a spare built before its plan was cut short
-    is ended, and the next plan builds it again and restores it through its transfers."""
-    from phoenix_hpc.engines import factory
+@pytest.mark.parametrize("path,R", [("rebuild", 0), ("rebind", 3)])
+def test_a_joining_spare_cut_short_in_its_transfers_ends_the_engine_it_built_and_offers_nothing(
+        member, monkeypatch, path, R):
+    """A spare whose plan is cut short in its transfers, after it built its engine: the engine (partly
+    loaded) is ended, the spare answers with live step -1 and nothing to offer, and the next plan builds it
+    again and restores it through its transfers. On the rebind path that matters: the next plan would keep an
+    engine it finds and roll it back from a local snapshot, which a joining spare does not have."""
+    if path == "rebind":
+        from phoenix_hpc.engines import factory
 
-    member.recovery_path = "rebind"
-    monkeypatch.setattr(factory, "create_engine",
-                        lambda cfg, coord, groups, device, state_follows=False: FakeRebindEngine(cfg, coord, groups, device))
+        member.recovery_path = "rebind"
+        monkeypatch.setattr(factory, "create_engine", lambda cfg, coord, groups, device, state_follows=False:
+                            FakeRebindEngine(cfg, coord, groups, device))
     polls = _cut_in(member, monkeypatch, "transfers", load_step=True)
     c = member.env.client
-    queued = threading.Timer(0.1, lambda: c.instructions.extend([
-        {"type": "quiesce", "generation": 2, "dead": [7]}, {"type": "recover", "generation": 2, "plan": _plan(2, 3)},
-        {"type": "resume", "generation": 2}]))
-    queued.start()
+    queued = _replan_later(c, _plan(2, R))
     try:
-        member.join(_plan(1, 3))
+        member.join(_plan(1, R))
     finally:
         queued.cancel()
-    assert polls and c.sent[0] == ("quiesced", 2, -1, False)
+    assert polls and c.sent[0] == ("quiesced", 2, -1, False) and c.offered == {}
     assert _kinds(EVENTS, "construct", "teardown", "rebind") == [("construct", 1), ("teardown", 1), ("construct", 2)]
-    assert c.sent[-1][:3] == ("recovered", 2, 3) and member.engine.step == 3
+    assert c.sent[-1][:3] == ("recovered", 2, R) and member.generation == 2 and member.engine.step == R
