@@ -39,7 +39,7 @@ from pydantic import ValidationError
 
 from phoenix_hpc.config.load import load_job_config
 from phoenix_hpc.config.resolve import ResolvedJob, resolve
-from phoenix_hpc.data.format import check_indexed_dataset
+from phoenix_hpc.data.format import check_indexed_dataset, vocab_problem
 from phoenix_hpc.errors import ConfigError, DataError, ProfileError, SlurmError, SubmitError
 from phoenix_hpc.profiles import load_profile
 from phoenix_hpc.slurm.render import render_sbatch, sbatch_cli_args
@@ -287,15 +287,22 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         except Exception:
             _echo_warnings(warnings)
             raise
+    readable = False
     try:  # the ranks run the same check before they train; here it costs no queue wait
         if cfg.data.path is not None:
             check_indexed_dataset(cfg.data.path, cfg.model.vocab_size)
+            readable = True
     except DataError as exc:
         if not dry_run:
             _echo_warnings(warnings)
             raise SubmitError(f"{exc}; it must be readable on a file system the compute nodes see; nothing was "
                               "submitted") from None
         warnings.append(f"{exc} (here; the compute nodes need it)")
+    if readable:  # a dataset that is there decides the vocabulary the ranks would refuse: refused now, dry run too
+        problem = vocab_problem(cfg.data.path, cfg.model.vocab_size)
+        if problem is not None:
+            _echo_warnings(warnings)
+            raise ConfigError([problem], source=f"job {cfg.name!r}", note="nothing was written or submitted")
 
     if output is not None:
         try:

@@ -158,6 +158,8 @@ TORCH_ENGINE_MODEL = {
     "position_embedding_type": "learned_absolute", "activation": "gelu", "normalization": "LayerNorm",
     "add_bias_linear": True, "untie_embeddings_and_output_weights": True,
 }
+#: the parameter dtypes engine ``torch`` trains in (no loss scaler: not float16)
+TORCH_ENGINE_DTYPES = ("float32", "bfloat16")
 
 
 class MegatronOptions(BaseModel):
@@ -605,4 +607,12 @@ class JobConfig(BaseModel):
         if self.megatron != MegatronOptions():
             out.append("megatron: options are set but engine is torch (allowed: no megatron section, or "
                        "engine: megatron)")
+        # what the torch engine refuses when a rank constructs it (engines/torch_engine.py), refused here first
+        if m.dtype not in TORCH_ENGINE_DTYPES:
+            out.append(f"model.dtype: {m.dtype!r} is not supported by engine torch (allowed: "
+                       f"{', '.join(TORCH_ENGINE_DTYPES)}; float16 needs a loss scaler, which it has not); "
+                       "use engine: megatron")
+        if self.parallelism.tp != 1:
+            out.append(f"parallelism.tp: {self.parallelism.tp} is not supported by engine torch (allowed: 1, no "
+                       "tensor parallelism); use engine: megatron")
         return out

@@ -14,6 +14,31 @@ INDEX_HEADER = b"MMIDIDX\x00\x00"  # Megatron indexed dataset .idx magic (megatr
 
 BYTE_VOCAB = 256  # the vocabulary of the byte-level datasets `phoenix data prepare` makes
 
+#: the token dtypes of one byte in a Megatron .idx (``megatron.core.datasets.indexed_dataset.DType`` codes, the
+#: byte after the version) by name and largest id: every id of the dtype may occur, so the model needs an
+#: embedding for each
+ONE_BYTE_TOKENS = {1: ("uint8", 255), 2: ("int8", 127)}
+
+
+def vocab_too_small(prefix: str, vocab_size: int, dtype_name: str, max_id: int) -> str | None:
+    """The message when ``vocab_size`` cannot cover ids up to ``max_id`` of a dataset's ``dtype_name`` tokens,
+    else None (pure; the ranks' check and ``phoenix submit``'s say the same)."""
+    if max_id < vocab_size:
+        return None
+    return (f"model.vocab_size ({vocab_size}) is too small for dataset {prefix!r}: its tokens are {dtype_name} "
+            f"(ids up to {max_id}); use vocab_size >= {max_id + 1}")
+
+
+def vocab_problem(prefix: str | Path, vocab_size: int) -> str | None:
+    """What :func:`vocab_too_small` says of the dataset at ``prefix`` (checked with
+    :func:`check_indexed_dataset` before) when its tokens are of one byte; None otherwise."""
+    prefix = str(prefix)
+    head = read_bytes(Path(prefix + ".idx"), "dataset index", error=DataError, max_bytes=9 + 8 + 1)
+    if len(head) < 18 or head[17] not in ONE_BYTE_TOKENS:
+        return None
+    name, top = ONE_BYTE_TOKENS[head[17]]
+    return vocab_too_small(prefix, vocab_size, name, top)
+
 
 def how_to_make(vocab_size: int | None) -> str:
     """How to make a dataset for a model of ``vocab_size`` tokens (None: unknown)."""

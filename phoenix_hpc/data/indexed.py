@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from phoenix_hpc.data.format import INDEX_HEADER, check_indexed_dataset  # noqa: F401 (re-exported)
+from phoenix_hpc.data.format import INDEX_HEADER, check_indexed_dataset, vocab_too_small  # noqa: F401 (re-exported)
 from phoenix_hpc.errors import DataError
 
 def open_indexed_dataset(prefix: str | Path):
@@ -74,12 +74,10 @@ class TokenSamples:
                 f"model.seq_length + 1 = {self.seq_length + 1}"
             )
         dtype = np.dtype(self.dataset.index.dtype)
-        max_id = np.iinfo(dtype).max if dtype.kind in "iu" else None
-        if max_id is not None and max_id >= vocab_size and dtype.itemsize == 1:
-            raise DataError(
-                f"model.vocab_size ({vocab_size}) is too small for dataset {str(prefix)!r}: its tokens are "
-                f"{dtype.name} (ids up to {max_id}); use vocab_size >= {max_id + 1}"
-            )
+        if dtype.kind in "iu" and dtype.itemsize == 1:
+            problem = vocab_too_small(str(prefix), vocab_size, dtype.name, int(np.iinfo(dtype).max))
+            if problem is not None:
+                raise DataError(problem)
         self.vocab_size = vocab_size
         self._perm_cache: dict[int, np.ndarray] = {}
 

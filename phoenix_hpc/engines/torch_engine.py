@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phoenix_hpc.config.schema import TORCH_ENGINE_DTYPES
 from phoenix_hpc.engines.base import Engine, GridCoord, ProcessGroups
 from phoenix_hpc.engines.schedule import lr_at
 from phoenix_hpc.engines.styles import ENGINE_RECOVERY_STYLES
@@ -49,7 +50,7 @@ from phoenix_hpc.engines.zero import ShardedAdamW
 from phoenix_hpc.errors import ConfigError, EngineError
 
 ENVELOPE_FORMAT = 1
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_DTYPES = {name: getattr(torch, name) for name in TORCH_ENGINE_DTYPES}
 
 
 def _b64(t: torch.Tensor) -> str:

@@ -315,7 +315,9 @@ def _run_scheme(c: Campaign, rng: np.random.Generator, rollback_s: float, dist: 
                 nf[g] += 1
                 d[hit] = event(g)
                 nxt[hit] = c.arrivals.sample(rng, c.mttf_s, hit.size)
-                hit = hit[nxt[hit] < d[hit]]
+                # a trial at max_faults stops here (unfinished): with an MTTF far below the recovery time
+                # the faults during recoveries alone would not end (about e^(recovery / MTTF) of them)
+                hit = hit[(nxt[hit] < d[hit]) & (nf[f[hit]] < c.max_faults)]
             tau[f] = nxt - d
         else:
             tau[f] = nxt

@@ -56,6 +56,15 @@ def test_torch_engine_refuses_what_its_gpt_does_not_implement():
     JobConfig.model_validate(cfg(engine="torch", model={"ffn_hidden_size": 256, "num_query_groups": 8}))
 
 
+def test_torch_engine_refuses_float16_and_tensor_parallelism_before_a_rank_does():
+    msg = refused(cfg(engine="torch", model={"dtype": "float16"}, parallelism={"tp": 2}))
+    assert "model.dtype: 'float16' is not supported by engine torch (allowed: float32, bfloat16;" in msg, msg
+    assert "parallelism.tp: 2 is not supported by engine torch (allowed: 1" in msg, msg
+    for dtype in ("float32", "bfloat16"):
+        JobConfig.model_validate(cfg(engine="torch", model={"dtype": dtype}))
+    JobConfig.model_validate(cfg(engine="megatron", model={"dtype": "float16"}, parallelism={"tp": 2}))
+
+
 @pytest.mark.parametrize("megatron,needle", [
     ({"attention_backend": "flash"}, "megatron.attention_backend: 'flash' needs megatron.transformer_impl: "
                                      "transformer_engine"),

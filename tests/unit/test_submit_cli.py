@@ -509,3 +509,21 @@ def test_a_checksum_thread_count_outside_1_to_64_or_auto_exits_2(in_tmp, threads
                repr(threads) if isinstance(threads, str) else str(threads),
                "allowed: 'auto' or an integer from 1 to 64")
     assert not (in_tmp / "runs").exists()
+
+
+@pytest.mark.parametrize("code,vocab,refused", [(1, 100, "ids up to 255); use vocab_size >= 256"),
+                                                (2, 100, "int8 (ids up to 127); use vocab_size >= 128"),
+                                                (1, 256, None), (4, 100, None)])
+def test_a_vocabulary_the_dataset_outgrows_is_refused_at_submit_also_in_a_dry_run(in_tmp, code, vocab, refused):
+    """A dataset that is readable here decides what the ranks would refuse before they train: a model whose
+    vocabulary cannot hold every id of the dataset's one-byte tokens (exit 2, nothing written); wider tokens
+    are the tokenizer's (not checked here)."""
+    (in_tmp / "ds.bin").write_bytes(b"")
+    (in_tmp / "ds.idx").write_bytes(INDEX_HEADER + struct.pack("<Q", 1) + bytes([code]) + bytes(8))
+    cfg = write_cfg(in_tmp, model={"vocab_size": vocab}, data={"path": str(in_tmp / "ds")})
+    r = invoke("--site", "local", cfg, "--dry-run")
+    if refused is None:
+        assert r.exit_code == 0, r.output
+        return
+    assert_bad(r, f"model.vocab_size ({vocab}) is too small for dataset", refused, "nothing was written or submitted")
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["cfg.yaml", "ds.bin", "ds.idx"]
