@@ -34,6 +34,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from phoenix_hpc.engines.styles import recovery_path_of
+from phoenix_hpc.engines.torch_dtypes import TORCH_ENGINE_DTYPES
 
 # strict: a value of the wrong type is refused, not coerced (``k: true`` is not k = 1, ``steps: "50"`` is not
 # 50, ``steps: 2.5`` is not 2); an int where a float is expected is still a float (YAML reads ``lr: 1`` as
@@ -158,8 +159,6 @@ TORCH_ENGINE_MODEL = {
     "position_embedding_type": "learned_absolute", "activation": "gelu", "normalization": "LayerNorm",
     "add_bias_linear": True, "untie_embeddings_and_output_weights": True,
 }
-#: the parameter dtypes engine ``torch`` trains in (no loss scaler: not float16)
-TORCH_ENGINE_DTYPES = ("float32", "bfloat16")
 
 
 class MegatronOptions(BaseModel):

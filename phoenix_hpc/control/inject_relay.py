@@ -89,9 +89,12 @@ class InjectRelayMixin:
             return
         armed = req.armed_steps().get(slot.world_rank)
         req.fired.add(slot.world_rank)
+        from phoenix_hpc.faults.trigger import landed_exactly
+
         self.journal.append("inject_landed", request_id=req.request_id, world_rank=slot.world_rank,
                             step=body.get("step"), phase=body.get("phase"), at_step=armed,
-                            exact=body.get("step") == armed and body.get("phase") == req.phase)
+                            exact=armed is not None and landed_exactly(body.get("step"), body.get("phase"),
+                                                                       armed, req.phase))
 
     def _release_reply(self, req: PendingInject, reply: dict) -> None:
         self._held_replies.discard(str(req.request.get("reply_to")))

@@ -234,9 +234,10 @@ class RecoveryMixin:
         phase resumes as soon as the last ``recovered`` is in; one in its replay phase ends as soon as the last
         member's step past the replayed ones is in. The quiesce phase's floor of one tick is the window in which
         a second process exit found just after the first (a node's other slots, killed together) still falls
-        in the quiesce phase and is planned together with it: a member between its generation's arrival
-        barrier and its ``recovered`` does not answer a newer quiesce, so a loss then ends the job
-        (docs/design.md, the coordinator). Everything else stays on the tick: a lost member, a pending fault,
+        in the quiesce phase and is planned together with it: a member inside a blocking call between its
+        generation's arrival barrier and its ``recovered`` (the groups' rendezvous, the protector's agreement,
+        its engine work) does not answer a newer quiesce, so a loss then ends the job (docs/design.md, the
+        coordinator). Everything else stays on the tick: a lost member, a pending fault,
         a slot whose heartbeats are overdue (the tick declares it dead before it plans, so a spare that went
         silent is not named in a plan), the deadlines (judged after the pause accounting,
         :meth:`_advance_recovery`), a replay cut short by a fault."""

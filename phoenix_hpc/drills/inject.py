@@ -200,12 +200,9 @@ def _accepted(reply: dict[str, Any]) -> dict[str, Any]:
 def is_exact(landed: dict[str, Any], at_step: int, phase_wire: str) -> bool:
     """Whether a landing record is where the request asked: its step (for a phase of a recovery,
     ``recovery`` or ``restore``, the first recovery at or after it) and phase. Pure."""
-    from phoenix_hpc.faults.trigger import RECOVERY_PHASES
+    from phoenix_hpc.faults.trigger import landed_exactly
 
-    step = landed.get("step")
-    if landed.get("phase") != phase_wire or not isinstance(step, int):
-        return False
-    return step >= at_step if phase_wire in RECOVERY_PHASES else step == at_step
+    return landed_exactly(landed.get("step"), landed.get("phase"), at_step, phase_wire)
 
 
 def outcome_of(request_id: str, armed: dict[int, int], phase_wire: str, fired: list[dict[str, Any]],

@@ -41,10 +41,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phoenix_hpc.config.schema import TORCH_ENGINE_DTYPES
 from phoenix_hpc.engines.base import Engine, GridCoord, ProcessGroups
 from phoenix_hpc.engines.schedule import lr_at
 from phoenix_hpc.engines.styles import ENGINE_RECOVERY_STYLES
+from phoenix_hpc.engines.torch_dtypes import TORCH_ENGINE_DTYPES
 from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage, empty_stage, lm_loss
 from phoenix_hpc.engines.zero import ShardedAdamW
 from phoenix_hpc.errors import ConfigError, EngineError

@@ -16,8 +16,8 @@ recovery    during a recovery (quiesce, rebuild, restore) that happens at or aft
             starts its part of the recovery (a survivor as it quiesces, a spare as it starts to join)
 restore     in a recovery that happens at or after step s, once every member of the new generation
             arrived and the target built its groups, as it starts to restore state (its transfers or
-            the checkpoint load, then its new protector) (``restore``): a loss while the others
-            send, receive or wait for it to start protection
+            the checkpoint load, then its new protector) (``restore``): in a hot swap, a loss while
+            the others send, receive or wait for it to start protection
 =========== ==================================================================================
 
 The kinds, what each does to its target, and the coordinator's expected reaction (docs/design.md section 6):

@@ -122,6 +122,15 @@ def is_due(inj: Injection, step: int, phase: str) -> bool:
     return step >= inj.at_step if phase in RECOVERY_PHASES else step == inj.at_step
 
 
+def landed_exactly(step: Any, phase: Any, at_step: int, want_phase: str) -> bool:
+    """Whether a fault that fired at ``(step, phase)`` landed where it was armed (``at_step``, wire phase
+    ``want_phase``): the same phase, and the same step, or in a phase of a recovery the first recovery at or after
+    it (:func:`is_due`'s rule). Pure."""
+    if phase != want_phase or isinstance(step, bool) or not isinstance(step, int):
+        return False
+    return step >= at_step if want_phase in RECOVERY_PHASES else step == at_step
+
+
 def take_due(pending: MutableSequence[Any], step: int, phase: str) -> Injection | None:
     """Remove and return the first pending injection due at ``(step, phase)`` (entries may be
     :class:`Injection` objects or ``inject`` message dicts; malformed dicts are dropped)."""

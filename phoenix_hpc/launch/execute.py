@@ -547,8 +547,8 @@ class Member:
             try:
                 self._apply_plan(plan, dirty=False)
                 return
-            except RestoreInterrupted as ri:
-                cut = ri
+            except RestoreInterrupted as ri:  # its message only: its traceback holds the cut plan's frames
+                cut = RestoreInterrupted(ri.msg, ri.at)
             except QuiesceRequested as q:  # re-planned after it answered recovered: quiesce as a member
                 quiesce = q.msg
             if cut is not None:  # outside the handler: the traceback's frames hold no groups then
@@ -957,16 +957,18 @@ class Member:
         while True:
             try:
                 return self._apply_plan(plan, dirty=dirty, live=live, detail=quiesced)
-            except RestoreInterrupted as ri:
-                cut = ri
-            # outside the handler (its traceback's frames hold the cut-short generation's groups): those groups
-            # go as after a fault. What it quiesced with is still here: the copies (its closed protector; a new
-            # one is built only after every member arrived at it) and its engine (untouched at the barrier on
-            # the rebind path; rebound and perhaps rolled back to S(R) after it; on the rebuild path ended, its
-            # host copy kept, or built and loaded after the barrier)
+            except RestoreInterrupted as ri:  # its message only: its traceback holds the cut plan's frames
+                cut = RestoreInterrupted(ri.msg, ri.at)
+            # outside the handler, no traceback kept (its frames hold the cut-short generation's groups, a
+            # protector's engine tensors, the transfers' buffers): those groups go as after a fault. What it
+            # quiesced with is still here: the copies (its closed protector; a new one is built only after every
+            # member arrived at it) and its engine (untouched at the barrier on the rebind path; rebound and
+            # perhaps rolled back to S(R) after it; on the rebuild path ended, its host copy kept, or built and
+            # loaded after the barrier). It answers the live step it quiesced with: the newest step it finished,
+            # which the next plan counts as replayed, also when its engine is at S(R) already
             self.release_groups()
-            now_live = int(self.engine.step) if self.engine is not None else live
-            plan = self._answer_replan(cut, now_live, shards, replicas, dirty, rejected, numel)
+            plan = self._answer_replan(cut, live, shards, replicas, dirty, rejected, numel)
+            cut = None
 
     def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None,
                     detail: dict[str, float] | None = None) -> RecoveryRecord:
@@ -1022,6 +1024,8 @@ class Member:
                 self.engine.rebind(self.groups, self.coord)
                 if not from_checkpoint and (int(self.engine.step) != R or dirty):
                     self._rollback(R)
+                    rolled = True
+                elif live is not None and live != R:  # rolled back in a plan cut short after its rollback
                     rolled = True
                 detail["rollback"] = spent["rollback"] = time.perf_counter() - t1
                 return

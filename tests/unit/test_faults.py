@@ -27,6 +27,7 @@ from phoenix_hpc.faults.trigger import (
     InjectedGPUError,
     Injection,
     is_due,
+    landed_exactly,
     read_fired,
     take_due,
 )
@@ -136,6 +137,10 @@ def test_is_due_and_take_due():
     res = Injection("crash", 5, "restore")  # also the first recovery at or after its step
     assert is_due(res, 5, "restore") and is_due(res, 9, "restore") and not is_due(res, 4, "restore")
     assert not is_due(res, 5, "recovery") and not is_due(rec, 7, "restore")
+    # where it fired, judged by the same rule (the coordinator's inject_landed.exact, the command's outcome)
+    assert landed_exactly(9, "restore", 5, "restore") and landed_exactly(5, "d2h", 5, "d2h")
+    assert not landed_exactly(6, "d2h", 5, "d2h") and not landed_exactly(4, "restore", 5, "restore")
+    assert not landed_exactly(5, "recovery", 5, "restore") and not landed_exactly(None, "d2h", 5, "d2h")
     pending = [{"kind": "crash", "at_step": 5, "phase": "h2h", "request_id": "a"}, {"bad": 1}, inj]
     assert take_due(pending, 5, "d2h") is inj and len(pending) == 2
     got = take_due(pending, 5, "h2h")

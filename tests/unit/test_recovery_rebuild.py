@@ -846,3 +846,33 @@ def test_a_joining_spare_cut_short_in_its_transfers_ends_the_engine_it_built_and
     assert polls and c.sent[0] == ("quiesced", 2, -1, False) and c.offered == {}
     assert _kinds(EVENTS, "construct", "teardown", "rebind") == [("construct", 1), ("teardown", 1), ("construct", 2)]
     assert c.sent[-1][:3] == ("recovered", 2, R) and member.generation == 2 and member.engine.step == R
+
+
+def test_a_rebind_survivor_cut_short_after_its_rollback_answers_the_step_it_finished(member, monkeypatch):
+    """Rebind path: the survivor finished step 5, the plan restores 4; it rolled back to S(4) and was cut
+    short in its transfers. It answers the newer quiesce with live step 5 (the newest step it finished, which
+    the next plan counts as replayed), not the 4 its engine holds now, and its record says it rolled back."""
+    from phoenix_hpc.engines import factory
+
+    member.recovery_path = "rebind"
+    monkeypatch.setattr(factory, "create_engine", lambda cfg, coord, groups, device, state_follows=False:
+                        FakeRebindEngine(cfg, coord, groups, device))
+    snaps: dict = {}
+    member.start()
+    _train(member, 5, snaps)
+    polls = _cut_in(member, monkeypatch, "transfers")
+    EVENTS.clear()
+    c = member.env.client
+    c.instructions.append({"type": "recover", "generation": 1, "plan": _plan(1, 4)})
+    member.release_groups()
+    queued = _replan_later(c, _plan(2, 4), {"type": "quiesce", "generation": 2, "dead": [1]})
+    try:
+        rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
+    finally:
+        queued.cancel()
+    assert polls and [x[:3] for x in c.sent] == [("quiesced", 1, 5), ("quiesced", 2, 5), ("recovered", 2, 4)]
+    assert _kinds(EVENTS, "rebind", "construct") == [("rebind", 1), ("rebind", 2)]  # kept, never built again
+    opt, par, env = snaps[4]
+    e = member.engine
+    assert e.step == 4 and torch.equal(e.opt, opt) and torch.equal(e.param, par) and e.envelope() == env
+    assert (rec.generation, rec.live_step, rec.recoverable_step, rec.rolled_back) == (2, 5, 4, True)

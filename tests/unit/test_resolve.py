@@ -24,6 +24,8 @@ def job(**sections) -> JobConfig:
     }
     for k, v in sections.items():
         d[k] = {**d.get(k, {}), **v} if isinstance(v, dict) else v
+    if d.get("parallelism", {}).get("tp", 1) > 1:  # engine torch has no tensor parallelism
+        d.setdefault("engine", "megatron")
     return JobConfig.model_validate(d)
 
 
