@@ -44,11 +44,12 @@ def _terminate(signum, _frame):
               help="limit of each wait (a job to start, to recover, to end)")
 def demo(config, steps, at_step, node, work_dir, cluster_dir, max_bytes, timeout_s):
     """Run the main job on a local Slurm cluster, kill a node mid-run, and compare with a fault-free run."""
-    from phoenix_hpc.demo.run import EXIT_INTERRUPTED, Demo, DemoOptions, default_cluster_dir
+    from phoenix_hpc.demo.run import EXIT_INTERRUPTED, Demo, DemoOptions, check_node_name, default_cluster_dir
     from phoenix_hpc.errors import DemoError
 
     if not config.is_file():
         raise DemoError(f"--config: {str(config)!r} does not exist; run from the repository root or pass --config")
+    check_node_name(node)  # before the cluster, the data and the reference run
     opts = DemoOptions(config=config.absolute(), work_dir=work_dir.absolute(),
                        cluster_dir=(cluster_dir or default_cluster_dir(work_dir)).absolute(), steps=steps,
                        at_step=at_step, node=node, max_bytes=max_bytes, timeout_s=timeout_s)

@@ -356,7 +356,7 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
     if hotswap_journal and hotswap_s is not None:
         raise ModelError("--hotswap-s: give either --hotswap-s or --hotswap-journal, not both")
     if hotswap_journal:
-        samples = [x for j in hotswap_journal for x in journal.read_recoveries(j)]
+        samples = [x for j in hotswap_journal for x in journal.read_recoveries(j, option="--hotswap-journal")]
         hotswap = dist.empirical(samples, ", ".join(hotswap_journal))
     elif hotswap_s is not None:
         hotswap = dist.parse_dist("hotswap_s", hotswap_s)
@@ -570,6 +570,9 @@ def fit_cmd(csv_path, journal, gpus, phase, target_gpus, as_json, plot_path):
     if csv_path and (journal or gpus):
         raise ModelError("--csv: give either --csv or --journal/--gpus pairs, not both")
     if csv_path:
+        if phase != "total":
+            raise ModelError(f"--phase: {phase!r} is not allowed with --csv (the CSV's seconds are fitted as they "
+                             "are); --phase picks a journal's time, with --journal")
         xs, ys = fit.read_csv(csv_path)
     elif journal:
         if len(journal) != len(gpus):

@@ -51,6 +51,23 @@ POLL_S = 1.0
 WIDE_COLUMNS = 150
 
 
+DEMO_NODES = 6  # the demo's local cluster: 4 active nodes and 2 spares for gpt-small
+
+
+def check_node_name(node: str | None) -> None:
+    """Refuse, before anything starts, a ``--node`` that is no node of the demo's cluster (pure). Which of its
+    nodes hold active slots and which is the batch host is known only once the job runs (:func:`pick_victim`).
+
+    Raises:
+        DemoError: ``node`` is not one of the cluster's node names."""
+    from phoenix_hpc.slurm.cluster_config import node_names
+
+    names = node_names(DEMO_NODES)
+    if node is not None and node not in names:
+        raise DemoError(f"--node: {node!r} is not a node of the demo's cluster (allowed: {names[0]} .. {names[-1]}, "
+                        "one that holds an active slot of the job, not the batch host)")
+
+
 @dataclass(frozen=True)
 class DemoOptions:
     """What ``phoenix demo`` was asked to do.
@@ -234,9 +251,10 @@ class Demo:
         if old is not None and old.alive_daemons():
             self.say(f"a local cluster from an earlier demo still runs in {cdir}: stopping it")
             self.phoenix("cluster", "down", "--run-dir", str(cdir))
-        self.say("starting a local Slurm cluster: 6 nodes on 2 leaf switches (4 active + 2 spare for the job)")
+        self.say(f"starting a local Slurm cluster: {DEMO_NODES} nodes on 2 leaf switches (4 active + 2 spare for "
+                 "the job)")
         self.cluster_started = True  # from here on, always try to stop it (up stops what it started on failure)
-        self.phoenix("cluster", "up", "--run-dir", str(cdir), "--nodes", "6", "--switches", "2")
+        self.phoenix("cluster", "up", "--run-dir", str(cdir), "--nodes", str(DEMO_NODES), "--switches", "2")
         cluster = lc.load_cluster(cdir)
         os.environ.update(cluster.env)
         os.environ[lc.RUN_DIR_ENV] = str(cdir)

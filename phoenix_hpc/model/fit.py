@@ -146,10 +146,10 @@ def check_points(gpus: list[float] | np.ndarray, seconds: list[float] | np.ndarr
                          "(more than the 2 parameters of the linear, log and power laws)")
     for x in n:
         if not (math.isfinite(x) and x >= 1 and float(x).is_integer()):
-            raise ModelError(f"gpus: {x!r} is not allowed; GPU counts must be integers >= 1")
+            raise ModelError(f"gpus: {float(x)!r} is not allowed; GPU counts must be integers >= 1")
     for x in t:
         if not (math.isfinite(x) and x > 0):
-            raise ModelError(f"seconds: {x!r} is not allowed; recovery times must be finite and > 0 s")
+            raise ModelError(f"seconds: {float(x)!r} is not allowed; recovery times must be finite and > 0 s")
     if np.unique(n).size < 2:
         raise ModelError(f"gpus: only size {int(n[0])} is not allowed; measurements at 2 or more distinct sizes "
                          "are needed to fit a trend")
@@ -223,8 +223,8 @@ def fit_scaling(gpus, seconds, targets: tuple[int, ...] | list[int] = DEFAULT_TA
 def read_csv(path: str | Path) -> tuple[list[float], list[float]]:
     """Read measurements from a CSV with a header holding the columns ``gpus`` and ``seconds``.
 
-    Extra columns are ignored. Raises ModelError naming the file (and line) when it is missing, empty,
-    lacks a column or holds a value that is not a number.
+    Extra named columns are ignored. Raises ModelError naming the file (and line) when it is missing, empty,
+    lacks a column, holds a value that is not a number or a row with more values than the header names.
     """
     p = Path(path)
     if not p.exists():
@@ -241,8 +241,11 @@ def read_csv(path: str | Path) -> tuple[list[float], list[float]]:
         gpus: list[float] = []
         secs: list[float] = []
         for row in reader:
-            if all((x is None or not str(x).strip()) for x in row.values()):
+            if all((x is None or not str(x).strip()) for x in row.values() if not isinstance(x, list)):
                 continue
+            if None in row:  # csv.DictReader's restkey: values past the header's columns
+                raise ModelError(f"--csv: {str(path)!r} line {reader.line_num}: {len(cols) + len(row[None])} values "
+                                 f"is not allowed; the header names {len(cols)} column(s) ({', '.join(cols)})")
             try:
                 gpus.append(float(row["gpus"]))
                 secs.append(float(row["seconds"]))

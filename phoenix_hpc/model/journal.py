@@ -25,31 +25,32 @@ JOURNAL_NAME = "journal.jsonl"
 PHASES = ("detect", "reconfigure", "params", "optimizer", "replay")
 
 
-def journal_path(path: str | Path) -> Path:
+def journal_path(path: str | Path, option: str = "--journal") -> Path:
     """``path`` itself if it is a file, ``path/journal.jsonl`` if it is a run directory.
 
-    Raises ModelError if neither exists.
+    Raises ModelError (naming ``option``, the command's option that gave ``path``) if neither exists.
     """
     p = Path(path)
     if p.is_dir():
         p = p / JOURNAL_NAME
     if not p.exists():
-        raise ModelError(f"--journal: {str(path)!r} is not allowed; expected a run directory holding "
+        raise ModelError(f"{option}: {str(path)!r} is not allowed; expected a run directory holding "
                          f"{JOURNAL_NAME} or a journal file")
     return p
 
 
-def read_recoveries(path: str | Path, field: str = "total") -> list[float]:
+def read_recoveries(path: str | Path, field: str = "total", option: str = "--journal") -> list[float]:
     """Recovery times in seconds from the ``recovery_done`` records of a journal, in file order.
 
-    ``field`` is ``total`` (the record's ``total_s``) or one of :data:`PHASES` (``phases[field]``).
+    ``field`` is ``total`` (the record's ``total_s``) or one of :data:`PHASES` (``phases[field]``); ``option``
+    names where ``path`` came from in the errors.
 
     Raises ModelError if the file is missing, a line is not JSON (except a partial last line), or a
     ``recovery_done`` record lacks the field or holds a negative / non-finite time.
     """
     if field != "total" and field not in PHASES:
         raise ModelError(f"--phase: {field!r} is not allowed; expected total or one of {', '.join(PHASES)}")
-    p = journal_path(path)
+    p = journal_path(path, option)
     text = read_text(p, "journal", error=ModelError, allow_empty=True)
     lines = text.split("\n")
     out: list[float] = []
@@ -61,7 +62,7 @@ def read_recoveries(path: str | Path, field: str = "total") -> list[float]:
         except json.JSONDecodeError:
             if no == len(lines):  # partial last line being appended
                 continue
-            raise ModelError(f"--journal: {str(p)!r} line {no} is not valid JSON; expected one JSON object "
+            raise ModelError(f"{option}: {str(p)!r} line {no} is not valid JSON; expected one JSON object "
                              "per line") from None
         if not isinstance(rec, dict) or rec.get("event") != "recovery_done":
             continue
@@ -70,9 +71,9 @@ def read_recoveries(path: str | Path, field: str = "total") -> list[float]:
             value = float(value)
         except (KeyError, TypeError, ValueError):
             key = "total_s" if field == "total" else f"phases.{field}"
-            raise ModelError(f"--journal: {str(p)!r} line {no}: recovery_done record has no numeric {key}") \
+            raise ModelError(f"{option}: {str(p)!r} line {no}: recovery_done record has no numeric {key}") \
                 from None
         if not math.isfinite(value) or value < 0:
-            raise ModelError(f"--journal: {str(p)!r} line {no}: time {value!r} is not allowed; must be >= 0 s")
+            raise ModelError(f"{option}: {str(p)!r} line {no}: time {value!r} is not allowed; must be >= 0 s")
         out.append(value)
     return out

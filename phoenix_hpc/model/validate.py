@@ -9,6 +9,7 @@ both callers.
 from __future__ import annotations
 
 import math
+import sys
 
 from phoenix_hpc.errors import ModelError
 
@@ -30,6 +31,17 @@ def _number(name: str, value: object) -> float:
     if math.isnan(v) or math.isinf(v):
         raise fail(name, value, "expected a finite number")
     return v
+
+
+def finite_result(what: str, inputs: dict[str, object], *results: float) -> None:
+    """Raise ModelError naming every input (as its option) when a result computed from finite inputs
+    overflowed to infinity (e.g. ``--step-s 1e307`` times a replay of many steps): no single input is out of
+    its range, so the message names them all and what overflowed."""
+    if all(math.isfinite(r) for r in results):
+        return
+    given = ", ".join(f"{option_name(k)} {val!r}" for k, val in inputs.items())
+    raise ModelError(f"{given}: the {what} overflows to infinity; use values whose products stay below "
+                     f"{sys.float_info.max:.3g}")
 
 
 def positive(name: str, value: object) -> float:

@@ -101,8 +101,16 @@ class SchedulerProfile(BaseModel):
     @field_validator("signal")
     @classmethod
     def _sig(cls, v):
-        if not re.match(r"^(SIG)?[A-Z0-9]+$", v):
-            raise ValueError(f"scheduler.signal {v!r} is not a signal name such as USR1")
+        """A signal name both ``sbatch --signal`` and bash's ``trap`` take: a Linux signal's name, with or
+        without ``SIG`` (Python's :class:`signal.Signals`, which holds this host's signals), except those no
+        handler can catch (KILL, STOP) and the real-time range (RTMIN, RTMAX: offsets, not names)."""
+        import signal
+
+        names = sorted(s.name.removeprefix("SIG") for s in signal.Signals if s.name.startswith("SIG")
+                       and s.name not in ("SIGKILL", "SIGSTOP", "SIGRTMIN", "SIGRTMAX"))
+        if not isinstance(v, str) or v.removeprefix("SIG") not in names:
+            raise ValueError(f"scheduler.signal {v!r} is not a signal name (allowed: {', '.join(names)}; "
+                             "e.g. USR1)")
         return v.removeprefix("SIG")
 
     @field_validator("extra_sbatch")

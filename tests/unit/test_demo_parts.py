@@ -155,3 +155,16 @@ def test_live_step_is_the_newest_step_of_any_rank_and_ignores_a_torn_line(tmp_pa
     assert live_step(tmp_path) == 2
     (ranks / "rank1.steps.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
     assert live_step(tmp_path) == 3
+
+
+def test_a_node_name_outside_the_demos_cluster_is_refused_before_anything_starts():
+    from phoenix_hpc.demo.run import check_node_name
+
+    check_node_name(None)
+    check_node_name("nid00006")
+    for bad in ("nosuch", "nid00007", "nid0001"):
+        with pytest.raises(DemoError, match=f"--node: '{bad}' is not a node of the demo's cluster .allowed: nid00001 .. nid00006"):
+            check_node_name(bad)
+    config = Path(__file__).resolve().parents[2] / "examples" / "gpt-small.yaml"
+    r = CliRunner().invoke(cli, ["demo", "--node", "nosuch", "--config", str(config)])
+    assert r.exit_code == 2 and "--node: 'nosuch'" in r.output and "Traceback" not in r.output

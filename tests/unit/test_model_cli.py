@@ -139,7 +139,7 @@ def test_fit_csv_and_journals(tmp_path):
     (SIM, "--hotswap-s"),
     (SIM + ["--hotswap-s", "30", "--arrivals", "weibull:-1"], "--arrivals"),
     (SIM + ["--hotswap-s", "30", "--fault-clock", "gpu"], "--fault-clock"),
-    (SIM + ["--hotswap-journal", "/nonexistent/run"], "--journal"),
+    (SIM + ["--hotswap-journal", "/nonexistent/run"], "--hotswap-journal: "),
     (["model", "fit"], "--csv"),
     (["model", "fit", "--journal", "a", "--gpus", "1", "--gpus", "2"], "--gpus"),
 ])
@@ -158,6 +158,25 @@ def test_fit_bad_csv_exits_2(tmp_path):
     p.write_text("gpus,seconds\n64,17\n128,20\n")
     r = run(["model", "fit", "--csv", str(p)])
     assert r.exit_code == 2 and "at least 3" in r.stderr
+    p.write_text("gpus,seconds\n64,17\n128,20,3\n256,25\n")  # a value past the header's columns
+    r = run(["model", "fit", "--csv", str(p)])
+    assert r.exit_code == 2 and "line 3: 3 values is not allowed; the header names 2 column(s)" in r.stderr
+    p.write_text("gpus,seconds\n64,17\n128,20\n256,nan\n")
+    r = run(["model", "fit", "--csv", str(p)])
+    assert r.exit_code == 2 and "seconds: nan is not allowed" in r.stderr and "np." not in r.stderr
+    p.write_text("gpus,seconds\n64,17\n128,20\n256,25\n")
+    r = run(["model", "fit", "--csv", str(p), "--phase", "detect"])  # a journal's phase: says nothing of a CSV
+    assert r.exit_code == 2 and "--phase: 'detect' is not allowed with --csv" in r.stderr
+
+
+def test_an_overflowing_result_names_the_inputs_and_a_bad_hotswap_journal_names_its_option(tmp_path):
+    base = ["model", "efficiency", "--mttf-s", "1000", "--ckpt-every", "100", "--restart-s", "150", "--hotswap-s", "30"]
+    r = run([*base, "--step-s", "1e307", "--overhead-ratio", "1"])
+    assert r.exit_code == 2 and "--step-s 1e+307" in r.stderr and "overflows to infinity" in r.stderr, r.stderr
+    assert "--disruption-s" not in r.stderr
+    r = run(["model", "simulate", "--mttf-s", "1000", "--step-s", "20", "--steps", "100", "--ckpt-every", "10",
+             "--restart-s", "150", "--trials", "2", "--hotswap-journal", str(tmp_path)])
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: --hotswap-journal: {str(tmp_path)!r}"), r.stderr
 
 
 def _phoenix() -> str:

@@ -302,3 +302,14 @@ def test_torch_honours_the_variable(tmp_path):
         assert on >= 32, f"only {on} MiB of huge pages for a 64 MiB tensor with THP_MEM_ALLOC_ENABLE=1"
     if mode == "madvise":  # only the variable asks for them
         assert off < on
+
+
+def test_a_site_signal_that_is_no_catchable_signal_is_refused():
+    """``scheduler.signal`` goes to ``sbatch --signal`` and bash's ``trap``: a name that is no signal, or one
+    no handler can catch, is refused naming the field and the allowed names; SIG is optional."""
+    from phoenix_hpc.profiles.model import SchedulerProfile
+
+    assert SchedulerProfile(signal="SIGUSR2").signal == "USR2" and SchedulerProfile(signal="TERM").signal == "TERM"
+    for bad in ("FOO", "KILL", "SIGSTOP", "usr1", "10"):
+        with pytest.raises(ValueError, match=f"scheduler.signal '{bad}' is not a signal name .allowed: ABRT, "):
+            SchedulerProfile(signal=bad)
