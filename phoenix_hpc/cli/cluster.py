@@ -107,5 +107,5 @@ def down(run_dir: Path | None) -> None:
     """Cancel the cluster's jobs and stop exactly the daemons `up` started (by recorded PID)."""
     report = lc.down(run_dir)
     click.echo(f"stopped {len(report['stopped'])} daemons of the cluster in {report['run_dir']}"
-               + (f" ({len(report['already_gone'])} were already gone: {', '.join(report['already_gone'])})"
+               + (f" ({len(report['already_gone'])} already gone: {', '.join(report['already_gone'])})"
                   if report["already_gone"] else ""))

@@ -61,7 +61,7 @@ def prepare(src_dir: str | None, out_prefix: str | None, use_stdlib: bool, max_b
         click.echo(json.dumps(result.__dict__ | {"source": src_dir}))
     else:
         click.echo(
-            f"wrote {result.prefix}.bin/.idx: {result.documents} documents, {result.tokens:,} byte tokens "
+            f"wrote {result.prefix}.bin and {result.prefix}.idx: {result.documents} documents, {result.tokens:,} byte tokens "
             f"from {src_dir} ({result.skipped} non-text files skipped)"
         )
 

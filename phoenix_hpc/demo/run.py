@@ -339,8 +339,10 @@ class Demo:
         verdict = compare(ref, flt)
         text = format_report(ref, flt, verdict, timeline=str(timeline) if timeline.exists() else None,
                              fault_node=victim, demo_wall_s=time.monotonic() - self.t0)
-        (self.base / "report.txt").write_text(text.lstrip("\n") + "\n")
+        report = self.base / "report.txt"
+        report.write_text(text.lstrip("\n") + "\n")
         self.echo(text)
+        self.echo(f"this report is also in {report}")
         return EXIT_PASSED if verdict.passed else EXIT_FAILED
 
     def _wait(self, run_dir: Path, until: Callable, what: str, steps: int, quiet: bool = False):

@@ -131,6 +131,12 @@ def build_request(st: Status, kind: str, *, rank: int | None = None, node: str |
     """
     spec = kind_spec(kind)
     p = check_phase(kind, phase)
+    # what is wrong with the request itself is said first, whatever state the job is in
+    if rank is not None and rank < 0:
+        raise FaultError(f"--rank: {rank} is not allowed; logical ranks start at 0")
+    if coord is not None:
+        parse_coord(coord)
+    check_at_step(at_step)
     job = st.job
     if st.finished or job.state == "ended":
         raise FaultError(f"job {job.job_id or job.run_dir} is {job.state}"

@@ -370,3 +370,19 @@ def test_flipped_replica_bytes_are_caught_only_by_the_tensor_checksum():
     read_header(buf)  # header and index untouched
     with pytest.raises(ReplicationError, match="tensor opt/a of shard opt/pp0/tp0/dp1 step 3 fails its checksum"):
         verify(buf, (OPT,))
+
+
+def test_a_bad_request_is_named_before_the_state_of_the_job():
+    """--rank -1, a malformed --coord or --at-step 0 are named as such also when the job cannot take any
+    request (here: finished), instead of only 'the job is done'."""
+    import dataclasses
+
+    st = running_status()
+    done = dataclasses.replace(st, job=dataclasses.replace(st.job, state="ended"))
+    for kw, msg in (({"rank": -1}, "--rank: -1 is not allowed; logical ranks start at 0"),
+                    ({"coord": "1,2"}, "--coord: '1,2' is not allowed"),
+                    ({"rank": 1, "at_step": -3}, "--at-step: -3 is not allowed")):
+        with pytest.raises(FaultError, match=msg):
+            build_request(done, "crash", **kw)
+    with pytest.raises(FaultError, match="nothing to inject into"):
+        build_request(done, "crash", rank=1)
