@@ -389,3 +389,27 @@ def test_a_check_that_raises_ends_the_transfers_at_once_and_leaves_nothing_poste
         T.run(m, plan, 5, during=lambda: None, check=check)
     assert time.monotonic() - t0 < 3.0 and len(calls) > 1
     assert abandoned, "the posted receives were not abandoned"
+
+
+def test_a_transfer_thread_stuck_in_mpi_makes_the_slot_leave_instead_of_answering(monkeypatch):
+    """The thread that drives the transfers does not come back after their end (the MPI library deadlocked
+    on a dead peer's connection): the member cannot take part in another generation, so what the check raised
+    gives way to TransportWedged (the slot leaves and a spare replaces it)."""
+    from phoenix_hpc.errors import TransportWedged
+    from phoenix_hpc.runtime import h2h
+
+    monkeypatch.setattr(h2h, "ABANDON_JOIN_S", 0.2)
+    release = threading.Event()
+    monkeypatch.setattr(h2h.TransferSet, "drive", lambda self, poll_s=0.001: release.wait(10))  # never leaves
+    eng = {}
+    T, m, plan, _ = _spare(eng)
+    m.logical = 1
+
+    def check():
+        raise _Cut("newer quiesce")
+
+    try:
+        with pytest.raises(TransportWedged, match="did not leave MPI within 0.2 s"):
+            T.run(m, plan, 5, during=lambda: None, check=check)
+    finally:
+        release.set()
