@@ -358,6 +358,13 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
                     st.slots[int(w)]["logical_rank"] = int(lr)
         for lr, w in rec.get("rank_map") or []:
             st.rank_map[int(lr)] = int(w)
+        # the copies a logical rank held went with the slot that held it: a spare that takes the rank holds
+        # none of them until its generation's first commit says so (a shrink renumbers every rank and shard)
+        if rec.get("shrink"):
+            st.shard_steps.clear()
+        for j in rec.get("joins") or []:
+            for copies in st.shard_steps.values():
+                copies.pop(int(j["logical_rank"]), None)
         for j in rec.get("joins") or []:
             s = st.slots.get(int(j["world_rank"]))
             if s is not None:

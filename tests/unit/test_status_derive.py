@@ -532,3 +532,22 @@ def test_a_shrink_renumbers_the_slots_and_frees_the_leavers():
     by_world = {s.world_rank: s for s in st.slots}
     assert by_world[3].logical_rank == 2 and by_world[3].coord == [0, 2, 0], by_world[3]
     assert [(x["dp_from"], x["dp_to"], x["lost"]) for x in st.shrinks] == [(4, 3, [2])]
+
+
+def test_a_spare_that_takes_a_rank_is_not_credited_with_the_copies_of_the_slot_it_replaced():
+    """After a hot swap logical ranks 2 and 3 are held by spares; the copies the commit of generation 0 names
+    for holders 2 and 3 were the dead slots': until generation 1's first commit names the spares' own copies,
+    no verified replica is attributed to them (the other holders' copies still count)."""
+    steps = {f"opt/pp0/tp0/dp{i}": {h: 5 for h in range(4) if h != i} for i in range(4)}
+    recs = _with_shard_steps(start_records(), steps) + node_loss_records()
+    st = derive_status(recs, running_slurm(), now=16.0, run=run_files())
+    for r in st.replicas:
+        for h in r.holders:
+            if h.logical_rank in (2, 3):
+                assert h.step is None, (r.shard_id, h)
+            elif h.alive:
+                assert h.step == 5, (r.shard_id, h)
+    fresh = recs + [{"ts": 17.0, "event": "commit", "generation": 1, "recoverable_step": 8,
+                     "shard_steps": {f"opt/pp0/tp0/dp{i}": {h: 8 for h in range(4) if h != i} for i in range(4)}}]
+    st = derive_status(fresh, running_slurm(), now=18.0, run=run_files())
+    assert all(h.step == 8 for r in st.replicas for h in r.holders if h.alive)
