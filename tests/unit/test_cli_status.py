@@ -135,7 +135,7 @@ def test_status_does_not_change_the_run_dir(env):
 
 @pytest.mark.parametrize("args,needle", [
     (["--kind", "crash", "--rank", "4"], "--rank: 4 is outside the job; logical ranks are 0..3"),
-    (["--kind", "crash", "--rank", "-1"], "--rank: -1 is outside the job"),
+    (["--kind", "crash", "--rank", "-1"], "--rank: -1 is not allowed; logical ranks start at 0"),
     (["--kind", "crash", "--node", "nid00099"], "--node: 'nid00099' is not a node of job"),
     (["--kind", "crash", "--coord", "0,4,0"], "--coord: (0,4,0) is outside the job's grid"),
     (["--kind", "crash", "--coord", "0,a"], "expected three integers pp,dp,tp"),
