@@ -757,6 +757,19 @@ def _replan_later(c, replan: dict | None, first: dict | None = None) -> threadin
     return t
 
 
+def _recover_cut_then_replanned(member) -> "execute.RecoveryRecord":
+    """A survivor's recovery of generation 1 (a hot swap to step 4) cut short once it waits (see
+    :func:`_cut_in`) and re-planned as generation 2 to the same step, which resumes."""
+    c = member.env.client
+    c.instructions.append({"type": "recover", "generation": 1, "plan": _plan(1, 4)})
+    member.release_groups()
+    queued = _replan_later(c, _plan(2, 4), {"type": "quiesce", "generation": 2, "dead": [1]})
+    try:
+        return member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
+    finally:
+        queued.cancel()
+
+
 @pytest.mark.parametrize("where", ["transfers", "protector"])
 def test_a_replan_heard_after_the_arrival_barrier_is_answered_from_what_the_survivor_quiesced_with(
         member, monkeypatch, where):
@@ -771,13 +784,7 @@ def test_a_replan_heard_after_the_arrival_barrier_is_answered_from_what_the_surv
     polls = _cut_in(member, monkeypatch, where)
     EVENTS.clear()
     c = member.env.client
-    c.instructions.extend([{"type": "recover", "generation": 1, "plan": _plan(1, 4)}])
-    member.release_groups()
-    queued = _replan_later(c, _plan(2, 4), {"type": "quiesce", "generation": 2, "dead": [1]})
-    try:
-        rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
-    finally:
-        queued.cancel()
+    rec = _recover_cut_then_replanned(member)
     assert polls and {p for p in polls} == {(1, where)}  # the wait polled its check until the cut
     assert [x[:2] for x in c.sent] == [("quiesced", 1), ("quiesced", 2), ("recovered", 2)]
     assert c.sent[1][2:] == (4, False) and c.offered == {"opt/pp0/tp0/dp0": [4, 3, 2, 1]}  # as quiesced
@@ -863,13 +870,7 @@ def test_a_rebind_survivor_cut_short_after_its_rollback_answers_the_step_it_fini
     polls = _cut_in(member, monkeypatch, "transfers")
     EVENTS.clear()
     c = member.env.client
-    c.instructions.append({"type": "recover", "generation": 1, "plan": _plan(1, 4)})
-    member.release_groups()
-    queued = _replan_later(c, _plan(2, 4), {"type": "quiesce", "generation": 2, "dead": [1]})
-    try:
-        rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
-    finally:
-        queued.cancel()
+    rec = _recover_cut_then_replanned(member)
     assert polls and [x[:3] for x in c.sent] == [("quiesced", 1, 5), ("quiesced", 2, 5), ("recovered", 2, 4)]
     assert _kinds(EVENTS, "rebind", "construct") == [("rebind", 1), ("rebind", 2)]  # kept, never built again
     opt, par, env = snaps[4]
