@@ -287,22 +287,20 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         except Exception:
             _echo_warnings(warnings)
             raise
-    readable = False
+    problem = None
     try:  # the ranks run the same check before they train; here it costs no queue wait
         if cfg.data.path is not None:
-            check_indexed_dataset(cfg.data.path, cfg.model.vocab_size)
-            readable = True
+            code = check_indexed_dataset(cfg.data.path, cfg.model.vocab_size)
+            problem = vocab_problem(cfg.data.path, cfg.model.vocab_size, code)
     except DataError as exc:
         if not dry_run:
             _echo_warnings(warnings)
             raise SubmitError(f"{exc}; it must be readable on a file system the compute nodes see; nothing was "
                               "submitted") from None
         warnings.append(f"{exc} (here; the compute nodes need it)")
-    if readable:  # a dataset that is there decides the vocabulary the ranks would refuse: refused now, dry run too
-        problem = vocab_problem(cfg.data.path, cfg.model.vocab_size)
-        if problem is not None:
-            _echo_warnings(warnings)
-            raise ConfigError([problem], source=f"job {cfg.name!r}", note="nothing was written or submitted")
+    if problem is not None:  # a dataset that is there decides the vocabulary the ranks would refuse: dry run too
+        _echo_warnings(warnings)
+        raise ConfigError([problem], source=f"job {cfg.name!r}", note="nothing was written or submitted")
 
     if output is not None:
         try:

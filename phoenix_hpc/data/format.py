@@ -29,15 +29,14 @@ def vocab_too_small(prefix: str, vocab_size: int, dtype_name: str, max_id: int) 
             f"(ids up to {max_id}); use vocab_size >= {max_id + 1}")
 
 
-def vocab_problem(prefix: str | Path, vocab_size: int) -> str | None:
-    """What :func:`vocab_too_small` says of the dataset at ``prefix`` (checked with
-    :func:`check_indexed_dataset` before) when its tokens are of one byte; None otherwise."""
-    prefix = str(prefix)
-    head = read_bytes(Path(prefix + ".idx"), "dataset index", error=DataError, max_bytes=9 + 8 + 1)
-    if len(head) < 18 or head[17] not in ONE_BYTE_TOKENS:
+def vocab_problem(prefix: str | Path, vocab_size: int, dtype_code: int) -> str | None:
+    """What :func:`vocab_too_small` says of the dataset at ``prefix`` whose .idx names token dtype
+    ``dtype_code`` (:func:`check_indexed_dataset` returns it) when its tokens are of one byte; None otherwise
+    (pure)."""
+    if dtype_code not in ONE_BYTE_TOKENS:
         return None
-    name, top = ONE_BYTE_TOKENS[head[17]]
-    return vocab_too_small(prefix, vocab_size, name, top)
+    name, top = ONE_BYTE_TOKENS[dtype_code]
+    return vocab_too_small(str(prefix), vocab_size, name, top)
 
 
 def how_to_make(vocab_size: int | None) -> str:
@@ -49,8 +48,9 @@ def how_to_make(vocab_size: int | None) -> str:
             "datasets (vocabulary 256)")
 
 
-def check_indexed_dataset(prefix: str | Path, vocab_size: int | None = None) -> None:
-    """Check that ``PREFIX.idx`` and ``PREFIX.bin`` exist and look like a Megatron indexed dataset.
+def check_indexed_dataset(prefix: str | Path, vocab_size: int | None = None) -> int:
+    """Check that ``PREFIX.idx`` and ``PREFIX.bin`` exist and look like a Megatron indexed dataset; returns
+    the token dtype code its header names (:data:`ONE_BYTE_TOKENS`, :func:`vocab_problem`).
     ``vocab_size``: the model's, so that a missing dataset's message says how to make a fitting one.
 
     Raises:
@@ -74,3 +74,4 @@ def check_indexed_dataset(prefix: str | Path, vocab_size: int | None = None) -> 
     version = struct.unpack("<Q", head[9:17])[0]
     if version != 1:
         raise DataError(f"data.path {prefix!r}: {idx} has index version {version}, only version 1 is supported")
+    return head[17]

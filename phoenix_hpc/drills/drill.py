@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from phoenix_hpc.errors import FaultError
-from phoenix_hpc.faults.kinds import KINDS
+from phoenix_hpc.faults.kinds import KINDS, PHASE_WIRE
+from phoenix_hpc.faults.trigger import RECOVERY_PHASES
 from phoenix_hpc.status.model import Status
 
 FIRST_STEP = 3  # the first commits must exist before a fault can be recovered from memory
@@ -55,7 +56,8 @@ class DrillFault:
 
 
 CORRUPT_COMPANION = "crash"  # what makes the recovery that needs a corrupted replica (see the module doc)
-IN_RECOVERY = ("recovery", "restore")  # user phases outside every step (faults/trigger.RECOVERY_PHASES): never drawn
+#: user phases outside every step (``faults/trigger.RECOVERY_PHASES``): never drawn
+IN_RECOVERY = tuple(p for p, wire in PHASE_WIRE.items() if wire in RECOVERY_PHASES)
 
 
 def slot_cost(kind: str, gpus_per_node: int) -> int:

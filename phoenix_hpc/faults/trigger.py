@@ -117,9 +117,7 @@ def is_due(inj: Injection, step: int, phase: str) -> bool:
     """Whether ``inj`` fires at ``(step, phase)``: same phase and same step; in a phase of a recovery
     (:data:`RECOVERY_PHASES`) the first recovery at or after ``at_step`` (a recovery's step is not known in
     advance)."""
-    if inj.phase != phase:
-        return False
-    return step >= inj.at_step if phase in RECOVERY_PHASES else step == inj.at_step
+    return landed_exactly(step, phase, inj.at_step, inj.phase)
 
 
 def landed_exactly(step: Any, phase: Any, at_step: int, want_phase: str) -> bool:

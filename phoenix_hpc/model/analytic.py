@@ -264,9 +264,10 @@ def compare_schemes(
     c_rec = phoenix_disruption_s(step_s, hotswap_s, phi, phoenix_overhead_s) + extra_replay
     tax = per_step_overhead_s(mttf_s, overhead_ratio)
     c_px = c_rec + tax
-    v.finite_result("disruption per fault (C)", {"mttf_s": mttf_s, "step_s": step_s, "ckpt_every": ckpt_every,
-                                                 "restart_s": restart_s, "hotswap_s": hotswap_s,
-                                                 "overhead_ratio": overhead_ratio}, c_ck, c_px)
+    v.finite_result("disruption per fault (C)", {
+        "mttf_s": mttf_s, "step_s": step_s, "ckpt_every": ckpt_every, "restart_s": restart_s,
+        "ckpt_overhead_s": ckpt_overhead_s, "hotswap_s": hotswap_s, "phi": phi,
+        "phoenix_overhead_s": phoenix_overhead_s, "overhead_ratio": overhead_ratio}, c_ck, c_px)
     ck = SchemeCost(
         overhead_s=float(ckpt_overhead_s),
         recovery_s=float(restart_s),

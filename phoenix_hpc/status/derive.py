@@ -365,7 +365,6 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
         for j in rec.get("joins") or []:
             for copies in st.shard_steps.values():
                 copies.pop(int(j["logical_rank"]), None)
-        for j in rec.get("joins") or []:
             s = st.slots.get(int(j["world_rank"]))
             if s is not None:
                 s["state"], s["logical_rank"] = "joining", int(j["logical_rank"])
