@@ -18,8 +18,9 @@ injection whose step and phase match. Integration (the rank loop, ``phoenix_hpc.
     trigger.check(s, "optimizer_step")       # before engine.optimizer_step()
     trigger.check(live_step + 1, "recovery") # in the quiesce/restore handler; a standby slot checks
                                              # trigger.check(R + 1, "recovery") as it starts to join a plan
-    trigger.check(R + 1, "restore")          # every member of a plan, once the generation's members arrived
-                                             # and its groups are built, before its transfers
+    trigger.check(R + 1, "restore")          # every member of a plan, once every member of the generation
+                                             # built its groups (the member it is armed on waits for the
+                                             # generation's count on the store), before its transfers
     # an InjectedFault raised by check() is reported like any error inside the step:
     #   client.report_fault(generation, s, phase, exc=e, kind=e.fault_kind)
 
@@ -131,17 +132,24 @@ def landed_exactly(step: Any, phase: Any, at_step: int, want_phase: str) -> bool
 
 def take_due(pending: MutableSequence[Any], step: int, phase: str) -> Injection | None:
     """Remove and return the first pending injection due at ``(step, phase)`` (entries may be
-    :class:`Injection` objects or ``inject`` message dicts; malformed dicts are dropped)."""
-    for i in range(len(pending)):
-        item = pending[i]
+    :class:`Injection` objects or ``inject`` message dicts; malformed dicts are skipped)."""
+    i, inj = _first_due(pending, step, phase)
+    if inj is not None:
+        del pending[i]
+    return inj
+
+
+def _first_due(pending: MutableSequence[Any], step: int, phase: str) -> tuple[int, Injection | None]:
+    """``(index, injection)`` of the first pending injection due at ``(step, phase)``, ``(-1, None)`` when none
+    is (malformed dicts are skipped). Pure."""
+    for i, item in enumerate(pending):
         try:
             inj = item if isinstance(item, Injection) else Injection.from_message(item)
         except (KeyError, TypeError, ValueError):
             continue
         if is_due(inj, step, phase):
-            del pending[i]
-            return inj
-    return None
+            return i, inj
+    return -1, None
 
 
 def arm_decision(at_step: int, phase: str, started_step: int, last_step: int | None,
@@ -230,6 +238,13 @@ class FaultTrigger:
         with self._lock:
             self.pending.append(inj)
         return inj
+
+    def armed(self, step: int, phase: str) -> bool:
+        """Whether an injection is pending that :meth:`check` would fire at ``(step, phase)``; nothing is taken.
+        A phase whose landing point a member must first reach (``restore``: every member built its groups)
+        is waited for only when it is armed here."""
+        with self._lock:
+            return _first_due(self.pending, step, phase)[1] is not None
 
     def check(self, step: int, phase: str) -> None:
         """Fire the injection due at ``(step, phase)``, if any; otherwise return at once.

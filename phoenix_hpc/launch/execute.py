@@ -119,7 +119,8 @@ class RestoreInterrupted(Exception):
 #: where a member was when its plan was cut short (:class:`RestoreInterrupted`), for its log line
 CUT_AT = {"barrier": "waiting for the members of generation {g}",
           "transfers": "in its transfers of generation {g}",
-          "protector": "waiting for the members of generation {g} to start protection"}
+          "protector": "waiting for the members of generation {g} to start protection",
+          "groups": "waiting for the members of generation {g} to build their groups"}
 
 
 #: how often the arrival barrier looks for a newer quiesce, seconds (at each doorbell ring; every FULL_POLL_S
@@ -350,7 +351,31 @@ class Member:
         # the old communicator may contain a dead rank: it is dropped, not freed (MPI_Comm_free is collective)
         self.comm = make_comm(e.world_comm, [self.rank_map[r] for r in range(self.n_ranks)], self.generation)
         t["mpi"] = time.perf_counter() - t2
+        if self.generation > 0:  # counted for an injection in phase "restore" (:meth:`_await_groups_built`)
+            self._store().add(f"phoenix/gen{self.generation}/built", 1)
         return t
+
+    def _await_groups_built(self, R: int, poll_s: float = 0.01) -> None:
+        """Before an injection armed on this member for phase ``restore`` lands: wait until every member of the
+        generation built its groups and communicator (the store's ``built`` count, one add per member in
+        :meth:`_setup_groups`). That this member's groups are built says only that every member started
+        building theirs: a peer may still be inside ``MPI_Comm_create_group`` or gloo's connection set-up,
+        blocking calls a fault of this member there would leave hanging (docs/design.md section 6). Returns
+        at once when no such injection is armed. A newer quiesce meanwhile raises :class:`RestoreInterrupted`
+        (``at="groups"``; the injection stays armed for the next plan). After ``wait_s`` it lands anyway,
+        said in the log."""
+        if not self.trigger.armed(R + 1, "restore"):
+            return
+        key, store, check = f"phoenix/gen{self.generation}/built", self._store(), self._restore_check("groups")
+        deadline = time.monotonic() + self.wait_s
+        while store.add(key, 0) < self.n_ranks:
+            if time.monotonic() > deadline:
+                self.env.log(f"[phoenix] rank {self.logical}: only {store.add(key, 0)} of {self.n_ranks} members "
+                             f"built generation {self.generation}'s groups within {self.wait_s:g} s; the injected "
+                             "fault for phase restore lands now")
+                return
+            check()
+            time.sleep(poll_s)
 
     def release_groups(self) -> float:
         """Destroy this generation's torch process groups now, at the first sign of a recovery (an error
@@ -1007,6 +1032,7 @@ class Member:
             detail.update(done)
         try:
             detail.update(self._setup_groups())
+            self._await_groups_built(R)
         except RestoreInterrupted:
             if held is not None:  # the engine is gone: the next plan loads this copy
                 self._held_copy = (R, held, rolled, done)

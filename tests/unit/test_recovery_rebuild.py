@@ -28,6 +28,7 @@ import torch
 from phoenix_hpc.runtime.checksum import DEFAULT_CHECKSUM
 from phoenix_hpc.engines.base import Engine, ProcessGroups
 from phoenix_hpc.errors import ConfigError
+from phoenix_hpc.faults.trigger import InjectedCommError
 from phoenix_hpc.launch.groups import Grid
 from phoenix_hpc.launch import execute
 from phoenix_hpc.launch.execute import Member, MemberEnv
@@ -591,7 +592,8 @@ def test_a_replan_heard_at_the_arrival_barrier_is_answered_and_the_next_plan_loa
     assert torch.equal(e.param, live[0]) and torch.equal(e.opt, live[1]) and e.envelope() == live[2]
     assert member.generation == 2 and rec.generation == 2 and member._held_copy is None
     assert {"host_copy", "teardown", "engine"} <= set(rec.detail)  # the cut-short plan's teardown counts here
-    assert member.env.store.counters == {"phoenix/gen1/arrived": 1, "phoenix/gen2/arrived": 1}
+    assert member.env.store.counters == {"phoenix/gen1/arrived": 1, "phoenix/gen2/arrived": 1,
+                                         "phoenix/gen2/built": 1}  # generation 1's groups were never built
     assert any(x[0] == "log" and "re-planned as generation 2" in x[1] for x in EVENTS)
 
 
@@ -877,3 +879,40 @@ def test_a_rebind_survivor_cut_short_after_its_rollback_answers_the_step_it_fini
     e = member.engine
     assert e.step == 4 and torch.equal(e.opt, opt) and torch.equal(e.param, par) and e.envelope() == env
     assert (rec.generation, rec.live_step, rec.recoverable_step, rec.rolled_back) == (2, 5, 4, True)
+
+
+def test_an_injection_for_phase_restore_waits_until_every_member_built_its_groups(member):
+    """The member an injection for phase ``restore`` is armed on lands it only once the generation's
+    ``built`` count says every member built its groups (that its own are built says only that every member
+    started building theirs); unarmed, a member does not wait. A newer quiesce meanwhile cuts the wait short
+    and the injection stays armed for the next plan."""
+    member.start()
+    member.generation, member.rank_map, member.env.grid = 1, {0: 0, 1: 1}, Grid(1, 1, 2)
+    store = member.env.store
+    t0 = time.monotonic()
+    member._await_groups_built(4)  # nothing armed: no wait, the count is not read
+    assert time.monotonic() - t0 < 0.05 and "phoenix/gen1/built" not in store.counters
+
+    member.trigger.arm("transient", 5, "restore", "r1")
+    store.add("phoenix/gen1/built", 1)  # this member's own count
+    later = threading.Timer(0.2, lambda: store.add("phoenix/gen1/built", 1))
+    later.start()
+    t0 = time.monotonic()
+    member._await_groups_built(4)
+    later.join()
+    assert time.monotonic() - t0 >= 0.2 and member.trigger.armed(5, "restore")
+    with pytest.raises(InjectedCommError):
+        member.trigger.check(5, "restore")
+
+    member.generation = 2
+    member.trigger.arm("transient", 5, "restore", "r2")
+    store.add("phoenix/gen2/built", 1)
+    c = member.env.client
+    queued = _replan_later(c, None, {"type": "quiesce", "generation": 3, "dead": [1]})
+    try:
+        with pytest.raises(execute.RestoreInterrupted) as cut:
+            member._await_groups_built(4)
+    finally:
+        queued.cancel()
+    assert cut.value.at == "groups" and int(cut.value.msg["generation"]) == 3
+    assert member.trigger.armed(6, "restore")  # the first recovery at or after its step
