@@ -550,10 +550,10 @@ class H2HEngine:
             pp = inc.spec.pingpong
             inc.step, inc.idx = step, pp.target_idx()
             buf = pp.begin_write(inc.idx).numpy()
-            owner, tags = inc.spec.owner, self.tags
-            inc.chunks = ChunkWindow(
+            owner, tags, comm = inc.spec.owner, self.tags, self.comm  # the window holds no reference to self:
+            inc.chunks = ChunkWindow(  # an abandoned one would keep this engine (and its buffers) in a cycle
                 [buf[a:b] for a, b in chunk_ranges(nbytes, self.chunk_bytes)],
-                lambda i, v, step=step: self.comm.Irecv([v, MPI.BYTE], source=owner, tag=tags.data_tag(step, i)),
+                lambda i, v, step=step: comm.Irecv([v, MPI.BYTE], source=owner, tag=tags.data_tag(step, i)),
                 self.window)
             inc.t0 = time.monotonic()
         before = inc.chunks.completed
@@ -573,15 +573,15 @@ class H2HEngine:
         self.expected_step = step if self.expected_step is None else max(self.expected_step, step)
 
     def _start_send(self, step: int, view: np.ndarray) -> None:
-        MPI, tags = self._MPI, self.tags
+        MPI, tags, comm = self._MPI, self.tags, self.comm  # the windows hold no reference to self (see above)
         self._expect(step)
         views = [view[a:b] for a, b in chunk_ranges(view.size, self.chunk_bytes)]
         hook = None
         if self.fault_hook is not None:
             hook = lambda i, fh=self.fault_hook: fh("h2h_send_chunk", step, i)  # noqa: E731
         for h in self.holders:
-            chunks = ChunkWindow(views, lambda i, v, h=h: self.comm.Isend([v, MPI.BYTE], dest=h,
-                                                                          tag=tags.data_tag(step, i)),
+            chunks = ChunkWindow(views, lambda i, v, h=h: comm.Isend([v, MPI.BYTE], dest=h,
+                                                                     tag=tags.data_tag(step, i)),
                                  self.window, before_post=hook)
             out = _Outgoing(step, self.generation, h, view, chunks,
                             np.array([step, self.generation, view.size], dtype=np.int64), t0=time.monotonic())
