@@ -307,31 +307,36 @@ def test_a_fault_in_the_first_step_after_a_hot_swap_is_recovered_in_memory(env, 
     assert all(x["verified_replicas"] == 1 and len(x["verified_domains"]) == 1 for x in after.values()), after
 
 
-def _spare_lost_in(phase: str, env, data, dp3_reference, slurm_cluster, tmp_path, path) -> Job:  # noqa: F811
-    """Logical rank 1's node is lost and the spare the plan names crashes in ``phase`` of its restore (a
-    crash armed on it). The coordinator aborts that recovery in its restore phase and plans again with the
-    other spare, from the same recoverable step; the final state is the fault-free one. Returns the job."""
-    job = Job(env, tmp_path, data, f"spare-lost-{phase}-{path}", with_path(_dp3_config(1), path))
+def _spares_lost_in(phases: tuple[str, ...], env, data, dp3_reference, slurm_cluster, tmp_path, path) -> Job:  # noqa: F811
+    """Logical rank 1's node is lost and each spare a plan names in turn crashes in the next of ``phases`` of
+    its restore (a crash armed on it), until one more spare completes it. The coordinator aborts each cut
+    plan in its restore phase and plans again with the next spare, from the same recoverable step; the final
+    state is the fault-free one. Returns the job."""
+    n = len(phases)
+    cfg = dict(_dp3_config(1), resources={"nodes": 3, "spares": n + 1})
+    job = Job(env, tmp_path, data, f"spares-lost-{path}", with_path(cfg, path))
     nodes: list[str] = []
     try:
         _wait(lambda: job.step(1) >= 3, 180, "the first commits")
-        first, second = sorted([job.node_of(3), job.node_of(4)])  # the spare node a plan takes first: by name
-        armed = _arm_on_standby(job, "crash", phase, 1, first)
-        assert armed["targets"] and armed["armed_steps"], armed
+        spares = sorted(job.node_of(w) for w in range(3, 4 + n))  # the order the plans take them: by name
+        armed = [_arm_on_standby(job, "crash", ph, 1, node) for ph, node in zip(phases, spares)]
+        assert all(a["targets"] and a["armed_steps"] for a in armed), armed
         nodes = _kill_nodes(slurm_cluster, job, [1], 8)
         job.done = job.wait_end(240)
     finally:
         job.cancel()
         _revive(slurm_cluster, nodes)
     _same_hash(job.done, dp3_reference)
-    (fired,) = [f for f in _fired_of(job) if f["phase"] == phase]
-    assert fired["kind"] == "crash" and fired["world_rank"] in armed["targets"]
-    assert [(a["generation"], a["phase"]) for a in job.events("recovery_aborted")] == [(1, "restore")]
+    fired = _fired_of(job)
+    assert sorted((f["phase"], f["kind"]) for f in fired) == sorted((ph, "crash") for ph in phases), fired
+    assert {f["world_rank"] for f in fired} == {t for a in armed for t in a["targets"]}, (fired, armed)
+    assert [(a["generation"], a["phase"]) for a in job.events("recovery_aborted")] == [
+        (g, "restore") for g in range(1, n + 1)]
     plans = job.events("recovery_plan")
-    assert [[j["node"] for j in p["joins"]] for p in plans] == [[first], [second]]
-    assert plans[0]["recoverable_step"] == plans[1]["recoverable_step"]
+    assert [[j["node"] for j in p["joins"]] for p in plans] == [[x] for x in spares]
+    assert len({p["recoverable_step"] for p in plans}) == 1, plans
     (rec,) = job.events("recovery_done")
-    assert rec["generation"] == 2 and rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1
+    assert rec["generation"] == n + 1 and rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1
     for ev in ("checkpoint_restart", "fallback", "invariant_violation", "evidence_rejected"):
         assert not job.events(ev), (ev, job.events(ev))
     check_path(job, _dp3_config(1), path)
@@ -339,31 +344,24 @@ def _spare_lost_in(phase: str, env, data, dp3_reference, slurm_cluster, tmp_path
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_a_spare_lost_while_it_joins_is_replaced_by_the_next_spare(env, data, dp3_reference, slurm_cluster,  # noqa: F811
-                                                                   tmp_path, path):
-    """The spare crashes as it starts to join (phase ``recovery``), while the survivors wait for it at the
-    new generation's arrival barrier (on the rebuild path with their engines already ended); they answer the
-    newer quiesce from the barrier and restore what they quiesced with."""
-    job = _spare_lost_in("recovery", env, data, dp3_reference, slurm_cluster, tmp_path, path)
+def test_spares_lost_while_joining_and_after_every_member_arrived_are_replaced_by_the_next_spare(
+        env, data, dp3_reference, slurm_cluster, tmp_path, path):  # noqa: F811
+    """Three spares, the first two lost in turn. The first crashes as it starts to join (phase ``recovery``),
+    while the survivors wait for it at the new generation's arrival barrier (on the rebuild path with their
+    engines already ended): they answer the newer quiesce from the barrier with what they quiesced with. The
+    second crashes once every member of its generation arrived and built its groups (phase ``restore``): the
+    survivors that send it the lost rank's state are in their transfers, which never complete, and any other
+    waits for it at the new protector's first collective; they answer the newer quiesce from where they wait
+    (their transfers abandoned, the cut-short generation's groups released), long before the transfers'
+    timeout (8 s here). The third spare completes the hot swap."""
+    job = _spares_lost_in(("recovery", "restore"), env, data, dp3_reference, slurm_cluster, tmp_path, path)
     logs = job.output()
     assert "recovery re-planned as generation 2 while waiting for the members of generation 1" in logs, logs[-3000:]
-
-
-@pytest.mark.parametrize("path", PATHS)
-def test_a_spare_lost_after_every_member_arrived_is_replaced_by_the_next_spare(env, data, dp3_reference,  # noqa: F811
-                                                                           slurm_cluster, tmp_path, path):
-    """The spare crashes once every member of the new generation arrived and built its groups (phase
-    ``restore``): the survivors that send it the lost rank's state are in their transfers, which never
-    complete, and any other waits for it at the new protector's first collective. They answer the newer
-    quiesce from where they wait (their transfers abandoned, the cut-short generation's groups released) with
-    what they quiesced with, long before the transfers' timeout (8 s here)."""
-    job = _spare_lost_in("restore", env, data, dp3_reference, slurm_cluster, tmp_path, path)
-    (abort,) = job.events("recovery_aborted")
-    second = job.events("recovery_plan")[1]
-    assert second["ts"] - abort["ts"] < 4.0, (abort, second)  # within the quiesce phase, not after a timeout
-    logs = job.output()
-    assert "recovery re-planned as generation 2 while in its transfers of generation 1" in logs, logs[-3000:]
-    assert "while waiting for the members of generation 1;" not in logs  # nobody was cut at the barrier
+    assert "recovery re-planned as generation 3 while in its transfers of generation 2" in logs, logs[-3000:]
+    assert "while waiting for the members of generation 2;" not in logs  # nobody was cut at that barrier
+    abort = job.events("recovery_aborted")[1]
+    third = job.events("recovery_plan")[2]
+    assert third["ts"] - abort["ts"] < 4.0, (abort, third)  # within the quiesce phase, not after a timeout
 
 
 def test_the_only_spare_lost_while_it_joins_shrinks_the_job_from_the_cut_short_host_copies(  # noqa: F811
