@@ -550,8 +550,10 @@ class H2HEngine:
             pp = inc.spec.pingpong
             inc.step, inc.idx = step, pp.target_idx()
             buf = pp.begin_write(inc.idx).numpy()
-            owner, tags, comm = inc.spec.owner, self.tags, self.comm  # the window holds no reference to self:
-            inc.chunks = ChunkWindow(  # an abandoned one would keep this engine (and its buffers) in a cycle
+            # the window holds no reference to self: one still held when the engine is dropped (a wedged
+            # engine's lists are not cleared) would otherwise keep the engine and its buffers in a cycle
+            owner, tags, comm = inc.spec.owner, self.tags, self.comm
+            inc.chunks = ChunkWindow(
                 [buf[a:b] for a, b in chunk_ranges(nbytes, self.chunk_bytes)],
                 lambda i, v, step=step: comm.Irecv([v, MPI.BYTE], source=owner, tag=tags.data_tag(step, i)),
                 self.window)
