@@ -17,8 +17,10 @@ target's :class:`~phoenix_hpc.faults.trigger.FaultTrigger` then fires at the ste
 :func:`finish_kill_node` waits until their PIDs are gone and, only while the job still runs, kills the
 node's slurmd and step daemons by the PIDs the cluster recorded (:func:`phoenix_hpc.slurm.cluster.kill_node`),
 marking the node DOWN, so Slurm sees the node loss as well. A node that holds only standby slots has no
-steps: there the node is killed at once. Nothing is done to a node after its job ended, and no process is
-ever found by a name pattern.
+steps: there a kill-node without a phase and step kills the node at once, and a fault for a phase of a
+recovery (``recovery``, ``restore``) is armed on its slots and lands as one of them takes over a rank; a
+step phase there is refused. Nothing is done to a node after its job ended, and no process is ever found by a
+name pattern.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Callable
 
 from phoenix_hpc.errors import ControlError, FaultError, FaultMissed
 from phoenix_hpc.faults.kinds import PHASE_WIRE, check_at_step, check_phase, kind_spec, parse_coord
+from phoenix_hpc.faults.trigger import RECOVERY_PHASES
 from phoenix_hpc.status.model import Status
 
 LIVE = ("active", "standby", "joining", "quiesced")
@@ -155,10 +158,17 @@ def build_request(st: Status, kind: str, *, rank: int | None = None, node: str |
         targets = [s for s in live if s.node == the_node]
         target = {"node": the_node}
     active = [s for s in targets if s.state != "standby"]
-    immediate = kill_node and not active
-    if not active and not immediate:
-        raise FaultError(f"target: {node} holds only standby slots, which run no steps; a {kind} fault cannot "
-                         "land there (only kill-node can, on the local cluster)")
+    in_recovery = PHASE_WIRE[p] in RECOVERY_PHASES  # lands as a standby slot takes over a rank, too
+    immediate = kill_node and not active and not in_recovery
+    if immediate and (phase is not None or at_step is not None):
+        given = " and ".join(x for x, v in (("--phase", phase), ("--at-step", at_step)) if v is not None)
+        raise FaultError(f"{given}: {the_node} holds only standby slots, which run no steps, so a kill-node there "
+                         "happens at once and cannot be at a step or phase; leave both out, or use --phase "
+                         f"{' or '.join(RECOVERY_PHASES)} to lose the spare as it takes over a rank; nothing was sent")
+    if not active and not immediate and not in_recovery:
+        raise FaultError(f"target: {node} holds only standby slots, which run no steps; a {kind} fault lands there "
+                         f"only with --phase {' or '.join(RECOVERY_PHASES)} (as a spare takes over a rank; a "
+                         "kill-node without --phase and --at-step kills the node at once); nothing was sent")
     step = at_step
     if step is None:
         step = (job.step or 0) + STEP_MARGIN

@@ -268,6 +268,15 @@ def replay_target(plan: dict[str, Any]) -> tuple[int, int] | None:
     return (int(plan["generation"]), int(plan["recoverable_step"]) + steps) if steps > 0 else None
 
 
+def recovery_step(plan: dict[str, Any]) -> int:
+    """The step a fault armed for a phase of a recovery (``recovery``, ``restore``) is judged at for ``plan``:
+    the iteration the job was in when the recovery began (the recoverable step plus the steps the plan
+    replays, plus one), the same for every member, a joining spare included. An injection armed for step
+    ``S`` then lands in the first recovery that begins in iteration ``S`` or later
+    (:func:`phoenix_hpc.faults.trigger.is_due`), not only in one whose recoverable step reaches ``S``. Pure."""
+    return int(plan["recoverable_step"]) + int(plan.get("steps_replayed", 0)) + 1
+
+
 class Member:
     """This slot as a member of the job's generations. Build with :meth:`start` (active slot, generation
     0) or :meth:`join` (standby slot named in a plan)."""
@@ -355,7 +364,14 @@ class Member:
             self._store().add(f"phoenix/gen{self.generation}/built", 1)
         return t
 
-    def _await_groups_built(self, R: int, poll_s: float = 0.01) -> None:
+    def land_restore(self, step: int) -> None:
+        """Where an injection for phase ``restore`` lands (judged at ``step``, :func:`recovery_step`): once
+        every member of the generation built its groups (:meth:`_await_groups_built`). Raises what
+        :meth:`_await_groups_built` and :meth:`FaultTrigger.check` raise."""
+        self._await_groups_built(step)
+        self.trigger.check(step, "restore")
+
+    def _await_groups_built(self, step: int, poll_s: float = 0.01) -> None:
         """Before an injection armed on this member for phase ``restore`` lands: wait until every member of the
         generation built its groups and communicator (the store's ``built`` count, one add per member in
         :meth:`_setup_groups`). That this member's groups are built says only that every member started
@@ -364,7 +380,7 @@ class Member:
         at once when no such injection is armed. A newer quiesce meanwhile raises :class:`RestoreInterrupted`
         (``at="groups"``; the injection stays armed for the next plan). After ``wait_s`` it lands anyway,
         said in the log."""
-        if not self.trigger.armed(R + 1, "restore"):
+        if not self.trigger.armed(step, "restore"):
             return
         key, store, check = f"phoenix/gen{self.generation}/built", self._store(), self._restore_check("groups")
         deadline = time.monotonic() + self.wait_s
@@ -566,7 +582,7 @@ class Member:
         # an injection armed on this standby slot for phase "recovery" lands here, before it reaches the new
         # generation (a spare lost while it joins); a fault it raises is reported as the plan's generation's
         self.env.progress.set(generation=int(plan["generation"]))
-        self.trigger.check(int(plan["recoverable_step"]) + 1, "recovery")
+        self.trigger.check(recovery_step(plan), "recovery")
         while True:
             quiesce, cut = None, None
             try:
@@ -1032,13 +1048,12 @@ class Member:
             detail.update(done)
         try:
             detail.update(self._setup_groups())
-            self._await_groups_built(R)
+            # every member arrived and built its groups: an injection for phase "restore" lands here
+            self.land_restore(recovery_step(plan))
         except RestoreInterrupted:
             if held is not None:  # the engine is gone: the next plan loads this copy
                 self._held_copy = (R, held, rolled, done)
             raise
-        # every member arrived and built its groups: an injection for phase "restore" lands here
-        self.trigger.check(R + 1, "restore")
         t_reconf = time.perf_counter() - t0  # rebuild: teardown, groups and (below) the new engine
 
         spent = {"reconfigure": 0.0, "rollback": 0.0}  # the engine work's seconds, by the phase they count to

@@ -94,7 +94,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
         RecoveryError: the slot is neither a member nor a leaver, a transfer is malformed, or a copy is missing.
         EngineError: the received slices do not cover the new slice exactly once.
     """
-    from phoenix_hpc.launch.execute import LeftToStandby, RestoreInterrupted
+    from phoenix_hpc.launch.execute import LeftToStandby, RestoreInterrupted, recovery_step
     from phoenix_hpc.launch.groups import Grid
     from phoenix_hpc.runtime.snapshot import OPT, unpack
 
@@ -138,6 +138,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
     e.grid = Grid.of(plan["grid"])
     try:
         detail.update(member._setup_groups())
+        member.land_restore(recovery_step(plan))  # an injection for phase "restore" (not answered here)
     except RestoreInterrupted as ri:  # the engine has ended and the old grid's copies are no plan's source
         raise RecoveryError(f"world rank {e.world_rank}: the shrink to generation {g} was re-planned as generation "
                             f"{ri.msg.get('generation')} before every member arrived; a cut-short shrink is not "

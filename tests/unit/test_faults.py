@@ -120,6 +120,26 @@ def test_build_request_by_rank_coord_and_node():
     assert req.immediate and req.slots == (4, 5)
 
 
+def test_a_spare_node_takes_faults_for_a_recovery_phase_and_refuses_a_step_or_phase_it_cannot_honour():
+    """A node with standby slots only runs no steps: a kill-node there without --phase and --at-step happens at
+    once; given either, it cannot be at that step or phase and is refused (it used to be killed at once, the
+    options dropped). A fault for a phase of a recovery is armed on its slots and lands as one of them takes
+    over a rank (any kind that supports the phase); a step phase is refused."""
+    st = running_status()
+    for kw, named in (({"at_step": 40}, "--at-step"), ({"phase": "forward"}, "--phase"),
+                      ({"phase": "optimizer", "at_step": 40}, "--phase and --at-step")):
+        with pytest.raises(FaultError, match=f"^{named}: nid00003 holds only standby slots.*nothing was sent"):
+            build_request(st, "kill-node", node="nid00003", **kw)
+    for kind, phase in (("kill-node", "restore"), ("crash", "recovery"), ("crash", "restore"), ("hang", "restore")):
+        req = build_request(st, kind, node="nid00003", phase=phase, at_step=9)
+        assert not req.immediate and req.slots == (4, 5) and req.target == {"node": "nid00003"}, (kind, phase)
+        assert req.body()["phase"] == phase and req.at_step == 9
+    with pytest.raises(FaultError, match="only with --phase recovery or restore"):
+        build_request(st, "crash", node="nid00003")
+    with pytest.raises(FaultError, match="only with --phase recovery or restore"):
+        build_request(st, "crash", node="nid00003", phase="d2h")
+
+
 def test_build_request_after_hot_swap_targets_the_new_slot():
     st = running_status(node_loss_records())
     req = build_request(st, "hang", rank=2, at_step=10)

@@ -890,7 +890,7 @@ def test_an_injection_for_phase_restore_waits_until_every_member_built_its_group
     member.generation, member.rank_map, member.env.grid = 1, {0: 0, 1: 1}, Grid(1, 1, 2)
     store = member.env.store
     t0 = time.monotonic()
-    member._await_groups_built(4)  # nothing armed: no wait, the count is not read
+    member._await_groups_built(5)  # nothing armed: no wait, the count is not read
     assert time.monotonic() - t0 < 0.05 and "phoenix/gen1/built" not in store.counters
 
     member.trigger.arm("transient", 5, "restore", "r1")
@@ -898,7 +898,7 @@ def test_an_injection_for_phase_restore_waits_until_every_member_built_its_group
     later = threading.Timer(0.2, lambda: store.add("phoenix/gen1/built", 1))
     later.start()
     t0 = time.monotonic()
-    member._await_groups_built(4)
+    member._await_groups_built(5)
     later.join()
     assert time.monotonic() - t0 >= 0.2 and member.trigger.armed(5, "restore")
     with pytest.raises(InjectedCommError):
@@ -911,8 +911,30 @@ def test_an_injection_for_phase_restore_waits_until_every_member_built_its_group
     queued = _replan_later(c, None, {"type": "quiesce", "generation": 3, "dead": [1]})
     try:
         with pytest.raises(execute.RestoreInterrupted) as cut:
-            member._await_groups_built(4)
+            member._await_groups_built(5)
     finally:
         queued.cancel()
     assert cut.value.at == "groups" and int(cut.value.msg["generation"]) == 3
     assert member.trigger.armed(6, "restore")  # the first recovery at or after its step
+
+
+def test_a_fault_for_a_recovery_phase_is_judged_at_the_step_the_job_was_in_not_at_the_recoverable_step(member):
+    """An injection for phase ``restore`` armed for step 5 lands in a recovery that begins in iteration 5
+    although it restores step 3 (the plan replays step 4): it is judged at ``recovery_step`` = R + replayed + 1,
+    the same for every member, a joining spare included. Judged at R + 1 (= 4) it would wait for a later
+    recovery, and a job with none left would report it only as missed."""
+    from phoenix_hpc.launch.execute import recovery_step
+
+    assert recovery_step({"recoverable_step": 3, "steps_replayed": 1}) == 5
+    assert recovery_step({"recoverable_step": 3}) == 4
+    snaps: dict = {}
+    member.start()
+    _train(member, 4, snaps)
+    member.trigger.arm("transient", 5, "restore", "r5")
+    plan = dict(_plan(1, 3), steps_replayed=1)
+    member.env.client.instructions.extend([{"type": "recover", "generation": 1, "plan": plan},
+                                           {"type": "resume", "generation": 1}])
+    member.release_groups()
+    with pytest.raises(InjectedCommError):
+        member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
+    assert [(i.at_step, p) for i, _, p in member.trigger.fired] == [(5, "restore")]
