@@ -185,6 +185,11 @@ class RecoveryMixin:
             self.faults.append(PendingFault(Fault(FaultKind.UNKNOWN, (), (), False, reason), now))
         pend = list(self.faults)
         self.faults.clear()
+        # the last heartbeat of a member found dead during this recovery (_declare_dead) goes with the queued
+        # faults into the re-planned recovery, as _decide takes it: left behind, it would date a later
+        # recovery's detection from a fault this one handles
+        t_fault = rec.t_fault if self._t_fault_hint is None else min(rec.t_fault, self._t_fault_hint)
+        self._t_fault_hint = None
         faults = [p.fault for p in pend]
         decision = combine(faults)
         if decision.action is Action.CLEAN_STOP:
@@ -193,7 +198,7 @@ class RecoveryMixin:
             return
         self.journal.append("decision", action="hot_swap", reason=f"second fault during recovery: {decision.reason}",
                             faults=[{"kind": f.kind.value, "slots": list(f.slots)} for f in faults])
-        self._start_recovery(Decision(Action.HOT_SWAP, decision.reason), faults, rec.t_fault, now)
+        self._start_recovery(Decision(Action.HOT_SWAP, decision.reason), faults, t_fault, now)
 
     def _advance_recovery(self, now: float) -> None:
         rec = self.recovery
