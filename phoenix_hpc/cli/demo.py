@@ -19,6 +19,8 @@ from pathlib import Path
 
 import click
 
+from phoenix_hpc.cli.params import Seconds
+
 DEFAULT_WORK_DIR = Path(".phoenix") / "demo"
 DEFAULT_CONFIG = Path("examples") / "gpt-small.yaml"
 
@@ -40,7 +42,7 @@ def _terminate(signum, _frame):
               help="run directory of the demo's local cluster [default: WORK_DIR/cluster]")
 @click.option("--max-bytes", type=click.IntRange(min=100_000), default=4_000_000, show_default=True,
               help="cap on the bytes of standard-library text in the dataset (when it must be built)")
-@click.option("--timeout-s", type=click.FloatRange(min=30), default=900.0, show_default=True,
+@click.option("--timeout-s", type=Seconds(min=30), default=900.0, show_default=True,
               help="limit of each wait (a job to start, to recover, to end)")
 def demo(config, steps, at_step, node, work_dir, cluster_dir, max_bytes, timeout_s):
     """Run the main job on a local Slurm cluster, kill a node mid-run, and compare with a fault-free run."""

@@ -21,6 +21,8 @@ import json
 
 import click
 
+from phoenix_hpc.cli.params import Seconds
+
 
 @click.command("drain")
 @click.argument("job", metavar="[JOBID | RUN_DIR]", required=False)
@@ -31,7 +33,7 @@ import click
               help="remove the target's DP replica (dp - 1; engine torch) instead of moving it onto spares")
 @click.option("--at-step", type=click.IntRange(min=1), default=None,
               help="pause at the commit fence of exactly this iteration (refused if a slot already started it)")
-@click.option("--timeout-s", type=click.FloatRange(min=1), default=30.0, show_default=True,
+@click.option("--timeout-s", type=Seconds(min=1), default=30.0, show_default=True,
               help="how long to wait for the coordinator's answer (every active slot arms the pause)")
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="wait until the drain was done or missed (--no-wait: return once it is armed)")

@@ -44,6 +44,7 @@ from typing import Callable
 
 import click
 
+from phoenix_hpc.cli.params import Seconds
 from phoenix_hpc.errors import FaultError, SubmitError
 from phoenix_hpc.drills.drill import VERIFIED_KINDS, match_outcome
 from phoenix_hpc.drills.in_job import IN_JOB_KINDS
@@ -129,7 +130,7 @@ def _wait(collect, until: Callable, timeout_s: float, on_poll: Callable, what: s
               help="folder for the drill's runs (default runs/drill-<name>-<time>)")
 @click.option("--reference", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="run directory of a finished fault-free run of the same config to compare with")
-@click.option("--timeout-s", type=click.FloatRange(min=10), default=3600.0, show_default=True,
+@click.option("--timeout-s", type=Seconds(min=10), default=3600.0, show_default=True,
               help="limit for each wait (job start, each recovery, job end)")
 @click.option("--kill-batch-host-at", "batch_host_at", type=int, default=None, metavar="STEP",
               help="after the drawn faults, kill the batch host (the node of the batch script and the coordinator) "

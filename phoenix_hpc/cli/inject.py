@@ -19,6 +19,7 @@ import json
 
 import click
 
+from phoenix_hpc.cli.params import Seconds
 from phoenix_hpc.faults.kinds import KINDS, PHASES
 
 
@@ -33,7 +34,7 @@ from phoenix_hpc.faults.kinds import KINDS, PHASES
               help="the step to fail in (default: 3 steps after the target's live step when the coordinator gets the request)")
 @click.option("--phase", type=click.Choice(list(PHASES)), default=None,
               help="where in the step (default forward); each kind supports some phases only")
-@click.option("--timeout-s", type=click.FloatRange(min=1), default=30.0, show_default=True,
+@click.option("--timeout-s", type=Seconds(min=1), default=30.0, show_default=True,
               help="how long to wait for the coordinator's answer")
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="wait until the fault landed or was missed (--no-wait: return once the targets armed it)")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from phoenix_hpc.cli.params import Seconds
 from phoenix_hpc.errors import StatusError
 
 
@@ -45,7 +46,7 @@ def _plot(st, path: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the status as JSON (with --watch: one object per line)")
 @click.option("--watch", is_flag=True, help="refresh until the job ends (Ctrl-C to leave); into a pipe: one line "
                                           "per change, then the full view")
-@click.option("--interval-s", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+@click.option("--interval-s", type=Seconds(min=0.2), default=2.0, show_default=True,
               help="refresh interval of --watch")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="also draw the recovery timeline to this PNG file")

@@ -432,6 +432,7 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
 
     cfg = load_job_config(cfg_path)
     from phoenix_hpc.recovery.ckpt_files import checkpoint_root
+    from phoenix_hpc.recovery.shrink import shrinks_when_spares_run_out
 
     r = cfg.resilience
     ck = str(checkpoint_root(cfg, run_dir))
@@ -441,8 +442,8 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
                startup_grace_s=r.coordinator_grace_s,
                in_job_restart=bool(r.enabled and r.mode == "checkpoint-restart" and r.checkpoint.restart == "in-job"),
                recovery_from_checkpoint=bool(r.enabled and r.mode == "phoenix" and r.recovery_source == "checkpoint"),
-               shrink=bool(r.enabled and r.mode == "phoenix" and (r.spares_exhausted == "shrink" or (
-                   r.spares_exhausted == "auto" and cfg.engine == "torch"))),
+               shrink=shrinks_when_spares_run_out(enabled=r.enabled, mode=r.mode,
+                                                  spares_exhausted=r.spares_exhausted, engine=cfg.engine),
                shrink_capable=bool(r.enabled and r.mode == "phoenix" and cfg.engine == "torch"))
     par = cfg.parallelism
     grid = (par.tp, par.pp, par.dp) if par.dp else None

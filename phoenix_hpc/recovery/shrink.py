@@ -53,6 +53,17 @@ def overlapping(numel: int, old_dp: int, new_dp: int, new_d: int) -> list[int]:
     return list(range(lo // l_old, (hi - 1) // l_old + 1))
 
 
+def shrinks_when_spares_run_out(*, enabled: bool, mode: str, spares_exhausted: str, engine: str) -> bool:
+    """Whether a fault that needs a replacement when no spare is left shrinks the job (dp - 1) instead of
+    stopping it. Pure; the coordinator's policy (docs/design.md section 6, "Shrink").
+
+    True with PHOENIX protection on (``resilience.enabled``, ``resilience.mode`` ``phoenix``) and
+    ``resilience.spares_exhausted`` ``shrink``, or ``auto`` with engine ``torch`` (the only engine that can
+    re-partition its optimizer). Whether the grid then allows the shrink is :func:`shrink_refusal`'s to say."""
+    return bool(enabled and mode == "phoenix"
+                and (spares_exhausted == "shrink" or (spares_exhausted == "auto" and engine == "torch")))
+
+
 def removed_replicas(grid: tuple[int, int, int], lost_logical: Iterable[int]) -> list[int]:
     """The DP indices of the replicas that hold ``lost_logical`` ranks (sorted)."""
     tp, pp, dp = grid

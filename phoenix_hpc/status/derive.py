@@ -561,6 +561,38 @@ def _injection_state(inj: InjectionStatus) -> None:
         inj.state = "armed"
 
 
+def no_spare_left(cfg: Mapping[str, Any]) -> str:
+    """The ``no_spares`` warning: what the next node loss does now that no spare is left, by the job's config
+    (``resilience.spares_exhausted``, ``engine``, ``resilience.recovery_source``; a key the config lacks has
+    the schema's default). Pure.
+
+    A shrink (the coordinator's policy, :func:`phoenix_hpc.recovery.shrink.shrinks_when_spares_run_out`)
+    depends on which node is lost (a whole replica and k + 1 nodes must remain), so it is stated with its
+    alternative; otherwise the memory replicas have no slot to restore into and the job stops, naming the
+    newest persistent checkpoint to resubmit from (a restart from it inside the job needs spares too)."""
+    from phoenix_hpc.recovery.shrink import shrinks_when_spares_run_out
+
+    engine = _get(cfg, "engine", default="torch")
+    policy = _get(cfg, "resilience", "spares_exhausted", default="auto")
+    enabled = _get(cfg, "resilience", "enabled", default=True)
+    mode = _get(cfg, "resilience", "mode", default="phoenix")
+    stops = "the job stops, naming the newest persistent checkpoint to resubmit from"
+    if not (enabled and mode == "phoenix"):
+        return "no spare left: the next node loss cannot be hot-swapped and falls back to the persistent checkpoint"
+    if _get(cfg, "resilience", "recovery_source", default="memory") == "checkpoint":
+        why = "resilience.recovery_source: checkpoint never shrinks"
+    elif shrinks_when_spares_run_out(enabled=enabled, mode=mode, spares_exhausted=policy, engine=engine):
+        return (f"no spare left: the next node loss shrinks the job (resilience.spares_exhausted: {policy}"
+                f"{' with engine torch' if policy == 'auto' else ''}): the DP replica of the lost node's slots is "
+                "removed (dp - 1) and training goes on, if the grid allows (at least one whole model replica and "
+                f"k + 1 nodes must remain); else {stops}")
+    elif policy == "stop":
+        why = "resilience.spares_exhausted: stop"
+    else:
+        why = f"resilience.spares_exhausted: {policy} with engine {engine!r}, which cannot shrink"
+    return f"no spare left: the next node loss cannot be hot-swapped ({why}): {stops}"
+
+
 def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None, now: float,
                   run: RunFiles | None = None) -> Status:
     """The job's :class:`Status` from its journal ``records`` (in file order), Slurm's view and the run files.
@@ -709,9 +741,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
 
     # --- warnings ----------------------------------------------------------------------------------------------
     if not finished and st.slots and spare_slots == 0:
-        warnings.append(StatusWarning(
-            "no_spares", "no spare left: the next node loss cannot be hot-swapped and falls back to the "
-                         "persistent checkpoint"))
+        warnings.append(StatusWarning("no_spares", no_spare_left(cfg)))
     if under:
         warnings.append(StatusWarning(
             "under_replicated", f"{len(under)} shard(s) with fewer than k={k} verified replicas on live holders: "

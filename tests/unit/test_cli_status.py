@@ -72,6 +72,14 @@ def test_status_of_running_job_renders_slots_and_replicas(env):
         assert text in r.output
 
 
+
+def test_status_json_says_the_next_node_loss_shrinks_a_torch_job_with_no_spare_left(env):
+    rd = make_run(env, "a", start_records() + node_loss_records())  # engine torch, spares_exhausted auto
+    r = run("status", str(rd), "--json")
+    assert r.exit_code == 0, r.output
+    (w,) = [w for w in json.loads(r.output)["warnings"] if w["code"] == "no_spares"]
+    assert "the next node loss shrinks the job" in w["message"] and "cannot be hot-swapped" not in w["message"]
+
 def test_status_json_and_plot(env):
     rd = make_run(env, "a", start_records() + node_loss_records() + done_records())
     r = run("status", str(rd), "--json", "--plot", str(env / "t.png"))

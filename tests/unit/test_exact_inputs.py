@@ -212,6 +212,36 @@ def test_an_infinite_timeout_is_refused(in_tmp):
     assert_refused(phoenix("submit", "--site", "local", p, "--dry-run"), "resilience.collective_timeout_s", "finite")
 
 
+
+# every duration option of the CLI: (arguments before the option, the option)
+DURATION_OPTIONS = [
+    (["inject-fault", "--kind", "crash", "--rank", "0"], "--timeout-s"),
+    (["inject-fault", "--kind", "crash", "--rank", "0", "--no-wait", "--at-step", "1400"], "--timeout-s"),
+    (["drain", "--node", "nid00001"], "--timeout-s"),
+    (["status", "--watch"], "--interval-s"),
+    (["drill", GPT_SMALL, "--site", "local", "--faults", "1"], "--timeout-s"),
+    (["demo"], "--timeout-s"),
+]
+
+
+@pytest.mark.parametrize("value, needles", [
+    ("nan", ["nan is not allowed", "finite number"]),
+    ("inf", ["inf is not allowed", "finite number"]),
+    ("-inf", ["-inf is not allowed", "finite number"]),
+    ("1e10", ["10000000000.0", "x<=2592000"]),  # beyond 9.2e9 s a socket timeout or a sleep overflows
+])
+@pytest.mark.parametrize("args, option", DURATION_OPTIONS)
+def test_a_duration_option_that_is_not_finite_or_overflows_is_refused_before_anything_is_looked_up(
+        in_tmp, monkeypatch, args, option, value, needles):
+    def touched(*_a, **_k):
+        raise AssertionError("a job or config was looked up before the option was checked")
+
+    monkeypatch.setattr("phoenix_hpc.status.runs.find_run", touched)
+    monkeypatch.setattr("phoenix_hpc.config.load.load_job_config", touched)
+    r = phoenix(*args, option, value)
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    assert_refused(r, f"'{option}'", *needles)
+
 # ------------------------------------------------------------------------------------------ 4. hostlists
 @pytest.mark.parametrize("option", ["--nodelist", "--exclude"])
 @pytest.mark.parametrize("hostlist, why", [

@@ -133,6 +133,46 @@ def test_hot_swap_recovery_and_spares_consumed():
     assert shard2.owner_world == 4 and shard2.owner_node == N3 and shard2.owner_alive
 
 
+
+@pytest.mark.parametrize("engine, resilience, says, never", [
+    # the default: auto with engine torch shrinks (README "When spares run out: shrink")
+    (None, {}, ["shrinks the job", "spares_exhausted: auto with engine torch", "dp - 1", "if the grid allows",
+                "else the job stops, naming the newest persistent checkpoint"], ["cannot be hot-swapped"]),
+    ("torch", {"spares_exhausted": "shrink"}, ["shrinks the job", "spares_exhausted: shrink)", "if the grid allows"],
+     ["cannot be hot-swapped"]),
+    ("torch", {"spares_exhausted": "stop"},
+     ["cannot be hot-swapped (resilience.spares_exhausted: stop)",
+      "the job stops, naming the newest persistent checkpoint to resubmit from"], ["shrinks"]),
+    ("megatron", {"spares_exhausted": "auto"},
+     ["cannot be hot-swapped (resilience.spares_exhausted: auto with engine 'megatron', which cannot shrink)",
+      "the job stops, naming the newest persistent checkpoint"], ["shrinks the job"]),
+    ("torch", {"recovery_source": "checkpoint"},
+     ["cannot be hot-swapped (resilience.recovery_source: checkpoint never shrinks)", "the job stops"],
+     ["shrinks the job"]),
+])
+def test_no_spare_left_says_what_the_next_node_loss_does_by_the_policy(engine, resilience, says, never):
+    cfg = {**CONFIG, "resilience": {**CONFIG["resilience"], **resilience}, **({"engine": engine} if engine else {})}
+    st = derive_status(start_records() + node_loss_records(),
+                       running_slurm(nodelist="nid0000[1,3]", states={N2: "DOWN*"}), now=16.0,
+                       run=RunFiles(run_dir="/runs/toy", config=cfg, job={"job_id": "77", "site": "local"}))
+    (w,) = [w for w in st.warnings if w.code == "no_spares"]
+    assert w.message.startswith("no spare left: the next node loss ")
+    for text in says:
+        assert text in w.message, w.message
+    for text in never:
+        assert text not in w.message, w.message
+
+
+def test_a_fault_with_no_spare_left_shrinks_in_mode_phoenix_with_shrink_or_auto_and_engine_torch():
+    from phoenix_hpc.recovery.shrink import shrinks_when_spares_run_out as shrinks
+
+    assert shrinks(enabled=True, mode="phoenix", spares_exhausted="auto", engine="torch")
+    assert shrinks(enabled=True, mode="phoenix", spares_exhausted="shrink", engine="torch")
+    assert not shrinks(enabled=True, mode="phoenix", spares_exhausted="auto", engine="megatron")
+    assert not shrinks(enabled=True, mode="phoenix", spares_exhausted="stop", engine="torch")
+    assert not shrinks(enabled=False, mode="phoenix", spares_exhausted="auto", engine="torch")
+    assert not shrinks(enabled=True, mode="checkpoint-restart", spares_exhausted="auto", engine="torch")
+
 def test_recovery_in_progress():
     recs = start_records() + node_loss_records()[:4]
     st = derive_status(recs, running_slurm(), now=12.5, run=run_files())
