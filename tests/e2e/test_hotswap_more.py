@@ -250,9 +250,10 @@ def test_k1_corrupt_replica_restarts_every_member_from_the_persistent_checkpoint
 
 
 def _arm_on_standby(job: Job, kind: str, phase: str, at_step: int, node: str) -> dict:
-    """Arm a fault on the standby slot(s) of ``node`` for a step of the generation it will join. The command
-    refuses that (a standby slot runs no steps, so from the command it could only miss); the coordinator's
-    operator channel, which the command uses, takes it: the slot arms it while it waits to join."""
+    """Arm a fault for a phase of a recovery on the standby slot(s) of ``node`` through the coordinator's
+    operator channel (what ``phoenix inject-fault --node N --phase P`` sends; here with a step below the job's,
+    which the command refuses as past): the slot arms it while it waits to join, and it lands in the first
+    recovery in which that slot takes over a rank."""
     from phoenix_hpc.drills.inject import InjectRequest, send_request
 
     return send_request(job.run_dir, InjectRequest(kind, phase, at_step, {"node": node}, (), ()))
