@@ -166,6 +166,17 @@ def _with_site_problems(exc: ConfigError, config: Path, profile) -> ConfigError:
                             "used)" + ("" if more else ": no further problems"))
 
 
+def python_missing(python: str | None) -> str | None:
+    """What is wrong with ``--python`` here (None when it is not given, or is an executable file or a command
+    on this machine's PATH, ``shutil.which``): the interpreter the batch script starts the coordinator and the
+    ranks with. Only this machine is looked at; the compute nodes of a site other than ``local`` may differ."""
+    import shutil
+
+    if python is None or shutil.which(python) is not None:
+        return None
+    return f"--python: {python!r} is not an executable file or a command on PATH"
+
+
 def _echo_warnings(warnings: list[str]) -> None:
     for w in warnings:
         click.echo(f"warning: {w}", err=True)
@@ -301,6 +312,12 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
     if problem is not None:  # a dataset that is there decides the vocabulary the ranks would refuse: dry run too
         _echo_warnings(warnings)
         raise ConfigError([problem], source=f"job {cfg.name!r}", note="nothing was written or submitted")
+    missing = python_missing(python)
+    if missing is not None:  # site local: the compute nodes are this machine, so it is certain
+        if profile.name == "local" and not dry_run:
+            _echo_warnings(warnings)
+            raise SubmitError(f"{missing}; nothing was submitted")
+        warnings.append(f"{missing} (here; the compute nodes need it)")
 
     if output is not None:
         try:

@@ -527,3 +527,18 @@ def test_a_vocabulary_the_dataset_outgrows_is_refused_at_submit_also_in_a_dry_ru
         return
     assert_bad(r, f"model.vocab_size ({vocab}) is too small for dataset", refused, "nothing was written or submitted")
     assert sorted(p.name for p in in_tmp.iterdir()) == ["cfg.yaml", "ds.bin", "ds.idx"]
+
+
+def test_a_python_that_is_not_here_is_refused_on_the_local_site_and_warned_elsewhere(in_tmp):
+    """``--python`` is what the batch script starts the coordinator and the ranks with: on site local the compute
+    nodes are this machine, so one that is not here is refused before anything is submitted (the job used to
+    start and fail at once: "the coordinator exited before it was ready"); a dry run, or another site, warns."""
+    cfg = write_cfg(in_tmp, data={"path": str(fake_dataset(in_tmp))})
+    r = invoke("--site", "local", cfg, "--run-dir", in_tmp / "runs" / "x", "--python", "/nonexistent/python")
+    assert_bad(r, "--python", "'/nonexistent/python'", "not an executable file", "nothing was submitted")
+    assert not (in_tmp / "runs").exists()
+    r = invoke("--site", "local", cfg, "--dry-run", "--python", "/nonexistent/python")
+    assert r.exit_code == 0 and "warning: --python: '/nonexistent/python'" in r.stderr
+    assert "/nonexistent/python" in r.stdout  # the script still says what was asked
+    r = invoke("--site", "local", cfg, "--dry-run", "--python", "python3")  # a command on PATH is fine
+    assert r.exit_code == 0 and "--python" not in r.stderr
