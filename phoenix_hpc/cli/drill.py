@@ -160,7 +160,7 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
     job = resolve(cfg, profile, run_dir=str(base / "job"), default_python=sys.executable)
     plan = [] if (n_faults == 0 and batch_host_at is not None) else plan_drill(
         n_faults, seed, steps=cfg.training.steps, world=job.world_size, gpus_per_node=job.gpus_per_node,
-        spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",") if k.strip()], k=cfg.resilience.k,
+        spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",")], k=cfg.resilience.k,
         in_job=in_job)
     extra: tuple[str, ...] = ()
     if batch_host_at is not None:

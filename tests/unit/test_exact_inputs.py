@@ -387,3 +387,10 @@ def test_ranks_drop_a_replayed_instruction_but_let_it_wait_in_the_queue():
     guard.check(body)
     with pytest.raises(P.ProtocolError, match="replayed"):
         guard.check(dict(body))
+
+
+@pytest.mark.parametrize("kinds", ["crash,,hang", "crash,", ","])
+def test_drill_kinds_with_an_empty_name_are_refused_not_dropped(in_tmp, kinds):
+    """``--kinds crash,,hang`` drew from crash and hang as if the empty name were not there."""
+    r = phoenix("drill", GPT_SMALL, "--site", "local", "--faults", "1", "--kinds", kinds, "--dry-run")
+    assert_refused(r, "--kinds: an empty name", repr(kinds))
