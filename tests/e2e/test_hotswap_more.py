@@ -250,13 +250,30 @@ def test_k1_corrupt_replica_restarts_every_member_from_the_persistent_checkpoint
 
 
 def _arm_on_standby(job: Job, kind: str, phase: str, at_step: int, node: str) -> dict:
-    """Arm a fault for a phase of a recovery on the standby slot(s) of ``node`` through the coordinator's
-    operator channel (what ``phoenix inject-fault --node N --phase P`` sends; here with a step below the job's,
-    which the command refuses as past): the slot arms it while it waits to join, and it lands in the first
-    recovery in which that slot takes over a rank."""
+    """Arm a fault on the standby slot(s) of ``node`` for a step of the generation it will join, through the
+    coordinator's operator channel (what ``phoenix inject-fault`` sends): the slot arms it while it waits to
+    join. The command itself refuses a step phase on a node of spares only (they run no steps, so from the
+    command it could only miss unless a recovery comes first); it takes a phase of a recovery
+    (:func:`_inject_on_spares`)."""
     from phoenix_hpc.drills.inject import InjectRequest, send_request
 
     return send_request(job.run_dir, InjectRequest(kind, phase, at_step, {"node": node}, (), ()))
+
+
+def _inject_on_spares(job: Job, kind: str, phase: str, node: str, at_step: int = 1) -> dict:
+    """``phoenix inject-fault --node NODE --phase PHASE --at-step S --no-wait`` for the standby slot(s) of
+    ``node`` (a phase of a recovery; a step the job has done already is the next recovery's for a spare): the
+    slot arms it while it waits to join, and it lands in the first recovery in which that slot takes over a
+    rank. Returns the command's ``--json`` summary."""
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["inject-fault", str(job.run_dir), "--kind", kind, "--node", node, "--phase", phase,
+                                 "--at-step", str(at_step), "--no-wait", "--json"], env=job.env,
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
 
 
 def _replicas(job: Job) -> dict[str, dict]:
@@ -320,7 +337,7 @@ def _spares_lost_in(phases: tuple[str, ...], env, data, dp3_reference, slurm_clu
     try:
         _wait(lambda: job.step(1) >= 3, 180, "the first commits")
         spares = sorted(job.node_of(w) for w in range(3, 4 + n))  # the order the plans take them: by name
-        armed = [_arm_on_standby(job, "crash", ph, 1, node) for ph, node in zip(phases, spares)]
+        armed = [_inject_on_spares(job, "crash", ph, node) for ph, node in zip(phases, spares)]
         assert all(a["targets"] and a["armed_steps"] for a in armed), armed
         nodes = _kill_nodes(slurm_cluster, job, [1], 8)
         job.done = job.wait_end(240)
@@ -382,7 +399,7 @@ def test_the_only_spare_lost_while_it_joins_shrinks_the_job_from_the_cut_short_h
     nodes: list[str] = []
     try:
         _wait(lambda: job.step(1) >= 3, 180, "the first commits")
-        armed = _arm_on_standby(job, "crash", "recovery", 1, job.node_of(3))
+        armed = _inject_on_spares(job, "crash", "recovery", job.node_of(3))
         assert armed["targets"] == [3], armed
         nodes = _kill_nodes(slurm_cluster, job, [1], 16)
         done = job.wait_end(240)

@@ -134,6 +134,10 @@ def test_a_spare_node_takes_faults_for_a_recovery_phase_and_refuses_a_step_or_ph
         req = build_request(st, kind, node="nid00003", phase=phase, at_step=9)
         assert not req.immediate and req.slots == (4, 5) and req.target == {"node": "nid00003"}, (kind, phase)
         assert req.body()["phase"] == phase and req.at_step == 9
+    # a step the job has done is the next recovery's for a spare (it started no step), not for a member
+    assert build_request(st, "crash", node="nid00003", phase="restore", at_step=1).at_step == 1
+    with pytest.raises(FaultError, match="already done"):
+        build_request(st, "crash", rank=1, phase="restore", at_step=1)
     with pytest.raises(FaultError, match="only with --phase recovery or restore"):
         build_request(st, "crash", node="nid00003")
     with pytest.raises(FaultError, match="only with --phase recovery or restore"):
