@@ -153,6 +153,9 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
     in_job = drill_mode(rz.enabled, rz.mode, rz.checkpoint.restart) == "in-job"
     if kinds is None:
         kinds = ",".join(IN_JOB_KINDS if in_job else VERIFIED_KINDS)
+    elif "" in (names := [k.strip() for k in kinds.split(",")]) and any(names):  # none at all: plan_drill says so
+        raise FaultError(f"--kinds: an empty name (two commas in a row, or one at an end) in {kinds!r}; give a "
+                         f"comma-separated list of {', '.join(KINDS)}")
     if in_job and batch_host_at is not None:
         raise FaultError("--kill-batch-host-at: not with resilience.checkpoint.restart = in-job (the batch host's "
                          "loss ends the allocation, not an srun step); drill it with resilience.mode = phoenix")
@@ -160,7 +163,7 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
     job = resolve(cfg, profile, run_dir=str(base / "job"), default_python=sys.executable)
     plan = [] if (n_faults == 0 and batch_host_at is not None) else plan_drill(
         n_faults, seed, steps=cfg.training.steps, world=job.world_size, gpus_per_node=job.gpus_per_node,
-        spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",")], k=cfg.resilience.k,
+        spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",") if k.strip()], k=cfg.resilience.k,
         in_job=in_job)
     extra: tuple[str, ...] = ()
     if batch_host_at is not None:

@@ -160,15 +160,17 @@ def build_request(st: Status, kind: str, *, rank: int | None = None, node: str |
     active = [s for s in targets if s.state != "standby"]
     in_recovery = PHASE_WIRE[p] in RECOVERY_PHASES  # lands as a standby slot takes over a rank, too
     immediate = kill_node and not active and not in_recovery
+    spare_phases = " or ".join(ph for ph in spec.phases if PHASE_WIRE[ph] in RECOVERY_PHASES)
     if immediate and (phase is not None or at_step is not None):
         given = " and ".join(x for x, v in (("--phase", phase), ("--at-step", at_step)) if v is not None)
         raise FaultError(f"{given}: {the_node} holds only standby slots, which run no steps, so a kill-node there "
                          "happens at once and cannot be at a step or phase; leave both out, or use --phase "
-                         f"{' or '.join(RECOVERY_PHASES)} to lose the spare as it takes over a rank; nothing was sent")
+                         f"{spare_phases} to lose the spare as it takes over a rank; nothing was sent")
     if not active and not immediate and not in_recovery:
+        where = (f"only with --phase {spare_phases} (as a spare takes over a rank)" if spare_phases else
+                 f"in no phase: {kind} has no phase of a recovery")
         raise FaultError(f"target: {node} holds only standby slots, which run no steps; a {kind} fault lands there "
-                         f"only with --phase {' or '.join(RECOVERY_PHASES)} (as a spare takes over a rank; a "
-                         "kill-node without --phase and --at-step kills the node at once); nothing was sent")
+                         f"{where}; nothing was sent")
     step = at_step
     if step is None:
         step = (job.step or 0) + STEP_MARGIN

@@ -11,12 +11,12 @@ forward     inside forward/backward of step s (``forward_backward``)
 d2h         while S(s-1) is copied device -> host into the staging buffer (``d2h``)
 h2h         while the optimizer part of S(s-1) is sent to the replica holders (``h2h``)
 optimizer   inside ``optimizer.step()`` of step s, after the commit (``optimizer_step``)
-recovery    during a recovery (quiesce, rebuild, restore) that happens at or after step s
+recovery    during a recovery (quiesce, rebuild, restore) that begins in step s or later
             (``recovery``): a second fault while the first is being handled; it lands as the target
             starts its part of the recovery (a survivor as it quiesces, a spare as it starts to join)
-restore     in a recovery that happens at or after step s, once every member of the new generation
-            arrived and the target built its groups, as it starts to restore state (its transfers or
-            the checkpoint load, then its new protector) (``restore``): in a hot swap, a loss while
+restore     in a recovery that begins in step s or later, once every member of the new generation
+            built its groups, as the target starts to restore state (its transfers or the
+            checkpoint load, then its new protector) (``restore``): in a hot swap, a loss while
             the others send, receive or wait for it to start protection
 =========== ==================================================================================
 

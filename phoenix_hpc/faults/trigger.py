@@ -16,11 +16,14 @@ injection whose step and phase match. Integration (the rank loop, ``phoenix_hpc.
     trigger.check(s, "d2h")                  # in the D2H worker, before copying S(s-1)
     trigger.check(s, "h2h")                  # in the H2H worker, before sending S(s-1)
     trigger.check(s, "optimizer_step")       # before engine.optimizer_step()
-    trigger.check(live_step + 1, "recovery") # in the quiesce/restore handler; a standby slot checks
-                                             # trigger.check(R + 1, "recovery") as it starts to join a plan
-    trigger.check(R + 1, "restore")          # every member of a plan, once every member of the generation
-                                             # built its groups (the member it is armed on waits for the
-                                             # generation's count on the store), before its transfers
+    trigger.check(live_step + 1, "recovery") # in the quiesce handler; a standby slot checks
+                                             # trigger.check(recovery_step(plan), "recovery") as it starts to
+                                             # join a plan, every member again before it answers recovered
+    trigger.check(recovery_step(plan), "restore")  # every member of a plan, once every member of the
+                                             # generation built its groups (the member it is armed on waits
+                                             # for the generation's count on the store), before its transfers
+    # recovery_step(plan) (phoenix_hpc.launch.execute): R + the plan's replayed steps + 1, the iteration the
+    # job was in when the recovery began
     # an InjectedFault raised by check() is reported like any error inside the step:
     #   client.report_fault(generation, s, phase, exc=e, kind=e.fault_kind)
 

@@ -382,16 +382,11 @@ class Member:
         said in the log."""
         if not self.trigger.armed(step, "restore"):
             return
-        key, store, check = f"phoenix/gen{self.generation}/built", self._store(), self._restore_check("groups")
-        deadline = time.monotonic() + self.wait_s
-        while store.add(key, 0) < self.n_ranks:
-            if time.monotonic() > deadline:
-                self.env.log(f"[phoenix] rank {self.logical}: only {store.add(key, 0)} of {self.n_ranks} members "
-                             f"built generation {self.generation}'s groups within {self.wait_s:g} s; the injected "
-                             "fault for phase restore lands now")
-                return
-            check()
-            time.sleep(poll_s)
+        n = self._await_count(f"phoenix/gen{self.generation}/built", "groups", poll_s)
+        if n < self.n_ranks:
+            self.env.log(f"[phoenix] rank {self.logical}: only {n} of {self.n_ranks} members built generation "
+                         f"{self.generation}'s groups within {self.wait_s:g} s; the injected fault for phase "
+                         "restore lands now")
 
     def release_groups(self) -> float:
         """Destroy this generation's torch process groups now, at the first sign of a recovery (an error
@@ -430,21 +425,22 @@ class Member:
         store). ``init_process_group`` would give up after ``collective_timeout_s``, which is meant to catch
         a hung peer during training, not a spare that is still reading its plan on a busy node."""
         key = f"phoenix/gen{self.generation}/arrived"
-        store = self._store()
-        store.add(key, 1)
+        self._store().add(key, 1)
+        n = self._await_count(key, "barrier", poll_s)
+        if n < self.n_ranks:
+            raise RecoveryError(f"generation {self.generation}: only {n} of {self.n_ranks} members reached the "
+                                f"rebuild within {self.wait_s:g} s")
+
+    def _await_count(self, key: str, at: str, poll_s: float = 0.01) -> int:
+        """Poll the store's counter ``key`` every ``poll_s`` s until it reaches :attr:`n_ranks` or ``wait_s``
+        passed; returns its last value. Between polls it looks for a newer quiesce (:meth:`_restore_check`;
+        raises :class:`RestoreInterrupted` with ``at``, StopRequested on a ``stop``)."""
+        store, check = self._store(), self._restore_check(at)
         deadline = time.monotonic() + self.wait_s
-        next_check = 0.0
-        while store.add(key, 0) < self.n_ranks:
-            now = time.monotonic()
-            if now > deadline:
-                raise RecoveryError(f"generation {self.generation}: only {store.add(key, 0)} of {self.n_ranks} "
-                                    f"members reached the rebuild within {self.wait_s:g} s")
-            if now >= next_check:  # a member lost meanwhile: the coordinator re-plans (a newer quiesce)
-                newer = self._take_newer_quiesce()
-                if newer is not None:
-                    raise RestoreInterrupted(newer)
-                next_check = now + ARRIVE_CHECK_S
+        while (n := store.add(key, 0)) < self.n_ranks and time.monotonic() <= deadline:
+            check()
             time.sleep(poll_s)
+        return n
 
     def _restore_check(self, at: str) -> Callable[[], None]:
         """A check for the waits of the restore phase after the arrival barrier, which call it between their
@@ -1101,11 +1097,12 @@ class Member:
             raise RecoveryError(f"rank {self.logical} is at step {self.engine.step} after the restore, plan says {R}")
 
         return self._report_and_resume(g, rank_map, R, live, dirty, rolled, detail, self.recovery_path,
-                                       t_reconf=t_reconf, t_params=t_params, t_opt=t_opt + t_rollback)
+                                       t_reconf=t_reconf, t_params=t_params, t_opt=t_opt + t_rollback,
+                                       at_step=recovery_step(plan))
 
     def _report_and_resume(self, g: int, rank_map: dict[int, int], R: int, live: int | None, dirty: bool,
                            rolled: bool, detail: dict[str, float], path: str, *, t_reconf: float, t_params: float,
-                           t_opt: float, what: str = "", replan_ok: bool = True) -> RecoveryRecord:
+                           t_opt: float, at_step: int, what: str = "", replan_ok: bool = True) -> RecoveryRecord:
         """The end of every recovery a member takes part in: its evidence, this generation's protector, the
         ``recovered`` report with the phase timings, the wait for ``resume``; returns the record. The previous
         generation's copies of ``R`` (``old_protector``, ``kept``) stay usable until this generation's first
@@ -1138,7 +1135,7 @@ class Member:
         detail["protector"] = t_repl
         report["sent"] = {self.protector.shard_id: {"holders": list(self.protector.holders)}}
         timings = {"reconfigure": t_reconf + t_repl, "params": t_params, "optimizer": t_opt}
-        self.trigger.check(R + 1, "recovery")
+        self.trigger.check(at_step, "recovery")  # at_step: the plan's recovery_step
         e.client.report_recovered(g, report, timings)
         while True:  # a member lost before every member answered: the coordinator re-plans (a newer quiesce)
             msg = self._wait_for(("resume", "quiesce"), "resume")

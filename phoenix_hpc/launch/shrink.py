@@ -94,7 +94,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
         RecoveryError: the slot is neither a member nor a leaver, a transfer is malformed, or a copy is missing.
         EngineError: the received slices do not cover the new slice exactly once.
     """
-    from phoenix_hpc.launch.execute import LeftToStandby, RestoreInterrupted, recovery_step
+    from phoenix_hpc.launch.execute import CUT_AT, LeftToStandby, RestoreInterrupted, recovery_step
     from phoenix_hpc.launch.groups import Grid
     from phoenix_hpc.runtime.snapshot import OPT, unpack
 
@@ -130,6 +130,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
         _exchange(member, plan, comm_order, own_sid, own_opt, R)
         member.old_protector, member.kept, member.logical, member.rank_map = None, [], None, {}
         member.watchdog.close()  # the spare it becomes waits on the client itself, then joins as a new member
+        e.client.started_step = 0  # as every spare: no step started, a fault for a recovery phase arms at any step
         e.log(f"[phoenix] world rank {e.world_rank}: DP replica removed by the shrink to generation {g} "
               f"(dp {sh['old_grid']['dp']} -> {plan['grid']['dp']}); back to standby")
         raise LeftToStandby(f"world rank {e.world_rank} left its DP replica in the shrink to generation {g}")
@@ -141,8 +142,8 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
         member.land_restore(recovery_step(plan))  # an injection for phase "restore" (not answered here)
     except RestoreInterrupted as ri:  # the engine has ended and the old grid's copies are no plan's source
         raise RecoveryError(f"world rank {e.world_rank}: the shrink to generation {g} was re-planned as generation "
-                            f"{ri.msg.get('generation')} before every member arrived; a cut-short shrink is not "
-                            "resumed") from None
+                            f"{ri.msg.get('generation')} while {CUT_AT[ri.at].format(g=g)}; a cut-short shrink is "
+                            "not resumed") from None
     t1 = time.perf_counter()
     member._construct_engine(state_follows=True)
     detail["engine"] = time.perf_counter() - t1
@@ -169,5 +170,6 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
     # offered as evidence
     member.old_protector, member.kept = None, []
     return member._report_and_resume(g, rank_map, R, live, dirty, rolled, detail, "rebuild", t_reconf=t_reconf,
-                                     t_params=0.0, t_opt=t_opt, what=f" after a shrink to dp {e.grid.dp}",
+                                     t_params=0.0, t_opt=t_opt, at_step=recovery_step(plan),
+                                     what=f" after a shrink to dp {e.grid.dp}",
                                      replan_ok=False)

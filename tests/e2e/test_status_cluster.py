@@ -45,8 +45,9 @@ def test_status_of_a_live_job_then_its_batch_host_dies(slurm_cluster, tmp_path, 
     rd.mkdir()
     (rd / "config.yaml").write_text(yaml.safe_dump(CONFIG))
     script = rd / "job.sbatch"
-    script.write_text(
-        "#!/bin/bash\n#SBATCH -N 4 --ntasks-per-node=1 --no-kill --no-requeue -t 00:05:00 -o out.txt\n"
+    script.write_text(  # -w: these nodes (asserted below), once an earlier test's job has left them
+        "#!/bin/bash\n#SBATCH -N 4 -w nid[00001-00004] --ntasks-per-node=1 --no-kill --no-requeue -t 00:05:00 "
+        "-o out.txt\n"
         f"{shlex.quote(sys.executable)} -m phoenix_hpc.control.coordinator --run-dir {shlex.quote(str(rd))} "
         "--host 127.0.0.1 &\n"
         "srun --no-kill --kill-on-bad-exit=0 sleep 300\n")

@@ -142,6 +142,10 @@ def test_a_spare_node_takes_faults_for_a_recovery_phase_and_refuses_a_step_or_ph
         build_request(st, "crash", node="nid00003")
     with pytest.raises(FaultError, match="only with --phase recovery or restore"):
         build_request(st, "crash", node="nid00003", phase="d2h")
+    with pytest.raises(FaultError, match=r"only with --phase recovery \(as a spare"):  # the kind's own phases
+        build_request(st, "link-down", node="nid00003")
+    with pytest.raises(FaultError, match="in no phase: transient has no phase of a recovery"):
+        build_request(st, "transient", node="nid00003")
 
 
 def test_build_request_after_hot_swap_targets_the_new_slot():
