@@ -219,10 +219,9 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, bat
     def over(s) -> bool:  # the drill job ended (in-job: not an in-job restart between two srun steps)
         if not in_job:
             return s.finished
-        from phoenix_hpc.control.journal import read_journal
         from phoenix_hpc.drills.in_job import run_over
 
-        return run_over(s.finished, s.job.slurm_state, read_journal(base / "job"))
+        return run_over(s.finished, s.job.slurm_state, s.job.in_job_restart)
     lines = None if as_json or console.is_terminal else LineProgress(lambda t: click.echo(t, err=True))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=as_json or lines is not None) as progress:

@@ -132,18 +132,21 @@ def match_in_job(out, records: Sequence[Mapping[str, Any]], fired: Iterable[Mapp
 def restarting(records: Sequence[Mapping[str, Any]]) -> bool:
     """Whether the newest srun step's records (:func:`phoenix_hpc.status.derive.current_job_records`) hold
     an in-job restart request: its coordinator's end is then the step's, not the job's (the batch script is
-    starting the next step)."""
+    starting the next step). :attr:`phoenix_hpc.status.model.JobInfo.in_job_restart` says the same of the
+    records a status was derived from."""
     from phoenix_hpc.status.derive import current_job_records
 
     return any(r.get("event") == "restart_in_job" for r in current_job_records(records))
 
 
-def run_over(finished: bool, slurm_state: str | None, records: Sequence[Mapping[str, Any]]) -> bool:
+def run_over(finished: bool, slurm_state: str | None, restart: bool) -> bool:
     """Whether an in-job drill's job is over: the status of its newest srun step says it ended and that end
-    was not an in-job restart (:func:`restarting`), or Slurm no longer runs the job (not one of
+    was not an in-job restart (``restart``: that status's ``job.in_job_restart``, or :func:`restarting` of the
+    records it was derived from; never of records read at another moment, which may already belong to the
+    next step while the status still shows the last one's end), or Slurm no longer runs the job (not one of
     :data:`phoenix_hpc.slurm.client.ACTIVE_JOB_STATES`; e.g. too few nodes left for another step)."""
     from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 
     if slurm_state is not None and slurm_state not in ACTIVE_JOB_STATES:
         return True
-    return finished and not restarting(records)
+    return finished and not restart

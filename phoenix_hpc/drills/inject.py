@@ -365,7 +365,8 @@ def job_over_probe(run_dir: Path, slurm=None) -> Callable[[], str | None]:
             except Exception:  # noqa: BLE001 -- an unreadable status proves nothing
                 return last["why"]
             last["why"] = (f"the job ended (Slurm: {st.job.slurm_state or st.job.state})"
-                           if run_over(st.finished or st.job.state == "ended", st.job.slurm_state, records)
+                           if run_over(st.finished or st.job.state == "ended", st.job.slurm_state,
+                                       st.job.in_job_restart)
                            else None)
         return last["why"]
 

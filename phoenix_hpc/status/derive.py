@@ -777,6 +777,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         end_event=st.end_event, end_reason=st.end_reason, final_hash=st.final_hash,
         coordinator={k_: run.coordinator.get(k_) for k_ in ("host", "port", "pid")} if run.coordinator else None,
         end_signal=st.end_signal, jobs=_run_jobs(run.job),
+        in_job_restart=any(r.get("event") == "restart_in_job" for r in records),
     )
     from phoenix_hpc.control.run_jobs import job_entries
     from phoenix_hpc.status.jobs import run_jobs

@@ -82,6 +82,9 @@ class JobInfo:
     # adaptive protection interval m (journal ``protect_interval``; runtime/interval.py): every m-th step is
     # protected and a fault loses at most 2m-1 finished steps (m + m' - 1 across a change of m); 1 = every step
     protect_every: int = 1
+    # the newest srun step's coordinator asked for an in-job restart (journal ``restart_in_job``): its end, in
+    # ``state``, is that step's, not the job's; from the same records as ``state``, so the two never disagree
+    in_job_restart: bool = False
 
 
 @dataclass

@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from phoenix_hpc.cli.main import cli
 from phoenix_hpc.drills.drill import DrillFault, DrillOutcome, plan_drill
-from phoenix_hpc.drills.in_job import ACTION, IN_JOB_KINDS, drill_mode, match_in_job, run_over
+from phoenix_hpc.drills.in_job import ACTION, IN_JOB_KINDS, drill_mode, match_in_job, restarting, run_over
+from phoenix_hpc.status.derive import derive_status
 from phoenix_hpc.errors import FaultError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,10 +97,18 @@ def test_an_in_job_outcome_is_pending_until_the_new_step_is_back_at_the_fault_st
 
 def test_an_in_job_run_is_over_only_when_its_end_is_not_a_restart_or_slurm_ended_it():
     first_step = RECORDS[:6]  # the coordinator exited for an in-job restart; the batch script starts the next step
-    assert not run_over(True, "RUNNING", first_step)
-    assert run_over(True, "COMPLETED", first_step)  # e.g. too few nodes left for another step
-    assert not run_over(False, "RUNNING", RECORDS[:9])
-    assert run_over(True, "RUNNING", RECORDS) and run_over(True, None, RECORDS)
+    assert restarting(first_step) and not run_over(True, "RUNNING", restarting(first_step))
+    assert run_over(True, "COMPLETED", True)  # e.g. too few nodes left for another step
+    assert not run_over(False, "RUNNING", restarting(RECORDS[:9]))
+    assert not restarting(RECORDS) and run_over(True, "RUNNING", False) and run_over(True, None, False)
+    # the status says whether its own records hold the restart: the first step's end while the next step's
+    # coordinator has started but not yet registered (records read then lack the restart, the status of a
+    # moment before does not): the drill read the two apart and took the restart for the job's end
+    ended = first_step[:-1] + [dict(first_step[-1], job_state="failed")]  # as the coordinator journals it
+    st = derive_status(ended, None, now=12.0)
+    assert st.finished and st.job.in_job_restart and not run_over(st.finished, "RUNNING", st.job.in_job_restart)
+    st = derive_status(ended + RECORDS[6:7], None, now=13.5)  # the next step's coordinator, not registered yet
+    assert not st.finished and not st.job.in_job_restart
 
 
 def _in_job_config(tmp_path: Path, **rz) -> Path:
