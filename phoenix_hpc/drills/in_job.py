@@ -134,9 +134,9 @@ def restarting(records: Sequence[Mapping[str, Any]]) -> bool:
     an in-job restart request: its coordinator's end is then the step's, not the job's (the batch script is
     starting the next step). :attr:`phoenix_hpc.status.model.JobInfo.in_job_restart` says the same of the
     records a status was derived from."""
-    from phoenix_hpc.status.derive import current_job_records
+    from phoenix_hpc.status.derive import current_job_records, restart_requested
 
-    return any(r.get("event") == "restart_in_job" for r in current_job_records(records))
+    return restart_requested(current_job_records(records))
 
 
 def run_over(finished: bool, slurm_state: str | None, restart: bool) -> bool:

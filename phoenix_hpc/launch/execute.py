@@ -264,8 +264,7 @@ def replay_target(plan: dict[str, Any]) -> tuple[int, int] | None:
     """``(generation, step)`` a member of ``plan`` reports reaching at once (:meth:`Member._report_replayed`):
     the recoverable step plus the steps the plan replays; None when it replays none (the recovery ends at
     the resume). Pure."""
-    steps = int(plan.get("steps_replayed", 0))
-    return (int(plan["generation"]), int(plan["recoverable_step"]) + steps) if steps > 0 else None
+    return (int(plan["generation"]), recovery_step(plan) - 1) if int(plan.get("steps_replayed", 0)) > 0 else None
 
 
 def recovery_step(plan: dict[str, Any]) -> int:
@@ -360,26 +359,19 @@ class Member:
         # the old communicator may contain a dead rank: it is dropped, not freed (MPI_Comm_free is collective)
         self.comm = make_comm(e.world_comm, [self.rank_map[r] for r in range(self.n_ranks)], self.generation)
         t["mpi"] = time.perf_counter() - t2
-        if self.generation > 0:  # counted for an injection in phase "restore" (:meth:`_await_groups_built`)
+        if self.generation > 0:  # counted for an injection in phase "restore" (:meth:`land_restore`)
             self._store().add(f"phoenix/gen{self.generation}/built", 1)
         return t
 
-    def land_restore(self, step: int) -> None:
-        """Where an injection for phase ``restore`` lands (judged at ``step``, :func:`recovery_step`): once
-        every member of the generation built its groups (:meth:`_await_groups_built`). Raises what
-        :meth:`_await_groups_built` and :meth:`FaultTrigger.check` raise."""
-        self._await_groups_built(step)
-        self.trigger.check(step, "restore")
-
-    def _await_groups_built(self, step: int, poll_s: float = 0.01) -> None:
-        """Before an injection armed on this member for phase ``restore`` lands: wait until every member of the
-        generation built its groups and communicator (the store's ``built`` count, one add per member in
-        :meth:`_setup_groups`). That this member's groups are built says only that every member started
-        building theirs: a peer may still be inside ``MPI_Comm_create_group`` or gloo's connection set-up,
-        blocking calls a fault of this member there would leave hanging (docs/design.md section 6). Returns
-        at once when no such injection is armed. A newer quiesce meanwhile raises :class:`RestoreInterrupted`
-        (``at="groups"``; the injection stays armed for the next plan). After ``wait_s`` it lands anyway,
-        said in the log."""
+    def land_restore(self, step: int, poll_s: float = 0.01) -> None:
+        """Where an injection for phase ``restore`` lands (judged at ``step``, :func:`recovery_step`): once every
+        member of the generation built its groups and communicator (the store's ``built`` count, one add per
+        member in :meth:`_setup_groups`). That this member's groups are built says only that every member
+        started building theirs: a peer may still be inside ``MPI_Comm_create_group`` or gloo's connection
+        set-up, blocking calls a fault of this member there would leave hanging (docs/design.md section 6).
+        Without such an injection armed it returns at once. A newer quiesce meanwhile raises
+        :class:`RestoreInterrupted` (``at="groups"``; the injection stays armed for the next plan); after
+        ``wait_s`` it lands anyway, said in the log. Raises what :meth:`FaultTrigger.check` raises."""
         if not self.trigger.armed(step, "restore"):
             return
         n = self._await_count(f"phoenix/gen{self.generation}/built", "groups", poll_s)
@@ -387,6 +379,7 @@ class Member:
             self.env.log(f"[phoenix] rank {self.logical}: only {n} of {self.n_ranks} members built generation "
                          f"{self.generation}'s groups within {self.wait_s:g} s; the injected fault for phase "
                          "restore lands now")
+        self.trigger.check(step, "restore")
 
     def release_groups(self) -> float:
         """Destroy this generation's torch process groups now, at the first sign of a recovery (an error

@@ -561,6 +561,12 @@ def _injection_state(inj: InjectionStatus) -> None:
         inj.state = "armed"
 
 
+def restart_requested(records: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether one srun step's records (:func:`current_job_records`) hold an in-job restart request
+    (``restart_in_job``): that step's coordinator's end is then the step's, not the job's. Pure."""
+    return any(r.get("event") == "restart_in_job" for r in records)
+
+
 def no_spare_left(cfg: Mapping[str, Any]) -> str:
     """The ``no_spares`` warning: what the next node loss does now that no spare is left, by the job's config
     (``resilience.spares_exhausted``, ``engine``, ``resilience.recovery_source``; a key the config lacks has
@@ -777,7 +783,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         end_event=st.end_event, end_reason=st.end_reason, final_hash=st.final_hash,
         coordinator={k_: run.coordinator.get(k_) for k_ in ("host", "port", "pid")} if run.coordinator else None,
         end_signal=st.end_signal, jobs=_run_jobs(run.job),
-        in_job_restart=any(r.get("event") == "restart_in_job" for r in records),
+        in_job_restart=restart_requested(records),
     )
     from phoenix_hpc.control.run_jobs import job_entries
     from phoenix_hpc.status.jobs import run_jobs

@@ -890,7 +890,7 @@ def test_an_injection_for_phase_restore_waits_until_every_member_built_its_group
     member.generation, member.rank_map, member.env.grid = 1, {0: 0, 1: 1}, Grid(1, 1, 2)
     store = member.env.store
     t0 = time.monotonic()
-    member._await_groups_built(5)  # nothing armed: no wait, the count is not read
+    member.land_restore(5)  # nothing armed: no wait, the count is not read
     assert time.monotonic() - t0 < 0.05 and "phoenix/gen1/built" not in store.counters
 
     member.trigger.arm("transient", 5, "restore", "r1")
@@ -898,11 +898,11 @@ def test_an_injection_for_phase_restore_waits_until_every_member_built_its_group
     later = threading.Timer(0.2, lambda: store.add("phoenix/gen1/built", 1))
     later.start()
     t0 = time.monotonic()
-    member._await_groups_built(5)
+    with pytest.raises(InjectedCommError):  # lands only after the second member's count
+        member.land_restore(5)
     later.join()
-    assert time.monotonic() - t0 >= 0.2 and member.trigger.armed(5, "restore")
-    with pytest.raises(InjectedCommError):
-        member.trigger.check(5, "restore")
+    assert time.monotonic() - t0 >= 0.2 and not member.trigger.armed(5, "restore")
+    assert [(i.request_id, p) for i, _, p in member.trigger.fired] == [("r1", "restore")]
 
     member.generation = 2
     member.trigger.arm("transient", 5, "restore", "r2")
@@ -911,7 +911,7 @@ def test_an_injection_for_phase_restore_waits_until_every_member_built_its_group
     queued = _replan_later(c, None, {"type": "quiesce", "generation": 3, "dead": [1]})
     try:
         with pytest.raises(execute.RestoreInterrupted) as cut:
-            member._await_groups_built(5)
+            member.land_restore(5)
     finally:
         queued.cancel()
     assert cut.value.at == "groups" and int(cut.value.msg["generation"]) == 3
