@@ -363,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= a.workers <= 64:
         print(f"error: --workers: {a.workers} is not allowed; expected 0..64", file=sys.stderr)
         return 2
+    from phoenix_hpc.bench import jobs
+
+    repo = Path(__file__).resolve().parents[2]
+    # the code measured: taken before the runs (the commit, and files that differed from it)
+    measured = {"commit": jobs.git_commit(repo), "dirty_files": jobs.dirty_files(repo)}
     # on disk, like a job's run directory: the journal's fsyncs cost what they cost there (not /dev/shm)
     base = Path(tempfile.mkdtemp(prefix="phx-ctlbench-"))
     rows = []
@@ -379,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "wall_s": round(time.time() - t0, 1),
+              **measured,
+              "command": "scripts/bench-control-plane " + " ".join(argv if argv is not None else sys.argv[1:]),
               "machine": machine(), "steady_s": a.steady_s, "runs": rows}
     from phoenix_hpc.bench import control_plane_report as R
 
