@@ -14,10 +14,12 @@ for arg in "$@"; do
   fi
 done
 # pytest exit code 5: no test selected (e.g. -m "not cluster" leaves no e2e test); not a failure here.
+# Each part prints its ten slowest tests (pyproject.toml: --durations=10) and then its wall time.
 part() {
-  local rc=0
+  local rc=0 t0=$SECONDS
   .venv/bin/python -m pytest "$@" || rc=$?
   [[ $rc -eq 5 ]] && rc=0
+  echo "[test] $1: $((SECONDS - t0)) s (exit $rc)"
   return $rc
 }
 rc=0
