@@ -164,7 +164,7 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
     plan = [] if (n_faults == 0 and batch_host_at is not None) else plan_drill(
         n_faults, seed, steps=cfg.training.steps, world=job.world_size, gpus_per_node=job.gpus_per_node,
         spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",") if k.strip()], k=cfg.resilience.k,
-        in_job=in_job)
+        in_job=in_job, checkpoint_every=_checkpoint_every(cfg))
     extra: tuple[str, ...] = ()
     if batch_host_at is not None:
         from phoenix_hpc.drills.drill import check_batch_host_step
@@ -179,7 +179,7 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
                     run_dir=str(base / "job"), default_python=sys.executable)  # the site allows a chain (exit 2)
     if dry_run:
         rows = [{"index": f.index, "kind": f.kind, "phase": f.phase, "at_step": f.at_step,
-                 "planned_logical_rank": f.rank}
+                 "planned_logical_rank": f.rank, "note": f.note}
                 for f in plan]
         if as_json:
             click.echo(json.dumps({"plan": rows, "kill_batch_host_at": batch_host_at,
@@ -190,14 +190,26 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
                            "the allocation from the newest checkpoint, without one spare node")
             for r in rows:
                 click.echo(f"fault {r['index'] + 1}: {r['kind']} at step {r['at_step']}, phase {r['phase']}, "
-                           f"logical rank {r['planned_logical_rank']}")
+                           f"logical rank {r['planned_logical_rank']}" + (f" ({r['note']})" if r["note"] else ""))
             if batch_host_at is not None:
                 click.echo(f"then: kill the batch host at step {batch_host_at}; the chain continues the run")
         return
+    if not as_json:
+        for f in plan:
+            if f.note:
+                click.echo(f"fault {f.index + 1}: {f.note}", err=True)
     report = _run(config, site, cfg, base, plan, reference, timeout_s, as_json, batch_host_at, extra, in_job)
     _print_report(report, as_json)
     if not report["passed"]:
         sys.exit(1)
+
+
+def _checkpoint_every(cfg) -> int | None:
+    """``resilience.checkpoint.interval_steps`` when the job writes persistent checkpoints
+    (:func:`phoenix_hpc.launch.persist.enabled`), else None."""
+    from phoenix_hpc.launch.persist import enabled
+
+    return cfg.resilience.checkpoint.interval_steps if enabled(cfg) else None
 
 
 def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, batch_host_at=None,
@@ -488,6 +500,9 @@ def _print_report(report: dict, as_json: bool) -> None:
                   s(f["total_s"]), "-" if f["steps_replayed"] is None else str(f["steps_replayed"]), result)
     c = make_console()
     c.print(t)
+    for f in report["faults"]:
+        if f.get("plan_note"):
+            c.print(f"fault {f['index'] + 1} as planned: {f['plan_note']}")
     if in_job:
         c.print("in-job restart: detect fault -> first record of it; teardown -> the srun step ended and the next "
                 "nodes chosen; relaunch -> the new step's coordinator started; replay -> the new step's ranks "
@@ -519,4 +534,7 @@ def _print_report(report: dict, as_json: bool) -> None:
                 + " did not finish[/red]")
     else:
         c.print("final state: [red]DIFFERENT from the fault-free reference[/red]")
+    if report.get("base"):
+        c.print(f"run directory: {report['base']} (the runs: {report.get('reference', {}).get('run_dir') or '-'} "
+                f"and {report.get('job', {}).get('run_dir') or '-'}; `phoenix status RUN_DIR` shows each)")
     c.print("[green]drill passed[/green]" if report["passed"] else "[red]drill failed[/red]")

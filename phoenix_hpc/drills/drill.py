@@ -9,7 +9,13 @@ Planning rules (so that every planned fault can be survived by design):
   the target's shard is corrupted (landing in phase ``recovery``, at the start of the next recovery, before
   the holders verify their copies again) and the target crashes at the planned step and phase. The recovery
   then needs that shard from a replica: with another verified replica (k >= 2) a hot swap, with none (k = 1)
-  the restart of every member from the persistent checkpoint (``checkpoint_restart``);
+  the restart of every member from the persistent checkpoint (``checkpoint_restart``). With k = 1 that crash
+  is survivable only once a persistent checkpoint exists: the first is written after step
+  ``checkpoint.interval_steps`` (:func:`phoenix_hpc.launch.persist.is_due`, synchronously, before the next step
+  starts), so :func:`corrupt_replica_first_step` is its earliest step. A ``corrupt-replica`` drawn earlier is
+  moved to that step when it stays in the first half of its segment (below), else another of the kinds is
+  drawn for that fault; with no other kind, or no checkpoint before the last fault step, the plan is refused.
+  Each fault moved or redrawn carries a ``note`` saying why (``phoenix drill`` prints it);
 
 - faults land in steps ``FIRST_STEP .. steps - 2``, one in the first half of each of ``n`` equal segments of
   that range, so recoveries (and their replays) end before the next fault's step; the ``recovery`` and
@@ -53,6 +59,7 @@ class DrillFault:
     at_step: int
     rank: int  # logical rank targeted (kill-node: the node that holds it when the fault is sent)
     expect: str | None = None  # the recovery action expected, when not the kind's own (corrupt-replica)
+    note: str | None = None  # why the planner moved this fault or drew another kind for it (None: as drawn)
 
 
 CORRUPT_COMPANION = "crash"  # what makes the recovery that needs a corrupted replica (see the module doc)
@@ -70,16 +77,37 @@ def slot_cost(kind: str, gpus_per_node: int) -> int:
     return gpus_per_node if kind == "kill-node" else 1
 
 
+def corrupt_replica_first_step(k: int, checkpoint_every: int | None) -> int | None:
+    """The first step at which a drilled ``corrupt-replica`` (a holder's copy corrupted, then its owner
+    crashed) can be survived by design. Pure.
+
+    With ``k >= 2`` another verified replica serves the hot swap: step 1 (the plan's own lower bound
+    applies). With ``k = 1`` (or 0) the recovery restarts every member from the persistent checkpoint, so one
+    must exist: the first is written after step ``checkpoint_every`` (``resilience.checkpoint.interval_steps``,
+    :func:`phoenix_hpc.launch.persist.is_due`) before step ``checkpoint_every + 1`` starts. None: no
+    persistent checkpoint is written (``checkpoint_every`` None), never survivable.
+    """
+    if k >= 2:
+        return 1
+    if checkpoint_every is None:
+        return None
+    return int(checkpoint_every) + 1
+
+
 def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int, spare_nodes: int,
-               kinds: Sequence[str] = VERIFIED_KINDS, k: int = 1, in_job: bool = False) -> list[DrillFault]:
+               kinds: Sequence[str] = VERIFIED_KINDS, k: int = 1, in_job: bool = False,
+               checkpoint_every: int | None = None) -> list[DrillFault]:
     """``n`` faults for a job of ``steps`` steps and ``world`` logical ranks (see the module doc); ``k``: the
     job's replicas per shard (what a ``corrupt-replica`` drill expects depends on it). ``in_job``: a drill of
     the in-job checkpoint-restart baseline (:mod:`phoenix_hpc.drills.in_job`): only its kinds, each fault
-    costs a whole spare node and is expected to end in an in-job restart.
+    costs a whole spare node and is expected to end in an in-job restart. ``checkpoint_every``: the job's
+    ``resilience.checkpoint.interval_steps`` (None: it writes no persistent checkpoint); a ``corrupt-replica``
+    with ``k = 1`` is planned only after the first one (:func:`corrupt_replica_first_step`).
 
     Raises:
         FaultError: ``n < 1``, too few steps for ``n`` separated faults, or an unknown kind (or, ``in_job``,
-            one that mode does not accept).
+            one that mode does not accept), or a ``corrupt-replica`` that cannot be placed where the job
+            survives it and no other kind was given (the message says why).
     """
     if n < 1:
         raise FaultError(f"--faults: {n} is not allowed; at least 1")
@@ -124,6 +152,10 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
             raise FaultError(f"--faults: no spare capacity left for fault {i + 1} of {n} with kinds {list(kinds)} "
                              f"({spare_nodes} spare node(s) x {gpus_per_node} slots); add 'transient' or spares")
         kind = rng.choice(affordable)
+        note = None
+        if kind == "corrupt-replica":
+            step, kind, note = _place_corrupt(i, step, lo + (hi - lo) // 2, affordable, rng, replicas,
+                                              checkpoint_every)
         budget -= cost(kind)
         phases = [p for p in KINDS[kind].phases if p not in IN_RECOVERY]
         expect = None
@@ -132,8 +164,36 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
         if kind == "corrupt-replica":  # the phase is its companion crash's; the corrupted copy lands in recovery
             phases = [p for p in KINDS[CORRUPT_COMPANION].phases if p not in IN_RECOVERY]
             expect = "hot_swap" if replicas >= 2 else "checkpoint_restart"
-        out.append(DrillFault(i, kind, rng.choice(phases), step, rng.randrange(world), expect))
+        out.append(DrillFault(i, kind, rng.choice(phases), step, rng.randrange(world), expect, note))
     return out
+
+
+def _place_corrupt(i: int, step: int, latest: int, affordable: Sequence[str], rng: random.Random, k: int,
+                   checkpoint_every: int | None) -> tuple[int, str, str | None]:
+    """``(step, kind, note)`` for fault ``i`` drawn as a ``corrupt-replica`` at ``step``, whose segment allows
+    steps up to ``latest``: kept, moved to :func:`corrupt_replica_first_step`, or another affordable kind
+    drawn instead (see the module doc).
+
+    Raises:
+        FaultError: no step of the segment is survivable and ``affordable`` has no other kind.
+    """
+    first = corrupt_replica_first_step(k, checkpoint_every)
+    if first is not None and step >= first:
+        return step, "corrupt-replica", None
+    why = (f"with resilience.k = {k} the crash that needs the corrupted replica is recovered only from the "
+           "persistent checkpoint, and "
+           + ("this job writes none (resilience.checkpoint)" if first is None else
+              f"the first one is written after step {first - 1} (resilience.checkpoint.interval_steps)"))
+    if first is not None and first <= latest:
+        return first, "corrupt-replica", f"moved from step {step} to step {first}: {why}"
+    others = [x for x in affordable if x != "corrupt-replica"]
+    where = "at any step" if first is None else f"at step {step} (its range ends at step {latest})"
+    if not others:
+        raise FaultError(f"--kinds: fault {i + 1} cannot be a corrupt-replica {where}: {why}; the job would not "
+                         "survive it. Give another kind too, fewer --faults, raise resilience.k to 2, or write checkpoints "
+                         "earlier (a smaller resilience.checkpoint.interval_steps)")
+    kind = rng.choice(others)
+    return step, kind, f"a corrupt-replica cannot be survived {where}: {why}; drew {kind} instead"
 
 
 @dataclass
@@ -186,7 +246,7 @@ class DrillOutcome:
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.fault.index, "kind": self.fault.kind, "phase": self.fault.phase,
-                "planned_step": self.fault.at_step, "at_step": self.at_step,
+                "planned_step": self.fault.at_step, "at_step": self.at_step, "plan_note": self.fault.note,
                 # the logical rank the plan drew, and the one the fault was sent to: the same, except for a
                 # kill-node planned on the batch host's rank, which goes to the lowest rank on another node
                 "planned_logical_rank": self.fault.rank,

@@ -37,3 +37,17 @@ def test_drill_json_names_the_planned_and_the_targeted_logical_rank():
     assert not {"rank", "planned_rank"} & set(out)
     same = DrillOutcome(DrillFault(1, "crash", "h2h", 20, 2)).to_json()
     assert same["planned_logical_rank"] == same["target_logical_rank"] == 2
+
+
+def test_the_report_names_its_run_directory_and_why_a_fault_was_redrawn(capsys, monkeypatch):
+    from phoenix_hpc.drills.drill import DrillFault, DrillOutcome
+
+    monkeypatch.setenv("COLUMNS", "200")
+    note = "a corrupt-replica cannot be survived at step 9; drew crash instead"
+    rep = {**_report("aa", "aa"), "base": "/runs/drill-x", "job": {"job_id": "7", "run_dir": "/runs/drill-x/job"},
+           "reference": {"final_hash": "aa", "run_dir": "/runs/drill-x/reference"},
+           "faults": [DrillOutcome(DrillFault(0, "crash", "h2h", 9, 3, None, note)).to_json()]}
+    _print_report(rep, as_json=False)
+    out = capsys.readouterr().out
+    assert "run directory: /runs/drill-x" in out and "/runs/drill-x/job" in out
+    assert f"fault 1 as planned: {note}" in out

@@ -335,12 +335,14 @@ def test_corrupt_replica_is_a_kind_with_its_phases():
 def test_a_drill_pairs_corrupt_replica_with_a_crash_and_expects_what_k_allows(k, expect):
     from phoenix_hpc.drills.drill import plan_drill, slot_cost
 
-    plan = plan_drill(2, 0, steps=40, world=3, gpus_per_node=1, spare_nodes=2, kinds=["corrupt-replica"], k=k)
+    plan = plan_drill(2, 0, steps=40, world=3, gpus_per_node=1, spare_nodes=2, kinds=["corrupt-replica"], k=k,
+                      checkpoint_every=5)
     assert [f.kind for f in plan] == ["corrupt-replica"] * 2
     assert all(f.phase in ("forward", "optimizer") and f.expect == expect for f in plan)  # its crash's phase
     assert slot_cost("corrupt-replica", 4) == 1  # the crash takes a standby slot
     with pytest.raises(Exception, match="no spare capacity left"):
-        plan_drill(1, 0, steps=40, world=3, gpus_per_node=1, spare_nodes=0, kinds=["corrupt-replica"], k=k)
+        plan_drill(1, 0, steps=40, world=3, gpus_per_node=1, spare_nodes=0, kinds=["corrupt-replica"], k=k,
+                   checkpoint_every=5)
 
 
 def test_a_drilled_corrupt_replica_passes_only_when_the_corruption_landed_and_the_expected_recovery_followed():
