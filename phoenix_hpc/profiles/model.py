@@ -139,6 +139,10 @@ class NodeProfile(BaseModel):
     mem_gb: int | None = Field(None, ge=1, description="host memory per node in GB; submit checks the host "
                                "memory PHOENIX plans per node against it (null: not checked)")
     nics: int = Field(1, ge=0, description="high-speed network interfaces per node")
+    nic_gbps: float | None = Field(
+        None, gt=0, description="line rate of one high-speed NIC, Gb/s (e.g. 200 for Slingshot 11, 400 for NDR "
+        "InfiniBand); `phoenix model hotswap` moves a lost rank's state over it (null: no link figure, the "
+        "projection is refused)")
     host_reserved_gb: float = Field(
         8.0, ge=0, description="host memory per node kept for the OS, Slurm, file-system clients and the page "
         "cache (part of the headroom submit leaves below node.mem_gb)"
