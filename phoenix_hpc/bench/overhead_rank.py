@@ -293,7 +293,8 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
             prot = Protector.create(engine=engine, comm=comm, placement=placement, logical_rank=rank,
                                     grid={"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, generation=index,
                                     chunk_bytes=res.chunk_bytes, log=None, checksum=res.checksum,
-                                    thread_nice=res.thread_nice, checksum_threads=res.checksum_threads)
+                                    thread_nice=res.thread_nice, checksum_threads=res.checksum_threads,
+                                    d2h_copy_chunk_bytes=res.d2h_copy_chunk_bytes)
             if pin is not None:
                 pin_protection_threads(pin[1])
             th0: dict = {}

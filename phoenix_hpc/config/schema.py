@@ -345,12 +345,20 @@ class ResilienceConfig(BaseModel):
         "share with the training thread they then take what it leaves, at the risk of starving replica verification "
         "on oversubscribed hosts (commits then time out). 0 (the default): the training thread's priority. "
         "Allowed: 0 .. 19")
-    checksum: Literal["xxh3_64", "crc32c", "crc32"] = Field(
+    checksum: Literal["xxh3_64", "crc32c", "crc32", "wsum64"] = Field(
         "xxh3_64",
         description="checksum of every snapshot and replica tensor (design section 4, Checksums): xxh3_64 "
-        "(XXH3, 64 bit; the fastest measured), crc32c (CRC-32C, hardware instruction where the CPU has one) "
-        "or crc32 (zlib CRC-32)",
+        "(XXH3, 64 bit; the fastest measured on CPU), crc32c (CRC-32C, hardware instruction where the CPU has one), "
+        "crc32 (zlib CRC-32) or wsum64 (Fletcher-style weighted sums with torch ops: a GPU rank computes it on the "
+        "device from the live tensors before they cross the link; holders and restores verify host bytes with "
+        "the same function on CPU, slower per byte than xxh3_64)",
     )
+    d2h_copy_chunk_bytes: int = Field(
+        0,
+        description="a GPU rank's D2H splits every tensor's copy into commands of at most this many bytes (design "
+        "section 3, D2H), so that no long copy command holds the copy engine, or under "
+        "CUDA_DEVICE_MAX_CONNECTIONS=1 the one queue of every stream; 0 (the default): one copy command per tensor. "
+        "A CPU rank ignores it. Allowed: 0 or a positive multiple of 16")
     checksum_threads: int | Literal["auto"] = Field(
         "auto",
         description="threads that checksum the snapshot tensors a CUDA D2H copy landed, while the next ones are "
@@ -386,6 +394,15 @@ class ResilienceConfig(BaseModel):
         "4, Protection interval): when a step's protection cannot finish inside the next step's compute window, "
         "the ranks protect every m-th step (lost work then at most 2m-1 steps), m chosen from the measured times; "
         "1 (the default) protects every step whatever it costs. Allowed: 1 .. checkpoint.interval_steps")
+
+    @field_validator("d2h_copy_chunk_bytes", mode="before")
+    @classmethod
+    def _d2h_copy_chunk_bytes(cls, v):
+        from phoenix_hpc.runtime.d2h_chunks import copy_chunk_problem
+
+        if copy_chunk_problem(v):
+            raise ValueError("not allowed (allowed: 0 for one copy per tensor, or a positive multiple of 16 bytes)")
+        return v
 
     @field_validator("checksum_threads", mode="before")
     @classmethod

@@ -13,6 +13,13 @@ Split in two halves so that only a negligible part runs on the training thread:
   training thread's forward/backward), each tensor checksummed right after its copy. :meth:`D2H.copy` is
   the same copy without the checksums (one event at the end on CUDA).
 
+Two choices of the job config change the CUDA path only (the CPU path is the same whatever they say):
+``resilience.checksum: wsum64`` computes each tensor's checksum on the device from the live tensor
+(:mod:`.wsum`), on the side stream before its copy, instead of on host threads after it landed; and
+``resilience.d2h_copy_chunk_bytes`` splits each tensor's copy into commands of at most that many bytes, so
+that no single long command holds the copy engine (and, under ``CUDA_DEVICE_MAX_CONNECTIONS=1``, the one
+hardware queue every stream's work then goes through).
+
 The engine contract (``engines/base.py``) keeps the state stable from the end of ``optimizer_step`` of
 step k-1 until ``optimizer_step`` of step k; the runtime's ``wait_commit`` (before ``optimizer_step``)
 waits for this copy, so it never reads a half-updated state.
@@ -26,8 +33,10 @@ from typing import Any
 
 import torch
 
-from phoenix_hpc.runtime.checksum import checksum_function
+from phoenix_hpc.errors import ReplicationError
+from phoenix_hpc.runtime.checksum import DEVICE_CHECKSUMS, checksum_function
 from phoenix_hpc.runtime.checksum_pool import ChecksumPool, checksum_groups
+from phoenix_hpc.runtime.d2h_chunks import copy_chunk_problem, copy_pieces
 from phoenix_hpc.runtime.snapshot import SnapshotLayout, check_state, copy_in, slot_views
 
 
@@ -39,9 +48,20 @@ class D2H:
     #: checksum overlaps the next groups' transfer
     event_bytes = 64 << 20
 
-    def __init__(self, device: torch.device, checksum_threads: int = 1, thread_nice: int = 0):
+    def __init__(self, device: torch.device, checksum_threads: int = 1, thread_nice: int = 0,
+                 copy_chunk_bytes: int = 0):
+        """``copy_chunk_bytes``: on CUDA, split every tensor's copy into commands of at most this many bytes
+        (``resilience.d2h_copy_chunk_bytes``; :func:`copy_pieces`); 0: one command per tensor.
+
+        Raises:
+            ReplicationError: ``copy_chunk_bytes`` negative, or positive and not a multiple of 16.
+        """
+        problem = copy_chunk_problem(copy_chunk_bytes)
+        if problem:
+            raise ReplicationError(problem)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        self.copy_chunk_bytes = int(copy_chunk_bytes)
         # CUDA: the threads that checksum each group of tensors once it landed (checksum_pool.py); the CPU
         # path checksums in the copy thread, right after each copy, while the bytes are in its cache
         self.checksums = ChecksumPool(checksum_threads if self.cuda else 1, thread_nice)
@@ -71,7 +91,11 @@ class D2H:
             return
         with self._drained_on_error(), torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             self._stream.wait_event(token)
-            copy_in(buf, layout, opt, params, non_blocking=True, views=views)
+            if self.copy_chunk_bytes:
+                for (_, t), view in zip(check_state(layout, opt, params, views), views):
+                    self._issue(view, t)
+            else:
+                copy_in(buf, layout, opt, params, non_blocking=True, views=views)
             done = torch.cuda.Event()
             done.record(self._stream)
         done.synchronize()
@@ -100,6 +124,8 @@ class D2H:
         mv = memoryview(buf.numpy())
         sums: list[int] = []
         c0 = time.thread_time_ns()
+        if self.cuda and checksum in DEVICE_CHECKSUMS:
+            return self._copy_device_checksummed(token, pairs, views, c0)
         if self.cuda:
             ends = event_ends(layout.slots, self.event_bytes)
             events = []
@@ -109,7 +135,7 @@ class D2H:
                     start = 0
                     for end in ends:
                         for (_, t), view in zip(pairs[start:end], views[start:end]):
-                            view.copy_(t, non_blocking=True)
+                            self._issue(view, t)
                         ev = torch.cuda.Event(blocking=True)
                         ev.record(self._stream)
                         events.append(ev)
@@ -129,6 +155,48 @@ class D2H:
         cpu = time.thread_time_ns() - c0
         copy_ns = cpu * wall_copy // max(1, wall_copy + wall_sum)
         return sums, copy_ns, cpu - copy_ns
+
+    def _issue(self, view: torch.Tensor, t: torch.Tensor) -> None:
+        """Queue the copy of ``t`` into its slot view on the current (side) stream: one command, or commands
+        of at most :attr:`copy_chunk_bytes` (:func:`copy_pieces`)."""
+        nbytes = t.numel() * t.element_size()
+        if not self.copy_chunk_bytes or nbytes <= self.copy_chunk_bytes:
+            view.copy_(t, non_blocking=True)
+            return
+        src, dst = t.reshape(-1), view.reshape(-1)
+        for a, b in copy_pieces(t.numel(), t.element_size(), self.copy_chunk_bytes):
+            dst[a:b].copy_(src[a:b], non_blocking=True)
+
+    def _copy_device_checksummed(self, token: Any, pairs: list, views: tuple, c0: int) -> tuple[list[int], int, int]:
+        """CUDA with a device checksum (:data:`~phoenix_hpc.runtime.checksum.DEVICE_CHECKSUMS`): on the side
+        stream, after ``token``, each tensor's partial sums (:func:`phoenix_hpc.runtime.wsum.partials`) are
+        computed from the device tensor and its copy queued; the partials (16 bytes per 16 KiB) come to the
+        host with the last copy, and are folded there. The checksum is of the state the copy read, taken
+        before its bytes crossed the link: a copy that lands wrong fails the restore's or the holder's
+        verification of the host bytes. Returns as :meth:`copy_checksummed`; the checksum part is this
+        thread's folding time."""
+        from phoenix_hpc.runtime.wsum import fold, partials
+
+        parts = []
+        with self._drained_on_error():
+            with torch.cuda.device(self.device), torch.cuda.stream(self._stream), torch.no_grad():
+                self._stream.wait_event(token)
+                for (_, t), view in zip(pairs, views):
+                    parts.append(partials(t))
+                    self._issue(view, t)
+                counts = [p.shape[0] for p in parts]
+                host = torch.cat(parts).to("cpu", non_blocking=True) if parts else torch.zeros(0, 2, dtype=torch.int64)
+                done = torch.cuda.Event(blocking=True)
+                done.record(self._stream)
+            done.synchronize()
+        own = time.thread_time_ns() - c0
+        f0 = time.thread_time_ns()
+        rows, sums, start = host.numpy(), [], 0
+        for (_, t), k in zip(pairs, counts):
+            sums.append(fold(rows[start : start + k], t.numel() * t.element_size()))
+            start += k
+        fold_ns = time.thread_time_ns() - f0
+        return sums, own, fold_ns
 
     @contextlib.contextmanager
     def _drained_on_error(self):

@@ -66,10 +66,12 @@ from phoenix_hpc.runtime.buffers import (
 )
 from phoenix_hpc.runtime.checksum import DEFAULT_CHECKSUM, checksum_function
 from phoenix_hpc.runtime.checksum_pool import available_cpus, resolve_threads
+from phoenix_hpc.runtime.d2h_chunks import copy_chunk_problem
 from phoenix_hpc.runtime.cpu_account import CpuAccount, Span, delta
 from phoenix_hpc.runtime.d2h import D2H
 from phoenix_hpc.runtime.mpi_faults import errors_return
 from phoenix_hpc.runtime.interval import SAMPLES as INTERVAL_SAMPLES
+from phoenix_hpc.test_env import REPLICATION_DELAY_ENV, parse_replication_delay
 from phoenix_hpc.runtime.interval import Sample as IntervalSample
 from phoenix_hpc.runtime.interval import choose_interval
 from phoenix_hpc.runtime.h2h import ACK_BAD_CHECKSUM, ACK_OK, H2HEngine, HeldSpec, chunk_ranges, make_tag_plan
@@ -84,8 +86,9 @@ ABORT_CHECK_S = 0.1  # how often a blocked wait_commit calls Protector.abort_che
 STEP_HISTORY = 256
 #: test-only knob (tests/e2e/test_hotswap.py, adaptive interval): seconds the copy thread waits after a
 #: snapshot's local copy before handing its replica to the H2H engine, as a slow replication path would
-#: (the local copy is done, so only the replication is slow: a protection that does not fit one step)
-TEST_REPLICATION_DELAY_ENV = "PHOENIX_TEST_REPLICATION_DELAY_S"
+#: (the local copy is done, so only the replication is slow: a protection that does not fit one step);
+#: read strictly by :func:`phoenix_hpc.test_env.parse_replication_delay`
+TEST_REPLICATION_DELAY_ENV = REPLICATION_DELAY_ENV
 
 
 @dataclass(frozen=True)
@@ -178,7 +181,12 @@ class Protector:
     def __init__(self, *, engine_coord, shard_id: str, grid: Mapping[str, int], generation: int, setup: _Setup,
                  chunk_bytes: int, commit_timeout_s: float | None, on_commit, log, fault_hook, device,
                  checksum: str = DEFAULT_CHECKSUM, interval_cap: int = 1, thread_nice: int = 0,
-                 checksum_threads: int = 1):
+                 checksum_threads: int = 1, d2h_copy_chunk_bytes: int = 0):
+        # test-only (phoenix_hpc/test_env.py); raises TestEnvError (a ValueError) naming the variable
+        self._test_delay_s = float(os.environ.get(TEST_REPLICATION_DELAY_ENV) or 0.0)
+        if self._test_delay_s and log is not None:
+            log(f"test-only {TEST_REPLICATION_DELAY_ENV}={self._test_delay_s:g}: every replica is handed to "
+                "the H2H engine that many seconds late")
         self.shard_id = shard_id
         self.grid = dict(grid)
         self.coord = {"pp": engine_coord.pp, "dp": engine_coord.dp, "tp": engine_coord.tp}
@@ -195,12 +203,11 @@ class Protector:
         # called about every ABORT_CHECK_S while wait_commit blocks; it may raise to leave the wait (the
         # recovery driver polls the coordinator, so a quiesce ends a wait on a peer that will never ack)
         self.abort_check: Callable[[], None] | None = None
-        self.d2h = D2H(device, checksum_threads, thread_nice)
+        self.d2h = D2H(device, checksum_threads, thread_nice, d2h_copy_chunk_bytes)
         self.checksum = checksum
         self.interval_cap = int(interval_cap)
         self.thread_nice = int(thread_nice)
         self.create_s: dict[str, float] = {}  # seconds per part of create() (recovery timings)
-        self._test_delay_s = float(os.environ.get(TEST_REPLICATION_DELAY_ENV) or 0.0)
         self.interval = 1  # protection interval of the newest snapshot (runtime/interval.py)
         self.next_snapshot_step: int | None = None  # the state step the next snapshot must be of
         self._commits = 0  # commits (= fences started) in this generation
@@ -254,6 +261,7 @@ class Protector:
         arrive_timeout_s: float | None = None,
         checksum_threads: int | str = "auto",
         arrive_check: Callable[[], None] | None = None,
+        d2h_copy_chunk_bytes: int = 0,
     ) -> "Protector":
         """Set up protection for ``engine`` (collective: every active rank of the generation calls it).
 
@@ -295,10 +303,12 @@ class Protector:
             arrive_check: called between the tests of that wait (``runtime/polled.wait``); what it raises (a
                 recovery re-planned because a member was lost before it arrived) ends the construction before
                 anything is allocated or duplicated.
+            d2h_copy_chunk_bytes: a GPU rank's D2H copy commands of at most this many bytes
+                (``resilience.d2h_copy_chunk_bytes``, :mod:`phoenix_hpc.runtime.d2h_chunks`); 0: one per tensor.
 
         Raises:
             RecoveryError: not every rank arrived within ``arrive_timeout_s``; what ``arrive_check`` raises.
-            ReplicationError (on every rank, before anything is allocated): ``chunk_bytes <= 0``;
+            ReplicationError (on every rank, before anything is allocated): ``chunk_bytes <= 0``; ``d2h_copy_chunk_bytes`` not 0 or a positive multiple of 16;
                 ``thread_nice`` outside 0..19; ``checksum_threads`` neither ``"auto"`` nor 1..64; this rank
                 missing from the placement; a replica too large for the MPI tag space; any rank lacking host
                 memory for its buffers (MemAvailable check); an allocation failure on any rank.
@@ -309,6 +319,8 @@ class Protector:
 
         chunk_ranges(0, chunk_bytes)  # validates chunk_bytes before any collective call
         checksum_function(checksum)  # validates the checksum name before any collective call
+        if copy_chunk_problem(d2h_copy_chunk_bytes):
+            raise ReplicationError(copy_chunk_problem(d2h_copy_chunk_bytes))
         problem = thread_nice_problem(thread_nice)
         if problem is not None:
             raise ReplicationError(problem)
@@ -394,7 +406,7 @@ class Protector:
         prot = cls(engine_coord=coord, shard_id=shard_id, grid=grid, generation=generation, setup=setup,
                    chunk_bytes=chunk_bytes, commit_timeout_s=commit_timeout_s, on_commit=on_commit, log=log,
                    fault_hook=fault_hook, device=device, checksum=checksum, interval_cap=interval_cap,
-                   thread_nice=thread_nice, checksum_threads=n_checksum)
+                   thread_nice=thread_nice, checksum_threads=n_checksum, d2h_copy_chunk_bytes=d2h_copy_chunk_bytes)
         tc["threads"] = time.perf_counter()
         # seconds per part of the construction (recovery timings): layout, the memory check and its agreement
         # (two collectives), allocation, the allocation's agreement, the threads' start
