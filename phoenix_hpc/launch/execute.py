@@ -737,7 +737,6 @@ class Member:
 
     def _phase(self, s: int, phase: str) -> None:
         if phase == "forward_backward":
-            _memdiag(self, s)
             if self._replay_until is not None and self.engine is not None:
                 self._report_replayed()
             self.phase = None  # a new iteration: nothing of it is applied yet
@@ -1227,33 +1226,6 @@ class Member:
     def _rollback(self, step: int) -> None:
         """Load S(step) from the committed local snapshot (verified) into the engine (I4)."""
         self._load_state(*self._snapshot_state(step))
-
-
-def _memdiag(m, s):
-    import os
-    d = os.environ.get("PHOENIX_MEMDIAG")
-    if not d or s % 25:
-        return
-    import ctypes, gc as _gc, threading, collections
-    class MI(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in ("arena","ordblks","smblks","hblks","hblkhd","usmblks","fsmblks","uordblks","fordblks","keepcost")]
-    libc = ctypes.CDLL(None); libc.mallinfo2.restype = MI
-    mi = libc.mallinfo2()
-    rss = 0
-    for l in open("/proc/self/status"):
-        if l.startswith("VmRSS"):
-            rss = int(l.split()[1])
-    cnt = collections.Counter(type(o).__name__ for o in _gc.get_objects())
-    prev = getattr(m, "_md_prev", None); m._md_prev = cnt
-    diff = {k: v - prev.get(k, 0) for k, v in cnt.items() if prev and v != prev.get(k, 0)} if prev else {}
-    diff = dict(sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:12])
-    import tracemalloc
-    tm = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None
-    rec = {"w": m.env.world_rank, "g": m.generation, "s": s, "rss_kb": rss, "arena": mi.arena >> 10, "mmap": mi.hblkhd >> 10,
-           "inuse": mi.uordblks >> 10, "free": mi.fordblks >> 10, "threads": threading.active_count(), "tm": tm,
-           "nobj": sum(cnt.values()), "diff": diff, "kept": len(m.kept)}
-    with open(os.path.join(d, f"md{m.env.world_rank}.jsonl"), "a") as f:
-        f.write(json.dumps(rec) + "\n")
 
 
 def import_runtime(cfg) -> None:
