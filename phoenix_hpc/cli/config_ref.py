@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import click
 
+from phoenix_hpc.cli.from_megatron import from_megatron
 from phoenix_hpc.config.reference import SCHEMAS, render_json, render_markdown
 
 
@@ -38,3 +39,6 @@ def reference(fmt: str, schema: str) -> None:
     names = schema_names(schema)
     text = render_markdown(names) if fmt == "markdown" else render_json(names)
     click.echo(text, nl=not text.endswith("\n"))
+
+
+config.add_command(from_megatron)

@@ -1,0 +1,145 @@
+"""``phoenix config from-megatron``: a Megatron-LM ``pretrain_gpt.py`` argument list -> a phoenix job config.
+
+The conversion itself is :func:`phoenix_hpc.config.megatron_args.convert` (pure); this module reads the
+argument list (command line or ``--args-file``), the tokenizer's vocabulary when its file is readable, renders
+the YAML with what was not carried over as comments, validates it as a job config and writes it atomically.
+Exit codes: 0 written; 2 bad input (an argument that does not parse, a missing required one, one that changes
+the training and was not dropped, a config the schema refuses), nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from phoenix_hpc.errors import ConfigError
+
+
+def read_vocab(given: dict[str, Any]) -> int | None:
+    """The tokenizer's vocabulary size from its files, or None when no file is readable here.
+
+    ``--vocab-file`` holding a JSON object (GPT-2's ``vocab.json``): its number of entries (Megatron-LM's
+    ``GPT2BPETokenizer.vocab_size``). ``--tokenizer-model`` naming a folder or file ``tokenizer.json``
+    (Hugging Face ``tokenizers``): the model's vocabulary plus added tokens not in it; naming a SentencePiece
+    ``.model`` file: ``sentencepiece``'s piece count when that library is installed."""
+    vf = given.get("--vocab-file")
+    if vf and Path(vf).is_file():
+        try:
+            data = json.loads(Path(vf).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = None
+        if isinstance(data, dict):
+            return len(data)
+    tm = given.get("--tokenizer-model")
+    if not tm:
+        return None
+    p = Path(tm)
+    tj = p / "tokenizer.json" if p.is_dir() else p
+    if tj.is_file() and tj.suffix == ".json":
+        try:
+            data = json.loads(tj.read_text(encoding="utf-8"))
+            vocab = data["model"]["vocab"]
+            ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
+            ids |= {t["id"] for t in data.get("added_tokens", [])}
+            return max(ids) + 1
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    if p.is_file() and p.suffix == ".model":
+        try:
+            import sentencepiece
+        except ImportError:
+            return None
+        try:
+            return int(sentencepiece.SentencePieceProcessor(model_file=str(p)).get_piece_size())
+        except Exception:  # noqa: BLE001 - any failure of the library means "not readable here"
+            return None
+    return None
+
+
+def relocate_paths(cfg: dict, out: Path | None, cwd: Path) -> None:
+    """Megatron-LM reads a relative ``--data-path`` and ``--save`` against the launch folder (``cwd``); phoenix
+    reads ``data.path`` against the config file's folder and ``resilience.checkpoint.path`` against the run
+    directory. Rewrite both so that they name the same files: the data path relative to the output file's
+    folder (``cwd`` for standard output), the checkpoint folder absolute."""
+    d = cfg.get("data", {})
+    p = d.get("path")
+    if p is not None and not os.path.isabs(p):
+        base = (out.parent if out is not None else cwd).resolve()
+        d["path"] = os.path.relpath(cwd.resolve() / p, base)
+    ck = cfg.get("resilience", {}).get("checkpoint", {})
+    if ck.get("path") is not None and not os.path.isabs(ck["path"]):
+        ck["path"] = str(cwd.resolve() / ck["path"])
+
+
+def render(conv, tokens: list[str]) -> str:
+    """The config file's text: a header naming the source and everything not carried over, then the YAML."""
+    head = ["# phoenix job config converted from Megatron-LM pretrain_gpt.py arguments (phoenix config from-megatron).",
+            "# Every argument carried over and its field: docs/megatron-args.md.",
+            "# Data order: phoenix's own (a pure function of seed and step), not Megatron-LM's GPTDataset order."]
+    head += [f"# {note}" for note in conv.notes]
+    if conv.dropped:
+        head.append("# DROPPED although they change the training (asked for with --drop):")
+        head += [f"#   {flag} {'' if v is None else v!r}: {why}" for flag, v, why in conv.dropped]
+    if conv.not_carried:
+        head.append("# Not carried over (they do not change what is trained):")
+        head += [f"#   {flag} {v!r}: {why}" for flag, v, why in conv.not_carried]
+    if conv.records:
+        head.append("# Kept for the record (phoenix does not use them):")
+        head += [f"#   {flag} {v!r}" for flag, v in conv.records]
+    body = yaml.safe_dump(conv.config, sort_keys=False, default_flow_style=False)
+    return "\n".join(head) + "\n" + body
+
+
+@click.command("from-megatron", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--args-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A file holding the argument list (a launch-script fragment: shell words, # comments, "
+                   "backslash continuations, bash arrays NAME=( ... ) allowed).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the config here (atomically); default: standard output.")
+@click.option("--drop", "drop", multiple=True, metavar="ARG",
+              help="Train without this argument although it changes the training (repeatable; e.g. "
+                   "--drop attention-dropout). It is written into the config as a comment.")
+@click.option("--name", default="megatron-gpt", show_default=True, help="Job name (config name).")
+@click.option("--nodes", type=click.IntRange(min=1), default=None, help="resources.nodes: active nodes.")
+@click.option("--spares", type=click.IntRange(min=0), default=None, help="resources.spares: spare nodes.")
+@click.argument("megatron_args", nargs=-1, type=click.UNPROCESSED)
+def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -> None:
+    """Convert a Megatron-LM pretrain_gpt.py argument list into a phoenix job config (engine megatron).
+
+    Give the arguments after `--` (phoenix config from-megatron -o job.yaml --nodes 16 -- --num-layers 32 ...)
+    or in --args-file. Every argument not carried over is listed with why; one that changes the training
+    (dropout, other Adam betas, a data blend, ...) is refused unless dropped with --drop.
+    """
+    from phoenix_hpc.config.megatron_args import convert, split_args_text
+    from phoenix_hpc.config.schema import JobConfig
+    from phoenix_hpc.files import read_text, write_private_file
+    from phoenix_hpc.validation import parse_model
+
+    tokens = list(megatron_args)
+    if args_file is not None:
+        tokens = split_args_text(read_text(args_file, "--args-file")) + tokens
+    if not tokens:
+        raise ConfigError("no Megatron-LM arguments given (allowed: arguments after --, or --args-file FILE)")
+    if output is not None and not output.resolve().parent.is_dir():
+        raise ConfigError(f"-o/--output: folder {str(output.parent)!r} does not exist (allowed: a file in an "
+                          "existing folder)")
+    conv = convert(tokens, drop=drop, name=name, nodes=nodes, spares=spares, read_vocab=read_vocab)
+    relocate_paths(conv.config, output, Path.cwd())
+    parse_model(JobConfig, conv.config, source="the converted config")
+    text = render(conv, tokens)
+    for flag, v, why in conv.dropped:
+        click.echo(f"dropped: {flag} {'' if v is None else v!r}: {why}", err=True)
+    for flag, v, why in conv.not_carried:
+        click.echo(f"not carried over: {flag} {v!r}: {why}", err=True)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        write_private_file(output, text)
+        os.chmod(output, 0o644)
+        click.echo(f"wrote {output} ({len(conv.carried)} arguments carried over, {len(conv.not_carried)} not, "
+                   f"{len(conv.dropped)} dropped)", err=True)

@@ -1,0 +1,552 @@
+"""Megatron-LM ``pretrain_gpt.py`` arguments -> a phoenix job config (``phoenix config from-megatron``).
+
+One table, :data:`ARGS`, says for every Megatron-LM argument phoenix knows what becomes of it:
+
+* ``map``: carried over into a config field (``field``), possibly through a conversion;
+* ``same``: carried over only when its effective value equals what phoenix does (``allowed``); any other value
+  changes the training's meaning, so the conversion is refused unless the user drops the argument;
+* ``record``: kept in the config as a comment (tokenizer, checkpoint format): phoenix does not use it;
+* ``skip``: performance, logging or launch options that do not change what is trained; listed with why;
+* ``refuse``: a feature phoenix does not implement and that changes the training (a mixture of experts, a
+  blend of datasets, loading a Megatron-LM checkpoint): refused unless dropped.
+
+Effective values are Megatron-LM's: an argument left out takes Megatron-LM's default, which is what its
+``pretrain_gpt.py`` would train with. The defaults and derived values are those of Megatron-LM's
+``megatron/training/arguments.py`` and the config dataclasses it builds its arguments from
+(``TransformerConfig``: ``hidden_dropout = attention_dropout = 0.1``, ``init_method_std = 0.02``; the
+optimizer's ``adam_beta2 = 0.999``; ``--split`` ``969, 30, 1`` when a ``--data-path`` is given without one;
+``ffn_hidden_size = int(4 h 2/3 / 64) x 64`` with ``--swiglu``, else ``4 h``), and the padded vocabulary is
+``megatron/training/vocab_utils.py``'s: ``ceil(vocab / (make_vocab_size_divisible_by x tp)) x`` that multiple.
+
+:func:`convert` is pure: token list in, :class:`Conversion` out (reading a tokenizer's vocabulary file goes
+through the ``read_vocab`` callable it is given). Errors: :class:`phoenix_hpc.errors.ConfigError` (exit 2) for
+an argument list that does not parse, a missing required argument, or arguments that change the training's
+meaning and were not dropped; every problem is listed, each naming the argument, its value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from phoenix_hpc.errors import ConfigError
+
+#: What phoenix's engines do where Megatron-LM has an argument (engines/zero.py, engines/megatron_engine.py,
+#: engines/megatron_spec.py, engines/torch_gpt.py).
+PHOENIX_FIXED = {
+    "adam_beta1": 0.9, "adam_beta2": 0.95, "adam_eps": 1e-8, "init_method_std": 0.02, "norm_epsilon": 1e-5,
+    "attention_dropout": 0.0, "hidden_dropout": 0.0, "rotary_percent": 1.0, "lr_warmup_init": 0.0,
+}
+
+FLAG = "flag"  # a store_true argument
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One Megatron-LM argument: its flag, what phoenix does with it, and Megatron-LM's default.
+
+    ``type``: ``int``/``float``/``str`` for a valued argument, :data:`FLAG` for a switch, ``"list"`` for
+    ``nargs='+'``. ``field``: the config field (``section.name``) for ``map``; ``allowed``: the value phoenix
+    implements for ``same``; ``why``: the reason shown for anything not carried over."""
+
+    flag: str
+    kind: str
+    type: Any = str
+    default: Any = None
+    field: str | None = None
+    allowed: Any = None
+    why: str = ""
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+_PERF = "performance or memory only: does not change what is trained"
+_LOG = "logging or profiling: phoenix logs to RUN_DIR (docs/engines.md)"
+_LAUNCH = "launch and process set-up: phoenix launches the job itself (phoenix submit)"
+_ORDER = ("phoenix's data order is its own (a pure function of seed and step, which recovery relies on), not "
+          "GPTDataset's; no validation or test part is held out")
+
+ARGS: tuple[Arg, ...] = (
+    # --- model shape ---
+    Arg("--num-layers", "map", int, None, "model.layers"),
+    Arg("--hidden-size", "map", int, None, "model.hidden_size"),
+    Arg("--num-attention-heads", "map", int, None, "model.heads"),
+    Arg("--group-query-attention", "map", FLAG, False, "model.num_query_groups",
+        why="switches --num-query-groups on"),
+    Arg("--num-query-groups", "map", int, 1, "model.num_query_groups"),
+    Arg("--ffn-hidden-size", "map", int, None, "model.ffn_hidden_size"),
+    Arg("--kv-channels", "same", int, None, allowed="hidden-size / num-attention-heads",
+        why="phoenix's attention heads have hidden_size / heads channels"),
+    Arg("--seq-length", "map", int, None, "model.seq_length"),
+    Arg("--max-position-embeddings", "record", int, None,
+        why="phoenix's position table has seq_length rows; must be at least --seq-length"),
+    Arg("--position-embedding-type", "map", str, "learned_absolute", "model.position_embedding_type"),
+    Arg("--use-rotary-position-embeddings", "map", FLAG, False, "model.position_embedding_type",
+        why="the same as --position-embedding-type rope"),
+    Arg("--rotary-base", "map", int, 10000, "model.rotary_base"),
+    Arg("--rotary-percent", "same", float, 1.0, allowed=1.0, why="phoenix rotates every channel of a head"),
+    Arg("--swiglu", "map", FLAG, False, "model.activation"),
+    Arg("--normalization", "map", str, "LayerNorm", "model.normalization"),
+    Arg("--norm-epsilon", "same", float, 1e-5, allowed=1e-5, why="phoenix's norms use epsilon 1e-5"),
+    Arg("--disable-bias-linear", "map", FLAG, False, "model.add_bias_linear"),
+    Arg("--untie-embeddings-and-output-weights", "map", FLAG, False, "model.untie_embeddings_and_output_weights"),
+    Arg("--bf16", "map", FLAG, False, "model.dtype"),
+    Arg("--fp16", "map", FLAG, False, "model.dtype"),
+    Arg("--vocab-size", "map", int, None, "model.vocab_size"),
+    Arg("--make-vocab-size-divisible-by", "map", int, 128, "model.vocab_size",
+        why="pads the vocabulary as Megatron-LM does"),
+    Arg("--attention-dropout", "same", float, 0.1, allowed=0.0,
+        why="phoenix trains without dropout (a replayed step must draw no random numbers)"),
+    Arg("--hidden-dropout", "same", float, 0.1, allowed=0.0,
+        why="phoenix trains without dropout (a replayed step must draw no random numbers)"),
+    Arg("--init-method-std", "same", float, 0.02, allowed=0.02, why="phoenix initialises weights with std 0.02"),
+    Arg("--apply-layernorm-1p", "refuse", FLAG, False, why="not implemented by phoenix's models"),
+    Arg("--add-qkv-bias", "refuse", FLAG, False, why="not implemented by phoenix's models"),
+    Arg("--qk-layernorm", "refuse", FLAG, False, why="not implemented by phoenix's models"),
+    Arg("--squared-relu", "refuse", FLAG, False, why="phoenix's models have gelu or swiglu"),
+    Arg("--num-experts", "refuse", int, None, why="mixture of experts is not implemented by phoenix's models"),
+    Arg("--use-mcore-models", "skip", FLAG, False, why="phoenix always builds megatron-core models"),
+    Arg("--transformer-impl", "map", str, "transformer_engine", "megatron.transformer_impl"),
+    Arg("--attention-backend", "map", str, "auto", "megatron.attention_backend"),
+    Arg("--use-flash-attn", "skip", FLAG, False, why=_PERF + " (use --attention-backend)"),
+    # --- parallelism ---
+    Arg("--tensor-model-parallel-size", "map", int, 1, "parallelism.tp"),
+    Arg("--pipeline-model-parallel-size", "map", int, 1, "parallelism.pp"),
+    Arg("--sequence-parallel", "map", FLAG, False, "megatron.sequence_parallel"),
+    Arg("--recompute-activations", "map", FLAG, False, "megatron.recompute_granularity",
+        why="the same as --recompute-granularity selective"),
+    Arg("--recompute-granularity", "map", str, None, "megatron.recompute_granularity"),
+    Arg("--recompute-method", "skip", str, None, why=_PERF + " (phoenix's full recompute is method uniform)"),
+    Arg("--recompute-num-layers", "skip", int, None, why=_PERF + " (phoenix's full recompute: 1 layer per chunk)"),
+    Arg("--num-layers-per-virtual-pipeline-stage", "skip", int, None,
+        why=_PERF + " (phoenix's pipeline schedule is not interleaved)"),
+    Arg("--virtual-pipeline-model-parallel-size", "skip", int, None,
+        why=_PERF + " (phoenix's pipeline schedule is not interleaved)"),
+    Arg("--context-parallel-size", "same", int, 1, allowed=1, why="context parallelism is not implemented"),
+    Arg("--expert-model-parallel-size", "same", int, 1, allowed=1, why="mixture of experts is not implemented"),
+    Arg("--use-distributed-optimizer", "skip", FLAG, False,
+        why="phoenix always shards the optimizer over DP (the shards are what it replicates)"),
+    Arg("--overlap-grad-reduce", "skip", FLAG, False, why=_PERF),
+    Arg("--overlap-param-gather", "skip", FLAG, False, why=_PERF),
+    Arg("--accumulate-allreduce-grads-in-fp32", "skip", FLAG, False,
+        why="phoenix always reduces gradients in fp32"),
+    Arg("--no-gradient-accumulation-fusion", "skip", FLAG, False, why=_PERF),
+    Arg("--no-masked-softmax-fusion", "skip", FLAG, False, why=_PERF),
+    Arg("--no-bias-gelu-fusion", "skip", FLAG, False, why=_PERF),
+    Arg("--no-bias-swiglu-fusion", "skip", FLAG, False, why=_PERF),
+    Arg("--no-bias-dropout-fusion", "skip", FLAG, False, why=_PERF),
+    Arg("--no-rope-fusion", "skip", FLAG, False, why=_PERF),
+    Arg("--attention-softmax-in-fp32", "skip", FLAG, False, why=_PERF),
+    Arg("--manual-gc", "skip", FLAG, False, why=_PERF),
+    Arg("--distributed-backend", "skip", str, "nccl", why=_LAUNCH),
+    Arg("--distributed-timeout-minutes", "skip", int, 10,
+        why="phoenix bounds collectives with resilience.collective_timeout_s"),
+    # --- batch and optimisation ---
+    Arg("--micro-batch-size", "map", int, None, "training.micro_batch_size"),
+    Arg("--global-batch-size", "map", int, None, "training.global_batch_size"),
+    Arg("--rampup-batch-size", "refuse", "list", None, why="batch-size ramp-up is not implemented"),
+    Arg("--train-iters", "map", int, None, "training.steps"),
+    Arg("--train-samples", "refuse", int, None, why="phoenix counts training in steps: give --train-iters"),
+    Arg("--lr", "map", float, None, "training.lr"),
+    Arg("--min-lr", "map", float, 0.0, "training.min_lr"),
+    Arg("--lr-decay-style", "map", str, "linear", "training.lr_schedule"),
+    Arg("--lr-decay-iters", "same", int, None, allowed="--train-iters",
+        why="phoenix decays the learning rate over training.steps"),
+    Arg("--lr-warmup-iters", "map", int, 0, "training.warmup_steps"),
+    Arg("--lr-warmup-fraction", "map", float, None, "training.warmup_steps",
+        why="warm-up steps = fraction x decay steps, as Megatron-LM computes them"),
+    Arg("--lr-warmup-init", "same", float, 0.0, allowed=0.0, why="phoenix warms up from 0"),
+    Arg("--weight-decay", "map", float, 0.01, "training.weight_decay"),
+    Arg("--weight-decay-incr-style", "same", str, "constant", allowed="constant",
+        why="phoenix's weight decay is constant"),
+    Arg("--clip-grad", "map", float, 1.0, "training.grad_clip"),
+    Arg("--optimizer", "same", str, "adam", allowed="adam", why="phoenix's optimizer is AdamW"),
+    Arg("--adam-beta1", "same", float, 0.9, allowed=0.9, why="phoenix's AdamW uses beta1 0.9"),
+    Arg("--adam-beta2", "same", float, 0.999, allowed=0.95, why="phoenix's AdamW uses beta2 0.95"),
+    Arg("--adam-eps", "same", float, 1e-8, allowed=1e-8, why="phoenix's AdamW uses eps 1e-8"),
+    Arg("--seed", "map", int, 1234, "training.seed"),
+    Arg("--log-interval", "map", int, 100, "training.log_interval"),
+    # --- data ---
+    Arg("--data-path", "map", "list", None, "data.path"),
+    Arg("--split", "skip", str, None, why=_ORDER),
+    Arg("--mock-data", "refuse", FLAG, False, why="phoenix trains on a dataset: give --data-path"),
+    Arg("--train-data-path", "refuse", "list", None, why="per-split data paths are not implemented: give --data-path"),
+    Arg("--valid-data-path", "skip", "list", None, why="evaluation is not implemented"),
+    Arg("--test-data-path", "skip", "list", None, why="evaluation is not implemented"),
+    Arg("--data-cache-path", "skip", str, None, why="phoenix builds no GPTDataset index cache"),
+    Arg("--num-workers", "skip", int, 2, why=_PERF),
+    Arg("--dataloader-type", "skip", str, None, why=_ORDER),
+    Arg("--reset-position-ids", "refuse", FLAG, False, why="not implemented by phoenix's data path"),
+    Arg("--reset-attention-mask", "refuse", FLAG, False, why="not implemented by phoenix's data path"),
+    Arg("--eod-mask-loss", "refuse", FLAG, False, why="not implemented by phoenix's data path"),
+    Arg("--no-create-attention-mask-in-dataloader", "skip", FLAG, False, why=_PERF),
+    Arg("--tokenizer-type", "record", str, None, why="phoenix reads token ids; the tokenizer is kept for the record"),
+    Arg("--tokenizer-model", "record", str, None, why="phoenix reads token ids; the tokenizer is kept for the record"),
+    Arg("--vocab-file", "record", str, None, why="phoenix reads token ids; the tokenizer is kept for the record"),
+    Arg("--merge-file", "record", str, None, why="phoenix reads token ids; the tokenizer is kept for the record"),
+    # --- evaluation and logging ---
+    Arg("--eval-interval", "skip", int, 1000, why="evaluation is not implemented (no validation loss)"),
+    Arg("--eval-iters", "skip", int, 100, why="evaluation is not implemented (no validation loss)"),
+    Arg("--tensorboard-dir", "skip", str, None, why=_LOG),
+    Arg("--wandb-project", "skip", str, None, why=_LOG),
+    Arg("--wandb-exp-name", "skip", str, None, why=_LOG),
+    Arg("--log-throughput", "skip", FLAG, False, why=_LOG),
+    Arg("--log-timers-to-tensorboard", "skip", FLAG, False, why=_LOG),
+    Arg("--log-validation-ppl-to-tensorboard", "skip", FLAG, False, why=_LOG),
+    Arg("--log-memory-to-tensorboard", "skip", FLAG, False, why=_LOG),
+    Arg("--log-num-zeros-in-grad", "skip", FLAG, False, why=_LOG),
+    Arg("--timing-log-level", "skip", int, 0, why=_LOG),
+    Arg("--profile", "skip", FLAG, False, why=_LOG),
+    # --- checkpoints ---
+    Arg("--save", "map", str, None, "resilience.checkpoint.path"),
+    Arg("--save-interval", "map", int, None, "resilience.checkpoint.interval_steps"),
+    Arg("--load", "refuse", str, None,
+        why="starting from a Megatron-LM checkpoint is not implemented (phoenix resumes its own checkpoints "
+            "with `phoenix submit --resume`)"),
+    Arg("--ckpt-format", "record", str, "torch_dist", why="phoenix writes its own checkpoint format"),
+    Arg("--no-load-optim", "skip", FLAG, False, why="only with --load"),
+    Arg("--no-load-rng", "skip", FLAG, False, why="only with --load"),
+    Arg("--finetune", "skip", FLAG, False, why="only with --load"),
+    Arg("--exit-interval", "skip", int, None, why="phoenix ends a job at training.steps or its time limit"),
+    Arg("--exit-duration-in-mins", "skip", int, None, why="phoenix ends a job at training.steps or its time limit"),
+    Arg("--exit-signal-handler", "skip", FLAG, False, why="phoenix handles Slurm's signals itself"),
+)
+
+BY_FLAG: dict[str, Arg] = {a.flag: a for a in ARGS}
+
+#: Megatron-LM arguments without a default that ``pretrain_gpt.py`` needs.
+REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
+            "--train-iters", "--lr", "--data-path")
+
+_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant"}
+_RECOMPUTE = {"selective": "selective", "full": "full"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting."""
+
+    def error(self, message):  # noqa: D102 - argparse's hook
+        raise ConfigError(f"Megatron-LM arguments: {message}")
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="pretrain_gpt.py", add_help=False, allow_abbrev=False)
+    for a in ARGS:
+        if a.type == FLAG:
+            p.add_argument(a.flag, dest=a.dest, action="store_true", default=None)
+        elif a.type == "list":
+            p.add_argument(a.flag, dest=a.dest, nargs="+", default=None)
+        else:
+            p.add_argument(a.flag, dest=a.dest, type=a.type, default=None)
+    return p
+
+
+def split_args_text(text: str) -> list[str]:
+    """The argument tokens of a launch-script fragment: shell words with ``#`` comments and backslash line
+    continuations, bash array brackets (``NAME=(`` ... ``)``) removed, and everything up to a
+    ``pretrain_gpt.py`` token (the launcher and its options) left out. Raises ConfigError for a text the shell
+    could not split or one that holds an unexpanded variable (``$NAME``): its value is not known here."""
+    try:
+        words = shlex.split(re.sub(r"\\\r?\n", " ", text), comments=True)
+    except ValueError as exc:
+        raise ConfigError(f"--args-file: cannot split as shell words: {exc}") from None
+    out = []
+    for w in words:
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\(", w) or w in ("(", ")"):
+            continue
+        if w.endswith("pretrain_gpt.py"):
+            out = []
+            continue
+        out.append(w)
+    unexpanded = [w for w in out if "$" in w]
+    if unexpanded:
+        raise ConfigError(f"--args-file: {', '.join(map(repr, unexpanded))} holds a shell variable whose value is "
+                          "not known here (allowed: literal values; expand the variables first)")
+    return out
+
+
+@dataclass
+class Conversion:
+    """The result of :func:`convert`. ``config``: the job config as a plain mapping (JobConfig's shape);
+    ``carried``: ``(flag, field, value)`` of every argument carried over; ``not_carried``: ``(flag, value, why)``
+    of every argument given (or defaulted by Megatron-LM to a value phoenix cannot take) that is not;
+    ``dropped``: the subset of those the user dropped although they change the training; ``records``:
+    ``(flag, value)`` kept as comments; ``notes``: derived values worth a comment (the padded vocabulary)."""
+
+    config: dict[str, Any]
+    carried: list[tuple[str, str, Any]] = field(default_factory=list)
+    not_carried: list[tuple[str, Any, str]] = field(default_factory=list)
+    dropped: list[tuple[str, Any, str]] = field(default_factory=list)
+    records: list[tuple[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
+    """Megatron-LM's padded vocabulary (``megatron/training/vocab_utils.py``): the smallest multiple of
+    ``divisible_by x tp`` that is at least ``vocab``."""
+    multiple = divisible_by * tp
+    return int(math.ceil(vocab / multiple) * multiple)
+
+
+def swiglu_ffn(hidden: int) -> int:
+    """Megatron-LM's FFN size with ``--swiglu`` and no ``--ffn-hidden-size``: ``int(4 h x 2/3 / 64) x 64``
+    (``megatron/training/arguments.py``)."""
+    return int((4 * hidden * 2 / 3) / 64) * 64
+
+
+def _set(cfg: dict, dotted: str, value: Any) -> None:
+    node = cfg
+    *parents, last = dotted.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+
+
+def _normalise_drop(names: tuple[str, ...] | list[str]) -> set[str]:
+    return {"--" + n.lstrip("-") for n in names}
+
+
+def _same(value: Any, allowed: Any) -> bool:
+    if isinstance(allowed, float):
+        return isinstance(value, (int, float)) and math.isclose(float(value), allowed, rel_tol=1e-9, abs_tol=0.0)
+    return value == allowed
+
+
+def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: str = "megatron-gpt",
+            nodes: int | None = None, spares: int | None = None,
+            read_vocab: Callable[[dict[str, Any]], int | None] | None = None) -> Conversion:
+    """Convert a ``pretrain_gpt.py`` argument list into a job config mapping (engine ``megatron``).
+
+    ``drop``: argument names (with or without ``--``) the user accepts to lose although they change the
+    training. ``nodes`` / ``spares``: ``resources.nodes`` / ``resources.spares`` (phoenix's, not Megatron-LM's).
+    ``read_vocab(args)``: the tokenizer's vocabulary size from its files, or None when not readable; used when
+    ``--vocab-size`` is not given. Raises ConfigError listing every problem (see the module docstring)."""
+    drops = _normalise_drop(drop)
+    unknown_drops = sorted(d for d in drops if d not in BY_FLAG and d not in tokens)
+    ns, rest = _parser().parse_known_args(tokens)
+    given = {a.flag: getattr(ns, a.dest) for a in ARGS if getattr(ns, a.dest) is not None}
+    problems: list[str] = []
+    conv = Conversion(config={"name": name, "engine": "megatron"})
+
+    unknown = [t for t in rest if t.startswith("-")]
+    stray = [t for t in rest if not t.startswith("-")]
+    if stray and not unknown:
+        problems.append(f"Megatron-LM arguments: {' '.join(stray)!r} follows no argument (allowed: values after "
+                        "their argument)")
+    for u in unknown:
+        flag = u.split("=", 1)[0]
+        if flag in drops:
+            conv.dropped.append((flag, None, "not known to phoenix; dropped as asked"))
+        else:
+            problems.append(f"{flag}: not known to phoenix, so what it changes cannot be carried over (allowed: the "
+                            f"arguments of docs/megatron-args.md; --drop {flag.lstrip('-')} to go on without it)")
+    for d in unknown_drops:
+        problems.append(f"--drop {d.lstrip('-')}: not an argument of this list (allowed: arguments given, or "
+                        "Megatron-LM arguments of docs/megatron-args.md)")
+
+    def eff(flag: str) -> Any:
+        a = BY_FLAG[flag]
+        return given.get(flag, a.default)
+
+    for flag in REQUIRED:
+        if flag not in given:
+            problems.append(f"{flag}: missing (pretrain_gpt.py needs it; allowed: any value of its type)")
+
+    # arguments that change the training unless their effective value is phoenix's
+    tp = eff("--tensor-model-parallel-size")
+    heads, hidden = given.get("--num-attention-heads"), given.get("--hidden-size")
+    for a in ARGS:
+        value = eff(a.flag)
+        if a.kind == "same":
+            allowed = a.allowed
+            if a.flag == "--kv-channels":
+                allowed = hidden // heads if hidden and heads else None
+                if value is None or allowed is None:
+                    continue
+            elif a.flag == "--lr-decay-iters":
+                allowed = given.get("--train-iters")
+                if value is None:
+                    continue
+            if _same(value, allowed):
+                if a.flag in given:
+                    conv.carried.append((a.flag, "(phoenix's own)", value))
+                continue
+            shown = f"{value!r}" + ("" if a.flag in given else " (Megatron-LM's default when absent)")
+            why = f"{a.why} (allowed: {allowed!r})"
+            if a.flag in drops:
+                conv.dropped.append((a.flag, value, why))
+            else:
+                problems.append(f"{a.flag}: {shown} changes the training: {why}; --drop {a.flag.lstrip('-')} to "
+                                "train with phoenix's value knowingly")
+        elif a.kind == "refuse" and a.flag in given:
+            if a.flag in drops:
+                conv.dropped.append((a.flag, given[a.flag], a.why))
+            else:
+                problems.append(f"{a.flag}: {given[a.flag]!r} changes the training: {a.why}; --drop "
+                                f"{a.flag.lstrip('-')} to go on without it")
+        elif a.kind == "skip" and a.flag in given:
+            conv.not_carried.append((a.flag, given[a.flag], a.why))
+        elif a.kind == "record" and a.flag in given:
+            conv.records.append((a.flag, given[a.flag]))
+
+    cfg = conv.config
+
+    def carry(flag: str, dotted: str, value: Any) -> None:
+        _set(cfg, dotted, value)
+        conv.carried.append((flag, dotted, value))
+
+    # model shape
+    for flag, dotted in (("--num-layers", "model.layers"), ("--hidden-size", "model.hidden_size"),
+                         ("--num-attention-heads", "model.heads"), ("--seq-length", "model.seq_length")):
+        if flag in given:
+            carry(flag, dotted, given[flag])
+    if eff("--group-query-attention"):
+        carry("--num-query-groups", "model.num_query_groups", eff("--num-query-groups"))
+    elif "--num-query-groups" in given:
+        conv.not_carried.append(("--num-query-groups", given["--num-query-groups"],
+                                 "used by Megatron-LM only with --group-query-attention"))
+    swiglu = bool(eff("--swiglu"))
+    if "--ffn-hidden-size" in given:
+        carry("--ffn-hidden-size", "model.ffn_hidden_size", given["--ffn-hidden-size"])
+    elif hidden:
+        carry("--swiglu" if swiglu else "--hidden-size", "model.ffn_hidden_size",
+              swiglu_ffn(hidden) if swiglu else 4 * hidden)
+    pos = "rope" if eff("--use-rotary-position-embeddings") else eff("--position-embedding-type")
+    if pos not in ("learned_absolute", "rope"):
+        problems.append(f"--position-embedding-type: {pos!r} is not implemented (allowed: learned_absolute, rope)")
+    else:
+        carry("--position-embedding-type", "model.position_embedding_type", pos)
+    if pos == "rope":
+        carry("--rotary-base", "model.rotary_base", eff("--rotary-base"))
+    mpe, seq = given.get("--max-position-embeddings"), given.get("--seq-length")
+    if mpe is not None and seq is not None and mpe < seq:
+        problems.append(f"--max-position-embeddings: {mpe} is below --seq-length {seq} (allowed: >= {seq})")
+    carry("--swiglu", "model.activation", "swiglu" if swiglu else "gelu")
+    norm = eff("--normalization")
+    if norm not in ("LayerNorm", "RMSNorm"):
+        problems.append(f"--normalization: {norm!r} is not implemented (allowed: LayerNorm, RMSNorm)")
+    else:
+        carry("--normalization", "model.normalization", norm)
+    carry("--disable-bias-linear", "model.add_bias_linear", not eff("--disable-bias-linear"))
+    carry("--untie-embeddings-and-output-weights", "model.untie_embeddings_and_output_weights",
+          bool(eff("--untie-embeddings-and-output-weights")))
+    if eff("--bf16") and eff("--fp16"):
+        problems.append("--bf16 and --fp16: both given (allowed: one of them, or neither for float32)")
+    dtype = "bfloat16" if eff("--bf16") else "float16" if eff("--fp16") else "float32"
+    carry("--bf16" if dtype == "bfloat16" else "--fp16" if dtype == "float16" else "(neither --bf16 nor --fp16)",
+          "model.dtype", dtype)
+
+    # vocabulary: the model's (padded) size
+    vocab = given.get("--vocab-size")
+    source = "--vocab-size"
+    if vocab is None and read_vocab is not None:
+        vocab = read_vocab(given)
+        source = "tokenizer files"
+    if vocab is None:
+        problems.append("--vocab-size: missing, and the tokenizer's vocabulary could not be read here (allowed: "
+                        "--vocab-size N, or a readable --vocab-file / --tokenizer-model)")
+    elif vocab < 1:
+        problems.append(f"--vocab-size: {vocab} (allowed: a positive integer)")
+    else:
+        div = eff("--make-vocab-size-divisible-by")
+        if div < 1:
+            problems.append(f"--make-vocab-size-divisible-by: {div} (allowed: a positive integer)")
+        else:
+            t = tp if isinstance(tp, int) and tp > 0 else 1
+            padded = padded_vocab(vocab, div, t)
+            carry(source if source == "--vocab-size" else f"({source})", "model.vocab_size", padded)
+            if padded != vocab:
+                conv.notes.append(f"model.vocab_size: the vocabulary of {vocab} ({source}) padded to {padded}, a "
+                                  f"multiple of make-vocab-size-divisible-by {div} x tp {t}, as Megatron-LM pads it")
+
+    # megatron options
+    carry("--transformer-impl", "megatron.transformer_impl", eff("--transformer-impl"))
+    if "--attention-backend" in given:
+        carry("--attention-backend", "megatron.attention_backend", given["--attention-backend"])
+    if eff("--sequence-parallel"):
+        carry("--sequence-parallel", "megatron.sequence_parallel", True)
+    gran = given.get("--recompute-granularity") or ("selective" if eff("--recompute-activations") else None)
+    if gran is not None:
+        if gran not in _RECOMPUTE:
+            problems.append(f"--recompute-granularity: {gran!r} (allowed: selective, full)")
+        else:
+            carry("--recompute-granularity", "megatron.recompute_granularity", gran)
+
+    # parallelism
+    carry("--tensor-model-parallel-size", "parallelism.tp", tp)
+    carry("--pipeline-model-parallel-size", "parallelism.pp", eff("--pipeline-model-parallel-size"))
+
+    # training
+    for flag, dotted in (("--micro-batch-size", "training.micro_batch_size"), ("--train-iters", "training.steps"),
+                         ("--lr", "training.lr")):
+        if flag in given:
+            carry(flag, dotted, given[flag])
+    if "--global-batch-size" in given:
+        carry("--global-batch-size", "training.global_batch_size", given["--global-batch-size"])
+    elif "--micro-batch-size" in given:
+        problems.append("--global-batch-size: missing (Megatron-LM's default is micro-batch-size x dp, which depends "
+                        "on the job's nodes; allowed: give it explicitly)")
+    for flag, dotted in (("--min-lr", "training.min_lr"), ("--weight-decay", "training.weight_decay"),
+                         ("--clip-grad", "training.grad_clip"), ("--seed", "training.seed"),
+                         ("--log-interval", "training.log_interval")):
+        carry(flag, dotted, eff(flag))
+    style = eff("--lr-decay-style")
+    if style not in _SCHEDULES:
+        problems.append(f"--lr-decay-style: {style!r} is not implemented (allowed: {', '.join(_SCHEDULES)})")
+    else:
+        carry("--lr-decay-style", "training.lr_schedule", _SCHEDULES[style])
+    if "--lr-warmup-fraction" in given and "--lr-warmup-iters" in given:
+        problems.append("--lr-warmup-fraction and --lr-warmup-iters: both given (allowed: one of them)")
+    elif "--lr-warmup-fraction" in given:
+        frac = given["--lr-warmup-fraction"]
+        decay = given.get("--lr-decay-iters") or given.get("--train-iters") or 0
+        if not 0.0 <= frac <= 1.0:
+            problems.append(f"--lr-warmup-fraction: {frac} (allowed: 0 .. 1)")
+        else:
+            carry("--lr-warmup-fraction", "training.warmup_steps", int(frac * decay))
+    else:
+        carry("--lr-warmup-iters", "training.warmup_steps", eff("--lr-warmup-iters"))
+
+    # data and checkpoints
+    paths = given.get("--data-path")
+    if paths is not None:
+        if len(paths) == 1:
+            carry("--data-path", "data.path", paths[0])
+        elif "--data-path" in drops:
+            problems.append("--data-path: cannot be dropped (phoenix needs a dataset)")
+        else:
+            problems.append(f"--data-path: {' '.join(paths)!r} is a blend of several datasets, which phoenix does not "
+                            "build yet (allowed: one dataset prefix)")
+    if "--save" in given:
+        carry("--save", "resilience.checkpoint.path", given["--save"])
+    if "--save-interval" in given:
+        carry("--save-interval", "resilience.checkpoint.interval_steps", given["--save-interval"])
+    if nodes is not None:
+        _set(cfg, "resources.nodes", nodes)
+    if spares is not None:
+        _set(cfg, "resources.spares", spares)
+
+    if problems:
+        raise ConfigError(problems, source="the Megatron-LM arguments",
+                          note="nothing was written (docs/megatron-args.md lists every argument and its field)")
+    return conv
+
+
+def markdown_table() -> str:
+    """docs/megatron-args.md's table: every argument of :data:`ARGS`, what becomes of it, and why."""
+    kinds = {"map": "carried over", "same": "only phoenix's value", "record": "kept as a comment",
+             "skip": "not carried over", "refuse": "refused unless dropped"}
+    lines = ["| Megatron-LM argument | Megatron-LM default | phoenix | field or allowed value | why |",
+             "|---|---|---|---|---|"]
+    for a in ARGS:
+        default = "switch" if a.type == FLAG else ("-" if a.default is None else f"`{a.default}`")
+        target = (f"`{a.field}`" if a.kind == "map" else f"`{a.allowed}`" if a.kind == "same" else "")
+        lines.append(f"| `{a.flag}` | {default} | {kinds[a.kind]} | {target} | {a.why} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,201 @@
+"""`phoenix config from-megatron`: a Megatron-LM pretrain_gpt.py argument list becomes a job config; every
+argument not carried over is listed with why; one that changes the training is refused (exit 2, nothing
+written) unless dropped, and a dropped one is written into the config as a comment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from phoenix_hpc.cli.from_megatron import read_vocab, relocate_paths
+from phoenix_hpc.cli.main import cli
+from phoenix_hpc.config.megatron_args import (ARGS, convert, markdown_table, padded_vocab, split_args_text,
+                                              swiglu_ffn)
+from phoenix_hpc.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The Llama-2-7B shape of examples/perlmutter-7b.yaml as a Megatron-LM launch script writes it.
+LLAMA_SCRIPT = r"""
+# Llama-2-7B, launched as: torchrun ... pretrain_gpt.py "${GPT_MODEL_ARGS[@]}" ...
+GPT_MODEL_ARGS=(
+    --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 11008
+    --seq-length 4096 --max-position-embeddings 4096   # RoPE
+    --position-embedding-type rope --swiglu --normalization RMSNorm --disable-bias-linear
+    --untie-embeddings-and-output-weights --attention-dropout 0.0 --hidden-dropout 0.0
+)
+TRAINING_ARGS=(
+    --micro-batch-size 1 --global-batch-size 512 --train-iters 2800 \
+    --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --lr-warmup-iters 280
+    --weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95 --bf16
+    --use-distributed-optimizer --overlap-grad-reduce --seed 1234
+)
+MODEL_PARALLEL_ARGS=( --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --sequence-parallel
+    --transformer-impl transformer_engine --recompute-granularity selective )
+DATA_ARGS=( --data-path ds --split 949,50,1 --tokenizer-type Llama2Tokenizer
+    --tokenizer-model /nonexistent/tokenizer.model --vocab-size 32000 )
+LOGGING_ARGS=( --log-interval 10 --save-interval 1000 --eval-interval 1000 --eval-iters 10 --tensorboard-dir tb )
+"""
+
+SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+         "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "10", "--lr", "1e-3",
+         "--data-path", "ds", "--vocab-size", "256"]
+ZERO = ["--attention-dropout", "0", "--hidden-dropout", "0", "--adam-beta2", "0.95"]
+
+
+def problems(tokens, **kw) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        convert(tokens, **kw)
+    return exc.value.problems
+
+
+def test_the_llama_script_gives_the_perlmutter_example_model_and_training():
+    conv = convert(split_args_text(LLAMA_SCRIPT), nodes=16, spares=2)
+    cfg, example = conv.config, yaml.safe_load((ROOT / "examples" / "perlmutter-7b.yaml").read_text())
+    want_model = dict(example["model"], vocab_size=32256)  # 32000 padded to a multiple of 128 x tp 4
+    assert want_model.pop("num_query_groups") == want_model["heads"]  # MHA: Megatron-LM without GQA, null here
+    assert cfg["model"] == want_model
+    assert {k: cfg["training"][k] for k in example["training"]} == example["training"]
+    assert cfg["parallelism"] == {"tp": 4, "pp": 2}
+    assert cfg["megatron"] == {"transformer_impl": "transformer_engine", "sequence_parallel": True,
+                               "recompute_granularity": "selective"}
+    assert cfg["resources"] == {"nodes": 16, "spares": 2}
+    assert cfg["resilience"] == {"checkpoint": {"interval_steps": 1000}}
+    skipped = {flag for flag, _, _ in conv.not_carried}
+    assert skipped == {"--use-distributed-optimizer", "--overlap-grad-reduce", "--split", "--eval-interval",
+                       "--eval-iters", "--tensorboard-dir"}
+    assert {flag for flag, _ in conv.records} == {"--max-position-embeddings", "--tokenizer-type",
+                                                  "--tokenizer-model"}
+    assert any("32256" in n for n in conv.notes)
+
+
+def test_megatron_defaults_that_change_the_training_are_refused_by_name():
+    out = problems(SMALL)
+    joined = "\n".join(out)
+    for flag, default in (("--attention-dropout", "0.1"), ("--hidden-dropout", "0.1"), ("--adam-beta2", "0.999")):
+        line = next(p for p in out if p.startswith(flag))
+        assert default in line and "default when absent" in line and f"--drop {flag[2:]}" in line
+    assert len(out) == 3, joined
+
+
+def test_dropped_arguments_are_kept_as_comments_and_listed():
+    conv = convert(SMALL, drop=("attention-dropout", "--hidden-dropout", "adam-beta2"))
+    assert [f for f, _, _ in conv.dropped] == ["--attention-dropout", "--hidden-dropout", "--adam-beta2"]
+    from phoenix_hpc.cli.from_megatron import render
+
+    text = render(conv, SMALL)
+    assert "# DROPPED although they change the training" in text
+    assert "--adam-beta2 0.999" in text
+    assert yaml.safe_load(text)["model"]["layers"] == 2
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--num-experts", "8"], "--num-experts: 8"),
+    (["--data-path", "a", "b"], "blend of several datasets"),
+    (["--foo", "3"], "--foo: not known to phoenix"),
+    (["--lr-decay-style", "WSD"], "--lr-decay-style: 'WSD'"),
+    (["--lr-decay-iters", "20"], "--lr-decay-iters: 20"),
+    (["--kv-channels", "32"], "--kv-channels: 32"),
+    (["--bf16", "--fp16"], "--bf16 and --fp16"),
+    (["--max-position-embeddings", "16"], "--max-position-embeddings: 16"),
+    (["--load", "ckpt"], "--load: 'ckpt'"),
+])
+def test_unsupported_arguments_are_refused_naming_them(extra, needle):
+    out = problems(SMALL + ZERO + extra)
+    assert any(needle in p for p in out), out
+
+
+def test_a_missing_required_argument_and_global_batch_are_named():
+    pairs = list(zip(SMALL[::2], SMALL[1::2]))
+    tokens = [t for f, v in pairs if f not in ("--lr", "--global-batch-size") for t in (f, v)] + ZERO
+    out = problems(tokens)
+    assert any(p.startswith("--lr: missing") for p in out), out
+    assert any(p.startswith("--global-batch-size: missing") for p in out), out
+
+
+def test_an_argument_that_does_not_parse_is_refused():
+    out = problems(SMALL + ZERO + ["--num-layers", "two"])
+    assert "--num-layers" in out[0] and "two" in out[0]
+
+
+def test_derived_values_are_megatron_lms():
+    assert swiglu_ffn(4096) == 10880  # int(4 x 4096 x 2/3 / 64) x 64; Llama-2 passes 11008 explicitly
+    assert padded_vocab(50257, 128, 1) == 50304 and padded_vocab(32000, 128, 4) == 32256
+    conv = convert(SMALL + ZERO + ["--swiglu", "--lr-warmup-fraction", "0.25", "--use-rotary-position-embeddings"])
+    assert conv.config["model"]["ffn_hidden_size"] == swiglu_ffn(64)
+    assert conv.config["model"]["activation"] == "swiglu"
+    assert conv.config["model"]["position_embedding_type"] == "rope"
+    assert conv.config["training"]["warmup_steps"] == 2  # 0.25 x 10 decay steps
+    assert conv.config["training"]["lr_schedule"] == "linear"  # Megatron-LM's default decay
+    assert conv.config["model"]["untie_embeddings_and_output_weights"] is False  # Megatron-LM ties by default
+
+
+def test_args_text_drops_launcher_and_arrays_and_refuses_shell_variables():
+    text = "torchrun --nproc_per_node 4 pretrain_gpt.py \\\n  --num-layers 2 # two\nARGS=( --lr 1 )\n"
+    assert split_args_text(text) == ["--num-layers", "2", "--lr", "1"]
+    with pytest.raises(ConfigError, match=r"\$DATA"):
+        split_args_text("--data-path $DATA")
+
+
+def test_vocabulary_read_from_tokenizer_files(tmp_path):
+    (tmp_path / "vocab.json").write_text(json.dumps({"a": 0, "b": 1, "c": 2}))
+    assert read_vocab({"--vocab-file": str(tmp_path / "vocab.json")}) == 3
+    (tmp_path / "tokenizer.json").write_text(json.dumps(
+        {"model": {"vocab": {"a": 0, "b": 1}}, "added_tokens": [{"id": 5, "content": "<s>"}]}))
+    assert read_vocab({"--tokenizer-model": str(tmp_path)}) == 6
+    assert read_vocab({"--tokenizer-model": str(tmp_path / "missing.model")}) is None
+    conv = convert(SMALL[:-2] + ZERO +
+                   ["--vocab-file", str(tmp_path / "vocab.json")], read_vocab=read_vocab)
+    assert conv.config["model"]["vocab_size"] == 128  # 3 padded to a multiple of 128
+
+
+def test_relative_paths_name_the_same_files(tmp_path):
+    cfg = {"data": {"path": "data/ds"}, "resilience": {"checkpoint": {"path": "ckpt"}}}
+    relocate_paths(cfg, tmp_path / "out" / "job.yaml", tmp_path / "launch")
+    assert (tmp_path / "out" / cfg["data"]["path"]).resolve() == (tmp_path / "launch" / "data" / "ds").resolve()
+    assert cfg["resilience"]["checkpoint"]["path"] == str((tmp_path / "launch" / "ckpt").resolve())
+
+
+def test_every_argument_is_in_the_docs_table():
+    doc = (ROOT / "docs" / "megatron-args.md").read_text()
+    assert markdown_table() in doc
+    assert len({a.flag for a in ARGS}) == len(ARGS)
+
+
+def _invoke(*args):
+    return CliRunner().invoke(cli, ["config", "from-megatron", *map(str, args)])
+
+
+def test_cli_refusal_exits_2_and_writes_nothing(tmp_path):
+    out = tmp_path / "job.yaml"
+    r = _invoke("-o", out, "--", *SMALL)
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and "--attention-dropout" in r.output
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_cli_writes_a_config_that_submit_accepts(tmp_path, monkeypatch):
+    from phoenix_hpc.data.prepare import prepare_dataset
+
+    src = tmp_path / "text"
+    src.mkdir()
+    (src / "a.py").write_text("print('hello world')\n" * 200)
+    prepare_dataset(src, tmp_path / "data" / "ds", max_bytes=10_000)
+    (tmp_path / "args.sh").write_text(LLAMA_SCRIPT.replace("--data-path ds", "--data-path data/ds"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg").mkdir()
+    r = _invoke("--args-file", "args.sh", "--nodes", 16, "--spares", 2, "-o", "cfg/job.yaml")
+    assert r.exit_code == 0, r.output
+    assert "not carried over: --split" in r.output
+    from phoenix_hpc.config.load import load_job_config
+
+    cfg = load_job_config(tmp_path / "cfg" / "job.yaml")
+    assert Path(cfg.data.path) == (tmp_path / "data" / "ds").resolve()
+    s = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", "cfg/job.yaml", "--dry-run", "--run-dir",
+                                 str(tmp_path / "run")])
+    assert s.exit_code == 0, s.output
+    assert "#SBATCH" in s.output
