@@ -8,8 +8,13 @@ checkpoint (``launch/persist.py`` loads it at start-up). ``job.json`` keeps the 
 run directory, a run that finished (``job_done``), a run whose job Slurm still shows pending or running (a job whose coordinator has ended is given
 :data:`END_WAIT_S` to leave Slurm first),
 a run without a complete checkpoint, a newest complete checkpoint that fails its checks (a shard file
-missing, of another size or failing its SHA-256), a config whose grid cannot load it, and a checkpoint
-already at or past ``training.steps``.
+missing, of another size or failing its SHA-256; a DCP ``.metadata`` that cannot be read or names a data
+file missing or too short), a config file that changes the run's model (``engine`` or a ``model`` field: the
+checkpoint's tensors would not fit), a checkpoint that records another model than the config's, a config
+whose grid cannot load it (another tp or pp; another dp for an engine that cannot re-partition its
+optimizer, :mod:`phoenix_hpc.recovery.ckpt_compat`), and a checkpoint already at or past ``training.steps``.
+A checkpoint written at another dp (a run that shrank) is re-partitioned by the ranks as they load it.
+Every check runs before anything of the run directory is written.
 """
 
 from __future__ import annotations
@@ -130,10 +135,9 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
                                   f"before the last step; to resume by hand instead, scancel {jobs[-1]} first")
             raise SubmitError(f"--resume: job {jobs[-1]} of this run is still {state}; stop it first "
                               f"(scancel --signal=TERM {jobs[-1]} writes a final checkpoint)")
-    try:
-        cfg = load_job_config(config_override or rd / "config.yaml")
-    except ConfigError:
-        raise
+    cfg = load_job_config(config_override or rd / "config.yaml")
+    if config_override is not None:
+        _refuse_model_change(rd, cfg, config_override)
     root = checkpoint_root(cfg, rd)
     steps = complete_steps(root)
     if not steps:
@@ -144,10 +148,61 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
     step = steps[-1]
     p = cfg.parallelism
     grid = (p.tp, p.pp, p.dp) if p.dp else None
-    problems = check_checkpoint(root, step, grid)
+    problems = check_checkpoint(root, step, grid, engine=cfg.engine) + _layout_problems(root, step, cfg, grid)
     if problems:
         raise SubmitError("--resume: the newest complete checkpoint cannot be loaded: " + "; ".join(problems))
     if step >= cfg.training.steps:
         raise SubmitError(f"--resume: the checkpoint is at step {step}, training.steps is {cfg.training.steps}: "
                           "nothing left to train (raise training.steps in a config passed with --resume)")
     return ResumePoint(rd, cfg, root, step, jobs, job.get("site"))
+
+
+def _refuse_model_change(rd: Path, cfg, config_override: Path) -> None:
+    """Refuse a config passed with ``--resume`` whose ``engine`` or ``model`` differs from the run's
+    (``RUN_DIR/config.yaml``, the config its checkpoints were written with).
+
+    Raises:
+        SubmitError: naming every changed field, its value in the file given and the run's.
+    """
+    from phoenix_hpc.config.load import load_job_config
+    from phoenix_hpc.recovery.ckpt_compat import describe_changes, model_changes, model_record
+
+    try:
+        run_cfg = load_job_config(rd / "config.yaml")
+    except ConfigError as exc:
+        raise SubmitError(f"--resume: the run's {rd / 'config.yaml'} cannot be read to compare the model: "
+                          f"{exc}") from None
+    changes = model_changes(model_record(run_cfg), model_record(cfg))
+    if changes:
+        raise SubmitError(f"--resume: {config_override} changes the run's model, which its checkpoints cannot "
+                          f"take: {describe_changes(changes, str(rd / 'config.yaml'), str(config_override))}; a "
+                          "resumed run keeps its engine and model section (grid, steps and timings may change); "
+                          "nothing was written or submitted")
+
+
+def _layout_problems(root: Path, step: int, cfg, grid) -> list[str]:
+    """What the checkpoint of ``step`` says of itself that keeps ``cfg`` from loading it: the model it records
+    (``complete.json``'s ``engine`` and ``model``) differs from the config's, or (a DCP checkpoint) its
+    ``.metadata`` is unreadable, a data file is missing or short, or its grid (from its envelope keys, for a
+    marker that does not record it) cannot be loaded at ``grid``."""
+    from phoenix_hpc.recovery.ckpt_compat import describe_changes, grid_problem, model_changes, model_record
+    from phoenix_hpc.recovery.ckpt_files import COMPLETE, read_marker, step_dir
+
+    marker = read_marker(root, step) or {}
+    d = step_dir(root, step)
+    problems = []
+    if "model" in marker:
+        changes = model_changes({"engine": marker.get("engine"), "model": marker["model"]}, model_record(cfg))
+        if changes:
+            problems.append(f"checkpoint of step {step} was written by another model ({d / COMPLETE}): "
+                            + describe_changes(changes, "the checkpoint", "the config"))
+    if marker.get("kind") == "dcp" and (d / ".metadata").exists():
+        from phoenix_hpc.recovery.checkpoint import dcp_layout
+
+        ck_grid, found = dcp_layout(d)
+        problems += [f"checkpoint of step {step}: {x}" for x in found]
+        if not marker.get("grid"):
+            why = grid_problem(step, ck_grid, grid, cfg.engine)
+            if why:
+                problems.append(why)
+    return problems

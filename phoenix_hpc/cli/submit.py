@@ -285,7 +285,8 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
     if point is not None:
         from phoenix_hpc.recovery.ckpt_files import check_checkpoint
 
-        problems = check_checkpoint(point.root, point.step, (job.tp, job.pp, job.dp), verify=False)
+        problems = check_checkpoint(point.root, point.step, (job.tp, job.pp, job.dp), verify=False,
+                                    engine=cfg.engine)
         if problems:
             raise SubmitError("--resume: " + "; ".join(problems))
     script = render_sbatch(job, profile)

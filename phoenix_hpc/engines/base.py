@@ -88,8 +88,10 @@ class Engine(abc.ABC):
     #: ``True`` when the constructor creates the dp/pp/tp groups itself (see the class docstring).
     owns_groups: ClassVar[bool] = False
     #: ``True`` when the engine can be built with a dp below the configured one and implements
-    #: ``optimizer_numel()`` and ``load_resharded_optimizer(old, old_dp)`` (a shrink, docs/design.md section 6);
-    #: the coordinator never plans a shrink for other engines (spares exhausted: the job stops as before).
+    #: ``optimizer_numel()``, ``optimizer_shard_layout(dp_index, dp_size)`` and
+    #: ``load_resharded_optimizer(old, old_dp)`` (a shrink, docs/design.md section 6; also a persistent
+    #: checkpoint written at another dp, :func:`phoenix_hpc.recovery.checkpoint.load_checkpoint`); the
+    #: coordinator never plans a shrink for other engines (spares exhausted: the job stops as before).
     supports_shrink: ClassVar[bool] = False
 
     # --- the step, split where the runtime has to act -------------------------------------------------

@@ -46,7 +46,7 @@ from phoenix_hpc.engines.schedule import lr_at
 from phoenix_hpc.engines.styles import ENGINE_RECOVERY_STYLES
 from phoenix_hpc.engines.torch_dtypes import TORCH_ENGINE_DTYPES
 from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage, empty_stage, lm_loss
-from phoenix_hpc.engines.zero import ShardedAdamW
+from phoenix_hpc.engines.zero import KINDS, ShardedAdamW, flat_pieces
 from phoenix_hpc.errors import ConfigError, EngineError
 
 ENVELOPE_FORMAT = 1
@@ -341,6 +341,16 @@ class TorchEngine(Engine):
             self.optimizer.load_resharded(old, old_dp, lambda d: f"opt/pp{c.pp}/tp{c.tp}/dp{d}")
         except ValueError as exc:
             raise EngineError(f"{c.shard_prefix()}: {exc}") from None
+
+    def optimizer_shard_layout(self, dp_index: int, dp_size: int) -> dict[str, int]:
+        """The optimizer shard that DP index ``dp_index`` of this stage holds when the stage's flat vector is cut
+        over ``dp_size`` ranks: its names (``opt/pp{pp}/tp0/dp{dp_index}/{param}/{kind}``, as
+        :meth:`optimizer_shard` names them at that dp) -> elements of each fp32 1-D piece
+        (:func:`.zero.flat_pieces`). Pure layout; what a checkpoint written at ``dp_size`` holds."""
+        c = self.coord
+        sizes = [(n, p.numel()) for n, p in self.optimizer.named_params]
+        _, pieces = flat_pieces(sizes, int(dp_index), int(dp_size))
+        return {f"opt/pp{c.pp}/tp{c.tp}/dp{dp_index}/{pc.name}/{kind}": pc.length for pc in pieces for kind in KINDS}
 
     def params_from_optimizer(self) -> None:
         """Set the stage's parameters from the optimizer slice's fp32 main copy, cast to the model dtype, as

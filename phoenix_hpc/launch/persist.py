@@ -57,11 +57,13 @@ def save_if_due(engine: Engine, groups: ProcessGroups, step: int, cfg, run_dir: 
     ``groups.world``. Returns the checkpoint folder, or None when nothing was written. DCP/I-O errors
     propagate (the caller reports a fault)."""
     from phoenix_hpc.recovery.checkpoint import save_checkpoint
+    from phoenix_hpc.recovery.ckpt_compat import model_record
 
     if not enabled(cfg) or not is_due(step, cfg.resilience.checkpoint.interval_steps):
         return None
     t0 = time.time()
-    path = save_checkpoint(engine, checkpoint_root(cfg, run_dir), groups.world, keep=cfg.resilience.checkpoint.keep)
+    path = save_checkpoint(engine, checkpoint_root(cfg, run_dir), groups.world, keep=cfg.resilience.checkpoint.keep,
+                           record=model_record(cfg))
     _log(run_dir, _rank(groups), {"event": "save", "step": int(step), "t_start": t0, "t_end": time.time()})
     return path
 

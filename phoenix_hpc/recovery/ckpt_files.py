@@ -86,18 +86,26 @@ def file_sha256(path: Path) -> str:
 
 
 def check_checkpoint(root: str | os.PathLike, step: int, grid: tuple[int, int, int] | None = None,
-                     verify: bool = True) -> list[str]:
+                     verify: bool = True, engine: str | None = None) -> list[str]:
     """Problems that keep the checkpoint of ``step`` from being loaded (empty: it can be): not complete,
-    written for another grid ``(tp, pp, dp)``, a shard file missing, of another size or failing its
-    SHA-256 (``verify``). Pure reading."""
+    written for another grid ``(tp, pp, dp)`` (with ``engine``: one it cannot load,
+    :func:`phoenix_hpc.recovery.ckpt_compat.grid_problem`; without: any other grid), a shard file missing, of
+    another size or failing its SHA-256 (``verify``). Pure reading."""
+    from phoenix_hpc.recovery.ckpt_compat import grid_problem
+
     m = read_marker(root, step)
     d = step_dir(root, step)
     if m is None:
         return [f"checkpoint of step {step} in {d} is not complete (no {COMPLETE})"]
     problems = []
-    if grid is not None and m.get("grid") is not None and tuple(m["grid"]) != tuple(grid):
-        problems.append(f"checkpoint of step {step} was written for grid (tp, pp, dp) = {tuple(m['grid'])}, "
-                        f"the job's grid is {tuple(grid)}")
+    if grid is not None and m.get("grid") is not None:
+        if engine is not None:
+            why = grid_problem(step, m["grid"], grid, engine)
+            if why:
+                problems.append(why)
+        elif tuple(m["grid"]) != tuple(grid):
+            problems.append(f"checkpoint of step {step} was written for grid (tp, pp, dp) = {tuple(m['grid'])}, "
+                            f"the job's grid is {tuple(grid)}")
     if m.get("kind") == "dcp":
         if not (d / ".metadata").exists():
             problems.append(f"checkpoint of step {step}: {d / '.metadata'} is missing")

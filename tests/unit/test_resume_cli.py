@@ -66,8 +66,11 @@ def test_resume_refuses_a_corrupt_checkpoint(tmp_path):
 
 
 def test_resume_refuses_a_config_whose_grid_cannot_load_the_checkpoint(tmp_path):
-    rd = make_run(tmp_path, steps_done=[20], dp=4)  # written by a dp=4 grid; the config has another
-    assert_bad(invoke("--resume", rd), "written for grid")
+    rd = make_run(tmp_path, steps_done=[20], dp=4)
+    marker = step_dir(rd / "checkpoints", 20) / "complete.json"  # written by a pp=1 grid; the config has pp=2
+    marker.write_text(json.dumps(dict(json.loads(marker.read_text()), grid=[1, 1, 4])))
+    assert_bad(invoke("--resume", rd), "written for grid (tp, pp, dp) = (1, 1, 4)",
+               "tp and pp must be those of the checkpoint (1, 1)")
 
 
 def test_resume_refuses_run_dir_and_a_missing_site_or_config(tmp_path):
