@@ -614,3 +614,8 @@ def fit_cmd(csv_path, journal, gpus, phase, target_gpus, as_json, plot_path):
               "laws is the model uncertainty.")
     if plot_path:
         con.print(f"plot written to {out['plot']}")
+
+
+from phoenix_hpc.cli.model_hotswap import hotswap_cmd  # noqa: E402  (its own module; registered here)
+
+model.add_command(hotswap_cmd)

@@ -1,0 +1,197 @@
+"""``phoenix model hotswap``: what one node loss costs at N GPUs, part by part, with each number's source.
+
+Thin layer over :mod:`phoenix_hpc.model.hotswap` (the formulas and published figures) and
+:mod:`phoenix_hpc.model.hotswap_job` (the scaled job, its sizes and the measured figures); registered on the
+``phoenix model`` group. Exit codes: 0 success, 2 bad input (the message names the option, the value and what
+is allowed).
+"""
+
+from __future__ import annotations
+
+import click
+
+from phoenix_hpc.errors import ModelError
+
+
+@click.command("hotswap")
+@click.option("--site", type=str, required=True,
+              help="Site profile: its node limits (what it can allocate), GPUs and NICs per node, node.nic_gbps.")
+@click.option("--config", "config", type=str, default=None,
+              help="Job config to scale [default: examples/SITE-7b.yaml, where it exists].")
+@click.option("--step-s", type=float, default=None,
+              help="The job's step time, seconds (the config has none: measure it, e.g. from a run's journal); "
+                   "the quiesce and the replay follow it.")
+@click.option("--gpus", type=int, multiple=True,
+              help="Size to project, GPUs (repeatable) [default: 1024, 4096, 16384, 100000 within the site].")
+@click.option("--beyond-site", is_flag=True,
+              help="Allow sizes above what the site can allocate: a larger machine of the same nodes and links.")
+@click.option("--benchmarks", "benchmarks", type=str, default=None,
+              help="Where the measured figures are read [default: the repository's BENCHMARKS.json].")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
+    """What one node loss costs at N GPUs, part by part, with the source of every number.
+
+    Parts: detection (process exit, measured here; node silent, from the heartbeat timeout), the control
+    plane's plan and push (the simulated-rank benchmark), the survivors' quiesce (the step in flight), the
+    communicator rebuild (today's, and the shrink-based design of docs/design.md section 13), the state
+    transfer (the lost rank's weights and optimizer shard over the site's NICs), the replay (one step).
+    Formulas and published figures: phoenix_hpc.model.hotswap.
+    """
+    from pathlib import Path
+
+    from phoenix_hpc.cli.model import _emit_json, _resolve_for_model
+    from phoenix_hpc.model import hotswap as hs
+    from phoenix_hpc.model import hotswap_job as hj
+
+    if config is None:
+        guess = Path(__file__).resolve().parents[2] / "examples" / f"{site}-7b.yaml"
+        if not guess.is_file():
+            raise ModelError(f"--config: missing; site {site!r} has no example examples/{site}-7b.yaml: give "
+                             "--config JOB.yaml")
+        config = f"examples/{site}-7b.yaml"
+        job, prof = _resolve_for_model(str(guess), site)
+    else:
+        job, prof = _resolve_for_model(config, site)
+    cfg = job.config
+    if prof.node.nic_gbps is None:
+        raise ModelError(f"--site: {site!r} is not allowed here; its profile sets no node.nic_gbps (the line rate "
+                         "of one NIC, Gb/s), which the state transfer needs: use a site with a link figure "
+                         "(perlmutter, vista) or set node.nic_gbps in the profile")
+    if prof.node.nics < 1:
+        raise ModelError(f"--site: {site!r} is not allowed here; node.nics is {prof.node.nics}: the state transfer "
+                         "needs at least one NIC")
+    if cfg.engine not in ("megatron", "torch") or cfg.model.factory is not None or cfg.model.provider is not None:
+        raise ModelError(f"--config: {config!r} is not allowed; the projection estimates the lost rank's state "
+                         "from the built-in model fields, so the engine must be megatron or torch with no "
+                         "model.factory or model.provider")
+    if step_s is None:
+        raise ModelError("--step-s: missing; give the job's step time in seconds (the config holds none; a run's "
+                         "journal has it)")
+    hs.quiesce(step_s)  # refuses a step time that is not > 0 before anything is printed
+    tp, pp, gpn, k, spares = job.tp, job.pp, job.gpus_per_node, cfg.resilience.k, job.spares
+    step = hj.gpu_step(tp, pp, gpn)
+    lowest = hj.min_gpus(tp, pp, gpn, k)
+    qos = cfg.resources.qos if cfg.resources.qos is not None else prof.scheduler.qos
+    part = cfg.resources.partition if cfg.resources.partition is not None else prof.scheduler.partition
+    max_nodes, limit_what = hj.site_max_nodes(prof, qos, part)
+    highest = hj.max_gpus(max_nodes, spares, tp, pp, gpn)
+    skipped: list[int] = []
+    if gpus:
+        sizes = list(gpus)
+        twice = sorted({n for n in sizes if sizes.count(n) > 1})
+        if twice:
+            raise ModelError(f"--gpus: {twice[0]} is given twice; give each size once")
+        for n in sizes:
+            hj.check_gpus(n, lowest, highest, step, limit_what, beyond_site)
+    else:
+        sizes = [n for n in hj.DEFAULT_GPUS if beyond_site or highest is None or n <= highest]
+        skipped = [n for n in hj.DEFAULT_GPUS if n not in sizes]
+        if not sizes:
+            raise ModelError(f"--gpus: none of the default sizes {list(hj.DEFAULT_GPUS)} fits {limit_what} (at most "
+                             f"{highest} GPUs for this job); give --gpus from {lowest} to {highest}, or "
+                             "--beyond-site")
+    record, record_name = hj.read_record(Path(benchmarks) if benchmarks else hj.DEFAULT_RECORD)
+    exit_pts, exit_rec = hj.control_plane_points(record, "detect_exit_s")
+    plan_pts, plan_rec = hj.control_plane_points(record, "plan_deliver_s")
+    local_detect = (record or {}).get("detect_s")
+    rz = cfg.resilience
+    results = []
+    for n in sizes:
+        dp, state, est = hj.scaled_state_bytes(cfg, job.dp, n)
+        if exit_pts is not None:
+            det = hs.control_plane_at(exit_pts, n, "detection after a process exit", exit_rec)
+        elif isinstance(local_detect, (int, float)) and not isinstance(local_detect, bool) and local_detect > 0:
+            det = hs.Estimate(float(local_detect), float(local_detect), float(local_detect), hs.MEASURED_HERE,
+                              f"detect_s of {record_name} (the kill -> the first journal record, a few slots on the "
+                              f"local cluster); its growth with the rank count: {exit_rec}")
+        else:
+            det = hs.missing(f"detection after a process exit: no detect_s in {record_name} and {exit_rec}")
+        plan = (hs.control_plane_at(plan_pts, n, "recovery plan made and pushed to every member", plan_rec)
+                if plan_pts is not None else hs.missing(f"plan and push: {plan_rec}"))
+        world = n + spares * gpn
+        common = {"plan_push": plan, "quiesce": hs.quiesce(step_s)}
+        tail = {"transfer": hs.transfer(state, gpn, prof.node.nics, prof.node.nic_gbps,
+                                        f" (weights {est.weights / 1e9:.3g} + optimizer shard {est.optimizer / 1e9:.3g}"
+                                        f" GB at dp {dp}, pipeline stage {est.stage}: config.memory estimate)"),
+                "replay": hs.replay(step_s)}
+        rebuilds = {"today": hs.rebuild_today(n), "today_lazy": hs.rebuild_today(n, lazy=True),
+                    "shrink": hs.rebuild_shrink(world, 3)}
+        hb = hs.detect_heartbeat(rz.heartbeat_timeout_s, rz.heartbeat_interval_s)
+        totals = {name: {"exit": hs.total({"detection": det, **common, "rebuild": rb, **tail}).to_dict(),
+                         "heartbeat": hs.total({"detection": hb, **common, "rebuild": rb, **tail}).to_dict()}
+                  for name, rb in rebuilds.items()}
+        parts = {"detection_exit": det, "detection_heartbeat": hb, **common,
+                 **{f"rebuild_{k_}": v for k_, v in rebuilds.items()}, **tail}
+        results.append({"gpus": n, "dp": dp, "nodes": n // gpn, "spare_nodes": spares, "world_with_spares": world,
+                        "beyond_site": highest is not None and n > highest, "state_bytes_per_rank": state,
+                        "parts": {k_: v.to_dict() for k_, v in parts.items()}, "totals": totals})
+    out = {"site": prof.name, "config": config, "step_s": step_s, "grid": {"tp": tp, "pp": pp, "gpus_per_node": gpn},
+           "site_limit": {"max_gpus": highest, "by": limit_what}, "smallest_gpus": lowest, "gpu_step": step,
+           "skipped_default_sizes": skipped, "record": record_name, "projections": results,
+           "anchors": list(hs.ANCHORS)}
+    if as_json:
+        _emit_json(out)
+        return
+    _print_hotswap(out)
+
+
+#: Row labels of ``phoenix model hotswap``'s table, in order.
+_HOTSWAP_ROWS = (("detection_exit", "detection: process exit"), ("detection_heartbeat", "detection: node silent"),
+                 ("plan_push", "plan and push"), ("quiesce", "quiesce (step in flight)"),
+                 ("rebuild_today", "rebuild: today"), ("rebuild_today_lazy", "rebuild: today, lazy init"),
+                 ("rebuild_shrink", "rebuild: shrink + split"), ("transfer", "state transfer"),
+                 ("replay", "replay (one step)"))
+
+
+def _span(e: dict) -> str:
+    from phoenix_hpc.cli.model import _g
+
+    if e.get("seconds") is None:
+        return "missing"
+    if abs(e["high"] - e["low"]) < 1e-12:
+        return _g(e["seconds"], 3)
+    return f"{_g(e['seconds'], 3)} [{_g(e['low'], 3)}, {_g(e['high'], 3)}]"
+
+
+def _print_hotswap(out: dict) -> None:
+    from phoenix_hpc.cli.model import _console, _g, _table
+
+    con = _console()
+    res = out["projections"]
+    lim = out["site_limit"]
+    con.print(f"site {out['site']}, {out['config']}: tp {out['grid']['tp']} x pp {out['grid']['pp']}, "
+              f"{out['grid']['gpus_per_node']} GPU(s) per node, step {out['step_s']:g} s; scaled by dp (batch per "
+              f"replica kept); sizes from {out['smallest_gpus']} in steps of {out['gpu_step']}; the site allocates "
+              f"at most {lim['max_gpus'] if lim['max_gpus'] is not None else 'any number of'} GPUs ({lim['by']})")
+    if out["skipped_default_sizes"]:
+        con.print(f"[yellow]not projected: {', '.join(f'{n:,}' for n in out['skipped_default_sizes'])} GPUs, beyond "
+                  "what the site allocates (--beyond-site projects a larger machine of its nodes and links)[/yellow]")
+    t = _table("A hot swap by part, seconds: value [low, high]", "part",
+               *[f"{r['gpus']:,} GPUs" + (" (beyond site)" if r["beyond_site"] else "") for r in res])
+    for key, label in _HOTSWAP_ROWS:
+        t.add_row(label, *[_span(r["parts"][key]) for r in res])
+    for name, label in (("today", "today"), ("today_lazy", "today, lazy init"), ("shrink", "shrink + split")):
+        for path, plabel in (("exit", "process exit"), ("heartbeat", "node silent")):
+            cells = []
+            for r in res:
+                tt = r["totals"][name][path]
+                cells.append(f"{_g(tt['seconds'], 3)} [{_g(tt['low'], 3)}, {_g(tt['high'], 3)}]"
+                             + (" *" if tt["left_out"] else ""))
+            t.add_row(f"total, {label}, {plabel}", *cells)
+    con.print(t)
+    left = sorted({p for r in res for tot in r["totals"].values() for x in tot.values() for p in x["left_out"]})
+    if left:
+        con.print(f"[yellow]* the totals leave out: {', '.join(left)} (no measured figure; see the sources)[/yellow]")
+    s = _table("Where each number comes from", "part", "origin", "source")
+    for key, label in _HOTSWAP_ROWS:
+        origins = {}
+        for r in res:
+            origins.setdefault(r["parts"][key]["origin"], []).append(f"{r['gpus']:,}")
+        origin = "; ".join(o if len(origins) == 1 else f"{o} ({', '.join(ns)})" for o, ns in origins.items())
+        s.add_row(label, origin, res[-1]["parts"][key]["source"])
+    con.print(s)
+    a = _table("Anchors: published hot swaps and restarts", "system", "what", "GPUs", "seconds", "source")
+    for x in out["anchors"]:
+        a.add_row(x["system"], x["what"], x["gpus"], x["seconds"], x["source"])
+    con.print(a)
+    con.print(f"measured figures from {out['record']}")

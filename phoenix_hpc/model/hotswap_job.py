@@ -1,0 +1,136 @@
+"""The job a hot-swap projection scales, the sizes it may take, and the measured figures it reads.
+
+Pure except :func:`read_record` (reads one JSON file). The example job is scaled by data parallelism: tp,
+pp, the micro-batch and the batch per DP replica stay as configured, ``dp = N / (tp x pp)``, so the global
+batch grows with dp and the step time stays the configured one (weak scaling; the gradient all-reduce's
+growth with dp is not counted).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from phoenix_hpc.errors import ModelError
+
+#: The sizes projected when ``--gpus`` is not given.
+DEFAULT_GPUS = (1024, 4096, 16384, 100_000)
+#: Where the benchmarks record their figures (the repository's BENCHMARKS.json).
+DEFAULT_RECORD = Path(__file__).resolve().parents[2] / "BENCHMARKS.json"
+
+
+def gpu_step(tp: int, pp: int, gpus_per_node: int) -> int:
+    """The granularity of a size: whole model replicas (``tp x pp``) on whole nodes: ``lcm(tp pp, gpn)``."""
+    return math.lcm(tp * pp, gpus_per_node)
+
+
+def min_gpus(tp: int, pp: int, gpus_per_node: int, k: int) -> int:
+    """The smallest size of the example: ``dp >= k + 1`` (each optimizer shard's k replicas live on DP peers
+    other than its owner, docs/design.md section 5), rounded up to :func:`gpu_step`."""
+    step = gpu_step(tp, pp, gpus_per_node)
+    need = tp * pp * (k + 1)
+    return -(-need // step) * step
+
+
+def site_max_nodes(profile, qos: str | None, partition: str | None) -> tuple[int | None, str]:
+    """The most nodes one job may have on ``profile`` with ``qos`` / ``partition``: the smallest of the
+    machine's limit and that QOS's and partition's (as ``phoenix submit`` checks them), and which limit it is;
+    ``(None, reason)`` when the profile gives none."""
+    sch = profile.scheduler
+    limits = [(sch.limits.max_nodes, f"site {profile.name} (scheduler.limits.max_nodes)")]
+    if qos in sch.qos_limits:
+        limits.append((sch.qos_limits[qos].max_nodes, f"QOS {qos!r} (scheduler.qos_limits)"))
+    if partition in sch.partition_limits:
+        limits.append((sch.partition_limits[partition].max_nodes,
+                       f"partition {partition!r} (scheduler.partition_limits)"))
+    known = [(n, what) for n, what in limits if n is not None]
+    if not known:
+        return None, f"site {profile.name} sets no node limit"
+    return min(known)
+
+
+def max_gpus(max_nodes: int | None, spares: int, tp: int, pp: int, gpus_per_node: int) -> int | None:
+    """The largest size the site can allocate with the job's ``spares`` spare nodes: ``(max_nodes - spares) x
+    gpn`` rounded down to :func:`gpu_step`; None without a limit."""
+    if max_nodes is None:
+        return None
+    step = gpu_step(tp, pp, gpus_per_node)
+    return max(0, (max_nodes - spares) * gpus_per_node) // step * step
+
+
+def check_gpus(gpus: int, lowest: int, highest: int | None, step: int, limit_what: str,
+               beyond_site: bool) -> None:
+    """Refuse a size the projection cannot take: below ``lowest``, not a multiple of ``step``, or above
+    ``highest`` (what the site allocates) unless ``beyond_site``.
+
+    Raises:
+        ModelError: naming ``--gpus``, the value and what is allowed."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < lowest:
+        raise ModelError(f"--gpus: {gpus!r} is not allowed; the example's smallest size is {lowest} GPUs (dp >= "
+                         "resilience.k + 1 on whole nodes)")
+    if gpus % step:
+        raise ModelError(f"--gpus: {gpus} is not allowed; sizes are multiples of {step} GPUs (whole tp x pp model "
+                         f"replicas on whole nodes): e.g. {gpus // step * step or step} or "
+                         f"{(gpus // step + 1) * step}")
+    if highest is not None and gpus > highest and not beyond_site:
+        raise ModelError(f"--gpus: {gpus} is not allowed; {limit_what} allocates at most {highest} GPUs to this "
+                         f"job (its spare nodes included); give a size from {lowest} to {highest}, or "
+                         "--beyond-site to project a larger machine of the same nodes and links")
+
+
+def scaled_state_bytes(cfg, dp_config: int, gpus: int) -> tuple[int, float, object]:
+    """``(dp, state bytes, estimate)`` of the job config ``cfg`` (data-parallel size ``dp_config`` as resolved on
+    its site) scaled to ``gpus`` GPUs (module docstring):
+    the lost rank's weights and optimizer shard, ``weights + optimizer`` of
+    :func:`phoenix_hpc.config.memory.estimate_gpu_memory` for the stage it picks (the one needing the most
+    GPU memory), with the global batch scaled to keep the batch per DP replica."""
+    from phoenix_hpc.config.memory import estimate_gpu_memory
+
+    p, t = cfg.parallelism, cfg.training
+    dp = gpus // (p.tp * p.pp)
+    per_replica = max(t.micro_batch_size, t.global_batch_size // dp_config)
+    scaled = cfg.model_copy(update={
+        "parallelism": p.model_copy(update={"dp": dp}),
+        "training": t.model_copy(update={"global_batch_size": per_replica * dp})})
+    est = estimate_gpu_memory(scaled, dp)
+    return dp, est.weights + est.optimizer, est
+
+
+def read_record(path: Path) -> tuple[dict | None, str]:
+    """The benchmarks' record (``BENCHMARKS.json``) and a phrase naming it; ``(None, reason)`` when the file
+    does not exist.
+
+    Raises:
+        ModelError: the file exists but is not a JSON object (naming the file)."""
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        return None, f"{p.name} not found"
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"--benchmarks: {str(p)!r} is not allowed; it cannot be read as JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise ModelError(f"--benchmarks: {str(p)!r} is not allowed; expected a JSON object (a BENCHMARKS.json)")
+    return d, f"{p.name} of {d.get('date', '?')}, commit {d.get('commit', '?')}"
+
+
+def control_plane_points(record: dict | None, key: str) -> tuple[list[tuple[int, float]] | None, str]:
+    """The control-plane benchmark's ``(ranks, value)`` of figure ``key`` (``detect_exit_s``,
+    ``plan_deliver_s`` = ``plan_s + plan_delivered_s``, ...), from ``record["control_plane"]["runs"]``,
+    runs marked unusable (``error``) left out; ``(None, reason)`` when the record has no control-plane
+    section."""
+    from phoenix_hpc.bench.control_plane_report import derived
+
+    cp = (record or {}).get("control_plane")
+    if not isinstance(cp, dict) or not isinstance(cp.get("runs"), list):
+        return None, ("control-plane record missing (BENCHMARKS.json has no control_plane section; "
+                      "scripts/bench-control-plane --update-benchmarks . writes it)")
+    pts = []
+    for r in cp["runs"]:
+        if not isinstance(r, dict) or r.get("error") or not isinstance(r.get("ranks"), int):
+            continue
+        v = derived(r).get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            pts.append((r["ranks"], float(v)))
+    return pts, f"control-plane benchmark of {cp.get('date', '?')} (BENCHMARKS.json control_plane)"
