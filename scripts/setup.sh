@@ -43,4 +43,14 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! .venv/bin/phoenix 
   MPICC=mpicc "$VPY" -m pip install -q -e ".[dev]"
   echo "$want" > "$stamp"
 fi
+# The newest megatron-core release the Megatron engine's calls are checked against (a unit test reads its
+# source without importing it: it needs Python 3.12; phoenix_hpc/engines/megatron_version.py NEWEST_CHECKED).
+MCORE_NEWEST=$("$VPY" -c "from phoenix_hpc.engines.megatron_version import NEWEST_CHECKED as v, WHEEL_DIR as d; print(v, d)")
+read -r mcore_version mcore_dir <<<"$MCORE_NEWEST"
+if ! ls "$mcore_dir"/megatron_core-"$mcore_version"-*.whl >/dev/null 2>&1; then
+  echo "[setup] fetching the megatron-core $mcore_version wheel (source checked by the unit tests) into $mcore_dir"
+  mkdir -p "$mcore_dir"
+  "$VPY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 -d "$mcore_dir" "megatron-core==$mcore_version"
+fi
 echo "[setup] ready: $(.venv/bin/phoenix --version)"

@@ -2,21 +2,27 @@
 megatron-core).
 
 :data:`SUPPORTED` is the same range as the ``megatron-core`` requirement in ``pyproject.toml`` (a unit test
-compares them). The floor is 0.15.0: ``DistributedOptimizer.get_parameter_state_dp_reshardable`` (the
-engine's view of the optimizer shard) first appears in megatron-core 0.15.0 (0.12 to 0.14 have only
-``get_parameter_state_dp_zero``, which gathers to DP rank 0). The ceiling excludes 0.17: 0.16.1 is the newest
-version the engine is tested with. :data:`API` lists every megatron-core module attribute, keyword argument
-and method the engine uses; a unit test checks each against the installed version (each was also found in
-the megatron-core 0.15.0 source).
+compares them): 0.16 through 0.19. ``DistributedOptimizer.get_parameter_state_dp_reshardable`` (the engine's
+view of the optimizer shard) first appears in megatron-core 0.15.0 (0.12 to 0.14 have only
+``get_parameter_state_dp_zero``, which gathers to DP rank 0); 0.16.1 is what the CPU tests run (Python 3.11),
+and :data:`NEWEST_CHECKED` (0.19.2, which needs Python 3.12) is the newest release the engine's calls are
+checked against. :data:`API` lists every megatron-core module attribute, keyword argument and method the
+engine uses; a unit test checks each against the installed version by importing it, and another against
+:data:`NEWEST_CHECKED`'s wheel by reading its source (:mod:`phoenix_hpc.engines.megatron_source`); no API
+difference between the two needs a separate code path today.
 """
 
 from __future__ import annotations
 
 from importlib import metadata
 
-#: ``(floor, ceiling)``: floor included, ceiling excluded, as ``pyproject.toml`` says ``>=0.15,<0.17``.
-SUPPORTED = ((0, 15), (0, 17))
-REQUIREMENT = "megatron-core>=0.15,<0.17"
+#: ``(floor, ceiling)``: floor included, ceiling excluded, as ``pyproject.toml`` says ``>=0.16,<0.20``.
+SUPPORTED = ((0, 16), (0, 20))
+REQUIREMENT = "megatron-core>=0.16,<0.20"
+#: The newest megatron-core release whose source the API is checked against (``scripts/setup.sh`` fetches its
+#: wheel into :data:`WHEEL_DIR`; the GPU check runs the Megatron engine on it).
+NEWEST_CHECKED = "0.19.2"
+WHEEL_DIR = ".cache/megatron-core"
 
 #: ``(module, attribute, kind, names)``: ``kind`` is ``"attr"`` (``names`` empty), ``"kwargs"`` (keyword
 #: arguments of the callable, or fields of the dataclass) or ``"methods"`` (methods of the class).
@@ -64,6 +70,9 @@ API: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
      ("get_parameter_state_dp_reshardable", "step", "zero_grad", "scale_loss")),
     ("megatron.core.optimizer", "ChainedOptimizer", "attr", ()),
     ("megatron.core.pipeline_parallel", "get_forward_backward_func", "attr", ()),
+    ("megatron.core.transformer.module", "MegatronModule", "attr", ()),
+    ("megatron.core.datasets.indexed_dataset", "IndexedDataset", "attr", ()),
+    ("megatron.core.datasets.indexed_dataset", "IndexedDatasetBuilder", "methods", ("add_document", "finalize")),
 )
 
 

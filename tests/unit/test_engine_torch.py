@@ -69,7 +69,7 @@ def test_megatron_with_an_unsupported_megatron_core_is_refused(monkeypatch):
 
     check_engine_runnable("megatron", cuda_available=True)  # the installed version is supported
     monkeypatch.setattr(mv, "installed_version", lambda: "0.14.0")
-    with pytest.raises(EngineError, match=r"megatron-core 0\.14\.0 .*>=0\.15,<0\.17"):
+    with pytest.raises(EngineError, match=r"megatron-core 0\.14\.0 .*>=0\.16,<0\.20"):
         check_engine_runnable("megatron", cuda_available=True)
 
 

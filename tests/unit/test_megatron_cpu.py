@@ -72,13 +72,13 @@ def test_pyproject_bounds_are_the_supported_range_and_the_installed_version_is_i
     assert mv.version_problem(mv.installed_version()) is None
 
 
-@pytest.mark.parametrize("version,ok", [("0.15.0", True), ("0.16.1", True), ("0.16.0rc3", True),
-                                        ("0.14.0", False), ("0.12.3", False), ("0.17.0", False), ("1.0.0", False)])
+@pytest.mark.parametrize("version,ok", [("0.16.1", True), ("0.16.0rc3", True), ("0.17.0", True), ("0.19.2", True),
+                                        ("0.15.0", False), ("0.12.3", False), ("0.20.0", False), ("1.0.0", False)])
 def test_version_problem(version, ok):
     problem = mv.version_problem(version)
     assert (problem is None) == ok
     if not ok:
-        assert version in problem and ">=0.15,<0.17" in problem
+        assert version in problem and ">=0.16,<0.20" in problem
 
 
 def test_version_problem_names_missing_and_unreadable():

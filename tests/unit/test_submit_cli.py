@@ -227,7 +227,7 @@ def test_submit_refuses_an_unsupported_megatron_core(in_tmp, monkeypatch):
 
     monkeypatch.setattr(mv, "installed_version", lambda: "0.12.3")
     assert_bad(invoke("--site", "vista", VISTA_7B, "--dry-run"),
-               "engine: 'megatron' does not support the installed megatron-core 0.12.3", ">=0.15,<0.17")
+               "engine: 'megatron' does not support the installed megatron-core 0.12.3", ">=0.16,<0.20")
     monkeypatch.setattr(mv, "installed_version", lambda: None)
     assert_bad(invoke("--site", "vista", VISTA_7B, "--dry-run"), "megatron-core, which is not installed here")
 
