@@ -79,8 +79,11 @@ def model() -> None:
               help="PHOENIX overhead per fault C_overhead^PHOENIX (Eq. 5), seconds; the paper measures ~0.")
 @click.option("--overhead-ratio", type=float, default=None,
               help="PHOENIX's per-step overhead ratio r (step time protected / unprotected, a number >= 1), charged "
-                   "as (r - 1) x MTTF per fault; default: overhead_ratio of the last benchmark (BENCHMARKS.json, "
-                   "its source is printed), 1 where there is none.")
+                   "as (r - 1) x MTTF per fault; default: a ratio measured on the --hardware modelled "
+                   "(BENCHMARKS.json), 1 where none was.")
+@click.option("--hardware", type=click.Choice(["gpu-cluster", "cpu-host"]), default="gpu-cluster", show_default=True,
+              help="The hardware modelled: without --overhead-ratio only a ratio measured on this kind is charged "
+                   "(BENCHMARKS.json; its source is printed), else none, and the measured ratios are listed.")
 @click.option("--protect-every", type=int, default=1, show_default=True,
               help="PHOENIX's protection interval m, from 1 to --ckpt-every (resilience.protect_every_max, phoenix "
                    "status): a fault then loses 3(m-1)/2 more steps on average (at most 2m-1 in all).")
@@ -88,7 +91,7 @@ def model() -> None:
 @click.option("--plot", "plot_path", type=str, default=None,
               help="Also write eta against MTTF to FILE.png, every scheme, with the crossovers.")
 def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhead_s, hotswap_s, phi,
-                   phoenix_overhead_s, overhead_ratio, protect_every, as_json, plot_path):
+                   phoenix_overhead_s, overhead_ratio, hardware, protect_every, as_json, plot_path):
     """Disruption per fault and efficiency of checkpoint-restart and PHOENIX (Eqs. 1-5).
 
     C_ckpt = C_overhead + restart + t_step (K-1)/2; C_PHOENIX = C_overhead^PHOENIX + (r-1) MTTF + hot swap +
@@ -105,16 +108,14 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhe
         restart_s = next(iter(named.values()))
     if plot_path:
         plots.check_target(plot_path)
-    if overhead_ratio is None:
-        overhead_ratio, ratio_source = benchmark_overhead_ratio()
-    else:
-        ratio_source = "given (--overhead-ratio)"
+    overhead_ratio, ratio_source, unused = default_overhead_ratio(overhead_ratio, hardware)
     common = dict(step_s=step_s, ckpt_every=ckpt_every, ckpt_overhead_s=ckpt_overhead_s,
                   hotswap_s=hotswap_s, phi=phi, phoenix_overhead_s=phoenix_overhead_s,
                   overhead_ratio=overhead_ratio, protect_every=protect_every)
     rep = analytic.compare_schemes(mttf_s=mttf_s, restart_s=restart_s, **common)
     out = rep.to_dict()
-    out["inputs"] = dict(mttf_s=mttf_s, restart_s=restart_s, overhead_ratio_source=ratio_source, **common)
+    out["inputs"] = dict(mttf_s=mttf_s, restart_s=restart_s, hardware=hardware, overhead_ratio_source=ratio_source,
+                         measured_overhead_ratios_not_charged=[m.to_dict() for m in unused], **common)
     extra = {name: analytic.compare_schemes(mttf_s=mttf_s, restart_s=sec, **common) for name, sec in named.items()}
     if named:
         out["inputs"]["baselines"] = dict(named)
@@ -147,6 +148,7 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhe
     con.print(f"PHOENIX per-step overhead ratio {overhead_ratio:.4g} ({ratio_source}), charged "
               f"{_g(rep.phoenix.overhead_s)} s per fault; protection every {protect_every} step(s)"
               + (f": a fault loses at most {2 * protect_every - 1} steps" if protect_every > 1 else ""))
+    _print_not_charged(con, unused, hardware)
     for n, _, b in schemes:
         x = b.crossover_mttf_s
         con.print(f"crossover with {n}: " + (
@@ -157,37 +159,34 @@ def efficiency_cmd(mttf_s, step_s, ckpt_every, restart_s, baselines, ckpt_overhe
         con.print(f"plot written to {out['plot']}")
 
 
-def benchmark_overhead_ratio(path=None) -> tuple[float, str]:
-    """The last benchmark's ``overhead_ratio`` and where it came from: ``BENCHMARKS.json`` at the repository
-    root (or ``path``); ``(1.0, reason)`` where that file is missing or has no such figure.
+def _print_not_charged(con, unused: list, hardware: str) -> None:
+    """The measured overhead ratios not charged (with what they ran on), so that --overhead-ratio is a
+    choice made knowingly."""
+    if unused:
+        con.print(f"measured overhead ratios not charged (modelling {hardware}; --hardware, --overhead-ratio):")
+        for m in unused:
+            con.print(f"  - {m.describe()}")
 
-    A measured ratio below 1 (noise: protection does not make a step faster) is returned as 1, the source
-    saying so; ``null`` (a benchmark run without overhead cases) counts as no figure.
+
+def default_overhead_ratio(given: float | None, hardware: str, path=None) -> tuple[float, str, list]:
+    """The per-step overhead ratio to charge, where it came from and the measured ratios not charged
+    (:class:`~phoenix_hpc.model.measured_overhead.MeasuredRatio`): ``given`` (``--overhead-ratio``) as it is
+    (nothing read), else :func:`phoenix_hpc.model.measured_overhead.choose` over the ratios measured in
+    ``BENCHMARKS.json`` at the repository root (or ``path``) for ``hardware``: a ratio measured on that kind of
+    hardware, or 1.
 
     Raises:
         ModelError: the file is not JSON, or its ``overhead_ratio`` is not a number > 0 (the message names the
-            file and asks for ``--overhead-ratio``)."""
+            file and asks for ``--overhead-ratio``); not read when ``given`` is not None."""
     from pathlib import Path
 
+    from phoenix_hpc.model import measured_overhead as mo
+
+    if given is not None:
+        return given, "given (--overhead-ratio)", []
     p = Path(path) if path is not None else Path(__file__).resolve().parents[2] / "BENCHMARKS.json"
-    try:
-        d = json.loads(p.read_text())
-    except FileNotFoundError:
-        return 1.0, f"{p.name} not found at {p.parent}: 1 (the paper's zero overhead)"
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{p}: cannot be read as JSON ({e}); give --overhead-ratio") from None
-    if not isinstance(d, dict) or d.get("overhead_ratio") is None:  # a run without overhead cases writes null
-        return 1.0, f"no overhead_ratio in {p.name}: 1 (the paper's zero overhead)"
-    r = d["overhead_ratio"]
-    if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
-        raise ModelError(f"{p}: overhead_ratio {json.dumps(r)} is not allowed; expected a number > 0 (step time "
-                         "with protection over without); give --overhead-ratio")
-    kept = (d.get("overhead") or {}).get("kept_from") if isinstance(d.get("overhead"), dict) else None
-    run = kept or f"{d.get('date', '?')}, commit {d.get('commit', '?')}"  # a section kept from an earlier run
-    src = f"BENCHMARKS.json overhead_ratio, median over the overhead cases of the run of {run}"
-    if r < 1:  # measured, so noise around 1 (a protected step is not faster): said, and charged as 1
-        return 1.0, f"{src}: measured {r:.4g}, below 1 (noise), charged as 1"
-    return float(r), src
+    measured = mo.read_measured(p)
+    return (*mo.choose(measured, hardware), mo.not_charged(measured, hardware))
 
 
 def parse_baseline_times(items) -> dict[str, float]:
@@ -328,8 +327,10 @@ def loss_risk_cmd(shards, p_fail, k, steps, q_domain_fail, interruption_interval
               help="Downtime of a shrink, same forms as --hotswap-s [default: the hot-swap law].")
 @click.option("--overhead-ratio", type=float, default=None,
               help="PHOENIX's per-step overhead ratio (a number >= 1): its steps (and replays) take this many times "
-                   "longer; default: "
-                   "overhead_ratio of the last benchmark (BENCHMARKS.json, its source is printed), 1 where there is none.")
+                   "longer; default: a ratio measured on the --hardware modelled (BENCHMARKS.json), 1 where none was.")
+@click.option("--hardware", type=click.Choice(["gpu-cluster", "cpu-host"]), default="gpu-cluster", show_default=True,
+              help="The hardware modelled: without --overhead-ratio only a ratio measured on this kind is charged "
+                   "(BENCHMARKS.json; its source is printed), else none, and the measured ratios are listed.")
 @click.option("--protect-every", type=int, default=1, show_default=True,
               help="PHOENIX's protection interval m, from 1 to --ckpt-every, for the whole campaign "
                    "(resilience.protect_every_max's worst case): a fault rolls back to the newest committed "
@@ -338,7 +339,8 @@ def loss_risk_cmd(shards, p_fail, k, steps, q_domain_fail, interruption_interval
 @click.option("--plot", "plot_path", type=str, default=None, help="Also write a lost-time histogram to FILE.png.")
 def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswap_journal, ckpt_overhead_s,
                  ckpt_write_s, phoenix_overhead_s, arrivals, fault_clock, trials, seed, max_faults, spares, dp, tp,
-                 pp, gpus_per_node, shrink_s, overhead_ratio, protect_every, as_json, plot_path):
+                 pp, gpus_per_node, shrink_s, overhead_ratio, hardware, protect_every, as_json,
+                 plot_path):
     """Monte Carlo over whole campaigns: mean and 95 % CI of lost time, eta, and the ckpt/PHOENIX ratio.
 
     With --spares S and --dp D, the (S+1)-th fault shrinks the job instead of being hot-swapped: dp drops by
@@ -372,10 +374,7 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
                    "dp": v.integer_at_least("dp", dp, 1),
                    "shape": spm.shrink_shape(tp, pp, dp, gpus_per_node),
                    "shrink": None if shrink_s is None else dist.parse_dist("shrink_s", shrink_s)}
-    if overhead_ratio is None:
-        overhead_ratio, ratio_source = benchmark_overhead_ratio()
-    else:
-        ratio_source = "given (--overhead-ratio)"
+    overhead_ratio, ratio_source, unused = default_overhead_ratio(overhead_ratio, hardware)
     camp = montecarlo.Campaign(
         mttf_s=mttf_s, step_s=step_s, steps=steps, ckpt_every=ckpt_every, restart=restart, hotswap=hotswap,
         ckpt_overhead_s=ckpt_overhead_s, phoenix_overhead_s=phoenix_overhead_s, ckpt_write_s=ckpt_write_s,
@@ -391,7 +390,8 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
     out["inputs"] = {"restart_s": restart.label, "hotswap_s": hotswap.label, "ckpt_every": ckpt_every,
                      "mttf_s": mttf_s, "step_s": step_s, "steps": steps, "ckpt_overhead_s": ckpt_overhead_s,
                      "ckpt_write_s": ckpt_write_s, "phoenix_overhead_s": phoenix_overhead_s,
-                     "overhead_ratio": overhead_ratio, "overhead_ratio_source": ratio_source,
+                     "overhead_ratio": overhead_ratio, "hardware": hardware, "overhead_ratio_source": ratio_source,
+                     "measured_overhead_ratios_not_charged": [m.to_dict() for m in unused],
                      "protect_every": protect_every, "spares": spares, "dp": dp,
                      "shrink_shape": elastic["shape"].to_dict() if elastic else None,
                      "shrink_s": (camp.shrink or hotswap).label if elastic else None}
@@ -439,6 +439,7 @@ def simulate_cmd(mttf_s, step_s, steps, ckpt_every, restart_s, hotswap_s, hotswa
               f"that much slower (lost time includes {_g(steps * step_s * (overhead_ratio - 1) / 3600)} h of it); "
               f"protection every {protect_every} step(s)"
               + (f": a fault loses at most {2 * protect_every - 1} steps" if protect_every > 1 else ""))
+    _print_not_charged(con, unused, hardware)
     x = ref.crossover_mttf_s
     con.print("crossover (Eq. 4, means): " + (
         "PHOENIX is more efficient at every MTTF" if x == math.inf else
@@ -614,6 +615,7 @@ def fit_cmd(csv_path, journal, gpus, phase, target_gpus, as_json, plot_path):
               "laws is the model uncertainty.")
     if plot_path:
         con.print(f"plot written to {out['plot']}")
+
 
 
 from phoenix_hpc.cli.model_hotswap import hotswap_cmd  # noqa: E402  (its own module; registered here)

@@ -229,41 +229,93 @@ def test_efficiency_charges_the_measured_overhead_and_the_interval_and_finds_the
     assert r.exit_code == 2 and "--protect-every: 0 is not allowed" in r.output, r.output
 
 
-def test_the_default_overhead_ratio_is_the_last_benchmarks_with_its_source(tmp_path):
-    from phoenix_hpc.cli.model import benchmark_overhead_ratio
+CPU_RUN = {"overhead_ratio": 1.07, "date": "D", "commit": "abc",
+           "machine": {"cpu": "Xeon", "logical_cpus": 2, "gpu": "none (CPU torch engine, gloo)", "cluster_nodes": 8}}
+GPU_REPORT = {"mode": "gpu", "started": "G1", "device": {"name": "NVIDIA H200"},
+              "checks": [{"check": "d2h", "items": [{"name": "d2h.overhead", "status": "passed",
+                                                     "numbers": {"ratio": 2.19}}]}]}
+
+
+def _with_benchmarks(monkeypatch, tmp_path, content) -> Path:
+    from phoenix_hpc.cli import model as cli_model
 
     p = tmp_path / "BENCHMARKS.json"
-    p.write_text(json.dumps({"overhead_ratio": 1.07, "date": "D", "commit": "abc"}))
-    r, src = benchmark_overhead_ratio(p)
-    assert r == 1.07 and "commit abc" in src and "D" in src
-    r, src = benchmark_overhead_ratio(tmp_path / "missing.json")
-    assert r == 1.0 and "missing.json not found" in src
+    p.write_text(content if isinstance(content, str) else json.dumps(content))
+    monkeypatch.setattr(cli_model, "default_overhead_ratio", functools.partial(cli_model.default_overhead_ratio, path=p))
+    return p
+
+
+def test_the_papers_example_charges_no_cpu_host_ratio_to_a_gpu_cluster():
+    """The paper's inputs without --overhead-ratio give the paper's 0.404 / 0.964 with this repository's
+    BENCHMARKS.json (its ratio was measured on a CPU host), and the measured ratios are printed, not charged."""
+    r = run(EFFICIENCY[:-3] + ["--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    check_efficiency(d)
+    assert d["inputs"]["hardware"] == "gpu-cluster" and d["inputs"]["overhead_ratio"] == 1
+    assert d["inputs"]["overhead_ratio_source"].startswith("no ratio measured on a GPU cluster, so none charged")
+    kinds = {m["kind"] for m in d["inputs"]["measured_overhead_ratios_not_charged"]}
+    assert "cpu-host" in kinds, d["inputs"]
+    r = run(EFFICIENCY[:-3])
+    assert r.exit_code == 0 and "0.404" in r.stdout and "0.964" in r.stdout, r.output
+    assert "measured overhead ratios not charged" in r.stdout and "on a CPU host" in r.stdout
+
+
+def test_the_default_charges_only_a_ratio_of_the_hardware_modelled(tmp_path, monkeypatch):
+    _with_benchmarks(monkeypatch, tmp_path, {**CPU_RUN, "gpu_reports": [GPU_REPORT]})
+    d = json.loads(run(EFFICIENCY[:-3] + ["--json"]).stdout)
+    assert d["inputs"]["overhead_ratio"] == 1 and d["phoenix"]["overhead_s"] == 0
+    assert [(m["ratio"], m["kind"]) for m in d["inputs"]["measured_overhead_ratios_not_charged"]] == [
+        (1.07, "cpu-host"), (2.19, "one-gpu")]
+    d = json.loads(run(EFFICIENCY[:-3] + ["--hardware", "cpu-host", "--json"]).stdout)
+    assert d["inputs"]["overhead_ratio"] == 1.07 and d["phoenix"]["overhead_s"] == pytest.approx(0.07 * 1080)
+    src = d["inputs"]["overhead_ratio_source"]
+    assert src.startswith("measured on a CPU host: Xeon, 2 logical CPUs") and "commit abc" in src, src
+    assert [m["kind"] for m in d["inputs"]["measured_overhead_ratios_not_charged"]] == ["one-gpu"]
+    # a run whose ranks ran on GPUs is a GPU cluster's ratio: charged by default
+    _with_benchmarks(monkeypatch, tmp_path, {**CPU_RUN, "machine": {"gpu": "4x NVIDIA A100", "cluster_nodes": 2}})
+    d = json.loads(run(EFFICIENCY[:-3] + ["--json"]).stdout)
+    assert d["inputs"]["overhead_ratio"] == 1.07 and d["inputs"]["overhead_ratio_source"].startswith(
+        "measured on a GPU cluster: 4x NVIDIA A100")
+    # the same rule in simulate
+    _with_benchmarks(monkeypatch, tmp_path, CPU_RUN)
+    r = run(SIM[:-2] + ["--hotswap-s", "30", "--hardware", "cpu-host", "--json"])
+    assert json.loads(r.stdout)["inputs"]["overhead_ratio"] == 1.07, r.output
+    r = run(EFFICIENCY[:-3] + ["--hardware", "tpu"])
+    assert r.exit_code == 2 and "--hardware" in r.output and "gpu-cluster" in r.output, r.output
+
+
+def test_measured_ratios_from_the_benchmark_file(tmp_path):
+    from phoenix_hpc.model import measured_overhead as mo
+
+    p = tmp_path / "BENCHMARKS.json"
+    assert mo.read_measured(tmp_path / "missing.json") == []
     for d in ({"date": "D"}, {"overhead_ratio": None}):  # no figure; null: a run without overhead cases
         p.write_text(json.dumps(d))
-        assert benchmark_overhead_ratio(p) == (1.0, "no overhead_ratio in BENCHMARKS.json: 1 (the paper's zero "
-                                                    "overhead)")
-    p.write_text(json.dumps({"overhead_ratio": 0.998, "date": "D", "commit": "abc"}))  # noise: said, charged 1
-    r, src = benchmark_overhead_ratio(p)
+        assert mo.read_measured(p) == []
+        assert mo.choose([], "cpu-host")[0] == 1.0
+    p.write_text(json.dumps({**CPU_RUN, "overhead_ratio": 0.998}))  # noise: said, charged 1
+    r, src = mo.choose(mo.read_measured(p), "cpu-host")
     assert r == 1.0 and src.endswith("commit abc: measured 0.998, below 1 (noise), charged as 1")
     # a run of other sections kept the overhead section: its source is the run that measured it
-    p.write_text(json.dumps({"overhead_ratio": 1.07, "date": "D2", "commit": "new",
-                             "overhead": {"kept_from": "D1, commit old"}}))
-    r, src = benchmark_overhead_ratio(p)
+    p.write_text(json.dumps({**CPU_RUN, "date": "D2", "commit": "new", "overhead": {"kept_from": "D1, commit old"}}))
+    r, src = mo.choose(mo.read_measured(p), "cpu-host")
     assert src.endswith("the run of D1, commit old") and "new" not in src
+    # only a passed d2h.overhead item counts, from the newest report that has one
+    failed = {**GPU_REPORT, "started": "G2", "checks": [{"check": "d2h", "items": [
+        {"name": "d2h.overhead", "status": "failed", "numbers": {"ratio": 9.0}}]}]}
+    (m,) = mo.from_benchmarks({"gpu_reports": [failed, GPU_REPORT]})
+    assert (m.ratio, m.kind) == (2.19, "one-gpu") and "G1" in m.source
 
 
 @pytest.mark.parametrize("value", [float("nan"), 0, -1, "1.2", True, [1.2]])
 def test_a_bad_benchmark_figure_is_refused_naming_the_file(tmp_path, value, monkeypatch):
-    """What the default would charge must be a number >= 1; anything else in the file stops the command with
-    exit 2 naming the file (not an option the user did not give), and an explicit --overhead-ratio is used
+    """A figure in the file that is not a number > 0 stops the command with exit 2 naming the file (not an
+    option the user did not give), whichever hardware is modelled; an explicit --overhead-ratio is used
     without reading it."""
-    from phoenix_hpc.cli import model as cli_model
-
-    p = tmp_path / "BENCHMARKS.json"
-    p.write_text(json.dumps({"overhead_ratio": value}))
-    monkeypatch.setattr(cli_model, "benchmark_overhead_ratio", functools.partial(cli_model.benchmark_overhead_ratio, p))
+    p = _with_benchmarks(monkeypatch, tmp_path, {"overhead_ratio": value})
     r = run(EFFICIENCY[:-3] + ["--json"])
-    assert r.exit_code == 2 and f"{p}: overhead_ratio" in r.output and "--overhead-ratio" in r.output, r.output
+    assert r.exit_code == 2 and f"{p.name}: overhead_ratio" in r.output and "--overhead-ratio" in r.output, r.output
     assert "Traceback" not in r.output
     r = run(EFFICIENCY)  # given explicitly: the file is not consulted
     assert r.exit_code == 0, r.output
