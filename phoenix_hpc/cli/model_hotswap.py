@@ -154,6 +154,8 @@ def _span(e: dict) -> str:
 
 
 def _print_hotswap(out: dict) -> None:
+    from rich.markup import escape
+
     from phoenix_hpc.cli.model import _console, _g, _table
 
     con = _console()
@@ -166,7 +168,7 @@ def _print_hotswap(out: dict) -> None:
     if out["skipped_default_sizes"]:
         con.print(f"[yellow]not projected: {', '.join(f'{n:,}' for n in out['skipped_default_sizes'])} GPUs, beyond "
                   "what the site allocates (--beyond-site projects a larger machine of its nodes and links)[/yellow]")
-    t = _table("A hot swap by part, seconds: value [low, high]", "part",
+    t = _table(escape("A hot swap by part, seconds: value [low, high]"), "part",
                *[f"{r['gpus']:,} GPUs" + (" (beyond site)" if r["beyond_site"] else "") for r in res])
     for key, label in _HOTSWAP_ROWS:
         t.add_row(label, *[_span(r["parts"][key]) for r in res])
@@ -188,10 +190,10 @@ def _print_hotswap(out: dict) -> None:
         for r in res:
             origins.setdefault(r["parts"][key]["origin"], []).append(f"{r['gpus']:,}")
         origin = "; ".join(o if len(origins) == 1 else f"{o} ({', '.join(ns)})" for o, ns in origins.items())
-        s.add_row(label, origin, res[-1]["parts"][key]["source"])
+        s.add_row(label, escape(origin), escape(res[-1]["parts"][key]["source"]))
     con.print(s)
     a = _table("Anchors: published hot swaps and restarts", "system", "what", "GPUs", "seconds", "source")
     for x in out["anchors"]:
-        a.add_row(x["system"], x["what"], x["gpus"], x["seconds"], x["source"])
+        a.add_row(*(escape(x[k]) for k in ("system", "what", "gpus", "seconds", "source")))
     con.print(a)
-    con.print(f"measured figures from {out['record']}")
+    con.print(escape(f"measured figures from {out['record']}"))
