@@ -177,6 +177,25 @@ def python_missing(python: str | None) -> str | None:
     return f"--python: {python!r} is not an executable file or a command on PATH"
 
 
+def test_env_warnings(environ) -> list[str]:
+    """The warning for test-only variables set in the submitting environment, which sbatch's default
+    ``--export=ALL`` (sbatch(1)) passes into the job (:mod:`phoenix_hpc.test_env`); none when none is set.
+
+    Raises:
+        SubmitError: one of them has a value that is not allowed, or an unknown ``PHOENIX_TEST_*`` name.
+    """
+    from phoenix_hpc.test_env import TestEnvError, active_test_env, describe
+
+    try:
+        active = active_test_env(environ)
+    except TestEnvError as exc:
+        raise SubmitError(f"{exc}; see docs/design.md section 9 (test-only variables)") from None
+    if not active:
+        return []
+    return ["test-only variables are set and sbatch --export=ALL carries them into the job: " + describe(active)
+            + "; the coordinator journals them and phoenix status shows them (unset them for a production job)"]
+
+
 def _echo_warnings(warnings: list[str]) -> None:
     for w in warnings:
         click.echo(f"warning: {w}", err=True)
@@ -291,6 +310,7 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
             raise SubmitError("--resume: " + "; ".join(problems))
     script = render_sbatch(job, profile)
     warnings = list(job.warnings) + list(load.warnings) + ([run_root_warning] if run_root_warning else [])
+    warnings += test_env_warnings(os.environ)
     if _names_user_code(cfg):  # the ranks import it the same way (python_path) before they train
         from phoenix_hpc.engines.factory import check_user_code
 

@@ -54,7 +54,7 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import FaultKind
@@ -79,6 +79,7 @@ from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.recovery_machine import RecoveryMixin
 from phoenix_hpc.control.restart import RestartMixin
 from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, SlotState, job_machine
+from phoenix_hpc.test_env import active_test_env
 
 
 @dataclass
@@ -130,9 +131,12 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         clock: Callable[[], float] = time.monotonic,
         restart: int = 0,
         test_hold: tuple[str, float] | None = None,
+        test_env: Mapping[str, str] | None = None,
     ):
         self.restart = int(restart)
         self.test_hold = test_hold  # control/hold.py (tests only): (event, seconds) to hold after, once
+        # the active test-only variables (phoenix_hpc/test_env.py) {name: value}, journalled at the start
+        self.test_env = dict(test_env or {})
         self._rejoined: set[int] = set()  # world ranks re-registered after a restart
         self.run_dir = ensure_private_dir(run_dir)
         self.grid = grid
@@ -224,6 +228,8 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
             heartbeat_interval_s=self.t.heartbeat_interval_s, heartbeat_timeout_s=self.t.heartbeat_timeout_s,
             grid=list(self.grid) if self.grid else None, **({"restart": self.restart} if self.restart else {}),
         )
+        if self.test_env:  # sbatch --export=ALL carries them from the submitting shell: say so (status shows it)
+            self.journal.append("test_env", variables=dict(self.test_env))
         if self.restart:
             r = self._rebuild_from_journal()
             self.store.set("ctl/generation", str(self.generation))
@@ -471,13 +477,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.summary_interval_s:
         timing.summary_interval_s = args.summary_interval_s
-    try:
+    try:  # every test-only variable (phoenix_hpc/test_env.py), before anything is written or started
+        test_env = active_test_env(os.environ)
         test_hold = hold_of(os.environ, args.restart)  # the test-only hold variable (control/hold.py)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     coord = Coordinator(run_dir, grid=grid, timing=timing, host=args.host, port=args.port, restart=args.restart,
-                        test_hold=test_hold)
+                        test_hold=test_hold, test_env=test_env)
     coord.open()
     signal.signal(signal.SIGTERM, lambda *_: coord.request_stop("SIGTERM to the batch script (scancel, preemption)", "TERM"))
     signal.signal(signal.SIGINT, lambda *_: coord.request_stop("SIGINT", "INT"))

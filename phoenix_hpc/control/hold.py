@@ -6,34 +6,14 @@ coordinator has journalled the start of a recovery and rung its survivors with t
 journals ``test_hold`` {after, hold_s} and sleeps ``SECONDS`` in its loop, once. Only the first coordinator
 of a job holds (``restart`` 0): the one its supervisor starts after a crash runs the recovery again without
 a pause. Nothing else changes; the knob is for tests and drills on a local cluster, never a production job.
+It is read strictly with the other test-only variables (:mod:`phoenix_hpc.test_env`).
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-HOLD_ENV = "PHOENIX_TEST_HOLD_AFTER"
-HOLD_EVENTS = ("recovery_start",)
-
-
-def parse_hold(value: str | None) -> tuple[str, float] | None:
-    """``"EVENT:SECONDS"`` -> ``(event, seconds)``; None or ``""`` -> None. Pure.
-
-    Raises:
-        ValueError: not two parts, an event not in :data:`HOLD_EVENTS`, or seconds not a number in (0, 3600].
-    """
-    if not value:
-        return None
-    event, sep, secs = value.partition(":")
-    if not sep or event not in HOLD_EVENTS:
-        raise ValueError(f"{HOLD_ENV}={value!r}: expected EVENT:SECONDS with EVENT one of {list(HOLD_EVENTS)}")
-    try:
-        s = float(secs)
-    except ValueError:
-        s = float("nan")
-    if not 0 < s <= 3600:
-        raise ValueError(f"{HOLD_ENV}={value!r}: SECONDS must be a number in (0, 3600], got {secs!r}")
-    return event, s
+from phoenix_hpc.test_env import HOLD_ENV, HOLD_EVENTS, parse_hold  # noqa: F401 - the hold's reading
 
 
 def hold_of(environ: Mapping[str, str], restart: int) -> tuple[str, float] | None:

@@ -183,7 +183,7 @@ class Protector:
                  checksum: str = DEFAULT_CHECKSUM, interval_cap: int = 1, thread_nice: int = 0,
                  checksum_threads: int = 1, d2h_copy_chunk_bytes: int = 0):
         # test-only (phoenix_hpc/test_env.py); raises TestEnvError (a ValueError) naming the variable
-        self._test_delay_s = float(os.environ.get(TEST_REPLICATION_DELAY_ENV) or 0.0)
+        self._test_delay_s = parse_replication_delay(os.environ.get(TEST_REPLICATION_DELAY_ENV))
         if self._test_delay_s and log is not None:
             log(f"test-only {TEST_REPLICATION_DELAY_ENV}={self._test_delay_s:g}: every replica is handed to "
                 "the H2H engine that many seconds late")

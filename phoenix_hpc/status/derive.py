@@ -8,6 +8,8 @@ event              used for
 ================== ====================================================================================
 coordinator_started start time, grid; a resumed run has one per job, and only the newest job's records
                    are read (:func:`current_job_records`)
+test_env           ``variables {name: value}``: test-only variables the coordinator saw set
+                   (:mod:`phoenix_hpc.test_env`): ``JobInfo.test_env`` and a ``test_env`` warning
 registered         slots: world rank, pid, node, role, logical rank (generation 0)
 job_running        rank map and standby slots at generation 0; job RUNNING
 heartbeat_summary  generation, job state, active/standby/dead world ranks; ``max_step`` feeds the live step
@@ -198,6 +200,7 @@ class _State:
         self.shrinks: list[dict[str, Any]] = []  # journal ``shrink`` records, oldest first
         self.pending_reason: str | None = None
         self.pending_action: str | None = None
+        self.test_env: dict[str, str] = {}  # journal ``test_env``: active test-only variables
 
     def step_seen(self, ts: float, step: Any, rollback: bool = False) -> None:
         """The live step is at least ``step`` at ``ts`` (``rollback``: it *is* ``step``, the job rolled back)."""
@@ -239,7 +242,9 @@ class _State:
 
 def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one branch per event, kept flat
     ev, ts = rec["event"], float(rec["ts"])
-    if ev == "coordinator_started":
+    if ev == "test_env":
+        st.test_env = {str(k): str(v) for k, v in dict(rec.get("variables") or {}).items()}
+    elif ev == "coordinator_started":
         st.started_at = st.started_at or ts
         g = rec.get("grid")
         if g and st.grid is None:
@@ -765,6 +770,13 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
             "pending", f"Slurm keeps the job pending: {slurm_reason}" + (f" ({hint})" if hint else "")))
     if slurm.error:
         warnings.append(StatusWarning("slurm", slurm.error))
+    if st.test_env:
+        from phoenix_hpc.test_env import describe
+
+        warnings.append(StatusWarning(
+            "test_env", "test-only variables acted in this job: " + describe(st.test_env)
+                        + "; a production job must not carry them (sbatch --export=ALL passes the submitting "
+                        "shell's environment)", action="unset " + " ".join(st.test_env) + " before phoenix submit"))
 
     # --- job summary -------------------------------------------------------------------------------------------
     steps_total = _get(cfg, "training", "steps")
@@ -784,6 +796,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         coordinator={k_: run.coordinator.get(k_) for k_ in ("host", "port", "pid")} if run.coordinator else None,
         end_signal=st.end_signal, jobs=_run_jobs(run.job),
         in_job_restart=restart_requested(records),
+        test_env=dict(st.test_env),
     )
     from phoenix_hpc.control.run_jobs import job_entries
     from phoenix_hpc.status.jobs import run_jobs

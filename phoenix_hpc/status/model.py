@@ -85,6 +85,8 @@ class JobInfo:
     # the newest srun step's coordinator asked for an in-job restart (journal ``restart_in_job``): its end, in
     # ``state``, is that step's, not the job's; from the same records as ``state``, so the two never disagree
     in_job_restart: bool = False
+    # test-only variables (phoenix_hpc/test_env.py) the coordinator saw set, {name: value} (journal ``test_env``)
+    test_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -239,7 +241,7 @@ class DrainStatus:
 
 @dataclass
 class StatusWarning:
-    code: str  # no_spares | under_replicated | batch_host_down | coordinator_gone | slurm | placement | pending
+    code: str  # no_spares | under_replicated | batch_host_down | coordinator_gone | slurm | placement | pending | test_env
     message: str
     action: str | None = None  # what the user can do (e.g. "phoenix status 1234 --cancel")
 
