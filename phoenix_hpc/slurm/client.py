@@ -4,10 +4,10 @@ Operations: ``sbatch --parsable``, ``squeue --json``, ``scontrol show job/node/s
 ``key=value`` text, parsed here: Slurm 22.05 has no ``scontrol --json``, that needs 23.02+),
 ``scontrol show hostnames``, ``scontrol write batch_script``, ``scancel``.
 
-Backend choice: pyslurm is to be used only when it is importable and built for the installed Slurm's
-major.minor release (:func:`choose_backend`, pure). PyPI's pyslurm targets Slurm 25.11 while Debian 12 ships
-22.05, so on such systems the commands are used; this client implements the command path only, and
-:meth:`SlurmClient.backend` reports which one the selection picked.
+Only the command path exists; pyslurm is not used. Its releases follow Slurm's (pyslurm 25.11.x for Slurm
+25.11) and build only against that release's ``libslurm`` and headers; the package index offers it for Slurm
+25.11 and for releases before 18.08, none for 22.05, the release this project is tested on, so a mapping from
+pyslurm's objects to the records below could not be tested against the real package.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from phoenix_hpc.errors import SlurmError
 from phoenix_hpc.slurm.run import run_slurm
@@ -28,22 +28,6 @@ ACTIVE_JOB_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING"
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 _KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_:/.\-]*$")
-
-
-def parse_version(text: str | None) -> tuple[int, int] | None:
-    """``"slurm 22.05.8"`` / ``"22.5.0"`` -> ``(22, 5)``; ``None`` when no version is found."""
-    if not text:
-        return None
-    m = _VERSION.search(text)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def choose_backend(pyslurm_version: str | None, slurm_version: str | None) -> Literal["pyslurm", "commands"]:
-    """``"pyslurm"`` when pyslurm is importable (``pyslurm_version`` not None) and its major.minor equals the
-    installed Slurm's (pyslurm numbers releases after Slurm: 22.5.x for Slurm 22.05, 25.11.x for 25.11);
-    otherwise ``"commands"``."""
-    a, b = parse_version(pyslurm_version), parse_version(slurm_version)
-    return "pyslurm" if a is not None and a == b else "commands"
 
 
 def parse_key_values(line: str) -> dict[str, str]:
@@ -152,16 +136,6 @@ class SlurmClient:
             return None
         m = _VERSION.search(text)
         return m.group(0) if m else None
-
-    def backend(self) -> Literal["pyslurm", "commands"]:
-        """Which backend :func:`choose_backend` picks on this machine."""
-        try:
-            import pyslurm  # noqa: F401  (optional dependency)
-
-            pv = getattr(pyslurm, "__version__", None)
-        except ImportError:
-            pv = None
-        return choose_backend(pv, self.slurm_version())
 
     # --- submission / cancel ------------------------------------------------------------------------------
     def submit(self, script: str | Path, extra_args: Sequence[str] = ()) -> str:

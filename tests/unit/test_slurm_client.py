@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phoenix_hpc.errors import SlurmError
-from phoenix_hpc.slurm.client import choose_backend, parse_job_id, parse_key_values, parse_records, parse_version
+from phoenix_hpc.slurm.client import parse_job_id, parse_key_values, parse_records
 from phoenix_hpc.hostlist import compress, expand, split_active_spare
 
 
@@ -31,19 +31,6 @@ def test_job_id(text, jid):
 def test_job_id_missing():
     with pytest.raises(SlurmError):
         parse_job_id("sbatch: error: nope\n")
-
-
-@pytest.mark.parametrize(
-    "pyslurm, slurm, backend",
-    [("22.5.0", "slurm 22.05.8", "pyslurm"), ("25.11.0", "22.05.8", "commands"), (None, "22.05.8", "commands"),
-     ("23.2.2", "23.02.7", "pyslurm"), ("23.11.0", "23.02.7", "commands"), ("22.5.0", None, "commands")],
-)
-def test_backend_selection(pyslurm, slurm, backend):
-    assert choose_backend(pyslurm, slurm) == backend
-
-
-def test_parse_version():
-    assert parse_version("slurm 22.05.8") == (22, 5) and parse_version("garbage") is None
 
 
 def test_hostlists():
