@@ -226,6 +226,7 @@ def test_command_says_so_when_the_control_plane_record_is_missing(tmp_path):
     table = run("--site", "perlmutter", "--step-s", "12.3", "--gpus", "1024", "--benchmarks",
                 str(record(tmp_path, control_plane=False)))
     assert "missing" in table.output and "leave out: plan_push" in table.output
+    assert "value [low, high]" in table.output  # printed as text, not taken as a style tag
 
 
 def test_default_sizes_within_the_site_and_beyond_it_only_when_asked(tmp_path):
