@@ -68,9 +68,9 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
         raise ModelError("--step-s: missing; give the job's step time in seconds (the config holds none; a run's "
                          "journal has it)")
     hs.quiesce(step_s)  # refuses a step time that is not > 0 before anything is printed
-    tp, pp, gpn, k, spares = job.tp, job.pp, job.gpus_per_node, cfg.resilience.k, job.spares
+    tp, pp, gpn, spares = job.tp, job.pp, job.gpus_per_node, job.spares
     step = hj.gpu_step(tp, pp, gpn)
-    lowest = hj.min_gpus(tp, pp, gpn, k)
+    lowest = hj.min_gpus(tp, pp, gpn, cfg.resilience.k)
     qos = cfg.resources.qos if cfg.resources.qos is not None else prof.scheduler.qos
     part = cfg.resources.partition if cfg.resources.partition is not None else prof.scheduler.partition
     max_nodes, limit_what = hj.site_max_nodes(prof, qos, part)
@@ -90,44 +90,11 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
             raise ModelError(f"--gpus: none of the default sizes {list(hj.DEFAULT_GPUS)} fits {limit_what} (at most "
                              f"{highest} GPUs for this job); give --gpus from {lowest} to {highest}, or "
                              "--beyond-site")
-    record, record_name = hj.read_record(Path(benchmarks) if benchmarks else hj.DEFAULT_RECORD)
-    exit_pts, exit_rec = hj.control_plane_points(record, "detect_exit_s")
-    plan_pts, plan_rec = hj.control_plane_points(record, "plan_deliver_s")
-    local_detect = (record or {}).get("detect_s")
-    rz = cfg.resilience
-    results = []
-    for n in sizes:
-        dp, state, est = hj.scaled_state_bytes(cfg, job.dp, n)
-        if exit_pts is not None:
-            det = hs.control_plane_at(exit_pts, n, "detection after a process exit", exit_rec)
-        elif isinstance(local_detect, (int, float)) and not isinstance(local_detect, bool) and local_detect > 0:
-            det = hs.Estimate(float(local_detect), float(local_detect), float(local_detect), hs.MEASURED_HERE,
-                              f"detect_s of {record_name} (the kill -> the first journal record, a few slots on the "
-                              f"local cluster); its growth with the rank count: {exit_rec}")
-        else:
-            det = hs.missing(f"detection after a process exit: no detect_s in {record_name} and {exit_rec}")
-        plan = (hs.control_plane_at(plan_pts, n, "recovery plan made and pushed to every member", plan_rec)
-                if plan_pts is not None else hs.missing(f"plan and push: {plan_rec}"))
-        world = n + spares * gpn
-        common = {"plan_push": plan, "quiesce": hs.quiesce(step_s)}
-        tail = {"transfer": hs.transfer(state, gpn, prof.node.nics, prof.node.nic_gbps,
-                                        f" (weights {est.weights / 1e9:.3g} + optimizer shard {est.optimizer / 1e9:.3g}"
-                                        f" GB at dp {dp}, pipeline stage {est.stage}: config.memory estimate)"),
-                "replay": hs.replay(step_s)}
-        rebuilds = {"today": hs.rebuild_today(n), "today_lazy": hs.rebuild_today(n, lazy=True),
-                    "shrink": hs.rebuild_shrink(world, 3)}
-        hb = hs.detect_heartbeat(rz.heartbeat_timeout_s, rz.heartbeat_interval_s)
-        totals = {name: {"exit": hs.total({"detection": det, **common, "rebuild": rb, **tail}).to_dict(),
-                         "heartbeat": hs.total({"detection": hb, **common, "rebuild": rb, **tail}).to_dict()}
-                  for name, rb in rebuilds.items()}
-        parts = {"detection_exit": det, "detection_heartbeat": hb, **common,
-                 **{f"rebuild_{k_}": v for k_, v in rebuilds.items()}, **tail}
-        results.append({"gpus": n, "dp": dp, "nodes": n // gpn, "spare_nodes": spares, "world_with_spares": world,
-                        "beyond_site": highest is not None and n > highest, "state_bytes_per_rank": state,
-                        "parts": {k_: v.to_dict() for k_, v in parts.items()}, "totals": totals})
+    measured = hj.Measured.of(*hj.read_record(Path(benchmarks) if benchmarks else hj.DEFAULT_RECORD))
+    results = [hj.project(job, prof.node, n, step_s, measured, highest) for n in sizes]
     out = {"site": prof.name, "config": config, "step_s": step_s, "grid": {"tp": tp, "pp": pp, "gpus_per_node": gpn},
            "site_limit": {"max_gpus": highest, "by": limit_what}, "smallest_gpus": lowest, "gpu_step": step,
-           "skipped_default_sizes": skipped, "record": record_name, "projections": results,
+           "skipped_default_sizes": skipped, "record": measured.record, "projections": results,
            "anchors": list(hs.ANCHORS)}
     if as_json:
         _emit_json(out)

@@ -162,6 +162,23 @@ def control_plane_at(points: Sequence[tuple[int, float]], gpus: int, what: str, 
                     f"({best.formula}; {params}), 95 % prediction interval")
 
 
+def detection_exit(points: Sequence[tuple[int, float]] | None, gpus: int, record: str, local_detect_s,
+                   local_record: str) -> Estimate:
+    """Detection after a process exit at ``gpus`` ranks: the control-plane benchmark's ``detect_exit_s`` at
+    that size (:func:`control_plane_at` over ``points`` from ``record``) where the record has the runs; else
+    the local ``detect_s`` of ``local_record`` (the kill -> the first journal record, measured on a few slots
+    of the local cluster), said so, since how it grows with the rank count is then not measured; else
+    :func:`missing`."""
+    if points is not None:
+        return control_plane_at(points, gpus, "detection after a process exit", record)
+    d = local_detect_s
+    if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d > 0:
+        return Estimate(float(d), float(d), float(d), MEASURED_HERE,
+                        f"detect_s of {local_record} (the kill -> the first journal record, a few slots on the local "
+                        f"cluster); its growth with the rank count: {record}")
+    return missing(f"detection after a process exit: no detect_s in {local_record} and {record}")
+
+
 def quiesce(step_s: float) -> Estimate:
     """The survivors' quiesce: the step in flight when the node died must end (or be abandoned) before the
     survivors leave it; the fault lands uniformly within a step of ``step_s`` seconds: ``[0, step_s]``,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from phoenix_hpc.errors import ModelError
@@ -134,3 +135,61 @@ def control_plane_points(record: dict | None, key: str) -> tuple[list[tuple[int,
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             pts.append((r["ranks"], float(v)))
     return pts, f"control-plane benchmark of {cp.get('date', '?')} (BENCHMARKS.json control_plane)"
+
+
+#: The group kinds a hot swap makes again besides the world: tp, pp and dp (``launch/groups.py``).
+GROUP_KINDS = 3
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the projection reads from the benchmarks' record: the control-plane runs of the detection and of
+    the plan and push (None: no control-plane section; the phrase says why), the local ``detect_s``, and a
+    phrase naming the record."""
+
+    exit_points: list[tuple[int, float]] | None
+    exit_record: str
+    plan_points: list[tuple[int, float]] | None
+    plan_record: str
+    local_detect_s: object
+    record: str
+
+    @classmethod
+    def of(cls, record: dict | None, record_name: str) -> "Measured":
+        """Read from ``record`` (a BENCHMARKS.json's content, or None) named ``record_name``."""
+        exit_pts, exit_rec = control_plane_points(record, "detect_exit_s")
+        plan_pts, plan_rec = control_plane_points(record, "plan_deliver_s")
+        return cls(exit_pts, exit_rec, plan_pts, plan_rec, (record or {}).get("detect_s"), record_name)
+
+
+def project(job, node, gpus: int, step_s: float, measured: Measured, site_max_gpus: int | None) -> dict:
+    """The projection at ``gpus`` GPUs of resolved ``job`` (:class:`phoenix_hpc.config.resolve.ResolvedJob`) on a
+    site whose nodes are ``node`` (the profile's ``node``): every part (:mod:`phoenix_hpc.model.hotswap`), the
+    totals of each rebuild design with detection by process exit and by heartbeat, and the scaled job's
+    figures; plain dicts (JSON). Pure given its arguments."""
+    from phoenix_hpc.model import hotswap as hs
+
+    cfg, gpn, rz = job.config, job.gpus_per_node, job.config.resilience
+    dp, state, est = scaled_state_bytes(cfg, job.dp, gpus)
+    world = gpus + job.spares * gpn
+    det = hs.detection_exit(measured.exit_points, gpus, measured.exit_record, measured.local_detect_s,
+                            measured.record)
+    hb = hs.detect_heartbeat(rz.heartbeat_timeout_s, rz.heartbeat_interval_s)
+    plan = (hs.control_plane_at(measured.plan_points, gpus, "recovery plan made and pushed to every member",
+                                measured.plan_record)
+            if measured.plan_points is not None else hs.missing(f"plan and push: {measured.plan_record}"))
+    common = {"plan_push": plan, "quiesce": hs.quiesce(step_s)}
+    tail = {"transfer": hs.transfer(state, gpn, node.nics, node.nic_gbps,
+                                    f" (weights {est.weights / 1e9:.3g} + optimizer shard {est.optimizer / 1e9:.3g} GB "
+                                    f"at dp {dp}, pipeline stage {est.stage}: config.memory estimate)"),
+            "replay": hs.replay(step_s)}
+    rebuilds = {"today": hs.rebuild_today(gpus), "today_lazy": hs.rebuild_today(gpus, lazy=True),
+                "shrink": hs.rebuild_shrink(world, GROUP_KINDS)}
+    totals = {name: {"exit": hs.total({"detection": det, **common, "rebuild": rb, **tail}).to_dict(),
+                     "heartbeat": hs.total({"detection": hb, **common, "rebuild": rb, **tail}).to_dict()}
+              for name, rb in rebuilds.items()}
+    parts = {"detection_exit": det, "detection_heartbeat": hb, **common,
+             **{f"rebuild_{name}": rb for name, rb in rebuilds.items()}, **tail}
+    return {"gpus": gpus, "dp": dp, "nodes": gpus // gpn, "spare_nodes": job.spares, "world_with_spares": world,
+            "beyond_site": site_max_gpus is not None and gpus > site_max_gpus, "state_bytes_per_rank": state,
+            "parts": {k: e.to_dict() for k, e in parts.items()}, "totals": totals}

@@ -66,6 +66,16 @@ def test_control_plane_at_with_too_few_runs_gives_no_number():
     assert e.origin == hs.MISSING and e.seconds is None and "2 usable run(s)" in e.source
 
 
+def test_detection_exit_prefers_the_control_plane_runs_then_the_local_figure():
+    pts = [(1000, 0.1), (2000, 0.2), (4000, 0.4)]
+    assert hs.detection_exit(pts, 2000, "cp", 0.05, "local").seconds == pytest.approx(0.2, rel=1e-3)
+    local = hs.detection_exit(None, 2000, "control-plane record missing", 0.05, "BENCH")
+    assert (local.seconds, local.origin) == (0.05, hs.MEASURED_HERE)
+    assert "BENCH" in local.source and "control-plane record missing" in local.source
+    for bad in (None, True, float("nan"), -1.0):
+        assert hs.detection_exit(None, 2000, "cp", bad, "BENCH").origin == hs.MISSING
+
+
 def test_quiesce_is_the_step_in_flight_and_replay_one_step():
     q = hs.quiesce(12.0)
     assert (q.seconds, q.low, q.high) == (6.0, 0.0, 12.0)
