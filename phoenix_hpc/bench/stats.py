@@ -5,7 +5,7 @@ protection on and off run interleaved inside the same job (so drifts of a shared
 first warm-up steps are dropped, the slowest few percent of the remaining steps are trimmed (stragglers
 from other tenants), and the ratio is taken of the medians. Its uncertainty is a percentile bootstrap
 (Efron and Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13) that resamples the steps of each
-side independently.
+side independently (``scipy.stats.bootstrap``, ``method="percentile"``).
 
 All times are in the unit they are given in (the callers use milliseconds for steps and seconds for
 recovery phases); functions return floats in that unit.
@@ -14,7 +14,6 @@ recovery phases); functions return floats in that unit.
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -141,9 +140,17 @@ def median_ratio(num: Sequence[float], den: Sequence[float], *, resamples: int =
 def _bootstrap_ratio(num: Sequence[float], den: Sequence[float], stat, name: str, resamples: int, level: float,
                      seed: int) -> Ratio:
     """``stat(num) / stat(den)`` with the percentile-bootstrap CI of :func:`median_ratio` and
-    :func:`mean_ratio` (each resample draws ``den`` first, then ``num``; ``name`` names ``stat`` in errors).
+    :func:`mean_ratio`: ``scipy.stats.bootstrap`` (``method="percentile"``, independent samples) with
+    ``numpy.random.default_rng(seed)``. ``stat`` is :func:`statistics.median` or :func:`statistics.fmean`
+    (``name`` names it in errors); numpy's median and mean compute it over each resample. A side of one
+    value is the same in every resample (scipy resamples only samples of two or more values); both of one
+    value give a point interval. A resample whose denominator's statistic is not > 0 counts as an infinite
+    ratio (possible only where ``den`` holds zeros).
 
     Raises BenchError: an empty side, ``resamples < 1``, ``level`` outside (0, 1) or ``stat(den) <= 0``."""
+    import numpy as np
+    from scipy import stats as sps
+
     if not num or not den:
         raise BenchError(f"ratio: need values on both sides, got {len(num)} and {len(den)}")
     if resamples < 1:
@@ -154,14 +161,21 @@ def _bootstrap_ratio(num: Sequence[float], den: Sequence[float], stat, name: str
     if d <= 0:
         raise BenchError(f"ratio: the denominator's {name} is {d}, must be > 0")
     value = stat(num) / d
-    rng = random.Random(seed)
-    ratios = []
-    for _ in range(resamples):
-        m = stat(rng.choices(den, k=len(den)))
-        if m > 0:
-            ratios.append(stat(rng.choices(num, k=len(num))) / m)
-    return Ratio(value=value, lo=quantile(ratios, (1 - level) / 2), hi=quantile(ratios, (1 + level) / 2),
-                 level=level, resamples=resamples)
+    vec = {"median": np.median, "mean": np.mean}[name]
+    sides = [np.asarray(num, dtype=float), np.asarray(den, dtype=float)]
+    varied = [i for i, x in enumerate(sides) if len(x) > 1]  # the sides scipy resamples
+    if not varied:
+        return Ratio(value=value, lo=value, hi=value, level=level, resamples=resamples)
+
+    def ratio(*xs, axis=-1):
+        it = iter(xs)
+        n, m = (vec(next(it), axis=axis) if i in varied else vec(sides[i]) for i in (0, 1))
+        return np.divide(n, m, out=np.full(np.broadcast(n, m).shape, np.inf), where=np.asarray(m) > 0)
+
+    res = sps.bootstrap([sides[i] for i in varied], ratio, n_resamples=resamples, confidence_level=level,
+                        method="percentile", paired=False, vectorized=True, rng=np.random.default_rng(seed))
+    ci = res.confidence_interval
+    return Ratio(value=value, lo=float(ci.low), hi=float(ci.high), level=level, resamples=resamples)
 
 
 def clean_steps(step_ms: Sequence[float], warmup: int, trim: float) -> list[float]:

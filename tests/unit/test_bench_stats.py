@@ -293,3 +293,21 @@ def test_the_machine_record_names_the_huge_page_setting(tmp_path):
                       "THP_MEM_ALLOC_ENABLE in the submitting environment unset")
     assert "'0'" in thp_phrase({"thp_mode": None, "thp_mem_alloc_enable": "0", "torch_huge_pages": True})
     assert thp_phrase({"cpu": "x"}) == ""  # runs that did not record it
+
+
+def test_ratio_interval_is_scipys_percentile_bootstrap():
+    """The interval is ``scipy.stats.bootstrap``'s percentile interval of the same statistic, samples resampled
+    independently, with the seed's generator; a side of one value stays that value in every resample."""
+    import numpy as np
+    from scipy import stats as sps
+
+    on = [10.5 + 0.1 * (i % 7) + 0.03 * (i % 11) for i in range(50)]
+    off = [10.0 + 0.1 * (i % 5) for i in range(40)]
+    r = S.median_ratio(on, off, resamples=999, level=0.9, seed=5)
+    ref = sps.bootstrap((on, off), lambda x, y, axis=-1: np.median(x, axis=axis) / np.median(y, axis=axis),
+                        n_resamples=999, confidence_level=0.9, method="percentile", paired=False, vectorized=True,
+                        rng=np.random.default_rng(5)).confidence_interval
+    assert (r.lo, r.hi) == (pytest.approx(ref.low, abs=0), pytest.approx(ref.high, abs=0))
+    one = S.mean_ratio([30.0], [1.0, 1.5, 0.5], seed=2)
+    assert 30.0 / 1.5 <= one.lo < one.value == 30.0 < one.hi <= 30.0 / 0.5
+    assert S.mean_ratio([30.0], [2.0]) == S.Ratio(value=15.0, lo=15.0, hi=15.0, level=0.95, resamples=2000)
