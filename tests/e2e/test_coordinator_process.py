@@ -100,6 +100,22 @@ class Rank:
         return msg
 
 
+def _handled(run_dir, rank):
+    """Return once the coordinator handled everything ``rank`` sent so far (one FIFO inbox: a request sent
+    after it is answered after it) and then finished a pass of its loop (its beat counter, bumped after the
+    answers of a pass are acted on, moved after that answer)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    info = json.loads((run_dir / P.COORDINATOR_FILE).read_text())
+    store = dist.TCPStore(info["host"], info["port"], is_master=False, timeout=timedelta(seconds=30))
+    rep = rank.c.request({"type": "probe", "world_rank": rank.world_rank})
+    assert rep["type"] == "rejected" and "probe" in rep["reason"], rep
+    beat = int(store.add(P.KEY_BEAT, 0))
+    _wait(lambda: int(store.add(P.KEY_BEAT, 0)) > beat, what="a coordinator loop pass")
+
+
 def _request_polled(sender, target, body):
     """``sender``'s request, answered once ``target`` (polling meanwhile, as a rank does every step) armed or
     refused it."""
@@ -208,7 +224,9 @@ def test_coordinator_rejects_bad_messages_and_runs_a_local_recovery(coordinator)
                         "steps_ahead": 0, "phase": "h2h"})
     assert rep["type"] == "rejected" and "steps_ahead 0" in rep["reason"]
     r1.step = r1.c.started_step = 4
-    time.sleep(1.0)  # r1's heartbeat thread (every 0.2 s) reports step 4 well within this
+    # the coordinator has r1's step 4 (from its heartbeat thread, every 0.2 s) once it journals it as progress
+    _wait(lambda: [e for e in _events(run_dir, "progress") if e["generation"] == 1 and e["step"] >= 4],
+          what="progress record of step 4")
     rep = _request_polled(r0, r1, {"type": "inject", "kind": "crash", "target": {"logical_rank": 1}, "at_step": 1,
                                    "steps_ahead": 3, "phase": "h2h"})
     assert rep["type"] == "accepted" and rep["at_step"] == 4 + 3, rep
@@ -403,7 +421,7 @@ def test_time_limit_warning_writes_the_final_checkpoint_of_the_newest_common_ste
         assert r.expect("write_checkpoint")["step"] == 287
     assert latest_step(run_dir / "checkpoints") is None  # nothing is complete before every shard is written
     ranks[0].c.report_shard_written(287, {**_write_shard(run_dir, ranks[0], 287), "write_s": 0.01})
-    time.sleep(0.5)
+    _handled(run_dir, ranks[0])  # the coordinator has rank 0's report and went round its loop after it
     assert latest_step(run_dir / "checkpoints") is None
     ranks[1].c.report_shard_written(287, {**_write_shard(run_dir, ranks[1], 287), "write_s": 0.02})
     for r in (*ranks, spare):

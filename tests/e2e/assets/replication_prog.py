@@ -199,6 +199,7 @@ def main() -> None:
                                  "envelope_step": loc.envelope.get("step")}
         if a.corrupt:
             rec["corrupt"] = {}
+            rec["corrupt_restored"] = {}  # shard -> [committed step, step of the held replica once put back]
             for s in protector.held_shards():
                 step, buf = protector.buffers.held[s].committed()
                 from phoenix_hpc.runtime.snapshot import read_header
@@ -212,7 +213,7 @@ def main() -> None:
                 except ReplicationError as err:
                     rec["corrupt"][s] = str(err)
                 buf[off] ^= 0xFF
-                rec["corrupt_restored_ok"] = protector.held_replica(s).step == step
+                rec["corrupt_restored"][s] = [step, protector.held_replica(s).step]
         protector.close()
     dist.barrier(group=groups.world)
     (out / f"rank{rank}.json").write_text(json.dumps(rec))
