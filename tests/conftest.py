@@ -7,6 +7,11 @@ down (``phoenix_hpc.slurm.cluster.kill_node``) must bring it back (``revive_node
 tests must cancel the jobs they leave running, so later tests find every node idle.
 
 Set ``PHOENIX_KEEP_CLUSTER_DIR=1`` to keep the run directory (daemon logs) after the session.
+
+The runs index (``$PHOENIX_HOME/runs.jsonl``, by default the user's ``~/.phoenix``) is never the user's own:
+:func:`pytest_configure` points ``PHOENIX_HOME`` at a fresh temporary folder for the whole session (each
+xdist worker its own), so every ``phoenix`` command a test runs in-process or as a subprocess records and
+looks up its jobs there; tests that need an index of their own set ``PHOENIX_HOME`` again.
 """
 
 from __future__ import annotations
@@ -28,6 +33,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SESSION_NODES = 6
 SESSION_SWITCHES = 2
 SESSION_GPUS_PER_NODE = 4
+
+
+def pytest_configure(config) -> None:
+    home = Path(tempfile.mkdtemp(prefix="phx-home-"))
+    config._phoenix_home = home  # removed again by pytest_unconfigure
+    os.environ["PHOENIX_HOME"] = str(home)
+
+
+def pytest_unconfigure(config) -> None:
+    home = getattr(config, "_phoenix_home", None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _short_run_dir() -> Path:

@@ -47,7 +47,7 @@ def drain(job, rank, node, coord, shrink, at_step, timeout_s, wait, as_json):
     from phoenix_hpc.status.runs import find_run
 
     client = SlurmClient()
-    run_dir = find_run(job, slurm=client)
+    run_dir = find_run(job, slurm=client, live=True)
     st = collect_status(run_dir, client)
     req = build_drain(st, rank=rank, node=node, coord=coord, shrink=shrink, at_step=at_step)
     reply = send_drain(run_dir, req, timeout_s=timeout_s)

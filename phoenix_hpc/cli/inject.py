@@ -48,7 +48,7 @@ def inject_fault(job, kind, rank, node, coord, at_step, phase, timeout_s, wait, 
     from phoenix_hpc.status.runs import find_run
 
     client = SlurmClient()
-    run_dir = find_run(job, slurm=client)
+    run_dir = find_run(job, slurm=client, live=True)
     st = collect_status(run_dir, client)
     req = build_request(st, kind, rank=rank, node=node, coord=coord, at_step=at_step, phase=phase)
     try:

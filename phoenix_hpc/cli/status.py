@@ -1,7 +1,8 @@
 """``phoenix status [JOBID | RUN_DIR]``: a PHOENIX job's Slurm state, slots, replicas, spares, recoveries.
 
-Without an argument: the most recent job (newest entry of ``~/.phoenix/runs.jsonl`` and ``./runs/*/job.json``,
-see :mod:`phoenix_hpc.status.runs`). Reading the status never changes the job (only ``--cancel`` does,
+Without an argument: the most recent job of the Slurm cluster this command talks to (newest entry of
+``~/.phoenix/runs.jsonl`` and ``./runs/*/job.json`` recorded for that cluster or confirmed by its Slurm, see
+:mod:`phoenix_hpc.status.runs`; none: exit code 2). Reading the status never changes the job (only ``--cancel`` does,
 after confirmation). Works while the job runs and after it ended (from the journal).
 
 Exit codes: 0 shown; 2 bad input (unknown job id, not a PHOENIX run directory, unwritable ``--plot``);

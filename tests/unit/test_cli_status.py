@@ -91,18 +91,75 @@ def test_status_json_and_plot(env):
     assert (env / "t.png").read_bytes()[:8] == PNG_MAGIC
 
 
-def test_status_default_is_most_recent_job(env):
-    make_run(env, "old", start_records(), job_id="11", submitted_at=100.0)
-    new = make_run(env, "new", start_records() + done_records(), job_id="12", submitted_at=200.0)
+def _this_cluster(env, monkeypatch):
+    """The cluster the commands talk to here: the default slurm.conf, whose Slurm answers nothing (no cluster
+    is configured; as for a job Slurm forgot). Returns the identity the index records for it."""
+    from phoenix_hpc.slurm.identity import cluster_identity
+
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    return cluster_identity()
+
+
+def test_status_default_is_the_most_recent_job_of_this_cluster(env, monkeypatch):
+    here = _this_cluster(env, monkeypatch)
+    old = make_run(env / "a", "old", start_records(), job_id="11")
+    new = make_run(env / "a", "new", start_records() + done_records(), job_id="12")
+    record_run(old, "11", submitted_at=100.0, identity=here)
+    record_run(new, "12", submitted_at=200.0, identity=here)
     r = run("status", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["job"]["run_dir"] == str(new)
-    # the runs index wins over ./runs when it names a newer job elsewhere
-    other = make_run(env / "elsewhere", "x", start_records(), job_id="13")
-    record_run(other, "13", submitted_at=300.0)
-    assert json.loads(run("status", "--json").output)["job"]["job_id"] == "13"
-    # and a job id is found through the index or ./runs
+    # a newer job of another cluster (another checkout's slurm.conf, the same cluster name) is not the default
+    other = make_run(env / "elsewhere", "x", start_records(), job_id="12")
+    record_run(other, "12", submitted_at=300.0, identity={**here, "slurm_conf": str(env / "other" / "slurm.conf")})
+    assert json.loads(run("status", "--json").output)["job"]["run_dir"] == str(new)
+    # nor is a job id shared with it: the one of this cluster is meant
     assert json.loads(run("status", "12", "--json").output)["job"]["run_dir"] == str(new)
+    # a run under ./runs that records no cluster, which this cluster's Slurm does not confirm, is not either
+    make_run(env, "unrecorded", start_records(), job_id="14")
+    assert json.loads(run("status", "--json").output)["job"]["run_dir"] == str(new)
+
+
+def test_no_job_of_this_cluster_is_refused_and_a_live_command_needs_slurm_to_confirm(env, monkeypatch, listener):
+    here = _this_cluster(env, monkeypatch)
+    mine = make_run(env / "a", "mine", start_records(), job_id="3", port=listener.getsockname()[1])
+    other = make_run(env / "b", "theirs", start_records(), job_id="4", port=listener.getsockname()[1])
+    record_run(other, "4", submitted_at=300.0, identity={**here, "slurm_conf": "/elsewhere/slurm.conf"})
+    r = run("status")
+    assert r.exit_code == 2 and "no PHOENIX job of the Slurm cluster" in r.output
+    assert "1 recorded for another cluster" in r.output and "Traceback" not in r.output
+    record_run(mine, "3", submitted_at=200.0, identity=here)
+    assert json.loads(run("status", "--json").output)["job"]["run_dir"] == str(mine)
+    # inject-fault and drain act on a running job: Slurm (not reachable here) must confirm the default one
+    for cmd in (["inject-fault", "--kind", "crash", "--rank", "0"], ["drain", "--rank", "0"]):
+        r = run(*cmd)
+        assert r.exit_code == 2 and "no longer known to this cluster's Slurm" in r.output, r.output
+    assert_nothing_sent(listener)
+
+
+def test_judge_default_confirms_by_the_batch_script_of_the_run(tmp_path):
+    from phoenix_hpc.status import runs as R
+
+    here = {"slurm_conf": "/c/slurm.conf", "cluster": "phoenix"}
+    e = {"job_id": "5", "run_dir": str(tmp_path / "r"), "slurm_conf": "/c/slurm.conf", "cluster": "phoenix"}
+    assert R.judge_default(e, here, {"Command": str(tmp_path / "r" / "job.sbatch")}) == R.CONFIRMED
+    assert R.judge_default(e, here, {"Command": "/other/run/job.sbatch"}) == R.OTHER_RUN
+    assert R.judge_default(e, here, None) == R.REMEMBERED
+    assert R.judge_default({**e, "slurm_conf": "/d/slurm.conf"}, here, None) == R.OTHER_CLUSTER
+    assert R.judge_default({**e, "cluster": "x"}, here, {"Command": str(tmp_path / "r" / "job.sbatch")}) == R.OTHER_CLUSTER
+    unrecorded = {**e, "slurm_conf": None, "cluster": None}
+    assert R.judge_default(unrecorded, here, None) == R.UNCONFIRMED
+    assert R.judge_default(unrecorded, here, {"Command": str(tmp_path / "r" / "job.sbatch")}) == R.CONFIRMED
+
+
+def test_identity_reads_the_cluster_name_of_slurm_conf(tmp_path):
+    from phoenix_hpc.slurm.identity import cluster_identity, cluster_name
+
+    assert cluster_name("# ClusterName=no\nclustername = a # c\nClusterName=b\n") == "b"
+    assert cluster_name("SlurmctldHost=x\n") is None
+    (tmp_path / "s.conf").write_text("ClusterName=phx\n")
+    assert cluster_identity({"SLURM_CONF": str(tmp_path / "s.conf")}) == {
+        "slurm_conf": str((tmp_path / "s.conf").resolve()), "cluster": "phx"}
 
 
 @pytest.mark.parametrize("args,needle", [
