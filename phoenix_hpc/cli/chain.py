@@ -103,7 +103,7 @@ def _checkpoint_problems(cfg, run_dir: Path) -> tuple[int | None, list[str]]:
         return None, []
     p = cfg.parallelism
     grid = (p.tp, p.pp, p.dp) if p.dp else None
-    return steps[-1], check_checkpoint(root, steps[-1], grid, verify=False)
+    return steps[-1], check_checkpoint(root, steps[-1], grid, verify=False, engine=cfg.engine)
 
 
 def _wait_for_own_entry(run_dir: Path, job_id: str, wait_s: float) -> dict:

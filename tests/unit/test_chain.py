@@ -109,9 +109,20 @@ def test_a_queued_job_of_a_finished_run_does_nothing(tmp_path):
 
 def test_a_queued_job_refuses_a_checkpoint_the_grid_cannot_load(tmp_path):
     rd = chained_run(tmp_path, 2, steps_done=[20], dp=4)
+    marker = step_dir(rd / "checkpoints", 20) / "complete.json"  # written at pp = 1; the run has pp = 2
+    marker.write_text(json.dumps(dict(json.loads(marker.read_text()), grid=[1, 1, 4])))
     slurm, lines = RecordingSlurm(), []
     assert chain.start(rd, "123", slurm, lines.append) == chain.EXIT_BAD
-    assert slurm.calls == [] and "written for grid" in lines[-1]
+    assert slurm.calls == [] and "written for grid (tp, pp, dp) = (1, 1, 4)" in lines[-1]
+
+
+def test_a_queued_job_continues_from_a_checkpoint_of_another_dp(tmp_path):
+    """A run that shrank (dp 2 -> 1) wrote its newest checkpoint at dp = 1: the next job loads it at dp = 2
+    (the torch engine re-partitions the optimizer slices)."""
+    rd = chained_run(tmp_path, 2, steps_done=[20], dp=1)
+    slurm, lines = RecordingSlurm(), []
+    assert chain.start(rd, "123", slurm, lines.append) == chain.EXIT_GO, lines
+    assert [c[0] for c in slurm.calls] == ["submit"]
 
 
 def test_the_end_cancels_the_next_job_only_when_the_run_finished(tmp_path):
