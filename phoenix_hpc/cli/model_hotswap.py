@@ -26,7 +26,8 @@ from phoenix_hpc.errors import ModelError
 @click.option("--beyond-site", is_flag=True,
               help="Allow sizes above what the site can allocate: a larger machine of the same nodes and links.")
 @click.option("--benchmarks", "benchmarks", type=str, default=None,
-              help="Where the measured figures are read [default: the repository's BENCHMARKS.json].")
+              help="Where the measured figures are read: a BENCHMARKS.json, or the control-plane benchmark's own "
+                   "JSON (its --json FILE) [default: the repository's BENCHMARKS.json].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
     """What one node loss costs at N GPUs, part by part, with the source of every number.

@@ -18,9 +18,10 @@ total               :func:`total`: the sum of the values, of the lows and of the
 ==================  =======================================================================================
 
 Every number is an :class:`Estimate` that says where it comes from (``origin``): measured here (this
-project's benchmarks, ``BENCHMARKS.json``), published (a paper, issue or post, cited in ``source``),
-computed (a formula from the job's config and the site profile), or missing (the record it needs is absent:
-no number is made up). The published figures are module constants, each with its source; a figure whose
+project's benchmarks, ``BENCHMARKS.json``) or extrapolated from those measurements, measured in public (a
+paper, issue or post, cited in ``source``) or scaled from such measurements by a stated law, a quoted figure
+whose source could not be found (unsourced), computed (a formula from the job's config and the site
+profile), or missing (the record it needs is absent: no number is made up). The published figures are module constants, each with its source; a figure whose
 source could not be found is marked ``unsourced``.
 """
 
@@ -34,7 +35,9 @@ from phoenix_hpc.errors import ModelError
 
 MEASURED_HERE = "measured here"
 EXTRAPOLATED_HERE = "extrapolated from measurements here"
-PUBLISHED = "published"
+PUBLISHED = "measured in public"
+SCALED_PUBLIC = "scaled from measurements in public"
+UNSOURCED = "quoted figure, unsourced"
 COMPUTED = "computed"
 MISSING = "missing"
 
@@ -121,11 +124,16 @@ def log_law(p1: tuple[float, float], p2: tuple[float, float]) -> tuple[float, fl
     return t1 - b * math.log(n1), b
 
 
-def detect_heartbeat(heartbeat_timeout_s: float, heartbeat_interval_s: float) -> Estimate:
+def detect_heartbeat(heartbeat_timeout_s: float, heartbeat_interval_s: float,
+                     backlog: Estimate | None = None) -> Estimate:
     """Detection of a node that goes silent (power loss, a hung kernel): the coordinator declares a slot dead
     ``resilience.heartbeat_timeout_s`` after its last heartbeat (docs/design.md section 6), and the node died
     up to one ``heartbeat_interval_s`` after that heartbeat, uniformly: ``[timeout - interval, timeout]``,
-    central value ``timeout - interval / 2``. Computed from the job's config.
+    central value ``timeout - interval / 2`` (computed from the job's config), plus ``backlog``: how much later
+    than its timeout the coordinator declared a silent slot dead in the control-plane benchmark at this size
+    (:func:`control_plane_at` of ``detect_silence_s - heartbeat_timeout_s``, measured here), added value to
+    value, low to low and high to high; without it (None or missing) the sum is the config's part alone, and
+    the source says the backlog is not counted.
 
     Raises:
         ModelError: a value that is not > 0, or an interval not below the timeout."""
@@ -134,8 +142,13 @@ def detect_heartbeat(heartbeat_timeout_s: float, heartbeat_interval_s: float) ->
     if i >= t:
         raise ModelError(f"resilience.heartbeat_interval_s: {i:g} is not allowed; it must be below "
                          f"heartbeat_timeout_s ({t:g})")
-    return Estimate(t - i / 2, t - i, t, COMPUTED,
-                    f"heartbeat_timeout_s {t:g} s minus up to one heartbeat_interval_s {i:g} s (the job's config)")
+    own = f"heartbeat_timeout_s {t:g} s minus up to one heartbeat_interval_s {i:g} s (the job's config)"
+    if backlog is None or backlog.seconds is None:
+        why = f"; the coordinator's backlog beyond the timeout is not counted ({backlog.source})" if backlog else ""
+        return Estimate(t - i / 2, t - i, t, COMPUTED, own + why)
+    return Estimate(t - i / 2 + backlog.seconds, t - i + backlog.low, t + backlog.high,
+                    f"{COMPUTED} + {backlog.origin}", f"{own}, plus the coordinator's backlog beyond the timeout: "
+                    f"{backlog.source}")
 
 
 def control_plane_at(points: Sequence[tuple[int, float]], gpus: int, what: str, record: str) -> Estimate:
@@ -236,7 +249,7 @@ def rebuild_today(gpus: int, lazy: bool = False) -> Estimate:
     lo, hi = sorted((linear * f, power * f))
     what = ("scalable bootstrap + lazy connections: stock x 24/265 (NCCLX at 96K)" if lazy else
             "new default group + every group from scratch")
-    return Estimate(power * f, lo, hi, PUBLISHED,
+    return Estimate(power * f, lo, hi, SCALED_PUBLIC,
                     f"{what}; laws through {NCCL_INIT_SOURCE.split(' (')[0]} (265 s at 96K) and "
                     f"{PHOENIX_PAPER_SOURCE.split(' (')[0]} (29.8 s at 512): linear {linear * f:.3g} s, power "
                     f"{power * f:.3g} s")
@@ -271,7 +284,7 @@ def rebuild_shrink(world: int, group_kinds: int) -> Estimate:
     lg, pw = shrink_s(world)
     k = 1 + group_kinds
     lo, hi = sorted((k * lg, k * pw))
-    return Estimate(k * pw, lo, hi, PUBLISHED,
+    return Estimate(k * pw, lo, hi, UNSOURCED,
                     f"shrink + {group_kinds} splits over {world:,} ranks, each as one shrink (assumption); "
                     f"shrink {SHRINK_POINTS[0][1]} s at {SHRINK_POINTS[0][0]} -> {SHRINK_POINTS[1][1]} s at "
                     f"{SHRINK_POINTS[1][0]:,} GPUs: unsourced; log law {k * lg:.3g} s, power law {k * pw:.3g} s")

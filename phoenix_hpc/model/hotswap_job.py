@@ -116,14 +116,22 @@ def read_record(path: Path) -> tuple[dict | None, str]:
     return d, f"{p.name} of {d.get('date', '?')}, commit {d.get('commit', '?')}"
 
 
+#: The derived figure ``detect_silence_s - heartbeat_timeout_s`` of a control-plane run (:func:`control_plane_points`).
+SILENCE_BACKLOG = "silence_backlog_s"
+
+
 def control_plane_points(record: dict | None, key: str) -> tuple[list[tuple[int, float]] | None, str]:
     """The control-plane benchmark's ``(ranks, value)`` of figure ``key`` (``detect_exit_s``,
-    ``plan_deliver_s`` = ``plan_s + plan_delivered_s``, ...), from ``record["control_plane"]["runs"]``,
-    runs marked unusable (``error``) left out; ``(None, reason)`` when the record has no control-plane
-    section."""
+    ``plan_deliver_s`` = ``plan_s + plan_delivered_s``, :data:`SILENCE_BACKLOG` = ``detect_silence_s -
+    heartbeat_timeout_s``, ...), from ``record["control_plane"]["runs"]`` (or ``record["runs"]`` when
+    ``record`` is the benchmark's own JSON), runs marked unusable (``error``) left out; ``(None, reason)`` when
+    the record has no control-plane runs."""
     from phoenix_hpc.bench.control_plane_report import derived
 
-    cp = (record or {}).get("control_plane")
+    rec = record or {}
+    cp = rec.get("control_plane")
+    if cp is None and isinstance(rec.get("runs"), list):  # the benchmark's own JSON (its --json FILE)
+        cp = rec
     if not isinstance(cp, dict) or not isinstance(cp.get("runs"), list):
         return None, ("control-plane record missing (BENCHMARKS.json has no control_plane section; "
                       "scripts/bench-control-plane --update-benchmarks . writes it)")
@@ -132,6 +140,9 @@ def control_plane_points(record: dict | None, key: str) -> tuple[list[tuple[int,
         if not isinstance(r, dict) or r.get("error") or not isinstance(r.get("ranks"), int):
             continue
         v = derived(r).get(key)
+        if key == SILENCE_BACKLOG:  # how much later than its timeout a silent slot was declared dead
+            ds, to = r.get("detect_silence_s"), r.get("heartbeat_timeout_s")
+            v = ds - to if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (ds, to)) else None
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             pts.append((r["ranks"], float(v)))
     return pts, f"control-plane benchmark of {cp.get('date', '?')} (BENCHMARKS.json control_plane)"
@@ -143,14 +154,15 @@ GROUP_KINDS = 3
 
 @dataclass(frozen=True)
 class Measured:
-    """What the projection reads from the benchmarks' record: the control-plane runs of the detection and of
-    the plan and push (None: no control-plane section; the phrase says why), the local ``detect_s``, and a
-    phrase naming the record."""
+    """What the projection reads from the benchmarks' record: the control-plane runs of the detection, of the
+    plan and push and of the silent slot's backlog beyond the timeout (None: no control-plane runs; the phrase
+    says why), the local ``detect_s``, and a phrase naming the record."""
 
     exit_points: list[tuple[int, float]] | None
     exit_record: str
     plan_points: list[tuple[int, float]] | None
     plan_record: str
+    backlog_points: list[tuple[int, float]] | None
     local_detect_s: object
     record: str
 
@@ -159,7 +171,8 @@ class Measured:
         """Read from ``record`` (a BENCHMARKS.json's content, or None) named ``record_name``."""
         exit_pts, exit_rec = control_plane_points(record, "detect_exit_s")
         plan_pts, plan_rec = control_plane_points(record, "plan_deliver_s")
-        return cls(exit_pts, exit_rec, plan_pts, plan_rec, (record or {}).get("detect_s"), record_name)
+        backlog_pts, _ = control_plane_points(record, SILENCE_BACKLOG)
+        return cls(exit_pts, exit_rec, plan_pts, plan_rec, backlog_pts, (record or {}).get("detect_s"), record_name)
 
 
 def project(job, node, gpus: int, step_s: float, measured: Measured, site_max_gpus: int | None) -> dict:
@@ -174,7 +187,10 @@ def project(job, node, gpus: int, step_s: float, measured: Measured, site_max_gp
     world = gpus + job.spares * gpn
     det = hs.detection_exit(measured.exit_points, gpus, measured.exit_record, measured.local_detect_s,
                             measured.record)
-    hb = hs.detect_heartbeat(rz.heartbeat_timeout_s, rz.heartbeat_interval_s)
+    backlog = (hs.control_plane_at(measured.backlog_points, gpus, "a silent slot declared dead after its timeout",
+                                   measured.exit_record)
+               if measured.backlog_points is not None else hs.missing(measured.exit_record))
+    hb = hs.detect_heartbeat(rz.heartbeat_timeout_s, rz.heartbeat_interval_s, backlog)
     plan = (hs.control_plane_at(measured.plan_points, gpus, "recovery plan made and pushed to every member",
                                 measured.plan_record)
             if measured.plan_points is not None else hs.missing(f"plan and push: {measured.plan_record}"))

@@ -23,9 +23,12 @@ REPO = Path(__file__).resolve().parents[2]
 # the control-plane benchmark's runs as its record keeps them (BENCHMARKS.json control_plane.runs): plan and
 # detection grow linearly with the rank count here; the 16,000-rank run is marked unusable
 CP_RUNS = [
-    {"ranks": 1000, "detect_exit_s": 0.10, "plan_s": 0.05, "plan_delivered_s": 0.05},
-    {"ranks": 2000, "detect_exit_s": 0.20, "plan_s": 0.10, "plan_delivered_s": 0.10},
-    {"ranks": 4000, "detect_exit_s": 0.40, "plan_s": 0.20, "plan_delivered_s": 0.20},
+    {"ranks": 1000, "detect_exit_s": 0.10, "plan_s": 0.05, "plan_delivered_s": 0.05, "detect_silence_s": 10.1,
+     "heartbeat_timeout_s": 10.0},
+    {"ranks": 2000, "detect_exit_s": 0.20, "plan_s": 0.10, "plan_delivered_s": 0.10, "detect_silence_s": 10.2,
+     "heartbeat_timeout_s": 10.0},
+    {"ranks": 4000, "detect_exit_s": 0.40, "plan_s": 0.20, "plan_delivered_s": 0.20, "detect_silence_s": 10.4,
+     "heartbeat_timeout_s": 10.0},
     {"ranks": 16000, "detect_exit_s": -20.0, "plan_s": None, "error": "simulator artefact"},
 ]
 
@@ -48,6 +51,15 @@ def test_detect_heartbeat_is_the_timeout_less_up_to_one_interval():
         hs.detect_heartbeat(2.0, 2.0)
     with pytest.raises(ModelError, match="heartbeat_timeout_s"):
         hs.detect_heartbeat(0.0, 1.0)
+
+
+def test_detect_heartbeat_adds_the_measured_backlog_beyond_the_timeout():
+    backlog = hs.Estimate(0.5, 0.25, 1.0, hs.MEASURED_HERE, "cp runs")
+    e = hs.detect_heartbeat(30.0, 2.0, backlog)
+    assert (e.seconds, e.low, e.high) == (29.5, 28.25, 31.0)
+    assert e.origin == f"{hs.COMPUTED} + {hs.MEASURED_HERE}" and "cp runs" in e.source
+    alone = hs.detect_heartbeat(30.0, 2.0, hs.missing("control-plane record missing"))
+    assert alone.seconds == 29.0 and "not counted (control-plane record missing)" in alone.source
 
 
 def test_control_plane_at_fits_the_runs_and_says_measured_or_extrapolated():
@@ -102,7 +114,7 @@ def test_rebuild_today_spans_both_laws_and_lazy_scales_by_the_published_ratio():
     assert (stock.low, stock.seconds, stock.high) == pytest.approx((linear, power, power))
     lazy = hs.rebuild_today(4096, lazy=True)
     assert lazy.seconds == pytest.approx(power * 24 / 265)
-    assert stock.origin == hs.PUBLISHED and "2510.20171" in stock.source and "2607.01646" in stock.source
+    assert stock.origin == hs.SCALED_PUBLIC and "2510.20171" in stock.source and "2607.01646" in stock.source
 
 
 def test_shrink_laws_pass_through_the_quoted_points_and_the_rebuild_counts_the_splits():
@@ -112,7 +124,7 @@ def test_shrink_laws_pass_through_the_quoted_points_and_the_rebuild_counts_the_s
     assert 2.0 < lg < pw < 4.0  # it grows slowly past the quoted range
     e = hs.rebuild_shrink(100_000, 3)
     assert (e.low, e.seconds, e.high) == pytest.approx((4 * lg, 4 * pw, 4 * pw))
-    assert "unsourced" in e.source
+    assert "unsourced" in e.source and e.origin == hs.UNSOURCED
     assert hs.rebuild_shrink(1024, 0).seconds == pytest.approx(2.0)
 
 
@@ -179,6 +191,11 @@ def test_scaled_state_is_the_memory_estimates_weights_and_shrinking_shard():
 def test_control_plane_points_read_usable_runs_or_say_the_record_is_missing():
     pts, what = hj.control_plane_points({"control_plane": {"date": "d", "runs": CP_RUNS}}, "plan_deliver_s")
     assert pts == [(1000, 0.1), (2000, 0.2), (4000, 0.4)] and "control-plane benchmark of d" in what
+    own, _ = hj.control_plane_points({"date": "d", "runs": CP_RUNS}, "detect_exit_s")  # the benchmark's JSON
+    assert own == [(1000, 0.1), (2000, 0.2), (4000, 0.4)]
+    backlog, _ = hj.control_plane_points({"control_plane": {"runs": CP_RUNS}}, hj.SILENCE_BACKLOG)
+    assert [n for n, _ in backlog] == [1000, 2000, 4000]
+    assert [v for _, v in backlog] == pytest.approx([0.1, 0.2, 0.4])
     none, why = hj.control_plane_points({"detect_s": 0.1}, "plan_deliver_s")
     assert none is None and "control-plane record missing" in why
 
@@ -209,7 +226,7 @@ def test_command_projects_every_part_with_its_origin(tmp_path):
     assert d["projections"][1]["parts"]["plan_push"]["origin"] == hs.EXTRAPOLATED_HERE  # 4,096 beyond them
     assert parts["plan_push"]["seconds"] == pytest.approx(0.1024, rel=1e-2)
     assert parts["detection_exit"]["seconds"] == pytest.approx(0.1024, rel=1e-2)
-    assert parts["detection_heartbeat"]["seconds"] == 29.0
+    assert parts["detection_heartbeat"]["seconds"] == pytest.approx(29.0 + 0.1024, rel=1e-3)  # + the backlog
     assert parts["quiesce"]["seconds"] == pytest.approx(6.15) and parts["replay"]["seconds"] == 12.3
     assert parts["rebuild_today"]["seconds"] == pytest.approx(hs.init_laws(1024)[1])
     assert parts["rebuild_shrink"]["source"].startswith("shrink + 3 splits over 1,032 ranks")
