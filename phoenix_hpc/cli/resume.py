@@ -89,6 +89,36 @@ def wait_for_end(slurm, job_id: str, state: str | None, wait_s: float = END_WAIT
     return state
 
 
+def _recorded(rd: Path) -> list[dict]:
+    """The runs index's entries of run directory ``rd`` (:func:`phoenix_hpc.status.runs.known_runs`), newest
+    first; none when the index cannot be read."""
+    from phoenix_hpc.errors import StatusError
+    from phoenix_hpc.status.runs import known_runs
+
+    try:
+        return [e for e in known_runs() if Path(e["run_dir"]) == rd]
+    except (StatusError, OSError):
+        return []
+
+
+def cluster_problem(rd: Path, recorded: list[dict], identity: dict) -> str | None:
+    """Why run directory ``rd`` cannot be resumed on the Slurm cluster ``identity``
+    (:func:`phoenix_hpc.slurm.identity.cluster_identity`): its newest job was recorded for another cluster
+    (``recorded``: its runs-index entries, newest first; one without a cluster says nothing). Its job ids are
+    another cluster's (ids restart at 1 on every cluster), and its checkpoint path and data were set for that
+    one. Pure; None when nothing says so."""
+    from phoenix_hpc.status.runs import same_cluster
+
+    known = [e for e in recorded if e.get("slurm_conf")]
+    if not known or same_cluster(known[0], identity) is not False:
+        return None
+    e = known[0]
+    return (f"--resume: {rd} is a run of another Slurm cluster: its job {e['job_id']} was submitted to cluster "
+            f"{e.get('cluster')!r} (slurm.conf {e['slurm_conf']}), this command talks to cluster "
+            f"{identity.get('cluster')!r} (slurm.conf {identity.get('slurm_conf')}); resume it with SLURM_CONF "
+            "pointing at its own cluster; nothing was written or submitted")
+
+
 def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm=None) -> ResumePoint:
     """Check that ``run_dir`` can be resumed; return where it resumes.
 
@@ -106,6 +136,7 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
     from phoenix_hpc.control.journal import read_journal
     from phoenix_hpc.recovery.ckpt_files import checkpoint_root
     from phoenix_hpc.recovery.ckpt_files import check_checkpoint, complete_steps
+    from phoenix_hpc.slurm.identity import cluster_identity
     from phoenix_hpc.status.runs import is_run_dir
 
     rd = Path(run_dir).absolute()
@@ -120,6 +151,9 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
     if done:
         raise SubmitError(f"--resume: the run in {rd} finished (job_done at step {done[-1].get('step')}); "
                           "there is nothing to resume")
+    why = cluster_problem(rd, _recorded(rd), cluster_identity())
+    if why:
+        raise SubmitError(why)
     job = _job_json(rd)
     jobs = [str(e["job_id"]) for e in job_entries(job)]
     if slurm is not None and jobs:

@@ -69,3 +69,27 @@ def test_a_damaged_dcp_checkpoint_is_refused_naming_the_file(tmp_path):
     before = _tree(rd)
     assert_bad(invoke("--resume", rd), "cannot be loaded", f"{d / '.metadata'} cannot be read")
     assert _tree(rd) == before
+
+
+def test_a_run_dir_of_another_cluster_is_refused(tmp_path, monkeypatch):
+    from phoenix_hpc.cli.resume import cluster_problem
+    from phoenix_hpc.status.runs import record_run
+
+    here = {"slurm_conf": "/a/slurm.conf", "cluster": "alpha"}
+    rd = make_run(tmp_path, steps_done=[20])
+    other = {"job_id": "7", "run_dir": str(rd), "slurm_conf": "/b/slurm.conf", "cluster": "beta"}
+    why = cluster_problem(rd, [other], here)
+    assert "another Slurm cluster" in why and "'beta' (slurm.conf /b/slurm.conf)" in why and "'alpha'" in why
+    assert cluster_problem(rd, [dict(other, **here)], here) is None
+    assert cluster_problem(rd, [dict(other, slurm_conf=None)], here) is None  # recorded without a cluster
+    assert cluster_problem(rd, [], here) is None
+    # the command: the runs index says the run's job went to another cluster than SLURM_CONF's
+    home = tmp_path / "home"
+    monkeypatch.setenv("PHOENIX_HOME", str(home))
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=alpha\n")
+    record_run(rd, "123", home=home, identity={"slurm_conf": "/elsewhere/slurm.conf", "cluster": "beta"})
+    before = _tree(rd)
+    assert_bad(invoke("--resume", rd, env={"SLURM_CONF": str(conf)}), "is a run of another Slurm cluster",
+               "cluster 'beta' (slurm.conf /elsewhere/slurm.conf)", f"cluster 'alpha' (slurm.conf {conf})")
+    assert _tree(rd) == before
