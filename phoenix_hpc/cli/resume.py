@@ -5,7 +5,8 @@ config file overrides it), its checkpoint root, in a new Slurm job that starts f
 checkpoint (``launch/persist.py`` loads it at start-up). ``job.json`` keeps the list of the run's jobs.
 
 :func:`check_resume` refuses (``SubmitError``, exit code 2, nothing submitted) a directory that is not a
-run directory, a run that finished (``job_done``), a run whose job Slurm still shows pending or running (a job whose coordinator has ended is given
+run directory, a run whose newest job the runs index records for another Slurm cluster
+(:func:`cluster_problem`), a run that finished (``job_done``), a run whose job Slurm still shows pending or running (a job whose coordinator has ended is given
 :data:`END_WAIT_S` to leave Slurm first),
 a run without a complete checkpoint, a newest complete checkpoint that fails its checks (a shard file
 missing, of another size or failing its SHA-256; a DCP ``.metadata`` that cannot be read or names a data
