@@ -504,7 +504,9 @@ def render_markdown(r: dict) -> str:
 #: Where BENCHMARKS.md's GPU section reads the kept GPU reports from (relative to the repository): every
 #: ``*.json`` there is one ``gpu-report.json`` of ``scripts/gpu-check.sh`` (a run may cover only some checks,
 #: ``--only``); the section shows each item's result from the newest run that has it. A ``NAME.note`` beside
-#: ``NAME.json`` is shown under that run (what the run was made with, when the code has changed since).
+#: ``NAME.json`` is shown under that run (what the run was made with, when the code has changed since); a
+#: ``NAME.withdrawn`` (its text: why) marks a run of code that is no longer the project's (a change taken out
+#: again): the run is listed, its items are not shown.
 GPU_REPORT_DIR = "benchmarks/gpu"
 _KEY_NUMBERS = ("ratio", "ratio_ci95", "off_ms_median", "exposed_wait_ms_median", "d2h_gbs", "host_link_limit_gbs",
                 "host_link", "raw_pinned_copy_gbs", "checksum_gbs", "crc32_gbs", "checksum_threads",
@@ -518,8 +520,9 @@ _KEY_NUMBERS = ("ratio", "ratio_ci95", "off_ms_median", "exposed_wait_ms_median"
 
 def load_gpu_reports(folder: Path) -> list[dict]:
     """The GPU-mode reports kept in ``folder`` (:data:`GPU_REPORT_DIR`), newest ``started`` first, each with
-    its ``file`` name and, where a ``.note`` file sits beside it, its ``note`` (whitespace collapsed); dry
-    runs and files that are not reports are left out. Empty when the folder is missing."""
+    its ``file`` name and, where a ``.note`` file sits beside it, its ``note`` (whitespace collapsed), where a
+    ``.withdrawn`` one does, ``withdrawn`` (its text); dry runs and files that are not reports are left out.
+    Empty when the folder is missing."""
     reps = []
     for f in sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else []:
         try:
@@ -527,8 +530,10 @@ def load_gpu_reports(folder: Path) -> list[dict]:
         except (OSError, ValueError):
             continue
         if isinstance(r, dict) and r.get("mode") == "gpu" and "checks" in r:
-            note = f.with_suffix(".note")
+            note, gone = f.with_suffix(".note"), f.with_suffix(".withdrawn")
             extra = {"note": " ".join(note.read_text().split())} if note.is_file() else {}
+            if gone.is_file():
+                extra["withdrawn"] = " ".join(gone.read_text().split()) or "a change taken out again"
             reps.append({**r, "file": f.name, **extra})
     return sorted(reps, key=lambda r: str(r.get("started")), reverse=True)
 
@@ -548,19 +553,25 @@ def gpu_section(gpu_reports: list[dict] | dict | None) -> list[str]:
             "CPU ranks. `scripts/gpu-check.sh OUT_DIR` runs every check on one CUDA GPU in under 8 minutes "
             f"(after `scripts/gpu-wheels.sh` where the package index is reachable); copy `OUT_DIR/gpu-report.json` "
             f"into `{GPU_REPORT_DIR}/`, and the next `scripts/bench.sh` shows it here.", ""]
-    L += ["GPU check runs kept (newest first; each item below is from the newest run that has it):", ""]
+    L += ["GPU check runs kept (newest first; each item below is from the newest run that has it, runs of "
+          "withdrawn code left out):", ""]
     for i, r in enumerate(reps, 1):
         v, d, s = r["versions"], r["device"], r["summary"]
         names = [c["check"] for c in r["checks"]]
-        L.append(f"{i}. {r['started']}, {d.get('name')}, torch {v.get('torch')}, CUDA {v.get('cuda')}, "
+        commit = (r.get("code") or {}).get("commit") or "not recorded"
+        L.append(f"{i}. {r['started']}, commit {commit}, {d.get('name')}, torch {v.get('torch')}, CUDA {v.get('cuda')}, "
                  f"driver {v.get('driver')}, megatron-core {v.get('megatron_core')}; checks {', '.join(names)}: "
                  f"{s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped ({r['wall_s']} s)"
                  + (f"; `{GPU_REPORT_DIR}/{r['file']}`" if r.get("file") else ""))
+        if r.get("withdrawn"):
+            L.append(f"   Withdrawn (its items are not shown below): {r['withdrawn']}")
         if r.get("note"):
             L.append(f"   Note: {r['note']}")
     L += ["", "| item | run | status | key numbers | reason |", "| --- | --- | --- | --- | --- |"]
     seen: set[str] = set()
     for i, r in enumerate(reps, 1):
+        if r.get("withdrawn"):
+            continue
         for c in r["checks"]:
             for it in c["items"]:
                 if it["name"] in seen:

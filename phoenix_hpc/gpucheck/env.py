@@ -110,3 +110,68 @@ def device_facts() -> dict[str, Any]:
     if pcie:
         out["pcie"] = pcie
     return out
+
+
+#: set it where the checkout has no ``.git`` (a copy of the working tree): the commit the copy was made from
+COMMIT_ENV = "PHOENIX_GPU_COMMIT"
+#: what :func:`source_digest` covers, relative to the repository
+DIGEST_PATHS = ("phoenix_hpc", "scripts", "examples", "pyproject.toml")
+
+
+def source_digest(root) -> str:
+    """SHA-256 (first 16 hex digits) of the project's code under ``root`` (:data:`DIGEST_PATHS`: every
+    file's path and bytes, in path order; ``__pycache__`` and ``*.pyc`` left out): the same for a checkout
+    of a commit and any copy of its files, so a report from a machine without git can be matched to its
+    commit (``python -m phoenix_hpc.gpucheck.env digest [ROOT]`` in a checkout of that commit)."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(root)
+    h = hashlib.sha256()
+    files = []
+    for p in DIGEST_PATHS:
+        q = root / p
+        files += [q] if q.is_file() else sorted(f for f in q.rglob("*") if f.is_file()) if q.is_dir() else []
+    for f in sorted(files):
+        rel = f.relative_to(root).as_posix()
+        if "__pycache__" in rel or rel.endswith(".pyc"):
+            continue
+        h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def code_version(root, environ=None) -> dict[str, str]:
+    """What code a report measured: ``commit`` (``git rev-parse HEAD`` of ``root``, with ``+changes`` when
+    ``git status --porcelain`` lists changed tracked files; else :data:`COMMIT_ENV`; else a sentence saying it
+    is unknown) and ``source_digest`` (:func:`source_digest`, always)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    commit = ""
+    git = shutil.which("git")
+    if git is not None:
+        try:
+            r = subprocess.run([git, "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+            if r.returncode == 0:
+                commit = r.stdout.strip()
+                d = subprocess.run([git, "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=30)
+                if d.returncode == 0 and d.stdout.strip():
+                    commit += "+changes"
+        except (OSError, subprocess.TimeoutExpired):
+            commit = ""
+    if not commit:
+        commit = environ.get(COMMIT_ENV, "") or (f"unknown: no git checkout here and {COMMIT_ENV} unset; match "
+                                                 "source_digest against a checkout")
+    return {"commit": commit, "source_digest": source_digest(root)}
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    if sys.argv[1:2] == ["digest"] and len(sys.argv) <= 3:
+        print(source_digest(Path(sys.argv[2]) if len(sys.argv) == 3 else Path(__file__).resolve().parents[2]))
+        sys.exit(0)
+    print("usage: python -m phoenix_hpc.gpucheck.env digest [ROOT]", file=sys.stderr)
+    sys.exit(2)

@@ -26,13 +26,14 @@ def local_placement():
     return Placement(k=0, levels=("node",), replicas=(), warnings=())
 
 
-def make_protector(engine, comm, device, commit_timeout_s: float = 600.0):
-    """``Protector.create`` for logical rank 0 of a 1x1x1 grid with :func:`local_placement`."""
+def make_protector(engine, comm, device, commit_timeout_s: float = 600.0, **options):
+    """``Protector.create`` for logical rank 0 of a 1x1x1 grid with :func:`local_placement`; ``options``:
+    more of its keyword arguments (``interval_cap``, ``checksum``, ``d2h_copy_chunk_bytes``...)."""
     from phoenix_hpc.runtime.protector import Protector
 
     return Protector.create(engine=engine, comm=comm, placement=local_placement(), logical_rank=0,
                             grid={"tp": 1, "pp": 1, "dp": 1}, generation=0, chunk_bytes=64 << 20, log=None,
-                            device=device, commit_timeout_s=commit_timeout_s)
+                            device=device, commit_timeout_s=commit_timeout_s, **options)
 
 
 def abba(engine, protector, tokens: int, rounds: int, block_steps: int) -> list[dict]:
@@ -84,7 +85,15 @@ def snapshot_matches(protector, engine) -> list[str]:
     return bad
 
 
-def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: int | None = None) -> dict[str, Any]:
+def steps_ratio(on: list[float], off: list[float]) -> dict[str, Any]:
+    """``ratio`` (median of ``on`` over median of ``off``, step milliseconds) and ``ratio_ci95`` (95 %
+    bootstrap interval, :func:`phoenix_hpc.bench.stats.median_ratio`; pure)."""
+    r = S.median_ratio(on, off)
+    return {"ratio": round(r.value, 4), "ratio_ci95": [round(r.lo, 4), round(r.hi, 4)]}
+
+
+def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: int | None = None,
+               kinds: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Where protection slows a step besides the exposed wait: ``steps`` unprotected steps train while a
     background thread repeats one kind of work back to back (:data:`PASS_GAP_S` between passes), each kind in
     turn:
@@ -106,7 +115,18 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
     - ``chunked_copy``: the same bytes as ``one_copy`` in commands of :data:`CHUNKED_COPY_BYTES` (4 MiB; the
       same side stream, one synchronisation per pass). If the step slows beside ``one_copy`` but much less
       beside this one, the training's own copies wait for a long command on the copy engine to end (then
-      splitting the snapshot's large tensors would help); if beside both alike, the link's bandwidth is shared.
+      splitting the snapshot's large tensors would help); if beside both alike, the link's bandwidth is shared;
+    - ``registered_copy``: ``one_copy`` into page-locked memory of the protector's own kind
+      (:func:`phoenix_hpc.runtime.pinned.pinned_empty`, ``cudaHostRegister`` of an anonymous mapping) instead
+      of torch's ``cudaHostAlloc``: if the step slows beside this one but not beside ``one_copy``, the
+      registration of the buffers is what costs;
+    - ``gil``: pure Python work (no CUDA, no copy) that holds the GIL between its bytecodes, as a Python copy
+      loop does: if the step slows beside this one, the training thread waits for the interpreter;
+    - ``host_copy``: a host-to-host copy of ``one_copy_bytes`` (torch releases the GIL), which loads the host
+      memory's bandwidth as the D2H's landing bytes do: if the step slows beside this one, host memory
+      bandwidth is shared.
+
+    ``kinds``: the kinds to run, in this order (default all of them).
 
     Call after ``protector.close()``, with ``buf`` a host buffer of ``protector.layout`` nothing else uses.
     Returns, per kind, the median step time (``{kind}_only_ms_median``, ms; the first step of each block
@@ -153,16 +173,46 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
                 dst[a:b].copy_(src[a:b], non_blocking=True)
         side.synchronize()
 
-    work = {
+    def registered_copy() -> None:
+        if side is None:
+            reg.copy_(src)
+            return
+        with torch.cuda.stream(side):
+            reg.copy_(src, non_blocking=True)
+        side.synchronize()
+
+    def gil() -> None:  # about a millisecond of bytecodes, no call that releases the GIL
+        x = 0
+        for i in range(20000):
+            x += i * i
+
+    host_src = torch.ones(n, dtype=torch.uint8)
+    host_dst = torch.empty(n, dtype=torch.uint8)
+
+    chosen = tuple(KINDS if kinds is None else kinds)
+    unknown = [k for k in chosen if k not in KINDS]
+    if unknown:
+        raise ValueError(f"contention kinds {unknown}: allowed {KINDS}")
+    reg = None
+    if "registered_copy" in chosen:
+        from phoenix_hpc.runtime.pinned import pinned_empty
+
+        reg = pinned_empty(n) if cuda else torch.empty(n, dtype=torch.uint8)
+    work_all = {
         "copy": lambda: protector.d2h.copy(protector.d2h.mark(), buf, protector.layout, opt, par),
         "checksum": lambda: checksum_groups(memoryview(buf.numpy()), slots, [len(slots)], lambda i: None, fn,
                                             protector.d2h.checksums),
         "one_copy": one_copy,
         "chunked_copy": chunked_copy,
+        "registered_copy": registered_copy,
+        "gil": gil,
+        "host_copy": lambda: host_dst.copy_(host_src),
     }
+    work = {k: work_all[k] for k in chosen}
     out: dict[str, Any] = {}
     recs, phases = timed_train(engine, steps, tokens)
     out["alone_ms_median"], out["alone_phase_ms"] = step_medians(recs, phases)
+    out["alone_steps_ms"] = kept_steps(recs)
     for name, one in work.items():
         stop, passes, errors = threading.Event(), [0], []
 
@@ -187,6 +237,7 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
         if errors:
             raise errors[0]
         out[f"{name}_only_ms_median"], out[f"{name}_phase_ms"] = step_medians(recs, phases)
+        out[f"{name}_steps_ms"] = kept_steps(recs)
         out[f"{name}_passes_per_step"] = round(passes[0] / max(1, len(recs)), 2)
     protector.d2h.checksums.close()
     return out
@@ -202,6 +253,11 @@ def timed_train(engine, steps: int, tokens: int) -> tuple[list, list[dict[str, f
     recs = train(engine, engine.step + steps, tokens, on_step=lambda rec: marks.append(("end", time.perf_counter())),
                  phase_hook=lambda s, phase: marks.append((phase, time.perf_counter())))
     return recs, phase_times(marks)
+
+
+def kept_steps(recs: list) -> list[float]:
+    """Step milliseconds of :func:`timed_train`'s records, the first dropped when there are more (pure)."""
+    return [round(r.step_time_ms, 3) for r in (recs[1:] if len(recs) > 1 else recs)]
 
 
 def phase_times(marks: list[tuple[str, float]]) -> list[dict[str, float]]:
@@ -236,6 +292,9 @@ def step_medians(recs: list, phases: list[dict[str, float]]) -> tuple[float, dic
 #: model's 14.1 GB took 258 ms, so this is under 1 % of its time; a ``one_copy`` pass of 1 GiB at the
 #: 55 GB/s measured there would take about 20 ms, computed, not measured: 5 %)
 PASS_GAP_S = 1e-3
+
+#: :func:`contention`'s kinds of background work, in run order
+KINDS = ("copy", "checksum", "one_copy", "chunked_copy", "registered_copy", "gil", "host_copy")
 
 #: bytes of :func:`contention`'s ``one_copy`` (1 GiB: about 20 ms per pass at the 55 GB/s measured on an H200,
 #: computed)

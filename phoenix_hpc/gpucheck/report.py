@@ -9,7 +9,8 @@ The report (``gpu-report.json``) is::
 
     {"format": 1, "mode": "gpu" | "dry-run", "started": ISO time, "wall_s", "versions": {...},
      "device": {...}, "checks": [{"check", "wall_s", "timeout_s", "items": [item, ...]}, ...],
-     "summary": {"passed", "failed", "skipped"}, "preparation": [...]}
+     "summary": {"passed", "failed", "skipped"}, "preparation": [...],
+     "code": {"commit", "source_digest"}}
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def exit_code(report: dict) -> int:
 
 
 def build_report(mode: str, started: str, wall_s: float, versions: dict, device: dict, checks: list[dict],
-                 preparation: list[str] | None = None) -> dict:
-    """The report dict (see the module docstring). ``mode`` is ``gpu`` or ``dry-run``.
+                 preparation: list[str] | None = None, code: dict | None = None) -> dict:
+    """The report dict (see the module docstring). ``mode`` is ``gpu`` or ``dry-run``; ``code``: the commit
+    and source digest measured (:func:`phoenix_hpc.gpucheck.env.code_version`).
 
     Raises:
         ValueError: an unknown mode.
@@ -71,7 +73,8 @@ def build_report(mode: str, started: str, wall_s: float, versions: dict, device:
     if mode not in ("gpu", "dry-run"):
         raise ValueError(f"mode {mode!r} is not 'gpu' or 'dry-run'")
     return {"format": FORMAT, "mode": mode, "started": started, "wall_s": round(wall_s, 1), "versions": versions,
-            "device": device, "checks": checks, "summary": summarize(checks), "preparation": list(preparation or [])}
+            "device": device, "checks": checks, "summary": summarize(checks), "preparation": list(preparation or []),
+            "code": dict(code or {"commit": "unknown: not recorded", "source_digest": "unknown"})}
 
 
 def render_markdown(report: dict) -> str:
@@ -83,6 +86,9 @@ def render_markdown(report: dict) -> str:
         f"{s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped.", "",
         "| | |", "| --- | --- |",
     ]
+    code = report.get("code") or {}
+    lines.append(f"| commit | {code.get('commit', 'not recorded (a report from before commits were recorded)')} |")
+    lines.append(f"| source digest | {code.get('source_digest', 'not recorded')} |")
     for k in ("torch", "cuda", "driver", "nccl", "megatron_core", "python"):
         lines.append(f"| {k} | {v.get(k, 'unknown')} |")
     for k in ("name", "memory_gib", "capability", "pcie"):

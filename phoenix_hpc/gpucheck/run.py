@@ -31,6 +31,11 @@ from phoenix_hpc.gpucheck import CHECKS, report
 #: Packages the wheels bring, by import name (distribution names in wheels.GPU_MISSING).
 WHEEL_IMPORTS = ("megatron.core", "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "hostlist",
                  "typing_extensions")
+#: Packages the checks import that the GPU machine's interpreter must already have (not among the wheels),
+#: imported in the dry run too, so that a missing one shows before a GPU is spent
+HOST_IMPORTS = ("numpy", "packaging", "yaml", "mpi4py.MPI")
+_DIST = {"megatron.core": "megatron-core", "hostlist": "python-hostlist", "yaml": "PyYAML", "mpi4py.MPI": "mpi4py"}
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BUDGET_S = 420.0  # under the 8 minutes the whole command may take, leaving time for set-up
 MIN_CHECK_S = 30.0  # budget kept for each check still to come (a process start, torch and CUDA set-up)
 
@@ -56,18 +61,28 @@ def _origin(mod) -> str:
     return "the wheels" if target and f.startswith(target) else "the interpreter's site-packages"
 
 
-def _import_wheels() -> list[str]:
+def _import_wheels() -> tuple[list[str], bool]:
+    """Import every package of :data:`WHEEL_IMPORTS` and :data:`HOST_IMPORTS`: one line per package (its
+    version and where it came from, or why it failed to import), and whether all imported."""
     import warnings
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    out = []
-    for name in WHEEL_IMPORTS:
-        with warnings.catch_warnings():  # megatron-core warns that Transformer Engine and Apex are absent
-            warnings.simplefilter("ignore")
-            mod = importlib.import_module(name)
-        dist = {"megatron.core": "megatron-core", "hostlist": "python-hostlist"}.get(name, name.replace("_", "-"))
-        out.append(f"imported {name} {version(dist)} from {_origin(mod)}")
-    return out
+    out, ok = [], True
+    for name in WHEEL_IMPORTS + HOST_IMPORTS:
+        try:
+            with warnings.catch_warnings():  # megatron-core warns that Transformer Engine and Apex are absent
+                warnings.simplefilter("ignore")
+                mod = importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 -- an ImportError, or what the package raised while importing
+            out.append(f"import failed: {name}: {type(e).__name__}: {str(e)[:200]}")
+            ok = False
+            continue
+        try:
+            v = version(_DIST.get(name, name.replace("_", "-")))
+        except PackageNotFoundError:
+            v = str(getattr(mod, "__version__", "(version unknown)"))
+        out.append(f"imported {name} {v} from {_origin(mod)}")
+    return out, ok
 
 
 def dry_run(out: Path, names: list[str]) -> int:
@@ -78,11 +93,9 @@ def dry_run(out: Path, names: list[str]) -> int:
     prep, checks, failed = [], [], False
     if os.environ.get("PHOENIX_GPU_WHEELS_NOTE"):
         prep.append(os.environ["PHOENIX_GPU_WHEELS_NOTE"])
-    try:
-        prep += _import_wheels()
-    except ImportError as e:
-        prep.append(f"import failed: {e}")
-        failed = True
+    lines, ok = _import_wheels()
+    prep += lines
+    failed = not ok
     for name in names:
         c0 = time.perf_counter()
         try:
@@ -98,7 +111,7 @@ def dry_run(out: Path, names: list[str]) -> int:
         checks.append({"check": name, "wall_s": round(time.perf_counter() - c0, 1),
                        "timeout_s": getattr(mod, "TIMEOUT_S", None), "items": items})
     rep = report.build_report("dry-run", started, time.perf_counter() - t0, env.versions(with_cuda=False),
-                              {"name": "not queried (dry run)"}, checks, prep)
+                              {"name": "not queried (dry run)"}, checks, prep, env.code_version(ROOT))
     _write(out, rep)
     for p in prep:
         print(f"gpu-check: {p}")
@@ -126,30 +139,62 @@ def check_timeout(own_s: float, left_s: float, after: int) -> float:
     return max(0.0, min(float(own_s), left_s - after * MIN_CHECK_S))
 
 
+#: seconds a check's process may take to exit once its result is written (NCCL or CUDA teardown can hang)
+EXIT_GRACE_S = 15.0
+
+
+def wait_check(proc, result: Path, deadline: float, poll_s: float = 0.5) -> tuple[int | None, str]:
+    """Wait for a check's process: ``(returncode, "")`` when it exits by itself; killed, ``(None,
+    "timeout")`` at ``deadline`` (``time.perf_counter()``) or ``(None, "exit")`` when ``result`` exists and
+    it has not exited :data:`EXIT_GRACE_S` later."""
+    seen = None
+    while True:
+        try:
+            return proc.wait(timeout=poll_s), ""
+        except subprocess.TimeoutExpired:
+            now = time.perf_counter()
+            if seen is None and result.exists():
+                seen = now
+            why = "timeout" if now >= deadline else "exit" if seen is not None and now - seen > EXIT_GRACE_S else ""
+            if why:
+                proc.kill()
+                proc.wait()
+                return None, why
+
+
 def run_check(name: str, out: Path, timeout_s: float) -> dict:
     """Run check ``name`` in a child process under ``timeout_s``; its items (failed ones for a crash or a
     timeout, with the log's last lines)."""
     mod = check_module(name)
     logs, result = out / "logs", out / "work" / f"{name}.result.json"
     logs.mkdir(parents=True, exist_ok=True)
+    result.parent.mkdir(parents=True, exist_ok=True)
     result.unlink(missing_ok=True)
     log = logs / f"{name}.log"
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "phoenix_hpc.gpucheck.run", "--one", name, str(out / "work"), str(result)]
     with open(log, "w") as f:
-        try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
-            why = "" if rc == 0 else f"the check's process exited {rc}: {_tail(log)}"
-        except subprocess.TimeoutExpired:
-            why = f"timed out after {timeout_s:.0f} s: {_tail(log)}"
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                     "PHOENIX_GPU_CHECK_DEADLINE": f"{time.time() + timeout_s:.3f}"})
+        rc, hung = wait_check(proc, result, t0 + timeout_s)
+    if hung == "timeout":
+        why = f"timed out after {timeout_s:.0f} s: {_tail(log)}"
+    elif hung == "exit":
+        why = f"the check's process did not exit within {EXIT_GRACE_S:.0f} s of writing its result"
+    else:
+        why = "" if rc == 0 else f"the check's process exited {rc}: {_tail(log)}"
     wall = round(time.perf_counter() - t0, 1)
     items = []
-    if not why:
-        try:
-            items = json.loads(result.read_text())
-        except (OSError, ValueError) as e:
-            why = f"no result from the check ({e}): {_tail(log)}"
+    try:  # a result written before the process hung at exit (or crashed after it) is kept
+        items = json.loads(result.read_text())
+        if why:
+            note = (f"kept: the check's process hung after writing its result and was killed ({why[:200]})"
+                    if hung else f"kept: the check's process ended badly after writing its result ({why[:200]})")
+            items = [{**it, "reason": "; ".join(x for x in (it.get("reason", ""), note) if x)} for it in items]
+            why = ""
+    except (OSError, ValueError) as e:
+        why = why or f"no result from the check ({e}): {_tail(log)}"
     got = {it["name"] for it in items}
     items += report.failed_items([n for n in mod.ITEMS if n not in got], why or "the check did not report this item")
     return {"check": name, "wall_s": wall, "timeout_s": round(timeout_s), "items": items}
@@ -161,8 +206,13 @@ def gpu_run(out: Path, names: list[str], budget_s: float) -> int:
 
     t0, started = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     prep = [os.environ["PHOENIX_GPU_WHEELS_NOTE"]] if os.environ.get("PHOENIX_GPU_WHEELS_NOTE") else []
-    prep += _import_wheels()
-    common.dataset(out / "work")
+    lines, imported = _import_wheels()  # a failed import is listed; the checks that need it fail with it
+    prep += lines
+    code = env.code_version(ROOT)
+    try:
+        common.dataset(out / "work")
+    except Exception as e:  # noqa: BLE001 -- reported; the checks that need the dataset fail with it
+        prep.append(f"dataset not built: {type(e).__name__}: {str(e)[:200]}")
     versions, device = env.versions(with_cuda=True), env.device_facts()
     print(f"gpu-check: {device['name']}, torch {versions['torch']}, CUDA {versions['cuda']}, driver "
           f"{versions['driver']}, megatron-core {versions['megatron_core']}", flush=True)
@@ -177,7 +227,10 @@ def gpu_run(out: Path, names: list[str], budget_s: float) -> int:
             checks.append(run_check(name, out, timeout))
         for it in checks[-1]["items"]:
             print(f"gpu-check: {it['name']:28s} {it['status']:8s} {it['reason'][:160]}", flush=True)
-    rep = report.build_report("gpu", started, time.perf_counter() - t0, versions, device, checks, prep)
+    if not imported:
+        checks.append({"check": "preparation", "wall_s": 0, "timeout_s": 0, "items": report.failed_items(
+            ["gpu.imports"], "; ".join(p for p in lines if p.startswith("import failed")))})
+    rep = report.build_report("gpu", started, time.perf_counter() - t0, versions, device, checks, prep, code)
     _write(out, rep)
     s = rep["summary"]
     print(f"gpu-check: {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped in {rep['wall_s']} s; "
@@ -202,7 +255,10 @@ def one(name: str, work: Path, result: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--one"] and len(argv) == 4:
-        return one(argv[1], Path(argv[2]), Path(argv[3]))
+        rc = one(argv[1], Path(argv[2]), Path(argv[3]))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)  # the result is written: no interpreter teardown (NCCL, CUDA) that could hang after it
     ap = argparse.ArgumentParser(prog="scripts/gpu-check.sh", description="Run the one-GPU checks.")
     ap.add_argument("--dry-run", action="store_true", help="everything up to the first CUDA call")
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget of all checks")

@@ -11,8 +11,9 @@ Kinds of measurement found in ``BENCHMARKS.json`` (:func:`read_measured`):
 - ``cpu-host``: ``overhead_ratio`` of a ``scripts/bench.sh`` run whose ranks ran on CPUs (``machine.gpu``
   begins with "none"): the local Slurm cluster on one host, D2H and H2H complete;
 - ``gpu-cluster``: the same figure of a run whose ranks ran on GPUs (``machine.gpu`` names one);
-- ``one-gpu``: ``d2h.overhead`` of the newest kept ``scripts/gpu-check.sh`` report that has it (one process
-  on one GPU, the D2H snapshot only, no H2H replica, no network): listed, never charged by default.
+- ``one-gpu``: ``d2h.overhead`` of the newest kept ``scripts/gpu-check.sh`` report that has it passed and is
+  not withdrawn (one process on one GPU, the D2H snapshot only, no H2H replica, no network): listed, never
+  charged by default.
 
 :func:`choose` is pure; :func:`read_measured` reads the file and raises
 :class:`phoenix_hpc.errors.ModelError` naming it when its ``overhead_ratio`` is not a number > 0.
@@ -78,6 +79,8 @@ def from_benchmarks(d: dict, name: str = "BENCHMARKS.json") -> list[MeasuredRati
         run = ov.get("kept_from") or f"{d.get('date', '?')}, commit {d.get('commit', '?')}"
         out.append(MeasuredRatio(float(r), kind, hw, f"{name} overhead_ratio of the run of {run}{spread}"))
     for rep in d.get("gpu_reports") or []:  # newest first, as report.load_gpu_reports keeps them
+        if rep.get("withdrawn"):  # a run of code that is no longer the project's
+            continue
         item = next((it for c in rep.get("checks") or [] for it in c.get("items") or []
                      if it.get("name") == "d2h.overhead" and it.get("status") == "passed"
                      and _number((it.get("numbers") or {}).get("ratio"))), None)

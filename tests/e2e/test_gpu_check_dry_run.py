@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from phoenix_hpc.gpucheck import CHECKS, wheels
-from phoenix_hpc.gpucheck.run import WHEEL_IMPORTS, check_module
+from phoenix_hpc.gpucheck.run import HOST_IMPORTS, WHEEL_IMPORTS, check_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,8 +47,15 @@ def test_dry_run_installs_the_wheels_and_plans_every_check(tmp_path):
         assert all(i["status"] == "skipped" and i["reason"].startswith("dry run (planned: ") for i in c["items"])
     prep = rep["preparation"]
     assert prep[0].startswith(f"installed {len(wheels.GPU_MISSING)} wheels from .whl/ without network")
-    assert [p.split()[1] for p in prep if p.startswith("imported ")] == list(WHEEL_IMPORTS)
-    assert "| megatron | megatron.rebuild | **skipped** | dry run" in (out / "gpu-report.md").read_text()
+    assert [p.split()[1] for p in prep if p.startswith("imported ")] == list(WHEEL_IMPORTS + HOST_IMPORTS)
+    md = (out / "gpu-report.md").read_text()
+    assert "| megatron | megatron.rebuild | **skipped** | dry run" in md
+    assert rep["code"]["commit"] and len(rep["code"]["source_digest"]) == 16 and "| commit | " in md
+    cases = next(c for c in rep["checks"] if c["check"] == "cases")
+    planned = json.loads(cases["items"][0]["reason"][len("dry run (planned: "):-1])
+    for name in ("d2h.perlmutter_7b", "d2h.vista_7b"):  # from the examples by the memory estimate
+        assert 1e8 < planned[name]["bytes_per_step_s"] < 1e9, planned[name]
+    assert planned["variants"]["one_connection"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
 def test_missing_and_wrong_platform_wheels_are_named_with_the_fetch_command(tmp_path):

@@ -197,6 +197,25 @@ def test_gpu_section_takes_each_item_from_the_newest_run_that_has_it(tmp_path):
     run2 = text.split("\n2. 2026-01-01T00:00:00", 1)[1].split("\n")
     assert run2[1] == "   Note: made with an experiment reverted since."  # under its own run, not the other
     assert text.count("Note:") == 1
+    assert "1. 2026-01-02T00:00:00, commit unknown: not recorded, H200" in text
+
+
+def test_a_withdrawn_run_is_listed_with_its_commit_but_its_items_are_not_shown(tmp_path):
+    import json
+
+    def run(started, checks, commit):
+        return report.build_report("gpu", started, 9.0, {"torch": "2.11"}, {"name": "H200"}, checks,
+                                   code={"commit": commit, "source_digest": "d"})
+
+    (tmp_path / "old.json").write_text(json.dumps(run("2026-01-01", [
+        {"check": "d2h", "items": [report.item("d2h.x", "passed", numbers={"ratio": 1.5})]}], "aaa")))
+    (tmp_path / "new.json").write_text(json.dumps(run("2026-01-02", [
+        {"check": "d2h", "items": [report.item("d2h.x", "failed", "slow", numbers={"ratio": 2.5})]}], "bbb")))
+    (tmp_path / "new.withdrawn").write_text("an experiment\n taken out again\n")
+    text = "\n".join(gpu_section(load_gpu_reports(tmp_path)))
+    assert "1. 2026-01-02, commit bbb, H200" in text and "2. 2026-01-01, commit aaa, H200" in text
+    assert "   Withdrawn (its items are not shown below): an experiment taken out again" in text
+    assert "| d2h.x | 2 | passed | ratio 1.5 |" in text and "2.5" not in text
 
 
 def test_benchmarks_md_has_the_generated_gpu_section():

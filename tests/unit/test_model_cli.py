@@ -304,7 +304,8 @@ def test_measured_ratios_from_the_benchmark_file(tmp_path):
     # only a passed d2h.overhead item counts, from the newest report that has one
     failed = {**GPU_REPORT, "started": "G2", "checks": [{"check": "d2h", "items": [
         {"name": "d2h.overhead", "status": "failed", "numbers": {"ratio": 9.0}}]}]}
-    (m,) = mo.from_benchmarks({"gpu_reports": [failed, GPU_REPORT]})
+    withdrawn = {**GPU_REPORT, "started": "G3", "withdrawn": "a change taken out again"}
+    (m,) = mo.from_benchmarks({"gpu_reports": [withdrawn, failed, GPU_REPORT]})
     assert (m.ratio, m.kind) == (2.19, "one-gpu") and "G1" in m.source
 
 
