@@ -15,7 +15,7 @@ keeps the process start-up (tens of seconds on a 2-core machine) out of the run 
 the same drift of a shared machine.
 
 Memory, per on block: the bytes of the runtime's host buffers that are resident in RAM at the end of the
-block (mincore(2) over their pages: allocated *and* written). Per block: resident set size (``VmRSS`` of ``/proc/self/status``, proc(5)) just before the block
+block (mincore(2) over their pages: allocated *and* written). Per block: resident set size (psutil's ``memory_info().rss``, the kernel's RSS counter that ``VmRSS`` of proc(5) shows) just before the block
 (before ``Protector.create`` for an on block) and at its end (every ping-pong buffer has been written by
 then: a block has at least 2 steps), plus the protector's own accounting (``MemoryPlan``). Cases marked
 ``memory`` (run first) set the mmap threshold to 64 KiB (:func:`fix_mmap_threshold`), so that the buffers
@@ -40,13 +40,12 @@ import os
 from pathlib import Path
 
 
-def rss_bytes(status_path: str = "/proc/self/status") -> int:
-    """Resident set size of this process in bytes (``VmRSS`` line, in kB, of proc(5) status)."""
-    with open(status_path) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS line in {status_path}")
+def rss_bytes() -> int:
+    """Resident set size of this process in bytes (psutil ``Process().memory_info().rss``: on Linux the
+    resident pages of proc(5) ``/proc/self/statm`` times the page size, the counter ``VmRSS`` shows)."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 M_MMAP_THRESHOLD = -3  # mallopt(3) parameter number in glibc's malloc.h
@@ -115,17 +114,23 @@ def _nbytes(pairs) -> int:
     return sum(t.numel() * t.element_size() for _, t in pairs)
 
 
-def machine_cpu_ms(stat_path: str = "/proc/stat") -> dict[str, float]:
+def machine_cpu_ms(times=None) -> dict[str, float]:
     """Milliseconds all CPUs of this machine spent, since boot and summed over CPUs, ``idle`` (idle and
     iowait), ``irq`` (hard and soft interrupts: where the kernel's loopback TCP receive path runs) and
-    ``steal`` (taken by the hypervisor), from the ``cpu`` line of proc(5) ``/proc/stat`` (USER_HZ ticks).
-    Raises RuntimeError when the file does not start with that line."""
-    with open(stat_path) as f:
-        fields = f.readline().split()
-    if len(fields) < 9 or fields[0] != "cpu":
-        raise RuntimeError(f"no aggregate cpu line at the top of {stat_path}")
-    v = [int(x) * 1e3 / os.sysconf("SC_CLK_TCK") for x in fields[1:9]]
-    return {"idle": v[3] + v[4], "irq": v[5] + v[6], "steal": v[7]}
+    ``steal`` (taken by the hypervisor), from ``times``: psutil's ``cpu_times()`` (default; seconds, on
+    Linux the ``cpu`` line of proc(5) ``/proc/stat`` in USER_HZ ticks / CLK_TCK).
+
+    Raises:
+        RuntimeError: ``times`` lacks one of those fields (psutil gives ``iowait``, ``irq``, ``softirq``
+            and ``steal`` on Linux only).
+    """
+    import psutil
+
+    t = psutil.cpu_times() if times is None else times
+    try:
+        return {"idle": (t.idle + t.iowait) * 1e3, "irq": (t.irq + t.softirq) * 1e3, "steal": t.steal * 1e3}
+    except AttributeError as exc:
+        raise RuntimeError(f"the machine's CPU times lack a field this benchmark reads: {exc}") from None
 
 
 class StepClocks:
@@ -155,18 +160,22 @@ class StepClocks:
 
 
 def thread_cpu_ms(task_dir: str = "/proc/self/task") -> dict[str, float]:
-    """CPU time (ms) of every live thread of this process, by name: the Python name of a thread started by
-    ``threading`` (e.g. ``phoenix-copy``, ``phoenix-h2h``, ``MainThread``), otherwise the kernel's ``comm``
-    of the thread (proc(5) ``/proc/self/task/TID/comm``), ``#TID`` appended so that threads of one name stay
-    apart. Each is read from the thread's own CPU clock, the one ``clock_getcpuclockid(3)`` and
-    ``time.thread_time_ns`` use: Linux encodes the clock of thread TID as ``(~TID << 3) | 6`` (per-thread,
-    scheduler clock; the kernel's ``MAKE_THREAD_CPUCLOCK``). A thread that ends meanwhile is left out."""
+    """CPU time (ms) of every live thread of this process (ids: psutil ``Process().threads()``), by name:
+    the Python name of a thread started by ``threading`` (e.g. ``phoenix-copy``, ``phoenix-h2h``,
+    ``MainThread``), otherwise the kernel's ``comm`` of the thread (proc(5) ``task_dir/TID/comm``, read by
+    hand: psutil gives a thread's id and CPU times, not its name), ``#TID`` appended so that threads of one
+    name stay apart. Each is read from the thread's own CPU clock, the one ``clock_getcpuclockid(3)`` and
+    ``time.thread_time_ns`` use (nanoseconds; psutil's per-thread times are USER_HZ ticks, 10 ms): Linux
+    encodes the clock of thread TID as ``(~TID << 3) | 6`` (per-thread, scheduler clock; the kernel's
+    ``MAKE_THREAD_CPUCLOCK``). A thread that ends meanwhile is left out."""
     import threading
     import time
 
+    import psutil
+
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
     out = {}
-    for tid in os.listdir(task_dir):
+    for tid in (t.id for t in psutil.Process().threads()):
         try:
             ns = time.clock_gettime_ns(((~int(tid)) << 3) | 6)
             with open(f"{task_dir}/{tid}/comm") as f:
@@ -199,11 +208,13 @@ def bound_cpu(allowed: list[int], rank: int) -> int:
 
 
 def set_process_affinity(cpus: set[int]) -> int:
-    """Set the CPU affinity of every thread of this process (``/proc/self/task``; gloo's and MPI's threads
-    included; threads started later inherit their creator's); returns how many threads were set. A thread
-    that ended meanwhile is skipped."""
+    """Set the CPU affinity of every thread of this process (psutil ``Process().threads()``; gloo's and
+    MPI's threads included; threads started later inherit their creator's); returns how many threads were
+    set. A thread that ended meanwhile is skipped."""
+    import psutil
+
     n = 0
-    for tid in os.listdir("/proc/self/task"):
+    for tid in (t.id for t in psutil.Process().threads()):
         try:
             os.sched_setaffinity(int(tid), cpus)
             n += 1

@@ -273,13 +273,13 @@ def wait_outcome(run_dir: Path, request_id: str, armed: dict[int, int], phase_wi
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists and is not a zombie (Linux /proc)."""
+    """Whether a process ``pid`` exists and is neither a zombie nor dead (psutil ``Process.status()``)."""
+    import psutil
+
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
         return False
-    return state not in ("Z", "X")
 
 
 def wait_pids_gone(pids: tuple[int, ...], timeout_s: float, poll_s: float = 0.2,

@@ -21,7 +21,7 @@ from pathlib import Path
 #: typing-extensions (there for torch) travels too: pydantic-core imports ``typing_extensions.Sentinel``
 #: (4.14.1 or newer), which a torch install's copy may predate; newer versions keep every older name.
 GPU_MISSING = ("megatron-core", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
-               "python-hostlist", "typing-extensions", "xxhash", "crc32c")
+               "python-hostlist", "typing-extensions", "xxhash", "crc32c", "psutil")
 PYTHON_TAG, ABI_TAG = "cp312", "cp312"
 FETCH = "scripts/gpu-wheels.sh"  # the command that fetches them (needs the package index)
 
@@ -80,12 +80,16 @@ def parse_wheel_name(filename: str) -> tuple[str, str, str, str, str] | None:
 
 
 def tags_fit(py: str, abi: str, plat: str) -> bool:
-    """Whether a wheel's tags run on CPython 3.12 / Linux x86-64 with glibc (manylinux) -- or anywhere."""
+    """Whether a wheel's tags run on CPython 3.12 / Linux x86-64 with glibc (manylinux) -- or anywhere.
+    A stable-ABI wheel (``abi3``, PEP 384) built for CPython 3.N runs on every CPython from 3.N on
+    (e.g. psutil's ``cp36-abi3``)."""
     pys, abis, plats = py.split("."), abi.split("."), plat.split(".")
     if "none" in abis and "any" in plats:
         return any(p in ("py3", "py312", PYTHON_TAG) for p in pys)
-    return (PYTHON_TAG in pys and (ABI_TAG in abis or "abi3" in abis)
-            and any(p.startswith(("manylinux", "linux")) and p.endswith("x86_64") for p in plats))
+    stable = "abi3" in abis and any(re.fullmatch(r"cp3(\d+)", p) and int(p[3:]) <= int(PYTHON_TAG[3:])
+                                    for p in pys)
+    return ((PYTHON_TAG in pys and (ABI_TAG in abis or "abi3" in abis)) or stable) \
+        and any(p.startswith(("manylinux", "linux")) and p.endswith("x86_64") for p in plats)
 
 
 def match_wheels(pins: list[tuple[str, str]], filenames: list[str]) -> tuple[list[str], list[str]]:

@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
+
 from phoenix_hpc.errors import ClusterError
 
 # Below Linux's default ephemeral range (32768-60999, /proc/sys/net/ipv4/ip_local_port_range), so the
@@ -88,7 +90,7 @@ def _locked() -> Iterator[Path]:
 
 def _entry_is_live(entry: dict) -> bool:
     """A reservation stays while its run directory's cluster.json is not ``stopped``, or, before that file
-    is written, while the process that made the reservation runs."""
+    is written, while the process that made the reservation runs (psutil: it exists and is not a zombie)."""
     try:
         state = json.loads((Path(entry["run_dir"]) / "cluster.json").read_text()).get("state")
     except FileNotFoundError:
@@ -96,10 +98,9 @@ def _entry_is_live(entry: dict) -> bool:
             pid = int(entry.get("pid", 0))
             if pid <= 0:
                 return False
-            os.kill(pid, 0)
-        except (OSError, ValueError, TypeError):
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except (psutil.Error, ValueError, TypeError):
             return False
-        return True
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return state != "stopped"

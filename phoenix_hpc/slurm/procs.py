@@ -1,8 +1,17 @@
-"""Process bookkeeping for the local cluster's daemons, read from Linux ``/proc``.
+"""Process bookkeeping for the local cluster's daemons.
 
 A process is identified by ``(pid, start_ticks)`` (:class:`ProcId`): the PID plus its start time in clock
 ticks since boot (field 22 of ``/proc/<pid>/stat``, proc(5)), so a PID that the kernel reused for another
 process is never mistaken for one of ours and never signalled.
+
+Parents, children and start environments come from psutil. Two facts are still read from ``/proc`` by
+hand, because psutil does not give them: the start time as the kernel's integer ticks since boot (psutil's
+``create_time()`` is a float of wall-clock seconds, boot time + ticks / CLK_TCK, and the boot time the
+kernel reports in ``/proc/stat`` moves when the wall clock is stepped, so a start time saved in
+``cluster.json`` by one process could stop matching in a later one and our own daemon would be taken for
+another process), and the state of each *thread* (psutil's ``threads()`` gives ids and CPU times, not
+states: :func:`exit_complete` needs to know that every thread is a zombie); and the huge-page part of the
+resident memory (``AnonHugePages``, which psutil's ``memory_full_info()`` does not report).
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from phoenix_hpc.errors import ClusterError
 
@@ -92,14 +103,9 @@ def exit_complete(proc: ProcId) -> bool:
 
 
 def parents() -> dict[int, int]:
-    """pid -> parent pid of every process visible in ``/proc``."""
-    out = {}
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            if fields is not None:
-                out[int(entry.name)] = int(fields[1])
-    return out
+    """pid -> parent pid of every process running (psutil; one that exits meanwhile is left out)."""
+    return {p.info["pid"]: p.info["ppid"] for p in psutil.process_iter(["pid", "ppid"])
+            if p.info["ppid"] is not None}
 
 
 def descendants(roots: Iterable[int], parent_of: dict[int, int] | None = None) -> set[int]:
@@ -119,30 +125,23 @@ def descendants(roots: Iterable[int], parent_of: dict[int, int] | None = None) -
 
 
 def environ_of(pid: int) -> dict[str, str]:
-    """The environment ``pid`` was started with (``/proc/<pid>/environ``); empty when unreadable."""
+    """The environment ``pid`` was started with (psutil ``Process.environ()``); empty when unreadable (the
+    process is gone, a zombie, or another user's)."""
     try:
-        raw = (PROC / str(pid) / "environ").read_bytes()
-    except OSError:
+        return dict(psutil.Process(pid).environ())
+    except (psutil.Error, OSError):
         return {}
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode(errors="replace")] = value.decode(errors="replace")
-    return out
 
 
 def processes_with_env(marker: dict[str, str]) -> list[ProcId]:
     """Running processes whose start environment contains every ``key=value`` of ``marker``."""
     out = []
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        env = environ_of(int(entry.name))
+    for pid in psutil.pids():
+        env = environ_of(pid)
         if env and all(env.get(k) == v for k, v in marker.items()):
-            pid = proc_id(int(entry.name))
-            if pid is not None:
-                out.append(pid)
+            proc = proc_id(pid)
+            if proc is not None:
+                out.append(proc)
     return out
 
 
@@ -206,7 +205,7 @@ def resident_mib(pid: int, proc_root: str = "/proc") -> tuple[float | None, floa
     """``(resident, of it in transparent huge pages)`` of process ``pid`` in MiB: the ``Rss`` and
     ``AnonHugePages`` lines of ``/proc/PID/smaps_rollup`` (proc(5), Linux 4.14+; kB; ``AnonHugePages`` counts
     transparent huge pages of anonymous memory). ``(None, None)`` when the file cannot be read (the process is
-    gone, or an older kernel)."""
+    gone, or an older kernel). Read by hand: psutil's ``memory_full_info()`` has no huge-page figure."""
     try:
         text = Path(f"{proc_root}/{pid}/smaps_rollup").read_text()
     except OSError:
