@@ -83,5 +83,5 @@ def test_code_version_names_a_commit_or_says_why_not_and_digests_the_code(tmp_pa
     v = env.code_version(tmp_path, environ={})
     assert v["commit"].startswith("unknown: no git checkout here") and v["source_digest"] == env.source_digest(tmp_path)
     assert env.code_version(tmp_path, environ={env.COMMIT_ENV: "abc123"})["commit"] == "abc123"
-    here = env.code_version(R.ROOT)
-    assert len(here["commit"].split("+")[0]) == 40
+    if (R.ROOT / ".git").exists():  # a checkout: its commit
+        assert len(env.code_version(R.ROOT)["commit"].split("+")[0]) == 40
