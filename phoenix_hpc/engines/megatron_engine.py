@@ -82,6 +82,17 @@ def import_megatron_core() -> dict[str, Any]:
     )
 
 
+def lm_loss(output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The ``loss_func`` of a micro-batch for megatron-core's schedule: the mean of the per-token losses
+    ``output_tensor`` (shape ``[batch, seq]``, any float dtype) in fp32, and the value to log, ``{"lm loss":
+    a 0-d fp32 copy}``. The logged value is a copy, not ``loss.detach()``: megatron-core's
+    ``forward_step`` divides the returned loss by the number of micro-batches in place
+    (``output_tensor /= num_microbatches``, megatron/core/pipeline_parallel/schedules.py), and a detached
+    view shares its storage, so the logged loss would be divided too."""
+    loss = output_tensor.float().mean()
+    return loss, {"lm loss": loss.detach().clone()}
+
+
 def group_weight_decay(group: dict, weight_decay: float) -> float:
     """The weight decay of one optimizer parameter group: ``weight_decay x group["wd_mult"]`` (megatron-core
     puts biases and 1-D parameters, i.e. norms, in groups with ``wd_mult = 0``; its own LR scheduler applies
@@ -259,11 +270,7 @@ class MegatronEngine(Engine):
             tokens, labels, pos, mask = next(data_iterator)
             out = model(tokens, pos, mask, labels=labels)
 
-            def loss_func(output_tensor):
-                loss = output_tensor.float().mean()
-                return loss, {"lm loss": loss.detach()}
-
-            return out, loss_func
+            return out, lm_loss
 
         t, m = self.cfg.training, self.cfg.model
         fb = self._mc["get_forward_backward_func"]()

@@ -537,6 +537,11 @@ def main(argv: list[str] | None = None) -> int:
         from phoenix_hpc.launch.heap import freeze_long_lived
 
         device = default_device(slot.local_rank)
+        if device.type == "cuda":  # before the context exists: Megatron-LM's CUDA_DEVICE_MAX_CONNECTIONS
+            from phoenix_hpc.engines.megatron_env import apply_megatron_cuda_env, compute_capability_major
+
+            apply_megatron_cuda_env(os.environ, cfg.engine, cfg.parallelism.tp,
+                                    compute_capability_major(device.index or 0))
         if device.type == "cuda":  # before the imports: a library that touches CUDA when imported (Transformer
             torch.cuda.set_device(device)  # Engine) must find this slot's GPU current, not GPU 0
         if active:
