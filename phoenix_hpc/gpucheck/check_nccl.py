@@ -2,7 +2,9 @@
 
 Item ``nccl.create_abort_create``: on the default NCCL group of world size 1, a new group is created and
 its communicator brought up by a first all-reduce; the group is aborted (:func:`abort_function`); a second
-group is created and its all-reduce must give the right sum, and the default group must still work.
+group is created and a collective on it must run, and on the default group too (:func:`collective_ran`: an
+all-gather into a separate output, which a collective that did nothing leaves unchanged; at world size 1 an
+all-reduce sum equals its input whether or not it ran).
 Times in ms: group creation, first collective (communicator set-up), abort, re-creation, its first
 collective. Every group is made under the NCCL error-handling variables of a protected job
 (``nccl_env``, :func:`phoenix_hpc.gpucheck.common.job_nccl_env`); diagnoses: the abort by each API
@@ -13,7 +15,7 @@ which aborts every registered communicator, the default group's included, and ne
 ``destroy_process_group`` where torch still has a default group (as
 :meth:`phoenix_hpc.launch.execute.Member.release_groups` does: ``_abort_process_group()`` unregisters every
 group on torch 2.11, so ``is_initialized()`` is false after it), and a new default group for the next
-generation, whose all-reduce must give the right sum. Times in ms: the abort, the destroy, the new
+generation, on which a collective must run (:func:`collective_ran`). Times in ms: the abort, the destroy, the new
 generation's set-up and first collective; ``unregistered_by_abort``: whether the abort left no default group.
 """
 
@@ -50,6 +52,21 @@ def plan(work: Path) -> dict:
     return {"abort": abort_function()[1]}
 
 
+def collective_ran(group=None, device: str = "cuda") -> bool:
+    """Whether a collective on ``group`` really ran: an all-gather of a known tensor into a separate
+    output filled with -1. At world size 1 an all-reduce sum equals its input whether or not it ran; an
+    all-gather that did nothing leaves the -1s (any backend; tested on gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.arange(1, 9, dtype=torch.float32, device=device)
+    out = torch.full_like(x, -1.0)
+    dist.all_gather([out], x, group=group)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return bool(torch.equal(out, x))
+
+
 def ms(t0: float) -> float:
     return round((time.perf_counter() - t0) * 1e3, 2)
 
@@ -80,13 +97,10 @@ def run(work: Path) -> list[dict]:
     nums["abort_ms"] = ms(t0)
     del g1
     g2, x = bring_up("again")
-    ok_again = bool(torch.all(x == 1.0))  # sum over one rank
-    w = torch.full((4,), 2.0, device="cuda")
-    dist.all_reduce(w)
-    torch.cuda.synchronize()
-    ok_world = bool(torch.all(w == 2.0))
-    why = [] if ok_again else ["the re-created group's all-reduce gave a wrong sum"]
-    why += [] if ok_world else ["the default group's all-reduce failed after the abort"]
+    ok_again = collective_ran(g2)
+    ok_world = collective_ran(None)
+    why = [] if ok_again else ["the re-created group's all-gather did not run (its output kept its fill)"]
+    why += [] if ok_world else ["the default group's all-gather did not run after the abort"]
     nums["abort_ms_by_api"] = abort_times_by_api(bring_up)  # a diagnosis: which call aborts fastest
     nums["abort_ms_torch_monitoring"] = abort_time_with_monitoring(bring_up, abort)  # and with torch's default
     first = item(ITEMS[0], "failed", "; ".join(why), nums, LIMIT) if why else item(ITEMS[0], "passed", numbers=nums, limit=LIMIT)
@@ -161,10 +175,9 @@ def generation_abort() -> dict:
     nums["destroy_ms"] = ms(t0)
     t0 = time.perf_counter()
     common.init_nccl_world()
-    x = torch.full((4,), 3.0, device="cuda")
-    dist.all_reduce(x)
-    torch.cuda.synchronize()
+    ran = collective_ran(None)
     nums["next_generation_ms"] = ms(t0)
-    if bool(torch.all(x == 3.0)):
+    if ran:
         return item(ITEMS[1], "passed", numbers=nums, limit=LIMIT)
-    return item(ITEMS[1], "failed", "the next generation's all-reduce gave a wrong sum", nums, LIMIT)
+    return item(ITEMS[1], "failed", "the next generation's all-gather did not run (its output kept its fill)", nums,
+                LIMIT)
