@@ -168,14 +168,16 @@ def host_empty(nbytes: int, pin: bool = False) -> torch.Tensor:
     overwritten. Every buffer made here is written before it is read (a copy fills the target of a pair before
     its commit; a receive fills its buffer before it is unpacked; checksums cover written bytes only).
     ``pin``: page-locked for the CUDA device, exactly ``nbytes`` (:func:`phoenix_hpc.runtime.pinned.pinned_empty`,
-    not torch's caching host allocator, which rounds up to a power of two); resident at once.
+    not torch's caching host allocator, which rounds up to a power of two); resident at once. Where that
+    registration fails, torch's pinned allocator instead, with a warning
+    (:func:`~phoenix_hpc.runtime.pinned.pinned_or_torch`).
 
     Raises:
-        ReplicationError: ``pin`` and the page-locking fails (:func:`~phoenix_hpc.runtime.pinned.pinned_empty`)."""
+        ReplicationError: ``pin`` and both ways of page-locking fail."""
     if pin:
-        from phoenix_hpc.runtime.pinned import pinned_empty
+        from phoenix_hpc.runtime.pinned import pinned_or_torch
 
-        return pinned_empty(nbytes)
+        return pinned_or_torch(nbytes)[0]
     from phoenix_hpc.engines.alloc import no_fill
 
     with no_fill():

@@ -122,3 +122,37 @@ def pinned_empty(nbytes: int, calls: tuple[Register, Unregister] | None = None) 
     # be using them; the process's end releases the mapping and its registration
     weakref.finalize(view, _release, unregister, ptr, mapping).atexit = False
     return t
+
+
+class PinnedFallbackWarning(RuntimeWarning):
+    """A buffer that :func:`pinned_empty` could not page-lock came from torch's pinned allocator instead."""
+
+
+def pinned_or_torch(nbytes: int, calls: tuple[Register, Unregister] | None = None,
+                    torch_pinned: Callable[[int], torch.Tensor] | None = None) -> tuple[torch.Tensor, str]:
+    """A page-locked uint8 host tensor of ``nbytes``: :func:`pinned_empty`, or where its mapping or its
+    ``cudaHostRegister`` fails (some drivers and containers refuse to register anonymous mappings, or cap
+    the locked memory), torch's pinned allocator (``torch.empty(..., pin_memory=True)``, ``cudaHostAlloc``:
+    rounded up to a power of two and cached by torch). Returns ``(tensor, how)``: ``how`` is ``"registered"``,
+    or says that torch's allocator was used and why; the fallback also warns
+    (:class:`PinnedFallbackWarning`). ``torch_pinned``: the fallback allocator (tests pass their own).
+
+    Raises:
+        ReplicationError: ``nbytes`` is not allowed, or both ways failed (both errors named)."""
+    import warnings
+
+    try:
+        return (pinned_empty(nbytes) if calls is None else pinned_empty(nbytes, calls)), "registered"
+    except ReplicationError as e:
+        if "is not allowed" in str(e):
+            raise
+        first = str(e)
+    alloc = torch_pinned or (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True))
+    try:
+        t = alloc(nbytes)
+    except Exception as e:  # noqa: BLE001 -- torch raises RuntimeError or AssertionError (no CUDA build)
+        raise ReplicationError(f"{first}; torch's pinned allocator failed too: {e}") from None
+    how = f"torch's pinned allocator ({first})"
+    warnings.warn(f"{how}: the buffer is page-locked, rounded up to a power of two by torch", PinnedFallbackWarning,
+                  stacklevel=2)
+    return t, how

@@ -190,3 +190,26 @@ def test_a_cuda_copy_that_fails_part_way_waits_for_its_queued_copies_before_the_
     with d._drained_on_error():  # no error: no wait
         pass
     assert len(seen) == 2
+
+
+def test_a_failed_registration_falls_back_to_torchs_pinned_allocator_and_says_so():
+    c = Calls(fail=1)
+    asked = []
+
+    def torch_pinned(n):  # stands for torch.empty(n, dtype=torch.uint8, pin_memory=True) (no CUDA here)
+        asked.append(n)
+        return torch.zeros(n, dtype=torch.uint8)
+
+    with pytest.warns(pinned.PinnedFallbackWarning, match="torch's pinned allocator .*CUDA error 1"):
+        t, how = pinned.pinned_or_torch(4097, c.pair(), torch_pinned)
+    assert t.numel() == 4097 and asked == [4097] and how.startswith("torch's pinned allocator (pinned host buffer")
+    t2, how2 = pinned.pinned_or_torch(4097, Calls().pair(), torch_pinned)
+    assert how2 == "registered" and asked == [4097]
+
+    def broken(n):
+        raise RuntimeError("no CUDA")
+
+    with pytest.raises(ReplicationError, match="CUDA error 1; torch's pinned allocator failed too: no CUDA"):
+        pinned.pinned_or_torch(4097, c.pair(), broken)
+    with pytest.raises(ReplicationError, match="is not allowed"):
+        pinned.pinned_or_torch(-1, c.pair(), torch_pinned)
