@@ -14,6 +14,9 @@ Items:
   and the RSS given back when the exact one is dropped (unregistered and unmapped). Passes when the exact
   buffer is pinned, grows the RSS by its size (not a power of two; within :data:`PINNED_SLACK` either way), is
   given back, and copies at least 0.9 x as fast as into torch's;
+  The same state is then copied in 256 KiB commands (``resilience.d2h_copy_chunk_bytes``) with the
+  device checksum (``resilience.checksum: wsum64``): the bytes must equal the first copy's and every
+  checksum taken on the device must equal the same checksum of the landed bytes on the host;
 - ``d2h.overhead``: a ~1B-parameter torch-engine model (bf16 weights, fp32 ZeRO-1 AdamW state: 14 bytes
   per parameter in the snapshot) trains in ABBA blocks with protection on and off in one process
   (:func:`phoenix_hpc.gpucheck.protect.abba`); numbers: the per-step ratio on/off with its 95 % interval,
@@ -30,7 +33,11 @@ Items:
   (``contention_chunked_copy_only_ms_median``), against unprotected steps with no such thread run just before
   (``contention_alone_ms_median``), each with the training thread's time per phase of the step
   (``contention_*_phase_ms``: where in the step the time goes; :func:`protect.contention`). It
-  fails when a protected step fails or the committed snapshot differs from the live state.
+  fails when a protected step fails or the committed snapshot differs from the live state. Also measured:
+  ``wsum64`` on the device over the whole state (``wsum64_device_gbs``) against the host threads
+  (``checksum_choice``: which is cheaper), the diagnosis kinds ``copy_chunked``, ``registered_copy``, ``gil``
+  and ``host_copy`` (:func:`protect.contention`), and one ABBA round with the remedies the configuration
+  offers (``remedy_ratio``: device checksums and 4 MiB copy commands).
 """
 
 from __future__ import annotations
@@ -119,6 +126,19 @@ def exact_item() -> dict:
     nums = {"pinned": bool(buf.is_pinned()), "bytes": lay.total_bytes}
     if bad or not buf.is_pinned():
         return item(ITEMS[0], "failed", f"copy differs for {bad}" if bad else "host buffer is not pinned", nums)
+    # the options of the CUDA path: the device checksum from the live tensors, and chunked copy commands
+    chunked = D2H(dev, copy_chunk_bytes=256 << 10)
+    buf2, _ = allocate_pair(lay.total_bytes, pin=True)
+    dsums = chunked.copy_checksummed(chunked.mark(), buf2, lay, opt, params, "wsum64")[0]
+    host = S.checksums(buf2, lay, (S.OPT, S.PARAM), "wsum64")  # torch's CPU ops over the landed bytes
+    nums["wsum64_device_equals_host"] = dsums == host
+    nums["chunked_copy_exact"] = all(  # tensor bytes only: the first buffer's header and index are sealed
+        bool(torch.equal(buf2[sl.offset:sl.offset + sl.nbytes], buf[sl.offset:sl.offset + sl.nbytes])) for sl in lay.slots)
+    chunked.forget()
+    if dsums != host:
+        return item(ITEMS[0], "failed", "a wsum64 computed on the device differs from the same on the landed bytes", nums)
+    if not nums["chunked_copy_exact"]:
+        return item(ITEMS[0], "failed", "a copy in 256 KiB commands differs from the copy per tensor", nums)
     return item(ITEMS[0], "passed", numbers=nums)
 
 
@@ -253,6 +273,7 @@ def overhead_item(work: Path) -> dict:
                     checksum_function(prot.checksum), prot.d2h.checksums)
     nums["checksum_gbs_threads"] = protect.gbs(prot.layout.total_bytes, time.perf_counter() - t0)
     prot.d2h.checksums.close()
+    nums.update(device_checksum_numbers(opt + par, nums["checksum_gbs_threads"]))
     try:  # a diagnosis, not a verdict: where the step slows besides the exposed wait
         nums.update({f"contention_{k}": v for k, v in
                      protect.contention(engine, prot, buf, tokens, CONTENTION_STEPS).items()})
@@ -261,6 +282,21 @@ def overhead_item(work: Path) -> dict:
 
         traceback.print_exc()
         nums["contention_error"] = repr(e)[:300]
+    try:  # the remedies the configuration offers, on the same model: device checksums, 4 MiB copy commands
+        rem = protect.make_protector(engine, MPI.COMM_WORLD, dev, checksum="wsum64",
+                                     d2h_copy_chunk_bytes=protect.CHUNKED_COPY_BYTES)
+        try:
+            r = protect.summarize_abba(protect.abba(engine, rem, tokens, 1, BLOCK_STEPS), trim=0.0)
+            nums["remedy_ratio"], nums["remedy_ratio_ci95"] = r["ratio"], r["ratio_ci95"]
+            nums["remedy_exposed_wait_ms_median"] = r["exposed_wait_ms_median"]
+            nums["remedy"] = "resilience.checksum: wsum64, resilience.d2h_copy_chunk_bytes: 4 MiB"
+        finally:
+            rem.close()
+    except Exception as e:  # noqa: BLE001 -- reported in the numbers; the log has the traceback
+        import traceback
+
+        traceback.print_exc()
+        nums["remedy_error"] = repr(e)[:300]
     nums["raw_pinned_copy_gbs"] = raw_copy_gbs()
     pcie = env.pcie_facts(env.nvidia_smi())
     if "limit_gbs" in pcie:
@@ -271,6 +307,31 @@ def overhead_item(work: Path) -> dict:
         return item(ITEMS[1], "failed", f"committed snapshot differs from the live state in {bad[:3]}", nums,
                     protect.NO_PEER)
     return item(ITEMS[1], "passed", numbers=nums, limit=protect.NO_PEER)
+
+
+def device_checksum_numbers(tensors: list, host_threads_gbs: float) -> dict:
+    """``wsum64`` computed on the device over ``tensors`` (name, CUDA tensor): its GB/s (best of 2, from a
+    synchronised device to the host's fold), against the host threads' rate of the default checksum over
+    the same bytes (``host_threads_gbs``), and which of the two the measurement chooses
+    (``checksum_choice``: the device when it is faster, since it also frees the host's cores)."""
+    import torch
+
+    from phoenix_hpc.runtime.wsum import fold, partials
+
+    nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+    best = 0.0
+    for _ in range(2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        parts = [partials(t) for _, t in tensors]
+        rows = torch.cat(parts).cpu().numpy()
+        start = 0
+        for (_, t), p in zip(tensors, parts):
+            fold(rows[start:start + p.shape[0]], t.numel() * t.element_size())
+            start += p.shape[0]
+        best = max(best, protect.gbs(nbytes, time.perf_counter() - t0))
+    return {"wsum64_device_gbs": best, "checksum_choice": "wsum64 on the device" if best > host_threads_gbs
+            else "the host threads' default checksum"}
 
 
 def run(work: Path) -> list[dict]:

@@ -103,6 +103,9 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
       an H200 the step slowed the same with the whole snapshot queued at once or two 64 MiB groups at a
       time, so the training's own small copies do not just wait behind the queue: BENCHMARKS.md, the GPU
       run's note);
+    - ``copy_chunked``: the same copy with every tensor split into commands of :data:`CHUNKED_COPY_BYTES`
+      (``resilience.d2h_copy_chunk_bytes``; a second :class:`~phoenix_hpc.runtime.d2h.D2H`): the remedy for
+      the training's own work waiting behind long copy commands;
     - ``checksum``: the protector's checksums of ``buf`` on its checksum threads
       (:func:`~phoenix_hpc.runtime.checksum_pool.checksum_groups`), host work only, which takes cores and the
       GIL between tensors from the training thread that launches the kernels;
@@ -198,8 +201,14 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
         from phoenix_hpc.runtime.pinned import pinned_empty
 
         reg = pinned_empty(n) if cuda else torch.empty(n, dtype=torch.uint8)
+    chunked_d2h = None
+    if "copy_chunked" in chosen:
+        from phoenix_hpc.runtime.d2h import D2H
+
+        chunked_d2h = D2H(device, copy_chunk_bytes=CHUNKED_COPY_BYTES)
     work_all = {
         "copy": lambda: protector.d2h.copy(protector.d2h.mark(), buf, protector.layout, opt, par),
+        "copy_chunked": lambda: chunked_d2h.copy(chunked_d2h.mark(), buf, protector.layout, opt, par),
         "checksum": lambda: checksum_groups(memoryview(buf.numpy()), slots, [len(slots)], lambda i: None, fn,
                                             protector.d2h.checksums),
         "one_copy": one_copy,
@@ -294,7 +303,7 @@ def step_medians(recs: list, phases: list[dict[str, float]]) -> tuple[float, dic
 PASS_GAP_S = 1e-3
 
 #: :func:`contention`'s kinds of background work, in run order
-KINDS = ("copy", "checksum", "one_copy", "chunked_copy", "registered_copy", "gil", "host_copy")
+KINDS = ("copy", "copy_chunked", "checksum", "one_copy", "chunked_copy", "registered_copy", "gil", "host_copy")
 
 #: bytes of :func:`contention`'s ``one_copy`` (1 GiB: about 20 ms per pass at the 55 GB/s measured on an H200,
 #: computed)
