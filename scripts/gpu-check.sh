@@ -5,7 +5,7 @@
 # 1. the wheels in .whl/ (fetched by scripts/gpu-wheels.sh where the package index is reachable) are
 #    checked against pyproject.toml's pins and installed with pip, without network, into a temporary folder;
 # 2. the checks run from this checkout (PYTHONPATH, no install), each in its own process under its timeout,
-#    all within --budget-s (default 420 s) -- see phoenix_hpc/gpucheck/.
+#    all within --budget-s (default 450 s) -- see phoenix_hpc/gpucheck/.
 # --dry-run does everything up to the first CUDA call (wheel check and install, imports, the checks' configs
 # and dataset) on any machine; where the interpreter is not CPython 3.12 on x86-64 the wheels are installed
 # for that target but not imported, and the imports use the interpreter's own copies (the report says so).
