@@ -65,9 +65,18 @@ def _job_state(slurm, job_id: str) -> str | None:
         return None  # Slurm no longer knows the job: it ended long ago
 
 
-def coordinator_ended(records: list[dict]) -> bool:
+def coordinator_ended(records: list[dict], job_id: str | None = None) -> bool:
     """True when the journal's last coordinator record is ``coordinator_exit``: the job is ending (its slots
-    exit and its batch script stops), although Slurm may still show it running for some seconds."""
+    exit and its batch script stops), although Slurm may still show it running for some seconds.
+
+    ``job_id``: judge that job only: False while its coordinator has not started (a resumed or chained job
+    that is queued or starting; the journal's last ``coordinator_exit`` is then an earlier job's)."""
+    if job_id is not None:
+        starts = [i for i, r in enumerate(records) if r.get("event") == "coordinator_started"
+                  and str(r.get("job_id")) == str(job_id)]
+        if not starts:
+            return False
+        records = records[starts[0]:]
     marks = [r.get("event") for r in records if r.get("event") in ("coordinator_started", "coordinator_exit")]
     return bool(marks) and marks[-1] == "coordinator_exit"
 
@@ -159,7 +168,7 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
     jobs = [str(e["job_id"]) for e in job_entries(job)]
     if slurm is not None and jobs:
         state = _job_state(slurm, jobs[-1])
-        if state in _ACTIVE and coordinator_ended(records):
+        if state in _ACTIVE and coordinator_ended(records, jobs[-1]):
             state = wait_for_end(slurm, jobs[-1], state)
         if state in _ACTIVE:
             queued = [j for j in job.get("jobs", []) if isinstance(j, dict) and str(j.get("job_id")) == jobs[-1]
@@ -168,6 +177,14 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
                 raise SubmitError(f"--resume: job {jobs[-1]}, queued by the chain (resources.chain) to continue this "
                                   f"run, is still PENDING: it starts by itself when job {queued[0]['after']} ends "
                                   f"before the last step; to resume by hand instead, scancel {jobs[-1]} first")
+            if not any(r.get("event") == "coordinator_started" and str(r.get("job_id")) == jobs[-1] for r in records):
+                resumed = [j for j in job.get("jobs", []) if isinstance(j, dict) and str(j.get("job_id")) == jobs[-1]
+                           and j.get("resume_step") is not None]
+                what = (f"the resume of this run from step {resumed[0]['resume_step']}" if resumed
+                        else "this run's job")
+                raise SubmitError(f"--resume: job {jobs[-1]}, {what}, is {state} and has not started training yet "
+                                  f"(its coordinator has not started): it continues the run by itself; to resume "
+                                  f"again instead, scancel {jobs[-1]} first")
             raise SubmitError(f"--resume: job {jobs[-1]} of this run is still {state}; stop it first "
                               f"(scancel --signal=TERM {jobs[-1]} writes a final checkpoint)")
     cfg = load_job_config(config_override or rd / "config.yaml")

@@ -120,3 +120,28 @@ def test_a_job_whose_coordinator_ended_is_waited_for_and_one_that_keeps_running_
     stuck = _Slurm("RUNNING")
     assert wait_for_end(stuck, "8", "RUNNING", wait_s=5, clock=lambda: now[0], sleep=tick) == "RUNNING"
     assert now[0] == 5.0
+
+
+def test_a_second_resume_while_the_first_resumed_job_starts_is_refused_at_once_with_the_true_reason(tmp_path):
+    """The journal's last coordinator record is the stopped job's ``coordinator_exit``; the resumed job 124
+    is queued (its coordinator has not started): it is not "finishing", and nothing waits for it."""
+    import pytest
+
+    from phoenix_hpc.cli.resume import check_resume, coordinator_ended
+    from phoenix_hpc.errors import SubmitError
+
+    journal = [("coordinator_started", {"job_id": "123"}), ("commit", {"recoverable_step": 20}),
+               ("coordinator_exit", {"job_state": "stopped"})]
+    rd = make_run(tmp_path, journal=journal, steps_done=[20])
+    (rd / "job.json").write_text(json.dumps({"job_id": "124", "site": "local", "jobs": [
+        {"job_id": "123", "resume_step": None}, {"job_id": "124", "resume_step": 20}]}))
+    records = [{"event": e, **f} for e, f in journal]
+    assert coordinator_ended(records) and not coordinator_ended(records, "124") and coordinator_ended(records, "123")
+    for state in ("PENDING", "RUNNING"):
+        slurm = _Slurm(state)
+        with pytest.raises(SubmitError) as e:
+            check_resume(rd, slurm=slurm)
+        assert slurm.calls == 1  # asked once, no wait
+        msg = str(e.value)
+        assert f"job 124, the resume of this run from step 20, is {state} and has not started training" in msg
+        assert "scancel 124" in msg and "finishing" not in msg
