@@ -162,6 +162,7 @@ class CoordinatorClient:
         self._lost_once = threading.Lock()
         self.lost_reason: str | None = None
         self.pending_signal: str | None = None  # a signal to pass on (note_signal), sent by the heartbeat thread
+        self.signalled: str | None = None  # the signal this slot received (note_signal), kept
         self.board = None  # the node's heartbeat board (node_beats.NodeBoard) once heartbeats run per node
         self._board_stale_s: float | None = None  # records older than this do not keep the board (leave)
         self._commit: dict[str, Any] | None = None  # the newest commit report, carried by the node's heartbeats
@@ -391,7 +392,8 @@ class CoordinatorClient:
         self.send({"type": "fault", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
                    "step": step, "phase": phase, "kind": kind,
                    "exc_type": type(exc).__name__ if exc is not None else "",
-                   "message": str(exc) if exc is not None else message})
+                   "message": str(exc) if exc is not None else message,
+                   **({"signalled": self.signalled} if self.signalled else {})})
 
     def report_checkpoint(self, step: int, path: str) -> None:
         self.send({"type": "checkpoint", "world_rank": self.world_rank, "pid": self.pid, "step": step,
@@ -434,6 +436,7 @@ class CoordinatorClient:
         """Called from a signal handler: the heartbeat thread passes ``signame`` on to the coordinator
         (``signal``), which ends the job as planned. Only sets a field (signal-safe)."""
         self.pending_signal = signame
+        self.signalled = signame  # kept: a fault this slot reports from now on is a consequence of the stop
 
     def report_done(self, generation: int, step: int, state_hash: str) -> None:
         self.send({"type": "done", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,

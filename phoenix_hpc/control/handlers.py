@@ -14,7 +14,7 @@ import hashlib
 
 from phoenix_hpc.control.classify import Fault, FaultKind, kind_from_exception
 from phoenix_hpc.control.records import PendingFault
-from phoenix_hpc.control.states import JobState
+from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState
 from phoenix_hpc.recovery.steps import committed_step, recoverable_step
 from phoenix_hpc.runtime.interval import lost_steps_at_most
 from phoenix_hpc.topology import coord_of
@@ -112,8 +112,10 @@ class HandlersMixin:
         kind = FaultKind(kind_s) if kind_s in FaultKind._value2member_map_ else kind_from_exception(
             str(body.get("exc_type", "")), str(body.get("message", "")))
         g = int(body.get("generation", slot.generation))
-        # an error of an older generation's collectives, or of the collectives a planned end broke off
-        superseded = g < self.generation or self.ending is not None
+        # an error of an older generation's collectives, or of the collectives a stop (a planned end, an
+        # external signal such as scancel's SIGTERM) or the job's end broke off: a consequence, no fault
+        superseded = (g < self.generation or self.ending is not None or bool(self._stop_reason)
+                      or self.job.state in TERMINAL_JOB_STATES or bool(body.get("signalled")))
         self.journal.append(
             "fault", world_rank=slot.world_rank, node=slot.node, generation=g, step=body.get("step"),
             phase=body.get("phase"), kind=kind.value, exc_type=body.get("exc_type"),

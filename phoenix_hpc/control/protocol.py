@@ -40,7 +40,8 @@ heartbeats      world_rank, pid (the carrier), beats [[world_rank, pid, generati
                 replicas}; control/node_beats.py)
 commit          world_rank, generation, step, shards {shard_id: committed local step},
                 replicas {shard_id: committed replica step}
-fault           world_rank, generation, step, phase, exc_type, message [, kind]
+fault           world_rank, generation, step, phase, exc_type, message [, kind] [, signalled: the signal the
+                slot received before (a stop is under way: the fault is journalled superseded)]
 done            world_rank, generation, step, state_hash
 recovered       world_rank, generation, report (MemberReport JSON), timings {phase: seconds}
 inject          kind, target {world_rank | logical_rank | node | coord [pp, dp, tp]}, at_step, phase,

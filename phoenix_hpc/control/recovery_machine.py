@@ -161,7 +161,11 @@ class RecoveryMixin:
         rec = Recovery(decision, faults, self.generation, survivors, t_fault, now,
                         deadline=now + self.t.collective_timeout_s + self.t.heartbeat_timeout_s, drain=drain)
         self.recovery = rec
-        dead = sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD)
+        # the slots this recovery loses: dead members of the generation it leaves (a slot an earlier
+        # recovery replaced is no member any more), and dead slots of no generation yet (a spare)
+        members = set(self.rank_map.values())
+        dead = sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD
+                      and (w in members or s.logical_rank is None))
         self.journal.append("recovery_start", generation=self.generation, action=decision.action.value,
                             survivors=sorted(survivors), dead=dead, detect_s=round(now - t_fault, 3),
                             **({"drain": drain.request_id, "drained": list(drain.targets)} if drain else {}))

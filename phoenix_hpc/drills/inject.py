@@ -177,7 +177,8 @@ def build_request(st: Status, kind: str, *, rank: int | None = None, node: str |
     # a standby slot has started no step: it arms any step for a phase of a recovery, and the fault lands in the
     # first recovery that begins at or after it in which the slot takes over a rank (a past step: the next one)
     judged = at_step is not None and not (in_recovery and not active)
-    check_at_step(step, live_step=job.step if judged else None, total_steps=job.steps_total)
+    check_at_step(step, live_step=job.step if judged else None, total_steps=job.steps_total,
+                  as_of_s=None if job.step_at is None else max(0.0, st.now - job.step_at))
     return InjectRequest(kind=spec.name, phase=p, at_step=int(step), target=target,
                          steps_ahead=STEP_MARGIN if at_step is None else None,
                          slots=tuple(s.world_rank for s in targets),

@@ -151,13 +151,16 @@ def check_phase(kind: str, phase: str | None) -> str:
     return p
 
 
-def check_at_step(at_step: int | None, *, live_step: int | None = None, total_steps: int | None = None) -> None:
+def check_at_step(at_step: int | None, *, live_step: int | None = None, total_steps: int | None = None,
+                  as_of_s: float | None = None) -> None:
     """Validate a requested step.
 
     Args:
         at_step: the iteration to fail in (see the module doc), or None (the CLI picks the next one).
         live_step: the newest step the job is known to have completed, if known.
         total_steps: ``training.steps`` of the job, if known (a fault after the last step never lands).
+        as_of_s: how old ``live_step`` is, in seconds (the status's ``now - step_at``), said in the refusal:
+            the same step and age ``phoenix status`` shows.
 
     Raises:
         FaultError: ``at_step < 1``, beyond the job's last step, or not after the live step.
@@ -169,7 +172,9 @@ def check_at_step(at_step: int | None, *, live_step: int | None = None, total_st
     if total_steps is not None and at_step > total_steps:
         raise FaultError(f"--at-step: {at_step} is beyond the job's last step (training.steps = {total_steps})")
     if live_step is not None and at_step <= live_step:
-        raise FaultError(f"--at-step: step {at_step} is already done (the job is at step {live_step}); "
+        fresh = "" if as_of_s is None else (
+            f" as of {as_of_s:.1f} s ago, the step `phoenix status` shows; the job trains on meanwhile")
+        raise FaultError(f"--at-step: step {at_step} is already done (the job is at step {live_step}){fresh}; "
                          f"choose a step > {live_step}")
 
 

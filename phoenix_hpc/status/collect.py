@@ -62,7 +62,29 @@ def read_run_files(run_dir: Path) -> RunFiles:
     return RunFiles(run_dir=str(run_dir), config=cfg,
                     job=job, coordinator=_json_file(run_dir / "coordinator.json"),
                     fired=read_fired(run_dir), checkpoints=complete_steps(root),
-                    rank_steps=read_rank_steps(run_dir) if several else [])
+                    rank_steps=read_rank_steps(run_dir) if several else [], rank_newest=read_rank_newest(run_dir))
+
+
+def read_rank_newest(run_dir: Path, tail_bytes: int = 4096) -> list[tuple[float, int]]:
+    """``(ts, step)`` of the last complete line of every ``RUN_DIR/ranks/rank*.steps.jsonl`` (only the file's
+    last ``tail_bytes`` are read: a log grows by a line per step). Unreadable files and lines are skipped."""
+    out: list[tuple[float, int]] = []
+    for p in sorted((Path(run_dir) / "ranks").glob("rank*.steps.jsonl")):
+        try:
+            with open(p, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - tail_bytes))
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            continue
+        for line in reversed(lines):
+            try:
+                r = json.loads(line)
+                out.append((float(r["ts"]), int(r["step"])))
+                break
+            except (ValueError, KeyError, TypeError):
+                continue
+    return out
 
 
 def read_rank_steps(run_dir: Path) -> list[tuple[float, int]]:
@@ -117,7 +139,9 @@ def gather_slurm(client, job_id: str | None, extra_nodes: list[str] = (),
         if info.queue is None:
             if slurm_unreachable(str(exc)):
                 info.error = "Slurm not reachable; shown from the journal"
+                info.unreachable = True
                 return info
+            info.no_record = True
             info.error = (f"Slurm has no record of job {job_id} (finished jobs are forgotten after MinJobAge: "
                           f"{error_line(exc)}); shown from the journal")
     from phoenix_hpc.hostlist import compress, expand

@@ -19,9 +19,12 @@ commit             ``recoverable_step`` (committed progress); optional per-shard
                    ``shard_steps {shard id: {logical rank: committed step}}``, ``shard_bytes {shard id:
                    bytes}``, ``placement {shard id: [holder logical ranks]}``
 placement          ``replicas [[shard id, owner, holder], ...]`` (logical ranks): the replica placement
-fault, slots_dead  faults reported by ranks / detected by the coordinator; dead slots
+fault, slots_dead  faults reported by ranks / detected by the coordinator; dead slots (a ``fault`` journalled
+                   ``superseded``, an error of collectives a recovery or a stop had broken off, is no fault)
+replica_rejected   a recovery refused a holder's copy: a ``corrupt-replica`` injection was caught
 decision           action and reason of the next recovery (``fallback``: memory could not cover a loss)
-recovery_start     a recovery of generation g begins (survivors, dead)
+recovery_start     a recovery of generation g begins (survivors, dead: an older coordinator also listed slots an
+                   earlier recovery replaced, which are left out)
 recovery_plan      new rank map, joins (spare -> logical rank), steps replayed; ``recoverable_step``: the
                    step the recovery resumes from, the committed step from then on
 recovery_restored  generation g restored: members ACTIVE at g
@@ -51,7 +54,10 @@ job_done, clean_stop, fallback, coordinator_stopped, coordinator_exit: the end o
                    standby at ``job_done``: the spares left at the end)
 ================== ====================================================================================
 
-The live step (``JobInfo.step``, ``Status.progress``) is the newest step the job's active slots have finished.
+The live step (``JobInfo.step``, ``Status.progress``) is the newest step the job's active slots have finished;
+``JobInfo.step_at`` is when the record that gave it was written (its age is shown). While the job runs, the
+newest line of the ranks' step logs (``RunFiles.rank_newest``) written after the last rollback is a fresher
+source than the journal.
 Every source is a lower bound on it, so within a generation it never decreases: ``progress`` records,
 ``heartbeat_summary`` (older journals), ``commit`` (a committed step is finished), a ``fault`` or an injected
 fault that landed in step ``s`` (step ``s - 1`` was finished), ``job_done``. It moves down only where the
@@ -201,6 +207,10 @@ class _State:
         self.pending_reason: str | None = None
         self.pending_action: str | None = None
         self.test_env: dict[str, str] = {}  # journal ``test_env``: active test-only variables
+        self.live_at: float | None = None  # when a record last said the live step (its freshness)
+        self.replaced: set[int] = set()  # world ranks an earlier recovery already replaced or removed
+        self.rejected: list[dict[str, Any]] = []  # journal ``replica_rejected``: copies a recovery refused
+        self.restarts: list[float] = []  # ts of every ``recovery_start`` (a copy counted on by a recovery)
 
     def step_seen(self, ts: float, step: Any, rollback: bool = False) -> None:
         """The live step is at least ``step`` at ``ts`` (``rollback``: it *is* ``step``, the job rolled back)."""
@@ -215,6 +225,7 @@ class _State:
         if step != self.live or not self.progress:
             self.progress.append([float(ts), float(step)])
         self.live = step
+        self.live_at = float(ts)
 
     def committed(self, ts: float, step: Any) -> None:
         """The committed (recoverable) step is ``step`` from ``ts`` on; a checkpoint it now covers is shown."""
@@ -256,7 +267,7 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
         st.slots[w] = {"world_rank": w, "node": str(rec.get("node", "?")), "pid": rec.get("pid"),
                        "state": "active" if role == "active" else "standby",
                        "logical_rank": None if lr is None else int(lr),
-                       "generation": 0 if role == "active" else None, "note": ""}
+                       "generation": 0 if role == "active" else None, "note": "", "grid": None}
         if lr is not None:
             st.rank_map[int(lr)] = w
             st.rank_map0[int(lr)] = w
@@ -302,6 +313,10 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
     elif ev == "checkpoint":
         if rec.get("step") is not None:
             st.checkpoint(ts, int(rec["step"]))
+    elif ev == "fault" and rec.get("superseded"):
+        pass  # an error of collectives a recovery or a planned end had already broken off: no fault of its own
+    elif ev == "replica_rejected":
+        st.rejected.append(dict(rec))
     elif ev == "fault":
         if rec.get("step") is not None and int(rec.get("generation", st.generation)) == st.generation:
             st.step_seen(ts, int(rec["step"]) - 1)  # the step the fault interrupted: the one before was finished
@@ -335,10 +350,14 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
         cur = st.current_recovery()
         if cur is not None:  # a new start without an abort record: the old one was superseded
             cur.state, cur.finished_at = "aborted", ts
+        st.restarts.append(ts)
+        # the slots this recovery lost: not those an earlier recovery replaced or removed already (an older
+        # coordinator listed every dead slot of the job)
+        dead_now = [int(w) for w in rec.get("dead") or [] if int(w) not in st.replaced]
         st.recoveries.append(RecoveryStatus(
             generation=g, action="drain" if rec.get("drain") else rec.get("action") or st.pending_action,
             state="in_progress", started_at=ts, finished_at=None,
-            reason=f"planned drain {rec['drain']}" if rec.get("drain") else st.pending_reason, dead_slots=[int(w) for w in rec.get("dead") or []],
+            reason=f"planned drain {rec['drain']}" if rec.get("drain") else st.pending_reason, dead_slots=dead_now,
             joins=[], detect_s=rec.get("detect_s"), total_s=None, phases={}, steps_replayed=None,
             recoverable_step=None))
         if st.job_state not in TERMINAL_STATES:
@@ -351,6 +370,9 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
         cur = st.current_recovery()
         if rec.get("shrink"):  # a shrink renumbers the members of a smaller grid
             st.rank_map.clear()
+            for s in st.slots.values():  # a slot keeps the coordinates of the grid it was numbered in
+                if s["logical_rank"] is not None and s["grid"] is None:
+                    s["grid"] = st.grid
             g = rec.get("grid") or {}
             if g:
                 st.grid = (int(g["tp"]), int(g["pp"]), int(g["dp"]))  # type: ignore[assignment]
@@ -361,6 +383,7 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             for lr, w in rec.get("rank_map") or []:  # the kept slots are renumbered in the smaller grid
                 if int(w) in st.slots:
                     st.slots[int(w)]["logical_rank"] = int(lr)
+                    st.slots[int(w)]["grid"] = st.grid
         for lr, w in rec.get("rank_map") or []:
             st.rank_map[int(lr)] = int(w)
         # the copies a logical rank held went with the slot that held it: a spare that takes the rank holds
@@ -373,14 +396,19 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
             s = st.slots.get(int(j["world_rank"]))
             if s is not None:
                 s["state"], s["logical_rank"] = "joining", int(j["logical_rank"])
+                s["grid"] = st.grid if rec.get("shrink") else s["grid"]
                 s["note"] = f"replaces world rank {j.get('replaces_world_rank')}"
             old = st.slots.get(int(j.get("replaces_world_rank", -1)))
-            if old is not None:
-                old["note"] = (old["note"] + "; " if old["note"] else "") + f"replaced by world rank {j['world_rank']}"
+            if old is not None:  # world ranks never change; the logical rank is the one of this generation
+                gen = rec.get("generation", st.generation)
+                old["note"] = (old["note"] + "; " if old["note"] else "") + (
+                    f"replaced by world rank {j['world_rank']} (logical rank {j['logical_rank']} of generation {gen})")
+                st.replaced.add(int(j["replaces_world_rank"]))
         for w in rec.get("dead_world") or []:
             s = st.slots.get(int(w))
             if s is not None and s["state"] != "drained":  # a drained slot is replaced like a dead one
                 s["state"] = "dead"
+        pending_replaced = {int(w) for w in rec.get("dead_world") or []} - set(st.rank_map.values())
         if cur is not None:
             cur.action = cur.action if cur.action == "drain" else rec.get("action") or cur.action
             cur.joins = [dict(j) for j in rec.get("joins") or []]
@@ -391,7 +419,10 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
         if rec.get("recoverable_step") is not None:  # the step this recovery resumes from: committed from now on
             st.committed(ts, rec["recoverable_step"])
             st.step_seen(ts, rec["recoverable_step"])
-            cur.dead_slots = sorted(set(cur.dead_slots) | {int(w) for w in rec.get("dead_world") or []})
+            if cur is not None:
+                cur.dead_slots = sorted(set(cur.dead_slots) | {int(w) for w in rec.get("dead_world") or []
+                                                               if int(w) not in st.replaced})
+        st.replaced |= pending_replaced
     elif ev == "recovery_restored":
         g = int(rec.get("generation", st.generation))
         members = set(st.rank_map.values())
@@ -509,6 +540,52 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
         st.end_event = st.end_event or ev
 
 
+def _resume_step(job: Mapping[str, Any] | None, job_id: str | None) -> int | None:
+    """The checkpoint step the run's job ``job_id`` resumed from (``job.json``: its ``jobs`` entry, else the
+    top-level ``resume_step`` of a run of one job); None: it started at step 0."""
+    for e in (job or {}).get("jobs") or []:
+        if isinstance(e, dict) and str(e.get("job_id")) == str(job_id) and e.get("resume_step") is not None:
+            return int(e["resume_step"])
+    rs = (job or {}).get("resume_step")
+    return int(rs) if isinstance(rs, int) and str((job or {}).get("job_id")) == str(job_id) else None
+
+
+def corrupt_replica_outcome(inj: InjectionStatus, records: Iterable[Mapping[str, Any]]) -> str | None:
+    """What became of the copies a landed ``corrupt-replica`` corrupted (the holder's two buffers of the
+    shard's replica, holding the committed steps before the landing step ``s``). Pure. In record order, the
+    first of:
+
+    - ``caught``: a recovery refused the holder's copy (journal ``replica_rejected`` of that slot);
+    - ``overwritten``: the committed step reached ``s + 2`` before any recovery started: both buffers were
+      written again with verified copies (the replicas of ``s + 1`` and ``s + 2``, docs/design.md section 6),
+      so no corrupted byte was ever read: harmless;
+    - ``held``: neither yet (a recovery before the overwrite verifies the copy and refuses it).
+
+    None when it has not landed."""
+    if not inj.fired:
+        return None
+    land = min(inj.fired, key=lambda f: float(f["ts"]))
+    t, s = float(land["ts"]), int(land["step"])
+    holders = {int(f["world_rank"]) for f in inj.fired}
+    started = None
+    for r in records:
+        ts = float(r["ts"])
+        if ts < t:
+            continue
+        ev = r["event"]
+        if ev == "replica_rejected" and r.get("world_rank") in holders:
+            return (f"caught: recovery of generation {r.get('generation')} refused the corrupted copy of step "
+                    f"{r.get('step')}")
+        if ev == "recovery_start" and started is None:
+            started = r.get("generation")
+        if ev == "commit" and started is None and int(r.get("recoverable_step") or 0) >= s + 2:
+            return (f"overwritten (harmless): the commit of step {r['recoverable_step']} replaced both corrupted "
+                    "copies before any recovery needed them")
+    if started is not None:
+        return f"held: the recovery of generation {started} started before the copies were overwritten"
+    return "held: not overwritten yet; a recovery now verifies the copy and refuses it"
+
+
 def _run_jobs(job: Mapping[str, Any] | None) -> list[str]:
     jobs = [str(j["job_id"]) for j in (job or {}).get("jobs") or [] if isinstance(j, dict) and "job_id" in j]
     return jobs or ([str(job["job_id"])] if job and job.get("job_id") is not None else [])
@@ -620,10 +697,23 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     all_records = list(records)
     records = current_job_records(all_records)
     st.heartbeat_progress = not any(r.get("event") == "progress" for r in records)
-    fired = [{**f, "event": "inject_fired"} for f in run.fired]
+    # the landing records of this job's injections (an earlier job of a resumed run left its own)
+    since = float(records[0]["ts"]) if records and records[0].get("event") == "coordinator_started" else None
+    fired = [{**f, "event": "inject_fired"} for f in run.fired if since is None or float(f["ts"]) >= since]
     merged = sorted(list(records) + fired, key=lambda r: float(r["ts"])) if fired else records
     for rec in merged:
         _apply(st, rec)
+    for inj in st.injections.values():
+        if inj.kind == "corrupt-replica":
+            inj.outcome = corrupt_replica_outcome(inj, merged)
+    if st.job_state not in TERMINAL_STATES:
+        # the ranks' own step logs are fresher than the journal: their newest line since the last rollback
+        after = max([since or 0.0] + [float(r["ts"]) for r in merged if r["event"] == "recovery_restored"])
+        newer = [(ts, step) for ts, step in run.rank_newest if ts > after and ts > (st.live_at or 0.0)]
+        if newer:
+            ts, step = max(newer, key=lambda x: x[1])
+            if st.live is None or step >= st.live:
+                st.step_seen(ts, step)
 
     if st.checkpoint_pending is not None and st.job_state in TERMINAL_STATES:
         # nothing more will commit: the complete checkpoint is the newest step a resubmitted job resumes from
@@ -655,10 +745,18 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         state = "pending" if slurm_state == "PENDING" else ("starting" if slurm_state in SLURM_ACTIVE_STATES
                                                              else ("ended" if slurm_state else "unknown"))
     elif state not in TERMINAL_STATES and slurm_state and slurm_state not in SLURM_ACTIVE_STATES:
+        why = ("it was cancelled (scancel) before its coordinator wrote one" if slurm_state.startswith("CANCELLED")
+               else "the coordinator was killed or its node lost")
         warnings.append(StatusWarning(
             "coordinator_gone",
-            f"Slurm reports the job {slurm_state} but the journal has no final record: the coordinator was "
-            "killed or its node lost; the state below is the last one journalled"))
+            f"Slurm reports the job {slurm_state} but the journal has no final record: {why}; the state below is "
+            "the last one journalled"))
+        state = "ended"
+    elif state not in TERMINAL_STATES and slurm.no_record:
+        warnings.append(StatusWarning(
+            "coordinator_gone",
+            "Slurm has no record of the job any more (it forgets ended jobs) and the journal has no final record: "
+            "the coordinator was killed or its node lost; the state below is the last one journalled"))
         state = "ended"
     job_id = str(_get(run.job, "job_id")) if _get(run.job, "job_id") is not None else (sj.get("JobId") or None)
 
@@ -674,8 +772,9 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
             note = (note + "; " if note else "") + ("node down" if node_down else "node removed from the job")
             s["state"] = "dead"
         lr = s["logical_rank"]
+        in_grid = s["grid"] or grid  # the grid the slot was numbered in (a dead slot keeps its own)
         slots.append(SlotStatus(w, s["node"], s["pid"], s["state"], lr,
-                                _coord(lr, grid) if (lr is not None and grid) else None,
+                                _coord(lr, in_grid) if (lr is not None and in_grid) else None,
                                 s["generation"], note))
     by_world = {s.world_rank: s for s in slots}
     node_names = list(dict.fromkeys([s.node for s in slots] + live_nodes))
@@ -797,6 +896,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         end_signal=st.end_signal, jobs=_run_jobs(run.job),
         in_job_restart=restart_requested(records),
         test_env=dict(st.test_env),
+        step_at=st.live_at, resume_step=_resume_step(run.job, job_id), slurm_unreachable=slurm.unreachable,
     )
     from phoenix_hpc.control.run_jobs import job_entries
     from phoenix_hpc.status.jobs import run_jobs
@@ -804,7 +904,8 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     slurm_jobs = dict(slurm.run_jobs)
     if sj and job_id is not None:
         slurm_jobs[job_id] = sj
-    jobs = run_jobs(job_entries(run.job or {}), all_records, slurm_jobs, node_state, run.rank_steps)
+    jobs = run_jobs(job_entries(run.job or {}), all_records, slurm_jobs, node_state, run.rank_steps,
+                    slurm_unreachable=slurm.unreachable)
     info.end_cause = next((j.cause for j in jobs if j.job_id == job_id), None)
     return Status(now=now, job=info, nodes=nodes, slots=slots, replicas=replicas,
                   spare_slots_left=spare_slots, spare_nodes_left=spare_nodes, recoveries=st.recoveries,

@@ -69,6 +69,9 @@ def _committed(seg: list[Mapping[str, Any]]) -> int | None:
 
 def _cause(end: Mapping[str, Any] | None, slurm_job: Mapping[str, str] | None,
            node_states: Mapping[str, str | None]) -> str | None:
+    """What ended a job (module doc). Without a final journal record, Slurm's record decides: a job it shows
+    CANCELLED was cancelled (``scancel``: SIGTERM, then SIGKILL after KillWait, scancel(1)), whatever its
+    coordinator managed to write."""
     if end is not None:
         ev = end.get("event")
         if ev == "job_done":
@@ -90,6 +93,8 @@ def _cause(end: Mapping[str, Any] | None, slurm_job: Mapping[str, str] | None,
         excised = False
     if state == "NODE_FAIL" or excised or any(d in host_state.upper() for d in _DOWN):
         return "batch-host loss"
+    if str(state or "").startswith("CANCELLED"):
+        return "scancel"
     return "coordinator loss"
 
 
@@ -103,7 +108,7 @@ def _logged_step(rank_steps: Iterable[tuple[float, int]], start: Any, end: Any) 
 
 def run_jobs(entries: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str, Any]],
              slurm_jobs: Mapping[str, Mapping[str, str]], node_states: Mapping[str, str | None],
-             rank_steps: Iterable[tuple[float, int]] = ()) -> list[RunJobStatus]:
+             rank_steps: Iterable[tuple[float, int]] = (), slurm_unreachable: bool = False) -> list[RunJobStatus]:
     """The run's jobs, oldest first. Pure.
 
     Args:
@@ -112,6 +117,8 @@ def run_jobs(entries: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str
         slurm_jobs: ``scontrol show job`` records by job id (jobs Slurm forgot are absent).
         node_states: Slurm's state per node name (for the batch hosts).
         rank_steps: ``(ts, step)`` the ranks logged (``ranks/rank*.steps.jsonl``), seconds since the epoch.
+        slurm_unreachable: no Slurm controller could be asked: the newest job without a final record is
+            ``unknown`` (it may be running), not ended by a coordinator loss.
     """
     entries = [dict(e) for e in entries if "job_id" in e]
     rank_steps = list(rank_steps)
@@ -131,6 +138,8 @@ def run_jobs(entries: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str
             end_name, cause = ("queued" if state in (None, "PENDING") else "not started"), None
         elif state in _ACTIVE:
             end_name, cause = "running", None
+        elif sj is None and slurm_unreachable and i == len(entries) - 1:
+            end_name, cause = "unknown", None  # Slurm could not be asked: it may still be running
         else:
             end_name, cause = "none", _cause(None, sj, node_states)
         out.append(RunJobStatus(job_id=jid, chain_index=int(e.get("chain_index") or 0), after=e.get("after"),

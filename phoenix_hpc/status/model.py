@@ -29,6 +29,10 @@ class SlurmInfo:
     domains: dict[str, dict[str, str]] = field(default_factory=dict)
     error: str | None = None
     run_jobs: dict[str, dict[str, str]] = field(default_factory=dict)  # the run's other jobs: scontrol records
+    # Slurm answered and knows no such job (it forgets ended jobs after MinJobAge): the job has ended
+    no_record: bool = False
+    # no Slurm controller could be asked (none configured, e.g. no SLURM_CONF; daemons down): nothing is known
+    unreachable: bool = False
 
 
 @dataclass
@@ -38,7 +42,8 @@ class RunFiles:
     ``fired`` (landing records of injected faults, :func:`phoenix_hpc.faults.trigger.read_fired`),
     ``checkpoints`` (steps of the complete checkpoints on disk, :func:`phoenix_hpc.recovery.ckpt_files.complete_steps`),
     ``rank_steps`` (``(ts, step)`` of every step the ranks logged in ``ranks/rank*.steps.jsonl``; read only for a
-    run of several jobs, where it shows how far a job whose coordinator died really got)."""
+    run of several jobs, where it shows how far a job whose coordinator died really got), ``rank_newest`` (the last
+    line of each of those logs: the freshest live step)."""
 
     run_dir: str
     config: dict[str, Any] | None = None
@@ -47,6 +52,9 @@ class RunFiles:
     fired: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[int] = field(default_factory=list)
     rank_steps: list[tuple[float, int]] = field(default_factory=list)
+    # ``(ts, step)`` of the last line of each rank's step log: the newest step each rank finished, written
+    # after every step (the journal's ``progress`` lags it by up to about a second plus the heartbeats)
+    rank_newest: list[tuple[float, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -87,6 +95,12 @@ class JobInfo:
     in_job_restart: bool = False
     # test-only variables (phoenix_hpc/test_env.py) the coordinator saw set, {name: value} (journal ``test_env``)
     test_env: dict[str, str] = field(default_factory=dict)
+    # when (unix s) the newest record that gave ``step`` was written: the step is that old (``now - step_at``)
+    step_at: float | None = None
+    # no Slurm controller could be asked (SlurmInfo.unreachable): ``slurm_state`` None says nothing then
+    slurm_unreachable: bool = False
+    # the complete checkpoint this job of the run resumed from (``phoenix submit --resume``; None: step 0)
+    resume_step: int | None = None
 
 
 @dataclass
@@ -219,6 +233,8 @@ class InjectionStatus:
     armed_steps: dict[int, int] = field(default_factory=dict)  # world rank -> step it armed the fault at
     missed: list[dict[str, Any]] = field(default_factory=list)  # {world_rank, at_step, reason}
     reason: str | None = None  # why it was refused
+    # corrupt-replica: what became of the corrupted copies (derive.corrupt_replica_outcome), None otherwise
+    outcome: str | None = None
 
 
 @dataclass

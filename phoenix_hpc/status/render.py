@@ -61,16 +61,14 @@ def _header(st: Status) -> Table:
     t.add_column()
     t.add_row("job", f"{j.job_id or '-'}  {j.name or ''}".rstrip())
     t.add_row("state", Text(j.state, style=_STATE_STYLE.get(j.state, "")).append(
-        f"   (Slurm: {j.slurm_state or 'no record'}" + (f", reason {j.slurm_reason}" if j.slurm_reason else "")
+        f"   (Slurm: {j.slurm_state or ('not reachable' if j.slurm_unreachable else 'no record')}" + (f", reason {j.slurm_reason}" if j.slurm_reason else "")
         + ")", style="dim"))
     t.add_row("run dir", j.run_dir)
     if j.grid:
         g = j.grid
         t.add_row("grid", f"tp={g['tp']} pp={g['pp']} dp={g['dp']} ({g['tp'] * g['pp'] * g['dp']} ranks), "
                           f"k={j.k if j.k is not None else '-'}")
-    step = "-" if j.step is None else str(j.step)
-    total = f"/{j.steps_total}" if j.steps_total else ""
-    t.add_row("step", f"{step}{total}   committed {j.recoverable_step if j.recoverable_step is not None else '-'}"
+    t.add_row("step", f"{step_text(st)}   committed {j.recoverable_step if j.recoverable_step is not None else '-'}"
                       f"   checkpoint {j.checkpoint_step if j.checkpoint_step is not None else '-'}"
                       f"   generation {j.generation}")
     if j.protect_every != 1:
@@ -91,11 +89,27 @@ def _header(st: Status) -> Table:
     if j.end_event:
         sig = f" [SIG{j.end_signal}]" if j.end_signal else ""
         t.add_row("ended", f"{j.end_event}{sig}{': ' + j.end_reason if j.end_reason else ''}")
-    elif j.end_cause:
+    elif j.end_cause and j.state in ("ended", "done", "failed", "stopped"):
         t.add_row("ended", f"by {j.end_cause} (no final record from the coordinator)")
     if j.final_hash:
         t.add_row("final hash", j.final_hash)
     return t
+
+
+def step_text(st: Status) -> str:
+    """The live step as ``STEP/TOTAL``, how fresh it is while the job runs (``as of 0.4s ago``: the age of the
+    newest record that gave it; a step asked for with ``--at-step`` must be ahead of it by the steps that
+    pass meanwhile), and for a resumed job the checkpoint it resumed from and the steps trained since. Pure."""
+    j = st.job
+    out = ("-" if j.step is None else str(j.step)) + (f"/{j.steps_total}" if j.steps_total else "")
+    notes = []
+    if j.resume_step is not None:
+        trained = None if j.step is None else j.step - j.resume_step
+        notes.append(f"resumed from the checkpoint of step {j.resume_step}, "
+                     + ("no step trained" if not trained else f"{trained} steps trained"))
+    if j.step is not None and j.step_at is not None and not st.finished:
+        notes.append(f"as of {_fmt_age(max(0.0, st.now - j.step_at))} ago")
+    return out + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def run_job_line(rj) -> str:
@@ -226,6 +240,8 @@ def _injections(st: Status) -> Table:
                                                           for m in i.missed])
         elif not landed:
             landed = "armed, not yet" if i.state == "armed" else "not confirmed yet"
+        if i.outcome:
+            landed += f"; {i.outcome}"
         t.add_row(_rel(i.ts, t0), i.request_id, i.kind, "-" if i.at_step is None else str(i.at_step), i.phase,
                   ",".join(map(str, i.targets)) or "-", landed)
     return t

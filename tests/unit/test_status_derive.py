@@ -347,7 +347,9 @@ def test_real_node_loss_journal_gives_a_live_step_from_the_start():
     assert _live_at(st, first_commit["ts"]) == 10  # the heartbeat summary alone said 0 until 30 s
     assert _live_at(st, ts["recovery_start"]) == 24  # the fault interrupted step 25
     assert _live_at(st, ts["recovery_restored"]) == 23  # hot swap resumed from the committed step 23
-    assert [f.step for f in st.faults if f.source == "reported"] == [25, 25, 25]
+    # the third report (rank 2's collective timed out in the generation the recovery had left: journalled
+    # superseded) is a consequence of the fault, not a fault
+    assert [f.step for f in st.faults if f.source == "reported"] == [25, 25]
 
 
 def test_counters_agree_checkpoint_not_newer_than_committed_not_newer_than_live():
