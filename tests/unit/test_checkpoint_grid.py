@@ -65,11 +65,11 @@ def world1():
     dist.destroy_process_group()
 
 
-def _cfg(dataset):
+def _cfg(dataset, dp=1):
     return JobConfig.model_validate({
         "name": "t", "data": {"path": dataset},
         "model": {"layers": 2, "hidden_size": 32, "heads": 2, "vocab_size": 256, "seq_length": 32},
-        "parallelism": {"tp": 1, "pp": 1, "dp": 1},
+        "parallelism": {"tp": 1, "pp": 1, "dp": dp},
         "training": dict(steps=10, micro_batch_size=2, global_batch_size=4, lr=3e-3, warmup_steps=2, seed=11),
     })
 
@@ -155,3 +155,53 @@ def test_a_checkpoint_of_another_pp_is_refused_at_load(dataset, world1, tmp_path
 def test_the_model_record_is_the_engine_and_the_model_section(dataset):
     rec = model_record(_cfg(dataset))
     assert rec["engine"] == "torch" and rec["model"]["hidden_size"] == 32 and rec["model"]["dtype"] == "float32"
+
+
+# --- the other way: a checkpoint of dp = 1 (a run that shrank) loaded by a job of dp = 2 ------------------
+def _grow_worker(rank: int, root: str, dataset: str, out: str) -> None:
+    """One of the two ranks of a dp = 2 job (gloo): load the newest checkpoint under ``root``, write what it
+    holds then to ``out/rank{rank}.pt``, train two more steps."""
+    from phoenix_hpc.recovery.checkpoint import load_checkpoint as load
+
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=2)
+    try:
+        g = dist.group.WORLD
+        singles = [dist.new_group([r]) for r in range(2)]
+        groups = ProcessGroups(world=g, dp=g, pp=singles[rank], tp=singles[rank], generation=0)
+        cfg = _cfg(dataset, dp=2)
+        e = TorchEngine(cfg, GridCoord(0, rank, 0), groups, TokenSamples(dataset, cfg.model.seq_length, 11, 256))
+        step = load(e, root, g)
+        z = e.optimizer
+        torch.save({"step": step, "position": e.data_position, "lr": e.last_lr, "grid": e.envelope()["grid"],
+                    "params": {n: t.clone() for n, t in e.param_shard()},
+                    **{k: getattr(z, k).clone() for k in ("main", "exp_avg", "exp_avg_sq")}}, f"{out}/rank{rank}.pt")
+        train(e, step + 2, 128)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_dcp_checkpoint_written_at_dp_1_is_re_partitioned_over_dp_2(dataset, tmp_path):
+    import torch.multiprocessing as mp
+
+    from phoenix_hpc.recovery.checkpoint import save_checkpoint
+
+    cfg = _cfg(dataset)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        g = dist.group.WORLD
+        a = _trained(cfg, ProcessGroups(world=g, dp=g, pp=g, tp=g, generation=0))
+        save_checkpoint(a, tmp_path / "ck", g, record=model_record(cfg))
+    finally:
+        dist.destroy_process_group()
+    marker = json.loads((step_dir(tmp_path / "ck", STEP) / "complete.json").read_text())
+    assert marker["grid"] == [1, 1, 1] and marker["model"]["hidden_size"] == 32 and marker["engine"] == "torch"
+    mp.start_processes(_grow_worker, args=(str(tmp_path / "ck"), dataset, str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    z, n = a.optimizer, a.optimizer.numel
+    for kind in ("main", "exp_avg", "exp_avg_sq"):  # the two new slices, end to end, are the old vector
+        assert torch.equal(torch.cat([g[kind] for g in got])[:n], getattr(z, kind)[:n]), kind
+    for r, g in enumerate(got):
+        assert (g["step"], g["position"], g["lr"]) == (STEP, a.data_position, a.last_lr)
+        assert g["grid"] == {"tp": 1, "pp": 1, "dp": 2}
+        assert all(torch.equal(t, dict(a.param_shard())[k]) for k, t in g["params"].items())
