@@ -238,7 +238,7 @@ def rebuild_today(gpus: int, lazy: bool = False) -> Estimate:
     scratch (docs/design.md section 6: a new generation). Range: the two laws of :func:`init_laws`; central
     value: the power law (the one through a hot swap measured end to end). Its sub-groups are not added apart:
     the paper's measurement the power law passes through includes them. ``lazy``: NCCL with a scalable
-    bootstrap and lazy connection set-up (``ncclCommInitRankScalable``, NCCL 2.23, and connections made at
+    bootstrap and lazy connection set-up (``ncclCommInitRankScalable``, several bootstrap roots, and connections made at
     first use), scaled by the published 24 s / 265 s at 96K GPUs (NCCLX, arXiv 2510.20171, Meta's library:
     the ratio is its, not NCCL's).
 
