@@ -21,8 +21,8 @@ Every number is an :class:`Estimate` that says where it comes from (``origin``):
 project's benchmarks, ``BENCHMARKS.json``) or extrapolated from those measurements, measured in public (a
 paper, issue or post, cited in ``source``) or scaled from such measurements by a stated law, a quoted figure
 whose source could not be found (unsourced), computed (a formula from the job's config and the site
-profile), or missing (the record it needs is absent: no number is made up). The published figures are module constants, each with its source; a figure whose
-source could not be found is marked ``unsourced``.
+profile), or missing (the record it needs is absent: no number is made up). The published figures are
+module constants, each with its source; a figure whose source could not be found is marked ``unsourced``.
 """
 
 from __future__ import annotations
@@ -238,9 +238,9 @@ def rebuild_today(gpus: int, lazy: bool = False) -> Estimate:
     scratch (docs/design.md section 6: a new generation). Range: the two laws of :func:`init_laws`; central
     value: the power law (the one through a hot swap measured end to end). Its sub-groups are not added apart:
     the paper's measurement the power law passes through includes them. ``lazy``: NCCL with a scalable
-    bootstrap and lazy connection set-up (``ncclCommInitRankScalable``, several bootstrap roots, and connections made at
-    first use), scaled by the published 24 s / 265 s at 96K GPUs (NCCLX, arXiv 2510.20171, Meta's library:
-    the ratio is its, not NCCL's).
+    bootstrap and lazy connection set-up (``ncclCommInitRankScalable``, several bootstrap roots, and
+    connections made at first use), scaled by the published 24 s / 265 s at 96K GPUs (NCCLX, arXiv
+    2510.20171, Meta's library: the ratio is its, not NCCL's).
 
     Raises:
         ModelError: ``gpus`` < 1."""

@@ -116,7 +116,8 @@ def read_record(path: Path) -> tuple[dict | None, str]:
     return d, f"{p.name} of {d.get('date', '?')}, commit {d.get('commit', '?')}"
 
 
-#: The derived figure ``detect_silence_s - heartbeat_timeout_s`` of a control-plane run (:func:`control_plane_points`).
+#: The derived figure ``detect_silence_s - heartbeat_timeout_s`` of a control-plane run
+#: (:func:`control_plane_points`).
 SILENCE_BACKLOG = "silence_backlog_s"
 
 
@@ -195,9 +196,9 @@ def project(job, node, gpus: int, step_s: float, measured: Measured, site_max_gp
                                 measured.plan_record)
             if measured.plan_points is not None else hs.missing(f"plan and push: {measured.plan_record}"))
     common = {"plan_push": plan, "quiesce": hs.quiesce(step_s)}
-    tail = {"transfer": hs.transfer(state, gpn, node.nics, node.nic_gbps,
-                                    f" (weights {est.weights / 1e9:.3g} + optimizer shard {est.optimizer / 1e9:.3g} GB "
-                                    f"at dp {dp}, pipeline stage {est.stage}: config.memory estimate)"),
+    detail = (f" (weights {est.weights / 1e9:.3g} + optimizer shard {est.optimizer / 1e9:.3g} GB at dp {dp}, "
+              f"pipeline stage {est.stage}: config.memory estimate)")
+    tail = {"transfer": hs.transfer(state, gpn, node.nics, node.nic_gbps, detail),
             "replay": hs.replay(step_s)}
     rebuilds = {"today": hs.rebuild_today(gpus), "today_lazy": hs.rebuild_today(gpus, lazy=True),
                 "shrink": hs.rebuild_shrink(world, GROUP_KINDS)}
