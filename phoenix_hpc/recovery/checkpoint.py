@@ -86,8 +86,10 @@ def _envelope_key(engine: Engine) -> str:
 
 
 def _grid(engine: Engine) -> list[int]:
-    """The engine's grid ``[tp, pp, dp]`` (from its envelope: the sizes of its process groups)."""
-    g = engine.envelope().get("grid") or {}
+    """The engine's grid ``[tp, pp, dp]`` (from its envelope: the sizes of its process groups); ``[]`` when its
+    envelope does not say (the grid is then not checked)."""
+    envelope = getattr(engine, "envelope", None)
+    g = (envelope() if callable(envelope) else {}).get("grid") or {}
     return [int(g["tp"]), int(g["pp"]), int(g["dp"])] if g else []
 
 
