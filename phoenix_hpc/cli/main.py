@@ -2,7 +2,8 @@
 
 Subcommands are imported lazily (only the one that runs is imported), so ``phoenix --help`` stays fast and
 importing the CLI has no side effects. Exit codes: 0 success; 2 bad input or environment (a
-:class:`phoenix_hpc.errors.PhoenixError`, printed without a traceback); 1 anything else.
+:class:`phoenix_hpc.errors.PhoenixError`, printed without a traceback); 130 interrupted (Ctrl-C); 1 anything
+else.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import click
 
 from phoenix_hpc import __version__
 from phoenix_hpc.errors import PhoenixError
+
+#: Exit code after Ctrl-C (SIGINT): 128 + 2, what a shell reports for a command that SIGINT ended.
+INTERRUPTED = 130
 
 # name -> "module:attribute" of a click command or group.
 SUBCOMMANDS: dict[str, str] = {
@@ -49,6 +53,9 @@ class LazyGroup(click.Group):
         except PhoenixError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt:  # Ctrl-C: 128 + SIGINT, as a shell reports it (click's own Abort exits 1)
+            click.echo("interrupted", err=True)
+            sys.exit(INTERRUPTED)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -239,6 +239,9 @@ def _node_warning(client, job: ResolvedJob) -> str | None:
 @click.option("--resume", "resume", type=click.Path(file_okay=False, path_type=Path), default=None,
               metavar="RUN_DIR", help="continue this stopped run from its newest complete checkpoint, in a new job")
 @click.option("--dry-run", is_flag=True, help="print the script; submit nothing and write nothing (except --output)")
+@click.option("--data-on-cluster", is_flag=True,
+              help="data.path is not readable here, only on the cluster's file systems: do not refuse it (the "
+                   "ranks check it before they train); not on site local, whose compute nodes are this machine")
 @click.option("--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="also write the script to this file")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -252,7 +255,8 @@ def _node_warning(client, job: ResolvedJob) -> str | None:
               help="let the run continue itself in up to N more jobs when a job ends before the last step "
                    "(instead of the config's resources.chain; at most the site's scheduler.max_chain)")
 @click.option("--json", "as_json", is_flag=True, help="print a JSON object instead of text")
-def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, steps, as_json, resume, chain):
+def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, steps, as_json, resume, chain,
+           data_on_cluster):
     """Validate CONFIG for a site, render its sbatch script, record the run directory and submit it."""
     point = None
     run_root_warning = None  # --dry-run where the site's run_root names a variable not set here
@@ -324,20 +328,23 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         if cfg.data.path is not None:
             code = check_indexed_dataset(cfg.data.path, cfg.model.vocab_size)
             problem = vocab_problem(cfg.data.path, cfg.model.vocab_size, code)
-    except DataError as exc:
-        if not dry_run:
+    except DataError as exc:  # a dry run refuses what the submit would
+        if not data_on_cluster or profile.name == "local":
             _echo_warnings(warnings)
-            raise SubmitError(f"{exc}; it must be readable on a file system the compute nodes see; nothing was "
-                              "submitted") from None
-        warnings.append(f"{exc} (here; the compute nodes need it)")
+            local = (" (--data-on-cluster: not on site local, whose compute nodes are this machine)"
+                     if data_on_cluster else "")
+            raise SubmitError(f"{exc}; it must be readable on a file system the compute nodes see{local}; nothing "
+                              f"was {'written' if dry_run else 'submitted'}" + ("" if data_on_cluster else
+                              "; a dataset that only the cluster's file systems hold: pass --data-on-cluster")) from None
+        warnings.append(f"{exc} (here; --data-on-cluster: the compute nodes must read it)")
     if problem is not None:  # a dataset that is there decides the vocabulary the ranks would refuse: dry run too
         _echo_warnings(warnings)
         raise ConfigError([problem], source=f"job {cfg.name!r}", note="nothing was written or submitted")
     missing = python_missing(python)
     if missing is not None:  # site local: the compute nodes are this machine, so it is certain
-        if profile.name == "local" and not dry_run:
+        if profile.name == "local":  # a dry run refuses what the submit would
             _echo_warnings(warnings)
-            raise SubmitError(f"{missing}; nothing was submitted")
+            raise SubmitError(f"{missing}; nothing was {'written' if dry_run else 'submitted'}")
         warnings.append(f"{missing} (here; the compute nodes need it)")
 
     if output is not None:
@@ -354,9 +361,19 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
             click.echo(script, nl=False)
         return
 
+    from phoenix_hpc.interrupts import hold_interrupt
+
     if point is not None:
         _echo_warnings(warnings)
-        return _submit_resumed(point, job, profile, script, as_json, warnings)
+        with hold_interrupt():  # Ctrl-C: the job and its record whole, or the old files back (exit 130)
+            return _submit_resumed(point, job, profile, script, as_json, warnings)
+    with hold_interrupt():  # Ctrl-C: the run directory with a submitted job recorded, or nothing (exit 130)
+        _submit_new(rd, job, profile, script, as_json, warnings)
+
+
+def _submit_new(rd: Path, job: ResolvedJob, profile, script: str, as_json: bool, warnings: list[str]) -> None:
+    """Write the run directory of a new run and submit its job; what was written is removed if sbatch
+    refuses it."""
     if (rd / CONFIG_NAME).exists():
         raise SubmitError(f"run_dir: {str(rd)!r} already holds a job ({CONFIG_NAME}); continue it with "
                           f"`phoenix submit --resume {rd}`, or pass another --run-dir")
@@ -389,7 +406,7 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
                               "`phoenix cluster up` and point Slurm's commands at it with "
                               "eval \"$(phoenix cluster env)\")") from None
         raise
-    except Exception:
+    except BaseException:  # also Ctrl-C (KeyboardInterrupt): no run directory without its job
         _undo(rd, created)
         raise
     submitted_at = time.time()

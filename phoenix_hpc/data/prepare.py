@@ -122,8 +122,11 @@ def prepare_dataset(
         builder.finalize(str(idx_tmp))
         if docs == 0:
             raise DataError(f"no text files under {str(src)!r} ({len(files)} files looked at, none UTF-8 text)")
-        os.replace(bin_tmp, f"{out}.bin")
-        os.replace(idx_tmp, f"{out}.idx")
+        from phoenix_hpc.interrupts import hold_interrupt
+
+        with hold_interrupt():  # the pair is replaced whole: a Ctrl-C here waits for both
+            os.replace(bin_tmp, f"{out}.bin")
+            os.replace(idx_tmp, f"{out}.idx")
     finally:
         for p in (bin_tmp, idx_tmp):
             p.unlink(missing_ok=True)

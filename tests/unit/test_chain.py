@@ -30,7 +30,9 @@ def test_chain_above_the_site_limit_is_refused(in_tmp):  # noqa: F811
     r = invoke("--site", "local", GPT_SMALL, "--dry-run", "--chain", "4")
     assert_bad(r, "resources.chain: 4 is more than site local allows (scheduler.max_chain 3)", "allowed: 0 to 3")
     assert list(in_tmp.iterdir()) == []
-    r = invoke("--site", "local", GPT_SMALL, "--dry-run", "--chain", "3", "--json")
+    from test_submit_cli import write_cfg
+
+    r = invoke("--site", "local", write_cfg(in_tmp), "--dry-run", "--chain", "3", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["chain"] == 3 and "phoenix_hpc.cli.chain start" in out["script"]

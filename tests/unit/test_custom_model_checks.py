@@ -135,7 +135,14 @@ def test_stage_count_checked_for_every_stage_of_pp(folder):
 
 def test_example_config_dry_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    r = dry_run(EXAMPLE / "job.yaml")
+    from test_submit_cli import fake_dataset
+
+    (tmp_path / "data").mkdir()
+    example = yaml.safe_load((EXAMPLE / "job.yaml").read_text())
+    example["python_path"] = [str(EXAMPLE)]
+    example["data"] = {"path": str(fake_dataset(tmp_path / "data"))}  # a dry run refuses a dataset not here
+    (tmp_path / "example.yaml").write_text(yaml.safe_dump(example))
+    r = dry_run(tmp_path / "example.yaml")
     assert r.exit_code == 0, r.output
     assert_bad(dry_run(_edited(tmp_path, parallelism={"tp": 1, "pp": 3}, resources={"nodes": 6, "spares": 0})),
         "model.factory", "raised ValueError", "options.layers (4) must be divisible by the number of stages (3)")

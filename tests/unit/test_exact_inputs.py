@@ -42,9 +42,18 @@ def assert_refused(r, *needles):
         assert n in r.output, r.output
 
 
+def _dataset() -> Path:
+    """A dataset prefix that exists (a dry run refuses one that is not here, as submit does)."""
+    from test_submit_cli import fake_dataset
+
+    folder = Path.cwd() / "dataset"  # in the in_tmp folder of the test
+    folder.mkdir(exist_ok=True)
+    return fake_dataset(folder)
+
+
 def cfg_text(**changes) -> str:
     data = yaml.safe_load(GPT_SMALL.read_text())
-    data["data"]["path"] = str(ROOT / "data" / "stdlib")
+    data["data"]["path"] = str(_dataset())
     for section, value in changes.items():
         data.setdefault(section, {}).update(value) if isinstance(value, dict) else data.__setitem__(section, value)
     return yaml.safe_dump(data)
@@ -263,7 +272,8 @@ def test_a_hostlist_slurm_refuses_is_refused(in_tmp, option, hostlist, why):
 
 
 def test_a_valid_hostlist_goes_into_the_script_unchanged(in_tmp):
-    r = phoenix("submit", "--site", "local", GPT_SMALL, "--dry-run", "--exclude", "nid[00005-00006],nid00004")
+    (in_tmp / "cfg.yaml").write_text(cfg_text())
+    r = phoenix("submit", "--site", "local", in_tmp / "cfg.yaml", "--dry-run", "--exclude", "nid[00005-00006],nid00004")
     assert r.exit_code == 0, r.output
     assert "#SBATCH --exclude=nid[00005-00006],nid00004" in r.stdout
 

@@ -115,11 +115,12 @@ def _example(tmp: Path, **model) -> Path:
 
 def test_example_dry_run_and_an_unimportable_provider_exits_2_before_anything_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", str(EXAMPLE / "job.yaml"), "--dry-run"])
+    r = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", str(EXAMPLE / "job.yaml"), "--dry-run",
+                                      "--data-on-cluster"])
     assert r.exit_code == 0, r.output
     assert "#SBATCH" in r.output
     p = _example(tmp_path, provider="no_such_pkg.llama:stage")
-    r = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", str(p), "--dry-run"])
+    r = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", str(p), "--dry-run", "--data-on-cluster"])
     assert_bad(r, "model.provider: value 'no_such_pkg.llama:stage'", "module 'no_such_pkg.llama' does not import",
                "ModuleNotFoundError")
     r = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", str(p), "--run-dir", str(tmp_path / "runs" / "x")])

@@ -37,7 +37,10 @@ def fake_dataset(tmp: Path) -> Path:
 
 def write_cfg(tmp: Path, src: Path = GPT_SMALL, **changes) -> Path:
     data = yaml.safe_load(src.read_text())
-    data["data"]["path"] = str(ROOT / "data" / "stdlib")
+    if "data" not in changes:  # a dry run refuses a dataset that is not here, as submit does: one beside tmp
+        ds_dir = tmp.parent / f"{tmp.name}-data"
+        ds_dir.mkdir(exist_ok=True)
+        data["data"]["path"] = str(fake_dataset(ds_dir))
     for section, value in changes.items():
         if isinstance(value, dict):
             data.setdefault(section, {}).update(value)
@@ -56,14 +59,16 @@ def assert_bad(result, *needles):
 
 
 def test_dry_run_prints_script_and_writes_nothing(in_tmp):
-    r = invoke("--site", "local", GPT_SMALL, "--dry-run")
+    cfg = write_cfg(in_tmp)
+    before = sorted(in_tmp.iterdir())
+    r = invoke("--site", "local", cfg, "--dry-run")
     assert r.exit_code == 0, r.output
     assert r.stdout.startswith("#!/bin/bash") and "#SBATCH --no-kill" in r.stdout
-    assert list(in_tmp.iterdir()) == []
+    assert sorted(in_tmp.iterdir()) == before
 
 
 def test_dry_run_output_file(in_tmp):
-    r = invoke("--site", "perlmutter", ROOT / "examples" / "perlmutter-7b.yaml", "--dry-run", "--output", "job.sh")
+    r = invoke("--site", "perlmutter", ROOT / "examples" / "perlmutter-7b.yaml", "--dry-run", "--data-on-cluster", "--output", "job.sh")
     assert r.exit_code == 0, r.output
     assert (in_tmp / "job.sh").read_text() == r.stdout
     assert sorted(p.name for p in in_tmp.iterdir()) == ["job.sh"]
@@ -72,7 +77,7 @@ def test_dry_run_output_file(in_tmp):
 def test_dry_run_json(in_tmp):
     import json
 
-    r = invoke("--site", "vista", ROOT / "examples" / "vista-7b.yaml", "--dry-run", "--json")
+    r = invoke("--site", "vista", ROOT / "examples" / "vista-7b.yaml", "--dry-run", "--data-on-cluster", "--json")
     d = json.loads(r.stdout)
     assert d["grid"] == {"tp": 1, "pp": 4, "dp": 8} and d["nodes"] == 32 and d["script"].startswith("#!/bin/bash")
 
@@ -136,7 +141,7 @@ def test_time_over_qos_limit(in_tmp):
     data = yaml.safe_load((ROOT / "examples" / "perlmutter-7b.yaml").read_text())
     data["resources"].update(qos="debug", time_limit="02:00:00")
     p.write_text(yaml.safe_dump(data))
-    assert_bad(invoke("--site", "perlmutter", p, "--dry-run"), "resources.time_limit", "QOS 'debug'", "00:30:00")
+    assert_bad(invoke("--site", "perlmutter", p, "--dry-run", "--data-on-cluster"), "resources.time_limit", "QOS 'debug'", "00:30:00")
 
 
 def test_unquoted_time_limit_is_explained(in_tmp):
@@ -147,7 +152,7 @@ def test_unquoted_time_limit_is_explained(in_tmp):
     data["resources"]["time_limit"] = "TL"
     p.write_text(yaml.safe_dump(data).replace("time_limit: TL", "time_limit: 12:00:00"))
     assert yaml.safe_load(p.read_text())["resources"]["time_limit"] == 43200
-    assert_bad(invoke("--site", "perlmutter", p, "--dry-run"), "resources.time_limit", "43200", '"12:00:00"',
+    assert_bad(invoke("--site", "perlmutter", p, "--dry-run", "--data-on-cluster"), "resources.time_limit", "43200", '"12:00:00"',
                "also checked against site 'perlmutter', with resources.time_limit left out")
 
 
@@ -158,7 +163,7 @@ def test_a_key_given_twice_is_refused(in_tmp):
 
 
 def test_pinning_forbidden_on_vista(in_tmp):
-    r = invoke("--site", "vista", ROOT / "examples" / "vista-7b.yaml", "--dry-run", "--nodelist", "c[1-34]")
+    r = invoke("--site", "vista", ROOT / "examples" / "vista-7b.yaml", "--dry-run", "--data-on-cluster", "--nodelist", "c[1-34]")
     assert_bad(r, "nodelist", "does not allow")
 
 
@@ -180,14 +185,23 @@ def test_local_site_without_a_cluster_says_how_to_point_at_one(in_tmp):
     assert not (in_tmp / "runs").exists()
 
 
-def test_missing_dataset_is_refused_at_submit_and_warned_at_dry_run(in_tmp):
+def test_missing_dataset_is_refused_at_submit_and_at_dry_run_unless_it_is_on_the_cluster(in_tmp):
     p = write_cfg(in_tmp, data={"path": str(in_tmp / "nowhere" / "stdlib")})
     r = invoke("--site", "local", p, "--run-dir", in_tmp / "runs" / "x")
-    assert_bad(r, "data.path", "nowhere/stdlib.idx", "not a Megatron indexed dataset", "nothing was submitted")
+    assert_bad(r, "data.path", "nowhere/stdlib.idx", "not a Megatron indexed dataset", "nothing was submitted",
+               "pass --data-on-cluster")
     assert not (in_tmp / "runs").exists()
-    r = invoke("--site", "local", p, "--dry-run")
-    assert r.exit_code == 0 and r.stdout.startswith("#!/bin/bash")
-    assert "warning: data.path" in r.stderr and "the compute nodes need it" in r.stderr
+    # a dry run refuses what the submit refuses
+    assert_bad(invoke("--site", "local", p, "--dry-run"), "data.path", "nowhere/stdlib.idx", "nothing was written")
+    # site local: the compute nodes are this machine, so the dataset cannot live only on them
+    assert_bad(invoke("--site", "local", p, "--dry-run", "--data-on-cluster"),
+               "--data-on-cluster: not on site local")
+    # another site: a dataset on the cluster's file systems only, said explicitly: warned, dry run and submit alike
+    rp = write_cfg(in_tmp, ROOT / "examples" / "perlmutter-7b.yaml", data={"path": str(in_tmp / "nowhere" / "ds")})
+    assert_bad(invoke("--site", "perlmutter", rp, "--dry-run"), "data.path", "pass --data-on-cluster")
+    r = invoke("--site", "perlmutter", rp, "--dry-run", "--data-on-cluster")
+    assert r.exit_code == 0 and r.stdout.startswith("#!/bin/bash"), r.output
+    assert "warning: data.path" in r.stderr and "--data-on-cluster: the compute nodes must read it" in r.stderr
     (in_tmp / "bad.idx").write_bytes(b"not an index")
     (in_tmp / "bad.bin").write_bytes(b"")
     r = invoke("--site", "local", write_cfg(in_tmp, data={"path": str(in_tmp / "bad")}), "--run-dir", in_tmp / "runs" / "y")
@@ -209,7 +223,7 @@ VISTA_7B = ROOT / "examples" / "vista-7b.yaml"
 
 # --- engine megatron --------------------------------------------------------------------------------------
 def test_submit_dry_run_prints_the_memory_estimate(in_tmp):
-    r = invoke("--site", "vista", VISTA_7B, "--dry-run")
+    r = invoke("--site", "vista", VISTA_7B, "--dry-run", "--data-on-cluster")
     assert r.exit_code == 0, r.output
     assert "# GPU memory per rank, estimated by phoenix_hpc.config.memory (one GPU of this site: 96 GB):" in r.output
     assert "optimizer shard" in r.output and "activations" in r.output
@@ -226,10 +240,10 @@ def test_submit_refuses_an_unsupported_megatron_core(in_tmp, monkeypatch):
     import phoenix_hpc.engines.megatron_version as mv
 
     monkeypatch.setattr(mv, "installed_version", lambda: "0.12.3")
-    assert_bad(invoke("--site", "vista", VISTA_7B, "--dry-run"),
+    assert_bad(invoke("--site", "vista", VISTA_7B, "--dry-run", "--data-on-cluster"),
                "engine: 'megatron' does not support the installed megatron-core 0.12.3", ">=0.16,<0.20")
     monkeypatch.setattr(mv, "installed_version", lambda: None)
-    assert_bad(invoke("--site", "vista", VISTA_7B, "--dry-run"), "megatron-core, which is not installed here")
+    assert_bad(invoke("--site", "vista", VISTA_7B, "--dry-run", "--data-on-cluster"), "megatron-core, which is not installed here")
 
 
 @pytest.mark.parametrize("model,parallelism,needle", [
@@ -240,14 +254,14 @@ def test_submit_refuses_an_unsupported_megatron_core(in_tmp, monkeypatch):
 ])
 def test_submit_refuses_llama_options_megatron_cannot_build(in_tmp, model, parallelism, needle):
     p = write_cfg(in_tmp, PERLMUTTER_7B, model=model, parallelism=parallelism)
-    assert_bad(invoke("--site", "perlmutter", p, "--dry-run"), needle)
+    assert_bad(invoke("--site", "perlmutter", p, "--dry-run", "--data-on-cluster"), needle)
 
 
 def test_submit_refuses_a_config_that_cannot_fit(in_tmp):
     p = write_cfg(in_tmp, PERLMUTTER_7B, training={"micro_batch_size": 8, "global_batch_size": 512},
               megatron={"transformer_impl": "local", "attention_backend": None, "sequence_parallel": False,
                         "recompute_granularity": "none"})
-    r = invoke("--site", "perlmutter", p, "--dry-run")
+    r = invoke("--site", "perlmutter", p, "--dry-run", "--data-on-cluster")
     assert_bad(r, "GPU memory: a rank needs about", "more than the 40 GB of one A100-40GB",
                "megatron.recompute_granularity: full", "megatron.sequence_parallel: true")
     assert list(in_tmp.iterdir()) == [p]
@@ -256,7 +270,7 @@ def test_submit_refuses_a_config_that_cannot_fit(in_tmp):
 def test_dry_run_json_holds_every_warning_stderr_shows(in_tmp):
     import json
 
-    r = invoke("--site", "perlmutter", ROOT / "examples" / "perlmutter-7b.yaml", "--dry-run", "--json")
+    r = invoke("--site", "perlmutter", ROOT / "examples" / "perlmutter-7b.yaml", "--dry-run", "--data-on-cluster", "--json")
     assert r.exit_code == 0, r.output
     printed = [line[len("warning: "):] for line in r.stderr.splitlines() if line.startswith("warning: ")]
     d = json.loads(r.stdout)
@@ -300,10 +314,10 @@ def test_relation_problems_show_with_type_problems(in_tmp):
 def test_steps_option_overrides_training_steps(in_tmp):
     import json
 
-    r = invoke("--site", "local", GPT_SMALL, "--dry-run", "--json", "--steps", "1500")
+    r = invoke("--site", "local", write_cfg(in_tmp), "--dry-run", "--json", "--steps", "1500")
     assert r.exit_code == 0, r.output
     assert "--steps 1500" not in json.loads(r.stdout)["script"]  # the config carries it, not the command line
-    bad = invoke("--site", "local", GPT_SMALL, "--dry-run", "--steps", "0")
+    bad = invoke("--site", "local", write_cfg(in_tmp), "--dry-run", "--steps", "0")
     assert_bad(bad, "--steps: 0 is not allowed", "training.steps")
 
 
@@ -325,7 +339,7 @@ LLAMA_13B = {"layers": 40, "hidden_size": 5120, "heads": 40, "num_query_groups":
 @pytest.mark.parametrize("site, src, per_node", [("vista", VISTA_7B, "17.50 GB per node = 1 rank(s)"),
                                                  ("perlmutter", PERLMUTTER_7B, "33.70 GB per node = 4 rank(s)")])
 def test_dry_run_prints_planned_host_memory_and_node_failures(in_tmp, site, src, per_node):
-    r = invoke("--site", site, src, "--dry-run")
+    r = invoke("--site", site, src, "--dry-run", "--data-on-cluster")
     assert r.exit_code == 0, r.output
     assert "# Host memory PHOENIX holds per node" in r.stdout and per_node in r.stdout
     assert "# Node failures expected over the time limit: " in r.stdout
@@ -335,7 +349,7 @@ def test_dry_run_prints_planned_host_memory_and_node_failures(in_tmp, site, src,
 def test_json_gives_host_memory_and_node_failures(in_tmp):
     import json
 
-    r = invoke("--site", "vista", VISTA_7B, "--dry-run", "--json")
+    r = invoke("--site", "vista", VISTA_7B, "--dry-run", "--data-on-cluster", "--json")
     d = json.loads(r.stdout)
     # stage 3 of pp=4: 1.75e9 parameters N; bf16 snapshot 2N + 12N/8, M = 2 x snapshot + 2 x 12N/8 = 10N
     assert d["host_memory"]["per_node_gb"] == pytest.approx(17.5, abs=0.05)
@@ -348,7 +362,7 @@ def test_json_gives_host_memory_and_node_failures(in_tmp):
 def test_host_memory_that_cannot_fit_exits_2(in_tmp):
     p = write_cfg(in_tmp, VISTA_7B, model=LLAMA_13B, parallelism={"pp": 2}, resources={"nodes": 8},
                   resilience={"k": 3}, megatron={"recompute_granularity": "full"})
-    assert_bad(invoke("--site", "vista", p, "--dry-run"), "host memory", "182.2", "per node", "budget 95.4 GB",
+    assert_bad(invoke("--site", "vista", p, "--dry-run", "--data-on-cluster"), "host memory", "182.2", "per node", "budget 95.4 GB",
                "120 GB node.mem_gb", "resilience.k", "parallelism.tp or parallelism.pp", "resources.nodes")
     assert list(in_tmp.iterdir()) == [p]
 
@@ -358,7 +372,7 @@ def test_host_memory_close_to_the_budget_warns_also_in_json(in_tmp):
 
     p = write_cfg(in_tmp, VISTA_7B, model=LLAMA_13B, parallelism={"pp": 4}, resources={"nodes": 16},
                   resilience={"k": 3}, megatron={"recompute_granularity": "full"})
-    r = invoke("--site", "vista", p, "--dry-run", "--json")
+    r = invoke("--site", "vista", p, "--dry-run", "--data-on-cluster", "--json")
     assert r.exit_code == 0, r.output
     warn = [w for w in json.loads(r.stdout)["warnings"] if w.startswith("host memory")]
     assert len(warn) == 1 and "of the 95.4 GB budget" in warn[0]
@@ -369,7 +383,7 @@ def test_fewer_spares_than_needed_warns_also_in_json(in_tmp):
     import json
 
     p = write_cfg(in_tmp, VISTA_7B, resources={"spares": 0})
-    r = invoke("--site", "vista", p, "--dry-run", "--json")
+    r = invoke("--site", "vista", p, "--dry-run", "--data-on-cluster", "--json")
     assert r.exit_code == 0, r.output
     warn = [w for w in json.loads(r.stdout)["warnings"] if "needed for P(no shrink)" in w]
     assert len(warn) == 1 and "resources.spares: 0 is fewer than the 1 needed" in warn[0]
@@ -403,7 +417,7 @@ def test_heartbeat_rate_the_coordinator_cannot_serve_is_refused_naming_the_numbe
                                      "time_limit": "01:00:00"},
                   training={"global_batch_size": 6800, "micro_batch_size": 1},
                   resilience={"heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 4.0, "collective_timeout_s": 30.0})
-    r = invoke("--site", "perlmutter", p, "--dry-run")
+    r = invoke("--site", "perlmutter", p, "--dry-run", "--data-on-cluster")
     assert_bad(r, "resilience.heartbeat_interval_s: 0.1 s with 6832 slots", "68,320 heartbeats/s",
                f"{cap.max_messages_per_s:,.0f}/s", "allowed: heartbeat_interval_s >=")
     assert not (in_tmp / "runs").exists()
@@ -532,13 +546,13 @@ def test_a_vocabulary_the_dataset_outgrows_is_refused_at_submit_also_in_a_dry_ru
 def test_a_python_that_is_not_here_is_refused_on_the_local_site_and_warned_elsewhere(in_tmp):
     """``--python`` is what the batch script starts the coordinator and the ranks with: on site local the compute
     nodes are this machine, so one that is not here is refused before anything is submitted (the job used to
-    start and fail at once: "the coordinator exited before it was ready"); a dry run, or another site, warns."""
+    start and fail at once: "the coordinator exited before it was ready"), at a dry run too; another site
+    warns."""
     cfg = write_cfg(in_tmp, data={"path": str(fake_dataset(in_tmp))})
     r = invoke("--site", "local", cfg, "--run-dir", in_tmp / "runs" / "x", "--python", "/nonexistent/python")
     assert_bad(r, "--python", "'/nonexistent/python'", "not an executable file", "nothing was submitted")
     assert not (in_tmp / "runs").exists()
-    r = invoke("--site", "local", cfg, "--dry-run", "--python", "/nonexistent/python")
-    assert r.exit_code == 0 and "warning: --python: '/nonexistent/python'" in r.stderr
-    assert "/nonexistent/python" in r.stdout  # the script still says what was asked
+    assert_bad(invoke("--site", "local", cfg, "--dry-run", "--python", "/nonexistent/python"),
+               "--python", "'/nonexistent/python'", "nothing was written")
     r = invoke("--site", "local", cfg, "--dry-run", "--python", "python3")  # a command on PATH is fine
     assert r.exit_code == 0 and "--python" not in r.stderr
