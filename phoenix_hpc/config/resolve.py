@@ -151,6 +151,18 @@ def _limit_checks(label: str, limits, total_nodes: int, nodes: int, spares: int,
         )
 
 
+
+def warmup_warning(warmup_steps: int, steps: int, schedule: str) -> str | None:
+    """A warning when the warm-up does not end before the last step: the learning rate then rises for the whole
+    run (to ``steps / warmup_steps`` of ``training.lr``) and the ``lr_schedule`` decay never starts
+    (:func:`phoenix_hpc.engines.schedule.lr_at`); None otherwise. Pure."""
+    if warmup_steps <= 0 or warmup_steps < steps:
+        return None
+    return (f"training.warmup_steps ({warmup_steps}) is not less than training.steps ({steps}): the learning rate "
+            f"rises for the whole run, to {steps / warmup_steps:.3g} x training.lr at the last step, and the "
+            f"{schedule} decay to training.min_lr never starts; lower warmup_steps (or raise steps) if that is not "
+            "meant")
+
 def resolve(
     cfg: JobConfig,
     profile: SiteProfile,
@@ -217,6 +229,8 @@ def resolve(
                     f"resilience.placement_levels {rz.placement_levels}: site {profile.name} has no failure-domain "
                     "source (failure_domains.source: none), so replicas can only be spread over nodes"
                 )
+    warmup = warmup_warning(cfg.training.warmup_steps, cfg.training.steps, cfg.training.lr_schedule)
+    warnings += [warmup] if warmup else []
     if rz.enabled and res.spares == 0:
         warnings.append(
             "resources.spares is 0 with resilience enabled: a node loss cannot be hot-swapped and falls back to "

@@ -556,3 +556,19 @@ def test_a_python_that_is_not_here_is_refused_on_the_local_site_and_warned_elsew
                "--python", "'/nonexistent/python'", "nothing was written")
     r = invoke("--site", "local", cfg, "--dry-run", "--python", "python3")  # a command on PATH is fine
     assert r.exit_code == 0 and "--python" not in r.stderr
+
+
+def test_a_warmup_that_does_not_end_before_the_last_step_is_warned_by_name(in_tmp):
+    import json
+
+    from phoenix_hpc.config.resolve import warmup_warning
+
+    assert warmup_warning(5, 50, "cosine") is None and warmup_warning(0, 1, "cosine") is None
+    assert "to 0.5 x training.lr" in warmup_warning(100, 50, "cosine")
+    r = invoke("--site", "local", write_cfg(in_tmp, training={"warmup_steps": 100}), "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    (w,) = [w for w in json.loads(r.stdout)["warnings"] if "warmup_steps" in w]
+    assert "training.warmup_steps (100) is not less than training.steps (50)" in w and "cosine decay" in w
+    assert "warning: training.warmup_steps (100)" in r.stderr
+    r = invoke("--site", "local", write_cfg(in_tmp), "--dry-run", "--json")
+    assert not [w for w in json.loads(r.stdout)["warnings"] if "warmup_steps" in w]
