@@ -232,12 +232,18 @@ def _node_warning(client, job: ResolvedJob) -> str | None:
     return node_shortfall(job, usable, total, partition)
 
 
+#: ``--resume`` given without RUN_DIR (click's ``flag_value``; not a path a user would name)
+LATEST_RUN = ":latest-run:"
+
+
 @click.command("submit")
 @click.option("--site", default=None, metavar="NAME|PATH",
               help="site profile: a name in sites/ or a YAML file (with --resume: default the run's site)")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option("--resume", "resume", type=click.Path(file_okay=False, path_type=Path), default=None,
-              metavar="RUN_DIR", help="continue this stopped run from its newest complete checkpoint, in a new job")
+              is_flag=False, flag_value=LATEST_RUN, metavar="[RUN_DIR]",
+              help="continue this stopped run from its newest complete checkpoint, in a new job (without RUN_DIR: "
+                   "your most recent job of the Slurm cluster this command talks to, as phoenix status)")
 @click.option("--dry-run", is_flag=True, help="print the script; submit nothing and write nothing (except --output)")
 @click.option("--data-on-cluster", is_flag=True,
               help="data.path is not readable here, only on the cluster's file systems: do not refuse it (the "
@@ -266,6 +272,15 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
 
         if run_dir is not None:
             raise SubmitError("--run-dir: not allowed with --resume (a resumed run stays in its run directory)")
+        if str(resume) == LATEST_RUN:  # --resume without RUN_DIR: the default job (status/runs.py)
+            from phoenix_hpc.errors import StatusError
+            from phoenix_hpc.status.runs import default_run
+
+            try:
+                resume = default_run(slurm=SlurmClient())
+            except StatusError as exc:
+                raise SubmitError(f"--resume: {exc}") from None
+            click.echo(f"--resume: the most recent job of this cluster: {resume}", err=True)
         point = check_resume(resume, config, slurm=SlurmClient())
         site = site or point.site
         run_dir = point.run_dir

@@ -145,3 +145,20 @@ def test_a_second_resume_while_the_first_resumed_job_starts_is_refused_at_once_w
         msg = str(e.value)
         assert f"job 124, the resume of this run from step 20, is {state} and has not started training" in msg
         assert "scancel 124" in msg and "finishing" not in msg
+
+
+def test_resume_without_run_dir_takes_the_most_recent_job_of_this_cluster(tmp_path, monkeypatch):
+    from phoenix_hpc.slurm.identity import cluster_identity
+    from phoenix_hpc.status.runs import record_run
+
+    monkeypatch.setenv("PHOENIX_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)  # no Slurm answers here: the run is one it forgot
+    rd = make_run(tmp_path, journal=[("job_done", {"step": 50})], steps_done=[20])
+    assert_bad(invoke("--resume", "--site", "local"), "--resume: no PHOENIX job found")
+    other = {**cluster_identity(), "slurm_conf": "/elsewhere/slurm.conf"}
+    record_run(rd, "123", submitted_at=100.0, identity=other)  # another cluster's run is not meant
+    assert_bad(invoke("--resume", "--site", "local"), "--resume: no PHOENIX job of the Slurm cluster",
+               "1 recorded for another cluster")
+    record_run(rd, "123", submitted_at=200.0)  # this cluster's
+    r = invoke("--resume", "--site", "local")
+    assert_bad(r, f"--resume: the most recent job of this cluster: {rd}", f"the run in {rd} finished")
