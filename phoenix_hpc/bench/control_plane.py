@@ -369,7 +369,10 @@ def main(argv: list[str] | None = None) -> int:
 
     repo = Path(__file__).resolve().parents[2]
     # the code measured: taken before the runs (the commit, and files that differed from it)
-    measured = {"commit": jobs.git_commit(repo), "dirty_files": jobs.dirty_files(repo)}
+    measured = {"commit": jobs.git_commit(repo), "dirty_files": jobs.dirty_files(repo),
+                "command": f"scripts/bench-control-plane --ranks {','.join(map(str, ranks))} --steady-s {a.steady_s:g} "
+                           f"--step-s {a.step_s:g} --workers {a.workers}"}
+    load_before = os.getloadavg()  # a machine shared with other work inflates the absolute times
     # on disk, like a job's run directory: the journal's fsyncs cost what they cost there (not /dev/shm)
     base = Path(tempfile.mkdtemp(prefix="phx-ctlbench-"))
     rows = []
@@ -386,8 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "wall_s": round(time.time() - t0, 1),
-              **measured,
-              "command": "scripts/bench-control-plane " + " ".join(argv if argv is not None else sys.argv[1:]),
+              **measured, "load_avg_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
               "machine": machine(), "steady_s": a.steady_s, "runs": rows}
     from phoenix_hpc.bench import control_plane_report as R
 

@@ -6,16 +6,14 @@ capacity table.
   and power laws ranked by AIC(c)) and extrapolated to 100,000 ranks; the coordinator's CPU per message
   (:func:`phoenix_hpc.control.capacity.fit_cpu_line`); the goals at the largest rank count.
 - :func:`section_lines`: the "Control plane at scale" section of BENCHMARKS.md.
-- :func:`update_benchmarks`: puts that section into an existing BENCHMARKS.md (replacing only that
-  section) and the results under ``control_plane`` in BENCHMARKS.json, and writes the capacity table
-  :mod:`phoenix_hpc.control.capacity_table` that ``phoenix submit`` judges jobs by.
+- :func:`update_benchmarks`: keeps the results as ``benchmarks/control_plane.json`` (read by every later
+  report) and under ``control_plane`` in BENCHMARKS.json, re-renders BENCHMARKS.md, and writes the capacity
+  table :mod:`phoenix_hpc.control.capacity_table` that ``phoenix submit`` judges jobs by.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +160,19 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def load_sentence(result: dict[str, Any], cpus) -> str:
+    """What the machine's 1-minute load average was around the run, and what it means when it exceeds the
+    logical CPUs (pure); empty for runs that did not record it."""
+    la = result.get("load_avg_1m") or {}
+    if la.get("before") is None:
+        return ""
+    busy = isinstance(cpus, int) and max(la["before"], la.get("after") or 0) > cpus
+    return (f"Load average (1 min) {la['before']:g} at the start and {la.get('after', 0):g} at the end"
+            + (f", above the {cpus} logical CPUs: other work shared the machine, so every time below is longer "
+               "than on a quiet host; compare the sizes with each other (same run), not with other runs. "
+               if busy else ". "))
+
+
 def section_lines(result: dict[str, Any]) -> list[str]:
     """The BENCHMARKS.md section (lines, ending with a blank line)."""
     from phoenix_hpc.bench.control_plane import table
@@ -172,6 +183,7 @@ def section_lines(result: dict[str, Any]) -> list[str]:
          f"Run: {result.get('date')}, {result.get('wall_s')} s wall, `scripts/bench-control-plane "
          f"--ranks {','.join(str(r['ranks']) for r in result.get('runs', []))}`; {m.get('cpu')}, "
          f"{m.get('logical_cpus')} logical CPUs, Python {m.get('python')}, torch {m.get('torch')}. "
+         + load_sentence(result, m.get("logical_cpus")) +
          "The real coordinator process (`python -m phoenix_hpc.control.coordinator`, default timings: heartbeat "
          "every 1 s, timeout 10 s) against simulated slots (`phoenix_hpc/bench/ctlsim.py`: many per process, "
          "the real signed messages on the real TCPStore keys and one liveness connection each; N active ranks "
@@ -220,26 +232,15 @@ def section_lines(result: dict[str, Any]) -> list[str]:
     return L + [""]
 
 
-def splice_section(markdown: str, lines: list[str]) -> str:
-    """``markdown`` with the section :data:`SECTION_TITLE` replaced by ``lines`` (up to the next ``## ``
-    heading), or inserted before ``## GPU`` (else before ``## Reproduce``, else at the end). Pure."""
-    text = "\n".join(lines).rstrip("\n") + "\n\n"
-    pat = re.compile(r"^" + re.escape(SECTION_TITLE) + r"\n.*?(?=^## |\Z)", re.S | re.M)
-    if pat.search(markdown):
-        return pat.sub(lambda _: text, markdown, count=1)
-    for anchor in ("## GPU", "## Reproduce"):
-        i = markdown.find("\n" + anchor)
-        if i >= 0:
-            return markdown[:i + 1] + text + markdown[i + 1:]
-    return markdown.rstrip("\n") + "\n\n" + text
-
-
 def capacity_table_source(result: dict[str, Any]) -> str:
-    """The text of ``phoenix_hpc/control/capacity_table.py`` for a result with a fitted CPU line.
+    """The text of ``phoenix_hpc/control/capacity_table.py`` for a result with a fitted CPU line; its
+    ``source`` cites the run, the BENCHMARKS.md section by its heading and the kept record.
 
     Raises:
         ValueError: the result has no fitted CPU line.
     """
+    from phoenix_hpc.bench.report import CONTROL_PLANE_RECORD
+
     cpu = (result.get("analysis") or {}).get("cpu") or {}
     if not cpu.get("cpu_s_per_message"):
         raise ValueError("no coordinator CPU line was fitted; the capacity table is left as it is")
@@ -248,27 +249,34 @@ def capacity_table_source(result: dict[str, Any]) -> str:
     table = {"cpu_s_per_message": cpu["cpu_s_per_message"], "idle_cores": cpu["idle_cores"],
              "max_ranks": cpu["max_ranks"],
              "source": f"control-plane benchmark of {result.get('date')} (scripts/bench-control-plane --ranks "
-                       f"{ranks}; {m.get('cpu')}, {m.get('logical_cpus')} logical CPUs), BENCHMARKS.md section 5"}
+                       f"{ranks}; {m.get('cpu')}, {m.get('logical_cpus')} logical CPUs; commit "
+                       f"{result.get('commit', 'not recorded')}): BENCHMARKS.md \"{SECTION_TITLE.lstrip('# ')}\", "
+                       f"record {CONTROL_PLANE_RECORD}"}
     return ('"""The coordinator\'s measured message capacity (generated by ``scripts/bench-control-plane '
             '--update-benchmarks``; do not edit by hand).\n\n'
             'Read by :mod:`phoenix_hpc.control.capacity`; ``source`` names the run the numbers come from.\n"""\n\n'
             f"MEASURED = {json.dumps(table, indent=4)}\n")
 
 
-def update_benchmarks(folder: Path, result: dict[str, Any]) -> None:
-    """Write the section into ``folder/BENCHMARKS.md`` (only this section changes), the result under
-    ``control_plane`` into ``folder/BENCHMARKS.json``, and the package's capacity table."""
-    from phoenix_hpc.bench.report import _atomic_text
+def update_benchmarks(folder: Path, result: dict[str, Any], table: Path | None = None) -> None:
+    """Keep ``result`` as ``folder``/:data:`phoenix_hpc.bench.report.CONTROL_PLANE_RECORD` (read by every later
+    report, whatever folder a full run writes to) and under ``control_plane`` in ``folder/BENCHMARKS.json``,
+    re-render ``folder/BENCHMARKS.md`` from that JSON (the other sections' numbers unchanged, the GPU reports
+    kept now; every section's code checked against the repository's HEAD now), and write the capacity table, which cites this section
+    (``table``, default the package's ``phoenix_hpc/control/capacity_table.py``). A folder without
+    BENCHMARKS.json gets one holding this section alone."""
+    from phoenix_hpc.bench import report
 
-    md, js = folder / "BENCHMARKS.md", folder / "BENCHMARKS.json"
-    old_md = md.read_text() if md.exists() else "# Benchmarks\n"
+    repo = Path(__file__).resolve().parents[2]
+    js = folder / "BENCHMARKS.json"
     data = json.loads(js.read_text()) if js.exists() else {}
+    report._atomic_text(folder / report.CONTROL_PLANE_RECORD, json.dumps(result, indent=1, sort_keys=True) + "\n")
     data["control_plane"] = result
-    _atomic_text(js, json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
-    _atomic_text(md, splice_section(old_md, section_lines(result)))
+    report.with_provenance(report.with_gpu_reports(data, repo), repo)
+    report._atomic_text(js, json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+    report._atomic_text(folder / "BENCHMARKS.md", report.render_markdown(data))
     try:
         src = capacity_table_source(result)
     except ValueError:
         return
-    _atomic_text(Path(__file__).resolve().parent.parent / "control" / "capacity_table.py", src)
-    os.utime(md)
+    report._atomic_text(Path(table) if table else repo / "phoenix_hpc" / "control" / "capacity_table.py", src)

@@ -12,6 +12,7 @@ import os
 import statistics
 from pathlib import Path
 
+from phoenix_hpc.bench import provenance
 from phoenix_hpc.bench.cpu_demand import demand_sentence
 
 PLOT_DIR = "benchmarks"
@@ -215,6 +216,11 @@ def render_markdown(r: dict) -> str:
           + ", ".join(f"{x} ({(r.get(x) or {}).get('kept_from')})" for x in r["kept_sections"]) + ".  ")
     if r.get("dirty_files"):
         a(f"Files that differed from that commit during the run: {', '.join(f'`{x}`' for x in r['dirty_files'])}.  ")
+    prov = r.get("provenance")
+    L.extend(provenance.header_lines(prov))
+
+    def measured(key: str) -> None:  # the commit a section measured, and a warning if its code changed since
+        L.extend(provenance.lines(((prov or {}).get("sections") or {}).get(key), (prov or {}).get("checked_at")))
     a(f"Machine: {m.get('cpu')}, {m.get('logical_cpus')} logical CPUs, {m.get('mem_gib')} GiB, {m.get('gpu')}; "
       f"{m.get('slurm')}; {m.get('mpi')}; Python {m.get('python')}, torch {m.get('torch')}; local Slurm cluster "
       f"of {m.get('cluster_nodes')} nodes on this one host (one slot per node)" + thp_phrase(m) + ".  ")
@@ -244,6 +250,7 @@ def render_markdown(r: dict) -> str:
     if ov.get("kept_from"):
         a(f"(This section is from the run of {ov['kept_from']}.)")
         a("")
+    measured("overhead")
     if "error" in ov or not ov.get("cases"):
         a(f"Not measured: {ov.get('error', 'section not run')}")
     else:
@@ -322,12 +329,14 @@ def render_markdown(r: dict) -> str:
         if rec.get("kept_from"):
             a(f"(This section is from the run of {rec['kept_from']}.)")
             a("")
+        measured("recovery")
         L += report_recovery.render(rec)
         a(f"![recovery]({PLOT_DIR}/recovery.png)")
         a("")
     else:
         a("## 2. Hot swap against checkpoint-restart")
         a("")
+        measured("recovery")
     if rec.get("comparison"):
         pass
     elif not rec:
@@ -411,6 +420,7 @@ def render_markdown(r: dict) -> str:
     if sc.get("kept_from"):
         a(f"(This section is from the run of {sc['kept_from']}.)")
         a("")
+    measured("scaling")
     if not sc:
         a("Not measured: section not run.")
     elif sc.get("unavailable"):
@@ -451,11 +461,14 @@ def render_markdown(r: dict) -> str:
         a("")
         a(f"![scaling]({PLOT_DIR}/scaling.png)")
     a("")
+    if (r.get("recovery_by_size") or {}).get("rows"):
+        measured("recovery_by_size")
     L.extend(by_size_lines(r.get("recovery_by_size")))
 
     # 4. memory
     a("## 4. Host memory per rank")
     a("")
+    measured("overhead")
     mem = ov.get("memory") if isinstance(ov, dict) else None
     if not mem:
         a("Not measured: " + (ov.get("error", "section not run") if isinstance(ov, dict) else "section not run"))
@@ -486,13 +499,19 @@ def render_markdown(r: dict) -> str:
     if r.get("control_plane"):  # measured apart (scripts/bench-control-plane), kept across full runs
         from phoenix_hpc.bench.control_plane_report import section_lines
 
-        L.extend(section_lines(r["control_plane"]))
+        cp = section_lines(r["control_plane"])
+        L.extend(cp[:2])  # the heading, then the commit it measured
+        measured("control_plane")
+        L.extend(cp[2:])
     L.extend(gpu_section(r.get("gpu_reports")))
+    L.extend(provenance.gpu_lines(prov, [x for x in r.get("gpu_reports") or [] if x.get("mode") == "gpu"]))
     a("## Reproduce")
     a("")
     a("```\nscripts/bench.sh            # full run (about 20-35 min on 2 cores)\nscripts/bench.sh --quick    "
       "# under 3 min: overhead and memory on model S, one hot swap\nphoenix bench [--quick]     # the same "
-      "from the CLI (after scripts/setup.sh)\nscripts/bench-control-plane # section 5 (CPU only, minutes)\n"
+      "from the CLI (after scripts/setup.sh)\nscripts/bench-control-plane --update-benchmarks .  # section 5 (CPU "
+      "only, minutes), kept in benchmarks/control_plane.json\n.venv/bin/python -m phoenix_hpc.bench.report refresh  "
+      "# every section's code checked against HEAD again\n"
       "scripts/bench-h2h-engine    # the H2H engine alone: CPU per byte moved, wake-ups per step (seconds)\n"
       "scripts/check-many-nodes    # 8 active + 4 spare nodes, gpt-small's timings, 2 node losses: same final "
       "hash\nscripts/bench.sh --sections by_size  # section 3's what grows with the model alone (about 6 min)\n.venv/bin/python -m phoenix_hpc.bench.exit_time  # a killed process's exit by its memory, with and "
@@ -770,20 +789,71 @@ def refresh_gpu_section(folder: Path, repo: Path) -> int:
     return len(data["gpu_reports"])
 
 
+#: The control-plane benchmark's record (``scripts/bench-control-plane --update-benchmarks DIR`` writes
+#: ``DIR/benchmarks/control_plane.json``), a file of its own as the GPU reports are, so that every report
+#: written later carries section 5, whatever folder a full run writes to; ``BENCHMARKS.json`` holds a copy
+#: under ``control_plane``.
+CONTROL_PLANE_RECORD = "benchmarks/control_plane.json"
+
+
+def with_kept_records(data: dict, repo: Path) -> dict:
+    """``data`` (a BENCHMARKS.json's content) with ``control_plane`` read from ``repo``/:data:`CONTROL_PLANE_RECORD`
+    where that file exists (else as it was); changes ``data`` in place and returns it.
+
+    Raises ValueError (json) when the record is not JSON: a kept record is never silently dropped."""
+    rec = Path(repo) / CONTROL_PLANE_RECORD
+    if rec.is_file():
+        data["control_plane"] = json.loads(rec.read_text())
+    return data
+
+
+def with_provenance(data: dict, repo: Path) -> dict:
+    """``data`` with ``provenance``: the commit every section measured and what changed since in the code it
+    measures, checked now against ``repo``'s HEAD (:func:`phoenix_hpc.bench.provenance.check`)."""
+    data["provenance"] = provenance.check(data, Path(repo))
+    return data
+
+
+def refresh(folder: Path, repo: Path) -> dict:
+    """Re-render ``folder/BENCHMARKS.md`` and ``.json`` (no benchmark runs) with the GPU reports and the
+    control-plane record kept now in ``repo`` and every section's code checked against ``repo``'s HEAD now
+    (:func:`with_provenance`). Returns the provenance.
+
+    Raises FileNotFoundError when ``folder`` has no BENCHMARKS.json (nothing to re-render)."""
+    js = Path(folder) / "BENCHMARKS.json"
+    data = with_provenance(with_kept_records(with_gpu_reports(json.loads(js.read_text()), repo), repo), repo)
+    _atomic_text(js, json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+    _atomic_text(Path(folder) / "BENCHMARKS.md", render_markdown(data))
+    return data["provenance"]
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m phoenix_hpc.bench.report refresh-gpu [DIR]``: :func:`refresh_gpu_section` of DIR (default:
-    the repository), after a GPU report was copied into :data:`GPU_REPORT_DIR`. Exit 2 on other arguments."""
+    the repository), after a GPU report was copied into :data:`GPU_REPORT_DIR`; ``refresh [DIR]``:
+    :func:`refresh` (the kept records too, and every section's code checked against HEAD now). Exit 2 on
+    other arguments."""
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] != "refresh-gpu" or len(args) > 2:
-        print("usage: python -m phoenix_hpc.bench.report refresh-gpu [DIR]", file=sys.stderr)
+    if not args or args[0] not in ("refresh-gpu", "refresh") or len(args) > 2:
+        print("usage: python -m phoenix_hpc.bench.report {refresh-gpu,refresh} [DIR]", file=sys.stderr)
         return 2
     repo = Path(__file__).resolve().parents[2]
     folder = Path(args[1]) if len(args) == 2 else repo
     if not (folder / "BENCHMARKS.json").is_file():
-        print(f"refresh-gpu: {folder}: no BENCHMARKS.json to re-render (run scripts/bench.sh first)", file=sys.stderr)
+        print(f"{args[0]}: {folder}: no BENCHMARKS.json to re-render (run scripts/bench.sh first)", file=sys.stderr)
         return 2
+    if args[0] == "refresh":
+        try:
+            prov = refresh(folder, repo)
+        except ValueError as exc:
+            print(f"refresh: {repo / CONTROL_PLANE_RECORD}: not JSON ({exc})", file=sys.stderr)
+            return 2
+        stale = sorted(k for k, e in {**prov["sections"], **prov["gpu_reports"]}.items()
+                       if e.get("changed_files") or "unknown" in e)
+        print(f"[bench] {folder / 'BENCHMARKS.md'} re-rendered; code checked against {prov['checked_at']}: "
+              + (f"changed since measured: {', '.join(stale)}" if stale else "every section's code unchanged"))
+        return 0
     n = refresh_gpu_section(folder, repo)
     print(f"[bench] GPU section re-rendered from {n} kept report(s) in {GPU_REPORT_DIR}/")
     return 0

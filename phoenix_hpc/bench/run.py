@@ -326,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     results = keep_previous_sections(results, out / "BENCHMARKS.json", sections)
     results.update(summarize_top(results))
     report.with_gpu_reports(results, repo)  # the kept runs of scripts/gpu-check.sh
+    report.with_kept_records(results, repo)  # section 5, kept in the repository whatever --out-dir is
+    report.with_provenance(results, repo)  # each section's commit; code changed since a kept section's run
     report.write_all(results, out, {str(work): "<work>", str(repo): "<repo>"})
     print(f"[bench] wrote {out / 'BENCHMARKS.md'} and {out / 'BENCHMARKS.json'} in {results['wall_s']:.0f} s", flush=True)
     return 0

@@ -132,15 +132,6 @@ def test_analyse_leaves_out_a_figure_with_too_few_values():
     assert "not_fitted" in a["fits"]["quiesce_s"]
 
 
-def test_splice_replaces_only_its_own_section():
-    md = "# B\n\n## 4. Memory\n\nm\n\n## GPU (one-GPU check)\n\ng\n"
-    once = R.splice_section(md, [R.SECTION_TITLE, "", "first", ""])
-    assert once.index("first") < once.index("## GPU") and "## 4. Memory\n\nm\n" in once
-    twice = R.splice_section(once, [R.SECTION_TITLE, "", "second", ""])
-    assert "first" not in twice and twice.count(R.SECTION_TITLE) == 1
-    assert twice.replace("second", "first") == once
-
-
 def test_parse_ranks_refuses_bad_counts():
     assert parse_ranks("200,1000") == [200, 1000]
     for bad in ("0", "abc", "1001", "200000"):
