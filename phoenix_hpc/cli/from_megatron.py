@@ -63,14 +63,13 @@ def read_vocab(given: dict[str, Any]) -> int | None:
 
 def relocate_paths(cfg: dict, out: Path | None, cwd: Path) -> None:
     """Megatron-LM reads a relative ``--data-path`` and ``--save`` against the launch folder (``cwd``); phoenix
-    reads ``data.path`` against the config file's folder and ``resilience.checkpoint.path`` against the run
-    directory. Rewrite both so that they name the same files: the data path relative to the output file's
+    reads ``data.blend`` paths against the config file's folder and ``resilience.checkpoint.path`` against the
+    run directory. Rewrite both so that they name the same files: the data paths relative to the output file's
     folder (``cwd`` for standard output), the checkpoint folder absolute."""
-    d = cfg.get("data", {})
-    p = d.get("path")
-    if p is not None and not os.path.isabs(p):
-        base = (out.parent if out is not None else cwd).resolve()
-        d["path"] = os.path.relpath(cwd.resolve() / p, base)
+    base = (out.parent if out is not None else cwd).resolve()
+    for entry in cfg.get("data", {}).get("blend", []):
+        if not os.path.isabs(entry["path"]):
+            entry["path"] = os.path.relpath(cwd.resolve() / entry["path"], base)
     ck = cfg.get("resilience", {}).get("checkpoint", {})
     if ck.get("path") is not None and not os.path.isabs(ck["path"]):
         ck["path"] = str(cwd.resolve() / ck["path"])
@@ -80,7 +79,8 @@ def render(conv, tokens: list[str]) -> str:
     """The config file's text: a header naming the source and everything not carried over, then the YAML."""
     head = ["# phoenix job config converted from Megatron-LM pretrain_gpt.py arguments (phoenix config from-megatron).",
             "# Every argument carried over and its field: docs/megatron-args.md.",
-            "# Data order: phoenix's own (a pure function of seed and step), not Megatron-LM's GPTDataset order."]
+            "# Data: data.blend is built by megatron-core's BlendedMegatronDatasetBuilder, so every step trains on the "
+            "samples Megatron-LM's step would."]
     head += [f"# {note}" for note in conv.notes]
     if conv.dropped:
         head.append("# DROPPED although they change the training (asked for with --drop):")

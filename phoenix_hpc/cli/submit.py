@@ -340,9 +340,9 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
             raise
     problem = None
     try:  # the ranks run the same check before they train; here it costs no queue wait
-        if cfg.data.path is not None:
-            code = check_indexed_dataset(cfg.data.path, cfg.model.vocab_size)
-            problem = vocab_problem(cfg.data.path, cfg.model.vocab_size, code)
+        for prefix in cfg.data.prefixes:
+            code = check_indexed_dataset(prefix, cfg.model.vocab_size)
+            problem = problem or vocab_problem(prefix, cfg.model.vocab_size, code)
     except DataError as exc:  # a dry run refuses what the submit would
         if not data_on_cluster or profile.name == "local":
             _echo_warnings(warnings)

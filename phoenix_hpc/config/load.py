@@ -15,7 +15,7 @@ from phoenix_hpc.validation import format_validation_error, parse_model, read_ya
 def load_job_config(path: str | Path) -> JobConfig:
     """Load and validate a job config file.
 
-    A relative ``data.path`` and relative ``python_path`` entries are made absolute against the config
+    A relative ``data.path`` (or ``data.blend`` path) and relative ``python_path`` entries are made absolute against the config
     file's folder, so the resolved config can be used from any working directory.
 
     Raises:
@@ -24,9 +24,6 @@ def load_job_config(path: str | Path) -> JobConfig:
     p = Path(path)
     data = read_yaml(p, "config")
     cfg = parse_model(JobConfig, data, source=str(p))
-    if cfg.data.path is not None:
-        dpath = Path(cfg.data.path)
-        if not dpath.is_absolute():
-            cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str((p.parent / dpath).resolve())})})
+    cfg = cfg.model_copy(update={"data": cfg.data.resolved(p.parent)})
     folders = [str((p.parent / f).resolve()) for f in cfg.python_path]
     return cfg.model_copy(update={"python_path": folders})

@@ -70,8 +70,6 @@ class Arg:
 _PERF = "performance or memory only: does not change what is trained"
 _LOG = "logging or profiling: phoenix logs to RUN_DIR (docs/engines.md)"
 _LAUNCH = "launch and process set-up: phoenix launches the job itself (phoenix submit)"
-_ORDER = ("phoenix's data order is its own (a pure function of seed and step, which recovery relies on), not "
-          "GPTDataset's; no validation or test part is held out")
 
 ARGS: tuple[Arg, ...] = (
     # --- model shape ---
@@ -174,15 +172,17 @@ ARGS: tuple[Arg, ...] = (
     Arg("--seed", "map", int, 1234, "training.seed"),
     Arg("--log-interval", "map", int, 100, "training.log_interval"),
     # --- data ---
-    Arg("--data-path", "map", "list", None, "data.path"),
-    Arg("--split", "skip", str, None, why=_ORDER),
+    Arg("--data-path", "map", "list", None, "data.blend",
+        why="weights and prefixes (W1 P1 W2 P2 ...) or prefixes alone, read as megatron-core's get_blend_from_list"),
+    Arg("--split", "map", str, None, "data.split", why="absent: Megatron-LM's '969, 30, 1'"),
     Arg("--mock-data", "refuse", FLAG, False, why="phoenix trains on a dataset: give --data-path"),
     Arg("--train-data-path", "refuse", "list", None, why="per-split data paths are not implemented: give --data-path"),
     Arg("--valid-data-path", "skip", "list", None, why="evaluation is not implemented"),
     Arg("--test-data-path", "skip", "list", None, why="evaluation is not implemented"),
     Arg("--data-cache-path", "skip", str, None, why="phoenix builds no GPTDataset index cache"),
     Arg("--num-workers", "skip", int, 2, why=_PERF),
-    Arg("--dataloader-type", "skip", str, None, why=_ORDER),
+    Arg("--dataloader-type", "same", str, "single", allowed="single",
+        why="phoenix reads the samples of a step as Megatron-LM's single (pretraining) sampler orders them"),
     Arg("--reset-position-ids", "refuse", FLAG, False, why="not implemented by phoenix's data path"),
     Arg("--reset-attention-mask", "refuse", FLAG, False, why="not implemented by phoenix's data path"),
     Arg("--eod-mask-loss", "refuse", FLAG, False, why="not implemented by phoenix's data path"),
@@ -286,6 +286,27 @@ class Conversion:
     dropped: list[tuple[str, Any, str]] = field(default_factory=list)
     records: list[tuple[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+
+def blend_from_list(items: list[str]) -> tuple[list[dict[str, Any]], str | None]:
+    """``--data-path``'s words -> ``data.blend`` entries, read as megatron-core's ``get_blend_from_list``
+    (``megatron/core/datasets/utils.py``): an even number of words whose every other word, from the first, is a
+    number are weights and prefixes (``30 A 70 B``); otherwise every word is a prefix, without weights.
+    Returns ``(entries, None)`` or ``([], problem)`` for a list whose weights are partly numbers."""
+    if len(items) % 2 == 0:
+        pairs = [(items[i], items[i + 1]) for i in range(0, len(items), 2)]
+        weights = []
+        for w, _ in pairs:
+            try:
+                weights.append(float(w))
+            except ValueError:
+                weights.append(None)
+        if all(w is not None for w in weights):
+            return [{"path": p, "weight": w} for (_, p), w in zip(pairs, weights)], None
+        if any(w is not None for w in weights):
+            return [], (f"--data-path: {' '.join(items)!r} mixes weights and prefixes (allowed: 'W1 P1 W2 P2 ...' "
+                        "with a number before every prefix, or prefixes alone)")
+    return [{"path": p} for p in items], None
 
 
 def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
@@ -517,13 +538,13 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     # data and checkpoints
     paths = given.get("--data-path")
     if paths is not None:
-        if len(paths) == 1:
-            carry("--data-path", "data.path", paths[0])
-        elif "--data-path" in drops:
-            problems.append("--data-path: cannot be dropped (phoenix needs a dataset)")
+        blend, problem = blend_from_list(paths)
+        if problem is not None:
+            problems.append(problem)
         else:
-            problems.append(f"--data-path: {' '.join(paths)!r} is a blend of several datasets, which phoenix does not "
-                            "build yet (allowed: one dataset prefix)")
+            carry("--data-path", "data.blend", blend)
+    if "--split" in given:
+        carry("--split", "data.split", given["--split"])
     if "--save" in given:
         carry("--save", "resilience.checkpoint.path", given["--save"])
     if "--save-interval" in given:

@@ -62,15 +62,9 @@ def without_invalid_fields(data: dict[str, Any]) -> tuple[JobConfig | None, list
 
 
 def relative_data_path(cfg: JobConfig, config_path: str | Path) -> JobConfig:
-    """``cfg`` with a relative ``data.path`` made absolute against the config file's folder (as
-    :func:`phoenix_hpc.config.load.load_job_config` does)."""
-    if cfg.data.path is None:  # a data factory instead of a dataset
-        return cfg
-    dpath = Path(cfg.data.path)
-    if dpath.is_absolute():
-        return cfg
-    return cfg.model_copy(update={"data": cfg.data.model_copy(
-        update={"path": str((Path(config_path).parent / dpath).resolve())})})
+    """``cfg`` with a relative ``data.path`` (or ``data.blend`` path) made absolute against the config file's
+    folder (as :func:`phoenix_hpc.config.load.load_job_config` does)."""
+    return cfg.model_copy(update={"data": cfg.data.resolved(Path(config_path).parent)})
 
 
 def about_dropped(problem: str, dropped: list[str]) -> bool:

@@ -249,13 +249,40 @@ class TrainingConfig(BaseModel):
         return self
 
 
+#: Megatron-LM's split when ``--data-path`` is given without ``--split`` (``megatron/training/arguments.py``).
+MEGATRON_DEFAULT_SPLIT = "969,30,1"
+
+
+class BlendEntry(BaseModel):
+    """One dataset of a blend: a Megatron indexed dataset prefix and its weight (Megatron-LM's ``--data-path
+    W1 P1 W2 P2 ...``; the weights are normalised to sum to 1). Without weights (``--data-path P1 P2``),
+    megatron-core blends the datasets in proportion to their sizes; one dataset without a weight is read as
+    Megatron-LM reads a single ``--data-path``."""
+
+    model_config = _STRICT
+    path: str = Field(..., min_length=1, description="dataset path prefix, without .bin/.idx")
+    weight: float | None = Field(
+        None, gt=0, description="relative weight (> 0), normalised over the blend; null on every entry: in proportion "
+        "to the datasets' sizes (a single entry: the dataset alone), as Megatron-LM without weights")
+
+
 class DataConfig(BaseModel):
-    """Training data: a Megatron indexed dataset (``PREFIX.bin`` + ``PREFIX.idx``), e.g. made by
-    ``phoenix data prepare``, or a map-style dataset built by ``factory`` (docs/engines.md). A relative path
-    is relative to the config file's folder. Exactly one of ``path`` and ``factory`` is set."""
+    """Training data: a Megatron indexed dataset (``PREFIX.bin`` + ``PREFIX.idx``, e.g. made by
+    ``phoenix data prepare``) in phoenix's own sample order (``path``), a Megatron-LM data blend in the order
+    Megatron-LM trains on (``blend`` and ``split``: megatron-core's ``BlendedMegatronDatasetBuilder`` and
+    ``GPTDataset``, :mod:`phoenix_hpc.data.blend`), or a map-style dataset built by ``factory``
+    (docs/engines.md). A relative path is relative to the config file's folder. Exactly one of ``path``,
+    ``blend`` and ``factory`` is set."""
 
     model_config = _STRICT
     path: str | None = Field(None, min_length=1, description="dataset path prefix, without .bin/.idx")
+    blend: list[BlendEntry] | None = Field(
+        None, min_length=1, description="a Megatron-LM data blend: [{path, weight}, ...] (one entry: a single "
+        "dataset in Megatron-LM's GPTDataset order); the samples of step s are the train split's [(s-1) G, s G), "
+        "as in Megatron-LM")
+    split: str | None = Field(
+        None, description="with blend only: Megatron-LM's --split 'train,valid,test' (e.g. '969,30,1', normalised); "
+        f"null: Megatron-LM's default {MEGATRON_DEFAULT_SPLIT!r}. Only the train part is read (no evaluation)")
     factory: _Reference = Field(
         None, description="'package.module:function' returning a map-style dataset of samples indexed by "
         "global sample position (called as f(seq_length=, seed=, options=)); the torch engine and engines derived "
@@ -263,14 +290,57 @@ class DataConfig(BaseModel):
     options: dict[str, Any] = Field(
         default_factory=dict, description="free-form mapping passed to data.factory as options=")
 
+    @property
+    def prefixes(self) -> list[str]:
+        """Every indexed-dataset prefix the job reads: ``[path]``, the blend's paths, or ``[]`` (a factory)."""
+        if self.path is not None:
+            return [self.path]
+        return [e.path for e in self.blend] if self.blend else []
+
+    def resolved(self, base) -> DataConfig:
+        """A copy whose relative ``path`` and blend paths are made absolute against the folder ``base``."""
+        from pathlib import Path
+
+        def absolute(p: str) -> str:
+            return p if Path(p).is_absolute() else str((Path(base) / p).resolve())
+
+        if self.path is not None:
+            return self.model_copy(update={"path": absolute(self.path)})
+        if self.blend:
+            return self.model_copy(update={"blend": [e.model_copy(update={"path": absolute(e.path)})
+                                                     for e in self.blend]})
+        return self
+
+    @property
+    def split_text(self) -> str:
+        """``split``, or Megatron-LM's default when unset."""
+        return self.split if self.split is not None else MEGATRON_DEFAULT_SPLIT
+
+    @field_validator("split")
+    @classmethod
+    def _split_form(cls, v):
+        """``split`` parses as Megatron-LM's (:func:`phoenix_hpc.data.split.split_vector`)."""
+        if v is not None:
+            from phoenix_hpc.data.split import split_vector
+
+            split_vector(v)  # ValueError naming what is allowed
+        return v
+
     @model_validator(mode="after")
     def _one_source(self):
-        """Exactly one of ``path`` and ``factory``."""
-        if (self.path is None) == (self.factory is None):
+        """Exactly one of ``path``, ``blend`` and ``factory``; ``split`` only with ``blend``."""
+        given = [n for n in ("path", "blend", "factory") if getattr(self, n) is not None]
+        if len(given) != 1:
             raise ValueError(
-                "set exactly one of data.path (a Megatron indexed dataset) and data.factory "
-                f"(your dataset), got path={self.path!r}, factory={self.factory!r}"
+                "set exactly one of data.path (a Megatron indexed dataset), data.blend (a Megatron-LM data blend) "
+                f"and data.factory (your dataset), got {', '.join('data.' + g for g in given) or 'none'}"
             )
+        if self.blend and len({e.weight is None for e in self.blend}) > 1:
+            raise ValueError("data.blend: weights given for some entries only (allowed: a weight on every entry, or "
+                             "on none)")
+        if self.split is not None and self.blend is None:
+            raise ValueError(f"data.split: {self.split!r} applies to data.blend only (allowed with data.path or "
+                             "data.factory: no split)")
         return self
 
 

@@ -128,7 +128,8 @@ def check_user_code(cfg) -> None:
 
 def open_samples(cfg):
     """The torch engine's sample reader: ``data.factory``'s dataset when set, else the indexed dataset at
-    ``data.path`` (both: ``batch(position, count) -> (inputs, targets)``, ``(count, seq_length)`` int64).
+    ``data.path``, or the Megatron-LM blend of ``data.blend`` (:func:`phoenix_hpc.data.blend.open_blend`; all:
+    ``batch(position, count) -> (inputs, targets)``, ``(count, seq_length)`` int64).
 
     Raises:
         DataError: the indexed dataset is missing or malformed; ConfigError: the factory's dataset is.
@@ -137,6 +138,10 @@ def open_samples(cfg):
         from phoenix_hpc.engines.custom_model import FactorySamples
 
         return FactorySamples(cfg)
+    if cfg.data.blend is not None:
+        from phoenix_hpc.data.blend import open_blend
+
+        return open_blend(cfg)
     from phoenix_hpc.data.indexed import TokenSamples
 
     return TokenSamples(cfg.data.path, cfg.model.seq_length, cfg.training.seed, cfg.model.vocab_size)

@@ -208,7 +208,12 @@ class MegatronEngine(Engine):
         self.tp, self.pp = p.tp, p.pp
         self.dp = ps.get_data_parallel_world_size()
         self.n_micro = micro_batches(t.global_batch_size, t.micro_batch_size, self.dp)
-        self.samples = TokenSamples(cfg.data.path, m.seq_length, t.seed, m.vocab_size)
+        if cfg.data.blend is not None:
+            from phoenix_hpc.data.blend import open_blend
+
+            self.samples = open_blend(cfg)  # built before the process groups (launch/execute.import_runtime)
+        else:
+            self.samples = TokenSamples(cfg.data.path, m.seq_length, t.seed, m.vocab_size)
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[m.dtype]
         self.dtype = dtype
         torch.manual_seed(t.seed + 100 * coord.pp)

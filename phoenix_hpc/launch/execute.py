@@ -1229,7 +1229,8 @@ class Member:
 
 
 def import_runtime(cfg) -> None:
-    """Import the code a slot runs: torch.distributed, the dataset reader (megatron-core's, with ``data.path``),
+    """Import the code a slot runs: torch.distributed, the dataset reader (megatron-core's, with ``data.path``;
+    a ``data.blend`` is also built here, once per process, before any process group exists),
     the engine of ``cfg.engine`` (a user's engine class too; the torch engine or one derived from it: also
     what torch loads on the first construction of a model on the meta device,
     :func:`~phoenix_hpc.engines.torch_gpt.load_meta_kernels`; the Megatron engine or one derived from it: the
@@ -1245,10 +1246,14 @@ def import_runtime(cfg) -> None:
     from phoenix_hpc.launch import groups, loop  # noqa: F401
     from phoenix_hpc.runtime import protector  # noqa: F401
 
-    if cfg.data.path is not None:
+    if cfg.data.prefixes:
         from phoenix_hpc.data.indexed import megatron_indexed_module
 
         megatron_indexed_module()
+    if cfg.data.blend is not None:  # megatron-core's builder synchronises over the default group if one exists:
+        from phoenix_hpc.data.blend import open_blend  # build it before any (phoenix_hpc/data/blend.py)
+
+        open_blend(cfg)
     try:
         torch_like, megatron_like = factory.engine_family(cfg)
     except ConfigError:
@@ -1269,8 +1274,8 @@ def warm_up(cfg) -> None:
     from phoenix_hpc.data.indexed import open_indexed_dataset
 
     import_runtime(cfg)
-    if cfg.data.path is not None:
-        open_indexed_dataset(cfg.data.path)
+    for prefix in cfg.data.prefixes:
+        open_indexed_dataset(prefix)
 
 
 def wait_for_join(client, wait_s: float | None = None) -> dict[str, Any] | None:

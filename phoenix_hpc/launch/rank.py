@@ -133,8 +133,8 @@ def preflight(cfg) -> None:
 
     check_engine_runnable(cfg.engine)
     check_user_code(cfg)
-    if cfg.data.path is not None:
-        check_indexed_dataset(cfg.data.path)
+    for prefix in cfg.data.prefixes:
+        check_indexed_dataset(prefix)
 
 
 def set_nccl_error_env(cfg, env=None) -> dict[str, str]:

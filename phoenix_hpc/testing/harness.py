@@ -92,8 +92,7 @@ def _config_dict(config: Any, base_dir: Path | None) -> dict:
     cfg = parse_model(JobConfig, dict(config), source="conformance config")
     base = Path(base_dir or Path.cwd())
     upd: dict[str, Any] = {"python_path": [str((base / f).resolve()) for f in cfg.python_path]}
-    if cfg.data.path is not None and not Path(cfg.data.path).is_absolute():
-        upd["data"] = cfg.data.model_copy(update={"path": str((base / cfg.data.path).resolve())})
+    upd["data"] = cfg.data.resolved(base)
     return cfg.model_copy(update=upd).model_dump(mode="json")
 
 

@@ -92,11 +92,12 @@ _wait = wait_for
 class Job:
     """One submitted job: its run dir, Slurm id and journal."""
 
-    def __init__(self, env: dict[str, str], tmp: Path, data: Path, name: str, config: dict | None = None):
-        """Submit ``config`` (default: :data:`CONFIG`) with ``data.path`` set to ``data``."""
+    def __init__(self, env: dict[str, str], tmp: Path, data: Path | dict, name: str, config: dict | None = None):
+        """Submit ``config`` (default: :data:`CONFIG`) with ``data.path`` set to ``data`` (a mapping: the whole
+        ``data`` section, e.g. a blend)."""
         self.env = env
         self.run_dir = tmp / name
-        cfg = dict(config or CONFIG, data={"path": str(data)})
+        cfg = dict(config or CONFIG, data=dict(data) if isinstance(data, dict) else {"path": str(data)})
         path = tmp / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         out = subprocess.run([PHOENIX, "submit", "--site", "local", str(path), "--run-dir", str(self.run_dir), "--json"],

@@ -65,9 +65,10 @@ def test_the_llama_script_gives_the_perlmutter_example_model_and_training():
                                "recompute_granularity": "selective"}
     assert cfg["resources"] == {"nodes": 16, "spares": 2}
     assert cfg["resilience"] == {"checkpoint": {"interval_steps": 1000}}
+    assert cfg["data"] == {"blend": [{"path": "ds"}], "split": "949,50,1"}
     skipped = {flag for flag, _, _ in conv.not_carried}
-    assert skipped == {"--use-distributed-optimizer", "--overlap-grad-reduce", "--split", "--eval-interval",
-                       "--eval-iters", "--tensorboard-dir"}
+    assert skipped == {"--use-distributed-optimizer", "--overlap-grad-reduce", "--eval-interval", "--eval-iters",
+                       "--tensorboard-dir"}
     assert {flag for flag, _ in conv.records} == {"--max-position-embeddings", "--tokenizer-type",
                                                   "--tokenizer-model"}
     assert any("32256" in n for n in conv.notes)
@@ -95,7 +96,8 @@ def test_dropped_arguments_are_kept_as_comments_and_listed():
 
 @pytest.mark.parametrize("extra, needle", [
     (["--num-experts", "8"], "--num-experts: 8"),
-    (["--data-path", "a", "b"], "blend of several datasets"),
+    (["--data-path", "30", "a", "b", "c"], "mixes weights and prefixes"),
+    (["--dataloader-type", "cyclic"], "--dataloader-type: 'cyclic'"),
     (["--foo", "3"], "--foo: not known to phoenix"),
     (["--lr-decay-style", "WSD"], "--lr-decay-style: 'WSD'"),
     (["--lr-decay-iters", "20"], "--lr-decay-iters: 20"),
@@ -120,6 +122,18 @@ def test_a_missing_required_argument_and_global_batch_are_named():
 def test_an_argument_that_does_not_parse_is_refused():
     out = problems(SMALL + ZERO + ["--num-layers", "two"])
     assert "--num-layers" in out[0] and "two" in out[0]
+
+
+@pytest.mark.parametrize("words, blend", [
+    (["a"], [{"path": "a"}]),
+    (["a", "b"], [{"path": "a"}, {"path": "b"}]),
+    (["0.3", "a", "0.7", "b"], [{"path": "a", "weight": 0.3}, {"path": "b", "weight": 0.7}]),
+    (["a", "b", "c"], [{"path": "a"}, {"path": "b"}, {"path": "c"}]),
+])
+def test_data_path_becomes_a_blend_as_megatron_core_reads_it(words, blend):
+    tokens = [t for f, v in zip(SMALL[::2], SMALL[1::2]) if f != "--data-path" for t in (f, v)]
+    conv = convert(tokens + ZERO + ["--data-path", *words])
+    assert conv.config["data"] == {"blend": blend}
 
 
 def test_derived_values_are_megatron_lms():
@@ -154,9 +168,10 @@ def test_vocabulary_read_from_tokenizer_files(tmp_path):
 
 
 def test_relative_paths_name_the_same_files(tmp_path):
-    cfg = {"data": {"path": "data/ds"}, "resilience": {"checkpoint": {"path": "ckpt"}}}
+    cfg = {"data": {"blend": [{"path": "data/ds"}]}, "resilience": {"checkpoint": {"path": "ckpt"}}}
     relocate_paths(cfg, tmp_path / "out" / "job.yaml", tmp_path / "launch")
-    assert (tmp_path / "out" / cfg["data"]["path"]).resolve() == (tmp_path / "launch" / "data" / "ds").resolve()
+    got = (tmp_path / "out" / cfg["data"]["blend"][0]["path"]).resolve()
+    assert got == (tmp_path / "launch" / "data" / "ds").resolve()
     assert cfg["resilience"]["checkpoint"]["path"] == str((tmp_path / "launch" / "ckpt").resolve())
 
 
@@ -190,11 +205,11 @@ def test_cli_writes_a_config_that_submit_accepts(tmp_path, monkeypatch):
     (tmp_path / "cfg").mkdir()
     r = _invoke("--args-file", "args.sh", "--nodes", 16, "--spares", 2, "-o", "cfg/job.yaml")
     assert r.exit_code == 0, r.output
-    assert "not carried over: --split" in r.output
+    assert "not carried over: --eval-interval" in r.output
     from phoenix_hpc.config.load import load_job_config
 
     cfg = load_job_config(tmp_path / "cfg" / "job.yaml")
-    assert Path(cfg.data.path) == (tmp_path / "data" / "ds").resolve()
+    assert cfg.data.prefixes == [str((tmp_path / "data" / "ds").resolve())]
     s = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", "cfg/job.yaml", "--dry-run", "--run-dir",
                                  str(tmp_path / "run")])
     assert s.exit_code == 0, s.output
