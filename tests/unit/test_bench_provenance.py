@@ -107,5 +107,5 @@ def test_update_benchmarks_keeps_the_record_and_rerenders_the_page(tmp_path):
     data = json.loads((tmp_path / "BENCHMARKS.json").read_text())
     assert data["control_plane"] == kept and data["overhead_ratio"] == 1.1 and "provenance" in data
     md = (tmp_path / "BENCHMARKS.md").read_text()
-    assert md.count(CPR.SECTION_TITLE) == 1 and f"`{kept['commit']}`" in md
+    assert md.count(CPR.SECTION_TITLE) == 1 and f"measured commit `{kept['commit'].split('+')[0]}`" in md
     assert "MEASURED = " in (tmp_path / "table.py").read_text()
