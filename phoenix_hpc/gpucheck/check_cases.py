@@ -18,7 +18,9 @@ variant is at most its target (:data:`TARGETS`); a ratio above it is ``failed`` 
   160-180 ms step on an H200: about 90 GB/s) with the adaptive protection interval
   (``resilience.protect_every_max``: :data:`HARSH_INTERVAL_MAX`);
 - ``d2h.contention``: the unprotected step of the user-case model beside a thread that repeats the D2H copy
-  back to back, over the unprotected step alone (:func:`phoenix_hpc.gpucheck.protect.contention`'s ``copy``).
+  back to back, over the unprotected step alone (:func:`phoenix_hpc.gpucheck.protect.contention`'s ``copy``);
+  the same beside the copy in 4 MiB commands (``copy_chunked_ratio``, the remedy
+  ``resilience.d2h_copy_chunk_bytes`` offers) is reported, not judged.
 
 A case that does not fit the device's free memory or its share of the time budget is sized down (fewer
 layers, :func:`fit_layers`) and its item says so (``sized_down``). The run happens in child processes
@@ -310,9 +312,11 @@ def measure(work: Path, dev, res: dict, save) -> None:
         prot.close()
         local = prot.buffers.local
         buf = local.begin_write(local.target_idx())
-        c = protect.contention(eng, prot, buf, tokens, CONTENTION_STEPS, kinds=("copy",))
+        c = protect.contention(eng, prot, buf, tokens, CONTENTION_STEPS, kinds=("copy", "copy_chunked"))
         r = protect.steps_ratio(c["copy_steps_ms"], c["alone_steps_ms"])
-        res["d2h.contention"] = {**r, "kept_steps": len(c["copy_steps_ms"]), **c}
+        rc = protect.steps_ratio(c["copy_chunked_steps_ms"], c["alone_steps_ms"])  # the remedy, as a diagnosis
+        res["d2h.contention"] = {**r, "kept_steps": len(c["copy_steps_ms"]), "copy_chunked_ratio": rc["ratio"],
+                                 "copy_chunked_ratio_ci95": rc["ratio_ci95"], **c}
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         res["d2h.contention"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}

@@ -110,7 +110,7 @@ def test_every_case_measures_on_cpu_and_a_case_too_long_for_its_budget_is_sized_
         assert res[name]["ratio"] > 0 and len(res[name]["ratio_ci95"]) == 2, name
     for name in ("d2h.perlmutter_7b", "d2h.vista_7b", "d2h.harsh"):
         assert res[name]["steps_on"] == res[name]["steps_off"] == C.KEPT_PER_MODE >= 6, name
-    assert res["d2h.contention"]["kept_steps"] == C.KEPT_PER_MODE
+    assert res["d2h.contention"]["kept_steps"] == C.KEPT_PER_MODE and res["d2h.contention"]["copy_chunked_ratio"] > 0
     assert res["d2h.perlmutter_7b"]["layers"] == 1 and "2 -> 1 layers" in res["_notes"]["d2h.perlmutter_7b"][0]
     assert res["d2h.vista_7b"]["layers"] == 2 and res["_notes"]["d2h.vista_7b"] == []
     assert res["d2h.vista_7b"]["micro_batches"] >= 1 and res["d2h.vista_7b"]["bytes_per_step_s_target"] > 1e8
