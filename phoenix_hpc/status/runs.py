@@ -165,6 +165,11 @@ def judge_default(entry: dict[str, Any], identity: dict[str, str | None], slurm_
     return REMEMBERED if same else UNCONFIRMED
 
 
+#: Slurm is asked about at most this many recorded runs, newest first (one ``scontrol show job`` each); older
+#: ones count as Slurm's answer "no record".
+MAX_SLURM_QUERIES = 20
+
+
 def default_run(*, slurm=None, live: bool = False, home: Path | None = None, cwd: Path | None = None,
                 identity: dict[str, str | None] | None = None) -> Path:
     """The run directory of "the most recent job" (module doc): the newest recorded run that
@@ -185,9 +190,11 @@ def default_run(*, slurm=None, live: bool = False, home: Path | None = None, cwd
     ident = identity or cluster_identity()
     runs = known_runs(home, cwd)
     skipped: dict[str, int] = {}
+    asked = 0
     for e in runs:
         rec = None
-        if slurm is not None and same_cluster(e, ident) is not False:
+        if slurm is not None and same_cluster(e, ident) is not False and asked < MAX_SLURM_QUERIES:
+            asked += 1
             try:
                 rec = slurm.show_job(e["job_id"])
             except SlurmError:
