@@ -33,7 +33,7 @@ WHEEL_IMPORTS = ("megatron.core", "pydantic", "pydantic_core", "annotated_types"
                  "typing_extensions")
 #: Packages the checks import that the GPU machine's interpreter must already have (not among the wheels),
 #: imported in the dry run too, so that a missing one shows before a GPU is spent
-HOST_IMPORTS = ("numpy", "packaging", "yaml", "mpi4py.MPI")
+HOST_IMPORTS = ("numpy", "scipy", "packaging", "yaml", "mpi4py.MPI")  # scipy: bench.stats' bootstrap interval
 _DIST = {"megatron.core": "megatron-core", "hostlist": "python-hostlist", "yaml": "PyYAML", "mpi4py.MPI": "mpi4py"}
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BUDGET_S = 450.0  # under the 8 minutes (480 s) the whole command may take, leaving 30 s for set-up
