@@ -101,9 +101,11 @@ ARGS: tuple[Arg, ...] = (
     Arg("--make-vocab-size-divisible-by", "map", int, 128, "model.vocab_size",
         why="pads the vocabulary as Megatron-LM does"),
     Arg("--attention-dropout", "same", float, 0.1, allowed=0.0,
-        why="phoenix trains without dropout (a replayed step must draw no random numbers)"),
+        why="the Megatron engine trains without dropout (dropout with bitwise recovery is in engine torch, "
+            "model.attention_dropout)"),
     Arg("--hidden-dropout", "same", float, 0.1, allowed=0.0,
-        why="phoenix trains without dropout (a replayed step must draw no random numbers)"),
+        why="the Megatron engine trains without dropout (dropout with bitwise recovery is in engine torch, "
+            "model.hidden_dropout)"),
     Arg("--init-method-std", "same", float, 0.02, allowed=0.02, why="phoenix initialises weights with std 0.02"),
     Arg("--apply-layernorm-1p", "refuse", FLAG, False, why="not implemented by phoenix's models"),
     Arg("--add-qkv-bias", "refuse", FLAG, False, why="not implemented by phoenix's models"),

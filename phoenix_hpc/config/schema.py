@@ -107,6 +107,13 @@ class ModelConfig(BaseModel):
     untie_embeddings_and_output_weights: bool = Field(
         True, description="separate input embedding and output head (Llama: true); false: tied (megatron only)"
     )
+    attention_dropout: float = Field(
+        0.0, ge=0, lt=1, description="dropout probability on the attention probabilities (Megatron-LM's "
+        "--attention-dropout); engine torch only for now. Masks are a pure function of (seed, sample position, "
+        "stage), so a replayed step draws the same ones (docs/engines.md)")
+    hidden_dropout: float = Field(
+        0.0, ge=0, lt=1, description="dropout probability on the embeddings' output and each residual branch "
+        "(Megatron-LM's --hidden-dropout); engine torch only for now")
 
     @property
     def ffn_size(self) -> int:
@@ -665,6 +672,11 @@ class JobConfig(BaseModel):
             problems += self._torch_engine_problems()
         elif self.megatron.sequence_parallel and tp == 1:
             problems.append("megatron.sequence_parallel: true needs parallelism.tp > 1 (allowed with tp 1: false)")
+        if self.engine == "megatron":
+            for name in ("attention_dropout", "hidden_dropout"):
+                if getattr(self.model, name):
+                    problems.append(f"model.{name}: {getattr(self.model, name)} is not supported by engine megatron "
+                                    "yet (allowed: 0; dropout with bitwise recovery: engine torch)")
         try:
             recovery_path_of(self.engine, self.resilience.recovery_path)
         except ValueError as exc:
@@ -690,6 +702,10 @@ class JobConfig(BaseModel):
         if m.num_query_groups is not None and m.num_query_groups != m.heads:
             out.append(f"model.num_query_groups: {m.num_query_groups} is not supported by engine torch (allowed: "
                        f"null or heads = {m.heads}); {hint}")
+        if m.factory is not None and (m.attention_dropout or m.hidden_dropout):
+            out.append(f"model.attention_dropout / model.hidden_dropout: {m.attention_dropout} / {m.hidden_dropout} "
+                       "apply to the built-in GPT only (allowed with model.factory: 0; pass your model's dropout in "
+                       "model.options)")
         if self.megatron != MegatronOptions():
             out.append("megatron: options are set but engine is torch (allowed: no megatron section, or "
                        "engine: megatron)")

@@ -172,7 +172,8 @@ class TorchEngine(Engine):
         """
         m, t = self.cfg.model, self.cfg.training
         if m.factory is None:
-            shape = GPTShape(m.layers, m.hidden_size, m.heads, m.vocab_size, m.seq_length)
+            shape = GPTShape(m.layers, m.hidden_size, m.heads, m.vocab_size, m.seq_length, m.attention_dropout,
+                             m.hidden_dropout)
             if empty:
                 return empty_stage(shape, self.pp, stage, self.dtype, self.device)
             return GPTStage(shape, self.pp, stage, t.seed, self.dtype).to(self.device)
@@ -222,6 +223,9 @@ class TorchEngine(Engine):
         for p in self.model.parameters():
             p.grad = None
         is_first, is_last = self.coord.pp == 0, self.coord.pp == self.pp - 1
+        mbs = self.cfg.training.micro_batch_size
+        if hasattr(self.model, "begin_step"):  # the built-in GPT: dropout masks from the micro-batches' positions
+            self.model.begin_step(self.cfg.training.seed, self.data_position + self.first_micro * mbs, mbs)
         x, y = self._local_batch() if (is_first or is_last) else (None, None)
         if self._runner is None:
             mbs = self.cfg.training.micro_batch_size

@@ -2,7 +2,15 @@
 
 Architecture (GPT-2, Radford et al. 2019): learned token + position embeddings, ``layers`` pre-LayerNorm
 blocks (causal multi-head self-attention, then a 4x GELU MLP, each with a residual), a final LayerNorm and
-an untied output head. No dropout, so the forward pass uses no random numbers.
+an untied output head. Dropout as Megatron-LM places it (``attention_dropout`` on the attention probabilities,
+``hidden_dropout`` on the embeddings' output and on each residual branch before its add), 0 by default.
+
+Dropout draws its masks from a seed that is a pure function of ``(training seed, global sample position of
+the micro-batch, pipeline stage)`` (:meth:`GPTStage.begin_step`, :func:`dropout_seed`): each micro-batch's
+forward runs under torch's global generator set to that seed and restored afterwards
+(``torch.random.fork_rng``). So a replayed step draws the same masks, in any process, after any recovery,
+and a micro-batch draws the same masks whichever DP rank reads it (a shrink moves micro-batches between
+ranks); there is no random state to restore. With both at 0 the forward pass uses no random numbers.
 
 Pipeline split: with ``pp`` stages, stage ``p`` holds blocks ``[p*L/pp, (p+1)*L/pp)``; stage 0 also holds the
 embeddings, the last stage the final LayerNorm and the head. The head is untied from the token embedding
@@ -37,6 +45,20 @@ class GPTShape:
     heads: int
     vocab_size: int
     seq_length: int
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+
+    @property
+    def has_dropout(self) -> bool:
+        return self.attention_dropout > 0 or self.hidden_dropout > 0
+
+
+def dropout_seed(seed: int, position: int, stage: int) -> int:
+    """The seed of the dropout masks of the micro-batch whose first sample is at global ``position``, on
+    pipeline ``stage``: 63 bits of numpy's ``SeedSequence([seed, position, stage])`` (a hash of the three)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([int(seed), int(position), int(stage)]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def stage_layers(layers: int, pp: int, stage: int) -> range:
@@ -54,6 +76,7 @@ class Block(nn.Module):
         super().__init__()
         h = shape.hidden_size
         self.heads = shape.heads
+        self.attn_p, self.hidden_p = shape.attention_dropout, shape.hidden_dropout
         self.ln1 = nn.LayerNorm(h)
         self.qkv = nn.Linear(h, 3 * h)
         self.proj = nn.Linear(h, h)
@@ -65,9 +88,9 @@ class Block(nn.Module):
         b, s, h = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
         q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
-        return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.attn_p if self.training else 0.0)
+        x = x + F.dropout(self.proj(a.transpose(1, 2).reshape(b, s, h)), self.hidden_p, self.training)
+        return x + F.dropout(self.fc_out(F.gelu(self.fc(self.ln2(x)))), self.hidden_p, self.training)
 
 
 class GPTStage(nn.Module):
@@ -83,6 +106,9 @@ class GPTStage(nn.Module):
         if shape.hidden_size % shape.heads:
             raise ValueError(f"hidden_size ({shape.hidden_size}) must be divisible by heads ({shape.heads})")
         self.shape = shape
+        self.stage = stage
+        self._draws: tuple[int, int, int] | None = None  # (seed, first position, micro-batch size): begin_step
+        self._micro = 0
         self.is_first = stage == 0
         self.is_last = stage == pp - 1
         self.layer_ids = list(stage_layers(shape.layers, pp, stage))
@@ -117,10 +143,32 @@ class GPTStage(nn.Module):
         if self.is_last:
             self.head.weight.normal_(0.0, std, generator=gen(1 + self.shape.layers))
 
+    def begin_step(self, seed: int, first_position: int, micro_batch: int) -> None:
+        """Before a step's forward passes: the ``k``-th forward of the step (micro-batches run in order on a
+        stage, also under the pipeline schedule) is the micro-batch at ``first_position + k x micro_batch``,
+        whose dropout masks are drawn from :func:`dropout_seed`. Needed only with dropout."""
+        self._draws = (int(seed), int(first_position), int(micro_batch))
+        self._micro = 0
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Raises RuntimeError: dropout is on, the module is in training mode and :meth:`begin_step` was not
+        called (its masks would come from an unknown random state)."""
+        if not (self.training and self.shape.has_dropout):
+            return self._forward(x)
+        if self._draws is None:
+            raise RuntimeError("GPTStage with dropout: begin_step() before the step's forward passes")
+        seed, first, mbs = self._draws
+        s = dropout_seed(seed, first + self._micro * mbs, self.stage)
+        self._micro += 1
+        devices = [x.device] if x.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(s)
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.is_first:
             pos = torch.arange(x.shape[1], device=x.device)
-            x = self.tok_embed(x) + self.pos_embed(pos)
+            x = F.dropout(self.tok_embed(x) + self.pos_embed(pos), self.shape.hidden_dropout, self.training)
         for i in self.layer_ids:
             x = self.blocks[str(i)](x)
         if self.is_last:

@@ -1,7 +1,9 @@
-"""A Megatron-LM data blend (data.blend: two datasets, weights 0.3 / 0.7, split 98,2,0) trains on the local
-cluster through a node loss and a hot swap to the final state of the fault-free run of the same blend.
-(That its samples are those megatron-core's BlendedMegatronDatasetBuilder yields for Megatron-LM's sizes is
-tests/unit/test_data_blend.py.)"""
+"""A Megatron-LM data blend (data.blend: two datasets, weights 0.3 / 0.7, split 98,2,0) with dropout on
+(attention and hidden, 0.1) trains on the local cluster through a node loss and a hot swap to the final state
+of the fault-free run of the same job: the spare's replayed step reads the blend's samples and draws the
+dropout masks the lost rank drew. (That the blend's samples are those megatron-core's
+BlendedMegatronDatasetBuilder yields for Megatron-LM's sizes is tests/unit/test_data_blend.py; that dropout
+masks follow the seed and the sample position is tests/unit/test_torch_dropout.py.)"""
 
 from __future__ import annotations
 
@@ -35,9 +37,11 @@ def blend(tmp_path_factory):
     return {"blend": entries, "split": "98,2,0"}
 
 
-def test_a_blend_is_hot_swapped_to_the_fault_free_hash(env, blend, slurm_cluster, tmp_path, record_property):
+def test_a_blend_with_dropout_is_hot_swapped_to_the_fault_free_hash(env, blend, slurm_cluster, tmp_path,
+                                                                    record_property):
     """As test_hotswap's node-loss test, with its rule for Open MPI 4.1's TCP deadlock (one rerun, reported)."""
-    config = dict(CONFIG, name="blend", training=dict(CONFIG["training"], steps=STEPS))
+    config = dict(CONFIG, name="blend", training=dict(CONFIG["training"], steps=STEPS),
+                  model=dict(CONFIG["model"], attention_dropout=0.1, hidden_dropout=0.1))
     reference = _run_reference(env, blend, tmp_path, "blend-ref", config)
     job, done, _victim, killed_at, wedged = _kill_node_at_step_10(env, blend, slurm_cluster, tmp_path, "blend-kill",
                                                                  config)
