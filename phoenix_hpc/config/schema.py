@@ -368,6 +368,10 @@ class CheckpointConfig(BaseModel):
         "every rank restores the newest checkpoint")
 
 
+#: ``resilience.d2h_copy_chunk_bytes`` must be a multiple of this (runtime/d2h_chunks.py COPY_CHUNK_ALIGN; a unit
+#: test ties them)
+D2H_COPY_CHUNK_ALIGN = 16
+
 #: ``resilience.checksum_threads`` bounds, inclusive (runtime/checksum_pool.py THREADS_MIN/MAX; a unit test ties them)
 CHECKSUM_THREADS_RANGE = (1, 64)
 
@@ -475,10 +479,9 @@ class ResilienceConfig(BaseModel):
     @field_validator("d2h_copy_chunk_bytes", mode="before")
     @classmethod
     def _d2h_copy_chunk_bytes(cls, v):
-        from phoenix_hpc.runtime.d2h_chunks import copy_chunk_problem
-
-        if copy_chunk_problem(v):
-            raise ValueError("not allowed (allowed: 0 for one copy per tensor, or a positive multiple of 16 bytes)")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v % D2H_COPY_CHUNK_ALIGN:
+            raise ValueError(f"not allowed (allowed: 0 for one copy per tensor, or a positive multiple of "
+                             f"{D2H_COPY_CHUNK_ALIGN} bytes)")
         return v
 
     @field_validator("checksum_threads", mode="before")

@@ -26,6 +26,13 @@ def test_bad_chunk_sizes_are_refused_naming_the_field(bad):
         D2H(torch.device("cpu"), copy_chunk_bytes=bad)
 
 
+def test_the_config_and_the_runtime_share_one_alignment():
+    from phoenix_hpc.config.schema import D2H_COPY_CHUNK_ALIGN
+    from phoenix_hpc.runtime.d2h_chunks import COPY_CHUNK_ALIGN
+
+    assert D2H_COPY_CHUNK_ALIGN == COPY_CHUNK_ALIGN
+
+
 def test_config_takes_the_chunk_size_and_refuses_a_bad_one():
     base = {"name": "x", "engine": "torch", "data": {"path": "/d"}, "parallelism": {"tp": 1, "pp": 1, "dp": 1},
             "model": {"layers": 1, "hidden_size": 8, "heads": 1, "vocab_size": 16, "seq_length": 8},
@@ -33,8 +40,9 @@ def test_config_takes_the_chunk_size_and_refuses_a_bad_one():
     assert JobConfig.model_validate(base).resilience.d2h_copy_chunk_bytes == 0
     ok = JobConfig.model_validate({**base, "resilience": {"d2h_copy_chunk_bytes": 4 << 20, "checksum": "wsum64"}})
     assert ok.resilience.d2h_copy_chunk_bytes == 4 << 20 and ok.resilience.checksum == "wsum64"
-    with pytest.raises(Exception, match="d2h_copy_chunk_bytes"):
-        JobConfig.model_validate({**base, "resilience": {"d2h_copy_chunk_bytes": 100}})
+    for bad in (100, -16, True, "4MiB"):
+        with pytest.raises(Exception, match="d2h_copy_chunk_bytes"):
+            JobConfig.model_validate({**base, "resilience": {"d2h_copy_chunk_bytes": bad}})
 
 
 def test_a_chunked_issue_copies_exactly():

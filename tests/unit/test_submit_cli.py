@@ -432,7 +432,7 @@ def test_a_small_job_gets_no_control_plane_warning(in_tmp):
 def test_unsupported_checksum(in_tmp):
     p = write_cfg(in_tmp, resilience={"checksum": "md5"})
     assert_bad(invoke("--site", "local", p, "--dry-run"), "resilience.checksum", "'md5'",
-               "Input should be 'xxh3_64', 'crc32c' or 'crc32'")
+               "Input should be 'xxh3_64', 'crc32c', 'crc32' or 'wsum64'")
     assert not (in_tmp / "runs").exists()
 
 
