@@ -326,11 +326,19 @@ def measure(work: Path, dev, res: dict, save) -> None:
         model = dict(check_d2h.MODEL)
         per_layer = DEVICE_BYTES_PER_PARAM * (12 * model["hidden_size"] ** 2 + 13 * model["hidden_size"])
         layers = fit_layers(model["layers"], 0.0, 0, 1.0, per_layer, 0.8 * _free_bytes(dev))
+        scale = min(1.0, float(os.environ.get(SCALE_ENV) or 1.0))
         if layers < model["layers"]:
             res["_notes"]["d2h.harsh"] = [f"{model['layers']} -> {layers} layers: {DEVICE_BYTES_PER_PARAM} bytes per "
                                           f"parameter did not fit 80 % of the device's free memory"]
+        if scale < 1.0 and int(layers * scale) < layers:  # its steps and its build shrink with its layers
+            res["_notes"].setdefault("d2h.harsh", []).append(
+                f"{layers} -> {max(1, int(layers * scale))} layers: {scale:.2f} of the variant's time was left")
+            layers = max(1, int(layers * scale))
+        if layers < model["layers"]:
             model["layers"] = layers
             cfg = common.job_config("torch", common.dataset(work), model, check_d2h.TRAINING)
+            res["_notes"]["d2h.harsh"].append(f"{param_count(model)} parameters instead of "
+                                              f"{param_count(check_d2h.MODEL)}")
         eng = _engine(cfg, dev)
         res["d2h.harsh"] = _abba(eng, cfg.training.global_batch_size * cfg.model.seq_length, dev, HARSH_INTERVAL_MAX)
     except Exception as e:  # noqa: BLE001
