@@ -2,7 +2,9 @@
 package, built through ``model.factory`` and imported through ``python_path``) on the real local Slurm
 cluster. Oracle as in :mod:`test_hotswap` (docs/design.md section 10): a fault-free run gives the reference
 final hash; the same job with a node killed mid-run must end with the identical final hash, hot swapped to
-the spare, replaying at most one step. Both pp=1 x dp=2 and pp=2 x dp=2 (the factory builds stages)."""
+the spare, replaying at most one step. At pp=2 x dp=2, the example's own shape: the factory builds each stage
+(a pp=1 model is the factory's stage 0 of 1, built through the same call; the hot swap at pp=1 is that of
+test_hotswap.py)."""
 
 from __future__ import annotations
 
@@ -72,10 +74,10 @@ def _check(job: Job, done: dict, ref: dict, victim: int, spare_world_rank: int) 
           f"{rec['phases']}, replayed {rec['steps_replayed']}")
 
 
-@pytest.mark.parametrize("pp, nodes, victim", [(1, 2, 1), (2, 4, 3)], ids=["pp1-dp2", "pp2-dp2"])
+@pytest.mark.parametrize("pp, nodes, victim", [(2, 4, 3)], ids=["pp2-dp2"])
 def test_custom_model_node_loss_identical_final_hash(env, data, slurm_cluster, tmp_path, pp, nodes, victim):  # noqa: F811
-    """pp=1: logical 1 = dp1. pp=2: logical 3 = (pp1, dp1), the last stage, whose module returns the logits.
-    The spare is the first world rank after the active ones."""
+    """Logical 3 = (pp1, dp1), the last stage, whose module returns the logits. The spare is the first world
+    rank after the active ones."""
     cfg = _config(pp=pp, nodes=nodes)
     (tmp_path / "ref").mkdir()
     ref = _run_reference(env, data, tmp_path / "ref", "ref", cfg)

@@ -185,10 +185,11 @@ IN_JOB_SEED = 5  # a kill-node planned on logical rank 0 at step 22 (optimizer),
 def test_an_in_job_checkpoint_restart_drill_restarts_each_fault_in_the_same_allocation_and_ends_identical(
         slurm_cluster, slurm_env, tmp_path):
     """``phoenix drill`` of the in-job baseline (``mode: checkpoint-restart``, ``checkpoint.restart: in-job``,
-    a checkpoint every 10 steps, 2 active + 2 spare nodes): each of the two faults ends the srun step and the
-    batch script starts the next one in the same Slurm job without the dead node; the ranks restore the
-    newest checkpoint and train the steps since it again; the report measures detect, teardown, relaunch and
-    replay from every step's records, and the final state equals the fault-free reference's."""
+    a checkpoint every 10 steps, 2 active + 2 spare nodes): each of the two faults (a node loss, then a process
+    crash) ends the srun step and the batch script starts the next one in the same Slurm job without the dead
+    node; every rank restores the newest checkpoint and trains the steps since it again (its step log shows
+    exactly those steps twice); the report measures detect, teardown, relaunch and replay from every step's
+    records, and the final state equals the fault-free reference's."""
     from phoenix_hpc.control.in_job import RESTARTS_LOG
     from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
     from phoenix_hpc.drills.in_job import ACTION
@@ -227,8 +228,25 @@ def test_an_in_job_checkpoint_restart_drill_restarts_each_fault_in_the_same_allo
         ck = req["checkpoint_step"]
         assert ck == (f["at_step"] - 1) // 10 * 10  # the newest checkpoint before the fault
         assert f["steps_replayed"] == f["at_step"] - 1 - ck
-    # the ranks restored each checkpoint in srun steps 1 and 2 of that job
-    restores = [json.loads(x) for x in (job_dir / "ranks" / "rank0.persist.jsonl").read_text().splitlines()]
-    assert [(x["slurm_step_id"], x["step"]) for x in restores if x["event"] == "restore" and x["step"]] == [
-        ("1", requests[0]["checkpoint_step"]), ("2", requests[1]["checkpoint_step"])]
+    assert done["steps_agree"]
+    cks = [req["checkpoint_step"] for req in requests]
+    for r in range(2):
+        # every rank started fresh in srun step 0 and restored each checkpoint in srun steps 1 and 2 of that job
+        restores = [x for x in map(json.loads, (job_dir / "ranks" / f"rank{r}.persist.jsonl").read_text().splitlines())
+                    if x["event"] == "restore"]
+        job_id = str(report["job"]["job_id"])
+        assert [(x["slurm_job_id"], x["slurm_step_id"], x["step"]) for x in restores] == [
+            (job_id, "0", None), (job_id, "1", cks[0]), (job_id, "2", cks[1])], (r, restores)
+        # each checkpoint's loss of steps: the steps after it were trained again, from ck + 1 on, at least the
+        # steps the fault cost; every step of the run was trained, none skipped
+        steps = [json.loads(x)["step"] for x in (job_dir / "ranks" / f"rank{r}.steps.jsonl").read_text().splitlines()]
+        cuts = [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
+        assert [steps[i] for i in cuts] == [ck + 1 for ck in cks], (r, steps)
+        assert sorted(set(steps)) == list(range(1, IN_JOB_STEPS + 1)) and steps[-1] == IN_JOB_STEPS, (r, steps)
+        again = []
+        for i, ck, f in zip(cuts, cks, faults):
+            lost = steps[i - 1] - ck
+            assert lost >= f["steps_replayed"] >= 1, (r, lost, f)
+            again += range(ck + 1, ck + lost + 1)
+        assert sorted(s for s in set(steps) for _ in range(steps.count(s) - 1)) == sorted(again), (r, steps)
     print(f"in-job drill: {[(f['kind'], f['at_step'], f['total_s'], f['phases']) for f in faults]}")
