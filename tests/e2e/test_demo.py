@@ -126,8 +126,11 @@ def test_ctrl_c_stops_the_demo_and_its_cluster(tmp_path, cluster_dir):
     work = tmp_path / "w"
     args = [str(DEMO), "--config", str(_config(tmp_path)), "--steps", str(STEPS), "--work-dir", str(work),
             "--cluster-dir", str(cluster_dir), "--max-bytes", "300000"]
+    # SIGINT as a terminal's shell leaves it (default): a test run started in the background inherits SIGINT
+    # ignored (bash does that to asynchronous commands), and an ignored SIGINT stays ignored across exec
     proc = subprocess.Popen(args, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     try:
         deadline = time.monotonic() + 300
