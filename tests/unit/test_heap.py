@@ -68,13 +68,13 @@ def test_a_slot_imports_before_it_freezes_what_its_engine_construction_would_imp
         import json, sys
         from types import SimpleNamespace
         from phoenix_hpc.launch.execute import import_runtime
-        import_runtime(SimpleNamespace(engine="torch", data=SimpleNamespace(path=None)))
+        import_runtime(SimpleNamespace(engine="torch", data=SimpleNamespace(path=None, blend=None, prefixes=[])))
         n = len(sys.modules)
         import torch
         from phoenix_hpc.engines.torch_gpt import GPTShape, empty_stage
         empty_stage(GPTShape(2, 64, 4, 256, 32), 1, 0, torch.float32, torch.device("cpu"))
         torch_new = len(sys.modules) - n
-        import_runtime(SimpleNamespace(engine="megatron", data=SimpleNamespace(path=None)))
+        import_runtime(SimpleNamespace(engine="megatron", data=SimpleNamespace(path=None, blend=None, prefixes=[])))
         print(json.dumps({"torch_new": torch_new, "megatron": "megatron.core.models.gpt" in sys.modules}))
     """)
     assert r["torch_new"] == 0 and r["megatron"]
@@ -105,7 +105,7 @@ def test_a_user_engine_is_warmed_up_as_the_builtin_engine_it_derives_from():
         from types import SimpleNamespace
         from phoenix_hpc.engines.factory import engine_family
         from phoenix_hpc.launch.execute import import_runtime
-        cfg = lambda e: SimpleNamespace(engine=e, python_path=[{kit!r}], data=SimpleNamespace(path=None))
+        cfg = lambda e: SimpleNamespace(engine=e, python_path=[{kit!r}], data=SimpleNamespace(path=None, blend=None, prefixes=[]))
         fam = [engine_family(cfg(e)) for e in ("torch", "megatron", "broken_engines:ClockEngine",
                                                "user_providers:DerivedMegatron")]
         import_runtime(cfg("user_providers:DerivedMegatron"))
