@@ -1,7 +1,7 @@
 """``phoenix model hotswap``: what one node loss costs at N GPUs, part by part, with each number's source.
 
 Thin layer over :mod:`phoenix_hpc.model.hotswap` (the formulas and published figures) and
-:mod:`phoenix_hpc.model.hotswap_job` (the scaled job, its sizes and the measured figures); registered on the
+:mod:`phoenix_hpc.bench.hotswap_inputs` (the scaled job, its sizes and the measured figures); registered on the
 ``phoenix model`` group. Exit codes: 0 success, 2 bad input (the message names the option, the value and what
 is allowed).
 """
@@ -42,7 +42,7 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
 
     from phoenix_hpc.cli.model import _emit_json, _resolve_for_model
     from phoenix_hpc.model import hotswap as hs
-    from phoenix_hpc.model import hotswap_job as hj
+    from phoenix_hpc.bench import hotswap_inputs as hj
 
     if config is None:
         guess = Path(__file__).resolve().parents[2] / "examples" / f"{site}-7b.yaml"

@@ -1,5 +1,5 @@
 """The hot-swap projection: each part's formula (phoenix_hpc.model.hotswap), the scaled job and its sizes
-(phoenix_hpc.model.hotswap_job), and ``phoenix model hotswap`` (CliRunner: output, sources, exit 2)."""
+(phoenix_hpc.bench.hotswap_inputs), and ``phoenix model hotswap`` (CliRunner: output, sources, exit 2)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from phoenix_hpc.config.load import load_job_config
 from phoenix_hpc.config.memory import estimate_gpu_memory, stage_params
 from phoenix_hpc.errors import ModelError
 from phoenix_hpc.model import hotswap as hs
-from phoenix_hpc.model import hotswap_job as hj
+from phoenix_hpc.bench import hotswap_inputs as hj
 from phoenix_hpc.profiles import load_profile
 
 REPO = Path(__file__).resolve().parents[2]

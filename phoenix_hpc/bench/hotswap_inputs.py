@@ -1,4 +1,6 @@
-"""The job a hot-swap projection scales, the sizes it may take, and the measured figures it reads.
+"""The job a hot-swap projection scales, the sizes it may take, and the figures the benchmarks measured (in
+bench/ because it reads a job config's memory estimate and the benchmarks' records; the formulas are
+:mod:`phoenix_hpc.model.hotswap`).
 
 Pure except :func:`read_record` (reads one JSON file). The example job is scaled by data parallelism: tp,
 pp, the micro-batch and the batch per DP replica stay as configured, ``dp = N / (tp x pp)``, so the global
