@@ -305,7 +305,8 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
                                     grid={"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, generation=index,
                                     chunk_bytes=res.chunk_bytes, log=None, checksum=res.checksum,
                                     thread_nice=res.thread_nice, checksum_threads=res.checksum_threads,
-                                    d2h_copy_chunk_bytes=res.d2h_copy_chunk_bytes)
+                                    d2h_copy_chunk_bytes=res.d2h_copy_chunk_bytes,
+                                    d2h_copy_coalesce=res.d2h_copy_coalesce)
             if pin is not None:
                 pin_protection_threads(pin[1])
             th0: dict = {}

@@ -440,6 +440,11 @@ class ResilienceConfig(BaseModel):
         "section 3, D2H), so that no long copy command holds the copy engine, or under "
         "CUDA_DEVICE_MAX_CONNECTIONS=1 the one queue of every stream; 0 (the default): one copy command per tensor. "
         "A CPU rank ignores it. Allowed: 0 or a positive multiple of 16")
+    d2h_copy_coalesce: bool = Field(
+        False,
+        description="a GPU rank's D2H copies consecutive snapshot tensors that view one device storage (an engine's "
+        "flat optimizer buffers) as their slots lie in the host buffer with one copy command per run, instead of one "
+        "per tensor (design section 3, D2H); then split by d2h_copy_chunk_bytes. A CPU rank ignores it")
     checksum_threads: int | Literal["auto"] = Field(
         "auto",
         description="threads that checksum the snapshot tensors a CUDA D2H copy landed, while the next ones are "

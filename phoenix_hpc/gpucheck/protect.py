@@ -106,6 +106,8 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
     - ``copy_chunked``: the same copy with every tensor split into commands of :data:`CHUNKED_COPY_BYTES`
       (``resilience.d2h_copy_chunk_bytes``; a second :class:`~phoenix_hpc.runtime.d2h.D2H`): the remedy for
       the training's own work waiting behind long copy commands;
+    - ``copy_coalesced``: the same copy with runs of tensors of one device storage in one command each
+      (``resilience.d2h_copy_coalesce``): the remedy for a thousand copies issued from a Python thread;
     - ``checksum``: the protector's checksums of ``buf`` on its checksum threads
       (:func:`~phoenix_hpc.runtime.checksum_pool.checksum_groups`), host work only, which takes cores and the
       GIL between tensors from the training thread that launches the kernels;
@@ -201,14 +203,14 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
         from phoenix_hpc.runtime.pinned import pinned_empty
 
         reg = pinned_empty(n) if cuda else torch.empty(n, dtype=torch.uint8)
-    chunked_d2h = None
-    if "copy_chunked" in chosen:
-        from phoenix_hpc.runtime.d2h import D2H
+    from phoenix_hpc.runtime.d2h import D2H
 
-        chunked_d2h = D2H(device, copy_chunk_bytes=CHUNKED_COPY_BYTES)
+    chunked_d2h = D2H(device, copy_chunk_bytes=CHUNKED_COPY_BYTES) if "copy_chunked" in chosen else None
+    coalesced_d2h = D2H(device, copy_coalesce=True) if "copy_coalesced" in chosen else None
     work_all = {
         "copy": lambda: protector.d2h.copy(protector.d2h.mark(), buf, protector.layout, opt, par),
         "copy_chunked": lambda: chunked_d2h.copy(chunked_d2h.mark(), buf, protector.layout, opt, par),
+        "copy_coalesced": lambda: coalesced_d2h.copy(coalesced_d2h.mark(), buf, protector.layout, opt, par),
         "checksum": lambda: checksum_groups(memoryview(buf.numpy()), slots, [len(slots)], lambda i: None, fn,
                                             protector.d2h.checksums),
         "one_copy": one_copy,
@@ -249,6 +251,9 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
         out[f"{name}_steps_ms"] = kept_steps(recs)
         out[f"{name}_passes_per_step"] = round(passes[0] / max(1, len(recs)), 2)
     protector.d2h.checksums.close()
+    for extra in (chunked_d2h, coalesced_d2h):
+        if extra is not None:
+            extra.forget()
     return out
 
 
@@ -303,7 +308,7 @@ def step_medians(recs: list, phases: list[dict[str, float]]) -> tuple[float, dic
 PASS_GAP_S = 1e-3
 
 #: :func:`contention`'s kinds of background work, in run order
-KINDS = ("copy", "copy_chunked", "checksum", "one_copy", "chunked_copy", "registered_copy", "gil", "host_copy")
+KINDS = ("copy", "copy_chunked", "copy_coalesced", "checksum", "one_copy", "chunked_copy", "registered_copy", "gil", "host_copy")
 
 #: bytes of :func:`contention`'s ``one_copy`` (1 GiB: about 20 ms per pass at the 55 GB/s measured on an H200,
 #: computed)

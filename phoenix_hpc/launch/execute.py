@@ -512,7 +512,7 @@ class Member:
             on_commit=self._on_commit, log=e.log if self.logical == 0 else None, fault_hook=self._fault_hook,
             device=e.device, checksum=res.checksum, interval_cap=res.protect_every_max,
             thread_nice=res.thread_nice, checksum_threads=res.checksum_threads,
-            d2h_copy_chunk_bytes=res.d2h_copy_chunk_bytes,
+            d2h_copy_chunk_bytes=res.d2h_copy_chunk_bytes, d2h_copy_coalesce=res.d2h_copy_coalesce,
             # in a recovery every member is expected within the instruction timeout; at the start a member
             # may still load a large checkpoint
             arrive_timeout_s=self.wait_s if self.generation > 0 else None,

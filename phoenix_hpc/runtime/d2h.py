@@ -13,12 +13,14 @@ Split in two halves so that only a negligible part runs on the training thread:
   training thread's forward/backward), each tensor checksummed right after its copy. :meth:`D2H.copy` is
   the same copy without the checksums (one event at the end on CUDA).
 
-Two choices of the job config change the CUDA path only (the CPU path is the same whatever they say):
+Three choices of the job config change the CUDA path only (the CPU path is the same whatever they say):
 ``resilience.checksum: wsum64`` computes each tensor's checksum on the device from the live tensor
-(:mod:`.wsum`), on the side stream before its copy, instead of on host threads after it landed; and
-``resilience.d2h_copy_chunk_bytes`` splits each tensor's copy into commands of at most that many bytes, so
-that no single long command holds the copy engine (and, under ``CUDA_DEVICE_MAX_CONNECTIONS=1``, the one
-hardware queue every stream's work then goes through).
+(:mod:`.wsum`), on the side stream before its copy, instead of on host threads after it landed;
+``resilience.d2h_copy_coalesce`` copies consecutive tensors that view one device storage (an engine's flat
+buffers) with one command per run (:func:`~phoenix_hpc.runtime.d2h_chunks.copy_runs`); and
+``resilience.d2h_copy_chunk_bytes`` splits each copy into commands of at most that many bytes, so that no
+single long command holds the copy engine (and, under ``CUDA_DEVICE_MAX_CONNECTIONS=1``, the one hardware
+queue every stream's work then goes through).
 
 The engine contract (``engines/base.py``) keeps the state stable from the end of ``optimizer_step`` of
 step k-1 until ``optimizer_step`` of step k; the runtime's ``wait_commit`` (before ``optimizer_step``)
@@ -36,7 +38,7 @@ import torch
 from phoenix_hpc.errors import ReplicationError
 from phoenix_hpc.runtime.checksum import DEVICE_CHECKSUMS, checksum_function
 from phoenix_hpc.runtime.checksum_pool import ChecksumPool, checksum_groups
-from phoenix_hpc.runtime.d2h_chunks import copy_chunk_problem, copy_pieces
+from phoenix_hpc.runtime.d2h_chunks import copy_chunk_problem, copy_pieces, copy_runs
 from phoenix_hpc.runtime.snapshot import SnapshotLayout, check_state, copy_in, slot_views
 
 
@@ -49,9 +51,12 @@ class D2H:
     event_bytes = 64 << 20
 
     def __init__(self, device: torch.device, checksum_threads: int = 1, thread_nice: int = 0,
-                 copy_chunk_bytes: int = 0):
+                 copy_chunk_bytes: int = 0, copy_coalesce: bool = False):
         """``copy_chunk_bytes``: on CUDA, split every tensor's copy into commands of at most this many bytes
         (``resilience.d2h_copy_chunk_bytes``; :func:`copy_pieces`); 0: one command per tensor.
+        ``copy_coalesce``: on CUDA, copy consecutive tensors that view one device storage as their slots lie
+        in the buffer with one command (``resilience.d2h_copy_coalesce``; :func:`copy_runs`), then split by
+        ``copy_chunk_bytes``.
 
         Raises:
             ReplicationError: ``copy_chunk_bytes`` negative, or positive and not a multiple of 16.
@@ -62,6 +67,7 @@ class D2H:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.copy_chunk_bytes = int(copy_chunk_bytes)
+        self.copy_coalesce = bool(copy_coalesce)
         # CUDA: the threads that checksum each group of tensors once it landed (checksum_pool.py); the CPU
         # path checksums in the copy thread, right after each copy, while the bytes are in its cache
         self.checksums = ChecksumPool(checksum_threads if self.cuda else 1, thread_nice)
@@ -91,9 +97,9 @@ class D2H:
             return
         with self._drained_on_error(), torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             self._stream.wait_event(token)
-            if self.copy_chunk_bytes:
-                for (_, t), view in zip(check_state(layout, opt, params, views), views):
-                    self._issue(view, t)
+            if self.copy_chunk_bytes or self.copy_coalesce:
+                pairs = check_state(layout, opt, params, views)
+                self._issue_group(buf, layout, pairs, views, 0, len(pairs))
             else:
                 copy_in(buf, layout, opt, params, non_blocking=True, views=views)
             done = torch.cuda.Event()
@@ -125,7 +131,7 @@ class D2H:
         sums: list[int] = []
         c0 = time.thread_time_ns()
         if self.cuda and checksum in DEVICE_CHECKSUMS:
-            return self._copy_device_checksummed(token, pairs, views, c0)
+            return self._copy_device_checksummed(token, buf, layout, pairs, views, c0)
         if self.cuda:
             ends = event_ends(layout.slots, self.event_bytes)
             events = []
@@ -134,8 +140,7 @@ class D2H:
                     self._stream.wait_event(token)
                     start = 0
                     for end in ends:
-                        for (_, t), view in zip(pairs[start:end], views[start:end]):
-                            self._issue(view, t)
+                        self._issue_group(buf, layout, pairs, views, start, end)
                         ev = torch.cuda.Event(blocking=True)
                         ev.record(self._stream)
                         events.append(ev)
@@ -156,6 +161,32 @@ class D2H:
         copy_ns = cpu * wall_copy // max(1, wall_copy + wall_sum)
         return sums, copy_ns, cpu - copy_ns
 
+    def _issue_group(self, buf: torch.Tensor, layout: SnapshotLayout, pairs: list, views: tuple, lo: int,
+                     hi: int) -> None:
+        """Queue the copies of tensors ``lo .. hi-1`` into their slots: one :meth:`_issue` each, or with
+        :attr:`copy_coalesce` one per run of :func:`copy_runs` (a run's source span is a uint8 view of the
+        storage its tensors share)."""
+        if not self.copy_coalesce:
+            for (_, t), view in zip(pairs[lo:hi], views[lo:hi]):
+                self._issue(view, t)
+            return
+        items = []
+        for k in range(lo, hi):
+            t, slot = pairs[k][1], layout.slots[k]
+            st = t.untyped_storage()
+            key = st.data_ptr() if t.is_contiguous() else -1 - k  # a strided tensor is a run of its own
+            items.append((key, t.storage_offset() * t.element_size(), t.numel() * t.element_size(), slot.offset,
+                          st.nbytes()))
+        for a, b in copy_runs(items):
+            if b - a == 1:
+                self._issue(views[lo + a], pairs[lo + a][1])
+                continue
+            src0, n = items[a][1], items[b - 1][1] + items[b - 1][2] - items[a][1]
+            src = torch.empty(0, dtype=torch.uint8, device=pairs[lo + a][1].device)
+            src.set_(pairs[lo + a][1].untyped_storage(), src0, (n,), (1,))
+            d0 = items[a][3]
+            self._issue(buf[d0 : d0 + n], src)
+
     def _issue(self, view: torch.Tensor, t: torch.Tensor) -> None:
         """Queue the copy of ``t`` into its slot view on the current (side) stream: one command, or commands
         of at most :attr:`copy_chunk_bytes` (:func:`copy_pieces`)."""
@@ -167,7 +198,8 @@ class D2H:
         for a, b in copy_pieces(t.numel(), t.element_size(), self.copy_chunk_bytes):
             dst[a:b].copy_(src[a:b], non_blocking=True)
 
-    def _copy_device_checksummed(self, token: Any, pairs: list, views: tuple, c0: int) -> tuple[list[int], int, int]:
+    def _copy_device_checksummed(self, token: Any, buf: torch.Tensor, layout: SnapshotLayout, pairs: list,
+                                 views: tuple, c0: int) -> tuple[list[int], int, int]:
         """CUDA with a device checksum (:data:`~phoenix_hpc.runtime.checksum.DEVICE_CHECKSUMS`): on the side
         stream, after ``token``, each tensor's partial sums (:func:`phoenix_hpc.runtime.wsum.partials`) are
         computed from the device tensor and its copy queued; the partials (16 bytes per 16 KiB) come to the
@@ -181,9 +213,9 @@ class D2H:
         with self._drained_on_error():
             with torch.cuda.device(self.device), torch.cuda.stream(self._stream), torch.no_grad():
                 self._stream.wait_event(token)
-                for (_, t), view in zip(pairs, views):
+                for (_, t) in pairs:
                     parts.append(partials(t))
-                    self._issue(view, t)
+                self._issue_group(buf, layout, pairs, views, 0, len(pairs))
                 counts = [p.shape[0] for p in parts]
                 host = torch.cat(parts).to("cpu", non_blocking=True) if parts else torch.zeros(0, 2, dtype=torch.int64)
                 done = torch.cuda.Event(blocking=True)

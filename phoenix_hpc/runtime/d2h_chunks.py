@@ -32,3 +32,26 @@ def copy_pieces(numel: int, element_size: int, chunk_bytes: int) -> list[tuple[i
     if per < 1:
         raise ValueError(f"chunk of {chunk_bytes} bytes holds no element of {element_size} bytes")
     return [(a, min(numel, a + per)) for a in range(0, numel, per)]
+
+
+def copy_runs(items: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int]]:
+    """Fewer, larger copies (``resilience.d2h_copy_coalesce``; pure): ``[start, end)`` index ranges of
+    consecutive ``items`` that one copy command can move. An item is ``(storage, src_offset, nbytes,
+    dst_offset, storage_bytes)``: the device storage a tensor views (its address), the tensor's byte offset in
+    it and its bytes, its slot's byte offset in the host buffer, and the storage's size. Items ``i..j`` form
+    one run when they view one storage in order and each lies as far from the run's first in the source as
+    its slot does in the buffer, so the source span ``[src_i, src_j + nbytes_j)`` (inside the storage) copied
+    to ``[dst_i, ...)`` puts every tensor on its slot; the bytes between them land in the slots' alignment
+    padding, which no checksum covers. A tensor that cannot join is a run of its own."""
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for k in range(1, len(items) + 1):
+        if k < len(items):
+            s0, a0, _, d0, _ = items[start]
+            sk, ak, nk, dk, size = items[k]
+            _, ap, np_, _, _ = items[k - 1]
+            if sk == s0 and ak >= ap + np_ and ak - a0 == dk - d0 and ak + nk <= size:
+                continue
+        runs.append((start, k))
+        start = k
+    return runs

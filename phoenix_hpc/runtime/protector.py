@@ -181,7 +181,7 @@ class Protector:
     def __init__(self, *, engine_coord, shard_id: str, grid: Mapping[str, int], generation: int, setup: _Setup,
                  chunk_bytes: int, commit_timeout_s: float | None, on_commit, log, fault_hook, device,
                  checksum: str = DEFAULT_CHECKSUM, interval_cap: int = 1, thread_nice: int = 0,
-                 checksum_threads: int = 1, d2h_copy_chunk_bytes: int = 0):
+                 checksum_threads: int = 1, d2h_copy_chunk_bytes: int = 0, d2h_copy_coalesce: bool = False):
         # test-only (phoenix_hpc/test_env.py); raises TestEnvError (a ValueError) naming the variable
         self._test_delay_s = parse_replication_delay(os.environ.get(TEST_REPLICATION_DELAY_ENV))
         if self._test_delay_s and log is not None:
@@ -203,7 +203,7 @@ class Protector:
         # called about every ABORT_CHECK_S while wait_commit blocks; it may raise to leave the wait (the
         # recovery driver polls the coordinator, so a quiesce ends a wait on a peer that will never ack)
         self.abort_check: Callable[[], None] | None = None
-        self.d2h = D2H(device, checksum_threads, thread_nice, d2h_copy_chunk_bytes)
+        self.d2h = D2H(device, checksum_threads, thread_nice, d2h_copy_chunk_bytes, d2h_copy_coalesce)
         self.checksum = checksum
         self.interval_cap = int(interval_cap)
         self.thread_nice = int(thread_nice)
@@ -262,6 +262,7 @@ class Protector:
         checksum_threads: int | str = "auto",
         arrive_check: Callable[[], None] | None = None,
         d2h_copy_chunk_bytes: int = 0,
+        d2h_copy_coalesce: bool = False,
     ) -> "Protector":
         """Set up protection for ``engine`` (collective: every active rank of the generation calls it).
 
@@ -305,6 +306,8 @@ class Protector:
                 anything is allocated or duplicated.
             d2h_copy_chunk_bytes: a GPU rank's D2H copy commands of at most this many bytes
                 (``resilience.d2h_copy_chunk_bytes``, :mod:`phoenix_hpc.runtime.d2h_chunks`); 0: one per tensor.
+            d2h_copy_coalesce: a GPU rank's D2H copies runs of tensors of one device storage with one command
+                (``resilience.d2h_copy_coalesce``).
 
         Raises:
             RecoveryError: not every rank arrived within ``arrive_timeout_s``; what ``arrive_check`` raises.
@@ -406,7 +409,8 @@ class Protector:
         prot = cls(engine_coord=coord, shard_id=shard_id, grid=grid, generation=generation, setup=setup,
                    chunk_bytes=chunk_bytes, commit_timeout_s=commit_timeout_s, on_commit=on_commit, log=log,
                    fault_hook=fault_hook, device=device, checksum=checksum, interval_cap=interval_cap,
-                   thread_nice=thread_nice, checksum_threads=n_checksum, d2h_copy_chunk_bytes=d2h_copy_chunk_bytes)
+                   thread_nice=thread_nice, checksum_threads=n_checksum, d2h_copy_chunk_bytes=d2h_copy_chunk_bytes,
+                   d2h_copy_coalesce=d2h_copy_coalesce)
         tc["threads"] = time.perf_counter()
         # seconds per part of the construction (recovery timings): layout, the memory check and its agreement
         # (two collectives), allocation, the allocation's agreement, the threads' start

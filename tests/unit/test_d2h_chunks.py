@@ -62,3 +62,35 @@ def test_cpu_copy_checksummed_gives_the_buffers_checksums(algo):
     d2h = D2H(torch.device("cpu"))
     sums, _, _ = d2h.copy_checksummed(d2h.mark(), buf, lay, opt, par, algo)
     assert sums == S.checksums(buf, lay, (S.OPT, S.PARAM), algo)
+
+
+def test_runs_join_tensors_of_one_storage_laid_out_as_their_slots():
+    from phoenix_hpc.runtime.d2h_chunks import copy_runs
+
+    # (storage, src offset, bytes, dst offset, storage bytes)
+    items = [(1, 0, 64, 100, 1000), (1, 64, 64, 164, 1000), (1, 128, 60, 228, 1000), (1, 192, 8, 292, 1000),
+             (2, 0, 8, 356, 8), (2, 8, 8, 364, 8),  # past its storage's end: cannot join
+             (3, 0, 64, 420, 128), (3, 64, 64, 500, 128),  # the slot lies further than the source: cannot join
+             (4, 64, 8, 600, 128), (4, 0, 8, 664, 128)]  # out of order in the storage: cannot join
+    assert copy_runs(items) == [(0, 4), (4, 5), (5, 6), (6, 7), (7, 8), (8, 9), (9, 10)]
+    assert copy_runs([]) == []
+
+
+def test_a_coalesced_group_copies_every_tensor_onto_its_slot():
+    flat = torch.randn(3000)  # an engine's flat buffer; its shard tensors are views of it
+    opt = [(f"opt/pp0/tp0/dp0/w{i}/main", flat[a:b]) for i, (a, b) in enumerate(((0, 16), (16, 48), (48, 1000),
+                                                                              (1000, 1003), (1003, 3000)))]
+    par = [("param/pp0/tp0/w", torch.randn(7).to(torch.bfloat16))]
+    lay = S.plan_layout(opt, par, {"envelope": {}})
+    want = torch.zeros(lay.total_bytes, dtype=torch.uint8)
+    S.copy_in(want, lay, opt, par)
+    for chunk in (0, 64):
+        d2h = D2H(torch.device("cpu"), copy_chunk_bytes=chunk, copy_coalesce=True)
+        buf = torch.zeros(lay.total_bytes, dtype=torch.uint8)
+        views = S.slot_views(buf, lay)
+        pairs = S.check_state(lay, opt, par, views)
+        issued, real = [], d2h._issue
+        d2h._issue = lambda view, t: (issued.append(t.numel() * t.element_size()), real(view, t))
+        d2h._issue_group(buf, lay, pairs, views, 0, len(pairs))
+        assert issued[0] == 1000 * 4 and len(issued) < len(pairs)  # the first three tensors: one command
+        assert all(torch.equal(buf[s.offset:s.offset + s.nbytes], want[s.offset:s.offset + s.nbytes]) for s in lay.slots)

@@ -71,10 +71,10 @@ def test_k0_protector_runs_abba_and_commits_the_live_state(tmp_path):
     assert out["bad"] == [] and len(out["bad_after"]) == 1
     assert out["committed"] == out["step"] == 13 and out["holders"] == []
     assert out["plan"] == 2 * out["snapshot"] and out["state"] < out["snapshot"] < out["state"] + (1 << 20)
-    c = out["contention"]  # eight blocks of 3 unprotected steps, each beside one kind of background work
-    assert out["step_after"] == out["step"] + 27  # and first 3 steps with no thread, the reference
+    c = out["contention"]  # nine blocks of 3 unprotected steps, each beside one kind of background work
+    assert out["step_after"] == out["step"] + 30  # and first 3 steps with no thread, the reference
     assert c["alone_ms_median"] > 0 and len(c["alone_steps_ms"]) == 2
-    kinds = ("copy", "copy_chunked", "checksum", "one_copy", "chunked_copy", "registered_copy", "gil", "host_copy")
+    kinds = ("copy", "copy_chunked", "copy_coalesced", "checksum", "one_copy", "chunked_copy", "registered_copy", "gil", "host_copy")
     for kind in kinds:
         assert c[f"{kind}_only_ms_median"] > 0 and c[f"{kind}_passes_per_step"] > 0, kind
         assert len(c[f"{kind}_steps_ms"]) == 2, kind
