@@ -244,7 +244,8 @@ def _layout_problems(root: Path, step: int, cfg, grid) -> list[str]:
     d = step_dir(root, step)
     problems = []
     if "model" in marker:
-        changes = model_changes({"engine": marker.get("engine"), "model": marker["model"]}, model_record(cfg))
+        changes = model_changes({"engine": marker.get("engine"), "model": marker["model"]}, model_record(cfg),
+                                recorded_only=True)
         if changes:
             problems.append(f"checkpoint of step {step} was written by another model ({d / COMPLETE}): "
                             + describe_changes(changes, "the checkpoint", "the config"))

@@ -40,11 +40,13 @@ def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def model_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+def model_changes(old: Mapping[str, Any], new: Mapping[str, Any], recorded_only: bool = False) -> list[tuple[str, Any, Any]]:
     """The fields of two :func:`model_record` values that differ: ``(dotted field, old value, new value)``,
-    sorted by field (``None`` where a field is absent on one side)."""
+    sorted by field (``None`` where a field is absent on one side). ``recorded_only``: compare only the fields
+    ``old`` has (a record written by a release that had fewer fields says nothing of the newer ones)."""
     a, b = _flat(old), _flat(new)
-    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    keys = set(a) if recorded_only else set(a) | set(b)
+    return [(k, a.get(k), b.get(k)) for k in sorted(keys) if a.get(k) != b.get(k)]
 
 
 def describe_changes(changes: list[tuple[str, Any, Any]], old_name: str, new_name: str) -> str:

@@ -47,6 +47,9 @@ def test_model_changes_name_each_field_with_both_values():
         "model.dtype: 'bfloat16' in new.yaml, the run has 'float32'; model.hidden_size: 256 in new.yaml, "
         "the run has 128")
     assert model_changes(a, a) == []
+    newer = {"engine": "torch", "model": {**a["model"], "hidden_dropout": 0.0}}  # a field added since
+    assert model_changes(a, newer) == [("model.hidden_dropout", None, 0.0)]
+    assert model_changes(a, newer, recorded_only=True) == []
 
 
 # --- the re-partitioning load ----------------------------------------------------------------------------
