@@ -39,7 +39,8 @@ from pydantic import ValidationError
 
 from phoenix_hpc.config.load import load_job_config
 from phoenix_hpc.config.resolve import ResolvedJob, resolve
-from phoenix_hpc.data.format import check_indexed_dataset, vocab_problem
+from phoenix_hpc.data.format import check_indexed_dataset, sequence_count, vocab_problem
+from phoenix_hpc.data.split import split_problem
 from phoenix_hpc.errors import ConfigError, DataError, ProfileError, SlurmError, SubmitError
 from phoenix_hpc.profiles import load_profile
 from phoenix_hpc.slurm.render import render_sbatch, sbatch_cli_args
@@ -343,6 +344,8 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         for prefix in cfg.data.prefixes:
             code = check_indexed_dataset(prefix, cfg.model.vocab_size)
             problem = problem or vocab_problem(prefix, cfg.model.vocab_size, code)
+            if cfg.data.blend is not None:  # a split part without documents: the ranks would refuse the blend
+                problem = problem or split_problem(cfg.data.split_text, prefix, sequence_count(prefix))
     except DataError as exc:  # a dry run refuses what the submit would
         if not data_on_cluster or profile.name == "local":
             _echo_warnings(warnings)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from phoenix_hpc.data.split import empty_parts, split_vector
+from phoenix_hpc.data.split import split_problem
 from phoenix_hpc.errors import DataError
 
 
@@ -69,15 +69,11 @@ class BlendSamples:
     def __init__(self, key: BlendKey):
         from phoenix_hpc.data.indexed import megatron_indexed_module, open_indexed_dataset
 
-        nums = split_vector(key.split)
         for p in key.prefixes:
             n_docs = len(open_indexed_dataset(p).sequence_lengths)  # DataError naming a missing or malformed prefix
-            empty = empty_parts(nums, n_docs)
-            if empty:
-                raise DataError(f"data.split {key.split!r}: the {' and '.join(empty)} part of data.blend dataset "
-                                f"{p!r} holds no document ({n_docs} documents in all; megatron-core cannot build an "
-                                "empty part); allowed: a split whose every non-zero part gets a document, e.g. "
-                                "'100,0,0', or more documents")
+            problem = split_problem(key.split, p, n_docs)
+            if problem is not None:
+                raise DataError(problem)
         megatron_indexed_module()  # megatron-core's import notices silenced
         from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
         from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig

@@ -75,3 +75,17 @@ def check_indexed_dataset(prefix: str | Path, vocab_size: int | None = None) -> 
     if version != 1:
         raise DataError(f"data.path {prefix!r}: {idx} has index version {version}, only version 1 is supported")
     return head[17]
+
+
+def sequence_count(prefix: str | Path) -> int:
+    """The number of sequences (documents, for a dataset made by ``phoenix data prepare`` or Megatron-LM's
+    ``preprocess_data.py``) that ``PREFIX.idx`` holds: the 8-byte count after its header, version and dtype
+    code. Call after :func:`check_indexed_dataset`.
+
+    Raises:
+        DataError: the .idx is shorter than its header."""
+    idx = Path(str(prefix) + ".idx")
+    head = read_bytes(idx, "dataset index", error=DataError, max_bytes=9 + 8 + 1 + 8)
+    if len(head) < 26:
+        raise DataError(f"data.path {str(prefix)!r}: {idx} is not a Megatron .idx file (shorter than its header)")
+    return struct.unpack("<Q", head[18:26])[0]

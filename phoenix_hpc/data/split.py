@@ -48,3 +48,14 @@ def empty_parts(vector: list[float], n_documents: int) -> list[str]:
     """The names of the parts that have weight but hold no document (megatron-core would loop forever
     computing their epochs: ``GPTDataset._get_num_epochs`` with 0 tokens per epoch)."""
     return [PARTS[i] for i, r in enumerate(document_ranges(vector, n_documents)) if r is not None and r[1] <= r[0]]
+
+
+def split_problem(split_text: str, prefix: str, n_documents: int) -> str | None:
+    """None when every part of ``split_text`` with weight gets a document of the dataset at ``prefix`` (of
+    ``n_documents`` documents), else the refusal, naming ``data.split``, the dataset and what is allowed."""
+    empty = empty_parts(split_vector(split_text), n_documents)
+    if not empty:
+        return None
+    return (f"data.split {split_text!r}: the {' and '.join(empty)} part of data.blend dataset {prefix!r} holds no "
+            f"document ({n_documents} documents in all; megatron-core cannot build an empty part); allowed: a split "
+            "whose every non-zero part gets a document, e.g. '100,0,0', or more documents")

@@ -23,7 +23,7 @@ STEPS = 30
 @pytest.fixture(scope="module")
 def blend(tmp_path_factory):
     """Two datasets of different text (the first and the second half of the standard library's modules, 60
-    files each) as a blend."""
+    files, so 60 documents, each: the 2 % validation part gets one) as a blend."""
     base = tmp_path_factory.mktemp("blend")
     files = sorted(p for p in stdlib_dir().glob("*.py") if p.is_file())[:120]
     entries = []
@@ -32,7 +32,7 @@ def blend(tmp_path_factory):
         src.mkdir()
         for f in files[i * 60:(i + 1) * 60]:
             shutil.copy(f, src / f.name)
-        prepare_dataset(src, base / name / "ds", max_bytes=150_000)
+        prepare_dataset(src, base / name / "ds")
         entries.append({"path": str(base / name / "ds"), "weight": weight})
     return {"blend": entries, "split": "98,2,0"}
 

@@ -145,6 +145,26 @@ def test_a_split_part_without_documents_is_refused_not_built(tmp_path):
         BlendSamples(blend_key(cfg))
 
 
+def test_submit_refuses_a_split_part_without_documents(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
+    from phoenix_hpc.data.prepare import prepare_dataset
+
+    prepare_dataset(_text_tree(tmp_path / "t", 4, files=12), tmp_path / "small")
+    cfg = {"name": "b", "data": {"blend": [{"path": str(tmp_path / "small"), "weight": 1.0}], "split": "98,2,0"},
+           "parallelism": {"dp": 2}, "resources": {"nodes": 2, "spares": 1}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["submit", "--site", "local", "job.yaml", "--dry-run"])
+    assert r.exit_code == 2, r.output
+    assert "data.split '98,2,0': the valid part" in r.output and "12 documents" in r.output
+    assert "Traceback" not in r.output
+    cfg["data"]["split"] = "100,0,0"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    assert CliRunner().invoke(cli, ["submit", "--site", "local", "job.yaml", "--dry-run"]).exit_code == 0
+
+
 def test_relative_blend_paths_are_made_absolute_against_the_config_folder(tmp_path):
     from phoenix_hpc.config.load import load_job_config
 
