@@ -121,14 +121,27 @@ def read_record(path: Path) -> tuple[dict | None, str]:
 #: The derived figure ``detect_silence_s - heartbeat_timeout_s`` of a control-plane run
 #: (:func:`control_plane_points`).
 SILENCE_BACKLOG = "silence_backlog_s"
+#: The derived figure ``detect_to_quiesce_s + quiesce_s + plan_delivered_s`` of a control-plane run: the
+#: coordinator's part of a recovery from the detection to the plan in every member's queue (the recovery
+#: opened, every survivor's ``quiesced`` received, the plan made, pushed). ``quiesce_s`` runs from
+#: ``recovery_start`` to ``recovery_plan``, which the coordinator journals after making the plan, so it holds
+#: ``plan_s``; ``plan_delivered_s`` runs from ``recovery_plan`` to ``recovery_plan_sent``
+#: (``phoenix_hpc/bench/control_plane.py``, ``phoenix_hpc/control/recovery_machine.py``).
+CONTROL_ROUND = "control_round_s"
+_CONTROL_ROUND_PARTS = ("detect_to_quiesce_s", "quiesce_s", "plan_delivered_s")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def control_plane_points(record: dict | None, key: str) -> tuple[list[tuple[int, float]] | None, str]:
     """The control-plane benchmark's ``(ranks, value)`` of figure ``key`` (``detect_exit_s``,
     ``plan_deliver_s`` = ``plan_s + plan_delivered_s``, :data:`SILENCE_BACKLOG` = ``detect_silence_s -
-    heartbeat_timeout_s``, ...), from ``record["control_plane"]["runs"]`` (or ``record["runs"]`` when
-    ``record`` is the benchmark's own JSON), runs marked unusable (``error``) left out; ``(None, reason)`` when
-    the record has no control-plane runs."""
+    heartbeat_timeout_s``, :data:`CONTROL_ROUND` = ``detect_to_quiesce_s + quiesce_s + plan_delivered_s``,
+    ...), from ``record["control_plane"]["runs"]`` (or ``record["runs"]`` when ``record`` is the benchmark's
+    own JSON), runs marked unusable (``error``), runs without an integer ``ranks`` >= 1 and figures that are
+    not finite numbers left out; ``(None, reason)`` when the record has no control-plane runs."""
     from phoenix_hpc.bench.control_plane_report import derived
 
     rec = record or {}
@@ -140,14 +153,22 @@ def control_plane_points(record: dict | None, key: str) -> tuple[list[tuple[int,
                       "scripts/bench-control-plane --update-benchmarks . writes it)")
     pts = []
     for r in cp["runs"]:
-        if not isinstance(r, dict) or r.get("error") or not isinstance(r.get("ranks"), int):
+        if not isinstance(r, dict) or r.get("error"):
             continue
-        v = derived(r).get(key)
+        n = r.get("ranks")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            continue
+        run = {k: v for k, v in r.items() if _number(v)}  # a figure that is not a number is not used
         if key == SILENCE_BACKLOG:  # how much later than its timeout a silent slot was declared dead
-            ds, to = r.get("detect_silence_s"), r.get("heartbeat_timeout_s")
-            v = ds - to if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (ds, to)) else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            pts.append((r["ranks"], float(v)))
+            ds, to = run.get("detect_silence_s"), run.get("heartbeat_timeout_s")
+            v = ds - to if ds is not None and to is not None else None
+        elif key == CONTROL_ROUND:
+            got = [run.get(k) for k in _CONTROL_ROUND_PARTS]
+            v = sum(got) if all(x is not None for x in got) else None
+        else:
+            v = derived(run).get(key)
+        if _number(v):
+            pts.append((n, float(v)))
     return pts, f"control-plane benchmark of {cp.get('date', '?')} (BENCHMARKS.json control_plane)"
 
 
@@ -158,7 +179,8 @@ GROUP_KINDS = 3
 @dataclass(frozen=True)
 class Measured:
     """What the projection reads from the benchmarks' record: the control-plane runs of the detection, of the
-    plan and push and of the silent slot's backlog beyond the timeout (None: no control-plane runs; the phrase
+    coordinator's round from the detection to the plan pushed (:data:`CONTROL_ROUND`) and of the silent slot's
+    backlog beyond the timeout (None: no control-plane runs; the phrase
     says why), the local ``detect_s``, and a phrase naming the record."""
 
     exit_points: list[tuple[int, float]] | None
@@ -173,7 +195,7 @@ class Measured:
     def of(cls, record: dict | None, record_name: str) -> "Measured":
         """Read from ``record`` (a BENCHMARKS.json's content, or None) named ``record_name``."""
         exit_pts, exit_rec = control_plane_points(record, "detect_exit_s")
-        plan_pts, plan_rec = control_plane_points(record, "plan_deliver_s")
+        plan_pts, plan_rec = control_plane_points(record, CONTROL_ROUND)
         backlog_pts, _ = control_plane_points(record, SILENCE_BACKLOG)
         return cls(exit_pts, exit_rec, plan_pts, plan_rec, backlog_pts, (record or {}).get("detect_s"), record_name)
 
@@ -194,9 +216,12 @@ def project(job, node, gpus: int, step_s: float, measured: Measured, site_max_gp
                                    measured.exit_record)
                if measured.backlog_points is not None else hs.missing(measured.exit_record))
     hb = hs.detect_heartbeat(rz.heartbeat_timeout_s, rz.heartbeat_interval_s, backlog)
-    plan = (hs.control_plane_at(measured.plan_points, gpus, "recovery plan made and pushed to every member",
+    plan = (hs.control_plane_at(measured.plan_points, gpus, "the coordinator's round, detection -> recovery "
+                                "opened -> every survivor's quiesced -> plan made -> pushed to every member "
+                                "(detect_to_quiesce_s + quiesce_s + plan_delivered_s; quiesce_s holds plan_s)",
                                 measured.plan_record)
-            if measured.plan_points is not None else hs.missing(f"plan and push: {measured.plan_record}"))
+            if measured.plan_points is not None else
+            hs.missing(f"the coordinator's quiesce round, plan and push: {measured.plan_record}"))
     common = {"plan_push": plan, "quiesce": hs.quiesce(step_s)}
     detail = (f" (weights {est.weights / 1e9:.3g} + optimizer shard {est.optimizer / 1e9:.3g} GB at dp {dp}, "
               f"pipeline stage {est.stage}: config.memory estimate)")

@@ -33,7 +33,8 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
     """What one node loss costs at N GPUs, part by part, with the source of every number.
 
     Parts: detection (process exit, measured here; node silent, from the heartbeat timeout), the control
-    plane's plan and push (the simulated-rank benchmark), the survivors' quiesce (the step in flight), the
+    plane's round: every survivor's quiesce answer, the plan made and pushed (the simulated-rank benchmark),
+    the survivors' quiesce (the step in flight), the
     communicator rebuild (today's, and the shrink-based design of docs/design.md section 13), the state
     transfer (the lost rank's weights and optimizer shard over the site's NICs), the replay (one step).
     Formulas and published figures: phoenix_hpc.model.hotswap.
@@ -91,6 +92,9 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
             raise ModelError(f"--gpus: none of the default sizes {list(hj.DEFAULT_GPUS)} fits {limit_what} (at most "
                              f"{highest} GPUs for this job); give --gpus from {lowest} to {highest}, or "
                              "--beyond-site")
+    if benchmarks is not None and not Path(benchmarks).is_file():  # a record asked for must be read
+        raise ModelError(f"--benchmarks: {benchmarks!r} is not allowed; no such file: give a BENCHMARKS.json or "
+                         "the control-plane benchmark's JSON")
     measured = hj.Measured.of(*hj.read_record(Path(benchmarks) if benchmarks else hj.DEFAULT_RECORD))
     results = [hj.project(job, prof.node, n, step_s, measured, highest) for n in sizes]
     out = {"site": prof.name, "config": config, "step_s": step_s, "grid": {"tp": tp, "pp": pp, "gpus_per_node": gpn},
@@ -105,7 +109,7 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
 
 #: Row labels of ``phoenix model hotswap``'s table, in order.
 _HOTSWAP_ROWS = (("detection_exit", "detection: process exit"), ("detection_heartbeat", "detection: node silent"),
-                 ("plan_push", "plan and push"), ("quiesce", "quiesce (step in flight)"),
+                 ("plan_push", "quiesce round, plan, push"), ("quiesce", "quiesce (step in flight)"),
                  ("rebuild_today", "rebuild: today"), ("rebuild_today_lazy", "rebuild: today, lazy init"),
                  ("rebuild_shrink", "rebuild: shrink + split"), ("transfer", "state transfer"),
                  ("replay", "replay (one step)"))

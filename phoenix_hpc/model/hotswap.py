@@ -8,7 +8,9 @@ part                formula (seconds)
 ==================  =======================================================================================
 detection           process exit: measured here (:func:`control_plane_at` of the control-plane benchmark's
                     ``detect_exit_s``, else the local ``detect_s``); node silent: :func:`detect_heartbeat`
-plan and push       :func:`control_plane_at` of the benchmark's ``plan_s + plan_delivered_s``
+control round       :func:`control_plane_at` of the benchmark's ``detect_to_quiesce_s + quiesce_s +
+                    plan_delivered_s``: the coordinator from the detection to the plan in every queue (its
+                    quiesce round, every survivor's answer, holds ``plan_s``)
 quiesce             :func:`quiesce`: the step in flight, uniform in [0, t_step]
 rebuild             :func:`rebuild_today` (a new default group, every group initialised from scratch) or
                     :func:`rebuild_shrink` (spares in the world communicator; shrink, then split)

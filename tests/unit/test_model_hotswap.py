@@ -21,14 +21,15 @@ from phoenix_hpc.profiles import load_profile
 REPO = Path(__file__).resolve().parents[2]
 
 # the control-plane benchmark's runs as its record keeps them (BENCHMARKS.json control_plane.runs): plan and
-# detection grow linearly with the rank count here; the 16,000-rank run is marked unusable
+# detection grow linearly with the rank count here; the coordinator's round (detect_to_quiesce_s + quiesce_s,
+# which holds plan_s, + plan_delivered_s) is 0.15 s per 1,000 ranks; the 16,000-rank run is marked unusable
 CP_RUNS = [
     {"ranks": 1000, "detect_exit_s": 0.10, "plan_s": 0.05, "plan_delivered_s": 0.05, "detect_silence_s": 10.1,
-     "heartbeat_timeout_s": 10.0},
+     "heartbeat_timeout_s": 10.0, "detect_to_quiesce_s": 0.01, "quiesce_s": 0.09},
     {"ranks": 2000, "detect_exit_s": 0.20, "plan_s": 0.10, "plan_delivered_s": 0.10, "detect_silence_s": 10.2,
-     "heartbeat_timeout_s": 10.0},
+     "heartbeat_timeout_s": 10.0, "detect_to_quiesce_s": 0.02, "quiesce_s": 0.18},
     {"ranks": 4000, "detect_exit_s": 0.40, "plan_s": 0.20, "plan_delivered_s": 0.20, "detect_silence_s": 10.4,
-     "heartbeat_timeout_s": 10.0},
+     "heartbeat_timeout_s": 10.0, "detect_to_quiesce_s": 0.04, "quiesce_s": 0.36},
     {"ranks": 16000, "detect_exit_s": -20.0, "plan_s": None, "error": "simulator artefact"},
 ]
 
@@ -200,6 +201,16 @@ def test_control_plane_points_read_usable_runs_or_say_the_record_is_missing():
     assert none is None and "control-plane record missing" in why
 
 
+def test_control_plane_round_counts_the_quiesce_round_and_skips_what_is_not_a_number():
+    pts, _ = hj.control_plane_points({"control_plane": {"runs": CP_RUNS}}, hj.CONTROL_ROUND)
+    assert [n for n, _ in pts] == [1000, 2000, 4000]
+    assert [v for _, v in pts] == pytest.approx([0.15, 0.3, 0.6])
+    odd = [{"ranks": 1000, "plan_s": "0.1", "plan_delivered_s": 0.05}, {"ranks": True, "plan_s": 0.1,
+           "plan_delivered_s": 0.1}, {"ranks": 0, "plan_s": 0.1, "plan_delivered_s": 0.1},
+           {"ranks": 2000, "plan_s": 0.1, "plan_delivered_s": 0.1}]
+    assert hj.control_plane_points({"control_plane": {"runs": odd}}, "plan_deliver_s")[0] == [(2000, 0.2)]
+
+
 def test_read_record_refuses_a_file_that_is_not_a_json_object(tmp_path):
     assert hj.read_record(tmp_path / "nope.json")[0] is None
     bad = tmp_path / "b.json"
@@ -224,7 +235,9 @@ def test_command_projects_every_part_with_its_origin(tmp_path):
     parts = p["parts"]
     assert parts["plan_push"]["origin"] == hs.MEASURED_HERE  # within the runs' 1,000..4,000 ranks
     assert d["projections"][1]["parts"]["plan_push"]["origin"] == hs.EXTRAPOLATED_HERE  # 4,096 beyond them
-    assert parts["plan_push"]["seconds"] == pytest.approx(0.1024, rel=1e-2)
+    # the coordinator's whole round, its quiesce round included, not the plan and push alone (0.1024 s)
+    assert parts["plan_push"]["seconds"] == pytest.approx(0.1536, rel=1e-2)
+    assert "quiesce_s" in parts["plan_push"]["source"]
     assert parts["detection_exit"]["seconds"] == pytest.approx(0.1024, rel=1e-2)
     assert parts["detection_heartbeat"]["seconds"] == pytest.approx(29.0 + 0.1024, rel=1e-3)  # + the backlog
     assert parts["quiesce"]["seconds"] == pytest.approx(6.15) and parts["replay"]["seconds"] == 12.3
@@ -275,6 +288,8 @@ def test_default_sizes_within_the_site_and_beyond_it_only_when_asked(tmp_path):
     (["--site", "perlmutter", "--step-s", "1", "--gpus", "1024", "--benchmarks", "/"], "--benchmarks: '/'"),
     (["--site", "local", "--step-s", "1", "--config", str(REPO / "examples" / "gpt-small.yaml")],
      "no node.nic_gbps"),
+    (["--site", "perlmutter", "--step-s", "1", "--gpus", "1024", "--benchmarks", "no/such.json"],
+     "--benchmarks: 'no/such.json' is not allowed; no such file"),
     (["--site", "perlmutter", "--gpus", "1024"], "--step-s: missing"),
     (["--site", "perlmutter", "--step-s", "0"], "--step-s: 0.0 is not allowed"),
     (["--site", "perlmutter", "--step-s", "1", "--config", "/nonexistent/job.yaml"], "does not exist"),
@@ -293,3 +308,12 @@ def test_a_config_that_cannot_be_read_exits_2(tmp_path):
     bad.write_text("name: x\nmodel: [1, 2\n")
     r = run("--site", "perlmutter", "--step-s", "1", "--config", str(bad))
     assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def test_a_record_with_odd_runs_is_read_without_a_traceback(tmp_path):
+    rec = tmp_path / "b.json"
+    rec.write_text(json.dumps({"control_plane": {"runs": [{"ranks": 10, "plan_s": "a", "plan_delivered_s": 1},
+                                                          {"ranks": 0, "detect_exit_s": 1.0}]}}))
+    r = run("--site", "perlmutter", "--step-s", "1", "--gpus", "1024", "--benchmarks", str(rec), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["projections"][0]["parts"]["plan_push"]["origin"] == hs.MISSING
