@@ -100,6 +100,14 @@ def scaled_state_bytes(cfg, dp_config: int, gpus: int) -> tuple[int, float, obje
     return dp, est.weights + est.optimizer, est
 
 
+def microbatches(cfg, dp_config: int) -> int:
+    """Micro-batches per step and DP replica of job config ``cfg`` (data-parallel size ``dp_config`` as
+    resolved on its site): ``global_batch_size / (dp x micro_batch_size)``, at least 1; the scaled job keeps it
+    (its batch per DP replica is kept, :func:`scaled_state_bytes`)."""
+    t = cfg.training
+    return max(1, max(t.micro_batch_size, t.global_batch_size // dp_config) // t.micro_batch_size)
+
+
 def read_record(path: Path) -> tuple[dict | None, str]:
     """The benchmarks' record (``BENCHMARKS.json``) and a phrase naming it; ``(None, reason)`` when the file
     does not exist.
@@ -222,7 +230,7 @@ def project(job, node, gpus: int, step_s: float, measured: Measured, site_max_gp
                                 measured.plan_record)
             if measured.plan_points is not None else
             hs.missing(f"the coordinator's quiesce round, plan and push: {measured.plan_record}"))
-    common = {"plan_push": plan, "quiesce": hs.quiesce(step_s)}
+    common = {"plan_push": plan, "quiesce": hs.quiesce(step_s, microbatches(cfg, job.dp))}
     detail = (f" (weights {est.weights / 1e9:.3g} + optimizer shard {est.optimizer / 1e9:.3g} GB at dp {dp}, "
               f"pipeline stage {est.stage}: config.memory estimate)")
     tail = {"transfer": hs.transfer(state, gpn, node.nics, node.nic_gbps, detail),

@@ -20,7 +20,7 @@ from phoenix_hpc.errors import ModelError
               help="Job config to scale [default: examples/SITE-7b.yaml, where it exists].")
 @click.option("--step-s", type=float, default=None,
               help="The job's step time, seconds (the config has none: measure it, e.g. from a run's journal); "
-                   "the quiesce and the replay follow it.")
+                   "the quiesce (one micro-batch of it at most) and the replay (one step) follow it.")
 @click.option("--gpus", type=int, multiple=True,
               help="Size to project, GPUs (repeatable) [default: 1024, 4096, 16384, 100000 within the site].")
 @click.option("--beyond-site", is_flag=True,
@@ -34,7 +34,7 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
 
     Parts: detection (process exit, measured here; node silent, from the heartbeat timeout), the control
     plane's round: every survivor's quiesce answer, the plan made and pushed (the simulated-rank benchmark),
-    the survivors' quiesce (the step in flight), the
+    the survivors' quiesce (leaving the abandoned step: up to one micro-batch), the
     communicator rebuild (today's, and the shrink-based design of docs/design.md section 13), the state
     transfer (the lost rank's weights and optimizer shard over the site's NICs), the replay (one step).
     Formulas and published figures: phoenix_hpc.model.hotswap.
@@ -69,7 +69,7 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
     if step_s is None:
         raise ModelError("--step-s: missing; give the job's step time in seconds (the config holds none; a run's "
                          "journal has it)")
-    hs.quiesce(step_s)  # refuses a step time that is not > 0 before anything is printed
+    hs.replay(step_s)  # refuses a step time that is not > 0 before anything is printed
     tp, pp, gpn, spares = job.tp, job.pp, job.gpus_per_node, job.spares
     step = hj.gpu_step(tp, pp, gpn)
     lowest = hj.min_gpus(tp, pp, gpn, cfg.resilience.k)
@@ -109,7 +109,7 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
 
 #: Row labels of ``phoenix model hotswap``'s table, in order.
 _HOTSWAP_ROWS = (("detection_exit", "detection: process exit"), ("detection_heartbeat", "detection: node silent"),
-                 ("plan_push", "quiesce round, plan, push"), ("quiesce", "quiesce (step in flight)"),
+                 ("plan_push", "quiesce round, plan, push"), ("quiesce", "quiesce (leave the step)"),
                  ("rebuild_today", "rebuild: today"), ("rebuild_today_lazy", "rebuild: today, lazy init"),
                  ("rebuild_shrink", "rebuild: shrink + split"), ("transfer", "state transfer"),
                  ("replay", "replay (one step)"))

@@ -11,7 +11,7 @@ detection           process exit: measured here (:func:`control_plane_at` of the
 control round       :func:`control_plane_at` of the benchmark's ``detect_to_quiesce_s + quiesce_s +
                     plan_delivered_s``: the coordinator from the detection to the plan in every queue (its
                     quiesce round, every survivor's answer, holds ``plan_s``)
-quiesce             :func:`quiesce`: the step in flight, uniform in [0, t_step]
+quiesce             :func:`quiesce`: leaving the abandoned step, uniform in [0, t_step / micro-batches]
 rebuild             :func:`rebuild_today` (a new default group, every group initialised from scratch) or
                     :func:`rebuild_shrink` (spares in the world communicator; shrink, then split)
 state transfer      :func:`transfer`: the lost rank's weights and optimizer shard over the spare node's NICs
@@ -194,15 +194,26 @@ def detection_exit(points: Sequence[tuple[int, float]] | None, gpus: int, record
     return missing(f"detection after a process exit: no detect_s in {local_record} and {record}")
 
 
-def quiesce(step_s: float) -> Estimate:
-    """The survivors' quiesce: the step in flight when the node died must end (or be abandoned) before the
-    survivors leave it; the fault lands uniformly within a step of ``step_s`` seconds: ``[0, step_s]``,
-    central value ``step_s / 2``. Computed from the job's step time.
+def quiesce(step_s: float, microbatches: int = 1) -> Estimate:
+    """The survivors' quiesce: each survivor abandons the step in flight (docs/design.md section 6, step 2): its
+    quiesce watchdog aborts the generation's communicators and interrupts the compute at the next module call
+    (section 12, "Leaving the compute"), but a backward pass already running finishes first. The survivor
+    slowest to leave is thus at most one micro-batch's work from its next module call or collective: up to
+    ``step_s / microbatches`` (a micro-batch's forward and backward, an upper bound on its backward; the
+    pipeline bubble ignored), uniform in ``[0, step_s / microbatches]``, central value half of it. Computed
+    from the job's step time and its micro-batches per step and DP replica (global batch / (dp x micro
+    batch)). The work of the abandoned step is redone by :func:`replay`, not counted here.
 
     Raises:
-        ModelError: ``step_s`` not > 0."""
+        ModelError: ``step_s`` not > 0, or ``microbatches`` not an integer >= 1."""
     s = _positive("--step-s", step_s)
-    return Estimate(s / 2, 0.0, s, COMPUTED, f"the step in flight, uniform in [0, t_step = {s:g} s]")
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise ModelError(f"microbatches: {microbatches!r} is not allowed; expected an integer >= 1")
+    m = s / microbatches
+    return Estimate(m / 2, 0.0, m, COMPUTED,
+                    f"the survivors leave the abandoned step at their next module call or collective: up to one "
+                    f"micro-batch, t_step / m = {s:g} s / {microbatches} (docs/design.md section 12, leaving the "
+                    "compute), uniform")
 
 
 def replay(step_s: float) -> Estimate:

@@ -89,9 +89,13 @@ def test_detection_exit_prefers_the_control_plane_runs_then_the_local_figure():
         assert hs.detection_exit(None, 2000, "cp", bad, "BENCH").origin == hs.MISSING
 
 
-def test_quiesce_is_the_step_in_flight_and_replay_one_step():
-    q = hs.quiesce(12.0)
-    assert (q.seconds, q.low, q.high) == (6.0, 0.0, 12.0)
+def test_quiesce_is_up_to_one_microbatch_and_replay_one_step():
+    # the survivors abandon the step in flight and leave at the next module call: at most one micro-batch
+    q = hs.quiesce(12.0, 64)
+    assert (q.seconds, q.low, q.high) == pytest.approx((12.0 / 128, 0.0, 12.0 / 64))
+    assert "section 12" in q.source
+    with pytest.raises(ModelError, match="microbatches"):
+        hs.quiesce(12.0, 0)
     r = hs.replay(12.0)
     assert (r.seconds, r.low, r.high) == (12.0, 12.0, 12.0)
     for f in (hs.quiesce, hs.replay):
@@ -240,7 +244,9 @@ def test_command_projects_every_part_with_its_origin(tmp_path):
     assert "quiesce_s" in parts["plan_push"]["source"]
     assert parts["detection_exit"]["seconds"] == pytest.approx(0.1024, rel=1e-2)
     assert parts["detection_heartbeat"]["seconds"] == pytest.approx(29.0 + 0.1024, rel=1e-3)  # + the backlog
-    assert parts["quiesce"]["seconds"] == pytest.approx(6.15) and parts["replay"]["seconds"] == 12.3
+    # perlmutter-7b: 512 sequences per step, dp 8 on its site, micro-batch 1: 64 micro-batches per replica
+    assert hj.microbatches(load_job_config(REPO / "examples" / "perlmutter-7b.yaml"), 8) == 64
+    assert parts["quiesce"]["high"] == pytest.approx(12.3 / 64) and parts["replay"]["seconds"] == 12.3
     assert parts["rebuild_today"]["seconds"] == pytest.approx(hs.init_laws(1024)[1])
     assert parts["rebuild_shrink"]["source"].startswith("shrink + 3 splits over 1,032 ranks")
     assert p["world_with_spares"] == 1032 and p["dp"] == 128
