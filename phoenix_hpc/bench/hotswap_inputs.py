@@ -109,8 +109,8 @@ def microbatches(cfg, dp_config: int) -> int:
 
 
 def read_record(path: Path) -> tuple[dict | None, str]:
-    """The benchmarks' record (``BENCHMARKS.json``) and a phrase naming it; ``(None, reason)`` when the file
-    does not exist.
+    """The benchmarks' record (``BENCHMARKS.json``) and a phrase naming it (its date and commit, and those of
+    its ``control_plane`` section, which is measured apart); ``(None, reason)`` when the file does not exist.
 
     Raises:
         ModelError: the file exists but is not a JSON object (naming the file)."""
@@ -123,7 +123,10 @@ def read_record(path: Path) -> tuple[dict | None, str]:
         raise ModelError(f"--benchmarks: {str(p)!r} is not allowed; it cannot be read as JSON ({exc})") from None
     if not isinstance(d, dict):
         raise ModelError(f"--benchmarks: {str(p)!r} is not allowed; expected a JSON object (a BENCHMARKS.json)")
-    return d, f"{p.name} of {d.get('date', '?')}, commit {d.get('commit', '?')}"
+    cp = d.get("control_plane")
+    own = (f"; its control_plane section of {cp.get('date', '?')}, commit {cp.get('commit', '?')}"
+           if isinstance(cp, dict) else "")
+    return d, f"{p.name} of {d.get('date', '?')}, commit {d.get('commit', '?')}{own}"
 
 
 #: The derived figure ``detect_silence_s - heartbeat_timeout_s`` of a control-plane run

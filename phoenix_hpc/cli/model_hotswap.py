@@ -48,6 +48,9 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
     if config is None:
         guess = Path(__file__).resolve().parents[2] / "examples" / f"{site}-7b.yaml"
         if not guess.is_file():
+            from phoenix_hpc.profiles import load_profile
+
+            load_profile(site)  # an unknown site is named as such, not as a missing example
             raise ModelError(f"--config: missing; site {site!r} has no example examples/{site}-7b.yaml: give "
                              "--config JOB.yaml")
         config = f"examples/{site}-7b.yaml"

@@ -215,6 +215,12 @@ def test_control_plane_round_counts_the_quiesce_round_and_skips_what_is_not_a_nu
     assert hj.control_plane_points({"control_plane": {"runs": odd}}, "plan_deliver_s")[0] == [(2000, 0.2)]
 
 
+def test_read_record_names_the_control_plane_sections_own_date(tmp_path):
+    d, what = hj.read_record(record(tmp_path))
+    assert what == ("BENCHMARKS.json of 2026-01-01T00:00:00+00:00, commit abc; its control_plane section of "
+                    "2026-01-02, commit ?")
+
+
 def test_read_record_refuses_a_file_that_is_not_a_json_object(tmp_path):
     assert hj.read_record(tmp_path / "nope.json")[0] is None
     bad = tmp_path / "b.json"
@@ -301,6 +307,7 @@ def test_default_sizes_within_the_site_and_beyond_it_only_when_asked(tmp_path):
     (["--site", "perlmutter", "--step-s", "1", "--config", "/nonexistent/job.yaml"], "does not exist"),
     (["--site", "nowhere", "--step-s", "1", "--config", str(REPO / "examples" / "perlmutter-7b.yaml")],
      "unknown site"),
+    (["--site", "nowhere", "--step-s", "1"], "unknown site 'nowhere'"),
 ])
 def test_bad_input_exits_2_naming_it(args, needle):
     r = run(*args)
