@@ -125,12 +125,24 @@ def descendants(roots: Iterable[int], parent_of: dict[int, int] | None = None) -
 
 
 def environ_of(pid: int) -> dict[str, str]:
-    """The environment ``pid`` was started with (psutil ``Process.environ()``); empty when unreadable (the
-    process is gone, a zombie, or another user's)."""
+    """The environment ``pid`` was started with (``/proc/<pid>/environ``); empty when unreadable (the process is
+    gone, a zombie, or another user's).
+
+    Read by hand, not with psutil's ``Process.environ()``: slurmstepd and slurmscriptd overwrite the start of
+    their argument and environment area with NUL bytes (their process titles), so their block begins with
+    empty entries; psutil 7.2's parser stops at the first empty entry and returns an empty mapping where the
+    file still holds the marker variables further on. :func:`processes_with_env` then found no slurmstepd, and
+    a node kill left the job's tasks running (seen: every slurmstepd on this machine)."""
     try:
-        return dict(psutil.Process(pid).environ())
-    except (psutil.Error, OSError):
+        raw = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
         return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
 
 
 def processes_with_env(marker: dict[str, str]) -> list[ProcId]:

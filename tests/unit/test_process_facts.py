@@ -82,3 +82,13 @@ def test_the_gpu_machine_gets_psutil_and_its_stable_abi_wheel_fits():
     assert not wheels.tags_fit("cp313", "abi3", "manylinux_2_17_x86_64")  # built for a newer CPython
     assert not wheels.tags_fit("cp36", "abi3", "macosx_10_9_x86_64")
     assert not wheels.tags_fit("cp36", "cp36m", "manylinux_2_17_x86_64")
+
+
+def test_a_start_environment_that_begins_with_empty_entries_is_read_whole(tmp_path, monkeypatch):
+    """slurmstepd's /proc/PID/environ begins with NUL bytes (it writes its process title over the area);
+    the marker variables after them must still be found, or a node kill finds no slurmstepd to kill."""
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242" / "environ").write_bytes(b"\0" * 40 + b"SLURM_CONF=/x/slurm.conf\0PHOENIX_SLURMD_NODE=nid00001\0")
+    monkeypatch.setattr(procs, "PROC", tmp_path)
+    assert procs.environ_of(4242) == {"SLURM_CONF": "/x/slurm.conf", "PHOENIX_SLURMD_NODE": "nid00001"}
+    assert procs.environ_of(4243) == {}
