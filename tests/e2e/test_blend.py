@@ -11,13 +11,12 @@ import shutil
 import warnings
 
 import pytest
-from test_hotswap import CONFIG, TransportWedgedRerun, _check_recovery, _kill_node_at_step_10, _run_reference
+from test_hotswap import CONFIG, STEPS, TransportWedgedRerun, _check_recovery, _kill_node_at_step_10, _run_reference
 
 from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
 
 pytestmark = pytest.mark.cluster
 
-STEPS = 30
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +39,7 @@ def blend(tmp_path_factory):
 def test_a_blend_with_dropout_is_hot_swapped_to_the_fault_free_hash(env, blend, slurm_cluster, tmp_path,
                                                                     record_property):
     """As test_hotswap's node-loss test, with its rule for Open MPI 4.1's TCP deadlock (one rerun, reported)."""
-    config = dict(CONFIG, name="blend", training=dict(CONFIG["training"], steps=STEPS),
-                  model=dict(CONFIG["model"], attention_dropout=0.1, hidden_dropout=0.1))
+    config = dict(CONFIG, name="blend", model=dict(CONFIG["model"], attention_dropout=0.1, hidden_dropout=0.1))
     reference = _run_reference(env, blend, tmp_path, "blend-ref", config)
     job, done, _victim, killed_at, wedged = _kill_node_at_step_10(env, blend, slurm_cluster, tmp_path, "blend-kill",
                                                                  config)
