@@ -2,7 +2,10 @@
 
 The GPU machine the check is written for (Python 3.12, x86-64, torch with CUDA, no network) lacks the
 packages in :data:`GPU_MISSING`. Their versions are the exact pins of ``pyproject.toml``'s dependencies
-(one source: ``scripts/gpu-wheels.sh`` fetches what :func:`gpu_pins` lists). A wheel matches when its
+(one source: ``scripts/gpu-wheels.sh`` fetches what :func:`gpu_pins` lists), except those in
+:data:`GPU_VERSIONS`: megatron-core there is the newest release the engine claims
+(:data:`phoenix_hpc.engines.megatron_version.NEWEST_CHECKED`, which needs Python 3.12), so that the GPU check
+runs the Megatron items on it while the CPU tests run the pinned one. A wheel matches when its
 name and version are the pin's and its tags run on CPython 3.12 / manylinux x86-64 (or it is pure Python).
 
 CLI (used by the scripts; no torch import)::
@@ -23,6 +26,15 @@ from pathlib import Path
 GPU_MISSING = ("megatron-core", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
                "python-hostlist", "typing-extensions", "xxhash", "crc32c", "psutil")
 PYTHON_TAG, ABI_TAG = "cp312", "cp312"
+
+
+def gpu_versions() -> dict[str, str]:
+    """Packages whose GPU-machine version is not ``pyproject.toml``'s pin: megatron-core at
+    :data:`~phoenix_hpc.engines.megatron_version.NEWEST_CHECKED` (same dependencies as the pinned release:
+    torch, numpy, packaging)."""
+    from phoenix_hpc.engines.megatron_version import NEWEST_CHECKED
+
+    return {"megatron-core": NEWEST_CHECKED}
 FETCH = "scripts/gpu-wheels.sh"  # the command that fetches them (needs the package index)
 
 _PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!_-]+)\s*$")
@@ -60,11 +72,13 @@ def gpu_pins(dependencies: list[str], names: tuple[str, ...] = GPU_MISSING) -> l
 
 
 def read_pins(pyproject: Path) -> list[tuple[str, str]]:
-    """:func:`gpu_pins` of the ``pyproject.toml`` at ``pyproject``."""
+    """:func:`gpu_pins` of the ``pyproject.toml`` at ``pyproject``, with :func:`gpu_versions` applied."""
     import tomllib
 
     with open(pyproject, "rb") as f:
-        return gpu_pins(list(tomllib.load(f)["project"]["dependencies"]))
+        pins = gpu_pins(list(tomllib.load(f)["project"]["dependencies"]))
+    over = {canonical(k): v for k, v in gpu_versions().items()}
+    return [(n, over.get(canonical(n), v)) for n, v in pins]
 
 
 def parse_wheel_name(filename: str) -> tuple[str, str, str, str, str] | None:
