@@ -39,8 +39,10 @@ WHEELS=$(PYTHONPATH="$ROOT" "$PY" -m phoenix_hpc.gpucheck.wheels check "$WHEEL_D
 TARGET=$(mktemp -d "${TMPDIR:-/tmp}/phoenix-gpu-wheels.XXXXXX")
 trap 'rm -rf "$TARGET"' EXIT
 if "$PY" -m pip --version >/dev/null 2>&1; then
+  # --ignore-requires-python: pip compares a wheel's Requires-Python with the interpreter running pip, not
+  # --python-version; megatron-core 0.19.2 requires >=3.12, and a dry run elsewhere still installs it
   # shellcheck disable=SC2086
-  if ! "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$TARGET" \
+  if ! "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --ignore-requires-python --target "$TARGET" \
        --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
        --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
        --platform manylinux2014_x86_64 $WHEELS; then

@@ -4,7 +4,9 @@ network, every check is imported and planned, and the report lists every item. N
 
 The dry run installs the wheels for CPython 3.12 / x86-64; on another interpreter it does not import them
 (the report's preparation says so) -- the imports then use the test interpreter's copies of the same pinned
-versions (tests/unit/test_gpucheck.py checks that they are the same)."""
+versions (tests/unit/test_gpucheck.py checks that they are the same), but for megatron-core, which travels at
+the newest release the engine claims (0.19.2, Python 3.12 only; its names are checked against that wheel's
+source by tests/unit/test_megatron_source.py)."""
 
 from __future__ import annotations
 
