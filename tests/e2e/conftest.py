@@ -1,8 +1,9 @@
 """Fixtures shared by the end-to-end modules that run the tiny GPT job of :mod:`test_hotswap`.
 
 Session-scoped, so the modules that use them (test_hotswap, test_hotswap_more, test_planned_end,
-test_custom_model, test_inject_exact) prepare the dataset once and run the fault-free reference job once,
-instead of once per module (pytest builds a module-scoped fixture again for every module that imports it).
+test_custom_model, test_inject_exact, test_shrink, test_resume_shrunk) prepare the dataset once and run the
+fault-free reference job and the pp=2 shrink jobs once, instead of once per module (pytest builds a
+module-scoped fixture again for every module that imports it).
 """
 
 from __future__ import annotations
@@ -35,3 +36,13 @@ def reference(env, data, tmp_path_factory):
     from test_hotswap import _run_reference
 
     return _run_reference(env, data, tmp_path_factory.mktemp("ref"), "ref")
+
+
+@pytest.fixture(scope="session")
+def pp2_shrink(env, data, tmp_path_factory):
+    """The pp=2 x dp=2 fault job that shrinks to dp = 1 at its recoverable step ``R`` and the fault-free job
+    drained with ``--shrink`` at ``R + 1`` (:func:`test_shrink.run_pp2_shrink`): the shrink test's oracle, and
+    the never-stopped run of the same grid history for the resume tests."""
+    from test_shrink import run_pp2_shrink
+
+    return run_pp2_shrink(env, data, tmp_path_factory.mktemp("pp2-shrink"))

@@ -77,13 +77,14 @@ PP_SHRINK_CONFIG = dict(CONFIG, name="shrink-pp2", parallelism={"tp": 1, "pp": 2
                         resources=dict(CONFIG["resources"], nodes=4, spares=1))
 
 
-def test_three_faults_with_one_spare_at_pp2_reuse_the_slots_a_shrink_freed(env, data, tmp_path):
-    """pp=2 x dp=2 (logical r = pp * 2 + dp) with one spare: a crash of logical 1 is hot swapped onto the spare;
-    a crash of logical 2 finds none and the shrink removes DP replica 0 (logical 0 and 2): world 0, healthy,
-    goes back to standby and dp = 1; a crash of world 3 (logical 1 of the shrunk grid) is then hot swapped onto
-    world 0, which takes its stage's parameters from the optimizer slice it receives (dp = 1: no DP peer holds
-    them). The job finishes with every member at the last step."""
-    job = Job(env, tmp_path, data, "shrink-pp2", PP_SHRINK_CONFIG)
+def run_pp2_shrink(env, data, tmp) -> dict:
+    """The two jobs of :func:`test_three_faults_with_one_spare_at_pp2_reuse_the_slots_a_shrink_freed` (also the
+    oracle of tests/e2e/test_resume_shrunk.py, through the session fixture ``pp2_shrink``): the fault job
+    (hot swap of logical 1 at step 8, shrink at a crash of logical 2 at step 18, hot swap of logical 1 of the
+    shrunk grid at step 30) and the fault-free job drained with ``--shrink`` at the fault job's recoverable step
+    ``R`` + 1. Returns ``{"job", "done", "R", "ref", "done_ref", "drain"}`` (``drain``: the ``drain`` command's
+    exit code and output)."""
+    job = Job(env, tmp, data, "shrink-pp2", PP_SHRINK_CONFIG)
     try:
         _inject(job, "crash", "forward", at_step=8, rank=1, wait=False)
         _inject(job, "crash", "forward", at_step=18, rank=2, wait=False)
@@ -91,6 +92,31 @@ def test_three_faults_with_one_spare_at_pp2_reuse_the_slots_a_shrink_freed(env, 
         done = job.wait_end(timeout_s=300)
     finally:
         job.cancel()
+    shrinks = job.events("shrink")
+    R = shrinks[0]["recoverable_step"] if shrinks else None
+    ref, done_ref, drain = None, None, None
+    if R is not None:  # the oracle: the hot swaps change no bit, so the run equals a fault-free one shrunk at R
+        ref = Job(env, tmp, data, "shrink-pp2-drain", PP_SHRINK_CONFIG)
+        try:
+            _wait(lambda: ref.events("job_running"), 120, "job_running")
+            r = _cli(ref, "drain", str(ref.run_dir), "--rank", "2", "--shrink", "--at-step", str(R + 1), "--json")
+            drain = (r.exit_code, r.output)
+            if r.exit_code == 0:
+                done_ref = ref.wait_end(timeout_s=240)
+            else:  # what the job said, for the failure message of the tests that need it
+                drain += ([e["event"] for e in ref.events()][-8:], ref.output()[-3000:])
+        finally:
+            ref.cancel()
+    return {"job": job, "done": done, "R": R, "ref": ref, "done_ref": done_ref, "drain": drain}
+
+
+def test_three_faults_with_one_spare_at_pp2_reuse_the_slots_a_shrink_freed(pp2_shrink):
+    """pp=2 x dp=2 (logical r = pp * 2 + dp) with one spare: a crash of logical 1 is hot swapped onto the spare;
+    a crash of logical 2 finds none and the shrink removes DP replica 0 (logical 0 and 2): world 0, healthy,
+    goes back to standby and dp = 1; a crash of world 3 (logical 1 of the shrunk grid) is then hot swapped onto
+    world 0, which takes its stage's parameters from the optimizer slice it receives (dp = 1: no DP peer holds
+    them). The job finishes with every member at the last step."""
+    job, done = pp2_shrink["job"], pp2_shrink["done"]
     assert done["step"] == STEPS and done["steps_agree"] and done["grid"] == [1, 2, 1], done
     assert job.slurm_state == "COMPLETED", (job.slurm_state, job.output()[-1500:])
     recs = job.events("recovery_done")
@@ -110,15 +136,8 @@ def test_three_faults_with_one_spare_at_pp2_reuse_the_slots_a_shrink_freed(env, 
     assert sorted(finals) == ["rank0.json", "rank1.json"], sorted(finals)
     assert all(f["status"] == "done" for f in finals.values()) and finals["rank1.json"]["world_rank"] == 0
     # the oracle: the hot swaps change no bit, so the run equals a fault-free one shrunk at the same step
-    ref = Job(env, tmp_path, data, "shrink-pp2-drain", PP_SHRINK_CONFIG)
-    try:
-        _wait(lambda: ref.events("job_running"), 120, "job_running")
-        r = _cli(ref, "drain", str(ref.run_dir), "--rank", "2", "--shrink", "--at-step",
-                 str(sh["recoverable_step"] + 1), "--json")
-        assert r.exit_code == 0, r.output
-        done_ref = ref.wait_end(timeout_s=240)
-    finally:
-        ref.cancel()
+    ref, done_ref = pp2_shrink["ref"], pp2_shrink["done_ref"]
+    assert pp2_shrink["drain"][0] == 0, pp2_shrink["drain"]
     (d,) = ref.events("drain_done")
     assert d["freed"] == [0] and d["dp"] == 1, d  # the drained rank's node ends; its replica's other slot waits
     assert done["final_hash"] == done_ref["final_hash"], (done["rank_hashes"], done_ref["rank_hashes"])
