@@ -198,8 +198,9 @@ def test_cli_writes_a_config_that_submit_accepts(tmp_path, monkeypatch):
 
     src = tmp_path / "text"
     src.mkdir()
-    (src / "a.py").write_text("print('hello world')\n" * 200)
-    prepare_dataset(src, tmp_path / "data" / "ds", max_bytes=10_000)
+    for i in range(1000):  # documents enough for every part of --split 949,50,1 (0.1 % of 1000: one)
+        (src / f"d{i:04d}.py").write_text(f"print('hello world {i}')\n" * 3)
+    prepare_dataset(src, tmp_path / "data" / "ds")
     (tmp_path / "args.sh").write_text(LLAMA_SCRIPT.replace("--data-path ds", "--data-path data/ds"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "cfg").mkdir()
