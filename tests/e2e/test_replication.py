@@ -114,7 +114,9 @@ def test_committed_replicas_equal_owner_shards_and_on_off_identical(slurm_cluste
         assert r["thread_level"] == 3 and r["threaded"] == threaded  # srun --mpi=pmix + Open MPI 4.1: MULTIPLE
         assert all("fails its checksum" in v for v in r["corrupt"].values()), r["corrupt"]
         # every corrupted replica, once its byte is put back, verifies again at its committed step
-        assert sorted(r["corrupt_restored"]) == sorted(r["corrupt"]) and r["corrupt"], r
+        # (a rank may hold no replica: placement spreads them over switches, not evenly over ranks; the sum
+        # above says every one of the 4 k replicas was corrupted)
+        assert sorted(r["corrupt_restored"]) == sorted(r["corrupt"]), r
         assert all(want == got for want, got in r["corrupt_restored"].values()), r["corrupt_restored"]
         assert r["local_snapshot"]["step"] == steps and r["local_snapshot"]["opt_sha"] == r["owner"][str(steps)]
         assert r["recoverable_step"] in (steps - 1, steps)
