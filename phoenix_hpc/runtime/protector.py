@@ -174,6 +174,11 @@ class _Setup:
     threaded: bool
 
 
+
+def _received_after_close(spec, idx: int, step: int) -> None:
+    """The H2H engine's ``on_received`` once its protector is closed: nothing is verified any more (the
+    protector's copies are read only as they were at the close)."""
+
 class Protector:
     """PHOENIX protection of one rank for one generation. Build with :meth:`create` (collective over
     ``comm``); never shared across generations (recovery closes it and creates a new one)."""
@@ -692,6 +697,11 @@ class Protector:
         self._jobs.put(None)
         self._worker.join(timeout=30)
         self.d2h.forget()
+        # the H2H engine called back into this protector (a bound method: a reference cycle), so a closed
+        # protector was freed only by the cyclic garbage collector, which in a rank runs rarely: after a
+        # recovery the previous generation's host buffers stayed until the next one. No replica arrives any
+        # more; without the cycle the buffers go as soon as the last user drops the protector
+        self.h2h.on_received = _received_after_close
         if not abandon:
             self._comm.Free()
 
