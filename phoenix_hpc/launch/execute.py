@@ -742,6 +742,9 @@ class Member:
             self.phase = None  # a new iteration: nothing of it is applied yet
             if self.kept and self.protector is not None and self.protector.recoverable_step is not None:
                 self.kept = []  # this generation's first commit fence: its own copies protect every shard
+                from phoenix_hpc.launch.heap import return_free_heap
+
+                return_free_heap()  # what the recovery replaced is freed now: its heap pages go back
             self._poll()  # an injection for step s, any phase, is still armed here
             self.env.client.started_step = s  # from now on, instructions for step s come too late
         self.trigger.check(s, phase)

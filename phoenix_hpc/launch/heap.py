@@ -100,3 +100,18 @@ class GcPauses:
 
 #: This process's record (the collector is per process; installed by the rank's entry point).
 PAUSES = GcPauses()
+
+
+def return_free_heap() -> bool:
+    """Give the C heap's free memory back to the kernel (glibc ``malloc_trim(0)``, malloc_trim(3)): what a
+    generation that a recovery replaced freed (its groups' and communicators' C++ state, its Python objects)
+    otherwise stays resident in the process's heap, which grows after each recovery. Returns False where
+    ``malloc_trim`` is unavailable (not glibc)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True
+

@@ -173,15 +173,25 @@ def host_empty(nbytes: int, pin: bool = False) -> torch.Tensor:
     (:func:`~phoenix_hpc.runtime.pinned.pinned_or_torch`).
 
     Raises:
-        ReplicationError: ``pin`` and both ways of page-locking fail."""
+        ReplicationError: ``pin`` and both ways of page-locking fail.
+        MemoryError: the mapping of an unpinned buffer fails (ENOMEM)."""
     if pin:
         from phoenix_hpc.runtime.pinned import pinned_or_torch
 
         return pinned_or_torch(nbytes)[0]
-    from phoenix_hpc.engines.alloc import no_fill
+    if nbytes <= 0:
+        return torch.empty(0, dtype=torch.uint8)
+    import mmap
 
-    with no_fill():
-        return torch.empty(nbytes, dtype=torch.uint8)
+    # its own anonymous mapping (mmap(2)), not the C heap: freed, its pages go back to the kernel at once. A
+    # heap block of this size (glibc raises its mmap threshold to the size of a freed mapping, mallopt(3),
+    # so after the first recovery freed the first generation's buffers, the next ones came from the heap)
+    # left the heap grown and fragmented after every recovery. The pages are untouched until written.
+    try:
+        region = mmap.mmap(-1, nbytes)
+    except OSError as exc:  # ENOMEM: as an allocation failure of torch's own allocator
+        raise MemoryError(f"mmap of {nbytes} bytes: {exc}") from None
+    return torch.frombuffer(region, dtype=torch.uint8)
 
 
 def allocate_pair(nbytes: int, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -325,7 +325,7 @@ class H2HEngine:
         Requests with a peer in ``dead_peers`` cannot complete any more: they get one test and are freed
         (``wait_s=0``); the others may still complete within the usual wait (a transfer to a live peer that
         is abandoning too)."""
-        from phoenix_hpc.runtime.mpi_faults import abandon_requests, merge_reports
+        from phoenix_hpc.runtime.mpi_faults import abandon_requests, merge_reports, reap_lingering
 
         p2p: dict[bool, list] = {True: [], False: []}  # peer dead? -> (request, buffer)
         for inc in self._incoming:
@@ -343,8 +343,9 @@ class H2HEngine:
         colls = [(req, (send, recv)) for _, req, send, recv in self._fences]
         if self._barrier is not None and not self._barrier[1]:
             colls.append((self._barrier[0], None))
+        reap_lingering(self._MPI)  # an earlier generation's transfers with live peers that completed since
         rep = merge_reports(abandon_requests(p2p[True], MPI=self._MPI, wait_s=0.0),
-                            abandon_requests(p2p[False], colls, MPI=self._MPI))
+                            abandon_requests(p2p[False], colls, MPI=self._MPI, linger=True))
         self._incoming, self._outgoing, self._acks_out, self._fences = [], [], [], []
         return rep
 

@@ -41,6 +41,11 @@ from typing import Any, Iterable
 #: Buffers (and requests) that MPI may still read or complete after their generation was abandoned:
 #: freed sends that had started, and non-blocking collectives. Kept for the life of the process.
 KEPT_BUFFERS: list[Any] = []
+#: ``(request, buffer)`` of requests to live peers still active when their generation was abandoned
+#: (``abandon_requests(linger=True)``): not freed, so that :func:`reap_lingering` can see them complete
+#: (a started transfer with a peer that survives finishes once both sides progress MPI) and drop their
+#: buffers then, instead of keeping them for the life of the process.
+LINGERING: list[tuple[Any, Any]] = []
 
 
 def errors_return(comm: Any, MPI: Any | None = None) -> Any:
@@ -96,8 +101,26 @@ def merge_reports(*reports: AbandonReport) -> AbandonReport:
     return out
 
 
+def reap_lingering(MPI: Any | None = None) -> int:
+    """Test every request of :data:`LINGERING` once and drop those that completed (or completed in error)
+    with their buffers; returns how many are left. Local: no call here waits for another process."""
+    if MPI is None:
+        from mpi4py import MPI
+    left = []
+    for req, buf in LINGERING:
+        try:
+            if req.Test():
+                continue
+        except MPI.Exception:
+            continue  # completed in error: nothing of it is posted any more
+        left.append((req, buf))
+    LINGERING[:] = left
+    return len(left)
+
+
 def abandon_requests(p2p: Iterable[tuple[Any, Any]], collectives: Iterable[tuple[Any, Any]] = (),
-                     MPI: Any | None = None, wait_s: float = 0.1, poll_s: float = 0.001) -> AbandonReport:
+                     MPI: Any | None = None, wait_s: float = 0.1, poll_s: float = 0.001,
+                     linger: bool = False) -> AbandonReport:
     """Leave nothing of an abandoned generation posted (rule 2 of the module doc). Local: no call here
     waits for another process.
 
@@ -108,6 +131,9 @@ def abandon_requests(p2p: Iterable[tuple[Any, Any]], collectives: Iterable[tuple
         MPI: the ``mpi4py.MPI`` module (default: imported).
         wait_s: how long cancelled requests may take to complete before they are freed, seconds (0: tested
             once more after the cancel, then freed: for requests to a peer known dead, which cannot complete).
+        linger: requests to peers that live on (a local recovery): one still active after ``wait_s`` is not
+            freed but put in :data:`LINGERING` (counted ``freed``), whose completed requests
+            :func:`reap_lingering` drops with their buffers.
 
     Returns:
         :class:`AbandonReport`.
@@ -154,12 +180,15 @@ def abandon_requests(p2p: Iterable[tuple[Any, Any]], collectives: Iterable[tuple
             break
         time.sleep(poll_s)
     for req, buf in active:
+        rep.freed += 1
+        if linger:
+            LINGERING.append((req, buf))
+            continue
         try:
             req.Free()
         except MPI.Exception as exc:
             rep.errors.append(str(exc))
         KEPT_BUFFERS.append(buf)
-        rep.freed += 1
     for req, bufs in collectives:
         if req is None or req == MPI.REQUEST_NULL:
             continue

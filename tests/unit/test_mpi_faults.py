@@ -60,8 +60,10 @@ MPI = SimpleNamespace(Exception=MPIException, Status=Status, REQUEST_NULL=NULL, 
 @pytest.fixture(autouse=True)
 def _empty_kept():
     mpi_faults.KEPT_BUFFERS.clear()
+    mpi_faults.LINGERING.clear()
     yield
     mpi_faults.KEPT_BUFFERS.clear()
+    mpi_faults.LINGERING.clear()
 
 
 def test_each_request_is_completed_cancelled_or_freed_and_freed_buffers_are_kept():
@@ -84,3 +86,20 @@ def test_errors_return_sets_the_handler_and_leaves_comm_null_alone():
     comm = SimpleNamespace(Set_errhandler=calls.append)
     assert errors_return(comm, MPI) is comm and calls == ["ERRORS_RETURN"]
     assert errors_return(NULL, MPI) is NULL
+
+
+def test_requests_with_live_peers_linger_unfreed_and_go_with_their_buffers_once_they_complete():
+    """A local recovery: every peer lives on, so a started transfer that could not be cancelled finishes once
+    both sides progress MPI. It is not freed (a freed request's buffer had to be kept for the life of the
+    process, one generation's host buffers per recovery) but lingers until :func:`reap_lingering` sees it
+    complete; one that never completes stays, as it would have been kept."""
+    from phoenix_hpc.runtime.mpi_faults import reap_lingering
+
+    later, never, failing = Req("stuck"), Req("stuck"), Req("stuck")
+    bufs = {r: object() for r in (later, never, failing)}
+    rep = abandon_requests([(r, bufs[r]) for r in (later, never, failing)], MPI=MPI, wait_s=0.0, linger=True)
+    assert rep.freed == 3 and not any(r.freed for r in (later, never, failing))
+    assert mpi_faults.KEPT_BUFFERS == [] and len(mpi_faults.LINGERING) == 3
+    later.mode, failing.mode = "done", "error"  # the peer progressed: it completed (in error, for one)
+    assert reap_lingering(MPI) == 1
+    assert mpi_faults.LINGERING == [(never, bufs[never])]
