@@ -415,8 +415,9 @@ def _agree_on_errors(comm, error: PhoenixError | None) -> PhoenixError | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from phoenix_hpc.launch.heap import PAUSES
+    from phoenix_hpc.launch.heap import PAUSES, cap_malloc_arenas
 
+    cap_malloc_arenas()  # before any thread allocates: host memory flat across recoveries (launch/heap.py)
     PAUSES.install()  # the collections' pauses, in the rank summary and each recovery's detail
     args = _parse(argv)
     run_dir = Path(args.run_dir)
