@@ -97,8 +97,9 @@ def render(conv, tokens: list[str]) -> str:
 
 @click.command("from-megatron", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--args-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="A file holding the argument list (a launch-script fragment: shell words, # comments, "
-                   "backslash continuations, bash arrays NAME=( ... ) allowed).")
+              help="A launch script or a fragment of one: its pretrain_gpt.py command with the script's bash "
+                   "arrays (NAME=( ... ), NAME+=( ... )) expanded, or the arrays and option lines of a fragment; "
+                   "# comments and backslash continuations allowed; other shell lines are listed as left out.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the config here (atomically); default: standard output.")
 @click.option("--drop", "drop", multiple=True, metavar="ARG",
@@ -112,8 +113,10 @@ def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -
     """Convert a Megatron-LM pretrain_gpt.py argument list into a phoenix job config (engine megatron).
 
     Give the arguments after `--` (phoenix config from-megatron -o job.yaml --nodes 16 -- --num-layers 32 ...)
-    or in --args-file. Every argument not carried over is listed with why; one that changes the training
-    (dropout, other Adam betas, a data blend, ...) is refused unless dropped with --drop.
+    or in --args-file (a launch script: its pretrain_gpt.py command with the script's bash arrays expanded, or
+    a fragment of arrays and option lines). Every argument not carried over is listed with why; one that
+    changes the training (Megatron-LM's default dropout, other Adam betas, a mixture of experts, ...) is
+    refused unless dropped with --drop. --data-path becomes data.blend.
     """
     from phoenix_hpc.config.megatron_args import convert, split_args_text
     from phoenix_hpc.config.schema import JobConfig
@@ -121,8 +124,10 @@ def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -
     from phoenix_hpc.validation import parse_model
 
     tokens = list(megatron_args)
+    left_out: list[str] = []
     if args_file is not None:
-        tokens = split_args_text(read_text(args_file, "--args-file")) + tokens
+        from_file, left_out = split_args_text(read_text(args_file, "--args-file"))
+        tokens = from_file + tokens
     if not tokens:
         raise ConfigError("no Megatron-LM arguments given (allowed: arguments after --, or --args-file FILE)")
     if output is not None and not output.resolve().parent.is_dir():
@@ -132,6 +137,8 @@ def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -
     relocate_paths(conv.config, output, Path.cwd())
     parse_model(JobConfig, conv.config, source="the converted config")
     text = render(conv, tokens)
+    for line in left_out:
+        click.echo(f"left out of --args-file (a shell line, not pretrain_gpt.py's arguments): {line}", err=True)
     for flag, v, why in conv.dropped:
         click.echo(f"dropped: {flag} {'' if v is None else v!r}: {why}", err=True)
     for flag, v, why in conv.not_carried:

@@ -250,28 +250,94 @@ def _parser() -> _Parser:
     return p
 
 
-def split_args_text(text: str) -> list[str]:
-    """The argument tokens of a launch-script fragment: shell words with ``#`` comments and backslash line
-    continuations, bash array brackets (``NAME=(`` ... ``)``) removed, and everything up to a
-    ``pretrain_gpt.py`` token (the launcher and its options) left out. Raises ConfigError for a text the shell
-    could not split or one that holds an unexpanded variable (``$NAME``): its value is not known here."""
+_PUNCT = set("();<>|&")
+_VAR = re.compile(r"^\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:\[[@*]\])?\}|([A-Za-z_][A-Za-z0-9_]*))$")
+
+
+def _line_words(line: str, lineno: int) -> list[str]:
+    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    lex.commenters = "#"
     try:
-        words = shlex.split(re.sub(r"\\\r?\n", " ", text), comments=True)
+        return list(lex)
     except ValueError as exc:
-        raise ConfigError(f"--args-file: cannot split as shell words: {exc}") from None
-    out = []
-    for w in words:
-        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\(", w) or w in ("(", ")"):
-            continue
-        if w.endswith("pretrain_gpt.py"):
-            out = []
-            continue
-        out.append(w)
-    unexpanded = [w for w in out if "$" in w]
+        raise ConfigError(f"--args-file line {lineno}: cannot split as shell words: {exc}") from None
+
+
+def split_args_text(text: str) -> tuple[list[str], list[str]]:
+    """The ``pretrain_gpt.py`` arguments of a launch script or of a fragment of one, and the lines left out.
+
+    Shell words with ``#`` comments and backslash continuations. Bash arrays (``NAME=( ... )``, ``NAME+=( ...
+    )``) are collected. When a command runs ``...pretrain_gpt.py``, its words up to the first shell operator
+    (``|``, ``;``, ``&&``, a redirection) are the arguments, ``"${NAME[@]}"`` / ``$NAME`` expanded from the
+    arrays; every other line (the launcher's set-up, assignments, ``export``) is left out and returned. Without
+    such a command, the arguments are the arrays' words in order of definition and the lines that start with
+    an option (``--...``); other lines are left out and returned.
+
+    Returns ``(arguments, left-out lines)``. Raises ConfigError for a line the shell could not split, an array
+    never closed, or a variable whose value is not known here (``$DATA``, ``$(...)``)."""
+    joined = re.sub(r"\\\r?\n", " ", text)
+    arrays: dict[str, list[str]] = {}
+    order: list[str] = []
+    current: str | None = None
+    command: list[str] | None = None
+    loose: list[str] = []
+    left_out: list[str] = []
+    for lineno, line in enumerate(joined.splitlines(), 1):
+        words = _line_words(line, lineno)
+        i = 0
+        while i < len(words):
+            w = words[i]
+            if current is not None:
+                if w == ")":
+                    current = None
+                else:
+                    arrays[current].append(w)
+                i += 1
+                continue
+            m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=", w)
+            if m and i + 1 < len(words) and words[i + 1] == "(":
+                name = m.group(1)
+                if not m.group(2) or name not in arrays:
+                    arrays[name] = []
+                if name not in order:
+                    order.append(name)
+                current = name
+                i += 2
+                continue
+            launch = next((k for k in range(i, len(words)) if words[k].endswith("pretrain_gpt.py")), None)
+            if launch is not None:  # the launcher's own words before it (srun, torchrun, python) are not arguments
+                command = []
+                for j in range(launch + 1, len(words)):
+                    nxt = words[j + 1] if j + 1 < len(words) else ""
+                    if set(words[j]) <= _PUNCT or (words[j].isdigit() and nxt[:1] in "<>" and nxt):
+                        break
+                    command.append(words[j])
+                break
+            if i == 0 and not w.startswith("-"):
+                left_out.append(line.strip())
+                break
+            loose.append(w)
+            i += 1
+    if current is not None:
+        raise ConfigError(f"--args-file: the array {current}=( is never closed with ')' (allowed: closed arrays)")
+    if command is not None:
+        args: list[str] = []
+        for w in command:
+            v = _VAR.match(w)
+            name = v and (v.group(1) or v.group(2))
+            if name and name in arrays:
+                args += arrays[name]
+            else:
+                args.append(w)
+    else:
+        args = [w for name in order for w in arrays[name]] + loose
+    unexpanded = [w for w in args if "$" in w]
     if unexpanded:
         raise ConfigError(f"--args-file: {', '.join(map(repr, unexpanded))} holds a shell variable whose value is "
-                          "not known here (allowed: literal values; expand the variables first)")
-    return out
+                          "not known here (allowed: literal values, or the file's own bash arrays; expand the "
+                          "variables first)")
+    return args, left_out
 
 
 @dataclass
@@ -308,7 +374,20 @@ def blend_from_list(items: list[str]) -> tuple[list[dict[str, Any]], str | None]
         if any(w is not None for w in weights):
             return [], (f"--data-path: {' '.join(items)!r} mixes weights and prefixes (allowed: 'W1 P1 W2 P2 ...' "
                         "with a number before every prefix, or prefixes alone)")
+    numeric = [p for p in items if _is_number(p)]
+    if numeric:
+        return [], (f"--data-path: {' '.join(items)!r}: {', '.join(map(repr, numeric))} would be read as a dataset "
+                    "prefix (megatron-core takes every word of a list that is not 'W1 P1 W2 P2 ...' as a prefix); "
+                    "allowed: a number before every prefix, or prefixes alone")
     return [{"path": p} for p in items], None
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
@@ -370,6 +449,11 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
         else:
             problems.append(f"{flag}: not known to phoenix, so what it changes cannot be carried over (allowed: the "
                             f"arguments of docs/megatron-args.md; --drop {flag.lstrip('-')} to go on without it)")
+    for d in sorted(drops):
+        a = BY_FLAG.get(d)
+        if a is not None and a.kind not in ("same", "refuse") and d in tokens:
+            problems.append(f"--drop {d.lstrip('-')}: {d} is carried over or listed, not refused, so there is nothing "
+                            "to drop (allowed: arguments the conversion refuses)")
     for d in unknown_drops:
         problems.append(f"--drop {d.lstrip('-')}: not an argument of this list (allowed: arguments given, or "
                         "Megatron-LM arguments of docs/megatron-args.md)")

@@ -54,7 +54,7 @@ def problems(tokens, **kw) -> list[str]:
 
 
 def test_the_llama_script_gives_the_perlmutter_example_model_and_training():
-    conv = convert(split_args_text(LLAMA_SCRIPT), nodes=16, spares=2)
+    conv = convert(split_args_text(LLAMA_SCRIPT)[0], nodes=16, spares=2)
     cfg, example = conv.config, yaml.safe_load((ROOT / "examples" / "perlmutter-7b.yaml").read_text())
     want_model = dict(example["model"], vocab_size=32256)  # 32000 padded to a multiple of 128 x tp 4
     assert want_model.pop("num_query_groups") == want_model["heads"]  # MHA: Megatron-LM without GQA, null here
@@ -97,6 +97,7 @@ def test_dropped_arguments_are_kept_as_comments_and_listed():
 @pytest.mark.parametrize("extra, needle", [
     (["--num-experts", "8"], "--num-experts: 8"),
     (["--data-path", "30", "a", "b", "c"], "mixes weights and prefixes"),
+    (["--data-path", "0.3", "a", "b"], "'0.3' would be read as a dataset prefix"),
     (["--dataloader-type", "cyclic"], "--dataloader-type: 'cyclic'"),
     (["--foo", "3"], "--foo: not known to phoenix"),
     (["--lr-decay-style", "WSD"], "--lr-decay-style: 'WSD'"),
@@ -109,6 +110,11 @@ def test_dropped_arguments_are_kept_as_comments_and_listed():
 def test_unsupported_arguments_are_refused_naming_them(extra, needle):
     out = problems(SMALL + ZERO + extra)
     assert any(needle in p for p in out), out
+
+
+def test_dropping_an_argument_that_is_carried_over_is_refused():
+    out = problems(SMALL + ZERO, drop=("lr",))
+    assert any(p.startswith("--drop lr: --lr is carried over") for p in out), out
 
 
 def test_a_missing_required_argument_and_global_batch_are_named():
@@ -148,11 +154,40 @@ def test_derived_values_are_megatron_lms():
     assert conv.config["model"]["untie_embeddings_and_output_weights"] is False  # Megatron-LM ties by default
 
 
-def test_args_text_drops_launcher_and_arrays_and_refuses_shell_variables():
-    text = "torchrun --nproc_per_node 4 pretrain_gpt.py \\\n  --num-layers 2 # two\nARGS=( --lr 1 )\n"
-    assert split_args_text(text) == ["--num-layers", "2", "--lr", "1"]
-    with pytest.raises(ConfigError, match=r"\$DATA"):
-        split_args_text("--data-path $DATA")
+def test_a_fragment_gives_its_arrays_and_option_lines_in_order():
+    text = ("GPUS_PER_NODE=4\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\nA=(--num-layers 2 # two\n  --lr 1)\n"
+            "--seq-length 8 \\\n  --bf16\nA+=( --lr 2 )\n")
+    args, left = split_args_text(text)
+    assert args == ["--num-layers", "2", "--lr", "1", "--lr", "2", "--seq-length", "8", "--bf16"]
+    assert left == ["GPUS_PER_NODE=4", "export CUDA_DEVICE_MAX_CONNECTIONS=1"]
+
+
+def test_a_launch_script_gives_its_command_with_the_arrays_expanded():
+    text = """
+MODEL_ARGS=( --num-layers 2 --hidden-size 64 )
+OPT_ARGS=( --lr 9e-9 )      # defined, not passed: not an argument
+TRAIN=(
+    --lr 3e-4
+)
+srun -N 4 python pretrain_gpt.py "${MODEL_ARGS[@]}" ${TRAIN[@]} --bf16 2>&1 | tee log.txt
+echo done
+"""
+    args, left = split_args_text(text)
+    assert args == ["--num-layers", "2", "--hidden-size", "64", "--lr", "3e-4", "--bf16"]
+    assert left == ["echo done"]
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("--data-path $DATA", "'$DATA' holds a shell variable"),
+    ("python pretrain_gpt.py ${NOPE[@]}", "'${NOPE[@]}' holds a shell variable"),
+    ("--save $(pwd)/ckpt", "holds a shell variable"),
+    ("A=( --lr 1\n--bf16\n", "A=( is never closed"),
+    ("--name 'unclosed", "cannot split as shell words"),
+])
+def test_args_text_refuses_what_it_cannot_know(text, needle):
+    with pytest.raises(ConfigError) as exc:
+        split_args_text(text)
+    assert needle in str(exc.value), str(exc.value)
 
 
 def test_vocabulary_read_from_tokenizer_files(tmp_path):
