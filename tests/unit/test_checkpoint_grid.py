@@ -14,7 +14,6 @@ import torch.distributed as dist
 
 from phoenix_hpc.config.schema import JobConfig
 from phoenix_hpc.data.indexed import TokenSamples
-from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
 from phoenix_hpc.engines.base import GridCoord, ProcessGroups
 from phoenix_hpc.engines.torch_engine import TorchEngine
 from phoenix_hpc.engines.zero import ShardedAdamW
@@ -54,18 +53,8 @@ def test_model_changes_name_each_field_with_both_values():
 
 # --- the re-partitioning load ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "stdlib"
-    prepare_dataset(stdlib_dir(), out, max_bytes=100_000)
-    return str(out)
-
-
-@pytest.fixture()
-def world1():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    g = dist.group.WORLD
-    yield ProcessGroups(world=g, dp=g, pp=g, tp=g, generation=0)
-    dist.destroy_process_group()
+def dataset(small_dataset):
+    return small_dataset
 
 
 def _cfg(dataset, dp=1):

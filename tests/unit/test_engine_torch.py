@@ -119,14 +119,6 @@ def dataset(tmp_path_factory):
     return str(out)
 
 
-@pytest.fixture()
-def world1():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    g = dist.group.WORLD
-    yield ProcessGroups(world=g, dp=g, pp=g, tp=g, generation=0)
-    dist.destroy_process_group()
-
-
 def _cfg(dataset, **training):
     t = dict(steps=12, micro_batch_size=2, global_batch_size=4, lr=3e-3, warmup_steps=2, seed=11) | training
     return JobConfig.model_validate({

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from phoenix_hpc.config.schema import JobConfig
 from phoenix_hpc.data.indexed import TokenSamples
-from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
-from phoenix_hpc.engines.base import GridCoord, ProcessGroups
+from phoenix_hpc.engines.base import GridCoord
 from phoenix_hpc.engines.torch_engine import TorchEngine
 from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage, dropout_seed
 from phoenix_hpc.errors import ConfigError
@@ -64,18 +62,8 @@ def test_forward_without_begin_step_is_refused_in_training():
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "stdlib"
-    prepare_dataset(stdlib_dir(), out, max_bytes=100_000)
-    return str(out)
-
-
-@pytest.fixture()
-def world1():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    g = dist.group.WORLD
-    yield ProcessGroups(world=g, dp=g, pp=g, tp=g, generation=0)
-    dist.destroy_process_group()
+def dataset(small_dataset):
+    return small_dataset
 
 
 def _engine(dataset, groups, dropout: float):
