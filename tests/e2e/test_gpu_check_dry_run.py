@@ -67,12 +67,13 @@ def test_missing_and_wrong_platform_wheels_are_named_with_the_fetch_command(tmp_
     for f in (ROOT / ".whl").glob("*.whl"):
         if not f.name.startswith(("megatron_core-", "pydantic-")):
             shutil.copy(f, whl)
-    (whl / "megatron_core-0.16.1-cp312-cp312-macosx_11_0_arm64.whl").write_bytes(b"")
+    pins = dict(wheels.read_pins(ROOT / "pyproject.toml"))
+    mac = f"megatron_core-{pins['megatron-core']}-cp312-cp312-macosx_11_0_arm64.whl"  # the right version, wrong platform
+    (whl / mac).write_bytes(b"")
     r = _run([str(ROOT / "scripts" / "gpu-check.sh"), "--dry-run", str(tmp_path / "out")], 120,
              PHOENIX_GPU_WHEELS=str(whl))
     assert r.returncode == 2, r.stdout + r.stderr
-    pins = dict(wheels.read_pins(ROOT / "pyproject.toml"))
     assert (f"megatron-core=={pins['megatron-core']}: no wheel for CPython 3.12 on manylinux x86-64 "
-            "(megatron_core-0.16.1-cp312-cp312-macosx_11_0_arm64.whl); fetch it with scripts/gpu-wheels.sh") in r.stderr
+            f"({mac}); fetch it with scripts/gpu-wheels.sh") in r.stderr
     assert f"pydantic=={pins['pydantic']}: no wheel; fetch it with scripts/gpu-wheels.sh" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
