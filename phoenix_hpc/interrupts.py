@@ -29,8 +29,9 @@ def hold_interrupt() -> Iterator[Held]:
     module doc). When the block raises while an interrupt is held (a child process the same Ctrl-C ended),
 :class:`KeyboardInterrupt` is raised from that exception."""
     held = Held()
-    if threading.current_thread() is not threading.main_thread():
-        yield held
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a process that ignores SIGINT (started in the
+        yield held  # background by a non-interactive shell, nohup) is not interrupted by it, held or not
         return
 
     def note(signum, frame) -> None:  # noqa: ARG001 -- signal handler signature

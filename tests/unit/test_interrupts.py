@@ -16,6 +16,22 @@ from phoenix_hpc.cli.main import cli
 from phoenix_hpc.interrupts import hold_interrupt
 
 
+@pytest.fixture(autouse=True)
+def sigint_as_in_a_terminal():
+    """SIGINT at Python's default handler, as in a terminal; a suite started in the background by a
+    non-interactive shell inherits it ignored. Put back afterwards."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_an_ignored_sigint_stays_ignored_and_holds_nothing():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with hold_interrupt() as held:
+        os.kill(os.getpid(), signal.SIGINT)
+    assert not held.interrupted and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
 def test_a_held_interrupt_waits_for_the_block_then_is_raised():
     done = []
     with pytest.raises(KeyboardInterrupt):
