@@ -18,7 +18,6 @@ from phoenix_hpc.engines.factory import create_engine
 from phoenix_hpc.engines.user_code import load_engine_class, split_reference
 from phoenix_hpc.errors import ConfigError
 from phoenix_hpc.launch.loop import train
-from test_engine_torch import world1  # noqa: F401 -- fixture: a world of one gloo process
 from test_submit_cli import assert_bad
 
 ROOT = Path(__file__).resolve().parents[2]
