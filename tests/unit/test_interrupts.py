@@ -109,6 +109,7 @@ def test_ctrl_c_after_sbatch_accepted_the_job_records_it_then_exits_130(tmp_path
     from phoenix_hpc.status.runs import known_runs
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PHOENIX_HOME", str(tmp_path / "home"))  # a runs index of its own: other tests record runs
 
     def accepted_then_ctrl_c(self, script, extra_args=()):
         os.kill(os.getpid(), signal.SIGINT)  # arrives as sbatch returns the job id
