@@ -73,9 +73,12 @@ def check_gpus(gpus: int, lowest: int, highest: int | None, step: int, limit_wha
         raise ModelError(f"--gpus: {gpus!r} is not allowed; the example's smallest size is {lowest} GPUs (dp >= "
                          "resilience.k + 1 on whole nodes)")
     if gpus % step:
+        near = [n for n in (gpus // step * step, (gpus // step + 1) * step)
+                if n >= lowest and (beyond_site or highest is None or n <= highest)]
         raise ModelError(f"--gpus: {gpus} is not allowed; sizes are multiples of {step} GPUs (whole tp x pp model "
-                         f"replicas on whole nodes): e.g. {gpus // step * step or step} or "
-                         f"{(gpus // step + 1) * step}")
+                         f"replicas on whole nodes) from {lowest}"
+                         + (f" to {highest}" if highest is not None and not beyond_site else "")
+                         + (f": e.g. {' or '.join(map(str, near))}" if near else ""))
     if highest is not None and gpus > highest and not beyond_site:
         raise ModelError(f"--gpus: {gpus} is not allowed; {limit_what} allocates at most {highest} GPUs to this "
                          f"job (its spare nodes included); give a size from {lowest} to {highest}, or "

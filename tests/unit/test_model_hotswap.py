@@ -176,6 +176,10 @@ def test_check_gpus_refuses_each_kind_of_bad_size():
         hj.check_gpus(8, 16, 7160, 8, "QOS", False)
     with pytest.raises(ModelError, match="multiples of 8"):
         hj.check_gpus(1001, 16, 7160, 8, "QOS", False)
+    with pytest.raises(ModelError, match=r"multiples of 4 GPUs \(.*\) from 8 to 60: e\.g\. 60$"):
+        hj.check_gpus(61, 8, 60, 4, "QOS", False)  # 64 is above what the site allocates: not suggested
+    with pytest.raises(ModelError, match=r"from 8: e\.g\. 60 or 64$"):
+        hj.check_gpus(61, 8, 60, 4, "QOS", True)
     with pytest.raises(ModelError, match="at most 7160 GPUs.*--beyond-site"):
         hj.check_gpus(16384, 16, 7160, 8, "QOS", False)
     hj.check_gpus(16384, 16, 7160, 8, "QOS", True)  # obeyed with the flag
