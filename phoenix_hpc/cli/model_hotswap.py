@@ -46,14 +46,14 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
     from phoenix_hpc.bench import hotswap_inputs as hj
 
     if config is None:
-        guess = Path(__file__).resolve().parents[2] / "examples" / f"{site}-7b.yaml"
-        if not guess.is_file():
-            from phoenix_hpc.profiles import load_profile
+        from phoenix_hpc.profiles import load_profile
 
-            load_profile(site)  # an unknown site is named as such, not as a missing example
-            raise ModelError(f"--config: missing; site {site!r} has no example examples/{site}-7b.yaml: give "
+        name = load_profile(site).name  # an unknown site is named as such; a path gives its profile's name
+        guess = Path(__file__).resolve().parents[2] / "examples" / f"{name}-7b.yaml"
+        if not guess.is_file():
+            raise ModelError(f"--config: missing; site {name!r} has no example examples/{name}-7b.yaml: give "
                              "--config JOB.yaml")
-        config = f"examples/{site}-7b.yaml"
+        config = f"examples/{name}-7b.yaml"
         job, prof = _resolve_for_model(str(guess), site)
     else:
         job, prof = _resolve_for_model(config, site)

@@ -320,6 +320,16 @@ def test_bad_input_exits_2_naming_it(args, needle):
     assert "Traceback" not in r.output
 
 
+def test_a_site_given_as_a_path_finds_its_profiles_example(tmp_path):
+    r = run("--site", str(REPO / "sites" / "perlmutter.yaml"), "--step-s", "1", "--gpus", "1024", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["config"] == "examples/perlmutter-7b.yaml"
+    other = tmp_path / "mysite.yaml"
+    other.write_text((REPO / "sites" / "perlmutter.yaml").read_text().replace("name: perlmutter", "name: mysite"))
+    r = run("--site", str(other), "--step-s", "1")
+    assert r.exit_code == 2 and "site 'mysite' has no example examples/mysite-7b.yaml" in r.output, r.output
+
+
 def test_a_config_that_cannot_be_read_exits_2(tmp_path):
     bad = tmp_path / "job.yaml"
     bad.write_text("name: x\nmodel: [1, 2\n")
