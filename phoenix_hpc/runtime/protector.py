@@ -84,11 +84,6 @@ ABORT_CHECK_S = 0.1  # how often a blocked wait_commit calls Protector.abort_che
 #: Protected steps whose :class:`StepTiming` a protector keeps (the benchmark's blocks are far shorter); the
 #: means in :meth:`Protector.stats` cover every step.
 STEP_HISTORY = 256
-#: test-only knob (tests/e2e/test_hotswap.py, adaptive interval): seconds the copy thread waits after a
-#: snapshot's local copy before handing its replica to the H2H engine, as a slow replication path would
-#: (the local copy is done, so only the replication is slow: a protection that does not fit one step);
-#: read strictly by :func:`phoenix_hpc.test_env.parse_replication_delay`
-TEST_REPLICATION_DELAY_ENV = REPLICATION_DELAY_ENV
 
 
 @dataclass(frozen=True)
@@ -174,10 +169,10 @@ class _Setup:
     threaded: bool
 
 
-
 def _received_after_close(spec, idx: int, step: int) -> None:
     """The H2H engine's ``on_received`` once its protector is closed: nothing is verified any more (the
     protector's copies are read only as they were at the close)."""
+
 
 class Protector:
     """PHOENIX protection of one rank for one generation. Build with :meth:`create` (collective over
@@ -187,10 +182,12 @@ class Protector:
                  chunk_bytes: int, commit_timeout_s: float | None, on_commit, log, fault_hook, device,
                  checksum: str = DEFAULT_CHECKSUM, interval_cap: int = 1, thread_nice: int = 0,
                  checksum_threads: int = 1, d2h_copy_chunk_bytes: int = 0, d2h_copy_coalesce: bool = False):
-        # test-only (phoenix_hpc/test_env.py); raises TestEnvError (a ValueError) naming the variable
-        self._test_delay_s = parse_replication_delay(os.environ.get(TEST_REPLICATION_DELAY_ENV))
+        # test-only (phoenix_hpc/test_env.py, tests/e2e/test_hotswap.py's adaptive interval): seconds the copy
+        # thread waits after a snapshot's local copy before handing its replica to the H2H engine, as a slow
+        # replication path would; raises TestEnvError (a ValueError) naming the variable
+        self._test_delay_s = parse_replication_delay(os.environ.get(REPLICATION_DELAY_ENV))
         if self._test_delay_s and log is not None:
-            log(f"test-only {TEST_REPLICATION_DELAY_ENV}={self._test_delay_s:g}: every replica is handed to "
+            log(f"test-only {REPLICATION_DELAY_ENV}={self._test_delay_s:g}: every replica is handed to "
                 "the H2H engine that many seconds late")
         self.shard_id = shard_id
         self.grid = dict(grid)
@@ -327,8 +324,9 @@ class Protector:
 
         chunk_ranges(0, chunk_bytes)  # validates chunk_bytes before any collective call
         checksum_function(checksum)  # validates the checksum name before any collective call
-        if copy_chunk_problem(d2h_copy_chunk_bytes):
-            raise ReplicationError(copy_chunk_problem(d2h_copy_chunk_bytes))
+        problem = copy_chunk_problem(d2h_copy_chunk_bytes)  # "" when allowed
+        if problem:
+            raise ReplicationError(problem)
         problem = thread_nice_problem(thread_nice)
         if problem is not None:
             raise ReplicationError(problem)
