@@ -158,13 +158,16 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(device))  # src is filled before the first pass reads it
 
-    def one_copy() -> None:
+    def copy_into(target: torch.Tensor) -> None:  # one command on the side stream, one synchronisation
         if side is None:
-            dst.copy_(src)
+            target.copy_(src)
             return
         with torch.cuda.stream(side):
-            dst.copy_(src, non_blocking=True)
+            target.copy_(src, non_blocking=True)
         side.synchronize()
+
+    def one_copy() -> None:
+        copy_into(dst)
 
     pieces = chunk_ranges(n, CHUNKED_COPY_BYTES)  # the H2H engine's chunking: [start, end) byte ranges
 
@@ -179,12 +182,7 @@ def contention(engine, protector, buf, tokens: int, steps: int, one_copy_bytes: 
         side.synchronize()
 
     def registered_copy() -> None:
-        if side is None:
-            reg.copy_(src)
-            return
-        with torch.cuda.stream(side):
-            reg.copy_(src, non_blocking=True)
-        side.synchronize()
+        copy_into(reg)
 
     def gil() -> None:  # about a millisecond of bytecodes, no call that releases the GIL
         x = 0
