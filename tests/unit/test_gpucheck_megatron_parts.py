@@ -36,8 +36,7 @@ cfg = common.job_config("torch", common.dataset(work),
                         {"steps": 100, "micro_batch_size": 2, "global_batch_size": 4, "seed": 1})
 groups, coord = init_generation(dist.HashStore(), 0, 0, Grid(1, 1, 1), "gloo", 60.0)
 ref = create_engine(cfg, coord, groups, torch.device("cpu"))
-want = [r.loss for r in train(ref, 8, 128)][4:], None
-want = (want[0], ref.state_hash())
+want = ([r.loss for r in train(ref, 8, 128)][4:], ref.state_hash())
 eng, recs, nums = recovery_rebuild(cfg, torch.device("cpu"), 128, 4, 8)
 print("RESULT " + json.dumps({"want": want, "got": ([r.loss for r in recs], eng.state_hash()), "nums": nums,
                               "gen": eng.groups is not None}))
