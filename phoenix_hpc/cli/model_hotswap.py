@@ -164,8 +164,12 @@ def _print_hotswap(out: dict) -> None:
         origins = {}
         for r in res:
             origins.setdefault(r["parts"][key]["origin"], []).append(f"{r['gpus']:,}")
+        sources = {}
+        for r in res:
+            sources.setdefault(r["parts"][key]["source"], []).append(f"{r['gpus']:,}")
         origin = "; ".join(o if len(origins) == 1 else f"{o} ({', '.join(ns)})" for o, ns in origins.items())
-        s.add_row(label, escape(origin), escape(res[-1]["parts"][key]["source"]))
+        source = "; ".join(x if len(sources) == 1 else f"{', '.join(ns)} GPUs: {x}" for x, ns in sources.items())
+        s.add_row(label, escape(origin), escape(source))
     con.print(s)
     a = _table("Anchors: published hot swaps and restarts", "system", "what", "GPUs", "seconds", "source")
     for x in out["anchors"]:

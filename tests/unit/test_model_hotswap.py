@@ -320,6 +320,13 @@ def test_bad_input_exits_2_naming_it(args, needle):
     assert "Traceback" not in r.output
 
 
+def test_the_sources_table_names_each_columns_own_dp():
+    r = run("--site", "perlmutter", "--step-s", "1", "--gpus", "1024", "--gpus", "4096")
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    assert "at dp 128" in flat and "at dp 512" in flat
+
+
 def test_a_site_given_as_a_path_finds_its_profiles_example(tmp_path):
     r = run("--site", str(REPO / "sites" / "perlmutter.yaml"), "--step-s", "1", "--gpus", "1024", "--json")
     assert r.exit_code == 0, r.output
