@@ -341,11 +341,11 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
             raise
     problem = None
     try:  # the ranks run the same check before they train; here it costs no queue wait
-        for prefix in cfg.data.prefixes:
-            code = check_indexed_dataset(prefix, cfg.model.vocab_size)
+        for field, prefix in cfg.data.prefix_fields:
+            code = check_indexed_dataset(prefix, cfg.model.vocab_size, field)
             problem = problem or vocab_problem(prefix, cfg.model.vocab_size, code)
             if cfg.data.blend is not None:  # a split part without documents: the ranks would refuse the blend
-                problem = problem or split_problem(cfg.data.split_text, prefix, sequence_count(prefix))
+                problem = problem or split_problem(cfg.data.split_text, prefix, sequence_count(prefix, field))
     except DataError as exc:  # a dry run refuses what the submit would
         if not data_on_cluster or profile.name == "local":
             _echo_warnings(warnings)

@@ -304,6 +304,13 @@ class DataConfig(BaseModel):
             return [self.path]
         return [e.path for e in self.blend] if self.blend else []
 
+    @property
+    def prefix_fields(self) -> list[tuple[str, str]]:
+        """:attr:`prefixes`, each with the field that names it (``data.path`` or ``data.blend[I].path``)."""
+        if self.path is not None:
+            return [("data.path", self.path)]
+        return [(f"data.blend[{i}].path", e.path) for i, e in enumerate(self.blend or [])]
+
     def resolved(self, base) -> DataConfig:
         """A copy whose relative ``path`` and blend paths are made absolute against the folder ``base``."""
         from pathlib import Path

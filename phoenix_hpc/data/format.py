@@ -48,10 +48,11 @@ def how_to_make(vocab_size: int | None) -> str:
             "datasets (vocabulary 256)")
 
 
-def check_indexed_dataset(prefix: str | Path, vocab_size: int | None = None) -> int:
+def check_indexed_dataset(prefix: str | Path, vocab_size: int | None = None, field: str = "data.path") -> int:
     """Check that ``PREFIX.idx`` and ``PREFIX.bin`` exist and look like a Megatron indexed dataset; returns
     the token dtype code its header names (:data:`ONE_BYTE_TOKENS`, :func:`vocab_problem`).
     ``vocab_size``: the model's, so that a missing dataset's message says how to make a fitting one.
+    ``field``: the config field that names ``prefix`` (``data.path`` or ``data.blend[I].path``), for messages.
 
     Raises:
         DataError: a file is missing; the .idx is a directory, unreadable or empty
@@ -63,21 +64,21 @@ def check_indexed_dataset(prefix: str | Path, vocab_size: int | None = None) -> 
     missing = [str(p) for p in (idx, bin_) if not p.exists()]
     if missing:
         raise DataError(
-            f"data.path {prefix!r} is not a Megatron indexed dataset: missing {', '.join(missing)} "
+            f"{field} {prefix!r} is not a Megatron indexed dataset: missing {', '.join(missing)} "
             f"({how_to_make(vocab_size)})"
         )
     head = read_bytes(idx, "dataset index", error=DataError, max_bytes=9 + 8 + 1 + 8)
     if bin_.is_dir():
         raise DataError(f"dataset file {str(bin_)!r} is a directory, not a file")
     if len(head) < 26 or head[:9] != INDEX_HEADER:
-        raise DataError(f"data.path {prefix!r}: {idx} is not a Megatron .idx file (no MMIDIDX header)")
+        raise DataError(f"{field} {prefix!r}: {idx} is not a Megatron .idx file (no MMIDIDX header)")
     version = struct.unpack("<Q", head[9:17])[0]
     if version != 1:
-        raise DataError(f"data.path {prefix!r}: {idx} has index version {version}, only version 1 is supported")
+        raise DataError(f"{field} {prefix!r}: {idx} has index version {version}, only version 1 is supported")
     return head[17]
 
 
-def sequence_count(prefix: str | Path) -> int:
+def sequence_count(prefix: str | Path, field: str = "data.path") -> int:
     """The number of sequences (documents, for a dataset made by ``phoenix data prepare`` or Megatron-LM's
     ``preprocess_data.py``) that ``PREFIX.idx`` holds: the 8-byte count after its header, version and dtype
     code. Call after :func:`check_indexed_dataset`.
@@ -87,5 +88,5 @@ def sequence_count(prefix: str | Path) -> int:
     idx = Path(str(prefix) + ".idx")
     head = read_bytes(idx, "dataset index", error=DataError, max_bytes=9 + 8 + 1 + 8)
     if len(head) < 26:
-        raise DataError(f"data.path {str(prefix)!r}: {idx} is not a Megatron .idx file (shorter than its header)")
+        raise DataError(f"{field} {str(prefix)!r}: {idx} is not a Megatron .idx file (shorter than its header)")
     return struct.unpack("<Q", head[18:26])[0]

@@ -133,8 +133,8 @@ def preflight(cfg) -> None:
 
     check_engine_runnable(cfg.engine)
     check_user_code(cfg)
-    for prefix in cfg.data.prefixes:
-        check_indexed_dataset(prefix)
+    for field, prefix in cfg.data.prefix_fields:
+        check_indexed_dataset(prefix, field=field)
 
 
 def set_nccl_error_env(cfg, env=None) -> dict[str, str]:

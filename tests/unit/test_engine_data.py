@@ -118,3 +118,15 @@ def test_data_inspect_prints_documents_tokens_and_vocabulary(text_dir, tmp_path)
     assert "2 documents" in text and f"needs model.vocab_size >= {max(a + b) + 1}" in text
     bad = CliRunner().invoke(cli, ["data", "inspect", str(tmp_path / "nope")])
     assert bad.exit_code == 2 and "missing" in bad.output and "Traceback" not in bad.output
+
+
+def test_a_missing_blend_dataset_is_named_by_its_blend_field(text_dir, tmp_path):
+    from phoenix_hpc.config.schema import DataConfig
+
+    prepare_dataset(text_dir, tmp_path / "ok")
+    data = DataConfig(blend=[{"path": str(tmp_path / "ok")}, {"path": str(tmp_path / "gone")}])
+    assert [f for f, _ in data.prefix_fields] == ["data.blend[0].path", "data.blend[1].path"]
+    with pytest.raises(DataError, match=r"^data\.blend\[1\]\.path '.*gone' is not a Megatron indexed dataset: missing"):
+        for field, prefix in data.prefix_fields:
+            check_indexed_dataset(prefix, field=field)
+    assert DataConfig(path=str(tmp_path / "ok")).prefix_fields == [("data.path", str(tmp_path / "ok"))]
