@@ -67,11 +67,12 @@ class BlendSamples:
     """
 
     def __init__(self, key: BlendKey):
-        from phoenix_hpc.data.indexed import megatron_indexed_module, open_indexed_dataset
+        from phoenix_hpc.data.format import check_indexed_dataset, sequence_count
+        from phoenix_hpc.data.indexed import megatron_indexed_module
 
-        for p in key.prefixes:
-            n_docs = len(open_indexed_dataset(p).sequence_lengths)  # DataError naming a missing or malformed prefix
-            problem = split_problem(key.split, p, n_docs)
+        for p in key.prefixes:  # the header only, as submit reads it; megatron-core opens the datasets below
+            check_indexed_dataset(p)  # DataError naming a missing or malformed prefix
+            problem = split_problem(key.split, p, sequence_count(p))
             if problem is not None:
                 raise DataError(problem)
         megatron_indexed_module()  # megatron-core's import notices silenced
@@ -79,8 +80,8 @@ class BlendSamples:
         from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
         config = GPTDatasetConfig(
-            random_seed=key.seed, sequence_length=key.seq_length, blend=(list(key.prefixes), None if key.weights is None else list(key.weights)),
-            split=key.split, tokenizer=_Tokenizer(key.vocab_size),
+            random_seed=key.seed, sequence_length=key.seq_length,
+            blend=(list(key.prefixes), None if key.weights is None else list(key.weights)), split=key.split, tokenizer=_Tokenizer(key.vocab_size),
             reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False, path_to_cache=None,
             mmap_bin_files=True)
         # Megatron-LM passes a size for every part; the builder builds only the parts of non-zero weight
