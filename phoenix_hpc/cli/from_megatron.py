@@ -75,7 +75,7 @@ def relocate_paths(cfg: dict, out: Path | None, cwd: Path) -> None:
         ck["path"] = str(cwd.resolve() / ck["path"])
 
 
-def render(conv, tokens: list[str]) -> str:
+def render(conv) -> str:
     """The config file's text: a header naming the source and everything not carried over, then the YAML."""
     head = ["# phoenix job config converted from Megatron-LM pretrain_gpt.py arguments (phoenix config from-megatron).",
             "# Every argument carried over and its field: docs/megatron-args.md.",
@@ -136,7 +136,7 @@ def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -
     conv = convert(tokens, drop=drop, name=name, nodes=nodes, spares=spares, read_vocab=read_vocab)
     relocate_paths(conv.config, output, Path.cwd())
     parse_model(JobConfig, conv.config, source="the converted config")
-    text = render(conv, tokens)
+    text = render(conv)
     for line in left_out:
         click.echo(f"left out of --args-file (a shell line, not pretrain_gpt.py's arguments): {line}", err=True)
     for flag, v, why in conv.dropped:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from phoenix_hpc.config.schema import MegatronOptions, TrainingConfig
 from phoenix_hpc.errors import ConfigError
 
 #: What phoenix's engines do where Megatron-LM has an argument (engines/zero.py, engines/megatron_engine.py,
@@ -227,8 +228,13 @@ BY_FLAG: dict[str, Arg] = {a.flag: a for a in ARGS}
 REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
             "--train-iters", "--lr", "--data-path")
 
-_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant"}
-_RECOMPUTE = {"selective": "selective", "full": "full"}
+
+
+def _schema_choices(model, name: str) -> tuple[str, ...]:
+    """The values a ``Literal`` field of the job config's schema allows (Megatron-LM spells these the same)."""
+    from typing import get_args
+
+    return get_args(model.model_fields[name].annotation)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -581,8 +587,9 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
         carry("--sequence-parallel", "megatron.sequence_parallel", True)
     gran = given.get("--recompute-granularity") or ("selective" if eff("--recompute-activations") else None)
     if gran is not None:
-        if gran not in _RECOMPUTE:
-            problems.append(f"--recompute-granularity: {gran!r} (allowed: selective, full)")
+        allowed = [g for g in _schema_choices(MegatronOptions, "recompute_granularity") if g != "none"]
+        if gran not in allowed:
+            problems.append(f"--recompute-granularity: {gran!r} (allowed: {', '.join(allowed)})")
         else:
             carry("--recompute-granularity", "megatron.recompute_granularity", gran)
 
@@ -605,10 +612,11 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
                          ("--log-interval", "training.log_interval")):
         carry(flag, dotted, eff(flag))
     style = eff("--lr-decay-style")
-    if style not in _SCHEDULES:
-        problems.append(f"--lr-decay-style: {style!r} is not implemented (allowed: {', '.join(_SCHEDULES)})")
+    schedules = _schema_choices(TrainingConfig, "lr_schedule")
+    if style not in schedules:
+        problems.append(f"--lr-decay-style: {style!r} is not implemented (allowed: {', '.join(schedules)})")
     else:
-        carry("--lr-decay-style", "training.lr_schedule", _SCHEDULES[style])
+        carry("--lr-decay-style", "training.lr_schedule", style)
     if "--lr-warmup-fraction" in given and "--lr-warmup-iters" in given:
         problems.append("--lr-warmup-fraction and --lr-warmup-iters: both given (allowed: one of them)")
     elif "--lr-warmup-fraction" in given:

@@ -88,7 +88,7 @@ def test_dropped_arguments_are_kept_as_comments_and_listed():
     assert [f for f, _, _ in conv.dropped] == ["--attention-dropout", "--hidden-dropout", "--adam-beta2"]
     from phoenix_hpc.cli.from_megatron import render
 
-    text = render(conv, SMALL)
+    text = render(conv)
     assert "# DROPPED although they change the training" in text
     assert "--adam-beta2 0.999" in text
     assert yaml.safe_load(text)["model"]["layers"] == 2
