@@ -800,11 +800,19 @@ def with_kept_records(data: dict, repo: Path) -> dict:
     """``data`` (a BENCHMARKS.json's content) with ``control_plane`` read from ``repo``/:data:`CONTROL_PLANE_RECORD`
     where that file exists (else as it was); changes ``data`` in place and returns it.
 
-    Raises ValueError (json) when the record is not JSON: a kept record is never silently dropped."""
+    Raises ValueError naming the record when it is not JSON: a kept record is never silently dropped."""
     rec = Path(repo) / CONTROL_PLANE_RECORD
     if rec.is_file():
-        data["control_plane"] = json.loads(rec.read_text())
+        data["control_plane"] = _read_json(rec)
     return data
+
+
+def _read_json(path: Path):
+    """The JSON content of ``path``. Raises ValueError naming ``path`` when it is not JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
 
 
 def with_provenance(data: dict, repo: Path) -> dict:
@@ -819,9 +827,10 @@ def refresh(folder: Path, repo: Path) -> dict:
     control-plane record kept now in ``repo`` and every section's code checked against ``repo``'s HEAD now
     (:func:`with_provenance`). Returns the provenance.
 
-    Raises FileNotFoundError when ``folder`` has no BENCHMARKS.json (nothing to re-render)."""
+    Raises FileNotFoundError when ``folder`` has no BENCHMARKS.json (nothing to re-render), ValueError naming
+    the file when it or the control-plane record is not JSON."""
     js = Path(folder) / "BENCHMARKS.json"
-    data = with_provenance(with_kept_records(with_gpu_reports(json.loads(js.read_text()), repo), repo), repo)
+    data = with_provenance(with_kept_records(with_gpu_reports(_read_json(js), repo), repo), repo)
     _atomic_text(js, json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     _atomic_text(Path(folder) / "BENCHMARKS.md", render_markdown(data))
     return data["provenance"]
@@ -847,7 +856,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             prov = refresh(folder, repo)
         except ValueError as exc:
-            print(f"refresh: {repo / CONTROL_PLANE_RECORD}: not JSON ({exc})", file=sys.stderr)
+            print(f"refresh: {exc}", file=sys.stderr)
             return 2
         stale = sorted(k for k, e in {**prov["sections"], **prov["gpu_reports"]}.items()
                        if e.get("changed_files") or "unknown" in e)

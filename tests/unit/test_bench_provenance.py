@@ -109,3 +109,11 @@ def test_update_benchmarks_keeps_the_record_and_rerenders_the_page(tmp_path):
     md = (tmp_path / "BENCHMARKS.md").read_text()
     assert md.count(CPR.SECTION_TITLE) == 1 and f"measured commit `{kept['commit'].split('+')[0]}`" in md
     assert "MEASURED = " in (tmp_path / "table.py").read_text()
+
+
+def test_refresh_names_the_file_that_is_not_json(tmp_path, capsys):
+    (tmp_path / "BENCHMARKS.json").write_text("{not json")
+    assert report.main(["refresh", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"refresh: {tmp_path / 'BENCHMARKS.json'}: not JSON" in err and "control_plane.json" not in err
+    assert (tmp_path / "BENCHMARKS.json").read_text() == "{not json" and not (tmp_path / "BENCHMARKS.md").exists()
