@@ -540,16 +540,6 @@ def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one bran
         st.end_event = st.end_event or ev
 
 
-def _resume_step(job: Mapping[str, Any] | None, job_id: str | None) -> int | None:
-    """The checkpoint step the run's job ``job_id`` resumed from (``job.json``: its ``jobs`` entry, else the
-    top-level ``resume_step`` of a run of one job); None: it started at step 0."""
-    for e in (job or {}).get("jobs") or []:
-        if isinstance(e, dict) and str(e.get("job_id")) == str(job_id) and e.get("resume_step") is not None:
-            return int(e["resume_step"])
-    rs = (job or {}).get("resume_step")
-    return int(rs) if isinstance(rs, int) and str((job or {}).get("job_id")) == str(job_id) else None
-
-
 def corrupt_replica_outcome(inj: InjectionStatus, records: Iterable[Mapping[str, Any]]) -> str | None:
     """What became of the copies a landed ``corrupt-replica`` corrupted (the holder's two buffers of the
     shard's replica, holding the committed steps before the landing step ``s``). Pure. In record order, the
@@ -896,7 +886,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         end_signal=st.end_signal, jobs=_run_jobs(run.job),
         in_job_restart=restart_requested(records),
         test_env=dict(st.test_env),
-        step_at=st.live_at, resume_step=_resume_step(run.job, job_id), slurm_unreachable=slurm.unreachable,
+        step_at=st.live_at, slurm_unreachable=slurm.unreachable,
     )
     from phoenix_hpc.control.run_jobs import job_entries
     from phoenix_hpc.status.jobs import run_jobs
@@ -907,6 +897,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     jobs = run_jobs(job_entries(run.job or {}), all_records, slurm_jobs, node_state, run.rank_steps,
                     slurm_unreachable=slurm.unreachable)
     info.end_cause = next((j.cause for j in jobs if j.job_id == job_id), None)
+    info.resume_step = next((j.resume_step for j in jobs if j.job_id == job_id), None)
     return Status(now=now, job=info, nodes=nodes, slots=slots, replicas=replicas,
                   spare_slots_left=spare_slots, spare_nodes_left=spare_nodes, recoveries=st.recoveries,
                   faults=st.faults, injections=list(st.injections.values()), warnings=warnings,
