@@ -89,7 +89,7 @@ def _header(st: Status) -> Table:
     if j.end_event:
         sig = f" [SIG{j.end_signal}]" if j.end_signal else ""
         t.add_row("ended", f"{j.end_event}{sig}{': ' + j.end_reason if j.end_reason else ''}")
-    elif j.end_cause and j.state in ("ended", "done", "failed", "stopped"):
+    elif j.end_cause and st.finished:
         t.add_row("ended", f"by {j.end_cause} (no final record from the coordinator)")
     if j.final_hash:
         t.add_row("final hash", j.final_hash)
