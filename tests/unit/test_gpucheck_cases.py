@@ -92,19 +92,11 @@ print("RESULT " + json.dumps({"res": res, "saves": saves}))
 """
 
 
-def test_every_case_measures_on_cpu_and_a_case_too_long_for_its_budget_is_sized_down(tmp_path):
+def test_every_case_measures_on_cpu_and_a_case_too_long_for_its_budget_is_sized_down(child_result):
     """The code the GPU runs, on CPU tensors with tiny models (gloo instead of NCCL): the numbers of every case."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
     import os
 
-    r = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, timeout=600,
-                       cwd=Path(__file__).resolve().parents[2], env={**os.environ, C.SCALE_ENV: "0.5"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    out = child_result(CHILD, timeout=600, env={**os.environ, C.SCALE_ENV: "0.5"})
     res = out["res"]
     assert res["_notes"]["d2h.harsh"][0] == "2 -> 1 layers: 0.50 of the variant's time was left"  # half the time
     assert out["saves"][-1] == sorted(C.ITEMS) and len(out["saves"]) == 4  # saved after every case

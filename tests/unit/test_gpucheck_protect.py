@@ -4,27 +4,10 @@ Runs in a child process (MPI initialised there as a singleton, COMM_WORLD of siz
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 CHILD = r"""
-import json, sys
-from pathlib import Path
-import torch, torch.distributed as dist
 from mpi4py import MPI
-from phoenix_hpc.gpucheck import common, protect
-from phoenix_hpc.engines.factory import create_engine
-from phoenix_hpc.launch.groups import Grid, init_generation
-from phoenix_hpc.launch.loop import train
+from phoenix_hpc.gpucheck import protect
 
-work = Path(sys.argv[1])
-cfg = common.job_config("torch", common.dataset(work),
-                        {"layers": 2, "hidden_size": 32, "heads": 4, "vocab_size": 256, "seq_length": 32},
-                        {"steps": 100, "micro_batch_size": 2, "global_batch_size": 2, "seed": 1})
-groups, coord = init_generation(dist.HashStore(), 0, 0, Grid(1, 1, 1), "gloo", 60.0)
-engine = create_engine(cfg, coord, groups, torch.device("cpu"))
 train(engine, 1, 64)
 prot = protect.make_protector(engine, MPI.COMM_WORLD, torch.device("cpu"))
 steps = protect.abba(engine, prot, 64, 2, 3)
@@ -60,11 +43,8 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def test_k0_protector_runs_abba_and_commits_the_live_state(tmp_path):
-    r = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, timeout=300,
-                       cwd=Path(__file__).resolve().parents[2])
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+def test_k0_protector_runs_abba_and_commits_the_live_state(child_result, torch_engine_child):
+    out = child_result(torch_engine_child(2) + CHILD)
     assert [s["mode"] for s in out["steps"]][::3] == ["on", "off", "off", "on"]
     assert all(s["wait_ms"] == 0.0 for s in out["steps"] if s["mode"] == "off")
     assert out["summary"]["steps_on"] == out["summary"]["steps_off"] == 4  # 6 each, first of each block dropped
