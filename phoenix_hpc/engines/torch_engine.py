@@ -206,9 +206,12 @@ class TorchEngine(Engine):
         )
 
     # --- the step --------------------------------------------------------------------------------------
+    def _first_sample(self) -> int:
+        """Global position of this rank's first sample of the step (a pure function of the step)."""
+        return self.data_position + self.first_micro * self.cfg.training.micro_batch_size
+
     def _local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        mbs = self.cfg.training.micro_batch_size
-        x, y = self.samples.batch(self.data_position + self.first_micro * mbs, self.n_micro * mbs)
+        x, y = self.samples.batch(self._first_sample(), self.n_micro * self.cfg.training.micro_batch_size)
         return x.to(self.device), y.to(self.device)
 
     def forward_backward(self) -> float | None:
@@ -225,10 +228,9 @@ class TorchEngine(Engine):
         is_first, is_last = self.coord.pp == 0, self.coord.pp == self.pp - 1
         mbs = self.cfg.training.micro_batch_size
         if hasattr(self.model, "begin_step"):  # the built-in GPT: dropout masks from the micro-batches' positions
-            self.model.begin_step(self.cfg.training.seed, self.data_position + self.first_micro * mbs, mbs)
+            self.model.begin_step(self.cfg.training.seed, self._first_sample(), mbs)
         x, y = self._local_batch() if (is_first or is_last) else (None, None)
         if self._runner is None:
-            mbs = self.cfg.training.micro_batch_size
             total = torch.zeros((), dtype=torch.float32, device=self.device)
             # even split: loss / n_micro, then the DP average; uneven: loss * dp / M, so that the DP average
             # is the sum over the step's M micro-batches / M (module doc)
