@@ -34,6 +34,7 @@ from typing import Any, Callable
 from phoenix_hpc.errors import ControlError, FaultError, FaultMissed
 from phoenix_hpc.faults.kinds import PHASE_WIRE, check_at_step, check_phase, kind_spec, parse_coord
 from phoenix_hpc.faults.trigger import RECOVERY_PHASES
+from phoenix_hpc.slurm.procs import pid_alive  # noqa: F401 - wait_pids_gone's default, re-exported
 from phoenix_hpc.status.model import Status
 
 LIVE = ("active", "standby", "joining", "quiesced")
@@ -271,16 +272,6 @@ def wait_outcome(run_dir: Path, request_id: str, armed: dict[int, int], phase_wi
                 out["pending"] = []
                 return out
         sleep(poll_s)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists and is neither a zombie nor dead (psutil ``Process.status()``)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-    except psutil.Error:
-        return False
 
 
 def wait_pids_gone(pids: tuple[int, ...], timeout_s: float, poll_s: float = 0.2,

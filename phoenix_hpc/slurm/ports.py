@@ -20,9 +20,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psutil
-
 from phoenix_hpc.errors import ClusterError
+from phoenix_hpc.slurm.procs import pid_alive
 
 # Below Linux's default ephemeral range (32768-60999, /proc/sys/net/ipv4/ip_local_port_range), so the
 # kernel does not hand our ports to outgoing connections between choosing and binding them.
@@ -90,17 +89,15 @@ def _locked() -> Iterator[Path]:
 
 def _entry_is_live(entry: dict) -> bool:
     """A reservation stays while its run directory's cluster.json is not ``stopped``, or, before that file
-    is written, while the process that made the reservation runs (psutil: it exists and is not a zombie)."""
+    is written, while the process that made the reservation runs (:func:`phoenix_hpc.slurm.procs.pid_alive`)."""
     try:
         state = json.loads((Path(entry["run_dir"]) / "cluster.json").read_text()).get("state")
     except FileNotFoundError:
         try:
             pid = int(entry.get("pid", 0))
-            if pid <= 0:
-                return False
-            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        except (psutil.Error, ValueError, TypeError):
+        except (ValueError, TypeError):
             return False
+        return pid > 0 and pid_alive(pid)
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return state != "stopped"

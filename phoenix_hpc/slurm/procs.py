@@ -82,6 +82,15 @@ def is_alive(proc: ProcId) -> bool:
     return fields is not None and int(fields[19]) == proc.start_ticks and fields[0] != "Z"
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists and is neither a zombie nor dead (psutil ``Process.status()``); a PID
+    alone, without :func:`is_alive`'s start-time check."""
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
+
+
 def exit_complete(proc: ProcId) -> bool:
     """True once the exit of ``proc`` is complete: none of its threads runs any more (``/proc/<pid>/task``
     empty or gone), or the PID now names another process. A multi-threaded process shows its leader as a
