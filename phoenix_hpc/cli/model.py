@@ -16,6 +16,13 @@ import math
 import click
 
 from phoenix_hpc.errors import ModelError
+from phoenix_hpc.model.measured_overhead import HARDWARE
+
+#: ``--hardware`` of ``efficiency`` and ``simulate``: the kinds of :data:`HARDWARE`, the first the default.
+_hardware_option = click.option(
+    "--hardware", type=click.Choice(HARDWARE), default=HARDWARE[0], show_default=True,
+    help="The hardware modelled: without --overhead-ratio only a ratio measured on this kind is charged "
+         "(BENCHMARKS.json; its source is printed), else none, and the measured ratios are listed.")
 
 
 def _clean(x):
@@ -81,9 +88,7 @@ def model() -> None:
               help="PHOENIX's per-step overhead ratio r (step time protected / unprotected, a number >= 1), charged "
                    "as (r - 1) x MTTF per fault; default: a ratio measured on the --hardware modelled "
                    "(BENCHMARKS.json), 1 where none was.")
-@click.option("--hardware", type=click.Choice(["gpu-cluster", "cpu-host"]), default="gpu-cluster", show_default=True,
-              help="The hardware modelled: without --overhead-ratio only a ratio measured on this kind is charged "
-                   "(BENCHMARKS.json; its source is printed), else none, and the measured ratios are listed.")
+@_hardware_option
 @click.option("--protect-every", type=int, default=1, show_default=True,
               help="PHOENIX's protection interval m, from 1 to --ckpt-every (resilience.protect_every_max, phoenix "
                    "status): a fault then loses 3(m-1)/2 more steps on average (at most 2m-1 in all).")
@@ -328,9 +333,7 @@ def loss_risk_cmd(shards, p_fail, k, steps, q_domain_fail, interruption_interval
 @click.option("--overhead-ratio", type=float, default=None,
               help="PHOENIX's per-step overhead ratio (a number >= 1): its steps (and replays) take this many times "
                    "longer; default: a ratio measured on the --hardware modelled (BENCHMARKS.json), 1 where none was.")
-@click.option("--hardware", type=click.Choice(["gpu-cluster", "cpu-host"]), default="gpu-cluster", show_default=True,
-              help="The hardware modelled: without --overhead-ratio only a ratio measured on this kind is charged "
-                   "(BENCHMARKS.json; its source is printed), else none, and the measured ratios are listed.")
+@_hardware_option
 @click.option("--protect-every", type=int, default=1, show_default=True,
               help="PHOENIX's protection interval m, from 1 to --ckpt-every, for the whole campaign "
                    "(resilience.protect_every_max's worst case): a fault rolls back to the newest committed "
