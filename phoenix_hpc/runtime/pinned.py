@@ -89,6 +89,12 @@ def _release(unregister: Unregister, ptr: int, mapping: mmap.mmap) -> None:  # n
     unregister(ptr)
 
 
+def _check_nbytes(nbytes: object) -> None:
+    """Raises ReplicationError unless ``nbytes`` is an allowed buffer size (an integer >= 0)."""
+    if not isinstance(nbytes, int) or nbytes < 0:
+        raise ReplicationError(f"pinned host buffer: {nbytes!r} bytes is not allowed (allowed: an integer >= 0)")
+
+
 def pinned_empty(nbytes: int, calls: tuple[Register, Unregister] | None = None) -> torch.Tensor:
     """A uint8 host tensor of exactly ``nbytes``, page-locked for the CUDA device (see the module doc). Its
     pages are written by the registration (the kernel maps and locks each one, zero-filled), so it is
@@ -98,8 +104,7 @@ def pinned_empty(nbytes: int, calls: tuple[Register, Unregister] | None = None) 
     Raises:
         ReplicationError: ``nbytes`` is negative, the mapping fails, or ``cudaHostRegister`` returns an error
             (its code and the size named; the mapping is released again)."""
-    if not isinstance(nbytes, int) or nbytes < 0:
-        raise ReplicationError(f"pinned host buffer: {nbytes!r} bytes is not allowed (allowed: an integer >= 0)")
+    _check_nbytes(nbytes)
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
     register, unregister = calls if calls is not None else cuda_register_calls()
@@ -141,11 +146,10 @@ def pinned_or_torch(nbytes: int, calls: tuple[Register, Unregister] | None = Non
         ReplicationError: ``nbytes`` is not allowed, or both ways failed (both errors named)."""
     import warnings
 
+    _check_nbytes(nbytes)  # bad input is refused, not retried with torch's allocator
     try:
         return (pinned_empty(nbytes) if calls is None else pinned_empty(nbytes, calls)), "registered"
     except ReplicationError as e:
-        if "is not allowed" in str(e):
-            raise
         first = str(e)
     alloc = torch_pinned or (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True))
     try:
