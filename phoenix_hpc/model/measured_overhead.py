@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from phoenix_hpc.errors import ModelError
@@ -48,7 +48,7 @@ class MeasuredRatio:
         return f"{self.ratio:.4g} on {KIND_NAMES[self.kind]} ({self.hardware}; {self.source})"
 
     def to_dict(self) -> dict:
-        return {"ratio": self.ratio, "kind": self.kind, "hardware": self.hardware, "source": self.source}
+        return asdict(self)
 
 
 def _number(x) -> bool:
