@@ -45,12 +45,18 @@ def test_config_takes_the_chunk_size_and_refuses_a_bad_one():
             JobConfig.model_validate({**base, "resilience": {"d2h_copy_chunk_bytes": bad}})
 
 
-def test_a_chunked_issue_copies_exactly():
+def test_a_chunked_issue_copies_exactly(monkeypatch):
+    from phoenix_hpc.runtime import d2h as d2h_mod
+
+    asked = []
+    real = d2h_mod.copy_pieces
+    monkeypatch.setattr(d2h_mod, "copy_pieces", lambda *a: asked.append(a) or real(*a))
     d2h = D2H(torch.device("cpu"), copy_chunk_bytes=16)
-    for t in (torch.randn(37), torch.randn(5, 7).to(torch.bfloat16), torch.arange(3)):
+    for t in (torch.randn(37), torch.randn(5, 7).to(torch.bfloat16), torch.arange(3), torch.arange(2)):
         dst = torch.zeros_like(t)
         d2h._issue(dst, t)
         assert torch.equal(dst, t)
+    assert asked == [(37, 4, 16), (35, 2, 16), (3, 8, 16)]  # split; 16 bytes or fewer: one command
 
 
 @pytest.mark.parametrize("algo", ["xxh3_64", "wsum64"])
