@@ -247,7 +247,7 @@ LATEST_RUN = ":latest-run:"
                    "your most recent job of the Slurm cluster this command talks to, as phoenix status)")
 @click.option("--dry-run", is_flag=True, help="print the script; submit nothing and write nothing (except --output)")
 @click.option("--data-on-cluster", is_flag=True,
-              help="data.path is not readable here, only on the cluster's file systems: do not refuse it (the "
+              help="the dataset (data.path, data.blend paths) is not readable here, only on the cluster's file systems: do not refuse it (the "
                    "ranks check it before they train); not on site local, whose compute nodes are this machine")
 @click.option("--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="also write the script to this file")
