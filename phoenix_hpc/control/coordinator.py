@@ -14,8 +14,8 @@ drain the messages, beat, tick) and the end of the job; each concern is one mixi
 readable alone:
 
 - :mod:`phoenix_hpc.control.records`: the plain records (slot, pending fault, recovery in progress);
-- :mod:`phoenix_hpc.control.messaging`: inbox and operator channel, decode, replay guard, dispatch to the
-  ``_on_<type>`` handlers, send / reply / reject;
+- :mod:`phoenix_hpc.control.messaging`: inbox and operator channel, decode, replay guard, dispatch through
+  the table :data:`HANDLERS` (message type -> its one handler), send / reply / reject;
 - :mod:`phoenix_hpc.control.membership`: registration, heartbeats, liveness exits and heartbeat timeouts
   (:func:`phoenix_hpc.control.detect.detect`), declaring slots dead;
 - :mod:`phoenix_hpc.control.handlers`: the training messages (``commit``, ``checkpoint``, ``fault``,
@@ -119,6 +119,8 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         restart: 0 for the job's first coordinator; N for its N-th restart after a crash, which rebuilds the
             state from the journal (:mod:`phoenix_hpc.control.restart`).
     """
+
+    handlers: Mapping[str, Callable[[Coordinator, dict], None]]  # message type -> handler: HANDLERS below
 
     def __init__(
         self,
@@ -417,6 +419,32 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
     def _queues_drained(self) -> bool:
         return all(self.store.queue_len(P.key_out(w)) == 0 for w, s in self.slots.items()
                    if s.state in LIVE_SLOT_STATES)
+
+
+# The message dispatch table: each request type of the protocol (control/protocol.py) and of the slots'
+# reports -> its one handler. A type not in it is rejected and journalled (messaging.MessagingMixin._dispatch).
+HANDLERS: Mapping[str, Callable[[Coordinator, dict], None]] = {
+    "register": MembershipMixin._on_register,
+    "heartbeat": MembershipMixin._on_heartbeat,
+    "heartbeats": MembershipMixin._on_heartbeats,
+    "commit": HandlersMixin._on_commit,
+    "checkpoint": HandlersMixin._on_checkpoint,
+    "fault": HandlersMixin._on_fault,
+    "done": HandlersMixin._on_done,
+    "stop": HandlersMixin._on_stop,
+    "quiesced": RecoveryMixin._on_quiesced,
+    "recovered": RecoveryMixin._on_recovered,
+    "inject": InjectRelayMixin._on_inject,
+    "inject_ack": InjectRelayMixin._on_inject_ack,
+    "inject_fired": InjectRelayMixin._on_inject_fired,
+    "drain": DrainRelayMixin._on_drain,
+    "drain_ack": DrainRelayMixin._on_drain_ack,
+    "drain_reached": DrainRelayMixin._on_drain_reached,
+    "stopping": PlannedEndMixin._on_stopping,
+    "shard_written": PlannedEndMixin._on_shard_written,
+    "signal": PlannedEndMixin._on_signal,
+}
+Coordinator.handlers = HANDLERS
 
 
 def _json(d: dict) -> str:

@@ -1,5 +1,6 @@
 """The coordinator's message transport: reading the inbox and the operator channel, decoding and checking
-signed messages, dispatching them to the ``_on_<type>`` handlers, and sending, replying and rejecting.
+signed messages, dispatching them through the coordinator's table of handlers
+(:data:`phoenix_hpc.control.coordinator.HANDLERS`), and sending, replying and rejecting.
 
 :class:`MessagingMixin` is part of :class:`phoenix_hpc.control.coordinator.Coordinator`; it uses the
 coordinator's store, operator server, secret, replay guard, journal and counters. Every message passes a
@@ -77,12 +78,13 @@ class MessagingMixin:
         self._dispatch(body)
 
     def _dispatch(self, body: dict) -> None:
-        handler = getattr(self, f"_on_{body['type']}", None)
+        kind = body["type"]
+        handler = self.handlers.get(kind) if isinstance(kind, str) else None  # the table: coordinator.HANDLERS
         if handler is None:
-            self._reject(f"unknown message type {body['type']!r}", body)
+            self._reject(f"unknown message type {kind!r}", body)
             return
         try:
-            handler(body)
+            handler(self, body)
         except (KeyError, TypeError, ValueError) as exc:
             self._reject(f"malformed {body['type']} message: {type(exc).__name__}: {exc}", body)
 

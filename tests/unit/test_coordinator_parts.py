@@ -1,5 +1,5 @@
-"""The coordinator is a composition of mixins (control/coordinator.py): every request type of the protocol
-has exactly one handler, and no mixin silently overrides another's method."""
+"""The coordinator (control/coordinator.py): every request type of the protocol has exactly one handler in
+its dispatch table, and no mixin silently overrides another's method."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from phoenix_hpc.control import protocol
-from phoenix_hpc.control.coordinator import Coordinator
+from phoenix_hpc.control.coordinator import HANDLERS, Coordinator
 from phoenix_hpc.control.journal import Journal, read_journal
 
 
@@ -20,9 +20,21 @@ def _protocol_request_types() -> list[str]:
 def test_every_request_type_of_the_protocol_has_a_handler():
     types = _protocol_request_types()
     assert {"register", "heartbeat", "commit", "recovered", "inject", "stop"} <= set(types)
-    missing = [t for t in types + ["quiesced", "checkpoint", "stopping", "shard_written", "signal"]
-               if not callable(getattr(Coordinator, f"_on_{t}", None))]
-    assert not missing
+    reports = ["quiesced", "checkpoint", "stopping", "shard_written", "signal"]
+    assert set(HANDLERS) == set(types) | set(reports)
+    assert all(callable(h) for h in HANDLERS.values())
+
+
+def test_dispatch_goes_through_the_table_only(tmp_path):
+    """A message type is dispatched by the table, never by a method named after it: a ``_on_<type>``
+    method outside the table is not reachable by a message."""
+    c = Coordinator(tmp_path, grid=(1, 1, 1))
+    c.journal = Journal(tmp_path)
+    c._on_no_table_entry = lambda body: (_ for _ in ()).throw(AssertionError("reached by name"))
+    c._dispatch({"type": "no_table_entry", "world_rank": 0})
+    c._dispatch({"type": ["not", "a", "name"], "world_rank": 0})
+    reasons = [r["reason"] for r in read_journal(tmp_path) if r["event"] == "rejected"]
+    assert reasons == ["unknown message type 'no_table_entry'", "unknown message type ['not', 'a', 'name']"]
 
 
 def test_no_mixin_overrides_another_mixins_method():
