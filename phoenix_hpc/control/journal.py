@@ -1,10 +1,8 @@
 """The job's append-only journal: ``RUN_DIR/journal.jsonl``, one JSON object per line.
 
 Every record has ``"ts"`` (unix time, seconds, float) and ``"event"`` (str), plus event-specific fields.
-Events written by the coordinator (the only writer while a job runs): ``coordinator_started``,
-``registered``, ``rejected`` {reason, ...}, ``heartbeat_summary``, ``commit``, ``fault``, ``decision``
-{action, reason}, ``coordinator_paused`` {paused_s, reason}, ``recovery_start``, ``recovery_phase``, ``recovery_done`` {total_s, phases{detect,
-reconfigure, params, optimizer, replay}, steps_replayed}, ``inject_forwarded``, ``job_done``, ...
+The records are the typed events of :mod:`phoenix_hpc.control.events` (one class per event name, with
+its fields), written by the coordinator, the only writer while a job runs.
 A coordinator restarted after a crash (:mod:`phoenix_hpc.control.restart`) writes ``coordinator_started``
 with ``restart`` {N}, ``coordinator_restarted`` {what it rebuilt from the journal}, then ``rejoined`` or
 ``rejoin_refused`` per slot that re-registers; it appends to the same file (one writer at a time).
@@ -30,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from phoenix_hpc.control.events import Event, name_of
 from phoenix_hpc.errors import StatusError
 from phoenix_hpc.files import FILE_MODE, decode_utf8, read_bytes
 from phoenix_hpc.files import DIR_MODE, ensure_private_dir, write_private_file  # noqa: F401 -- re-exported
@@ -53,20 +52,21 @@ class Journal:
         self._unsynced = 0  # lines written since the last fsync
         self.fsyncs = 0  # fsync calls so far (the cost group commit saves)
 
-    def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Append one record ``{"ts", "event", **fields}`` and fsync it (with every deferred line before it).
-        Returns the record.
+    def append(self, event: Event | str, **fields: Any) -> dict[str, Any]:
+        """Append one record ``{"ts", **event.to_record()}`` (:mod:`phoenix_hpc.control.events`; a bare name
+        with ``fields`` writes ``{"ts", "event", **fields}``) and fsync it (with every deferred line before
+        it). Returns the record.
 
         Raises:
-            TypeError: a field is not JSON-serialisable.
+            TypeError: a field is not JSON-serialisable, or fields are given with an event object.
             ValueError: ``event`` is empty, a field is named ``ts``/``event``, or the journal is closed.
         """
-        return self._write(event, fields, sync=True)
+        return self._write(*_split(event, fields), sync=True)
 
-    def append_deferred(self, event: str, **fields: Any) -> dict[str, Any]:
+    def append_deferred(self, event: Event | str, **fields: Any) -> dict[str, Any]:
         """Like :meth:`append`, but the ``fsync`` waits for the next :meth:`sync` or :meth:`append` (group
         commit, see the module docstring). The line is written now, in call order. Same errors."""
-        return self._write(event, fields, sync=False)
+        return self._write(*_split(event, fields), sync=False)
 
     def sync(self) -> int:
         """Make every deferred line durable with one ``fsync`` (none when nothing is pending). Returns how
@@ -121,6 +121,16 @@ class Journal:
         self.close()
 
 
+def _split(event: Event | str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(name, fields) of what :meth:`Journal.append` was given."""
+    if isinstance(event, Event):
+        if fields:
+            raise TypeError(f"journal event {event.NAME!r} given as an object takes no more fields: {sorted(fields)}")
+        rec = event.to_record()
+        return rec.pop("event"), rec
+    return event, fields
+
+
 def iter_journal(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """Yield the records of a journal file in order.
 
@@ -156,6 +166,11 @@ def iter_journal(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
         yield rec
 
 
-def read_journal(path: str | os.PathLike, event: str | None = None) -> list[dict[str, Any]]:
-    """All records of a journal (optionally only those whose ``event`` equals ``event``)."""
-    return [r for r in iter_journal(path) if event is None or r["event"] == event]
+def read_journal(path: str | os.PathLike, event: type[Event] | str | None = None) -> list[dict[str, Any]]:
+    """All records of a journal (optionally only those of the event class ``event``, or of that name).
+
+    Raises:
+        EventError: ``event`` is a name no event class declares (:func:`phoenix_hpc.control.events.name_of`).
+    """
+    name = None if event is None else name_of(event)
+    return [r for r in iter_journal(path) if name is None or r["event"] == name]
