@@ -45,6 +45,7 @@ instruction queues drained (bounded by ``linger_s``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import socket
@@ -56,6 +57,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.detect import detect
@@ -224,24 +226,22 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
 
         job_id = os.environ.get("SLURM_JOB_ID")
         self.next_job = successor_of(job_entries(read_job(self.run_dir)), job_id) if job_id else None
-        self.journal.append(
-            "coordinator_started", host=self.host, port=self.port, pid=os.getpid(),
-            job_id=job_id, next_job=self.next_job,
+        self.journal.append(E.CoordinatorStarted(
+            host=self.host, port=self.port, pid=os.getpid(), job_id=job_id, next_job=self.next_job,
             heartbeat_interval_s=self.t.heartbeat_interval_s, heartbeat_timeout_s=self.t.heartbeat_timeout_s,
-            grid=list(self.grid) if self.grid else None, **({"restart": self.restart} if self.restart else {}),
-        )
+            grid=list(self.grid) if self.grid else None, **({"restart": self.restart} if self.restart else {})))
         if self.test_env:  # sbatch --export=ALL carries them from the submitting shell: say so (status shows it)
-            self.journal.append("test_env", variables=dict(self.test_env))
+            self.journal.append(E.TestEnv(variables=dict(self.test_env)))
         if self.restart:
             r = self._rebuild_from_journal()
             self.store.set("ctl/generation", str(self.generation))
-            self.journal.append(
-                "coordinator_restarted", restart=self.restart, generation=self.generation,
+            self.journal.append(E.CoordinatorRestarted(
+                restart=self.restart, generation=self.generation,
                 job_state=self.job.state.value, recoverable_step=r.recoverable_step,
                 checkpoint_step=r.checkpoint_step, slots=len(self.slots),
                 dead=sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD),
                 recovery_interrupted=r.recovery is not None and r.recovery.get("phase") != "replay",
-                pending_faults=len(self.faults))
+                pending_faults=len(self.faults)))
         write_private_file(
             self.run_dir / P.COORDINATOR_FILE,
             _json({"host": self.host, "port": self.port, "operator_port": operator_port,
@@ -281,7 +281,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
                 self.request_stop(f"max_s={max_s} reached")
             if not busy:
                 time.sleep(0.01)
-        self.journal.append("coordinator_exit", job_state=self.job.state.value)
+        self.journal.append(E.CoordinatorExit(job_state=self.job.state.value))
         return self.job.state
 
     @property
@@ -318,9 +318,9 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         if self.recovery is not None:
             self.recovery.deadline += gap
         if gap >= 1.0:
-            self.journal.append("coordinator_paused", paused_s=round(gap, 3),
-                                reason="this process did not run (stopped or starved of CPU); the slots' "
-                                       "silence during it is not counted")
+            self.journal.append(E.CoordinatorPaused(paused_s=round(gap, 3),
+                                                    reason="this process did not run (stopped or starved of CPU); the slots' "
+                                                           "silence during it is not counted"))
 
     def _watched(self, now: float) -> dict[int, float]:
         """Live slot -> the time its silence counts from, for the slots whose heartbeats are judged now.
@@ -352,7 +352,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         _, secs = self.test_hold
         self.test_hold = None
         self._ring()
-        self.journal.append("test_hold", after=event, hold_s=secs)
+        self.journal.append(E.TestHold(after=event, hold_s=secs))
         time.sleep(secs)
 
     def _note_step(self, slot, step: int) -> None:
@@ -389,28 +389,27 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
             span = (self.generation, min(steps), max(steps)) if steps else None
             if span is not None and span != self._last_progress:
                 self._last_progress, self._last_progress_t = span, now
-                self.journal.append("progress", step=span[2], min_step=span[1], generation=self.generation)
+                self.journal.append(E.Progress(step=span[2], min_step=span[1], generation=self.generation))
         if now - self._last_summary >= self.t.summary_interval_s:
             self._last_summary = now
-            self.journal.append(
-                "heartbeat_summary", generation=self.generation, job_state=self.job.state.value,
+            self.journal.append(E.HeartbeatSummary(
+                generation=self.generation, job_state=self.job.state.value,
                 active=sorted(w for w, s in self.slots.items() if s.state in (SlotState.ACTIVE, SlotState.QUIESCED, SlotState.JOINING)),
                 standby=sorted(w for w, s in self.slots.items() if s.state is SlotState.STANDBY),
                 dead=sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD),
                 max_step=max((s.step for s in self.slots.values()), default=0), **self.counters,
-                heartbeat_age=self.heartbeat_ages.take(), cpu_s=round(time.process_time(), 3),
-            )
+                heartbeat_age=self.heartbeat_ages.take(), cpu_s=round(time.process_time(), 3)))
 
-    def _end(self, state: JobState, event: str, **fields: Any) -> None:
-        if state is not JobState.DONE and "message" not in fields:  # every early end names how to go on
-            fields["message"] = (f"{fields.get('reason') or event}. To continue: "
-                                 f"{continue_hint(str(self.run_dir), self.next_job)}")
+    def _end(self, state: JobState, event: E.JobEnd) -> None:
+        if state is not JobState.DONE and not event.message:  # every early end names how to go on
+            event = dataclasses.replace(event, message=(f"{event.reason or event.NAME}. To continue: "
+                                                        f"{continue_hint(str(self.run_dir), self.next_job)}"))
         if self.job.state not in TERMINAL_JOB_STATES:
-            self.job.to(state, event)
-        self.journal.append(event, **fields)
+            self.job.to(state, event.NAME)
+        self.journal.append(event)
         self._injects_at_end(state)
         self._drain_missed(f"the job ended ({state.value})")
-        reason = fields.get("message") or fields.get("reason") or event
+        reason = event.message or event.reason or event.NAME
         for w, s in sorted(self.slots.items()):
             if s.state in LIVE_SLOT_STATES:
                 self._send(w, {"type": "stop", "reason": str(reason), "job_state": state.value})

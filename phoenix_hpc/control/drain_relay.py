@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.control.classify import Action, Decision
 from phoenix_hpc.control.drains import (
     STEPS_AHEAD, PendingDrain, drain_refusal, drain_verdict, retry_step, target_nodes_of)
@@ -56,8 +57,8 @@ class DrainRelayMixin:
         self.drain = PendingDrain(rid, sorted(targets), members, at_step, body,
                                   deadline=self.clock() + confirm_within(body), target=dict(body["target"]))
         self._held_replies.add(str(body.get("reply_to")))
-        self.journal.append("drain_requested", request_id=rid, target=body.get("target"), targets=sorted(targets),
-                            nodes=sorted(nodes), at_step=at_step)
+        self.journal.append(E.DrainRequested(request_id=rid, target=body.get("target"), targets=sorted(targets),
+                                             nodes=sorted(nodes), at_step=at_step))
         self._send_drain_arm(self.drain)
 
     def _send_drain_arm(self, d: PendingDrain) -> None:
@@ -80,7 +81,7 @@ class DrainRelayMixin:
             self._undrain(d)
             d.at_step = retry_step(d)
             d.attempt += 1
-            self.journal.append("drain_rearmed", request_id=d.request_id, at_step=d.at_step, attempt=d.attempt)
+            self.journal.append(E.DrainRearmed(request_id=d.request_id, at_step=d.at_step, attempt=d.attempt))
             self._send_drain_arm(d)
         elif v == "refused":
             why = "; ".join(f"world rank {w}: {a.get('reason') or 'refused'}" for w, a in sorted(d.acks.items())
@@ -88,7 +89,7 @@ class DrainRelayMixin:
             self._refuse_drain(d, why)
         elif v == "armed":
             d.state = "armed"
-            self.journal.append("drain_armed", request_id=d.request_id, at_step=d.at_step, members=d.members)
+            self.journal.append(E.DrainArmed(request_id=d.request_id, at_step=d.at_step, members=d.members))
             self._release_reply(d, {"type": "accepted", "request_id": d.request_id, "targets": d.targets,
                                     "at_step": d.at_step})
 
@@ -108,8 +109,8 @@ class DrainRelayMixin:
         now = self.clock()
         d.state = "moving"
         nodes = sorted(target_nodes_of(self.slots, d.targets))
-        self.journal.append("drain_start", request_id=d.request_id, targets=d.targets, nodes=nodes,
-                            live_step=d.at_step - 1)
+        self.journal.append(E.DrainStart(request_id=d.request_id, targets=d.targets, nodes=nodes,
+                                         live_step=d.at_step - 1))
         self.drained |= set(d.targets)
         self.drained_nodes |= set(nodes)
         for w in d.targets:
@@ -129,12 +130,12 @@ class DrainRelayMixin:
             return
         d.state = "done"
         moved = [[j.replaces_world_rank, j.world_rank, j.logical_rank] for j in rec.plan.joins]
-        self.journal.append("drain_done", request_id=d.request_id, generation=rec.generation,
-                            steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
-                            moved=moved, total_s=round(now - rec.t_start, 3),
-                            **({"dp": rec.plan.grid[2], "freed": [w for w in rec.plan.leavers
-                                                                 if self.slots[w].state is SlotState.STANDBY]}
-                               if rec.plan.action == "shrink" else {}))
+        self.journal.append(E.DrainDone(request_id=d.request_id, generation=rec.generation,
+                                        steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
+                                        moved=moved, total_s=round(now - rec.t_start, 3),
+                                        **({"dp": rec.plan.grid[2], "freed": [w for w in rec.plan.leavers
+                                                                             if self.slots[w].state is SlotState.STANDBY]}
+                                           if rec.plan.action == "shrink" else {})))
 
     def _drain_missed(self, reason: str) -> None:
         """Something came first (a fault, a lost slot, the end of the job): a drain being confirmed is
@@ -148,8 +149,8 @@ class DrainRelayMixin:
             reason = f"the drain's hot swap was cut short, its slots are replaced by the next recovery ({reason})"
         d.state = "missed"
         self._undrain(d)
-        self.journal.append("drain_missed", request_id=d.request_id, at_step=d.at_step, targets=d.targets,
-                            reason=reason)
+        self.journal.append(E.DrainMissed(request_id=d.request_id, at_step=d.at_step, targets=d.targets,
+                                          reason=reason))
 
     def _undrain(self, d: PendingDrain) -> None:
         for w in d.members:
@@ -159,7 +160,7 @@ class DrainRelayMixin:
     def _refuse_drain(self, d: PendingDrain, reason: str) -> None:
         d.state = "refused"
         self._undrain(d)
-        self.journal.append("drain_refused", request_id=d.request_id, reason=reason, targets=d.targets)
+        self.journal.append(E.DrainRefused(request_id=d.request_id, reason=reason, targets=d.targets))
         self.counters["rejected"] += 1
         self._release_reply(d, {"type": "rejected", "reason": f"drain: {reason}"})
 

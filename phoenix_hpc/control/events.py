@@ -255,6 +255,10 @@ class HeartbeatSummary(Event):
     standby: Any = None
     dead: Any = None
     max_step: Any = None
+    accepted: Any = None  # the coordinator's message counters
+    rejected: Any = None
+    heartbeats: Any = None
+    heartbeat_messages: Any = None
     heartbeat_age: Any = None
     cpu_s: Any = None
 
@@ -483,6 +487,7 @@ class InjectForwarded(Event):
     targets: Any = None
     target: Any = None
     request_id: Any = None
+    shard_id: Any = OMIT  # corrupt-replica: the shard whose replica the target holds
 
 
 @_ev("inject_armed")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.control.classify import Fault, FaultKind, kind_from_exception
 from phoenix_hpc.control.records import PendingFault
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState
@@ -51,8 +52,8 @@ class HandlersMixin:
             # report of a new one is journalled with what it means for lost work
             self.protect_interval = m
             step = max((int(s) for s in dict(body.get("shards", {})).values()), default=None)
-            self.journal.append("protect_interval", interval=m, step=step, generation=self.generation,
-                                lost_steps_at_most=lost_steps_at_most(m))
+            self.journal.append(E.ProtectInterval(interval=m, step=step, generation=self.generation,
+                                                  lost_steps_at_most=lost_steps_at_most(m)))
         self._record_sent(slot, int(g), body.get("sent"), body)  # control/evidence.py
         self._commit_dirty = True  # the recoverable step is an O(ranks) scan: once per tick, not per message
 
@@ -88,12 +89,12 @@ class HandlersMixin:
             # generation's placement: `phoenix status` counts the verified replicas of every shard from them
             placed = {sid: sorted(h) for (sid, g), h in self._placements(before=self.generation + 1).items()
                       if g == self.generation}
-            self.journal.append("commit", recoverable_step=rs, protect_every=self.protect_interval,
-                                shards=len(self.committed),
-                                replicas=sum(len(v) for v in self.placement.values()), generation=self.generation,
-                                shard_steps={sid: {str(r): st for r, st in sorted(c.items())}
-                                             for sid, c in sorted(self.committed.items())},
-                                **({"placement": placed} if placed else {}))
+            self.journal.append(E.Commit(recoverable_step=rs, protect_every=self.protect_interval,
+                                         shards=len(self.committed),
+                                         replicas=sum(len(v) for v in self.placement.values()), generation=self.generation,
+                                         shard_steps={sid: {str(r): st for r, st in sorted(c.items())}
+                                                      for sid, c in sorted(self.committed.items())},
+                                         **({"placement": placed} if placed else {})))
 
     def _on_checkpoint(self, body: dict) -> None:
         slot = self._slot_of(body, "checkpoint")
@@ -102,7 +103,7 @@ class HandlersMixin:
         step = int(body["step"])
         if self.checkpoint_step is None or step > self.checkpoint_step:
             self.checkpoint_step = step
-            self.journal.append("checkpoint", step=step, path=body.get("path"), world_rank=slot.world_rank)
+            self.journal.append(E.Checkpoint(step=step, path=body.get("path"), world_rank=slot.world_rank))
 
     def _on_fault(self, body: dict) -> None:
         slot = self._slot_of(body, "fault")
@@ -116,11 +117,10 @@ class HandlersMixin:
         # external signal such as scancel's SIGTERM) or the job's end broke off: a consequence, no fault
         superseded = (g < self.generation or self.ending is not None or bool(self._stop_reason)
                       or self.job.state in TERMINAL_JOB_STATES or bool(body.get("signalled")))
-        self.journal.append(
-            "fault", world_rank=slot.world_rank, node=slot.node, generation=g, step=body.get("step"),
+        self.journal.append(E.Fault(
+            world_rank=slot.world_rank, node=slot.node, generation=g, step=body.get("step"),
             phase=body.get("phase"), kind=kind.value, exc_type=body.get("exc_type"),
-            message=str(body.get("message", ""))[:500], superseded=superseded,
-        )
+            message=str(body.get("message", ""))[:500], superseded=superseded))
         if superseded:
             return  # an error of an older generation's collectives: a consequence of a fault being handled
         self.faults.append(PendingFault(
@@ -145,9 +145,9 @@ class HandlersMixin:
             h = hashlib.sha256()
             for r in sorted(self.done):
                 h.update(self.done[r]["state_hash"].encode())
-            self._end(JobState.DONE, "job_done", final_hash=h.hexdigest(), step=max(steps), grid=list(self.grid),
-                      steps_agree=len(steps) == 1, generation=self.generation,
-                      rank_hashes=[self.done[r]["state_hash"] for r in sorted(self.done)])
+            self._end(JobState.DONE, E.JobDone(final_hash=h.hexdigest(), step=max(steps), grid=list(self.grid),
+                                steps_agree=len(steps) == 1, generation=self.generation,
+                                rank_hashes=[self.done[r]["state_hash"] for r in sorted(self.done)]))
 
     def _on_stop(self, body: dict) -> None:
         self._reply(body, {"type": "ok"})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.injects import PendingInject, confirm_within, unfired, verdict
 from phoenix_hpc.control.operator import REPLY_PREFIX as OPERATOR_REPLY_PREFIX
@@ -60,8 +61,8 @@ class InjectRelayMixin:
             msg["steps_ahead"] = ahead
         for w in targets:
             self._send(w, msg)
-        self.journal.append("inject_forwarded", kind=kind, phase=phase, at_step=at_step, targets=targets,
-                            target=body.get("target"), request_id=rid, **extra)
+        self.journal.append(E.InjectForwarded(kind=kind, phase=phase, at_step=at_step, targets=targets,
+                                              target=body.get("target"), request_id=rid, **extra))
 
     def _on_inject_ack(self, body: dict) -> None:
         """A target armed or refused an injection (or answered a ``disarm``)."""
@@ -76,8 +77,8 @@ class InjectRelayMixin:
         elif v == "armed":
             req.state = "armed"
             steps = req.armed_steps()
-            self.journal.append("inject_armed", request_id=req.request_id, armed_steps=sorted(steps.items()),
-                                started_steps=sorted((w, a.get("started_step")) for w, a in req.acks.items()))
+            self.journal.append(E.InjectArmed(request_id=req.request_id, armed_steps=sorted(steps.items()),
+                                              started_steps=sorted((w, a.get("started_step")) for w, a in req.acks.items())))
             self._release_reply(req, {"type": "accepted", "targets": req.targets, "request_id": req.request_id,
                                       "at_step": max(steps.values()), "armed_steps": sorted(steps.items())})
 
@@ -91,10 +92,10 @@ class InjectRelayMixin:
         req.fired.add(slot.world_rank)
         from phoenix_hpc.faults.trigger import landed_exactly
 
-        self.journal.append("inject_landed", request_id=req.request_id, world_rank=slot.world_rank,
-                            step=body.get("step"), phase=body.get("phase"), at_step=armed,
-                            exact=armed is not None and landed_exactly(body.get("step"), body.get("phase"),
-                                                                       armed, req.phase))
+        self.journal.append(E.InjectLanded(request_id=req.request_id, world_rank=slot.world_rank,
+                                           step=body.get("step"), phase=body.get("phase"), at_step=armed,
+                                           exact=armed is not None and landed_exactly(body.get("step"), body.get("phase"),
+                                                                                      armed, req.phase)))
 
     def _release_reply(self, req: PendingInject, reply: dict) -> None:
         self._held_replies.discard(str(req.request.get("reply_to")))
@@ -109,7 +110,7 @@ class InjectRelayMixin:
         for w in req.targets:  # also those yet to answer: their queue holds the inject, then this disarm
             if self.slots[w].state in LIVE_SLOT_STATES:
                 self._send(w, {"type": "disarm", "request_id": req.request_id})
-        self.journal.append("inject_refused", request_id=req.request_id, reason=reason, targets=req.targets)
+        self.journal.append(E.InjectRefused(request_id=req.request_id, reason=reason, targets=req.targets))
         self.counters["rejected"] += 1
         self._release_reply(req, {"type": "rejected", "reason": f"inject: {reason}"})
 
@@ -125,10 +126,10 @@ class InjectRelayMixin:
             elif req.state == "armed":
                 for w in unfired(req, self.run_dir, hit):
                     req.missed.add(w)
-                    self.journal.append("inject_missed", request_id=req.request_id, world_rank=w,
-                                        at_step=req.armed_steps().get(w),
-                                        reason=f"world rank {w} was lost before step {req.armed_steps().get(w)} "
-                                               f"({why})")
+                    self.journal.append(E.InjectMissed(request_id=req.request_id, world_rank=w,
+                                                       at_step=req.armed_steps().get(w),
+                                                       reason=f"world rank {w} was lost before step {req.armed_steps().get(w)} "
+                                                              f"({why})"))
 
     def _injects_tick(self, now: float) -> None:
         for req in list(self.injects.values()):
@@ -148,10 +149,10 @@ class InjectRelayMixin:
             elif req.state == "armed":
                 for w in unfired(req, self.run_dir):
                     req.missed.add(w)
-                    self.journal.append("inject_missed", request_id=req.request_id, world_rank=w,
-                                        at_step=req.armed_steps().get(w),
-                                        reason=f"the job ended ({state.value}) before step "
-                                               f"{req.armed_steps().get(w)}, phase {req.phase}")
+                    self.journal.append(E.InjectMissed(request_id=req.request_id, world_rank=w,
+                                                       at_step=req.armed_steps().get(w),
+                                                       reason=f"the job ended ({state.value}) before step "
+                                                              f"{req.armed_steps().get(w)}, phase {req.phase}"))
 
     def _resolve_target(self, target: Any) -> tuple[list[int], str]:
         live = {w: s for w, s in self.slots.items() if s.state in LIVE_SLOT_STATES}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.control.classify import Fault, FaultKind
 from phoenix_hpc.control.evidence import placement_inputs_problem
 from phoenix_hpc.control.records import PendingFault, Slot
@@ -113,17 +114,17 @@ class MembershipMixin:
         # the placement inputs go to the journal too: a restarted coordinator recomputes placements from them
         # group commit (control/journal.py): the record is written now and made durable with the rest of this
         # batch of messages by one fsync, and the answer goes out after that fsync (messaging._sync_and_answer)
-        self.journal.append_deferred("registered", world_rank=w, pid=pid, node=node, role=role,
-                                     logical_rank=logical, **({"placement_inputs": inputs} if inputs is not None else {}))
+        self.journal.append_deferred(E.Registered(world_rank=w, pid=pid, node=node, role=role,
+                                                  logical_rank=logical, **({"placement_inputs": inputs} if inputs is not None else {})))
         self._reply_after_sync(body, {"type": "registered", "generation": self.generation, "role": role,
                                       "logical_rank": logical})
         if self.grid and len(self.rank_map) == self.grid[0] * self.grid[1] * self.grid[2] \
                 and self.job.state is JobState.STARTING:
             self.job.to(JobState.RUNNING, "all active ranks registered")
             self.rank_maps[self.generation] = dict(self.rank_map)
-            self.journal.append("job_running", generation=self.generation, grid=list(self.grid),
-                                rank_map=sorted(self.rank_map.items()),
-                                standby=sorted(s.world_rank for s in self.slots.values() if s.role == "standby"))
+            self.journal.append(E.JobRunning(generation=self.generation, grid=list(self.grid),
+                                             rank_map=sorted(self.rank_map.items()),
+                                             standby=sorted(s.world_rank for s in self.slots.values() if s.role == "standby")))
 
     def _gen_ok(self, slot: Slot, g: Any, what: str, body: dict) -> bool:
         if g is None and slot.state in (SlotState.STANDBY, SlotState.JOINING):
@@ -198,7 +199,7 @@ class MembershipMixin:
         for w in worlds:
             self.slots[w].machine.to(SlotState.DEAD, reason)
         nodes = tuple(sorted({self.slots[w].node for w in worlds}))
-        self.journal.append("slots_dead", slots=worlds, nodes=list(nodes), kind=kind.value, reason=reason)
+        self.journal.append(E.SlotsDead(slots=worlds, nodes=list(nodes), kind=kind.value, reason=reason))
         self._injects_lost(worlds, reason)
         members = set(self.rank_map.values())
         if any(w in members for w in worlds):
@@ -207,7 +208,7 @@ class MembershipMixin:
             self._t_fault_hint = t_fault if self._t_fault_hint is None else min(self._t_fault_hint, t_fault)
         else:  # only standby slots died: the spare pool shrinks, training is not affected
             spares = sorted(w for w, s in self.slots.items() if s.state is SlotState.STANDBY)
-            self.journal.append("spare_lost", slots=worlds, spares_left=spares)
+            self.journal.append(E.SpareLost(slots=worlds, spares_left=spares))
         for w in worlds:  # journalled and queued first, as every instruction: a restart knows it was sent
             self._fence(w, f"this slot was declared dead ({kind.value}: {reason})")
 

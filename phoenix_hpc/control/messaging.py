@@ -11,6 +11,7 @@ malformed body is turned into a rejection, never a crash of the coordinator.
 
 from __future__ import annotations
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.operator import REPLY_PREFIX as OPERATOR_REPLY_PREFIX
 
@@ -122,9 +123,7 @@ class MessagingMixin:
         key = key or (reason,)
         if key not in self._rejected_once:  # journal each distinct rejection once (stale heartbeats repeat)
             self._rejected_once.add(key)
-            self.journal.append(
-                "rejected", reason=reason, message_type=(body or {}).get("type"),
-                world_rank=(body or {}).get("world_rank"),
-            )
+            self.journal.append(E.Rejected(reason=reason, message_type=(body or {}).get("type"),
+                                           world_rank=(body or {}).get("world_rank")))
         if body is not None and reply:
             self._reply(body, {"type": "rejected", "reason": reason})

@@ -7,6 +7,7 @@ handlers of ``stopping``, ``shard_written`` and ``signal`` (a slot that received
 
 from __future__ import annotations
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.control.ending import PlannedEnd, choose_step, continue_hint
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, SlotState
 
@@ -44,8 +45,8 @@ class PlannedEndMixin:
                 else "not every member is active"))
             return
         self.ending = PlannedEnd(self._stop_reason, self._stop_signal, members, now, now + self._round_timeout_s())
-        self.journal.append("stopping", reason=self._stop_reason, signal=self._stop_signal, members=sorted(members),
-                            generation=self.generation)
+        self.journal.append(E.Stopping(reason=self._stop_reason, signal=self._stop_signal, members=sorted(members),
+                                       generation=self.generation))
         for w in sorted(members):
             self._send(w, {"type": "stop", "reason": self._stop_reason, "checkpoint": True,
                            "generation": self.generation})
@@ -71,7 +72,7 @@ class PlannedEndMixin:
             return
         fails = end.failures()
         if fails:
-            self.journal.append("checkpoint_incomplete", step=end.step, reasons=fails)
+            self.journal.append(E.CheckpointIncomplete(step=end.step, reasons=fails))
             return self._end_stopped(self._newest_checkpoint(), f"final checkpoint of step {end.step} incomplete: "
                                      + "; ".join(fails))
         from phoenix_hpc.recovery.ckpt_files import mark_complete
@@ -85,9 +86,9 @@ class PlannedEndMixin:
 
         pruned = prune(self.t.checkpoint_path, self.t.checkpoint_keep)
         if pruned:
-            self.journal.append("checkpoints_pruned", steps=pruned, keep=self.t.checkpoint_keep)
-        self.journal.append("checkpoint", step=end.step, path=str(path), source="final", write_s=round(write_s, 3),
-                            total_s=round(now - end.t_start, 3), bytes=sum(f["bytes"] for f in files.values()))
+            self.journal.append(E.CheckpointsPruned(steps=pruned, keep=self.t.checkpoint_keep))
+        self.journal.append(E.Checkpoint(step=end.step, path=str(path), source="final", write_s=round(write_s, 3),
+                                         total_s=round(now - end.t_start, 3), bytes=sum(f["bytes"] for f in files.values())))
         self._end_stopped(end.step, f"final checkpoint of step {end.step} written")
 
     def _end_stopped(self, checkpoint_step: int | None, note: str) -> None:
@@ -95,9 +96,9 @@ class PlannedEndMixin:
         hint = continue_hint(str(self.run_dir), self.next_job)
         ck = (f"newest complete checkpoint: step {checkpoint_step} under {self.t.checkpoint_path}"
               if checkpoint_step is not None else "no complete checkpoint: resuming starts the training over")
-        self._end(JobState.STOPPED, "coordinator_stopped", reason=reason, signal=self._stop_signal,
-                  checkpoint_step=checkpoint_step, checkpoint_path=self.t.checkpoint_path, note=note,
-                  message=f"{reason}; {note}; {ck}. To continue: {hint}")
+        self._end(JobState.STOPPED, E.CoordinatorStopped(reason=reason, signal=self._stop_signal,
+                                       checkpoint_step=checkpoint_step, checkpoint_path=self.t.checkpoint_path, note=note,
+                                       message=f"{reason}; {note}; {ck}. To continue: {hint}"))
 
     # --- handlers --------------------------------------------------------------------------------------
     def _on_stopping(self, body: dict) -> None:
@@ -126,7 +127,7 @@ class PlannedEndMixin:
             return
         sig = str(body.get("signal", "TERM"))
         if self._stop_reason is None:
-            self.journal.append("signal", signal=sig, world_rank=slot.world_rank, node=slot.node)
+            self.journal.append(E.SignalSeen(signal=sig, world_rank=slot.world_rank, node=slot.node))
             self.request_stop(f"SIG{sig} delivered to the job's tasks (scancel, preemption or maintenance)", sig)
 
     def _exits_during_end(self, exits: list[tuple[int, int]]) -> None:

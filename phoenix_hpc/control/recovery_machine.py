@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import time
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
+from phoenix_hpc.control.arbitration import arbitrate, fault_time
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine
 from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.ending import continue_hint
@@ -49,8 +51,6 @@ from phoenix_hpc.recovery.invariants import report_from_json, verify_recovery
 from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, plan_checkpoint_restart, plan_recovery
 from phoenix_hpc.recovery.shrink import plan_shrink
 
-
-_COMM_KINDS = (FaultKind.COMM_ERROR, FaultKind.COLLECTIVE_TIMEOUT)
 
 
 class RecoveryMixin:
@@ -66,8 +66,8 @@ class RecoveryMixin:
                 sid, step, why = str(item[0]), int(item[1]), str(item[2])[:300]
             except (IndexError, TypeError, ValueError):
                 continue
-            self.journal.append("replica_rejected", generation=rec.generation, world_rank=slot.world_rank,
-                                logical_rank=slot.logical_rank, node=slot.node, shard_id=sid, step=step, reason=why)
+            self.journal.append(E.ReplicaRejected(generation=rec.generation, world_rank=slot.world_rank,
+                                                  logical_rank=slot.logical_rank, node=slot.node, shard_id=sid, step=step, reason=why))
 
     def _on_recovered(self, body: dict) -> None:
         self._phase_report(body, "recovered", "restore")
@@ -89,44 +89,33 @@ class RecoveryMixin:
         return slot
 
     def _decide(self, now: float) -> None:
-        # A collective error is transient only if every active slot proved alive after it was reported.
-        pend = list(self.faults)
-        active = [s for s in self.slots.values() if s.state in (SlotState.ACTIVE,)]
-        comm = [p for p in pend if p.fault.kind in _COMM_KINDS]
-        if comm and len(comm) == len(pend):
-            t_last = max(p.t for p in comm)
-            if not all(s.last_seen > t_last for s in active):
-                if now - t_last <= self.t.heartbeat_timeout_s:
-                    return  # wait for fresh heartbeats or for detect() to declare the silent ones dead
-            else:
-                pend = [PendingFault(Fault(p.fault.kind, p.fault.slots, p.fault.nodes, True, p.fault.detail), p.t)
-                        for p in pend]
+        """Carry out :func:`phoenix_hpc.control.arbitration.arbitrate` on the queued faults: fence, journal
+        ``decision``, then end the job or start the recovery."""
+        members = set(self.rank_map.values())
+        arb = arbitrate(list(self.faults), [s.last_seen for s in self.slots.values() if s.state is SlotState.ACTIVE],
+                        dead_members=any(self.slots[w].state is SlotState.DEAD for w in members),
+                        restore_pending=bool(self.restore_pending), members=members, now=now,
+                        heartbeat_timeout_s=self.t.heartbeat_timeout_s)
+        if arb is None:
+            return  # wait for fresh heartbeats or for detect() to declare the silent ones dead
         self.faults.clear()
-        faults = [p.fault for p in pend]
-        decision = combine(faults)
-        dead_now = sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD and
-                          (w in self.rank_map.values()))
-        if decision.action is Action.HOT_SWAP and not dead_now and not self.restore_pending:
-            # e.g. a reported hardware error on a live slot: fence the slot, then replace it. Only the slots
-            # a replacement fault names: a peer that reported the collective error it caused stays a member
-            for f in faults:
-                if f.kind in _COMM_KINDS:
-                    continue
-                self._declare_dead([w for w in f.slots if w in self.rank_map.values()], f.kind, f.detail, now)
+        decision, faults = arb.decision, list(arb.faults)
+        if arb.fence:  # e.g. a reported hardware error on a live slot: fence the slot, then replace it
+            for f in arb.fence:
+                self._declare_dead(list(f.slots), f.kind, f.reason, now)
             self.faults.clear()
-        self.journal.append("decision", action=decision.action.value, reason=decision.reason,
-                            faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes)} for f in faults])
+        self.journal.append(E.Decision(action=decision.action.value, reason=decision.reason,
+                                       faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes)} for f in faults]))
         if self.t.in_job_restart:  # checkpoint-restart in the job: the batch script starts a new srun step
-            reporters = {w for f in faults if f.kind in _COMM_KINDS for w in f.slots}
-            return self._request_in_job_restart(decision.reason, reporters)
+            return self._request_in_job_restart(decision.reason, set(arb.reporters))
         if decision.action is Action.CLEAN_STOP:
             ck = self._newest_checkpoint()
-            self._end(JobState.FAILED, "clean_stop", reason=decision.reason, checkpoint_step=ck,
-                      message="stopped without training on; " + (
-                          f"to continue from the persistent checkpoint of step {ck}: {continue_hint(str(self.run_dir), self.next_job)}"
-                          if ck is not None else "no persistent checkpoint yet: submit the config again"))
+            self._end(JobState.FAILED, E.CleanStop(reason=decision.reason, checkpoint_step=ck,
+                                  message="stopped without training on; " + (
+                                      f"to continue from the persistent checkpoint of step {ck}: {continue_hint(str(self.run_dir), self.next_job)}"
+                                      if ck is not None else "no persistent checkpoint yet: submit the config again")))
             return
-        t_fault = min([self._t_fault_hint if self._t_fault_hint is not None else now] + [p.t for p in pend])
+        t_fault = fault_time(arb.arrived, self._t_fault_hint, now)  # the hint as the fencing left it
         self._t_fault_hint = None
         self._start_recovery(decision, faults, t_fault, now)
 
@@ -142,10 +131,10 @@ class RecoveryMixin:
         dead_nodes = sorted({s.node for w, s in self.slots.items() if s.state is SlotState.DEAD and w not in reporters})
         ck = self._newest_checkpoint()
         write_restart_request(self.run_dir, dead_nodes, ck, reason)
-        self.journal.append("restart_in_job", dead_nodes=dead_nodes, checkpoint_step=ck, reason=reason)
-        self._end(JobState.FAILED, "in_job_restart", reason=reason, checkpoint_step=ck,
-                  message=f"{reason}; restarting in the job from the persistent checkpoint of step {ck} "
-                          f"without the node(s) {dead_nodes}")
+        self.journal.append(E.RestartInJob(dead_nodes=dead_nodes, checkpoint_step=ck, reason=reason))
+        self._end(JobState.FAILED, E.InJobRestart(reason=reason, checkpoint_step=ck,
+                                 message=f"{reason}; restarting in the job from the persistent checkpoint of step {ck} "
+                                         f"without the node(s) {dead_nodes}"))
         self._end_at = self.clock()  # no linger: the batch script ends this step's tasks at once
 
     def _start_recovery(self, decision: Decision, faults: list[Fault], t_fault: float, now: float,
@@ -166,9 +155,9 @@ class RecoveryMixin:
         members = set(self.rank_map.values())
         dead = sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD
                       and (w in members or s.logical_rank is None))
-        self.journal.append("recovery_start", generation=self.generation, action=decision.action.value,
-                            survivors=sorted(survivors), dead=dead, detect_s=round(now - t_fault, 3),
-                            **({"drain": drain.request_id, "drained": list(drain.targets)} if drain else {}))
+        self.journal.append(E.RecoveryStart(generation=self.generation, action=decision.action.value,
+                                            survivors=sorted(survivors), dead=dead, detect_s=round(now - t_fault, 3),
+                                            **({"drain": drain.request_id, "drained": list(drain.targets)} if drain else {})))
         raw = P.encode({"type": "quiesce", "generation": self.generation, "dead": dead, "reason": decision.reason},
                        self.secret)  # one signed message for every survivor (each slot's replay guard is its own)
         for w in sorted(survivors):
@@ -176,11 +165,11 @@ class RecoveryMixin:
             if s.state is SlotState.ACTIVE:
                 s.machine.to(SlotState.QUIESCED, f"recovery to generation {self.generation}")
             self._send_encoded(w, raw)
-        self._hold_after("recovery_start")
+        self._hold_after(E.RecoveryStart.NAME)
 
     def _abort_recovery(self, reason: str, now: float) -> None:
         rec = self.recovery
-        self.journal.append("recovery_aborted", generation=rec.generation, phase=rec.phase, reason=reason)
+        self.journal.append(E.RecoveryAborted(generation=rec.generation, phase=rec.phase, reason=reason))
         if rec.plan is not None and rec.phase == "restore":
             self.restore_pending |= {j.logical_rank for j in rec.plan.joins if self.slots[j.world_rank].state is not SlotState.DEAD}
         self.recovery = None
@@ -197,11 +186,11 @@ class RecoveryMixin:
         faults = [p.fault for p in pend]
         decision = combine(faults)
         if decision.action is Action.CLEAN_STOP:
-            self.journal.append("decision", action=decision.action.value, reason=decision.reason)
-            self._end(JobState.FAILED, "clean_stop", reason=decision.reason)
+            self.journal.append(E.Decision(action=decision.action.value, reason=decision.reason))
+            self._end(JobState.FAILED, E.CleanStop(reason=decision.reason))
             return
-        self.journal.append("decision", action="hot_swap", reason=f"second fault during recovery: {decision.reason}",
-                            faults=[{"kind": f.kind.value, "slots": list(f.slots)} for f in faults])
+        self.journal.append(E.Decision(action="hot_swap", reason=f"second fault during recovery: {decision.reason}",
+                                       faults=[{"kind": f.kind.value, "slots": list(f.slots)} for f in faults]))
         self._start_recovery(Decision(Action.HOT_SWAP, decision.reason), faults, t_fault, now)
 
     def _advance_recovery(self, now: float) -> None:
@@ -366,8 +355,9 @@ class RecoveryMixin:
                 s.machine.to(SlotState.JOINING, f"replaces world rank {j.replaces_world_rank}")
                 s.logical_rank = j.logical_rank
                 s.role = "active"
-        self.journal.append("recovery_plan", generation=rec.generation, **{k: v for k, v in plan.to_json().items()
-                                                                           if k not in ("generation", "old_generation")})
+        self.journal.append(E.RecoveryPlanned.from_record(
+            {"generation": rec.generation,
+             **{k: v for k, v in plan.to_json().items() if k not in ("generation", "old_generation")}}))
         t0 = time.perf_counter()
         plan_json = {**plan.to_json(), "generation": rec.generation}
         # The plan grows with the job (its rank map names every member): it is stored once under its own key
@@ -376,8 +366,8 @@ class RecoveryMixin:
         raw = P.encode(P.plan_reference(self.store, rec.generation, plan_json, self.secret), self.secret)
         for w in [w for _, w in plan.rank_map] + list(plan.leavers):  # a shrink's leavers send before they go
             self._send_encoded(w, raw)
-        self.journal.append("recovery_plan_sent", generation=rec.generation, members=len(plan.rank_map),
-                            plan_s=round(plan_s, 4), send_s=round(time.perf_counter() - t0, 4))
+        self.journal.append(E.RecoveryPlanSent(generation=rec.generation, members=len(plan.rank_map),
+                                               plan_s=round(plan_s, 4), send_s=round(time.perf_counter() - t0, 4)))
 
     def _check_and_resume(self, rec: Recovery, now: float) -> None:
         plan = rec.plan
@@ -390,11 +380,11 @@ class RecoveryMixin:
         why, bad = verify_recovery(self._expected(rec), reports, plan.invariants)
         rejected += why
         if rejected:
-            self.journal.append("evidence_rejected", generation=rec.generation, reasons=rejected)
+            self.journal.append(E.EvidenceRejected(generation=rec.generation, reasons=rejected))
         if bad:
-            self.journal.append("invariant_violation", generation=rec.generation, violations=[str(v) for v in bad],
-                                rejected=rejected)
-            self._end(JobState.FAILED, "clean_stop", reason="recovery invariant violated: " + "; ".join(map(str, bad)))
+            self.journal.append(E.InvariantViolation(generation=rec.generation, violations=[str(v) for v in bad],
+                                                     rejected=rejected))
+            self._end(JobState.FAILED, E.CleanStop(reason="recovery invariant violated: " + "; ".join(map(str, bad))))
             return
         for w, rep in reports.items():  # the new generation's owners: where their replicas go from now on
             sent = rec.recovered[w]["report"].get("sent") if isinstance(rec.recovered[w]["report"], dict) else None
@@ -417,16 +407,16 @@ class RecoveryMixin:
                     s.logical_rank, s.role = None, "standby"
                     freed.append(w)
             tp, pp, dp = plan.grid
-            self.journal.append("shrink", generation=rec.generation, dp_from=plan.old_grid[2], dp_to=dp,
-                                grid={"tp": tp, "pp": pp, "dp": dp}, recoverable_step=plan.recoverable_step,
-                                freed=freed, lost=list(plan.lost),
-                                **({"drain": rec.drain.request_id} if rec.drain is not None else {}))
+            self.journal.append(E.Shrink(generation=rec.generation, dp_from=plan.old_grid[2], dp_to=dp,
+                                         grid={"tp": tp, "pp": pp, "dp": dp}, recoverable_step=plan.recoverable_step,
+                                         freed=freed, lost=list(plan.lost),
+                                         **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
         rec.t_restored = now
         rec.phase = "replay"
         rec.target_step = plan.recoverable_step + plan.steps_replayed
         self.job.to(JobState.RUNNING, f"generation {rec.generation} restored")
-        self.journal.append("recovery_restored", generation=rec.generation, recoverable_step=plan.recoverable_step,
-                            invariants=list(plan.invariants), restore_s=round(now - rec.t_start, 3))
+        self.journal.append(E.RecoveryRestored(generation=rec.generation, recoverable_step=plan.recoverable_step,
+                                               invariants=list(plan.invariants), restore_s=round(now - rec.t_start, 3)))
         for _, w in plan.rank_map:
             self._send(w, {"type": "resume", "generation": rec.generation, "step": plan.recoverable_step})
 
@@ -436,11 +426,11 @@ class RecoveryMixin:
                   "params": round(rec.phases.get("params", 0.0), 3),
                   "optimizer": round(rec.phases.get("optimizer", 0.0), 3),
                   "replay": round(now - rec.t_restored, 3)}
-        self.journal.append("recovery_done", generation=rec.generation, action=rec.plan.action,
-                            total_s=round(now - rec.t_fault, 3), phases=phases,
-                            steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
-                            replay_interrupted=interrupted,
-                            **({"drain": rec.drain.request_id} if rec.drain is not None else {}))
+        self.journal.append(E.RecoveryDone(generation=rec.generation, action=rec.plan.action,
+                                           total_s=round(now - rec.t_fault, 3), phases=phases,
+                                           steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
+                                           replay_interrupted=interrupted,
+                                           **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
         self._drain_finished(rec, now)
         self.recovery = None
 
@@ -475,14 +465,14 @@ class RecoveryMixin:
                 exc = FallbackRequired(exc.reason if exc2.reason in exc.reason else f"{exc.reason}; and {exc2.reason}",
                                        exc.lost_shards)
             else:
-                self.journal.append("decision", action="checkpoint_restart", reason=exc.reason, checkpoint_step=ck,
-                                    lost_steps=lost)
-                self.journal.append("checkpoint_restart", generation=rec.generation, reason=exc.reason,
-                                    lost_shards=list(exc.lost_shards), checkpoint_step=ck, lost_steps=lost,
-                                    checkpoint_path=self.t.checkpoint_path)
+                self.journal.append(E.Decision(action="checkpoint_restart", reason=exc.reason, checkpoint_step=ck,
+                                               lost_steps=lost))
+                self.journal.append(E.CheckpointRestart(generation=rec.generation, reason=exc.reason,
+                                                        lost_shards=list(exc.lost_shards), checkpoint_step=ck, lost_steps=lost,
+                                                        checkpoint_path=self.t.checkpoint_path))
                 return self._send_plan(rec, plan, now, time.perf_counter() - t0)
-        self.journal.append("decision", action="fallback", reason=exc.reason, lost_shards=list(exc.lost_shards),
-                            checkpoint_step=ck, lost_steps=lost)
+        self.journal.append(E.Decision(action="fallback", reason=exc.reason, lost_shards=list(exc.lost_shards),
+                                       checkpoint_step=ck, lost_steps=lost))
         self.recovery = None
         self.job.to(JobState.FALLBACK, exc.reason)
         if ck is not None:
@@ -492,5 +482,5 @@ class RecoveryMixin:
         else:
             msg = (f"recovery from memory impossible: {exc.reason}. The job stops. No persistent checkpoint was written yet "
                    "(resilience.checkpoint.interval_steps): resubmitting starts the training over")
-        self._end(JobState.FAILED, "fallback", reason=exc.reason, message=msg, checkpoint_step=ck,
-                  lost_steps=lost, checkpoint_path=self.t.checkpoint_path)
+        self._end(JobState.FAILED, E.Fallback(reason=exc.reason, message=msg, checkpoint_step=ck,
+                             lost_steps=lost, checkpoint_path=self.t.checkpoint_path))

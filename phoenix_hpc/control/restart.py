@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.control.classify import Fault, FaultKind
 from phoenix_hpc.control.journal import iter_journal
 from phoenix_hpc.control.records import PendingFault, Slot
@@ -84,7 +85,7 @@ class RestartMixin:
         why = rejoin_verdict(rec, pid, str(body.get("role")), body.get("logical_rank"), rj.get("generation"),
                              self.generation)
         if why is not None:
-            self.journal.append("rejoin_refused", world_rank=w, pid=pid, reason=why)
+            self.journal.append(E.RejoinRefused(world_rank=w, pid=pid, reason=why))
             return self._reply(body, {"type": "rejected", "reason": f"rejoin of world rank {w} refused: {why}"})
         step = int(rj.get("step") or 0)
         slot.step = max(slot.step, step)
@@ -94,8 +95,8 @@ class RestartMixin:
         first = w not in self._rejoined
         self._rejoined.add(w)
         # group commit, as for a registration (membership.py): one fsync per batch of rejoining slots
-        self.journal.append_deferred("rejoined", world_rank=w, pid=pid, node=slot.node, role=str(body.get("role")),
-                                     generation=rj.get("generation"), step=step, again=not first,
-                                     buffered=int(rj.get("buffered") or 0), dropped=int(rj.get("dropped") or 0))
+        self.journal.append_deferred(E.Rejoined(world_rank=w, pid=pid, node=slot.node, role=str(body.get("role")),
+                                                generation=rj.get("generation"), step=step, again=not first,
+                                                buffered=int(rj.get("buffered") or 0), dropped=int(rj.get("dropped") or 0)))
         self._reply_after_sync(body, {"type": "registered", "generation": self.generation, "role": slot.role,
                                       "logical_rank": slot.logical_rank})
