@@ -88,6 +88,7 @@ from typing import Any, Callable
 from phoenix_hpc.errors import ConfigError, RecoveryError, ReplicationError
 from phoenix_hpc.launch.interrupt import ComputeInterrupt
 from phoenix_hpc.launch.transfers import run as run_transfers
+from phoenix_hpc.recovery.plan import RecoveryPlan
 
 COMM_TAG_BASE = 7000  # Create_group tag of generation g: COMM_TAG_BASE + g
 
@@ -258,22 +259,6 @@ def fired_notice(client, run_dir, world_rank: int) -> Callable[[Any, int, str], 
             pass
 
     return notify
-
-
-def replay_target(plan: dict[str, Any]) -> tuple[int, int] | None:
-    """``(generation, step)`` a member of ``plan`` reports reaching at once (:meth:`Member._report_replayed`):
-    the recoverable step plus the steps the plan replays; None when it replays none (the recovery ends at
-    the resume). Pure."""
-    return (int(plan["generation"]), recovery_step(plan) - 1) if int(plan.get("steps_replayed", 0)) > 0 else None
-
-
-def recovery_step(plan: dict[str, Any]) -> int:
-    """The step a fault armed for a phase of a recovery (``recovery``, ``restore``) is judged at for ``plan``:
-    the iteration the job was in when the recovery began (the recoverable step plus the steps the plan
-    replays, plus one), the same for every member, a joining spare included. An injection armed for step
-    ``S`` then lands in the first recovery that begins in iteration ``S`` or later
-    (:func:`phoenix_hpc.faults.trigger.is_due`), not only in one whose recoverable step reaches ``S``. Pure."""
-    return int(plan["recoverable_step"]) + int(plan.get("steps_replayed", 0)) + 1
 
 
 class Member:
@@ -571,8 +556,8 @@ class Member:
         self._mark_gc()
         # an injection armed on this standby slot for phase "recovery" lands here, before it reaches the new
         # generation (a spare lost while it joins); a fault it raises is reported as the plan's generation's
-        self.env.progress.set(generation=int(plan["generation"]))
-        self.trigger.check(recovery_step(plan), "recovery")
+        self.env.progress.set(generation=plan.generation)
+        self.trigger.check(plan.recovery_step(), "recovery")
         while True:
             quiesce, cut = None, None
             try:
@@ -622,7 +607,7 @@ class Member:
         return held, rolled, done
 
     def _answer_replan(self, ri: RestoreInterrupted, live: int, shards: dict, replicas: dict, dirty: bool,
-                       rejected: list | None = None, numel: dict | None = None) -> dict[str, Any]:
+                       rejected: list | None = None, numel: dict | None = None) -> RecoveryPlan:
         """Answer the newer quiesce of ``ri`` (and any later one) with what this member offers, then return
         the plan that comes (``recover`` body's ``plan``)."""
         g = int(ri.msg["generation"])
@@ -635,7 +620,7 @@ class Member:
                 if int(msg.get("generation", -1)) >= g:
                     break  # an older one (already superseded) is not answered
             if msg["type"] == "recover":
-                return msg["plan"]
+                return RecoveryPlan.from_json(msg["plan"])
             g = int(msg["generation"])
 
     def _mark_gc(self) -> None:
@@ -987,7 +972,7 @@ class Member:
             g = int(msg["generation"])
             self.env.client.report_quiesced(g, int(self.engine.step), shards, replicas, dirty, rejected=rejected,
                                             numel=numel)
-        plan = msg["plan"]
+        plan = RecoveryPlan.from_json(msg["plan"])
         while True:
             try:
                 return self._apply_plan(plan, dirty=dirty, live=live, detail=quiesced)
@@ -1004,32 +989,32 @@ class Member:
             plan = self._answer_replan(cut, live, shards, replicas, dirty, rejected, numel)
             cut = None
 
-    def _apply_plan(self, plan: dict[str, Any], dirty: bool, live: int | None = None,
+    def _apply_plan(self, plan: RecoveryPlan, dirty: bool, live: int | None = None,
                     detail: dict[str, float] | None = None) -> RecoveryRecord:
         """``detail``: what the recovery reports already (a survivor's ``leave`` and ``quiesce``)."""
-        self._replay_until = replay_target(plan)  # the coordinator hears the step past them at once
-        if plan.get("action") == "shrink":
+        self._replay_until = plan.replay_target()  # the coordinator hears the step past them at once
+        if plan.shrink:
             from phoenix_hpc.launch.shrink import apply_shrink
 
             return apply_shrink(self, plan, dirty, live, detail)
         e = self.env
-        if plan.get("grid"):  # the grid of the plan's generation (a joining spare after a shrink: a smaller one)
-            from phoenix_hpc.launch.groups import Grid
+        from phoenix_hpc.launch.groups import Grid
 
-            e.grid = Grid.of(plan["grid"])
-        g = int(plan["generation"])
-        rank_map = {int(r): int(w) for r, w in plan["rank_map"]}
-        R = int(plan["recoverable_step"])
-        mine = [r for r, w in rank_map.items() if w == e.world_rank]
-        if len(mine) != 1:
-            raise RecoveryError(f"world rank {e.world_rank} is not a member of generation {g}'s rank map {plan['rank_map']}")
-        if self.logical is not None and mine[0] != self.logical:
-            raise RecoveryError(f"plan moves world rank {e.world_rank} from logical rank {self.logical} to {mine[0]}")
-        self.generation, self.rank_map, self.logical = g, rank_map, mine[0]
+        e.grid = Grid(*plan.grid)  # the grid of the plan's generation (a joining spare after a shrink: a smaller one)
+        g = plan.generation
+        rank_map = plan.world_of()
+        R = plan.recoverable_step
+        mine = plan.member_of(e.world_rank)
+        if mine is None:
+            raise RecoveryError(f"world rank {e.world_rank} is not a member of generation {g}'s rank map "
+                                f"{[list(x) for x in plan.rank_map]}")
+        if self.logical is not None and mine != self.logical:
+            raise RecoveryError(f"plan moves world rank {e.world_rank} from logical rank {self.logical} to {mine}")
+        self.generation, self.rank_map, self.logical = g, rank_map, mine
         # heartbeats of generation g say R from now on, not the live step this member quiesced at: a node's
         # heartbeat arriving after the resume must not put it past the steps it is about to replay
         e.progress.set(generation=g, step=R)
-        from_checkpoint = plan.get("action") == "checkpoint_restart"
+        from_checkpoint = plan.from_checkpoint
         rebuild = self.recovery_path == "rebuild"
         rolled = False
         held: tuple[dict, dict, dict] | None = None
@@ -1042,7 +1027,7 @@ class Member:
         try:
             detail.update(self._setup_groups())
             # every member arrived and built its groups: an injection for phase "restore" lands here
-            self.land_restore(recovery_step(plan))
+            self.land_restore(plan.recovery_step())
         except RestoreInterrupted:
             if held is not None:  # the engine is gone: the next plan loads this copy
                 self._held_copy = (R, held, rolled, done)
@@ -1084,7 +1069,7 @@ class Member:
             detail["checkpoint_load"] = time.perf_counter() - t3
             t_params, t_opt = 0.0, detail["checkpoint_load"]
         else:  # 5: the engine work runs while this member's buffers go, when none of them needs the engine
-            restored = run_transfers(self, plan.get("transfers", []), R, during=engine_work,
+            restored = run_transfers(self, plan.transfers, R, during=engine_work,
                                      check=self._restore_check("transfers"))
             t_params, t_opt = restored.params_s, restored.optimizer_s
             detail.update({f"wire.{k}": v for k, v in restored.wire.items()})
@@ -1095,7 +1080,7 @@ class Member:
 
         return self._report_and_resume(g, rank_map, R, live, dirty, rolled, detail, self.recovery_path,
                                        t_reconf=t_reconf, t_params=t_params, t_opt=t_opt + t_rollback,
-                                       at_step=recovery_step(plan))
+                                       at_step=plan.recovery_step())
 
     def _report_and_resume(self, g: int, rank_map: dict[int, int], R: int, live: int | None, dirty: bool,
                            rolled: bool, detail: dict[str, float], path: str, *, t_reconf: float, t_params: float,
@@ -1281,7 +1266,7 @@ def warm_up(cfg) -> None:
         open_indexed_dataset(prefix)
 
 
-def wait_for_join(client, wait_s: float | None = None) -> dict[str, Any] | None:
+def wait_for_join(client, wait_s: float | None = None) -> RecoveryPlan | None:
     """Standby: wait for a ``recover`` instruction naming this slot in its joins. Returns the plan, or None
     when the coordinator says ``stop`` (or, with ``wait_s``, nothing came in time). Waits only inside
     ``client.wait_instruction`` (on the doorbell), so a plan is taken as soon as it is rung, never after a
@@ -1300,8 +1285,8 @@ def wait_for_join(client, wait_s: float | None = None) -> dict[str, Any] | None:
                 if msg.get("job_state") == "fenced":
                     raise StopRequested(msg)
                 return None
-            plan = msg.get("plan") or {}
-            if any(int(j["world_rank"]) == client.world_rank for j in plan.get("joins", [])):
+            plan = RecoveryPlan.from_json(msg.get("plan") or {})
+            if any(j.world_rank == client.world_rank for j in plan.joins):
                 return plan
         if deadline is not None and time.monotonic() >= deadline:
             return None

@@ -22,9 +22,9 @@ the earliest unfinished one always has both its ends waiting for it.
 from __future__ import annotations
 
 import time
-from typing import Any
-
 from phoenix_hpc.errors import RecoveryError
+from phoenix_hpc.launch.transfers import mine
+from phoenix_hpc.recovery.plan import RecoveryPlan
 
 EXCHANGE_TAG_BASE = 17000  # Create_group tags of the exchange communicators (generation g: base + g)
 
@@ -59,7 +59,7 @@ def _recv(member, comm, sid: str, peer: int, step: int) -> dict:
     return dict(u.tensors)
 
 
-def _exchange(member, plan: dict, comm_order: list[int], own_sid: str, own_opt: dict, step: int) -> dict:
+def _exchange(member, plan: RecoveryPlan, comm_order: list[int], own_sid: str, own_opt: dict, step: int) -> dict:
     """This slot's ``reshard`` transfers, in plan order, over the exchange communicator (members in logical
     order, then leavers; collective over them only); returns the received slices' tensors by name. The
     generation's own communicator has the members only: its collectives (the protector's) never wait for a
@@ -70,19 +70,15 @@ def _exchange(member, plan: dict, comm_order: list[int], own_sid: str, own_opt: 
     comm = make_comm(member.env.world_comm, comm_order, member.generation, tag_base=EXCHANGE_TAG_BASE)
     crank = {w: i for i, w in enumerate(comm_order)}
     got: dict = {}
-    for t in plan.get("transfers", []):
-        if t["kind"] != "reshard" or me not in (t["sender"], t["receiver"]):
-            continue
-        if int(t["step"]) != step:
-            raise RecoveryError(f"transfer {t} is for step {t['step']}, the recoverable step is {step}")
-        if t["sender"] == me:
-            _send(member, comm, str(t["shard_id"]), own_sid, own_opt, crank[int(t["receiver"])], step)
+    for t in mine([t for t in plan.transfers if t.kind == "reshard"], me, step, kinds=("reshard",)):
+        if t.sender_world == me:
+            _send(member, comm, t.shard_id, own_sid, own_opt, crank[t.receiver_world], step)
         else:
-            got.update(_recv(member, comm, str(t["shard_id"]), crank[int(t["sender"])], step))
+            got.update(_recv(member, comm, t.shard_id, crank[t.sender_world], step))
     return got  # the exchange communicator is dropped, not freed (a peer may have died: MPI_Comm_free is collective)
 
 
-def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
+def apply_shrink(member, plan: RecoveryPlan, dirty: bool, live: int | None,
                  detail: dict[str, float] | None = None):
     """Carry out ``plan`` (``action == "shrink"``) on ``member`` (a :class:`phoenix_hpc.launch.execute.Member`).
 
@@ -94,20 +90,19 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
         RecoveryError: the slot is neither a member nor a leaver, a transfer is malformed, or a copy is missing.
         EngineError: the received slices do not cover the new slice exactly once.
     """
-    from phoenix_hpc.launch.execute import CUT_AT, LeftToStandby, RestoreInterrupted, recovery_step
+    from phoenix_hpc.launch.execute import CUT_AT, LeftToStandby, RestoreInterrupted
     from phoenix_hpc.launch.groups import Grid
     from phoenix_hpc.runtime.snapshot import OPT, unpack
 
     e = member.env
-    g = int(plan["generation"])
-    R = int(plan["recoverable_step"])
-    sh = plan["shrink"]
-    rank_map = {int(r): int(w) for r, w in plan["rank_map"]}
-    leavers = [int(w) for w in sh["leavers"]]
+    g = plan.generation
+    R = plan.recoverable_step
+    rank_map = plan.world_of()
+    leavers = list(plan.leavers)
     comm_order = [rank_map[r] for r in range(len(rank_map))] + leavers
     leaving = e.world_rank in leavers
-    mine = [r for r, w in rank_map.items() if w == e.world_rank]
-    if not leaving and len(mine) != 1:
+    me = plan.member_of(e.world_rank)
+    if not leaving and me is None:
         raise RecoveryError(f"world rank {e.world_rank} is neither a member nor a leaver of generation {g}'s shrink")
     detail = dict(detail or {})  # a survivor's leave and quiesce (Member.recover)
     t0 = time.perf_counter()
@@ -132,14 +127,14 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
         member.watchdog.close()  # the spare it becomes waits on the client itself, then joins as a new member
         e.client.started_step = 0  # as every spare: no step started, a fault for a recovery phase arms at any step
         e.log(f"[phoenix] world rank {e.world_rank}: DP replica removed by the shrink to generation {g} "
-              f"(dp {sh['old_grid']['dp']} -> {plan['grid']['dp']}); back to standby")
+              f"(dp {plan.old_grid[2]} -> {plan.grid[2]}); back to standby")
         raise LeftToStandby(f"world rank {e.world_rank} left its DP replica in the shrink to generation {g}")
 
-    member.rank_map, member.logical = rank_map, mine[0]
-    e.grid = Grid.of(plan["grid"])
+    member.rank_map, member.logical = rank_map, me
+    e.grid = Grid(*plan.grid)
     try:
         detail.update(member._setup_groups())
-        member.land_restore(recovery_step(plan))  # an injection for phase "restore" (not answered here)
+        member.land_restore(plan.recovery_step())  # an injection for phase "restore" (not answered here)
     except RestoreInterrupted as ri:  # the engine has ended and the old grid's copies are no plan's source
         raise RecoveryError(f"world rank {e.world_rank}: the shrink to generation {g} was re-planned as generation "
                             f"{ri.msg.get('generation')} while {CUT_AT[ri.at].format(g=g)}; a cut-short shrink is "
@@ -150,8 +145,8 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
     t_reconf = time.perf_counter() - t0
     t2 = time.perf_counter()
     old = _exchange(member, plan, comm_order, own_sid, own_opt, R)
-    needs = {int(w): list(sids) for w, sids in sh["needs"]}.get(e.world_rank, [])
-    sources = {str(sid): int(w) for sid, w in sh["sources"]}
+    needs = dict(plan.needs).get(e.world_rank, ())
+    sources = dict(plan.sources)
     for sid in needs:  # what this slot is the source of itself: its own slice, or a replica it holds
         if sid == own_sid:
             old.update(own_opt)
@@ -159,7 +154,7 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
             old.update(unpack(member._held_buffer(sid, R), (OPT,)).tensors)  # verified as it is unpacked
     eng = member.engine
     eng.load_param_shard(own_par)
-    eng.load_resharded_optimizer(old, int(sh["old_grid"]["dp"]))
+    eng.load_resharded_optimizer(old, plan.old_grid[2])
     c = member.coord  # the envelope of S(R) at the member's new coordinate and grid (nothing else changes)
     eng.load_envelope({**envelope, "coord": {"pp": c.pp, "dp": c.dp, "tp": c.tp},
                        "grid": {"tp": e.grid.tp, "pp": e.grid.pp, "dp": e.grid.dp}})
@@ -170,6 +165,6 @@ def apply_shrink(member, plan: dict[str, Any], dirty: bool, live: int | None,
     # offered as evidence
     member.old_protector, member.kept = None, []
     return member._report_and_resume(g, rank_map, R, live, dirty, rolled, detail, "rebuild", t_reconf=t_reconf,
-                                     t_params=0.0, t_opt=t_opt, at_step=recovery_step(plan),
+                                     t_params=0.0, t_opt=t_opt, at_step=plan.recovery_step(),
                                      what=f" after a shrink to dp {e.grid.dp}",
                                      replan_ok=False)

@@ -30,9 +30,10 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable, Sequence
 
 from phoenix_hpc.errors import RecoveryError
+from phoenix_hpc.recovery.plan import Transfer
 
 KINDS = ("params", "optimizer", "params_from_optimizer")
 POLL_S = 0.001  # seconds between polls of the transfers (sleeping: never spins a core)
@@ -48,30 +49,30 @@ class TransferTimes:
     wire: dict[str, float] = field(default_factory=dict)  # kind -> start .. its last completion, seconds
 
 
-def mine(transfers: list[dict[str, Any]], world_rank: int, step: int) -> list[dict[str, Any]]:
-    """The transfers ``world_rank`` takes part in, in plan order.
+def mine(transfers: Sequence[Transfer], world_rank: int, step: int, kinds: tuple[str, ...] = KINDS) -> list[Transfer]:
+    """The transfers ``world_rank`` takes part in, in plan order, of ``kinds``.
 
     Raises:
         RecoveryError: one is for another step than the recoverable ``step``, or of an unknown kind."""
     out = []
     for t in transfers:
-        if world_rank not in (t["sender"], t["receiver"]):
+        if world_rank not in (t.sender_world, t.receiver_world):
             continue
-        if int(t["step"]) != step:
-            raise RecoveryError(f"transfer {t} is for step {t['step']}, the recoverable step is {step}")
-        if t["kind"] not in KINDS:
-            raise RecoveryError(f"unknown transfer kind {t['kind']!r}")
+        if t.step != step:
+            raise RecoveryError(f"transfer {t} is for step {t.step}, the recoverable step is {step}")
+        if t.kind not in kinds:
+            raise RecoveryError(f"unknown transfer kind {t.kind!r}")
         out.append(t)
     return out
 
 
-def sources_ready(member, transfers: list[dict[str, Any]], step: int) -> bool:
+def sources_ready(member, transfers: Sequence[Transfer], step: int) -> bool:
     """True when every buffer ``member`` sends for ``step`` lies in host memory already, independent of its
     engine: the replicas it holds, and its local snapshot of ``step`` for parameters. Its engine work
     (rollback, construction) may then run while the buffers go; else it must come first (the parameters
     are sealed from the engine at ``step``)."""
     me = member.env.world_rank
-    sends = [t for t in transfers if t["sender"] == me and t["kind"] == "params"]
+    sends = [t for t in transfers if t.sender_world == me and t.kind == "params"]
     return not sends or member._local_buffer(step) is not None
 
 
@@ -81,7 +82,7 @@ def _threads_ok() -> bool:
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
-def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[], None] | None = None,
+def run(member, transfers: Sequence[Transfer], step: int, during: Callable[[], None] | None = None,
         check: Callable[[], None] | None = None) -> TransferTimes:
     """Run ``member``'s part of the plan's ``transfers`` for the recoverable ``step``, with ``during`` (called
     once: the member's engine work) overlapped with them when :func:`sources_ready`, else before them.
@@ -105,20 +106,20 @@ def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[],
     me, res = member.env.world_rank, member.env.cfg.resilience
     w2l = {w: r for r, w in member.rank_map.items()}
     todo = mine(transfers, me, step)
-    wire = [t for t in todo if t["kind"] != "params_from_optimizer"]
+    wire = [t for t in todo if t.kind != "params_from_optimizer"]
     out = TransferTimes()
     if during is not None and not sources_ready(member, todo, step):  # it seals its parameters from the
         t0 = time.perf_counter()  # engine: the engine work comes first
         during()
         out.during_s, during = time.perf_counter() - t0, None
     spent = {"params": 0.0, "optimizer": 0.0}
-    moves: list[tuple[dict[str, Any], BufferTransfer]] = []
+    moves: list[tuple[Transfer, BufferTransfer]] = []
     for t in wire:
-        sending = t["sender"] == me
-        peer = w2l[t["receiver"] if sending else t["sender"]]
+        sending = t.sender_world == me
+        peer = w2l[t.receiver_world if sending else t.sender_world]
         t0 = time.perf_counter()
         arr = _outgoing(member, t, step) if sending else None
-        spent[t["kind"]] += time.perf_counter() - t0
+        spent[t.kind] += time.perf_counter() - t0
         moves.append((t, BufferTransfer(member.comm, peer, step, res.chunk_bytes, _what(t, peer, sending),
                                         arr=arr)))
     ts = TransferSet([x for _, x in moves], res.collective_timeout_s)
@@ -162,11 +163,11 @@ def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[],
                     check()
             if x.done_at is None:  # the driving thread ended with an error
                 break
-            spent[t["kind"]] += time.perf_counter() - t0
-            if t["receiver"] == me:
+            spent[t.kind] += time.perf_counter() - t0
+            if t.receiver_world == me:
                 t0 = time.perf_counter()
                 _load(member, t, x.buf, step)
-                spent[t["kind"]] += time.perf_counter() - t0
+                spent[t.kind] += time.perf_counter() - t0
     except BaseException as exc:
         ts.stopped = ts.stopped or f"{type(exc).__name__} in the member's thread"
         if th is None:  # else the driving thread abandons them when it sees ``stopped``
@@ -182,9 +183,9 @@ def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[],
     if "error" in box:
         raise box["error"]
     for t, x in moves:
-        out.wire[t["kind"]] = max(out.wire.get(t["kind"], 0.0), x.done_at - t_start)
+        out.wire[t.kind] = max(out.wire.get(t.kind, 0.0), x.done_at - t_start)
     for t in todo:
-        if t["kind"] == "params_from_optimizer":  # after the optimizer shard it derives from
+        if t.kind == "params_from_optimizer":  # after the optimizer shard it derives from
             t0 = time.perf_counter()
             member.engine.params_from_optimizer()
             spent["params"] += time.perf_counter() - t0
@@ -192,12 +193,12 @@ def run(member, transfers: list[dict[str, Any]], step: int, during: Callable[[],
     return out
 
 
-def _what(t: dict[str, Any], peer: int, sending: bool) -> str:
-    what = "the param shard" if t["kind"] == "params" else "the replica of"
-    return f"{'sending' if sending else 'receiving'} {what} {t['shard_id']} {'to' if sending else 'from'} rank {peer}"
+def _what(t: Transfer, peer: int, sending: bool) -> str:
+    what = "the param shard" if t.kind == "params" else "the replica of"
+    return f"{'sending' if sending else 'receiving'} {what} {t.shard_id} {'to' if sending else 'from'} rank {peer}"
 
 
-def _outgoing(member, t: dict[str, Any], step: int):
+def _outgoing(member, t: Transfer, step: int):
     """What a sender sends, none of it checksummed again here (the receiver verifies every tensor before it
     loads any): parameters as the param part of its local snapshot of ``step``
     (:func:`phoenix_hpc.runtime.snapshot.param_part`: a new header and index, then the tensor bytes where
@@ -207,25 +208,25 @@ def _outgoing(member, t: dict[str, Any], step: int):
     when it arrived and again at the quiesce (``reverify_held``)."""
     from phoenix_hpc.runtime.snapshot import PARAM, param_part, read_header, seal_part
 
-    if t["kind"] == "params":
-        sid = str(t["shard_id"])  # the plan's: the param shard at the spare's (pp, tp), the sender's too
+    if t.kind == "params":
+        sid = t.shard_id  # the plan's: the param shard at the spare's (pp, tp), the sender's too
         local = member._local_buffer(step)
         if local is not None:
             return param_part(local, sid)
         return seal_part(member.engine.param_shard(), PARAM, sid, step, member.generation).numpy()
-    buf = member._held_buffer(str(t["shard_id"]), step)
+    buf = member._held_buffer(t.shard_id, step)
     h = read_header(buf)
-    if h.step != step or h.index.get("shard_id") != t["shard_id"]:
-        raise RecoveryError(f"the held buffer of {t['shard_id']} step {step} names {h.index.get('shard_id')} "
+    if h.step != step or h.index.get("shard_id") != t.shard_id:
+        raise RecoveryError(f"the held buffer of {t.shard_id} step {step} names {h.index.get('shard_id')} "
                             f"step {h.step}")
     return buf.numpy()[: int(h.opt_end)]
 
 
-def _load(member, t: dict[str, Any], buf, step: int) -> None:
+def _load(member, t: Transfer, buf, step: int) -> None:
     """Verify a received buffer (every tensor's checksum; views of ``buf``, loaded at once) and load it."""
     from phoenix_hpc.runtime.snapshot import OPT, PARAM, unpack
 
-    if t["kind"] == "params":
+    if t.kind == "params":
         sid = member.coord.param_shard()
         u = unpack(buf, (PARAM,), copy=False)  # raises ReplicationError when a checksum fails
         if u.shard_id != sid or u.step != step:
@@ -233,7 +234,7 @@ def _load(member, t: dict[str, Any], buf, step: int) -> None:
         member.engine.load_param_shard(u.tensors)
         return
     u = unpack(buf, (OPT,), copy=False)
-    if u.shard_id != t["shard_id"] or u.step != step:
-        raise RecoveryError(f"received replica is {u.shard_id} step {u.step}, expected {t['shard_id']} step {step}")
+    if u.shard_id != t.shard_id or u.step != step:
+        raise RecoveryError(f"received replica is {u.shard_id} step {u.step}, expected {t.shard_id} step {step}")
     member.engine.load_optimizer_shard(u.tensors)
     member.engine.load_envelope(u.envelope)

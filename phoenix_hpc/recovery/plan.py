@@ -29,8 +29,9 @@ name says ``world``.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Sequence
 
 from phoenix_hpc.topology import GridCoord
@@ -121,6 +122,39 @@ class RecoveryPlan:
         tp, pp, dp = self.grid
         return {coord_of(r, tp, pp, dp).shard_prefix(): w for r, w in self.rank_map}
 
+    @property
+    def shrink(self) -> bool:
+        """True for a shrink's plan (:mod:`phoenix_hpc.recovery.shrink`)."""
+        return self.action == "shrink"
+
+    @property
+    def from_checkpoint(self) -> bool:
+        """True when every member loads the persistent checkpoint (memory could not cover the loss)."""
+        return self.action == "checkpoint_restart"
+
+    def member_of(self, world_rank: int) -> int | None:
+        """The logical rank of ``world_rank`` in the new generation, or None when it is not a member.
+
+        Raises:
+            RecoveryError: the rank map names ``world_rank`` more than once."""
+        mine = [r for r, w in self.rank_map if w == world_rank]
+        if len(mine) > 1:
+            raise RecoveryError(f"generation {self.generation}'s rank map names world rank {world_rank} "
+                                f"{len(mine)} times")
+        return mine[0] if mine else None
+
+    def recovery_step(self) -> int:
+        """The iteration the job was in when the recovery began: the recoverable step plus the steps the plan
+        replays, plus one, the same for every member (a joining spare included). A fault armed for a phase of
+        a recovery (``recovery``, ``restore``) is judged at it: an injection armed for step ``S`` lands in the
+        first recovery that begins in iteration ``S`` or later (:func:`phoenix_hpc.faults.trigger.is_due`)."""
+        return self.recoverable_step + self.steps_replayed + 1
+
+    def replay_target(self) -> tuple[int, int] | None:
+        """``(generation, step)`` a member reports reaching at once when it gets there: the newest step the
+        plan replays (``recovery_step() - 1``); None when it replays none (the recovery ends at the resume)."""
+        return (self.generation, self.recovery_step() - 1) if self.steps_replayed > 0 else None
+
     def to_json(self) -> dict:
         """A JSON-serialisable summary (for the journal and for the instructions sent to ranks)."""
         return {
@@ -157,6 +191,76 @@ class RecoveryPlan:
                            "sources": [[sid, w] for sid, w in self.sources], "lost": list(self.lost)}}
                if self.old_grid is not None else {}),
         }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "RecoveryPlan":
+        """The plan :meth:`to_json` wrote (what a rank receives in ``recover``), as frozen records.
+
+        Raises:
+            RecoveryError: ``d`` is not such a plan: a field missing or of the wrong type, named with its
+                value."""
+        try:
+            return _plan_of(d)
+        except RecoveryError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise RecoveryError(f"recovery plan is malformed ({type(exc).__name__}: {exc}): "
+                                f"{str(dict(d) if isinstance(d, Mapping) else d)[:300]}") from None
+
+
+def _grid_of(d: Mapping[str, Any], name: str) -> tuple[int, int, int]:
+    g = d[name]
+    if not isinstance(g, Mapping):
+        raise RecoveryError(f"recovery plan: {name} must be {{tp, pp, dp}}, got {g!r}")
+    return int(g["tp"]), int(g["pp"]), int(g["dp"])
+
+
+def _transfer_of(t: Mapping[str, Any]) -> Transfer:
+    return Transfer(str(t["kind"]), str(t["shard_id"]), int(t["sender"]), int(t["receiver"]), int(t["step"]))
+
+
+def _join_of(j: Mapping[str, Any]) -> Join:
+    pp, dp, tp = (int(x) for x in j["coord"])
+    return Join(int(j["world_rank"]), str(j["node"]), int(j["logical_rank"]), GridCoord(pp=pp, dp=dp, tp=tp),
+                int(j["replaces_world_rank"]))
+
+
+def _plan_of(d: Mapping[str, Any]) -> RecoveryPlan:
+    """:meth:`RecoveryPlan.from_json` without the wrapping of its errors."""
+    if not isinstance(d, Mapping):
+        raise RecoveryError(f"recovery plan must be a JSON object, got {type(d).__name__}")
+    missing = [k for k in _PLAN_FIELDS if k not in d]
+    if missing:
+        raise RecoveryError(f"recovery plan lacks {', '.join(missing)} (it has {', '.join(sorted(d))})")
+    sh = d.get("shrink")
+    return RecoveryPlan(
+        action=str(d["action"]),
+        old_generation=int(d["old_generation"]),
+        generation=int(d["generation"]),
+        rank_map=tuple((int(r), int(w)) for r, w in d["rank_map"]),
+        dead_world=tuple(int(w) for w in d["dead_world"]),
+        released_spares=tuple(int(w) for w in d["released_spares"]),
+        joins=tuple(_join_of(j) for j in d["joins"]),
+        transfers=tuple(_transfer_of(t) for t in d["transfers"]),
+        recoverable_step=int(d["recoverable_step"]),
+        rollbacks=tuple((int(r), int(s)) for r, s in d["rollbacks"]),
+        replication=tuple(ReplicaPair(str(sid), int(o), int(h)) for sid, o, h in d["replication"]),
+        steps_replayed=int(d["steps_replayed"]),
+        grid=_grid_of(d, "grid"),
+        invariants=tuple(str(i) for i in d["invariants"]),
+        **({} if sh is None else {
+            "old_grid": _grid_of(sh, "old_grid"),
+            "leavers": tuple(int(w) for w in sh["leavers"]),
+            "needs": tuple((int(w), tuple(str(x) for x in sids)) for w, sids in sh["needs"]),
+            "sources": tuple((str(sid), int(w)) for sid, w in sh["sources"]),
+            "lost": tuple(int(w) for w in sh["lost"])}),
+    )
+
+
+#: the fields of :meth:`RecoveryPlan.to_json` every plan has (``shrink`` only a shrink's)
+_PLAN_FIELDS = ("action", "old_generation", "generation", "grid", "rank_map", "dead_world", "released_spares",
+                "joins", "transfers", "recoverable_step", "rollbacks", "replication", "steps_replayed",
+                "invariants")
 
 
 def shard_id_of(logical_rank: int, tp: int, pp: int, dp: int) -> str:
@@ -241,42 +345,66 @@ def params_source(peers: list[int], holder: int, sends: dict[int, int]) -> int:
     return min(peers, key=lambda p: (sends.get(p, 0) + (p == holder), p == holder, peers.index(p)))
 
 
-def plan_recovery(
-    *,
-    generation: int,
-    grid: tuple[int, int, int],
-    rank_map: Mapping[int, int],
-    nodes: Mapping[int, str],
-    dead: Iterable[int],
-    spares: Sequence[int],
-    placement: Mapping[str, Sequence[int]],
-    committed: Mapping[str, Mapping[int, int]],
-    live_steps: Mapping[int, int],
-    restore: Iterable[int] = (),
-    dirty: Iterable[int] = (),
-    params_from_optimizer: bool = False,
-) -> RecoveryPlan:
-    """Plan a hot swap (some active slot dead) or a local recovery (no active slot dead).
+@dataclass(frozen=True)
+class PlanInput:
+    """What the three planners (:func:`plan_recovery`, :func:`plan_checkpoint_restart`,
+    :func:`phoenix_hpc.recovery.shrink.plan_shrink`) start from: generation ``g``'s membership and the copies
+    of its state.
 
-    Args:
+    Fields:
         generation: the current generation ``g``; the plan's is ``g + 1``.
-        grid: ``(tp, pp, dp)``.
+        grid: ``(tp, pp, dp)`` of generation ``g``.
         rank_map: logical rank -> world rank of every active slot of generation ``g`` (dead ones included).
         nodes: world rank -> node name, for every slot (active and standby).
-        dead: world ranks of the dead slots (active or standby).
+        dead: world ranks of the dead slots (active or standby; a drained active slot counts as dead).
         spares: world ranks of live standby slots, in order of preference.
+        live_steps: logical rank -> step of its live model state (number of optimizer steps applied), for
+            every live active slot.
         placement: shard id -> logical ranks of its replica holders (k of them, docs/design.md section 5).
         committed: shard id -> {logical rank: step or steps} of the verified copies of that shard: the
             owner's local snapshot and each holder's replica. A copy is one step (the committed buffer) or
             a collection of steps (committed and previous buffer of the ping-pong pair, docs/design.md section
             4: the runtime keeps both, so a survivor that committed S(k) while a dead rank's replica is at
             S(k-1) can still provide S(k-1) from its previous buffer).
-        live_steps: logical rank -> step of its live model state (number of optimizer steps applied), for
-            every live active slot.
-        restore: logical ranks whose slot is alive but whose state cannot be trusted (a spare whose
-            restore was cut short by a second fault): restored again in place, never used as a source.
         dirty: live logical ranks whose live state holds a partially applied update (the fault hit inside
             ``optimizer_step``): only their committed local snapshot counts, and they always roll back.
+    """
+
+    generation: int
+    grid: tuple[int, int, int]
+    rank_map: Mapping[int, int]
+    nodes: Mapping[int, str]
+    dead: Iterable[int]
+    live_steps: Mapping[int, int]
+    spares: Sequence[int] = ()
+    placement: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    committed: Mapping[str, Mapping[int, Any]] = field(default_factory=dict)
+    dirty: Iterable[int] = ()
+
+
+def takes_plan_input(planner):
+    """A planner called as ``planner(PlanInput(...), **its own options)``, or with the fields of
+    :class:`PlanInput` as keywords among its options (they are gathered into the record first)."""
+    names = {f.name for f in fields(PlanInput)}
+
+    @functools.wraps(planner)
+    def call(inputs: PlanInput | None = None, /, **kw):
+        if inputs is None:
+            inputs = PlanInput(**{k: kw.pop(k) for k in list(kw) if k in names})
+        return planner(inputs, **kw)
+
+    return call
+
+
+@takes_plan_input
+def plan_recovery(inputs: PlanInput, *, restore: Iterable[int] = (), params_from_optimizer: bool = False
+                  ) -> RecoveryPlan:
+    """Plan a hot swap (some active slot dead) or a local recovery (no active slot dead).
+
+    Args:
+        inputs: the generation's membership and copies (:class:`PlanInput`).
+        restore: logical ranks whose slot is alive but whose state cannot be trusted (a spare whose
+            restore was cut short by a second fault): restored again in place, never used as a source.
         params_from_optimizer: the engine can rebuild a stage's parameters from its optimizer slice when that
             slice is the whole stage (dp == 1, ZeRO-1 main copy in fp32: the parameters are its cast to the
             model dtype after every step, docs/design.md section 6): a dead rank with no live DP peer then gets
@@ -290,11 +418,14 @@ def plan_recovery(
             dead rank has no live DP peer to take parameters from.
         RecoveryError: inconsistent input (rank map does not cover the grid, unknown world rank).
     """
+    generation, grid, rank_map, nodes = inputs.generation, inputs.grid, inputs.rank_map, inputs.nodes
+    placement, committed, live_steps = inputs.placement, inputs.committed, inputs.live_steps
     tp, pp, dp = grid
-    n, dead_set, world_to_logical, dead_logical, live_spares = _membership(grid, rank_map, dead, spares, nodes)
+    n, dead_set, world_to_logical, dead_logical, live_spares = _membership(grid, rank_map, inputs.dead,
+                                                                           inputs.spares, nodes)
     released = tuple(sorted(w for w in dead_set if w not in world_to_logical))
     restore_set = set(restore) - set(dead_logical)
-    dirty_set = set(dirty)
+    dirty_set = set(inputs.dirty)
     alive = [r for r in range(n) if r not in dead_logical and r not in restore_set]
     alive_set = set(alive)  # membership tests: a list would make the plan O(ranks^2) (seconds at 16k ranks)
 
@@ -435,23 +566,16 @@ def _owner(shard_id: str, tp: int, pp: int, dp: int) -> int:
     return rank_of(GridCoord(pp=parts["pp"], dp=parts["dp"], tp=parts["tp"]), tp, pp, dp)
 
 
-def plan_checkpoint_restart(
-    *,
-    generation: int,
-    grid: tuple[int, int, int],
-    rank_map: Mapping[int, int],
-    nodes: Mapping[int, str],
-    dead: Iterable[int],
-    spares: Sequence[int],
-    checkpoint_step: int,
-    live_steps: Mapping[int, int],
-) -> RecoveryPlan:
+@takes_plan_input
+def plan_checkpoint_restart(inputs: PlanInput, *, checkpoint_step: int) -> RecoveryPlan:
     """The in-job fallback of docs/design.md section 6 when memory replicas cannot cover a loss: standby slots
     take the dead logical ranks (as in :func:`plan_recovery`), generation ``g + 1`` is built, and *every*
     member loads the persistent checkpoint of ``checkpoint_step`` (no memory transfer). The work since that
     checkpoint is lost and trained again: ``steps_replayed = newest live step - checkpoint_step``.
 
-    Args: as :func:`plan_recovery`; ``checkpoint_step`` is the newest complete persistent checkpoint.
+    Args:
+        inputs: as :func:`plan_recovery` (``placement``, ``committed`` and ``dirty`` are not read).
+        checkpoint_step: the newest complete persistent checkpoint.
 
     Returns:
         A :class:`RecoveryPlan` with ``action == "checkpoint_restart"``, no transfers,
@@ -462,8 +586,11 @@ def plan_checkpoint_restart(
             allocation: the caller stops it cleanly and names the checkpoint to resubmit from).
         RecoveryError: inconsistent input (as :func:`plan_recovery`).
     """
+    generation, grid, rank_map, nodes, live_steps = (inputs.generation, inputs.grid, inputs.rank_map, inputs.nodes,
+                                                     inputs.live_steps)
     tp, pp, dp = grid
-    n, dead_set, world_to_logical, dead_logical, live_spares = _membership(grid, rank_map, dead, spares, nodes)
+    n, dead_set, world_to_logical, dead_logical, live_spares = _membership(grid, rank_map, inputs.dead,
+                                                                           inputs.spares, nodes)
     assignment, new_map = _assign_spares(dead_logical, live_spares, rank_map, nodes)
     joins = tuple(Join(assignment[r], nodes[assignment[r]], r, coord_of(r, tp, pp, dp), rank_map[r])
                   for r in dead_logical)

@@ -31,10 +31,11 @@ checks that the received slices cover its new slice exactly once.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping
 
 from phoenix_hpc.errors import RecoveryError
-from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, Transfer, holder_at, recoverable_of
+from phoenix_hpc.recovery.plan import (FallbackRequired, PlanInput, RecoveryPlan, Transfer, holder_at, recoverable_of,
+                                       takes_plan_input)
 from phoenix_hpc.topology import coord_of
 
 SHRINK_INVARIANTS = ("I1", "I2", "I4", "I5")
@@ -91,26 +92,13 @@ def shrink_refusal(grid: tuple[int, int, int], lost_logical: Iterable[int],
     return None
 
 
-def plan_shrink(
-    *,
-    generation: int,
-    grid: tuple[int, int, int],
-    rank_map: Mapping[int, int],
-    nodes: Mapping[int, str],
-    dead: Iterable[int],
-    placement: Mapping[str, Sequence[int]],
-    committed: Mapping[str, Mapping[int, int]],
-    live_steps: Mapping[int, int],
-    numel: Mapping[str, int],
-    dirty: Iterable[int] = (),
-    k: int = 1,
-) -> RecoveryPlan:
+@takes_plan_input
+def plan_shrink(inputs: PlanInput, *, numel: Mapping[str, int], k: int = 1) -> RecoveryPlan:
     """Plan a shrink (module doc).
 
     Args:
-        generation, grid, rank_map, nodes, dead, placement, committed, live_steps, dirty: as
-            :func:`phoenix_hpc.recovery.plan.plan_recovery` (``dead``: world ranks; a slot drained with
-            ``--shrink`` is among them).
+        inputs: as :func:`phoenix_hpc.recovery.plan.plan_recovery` (``dead``: world ranks; a slot drained with
+            ``--shrink`` is among them; ``spares`` is not read).
         numel: ``"pp{pp}/tp{tp}"`` -> elements of that stage's flat optimizer vector (every stage).
         k: replicas per shard: the members must span at least ``k + 1`` nodes (the new grid's placement
             takes holders beyond the DP peers where it must, :func:`phoenix_hpc.topology.place_replicas`).
@@ -124,6 +112,8 @@ def plan_shrink(
             recoverable step, or a stage's ``numel`` is missing (no member of it could report one).
         RecoveryError: inconsistent input (rank map does not cover the grid, no lost active slot).
     """
+    generation, grid, rank_map, nodes, dead = inputs.generation, inputs.grid, inputs.rank_map, inputs.nodes, inputs.dead
+    placement, committed, live_steps, dirty = inputs.placement, inputs.committed, inputs.live_steps, inputs.dirty
     tp, pp, dp = grid
     n = tp * pp * dp
     if sorted(rank_map) != list(range(n)):

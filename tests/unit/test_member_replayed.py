@@ -3,7 +3,8 @@
 
 from types import SimpleNamespace
 
-from phoenix_hpc.launch.execute import Member, replay_target
+from phoenix_hpc.launch.execute import Member
+from phoenix_hpc.recovery.plan import RecoveryPlan
 
 
 def _member(step: int, generation: int, until):
@@ -17,9 +18,13 @@ def _member(step: int, generation: int, until):
 
 
 def test_the_target_is_the_recoverable_step_plus_the_replayed_ones():
-    assert replay_target({"generation": 3, "recoverable_step": 17, "steps_replayed": 2}) == (3, 19)
-    assert replay_target({"generation": 3, "recoverable_step": 17, "steps_replayed": 0}) is None
-    assert replay_target({"generation": 3, "recoverable_step": 17}) is None
+    def plan(replayed):
+        return RecoveryPlan(action="local_recovery", old_generation=2, generation=3, rank_map=((0, 0),),
+                            dead_world=(), released_spares=(), joins=(), transfers=(), recoverable_step=17,
+                            rollbacks=(), replication=(), steps_replayed=replayed)
+
+    assert plan(2).replay_target() == (3, 19)
+    assert plan(0).replay_target() is None
 
 
 def test_the_step_past_the_replayed_ones_is_reported_once():

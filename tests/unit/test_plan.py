@@ -2,7 +2,7 @@
 
 import pytest
 
-from phoenix_hpc.recovery.plan import FallbackRequired, plan_recovery, shard_id_of
+from phoenix_hpc.recovery.plan import FallbackRequired, PlanInput, plan_recovery, shard_id_of
 
 # 8 active slots, tp=2 pp=1 dp=4 on nodes A (world 0-3) and B (world 4-7); spare node C (world 8-11).
 GRID = (2, 1, 4)
@@ -31,11 +31,12 @@ def _committed(step, placement, owner_step=None):
 
 def _plan(dead, live_step=10, committed_step=9, spares=range(8, 12), k=1, stride=1, **kw):
     pl = _placement(k, stride)
-    return plan_recovery(
+    inputs = PlanInput(
         generation=3, grid=GRID, rank_map=RANK_MAP, nodes=NODES, dead=dead, spares=list(spares), placement=pl,
         committed=kw.pop("committed", _committed(committed_step, pl)),
-        live_steps=kw.pop("live_steps", {r: live_step for r in range(8) if r not in dead}), **kw,
+        live_steps=kw.pop("live_steps", {r: live_step for r in range(8) if r not in dead}), dirty=kw.pop("dirty", ()),
     )
+    return plan_recovery(inputs, **kw)
 
 
 def test_node_loss_moves_the_node_onto_the_spare_node():
@@ -197,3 +198,54 @@ def test_checkpoint_restart_plan_puts_spares_in_and_reloads_everyone_at_the_chec
     with pytest.raises(FallbackRequired, match=r"no spare left: 4 dead slot\(s\) \(4, 5, 6, 7\) but 2 standby"):
         plan_checkpoint_restart(generation=2, grid=GRID, rank_map=RANK_MAP, nodes=NODES, dead=[4, 5, 6, 7],
                                 spares=[8, 9], checkpoint_step=10, live_steps=live)
+
+
+def test_a_plan_reaches_a_rank_as_the_same_frozen_records():
+    """What a rank receives (``to_json``, through JSON) is read back as the coordinator's records, for the
+    three planners (the shrink's block included); a plan lacking a field is refused naming it."""
+    import json
+
+    from phoenix_hpc.errors import RecoveryError
+    from phoenix_hpc.recovery.plan import RecoveryPlan, plan_checkpoint_restart
+
+    plans = [_plan(dead=[4, 5, 6, 7], stride=2), _plan(dead=[]),
+             plan_checkpoint_restart(generation=2, grid=GRID, rank_map=RANK_MAP, nodes=NODES, dead=[4, 5, 6, 7],
+                                     spares=list(range(8, 12)), checkpoint_step=10, live_steps={r: 14 for r in range(4)})]
+    from tests.unit.test_shrink import _plan as shrink_plan
+
+    plans.append(shrink_plan(dead=[4]))
+    for p in plans:
+        back = RecoveryPlan.from_json(json.loads(json.dumps(p.to_json())))
+        assert back == p, p.action
+    assert plans[-1].shrink and plans[2].from_checkpoint and not plans[0].shrink
+    d = plans[0].to_json()
+    del d["recoverable_step"]
+    with pytest.raises(RecoveryError, match="lacks recoverable_step"):
+        RecoveryPlan.from_json(d)
+    with pytest.raises(RecoveryError, match="malformed"):
+        RecoveryPlan.from_json({**plans[0].to_json(), "rank_map": [[0]]})
+
+
+def test_the_three_planners_take_one_input_record_or_its_fields_as_keywords():
+    """:class:`PlanInput` is what every planner starts from; its fields given as keywords make the same record."""
+    from dataclasses import asdict
+
+    from phoenix_hpc.recovery.plan import plan_checkpoint_restart
+    from phoenix_hpc.recovery.shrink import plan_shrink
+    from tests.unit.test_shrink import _plan as shrink_plan
+
+    p = _plan(dead=[5], dirty=[1])
+    pl = _placement(1, 1)
+    kw = dict(generation=3, grid=GRID, rank_map=RANK_MAP, nodes=NODES, dead=[5], spares=list(range(8, 12)),
+              placement=pl, committed=_committed(9, pl), live_steps={r: 10 for r in range(8) if r != 5}, dirty=[1])
+    assert plan_recovery(**kw) == p and p.rollbacks[0] == (0, 10)
+    inputs = PlanInput(**kw)
+    assert plan_checkpoint_restart(inputs, checkpoint_step=6) == plan_checkpoint_restart(**kw, checkpoint_step=6)
+    s = shrink_plan(dead=[4])
+    from tests.unit import test_shrink as S
+
+    fields = dict(generation=2, grid=S.GRID, rank_map=S.RANK_MAP, nodes=S.NODES, dead=[4], placement=S._placement(),
+                  committed=S._committed(), live_steps={r: 10 for r in range(S.N) if r != 4})
+    assert plan_shrink(PlanInput(**fields), numel={"pp0/tp0": 10, "pp1/tp0": 7}) == s
+    assert set(asdict(inputs)) == {"generation", "grid", "rank_map", "nodes", "dead", "live_steps", "spares",
+                                   "placement", "committed", "dirty"}

@@ -5,6 +5,7 @@ bytes move; fake requests where only the order of posts is asked."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -15,6 +16,7 @@ from mpi4py import MPI
 
 from phoenix_hpc.errors import ReplicationError
 from phoenix_hpc.launch.transfers import sources_ready
+from phoenix_hpc.recovery.plan import Transfer
 from phoenix_hpc.runtime import h2h
 from phoenix_hpc.runtime.h2h import BufferTransfer, drive_transfers
 from phoenix_hpc.runtime.snapshot import OPT, PARAM, copy_in, param_part, plan_layout, seal, seal_part, unpack
@@ -161,9 +163,9 @@ def test_a_transfer_that_never_completes_times_out_naming_itself_and_leaves_noth
 
 
 def _plan_transfers():
-    return [{"kind": "params", "sender": 1, "receiver": 4, "step": 5, "shard_id": None},
-            {"kind": "optimizer", "sender": 2, "receiver": 4, "step": 5, "shard_id": "opt/pp0/tp0/dp3"},
-            {"kind": "params_from_optimizer", "sender": 3, "receiver": 3, "step": 5, "shard_id": None}]
+    return [Transfer("params", "param/pp0/tp0", 1, 4, 5),
+            Transfer("optimizer", "opt/pp0/tp0/dp3", 2, 4, 5),
+            Transfer("params_from_optimizer", "param/pp0/tp0", 3, 3, 5)]
 
 
 class _Member:
@@ -212,8 +214,8 @@ def _spare(engine_box):
                         rank_map={0: 9, 1: 5}, comm=MPI.COMM_WORLD, coord=GridCoord(pp=0, dp=1, tp=0),
                         generation=4, _local_buffer=lambda step: None)
     m.engine = None
-    plan = [{"kind": "params", "sender": 9, "receiver": 5, "step": 5, "shard_id": "param/pp0/tp0"},
-            {"kind": "optimizer", "sender": 9, "receiver": 5, "step": 5, "shard_id": "opt/pp0/tp0/dp1"}]
+    plan = [Transfer("params", "param/pp0/tp0", 9, 5, 5),
+            Transfer("optimizer", "opt/pp0/tp0/dp1", 9, 5, 5)]
 
     def build():  # the spare's engine construction: takes a while, the buffers arrive meanwhile
         time.sleep(0.3)
@@ -266,7 +268,7 @@ def test_a_received_buffer_of_another_shard_is_refused_before_it_is_loaded():
 
     buf, box, eng = _snapshot(), {}, {}
     T, m, plan, build = _spare(eng)
-    plan[1]["shard_id"] = "opt/pp0/tp0/dp0"  # the plan asks for another shard than the one that comes
+    plan[1] = dataclasses.replace(plan[1], shard_id="opt/pp0/tp0/dp0")  # the plan asks for another shard than the one that comes
     sender = threading.Thread(target=_send_both, args=(buf, box))
     sender.start()
     try:
@@ -342,7 +344,7 @@ def test_a_param_sender_without_its_snapshot_rolls_back_first_then_seals_from_th
         events.append("rollback")
         m.engine.w = torch.full((4,), 3.0)  # S(step)
 
-    plan = [{"kind": "params", "sender": 5, "receiver": 9, "step": 5, "shard_id": "param/pp0/tp0"}]
+    plan = [Transfer("params", "param/pp0/tp0", 5, 9, 5)]
     box = {}
     rx = threading.Thread(target=lambda: box.setdefault("buf", recv_buffer(MPI.COMM_WORLD, 0, 5, 1024, 20.0, "rx")))
     rx.start()

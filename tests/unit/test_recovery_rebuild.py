@@ -32,6 +32,7 @@ from phoenix_hpc.faults.trigger import InjectedCommError
 from phoenix_hpc.launch.groups import Grid
 from phoenix_hpc.launch import execute
 from phoenix_hpc.launch.execute import Member, MemberEnv
+from phoenix_hpc.recovery.plan import RecoveryPlan
 
 #: the fake engine's "parallel_state": set by construction, cleared by teardown
 PARALLEL_STATE: dict = {}
@@ -215,8 +216,7 @@ def _train(m: Member, steps: int, snapshots: dict) -> None:
 
 def _recover(m: Member, R: int, generation: int, failed: bool = False, action: str = "local_recovery",
              dead: tuple[int, ...] = ()):
-    plan = {"generation": generation, "rank_map": [[0, 0]], "recoverable_step": R, "action": action,
-            "transfers": [], "joins": []}
+    plan = _plan(generation, R, action=action)
     m.env.client.instructions.extend([{"type": "recover", "generation": generation, "plan": plan},
                                       {"type": "resume", "generation": generation}])
     m.release_groups()
@@ -541,9 +541,13 @@ def test_a_survivor_reports_how_long_it_took_to_leave_the_step_and_to_quiesce(me
     assert "leave" not in rec.detail and rec.detail["quiesce"] >= 0.0
 
 
-def _plan(generation: int, R: int, ranks: int = 1) -> dict:
-    return {"generation": generation, "rank_map": [[r, r] for r in range(ranks)], "recoverable_step": R,
-            "action": "hot_swap", "transfers": [], "joins": []}
+def _plan(generation: int, R: int, ranks: int = 1, action: str = "hot_swap", steps_replayed: int = 0) -> dict:
+    """A plan as a rank receives it (:meth:`RecoveryPlan.to_json`): world rank r is logical rank r of a
+    ``1 x 1 x ranks`` grid, nothing to transfer."""
+    return RecoveryPlan(action=action, old_generation=generation - 1, generation=generation,
+                        rank_map=tuple((r, r) for r in range(ranks)), dead_world=(), released_spares=(), joins=(),
+                        transfers=(), recoverable_step=R, rollbacks=(), replication=(),
+                        steps_replayed=steps_replayed, grid=(1, 1, ranks)).to_json()
 
 
 class Gen1NeverComplete(FakeStore):
@@ -626,12 +630,12 @@ def test_a_joining_spare_cut_short_at_arrival_offers_nothing_and_applies_the_nex
 
     def apply(plan, dirty, **kw):
         monkey_state["calls"] += 1
-        if plan["generation"] == 1:
+        if plan.generation == 1:
             member._arrive_all = cut_short
         return real(plan, dirty, **kw)
 
     member._apply_plan = apply
-    member.join(_plan(1, 0, ranks=2))
+    member.join(RecoveryPlan.from_json(_plan(1, 0, ranks=2)))
     assert monkey_state["calls"] == 2 and c.sent[0] == ("quiesced", 2, -1, False) and c.offered == {}
     assert c.sent[-1][:3] == ("recovered", 2, 0) and member.generation == 2
 
@@ -699,7 +703,7 @@ def test_a_checkpoint_restart_after_a_cut_short_plan_loads_the_checkpoint_and_re
 
     monkeypatch.setattr(persist, "restore_step", restore_step)
 
-    _cut_short_then(member, dict(_plan(2, 2), action="checkpoint_restart"))
+    _cut_short_then(member, _plan(2, 2, action="checkpoint_restart"))
     EVENTS.clear()
     rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
     assert _kinds(EVENTS, "teardown", "construct", "load", "checkpoint") == [
@@ -849,7 +853,7 @@ def test_a_joining_spare_cut_short_in_its_transfers_ends_the_engine_it_built_and
     c = member.env.client
     queued = _replan_later(c, _plan(2, R))
     try:
-        member.join(_plan(1, R))
+        member.join(RecoveryPlan.from_json(_plan(1, R)))
     finally:
         queued.cancel()
     assert polls and c.sent[0] == ("quiesced", 2, -1, False) and c.offered == {}
@@ -923,15 +927,13 @@ def test_a_fault_for_a_recovery_phase_is_judged_at_the_step_the_job_was_in_not_a
     although it restores step 3 (the plan replays step 4): it is judged at ``recovery_step`` = R + replayed + 1,
     the same for every member, a joining spare included. Judged at R + 1 (= 4) it would wait for a later
     recovery, and a job with none left would report it only as missed."""
-    from phoenix_hpc.launch.execute import recovery_step
-
-    assert recovery_step({"recoverable_step": 3, "steps_replayed": 1}) == 5
-    assert recovery_step({"recoverable_step": 3}) == 4
+    assert RecoveryPlan.from_json(_plan(1, 3, steps_replayed=1)).recovery_step() == 5
+    assert RecoveryPlan.from_json(_plan(1, 3)).recovery_step() == 4
     snaps: dict = {}
     member.start()
     _train(member, 4, snaps)
     member.trigger.arm("transient", 5, "restore", "r5")
-    plan = dict(_plan(1, 3), steps_replayed=1)
+    plan = _plan(1, 3, steps_replayed=1)
     member.env.client.instructions.extend([{"type": "recover", "generation": 1, "plan": plan},
                                            {"type": "resume", "generation": 1}])
     member.release_groups()

@@ -7,6 +7,8 @@ import time
 import pytest
 
 from phoenix_hpc.launch.execute import StopRequested, wait_for_join
+from phoenix_hpc.recovery.plan import Join, RecoveryPlan
+from phoenix_hpc.topology import GridCoord
 
 
 class _Client:
@@ -22,6 +24,15 @@ class _Client:
         return self.answers.pop(0)
 
 
+def _plan(generation: int, joining: list[int]) -> dict:
+    """A plan as a rank receives it, in which world ranks ``joining`` take logical ranks 1, 2, ..."""
+    joins = tuple(Join(w, f"n{w}", i + 1, GridCoord(pp=0, dp=i + 1, tp=0), 10 + i) for i, w in enumerate(joining))
+    return RecoveryPlan(action="hot_swap", old_generation=generation - 1, generation=generation,
+                        rank_map=((0, 0),) + tuple((j.logical_rank, j.world_rank) for j in joins), dead_world=(),
+                        released_spares=(), joins=joins, transfers=(), recoverable_step=4, rollbacks=(),
+                        replication=(), steps_replayed=0, grid=(1, 1, 1 + len(joins))).to_json()
+
+
 def _no_sleep(monkeypatch):
     def sleep(_s):
         raise AssertionError("wait_for_join slept outside wait_instruction")
@@ -31,10 +42,10 @@ def _no_sleep(monkeypatch):
 
 def test_the_plan_naming_this_slot_is_taken_after_timeouts_and_other_plans_without_a_sleep(monkeypatch):
     _no_sleep(monkeypatch)
-    other = {"type": "recover", "plan": {"generation": 1, "joins": [{"world_rank": 3}]}}
-    mine = {"type": "recover", "plan": {"generation": 2, "joins": [{"world_rank": 3}, {"world_rank": 2}]}}
+    other = {"type": "recover", "plan": _plan(1, [3])}
+    mine = {"type": "recover", "plan": _plan(2, [3, 2])}
     c = _Client([None, other, None, mine])
-    assert wait_for_join(c) == mine["plan"]
+    assert wait_for_join(c) == RecoveryPlan.from_json(mine["plan"])
     assert c.timeouts == [1.0] * 4 and c.answers == []
 
 
