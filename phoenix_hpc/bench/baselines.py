@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
 from phoenix_hpc.bench import stats as S
+from phoenix_hpc.control.events import TIMED_PHASES
 from phoenix_hpc.errors import BenchError
 
 BASELINES = ("requeue", "in-job", "in-process")
@@ -81,7 +82,7 @@ def journal_phases(total_s: float, journal_phases_s: Mapping[str, float]) -> dic
     * replay = replay (members past the steps lost since the recoverable step).
 
     The six add up to ``total_s``."""
-    p = {k: float(journal_phases_s.get(k, 0.0)) for k in ("detect", "reconfigure", "params", "optimizer", "replay")}
+    p = {k: float(journal_phases_s.get(k, 0.0)) for k in TIMED_PHASES}
     out = {"detect": p["detect"], "teardown": total_s - sum(p.values()), "relaunch": 0.0, "init": p["reconfigure"],
            "load": p["params"] + p["optimizer"], "replay": p["replay"]}
     return {k: round(v, 3) for k, v in out.items()}

@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
 
 PER_NODE = 8
@@ -102,7 +103,7 @@ class _Follower:
             time.sleep(0.05)
 
 
-_EVENTS = ("slots_dead", "heartbeat_summary", "recovery_start", "recovery_plan", "recovery_plan_sent")
+_EVENTS = (E.SlotsDead.NAME, E.HeartbeatSummary.NAME, E.RecoveryStart.NAME, E.RecoveryPlanned.NAME, E.RecoveryPlanSent.NAME)
 
 
 def _slots(n: int) -> list[dict[str, Any]]:
@@ -193,19 +194,19 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
         sent_msgs = sum(r["beats"] for r in rep1) - sum(r["beats"] for r in rep0)
         commits = sum(r["commits"] for r in rep1) - sum(r["commits"] for r in rep0)
         # the silent spare is found 10 s after its last heartbeat: wait for it if the window was shorter
-        d_silent = jr.wait("slots_dead", lambda r: spare_silent in r["slots"] and r["ts"] >= w0, 30)
-        d_exit = jr.wait("slots_dead", lambda r: spare_exit in r["slots"] and r["ts"] >= exited["t_exit"], 10)
+        d_silent = jr.wait(E.SlotsDead.NAME, lambda r: spare_silent in r["slots"] and r["ts"] >= w0, 30)
+        d_exit = jr.wait(E.SlotsDead.NAME, lambda r: spare_exit in r["slots"] and r["ts"] >= exited["t_exit"], 10)
         # the handled rates come from the summaries around the window: wait for the first one after it (the
         # detections above may have returned before it was written; then the column came out empty)
-        jr.wait("heartbeat_summary", lambda r: r["ts"] >= w1, 3 * SUMMARY_S)
-        all_summaries = list(jr.read("heartbeat_summary"))
+        jr.wait(E.HeartbeatSummary.NAME, lambda r: r["ts"] >= w1, 3 * SUMMARY_S)
+        all_summaries = list(jr.read(E.HeartbeatSummary.NAME))
         summaries = [r for r in all_summaries if w0 <= r["ts"] <= w1 + 0.5]
         # --- an active slot exits: detection, quiesce, plan, delivery ------------------------------------
         ask_all("watch")
         victim_exit = ask(victim, "exit", victim)
-        d_victim = jr.wait("slots_dead", lambda r: victim in r["slots"] and r["ts"] >= victim_exit["t_exit"], 30)
-        early = [r for r in jr.read("slots_dead") if r["ts"] < w0]
-        sent_rec = jr.wait("recovery_plan_sent", lambda r: True, 60)
+        d_victim = jr.wait(E.SlotsDead.NAME, lambda r: victim in r["slots"] and r["ts"] >= victim_exit["t_exit"], 30)
+        early = [r for r in jr.read(E.SlotsDead.NAME) if r["ts"] < w0]
+        sent_rec = jr.wait(E.RecoveryPlanSent.NAME, lambda r: True, 60)
         members = n
         got: dict[int, float] = {}
         deadline = time.time() + 60
@@ -216,8 +217,8 @@ def run_one(n: int, *, steady_s: float, workers: int, step_s: float, base: Path,
             if len(got) >= members:
                 break
             time.sleep(0.2)
-        start = (jr.read("recovery_start") or [None])[0]
-        plan = (jr.read("recovery_plan") or [None])[0]
+        start = (jr.read(E.RecoveryStart.NAME) or [None])[0]
+        plan = (jr.read(E.RecoveryPlanned.NAME) or [None])[0]
     finally:
         for c in pipes:
             try:

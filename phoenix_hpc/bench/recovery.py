@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.bench import jobs
 from phoenix_hpc.bench import stats as S
 from phoenix_hpc.errors import BenchError
@@ -106,7 +107,7 @@ def _wait(what: str, cond, timeout_s: float, poll_s: float = 0.1):
 
 def _active_nodes(run_dir: Path) -> dict[int, str]:
     return {r["logical_rank"]: r["node"] for r in _journal(run_dir)
-            if r["event"] == "registered" and r.get("role") == "active" and r.get("logical_rank") is not None}
+            if r["event"] == E.Registered.NAME and r.get("role") == "active" and r.get("logical_rank") is not None}
 
 
 def _config(t: Trial, work: Path, data_path: str, steps: int, spares: int) -> dict:
@@ -159,7 +160,7 @@ def _slot_proc(run_dir: Path, logical_rank: int):
     None when it is not running."""
     from phoenix_hpc.slurm.procs import proc_id
 
-    pids = [r["pid"] for r in _journal(run_dir) if r["event"] == "registered" and r.get("role") == "active"
+    pids = [r["pid"] for r in _journal(run_dir) if r["event"] == E.Registered.NAME and r.get("role") == "active"
             and r.get("logical_rank") == logical_rank]
     return proc_id(pids[-1]) if pids else None
 
@@ -188,8 +189,8 @@ def run_hotswap(t: Trial, ctx) -> dict:
     info = _start_and_kill(t, cfg, run_dir, ctx)
     try:
         done = _wait(f"{t.name}: recovery_done in the journal",
-                     lambda: [r for r in _journal(run_dir) if r["event"] in ("recovery_done", "job_failed")
-                              or (r["event"] == "decision" and r.get("action") in ("fallback", "clean_stop"))],
+                     lambda: [r for r in _journal(run_dir) if r["event"] == E.RecoveryDone.NAME
+                              or (r["event"] == E.Decision.NAME and r.get("action") in ("fallback", "clean_stop"))],
                      timeout_s=150)
     finally:
         try:
@@ -202,7 +203,7 @@ def run_hotswap(t: Trial, ctx) -> dict:
         except Exception:  # noqa: BLE001
             pass
     rec = done[0]
-    if rec["event"] != "recovery_done":
+    if rec["event"] != E.RecoveryDone.NAME:
         raise BenchError(f"{t.name}: no hot swap, the journal says {json.dumps(rec)[:300]}")
     steps = [s["step_time_ms"] for s in _read_steps(run_dir, 0)]
     journal = _journal(run_dir)
@@ -237,7 +238,7 @@ def fault_records(journal: list[dict], t_fault: float) -> list[dict]:
     """The journal records that show the coordinator learned of a fault (``slots_dead``, ``fault``,
     ``decision``) at or after ``t_fault`` (the kill, epoch seconds), in journal order (pure). The first one's
     ``ts`` minus ``t_fault`` is the detection time of every benchmark trial."""
-    return [r for r in journal if r["ts"] >= t_fault and r["event"] in ("slots_dead", "fault", "decision")]
+    return [r for r in journal if r["ts"] >= t_fault and r["event"] in (E.SlotsDead.NAME, E.Fault.NAME, E.Decision.NAME)]
 
 
 def journal_marks(journal: list[dict], t_done: float) -> dict:
@@ -245,7 +246,7 @@ def journal_marks(journal: list[dict], t_done: float) -> dict:
     and ``recovery_done`` (pure), and whether a survivor reported a collective timeout in between (a
     survivor blocked in a collective with the dead rank delays the quiesce until
     ``resilience.collective_timeout_s``)."""
-    starts = [r for r in journal if r["event"] == "recovery_start" and r["ts"] <= t_done]
+    starts = [r for r in journal if r["event"] == E.RecoveryStart.NAME and r["ts"] <= t_done]
     if not starts:
         return {}
     t0 = starts[-1]["ts"]
@@ -254,10 +255,10 @@ def journal_marks(journal: list[dict], t_done: float) -> dict:
         xs = [r["ts"] for r in journal if r["event"] == ev and t0 <= r["ts"] <= t_done]
         return round(min(xs) - t0, 3) if xs else None
 
-    timeouts = [r for r in journal if r["event"] == "fault" and r.get("kind") == "collective_timeout"
+    timeouts = [r for r in journal if r["event"] == E.Fault.NAME and r.get("kind") == "collective_timeout"
                 and t0 <= r["ts"] <= t_done]
-    return {"quiesce_s": first("recovery_plan"), "to_restored_s": first("recovery_restored"),
-            "to_done_s": first("recovery_done"), "collective_timeout_in_quiesce": bool(timeouts)}
+    return {"quiesce_s": first(E.RecoveryPlanned.NAME), "to_restored_s": first(E.RecoveryRestored.NAME),
+            "to_done_s": first(E.RecoveryDone.NAME), "collective_timeout_in_quiesce": bool(timeouts)}
 
 
 def run_baseline(t: Trial, ctx) -> dict:
@@ -291,7 +292,7 @@ def run_baseline(t: Trial, ctx) -> dict:
     sub = jobs.phoenix_submit(cfg2_path, run2, ctx.env)
     state, t_end2 = jobs.wait_job_end(ctx.client, sub["job_id"], timeout_s=300)
     n = t.nodes
-    reg = [r["ts"] for r in _journal(run2) if r["event"] == "registered" and r.get("role") == "active"]
+    reg = [r["ts"] for r in _journal(run2) if r["event"] == E.Registered.NAME and r.get("role") == "active"]
     restores = []
     for r in range(n):
         f = run2 / "ranks" / f"rank{r}.persist.jsonl"
@@ -391,7 +392,7 @@ def run_in_job(t: Trial, ctx) -> dict:
                          f"restarts {len(restarts)}); see {run_dir}")
     t_detect = min(r["ts"] for r in seen)
     t_step_end = restarts[0]["ts"]
-    reg = [r["ts"] for r in jr if r["event"] == "registered" and r.get("role") == "active" and r["ts"] > t_step_end]
+    reg = [r["ts"] for r in jr if r["event"] == E.Registered.NAME and r.get("role") == "active" and r["ts"] > t_step_end]
     restores = [x for x in _restores(run_dir, n) if x["t_start"] > t_step_end]
     fault_step = info["step_at_kill"]
     ck = restarts[0].get("checkpoint_step")

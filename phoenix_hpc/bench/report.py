@@ -14,9 +14,10 @@ from pathlib import Path
 
 from phoenix_hpc.bench import provenance
 from phoenix_hpc.bench.cpu_demand import demand_sentence
+from phoenix_hpc.control.events import TIMED_PHASES
 
 PLOT_DIR = "benchmarks"
-PHOENIX_PHASES = ("detect", "reconfigure", "params", "optimizer", "replay")
+PHOENIX_PHASES = TIMED_PHASES
 BASELINE_PHASES = ("detect", "teardown", "relaunch", "init", "load", "replay")
 
 

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.control.run_jobs import JOB_NAME, job_entries, read_job, successor_of
 
 SCRIPT_NAME = "job.sbatch"
@@ -129,7 +130,7 @@ def start(run_dir: Path, job_id: str, client, log=print, wait_s: float = 60.0) -
     job = _wait_for_own_entry(run_dir, job_id, wait_s)
     entries = job_entries(job)
     try:
-        finished = any(r.get("event") == "job_done" for r in read_journal(run_dir))
+        finished = any(r.get("event") == E.JobDone.NAME for r in read_journal(run_dir))
     except (OSError, ValueError):
         finished = False
     step, problems = _checkpoint_problems(cfg, run_dir)

@@ -44,6 +44,7 @@ from typing import Callable
 
 import click
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.cli.params import Seconds
 from phoenix_hpc.errors import FaultError, SubmitError
 from phoenix_hpc.drills.drill import VERIFIED_KINDS, match_outcome
@@ -90,7 +91,7 @@ class _Collector:
         records = read_records(self.run_dir)
         job_id = str(run.job["job_id"]) if run.job and run.job.get("job_id") is not None else None
         if self._slurm is None or job_id != self._job_id or time.monotonic() - self._slurm_t >= self.slurm_every_s:
-            nodes = sorted({str(r["node"]) for r in records if r.get("event") == "registered" and r.get("node")})
+            nodes = sorted({str(r["node"]) for r in records if r.get("event") == E.Registered.NAME and r.get("node")})
             self._slurm, self._slurm_t, self._job_id = gather_slurm(self.client, job_id, nodes), time.monotonic(), job_id
         return derive_status(records, self._slurm, time.time(), run)
 

@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.control.run_jobs import job_entries
 from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 from phoenix_hpc.errors import ConfigError, SlurmError, SubmitError
@@ -72,13 +73,13 @@ def coordinator_ended(records: list[dict], job_id: str | None = None) -> bool:
     ``job_id``: judge that job only: False while its coordinator has not started (a resumed or chained job
     that is queued or starting; the journal's last ``coordinator_exit`` is then an earlier job's)."""
     if job_id is not None:
-        starts = [i for i, r in enumerate(records) if r.get("event") == "coordinator_started"
+        starts = [i for i, r in enumerate(records) if r.get("event") == E.CoordinatorStarted.NAME
                   and str(r.get("job_id")) == str(job_id)]
         if not starts:
             return False
         records = records[starts[0]:]
-    marks = [r.get("event") for r in records if r.get("event") in ("coordinator_started", "coordinator_exit")]
-    return bool(marks) and marks[-1] == "coordinator_exit"
+    marks = [r.get("event") for r in records if r.get("event") in (E.CoordinatorStarted.NAME, E.CoordinatorExit.NAME)]
+    return bool(marks) and marks[-1] == E.CoordinatorExit.NAME
 
 
 def wait_for_end(slurm, job_id: str, state: str | None, wait_s: float = END_WAIT_S, poll_s: float = 1.0,
@@ -157,7 +158,7 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
         records = read_journal(rd)
     except (OSError, ValueError):
         records = []
-    done = [r for r in records if r.get("event") == "job_done"]
+    done = [r for r in records if r.get("event") == E.JobDone.NAME]
     if done:
         raise SubmitError(f"--resume: the run in {rd} finished (job_done at step {done[-1].get('step')}); "
                           "there is nothing to resume")
@@ -177,7 +178,7 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
                 raise SubmitError(f"--resume: job {jobs[-1]}, queued by the chain (resources.chain) to continue this "
                                   f"run, is still PENDING: it starts by itself when job {queued[0]['after']} ends "
                                   f"before the last step; to resume by hand instead, scancel {jobs[-1]} first")
-            if not any(r.get("event") == "coordinator_started" and str(r.get("job_id")) == jobs[-1] for r in records):
+            if not any(r.get("event") == E.CoordinatorStarted.NAME and str(r.get("job_id")) == jobs[-1] for r in records):
                 resumed = [j for j in job.get("jobs", []) if isinstance(j, dict) and str(j.get("job_id")) == jobs[-1]
                            and j.get("resume_step") is not None]
                 what = (f"the resume of this run from step {resumed[0]['resume_step']}" if resumed

@@ -55,7 +55,7 @@ class RestartMixin:
             self.slots[w] = Slot(w, s.node, s.pid, s.role, m, now, s.logical_rank, s.generation, 0,
                                  domain=s.domain)
         if r.ended is not None:  # it died between the job's end and its verdict: give the verdict, nothing more
-            self.job = job_machine({"job_done": JobState.DONE, "coordinator_stopped": JobState.STOPPED}.get(
+            self.job = job_machine({E.JobDone.NAME: JobState.DONE, E.CoordinatorStopped.NAME: JobState.STOPPED}.get(
                 r.ended, JobState.FAILED))
             self._end_at = now + self.t.linger_s
             return r

@@ -15,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from phoenix_hpc.control import events as E
+
 #: The recovery phases of ``recovery_done.phases``, in the order they happen.
-PHASES = ("detect", "reconfigure", "params", "optimizer", "replay")
+PHASES = E.TIMED_PHASES
 
 
 @dataclass
@@ -51,7 +53,7 @@ class RunSummary:
     @property
     def done(self) -> bool:
         """Whether the job ended with ``job_done`` (every active rank finished) and a final hash."""
-        return self.end_event == "job_done" and bool(self.final_hash)
+        return self.end_event == E.JobDone.NAME and bool(self.final_hash)
 
     @property
     def wall_s(self) -> float | None:
@@ -61,7 +63,7 @@ class RunSummary:
         return self.ended_at - self.started_at
 
 
-END_EVENTS = ("job_done", "clean_stop", "fallback", "coordinator_stopped")
+END_EVENTS = tuple(E.JOB_END_STATES)
 
 
 def final_loss(rank_summaries: Iterable[Mapping[str, Any]]) -> tuple[float | None, list[int]]:
@@ -88,28 +90,28 @@ def summarize_run(run_dir: str, job_id: str | None, records: Iterable[Mapping[st
     landing records of its injected faults (:func:`phoenix_hpc.faults.trigger.read_fired`)."""
     records = list(records)
     end = next((r for r in records if r["event"] in END_EVENTS), None)
-    started = next((r for r in records if r["event"] == "coordinator_started"), None)
+    started = next((r for r in records if r["event"] == E.CoordinatorStarted.NAME), None)
     loss, loss_ranks = final_loss(rank_summaries)
     joins: list[dict[str, Any]] = []
     transfers: list[dict[str, Any]] = []
     for r in records:
-        if r["event"] == "recovery_plan":
+        if r["event"] == E.RecoveryPlanned.NAME:
             joins.extend(dict(j) for j in r.get("joins", []))
             transfers.extend(dict(t) for t in r.get("transfers", []))
     landed = {(f.get("request_id"), f.get("world_rank")): dict(f) for f in fired}
     for r in records:
-        if r["event"] == "inject_fired":
+        if r["event"] == E.InjectFired.NAME:
             landed.setdefault((r.get("request_id"), r.get("world_rank")), dict(r))
     return RunSummary(
         run_dir=run_dir, job_id=job_id, end_event=end["event"] if end else None,
         steps=end.get("step") if end else None,
-        final_hash=end.get("final_hash") if end and end["event"] == "job_done" else None,
+        final_hash=end.get("final_hash") if end and end["event"] == E.JobDone.NAME else None,
         final_loss=loss, loss_ranks=loss_ranks,
-        recoveries=[dict(r) for r in records if r["event"] == "recovery_done"],
+        recoveries=[dict(r) for r in records if r["event"] == E.RecoveryDone.NAME],
         joins=joins,
-        dead=[dict(r) for r in records if r["event"] == "slots_dead"],
+        dead=[dict(r) for r in records if r["event"] == E.SlotsDead.NAME],
         fired=sorted(landed.values(), key=lambda f: float(f.get("ts", 0.0))),
-        injections=[dict(r) for r in records if r["event"] == "inject_forwarded"],
+        injections=[dict(r) for r in records if r["event"] == E.InjectForwarded.NAME],
         transfers=transfers,
         started_at=float(started["ts"]) if started else None,
         ended_at=float(end["ts"]) if end else None,

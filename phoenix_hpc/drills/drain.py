@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.drills.inject import resolve_target
 from phoenix_hpc.errors import ControlError, FaultError, FaultMissed
 from phoenix_hpc.status.model import Status
@@ -106,7 +107,7 @@ def send_drain(run_dir: Path, req: DrainRequest, timeout_s: float = 30.0) -> dic
 def drain_outcome(request_id: str, records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The journal's ``drain_done`` or ``drain_missed`` record of ``request_id``, or None. Pure."""
     for r in records:
-        if r.get("request_id") == request_id and r.get("event") in ("drain_done", "drain_missed"):
+        if r.get("request_id") == request_id and r.get("event") in (E.DrainDone.NAME, E.DrainMissed.NAME):
             return r
     return None
 
@@ -126,7 +127,7 @@ def wait_drain(run_dir: Path, request_id: str, *, job_over: Callable[[], str | N
     while True:
         rec = drain_outcome(request_id, read_journal(run_dir))
         if rec is not None:
-            if rec["event"] == "drain_missed":
+            if rec["event"] == E.DrainMissed.NAME:
                 raise FaultMissed(f"drain {request_id} was armed but missed: {rec.get('reason')}", rec)
             return rec
         why = job_over()

@@ -37,6 +37,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.errors import FaultError
 from phoenix_hpc.faults.kinds import KINDS, PHASE_WIRE
 from phoenix_hpc.faults.trigger import RECOVERY_PHASES
@@ -290,9 +291,9 @@ def quiesce_by_generation(records: Sequence[dict[str, Any]]) -> dict[int, float]
     every survivor has left the step it was in (a survivor blocked in a collective with a dead slot is freed
     by ``resilience.collective_timeout_s``). Not one of ``recovery_done.phases``: those are detect,
     reconfigure, params, optimizer (each the slowest member's own time) and replay. Pure."""
-    start = {int(r["generation"]): float(r["ts"]) for r in records if r.get("event") == "recovery_start"}
+    start = {int(r["generation"]): float(r["ts"]) for r in records if r.get("event") == E.RecoveryStart.NAME}
     return {g: round(float(r["ts"]) - start[g], 3) for r in records
-            if r.get("event") == "recovery_plan" and (g := int(r["generation"])) in start}
+            if r.get("event") == E.RecoveryPlanned.NAME and (g := int(r["generation"])) in start}
 
 
 def landed_ts(out: DrillOutcome) -> float | None:
@@ -353,5 +354,5 @@ def batch_host_outcome(run_jobs: Sequence[Any], job_id: str | None, node: str, a
         "next_end": nxt.end if nxt else None,
         "lost_steps": mine.lost_steps if mine else None,
         "committed_lost_steps": mine.committed_lost_steps if mine else None,
-        "passed": bool(mine and mine.cause == "batch-host loss" and nxt and nxt.end == "job_done"),
+        "passed": bool(mine and mine.cause == "batch-host loss" and nxt and nxt.end == E.JobDone.NAME),
     }

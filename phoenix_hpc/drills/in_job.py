@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.errors import FaultError
 
 IN_JOB_KINDS: tuple[str, ...] = ("crash", "kill-node", "hang")
@@ -35,7 +36,7 @@ nodes were chosen (``RUN_DIR/in_job_restarts.jsonl``); *relaunch* -> the new ste
 *replay* -> the new step's ranks (restore of the checkpoint included) reported a step at or past the fault's
 step (``progress``/``commit`` records, so to within ``progress_interval_s``)."""
 
-_DETECTION = ("slots_dead", "fault", "decision")
+_DETECTION = (E.SlotsDead.NAME, E.Fault.NAME, E.Decision.NAME)
 
 
 def drill_mode(enabled: bool, mode: str, restart: str) -> str:
@@ -72,16 +73,16 @@ def check_kinds(kinds: Sequence[str]) -> None:
 def _new_step_at(records: Sequence[Mapping[str, Any]], after: float) -> int | None:
     """Index of the first ``coordinator_started`` of a new srun step (not a restarted coordinator) at or
     after ``after``."""
-    return next((i for i, r in enumerate(records) if r.get("event") == "coordinator_started"
+    return next((i for i, r in enumerate(records) if r.get("event") == E.CoordinatorStarted.NAME
                  and not r.get("restart") and float(r["ts"]) >= after), None)
 
 
 def _back_at(records: Iterable[Mapping[str, Any]], step: int) -> float | None:
     """When the records first show the job at or past ``step`` (``progress``, ``commit``) or finished."""
     return next((float(r["ts"]) for r in records if (
-        (r.get("event") == "progress" and int(r.get("step") or 0) >= step)
-        or (r.get("event") == "commit" and int(r.get("recoverable_step") or 0) >= step)
-        or r.get("event") == "job_done")), None)
+        (r.get("event") == E.Progress.NAME and int(r.get("step") or 0) >= step)
+        or (r.get("event") == E.Commit.NAME and int(r.get("recoverable_step") or 0) >= step)
+        or r.get("event") == E.JobDone.NAME)), None)
 
 
 def match_in_job(out, records: Sequence[Mapping[str, Any]], fired: Iterable[Mapping[str, Any]],
@@ -105,7 +106,7 @@ def match_in_job(out, records: Sequence[Mapping[str, Any]], fired: Iterable[Mapp
         return out
     t_landed = min(f["ts"] for f in out.landed)
     step = max((f["step"] for f in out.landed if isinstance(f["step"], int)), default=None)
-    req = next((r for r in records if r.get("event") == "restart_in_job" and float(r["ts"]) >= t_landed
+    req = next((r for r in records if r.get("event") == E.RestartInJob.NAME and float(r["ts"]) >= t_landed
                 and (before_ts is None or float(r["ts"]) < before_ts)), None)
     if req is None:
         return out

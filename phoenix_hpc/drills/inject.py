@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.errors import ControlError, FaultError, FaultMissed
 from phoenix_hpc.faults.kinds import PHASE_WIRE, check_at_step, check_phase, kind_spec, parse_coord
 from phoenix_hpc.faults.trigger import RECOVERY_PHASES
@@ -238,7 +239,7 @@ def outcome_of(request_id: str, armed: dict[int, int], phase_wire: str, fired: l
     landed = {int(f["world_rank"]): f for f in fired if f.get("request_id") == request_id
               and f.get("world_rank") is not None}
     missed = {int(r["world_rank"]): str(r.get("reason", "")) for r in records
-              if r.get("event") == "inject_missed" and r.get("request_id") == request_id
+              if r.get("event") == E.InjectMissed.NAME and r.get("request_id") == request_id
               and int(r["world_rank"]) not in landed}
     pending = sorted(w for w in armed if w not in landed and w not in missed)
     exact = not missed and not pending and all(is_exact(landed[w], armed[w], phase_wire) for w in armed)
@@ -335,8 +336,8 @@ def job_over_probe(run_dir: Path, slurm=None) -> Callable[[], str | None]:
     most once per 2 s."""
     from phoenix_hpc.control.journal import read_journal
 
-    ends = {"job_done": "the job finished", "clean_stop": "the job stopped", "fallback": "the job stopped",
-            "coordinator_stopped": "the job was stopped", "coordinator_exit": "the job's coordinator exited"}
+    ends = {E.JobDone.NAME: "the job finished", E.CleanStop.NAME: "the job stopped", E.Fallback.NAME: "the job stopped",
+            E.CoordinatorStopped.NAME: "the job was stopped", E.CoordinatorExit.NAME: "the job's coordinator exited"}
     last = {"t": float("-inf"), "why": None}
 
     def probe() -> str | None:

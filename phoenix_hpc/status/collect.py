@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.errors import SlurmError, StatusError
 from phoenix_hpc.files import read_text
 from phoenix_hpc.slurm.client import error_line, slurm_unreachable
@@ -199,7 +200,7 @@ def collect_status(run_dir: Path, client=None, now: float | None = None) -> Stat
     run = read_run_files(run_dir)
     records = read_records(run_dir)
     job_id = str(run.job["job_id"]) if run.job and run.job.get("job_id") is not None else None
-    nodes = sorted({str(r["node"]) for r in records if r.get("event") == "registered" and r.get("node")})
+    nodes = sorted({str(r["node"]) for r in records if r.get("event") == E.Registered.NAME and r.get("node")})
     slurm = gather_slurm(client, job_id, nodes, list((run.job or {}).get("failure_domain_levels") or ()))
     slurm.run_jobs = gather_run_jobs(client, run.job or {}, job_id)
     hosts = sorted({r.get("BatchHost") for r in slurm.run_jobs.values() if r.get("BatchHost")} - set(slurm.nodes))

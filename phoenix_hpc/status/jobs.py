@@ -25,10 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from phoenix_hpc.control import events as E
 from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 from phoenix_hpc.status.model import RunJobStatus
 
-_END_EVENTS = ("job_done", "coordinator_stopped", "clean_stop", "fallback")
+_END_EVENTS = E.JOB_END_EVENTS
 _ACTIVE = ACTIVE_JOB_STATES
 _DOWN = ("DOWN", "FAIL", "NOT_RESPONDING")
 
@@ -38,7 +39,7 @@ def _segments(records: list[Mapping[str, Any]]) -> list[tuple[str | None, list[M
     its records)."""
     out: list[tuple[str | None, list[Mapping[str, Any]]]] = []
     for r in records:
-        if r.get("event") == "coordinator_started" and not (r.get("restart") and out):
+        if r.get("event") == E.CoordinatorStarted.NAME and not (r.get("restart") and out):
             out.append((str(r["job_id"]) if r.get("job_id") is not None else None, [r]))
         elif out:
             out[-1][1].append(r)
@@ -49,8 +50,8 @@ def _last_step(seg: list[Mapping[str, Any]]) -> int | None:
     steps: list[int] = []
     for r in seg:
         ev = r.get("event")
-        for key in {"progress": ("step",), "commit": ("recoverable_step",), "checkpoint": ("step",),
-                    "job_done": ("step",)}.get(ev, ()):
+        for key in {E.Progress.NAME: ("step",), E.Commit.NAME: ("recoverable_step",), E.Checkpoint.NAME: ("step",),
+                    E.JobDone.NAME: ("step",)}.get(ev, ()):
             if isinstance(r.get(key), int):
                 steps.append(int(r[key]))
     return max(steps) if steps else None
@@ -61,9 +62,9 @@ def _newest(*steps: int | None) -> int | None:
 
 
 def _committed(seg: list[Mapping[str, Any]]) -> int | None:
-    steps = [int(r["recoverable_step"]) for r in seg if r.get("event") == "commit"
+    steps = [int(r["recoverable_step"]) for r in seg if r.get("event") == E.Commit.NAME
              and isinstance(r.get("recoverable_step"), int)]
-    steps += [int(r["step"]) for r in seg if r.get("event") in ("checkpoint", "job_done") and isinstance(r.get("step"), int)]
+    steps += [int(r["step"]) for r in seg if r.get("event") in (E.Checkpoint.NAME, E.JobDone.NAME) and isinstance(r.get("step"), int)]
     return max(steps) if steps else None
 
 
@@ -74,9 +75,9 @@ def _cause(end: Mapping[str, Any] | None, slurm_job: Mapping[str, str] | None,
     coordinator managed to write."""
     if end is not None:
         ev = end.get("event")
-        if ev == "job_done":
+        if ev == E.JobDone.NAME:
             return "finished"
-        if ev == "coordinator_stopped":
+        if ev == E.CoordinatorStopped.NAME:
             sig = end.get("signal")
             return {"USR1": "time limit", "TERM": "SIGTERM"}.get(sig, f"SIG{sig}" if sig else "stop requested")
         return "failure"

@@ -13,6 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from phoenix_hpc.control.events import TIMED_PHASES
 from phoenix_hpc.status.model import Status
 from phoenix_hpc.status.text import REPLAYED_MEANS, shorten
 
@@ -21,7 +22,7 @@ _STATE_STYLE = {"running": "green", "done": "green", "recovering": "yellow", "st
                 "unknown": "dim"}
 _SLOT_STYLE = {"active": "green", "standby": "cyan", "joining": "yellow", "quiesced": "yellow", "dead": "red",
                "done": "dim"}
-PHASES = ("detect", "quiesce", "reconfigure", "params", "optimizer", "replay")
+PHASES = (TIMED_PHASES[0], "quiesce", *TIMED_PHASES[1:])  # quiesce: recovery_start -> recovery_plan
 
 
 def _fmt_s(v: float | None) -> str:

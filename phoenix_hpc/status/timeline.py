@@ -28,6 +28,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from phoenix_hpc.status.model import Status
+from phoenix_hpc.status.render import PHASES
 
 PHASE_COLOURS = {
     "detect": "#d62728",
@@ -57,7 +58,7 @@ def recovery_spans(st: Status) -> list[tuple[str, float, float]]:
         if r.state == "done" and r.total_s is not None and r.finished_at is not None:
             end = r.finished_at - t0
             t = end - float(r.total_s)
-            for ph in ("detect", "quiesce", "reconfigure", "params", "optimizer"):
+            for ph in PHASES[:-1]:  # every phase but the replay, drawn after them
                 d = float((r.quiesce_s if ph == "quiesce" else r.phases.get(ph)) or 0.0)
                 if d > 0:
                     out.append((ph, t, t + d))
