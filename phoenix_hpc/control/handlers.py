@@ -14,6 +14,7 @@ import hashlib
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control.classify import Fault, FaultKind, kind_from_exception
+from phoenix_hpc.control.events import RecoveryPhase
 from phoenix_hpc.control.records import PendingFault
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState
 from phoenix_hpc.recovery.steps import committed_step, recoverable_step
@@ -137,7 +138,7 @@ class HandlersMixin:
         n = len(self.rank_map)
         rec = self.recovery
         if self.grid and len(self.done) == n and self.job.state is JobState.RUNNING and (
-                rec is None or rec.phase == "replay"):
+                rec is None or rec.phase == RecoveryPhase.REPLAY):
             if rec is not None:
                 self._finish_recovery(rec, self.clock(), interrupted=False)
             self._maybe_log_commit(force=True)  # the newest recoverable step, for status after the end

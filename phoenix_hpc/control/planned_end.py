@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control.ending import PlannedEnd, choose_step, continue_hint
+from phoenix_hpc.control.events import RecoveryPhase
+from phoenix_hpc.control.recovery_phases import ANSWERING
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, SlotState
 
 
@@ -34,7 +36,7 @@ class PlannedEndMixin:
         if self.ending is not None:
             return
         rec = self.recovery
-        if rec is not None and rec.phase in ("quiesce", "restore") and now <= rec.deadline:
+        if rec is not None and RecoveryPhase(rec.phase) in ANSWERING and now <= rec.deadline:
             return  # let the recovery finish (bounded by its own deadline); the members are in no state to write
         members = {w for w in self.rank_map.values() if self.slots[w].state is SlotState.ACTIVE}
         if (not self.t.final_checkpoint or not self.t.checkpoint_path or self.job.state is not JobState.RUNNING

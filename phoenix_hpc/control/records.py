@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phoenix_hpc.control.classify import Decision, Fault
+from phoenix_hpc.control.events import RecoveryPhase
+from phoenix_hpc.control.recovery_phases import check_move
 from phoenix_hpc.control.states import SlotState, StateMachine
 from phoenix_hpc.recovery.plan import RecoveryPlan
 
@@ -65,7 +67,7 @@ class Recovery:
     survivors: set[int]
     t_fault: float  # estimated time the fault happened (coordinator clock)
     t_start: float
-    phase: str = "quiesce"  # quiesce -> restore -> replay
+    phase: RecoveryPhase = RecoveryPhase.QUIESCE  # quiesce -> restore -> replay (control/recovery_phases.py)
     deadline: float = 0.0
     quiesced: dict[int, dict] = field(default_factory=dict)
     plan: RecoveryPlan | None = None
@@ -74,3 +76,11 @@ class Recovery:
     phases: dict[str, float] = field(default_factory=dict)
     target_step: int = 0
     drain: Any = None  # the control.drains.PendingDrain this hot swap carries out (a planned drain), else None
+
+    def move(self, phase: RecoveryPhase) -> None:
+        """Go to ``phase``.
+
+        Raises:
+            IllegalTransition: :data:`phoenix_hpc.control.recovery_phases.PHASE_TRANSITIONS` does not allow it.
+        """
+        self.phase = check_move(self.phase, phase)

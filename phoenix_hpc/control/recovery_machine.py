@@ -32,7 +32,9 @@ checkpoint and the lost steps are trained again). Otherwise the job enters FALLB
 and how to resubmit.
 
 :class:`RecoveryMixin` is part of :class:`phoenix_hpc.control.coordinator.Coordinator`; :meth:`_advance_recovery`
-is called from the coordinator's tick.
+is called from the coordinator's tick. What a recovery does next, and which phase may follow which, are pure
+rules of :mod:`phoenix_hpc.control.recovery_phases`; which action the pending faults call for is
+:func:`phoenix_hpc.control.arbitration.arbitrate`. This module carries them out.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ from phoenix_hpc.control.arbitration import arbitrate, fault_time
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine
 from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.ending import continue_hint
+from phoenix_hpc.control.events import RecoveryPhase
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
+from phoenix_hpc.control.recovery_phases import Next, Step, on_answers, on_tick
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, SlotState
 from phoenix_hpc.recovery.invariants import report_from_json, verify_recovery
 from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, plan_checkpoint_restart, plan_recovery
@@ -57,7 +61,7 @@ class RecoveryMixin:
     """The recovery state machine of the coordinator."""
 
     def _on_quiesced(self, body: dict) -> None:
-        slot = self._phase_report(body, "quiesced", "quiesce")
+        slot = self._phase_report(body, "quiesced", RecoveryPhase.QUIESCE)
         if slot is None:
             return
         rec = self.recovery
@@ -70,9 +74,9 @@ class RecoveryMixin:
                                                   logical_rank=slot.logical_rank, node=slot.node, shard_id=sid, step=step, reason=why))
 
     def _on_recovered(self, body: dict) -> None:
-        self._phase_report(body, "recovered", "restore")
+        self._phase_report(body, "recovered", RecoveryPhase.RESTORE)
 
-    def _phase_report(self, body: dict, kind: str, phase: str) -> Slot | None:
+    def _phase_report(self, body: dict, kind: str, phase: RecoveryPhase) -> Slot | None:
         """Record a member's ``quiesced``/``recovered`` report of the current recovery's ``phase``
         (idempotent: a repeated report replaces the first) and return its slot; one from outside that phase
         or generation is rejected and journalled once (``None``)."""
@@ -82,9 +86,9 @@ class RecoveryMixin:
             return None
         if rec is None or rec.phase != phase or int(body["generation"]) != rec.generation:
             self._reject(f"{kind} from world rank {slot.world_rank} for generation {body.get('generation')} "
-                         f"outside a {phase}", body, key=(kind, slot.world_rank, body.get("generation")))
+                         f"outside a {phase.value}", body, key=(kind, slot.world_rank, body.get("generation")))
             return None
-        getattr(rec, kind)[slot.world_rank] = body
+        (rec.quiesced if phase is RecoveryPhase.QUIESCE else rec.recovered)[slot.world_rank] = body
         slot.last_seen = self.clock()
         return slot
 
@@ -169,9 +173,11 @@ class RecoveryMixin:
 
     def _abort_recovery(self, reason: str, now: float) -> None:
         rec = self.recovery
-        self.journal.append(E.RecoveryAborted(generation=rec.generation, phase=rec.phase, reason=reason))
-        if rec.plan is not None and rec.phase == "restore":
+        self.journal.append(E.RecoveryAborted(generation=rec.generation, phase=RecoveryPhase(rec.phase).value,
+                                              reason=reason))
+        if rec.plan is not None and rec.phase == RecoveryPhase.RESTORE:
             self.restore_pending |= {j.logical_rank for j in rec.plan.joins if self.slots[j.world_rank].state is not SlotState.DEAD}
+        rec.move(RecoveryPhase.ABORTED)
         self.recovery = None
         # survivors stay QUIESCED; the queued fault starts the next recovery at once
         if not self.faults:
@@ -194,36 +200,29 @@ class RecoveryMixin:
         self._start_recovery(Decision(Action.HOT_SWAP, decision.reason), faults, t_fault, now)
 
     def _advance_recovery(self, now: float) -> None:
+        """The tick's step of the recovery: carry out :func:`phoenix_hpc.control.recovery_phases.on_tick`."""
         rec = self.recovery
-        members = rec.survivors if rec.phase == "quiesce" else (
-            {w for _, w in rec.plan.rank_map} if rec.plan else set())
-        lost = sorted(w for w in members if self.slots[w].state is SlotState.DEAD)
-        if lost and rec.phase in ("quiesce", "restore"):
-            return self._abort_recovery(f"slot(s) {lost} died during the {rec.phase} phase", now)
-        if rec.phase in ("quiesce", "restore") and now > rec.deadline:
-            got = rec.quiesced if rec.phase == "quiesce" else rec.recovered
-            silent = sorted(members - set(got))
-            self._declare_dead(silent, FaultKind.HEARTBEAT_TIMEOUT,
-                               f"no {rec.phase} answer within {rec.deadline - rec.t_start:.0f}s", now)
-            return self._abort_recovery(f"slot(s) {silent} did not answer the {rec.phase}", now)
-        if rec.phase == "quiesce" and self._all_quiesced(rec):
+        nxt = on_tick(rec, dead=self._is_dead, step_of=self._step_of, faults_pending=bool(self.faults), now=now)
+        self._carry_out(rec, nxt, now)
+
+    def _carry_out(self, rec: Recovery, nxt: Next, now: float) -> None:
+        """Do what the phase rule decided (:class:`phoenix_hpc.control.recovery_phases.Step`)."""
+        if nxt.step is Step.TIMEOUT:
+            self._declare_dead(list(nxt.slots), FaultKind.HEARTBEAT_TIMEOUT, nxt.dead_reason, now)
+        if nxt.step in (Step.ABORT, Step.TIMEOUT):
+            self._abort_recovery(nxt.reason, now)
+        elif nxt.step is Step.PLAN:
             self._plan(rec, now)
-        elif rec.phase == "restore" and self._all_recovered(rec):
+        elif nxt.step is Step.CHECK:
             self._check_and_resume(rec, now)
-        elif rec.phase == "replay":
-            members = [w for _, w in rec.plan.rank_map]
-            if all(self.slots[w].step >= rec.target_step for w in members):
-                self._finish_recovery(rec, now, interrupted=False)
-            elif self.faults:
-                self._finish_recovery(rec, now, interrupted=True)
+        elif nxt.step in (Step.FINISH, Step.INTERRUPTED):
+            self._finish_recovery(rec, now, interrupted=nxt.step is Step.INTERRUPTED)
 
-    def _all_quiesced(self, rec: Recovery) -> bool:
-        """Every survivor answered ``quiesced``."""
-        return set(rec.quiesced) >= rec.survivors
+    def _is_dead(self, w: int) -> bool:
+        return self.slots[w].state is SlotState.DEAD
 
-    def _all_recovered(self, rec: Recovery) -> bool:
-        """Every member of the plan answered ``recovered``."""
-        return set(rec.recovered) >= {w for _, w in rec.plan.rank_map}
+    def _step_of(self, w: int) -> int:
+        return self.slots[w].step
 
     def _advance_on_answers(self, now: float) -> None:
         """Called by the coordinator's loop after messages arrived, so that a recovery does not wait up to a
@@ -242,21 +241,17 @@ class RecoveryMixin:
         rec = self.recovery
         if rec is None or self.ending is not None or self.job.state in TERMINAL_JOB_STATES:
             return
-        if rec.phase == "quiesce":
-            if (self._all_quiesced(rec) and not self.faults and now <= rec.deadline
-                    and now - rec.t_start >= self.tick_s
-                    and not any(self.slots[w].state is SlotState.DEAD for w in rec.survivors)
-                    and not detect(now, self._watched(now), self.t)[0]):
-                self._plan(rec, now)
-            return
-        members = [w for _, w in rec.plan.rank_map]
-        if any(self.slots[w].state is SlotState.DEAD for w in members):
-            return  # the tick aborts the recovery
-        if rec.phase == "restore" and self._all_recovered(rec):
+        nxt = on_answers(rec, dead=self._is_dead, step_of=self._step_of, faults_pending=bool(self.faults),
+                         overdue=lambda: bool(detect(now, self._watched(now), self.t)[0]), now=now,
+                         tick_s=self.tick_s)
+        if nxt.step is Step.CHECK:
             self._check_and_resume(rec, now)  # a plan that replays no step is past it at once: below
-        if (rec.phase == "replay" and self.recovery is rec and not self.faults
-                and all(self.slots[w].step >= rec.target_step for w in members)):
-            self._finish_recovery(rec, now, interrupted=False)
+            if self.recovery is not rec or rec.phase != RecoveryPhase.REPLAY:
+                return
+            nxt = on_answers(rec, dead=self._is_dead, step_of=self._step_of, faults_pending=bool(self.faults),
+                             overdue=lambda: False, now=now, tick_s=self.tick_s)
+        if nxt.step in (Step.PLAN, Step.FINISH):
+            self._carry_out(rec, nxt, now)
 
     def _plan(self, rec: Recovery, now: float) -> None:
         # a spare whose restore was cut short at its generation's arrival barrier answers live step -1 and
@@ -331,7 +326,7 @@ class RecoveryMixin:
     def _send_plan(self, rec: Recovery, plan: RecoveryPlan, now: float, plan_s: float) -> None:
         # the plan was made for generation - 1 -> generation; keep the coordinator's numbering
         rec.plan = plan
-        rec.phase = "restore"
+        rec.move(RecoveryPhase.RESTORE)
         rec.phases["plan_s"] = plan_s
         rec.deadline = now + self.t.collective_timeout_s + self.t.heartbeat_timeout_s
         self.rank_map = plan.world_of()
@@ -412,7 +407,7 @@ class RecoveryMixin:
                                          freed=freed, lost=list(plan.lost),
                                          **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
         rec.t_restored = now
-        rec.phase = "replay"
+        rec.move(RecoveryPhase.REPLAY)
         rec.target_step = plan.recoverable_step + plan.steps_replayed
         self.job.to(JobState.RUNNING, f"generation {rec.generation} restored")
         self.journal.append(E.RecoveryRestored(generation=rec.generation, recoverable_step=plan.recoverable_step,
