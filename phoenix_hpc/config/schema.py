@@ -373,6 +373,17 @@ class CheckpointConfig(BaseModel):
         "again (phoenix resume), which restores the newest checkpoint; in-job: the batch script ends the srun step "
         "and starts a new one inside the same allocation, on the nodes left (spares take the dead ones' place), and "
         "every rank restores the newest checkpoint")
+    load_megatron: str | None = Field(
+        None,
+        description="engine megatron: start from this Megatron-LM checkpoint directory (absolute path; what "
+        "Megatron-LM's --load names: latest_checkpointed_iteration.txt and iter_NNNNNNN/ in the torch_dist format): "
+        "its weights, and its optimizer state and iteration when it has them; used when no persistent checkpoint "
+        "of this run exists yet")
+    save_megatron: str | None = Field(
+        None,
+        description="engine megatron: also write every persistent checkpoint into this directory (absolute path) in "
+        "Megatron-LM's torch_dist layout (iter_NNNNNNN/ and latest_checkpointed_iteration.txt), which Megatron-LM's "
+        "--load reads; all are kept, as Megatron-LM keeps them")
 
 
 #: ``resilience.d2h_copy_chunk_bytes`` must be a multiple of this (runtime/d2h_chunks.py COPY_CHUNK_ALIGN; a unit
