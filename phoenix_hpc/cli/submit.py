@@ -315,9 +315,10 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
             run_root_warning = f"{exc}; the script below uses {rd.parent} instead"
     rd = Path(os.path.abspath(cwd / rd))
     from phoenix_hpc.engines.megatron_spec import submit_problems
+    from phoenix_hpc.launch.metrics_log import logging_problems
 
     job = resolve(cfg, profile, run_dir=str(rd), default_python=sys.executable, python=python,
-                  nodelist=nodelist, exclude=exclude, extra_problems=submit_problems(cfg))
+                  nodelist=nodelist, exclude=exclude, extra_problems=submit_problems(cfg) + logging_problems(cfg))
     load = heartbeat_load(job)
     if load.problems:
         raise ConfigError(list(load.problems), str(config) if config is not None else None)

@@ -12,12 +12,13 @@ Shape of the file (every section but ``name`` and ``data`` has defaults)::
     megatron:   {transformer_impl, attention_backend, recompute_granularity, sequence_parallel}
     parallelism: {tp, pp, dp}       # dp may be omitted: derived from nodes x GPUs per node / (tp x pp)
     training:   {steps, micro_batch_size, global_batch_size, lr, min_lr, lr_schedule, warmup_steps,
-                 weight_decay, grad_clip, seed, log_interval}
+                 weight_decay, grad_clip, seed, log_interval, eval_interval, eval_iters}
     data:       {path, factory, options}  # a Megatron indexed dataset (PREFIX.bin + .idx), or your factory
     resilience: {enabled, mode, k, placement_levels, heartbeat_interval_s, heartbeat_timeout_s,
                  collective_timeout_s, chunk_bytes, checksum, checksum_threads, recovery_path,
                  checkpoint: {interval_steps, path}}
     resources:  {nodes, spares, gpus_per_node, time_limit, account, qos, partition, constraint}
+    logging:    {tensorboard, tensorboard_dir, wandb: {project, entity, name, mode}}
 
 Relations that need only the config are checked here (heartbeat interval < heartbeat timeout < collective
 timeout; micro batch divides global batch; hidden size divisible by heads; query groups dividing heads and
@@ -242,10 +243,21 @@ class TrainingConfig(BaseModel):
     grad_clip: float = Field(1.0, ge=0, description="global grad-norm clip; 0 disables")
     seed: int = Field(1234, ge=0, description="seed of parameter initialisation and data order")
     log_interval: int = Field(1, ge=1, description="log every N steps")
+    eval_interval: int | None = Field(
+        None, ge=1, description="evaluate the validation loss after every step that is a multiple of N, on the "
+        "validation part of data.split (Megatron-LM's --eval-interval; needs data.blend with a validation part); "
+        "null: no evaluation")
+    eval_iters: int = Field(
+        100, ge=1, description="global batches of the validation part read by each evaluation (Megatron-LM's "
+        "--eval-iters); with eval_interval only")
 
     @model_validator(mode="after")
     def _batches(self):
-        """``global_batch_size`` is a multiple of ``micro_batch_size``; ``min_lr <= lr``."""
+        """``global_batch_size`` is a multiple of ``micro_batch_size``; ``min_lr <= lr``; ``eval_iters`` only
+        with ``eval_interval``."""
+        if "eval_iters" in self.model_fields_set and self.eval_interval is None:
+            raise ValueError(f"training.eval_iters: {self.eval_iters} is set but training.eval_interval is null "
+                             "(allowed: eval_iters together with an eval_interval, or neither)")
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"training.global_batch_size ({self.global_batch_size}) must be a multiple of "
@@ -289,7 +301,7 @@ class DataConfig(BaseModel):
         "as in Megatron-LM")
     split: str | None = Field(
         None, description="with blend only: Megatron-LM's --split 'train,valid,test' (e.g. '969,30,1', normalised); "
-        f"null: Megatron-LM's default {MEGATRON_DEFAULT_SPLIT!r}. Only the train part is read (no evaluation)")
+        f"null: Megatron-LM's default {MEGATRON_DEFAULT_SPLIT!r}. The validation part is read by evaluation (training.eval_interval)")
     factory: _Reference = Field(
         None, description="'package.module:function' returning a map-style dataset of samples indexed by "
         "global sample position (called as f(seq_length=, seed=, options=)); the torch engine and engines derived "
@@ -632,6 +644,41 @@ class ResourcesConfig(BaseModel):
         return v
 
 
+class WandbConfig(BaseModel):
+    """Weights & Biases logging (``wandb.init`` arguments). Needs the ``wandb`` package installed (and, online,
+    logged in: ``wandb login`` or ``WANDB_API_KEY``) wherever the job's ranks run; submit refuses the job when
+    it cannot import ``wandb``."""
+
+    model_config = _STRICT
+    project: str = Field(..., min_length=1, description="W&B project (Megatron-LM's --wandb-project)")
+    entity: str | None = Field(None, min_length=1, description="W&B entity (team or user); null: your default")
+    name: str | None = Field(None, min_length=1, description="run name (Megatron-LM's --wandb-exp-name); null: the "
+                                                             "job name")
+    mode: Literal["online", "offline"] = Field(
+        "online", description="online: stream to the W&B server; offline: write RUN_DIR/wandb for 'wandb sync'")
+
+
+class LoggingConfig(BaseModel):
+    """Training metrics to TensorBoard and W&B, written by one rank (the last pipeline stage's first DP and TP
+    rank): loss, validation loss, learning rate, grad norm, step time, tokens/s, and each recovery with its
+    phases. Both off unless asked."""
+
+    model_config = _STRICT
+    tensorboard: bool = Field(False, description="write TensorBoard event files (needs the tensorboard package)")
+    tensorboard_dir: str | None = Field(
+        None, min_length=1, description="with tensorboard: true, where the event files go (relative: to the run "
+        "directory); null: RUN_DIR/tensorboard")
+    wandb: WandbConfig | None = Field(None, description="log the same to W&B; null: no W&B")
+
+    @model_validator(mode="after")
+    def _dir_needs_tensorboard(self):
+        """``tensorboard_dir`` only with ``tensorboard: true``."""
+        if self.tensorboard_dir is not None and not self.tensorboard:
+            raise ValueError(f"logging.tensorboard_dir: {self.tensorboard_dir!r} is set but logging.tensorboard is "
+                             "false (allowed: tensorboard: true with it, or no tensorboard_dir)")
+        return self
+
+
 class JobConfig(BaseModel):
     """A whole job. Build with :func:`phoenix_hpc.config.load_job_config`; never mutate (frozen)."""
 
@@ -657,6 +704,7 @@ class JobConfig(BaseModel):
     data: DataConfig
     resilience: ResilienceConfig = Field(default_factory=ResilienceConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @field_validator("engine")
     @classmethod
@@ -707,12 +755,30 @@ class JobConfig(BaseModel):
             recovery_path_of(self.engine, self.resilience.recovery_path)
         except ValueError as exc:
             problems.append(str(exc))
+        problems += self._evaluation_problems()
         if self.resilience.spares_exhausted == "shrink" and self.engine != "torch":
             problems.append(f"resilience.spares_exhausted: 'shrink' needs engine 'torch' (engine is {self.engine!r}; "
                             "allowed here: auto, stop)")
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _evaluation_problems(self) -> list[str]:
+        """``training.eval_interval`` needs a validation part to read: data.blend with a split whose second
+        number is above 0 (data.path and data.factory have no validation part)."""
+        every = self.training.eval_interval
+        if every is None:
+            return []
+        if self.data.blend is None:
+            return [f"training.eval_interval: {every} needs a validation split, which only data.blend has (allowed "
+                    "with data.path or data.factory: null)"]
+        from phoenix_hpc.data.split import split_vector
+
+        if split_vector(self.data.split_text)[1] <= 0:
+            return [f"training.eval_interval: {every} needs a validation part, but data.split "
+                    f"{self.data.split_text!r} gives it none (allowed: a split whose second number is above 0, e.g. "
+                    "'98,2,0', or eval_interval null)"]
+        return []
 
     def _torch_engine_problems(self) -> list[str]:
         m, out = self.model, []

@@ -7,10 +7,12 @@ batch ``G`` trains on the samples ``[(s-1) G, s G)`` of the train split, whichev
 phoenix hands DP rank ``d`` the ``d``-th ``G / dp`` run of consecutive positions). So a step trains on the same
 samples as Megatron-LM's step, and the sample at a position is a pure function of the position, which
 recovery relies on. The builder is given Megatron-LM's train size, ``training.steps x G`` samples (a changed
-``training.steps`` changes the order, as a changed ``--train-iters`` does in Megatron-LM), and one global batch
-for the validation and test parts (built when the split gives them weight, never read: evaluation is not
-implemented; their sizes do not change the train part, which a unit test checks against the sizes
-Megatron-LM passes).
+``training.steps`` changes the order, as a changed ``--train-iters`` does in Megatron-LM). The validation and test
+parts (built when the split gives them weight) get Megatron-LM's validation size, ``(steps // eval_interval + 1)
+x eval_iters x G`` samples, with ``training.eval_interval``; one global batch without it (never read then). Their
+sizes do not change the train part, which a unit test checks against the sizes Megatron-LM passes. Evaluation
+reads the validation part (:meth:`BlendSamples.valid_batch`; which positions:
+:func:`phoenix_hpc.launch.evaluate.eval_position`); the test part is never read.
 
 The builder synchronises ranks with ``torch.distributed.barrier()`` on the default process group whenever one
 exists (``megatron/core/datasets/blended_megatron_dataset_builder.py``). A phoenix slot builds the blend before
@@ -87,7 +89,7 @@ class BlendSamples:
         # Megatron-LM passes a size for every part; the builder builds only the parts of non-zero weight
         sizes = [key.train_samples, key.eval_samples, key.eval_samples]
         try:
-            train = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()[0]
+            train, valid, _test = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
         except (AssertionError, ValueError, IndexError, RuntimeError) as exc:
             raise DataError(f"data.blend: megatron-core cannot build the blend with data.split {key.split!r}: "
                             f"{type(exc).__name__}: {exc}") from None
@@ -98,13 +100,27 @@ class BlendSamples:
         self.seq_length = key.seq_length
         self.vocab_size = key.vocab_size
         self.num_samples = len(train)
+        self.valid_dataset = valid  # None when the split gives the validation part no weight
 
     def batch(self, position: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples at global positions ``position .. position+count-1``: ``(inputs, targets)``, both
         ``(count, seq_length)`` int64 (targets are inputs shifted by one token, as GPTDataset's labels)."""
+        return self._rows(self.dataset, position, count)
+
+    def valid_batch(self, position: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`batch`, from the validation part (positions wrap around its length).
+
+        Raises:
+            DataError: the split gives the validation part no weight (no evaluation is possible)."""
+        if self.valid_dataset is None or len(self.valid_dataset) < 1:
+            raise DataError(f"data.split {self.key.split!r}: the validation part holds no sample (allowed with "
+                            "training.eval_interval: a split whose second number is above 0)")
+        return self._rows(self.valid_dataset, position, count)
+
+    def _rows(self, dataset, position: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = []
         for i in range(count):
-            item = self.dataset[int(position + i) % self.num_samples]
+            item = dataset[int(position + i) % len(dataset)]
             rows.append((np.asarray(item["tokens"], dtype=np.int64), np.asarray(item["labels"], dtype=np.int64)))
         x = torch.from_numpy(np.stack([r[0] for r in rows]))
         y = torch.from_numpy(np.stack([r[1] for r in rows]))
@@ -124,7 +140,16 @@ def blend_key(cfg) -> BlendKey:
     weights = None if d.blend[0].weight is None else tuple(float(e.weight) for e in d.blend)
     return BlendKey(prefixes=tuple(e.path for e in d.blend), weights=weights,
                     split=d.split_text, seq_length=m.seq_length, seed=t.seed, vocab_size=m.vocab_size,
-                    train_samples=t.steps * t.global_batch_size, eval_samples=t.global_batch_size)
+                    train_samples=t.steps * t.global_batch_size, eval_samples=valid_samples(t))
+
+
+def valid_samples(training) -> int:
+    """Samples megatron-core is asked for in the validation part: Megatron-LM's ``(train_iters // eval_interval +
+    1) x eval_iters x global_batch_size`` (``megatron/training/training.py``, ``get_train_valid_test_num_samples``)
+    with ``training.eval_interval``; one global batch without it."""
+    if training.eval_interval is None:
+        return training.global_batch_size
+    return (training.steps // training.eval_interval + 1) * training.eval_iters * training.global_batch_size
 
 
 def open_blend(cfg) -> BlendSamples:

@@ -112,6 +112,23 @@ class Engine(abc.ABC):
         """Apply the update of the rank's optimizer shard, publish updated parameters to DP peers, and
         advance ``self.step`` and the LR schedule."""
 
+    def evaluate(self, position: int, iters: int) -> float | None:
+        """The mean loss (nats/token) of the current parameters over ``iters`` global batches of the
+        validation part of ``data.split``, starting at its global sample position ``position``; each DP rank
+        reads its run of each batch as in training. Forward only: no gradient, dropout off (eval mode, then
+        back to train mode), no RNG drawn, and no state changes (step, data position, optimizer). Collective
+        over the generation (every member calls it at the same step). Returns the loss, averaged over the DP
+        group, on the last pipeline stage; None elsewhere.
+
+        Raises:
+            EngineError: this engine does not implement evaluation (the default).
+            DataError: the data has no validation part.
+        """
+        from phoenix_hpc.errors import EngineError
+
+        raise EngineError(f"engine {type(self).__name__} does not implement evaluate() (training.eval_interval "
+                          "needs it; allowed with this engine: eval_interval null)")
+
     # --- the state the runtime protects -----------------------------------------------------------
     @abc.abstractmethod
     def optimizer_shard(self) -> list[tuple[str, torch.Tensor]]:

@@ -256,10 +256,13 @@ class MegatronEngine(Engine):
         self._dist = dist
 
     # --- the step --------------------------------------------------------------------------------------
-    def _iterator(self):
+    def _iterator(self, batch=None, position: int | None = None):
+        """The step's micro-batches of this DP rank: from ``batch`` (default the train part's) at global
+        ``position`` (default the next step's data position)."""
         t, m = self.cfg.training, self.cfg.model
         per_dp = t.global_batch_size // self.dp
-        x, y = self.samples.batch(self.data_position + self.coord.dp * per_dp, per_dp)
+        batch = batch or self.samples.batch
+        x, y = batch((self.data_position if position is None else position) + self.coord.dp * per_dp, per_dp)
         x, y = x.to(self.device), y.to(self.device)
         mbs, s = t.micro_batch_size, m.seq_length
         pos = torch.arange(s, device=self.device).unsqueeze(0).expand(mbs, s)
@@ -291,6 +294,45 @@ class MegatronEngine(Engine):
             self._dist.all_reduce(loss, group=self.groups.dp)
             loss /= self.dp
         return float(loss)
+
+    def evaluate(self, position: int, iters: int) -> float | None:
+        """:meth:`.base.Engine.evaluate` through megatron-core's forward-backward function with
+        ``forward_only=True`` (as Megatron-LM's ``evaluate``): ``iters`` global batches of the validation part
+        from ``position``, each DP rank its ``G / dp`` run of each, the model in eval mode under
+        ``torch.no_grad``. The micro-batch losses are summed in float64 in a fixed order, then over the DP group.
+
+        Raises:
+            EngineError: the dataset has no validation part (only ``data.blend`` has a split).
+            DataError: the split gives the validation part no sample."""
+        if not hasattr(self.samples, "valid_batch"):
+            raise EngineError("training.eval_interval: the dataset has no validation part (data.blend has one)")
+
+        def forward_step(data_iterator, model):
+            tokens, labels, pos, mask = next(data_iterator)
+            return model(tokens, pos, mask, labels=labels), lm_loss
+
+        t, m = self.cfg.training, self.cfg.model
+        fb = self._mc["get_forward_backward_func"]()
+        last = self._mc["parallel_state"].is_pipeline_last_stage()
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for it in range(iters):
+                    dicts = fb(forward_step_func=forward_step,
+                               data_iterator=self._iterator(self.samples.valid_batch, position + it * t.global_batch_size),
+                               model=[self.model], num_microbatches=self.n_micro, seq_length=m.seq_length,
+                               micro_batch_size=t.micro_batch_size, forward_only=True)
+                    if last:
+                        for d in dicts:
+                            total += d["lm loss"].double().reshape(1)
+        finally:
+            self.model.train()
+        if not last:
+            return None
+        if self.dp > 1:
+            self._dist.all_reduce(total, group=self.groups.dp)
+        return float(total) / (self.n_micro * self.dp * iters)
 
     def reduce_gradients(self) -> None:
         self._mc["finalize_model_grads"]([self.model])

@@ -103,3 +103,14 @@ class PipelineRunner:
         else:
             self._schedule.step()
         return None
+
+    def eval(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> float | None:
+        """As :meth:`run`, forward only (the schedule's ``eval``: no backward, no gradient); the caller sets
+        eval mode and ``torch.no_grad``. Returns the mean micro-batch loss on the last stage, else None."""
+        if self.is_last:
+            losses: list[torch.Tensor] = []
+            args = (inputs,) if self.is_first else ()
+            self._schedule.eval(*args, target=targets, losses=losses)
+            return float(torch.stack([l.detach().double() for l in losses]).mean())
+        self._schedule.eval(*((inputs,) if self.is_first else ()))
+        return None

@@ -254,6 +254,50 @@ class TorchEngine(Engine):
             loss_val = float(t) / self.total_micro
         return loss_val
 
+    def evaluate(self, position: int, iters: int) -> float | None:
+        """:meth:`.base.Engine.evaluate`: the validation batch ``i`` (``0 <= i < iters``) is the validation
+        part's positions ``[position + i G, position + (i+1) G)``, dealt out over the DP ranks and micro-batches
+        as a training step's (:func:`micro_split`); at pp > 1 through the pipeline schedule's forward-only pass.
+        The loss is summed in float64 over the micro-batches in a fixed order, then over the DP group.
+
+        Raises:
+            EngineError: parameters not loaded yet (``state_follows``), or the dataset has no validation part
+                (``data.path``, ``data.factory``: only ``data.blend`` has a split).
+            DataError: the split gives the validation part no sample."""
+        if self.params_pending:
+            raise EngineError(f"{self.coord.shard_prefix()}: parameters never loaded; nothing to evaluate")
+        if not hasattr(self.samples, "valid_batch"):
+            raise EngineError("training.eval_interval: the dataset has no validation part (data.blend has one)")
+        t = self.cfg.training
+        mbs, G = t.micro_batch_size, t.global_batch_size
+        is_first, is_last = self.coord.pp == 0, self.coord.pp == self.pp - 1
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for it in range(iters):
+                    first = position + it * G + self.first_micro * mbs
+                    x, y = (None, None)
+                    if is_first or is_last:
+                        x, y = self.samples.valid_batch(first, self.n_micro * mbs)
+                        x, y = x.to(self.device), y.to(self.device)
+                    if self._runner is None:
+                        for i in range(self.n_micro):
+                            sl = slice(i * mbs, (i + 1) * mbs)
+                            total += lm_loss(self.model(x[sl]), y[sl]).double()
+                    else:
+                        loss = self._runner.eval(x if is_first else None, y if is_last else None)
+                        if loss is not None:
+                            total += loss * self.n_micro
+        finally:
+            self.model.train(was_training)
+        if not is_last:
+            return None
+        if self.dp > 1:
+            dist.all_reduce(total, group=self.groups.dp)
+        return float(total) / (self.total_micro * iters)
+
     def reduce_gradients(self) -> None:
         """Average gradients over the DP group into the own fp32 slice, then compute the global grad norm
         (one all-reduce over the world group) for clipping."""

@@ -820,11 +820,13 @@ class Member:
                 c.instructions.appendleft(msg)
 
     # --- training ------------------------------------------------------------------------------------
-    def run(self, until_step: int, tokens_per_step: int, on_step=None) -> None:
-        """Train to ``until_step`` through any number of recoveries; ``on_step`` gets every step's record
+    def run(self, until_step: int, tokens_per_step: int, on_step=None, evaluator=None) -> None:
+        """Train to ``until_step`` through any number of recoveries; ``evaluator``: the loop's (evaluations of
+        a replayed step run again, :mod:`phoenix_hpc.launch.evaluate`); ``on_step`` gets every step's record
         (replayed steps again; none is kept here, so memory does not grow with the steps). Raises StopRequested when the coordinator ends the job early; on a planned end
         (``stop`` with ``checkpoint``) first writes this member's shard of the final checkpoint
         (:func:`phoenix_hpc.launch.final.final_checkpoint`) and raises with the coordinator's last ``stop``."""
+        self.evaluator = evaluator
         try:
             self._train_through_recoveries(until_step, tokens_per_step, on_step)
         except StopRequested as stop:
@@ -846,7 +848,7 @@ class Member:
                 try:
                     self.interrupt.open(self.generation)
                     train(self.engine, until_step, tokens_per_step, protector=self.protector, on_step=on_step,
-                          phase_hook=self._phase, keep=False)
+                          phase_hook=self._phase, keep=False, evaluator=getattr(self, "evaluator", None))
                 finally:
                     self.watchdog.disarm()
                     asked = self.interrupt.close()

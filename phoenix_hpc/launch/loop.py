@@ -20,6 +20,11 @@ With a ``phase_hook`` the loop also calls ``phase_hook(s, phase)`` before each p
 (``s = engine.step + 1``): ``forward_backward`` (before ``start_snapshot``), ``reduce_gradients``,
 ``wait_commit`` and ``optimizer_step``. The resilient driver (:mod:`phoenix_hpc.launch.execute`) uses it
 to poll the coordinator, fire injected faults at their phase, and know in which phase an error arose.
+
+With an ``evaluator`` (:class:`phoenix_hpc.launch.evaluate.Evaluator`) a step ``N`` it says is due is followed,
+after its optimizer step, by ``phase_hook(N, "evaluate")`` and the evaluation, before its record goes to
+``on_step`` (so a persistent checkpoint of ``N`` is written after it); the step's time and tokens/s do not count
+the evaluation.
 """
 
 from __future__ import annotations
@@ -92,6 +97,7 @@ def train(
     clock: Callable[[], float] = time.perf_counter,
     phase_hook: Callable[[int, str], None] | None = None,
     keep: bool = True,
+    evaluator=None,
 ) -> list[StepRecord]:
     """Run steps ``engine.step + 1 .. until_step``; return their records (also passed to ``on_step``), or
     with ``keep=False`` an empty list: a long job logs each record from ``on_step`` and sums them in a
@@ -137,6 +143,10 @@ def train(
             grad_norm=float(getattr(engine, "last_grad_norm", 0.0)),
             ts=time.time(),
         )
+        if evaluator is not None and evaluator.due(engine.step):
+            if phase_hook is not None:
+                phase_hook(engine.step, "evaluate")
+            evaluator.run(engine)
         if keep:
             records.append(rec)
         if on_step is not None:

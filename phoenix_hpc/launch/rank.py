@@ -126,13 +126,19 @@ def preflight(cfg) -> None:
     Raises:
         EngineError: the engine cannot run here; DataError: the dataset is missing or not indexed;
         ConfigError: user code named in the config (engine, model.factory, data.factory) does not import or
-            is malformed (the same check as ``phoenix submit``'s).
+            is malformed (the same check as ``phoenix submit``'s), or a package ``logging`` needs is missing.
     """
     from phoenix_hpc.data.indexed import check_indexed_dataset
     from phoenix_hpc.engines.factory import check_engine_runnable, check_user_code
 
     check_engine_runnable(cfg.engine)
     check_user_code(cfg)
+    from phoenix_hpc.errors import ConfigError
+    from phoenix_hpc.launch.metrics_log import logging_problems
+
+    problems = logging_problems(cfg)
+    if problems:
+        raise ConfigError(problems, source=f"job {cfg.name!r}")
     for field, prefix in cfg.data.prefix_fields:
         check_indexed_dataset(prefix, field=field)
 
@@ -307,9 +313,24 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
         log_every = cfg.training.log_interval
         steps_log = (ranks_dir / f"rank{rank}.steps.jsonl").open("a")
         totals = StepTotals()  # the records themselves go to the step log, not to memory
+        from phoenix_hpc.launch.evaluate import evaluator_of
+        from phoenix_hpc.launch.metrics_log import is_logging_rank, metrics_log_of
+
+        metrics = metrics_log_of(cfg, run_dir, start_step) if is_logging_rank(coord, grid) else None
+
+        def on_eval(rec) -> None:
+            if reporter and rec.loss is not None:
+                print(f"eval {rec.step:>6}/{cfg.training.steps} | validation loss {rec.loss:8.4f} | "
+                      f"{rec.iters} batches | {rec.eval_time_ms:8.1f} ms", flush=True)
+            if metrics is not None:
+                metrics.evaluation(rec)
+
+        evaluator = evaluator_of(cfg, on_eval)
 
         def on_step(rec) -> None:
             totals.add(rec)
+            if metrics is not None:
+                metrics.step(rec)
             if progress is not None:  # what the coordinator heartbeat reports
                 progress.set(step=rec.step)
             steps_log.write(json.dumps(rec.as_dict()) + "\n")
@@ -332,7 +353,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
 
         try:
             if member is not None:
-                member.run(cfg.training.steps, tokens_per_step, on_step=on_step)
+                member.run(cfg.training.steps, tokens_per_step, on_step=on_step, evaluator=evaluator)
                 engine = member.engine
                 coord = member.coord
                 member.finish()
@@ -343,9 +364,11 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
 
                     hook = injection_hook(client, run_dir, slot.world_rank, cfg.training.steps)
                 train(engine, cfg.training.steps, tokens_per_step, protector=None, on_step=on_step,
-                      phase_hook=hook, keep=False)
+                      phase_hook=hook, keep=False, evaluator=evaluator)
         finally:
             steps_log.close()
+            if metrics is not None:
+                metrics.close()
         opt, par = engine.optimizer_shard(), engine.param_shard()
         summary.update(
             status="done",
@@ -562,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
                 if plan is None:
                     break
                 print(f"[phoenix] standby world rank {slot.world_rank} on {slot.hostname}: joining generation "
-                      f"{plan.generation}", flush=True)
+                      f"{plan.get('generation')}", flush=True)
                 store = att.client.tcp_store()
                 summary = train(join_plan=plan)
         elif standby and att is not None:

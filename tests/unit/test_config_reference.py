@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import typing
 from pathlib import Path
 from typing import Literal
 
@@ -32,6 +33,9 @@ def _all_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
         path = f"{prefix}.{name}" if prefix else name
         out.append(path)
         ann = info.annotation
+        models = [a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(models) == 1 and type(None) in typing.get_args(ann):  # an optional section (``Model | None``)
+            ann = models[0]
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             out += _all_paths(ann, path)
     return out
