@@ -107,13 +107,17 @@ def build_problems(cfg) -> list[str]:
 
 def submit_problems(cfg) -> list[str]:
     """Submit-time checks of engine ``megatron`` that need megatron-core: the installed version is
-    supported (:mod:`.megatron_version`), and megatron-core builds the model (:func:`build_problems`).
-    Empty for engine ``torch``."""
+    supported (:mod:`.megatron_version`), and megatron-core builds the model (:func:`build_problems`); and,
+    for every engine, the Megatron-LM checkpoint fields ``resilience.checkpoint.load_megatron`` /
+    ``save_megatron`` (:func:`phoenix_hpc.engines.megatron_layout.load_problems`: engine megatron only,
+    the tracker file, the iteration folder, the model shape). Empty for engine ``torch`` without them."""
     from phoenix_hpc.engines.megatron_version import installed_version, version_problem
+    from phoenix_hpc.engines.megatron_layout import load_problems
 
+    ckpt = load_problems(cfg)
     if cfg.engine != "megatron":
-        return []
+        return ckpt
     problem = version_problem(installed_version())
     if problem is not None:
-        return [problem]
-    return build_problems(cfg)
+        return [problem] + ckpt
+    return build_problems(cfg) + ckpt

@@ -6,6 +6,11 @@ With ``resilience.mode: checkpoint-restart`` (the baseline) this is the whole me
 next generation load the newest checkpoint in the job (:func:`restore_step`), and a resubmitted job
 resumes from it at start-up.
 
+With ``resilience.checkpoint.save_megatron`` every persistent checkpoint is also written in Megatron-LM's
+torch_dist layout there (:func:`phoenix_hpc.engines.megatron_ckpt.save_engine`; event
+``save_megatron``); with ``load_megatron`` a job with no checkpoint of its own starts from that Megatron-LM
+checkpoint.
+
 Both hooks are collective over ``groups.world`` (every active rank calls them at the same step) and use
 :mod:`phoenix_hpc.recovery.checkpoint` (torch.distributed.checkpoint on that explicit group). The
 checkpoint root is ``resilience.checkpoint.path`` or ``RUN_DIR/checkpoints``; a restarted job points at
@@ -65,27 +70,53 @@ def save_if_due(engine: Engine, groups: ProcessGroups, step: int, cfg, run_dir: 
     path = save_checkpoint(engine, checkpoint_root(cfg, run_dir), groups.world, keep=cfg.resilience.checkpoint.keep,
                            record=model_record(cfg))
     _log(run_dir, _rank(groups), {"event": "save", "step": int(step), "t_start": t0, "t_end": time.time()})
+    if cfg.resilience.checkpoint.save_megatron:
+        t1 = time.time()
+        from phoenix_hpc.engines.megatron_ckpt import save_engine
+
+        save_engine(engine, cfg.resilience.checkpoint.save_megatron)
+        _log(run_dir, _rank(groups), {"event": "save_megatron", "step": int(step), "t_start": t1, "t_end": time.time()})
     return path
 
 
 def restore_latest(engine: Engine, groups: ProcessGroups, cfg, run_dir: str | os.PathLike) -> int | None:
     """At start-up: load the newest complete checkpoint into ``engine`` when persistent checkpoints are on
-    and one exists. Collective over ``groups.world``. Returns the restored step, or None (nothing restored).
+    and one exists; else, with ``resilience.checkpoint.load_megatron``, the Megatron-LM checkpoint it names
+    (:func:`phoenix_hpc.engines.megatron_ckpt.load_engine`: weights, and optimizer state and iteration when
+    present; logged as event ``load_megatron``). Collective over ``groups.world``. Returns the restored step,
+    or None (nothing restored).
 
-    Raises RecoveryError (from :func:`load_checkpoint`) when ``latest`` names a checkpoint that is missing.
+    Raises RecoveryError (from :func:`load_checkpoint`) when ``latest`` names a checkpoint that is missing, or
+    when the Megatron-LM checkpoint cannot be loaded (its tracker file, its format, another model shape).
     """
     from phoenix_hpc.recovery.checkpoint import latest_step, load_checkpoint
 
+    t0 = time.time()
+    step = latest_step(checkpoint_root(cfg, run_dir)) if enabled(cfg) else None
+    if step is not None:
+        step = load_checkpoint(engine, checkpoint_root(cfg, run_dir), groups.world, step)
+    elif cfg.resilience.checkpoint.load_megatron:
+        step = _load_megatron(engine, cfg.resilience.checkpoint.load_megatron)
+        _log(run_dir, _rank(groups), {"event": "load_megatron", "step": step, "t_start": t0, "t_end": time.time(),
+                                      "dir": cfg.resilience.checkpoint.load_megatron})
+        return step
     if not enabled(cfg):
         return None
-    root = checkpoint_root(cfg, run_dir)
-    t0 = time.time()
-    step = latest_step(root)
-    if step is not None:
-        step = load_checkpoint(engine, root, groups.world, step)
     _log(run_dir, _rank(groups), {"event": "restore", "step": step, "t_start": t0, "t_end": time.time(),
                                   **slurm_ids()})
     return step
+
+
+def _load_megatron(engine: Engine, root: str) -> int:
+    """:func:`phoenix_hpc.engines.megatron_ckpt.load_engine`, its EngineError reported as a RecoveryError (the
+    start-up restore's)."""
+    from phoenix_hpc.engines.megatron_ckpt import load_engine
+    from phoenix_hpc.errors import EngineError, RecoveryError
+
+    try:
+        return int(load_engine(engine, root))
+    except EngineError as exc:
+        raise RecoveryError(str(exc)) from None
 
 
 def slurm_ids(env=None) -> dict:
@@ -96,13 +127,21 @@ def slurm_ids(env=None) -> dict:
 
 
 def start_step(cfg, run_dir: str | os.PathLike) -> int:
-    """The step :func:`restore_latest` will leave the engine at: the newest complete checkpoint's, else 0
-    (a file-system read; no collective)."""
+    """The step :func:`restore_latest` will leave the engine at: the newest complete checkpoint's, else the
+    iteration of the Megatron-LM checkpoint of ``load_megatron`` when it holds optimizer state
+    (:func:`phoenix_hpc.engines.megatron_layout.start_iteration`), else 0 (a file-system read; no
+    collective)."""
     from phoenix_hpc.recovery.checkpoint import latest_step
 
-    if not enabled(cfg):
-        return 0
-    return latest_step(checkpoint_root(cfg, run_dir)) or 0
+    own = latest_step(checkpoint_root(cfg, run_dir)) if enabled(cfg) else None
+    if own is None and cfg.resilience.checkpoint.load_megatron:
+        from phoenix_hpc.engines.megatron_layout import start_iteration
+
+        try:
+            return start_iteration(cfg.resilience.checkpoint.load_megatron)
+        except ValueError:
+            return 0  # restore_latest reports it
+    return own or 0
 
 
 def restore_step(engine: Engine, groups: ProcessGroups, cfg, run_dir: str | os.PathLike, step: int) -> int:

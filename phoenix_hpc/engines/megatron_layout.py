@@ -1,0 +1,252 @@
+"""Megatron-LM's on-disk checkpoint layout (``--ckpt-format torch_dist``) and the submit-time check of a
+checkpoint a job starts from: file reading and writing only, no megatron-core.
+
+The layout, as Megatron-LM's ``megatron/training/checkpointing.py`` writes and reads it::
+
+    DIR/
+        latest_checkpointed_iteration.txt   text: the newest iteration N, or "release" (written last, after
+                                            every rank finished its files)
+        iter_NNNNNNN/                       one checkpoint, N zero-padded to 7 digits ("release/" for a
+                                            release checkpoint)
+            metadata.json                   {"sharded_backend": "torch_dist", ...} (megatron-core
+                                            dist_checkpointing)
+            .metadata, __R_I.distcp         torch.distributed.checkpoint files: the sharded tensors and
+                                            objects ("model" keys such as
+                                            "decoder.layers.self_attention.linear_qkv.weight", whose first
+                                            dimension is the layer; "optimizer.*", "rng_state")
+            common.pt                       the rest of the state dict: "args", "checkpoint_version",
+                                            "iteration", "opt_param_scheduler", "content_metadata", ...
+
+The tensors are stored at their global (unsharded) shapes, so the model shape can be read from ``.metadata``
+(:func:`shape_of_checkpoint`) and checked against the config before anything is submitted
+(:func:`load_problems`). megatron-core re-partitions the model tensors over any tp and pp on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from phoenix_hpc.files import write_private_file
+
+TRACKER = "latest_checkpointed_iteration.txt"
+FIELD_LOAD = "resilience.checkpoint.load_megatron"
+FIELD_SAVE = "resilience.checkpoint.save_megatron"
+#: the backends megatron-core's dist_checkpointing names in ``metadata.json`` that this loader reads
+BACKENDS = ("torch_dist",)
+
+#: The tensors whose global shapes decide the model fields (keys of megatron-core's GPTModel sharded state
+#: dict: the local and the Transformer Engine layer specs use the same keys; layers stacked on dimension 0).
+EMBEDDING = "embedding.word_embeddings.weight"
+POSITION = "embedding.position_embeddings.weight"
+QKV = "decoder.layers.self_attention.linear_qkv.weight"
+PROJ_BIAS = "decoder.layers.self_attention.linear_proj.bias"
+NORM_BIAS = "decoder.layers.self_attention.linear_qkv.layer_norm_bias"
+FC1 = "decoder.layers.mlp.linear_fc1.weight"
+FC2 = "decoder.layers.mlp.linear_fc2.weight"
+OUTPUT = "output_layer.weight"
+
+
+def iter_dir(root: str | os.PathLike, iteration: int | str) -> Path:
+    """``root/iter_{iteration:07d}`` (``root/release`` for ``"release"``)."""
+    if iteration == "release":
+        return Path(root) / "release"
+    return Path(root) / f"iter_{int(iteration):07d}"
+
+
+def read_tracker(root: str | os.PathLike) -> int | str:
+    """The iteration ``root/latest_checkpointed_iteration.txt`` names: an int >= 0, or ``"release"``.
+
+    Raises:
+        ValueError: the file is missing, unreadable, or holds anything else; the message names the file and
+            what is allowed.
+    """
+    p = Path(root) / TRACKER
+    try:
+        text = p.read_text().strip()
+    except FileNotFoundError:
+        raise ValueError(f"{p} does not exist (a Megatron-LM checkpoint directory has one, naming the "
+                         "iteration to load)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{p} cannot be read ({type(exc).__name__}: {exc})") from None
+    if text == "release":
+        return "release"
+    if not text.isdigit():
+        raise ValueError(f"{p} holds {text[:40]!r}; allowed: an iteration number (digits) or 'release'")
+    return int(text)
+
+
+def write_tracker(root: str | os.PathLike, iteration: int) -> Path:
+    """Write ``root/latest_checkpointed_iteration.txt`` = ``iteration`` atomically (temporary file, rename),
+    as the last file of a checkpoint. Returns its path."""
+    p = Path(root) / TRACKER
+    write_private_file(p, f"{int(iteration)}")
+    return p
+
+
+def shape_of_checkpoint(d: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Global shapes of the tensors in the torch_dist checkpoint folder ``d`` (``iter_NNNNNNN``), by key,
+    from its ``.metadata`` (read with ``torch.distributed.checkpoint.FileSystemReader``; no tensor is read).
+
+    Raises:
+        ValueError: ``metadata.json`` names another backend, or ``.metadata`` is missing or unreadable.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    d = Path(d)
+    try:
+        backend = json.loads((d / "metadata.json").read_text()).get("sharded_backend")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{d / 'metadata.json'} cannot be read ({type(exc).__name__}); a torch_dist checkpoint "
+                         "folder has one") from None
+    if backend not in BACKENDS:
+        raise ValueError(f"{d / 'metadata.json'}: sharded_backend {backend!r}; allowed: {', '.join(BACKENDS)} "
+                         "(Megatron-LM's --ckpt-format torch_dist)")
+    try:
+        meta = FileSystemReader(str(d)).read_metadata()
+    except Exception as exc:  # pickle, I/O and format errors alike: the checkpoint cannot be used
+        raise ValueError(f"{d / '.metadata'} cannot be read ({type(exc).__name__}: {exc})") from None
+    return {k: tuple(int(x) for x in v.size) for k, v in meta.state_dict_metadata.items()
+            if isinstance(v, TensorStorageMetadata)}
+
+
+def has_optimizer(shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether a checkpoint with these tensors holds optimizer state (keys under ``optimizer.``)."""
+    return any(k.startswith("optimizer.") for k in shapes)
+
+
+def start_iteration(root: str | os.PathLike) -> int:
+    """The step a run started from Megatron-LM checkpoint directory ``root`` begins at: the tracker's
+    iteration when that checkpoint holds optimizer state, else 0 (weights only, or ``release``: a new run
+    from these weights, as Megatron-LM's ``--finetune``). Raises ValueError as :func:`read_tracker` and
+    :func:`shape_of_checkpoint` do."""
+    it = read_tracker(root)
+    if it == "release":
+        return 0
+    return int(it) if has_optimizer(shape_of_checkpoint(iter_dir(root, it))) else 0
+
+
+def written_grid(keys) -> tuple[int, int] | None:
+    """``(tp, pp)`` a torch_dist checkpoint was written at, from the DCP keys of its ``rng_state`` objects
+    (``rng_state/shard_{pp}.{tp}_{PP}.{TP}``, Megatron-LM's ``get_rng_state``); None without them."""
+    for k in keys:
+        m = re.match(r"^rng_state/shard_\d+\.\d+_(\d+)\.(\d+)$", k)
+        if m:
+            return int(m.group(2)), int(m.group(1))
+    return None
+
+
+def expected_shapes(model) -> dict[str, tuple[int, ...] | None]:
+    """The global shapes megatron-core's GPTModel gives the tensors of :data:`EMBEDDING` ... :data:`OUTPUT`
+    for the ``model`` section of a config (None: the tensor must be absent). ``qkv`` rows:
+    ``(heads + 2 x query groups) x hidden / heads``; ``fc1`` rows: ``2 x ffn`` with SwiGLU (gate and up),
+    else ``ffn``; position embeddings: ``seq_length`` rows (megatron-core's ``max_sequence_length``)."""
+    h, n, kv = model.hidden_size, model.layers, model.hidden_size // model.heads
+    ffn = model.ffn_size
+    return {
+        EMBEDDING: (model.vocab_size, h),
+        POSITION: (model.seq_length, h) if model.position_embedding_type == "learned_absolute" else None,
+        QKV: (n, (model.heads + 2 * model.query_groups) * kv, h),
+        FC1: (n, ffn * (2 if model.activation == "swiglu" else 1), h),
+        FC2: (n, h, ffn),
+        OUTPUT: (model.vocab_size, h),  # written with tied embeddings too (the embedding's values)
+        PROJ_BIAS: (n, h) if model.add_bias_linear else None,
+        NORM_BIAS: (n, h) if model.normalization == "LayerNorm" else None,
+    }
+
+
+#: which config fields decide each tensor's shape or presence (named in a refusal)
+FIELDS_OF = {
+    EMBEDDING: "model.vocab_size / model.hidden_size",
+    POSITION: "model.position_embedding_type / model.seq_length",
+    QKV: "model.layers / model.heads / model.num_query_groups / model.hidden_size",
+    FC1: "model.ffn_hidden_size / model.activation",
+    FC2: "model.ffn_hidden_size / model.hidden_size",
+    OUTPUT: "model.vocab_size / model.hidden_size",
+    PROJ_BIAS: "model.add_bias_linear",
+    NORM_BIAS: "model.normalization",
+}
+
+
+def shape_problems(where: str, shapes: dict[str, tuple[int, ...]], model,
+                   keys: tuple[str, ...] | None = None) -> list[str]:
+    """Where the checkpoint's tensor shapes (``shapes``, of folder ``where``) differ from those of the config's
+    ``model`` (:func:`expected_shapes`; only ``keys`` when given): one problem per tensor, naming the config
+    fields that decide it, the checkpoint's shape and the config's."""
+    out = []
+    for key, want in expected_shapes(model).items():
+        if keys is not None and key not in keys:
+            continue
+        got = shapes.get(key)
+        if got == want:
+            continue
+        say = lambda s: "absent" if s is None else str(tuple(s))  # noqa: E731
+        out.append(f"{FIELD_LOAD}: {where} is of another model shape: tensor {key} is {say(got)} there, "
+                   f"{say(want)} for this config ({FIELDS_OF[key]}); allowed: a checkpoint of the config's model")
+    return out
+
+
+def load_problems(cfg) -> list[str]:
+    """Submit-time problems of ``resilience.checkpoint.load_megatron`` and ``save_megatron`` (empty: none).
+
+    ``load_megatron``: engine ``megatron`` only; an absolute path to a directory with
+    ``latest_checkpointed_iteration.txt`` naming an ``iter_NNNNNNN`` (or ``release``) folder that exists and
+    is a torch_dist checkpoint of the config's model shape (:func:`shape_problems`; with ``model.provider``
+    only the embedding and the layer count are checked, the provider decides the rest). ``save_megatron``:
+    engine ``megatron`` only, an absolute path, persistent checkpoints on (``resilience.enabled``, mode
+    ``phoenix`` or ``checkpoint-restart``). Reads the tracker file and the ``.metadata`` file only."""
+    ck = cfg.resilience.checkpoint
+    out: list[str] = []
+    for fld, val in ((FIELD_LOAD, ck.load_megatron), (FIELD_SAVE, ck.save_megatron)):
+        if val is None:
+            continue
+        if cfg.engine != "megatron":
+            out.append(f"{fld}: value {val!r} -- engine {cfg.engine!r} cannot read or write Megatron-LM "
+                       "checkpoints; allowed with engine: megatron")
+        if not os.path.isabs(val):
+            out.append(f"{fld}: value {val!r} is a relative path; allowed: an absolute path (the ranks run in the "
+                       "run directory, submit in the current one)")
+    if ck.save_megatron is not None and not (cfg.resilience.enabled
+                                             and cfg.resilience.mode in ("phoenix", "checkpoint-restart")):
+        out.append(f"{FIELD_SAVE}: value {ck.save_megatron!r} -- no persistent checkpoint is written with "
+                   "resilience.enabled false; allowed with resilience.enabled true")
+    if out or ck.load_megatron is None:
+        return out
+    root = Path(ck.load_megatron)
+    if not root.is_dir():
+        return [f"{FIELD_LOAD}: {root} is not a directory; allowed: a Megatron-LM checkpoint directory "
+                f"(the one Megatron-LM's --load names, holding {TRACKER})"]
+    try:
+        it = read_tracker(root)
+    except ValueError as exc:
+        return [f"{FIELD_LOAD}: {exc}"]
+    d = iter_dir(root, it)
+    if not d.is_dir():
+        return [f"{FIELD_LOAD}: {root / TRACKER} names iteration {it}, and {d} does not exist; allowed: the "
+                "iteration of a checkpoint folder in the directory"]
+    try:
+        shapes = shape_of_checkpoint(d)
+    except ValueError as exc:
+        return [f"{FIELD_LOAD}: {exc}"]
+    keys = (EMBEDDING,) if cfg.model.provider is not None else None
+    out = shape_problems(str(d), shapes, cfg.model, keys)
+    grid = written_grid(_keys(d))
+    job = (cfg.parallelism.tp, cfg.parallelism.pp)
+    if grid is not None and grid != job and any(k.startswith("optimizer.distributed.dp_group_idx") for k in _keys(d)):
+        out.append(f"{FIELD_LOAD}: {d} holds distributed-optimizer state written at (tp, pp) = {grid} in a layout "
+                   f"megatron-core re-partitions over dp only; the job's (tp, pp) is {job}; allowed: "
+                   f"parallelism.tp = {grid[0]} and parallelism.pp = {grid[1]}, or a checkpoint without optimizer "
+                   "state (Megatron-LM: --no-save-optim) or saved with --dist-ckpt-optim-fully-reshardable")
+    if cfg.model.provider is not None and QKV in shapes and shapes[QKV][0] != cfg.model.layers:
+        out.append(f"{FIELD_LOAD}: {d} is of another model shape: {shapes[QKV][0]} layers there "
+                   f"(tensor {QKV}), model.layers is {cfg.model.layers}")
+    return out
+
+
+def _keys(d: Path) -> set[str]:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return set(FileSystemReader(str(d)).read_metadata().state_dict_metadata)

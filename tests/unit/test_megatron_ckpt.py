@@ -1,0 +1,326 @@
+"""Megatron-LM checkpoints in and out (engines/megatron_layout.py, engines/megatron_ckpt.py), on CPU.
+
+What runs here: the layout (tracker file, iteration folders), the submit-time check of
+``resilience.checkpoint.load_megatron`` (exit-2 problems naming the file or field), the state dict the engine
+writes (real megatron-core GPTModel ``sharded_state_dict`` built on CPU, common keys, RNG object) saved with
+megatron-core's ``dist_checkpointing.save`` (torch_dist) and loaded back into a freshly built GPTModel with
+``dist_checkpointing.load``, and the shapes the check expects against those megatron-core writes.
+
+What does not: the DistributedOptimizer (megatron-core allocates it on CUDA), so the optimizer's sharded
+state dict and the whole engine round trip are the GPU check's (gpucheck/check_megatron_ckpt.py). megatron-core's
+torch_dist writer calls ``torch.cuda.synchronize()`` and allocates one flag on ``torch.cuda.current_device()``;
+on this CPU-only torch the ``saved`` fixture replaces those two calls by their CPU equivalents (a no-op, and
+the CPU device) while megatron-core writes; everything else is megatron-core's own code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from phoenix_hpc.config.schema import JobConfig
+from phoenix_hpc.engines import megatron_ckpt as mck
+from phoenix_hpc.engines import megatron_layout as ml
+
+warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
+
+GPT = {"layers": 2, "hidden_size": 64, "heads": 4, "vocab_size": 256, "seq_length": 32}
+LLAMA = {"layers": 2, "hidden_size": 64, "heads": 8, "num_query_groups": 2, "ffn_hidden_size": 176,
+         "vocab_size": 256, "seq_length": 32, "position_embedding_type": "rope", "activation": "swiglu",
+         "normalization": "RMSNorm", "add_bias_linear": False, "untie_embeddings_and_output_weights": True}
+
+
+def job(model=None, engine="megatron", **ckpt) -> JobConfig:
+    return JobConfig.model_validate({"name": "m", "engine": engine, "data": {"path": "d"}, "model": model or GPT,
+                                     "training": {"steps": 20, "global_batch_size": 8, "micro_batch_size": 2,
+                                                  "warmup_steps": 4, "lr": 1e-3, "min_lr": 1e-4},
+                                     "resilience": {"checkpoint": ckpt}})
+
+
+# --- the layout ------------------------------------------------------------------------------------------
+def test_iteration_folders_are_named_as_megatron_lm_names_them():
+    assert ml.iter_dir("/c", 100) == Path("/c/iter_0000100")
+    assert ml.iter_dir("/c", 1234567) == Path("/c/iter_1234567")
+    assert ml.iter_dir("/c", "release") == Path("/c/release")
+
+
+def test_tracker_file_round_trip_and_refusals(tmp_path):
+    with pytest.raises(ValueError, match=r"latest_checkpointed_iteration\.txt does not exist"):
+        ml.read_tracker(tmp_path)
+    assert ml.write_tracker(tmp_path, 42) == tmp_path / ml.TRACKER
+    assert (tmp_path / ml.TRACKER).read_text() == "42" and ml.read_tracker(tmp_path) == 42
+    (tmp_path / ml.TRACKER).write_text("release\n")
+    assert ml.read_tracker(tmp_path) == "release"
+    (tmp_path / ml.TRACKER).write_text("iter_42")
+    with pytest.raises(ValueError, match=r"holds 'iter_42'; allowed: an iteration number \(digits\) or 'release'"):
+        ml.read_tracker(tmp_path)
+
+
+def test_start_step_is_the_iteration_only_with_optimizer_state():
+    assert mck.start_step(100, True, 100) == 100
+    assert mck.start_step(100, True, None) == 100
+    assert mck.start_step(100, False, 100) == 0  # weights only: a new run from them
+    assert mck.start_step("release", True, None) == 0
+
+
+def test_scheduler_state_counts_samples_as_megatron_lm_does():
+    s = mck.scheduler_state(job(), 5)
+    assert s == {"max_lr": 1e-3, "lr_warmup_steps": 32, "num_steps": 40, "lr_decay_style": "cosine",
+                 "lr_decay_steps": 160, "min_lr": 1e-4, "start_wd": 0.01, "end_wd": 0.01, "wd_incr_style": "constant",
+                 "wd_incr_steps": 160}  # the schema's defaults: cosine, weight decay 0.01
+
+
+def test_args_carry_the_shape_under_megatron_lm_names():
+    a = mck.megatron_args(job(LLAMA), dp=4)
+    assert isinstance(a, argparse.Namespace)
+    assert (a.num_layers, a.hidden_size, a.num_attention_heads, a.num_query_groups, a.ffn_hidden_size) == (2, 64, 8, 2, 176)
+    assert a.group_query_attention and a.swiglu and a.untie_embeddings_and_output_weights
+    assert not a.add_position_embedding and a.position_embedding_type == "rope" and a.normalization == "RMSNorm"
+    assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.data_parallel_size) == (1, 1, 4)
+    assert a.ckpt_format == "torch_dist" and a.use_distributed_optimizer
+
+
+# --- the submit-time check without a checkpoint ----------------------------------------------------------
+def test_fields_refused_for_another_engine_and_relative_paths(tmp_path):
+    p = job(engine="torch", load_megatron=str(tmp_path), save_megatron="ckpts")
+    problems = ml.load_problems(p)
+    assert any(x.startswith("resilience.checkpoint.load_megatron:") and "engine 'torch'" in x for x in problems)
+    assert any(x.startswith("resilience.checkpoint.save_megatron: value 'ckpts' is a relative path") for x in problems)
+    assert ml.load_problems(job()) == []
+
+
+def test_save_megatron_needs_persistent_checkpoints(tmp_path):
+    cfg = JobConfig.model_validate({"name": "m", "engine": "megatron", "data": {"path": "d"},
+                                    "resilience": {"enabled": False, "checkpoint": {"save_megatron": str(tmp_path)}}})
+    assert ml.load_problems(cfg) == [f"resilience.checkpoint.save_megatron: value {str(tmp_path)!r} -- no persistent "
+                                     "checkpoint is written with resilience.enabled false; allowed with "
+                                     "resilience.enabled true"]
+
+
+def test_a_directory_without_the_tracker_file_is_refused_naming_it(tmp_path):
+    (p,) = ml.load_problems(job(load_megatron=str(tmp_path)))
+    assert p.startswith("resilience.checkpoint.load_megatron: ") and str(tmp_path / ml.TRACKER) in p
+    assert "does not exist" in p
+    (p,) = ml.load_problems(job(load_megatron=str(tmp_path / "nope")))
+    assert "is not a directory" in p
+
+
+def test_a_tracker_naming_a_missing_iteration_is_refused(tmp_path):
+    ml.write_tracker(tmp_path, 7)
+    (p,) = ml.load_problems(job(load_megatron=str(tmp_path)))
+    assert f"names iteration 7, and {tmp_path / 'iter_0000007'} does not exist" in p
+
+
+def test_another_backend_is_refused_naming_metadata_json(tmp_path):
+    ml.write_tracker(tmp_path, 7)
+    d = ml.iter_dir(tmp_path, 7)
+    d.mkdir()
+    (d / "metadata.json").write_text(json.dumps({"sharded_backend": "zarr"}))
+    (p,) = ml.load_problems(job(load_megatron=str(tmp_path)))
+    assert "sharded_backend 'zarr'; allowed: torch_dist" in p and str(d / "metadata.json") in p
+
+
+def test_written_grid_reads_the_rng_object_keys():
+    assert ml.written_grid({"model.x", mck.rng_key((1, 4), (0, 2))}) == (2, 4)
+    assert ml.written_grid({"model.x"}) is None
+
+
+# --- real megatron-core on CPU: state dict, save, load ---------------------------------------------------
+def _gpt(cfg, seed: int):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer import TransformerConfig
+
+    from phoenix_hpc.engines.megatron_spec import gpt_model_kwargs, layer_spec, transformer_config_kwargs
+
+    torch.manual_seed(seed)
+    tc = TransformerConfig(**transformer_config_kwargs(cfg), use_cpu_initialization=True)
+    return GPTModel(config=tc, transformer_layer_spec=layer_spec(cfg), **gpt_model_kwargs(cfg))
+
+
+@pytest.fixture(scope="module")
+def world():
+    import torch.distributed as dist
+
+    from phoenix_hpc.engines.megatron_parallel import destroy_parallel_state, init_parallel_state
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    init_parallel_state(1, 1, timeout_s=60.0)
+    yield dist.group.WORLD
+    destroy_parallel_state()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def saved(world, tmp_path_factory):
+    """Checkpoints of a GPT- and a Llama-shaped GPTModel (no optimizer: megatron-core's DistributedOptimizer
+    needs CUDA) written by :func:`mck.state_dict` + :func:`mck.save`, as the engine writes them."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(torch.cuda, "synchronize", lambda *a, **k: None)  # CPU tensors: nothing to wait for
+    mp.setattr(torch.cuda, "current_device", lambda: "cpu")  # megatron-core's failure flag, reduced over gloo
+    out = {}
+    try:
+        for name, model in (("gpt", GPT), ("llama", LLAMA)):
+            cfg = job(model)
+            gpt = _gpt(cfg, seed=1)
+            root = tmp_path_factory.mktemp(name)
+            torch.manual_seed(99)
+            rng = mck.rng_object([mck.rng_states({})], (0, 1), (0, 1), 0)
+            rng_cpu = torch.get_rng_state().clone()
+            sd = mck.state_dict(gpt, None, cfg=cfg, iteration=7, dp=1, rng=rng)
+            mck.save(sd, root, 7)
+            out[name] = {"cfg": cfg, "root": root, "model": gpt, "rng_cpu": rng_cpu}
+        # optimizer state as a checkpoint of Megatron-LM's distributed optimizer names it, written at (tp, pp) =
+        # (1, 2): only what the submit check and the start step read of it (the real one needs CUDA)
+        from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+
+        cfg = job(GPT)
+        root = tmp_path_factory.mktemp("with_opt")
+        sd = mck.state_dict(_gpt(cfg, seed=1), None, cfg=cfg, iteration=30, dp=1,
+                            rng=mck.rng_object([mck.rng_states({})], (0, 2), (0, 1), 0))
+        sd["optimizer"] = {"param_state": ShardedTensor.from_rank_offsets("optimizer.distributed.dp_group_idx_0.x",
+                                                                          torch.zeros(4)),
+                           "rest": ShardedObject("optimizer.distributed.dp_group_idx_0.y", {"a": 1}, (1,), (0,))}
+        from megatron.core import dist_checkpointing
+
+        d = ml.iter_dir(root, 30)
+        d.mkdir()  # one process writes stage 0 of 2: the other stage's rng object is absent, as it may be
+        dist_checkpointing.save(sd, str(d), validate_access_integrity=False, content_metadata=mck.content_metadata())
+        ml.write_tracker(root, 30)
+        out["with_opt"] = {"cfg": cfg, "root": root}
+    finally:
+        mp.undo()
+    return out
+
+
+def test_saved_layout_is_megatron_lms(saved):
+    from megatron.core import dist_checkpointing
+
+    root = saved["gpt"]["root"]
+    assert (root / ml.TRACKER).read_text() == "7"
+    d = root / "iter_0000007"
+    assert json.loads((d / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
+    assert (d / ".metadata").is_file() and list(d.glob("__*_*.distcp")) and (d / "common.pt").is_file()
+    common = dist_checkpointing.load_common_state_dict(str(d))
+    assert common["iteration"] == 7 and common["checkpoint_version"] == 3.0
+    assert common["args"].num_layers == 2 and common["args"].hidden_size == 64
+    assert common["opt_param_scheduler"]["num_steps"] == 7 * 8
+    assert dist_checkpointing.load_content_metadata(str(d))["distrib_optim_sharding_type"] == "dp_reshardable"
+    _, it, with_opt, keys = mck.checkpoint_folder(root)
+    assert it == 7 and not with_opt and mck.rng_key((0, 1), (0, 1)) in keys
+    assert ml.start_iteration(root) == 0  # no optimizer state: a new run from these weights
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_expected_shapes_are_those_megatron_core_writes(saved, name):
+    s = saved[name]
+    shapes = ml.shape_of_checkpoint(s["root"] / "iter_0000007")
+    for key, want in ml.expected_shapes(s["cfg"].model).items():
+        assert shapes.get(key) == want, key
+    assert ml.load_problems(job(s["cfg"].model.model_dump(), load_megatron=str(s["root"]))) == []
+
+
+def test_a_checkpoint_of_another_shape_is_refused_naming_the_fields(saved):
+    root = str(saved["gpt"]["root"])
+    problems = ml.load_problems(job({**GPT, "hidden_size": 128, "layers": 3}, load_megatron=root))
+    assert problems and all(p.startswith("resilience.checkpoint.load_megatron: ") for p in problems)
+    qkv = next(p for p in problems if ml.QKV in p)
+    assert "(2, 192, 64) there, (3, 384, 128) for this config" in qkv and "model.layers" in qkv
+    problems = ml.load_problems(job(LLAMA, load_megatron=root))
+    said = " ".join(problems)
+    for fld in ("model.normalization", "model.add_bias_linear",
+                "model.activation", "model.position_embedding_type"):
+        assert fld in said, fld
+
+
+def test_load_into_a_fresh_gpt_model_gives_the_saved_weights_and_rng(saved):
+    from megatron.core import dist_checkpointing
+
+    for s in (saved["gpt"], saved["llama"]):
+        fresh = _gpt(s["cfg"], seed=2)
+        before = {k: v.clone() for k, v in fresh.state_dict().items() if torch.is_tensor(v)}
+        want = {k: v for k, v in s["model"].state_dict().items() if torch.is_tensor(v)}
+        assert any(not torch.equal(before[k], want[k]) for k in want)  # a different start
+        d, it, with_opt, keys = mck.checkpoint_folder(s["root"])
+        req = mck.load_request(fresh, None, d, keys, pp=(0, 1), tp=(0, 1), dp_rank=0)
+        loaded = dist_checkpointing.load(req, str(d))
+        fresh.load_state_dict(loaded["model"])
+        got = {k: v for k, v in fresh.state_dict().items() if torch.is_tensor(v)}
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+        assert loaded["iteration"] == 7
+        torch.manual_seed(5)
+        mck.restore_rng(loaded["rng_state"][0], torch.device("cpu"))
+        assert torch.equal(torch.get_rng_state(), s["rng_cpu"])
+
+
+def test_rng_is_not_requested_at_another_grid(saved):
+    s = saved["gpt"]
+    d, _, _, keys = mck.checkpoint_folder(s["root"])
+    req = mck.load_request(_gpt(s["cfg"], 3), None, d, keys, pp=(0, 2), tp=(0, 1), dp_rank=0)
+    assert "rng_state" not in req and "model" in req and "optimizer" not in req
+
+
+def test_submit_refuses_a_bad_checkpoint_with_exit_2(saved, tmp_path, monkeypatch):
+    """Through ``phoenix submit --dry-run``: exit 2, the file and field named, no script."""
+    import yaml
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for load, want in ((empty, ml.TRACKER), (saved["gpt"]["root"], ml.QKV)):
+        cfg = {"name": "m", "engine": "megatron", "data": {"path": str(tmp_path / "d")},
+               "model": {**GPT, "layers": 4}, "resilience": {"checkpoint": {"load_megatron": str(load)}}}
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+        monkeypatch.chdir(tmp_path)
+        r = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", "job.yaml", "--dry-run", "--data-on-cluster"])
+        assert r.exit_code == 2, r.output
+        assert "resilience.checkpoint.load_megatron" in r.output and want in r.output
+        assert "#SBATCH" not in r.output and "Traceback" not in r.output
+        assert sorted(f.name for f in tmp_path.iterdir()) == ["empty", "job.yaml"]  # nothing written
+
+
+def test_optimizer_state_makes_the_iteration_the_start_step_and_pins_tp_pp(saved):
+    root = saved["with_opt"]["root"]
+    _, it, with_opt, keys = mck.checkpoint_folder(root)
+    assert it == 30 and with_opt and ml.written_grid(keys) == (1, 2)
+    assert ml.start_iteration(root) == 30
+    (p,) = ml.load_problems(job(GPT, load_megatron=str(root)))  # the job's (tp, pp) is (1, 1)
+    assert p.startswith("resilience.checkpoint.load_megatron: ") and "written at (tp, pp) = (1, 2)" in p
+    assert "parallelism.tp = 1 and parallelism.pp = 2" in p
+
+
+def test_persist_starts_from_the_megatron_checkpoint_only_without_a_checkpoint_of_its_own(saved, tmp_path, monkeypatch):
+    """launch/persist.py: ``start_step`` and ``restore_latest`` (the load itself, which needs the CUDA engine,
+    replaced by a recorder: what is tested is which checkpoint is chosen)."""
+    from phoenix_hpc.engines import megatron_ckpt
+    from phoenix_hpc.launch import persist
+    from phoenix_hpc.recovery import checkpoint
+
+    root = str(saved["with_opt"]["root"])
+    cfg = job(GPT, load_megatron=root)
+    calls = []
+    monkeypatch.setattr(megatron_ckpt, "load_engine", lambda engine, d: calls.append(d) or 30)
+    monkeypatch.setattr(persist, "_rank", lambda groups: 0)
+    assert persist.start_step(cfg, tmp_path) == 30
+    assert persist.restore_latest(object(), None, cfg, tmp_path) == 30 and calls == [root]
+    log = [json.loads(x) for x in (tmp_path / "ranks" / "rank0.persist.jsonl").read_text().splitlines()]
+    assert log[-1]["event"] == "load_megatron" and log[-1]["step"] == 30 and log[-1]["dir"] == root
+    assert persist.start_step(job(GPT), tmp_path) == 0  # without load_megatron: nothing
+    # a run with a complete checkpoint of its own resumes from it, not from the Megatron-LM one
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda engine, r, group, step: step)
+    ckpts = tmp_path / "checkpoints"
+    from phoenix_hpc.recovery.ckpt_files import mark_complete
+
+    ckpts.mkdir()
+    (ckpts / "step_00000040").mkdir()
+    mark_complete(ckpts, 40, "dcp")
+    assert persist.start_step(cfg, tmp_path) == 40
+    groups = argparse.Namespace(world=None)
+    assert persist.restore_latest(object(), groups, cfg, tmp_path) == 40 and calls == [root]
