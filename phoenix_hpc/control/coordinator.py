@@ -80,7 +80,8 @@ from phoenix_hpc.control.planned_end import PlannedEndMixin
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.recovery_machine import RecoveryMixin
 from phoenix_hpc.control.restart import RestartMixin
-from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, SlotState, job_machine
+from phoenix_hpc.control.states import (
+    LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, RecoveryPhase, SlotState, job_machine)
 from phoenix_hpc.test_env import active_test_env
 
 
@@ -238,10 +239,10 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
             self.journal.append(E.CoordinatorRestarted(
                 restart=self.restart, generation=self.generation,
                 job_state=self.job.state.value, recoverable_step=r.recoverable_step,
-                checkpoint_step=r.checkpoint_step, slots=len(self.slots),
+                checkpoint_step=r.newest_checkpoint, slots=len(self.slots),
                 dead=sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD),
-                recovery_interrupted=r.recovery is not None and r.recovery.get("phase") != "replay",
-                pending_faults=len(self.faults)))
+                recovery_interrupted=r.recovery is not None and r.recovery.phase is not RecoveryPhase.REPLAY,
+                pending_faults=len(self.faults), **({"skipped": r.skipped[:20]} if r.skipped else {})))
         write_private_file(
             self.run_dir / P.COORDINATOR_FILE,
             _json({"host": self.host, "port": self.port, "operator_port": operator_port,

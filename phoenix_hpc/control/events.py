@@ -1,9 +1,8 @@
 """Every record of the job's journal (``RUN_DIR/journal.jsonl``) as a typed, frozen event.
 
-This module is the one place that spells an event name. A writer builds an event and hands it to
-:meth:`phoenix_hpc.control.journal.Journal.append` (``journal.append(SlotsDead(slots=[3], ...))``); a reader
-turns a record back into one with :func:`from_record`, or tests a record's kind with :func:`is_event`
-(``is_event(rec, JobDone)``) or the class's ``NAME``.
+The one place that spells an event name. A writer hands an event to :meth:`~phoenix_hpc.control.journal.
+Journal.append` (``journal.append(SlotsDead(slots=[3], ...))``); a reader turns a record back into one with
+:func:`from_record`, or compares ``rec["event"]`` with a class's ``NAME``.
 
 On disk nothing changed: one JSON object per line, ``{"ts": unix seconds, "event": NAME, **fields}``, so a
 journal written before these classes existed reads the same. :meth:`Event.to_record` gives the fields (no
@@ -17,31 +16,29 @@ journal written before these classes existed reads the same. :meth:`Event.to_rec
   ``from_record(r).to_record()`` is ``r`` less ``ts``, key order aside;
 - an event name no class declares gives an :class:`UnknownEvent` (the fold records it as skipped).
 
-Units: every ``*_s`` field is seconds (float); ``ts`` is unix time in seconds; steps are training
-iterations; ``world_rank`` is a slot's fixed rank in the Slurm step, ``logical_rank`` its rank in the grid of
-its generation (docs/design.md section 2).
+Units: ``*_s`` fields and ``ts`` (unix time) are seconds; steps are training iterations; ``world_rank`` is a
+slot's fixed rank in the Slurm step, ``logical_rank`` its rank in its generation's grid (docs/design.md 2).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Mapping
+
+from phoenix_hpc.control.states import RecoveryPhase  # noqa: F401 - re-exported: the phase of recovery_aborted
 
 
 class _Omit:
     """The value of a field the record leaves out (falsy, so ``if ev.drain:`` reads naturally)."""
 
-    _instance: "_Omit | None" = None
-
-    def __new__(cls) -> "_Omit":
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
     def __bool__(self) -> bool:
         return False
+
+    def __copy__(self) -> "_Omit":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "_Omit":
+        return self
 
     def __repr__(self) -> str:
         return "OMIT"
@@ -51,17 +48,6 @@ OMIT: Any = _Omit()
 
 # The timed phases of a finished recovery (``recovery_done.phases``: seconds each), in the order they happen.
 TIMED_PHASES = ("detect", "reconfigure", "params", "optimizer", "replay")
-
-
-class RecoveryPhase(str, enum.Enum):
-    """Where the coordinator's recovery of one generation is: survivors leave their step (QUIESCE), every
-    member restores from the plan (RESTORE), the members replay the lost steps (REPLAY); ABORTED: a second
-    fault cut it short (a new recovery follows)."""
-
-    QUIESCE = "quiesce"
-    RESTORE = "restore"
-    REPLAY = "replay"
-    ABORTED = "aborted"
 
 
 class EventError(ValueError):
@@ -80,7 +66,7 @@ class Event:
     def to_record(self) -> dict[str, Any]:
         """``{"event": NAME, **fields}`` without ``ts`` and without fields that are :data:`OMIT`."""
         out: dict[str, Any] = {"event": self.NAME}
-        for f in dataclasses.fields(self):
+        for f in fields(self):
             if f.name in ("ts", "extra"):
                 continue
             v = getattr(self, f.name)
@@ -92,7 +78,7 @@ class Event:
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> "Event":
         """The event of journal record ``rec`` (fields missing from it take their defaults). Pure."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"ts", "extra"}
+        names = {f.name for f in fields(cls)} - {"ts", "extra"}
         kw = {k: v for k, v in rec.items() if k in names}
         extra = {k: v for k, v in rec.items() if k not in names and k not in ("ts", "event")}
         ts = rec.get("ts")
@@ -102,7 +88,6 @@ class Event:
 @dataclass(frozen=True, kw_only=True)
 class UnknownEvent(Event):
     """A record whose ``event`` no class here declares (a newer writer, or a foreign line)."""
-
     name: str = ""
 
     def to_record(self) -> dict[str, Any]:
@@ -111,8 +96,7 @@ class UnknownEvent(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class JobEnd(Event):
-    """A record that ends the job (the coordinator ends its loop after it). ``JOB_STATE``: the job's final
-    state; ``message``: what the user reads, with how to continue."""
+    """A record that ends the job. ``JOB_STATE``: the job's final state; ``message``: how to continue."""
 
     JOB_STATE: ClassVar[str] = "failed"
     reason: Any = OMIT
@@ -124,9 +108,8 @@ def _ev(name: str):
     def wrap(cls):
         cls.NAME = name
         cls = dataclass(frozen=True, kw_only=True)(cls)
-        if name in REGISTRY:
+        if REGISTRY.setdefault(name, cls) is not cls:
             raise ValueError(f"journal event {name!r} declared twice")
-        REGISTRY[name] = cls
         return cls
     return wrap
 
@@ -134,7 +117,6 @@ def _ev(name: str):
 REGISTRY: dict[str, type[Event]] = {}
 
 # --- the coordinator process -----------------------------------------------------------------------------
-
 
 @_ev("coordinator_started")
 class CoordinatorStarted(Event):
@@ -148,7 +130,6 @@ class CoordinatorStarted(Event):
     grid: Any = None  # [tp, pp, dp], or None before the job knows it
     restart: Any = OMIT  # N: the N-th restart of this job's coordinator after a crash
 
-
 @_ev("coordinator_restarted")
 class CoordinatorRestarted(Event):
     restart: Any = None
@@ -160,31 +141,25 @@ class CoordinatorRestarted(Event):
     dead: Any = None
     recovery_interrupted: Any = None
     pending_faults: Any = None
-
+    skipped: Any = OMIT  # journal lines the rebuild could not take, with the reason (the first 20)
 
 @_ev("coordinator_exit")
 class CoordinatorExit(Event):
     job_state: Any = None
-
 
 @_ev("coordinator_paused")
 class CoordinatorPaused(Event):
     paused_s: Any = None
     reason: Any = None
 
-
 @_ev("test_env")
 class TestEnv(Event):
-    __test__ = False  # not a pytest test class
     variables: Any = None
-
 
 @_ev("test_hold")
 class TestHold(Event):
-    __test__ = False
     after: Any = None
     hold_s: Any = None
-
 
 @_ev("rejected")
 class Rejected(Event):
@@ -192,9 +167,7 @@ class Rejected(Event):
     message_type: Any = None
     world_rank: Any = None
 
-
 # --- membership and progress ------------------------------------------------------------------------------
-
 
 @_ev("registered")
 class Registered(Event):
@@ -205,14 +178,12 @@ class Registered(Event):
     logical_rank: Any = None
     placement_inputs: Any = OMIT  # {"k", "levels", "domain"}
 
-
 @_ev("job_running")
 class JobRunning(Event):
     generation: Any = None
     grid: Any = None
     rank_map: Any = None  # [[logical rank, world rank], ...]
     standby: Any = None
-
 
 @_ev("rejoined")
 class Rejoined(Event):
@@ -226,13 +197,11 @@ class Rejoined(Event):
     buffered: Any = None
     dropped: Any = None
 
-
 @_ev("rejoin_refused")
 class RejoinRefused(Event):
     world_rank: Any = None
     pid: Any = None
     reason: Any = None
-
 
 @_ev("progress")
 class Progress(Event):
@@ -240,12 +209,10 @@ class Progress(Event):
     min_step: Any = None
     generation: Any = None
 
-
 @_ev("step")
 class StepSeen(Event):
     """Live progress as the oldest coordinators wrote it (read only)."""
     step: Any = None
-
 
 @_ev("heartbeat_summary")
 class HeartbeatSummary(Event):
@@ -262,14 +229,12 @@ class HeartbeatSummary(Event):
     heartbeat_age: Any = None
     cpu_s: Any = None
 
-
 @_ev("protect_interval")
 class ProtectInterval(Event):
     interval: Any = None
     step: Any = None
     generation: Any = None
     lost_steps_at_most: Any = None
-
 
 @_ev("commit")
 class Commit(Event):
@@ -282,12 +247,10 @@ class Commit(Event):
     placement: Any = OMIT  # {shard id: [holder logical ranks]}
     shard_bytes: Any = OMIT  # {shard id: bytes}
 
-
 @_ev("placement")
 class Placement(Event):
     """The replica placement as older coordinators wrote it (read only)."""
     replicas: Any = None  # [[shard id, owner, holder], ...] (logical ranks)
-
 
 @_ev("checkpoint")
 class Checkpoint(Event):
@@ -299,21 +262,17 @@ class Checkpoint(Event):
     total_s: Any = OMIT
     bytes: Any = OMIT
 
-
 @_ev("checkpoint_incomplete")
 class CheckpointIncomplete(Event):
     step: Any = None
     reasons: Any = None
-
 
 @_ev("checkpoints_pruned")
 class CheckpointsPruned(Event):
     steps: Any = None
     keep: Any = None
 
-
 # --- faults and decisions -------------------------------------------------------------------------------
-
 
 @_ev("fault")
 class Fault(Event):
@@ -327,7 +286,6 @@ class Fault(Event):
     message: Any = None
     superseded: Any = None
 
-
 @_ev("slots_dead")
 class SlotsDead(Event):
     slots: Any = None
@@ -335,19 +293,16 @@ class SlotsDead(Event):
     kind: Any = None
     reason: Any = None
 
-
 @_ev("spare_lost")
 class SpareLost(Event):
     slots: Any = None
     spares_left: Any = None
-
 
 @_ev("signal")
 class SignalSeen(Event):
     signal: Any = None
     world_rank: Any = None
     node: Any = None
-
 
 @_ev("decision")
 class Decision(Event):
@@ -357,7 +312,6 @@ class Decision(Event):
     checkpoint_step: Any = OMIT
     lost_steps: Any = OMIT
     lost_shards: Any = OMIT
-
 
 @_ev("replica_rejected")
 class ReplicaRejected(Event):
@@ -369,9 +323,7 @@ class ReplicaRejected(Event):
     step: Any = None
     reason: Any = None
 
-
 # --- recoveries ---------------------------------------------------------------------------------------------
-
 
 @_ev("recovery_start")
 class RecoveryStart(Event):
@@ -382,7 +334,6 @@ class RecoveryStart(Event):
     detect_s: Any = None
     drain: Any = OMIT  # the drain request this hot swap carries out
     drained: Any = OMIT
-
 
 @_ev("recovery_plan")
 class RecoveryPlanned(Event):
@@ -398,7 +349,6 @@ class RecoveryPlanned(Event):
     steps_replayed: Any = None
     shrink: Any = OMIT  # {"old_grid", "leavers", "needs", "sources", "lost"}
 
-
 @_ev("recovery_plan_sent")
 class RecoveryPlanSent(Event):
     generation: Any = None
@@ -406,19 +356,16 @@ class RecoveryPlanSent(Event):
     plan_s: Any = None
     send_s: Any = None
 
-
 @_ev("evidence_rejected")
 class EvidenceRejected(Event):
     generation: Any = None
     reasons: Any = None
-
 
 @_ev("invariant_violation")
 class InvariantViolation(Event):
     generation: Any = None
     violations: Any = None
     rejected: Any = None
-
 
 @_ev("shrink")
 class Shrink(Event):
@@ -431,14 +378,12 @@ class Shrink(Event):
     lost: Any = None
     drain: Any = OMIT
 
-
 @_ev("recovery_restored")
 class RecoveryRestored(Event):
     generation: Any = None
     recoverable_step: Any = None
     invariants: Any = None
     restore_s: Any = None
-
 
 @_ev("recovery_done")
 class RecoveryDone(Event):
@@ -451,13 +396,11 @@ class RecoveryDone(Event):
     replay_interrupted: Any = None
     drain: Any = OMIT
 
-
 @_ev("recovery_aborted")
 class RecoveryAborted(Event):
     generation: Any = None
     phase: Any = None
     reason: Any = None
-
 
 @_ev("checkpoint_restart")
 class CheckpointRestart(Event):
@@ -468,16 +411,13 @@ class CheckpointRestart(Event):
     lost_steps: Any = None
     checkpoint_path: Any = None
 
-
 @_ev("restart_in_job")
 class RestartInJob(Event):
     dead_nodes: Any = None
     checkpoint_step: Any = None
     reason: Any = None
 
-
 # --- injected faults and planned drains -------------------------------------------------------------------
-
 
 @_ev("inject_forwarded")
 class InjectForwarded(Event):
@@ -489,13 +429,11 @@ class InjectForwarded(Event):
     request_id: Any = None
     shard_id: Any = OMIT  # corrupt-replica: the shard whose replica the target holds
 
-
 @_ev("inject_armed")
 class InjectArmed(Event):
     request_id: Any = None
     armed_steps: Any = None  # [[world rank, step], ...]
     started_steps: Any = None
-
 
 @_ev("inject_landed")
 class InjectLanded(Event):
@@ -506,11 +444,9 @@ class InjectLanded(Event):
     at_step: Any = None
     exact: Any = None
 
-
 @_ev("inject_fired")
 class InjectFired(Event):
-    """A landing as the slot wrote it to ``RUN_DIR/faults/fired-*.json`` (not a journal line: status merges
-    these files with the journal under this name)."""
+    """A landing the slot wrote to ``RUN_DIR/faults/fired-*.json`` (status merges them with the journal)."""
     request_id: Any = None
     world_rank: Any = None
     step: Any = None
@@ -518,13 +454,11 @@ class InjectFired(Event):
     kind: Any = None
     at_step: Any = None
 
-
 @_ev("inject_refused")
 class InjectRefused(Event):
     request_id: Any = None
     reason: Any = None
     targets: Any = None
-
 
 @_ev("inject_missed")
 class InjectMissed(Event):
@@ -532,7 +466,6 @@ class InjectMissed(Event):
     world_rank: Any = None
     at_step: Any = None
     reason: Any = None
-
 
 @_ev("drain_requested")
 class DrainRequested(Event):
@@ -542,13 +475,11 @@ class DrainRequested(Event):
     nodes: Any = None
     at_step: Any = None
 
-
 @_ev("drain_rearmed")
 class DrainRearmed(Event):
     request_id: Any = None
     at_step: Any = None
     attempt: Any = None
-
 
 @_ev("drain_armed")
 class DrainArmed(Event):
@@ -556,14 +487,12 @@ class DrainArmed(Event):
     at_step: Any = None
     members: Any = None
 
-
 @_ev("drain_start")
 class DrainStart(Event):
     request_id: Any = None
     targets: Any = None
     nodes: Any = None
     live_step: Any = None
-
 
 @_ev("drain_done")
 class DrainDone(Event):
@@ -576,7 +505,6 @@ class DrainDone(Event):
     dp: Any = OMIT  # a drain carried out by a shrink: the new dp and the slots it freed
     freed: Any = OMIT
 
-
 @_ev("drain_missed")
 class DrainMissed(Event):
     request_id: Any = None
@@ -584,16 +512,13 @@ class DrainMissed(Event):
     targets: Any = None
     reason: Any = None
 
-
 @_ev("drain_refused")
 class DrainRefused(Event):
     request_id: Any = None
     reason: Any = None
     targets: Any = None
 
-
 # --- the end of the job -------------------------------------------------------------------------------------
-
 
 @_ev("stopping")
 class Stopping(Event):
@@ -601,7 +526,6 @@ class Stopping(Event):
     signal: Any = None
     members: Any = None
     generation: Any = None
-
 
 @_ev("job_done")
 class JobDone(JobEnd):
@@ -613,11 +537,9 @@ class JobDone(JobEnd):
     generation: Any = None
     rank_hashes: Any = None
 
-
 @_ev("clean_stop")
 class CleanStop(JobEnd):
     checkpoint_step: Any = OMIT
-
 
 @_ev("fallback")
 class Fallback(JobEnd):
@@ -625,11 +547,9 @@ class Fallback(JobEnd):
     lost_steps: Any = None
     checkpoint_path: Any = None
 
-
 @_ev("in_job_restart")
 class InJobRestart(JobEnd):
     checkpoint_step: Any = None
-
 
 @_ev("coordinator_stopped")
 class CoordinatorStopped(JobEnd):
@@ -677,7 +597,3 @@ def name_of(event: type[Event] | Event | str) -> str:
         return event
     return event.NAME
 
-
-def is_event(rec: Mapping[str, Any], *kinds: type[Event]) -> bool:
-    """Whether journal record ``rec`` is of one of the event classes ``kinds``."""
-    return rec.get("event") in {k.NAME for k in kinds}

@@ -131,11 +131,12 @@ def _split(event: Event | str, fields: dict[str, Any]) -> tuple[str, dict[str, A
     return event, fields
 
 
-def iter_journal(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+def iter_journal(path: str | os.PathLike, skipped: list[str] | None = None) -> Iterator[dict[str, Any]]:
     """Yield the records of a journal file in order.
 
     A torn last line (no trailing newline and not valid JSON, as left by a crash mid-write) is skipped.
-    A complete line that is not a JSON object with ``ts`` and ``event`` raises ValueError naming the line.
+    A complete line that is not a JSON object with ``ts`` and ``event`` raises ValueError naming the line,
+    or, when a ``skipped`` list is given, is skipped and named there (a restarted coordinator reads on).
     A run directory or a journal path may be given; a missing journal yields nothing.
 
     Raises:
@@ -160,10 +161,16 @@ def iter_journal(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
         except json.JSONDecodeError:
             if last and torn_tail:
                 return
-            raise ValueError(f"{p}:{i + 1}: not a JSON line: {raw[:80]!r}") from None
-        if not isinstance(rec, dict) or "ts" not in rec or "event" not in rec:
-            raise ValueError(f"{p}:{i + 1}: journal record needs 'ts' and 'event': {raw[:80]!r}")
-        yield rec
+            why = f"{p}:{i + 1}: not a JSON line: {raw[:80]!r}"
+        else:
+            why = None if isinstance(rec, dict) and "ts" in rec and "event" in rec \
+                else f"{p}:{i + 1}: journal record needs 'ts' and 'event': {raw[:80]!r}"
+        if why is None:
+            yield rec
+        elif skipped is None:
+            raise ValueError(why)
+        else:
+            skipped.append(why + ": skipped")
 
 
 def read_journal(path: str | os.PathLike, event: type[Event] | str | None = None) -> list[dict[str, Any]]:

@@ -2,8 +2,9 @@
 
 :class:`RestartMixin` is part of :class:`phoenix_hpc.control.coordinator.Coordinator`. After a crash the batch
 script's supervisor (:mod:`phoenix_hpc.control.supervise`) starts a new coordinator with ``--restart N``. It
-reuses the job secret, replays ``RUN_DIR/journal.jsonl`` (:func:`phoenix_hpc.control.replay.replay`:
-generation, grid, slots, rank map, committed step, checkpoint, a recovery in progress) and writes a new
+reuses the job secret, folds ``RUN_DIR/journal.jsonl`` into the job's view (:func:`phoenix_hpc.control.view.fold`,
+the fold ``phoenix status`` reads too: generation, grid, slots, rank maps, committed step, checkpoint, a
+recovery in progress; a journal line it cannot take is skipped and named in ``coordinator_restarted``) and writes a new
 ``coordinator.json`` (new ports, its own pid): the slots, which trained on meanwhile, find it there,
 re-register with ``rejoin`` (their generation and step) and resend their newest commit report (own shard,
 replicas held). Until a slot has re-registered its heartbeats are not judged for the start-up grace
@@ -24,20 +25,24 @@ from phoenix_hpc.control import events as E
 from phoenix_hpc.control.classify import Fault, FaultKind
 from phoenix_hpc.control.journal import iter_journal
 from phoenix_hpc.control.records import PendingFault, Slot
-from phoenix_hpc.control.replay import Rebuilt, rejoin_verdict, replay
-from phoenix_hpc.control.states import JobState, SlotState, job_machine, slot_machine
+from phoenix_hpc.control.rejoin import rejoin_verdict
+from phoenix_hpc.control.states import JobState, RecoveryPhase, SlotState, job_machine, slot_machine
+from phoenix_hpc.control.view import JobView, SlotView, fold
 
+# a slot's state in the journal's view -> in the coordinator (drained: it left by a planned drain, DONE)
 _SLOT_STATE = {"active": SlotState.ACTIVE, "standby": SlotState.STANDBY, "joining": SlotState.JOINING,
-               "quiesced": SlotState.QUIESCED, "dead": SlotState.DEAD}
+               "quiesced": SlotState.QUIESCED, "dead": SlotState.DEAD, "drained": SlotState.DONE,
+               "done": SlotState.DONE}
 
 
 class RestartMixin:
     """Rebuilding state after a restart, and taking re-registering slots back, for the coordinator."""
 
-    def _rebuild_from_journal(self) -> Rebuilt:
-        """Replay the journal into this (fresh) coordinator. Returns what was replayed."""
-        path = self.journal.path
-        r = replay(iter_journal(path)) if path.exists() else Rebuilt()
+    def _rebuild_from_journal(self) -> JobView:
+        """Fold the journal into this (fresh) coordinator. Returns the job's view."""
+        path, skipped = self.journal.path, []
+        r = fold(iter_journal(path, skipped=skipped)) if path.exists() else JobView()
+        r.skipped[:0] = skipped
         now = self.clock()
         self.generation = r.generation
         if r.grid is not None:
@@ -47,27 +52,26 @@ class RestartMixin:
         self.rank_maps = {g: dict(m) for g, m in r.rank_maps.items()}
         self.grid_since = dict(r.grid_since)
         self.placement_inputs = r.placement_inputs
-        self.checkpoint_step = r.checkpoint_step
+        self.checkpoint_step = r.newest_checkpoint
         self._rejoined: set[int] = set()
         for w, s in r.slots.items():
             m = slot_machine(f"slot {w}", _SLOT_STATE.get(s.state, SlotState.ACTIVE))
             # not re-registered yet: step 0 gives it the start-up grace before its heartbeats are judged
-            self.slots[w] = Slot(w, s.node, s.pid, s.role, m, now, s.logical_rank, s.generation, 0,
+            self.slots[w] = Slot(w, s.node, int(s.pid or 0), s.role, m, now, s.logical_rank, s.generation or 0, 0,
                                  domain=s.domain)
-        if r.ended is not None:  # it died between the job's end and its verdict: give the verdict, nothing more
-            self.job = job_machine({E.JobDone.NAME: JobState.DONE, E.CoordinatorStopped.NAME: JobState.STOPPED}.get(
-                r.ended, JobState.FAILED))
+        if r.job_end is not None:  # it died between the job's end and its verdict: give the verdict, nothing more
+            self.job = job_machine(JobState(E.JOB_END_STATES[r.job_end]))
             self._end_at = now + self.t.linger_s
             return r
         if r.running:
             self.job.to(JobState.RUNNING, "restarted coordinator: the journal says the job was running")
-        if r.recovery is not None and r.recovery.get("phase") != "replay":
+        if r.recovery is not None and r.recovery.phase is not RecoveryPhase.REPLAY:
             self._requeue_recovery(r, now)
         return r
 
-    def _requeue_recovery(self, r: Rebuilt, now: float) -> None:
+    def _requeue_recovery(self, r: JobView, now: float) -> None:
         """A recovery was cut short by the restart: its dead slots become a pending fault again."""
-        dead = tuple(sorted(w for w in r.recovery.get("dead", []) if w in self.slots))
+        dead = tuple(sorted(w for w in r.recovery.dead if w in self.slots))
         nodes = tuple(sorted({self.slots[w].node for w in dead}))
         f = Fault(FaultKind.PROCESS_EXIT, dead, nodes, False,
                   f"recovery to generation {r.generation} interrupted by a coordinator restart")
@@ -75,13 +79,11 @@ class RestartMixin:
 
     def _on_rejoin(self, body: dict) -> None:
         """``register`` with ``rejoin``: a slot that kept running while the coordinator was away."""
-        from phoenix_hpc.control.replay import SlotRecord
-
         w, pid = int(body["world_rank"]), int(body["pid"])
         rj: dict[str, Any] = body.get("rejoin") or {}
         slot = self.slots.get(w)
-        rec = None if slot is None else SlotRecord(w, slot.pid, slot.node, slot.role, slot.logical_rank,
-                                                   slot.state.value)
+        rec = None if slot is None else SlotView(w, slot.node, slot.pid, slot.state.value, slot.logical_rank,
+                                                 slot.generation, role=slot.role)
         why = rejoin_verdict(rec, pid, str(body.get("role")), body.get("logical_rank"), rj.get("generation"),
                              self.generation)
         if why is not None:

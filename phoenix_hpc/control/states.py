@@ -37,6 +37,17 @@ class SlotState(str, enum.Enum):
     DONE = "done"
 
 
+class RecoveryPhase(str, enum.Enum):
+    """Where the coordinator's recovery of one generation is: survivors leave their step (QUIESCE), every
+    member restores from the plan (RESTORE), the members replay the lost steps (REPLAY); ABORTED: a second
+    fault cut it short (a new recovery follows). Its transition table: control/recovery_phases.py."""
+
+    QUIESCE = "quiesce"
+    RESTORE = "restore"
+    REPLAY = "replay"
+    ABORTED = "aborted"
+
+
 class JobState(str, enum.Enum):
     STARTING = "starting"
     RUNNING = "running"

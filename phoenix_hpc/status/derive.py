@@ -75,15 +75,13 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
-from phoenix_hpc.faults.kinds import KIND_OF_WIRE, PHASE_OF_WIRE
+from phoenix_hpc.control import events as E
+from phoenix_hpc.control.view import LIVE_SLOT_STATES, TERMINAL_STATES, JobView, fold
 from phoenix_hpc.status.model import (
-    FaultStatus,
     HolderStatus,
-    DrainStatus,
     InjectionStatus,
     JobInfo,
     NodeStatus,
-    RecoveryStatus,
     ReplicaStatus,
     RunFiles,
     SlotStatus,
@@ -91,12 +89,8 @@ from phoenix_hpc.status.model import (
     Status,
     StatusWarning,
 )
-from phoenix_hpc.status.text import fault_cause, shorten
 
-TERMINAL_STATES = frozenset({"done", "failed", "stopped", "ended"})
 SLURM_ACTIVE_STATES = ACTIVE_JOB_STATES
-_END_EVENTS = {"job_done": "done", "clean_stop": "failed", "fallback": "failed", "coordinator_stopped": "stopped"}
-LIVE_SLOT_STATES = frozenset({"active", "standby", "joining", "quiesced"})
 
 
 def node_is_down(slurm_state: str | None) -> bool:
@@ -168,378 +162,6 @@ def _domain(node: str | None, domains: Mapping[str, Mapping[str, str]], levels: 
     return node
 
 
-class _State:
-    """Mutable accumulator while the records are replayed in order."""
-
-    def __init__(self) -> None:
-        self.slots: dict[int, dict[str, Any]] = {}
-        self.rank_map: dict[int, int] = {}
-        self.rank_map0: dict[int, int] = {}
-        self.generation = 0
-        self.job_state = "starting"
-        self.grid: tuple[int, int, int] | None = None
-        self.started_at: float | None = None
-        self.ended_at: float | None = None
-        self.end_event: str | None = None
-        self.end_reason: str | None = None
-        self.final_hash: str | None = None
-        self.end_step: int | None = None
-        self.max_step: int | None = None  # newest step ever finished (a rollback does not lower it)
-        self.live: int | None = None  # current live step (see module doc)
-        self.heartbeat_progress = True  # heartbeat_summary's max_step counts (no progress records)
-        self.recoverable_step: int | None = None
-        self.protect_every = 1
-        self.checkpoint_step: int | None = None
-        self.checkpoint_pending: int | None = None  # reported, not yet covered by the committed step
-        self.end_signal: str | None = None
-        self.progress: list[list[float]] = []
-        self.commits: list[list[float]] = []
-        self.last_commit_at: float | None = None
-        self.shard_steps: dict[str, dict[int, int]] = {}
-        self.shard_bytes: dict[str, int] = {}
-        self.shard_commit_at: dict[str, float] = {}
-        self.placement: dict[str, list[int]] = {}
-        self.recoveries: list[RecoveryStatus] = []
-        self.faults: list[FaultStatus] = []
-        self.injections: dict[str, InjectionStatus] = {}
-        self.drains: dict[str, DrainStatus] = {}
-        self.shrinks: list[dict[str, Any]] = []  # journal ``shrink`` records, oldest first
-        self.pending_reason: str | None = None
-        self.pending_action: str | None = None
-        self.test_env: dict[str, str] = {}  # journal ``test_env``: active test-only variables
-        self.live_at: float | None = None  # when a record last said the live step (its freshness)
-        self.replaced: set[int] = set()  # world ranks an earlier recovery already replaced or removed
-        self.rejected: list[dict[str, Any]] = []  # journal ``replica_rejected``: copies a recovery refused
-        self.restarts: list[float] = []  # ts of every ``recovery_start`` (a copy counted on by a recovery)
-
-    def step_seen(self, ts: float, step: Any, rollback: bool = False) -> None:
-        """The live step is at least ``step`` at ``ts`` (``rollback``: it *is* ``step``, the job rolled back)."""
-        if step is None:
-            return
-        step = int(step)
-        if not rollback and self.live is not None:
-            step = max(step, self.live)
-        if self.recoverable_step is not None:
-            step = max(step, self.recoverable_step)
-        self.max_step = step if self.max_step is None else max(self.max_step, step)
-        if step != self.live or not self.progress:
-            self.progress.append([float(ts), float(step)])
-        self.live = step
-        self.live_at = float(ts)
-
-    def committed(self, ts: float, step: Any) -> None:
-        """The committed (recoverable) step is ``step`` from ``ts`` on; a checkpoint it now covers is shown."""
-        step = int(step)
-        if self.recoverable_step != step:
-            self.commits.append([float(ts), float(step)])
-        self.recoverable_step = step
-        if self.checkpoint_pending is not None and self.checkpoint_pending <= step:
-            self.checkpoint_step = max(self.checkpoint_pending, self.checkpoint_step or self.checkpoint_pending)
-            self.checkpoint_pending = None
-
-    def checkpoint(self, ts: float, step: int) -> None:
-        """A persistent checkpoint of ``step`` was written: step ``step`` is finished. It is shown once the
-        committed step reaches it (or the job ended), so the status never shows checkpoint > committed."""
-        self.step_seen(ts, step)
-        if self.recoverable_step is not None and step <= self.recoverable_step:
-            self.checkpoint_step = max(step, self.checkpoint_step or step)
-        else:
-            self.checkpoint_pending = max(step, self.checkpoint_pending or step)
-
-    def current_recovery(self) -> RecoveryStatus | None:
-        r = self.recoveries[-1] if self.recoveries else None
-        return r if r is not None and r.state == "in_progress" else None
-
-
-def _apply(st: _State, rec: Mapping[str, Any]) -> None:  # noqa: C901 - one branch per event, kept flat
-    ev, ts = rec["event"], float(rec["ts"])
-    if ev == "test_env":
-        st.test_env = {str(k): str(v) for k, v in dict(rec.get("variables") or {}).items()}
-    elif ev == "coordinator_started":
-        st.started_at = st.started_at or ts
-        g = rec.get("grid")
-        if g and st.grid is None:
-            st.grid = tuple(int(x) for x in g)  # type: ignore[assignment]
-    elif ev == "registered":
-        w = int(rec["world_rank"])
-        role = str(rec.get("role", "active"))
-        lr = rec.get("logical_rank")
-        st.slots[w] = {"world_rank": w, "node": str(rec.get("node", "?")), "pid": rec.get("pid"),
-                       "state": "active" if role == "active" else "standby",
-                       "logical_rank": None if lr is None else int(lr),
-                       "generation": 0 if role == "active" else None, "note": "", "grid": None}
-        if lr is not None:
-            st.rank_map[int(lr)] = w
-            st.rank_map0[int(lr)] = w
-    elif ev == "job_running":
-        st.job_state = "running"
-        if rec.get("grid"):
-            st.grid = tuple(int(x) for x in rec["grid"])  # type: ignore[assignment]
-        for lr, w in rec.get("rank_map") or []:
-            st.rank_map[int(lr)] = int(w)
-            st.rank_map0.setdefault(int(lr), int(w))
-    elif ev == "heartbeat_summary":
-        st.generation = max(st.generation, int(rec.get("generation", 0)))
-        js = rec.get("job_state")
-        if js and st.job_state not in TERMINAL_STATES:
-            st.job_state = str(js)
-        for w in rec.get("dead") or []:
-            s = st.slots.get(int(w))
-            if s is not None and s["state"] != "dead":
-                s["state"] = "dead"
-        if st.heartbeat_progress:
-            st.step_seen(ts, rec.get("max_step"))
-    elif ev in ("progress", "step"):
-        st.step_seen(ts, rec.get("step"))
-    elif ev == "commit":
-        rs = rec.get("recoverable_step")
-        if rs is not None:
-            st.committed(ts, rs)
-            st.last_commit_at = ts
-            st.step_seen(ts, rs)
-        for sid, copies in (rec.get("shard_steps") or {}).items():
-            st.shard_steps[str(sid)] = {int(k): int(v) for k, v in dict(copies).items()}
-            st.shard_commit_at[str(sid)] = ts
-        for sid, n in (rec.get("shard_bytes") or {}).items():
-            st.shard_bytes[str(sid)] = int(n)
-        for sid, holders in (rec.get("placement") or {}).items():
-            st.placement[str(sid)] = [int(h) for h in holders]
-    elif ev == "protect_interval":
-        st.protect_every = int(rec.get("interval", 1))
-    elif ev == "placement":
-        st.placement = {}
-        for sid, _owner, holder in rec.get("replicas") or []:
-            st.placement.setdefault(str(sid), []).append(int(holder))
-    elif ev == "checkpoint":
-        if rec.get("step") is not None:
-            st.checkpoint(ts, int(rec["step"]))
-    elif ev == "fault" and rec.get("superseded"):
-        pass  # an error of collectives a recovery or a planned end had already broken off: no fault of its own
-    elif ev == "replica_rejected":
-        st.rejected.append(dict(rec))
-    elif ev == "fault":
-        if rec.get("step") is not None and int(rec.get("generation", st.generation)) == st.generation:
-            st.step_seen(ts, int(rec["step"]) - 1)  # the step the fault interrupted: the one before was finished
-        st.faults.append(FaultStatus(ts, str(rec.get("kind", "unknown")), rec.get("world_rank"), rec.get("node"),
-                                     rec.get("step"), rec.get("phase"),
-                                     fault_cause(rec.get("exc_type"), rec.get("message")),
-                                     "reported"))
-    elif ev == "slots_dead":
-        for w in rec.get("slots") or []:
-            s = st.slots.get(int(w))
-            if s is not None:
-                s["state"] = "dead"
-                s["note"] = shorten(fault_cause("", str(rec.get("reason", ""))), 120)
-        nodes = rec.get("nodes") or []
-        st.faults.append(FaultStatus(ts, str(rec.get("kind", "unknown")), None, ",".join(nodes) or None,
-                                     None, None,
-                                     f"slots {list(rec.get('slots') or [])}: {fault_cause('', rec.get('reason'))}",
-                                     "detected"))
-    elif ev == "decision":
-        st.pending_action = rec.get("action")
-        st.pending_reason = rec.get("reason")
-        if rec.get("action") == "fallback":
-            cur = st.current_recovery()
-            if cur is not None:
-                cur.state, cur.action, cur.finished_at = "fallback", "fallback", ts
-                cur.reason = rec.get("reason") or cur.reason
-            st.job_state = "fallback"
-    elif ev == "recovery_start":
-        g = int(rec.get("generation", st.generation + 1))
-        st.generation = max(st.generation, g)
-        cur = st.current_recovery()
-        if cur is not None:  # a new start without an abort record: the old one was superseded
-            cur.state, cur.finished_at = "aborted", ts
-        st.restarts.append(ts)
-        # the slots this recovery lost: not those an earlier recovery replaced or removed already (an older
-        # coordinator listed every dead slot of the job)
-        dead_now = [int(w) for w in rec.get("dead") or [] if int(w) not in st.replaced]
-        st.recoveries.append(RecoveryStatus(
-            generation=g, action="drain" if rec.get("drain") else rec.get("action") or st.pending_action,
-            state="in_progress", started_at=ts, finished_at=None,
-            reason=f"planned drain {rec['drain']}" if rec.get("drain") else st.pending_reason, dead_slots=dead_now,
-            joins=[], detect_s=rec.get("detect_s"), total_s=None, phases={}, steps_replayed=None,
-            recoverable_step=None))
-        if st.job_state not in TERMINAL_STATES:
-            st.job_state = "recovering"
-        for w in rec.get("survivors") or []:
-            s = st.slots.get(int(w))
-            if s is not None and s["state"] == "active":
-                s["state"] = "quiesced"
-    elif ev == "recovery_plan":
-        cur = st.current_recovery()
-        if rec.get("shrink"):  # a shrink renumbers the members of a smaller grid
-            st.rank_map.clear()
-            for s in st.slots.values():  # a slot keeps the coordinates of the grid it was numbered in
-                if s["logical_rank"] is not None and s["grid"] is None:
-                    s["grid"] = st.grid
-            g = rec.get("grid") or {}
-            if g:
-                st.grid = (int(g["tp"]), int(g["pp"]), int(g["dp"]))  # type: ignore[assignment]
-            leavers = {int(x) for x in rec["shrink"].get("leavers") or []}
-            for w, s in st.slots.items():
-                if s["state"] != "dead" and w in leavers:
-                    s["note"] = (s["note"] + "; " if s["note"] else "") + "DP replica removed (shrink)"
-            for lr, w in rec.get("rank_map") or []:  # the kept slots are renumbered in the smaller grid
-                if int(w) in st.slots:
-                    st.slots[int(w)]["logical_rank"] = int(lr)
-                    st.slots[int(w)]["grid"] = st.grid
-        for lr, w in rec.get("rank_map") or []:
-            st.rank_map[int(lr)] = int(w)
-        # the copies a logical rank held went with the slot that held it: a spare that takes the rank holds
-        # none of them until its generation's first commit says so (a shrink renumbers every rank and shard)
-        if rec.get("shrink"):
-            st.shard_steps.clear()
-        for j in rec.get("joins") or []:
-            for copies in st.shard_steps.values():
-                copies.pop(int(j["logical_rank"]), None)
-            s = st.slots.get(int(j["world_rank"]))
-            if s is not None:
-                s["state"], s["logical_rank"] = "joining", int(j["logical_rank"])
-                s["grid"] = st.grid if rec.get("shrink") else s["grid"]
-                s["note"] = f"replaces world rank {j.get('replaces_world_rank')}"
-            old = st.slots.get(int(j.get("replaces_world_rank", -1)))
-            if old is not None:  # world ranks never change; the logical rank is the one of this generation
-                gen = rec.get("generation", st.generation)
-                old["note"] = (old["note"] + "; " if old["note"] else "") + (
-                    f"replaced by world rank {j['world_rank']} (logical rank {j['logical_rank']} of generation {gen})")
-                st.replaced.add(int(j["replaces_world_rank"]))
-        for w in rec.get("dead_world") or []:
-            s = st.slots.get(int(w))
-            if s is not None and s["state"] != "drained":  # a drained slot is replaced like a dead one
-                s["state"] = "dead"
-        pending_replaced = {int(w) for w in rec.get("dead_world") or []} - set(st.rank_map.values())
-        if cur is not None:
-            cur.action = cur.action if cur.action == "drain" else rec.get("action") or cur.action
-            cur.joins = [dict(j) for j in rec.get("joins") or []]
-            cur.steps_replayed = rec.get("steps_replayed")
-            cur.recoverable_step = rec.get("recoverable_step")
-            cur.planned_at = ts
-            cur.quiesce_s = round(ts - cur.started_at, 3)
-        if rec.get("recoverable_step") is not None:  # the step this recovery resumes from: committed from now on
-            st.committed(ts, rec["recoverable_step"])
-            st.step_seen(ts, rec["recoverable_step"])
-            if cur is not None:
-                cur.dead_slots = sorted(set(cur.dead_slots) | {int(w) for w in rec.get("dead_world") or []
-                                                               if int(w) not in st.replaced})
-        st.replaced |= pending_replaced
-    elif ev == "recovery_restored":
-        g = int(rec.get("generation", st.generation))
-        members = set(st.rank_map.values())
-        for w, s in st.slots.items():
-            if w in members and s["state"] in ("joining", "quiesced", "active"):
-                s["state"], s["generation"] = "active", g
-        if st.job_state not in TERMINAL_STATES:
-            st.job_state = "running"
-        rs = rec.get("recoverable_step")
-        if rs is not None:  # the members resume from rs: that is now the committed and the live step
-            st.committed(ts, rs)
-            st.step_seen(ts, rs, rollback=True)
-    elif ev == "recovery_done":
-        cur = st.current_recovery() or next((r for r in reversed(st.recoveries)
-                                             if r.generation == rec.get("generation")), None)
-        if cur is not None:
-            cur.state, cur.finished_at = "done", ts
-            cur.total_s = rec.get("total_s")
-            cur.phases = {k: float(v) for k, v in (rec.get("phases") or {}).items()}
-            cur.steps_replayed = rec.get("steps_replayed", cur.steps_replayed)
-            cur.recoverable_step = rec.get("recoverable_step", cur.recoverable_step)
-            cur.action = "drain" if rec.get("drain") else rec.get("action") or cur.action
-    elif ev == "recovery_aborted":
-        cur = st.current_recovery()
-        if cur is not None:
-            cur.state, cur.finished_at = "aborted", ts
-            cur.reason = f"{cur.reason or ''} (aborted: {rec.get('reason', '')})".strip()
-    elif ev == "shrink":
-        st.shrinks.append({"ts": ts, "generation": rec.get("generation"), "dp_from": rec.get("dp_from"),
-                           "dp_to": rec.get("dp_to"), "recoverable_step": rec.get("recoverable_step"),
-                           "freed": list(rec.get("freed") or []), "lost": list(rec.get("lost") or []),
-                           "drain": rec.get("drain")})
-        for w in rec.get("freed") or []:
-            s = st.slots.get(int(w))
-            if s is not None:
-                s["state"], s["logical_rank"], s["generation"] = "standby", None, None
-    elif ev == "drain_requested":
-        rid = str(rec.get("request_id") or f"t{ts}")
-        st.drains[rid] = DrainStatus(rid, ts, dict(rec.get("target") or {}), [int(w) for w in rec.get("targets") or []],
-                                     [str(n) for n in rec.get("nodes") or []], rec.get("at_step"))
-    elif ev in ("drain_armed", "drain_rearmed", "drain_start", "drain_done", "drain_refused", "drain_missed"):
-        d = st.drains.get(str(rec.get("request_id")))
-        if d is not None:
-            d.at_step = rec.get("at_step", d.at_step)
-            d.state = {"drain_armed": "armed", "drain_rearmed": d.state, "drain_start": "moving",
-                       "drain_done": "done", "drain_refused": "refused", "drain_missed": "missed"}[ev]
-            if ev == "drain_done":
-                d.steps_replayed, d.generation = rec.get("steps_replayed"), rec.get("generation")
-                d.moved = [[int(x) for x in m] for m in rec.get("moved") or []]
-            elif ev in ("drain_refused", "drain_missed"):
-                d.reason = str(rec.get("reason", ""))
-            elif ev == "drain_start":
-                for w in d.targets:
-                    s = st.slots.get(w)
-                    if s is not None:
-                        s["state"] = "drained"
-                        s["note"] = (s["note"] + "; " if s["note"] else "") + f"drained ({d.request_id})"
-    elif ev == "inject_forwarded":
-        rid = str(rec.get("request_id") or f"t{ts}")
-        st.injections[rid] = InjectionStatus(
-            request_id=rid, ts=ts, kind=KIND_OF_WIRE.get(str(rec.get("kind")), str(rec.get("kind"))),
-            phase=PHASE_OF_WIRE.get(str(rec.get("phase")), str(rec.get("phase"))), at_step=rec.get("at_step"),
-            targets=[int(w) for w in rec.get("targets") or []], fired=[])
-    elif ev in ("inject_armed", "inject_refused", "inject_missed"):
-        inj = st.injections.get(str(rec.get("request_id")))
-        if inj is not None:
-            if ev == "inject_armed":
-                inj.armed_steps = {int(w): int(x) for w, x in rec.get("armed_steps") or []}
-                inj.at_step = max(inj.armed_steps.values(), default=inj.at_step)
-            elif ev == "inject_refused":
-                inj.reason = str(rec.get("reason", ""))
-            else:
-                inj.missed.append({"world_rank": rec.get("world_rank"), "at_step": rec.get("at_step"),
-                                   "reason": str(rec.get("reason", ""))})
-            _injection_state(inj)
-    elif ev in ("inject_fired", "inject_landed"):
-        rid = str(rec.get("request_id") or "")
-        inj = st.injections.get(rid)
-        if inj is None:
-            inj = st.injections[rid or f"t{ts}"] = InjectionStatus(
-                rid, ts, KIND_OF_WIRE.get(str(rec.get("kind")), str(rec.get("kind"))),
-                PHASE_OF_WIRE.get(str(rec.get("phase")), str(rec.get("phase"))), rec.get("at_step"), [], [])
-        landed = {"world_rank": rec.get("world_rank"), "step": rec.get("step"),
-                  "phase": PHASE_OF_WIRE.get(str(rec.get("phase")), rec.get("phase")), "ts": ts}
-        # the landing file and the coordinator's record of the same landing count once
-        if not any((f["world_rank"], f["step"], f["phase"]) == (landed["world_rank"], landed["step"], landed["phase"])
-                   for f in inj.fired):
-            inj.fired.append(landed)
-        _injection_state(inj)
-        if rec.get("step") is not None:
-            st.step_seen(ts, int(rec["step"]) - 1)
-    elif ev in _END_EVENTS:
-        if st.job_state not in TERMINAL_STATES:
-            st.job_state = _END_EVENTS[ev]
-            st.end_event = ev
-            st.end_reason = rec.get("message") or rec.get("reason")
-            st.ended_at = ts
-            st.end_signal = rec.get("signal")
-        if ev == "job_done":
-            st.final_hash = rec.get("final_hash")
-            st.end_step = rec.get("step")
-            st.step_seen(ts, rec.get("step"))
-            for s in st.slots.values():  # spares never used stay spares: the pool as it was at the end
-                if s["state"] in LIVE_SLOT_STATES and s["state"] != "standby":
-                    s["state"] = "done"
-        cur = st.current_recovery()
-        if cur is not None and ev != "job_done":
-            cur.state, cur.finished_at = ("fallback" if ev == "fallback" else "aborted"), ts
-    elif ev == "coordinator_exit":
-        js = rec.get("job_state")
-        if st.job_state not in TERMINAL_STATES and js in TERMINAL_STATES:
-            st.job_state = str(js)
-            st.ended_at = st.ended_at or ts
-        st.ended_at = st.ended_at or ts
-        st.end_event = st.end_event or ev
-
-
 def corrupt_replica_outcome(inj: InjectionStatus, records: Iterable[Mapping[str, Any]]) -> str | None:
     """What became of the copies a landed ``corrupt-replica`` corrupted (the holder's two buffers of the
     shard's replica, holding the committed steps before the landing step ``s``). Pure. In record order, the
@@ -563,12 +185,12 @@ def corrupt_replica_outcome(inj: InjectionStatus, records: Iterable[Mapping[str,
         if ts < t:
             continue
         ev = r["event"]
-        if ev == "replica_rejected" and r.get("world_rank") in holders:
+        if ev == E.ReplicaRejected.NAME and r.get("world_rank") in holders:
             return (f"caught: recovery of generation {r.get('generation')} refused the corrupted copy of step "
                     f"{r.get('step')}")
-        if ev == "recovery_start" and started is None:
+        if ev == E.RecoveryStart.NAME and started is None:
             started = r.get("generation")
-        if ev == "commit" and started is None and int(r.get("recoverable_step") or 0) >= s + 2:
+        if ev == E.Commit.NAME and started is None and int(r.get("recoverable_step") or 0) >= s + 2:
             return (f"overwritten (harmless): the commit of step {r['recoverable_step']} replaced both corrupted "
                     "copies before any recovery needed them")
     if started is not None:
@@ -616,27 +238,14 @@ def current_job_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[st
     journal holds one such record per job, ``phoenix submit --resume``; a coordinator restarted within the
     job, ``restart`` set, continues its job's records). Pure."""
     records = list(records)
-    starts = [i for i, r in enumerate(records) if r.get("event") == "coordinator_started" and not r.get("restart")]
+    starts = [i for i, r in enumerate(records) if r.get("event") == E.CoordinatorStarted.NAME and not r.get("restart")]
     return records[starts[-1]:] if starts else records
-
-
-def _injection_state(inj: InjectionStatus) -> None:
-    """``refused`` / ``missed`` (a target lost or the job over before its step) / ``landed`` (every target
-    fired) / ``armed`` / ``forwarded``, from what the journal and the landing records said so far."""
-    if inj.reason is not None:
-        inj.state = "refused"
-    elif inj.missed:
-        inj.state = "missed"
-    elif inj.fired and {f["world_rank"] for f in inj.fired} >= set(inj.targets):
-        inj.state = "landed"
-    elif inj.armed_steps:
-        inj.state = "armed"
 
 
 def restart_requested(records: Iterable[Mapping[str, Any]]) -> bool:
     """Whether one srun step's records (:func:`current_job_records`) hold an in-job restart request
     (``restart_in_job``): that step's coordinator's end is then the step's, not the job's. Pure."""
-    return any(r.get("event") == "restart_in_job" for r in records)
+    return any(r.get("event") == E.RestartInJob.NAME for r in records)
 
 
 def no_spare_left(cfg: Mapping[str, Any]) -> str:
@@ -683,22 +292,20 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     slurm = slurm or SlurmInfo()
     run = run or RunFiles(run_dir="")
     cfg = run.config or {}
-    st = _State()
     all_records = list(records)
     records = current_job_records(all_records)
-    st.heartbeat_progress = not any(r.get("event") == "progress" for r in records)
+    heartbeat_progress = not any(r.get("event") == E.Progress.NAME for r in records)
     # the landing records of this job's injections (an earlier job of a resumed run left its own)
-    since = float(records[0]["ts"]) if records and records[0].get("event") == "coordinator_started" else None
-    fired = [{**f, "event": "inject_fired"} for f in run.fired if since is None or float(f["ts"]) >= since]
+    since = float(records[0]["ts"]) if records and records[0].get("event") == E.CoordinatorStarted.NAME else None
+    fired = [{**f, "event": E.InjectFired.NAME} for f in run.fired if since is None or float(f["ts"]) >= since]
     merged = sorted(list(records) + fired, key=lambda r: float(r["ts"])) if fired else records
-    for rec in merged:
-        _apply(st, rec)
+    st = fold(merged, JobView(heartbeat_progress=heartbeat_progress))
     for inj in st.injections.values():
         if inj.kind == "corrupt-replica":
             inj.outcome = corrupt_replica_outcome(inj, merged)
     if st.job_state not in TERMINAL_STATES:
         # the ranks' own step logs are fresher than the journal: their newest line since the last rollback
-        after = max([since or 0.0] + [float(r["ts"]) for r in merged if r["event"] == "recovery_restored"])
+        after = max([since or 0.0] + [float(r["ts"]) for r in merged if r["event"] == E.RecoveryRestored.NAME])
         newer = [(ts, step) for ts, step in run.rank_newest if ts > after and ts > (st.live_at or 0.0)]
         if newer:
             ts, step = max(newer, key=lambda x: x[1])
@@ -755,17 +362,17 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     slots: list[SlotStatus] = []
     for w in sorted(st.slots):
         s = st.slots[w]
-        note = s["note"]
-        node_down = node_is_down(node_state.get(s["node"]))
-        removed = bool(live_nodes) and s["node"] not in live_nodes and job_running
-        if s["state"] in LIVE_SLOT_STATES and (node_down or removed):
+        note = s.note
+        node_down = node_is_down(node_state.get(s.node))
+        removed = bool(live_nodes) and s.node not in live_nodes and job_running
+        if s.state in LIVE_SLOT_STATES and (node_down or removed):
             note = (note + "; " if note else "") + ("node down" if node_down else "node removed from the job")
-            s["state"] = "dead"
-        lr = s["logical_rank"]
-        in_grid = s["grid"] or grid  # the grid the slot was numbered in (a dead slot keeps its own)
-        slots.append(SlotStatus(w, s["node"], s["pid"], s["state"], lr,
+            s.state = "dead"
+        lr = s.logical_rank
+        in_grid = s.grid or grid  # the grid the slot was numbered in (a dead slot keeps its own)
+        slots.append(SlotStatus(w, s.node, s.pid, s.state, lr,
                                 _coord(lr, in_grid) if (lr is not None and in_grid) else None,
-                                s["generation"], note))
+                                s.generation, note))
     by_world = {s.world_rank: s for s in slots}
     node_names = list(dict.fromkeys([s.node for s in slots] + live_nodes))
     nodes: list[NodeStatus] = []
@@ -800,7 +407,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     source = "reported" if st.placement else "unknown"
     placement = dict(st.placement)
     if grid and not placement and k:
-        node0 = {lr: st.slots[w]["node"] for lr, w in st.rank_map0.items() if w in st.slots}
+        node0 = {lr: st.slots[w].node for lr, w in st.rank_map0.items() if w in st.slots}
         placement, notes = _planned_placement(grid, int(k), levels, node0, domains)
         source = "planned" if placement else "unknown"
         for msg in notes:

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from phoenix_hpc.control.view_records import (  # noqa: F401 - the journal fold's records, shown as they are
+    DrainStatus, FaultStatus, InjectionStatus, RecoveryStatus)
+
 
 @dataclass
 class SlurmInfo:
@@ -178,81 +181,6 @@ class ReplicaStatus:
     # and their failure domains (most general level known; node otherwise); None: no holder's copy reported
     verified_replicas: int | None = None
     verified_domains: list[str] = field(default_factory=list)
-
-
-@dataclass
-class RecoveryStatus:
-    generation: int
-    action: str | None  # hot_swap | local_recovery | fallback
-    state: str  # in_progress | done | aborted | fallback
-    started_at: float
-    finished_at: float | None
-    reason: str | None
-    dead_slots: list[int]
-    joins: list[dict[str, Any]]  # {world_rank, node, logical_rank, replaces_world_rank}
-    detect_s: float | None
-    total_s: float | None
-    phases: dict[str, float]  # recovery_done's: detect, reconfigure, params, optimizer, replay (seconds)
-    steps_replayed: int | None
-    recoverable_step: int | None
-    planned_at: float | None = None  # when the recovery plan was journalled (end of the quiesce phase)
-    quiesce_s: float | None = None  # recovery_start -> recovery_plan: survivors leaving the step they were in
-
-    @property
-    def other_s(self) -> float | None:
-        """``total_s`` minus ``phases`` and ``quiesce_s``: time no phase accounts for (messages between the
-        coordinator and the members, invariant checks; negative where phases overlap). None until done."""
-        if self.total_s is None or not self.phases:
-            return None
-        return round(float(self.total_s) - sum(self.phases.values()) - (self.quiesce_s or 0.0), 3)
-
-
-@dataclass
-class FaultStatus:
-    ts: float
-    kind: str
-    world_rank: int | None
-    node: str | None
-    step: int | None
-    phase: str | None
-    message: str
-    source: str  # "reported" (by a rank) | "detected" (by the coordinator)
-
-
-@dataclass
-class InjectionStatus:
-    request_id: str
-    ts: float
-    kind: str  # user kind name (crash, kill-node, ...)
-    phase: str  # user phase name
-    at_step: int | None
-    targets: list[int]  # world ranks
-    fired: list[dict[str, Any]]  # {world_rank, step, phase, ts}: where it actually landed
-    # forwarded (targets asked) | armed (every target confirmed) | refused | landed | missed
-    state: str = "forwarded"
-    armed_steps: dict[int, int] = field(default_factory=dict)  # world rank -> step it armed the fault at
-    missed: list[dict[str, Any]] = field(default_factory=list)  # {world_rank, at_step, reason}
-    reason: str | None = None  # why it was refused
-    # corrupt-replica: what became of the corrupted copies (derive.corrupt_replica_outcome), None otherwise
-    outcome: str | None = None
-
-
-@dataclass
-class DrainStatus:
-    """One planned drain (``phoenix drain``, journal ``drain_*`` records)."""
-
-    request_id: str
-    ts: float
-    target: dict[str, Any]
-    targets: list[int]  # world ranks moved off
-    nodes: list[str]
-    at_step: int | None  # the iteration at whose commit fence every member pauses
-    # requested | armed | moving | done | refused | missed
-    state: str = "requested"
-    steps_replayed: int | None = None
-    moved: list[list[int]] = field(default_factory=list)  # [old world rank, new world rank, logical rank]
-    generation: int | None = None
-    reason: str | None = None  # why it was refused or missed
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""A restarted coordinator's decisions, as pure functions: the journal replay, who may rejoin, when the
-supervisor restarts, and what a slot keeps while its coordinator is away."""
+"""A restarted coordinator's decisions, as pure functions: the journal fold it rebuilds its state from, who
+may rejoin, when the supervisor restarts, and what a slot keeps while its coordinator is away."""
 
 from __future__ import annotations
 
@@ -8,8 +8,16 @@ from collections import deque
 import pytest
 
 from phoenix_hpc.control.client import keep_report
-from phoenix_hpc.control.replay import SlotRecord, rejoin_verdict, replay
+from phoenix_hpc.control.rejoin import rejoin_verdict
+from phoenix_hpc.control.view import SlotView, fold
 from phoenix_hpc.control.supervise import restart_decision, shell_status
+
+
+def replay(recs):
+    """The journal fold over ``recs``, stamped 1, 2, 3... as the journal would (nothing is skipped)."""
+    v = fold([{"ts": float(i), **r} for i, r in enumerate(recs, 1)])
+    assert v.skipped == []
+    return v
 
 
 def _start(**kw):
@@ -30,11 +38,11 @@ def test_replay_of_a_running_job_gives_slots_rank_map_and_committed_step():
     recs = _job() + [{"event": "commit", "recoverable_step": 7}, {"event": "commit", "recoverable_step": 12},
                      {"event": "checkpoint", "step": 10, "path": "x"}]
     r = replay(recs)
-    assert r.running and r.grid == (1, 1, 2) and r.generation == 0 and r.recovery is None and r.ended is None
+    assert r.running and r.grid == (1, 1, 2) and r.generation == 0 and r.recovery is None and r.job_end is None
     assert r.rank_map == {0: 0, 1: 1}
     assert {w: (s.state, s.role, s.logical_rank, s.pid) for w, s in r.slots.items()} == {
         0: ("active", "active", 0, 1000), 1: ("active", "active", 1, 1001), 2: ("standby", "standby", None, 1002)}
-    assert r.recoverable_step == 12 and r.checkpoint_step == 10
+    assert r.recoverable_step == 12 and r.newest_checkpoint == 10
 
 
 def test_replay_after_a_hot_swap_has_the_spare_as_the_member_and_the_dead_slot_fenced():
@@ -80,8 +88,8 @@ def test_replay_names_the_recovery_in_progress_and_its_phase(upto, phase):
         {"event": "recovery_restored", "generation": 1, "recoverable_step": 5},
     ]
     r = replay(_job() + steps[:upto])
-    assert r.recovery is not None and r.recovery["phase"] == phase
-    assert r.recovery["generation"] == 1 and r.recovery["dead"] == [1] and r.generation == 1
+    assert r.recovery is not None and r.recovery.phase == phase
+    assert r.recovery.generation == 1 and r.recovery.dead == [1] and r.generation == 1
     if phase == "quiesce":
         assert r.slots[0].state == "quiesced" and r.slots[2].state == "standby"
     if phase == "restore":
@@ -92,18 +100,21 @@ def test_replay_keeps_only_the_current_job_and_counts_its_restarts():
     earlier = _job() + [{"event": "commit", "recoverable_step": 30}, {"event": "job_done"}]
     now = [_start(job_id="2"), _reg(0, logical=0, pid=5), _start(restart=1), _start(restart=2)]
     r = replay(earlier + now)
-    assert r.ended is None and r.recoverable_step is None and not r.running
+    assert r.job_end is None and r.recoverable_step is None and not r.running
     assert list(r.slots) == [0] and r.slots[0].pid == 5 and r.restarts == 2
-    assert replay(earlier).ended == "job_done"
+    assert replay(earlier).job_end == "job_done"
 
 
-def test_replay_takes_the_rejoined_step_and_ignores_unknown_events():
-    r = replay(_job() + [{"event": "something_new", "x": 1}, {"event": "rejoined", "world_rank": 1, "step": 33}])
+def test_replay_takes_the_rejoined_step_and_names_what_it_skipped():
+    recs = _job() + [{"event": "something_new", "x": 1}, {"event": "rejoined", "world_rank": 1, "step": 33},
+                     {"event": "registered", "world_rank": "w7"}]
+    r = fold([{"ts": float(i), **x} for i, x in enumerate(recs, 1)])
     assert r.slots[1].step == 33 and r.slots[0].step == 0
+    assert [s.split(":")[0] for s in r.skipped] == ["record 6 (something_new)", "record 8 (registered)"]
 
 
 def _slot(state="active", pid=7, logical=1):
-    return SlotRecord(1, pid, "n1", "active", logical, state)
+    return SlotView(1, "n1", pid, state, logical, 0)
 
 
 @pytest.mark.parametrize("slot,pid,role,logical,gen,words", [
@@ -121,7 +132,7 @@ def test_rejoin_is_refused_with_the_reason(slot, pid, role, logical, gen, words)
 def test_rejoin_of_the_same_process_is_taken_back():
     assert rejoin_verdict(_slot(), 7, "active", 1, 1, job_generation=1) is None
     assert rejoin_verdict(_slot("quiesced"), 7, "active", 1, 0, job_generation=1) is None
-    assert rejoin_verdict(SlotRecord(2, 9, "n2", "standby", None, "standby"), 9, "standby", None, None, 0) is None
+    assert rejoin_verdict(SlotView(2, "n2", 9, "standby", None, None, role="standby"), 9, "standby", None, None, 0) is None
 
 
 @pytest.mark.parametrize("rc,verdict,done,stopping,again,words", [

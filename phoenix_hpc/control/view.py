@@ -1,0 +1,493 @@
+"""The job's state as one fold of its journal: ``view = apply(view, event)`` for every event, in order.
+
+API (the restarted coordinator, ``phoenix status`` and the live coordinator use the same three names)::
+
+    view = JobView()                     # an empty job; JobView(heartbeat_progress=True) for old journals
+    view = apply(view, event)            # one typed event (control/events.py); returns the view
+    view = fold(records)                 # every record of a journal (dicts or events), bad ones skipped
+
+:func:`apply` reads nothing and writes nothing but the view it is given (no I/O, no clock: every time is the
+event's ``ts``); for speed it updates that view in place and returns it, so a caller that needs the state
+before an event keeps a :func:`copy.deepcopy`. What the view holds:
+
+- slots (:class:`SlotView`: world rank, node, pid, role, state, logical rank, generation, failure domain) and
+  the rank map of every generation (``rank_maps``), the grid and the generation each grid starts at
+  (``grid_since``: a shrink changes it), the registration's placement inputs;
+- progress: the live step and its history, the committed (recoverable) step and its history, per-shard
+  committed steps, the replica placement the commits name, the newest persistent checkpoint;
+- recoveries (:class:`RecoveryStatus`, one per generation) and the one in progress (:class:`InProgress`
+  with its :class:`~phoenix_hpc.control.events.RecoveryPhase`), faults (:class:`FaultStatus`), injected
+  faults (:class:`InjectionStatus`), planned drains (:class:`DrainStatus`), shrinks;
+- the job's state and its end (which event ended it, why, the final hash);
+- ``skipped``: every record the fold could not take, with the reason (see below).
+
+Records of an earlier job of the same run (a resumed run appends to one journal) are dropped: a
+``coordinator_started`` that is not a restart starts the view again.
+
+Bad input never stops the fold: a record that is not an event, an event name no class declares
+(a newer writer), or an event whose fields cannot be read (a ``world_rank`` that is no integer, an event out
+of order that names a slot never registered...) is skipped and named in ``view.skipped`` (``"record 12
+(recovery_plan): ..."``). A torn last line never reaches the fold (the journal reader drops it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+from phoenix_hpc.control import events as E
+from phoenix_hpc.control.events import RecoveryPhase
+from phoenix_hpc.control.fault_text import fault_cause, shorten
+from phoenix_hpc.control.view_records import (  # noqa: F401 - the view and its records, re-exported
+    LIVE_SLOT_STATES, TERMINAL_STATES, DrainStatus, FaultStatus, InjectionStatus, InProgress, JobView,
+    RecoveryStatus, SlotView)
+from phoenix_hpc.faults.kinds import KIND_OF_WIRE, PHASE_OF_WIRE
+
+Grid = tuple[int, int, int]  # (tp, pp, dp)
+
+
+def _v(x: Any) -> Any:
+    """None for a field the record left out (:data:`~phoenix_hpc.control.events.OMIT`)."""
+    return None if x is E.OMIT else x
+
+
+def _field(ev: E.Event, name: str) -> Any:
+    """A field of ``ev``, declared or in its ``extra`` (None when neither has it)."""
+    return _v(getattr(ev, name, ev.extra.get(name)))
+
+
+def _grid(g: Any) -> Grid:
+    """``(tp, pp, dp)`` of a journal grid: ``[tp, pp, dp]`` or ``{"tp", "pp", "dp"}``."""
+    if isinstance(g, Mapping):
+        return int(g["tp"]), int(g["pp"]), int(g["dp"])
+    tp, pp, dp = (int(x) for x in g)
+    return tp, pp, dp
+
+
+# --- the job and its slots ---------------------------------------------------------------------------------
+
+
+def _started(v: JobView, ev: E.CoordinatorStarted) -> JobView:
+    if not ev.restart:  # the first start of a job: what came before belongs to an earlier job of the run
+        v = JobView(heartbeat_progress=v.heartbeat_progress, skipped=v.skipped)
+    else:
+        v.restarts += 1
+    v.started_at = v.started_at or ev.ts
+    if ev.grid and v.grid is None:
+        v.grid = _grid(ev.grid)
+    return v
+
+
+def _test_env(v: JobView, ev: E.TestEnv) -> None:
+    v.test_env = {str(k): str(x) for k, x in dict(ev.variables or {}).items()}
+
+
+def _registered(v: JobView, ev: E.Registered) -> None:
+    w = int(ev.world_rank)
+    role = str(ev.role or "active")
+    lr = None if ev.logical_rank is None else int(ev.logical_rank)
+    pi = _v(ev.placement_inputs) or {}
+    v.slots[w] = SlotView(w, str(ev.node if ev.node is not None else "?"), ev.pid,
+                          "active" if role == "active" else "standby", lr, 0 if role == "active" else None,
+                          role=role, domain=dict(pi["domain"]) if pi.get("domain") else None)
+    if pi and v.placement_inputs is None:
+        v.placement_inputs = {"k": int(pi["k"]), "levels": list(pi["levels"])}
+    if lr is not None:
+        v.rank_map[lr] = w
+        v.rank_map0[lr] = w
+
+
+def _job_running(v: JobView, ev: E.JobRunning) -> None:
+    v.job_state, v.running = "running", True
+    if ev.grid:
+        v.grid = _grid(ev.grid)
+    for lr, w in ev.rank_map or []:
+        v.rank_map[int(lr)] = int(w)
+        v.rank_map0.setdefault(int(lr), int(w))
+    v.rank_maps[0] = dict(v.rank_map)
+
+
+def _heartbeat_summary(v: JobView, ev: E.HeartbeatSummary) -> None:
+    v.generation = max(v.generation, int(ev.generation or 0))
+    if ev.job_state and v.job_state not in TERMINAL_STATES:
+        v.job_state = str(ev.job_state)
+    for w in ev.dead or []:
+        s = v.slots.get(int(w))
+        if s is not None:
+            s.state = "dead"
+    if v.heartbeat_progress:
+        v.step_seen(ev.ts, ev.max_step)
+
+
+def _slots_dead(v: JobView, ev: E.SlotsDead) -> None:
+    for w in ev.slots or []:
+        s = v.slots.get(int(w))
+        if s is not None:
+            s.state = "dead"
+            s.note = shorten(fault_cause("", str(ev.reason or "")), 120)
+    nodes = ev.nodes or []
+    v.faults.append(FaultStatus(ev.ts, str(ev.kind or "unknown"), None, ",".join(nodes) or None, None, None,
+                                f"slots {list(ev.slots or [])}: {fault_cause('', ev.reason)}", "detected"))
+
+
+def _fault(v: JobView, ev: E.Fault) -> None:
+    if ev.superseded:
+        return  # an error of collectives a recovery or a planned end had already broken off: no fault of its own
+    g = int(ev.generation) if ev.generation is not None else v.generation
+    if ev.step is not None and g == v.generation:
+        v.step_seen(ev.ts, int(ev.step) - 1)  # the step the fault interrupted: the one before was finished
+    v.faults.append(FaultStatus(ev.ts, str(ev.kind or "unknown"), ev.world_rank, ev.node, ev.step, ev.phase,
+                                fault_cause(ev.exc_type, ev.message), "reported"))
+
+
+def _rejoined(v: JobView, ev: E.Rejoined) -> None:
+    s = v.slots.get(int(ev.world_rank))
+    if s is not None:
+        s.step = int(ev.step or 0)
+
+
+# --- progress ------------------------------------------------------------------------------------------------
+
+
+def _progress(v: JobView, ev: E.Progress | E.StepSeen) -> None:
+    v.step_seen(ev.ts, ev.step)
+
+
+def _commit(v: JobView, ev: E.Commit) -> None:
+    if ev.recoverable_step is not None:
+        v.committed(ev.ts, ev.recoverable_step)
+        v.last_commit_at = ev.ts
+        v.step_seen(ev.ts, ev.recoverable_step)
+    for sid, copies in (ev.shard_steps or {}).items():
+        v.shard_steps[str(sid)] = {int(k): int(x) for k, x in dict(copies).items()}
+        v.shard_commit_at[str(sid)] = ev.ts
+    for sid, n in (_v(ev.shard_bytes) or {}).items():
+        v.shard_bytes[str(sid)] = int(n)
+    for sid, holders in (_v(ev.placement) or {}).items():
+        v.placement[str(sid)] = [int(h) for h in holders]
+
+
+def _protect_interval(v: JobView, ev: E.ProtectInterval) -> None:
+    v.protect_every = int(ev.interval if ev.interval is not None else 1)
+
+
+def _placement(v: JobView, ev: E.Placement) -> None:
+    v.placement = {}
+    for sid, _owner, holder in ev.replicas or []:
+        v.placement.setdefault(str(sid), []).append(int(holder))
+
+
+def _checkpoint(v: JobView, ev: E.Checkpoint) -> None:
+    if ev.step is not None:
+        v.checkpoint(ev.ts, int(ev.step))
+
+
+# --- the end -------------------------------------------------------------------------------------------------
+
+
+def _job_end(v: JobView, ev: E.JobEnd) -> None:
+    if v.job_state not in TERMINAL_STATES:
+        v.job_state = ev.JOB_STATE
+        v.end_event = v.job_end = ev.NAME
+        v.end_reason = _v(ev.message) or _v(ev.reason)
+        v.ended_at = ev.ts
+        v.end_signal = _field(ev, "signal")
+    if isinstance(ev, E.JobDone):
+        v.final_hash = ev.final_hash
+        v.end_step = ev.step
+        v.step_seen(ev.ts, ev.step)
+        for s in v.slots.values():  # spares never used stay spares: the pool as it was at the end
+            if s.state in LIVE_SLOT_STATES and s.state != "standby":
+                s.state = "done"
+    cur = v.current_recovery()
+    if cur is not None and not isinstance(ev, E.JobDone):
+        cur.state, cur.finished_at = ("fallback" if isinstance(ev, E.Fallback) else "aborted"), ev.ts
+
+
+def _coordinator_exit(v: JobView, ev: E.CoordinatorExit) -> None:
+    if v.job_state not in TERMINAL_STATES and ev.job_state in TERMINAL_STATES:
+        v.job_state = str(ev.job_state)
+    v.ended_at = v.ended_at or ev.ts
+    v.end_event = v.end_event or ev.NAME
+
+
+# --- recoveries ----------------------------------------------------------------------------------------------
+
+
+def _replica_rejected(v: JobView, ev: E.ReplicaRejected) -> None:
+    v.rejected.append({"ts": ev.ts, **ev.to_record()})
+
+
+def _decision(v: JobView, ev: E.Decision) -> None:
+    v.pending_action, v.pending_reason = ev.action, ev.reason
+    if ev.action == E.Fallback.NAME:
+        cur = v.current_recovery()
+        if cur is not None:
+            cur.state, cur.action, cur.finished_at = "fallback", "fallback", ev.ts
+            cur.reason = ev.reason or cur.reason
+        v.job_state = "fallback"
+
+
+def _recovery_start(v: JobView, ev: E.RecoveryStart) -> None:
+    g = int(ev.generation) if ev.generation is not None else v.generation + 1
+    v.generation = max(v.generation, g)
+    cur = v.current_recovery()
+    if cur is not None:  # a new start without an abort record: the old one was superseded
+        cur.state, cur.finished_at = "aborted", ev.ts
+    v.recovery_starts.append(ev.ts)
+    survivors, dead = [int(w) for w in ev.survivors or []], [int(w) for w in ev.dead or []]
+    v.recovery = InProgress(g, survivors, dead)
+    # the slots this recovery lost: not those an earlier recovery replaced or removed already (an older
+    # coordinator listed every dead slot of the job)
+    drain = _v(ev.drain)
+    v.recoveries.append(RecoveryStatus(
+        generation=g, action="drain" if drain else ev.action or v.pending_action, state="in_progress",
+        started_at=ev.ts, finished_at=None, reason=f"planned drain {drain}" if drain else v.pending_reason,
+        dead_slots=[w for w in dead if w not in v.replaced], joins=[], detect_s=ev.detect_s, total_s=None,
+        phases={}, steps_replayed=None, recoverable_step=None))
+    if v.job_state not in TERMINAL_STATES:
+        v.job_state = "recovering"
+    for w in survivors:
+        s = v.slots.get(w)
+        if s is not None and s.state == "active":
+            s.state = "quiesced"
+
+
+def _shrink_plan(v: JobView, ev: E.RecoveryPlanned, g: int) -> None:
+    """A shrink renumbers the members of a smaller grid (the grid changes from generation ``g`` on)."""
+    v.rank_map.clear()
+    for s in v.slots.values():  # a slot keeps the coordinates of the grid it was numbered in
+        if s.logical_rank is not None and s.grid is None:
+            s.grid = v.grid
+    if ev.grid:
+        old = (ev.shrink or {}).get("old_grid") or {}
+        if old:
+            v.grid_since.setdefault(0, _grid(old))
+        v.grid = _grid(ev.grid)
+        v.grid_since[g] = v.grid
+    leavers = {int(x) for x in ev.shrink.get("leavers") or []}
+    for w, s in v.slots.items():
+        if s.state != "dead" and w in leavers:
+            v.note(w, "DP replica removed (shrink)")
+    for lr, w in ev.rank_map or []:  # the kept slots are renumbered in the smaller grid
+        if int(w) in v.slots:
+            v.slots[int(w)].logical_rank = int(lr)
+            v.slots[int(w)].grid = v.grid
+    v.shard_steps.clear()  # a shrink renumbers every rank and shard
+
+
+def _recovery_plan(v: JobView, ev: E.RecoveryPlanned) -> None:
+    cur = v.current_recovery()
+    g = int(ev.generation) if ev.generation is not None else v.generation
+    if ev.shrink:
+        _shrink_plan(v, ev, g)
+    for lr, w in ev.rank_map or []:
+        v.rank_map[int(lr)] = int(w)
+    if ev.rank_map:
+        v.rank_maps[g] = dict(v.rank_map)
+    # the copies a logical rank held went with the slot that held it: a spare that takes the rank holds
+    # none of them until its generation's first commit says so
+    for j in ev.joins or []:
+        for copies in v.shard_steps.values():
+            copies.pop(int(j["logical_rank"]), None)
+        s = v.slots.get(int(j["world_rank"]))
+        if s is not None and s.state != "dead":
+            s.state, s.role, s.logical_rank = "joining", "active", int(j["logical_rank"])
+            s.grid = v.grid if ev.shrink else s.grid
+            s.note = f"replaces world rank {j.get('replaces_world_rank')}"
+        old = v.slots.get(int(j.get("replaces_world_rank", -1)))
+        if old is not None:  # world ranks never change; the logical rank is the one of this generation
+            v.note(old.world_rank, f"replaced by world rank {j['world_rank']} (logical rank {j['logical_rank']} "
+                                   f"of generation {g})")
+            v.replaced.add(int(j["replaces_world_rank"]))
+    for w in ev.dead_world or []:
+        s = v.slots.get(int(w))
+        if s is not None and s.state != "drained":  # a drained slot is replaced like a dead one
+            s.state = "dead"
+    pending_replaced = {int(w) for w in ev.dead_world or []} - set(v.rank_map.values())
+    if cur is not None:
+        cur.action = cur.action if cur.action == "drain" else ev.action or cur.action
+        cur.joins = [dict(j) for j in ev.joins or []]
+        cur.steps_replayed, cur.recoverable_step = ev.steps_replayed, ev.recoverable_step
+        cur.planned_at, cur.quiesce_s = ev.ts, round(ev.ts - cur.started_at, 3)
+    if ev.recoverable_step is not None:  # the step this recovery resumes from: committed from now on
+        v.committed(ev.ts, ev.recoverable_step)
+        v.step_seen(ev.ts, ev.recoverable_step)
+        if cur is not None:
+            cur.dead_slots = sorted(set(cur.dead_slots) | {int(w) for w in ev.dead_world or []
+                                                           if int(w) not in v.replaced})
+    v.replaced |= pending_replaced
+    if v.recovery is not None:
+        v.recovery.phase = RecoveryPhase.RESTORE
+
+
+def _recovery_restored(v: JobView, ev: E.RecoveryRestored) -> None:
+    g = int(ev.generation) if ev.generation is not None else v.generation
+    members = set(v.rank_map.values())
+    for w, s in v.slots.items():
+        if w in members and s.state in ("joining", "quiesced", "active"):
+            s.state, s.generation = "active", g
+    if v.job_state not in TERMINAL_STATES:
+        v.job_state = "running"
+    if ev.recoverable_step is not None:  # the members resume from it: now the committed and the live step
+        v.committed(ev.ts, ev.recoverable_step)
+        v.step_seen(ev.ts, ev.recoverable_step, rollback=True)
+    if v.recovery is not None:
+        v.recovery.phase = RecoveryPhase.REPLAY
+
+
+def _recovery_done(v: JobView, ev: E.RecoveryDone) -> None:
+    cur = v.current_recovery() or next((r for r in reversed(v.recoveries) if r.generation == ev.generation), None)
+    if cur is not None:
+        cur.state, cur.finished_at = "done", ev.ts
+        cur.total_s = ev.total_s
+        cur.phases = {k: float(x) for k, x in (ev.phases or {}).items()}
+        cur.steps_replayed = ev.steps_replayed
+        cur.recoverable_step = ev.recoverable_step
+        cur.action = "drain" if ev.drain else ev.action or cur.action
+    v.recovery = None
+
+
+def _recovery_aborted(v: JobView, ev: E.RecoveryAborted) -> None:
+    cur = v.current_recovery()
+    if cur is not None:
+        cur.state, cur.finished_at = "aborted", ev.ts
+        cur.reason = f"{cur.reason or ''} (aborted: {ev.reason or ''})".strip()
+    if v.recovery is not None:
+        v.recovery.phase = RecoveryPhase.ABORTED
+
+
+def _shrink(v: JobView, ev: E.Shrink) -> None:
+    v.shrinks.append({"ts": ev.ts, "generation": ev.generation, "dp_from": ev.dp_from, "dp_to": ev.dp_to,
+                      "recoverable_step": ev.recoverable_step, "freed": list(ev.freed or []),
+                      "lost": list(ev.lost or []), "drain": _v(ev.drain)})
+    for w in ev.freed or []:  # the slots of the removed replicas went back to standby
+        s = v.slots.get(int(w))
+        if s is not None:
+            s.state, s.role, s.logical_rank, s.generation = "standby", "standby", None, None
+
+
+# --- planned drains and injected faults ----------------------------------------------------------------------
+
+_DRAIN_STATE = {E.DrainArmed: "armed", E.DrainStart: "moving", E.DrainDone: "done", E.DrainRefused: "refused",
+                E.DrainMissed: "missed"}
+
+
+def _drain_requested(v: JobView, ev: E.DrainRequested) -> None:
+    rid = str(ev.request_id or f"t{ev.ts}")
+    v.drains[rid] = DrainStatus(rid, ev.ts, dict(ev.target or {}), [int(w) for w in ev.targets or []],
+                                [str(n) for n in ev.nodes or []], ev.at_step)
+
+
+def _drain_step(v: JobView, ev: E.Event) -> None:
+    d = v.drains.get(str(_field(ev, "request_id")))
+    if d is None:
+        return
+    if hasattr(ev, "at_step") or "at_step" in ev.extra:
+        d.at_step = _field(ev, "at_step")
+    d.state = _DRAIN_STATE.get(type(ev), d.state)
+    if isinstance(ev, E.DrainDone):
+        d.steps_replayed, d.generation = ev.steps_replayed, ev.generation
+        d.moved = [[int(x) for x in m] for m in ev.moved or []]
+    elif isinstance(ev, (E.DrainRefused, E.DrainMissed)):
+        d.reason = str(ev.reason if ev.reason is not None else "")
+    elif isinstance(ev, E.DrainStart):
+        for w in d.targets:
+            s = v.slots.get(w)
+            if s is not None:
+                s.state = "drained"
+                v.note(w, f"drained ({d.request_id})")
+
+
+def _wire(table: Mapping[str, str], name: Any) -> str:
+    return table.get(str(name), str(name))
+
+
+def _inject_forwarded(v: JobView, ev: E.InjectForwarded) -> None:
+    rid = str(ev.request_id or f"t{ev.ts}")
+    v.injections[rid] = InjectionStatus(
+        request_id=rid, ts=ev.ts, kind=_wire(KIND_OF_WIRE, ev.kind), phase=_wire(PHASE_OF_WIRE, ev.phase),
+        at_step=ev.at_step, targets=[int(w) for w in ev.targets or []], fired=[])
+
+
+def _inject_answer(v: JobView, ev: E.InjectArmed | E.InjectRefused | E.InjectMissed) -> None:
+    inj = v.injections.get(str(ev.request_id))
+    if inj is None:
+        return
+    if isinstance(ev, E.InjectArmed):
+        inj.armed_steps = {int(w): int(x) for w, x in ev.armed_steps or []}
+        inj.at_step = max(inj.armed_steps.values(), default=inj.at_step)
+    elif isinstance(ev, E.InjectRefused):
+        inj.reason = str(ev.reason if ev.reason is not None else "")
+    else:
+        inj.missed.append({"world_rank": ev.world_rank, "at_step": ev.at_step,
+                           "reason": str(ev.reason if ev.reason is not None else "")})
+    inj.settle()
+
+
+def _inject_landed(v: JobView, ev: E.InjectLanded | E.InjectFired) -> None:
+    rid = str(ev.request_id or "")
+    inj = v.injections.get(rid)
+    if inj is None:
+        inj = v.injections[rid or f"t{ev.ts}"] = InjectionStatus(
+            rid, ev.ts, _wire(KIND_OF_WIRE, _field(ev, "kind")), _wire(PHASE_OF_WIRE, ev.phase), ev.at_step, [], [])
+    landed = {"world_rank": ev.world_rank, "step": ev.step, "phase": PHASE_OF_WIRE.get(str(ev.phase), ev.phase),
+              "ts": ev.ts}
+    # the landing file and the coordinator's record of the same landing count once
+    if not any((f["world_rank"], f["step"], f["phase"]) == (landed["world_rank"], landed["step"], landed["phase"])
+               for f in inj.fired):
+        inj.fired.append(landed)
+    inj.settle()
+    if ev.step is not None:
+        v.step_seen(ev.ts, int(ev.step) - 1)
+
+
+# Every event the view depends on, with what it does to the view.
+Handler = Callable[[JobView, Any], "JobView | None"]
+HANDLERS: dict[type[E.Event], Handler] = {
+    E.CoordinatorStarted: _started, E.TestEnv: _test_env, E.Registered: _registered,
+    E.JobRunning: _job_running, E.HeartbeatSummary: _heartbeat_summary, E.SlotsDead: _slots_dead,
+    E.Fault: _fault, E.Rejoined: _rejoined, E.Progress: _progress, E.StepSeen: _progress, E.Commit: _commit,
+    E.ProtectInterval: _protect_interval, E.Placement: _placement, E.Checkpoint: _checkpoint,
+    E.JobDone: _job_end, E.CleanStop: _job_end, E.Fallback: _job_end, E.CoordinatorStopped: _job_end,
+    E.CoordinatorExit: _coordinator_exit, E.ReplicaRejected: _replica_rejected, E.Decision: _decision,
+    E.RecoveryStart: _recovery_start, E.RecoveryPlanned: _recovery_plan, E.RecoveryRestored: _recovery_restored,
+    E.RecoveryDone: _recovery_done, E.RecoveryAborted: _recovery_aborted, E.Shrink: _shrink,
+    E.DrainRequested: _drain_requested, E.DrainArmed: _drain_step, E.DrainRearmed: _drain_step,
+    E.DrainStart: _drain_step, E.DrainDone: _drain_step, E.DrainRefused: _drain_step, E.DrainMissed: _drain_step,
+    E.InjectForwarded: _inject_forwarded, E.InjectArmed: _inject_answer, E.InjectRefused: _inject_answer,
+    E.InjectMissed: _inject_answer, E.InjectLanded: _inject_landed, E.InjectFired: _inject_landed,
+}
+
+
+def apply(view: JobView, event: E.Event) -> JobView:
+    """The view after ``event`` (see the module docstring). Events the view does not depend on (``rejected``,
+    ``signal``, ``recovery_plan_sent``...) leave it as it is.
+
+    Raises:
+        KeyError, TypeError, ValueError: a field of ``event`` cannot be read (:func:`fold` skips such an
+            event and names it in ``view.skipped``).
+    """
+    handler = HANDLERS.get(type(event))
+    if handler is None:
+        if isinstance(event, E.UnknownEvent):
+            view.skipped.append(f"{event.name}: no such journal event (a newer writer?): skipped")
+        return view
+    out = handler(view, event)
+    return view if out is None else out
+
+
+def fold(records: Iterable[Mapping[str, Any] | E.Event], view: JobView | None = None) -> JobView:
+    """``apply`` every record in order, from ``view`` (an empty :class:`JobView` by default). A record that is
+    not an event, or whose event cannot be applied, is skipped and named in ``view.skipped``. Pure."""
+    v = view if view is not None else JobView()
+    for i, rec in enumerate(records, 1):
+        try:
+            ev = rec if isinstance(rec, E.Event) else E.from_record(rec)
+            if isinstance(ev, E.UnknownEvent):
+                v.skipped.append(f"record {i} ({ev.name}): no such journal event (a newer writer?): skipped")
+                continue
+            v = apply(v, ev)
+        except (E.EventError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            name = rec.NAME if isinstance(rec, E.Event) else (rec.get("event") if isinstance(rec, Mapping) else "?")
+            v.skipped.append(f"record {i} ({name}): {type(exc).__name__}: {exc}: skipped")
+    return v
