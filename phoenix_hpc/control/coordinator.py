@@ -68,7 +68,7 @@ from phoenix_hpc.control.evidence import EvidenceMixin
 from phoenix_hpc.control.handlers import HandlersMixin
 from phoenix_hpc.control.hold import hold_of
 from phoenix_hpc.control.inject_relay import InjectRelayMixin
-from phoenix_hpc.control.injects import PendingInject
+from phoenix_hpc.control.injects import InjectBook
 from phoenix_hpc.control.journal import Journal, ensure_private_dir, write_private_file
 from phoenix_hpc.control.liveness import LivenessServer
 from phoenix_hpc.control.loadstats import AgeWindow
@@ -197,7 +197,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         self.journal: Journal | None = None
         self.secret = b""
         self.replay_guard = P.ReplayGuard()  # replayed or stale signed messages are rejected (and journalled)
-        self.injects: dict[str, PendingInject] = {}  # fault-injection requests by request id (control/injects.py)
+        self.injects = InjectBook()  # fault-injection requests by request id, and their rules (control/injects.py)
         self.drain: PendingDrain | None = None  # the newest planned drain (control/drains.py)
         self.drained: set[int] = set()  # world ranks that left by a drain (DONE)
         self.drained_nodes: set[str] = set()  # nodes drained: no spare there takes a logical rank

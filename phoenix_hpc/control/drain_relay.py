@@ -16,6 +16,7 @@ from phoenix_hpc.control.drains import (
     STEPS_AHEAD, PendingDrain, drain_refusal, drain_verdict, retry_step, target_nodes_of)
 from phoenix_hpc.control.injects import confirm_within
 from phoenix_hpc.control.states import LIVE_SLOT_STATES, JobState, SlotState
+from phoenix_hpc.control.targets import resolve_target
 from phoenix_hpc.recovery.shrink import shrink_refusal
 
 
@@ -23,7 +24,7 @@ class DrainRelayMixin:
     """Planned drain requests for the coordinator (one at a time, ``self.drain``)."""
 
     def _on_drain(self, body: dict) -> None:
-        targets, why = self._resolve_target(body.get("target"))
+        targets, why = resolve_target(body.get("target"), self.slots, self.rank_map, self.grid)
         if not targets:
             return self._reject(f"drain: {why}", body)
         nodes = target_nodes_of(self.slots, targets)
@@ -90,7 +91,7 @@ class DrainRelayMixin:
         elif v == "armed":
             d.state = "armed"
             self.journal.append(E.DrainArmed(request_id=d.request_id, at_step=d.at_step, members=d.members))
-            self._release_reply(d, {"type": "accepted", "request_id": d.request_id, "targets": d.targets,
+            self._release_reply(d.request, {"type": "accepted", "request_id": d.request_id, "targets": d.targets,
                                     "at_step": d.at_step})
 
     def _on_drain_reached(self, body: dict) -> None:
@@ -162,7 +163,7 @@ class DrainRelayMixin:
         self._undrain(d)
         self.journal.append(E.DrainRefused(request_id=d.request_id, reason=reason, targets=d.targets))
         self.counters["rejected"] += 1
-        self._release_reply(d, {"type": "rejected", "reason": f"drain: {reason}"})
+        self._release_reply(d.request, {"type": "rejected", "reason": f"drain: {reason}"})
 
     def _drains_tick(self, now: float) -> None:
         d = self.drain

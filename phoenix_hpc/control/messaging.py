@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
+from phoenix_hpc.control.commands import CountRejected, Hold, Outcome, Reject, Release, Reply, Send
 from phoenix_hpc.control.operator import REPLY_PREFIX as OPERATOR_REPLY_PREFIX
 
 
@@ -88,6 +89,35 @@ class MessagingMixin:
             handler(self, body)
         except (KeyError, TypeError, ValueError) as exc:
             self._reject(f"malformed {body['type']} message: {type(exc).__name__}: {exc}", body)
+
+    def _carry_out(self, out: Outcome) -> None:
+        """Journal a decision's events, then carry out its commands in order (control/commands.py)."""
+        for ev in out.events:
+            self.journal.append(ev)
+        for c in out.commands:
+            if isinstance(c, Send):
+                self._send(c.world_rank, dict(c.body))
+            elif isinstance(c, Reply):
+                self._reply(c.request, dict(c.body))
+            elif isinstance(c, Reject):
+                self._reject(c.reason, c.request, key=c.key)
+            elif isinstance(c, Hold):
+                self._held_replies.add(str(c.request.get("reply_to")))
+            elif isinstance(c, Release):
+                self._release_reply(c.request, dict(c.body))
+            elif isinstance(c, CountRejected):
+                self.counters["rejected"] += 1
+            else:
+                raise TypeError(f"not a command: {c!r}")
+
+    def _release_reply(self, request: dict, reply: dict) -> None:
+        """Answer a request whose answer was held (:class:`~phoenix_hpc.control.commands.Hold`), and close its
+        operator connection if the reply did not."""
+        to = str(request.get("reply_to"))
+        self._held_replies.discard(to)
+        self._reply(request, reply)
+        if to.startswith(OPERATOR_REPLY_PREFIX) and to[len(OPERATOR_REPLY_PREFIX):].isdigit() and self.operator:
+            self.operator.finish(int(to[len(OPERATOR_REPLY_PREFIX):]))  # closed, if the reply did not go out
 
     def _send(self, world_rank: int, body: dict) -> None:
         self._send_encoded(world_rank, P.encode(body, self.secret))

@@ -203,9 +203,9 @@ class RecoveryMixin:
         """The tick's step of the recovery: carry out :func:`phoenix_hpc.control.recovery_phases.on_tick`."""
         rec = self.recovery
         nxt = on_tick(rec, dead=self._is_dead, step_of=self._step_of, faults_pending=bool(self.faults), now=now)
-        self._carry_out(rec, nxt, now)
+        self._do_next(rec, nxt, now)
 
-    def _carry_out(self, rec: Recovery, nxt: Next, now: float) -> None:
+    def _do_next(self, rec: Recovery, nxt: Next, now: float) -> None:
         """Do what the phase rule decided (:class:`phoenix_hpc.control.recovery_phases.Step`)."""
         if nxt.step is Step.TIMEOUT:
             self._declare_dead(list(nxt.slots), FaultKind.HEARTBEAT_TIMEOUT, nxt.dead_reason, now)
@@ -251,7 +251,7 @@ class RecoveryMixin:
             nxt = on_answers(rec, dead=self._is_dead, step_of=self._step_of, faults_pending=bool(self.faults),
                              overdue=lambda: False, now=now, tick_s=self.tick_s)
         if nxt.step in (Step.PLAN, Step.FINISH):
-            self._carry_out(rec, nxt, now)
+            self._do_next(rec, nxt, now)
 
     def _plan(self, rec: Recovery, now: float) -> None:
         # a spare whose restore was cut short at its generation's arrival barrier answers live step -1 and

@@ -17,7 +17,7 @@ def test_a_step_the_target_already_did_is_refused_and_nothing_is_forwarded(tmp_p
     replies = [P.decode(raw, c.secret) for k, raw in c.store.pushed[since:] if k == P.key_reply("cli-1")]
     assert [(m["type"], m["reason"], m["in_reply_to"]) for m in replies] == [
         ("rejected", "inject: step 4 already done by the target (at step 9)", "n1")]
-    assert _sent(c, since) == [] and _events(tmp_path, "inject_forwarded") == [] and c.injects == {}
+    assert _sent(c, since) == [] and _events(tmp_path, "inject_forwarded") == [] and c.injects.requests == {}
     # the same request for a later step is forwarded to the target
     c._dispatch({"type": "inject", "kind": "crash", "phase": "forward_backward", "at_step": 10,
                  "target": {"logical_rank": 1}, "reply_to": "cli-1", "nonce": "n2"})
