@@ -72,6 +72,7 @@ renumbering) and marked ``source="planned"``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
@@ -91,6 +92,7 @@ from phoenix_hpc.status.model import (
 )
 
 SLURM_ACTIVE_STATES = ACTIVE_JOB_STATES
+Grid = tuple[int, int, int]  # (tp, pp, dp)
 
 
 def node_is_down(slurm_state: str | None) -> bool:
@@ -280,20 +282,9 @@ def no_spare_left(cfg: Mapping[str, Any]) -> str:
     return f"no spare left: the next node loss cannot be hot-swapped ({why}): {stops}"
 
 
-def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None, now: float,
-                  run: RunFiles | None = None) -> Status:
-    """The job's :class:`Status` from its journal ``records`` (in file order), Slurm's view and the run files.
-
-    Pure: reads nothing, changes nothing. ``now`` (unix seconds) is used for ages only.
-
-    Raises:
-        KeyError/ValueError: a record lacks ``ts``/``event`` (the journal reader already refuses those).
-    """
-    slurm = slurm or SlurmInfo()
-    run = run or RunFiles(run_dir="")
-    cfg = run.config or {}
-    all_records = list(records)
-    records = current_job_records(all_records)
+def journal_view(records: list[Mapping[str, Any]], run: RunFiles, now: float) -> tuple[JobView, list]:
+    """The fold of one job's ``records`` (:func:`current_job_records`) with its landing files, and what the
+    ranks' own step logs add. Returns (view, the records folded, landings merged in). Pure."""
     heartbeat_progress = not any(r.get("event") == E.Progress.NAME for r in records)
     # the landing records of this job's injections (an earlier job of a resumed run left its own)
     since = float(records[0]["ts"]) if records and records[0].get("event") == E.CoordinatorStarted.NAME else None
@@ -315,13 +306,22 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     if st.checkpoint_pending is not None and st.job_state in TERMINAL_STATES:
         # nothing more will commit: the complete checkpoint is the newest step a resubmitted job resumes from
         st.committed(st.ended_at or now, st.checkpoint_pending)
-    grid = st.grid or _config_grid(cfg)
-    k = _get(cfg, "resilience", "k")
-    levels = list(_get(cfg, "resilience", "placement_levels", default=None) or ["node"])
-    gpus = _get(cfg, "resources", "gpus_per_node")
-    domains = slurm.domains or {}
+    return st, merged
 
-    # --- Slurm's view --------------------------------------------------------------------------------------
+
+@dataclass
+class _Slurm:
+    """Slurm's view of the job, as the status reads it."""
+
+    job: Mapping[str, Any]
+    state: str | None
+    reason: str | None
+    live_nodes: list[str]
+    batch_host: str | None
+    node_state: dict[str, Any]
+
+
+def _slurm_view(slurm: SlurmInfo) -> _Slurm:
     sj = slurm.job or {}
     slurm_state = (sj.get("JobState") or _get(slurm.queue, "job_state") or None)
     if isinstance(slurm_state, list):  # newer squeue --json gives a list of flags
@@ -335,7 +335,12 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     batch_host = sj.get("BatchHost") or None
     node_state = {n: r.get("State") for n, r in slurm.nodes.items()}
 
-    # --- job state -----------------------------------------------------------------------------------------
+    return _Slurm(sj, slurm_state, slurm_reason, live_nodes, batch_host, node_state)
+
+
+def _job_state(st: JobView, merged: list, sl: _Slurm, slurm: SlurmInfo) -> tuple[str, list[StatusWarning]]:
+    """The job's state (the journal's, or what Slurm says of a job whose journal stopped) and its warning."""
+    slurm_state = sl.state
     state = st.job_state
     warnings: list[StatusWarning] = []
     if not merged:
@@ -355,9 +360,13 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
             "Slurm has no record of the job any more (it forgets ended jobs) and the journal has no final record: "
             "the coordinator was killed or its node lost; the state below is the last one journalled"))
         state = "ended"
-    job_id = str(_get(run.job, "job_id")) if _get(run.job, "job_id") is not None else (sj.get("JobId") or None)
+    return state, warnings
 
-    # --- slots and nodes -------------------------------------------------------------------------------------
+
+def _slots_and_nodes(st: JobView, grid: Grid | None, sl: _Slurm, domains: Mapping[str, Mapping[str, str]],
+                     levels: list[str]) -> tuple[list[SlotStatus], list[NodeStatus]]:
+    """Every slot and node: the journal's, with what Slurm says of the nodes (down, removed)."""
+    slurm_state, node_state, live_nodes = sl.state, sl.node_state, sl.live_nodes
     job_running = slurm_state in SLURM_ACTIVE_STATES if slurm_state else None
     slots: list[SlotStatus] = []
     for w in sorted(st.slots):
@@ -373,7 +382,6 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         slots.append(SlotStatus(w, s.node, s.pid, s.state, lr,
                                 _coord(lr, in_grid) if (lr is not None and in_grid) else None,
                                 s.generation, note))
-    by_world = {s.world_rank: s for s in slots}
     node_names = list(dict.fromkeys([s.node for s in slots] + live_nodes))
     nodes: list[NodeStatus] = []
     for n in node_names:
@@ -392,17 +400,16 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         nodes.append(NodeStatus(n, node_state.get(n), role, _domain(n, domains, levels),
                                 (n in live_nodes) if live_nodes else bool(live), [s.world_rank for s in mine]))
 
-    finished = state in TERMINAL_STATES
-    standby = [s for s in slots if s.state == "standby"]
-    spare_slots = len(standby) if st.slots else None
-    spare_nodes = None
-    if st.slots:
-        spare_nodes = sum(1 for nd in nodes if nd.role == "spare")
-    elif _get(cfg, "resources", "spares") is not None and not finished:
-        spare_nodes = int(cfg["resources"]["spares"])
-        spare_slots = spare_nodes * int(gpus) if gpus else None
+    return slots, nodes
 
-    # --- replicas --------------------------------------------------------------------------------------------
+
+def _replicas(st: JobView, grid: Grid | None, cfg: Mapping[str, Any], slots: list[SlotStatus],
+              domains: Mapping[str, Mapping[str, str]], now: float, finished: bool,
+              warnings: list[StatusWarning]) -> tuple[list[ReplicaStatus], list[str]]:
+    """Every shard with its owner and replica holders; the under-replicated ones ``"sid (have/k)"``."""
+    k = _get(cfg, "resilience", "k")
+    levels = list(_get(cfg, "resilience", "placement_levels", default=None) or ["node"])
+    by_world = {s.world_rank: s for s in slots}
     replicas: list[ReplicaStatus] = []
     source = "reported" if st.placement else "unknown"
     placement = dict(st.placement)
@@ -446,7 +453,15 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
             if k and placement and have < int(k) and not finished:
                 under.append(f"{sid} ({have}/{k})")
 
-    # --- warnings ----------------------------------------------------------------------------------------------
+    return replicas, under
+
+
+def _warnings(st: JobView, cfg: Mapping[str, Any], sl: _Slurm, slurm: SlurmInfo, spare_slots: int | None,
+              under: list[str], finished: bool, job_id: str | None, run: RunFiles) -> list[StatusWarning]:
+    """What the user should know beyond the state: no spare, under-replicated shards, a lost batch host..."""
+    k, batch_host, slurm_state, node_state, slurm_reason = (_get(cfg, "resilience", "k"), sl.batch_host, sl.state,
+                                                            sl.node_state, sl.reason)
+    warnings: list[StatusWarning] = []
     if not finished and st.slots and spare_slots == 0:
         warnings.append(StatusWarning("no_spares", no_spare_left(cfg)))
     if under:
@@ -474,6 +489,48 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
                         + "; a production job must not carry them (sbatch --export=ALL passes the submitting "
                         "shell's environment)", action="unset " + " ".join(st.test_env) + " before phoenix submit"))
 
+    return warnings
+
+
+def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None, now: float,
+                  run: RunFiles | None = None) -> Status:
+    """The job's :class:`Status` from its journal ``records`` (in file order), Slurm's view and the run files.
+
+    Pure: reads nothing, changes nothing. ``now`` (unix seconds) is used for ages only. The journal's part is
+    the fold of :mod:`phoenix_hpc.control.view` (the one a restarted coordinator rebuilds from); this adds
+    Slurm's view and presentation.
+
+    Raises:
+        KeyError/ValueError: a record lacks ``ts``/``event`` (the journal reader already refuses those).
+    """
+    slurm = slurm or SlurmInfo()
+    run = run or RunFiles(run_dir="")
+    cfg = run.config or {}
+    all_records = list(records)
+    records = current_job_records(all_records)
+    st, merged = journal_view(records, run, now)
+    grid = st.grid or _config_grid(cfg)
+    levels = list(_get(cfg, "resilience", "placement_levels", default=None) or ["node"])
+    gpus = _get(cfg, "resources", "gpus_per_node")
+    domains = slurm.domains or {}
+    sl = _slurm_view(slurm)
+    sj, slurm_state, slurm_reason, live_nodes, batch_host, node_state = (
+        sl.job, sl.state, sl.reason, sl.live_nodes, sl.batch_host, sl.node_state)
+    state, warnings = _job_state(st, merged, sl, slurm)
+    job_id = str(_get(run.job, "job_id")) if _get(run.job, "job_id") is not None else (sj.get("JobId") or None)
+    slots, nodes = _slots_and_nodes(st, grid, sl, domains, levels)
+    finished = state in TERMINAL_STATES
+    standby = [s for s in slots if s.state == "standby"]
+    spare_slots = len(standby) if st.slots else None
+    spare_nodes = None
+    if st.slots:
+        spare_nodes = sum(1 for nd in nodes if nd.role == "spare")
+    elif _get(cfg, "resources", "spares") is not None and not finished:
+        spare_nodes = int(cfg["resources"]["spares"])
+        spare_slots = spare_nodes * int(gpus) if gpus else None
+    replicas, under = _replicas(st, grid, cfg, slots, domains, now, finished, warnings)
+    warnings += _warnings(st, cfg, sl, slurm, spare_slots, under, finished, job_id, run)
+    k = _get(cfg, "resilience", "k")
     # --- job summary -------------------------------------------------------------------------------------------
     steps_total = _get(cfg, "training", "steps")
     info = JobInfo(
