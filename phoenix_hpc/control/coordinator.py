@@ -63,7 +63,7 @@ from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.ending import continue_hint
 from phoenix_hpc.control.drain_relay import DrainRelayMixin
-from phoenix_hpc.control.drains import PendingDrain
+from phoenix_hpc.control.drains import DrainBook
 from phoenix_hpc.control.evidence import EvidenceMixin
 from phoenix_hpc.control.handlers import HandlersMixin
 from phoenix_hpc.control.hold import hold_of
@@ -198,7 +198,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         self.secret = b""
         self.replay_guard = P.ReplayGuard()  # replayed or stale signed messages are rejected (and journalled)
         self.injects = InjectBook()  # fault-injection requests by request id, and their rules (control/injects.py)
-        self.drain: PendingDrain | None = None  # the newest planned drain (control/drains.py)
+        self.drains = DrainBook()  # the newest planned drain and its rules (control/drains.py); also self.drain
         self.drained: set[int] = set()  # world ranks that left by a drain (DONE)
         self.drained_nodes: set[str] = set()  # nodes drained: no spare there takes a logical rank
         self._held_replies: set[str] = set()  # reply_to of requests answered later (injects being confirmed)
