@@ -62,17 +62,19 @@ def read_vocab(given: dict[str, Any]) -> int | None:
 
 
 def relocate_paths(cfg: dict, out: Path | None, cwd: Path) -> None:
-    """Megatron-LM reads a relative ``--data-path`` and ``--save`` against the launch folder (``cwd``); phoenix
-    reads ``data.blend`` paths against the config file's folder and ``resilience.checkpoint.path`` against the
-    run directory. Rewrite both so that they name the same files: the data paths relative to the output file's
-    folder (``cwd`` for standard output), the checkpoint folder absolute."""
+    """Megatron-LM reads a relative ``--data-path``, ``--save`` and ``--load`` against the launch folder
+    (``cwd``); phoenix reads ``data.blend`` paths against the config file's folder, ``resilience.checkpoint.path``
+    against the run directory and wants ``save_megatron`` / ``load_megatron`` absolute. Rewrite them so that
+    they name the same files: the data paths relative to the output file's folder (``cwd`` for standard
+    output), the checkpoint folders absolute."""
     base = (out.parent if out is not None else cwd).resolve()
     for entry in cfg.get("data", {}).get("blend", []):
         if not os.path.isabs(entry["path"]):
             entry["path"] = os.path.relpath(cwd.resolve() / entry["path"], base)
     ck = cfg.get("resilience", {}).get("checkpoint", {})
-    if ck.get("path") is not None and not os.path.isabs(ck["path"]):
-        ck["path"] = str(cwd.resolve() / ck["path"])
+    for key in ("path", "save_megatron", "load_megatron"):
+        if ck.get(key) is not None and not os.path.isabs(ck[key]):
+            ck[key] = str(cwd.resolve() / ck[key])
 
 
 def render(conv) -> str:

@@ -7,8 +7,8 @@ One table, :data:`ARGS`, says for every Megatron-LM argument phoenix knows what 
   changes the training's meaning, so the conversion is refused unless the user drops the argument;
 * ``record``: kept in the config as a comment (tokenizer, checkpoint format): phoenix does not use it;
 * ``skip``: performance, logging or launch options that do not change what is trained; listed with why;
-* ``refuse``: a feature phoenix does not implement and that changes the training (a mixture of experts, a
-  blend of datasets, loading a Megatron-LM checkpoint): refused unless dropped.
+* ``refuse``: a feature phoenix does not implement and that changes the training (a mixture of experts,
+  ``--finetune``): refused unless dropped.
 
 Effective values are Megatron-LM's: an argument left out takes Megatron-LM's default, which is what its
 ``pretrain_gpt.py`` would train with. The defaults and derived values are those of Megatron-LM's
@@ -208,15 +208,21 @@ ARGS: tuple[Arg, ...] = (
     Arg("--timing-log-level", "skip", int, 0, why=_LOG),
     Arg("--profile", "skip", FLAG, False, why=_LOG),
     # --- checkpoints ---
-    Arg("--save", "map", str, None, "resilience.checkpoint.path"),
+    Arg("--save", "map", str, None, "resilience.checkpoint.path",
+        why="also resilience.checkpoint.save_megatron: phoenix's checkpoints (step_NNNNNNNN/) and Megatron-LM's "
+            "(iter_NNNNNNN/, latest_checkpointed_iteration.txt) side by side in that folder"),
     Arg("--save-interval", "map", int, None, "resilience.checkpoint.interval_steps"),
-    Arg("--load", "refuse", str, None,
-        why="starting from a Megatron-LM checkpoint is not implemented (phoenix resumes its own checkpoints "
-            "with `phoenix submit --resume`)"),
-    Arg("--ckpt-format", "record", str, "torch_dist", why="phoenix writes its own checkpoint format"),
-    Arg("--no-load-optim", "skip", FLAG, False, why="only with --load"),
-    Arg("--no-load-rng", "skip", FLAG, False, why="only with --load"),
-    Arg("--finetune", "skip", FLAG, False, why="only with --load"),
+    Arg("--load", "map", str, None, "resilience.checkpoint.load_megatron",
+        why="a torch_dist checkpoint directory: its weights, and its optimizer state and iteration when present"),
+    Arg("--ckpt-format", "same", str, "torch_dist", allowed="torch_dist",
+        why="phoenix reads and writes Megatron-LM checkpoints in the torch_dist format only"),
+    Arg("--no-load-optim", "refuse", FLAG, False,
+        why="phoenix loads the optimizer state of a --load checkpoint whenever it has one"),
+    Arg("--no-load-rng", "skip", FLAG, False,
+        why="the RNG states matter only to dropout, which engine megatron keeps off"),
+    Arg("--finetune", "refuse", FLAG, False,
+        why="phoenix continues from a --load checkpoint's iteration when it holds optimizer state (a checkpoint "
+            "without one starts at step 0)"),
     Arg("--exit-interval", "skip", int, None, why="phoenix ends a job at training.steps or its time limit"),
     Arg("--exit-duration-in-mins", "skip", int, None, why="phoenix ends a job at training.steps or its time limit"),
     Arg("--exit-signal-handler", "skip", FLAG, False, why="phoenix handles Slurm's signals itself"),
@@ -641,6 +647,9 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
         carry("--split", "data.split", given["--split"])
     if "--save" in given:
         carry("--save", "resilience.checkpoint.path", given["--save"])
+        carry("--save", "resilience.checkpoint.save_megatron", given["--save"])
+    if "--load" in given:
+        carry("--load", "resilience.checkpoint.load_megatron", given["--load"])
     if "--save-interval" in given:
         carry("--save-interval", "resilience.checkpoint.interval_steps", given["--save-interval"])
     if nodes is not None:

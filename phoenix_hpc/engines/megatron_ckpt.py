@@ -143,8 +143,9 @@ def save(sd: dict[str, Any], root: str | os.PathLike, iteration: int, process_gr
     ``process_group`` (default: the default group) after a barrier, ``latest_checkpointed_iteration.txt``:
     a checkpoint is named by the tracker only once every rank wrote its files. Returns the folder.
 
-    Raises whatever megatron-core raises (I/O errors, a non-empty folder: megatron-core refuses to
-    overwrite); the tracker then still names the previous checkpoint."""
+    A folder of the same iteration already there (a step replayed after a restart) is overwritten, as
+    megatron-core does. Raises whatever megatron-core raises (I/O errors); the tracker then still names the
+    previous checkpoint."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 

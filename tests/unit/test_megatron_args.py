@@ -105,7 +105,9 @@ def test_dropped_arguments_are_kept_as_comments_and_listed():
     (["--kv-channels", "32"], "--kv-channels: 32"),
     (["--bf16", "--fp16"], "--bf16 and --fp16"),
     (["--max-position-embeddings", "16"], "--max-position-embeddings: 16"),
-    (["--load", "ckpt"], "--load: 'ckpt'"),
+    (["--finetune"], "--finetune"),
+    (["--no-load-optim"], "--no-load-optim"),
+    (["--ckpt-format", "torch_dcp"], "--ckpt-format: 'torch_dcp'"),
 ])
 def test_unsupported_arguments_are_refused_naming_them(extra, needle):
     out = problems(SMALL + ZERO + extra)
@@ -203,11 +205,22 @@ def test_vocabulary_read_from_tokenizer_files(tmp_path):
 
 
 def test_relative_paths_name_the_same_files(tmp_path):
-    cfg = {"data": {"blend": [{"path": "data/ds"}]}, "resilience": {"checkpoint": {"path": "ckpt"}}}
+    cfg = {"data": {"blend": [{"path": "data/ds"}]},
+           "resilience": {"checkpoint": {"path": "ckpt", "save_megatron": "ckpt", "load_megatron": "base"}}}
     relocate_paths(cfg, tmp_path / "out" / "job.yaml", tmp_path / "launch")
     got = (tmp_path / "out" / cfg["data"]["blend"][0]["path"]).resolve()
     assert got == (tmp_path / "launch" / "data" / "ds").resolve()
-    assert cfg["resilience"]["checkpoint"]["path"] == str((tmp_path / "launch" / "ckpt").resolve())
+    ck = cfg["resilience"]["checkpoint"]
+    assert ck["path"] == ck["save_megatron"] == str((tmp_path / "launch" / "ckpt").resolve())
+    assert ck["load_megatron"] == str((tmp_path / "launch" / "base").resolve())
+
+
+def test_load_and_save_map_to_the_megatron_checkpoint_fields():
+    conv = convert(SMALL + ZERO + ["--load", "/lustre/base", "--save", "/lustre/run", "--no-load-rng"])
+    ck = conv.config["resilience"]["checkpoint"]
+    assert ck == {"path": "/lustre/run", "save_megatron": "/lustre/run", "load_megatron": "/lustre/base"}
+    assert ("--load", "resilience.checkpoint.load_megatron", "/lustre/base") in conv.carried
+    assert any(flag == "--no-load-rng" for flag, _, _ in conv.not_carried)
 
 
 def test_every_argument_is_in_the_docs_table():
