@@ -12,6 +12,33 @@ and the ``pp`` ranks of one (dp, tp) are ``dp_size * tp_size`` apart. All functi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple
+
+
+class Grid(NamedTuple):
+    """The sizes of a generation's parallel grid, ``(tp, pp, dp)``, the one grid type: a tuple in that order
+    (what the journal, the checkpoints' ``complete.json`` and the planners store), with names, and the JSON
+    object ``{"tp", "pp", "dp"}`` of a plan, an envelope and a rank's summary (:meth:`to_json`, :meth:`of`).
+    ``world_size = tp * pp * dp``."""
+
+    tp: int
+    pp: int
+    dp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @classmethod
+    def of(cls, d: Mapping[str, Any]) -> "Grid":
+        """The grid of a JSON ``{"tp", "pp", "dp"}`` (a plan's, an envelope's).
+
+        Raises:
+            KeyError, TypeError, ValueError: ``d`` is not such an object."""
+        return cls(int(d["tp"]), int(d["pp"]), int(d["dp"]))
+
+    def to_json(self) -> dict[str, int]:
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp}
 
 
 @dataclass(frozen=True, order=True)
@@ -30,6 +57,10 @@ class GridCoord:
     def param_shard(self) -> str:
         """``param/pp{pp}/tp{tp}`` -- the logical id of this rank's param shard (the same on every DP rank)."""
         return f"param/pp{self.pp}/tp{self.tp}"
+
+    def to_json(self) -> dict[str, int]:
+        """``{"pp", "dp", "tp"}``: the coordinate in an envelope and a rank's summary."""
+        return {"pp": self.pp, "dp": self.dp, "tp": self.tp}
 
 
 # --- grid maths ------------------------------------------------------------------------------------------
@@ -404,7 +435,7 @@ def covered_levels(levels: _Sequence[str], nodes: _Sequence[str], domains: Domai
 
 
 def generation_placement(
-    grid: tuple[int, int, int],
+    grid: "Grid",
     k: int,
     node_of_rank: _Sequence[str],
     domains: DomainMap | None = None,

@@ -484,7 +484,7 @@ class Member:
         e, res = self.env, self.env.cfg.resilience
         g = e.grid
         node_of_rank = [e.nodes[self.rank_map[r]] for r in range(self.n_ranks)]
-        placement = generation_placement((g.tp, g.pp, g.dp), res.k, node_of_rank, e.domains, tuple(e.levels),
+        placement = generation_placement(g, res.k, node_of_rank, e.domains, tuple(e.levels),
                                          beyond_dp=g.dp < self.dp0)  # a shrunk grid (docs/design.md section 6)
         if self.logical == 0:  # said once per generation: the allocation (or what is left of it) decides
             for w in placement.warnings:
@@ -492,7 +492,7 @@ class Member:
         me = node_of_rank[self.logical]
         protector = Protector.create(
             engine=self.engine, comm=self.comm, placement=placement, logical_rank=self.logical,
-            grid={"tp": g.tp, "pp": g.pp, "dp": g.dp}, generation=self.generation, chunk_bytes=res.chunk_bytes,
+            grid=g.to_json(), generation=self.generation, chunk_bytes=res.chunk_bytes,
             ranks_per_node=node_of_rank.count(me), commit_timeout_s=res.collective_timeout_s,
             on_commit=self._on_commit, log=e.log if self.logical == 0 else None, fault_hook=self._fault_hook,
             device=e.device, checksum=res.checksum, interval_cap=res.protect_every_max,
@@ -1000,9 +1000,7 @@ class Member:
 
             return apply_shrink(self, plan, dirty, live, detail)
         e = self.env
-        from phoenix_hpc.launch.groups import Grid
-
-        e.grid = Grid(*plan.grid)  # the grid of the plan's generation (a joining spare after a shrink: a smaller one)
+        e.grid = plan.grid  # the grid of the plan's generation (a joining spare after a shrink: a smaller one)
         g = plan.generation
         rank_map = plan.world_of()
         R = plan.recoverable_step

@@ -11,30 +11,13 @@ group. torch requires every rank to call ``new_group`` for every group, in the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 
 from phoenix_hpc.engines.base import GridCoord, ProcessGroups
 from phoenix_hpc.errors import ConfigError
-from phoenix_hpc.topology import all_dp_groups, all_pp_groups, all_tp_groups, coord_of
+from phoenix_hpc.topology import Grid, all_dp_groups, all_pp_groups, all_tp_groups, coord_of
 
-
-@dataclass(frozen=True)
-class Grid:
-    """Sizes of the parallel grid; ``world_size = tp * pp * dp``."""
-
-    tp: int
-    pp: int
-    dp: int
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    @classmethod
-    def of(cls, d) -> "Grid":
-        """The grid of a plan's or envelope's ``{"tp", "pp", "dp"}``."""
-        return cls(int(d["tp"]), int(d["pp"]), int(d["dp"]))
+__all__ = ["Grid", "init_generation", "resolve_grid"]  # Grid: the one grid type (phoenix_hpc.topology)
 
 
 def resolve_grid(tp: int, pp: int, dp: int | None, active_slots: int) -> Grid:

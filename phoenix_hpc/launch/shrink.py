@@ -91,7 +91,6 @@ def apply_shrink(member, plan: RecoveryPlan, dirty: bool, live: int | None,
         EngineError: the received slices do not cover the new slice exactly once.
     """
     from phoenix_hpc.launch.execute import CUT_AT, LeftToStandby, RestoreInterrupted
-    from phoenix_hpc.launch.groups import Grid
     from phoenix_hpc.runtime.snapshot import OPT, unpack
 
     e = member.env
@@ -127,11 +126,11 @@ def apply_shrink(member, plan: RecoveryPlan, dirty: bool, live: int | None,
         member.watchdog.close()  # the spare it becomes waits on the client itself, then joins as a new member
         e.client.started_step = 0  # as every spare: no step started, a fault for a recovery phase arms at any step
         e.log(f"[phoenix] world rank {e.world_rank}: DP replica removed by the shrink to generation {g} "
-              f"(dp {plan.old_grid[2]} -> {plan.grid[2]}); back to standby")
+              f"(dp {plan.old_grid.dp} -> {plan.grid.dp}); back to standby")
         raise LeftToStandby(f"world rank {e.world_rank} left its DP replica in the shrink to generation {g}")
 
     member.rank_map, member.logical = rank_map, me
-    e.grid = Grid(*plan.grid)
+    e.grid = plan.grid
     try:
         detail.update(member._setup_groups())
         member.land_restore(plan.recovery_step())  # an injection for phase "restore" (not answered here)
@@ -154,10 +153,9 @@ def apply_shrink(member, plan: RecoveryPlan, dirty: bool, live: int | None,
             old.update(unpack(member._held_buffer(sid, R), (OPT,)).tensors)  # verified as it is unpacked
     eng = member.engine
     eng.load_param_shard(own_par)
-    eng.load_resharded_optimizer(old, plan.old_grid[2])
+    eng.load_resharded_optimizer(old, plan.old_grid.dp)
     c = member.coord  # the envelope of S(R) at the member's new coordinate and grid (nothing else changes)
-    eng.load_envelope({**envelope, "coord": {"pp": c.pp, "dp": c.dp, "tp": c.tp},
-                       "grid": {"tp": e.grid.tp, "pp": e.grid.pp, "dp": e.grid.dp}})
+    eng.load_envelope({**envelope, "coord": c.to_json(), "grid": e.grid.to_json()})
     t_opt = time.perf_counter() - t2
     if int(eng.step) != R:
         raise RecoveryError(f"rank {member.logical} is at step {eng.step} after the shrink, plan says {R}")

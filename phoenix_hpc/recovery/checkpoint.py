@@ -37,7 +37,7 @@ import torch
 
 from phoenix_hpc.engines.base import Engine
 from phoenix_hpc.errors import RecoveryError
-from phoenix_hpc.topology import GridCoord
+from phoenix_hpc.topology import Grid, GridCoord
 
 from phoenix_hpc.recovery.ckpt_files import (  # noqa: F401 -- the layout, re-exported
     COMPLETE,
@@ -90,7 +90,7 @@ def _grid(engine: Engine) -> list[int]:
     envelope does not say (the grid is then not checked)."""
     envelope = getattr(engine, "envelope", None)
     g = (envelope() if callable(envelope) else {}).get("grid") or {}
-    return [int(g["tp"]), int(g["pp"]), int(g["dp"])] if g else []
+    return list(Grid.of(g)) if g else []
 
 
 def save_checkpoint(engine: Engine, root: str | os.PathLike, process_group, keep: int | None = None,
@@ -243,7 +243,7 @@ def _at_own_coordinate(engine: Engine, envelope: dict) -> dict:
     """``envelope`` (of another coordinate of the stage) at this rank's coordinate and grid, as a shrink sets
     it (:func:`phoenix_hpc.launch.shrink.apply_shrink`); nothing else changes."""
     c, g = engine.coord, _grid(engine)
-    return {**envelope, "coord": {"pp": c.pp, "dp": c.dp, "tp": c.tp}, "grid": {"tp": g[0], "pp": g[1], "dp": g[2]}}
+    return {**envelope, "coord": c.to_json(), "grid": Grid(*g).to_json()}
 
 
 def _read_shard(root, step: int, marker: dict, name: str) -> dict:

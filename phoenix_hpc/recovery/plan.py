@@ -34,10 +34,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Sequence
 
-from phoenix_hpc.topology import GridCoord
 from phoenix_hpc.errors import RecoveryError
 from phoenix_hpc.recovery.steps import recoverable_step, shards_without
-from phoenix_hpc.topology import coord_of, dp_group_ranks, rank_of, world_size_of
+from phoenix_hpc.topology import Grid, GridCoord, coord_of, rank_of, world_size_of
 
 ALL_INVARIANTS = ("I1", "I2", "I3", "I4", "I5")
 
@@ -102,16 +101,21 @@ class RecoveryPlan:
     rollbacks: tuple[tuple[int, int], ...]  # (logical rank, live step before the rollback)
     replication: tuple[ReplicaPair, ...]
     steps_replayed: int
-    grid: tuple[int, int, int] = (1, 1, 1)  # (tp, pp, dp)
+    grid: Grid = Grid(1, 1, 1)
     invariants: tuple[str, ...] = field(default=ALL_INVARIANTS)
     # a shrink (recovery/shrink.py) only: the grid before it, the healthy slots of the removed DP replicas
     # that go back to standby after sending what they hold, and for each member the old optimizer shards it
     # re-partitions its new shard from
-    old_grid: tuple[int, int, int] | None = None
+    old_grid: Grid | None = None
     leavers: tuple[int, ...] = ()
     needs: tuple[tuple[int, tuple[str, ...]], ...] = ()  # (world rank, old shard ids)
     sources: tuple[tuple[str, int], ...] = ()  # (old shard id, world rank that provides it)
     lost: tuple[int, ...] = ()  # world ranks of the active slots lost (dead or drained) that caused the shrink
+
+    def __post_init__(self) -> None:  # a (tp, pp, dp) tuple is taken as the grid it is
+        object.__setattr__(self, "grid", Grid(*self.grid))
+        if self.old_grid is not None:
+            object.__setattr__(self, "old_grid", Grid(*self.old_grid))
 
     def world_of(self) -> dict[int, int]:
         """logical rank -> world rank of the new generation."""
@@ -161,7 +165,7 @@ class RecoveryPlan:
             "action": self.action,
             "old_generation": self.old_generation,
             "generation": self.generation,
-            "grid": {"tp": self.grid[0], "pp": self.grid[1], "dp": self.grid[2]},
+            "grid": self.grid.to_json(),
             "rank_map": [[r, w] for r, w in self.rank_map],
             "dead_world": list(self.dead_world),
             "released_spares": list(self.released_spares),
@@ -185,7 +189,7 @@ class RecoveryPlan:
             "replication": [[p.shard_id, p.owner, p.holder] for p in self.replication],
             "steps_replayed": self.steps_replayed,
             "invariants": list(self.invariants),
-            **({"shrink": {"old_grid": {"tp": self.old_grid[0], "pp": self.old_grid[1], "dp": self.old_grid[2]},
+            **({"shrink": {"old_grid": self.old_grid.to_json(),
                            "leavers": list(self.leavers),
                            "needs": [[w, list(sids)] for w, sids in self.needs],
                            "sources": [[sid, w] for sid, w in self.sources], "lost": list(self.lost)}}
@@ -208,11 +212,11 @@ class RecoveryPlan:
                                 f"{str(dict(d) if isinstance(d, Mapping) else d)[:300]}") from None
 
 
-def _grid_of(d: Mapping[str, Any], name: str) -> tuple[int, int, int]:
+def _grid_of(d: Mapping[str, Any], name: str) -> Grid:
     g = d[name]
     if not isinstance(g, Mapping):
         raise RecoveryError(f"recovery plan: {name} must be {{tp, pp, dp}}, got {g!r}")
-    return int(g["tp"]), int(g["pp"]), int(g["dp"])
+    return Grid.of(g)
 
 
 def _transfer_of(t: Mapping[str, Any]) -> Transfer:
@@ -353,7 +357,7 @@ class PlanInput:
 
     Fields:
         generation: the current generation ``g``; the plan's is ``g + 1``.
-        grid: ``(tp, pp, dp)`` of generation ``g``.
+        grid: generation ``g``'s :class:`~phoenix_hpc.topology.Grid` (a ``(tp, pp, dp)`` tuple is taken as one).
         rank_map: logical rank -> world rank of every active slot of generation ``g`` (dead ones included).
         nodes: world rank -> node name, for every slot (active and standby).
         dead: world ranks of the dead slots (active or standby; a drained active slot counts as dead).
@@ -371,7 +375,7 @@ class PlanInput:
     """
 
     generation: int
-    grid: tuple[int, int, int]
+    grid: Grid
     rank_map: Mapping[int, int]
     nodes: Mapping[int, str]
     dead: Iterable[int]
@@ -380,6 +384,9 @@ class PlanInput:
     placement: Mapping[str, Sequence[int]] = field(default_factory=dict)
     committed: Mapping[str, Mapping[int, Any]] = field(default_factory=dict)
     dirty: Iterable[int] = ()
+
+    def __post_init__(self) -> None:  # a (tp, pp, dp) tuple is taken as the grid it is
+        object.__setattr__(self, "grid", Grid(*self.grid))
 
 
 def takes_plan_input(planner):
@@ -487,7 +494,7 @@ def plan_recovery(inputs: PlanInput, *, restore: Iterable[int] = (), params_from
         rollbacks=rollbacks,
         replication=replication,
         steps_replayed=newest - recoverable,
-        grid=(tp, pp, dp),
+        grid=Grid(tp, pp, dp),
     )
 
 
@@ -609,5 +616,5 @@ def plan_checkpoint_restart(inputs: PlanInput, *, checkpoint_step: int) -> Recov
         rollbacks=tuple((r, live_steps.get(r, checkpoint_step)) for r in alive),
         replication=(),
         steps_replayed=newest - int(checkpoint_step),
-        grid=(tp, pp, dp),
+        grid=Grid(tp, pp, dp),
     )

@@ -36,7 +36,7 @@ from typing import Iterable, Mapping
 from phoenix_hpc.errors import RecoveryError
 from phoenix_hpc.recovery.plan import (FallbackRequired, PlanInput, RecoveryPlan, Transfer, holder_at, recoverable_of,
                                        takes_plan_input)
-from phoenix_hpc.topology import coord_of
+from phoenix_hpc.topology import Grid, coord_of
 
 SHRINK_INVARIANTS = ("I1", "I2", "I4", "I5")
 
@@ -180,9 +180,9 @@ def plan_shrink(inputs: PlanInput, *, numel: Mapping[str, int], k: int = 1) -> R
         rollbacks=rollbacks,
         replication=(),
         steps_replayed=newest - recoverable,
-        grid=(tp, pp, new_dp),
+        grid=Grid(tp, pp, new_dp),
         invariants=SHRINK_INVARIANTS,
-        old_grid=(tp, pp, dp),
+        old_grid=Grid(tp, pp, dp),
         leavers=tuple(leavers),
         needs=tuple(needs),
         sources=tuple(sorted(sources.items())),

@@ -249,3 +249,22 @@ def test_the_three_planners_take_one_input_record_or_its_fields_as_keywords():
     assert plan_shrink(PlanInput(**fields), numel={"pp0/tp0": 10, "pp1/tp0": 7}) == s
     assert set(asdict(inputs)) == {"generation", "grid", "rank_map", "nodes", "dead", "live_steps", "spares",
                                    "placement", "committed", "dirty"}
+
+
+def test_the_grid_is_one_type_a_named_tp_pp_dp_tuple_in_the_planners_the_plan_and_on_the_ranks():
+    """topology.Grid is what launch.groups builds, what every planner puts in a plan (also a shrink's old grid),
+    and what a rank reads back; it stays the ``(tp, pp, dp)`` tuple the journal and checkpoints store."""
+    import json
+
+    from phoenix_hpc.launch.groups import Grid as LaunchGrid, resolve_grid
+    from phoenix_hpc.recovery.plan import RecoveryPlan
+    from phoenix_hpc.topology import Grid
+    from tests.unit.test_shrink import _plan as shrink_plan
+
+    assert LaunchGrid is Grid and resolve_grid(2, 1, None, 8) == Grid(2, 1, 4) == (2, 1, 4)
+    p, s = _plan(dead=[5]), shrink_plan(dead=[4])
+    assert type(p.grid) is Grid and (p.grid.tp, p.grid.pp, p.grid.dp) == GRID and p.grid.world_size == 8
+    assert type(s.old_grid) is Grid and s.old_grid.dp == s.grid.dp + 1
+    back = RecoveryPlan.from_json(json.loads(json.dumps(s.to_json())))
+    assert type(back.grid) is Grid and type(back.old_grid) is Grid and back.to_json()["grid"] == s.grid.to_json()
+    assert Grid.of({"tp": 1, "pp": 2, "dp": 3}).to_json() == {"tp": 1, "pp": 2, "dp": 3}
