@@ -50,6 +50,12 @@ def _v(x: Any) -> Any:
     return None if x is E.OMIT else x
 
 
+def _out_of_order(v: JobView, ev: E.Event, why: str) -> None:
+    """An event that names what the view does not hold (a request never made, a slot never registered):
+    it changes nothing and is named in ``view.skipped``."""
+    v.skipped.append(f"{ev.NAME} at ts {ev.ts}: {why}: skipped (out of order)")
+
+
 def _field(ev: E.Event, name: str) -> Any:
     """A field of ``ev``, declared or in its ``extra`` (None when neither has it)."""
     return _v(getattr(ev, name, ev.extra.get(name)))
@@ -141,8 +147,9 @@ def _fault(v: JobView, ev: E.Fault) -> None:
 
 def _rejoined(v: JobView, ev: E.Rejoined) -> None:
     s = v.slots.get(int(ev.world_rank))
-    if s is not None:
-        s.step = int(ev.step or 0)
+    if s is None:
+        return _out_of_order(v, ev, f"world rank {ev.world_rank} never registered")
+    s.step = int(ev.step or 0)
 
 
 # --- progress ------------------------------------------------------------------------------------------------
@@ -337,7 +344,9 @@ def _recovery_restored(v: JobView, ev: E.RecoveryRestored) -> None:
 
 def _recovery_done(v: JobView, ev: E.RecoveryDone) -> None:
     cur = v.current_recovery() or next((r for r in reversed(v.recoveries) if r.generation == ev.generation), None)
-    if cur is not None:
+    if cur is None:
+        _out_of_order(v, ev, f"no recovery of generation {ev.generation} started")
+    else:
         cur.state, cur.finished_at = "done", ev.ts
         cur.total_s = ev.total_s
         cur.phases = {k: float(x) for k, x in (ev.phases or {}).items()}
@@ -381,7 +390,7 @@ def _drain_requested(v: JobView, ev: E.DrainRequested) -> None:
 def _drain_step(v: JobView, ev: E.Event) -> None:
     d = v.drains.get(str(_field(ev, "request_id")))
     if d is None:
-        return
+        return _out_of_order(v, ev, f"drain request {_field(ev, 'request_id')!r} never requested")
     if hasattr(ev, "at_step") or "at_step" in ev.extra:
         d.at_step = _field(ev, "at_step")
     d.state = _DRAIN_STATE.get(type(ev), d.state)
@@ -412,7 +421,7 @@ def _inject_forwarded(v: JobView, ev: E.InjectForwarded) -> None:
 def _inject_answer(v: JobView, ev: E.InjectArmed | E.InjectRefused | E.InjectMissed) -> None:
     inj = v.injections.get(str(ev.request_id))
     if inj is None:
-        return
+        return _out_of_order(v, ev, f"inject request {ev.request_id!r} never forwarded")
     if isinstance(ev, E.InjectArmed):
         inj.armed_steps = {int(w): int(x) for w, x in ev.armed_steps or []}
         inj.at_step = max(inj.armed_steps.values(), default=inj.at_step)
