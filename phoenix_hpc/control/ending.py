@@ -22,7 +22,9 @@ that resumes it). A member that does not answer within the round's deadline, or 
 checkpoint incomplete (``checkpoint_incomplete``): it is never loaded. Nothing is written when the newest
 complete checkpoint on disk is already at that step or newer.
 
-This module holds the state of one planned end and the pure decisions; the coordinator sends and journals.
+This module holds the state of one planned end and the pure decisions (:func:`no_final_checkpoint`: whether
+the end writes one at all; :func:`after_stop_round`: which step it writes, or why none); the coordinator
+sends and journals.
 """
 
 from __future__ import annotations
@@ -89,3 +91,32 @@ class PlannedEnd:
         out += [f"world rank {w}: no answer" + (" (its process exited)" if w in self.exited else "")
                 for w in self.missing()]
         return out
+
+
+def no_final_checkpoint(*, final_checkpoint: bool, checkpoint_path: str | None, job_state: str, active_members: int,
+                        members: int) -> str | None:
+    """Why a planned end writes no final checkpoint (the note of ``coordinator_stopped``), or None when it
+    runs the two rounds. ``final_checkpoint``: the job's mode writes one (phoenix); ``job_state``: the job
+    state's value (``running`` is required); ``active_members``: members of the rank map that are ACTIVE,
+    of ``members``. Pure."""
+    if final_checkpoint and checkpoint_path and job_state == "running" and active_members == members and members:
+        return None
+    return "no final checkpoint: " + (
+        "the job has no persistent checkpoints (resilience.mode is not phoenix)" if not final_checkpoint
+        else f"the job is {job_state}" if job_state != "running"
+        else "not every member is active")
+
+
+def after_stop_round(end: PlannedEnd, on_disk: int | None) -> tuple[int | None, str]:
+    """After the ``stop`` round: ``(step, "")`` to write the final checkpoint of ``step``, or ``(None,
+    note)`` to end without one (``note`` says why: a member without an answer, no step every member holds,
+    or ``on_disk``, the newest complete checkpoint, already at that step or newer). Pure."""
+    step = choose_step(end.copies) if not end.missing() else None
+    if step is None:
+        why = ("members without an answer: " + "; ".join(end.failures())) if end.missing() else \
+            f"no step held in host memory by every member ({end.copies})"
+        return None, f"no final checkpoint: {why}"
+    if on_disk is not None and step <= on_disk:
+        return None, (f"no final checkpoint needed: step {on_disk} is on disk, the newest step in host memory "
+                      f"is {step}")
+    return step, ""

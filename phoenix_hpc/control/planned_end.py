@@ -8,7 +8,7 @@ handlers of ``stopping``, ``shard_written`` and ``signal`` (a slot that received
 from __future__ import annotations
 
 from phoenix_hpc.control import events as E
-from phoenix_hpc.control.ending import PlannedEnd, choose_step, continue_hint
+from phoenix_hpc.control.ending import PlannedEnd, after_stop_round, continue_hint, no_final_checkpoint
 from phoenix_hpc.control.events import RecoveryPhase
 from phoenix_hpc.control.recovery_phases import ANSWERING
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, SlotState
@@ -39,12 +39,11 @@ class PlannedEndMixin:
         if rec is not None and RecoveryPhase(rec.phase) in ANSWERING and now <= rec.deadline:
             return  # let the recovery finish (bounded by its own deadline); the members are in no state to write
         members = {w for w in self.rank_map.values() if self.slots[w].state is SlotState.ACTIVE}
-        if (not self.t.final_checkpoint or not self.t.checkpoint_path or self.job.state is not JobState.RUNNING
-                or len(members) != len(self.rank_map) or not members):
-            self._end_stopped(None, "no final checkpoint: " + (
-                "the job has no persistent checkpoints (resilience.mode is not phoenix)" if not self.t.final_checkpoint
-                else f"the job is {self.job.state.value}" if self.job.state is not JobState.RUNNING
-                else "not every member is active"))
+        why = no_final_checkpoint(final_checkpoint=self.t.final_checkpoint, checkpoint_path=self.t.checkpoint_path,
+                                  job_state=self.job.state.value, active_members=len(members),
+                                  members=len(self.rank_map))
+        if why is not None:
+            self._end_stopped(None, why)
             return
         self.ending = PlannedEnd(self._stop_reason, self._stop_signal, members, now, now + self._round_timeout_s())
         self.journal.append(E.Stopping(reason=self._stop_reason, signal=self._stop_signal, members=sorted(members),
@@ -58,15 +57,10 @@ class PlannedEndMixin:
         if not end.round_over(now):
             return
         if end.phase == "stop":
-            step = choose_step(end.copies) if not end.missing() else None
             on_disk = self._newest_checkpoint()
+            step, note = after_stop_round(end, on_disk)
             if step is None:
-                why = ("members without an answer: " + "; ".join(end.failures())) if end.missing() else \
-                    f"no step held in host memory by every member ({end.copies})"
-                return self._end_stopped(on_disk, f"no final checkpoint: {why}")
-            if on_disk is not None and step <= on_disk:
-                return self._end_stopped(on_disk, f"no final checkpoint needed: step {on_disk} is on disk, "
-                                                  f"the newest step in host memory is {step}")
+                return self._end_stopped(on_disk, note)
             end.phase, end.step, end.t_write = "write", step, now
             end.deadline = now + self.t.final_write_timeout_s
             for w in sorted(end.members):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
-from phoenix_hpc.control.ending import PlannedEnd, choose_step
+import pytest
+
+from phoenix_hpc.control.ending import PlannedEnd, after_stop_round, choose_step, no_final_checkpoint
 from phoenix_hpc.recovery.ckpt_files import (
     check_checkpoint,
     complete_steps,
@@ -143,3 +145,46 @@ def test_run_dirs_default_to_the_sites_run_root(tmp_path):
     assert got.parent == tmp_path / "/scratch/u/phoenix/runs" and got.name.startswith("gpt-")
     with pytest.raises(SubmitError, match=r"scheduler.run_root '\$SCRATCH/phoenix/runs' .*\$SCRATCH is not set"):
         default_run_dir("gpt", tmp_path, 0.0, "$SCRATCH/phoenix/runs", {})
+
+
+# (name, final_checkpoint, checkpoint_path, job state, active members, members) -> the note, or None
+FINAL = [
+    ("phoenix, running, every member active: the rounds run", True, "/ck", "running", 4, 4, None),
+    ("not phoenix", False, "/ck", "running", 4, 4,
+     "no final checkpoint: the job has no persistent checkpoints (resilience.mode is not phoenix)"),
+    ("no checkpoint path", True, None, "running", 4, 4, "no final checkpoint: not every member is active"),
+    ("recovering", True, "/ck", "recovering", 4, 4, "no final checkpoint: the job is recovering"),
+    ("a member quiesced", True, "/ck", "running", 3, 4, "no final checkpoint: not every member is active"),
+    ("no member at all", True, "/ck", "running", 0, 0, "no final checkpoint: not every member is active"),
+]
+
+
+@pytest.mark.parametrize("name,final,path,job,active,members,note", FINAL, ids=[f[0] for f in FINAL])
+def test_whether_a_planned_end_writes_a_final_checkpoint(name, final, path, job, active, members, note):
+    assert no_final_checkpoint(final_checkpoint=final, checkpoint_path=path, job_state=job,
+                               active_members=active, members=members) == note
+
+
+def _stopped(copies, members=(0, 1), exited=()):
+    end = PlannedEnd("time limit", "USR1", set(members), t_start=0.0, deadline=10.0)
+    end.copies.update(copies)
+    end.exited |= set(exited)
+    return end
+
+
+# (name, stop round's answers, exited members, newest checkpoint on disk) -> (step to write, note)
+ROUND = [
+    ("the newest step every member holds", {0: [8, 7], 1: [7, 6]}, (), 5, (7, "")),
+    ("nothing on disk yet", {0: [8], 1: [8]}, (), None, (8, "")),
+    ("already on disk", {0: [8, 7], 1: [7]}, (), 7,
+     (None, "no final checkpoint needed: step 7 is on disk, the newest step in host memory is 7")),
+    ("no common step", {0: [8], 1: [6]}, (), None,
+     (None, "no final checkpoint: no step held in host memory by every member ({0: [8], 1: [6]})")),
+    ("a member without an answer (its process exited)", {0: [8]}, (1,), None,
+     (None, "no final checkpoint: members without an answer: world rank 1: no answer (its process exited)")),
+]
+
+
+@pytest.mark.parametrize("name,copies,exited,on_disk,expected", ROUND, ids=[r[0] for r in ROUND])
+def test_after_the_stop_round(name, copies, exited, on_disk, expected):
+    assert after_stop_round(_stopped(copies, exited=exited), on_disk) == expected
