@@ -60,7 +60,7 @@ from typing import Any, Callable, Mapping
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import FaultKind
-from phoenix_hpc.control.detect import detect
+from phoenix_hpc.control.detect import detect, watched
 from phoenix_hpc.control.ending import continue_hint
 from phoenix_hpc.control.drain_relay import DrainRelayMixin
 from phoenix_hpc.control.drains import DrainBook
@@ -324,26 +324,10 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
                                                            "silence during it is not counted"))
 
     def _watched(self, now: float) -> dict[int, float]:
-        """Live slot -> the time its silence counts from, for the slots whose heartbeats are judged now.
-
-        Start-up grace (``resilience.coordinator_grace_s``): a slot that has not reported a step may be starved
-        by imports and set-up on a loaded node, so it is judged only once it reports a step above 0 or the
-        grace since its registration has passed. A member (a slot holding a logical rank) is also judged once
-        any member reported a step above 0 (:attr:`training_since`): a training step ends only after the
-        step's collectives with every member (the DP gradient reduction, the pipeline's sends), so every member
-        has finished its set-up; its silence counts from that moment at the earliest. Without this a member
-        that hangs in its first steps, before one of its heartbeats carried a step, would be found only at
-        the end of the grace. Its process exit counts at once in any case (liveness). O(slots)."""
-        grace, started = self.t.startup_grace_s, self.training_since
-        out = {}
-        for w, s in self.slots.items():
-            if s.state not in LIVE_SLOT_STATES:
-                continue
-            if s.step > 0 or now - s.registered_at > grace:
-                out[w] = s.last_seen
-            elif started is not None and s.logical_rank is not None:
-                out[w] = max(s.last_seen, started)
-        return out
+        """The slots whose heartbeats are judged now, with the time their silence counts from
+        (:func:`phoenix_hpc.control.detect.watched`: the start-up grace)."""
+        return watched(now, self.slots, grace_s=self.t.startup_grace_s, training_since=self.training_since,
+                       live_states=LIVE_SLOT_STATES)
 
     def _hold_after(self, event: str) -> None:
         """The test-only hold of :mod:`phoenix_hpc.control.hold` after ``event``, once: ring what is queued,

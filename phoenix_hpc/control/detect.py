@@ -16,7 +16,7 @@ reports and are handled by :mod:`phoenix_hpc.control.classify`.
 
 from __future__ import annotations
 
-from typing import Hashable, Mapping, Protocol
+from typing import Any, Container, Hashable, Mapping, Protocol
 
 
 class HeartbeatConfig(Protocol):
@@ -52,6 +52,36 @@ def detect(
     dead = tuple(sorted(silent, key=lambda s: (str(type(s)), s)))
     parts = ", ".join(f"{s} silent {silent[s]:.1f}s" for s in dead)
     return dead, f"heartbeat timeout ({parts}; heartbeat_timeout_s={timeout_s:g})"
+
+
+def watched(now: float, slots: Mapping[int, Any], *, grace_s: float, training_since: float | None,
+            live_states: Container[Any]) -> dict[int, float]:
+    """Live slot -> the time its silence counts from, for the slots whose heartbeats are judged now (the
+    input of :func:`detect`). Pure, O(slots).
+
+    Start-up grace (``resilience.coordinator_grace_s``, ``grace_s``): a slot that has not reported a step may
+    be starved by imports and set-up on a loaded node, so it is judged only once it reports a step above 0
+    or the grace since its registration has passed. A member (a slot holding a logical rank) is also judged
+    once any member reported a step above 0 (``training_since``, coordinator clock): a training step ends
+    only after the step's collectives with every member (the DP gradient reduction, the pipeline's sends),
+    so every member has finished its set-up; its silence counts from that moment at the earliest. Without
+    this a member that hangs in its first steps, before one of its heartbeats carried a step, would be found
+    only at the end of the grace. Its process exit counts at once in any case (liveness).
+
+    Args:
+        now: coordinator clock, seconds.
+        slots: world rank -> slot (``state``, ``step``, ``last_seen``, ``registered_at``, ``logical_rank``).
+        live_states: the slot states whose processes are expected to heartbeat.
+    """
+    out = {}
+    for w, s in slots.items():
+        if s.state not in live_states:
+            continue
+        if s.step > 0 or now - s.registered_at > grace_s:
+            out[w] = s.last_seen
+        elif training_since is not None and s.logical_rank is not None:
+            out[w] = max(s.last_seen, training_since)
+    return out
 
 
 def coordinator_lost(now: float, last_ok: float, timeout_s: float) -> tuple[bool, str]:

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from phoenix_hpc.config.schema import ResilienceConfig
-from phoenix_hpc.control.detect import coordinator_lost, detect
+from phoenix_hpc.control.detect import coordinator_lost, detect, watched
 
 CFG = ResilienceConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=10.0, collective_timeout_s=30.0)
 
@@ -49,3 +49,27 @@ def test_coordinator_watchdog_rule():
     assert coordinator_lost(10.0, 5.0, 5.0) == (False, "")
     lost, reason = coordinator_lost(10.5, 5.0, 5.0)
     assert lost and "coordinator silent for 5.5s" in reason
+
+
+def _slot(state="active", step=0, last_seen=0.0, registered_at=0.0, logical=0):
+    return SimpleNamespace(state=state, step=step, last_seen=last_seen, registered_at=registered_at,
+                           logical_rank=logical)
+
+
+# (name, slot, training since, now) -> the time its silence counts from, or None (not judged now)
+WATCHED = [
+    ("a step reported: judged from its last heartbeat", _slot(step=3, last_seen=5.0), None, 6.0, 5.0),
+    ("within the grace, no step, nobody trained: not judged", _slot(last_seen=1.0), None, 20.0, None),
+    ("past the grace: judged", _slot(last_seen=1.0), None, 31.0, 1.0),
+    ("a member once another trained: from that moment", _slot(last_seen=1.0), 8.0, 20.0, 8.0),
+    ("... or its own later heartbeat", _slot(last_seen=9.0), 8.0, 20.0, 9.0),
+    ("a spare within the grace is not judged though others train", _slot(logical=None, last_seen=1.0), 8.0, 20.0,
+     None),
+    ("a dead slot is never judged", _slot(state="dead", step=3), None, 99.0, None),
+]
+
+
+@pytest.mark.parametrize("name,slot,since,now,expected", WATCHED, ids=[w[0] for w in WATCHED])
+def test_which_slots_are_watched(name, slot, since, now, expected):
+    got = watched(now, {7: slot}, grace_s=30.0, training_since=since, live_states={"active", "standby"})
+    assert got.get(7) == expected and (7 in got) == (expected is not None)
