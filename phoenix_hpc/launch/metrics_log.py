@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from phoenix_hpc.control import events as E
+
 #: TensorBoard/W&B tag of each step value (Megatron-LM's names), and the unit
 STEP_TAGS = {"loss": ("lm loss", "nats/token"), "lr": ("learning-rate", "1"), "grad_norm": ("grad-norm", "1"),
              "step_time_s": ("iteration-time", "s"), "tokens_per_s": ("tokens-per-second", "tokens/s")}
@@ -127,7 +129,7 @@ class JournalTail:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(rec, dict) and rec.get("event") == "recovery_done" \
+            if isinstance(rec, dict) and rec.get("event") == E.RecoveryDone.NAME \
                     and int(rec.get("recoverable_step", 0)) >= self.since_step:
                 out.append(rec)
         return out
