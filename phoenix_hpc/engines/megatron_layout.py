@@ -195,7 +195,9 @@ def load_problems(cfg) -> list[str]:
     ``load_megatron``: engine ``megatron`` only; an absolute path to a directory with
     ``latest_checkpointed_iteration.txt`` naming an ``iter_NNNNNNN`` (or ``release``) folder that exists and
     is a torch_dist checkpoint of the config's model shape (:func:`shape_problems`; with ``model.provider``
-    only the embedding and the layer count are checked, the provider decides the rest). ``save_megatron``:
+    only the embedding and the layer count are checked, the provider decides the rest); with optimizer state,
+    an iteration below ``training.steps`` and the job's tp and pp when that state can be re-partitioned over
+    dp only (:func:`written_grid`). ``save_megatron``:
     engine ``megatron`` only, an absolute path, persistent checkpoints on (``resilience.enabled``, mode
     ``phoenix`` or ``checkpoint-restart``). Reads the tracker file and the ``.metadata`` file only."""
     ck = cfg.resilience.checkpoint
@@ -233,6 +235,9 @@ def load_problems(cfg) -> list[str]:
         return [f"{FIELD_LOAD}: {exc}"]
     keys = (EMBEDDING,) if cfg.model.provider is not None else None
     out = shape_problems(str(d), shapes, cfg.model, keys)
+    if has_optimizer(shapes) and it != "release" and int(it) >= cfg.training.steps:
+        out.append(f"{FIELD_LOAD}: {d} is at iteration {it}, and the run continues from it to training.steps "
+                   f"= {cfg.training.steps}: nothing would be trained; allowed: training.steps > {it}")
     grid = written_grid(_keys(d))
     job = (cfg.parallelism.tp, cfg.parallelism.pp)
     if grid is not None and grid != job and any(k.startswith("optimizer.distributed.dp_group_idx") for k in _keys(d)):

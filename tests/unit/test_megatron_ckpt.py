@@ -36,9 +36,9 @@ LLAMA = {"layers": 2, "hidden_size": 64, "heads": 8, "num_query_groups": 2, "ffn
          "normalization": "RMSNorm", "add_bias_linear": False, "untie_embeddings_and_output_weights": True}
 
 
-def job(model=None, engine="megatron", **ckpt) -> JobConfig:
+def job(model=None, engine="megatron", steps=20, **ckpt) -> JobConfig:
     return JobConfig.model_validate({"name": "m", "engine": engine, "data": {"path": "d"}, "model": model or GPT,
-                                     "training": {"steps": 20, "global_batch_size": 8, "micro_batch_size": 2,
+                                     "training": {"steps": steps, "global_batch_size": 8, "micro_batch_size": 2,
                                                   "warmup_steps": 4, "lr": 1e-3, "min_lr": 1e-4},
                                      "resilience": {"checkpoint": ckpt}})
 
@@ -291,9 +291,15 @@ def test_optimizer_state_makes_the_iteration_the_start_step_and_pins_tp_pp(saved
     _, it, with_opt, keys = mck.checkpoint_folder(root)
     assert it == 30 and with_opt and ml.written_grid(keys) == (1, 2)
     assert ml.start_iteration(root) == 30
-    (p,) = ml.load_problems(job(GPT, load_megatron=str(root)))  # the job's (tp, pp) is (1, 1)
+    def with_steps(steps):
+        return job(GPT, steps=steps, load_megatron=str(root))
+
+    (p,) = ml.load_problems(with_steps(31))  # the job's (tp, pp) is (1, 1)
     assert p.startswith("resilience.checkpoint.load_megatron: ") and "written at (tp, pp) = (1, 2)" in p
     assert "parallelism.tp = 1 and parallelism.pp = 2" in p
+    problems = ml.load_problems(with_steps(30))
+    assert len(problems) == 2 and any("is at iteration 30, and the run continues from it to training.steps = 30" in x
+                                      and "allowed: training.steps > 30" in x for x in problems), problems
 
 
 def test_persist_starts_from_the_megatron_checkpoint_only_without_a_checkpoint_of_its_own(saved, tmp_path, monkeypatch):
