@@ -17,7 +17,7 @@ from typing import Any
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control.classify import Fault, FaultKind
-from phoenix_hpc.control.evidence import placement_inputs_problem
+from phoenix_hpc.control.admission import admit
 from phoenix_hpc.control.records import PendingFault, Slot
 from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, SlotState, slot_machine
 
@@ -70,39 +70,12 @@ class MembershipMixin:
     def _on_register(self, body: dict) -> None:
         if body.get("rejoin") is not None:  # a slot back after a coordinator restart (control/restart.py)
             return self._on_rejoin(body)
-        w, pid, node, role = int(body["world_rank"]), int(body["pid"]), str(body["node"]), str(body["role"])
-        if w < 0 or (body.get("world_size") is not None and w >= int(body["world_size"])):
-            return self._reject(f"world rank {w} out of range (world size {body.get('world_size')})", body)
-        if role not in ("active", "standby"):
-            return self._reject(f"role {role!r} is not 'active' or 'standby'", body)
-        old = self.slots.get(w)
-        if old is not None:
-            why = "was declared dead; a restarted process cannot rejoin" if old.state is SlotState.DEAD else (
-                f"already registered (pid {old.pid} on {old.node}, {old.state.value})")
-            return self._reject(f"register: world rank {w} {why}", body, key=("register", w, pid))
-        logical = None
-        if role == "active":
-            grid = tuple(int(x) for x in body["grid"])
-            if self.grid is None:
-                self.grid = grid  # type: ignore[assignment]
-            elif grid != tuple(self.grid):
-                return self._reject(f"register: world rank {w} has grid {grid}, job grid is {tuple(self.grid)}", body)
-            logical = int(body["logical_rank"])
-            n = self.grid[0] * self.grid[1] * self.grid[2]
-            if not 0 <= logical < n:
-                return self._reject(f"register: logical rank {logical} out of range 0..{n - 1}", body)
-            if logical in self.rank_map:
-                return self._reject(f"register: logical rank {logical} already held by world rank "
-                                    f"{self.rank_map[logical]}", body)
-        if self.job.state is not JobState.STARTING and role == "active":
-            return self._reject(f"register: the job is {self.job.state.value}; active slots register only at start", body)
-        inputs = body.get("placement_inputs")
-        domain = None
-        if inputs is not None:  # what the coordinator recomputes each generation's placement from
-            why = placement_inputs_problem(inputs)
-            if why:
-                return self._reject(f"register: world rank {w} placement_inputs {why}", body)
-            domain = dict(inputs["domain"]) if inputs.get("domain") else None
+        a = admit(body, slots=self.slots, grid=self.grid, rank_map=self.rank_map, job_state=self.job.state)
+        self.grid = a.grid  # the first active registration sets the job's grid (control/admission.py)
+        if a.reject:
+            return self._reject(a.reject, body, key=a.key)
+        w, pid, node, role, logical, inputs, domain = a.world_rank, a.pid, a.node, a.role, a.logical_rank, a.inputs, a.domain
+        if inputs is not None:
             self.placement_inputs = self.placement_inputs or {"k": int(inputs["k"]), "levels": list(inputs["levels"])}
         slot = Slot(w, node, pid, role, slot_machine(f"slot {w}"), self.clock(), logical, self.generation,
                     domain=domain)
