@@ -73,7 +73,7 @@ def sources_ready(member, transfers: Sequence[Transfer], step: int) -> bool:
     are sealed from the engine at ``step``)."""
     me = member.env.world_rank
     sends = [t for t in transfers if t.sender_world == me and t.kind == "params"]
-    return not sends or member._local_buffer(step) is not None
+    return not sends or member.copies.local_buffer(step) is not None
 
 
 def _threads_ok() -> bool:
@@ -210,11 +210,11 @@ def _outgoing(member, t: Transfer, step: int):
 
     if t.kind == "params":
         sid = t.shard_id  # the plan's: the param shard at the spare's (pp, tp), the sender's too
-        local = member._local_buffer(step)
+        local = member.copies.local_buffer(step)
         if local is not None:
             return param_part(local, sid)
         return seal_part(member.engine.param_shard(), PARAM, sid, step, member.generation).numpy()
-    buf = member._held_buffer(t.shard_id, step)
+    buf = member.copies.held_buffer(t.shard_id, step, member.env.world_rank)
     h = read_header(buf)
     if h.step != step or h.index.get("shard_id") != t.shard_id:
         raise RecoveryError(f"the held buffer of {t.shard_id} step {step} names {h.index.get('shard_id')} "

@@ -57,7 +57,7 @@ def test_the_first_phase_of_an_iteration_reports_the_finished_steps():
     """``_phase(s, "forward_backward")`` runs before iteration ``s``: the engine has finished ``s - 1``."""
     m, sent = _member(17, 2, (2, 18))
     m.env.client.started_step = None
-    m.kept, m.protector, m._poll = [], None, lambda: None
+    m.copies, m.protector, m._poll = SimpleNamespace(kept=[]), None, lambda: None
     m.trigger = SimpleNamespace(check=lambda s, phase: None)
     m._phase(18, "forward_backward")  # replaying step 18: not past it
     assert sent == []

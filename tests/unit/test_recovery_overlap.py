@@ -173,10 +173,7 @@ class _Member:
         from types import SimpleNamespace
 
         self.env = SimpleNamespace(world_rank=world_rank)
-        self._local = local
-
-    def _local_buffer(self, step):
-        return self._local.get(step)
+        self.copies = SimpleNamespace(local_buffer=local.get)
 
 
 def test_a_param_sender_without_its_snapshot_of_the_step_must_finish_its_engine_work_first():
@@ -212,7 +209,7 @@ def _spare(engine_box):
     res = SimpleNamespace(chunk_bytes=1024, collective_timeout_s=20.0)
     m = SimpleNamespace(env=SimpleNamespace(world_rank=5, cfg=SimpleNamespace(resilience=res)),
                         rank_map={0: 9, 1: 5}, comm=MPI.COMM_WORLD, coord=GridCoord(pp=0, dp=1, tp=0),
-                        generation=4, _local_buffer=lambda step: None)
+                        generation=4, copies=SimpleNamespace(local_buffer=lambda step: None))
     m.engine = None
     plan = [Transfer("params", "param/pp0/tp0", 9, 5, 5),
             Transfer("optimizer", "opt/pp0/tp0/dp1", 9, 5, 5)]
@@ -338,7 +335,7 @@ def test_a_param_sender_without_its_snapshot_rolls_back_first_then_seals_from_th
     res = SimpleNamespace(chunk_bytes=1024, collective_timeout_s=20.0)
     m = SimpleNamespace(env=SimpleNamespace(world_rank=5, cfg=SimpleNamespace(resilience=res)),
                         rank_map={0: 9, 1: 5}, comm=MPI.COMM_WORLD, coord=GridCoord(pp=0, dp=1, tp=0),
-                        generation=4, _local_buffer=lambda step: None, engine=Engine())
+                        generation=4, copies=SimpleNamespace(local_buffer=lambda step: None), engine=Engine())
 
     def rollback():
         events.append("rollback")

@@ -30,8 +30,9 @@ from phoenix_hpc.engines.base import Engine, ProcessGroups
 from phoenix_hpc.errors import ConfigError
 from phoenix_hpc.faults.trigger import InjectedCommError
 from phoenix_hpc.launch.groups import Grid
-from phoenix_hpc.launch import execute
+from phoenix_hpc.launch import execute, transfers
 from phoenix_hpc.launch.execute import Member, MemberEnv
+from phoenix_hpc.launch.rank_recovery import Phase
 from phoenix_hpc.recovery.plan import RecoveryPlan
 
 #: the fake engine's "parallel_state": set by construction, cleared by teardown
@@ -245,6 +246,8 @@ def test_rebuild_at_the_live_step_keeps_the_live_state_and_leaves_nothing_of_the
     del old
     EVENTS.clear()
     rec = _recover(member, R=3, generation=1)  # live step == R, clean: the live state, copied before teardown
+    P = Phase
+    assert member.recovery.trail == [P.QUIESCING, P.PLANNING, P.TRANSFERRING, P.VERIFYING, P.RESUMING, P.TRAINING]
     # teardown, then the world group, then construction, then the load: every step in this order
     assert _kinds(EVENTS, "teardown", "groups", "construct", "load") == [
         ("teardown", 0), ("groups", 1, False), ("construct", 1), ("load", 1)]
@@ -397,7 +400,7 @@ def test_start_answers_an_injection_while_the_generation_is_built(member, monkey
     cfg = SimpleNamespace(**vars(member.env.cfg), training=SimpleNamespace(steps=50))
     member.env = dataclasses.replace(member.env, client=client, cfg=cfg)
     fired = []
-    member.watchdog = execute._quiesce_watchdog(client, fired.append, 0)
+    member.watchdog = execute.quiesce_watchdog(client, fired.append, 0)
     member.watchdog.interval_s = 0.01
     during_setup = {}
 
@@ -433,13 +436,13 @@ def test_a_fault_in_the_first_step_after_a_recovery_restores_from_the_earlier_ge
     _train(member, 3, snaps)
     first = member.protector
     _recover(member, R=3, generation=1)
-    assert member.kept == [first] and member.protector.copy_steps() == ([], {})
+    assert member.copies.kept == [first] and member.protector.copy_steps() == ([], {})
     member.phase = "optimizer_step"  # the first step after the recovery fails inside its update
     member.engine.param += 100.0
     rec = _recover(member, R=3, generation=2, failed=True)
     assert member.env.client.offered == {"opt/pp0/tp0/dp0": [3, 2, 1]}  # offered although generation 1 has none
     assert rec.rolled_back and member.engine.step == 3 and torch.equal(member.engine.param, snaps[3][1])
-    assert member.kept[-1] is first  # still kept: generation 2 has no fence either
+    assert member.copies.kept[-1] is first  # still kept: generation 2 has no fence either
 
 
 def test_the_kept_copies_are_dropped_at_the_new_generations_first_fence(member):
@@ -447,17 +450,17 @@ def test_the_kept_copies_are_dropped_at_the_new_generations_first_fence(member):
     member.start()
     _train(member, 3, snaps)
     _recover(member, R=3, generation=1)
-    assert member.kept
+    assert member.copies.kept
     member._phase(4, "forward_backward")
-    assert member.kept, "dropped before the new generation's first fence"
+    assert member.copies.kept, "dropped before the new generation's first fence"
     member.protector.recoverable_step = 3
     member._phase(5, "forward_backward")
-    assert member.kept == []
+    assert member.copies.kept == []
     rec_protector = member.protector
     _train(member, 1, snaps)  # a generation with a fence of its own: only its own copies are kept over a recovery
     member.protector.recoverable_step = 4
     _recover(member, R=4, generation=2)
-    assert member.kept and member.kept[0] is not rec_protector and len(member.kept) == 1
+    assert member.copies.kept and member.copies.kept[0] is not rec_protector and len(member.copies.kept) == 1
 
 
 def test_a_survivor_whose_h2h_thread_is_stuck_in_mpi_leaves_instead_of_answering_the_quiesce(member):
@@ -594,10 +597,13 @@ def test_a_replan_heard_at_the_arrival_barrier_is_answered_and_the_next_plan_loa
     assert _kinds(EVENTS, "groups") == [("groups", 2, False)]  # generation 1's groups were never built
     e = member.engine
     assert torch.equal(e.param, live[0]) and torch.equal(e.opt, live[1]) and e.envelope() == live[2]
-    assert member.generation == 2 and rec.generation == 2 and member._held_copy is None
+    assert member.generation == 2 and rec.generation == 2 and member.copies.host_copy is None
     assert {"host_copy", "teardown", "engine"} <= set(rec.detail)  # the cut-short plan's teardown counts here
     assert member.env.store.counters == {"phoenix/gen1/arrived": 1, "phoenix/gen2/arrived": 1,
                                          "phoenix/gen2/built": 1}  # generation 1's groups were never built
+    P = Phase  # cut short in its transfers' first part (the barrier): back to quiescing, answered, planned again
+    assert member.recovery.trail == [P.QUIESCING, P.PLANNING, P.TRANSFERRING, P.QUIESCING, P.PLANNING,
+                                     P.TRANSFERRING, P.VERIFYING, P.RESUMING, P.TRAINING]
     assert any(x[0] == "log" and "re-planned as generation 2" in x[1] for x in EVENTS)
 
 
@@ -622,19 +628,15 @@ def test_a_joining_spare_cut_short_at_arrival_offers_nothing_and_applies_the_nex
                            {"type": "recover", "generation": 2, "plan": _plan(2, 0)},
                            {"type": "resume", "generation": 2}])
     monkey_state = {"calls": 0}
-    real, real_arrive = member._apply_plan, member._arrive_all
+    real_arrive = member._arrive_all
 
-    def cut_short(poll_s=0.01):  # generation 1's barrier: the coordinator re-planned meanwhile
-        member._arrive_all = real_arrive
-        raise execute.RestoreInterrupted(c.instructions.popleft())
-
-    def apply(plan, dirty, **kw):
+    def arrive(poll_s=0.01):  # generation 1's barrier: the coordinator re-planned meanwhile
         monkey_state["calls"] += 1
-        if plan.generation == 1:
-            member._arrive_all = cut_short
-        return real(plan, dirty, **kw)
+        if member.generation == 1:
+            raise execute.RestoreInterrupted(c.instructions.popleft())
+        return real_arrive(poll_s)
 
-    member._apply_plan = apply
+    member._arrive_all = arrive
     member.join(RecoveryPlan.from_json(_plan(1, 0, ranks=2)))
     assert monkey_state["calls"] == 2 and c.sent[0] == ("quiesced", 2, -1, False) and c.offered == {}
     assert c.sent[-1][:3] == ("recovered", 2, 0) and member.generation == 2
@@ -659,17 +661,41 @@ def test_a_replan_heard_while_waiting_for_resume_quiesces_again_from_the_kept_co
                            {"type": "recover", "generation": 2, "plan": _plan(2, 4)},
                            {"type": "resume", "generation": 2}])
     member.release_groups()
-    rec = member._recover_through_replans({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
+    rec = member.recover({"type": "quiesce", "generation": 1, "dead": [5]}, failed=False)
     assert [x[:3] for x in c.sent] == [("quiesced", 1, 4), ("recovered", 1, 4), ("quiesced", 2, 4),
                                       ("recovered", 2, 4)]
     assert c.sent[2][3] is False and c.offered == {"opt/pp0/tp0/dp0": [4, 3, 2, 1]}  # the kept copies of R
     assert built[0].closed_with[0] is True  # generation 1's protector closed as after a fault
-    assert all(p is not built[0] for p in member.kept)  # it had no copy: not kept beside the next generation's
+    assert all(p is not built[0] for p in member.copies.kept)  # it had no copy: not kept beside the next generation's
     assert rec.generation == 2 and [r.generation for r in member.recoveries] == [2]
     e = member.engine
     assert torch.equal(e.param, want[0]) and torch.equal(e.opt, want[1]) and e.envelope() == want[2]
     assert _kinds(EVENTS, "construct") == [("construct", 1), ("construct", 2)]
     assert any(x[0] == "log" and "while waiting for the resume of generation 1" in x[1] for x in EVENTS)
+    P = Phase  # re-planned after ``recovered``: from resuming back to quiescing, as a member of generation 1
+    assert member.recovery.trail == [P.QUIESCING, P.PLANNING, P.TRANSFERRING, P.VERIFYING, P.RESUMING,
+                                     P.QUIESCING, P.PLANNING, P.TRANSFERRING, P.VERIFYING, P.RESUMING, P.TRAINING]
+
+
+def test_a_members_recovery_follows_the_transition_table_and_refuses_any_other_step():
+    """The phases of a member's part in a recovery and their table (launch/rank_recovery.py): every phase
+    but the two ends has a way forward; a re-plan goes back to quiescing only from where a member waits on the
+    others; a transition outside the table, or a start elsewhere than at quiescing or (a joining spare) at
+    transferring, is refused."""
+    from phoenix_hpc.errors import RecoveryError
+    from phoenix_hpc.launch.rank_recovery import ENTRY, TRANSITIONS, RankRecovery, next_phase
+
+    P = Phase
+    assert set(TRANSITIONS) == set(P) and not TRANSITIONS[P.TRAINING] and not TRANSITIONS[P.STANDBY]
+    assert {p for p, to in TRANSITIONS.items() if P.QUIESCING in to} == {P.TRANSFERRING, P.VERIFYING, P.RESUMING}
+    assert ENTRY == {P.QUIESCING, P.TRANSFERRING}
+    assert next_phase(P.TRANSFERRING, P.STANDBY) is P.STANDBY
+    for now, to in [(P.PLANNING, P.QUIESCING), (P.QUIESCING, P.TRANSFERRING), (P.RESUMING, P.STANDBY),
+                    (P.TRAINING, P.QUIESCING)]:
+        with pytest.raises(RecoveryError, match=f"from {now.value} to {to.value}"):
+            next_phase(now, to)
+    with pytest.raises(RecoveryError, match="cannot start at resuming"):
+        RankRecovery(SimpleNamespace(env=None), P.RESUMING)
 
 
 def test_a_replan_to_an_earlier_step_loads_that_steps_snapshot_instead_of_the_cut_short_host_copy(member):
@@ -709,7 +735,7 @@ def test_a_checkpoint_restart_after_a_cut_short_plan_loads_the_checkpoint_and_re
     assert _kinds(EVENTS, "teardown", "construct", "load", "checkpoint") == [
         ("teardown", 0), ("construct", 2), ("checkpoint", 2)]
     assert member.engine.step == 2 and rec.generation == 2 and "checkpoint_load" in rec.detail
-    assert member._held_copy is None
+    assert member.copies.host_copy is None
 
 
 def _cut_in(member, monkeypatch, where: str, load_step: bool = False) -> list:
@@ -746,7 +772,7 @@ def _cut_in(member, monkeypatch, where: str, load_step: bool = False) -> list:
             wait_until_cut(member._restore_check("protector"), "protector")
         return real_build(replan_ok)
 
-    monkeypatch.setattr(execute, "run_transfers", run_transfers)
+    monkeypatch.setattr(transfers, "run", run_transfers)
     member._build_protector = build_protector
     return polls
 
