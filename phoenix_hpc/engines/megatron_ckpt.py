@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from phoenix_hpc.engines.megatron_layout import has_optimizer, iter_dir, read_tracker, shape_of_checkpoint, write_tracker
+from phoenix_hpc.engines.megatron_layout import (has_optimizer, iter_dir, read_tracker, shape_of_checkpoint,
+                                                 write_tracker)
 
 CHECKPOINT_VERSION = 3.0
 #: the DistributedOptimizer layout written (Megatron-LM's default, ``_build_sharded_state_dict_metadata``)

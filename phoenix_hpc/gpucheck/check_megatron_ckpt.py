@@ -90,9 +90,10 @@ def run(work: Path) -> list[dict]:
     start = mck.load_engine(b, root)
     load_s = time.perf_counter() - t0
     rb = train(b, STEPS, tokens)
+    d = iter_dir(root, SAVE_AT)
     numbers = {"save_at": SAVE_AT, "steps": STEPS, "tracker": tracker, "save_s": round(save_s, 3),
                "load_s": round(load_s, 3), "hash": hash_a[:16],
-               "files": sorted(p.name for p in iter_dir(root, SAVE_AT).iterdir()) if iter_dir(root, SAVE_AT).is_dir() else []}
+               "files": sorted(p.name for p in d.iterdir()) if d.is_dir() else []}
     items = [equal_item("megatron_ckpt.round_trip", (tracker, start, b.state_hash(), common.losses(rb)),
                         (str(SAVE_AT), SAVE_AT, hash_a, loss_a[SAVE_AT:]),
                         f"saved in Megatron-LM's layout at step {SAVE_AT}, loaded into a fresh engine, continued "
@@ -102,7 +103,6 @@ def run(work: Path) -> list[dict]:
     _, gpt = build_gpt_model(cfg, True, True)
     gpt = gpt.to(dev)
     cast_to_params_dtype(gpt, b.dtype)
-    d = iter_dir(root, SAVE_AT)
     loaded = dist_checkpointing.load({"model": gpt.sharded_state_dict()}, str(d))
     gpt.load_state_dict(loaded["model"])
     got = {n: t for n, t in gpt.state_dict().items() if torch.is_tensor(t)}

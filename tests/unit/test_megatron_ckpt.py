@@ -6,11 +6,13 @@ writes (real megatron-core GPTModel ``sharded_state_dict`` built on CPU, common 
 megatron-core's ``dist_checkpointing.save`` (torch_dist) and loaded back into a freshly built GPTModel with
 ``dist_checkpointing.load``, and the shapes the check expects against those megatron-core writes.
 
-What does not: the DistributedOptimizer (megatron-core allocates it on CUDA), so the optimizer's sharded
-state dict and the whole engine round trip are the GPU check's (gpucheck/check_megatron_ckpt.py). megatron-core's
-torch_dist writer calls ``torch.cuda.synchronize()`` and allocates one flag on ``torch.cuda.current_device()``;
-on this CPU-only torch the ``saved`` fixture replaces those two calls by their CPU equivalents (a no-op, and
-the CPU device) while megatron-core writes; everything else is megatron-core's own code.
+The engine functions ``save_engine`` / ``load_engine`` run around a real DDP-wrapped GPTModel, with a recording
+stand-in for the optimizer: megatron-core's DistributedOptimizer allocates on CUDA, so its sharded state dict,
+the optimizer's load and the whole engine round trip (bitwise next step) are the GPU check's
+(gpucheck/check_megatron_ckpt.py). megatron-core's torch_dist writer calls ``torch.cuda.synchronize()`` and
+allocates one flag on ``torch.cuda.current_device()``, and its DDP allocates its buffers there; on this
+CPU-only torch the tests replace those two calls by their CPU equivalents (a no-op, and the CPU device);
+everything else is megatron-core's own code.
 """
 
 from __future__ import annotations
@@ -330,3 +332,80 @@ def test_persist_starts_from_the_megatron_checkpoint_only_without_a_checkpoint_o
     assert persist.start_step(cfg, tmp_path) == 40
     groups = argparse.Namespace(world=None)
     assert persist.restore_latest(object(), groups, cfg, tmp_path) == 40 and calls == [root]
+
+
+# --- the engine functions (save_engine / load_engine) around a real DDP-wrapped GPTModel ----------------
+class RecordingOptimizer:
+    """Stands in for megatron-core's DistributedOptimizer, which cannot be built without CUDA: one sharded
+    tensor of optimizer state (or none), and a record of the calls load_engine makes."""
+
+    def __init__(self, params, state: torch.Tensor | None):
+        self.state, self.loaded, self.reloaded = state, None, False
+        self.optimizer = torch.optim.Adam(params)  # what ensure_step_entries walks (dist_opts[i].optimizer)
+
+    def sharded_state_dict(self, model_sd, is_loading=False, metadata=None):
+        from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+        assert metadata["distrib_optim_sharding_type"] == mck.SHARDING
+        if self.state is None:
+            return {}
+        return {"param_state": ShardedTensor.from_rank_offsets("optimizer.state.param_state", self.state)}
+
+    def load_state_dict(self, sd):
+        self.loaded = sd
+
+    def reload_model_params(self):
+        self.reloaded = True
+
+
+def _engine(cfg, seed: int, state, step: int = 0):
+    from megatron.core import tensor_parallel
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    from phoenix_hpc.engines.base import GridCoord
+
+    gpt = _gpt(cfg, seed)
+    ddp = DistributedDataParallel(gpt.config, DistributedDataParallelConfig(use_distributed_optimizer=True), gpt)
+    opt = RecordingOptimizer(gpt.parameters(), state)
+    return argparse.Namespace(cfg=cfg, coord=GridCoord(pp=0, dp=0, tp=0), pp=1, tp=1, dp=1, model=ddp, optimizer=opt,
+                              dist_opts=[opt], _mc={"tensor_parallel": tensor_parallel}, device=torch.device("cpu"),
+                              groups=None, step=step, data_position=step * 8, last_lr=0.0)
+
+
+@pytest.mark.parametrize("with_state", [True, False])
+def test_save_engine_then_load_engine(world, tmp_path, monkeypatch, with_state):
+    from phoenix_hpc.engines.schedule import lr_at
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    cfg = job(GPT)
+    state = torch.arange(6, dtype=torch.float32) if with_state else None
+    a = _engine(cfg, seed=1, state=state, step=12)
+    torch.manual_seed(77)
+    rng = torch.get_rng_state().clone()
+    assert mck.save_engine(a, tmp_path) == tmp_path / "iter_0000012"
+    assert (tmp_path / ml.TRACKER).read_text() == "12"
+    b = _engine(cfg, seed=2, state=torch.zeros(6) if with_state else None)
+    torch.manual_seed(3)
+    step = mck.load_engine(b, tmp_path)
+    want = {k: v for k, v in a.model.module.state_dict().items() if torch.is_tensor(v)}
+    got = {k: v for k, v in b.model.module.state_dict().items() if torch.is_tensor(v)}
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert torch.equal(torch.get_rng_state(), rng)
+    t = cfg.training
+    if with_state:  # optimizer state and iteration: the run continues at step 12
+        assert step == b.step == 12 and b.data_position == 12 * t.global_batch_size and not b.optimizer.reloaded
+        assert torch.equal(b.optimizer.loaded["param_state"], state)
+        assert b.last_lr == lr_at(12, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
+                                  total_steps=t.steps)
+    else:  # weights only: step 0, the fp32 main params taken from the loaded weights
+        assert step == b.step == 0 and b.data_position == 0 and b.optimizer.reloaded and b.optimizer.loaded is None
+
+
+def test_load_engine_names_the_field_for_a_directory_without_tracker(world, tmp_path, monkeypatch):
+    from phoenix_hpc.errors import EngineError
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")  # DDP's buffers
+
+    with pytest.raises(EngineError, match=r"^resilience\.checkpoint\.load_megatron: .*latest_checkpointed_iteration"):
+        mck.load_engine(_engine(job(GPT), 1, None), tmp_path)
