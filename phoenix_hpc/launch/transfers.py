@@ -30,7 +30,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from phoenix_hpc.errors import RecoveryError
 from phoenix_hpc.recovery.plan import Transfer
@@ -101,10 +101,9 @@ def run(member, transfers: Sequence[Transfer], step: int, during: Callable[[], N
         what ``check`` raises.
     """
     from phoenix_hpc.errors import TransportWedged
-    from phoenix_hpc.runtime.h2h import ABANDON_JOIN_S, BufferTransfer, TransferSet
+    from phoenix_hpc.runtime.h2h import ABANDON_JOIN_S, TransferSet
 
     me, res = member.env.world_rank, member.env.cfg.resilience
-    w2l = {w: r for r, w in member.rank_map.items()}
     todo = mine(transfers, me, step)
     wire = [t for t in todo if t.kind != "params_from_optimizer"]
     out = TransferTimes()
@@ -113,15 +112,7 @@ def run(member, transfers: Sequence[Transfer], step: int, during: Callable[[], N
         during()
         out.during_s, during = time.perf_counter() - t0, None
     spent = {"params": 0.0, "optimizer": 0.0}
-    moves: list[tuple[Transfer, BufferTransfer]] = []
-    for t in wire:
-        sending = t.sender_world == me
-        peer = w2l[t.receiver_world if sending else t.sender_world]
-        t0 = time.perf_counter()
-        arr = _outgoing(member, t, step) if sending else None
-        spent[t.kind] += time.perf_counter() - t0
-        moves.append((t, BufferTransfer(member.comm, peer, step, res.chunk_bytes, _what(t, peer, sending),
-                                        arr=arr)))
+    moves = _moves(member, wire, step, spent)
     ts = TransferSet([x for _, x in moves], res.collective_timeout_s)
     t_start = time.perf_counter()
     th = None
@@ -191,6 +182,25 @@ def run(member, transfers: Sequence[Transfer], step: int, during: Callable[[], N
             spent["params"] += time.perf_counter() - t0
     out.params_s, out.optimizer_s = spent["params"], spent["optimizer"]
     return out
+
+
+def _moves(member, wire: list[Transfer], step: int, spent: dict[str, float]) -> list[tuple[Transfer, Any]]:
+    """A :class:`~phoenix_hpc.runtime.h2h.BufferTransfer` for each of ``wire`` (this member's, in plan order),
+    with what it sends sealed or found now (its seconds counted to the transfer's kind in ``spent``)."""
+    from phoenix_hpc.runtime.h2h import BufferTransfer
+
+    me, res = member.env.world_rank, member.env.cfg.resilience
+    w2l = {w: r for r, w in member.rank_map.items()}
+    moves = []
+    for t in wire:
+        sending = t.sender_world == me
+        peer = w2l[t.receiver_world if sending else t.sender_world]
+        t0 = time.perf_counter()
+        arr = _outgoing(member, t, step) if sending else None
+        spent[t.kind] += time.perf_counter() - t0
+        moves.append((t, BufferTransfer(member.comm, peer, step, res.chunk_bytes, _what(t, peer, sending),
+                                        arr=arr)))
+    return moves
 
 
 def _what(t: Transfer, peer: int, sending: bool) -> str:
