@@ -10,11 +10,8 @@ and the planned end's in :mod:`phoenix_hpc.control.planned_end`.
 
 from __future__ import annotations
 
-import hashlib
-
 from phoenix_hpc.control import events as E
-from phoenix_hpc.control.classify import Fault, FaultKind, kind_from_exception
-from phoenix_hpc.control.events import RecoveryPhase
+from phoenix_hpc.control.ledger import all_done, fault_report, job_done
 from phoenix_hpc.control.records import PendingFault
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState
 from phoenix_hpc.recovery.steps import committed_step, recoverable_step
@@ -110,23 +107,13 @@ class HandlersMixin:
         slot = self._slot_of(body, "fault")
         if slot is None:
             return
-        kind_s = body.get("kind")
-        kind = FaultKind(kind_s) if kind_s in FaultKind._value2member_map_ else kind_from_exception(
-            str(body.get("exc_type", "")), str(body.get("message", "")))
-        g = int(body.get("generation", slot.generation))
-        # an error of an older generation's collectives, or of the collectives a stop (a planned end, an
-        # external signal such as scancel's SIGTERM) or the job's end broke off: a consequence, no fault
-        superseded = (g < self.generation or self.ending is not None or bool(self._stop_reason)
-                      or self.job.state in TERMINAL_JOB_STATES or bool(body.get("signalled")))
-        self.journal.append(E.Fault(
-            world_rank=slot.world_rank, node=slot.node, generation=g, step=body.get("step"),
-            phase=body.get("phase"), kind=kind.value, exc_type=body.get("exc_type"),
-            message=str(body.get("message", ""))[:500], superseded=superseded))
-        if superseded:
-            return  # an error of an older generation's collectives: a consequence of a fault being handled
-        self.faults.append(PendingFault(
-            Fault(kind, (slot.world_rank,), (slot.node,), False, f"{body.get('exc_type', '')}: {body.get('message', '')}"[:300]),
-            self.clock()))
+        record, fault = fault_report(
+            body, world_rank=slot.world_rank, node=slot.node, slot_generation=slot.generation,
+            generation=self.generation, stopping=(self.ending is not None or bool(self._stop_reason)
+                                                  or self.job.state in TERMINAL_JOB_STATES))
+        self.journal.append(record)
+        if fault is not None:  # None: a consequence of a fault being handled or of a stop (control/ledger.py)
+            self.faults.append(PendingFault(fault, self.clock()))
 
     def _on_done(self, body: dict) -> None:
         slot = self._slot_of(body, "done")
@@ -135,20 +122,13 @@ class HandlersMixin:
         self.done[slot.logical_rank] = {"step": int(body["step"]), "state_hash": str(body["state_hash"]),
                                         "world_rank": slot.world_rank}
         slot.step = int(body["step"])
-        n = len(self.rank_map)
         rec = self.recovery
-        if self.grid and len(self.done) == n and self.job.state is JobState.RUNNING and (
-                rec is None or rec.phase == RecoveryPhase.REPLAY):
+        if all_done(self.done, members=len(self.rank_map), grid=self.grid, job_state=self.job.state,
+                    phase=None if rec is None else rec.phase):
             if rec is not None:
                 self._finish_recovery(rec, self.clock(), interrupted=False)
             self._maybe_log_commit(force=True)  # the newest recoverable step, for status after the end
-            steps = {d["step"] for d in self.done.values()}
-            h = hashlib.sha256()
-            for r in sorted(self.done):
-                h.update(self.done[r]["state_hash"].encode())
-            self._end(JobState.DONE, E.JobDone(final_hash=h.hexdigest(), step=max(steps), grid=list(self.grid),
-                                steps_agree=len(steps) == 1, generation=self.generation,
-                                rank_hashes=[self.done[r]["state_hash"] for r in sorted(self.done)]))
+            self._end(JobState.DONE, job_done(self.done, grid=self.grid, generation=self.generation))
 
     def _on_stop(self, body: dict) -> None:
         self._reply(body, {"type": "ok"})
