@@ -585,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
                 if plan is None:
                     break
                 print(f"[phoenix] standby world rank {slot.world_rank} on {slot.hostname}: joining generation "
-                      f"{plan.get('generation')}", flush=True)
+                      f"{plan.generation}", flush=True)
                 store = att.client.tcp_store()
                 summary = train(join_plan=plan)
         elif standby and att is not None:
