@@ -21,7 +21,7 @@ readable alone:
 - :mod:`phoenix_hpc.control.handlers`: the training messages (``commit``, ``checkpoint``, ``fault``,
   ``done``, ``stop``) and the journal's ``commit`` record;
 - :mod:`phoenix_hpc.control.evidence`: the owners' replica statements and each generation's recomputed
-  placement, what the recovery checks compare the members' evidence with;
+  placement, what the recovery checks compare the members' evidence with (an owned EvidenceBook);
 - :mod:`phoenix_hpc.control.recovery_machine`: fault decisions (:mod:`phoenix_hpc.control.classify`) and the
   recovery state machine, quiesce -> plan -> restore -> invariant check -> replay (docs/design.md
   section 6), with the fallback to the persistent checkpoint;
@@ -64,7 +64,7 @@ from phoenix_hpc.control.detect import detect, watched
 from phoenix_hpc.control.ending import continue_hint
 from phoenix_hpc.control.drain_relay import DrainRelayMixin
 from phoenix_hpc.control.drains import DrainBook
-from phoenix_hpc.control.evidence import EvidenceMixin
+from phoenix_hpc.control.evidence import EvidenceBook
 from phoenix_hpc.control.handlers import HandlersMixin
 from phoenix_hpc.control.hold import hold_of
 from phoenix_hpc.control.inject_relay import InjectRelayMixin
@@ -107,8 +107,8 @@ class Timing:
     shrink_capable: bool = False  # the engine can shrink (drain --shrink asks for one whatever spares_exhausted says)
 
 
-class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin, RecoveryMixin, InjectRelayMixin,
-                  PlannedEndMixin, DrainRelayMixin, RestartMixin):
+class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin, InjectRelayMixin, PlannedEndMixin,
+                  DrainRelayMixin, RestartMixin):
     """The control-plane state machine plus its store and journal. Single-threaded: :meth:`run` drains the
     inbox and runs periodic work (beat, detection, decisions, deadlines); handlers never block.
 
@@ -155,16 +155,13 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         self.committed: dict[str, dict[int, int]] = {}  # shard id -> {logical: step}
         self.protect_interval = 1  # protection interval m the ranks report with their commits (runtime/interval.py)
         self.placement: dict[str, list[int]] = {}  # shard id -> holder logical ranks (as reported)
-        # the owners' word, evidence for the recovery checks (control/evidence.py): (shard id, generation) ->
-        # logical ranks its replicas were sent to; shard id -> {step: hash the owner committed} (newest few)
-        self.sent: dict[tuple[str, int], frozenset[int]] = {}
-        self.commit_hash: dict[str, dict[int, str]] = {}
+        # the owners' word and each generation's placement, evidence for the recovery checks (control/evidence.py)
+        self.evidence = EvidenceBook()
         # to recompute each generation's replica placement (topology.generation_placement): k and levels as
         # the slots registered them, and the rank map of every generation
         self.placement_inputs: dict[str, Any] | None = None
         self.rank_maps: dict[int, dict[int, int]] = {}
         self.grid_since: dict[int, tuple[int, int, int]] = {}  # generation -> grid from then on (shrinks only)
-        self._placement_cache: dict[int, dict[str, frozenset[int]]] = {}
         self.job = job_machine()
         self.faults: deque[PendingFault] = deque()
         self.recovery: Recovery | None = None
@@ -328,6 +325,32 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, EvidenceMixin,
         (:func:`phoenix_hpc.control.detect.watched`: the start-up grace)."""
         return watched(now, self.slots, grace_s=self.t.startup_grace_s, training_since=self.training_since,
                        live_states=LIVE_SLOT_STATES)
+
+    # --- evidence for the recovery checks (control/evidence.py EvidenceBook) ---------------------------------
+    def _record_sent(self, slot: Slot, g: int, sent: Any, body: dict) -> None:
+        """Keep an owner's replica statement; a malformed one, or one for a shard it does not own, is rejected
+        (journalled once, no reply)."""
+        bad = self.evidence.record_sent(world_rank=slot.world_rank, logical_rank=slot.logical_rank, grid=self.grid,
+                                        g=g, sent=sent)
+        if bad is not None:
+            self._reject(bad[0], body, key=bad[1], reply=False)
+
+    def _placements(self, before: int) -> dict[tuple[str, int], frozenset[int]]:
+        """Each generation's recomputed replica placement before ``before`` (EvidenceBook.placements)."""
+        if not self.grid:
+            return {}
+        return self.evidence.placements(before, placement_inputs=self.placement_inputs, grid_of=self._grid_of,
+                                        slots=self.slots, rank_maps=self.rank_maps)
+
+    def _expected(self, rec: Recovery) -> Any:
+        """What the recovery checks compare the members' evidence with (EvidenceBook.expected)."""
+        return self.evidence.expected(rec, grid=self.grid, placement=self._placements(before=rec.generation),
+                                      rank_maps=self.rank_maps)
+
+    def _holder_of(self, owners: list[int]) -> tuple[tuple[int, str] | None, str]:
+        """A live holder of the first owner's shard, for a corrupt-replica injection (EvidenceBook.holder_of)."""
+        return self.evidence.holder_of(owners, rank_map=self.rank_map, grid=self.grid, generation=self.generation,
+                                       slots=self.slots, placement=lambda: self._placements(before=self.generation + 1))
 
     def _hold_after(self, event: str) -> None:
         """The test-only hold of :mod:`phoenix_hpc.control.hold` after ``event``, once: ring what is queued,

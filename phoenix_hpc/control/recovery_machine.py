@@ -337,7 +337,7 @@ class RecoveryMixin:
             self.grid = tuple(plan.grid)
             self.grid_since[rec.generation] = tuple(plan.grid)
             self.committed.clear()
-            self.commit_hash.clear()
+            self.evidence.commit_hash.clear()
             self.placement.clear()
             for r, w in plan.rank_map:  # the kept slots are renumbered in the smaller grid
                 self.slots[w].logical_rank = r

@@ -58,4 +58,4 @@ def test_an_owners_statement_riding_on_its_nodes_heartbeats_is_recorded(tmp_path
     sid = "opt/pp0/tp0/dp2"
     c._apply_commit(slot, {"g": 0, "live_step": 3, "shards": {sid: 3}, "replicas": {},
                            "sent": {sid: {"holders": [0], "step": 3, "hash": "0123abcd"}}})
-    assert c.sent[(sid, 0)] == frozenset({0}) and c.commit_hash[sid] == {3: "0123abcd"}
+    assert c.evidence.sent[(sid, 0)] == frozenset({0}) and c.evidence.commit_hash[sid] == {3: "0123abcd"}
