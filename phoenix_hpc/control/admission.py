@@ -1,4 +1,5 @@
-"""Who may join the job: the rules of ``register`` (docs/design.md section 2) as a pure function.
+"""Who may join the job and what declaring slots dead means: the membership rules (docs/design.md
+section 2) as pure functions.
 
 :func:`admit` judges one registration against the slots, the job's grid and rank map and the job's state:
 
@@ -11,6 +12,11 @@
 
 The coordinator's membership shell (:mod:`phoenix_hpc.control.membership`) creates the slot, journals
 ``registered`` and answers, or rejects with :attr:`Admission.reject`.
+
+:func:`declare_dead` judges slots found dead (process exit, heartbeat timeout, a fault naming them): those
+still alive are marked DEAD (``slots_dead``); a member among them is a fault to queue for arbitration,
+dated by the earliest last heartbeat among them; only spares lost shrink the spare pool (``spare_lost``);
+each is *fenced*, told to stop, in case its process still runs.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from phoenix_hpc.control import events as E
+from phoenix_hpc.control.classify import Fault, FaultKind
+from phoenix_hpc.control.commands import Send
 from phoenix_hpc.control.evidence import placement_inputs_problem
 from phoenix_hpc.control.states import JobState, SlotState
 
@@ -89,3 +98,38 @@ def admit(body: Mapping[str, Any], *, slots: Mapping[int, Any], grid: tuple[int,
         domain = dict(inputs["domain"]) if inputs.get("domain") else None
     return Admission(grid, world_rank=w, pid=pid, node=node, role=role, logical_rank=logical, domain=domain,
                      inputs=inputs)
+
+
+@dataclass(frozen=True)
+class Death:
+    """What declaring slots dead means (:func:`declare_dead`): the ``worlds`` that die now, the
+    ``records`` to journal (``slots_dead``; ``spare_lost`` when no member is among them), the ``fault`` to
+    queue (None: only spares), ``t_fault``, the earliest last heartbeat among them (coordinator clock,
+    seconds), and ``fences``, the ``stop`` to each."""
+
+    worlds: tuple[int, ...]
+    records: tuple[E.Event, ...]
+    fault: Fault | None
+    t_fault: float
+    fences: tuple[Send, ...]
+
+
+def declare_dead(worlds: list[int], kind: FaultKind, reason: str, *, slots: Mapping[int, Any],
+                 members: set[int]) -> Death | None:
+    """Slots ``worlds`` found dead for ``reason`` (a ``kind`` of fault): None when all of them are dead or
+    done already. ``slots``: world rank -> slot (``state``, ``node``, ``last_seen``); ``members``: world
+    ranks of the current rank map. Pure."""
+    worlds = [w for w in worlds if slots[w].state not in (SlotState.DEAD, SlotState.DONE)]
+    if not worlds:
+        return None
+    nodes = tuple(sorted({slots[w].node for w in worlds}))
+    records: list[E.Event] = [E.SlotsDead(slots=worlds, nodes=list(nodes), kind=kind.value, reason=reason)]
+    fault = None
+    if any(w in members for w in worlds):
+        fault = Fault(kind, tuple(worlds), nodes, False, reason)
+    else:  # only standby slots died: the spare pool shrinks, training is not affected
+        spares = sorted(w for w, s in slots.items() if s.state is SlotState.STANDBY and w not in worlds)
+        records.append(E.SpareLost(slots=worlds, spares_left=spares))
+    fences = tuple(Send(w, {"type": "stop", "reason": f"this slot was declared dead ({kind.value}: {reason})",
+                            "job_state": "fenced"}) for w in worlds)
+    return Death(tuple(worlds), tuple(records), fault, min(slots[w].last_seen for w in worlds), fences)

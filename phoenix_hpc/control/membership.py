@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from phoenix_hpc.control import events as E
-from phoenix_hpc.control.classify import Fault, FaultKind
-from phoenix_hpc.control.admission import admit
+from phoenix_hpc.control.admission import admit, declare_dead
+from phoenix_hpc.control.classify import FaultKind
+from phoenix_hpc.control.commands import Outcome
 from phoenix_hpc.control.records import PendingFault, Slot
 from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, SlotState, slot_machine
 
@@ -165,25 +166,20 @@ class MembershipMixin:
                 self._apply_commit(slot, commit)
 
     def _declare_dead(self, worlds: list[int], kind: FaultKind, reason: str, now: float) -> None:
-        worlds = [w for w in worlds if self.slots[w].state not in (SlotState.DEAD, SlotState.DONE)]
-        if not worlds:
+        """Carry out :func:`phoenix_hpc.control.admission.declare_dead`: mark the slots DEAD, journal, settle
+        their injections, queue the fault, fence them (journalled and queued first, as every instruction: a
+        restart knows it was sent)."""
+        d = declare_dead(worlds, kind, reason, slots=self.slots, members=set(self.rank_map.values()))
+        if d is None:
             return
-        t_fault = min(self.slots[w].last_seen for w in worlds)
-        for w in worlds:
+        for w in d.worlds:
             self.slots[w].machine.to(SlotState.DEAD, reason)
-        nodes = tuple(sorted({self.slots[w].node for w in worlds}))
-        self.journal.append(E.SlotsDead(slots=worlds, nodes=list(nodes), kind=kind.value, reason=reason))
-        self._injects_lost(worlds, reason)
-        members = set(self.rank_map.values())
-        if any(w in members for w in worlds):
-            f = Fault(kind, tuple(worlds), nodes, False, reason)
-            self.faults.append(PendingFault(f, now))
-            self._t_fault_hint = t_fault if self._t_fault_hint is None else min(self._t_fault_hint, t_fault)
-        else:  # only standby slots died: the spare pool shrinks, training is not affected
-            spares = sorted(w for w, s in self.slots.items() if s.state is SlotState.STANDBY)
-            self.journal.append(E.SpareLost(slots=worlds, spares_left=spares))
-        for w in worlds:  # journalled and queued first, as every instruction: a restart knows it was sent
-            self._fence(w, f"this slot was declared dead ({kind.value}: {reason})")
+        self.journal.append(d.records[0])
+        self._injects_lost(list(d.worlds), reason)
+        if d.fault is not None:
+            self.faults.append(PendingFault(d.fault, now))
+            self._t_fault_hint = d.t_fault if self._t_fault_hint is None else min(self._t_fault_hint, d.t_fault)
+        self._carry_out(Outcome(list(d.records[1:]), list(d.fences)))
 
     def _fence(self, w: int, reason: str) -> None:
         """Tell slot ``w``, declared dead, to exit (``stop`` with ``job_state`` fenced). A slot may be declared

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from phoenix_hpc.control.admission import admit
+from phoenix_hpc.control.admission import admit, declare_dead
+from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.states import JobState, SlotState
 
 GRID = (1, 1, 2)
@@ -67,3 +68,33 @@ def test_the_first_active_registration_sets_the_grid_and_the_slot_is_described()
 def test_a_malformed_registration_raises_for_the_dispatcher_to_reject(fields):
     with pytest.raises((KeyError, TypeError, ValueError)):
         admit(_reg(**fields), slots={}, grid=None, rank_map={}, job_state=JobState.STARTING)
+
+
+def _members():
+    return {w: SimpleNamespace(state=st, node=f"n{w // 2}", last_seen=float(w))
+            for w, st in [(0, SlotState.ACTIVE), (1, SlotState.ACTIVE), (2, SlotState.STANDBY),
+                          (3, SlotState.STANDBY), (4, SlotState.DEAD), (5, SlotState.DONE)]}
+
+
+# (name, worlds) -> (worlds that die, record names, fault slots or None, t_fault)
+DEATHS = [
+    ("a member: a fault to queue", [1], ([1], ["slots_dead"], (1,), 1.0)),
+    ("a member and a spare on one node: one fault", [3, 0], ([3, 0], ["slots_dead"], (3, 0), 0.0)),
+    ("only a spare: the pool shrinks", [2], ([2], ["slots_dead", "spare_lost"], None, 2.0)),
+    ("dead or done already: nothing", [4, 5], None),
+]
+
+
+@pytest.mark.parametrize("name,worlds,expected", DEATHS, ids=[d[0] for d in DEATHS])
+def test_declare_dead_table(name, worlds, expected):
+    d = declare_dead(worlds, FaultKind.PROCESS_EXIT, "process exited", slots=_members(), members={0, 1})
+    if expected is None:
+        assert d is None
+        return
+    dying, names, fault_slots, t_fault = expected
+    assert list(d.worlds) == dying and [r.NAME for r in d.records] == names and d.t_fault == t_fault
+    assert (d.fault.slots if d.fault else None) == fault_slots
+    assert [(f.world_rank, f.body["job_state"]) for f in d.fences] == [(w, "fenced") for w in dying]
+    assert d.fences[0].body["reason"] == "this slot was declared dead (process_exit: process exited)"
+    if "spare_lost" in names:
+        assert d.records[1].spares_left == [3]  # the spare that died is no longer one
