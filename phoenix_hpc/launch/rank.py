@@ -80,6 +80,9 @@ import traceback
 from pathlib import Path
 
 from phoenix_hpc.errors import EngineError, PhoenixError
+from phoenix_hpc.launch.rank_summary import STATUS_OF_END, StepLog, done_summary, end_summary, write_summary
+from phoenix_hpc.launch.registration import (  # noqa: F401 -- gather_nodes, listen_from_registration: read here too
+    attach_slot, gather_nodes, listen_from_registration, protected)
 
 EXIT_STOPPED = 3  # the job was stopped before its end (the coordinator's verdict of the same name)
 
@@ -92,19 +95,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--snapshot-dir", help="where --snapshot-at writes (default RUN_DIR/snapshots/step{S})")
     ap.add_argument("--restore-dir", help="load each rank's state from here before training")
     return ap.parse_args(argv)
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def _hash(pairs) -> str:
-    from phoenix_hpc.engines.base import tensors_digest
-
-    return tensors_digest(pairs)
 
 
 def _barrier(comm, poll_s: float = 0.05) -> None:
@@ -153,7 +143,7 @@ def set_nccl_error_env(cfg, env=None) -> dict[str, str]:
     import torch
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    return apply_nccl_error_env(os.environ if env is None else env, backend, _resilient(cfg))
+    return apply_nccl_error_env(os.environ if env is None else env, backend, protected(cfg))
 
 
 def apply_nccl_error_env(env, backend: str, protected: bool) -> dict[str, str]:
@@ -174,173 +164,124 @@ def apply_nccl_error_env(env, backend: str, protected: bool) -> dict[str, str]:
     return updates
 
 
-def _resilient(cfg) -> bool:
-    """Whether training runs under PHOENIX protection (runtime protector, commits, hot swap)."""
-    return cfg.resilience.enabled and cfg.resilience.mode == "phoenix"
-
-
-def gather_nodes(comm, slot, levels) -> tuple[list[str], dict[str, dict[str, str]], tuple[str, ...]]:
-    """Collective over ``comm`` (every slot): node name of every world rank, the failure-domain model from
-    each task's ``SLURM_TOPOLOGY_ADDR``/``SLURM_TOPOLOGY_ADDR_PATTERN`` (topology/tree), and the placement
-    levels of ``levels`` that the model covers (``node`` always; a level no slot knows is dropped)."""
-    from phoenix_hpc.errors import ReplicationError
-    from phoenix_hpc.topology import DEFAULT_SWITCH_LEVELS, covered_levels, parse_topology_addr
-
-    node = slot.hostname or f"node{slot.node_id}"
-    addr, pattern = os.environ.get("SLURM_TOPOLOGY_ADDR"), os.environ.get("SLURM_TOPOLOGY_ADDR_PATTERN")
-    # the site's tier names (the batch script exports them; e.g. Vista's leaf,spine)
-    tiers = tuple(t for t in os.environ.get("PHOENIX_SWITCH_LEVELS", "").split(",") if t) or DEFAULT_SWITCH_LEVELS
-    dom = None
-    if addr and pattern:
-        try:
-            dom = parse_topology_addr(addr, pattern, tiers)
-        except ReplicationError:
-            dom = None
-    infos = comm.allgather((node, dom))
-    nodes = [n for n, _ in infos]
-    domains = {n: d for n, d in infos if d}
-    return nodes, domains, covered_levels(levels, nodes, domains)
-
-
-def listen_from_registration(client, cfg, run_dir: Path, restore_dir: str | None) -> dict:
-    """An active slot, right after registration: a quiesce watchdog that listens (reads instructions, arms
-    or refuses injections relative to the step the slot will start from, fires on nothing) until the first
-    training step arms it (:class:`phoenix_hpc.launch.quiesce_watch.QuiesceWatchdog`). Building the first
-    generation takes tens of seconds on a loaded host, and an injection must be answered within its
-    confirmation window. With ``--restore-dir`` the start step is known only after the restore: nothing
-    listens. Returns ``{"watchdog", "start_step"}`` (both None then)."""
-    from phoenix_hpc.launch import persist
-    from phoenix_hpc.launch.quiesce_watch import QuiesceWatchdog
-
-    if restore_dir:
-        return {"watchdog": None, "start_step": None}
-    start = persist.start_step(cfg, run_dir)
-    client.started_step, client.last_step = start, int(cfg.training.steps)
-    wd = QuiesceWatchdog(client, lambda msg: None, name=f"phoenix-quiesce-{client.world_rank}")
-    wd.listen()
-    return {"watchdog": wd, "start_step": start}
-
-
-#: a summary's ``status`` when the rank left on the coordinator's word (the exception's ``job_state``): a
-#: planned end (not a failure), a planned drain that moved the rank to a spare, a fence (declared dead), a
-#: shrink that removed its DP replica; any other error leaves ``failed``
-STATUS_OF_END = {"stopped": "stopped", "drained": "drained", "fenced": "fenced", "standby": "left"}
-#: statuses whose summary goes to ``{status}-world{w}.json``: the logical rank is held by a spare now (or
-#: soon), or by a renumbered member after a shrink
-BY_WORLD_RANK = ("drained", "fenced", "left")
-
-
-def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resilient=None,
-               join_plan: dict | None = None, client=None) -> dict:
-    """Train as logical rank ``slot.world_rank`` (generation 0), or, with ``join_plan``, as the logical rank
-    a recovery plan gives this standby slot. ``resilient`` (a dict with ``client``, ``nodes``, ``domains``,
-    ``levels``, ``world_comm``) turns on the protected driver (:class:`phoenix_hpc.launch.execute.Member`);
-    without it, ``client`` (the coordinator client of an unprotected job under the batch script) lets
-    injected faults land in the plain loop (:mod:`phoenix_hpc.launch.plain_faults`).
-    Returns the summary written to ``rank{r}.json``."""
+def _device_of(slot):
+    """This slot's torch device (deterministic algorithms on; cuBLAS's workspace set before its first call) and
+    its collective backend: ``(device, "nccl" | "gloo")``."""
     import torch
-    import torch.distributed as dist
 
-    from phoenix_hpc.engines.factory import create_engine, default_device
-    from phoenix_hpc.engines.user_code import load_engine_class
-    from phoenix_hpc.launch.groups import init_generation
-    from phoenix_hpc.launch.loop import StepTotals, train
-    from phoenix_hpc.launch.state_files import load_rank_state, save_rank_state
-    from phoenix_hpc.launch import persist
+    from phoenix_hpc.engines.factory import default_device
 
     torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS") or 1))
     device = default_device(slot.local_rank)
     if device.type == "cuda":  # deterministic cuBLAS needs this before the first cuBLAS call
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
-    backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    member = None
+    return device, "nccl" if device.type == "cuda" else "gloo"
+
+
+def _member_of(args, cfg, slot, grid, store, run_dir: Path, progress, resilient, join_plan, device, backend):
+    """The protected driver's :class:`~phoenix_hpc.launch.execute.Member` of this slot, in its first
+    generation: started (generation 0, its state restored from ``--restore-dir`` or the newest persistent
+    checkpoint) or joined (``join_plan``)."""
+    from phoenix_hpc.launch import persist
+    from phoenix_hpc.launch.execute import Member, MemberEnv
+    from phoenix_hpc.launch.state_files import load_rank_state
+
+    member = Member(MemberEnv(
+        cfg=cfg, run_dir=run_dir, world_comm=resilient["world_comm"], world_rank=slot.world_rank,
+        client=resilient["client"], progress=progress, store=store, nodes=resilient["nodes"],
+        domains=resilient["domains"], levels=resilient["levels"], grid=grid, backend=backend, device=device,
+        watchdog=resilient.get("watchdog") if join_plan is None else None,
+    ))
+    if join_plan is not None:
+        member.join(join_plan)
+        return member
+
+    def restore(eng) -> None:
+        if args.restore_dir:
+            load_rank_state(eng, args.restore_dir)
+        persist.restore_latest(eng, member.groups, cfg, run_dir)  # a resubmitted job resumes
+
+    # known before the generation is built (unless --restore-dir): the slot answers injections meanwhile
+    member.start(restore=restore, start_step=resilient.get("start_step"))
+    return member
+
+
+def _plain_groups(cfg, store, slot, grid, device, backend):
+    """Without protection: generation 0's groups, ``(groups, coord)``."""
+    from phoenix_hpc.engines.user_code import load_engine_class
+    from phoenix_hpc.launch.groups import init_generation
+
+    owns_groups = load_engine_class(cfg.engine, cfg.python_path).owns_groups
+    return init_generation(store, 0, slot.world_rank, grid, backend, cfg.resilience.collective_timeout_s,
+                           device_id=device if device.type == "cuda" else None, sub_groups=not owns_groups)
+
+
+def _plain_engine(args, cfg, coord, groups, run_dir: Path, device):
+    """Without protection: generation 0's engine on ``groups``, its state restored from ``--restore-dir`` or
+    the newest persistent checkpoint. Returns ``(engine, groups)`` (the engine's groups when it owns them)."""
+    from phoenix_hpc.engines.factory import create_engine
+    from phoenix_hpc.launch import persist
+    from phoenix_hpc.launch.state_files import load_rank_state
+
+    engine = create_engine(cfg, coord, groups, device)
+    if engine.owns_groups:  # the engine completed the world group with its own dp/pp/tp groups
+        groups = engine.groups
+    if args.restore_dir:
+        load_rank_state(engine, args.restore_dir)
+    persist.restore_latest(engine, groups, cfg, run_dir)
+    return engine, groups
+
+
+def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resilient=None,
+               join_plan=None, client=None) -> dict:
+    """Train as logical rank ``slot.world_rank`` (generation 0), or, with ``join_plan``, as the logical rank
+    a recovery plan gives this standby slot. ``resilient`` (a dict with ``client``, ``nodes``, ``domains``,
+    ``levels``, ``world_comm``) turns on the protected driver (:class:`phoenix_hpc.launch.execute.Member`);
+    without it, ``client`` (the coordinator client of an unprotected job under the batch script) lets
+    injected faults land in the plain loop (:mod:`phoenix_hpc.launch.plain_faults`).
+    Returns the summary written to ``rank{r}.json``."""
+    import torch.distributed as dist
+
+    from phoenix_hpc.launch import persist
+    from phoenix_hpc.launch.evaluate import evaluator_of
+    from phoenix_hpc.launch.loop import train
+    from phoenix_hpc.launch.metrics_log import is_logging_rank, metrics_log_of
+    from phoenix_hpc.launch.state_files import save_rank_state
+
+    device, backend = _device_of(slot)
+    member, engine, groups = None, None, None
     if resilient is not None:
-        from phoenix_hpc.launch.execute import Member, MemberEnv
-
-        member = Member(MemberEnv(
-            cfg=cfg, run_dir=run_dir, world_comm=resilient["world_comm"], world_rank=slot.world_rank,
-            client=resilient["client"], progress=progress, store=store, nodes=resilient["nodes"],
-            domains=resilient["domains"], levels=resilient["levels"], grid=grid, backend=backend, device=device,
-            watchdog=resilient.get("watchdog") if join_plan is None else None,
-        ))
-        if join_plan is not None:
-            member.join(join_plan)
-        else:
-            def restore(eng) -> None:
-                if args.restore_dir:
-                    load_rank_state(eng, args.restore_dir)
-                persist.restore_latest(eng, member.groups, cfg, run_dir)  # a resubmitted job resumes
-
-            # known before the generation is built (unless --restore-dir): the slot answers injections meanwhile
-            member.start(restore=restore, start_step=resilient.get("start_step"))
+        member = _member_of(args, cfg, slot, grid, store, run_dir, progress, resilient, join_plan, device, backend)
         # no local reference to the member's groups: a recovery frees them (Member.release_groups)
-        rank, groups, coord = member.logical, None, member.coord
+        rank, coord = member.logical, member.coord
     else:
         rank = slot.world_rank
-        owns_groups = load_engine_class(cfg.engine, cfg.python_path).owns_groups
-        groups, coord = init_generation(
-            store, 0, rank, grid, backend, cfg.resilience.collective_timeout_s,
-            device_id=device if device.type == "cuda" else None, sub_groups=not owns_groups,
-        )
-    summary: dict = {
-        "status": "failed", "rank": rank, "world_rank": slot.world_rank, "generation": 0, "engine": cfg.engine,
-        "coord": {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp},
-        "grid": {"tp": grid.tp, "pp": grid.pp, "dp": grid.dp}, "host": slot.hostname, "node_id": slot.node_id,
-        "joined": join_plan is not None,
-    }
+        groups, coord = _plain_groups(cfg, store, slot, grid, device, backend)
+    summary: dict = {"status": "failed", "rank": rank, "world_rank": slot.world_rank, "generation": 0,
+                     "engine": cfg.engine, "coord": coord.to_json(), "grid": grid.to_json(), "host": slot.hostname,
+                     "node_id": slot.node_id, "joined": join_plan is not None}
     ranks_dir = run_dir / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
     try:
-        if member is not None:
-            engine = member.engine
+        if member is None:
+            engine, groups = _plain_engine(args, cfg, coord, groups, run_dir, device)
         else:
-            engine = create_engine(cfg, coord, groups, device)
-            if owns_groups:  # the engine completed the world group with its own dp/pp/tp groups
-                groups = engine.groups
-            if args.restore_dir:
-                load_rank_state(engine, args.restore_dir)
-            persist.restore_latest(engine, groups, cfg, run_dir)
-        start_step = engine.step
-        summary["start_step"] = start_step
+            engine = member.engine
+        summary["start_step"] = start_step = engine.step
         if progress is not None:  # heartbeats say the restored step (a resumed job) before its first step ends
             progress.set(step=start_step)
         reporter = coord.pp == grid.pp - 1 and coord.dp == 0
         tokens_per_step = cfg.training.global_batch_size * cfg.model.seq_length
         snapshot_at = set(args.snapshot_at)
-        log_every = cfg.training.log_interval
-        steps_log = (ranks_dir / f"rank{rank}.steps.jsonl").open("a")
-        totals = StepTotals()  # the records themselves go to the step log, not to memory
-        from phoenix_hpc.launch.evaluate import evaluator_of
-        from phoenix_hpc.launch.metrics_log import is_logging_rank, metrics_log_of
-
-        metrics = metrics_log_of(cfg, run_dir, start_step) if is_logging_rank(coord, grid) else None
-
-        def on_eval(rec) -> None:
-            if reporter and rec.loss is not None:
-                print(f"eval {rec.step:>6}/{cfg.training.steps} | validation loss {rec.loss:8.4f} | "
-                      f"{rec.iters} batches | {rec.eval_time_ms:8.1f} ms", flush=True)
-            if metrics is not None:
-                metrics.evaluation(rec)
-
-        evaluator = evaluator_of(cfg, on_eval)
+        log = StepLog(cfg, ranks_dir / f"rank{rank}.steps.jsonl", progress, reporter,
+                      metrics_log_of(cfg, run_dir, start_step) if is_logging_rank(coord, grid) else None)
+        evaluator = evaluator_of(cfg, log.on_eval)
 
         def on_step(rec) -> None:
-            totals.add(rec)
-            if metrics is not None:
-                metrics.step(rec)
-            if progress is not None:  # what the coordinator heartbeat reports
-                progress.set(step=rec.step)
-            steps_log.write(json.dumps(rec.as_dict()) + "\n")
-            steps_log.flush()
-            if reporter and (rec.step % log_every == 0 or rec.step == cfg.training.steps):
-                print(
-                    f"step {rec.step:>6}/{cfg.training.steps} | loss {rec.loss:8.4f} | {rec.step_time_ms:8.1f} ms "
-                    f"| {rec.tokens_per_s:10,.0f} tok/s | lr {rec.lr:.2e} | wait {rec.exposed_wait_ms:.1f} ms",
-                    flush=True,
-                )
+            log.record(rec)
             if rec.step in snapshot_at:  # the member's engine is a new object after a rebuild
                 save_rank_state(engine if member is None else member.engine,
                                 args.snapshot_dir or run_dir / "snapshots" / f"step{rec.step}")
@@ -355,7 +296,6 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
             if member is not None:
                 member.run(cfg.training.steps, tokens_per_step, on_step=on_step, evaluator=evaluator)
                 engine = member.engine
-                coord = member.coord
                 member.finish()
             else:
                 hook = None
@@ -366,52 +306,20 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
                 train(engine, cfg.training.steps, tokens_per_step, protector=None, on_step=on_step,
                       phase_hook=hook, keep=False, evaluator=evaluator)
         finally:
-            steps_log.close()
-            if metrics is not None:
-                metrics.close()
-        opt, par = engine.optimizer_shard(), engine.param_shard()
-        summary.update(
-            status="done",
-            steps=engine.step,
-            first_loss=totals.first_loss,
-            final_loss=totals.last_loss,
-            mean_step_time_ms=totals.time_ms / totals.steps if totals.steps else None,
-            tokens_per_s=tokens_per_step * totals.steps / (totals.time_ms / 1e3) if totals.time_ms > 0 else None,
-            state_hash=engine.state_hash(),
-            param_hash=_hash(par),
-            optimizer_hash=_hash(opt),
-            optimizer_shard_bytes=sum(t.numel() * t.element_size() for _, t in opt),
-            param_shard_bytes=sum(t.numel() * t.element_size() for _, t in par),
-        )
+            log.close()
+        summary.update(done_summary(engine, log.totals, tokens_per_step))
         if reporter:
-            print(
-                f"done: {engine.step} steps, loss {summary['first_loss']} -> {summary['final_loss']}, "
-                f"{summary['mean_step_time_ms']:.1f} ms/step, {summary['tokens_per_s']:,.0f} tok/s, "
-                f"state_hash[rank {rank}] {summary['state_hash'][:16]}",
-                flush=True,
-            )
+            print(f"done: {engine.step} steps, loss {summary['first_loss']} -> {summary['final_loss']}, "
+                  f"{summary['mean_step_time_ms']:.1f} ms/step, {summary['tokens_per_s']:,.0f} tok/s, "
+                  f"state_hash[rank {rank}] {summary['state_hash'][:16]}", flush=True)
         return summary
     except BaseException as exc:
         summary["error"] = f"{type(exc).__name__}: {exc}"
         summary["status"] = STATUS_OF_END.get(getattr(exc, "job_state", None), summary["status"])
         raise
     finally:
-        from phoenix_hpc.launch.heap import PAUSES
-
-        summary["gc"] = PAUSES.summary()
-        if member is not None:
-            summary["generation"] = member.generation
-            summary["recoveries"] = [vars(r) for r in member.recoveries]
-            g = member.env.grid  # a shrink changes the grid and renumbers the members
-            summary["grid"] = {"tp": g.tp, "pp": g.pp, "dp": g.dp}
-            if member.logical is not None:
-                rank = member.logical
-                summary["rank"] = rank
-                if member.coord is not None:
-                    summary["coord"] = {"pp": member.coord.pp, "dp": member.coord.dp, "tp": member.coord.tp}
-        moved = summary.get("status") in BY_WORLD_RANK
-        name = f"{summary['status']}-world{summary['world_rank']}.json" if moved else f"rank{rank}.json"
-        _write_json_atomic(ranks_dir / name, summary)
+        end_summary(summary, member)
+        write_summary(ranks_dir, summary)
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -437,6 +345,127 @@ def _agree_on_errors(comm, error: PhoenixError | None) -> PhoenixError | None:
     return out
 
 
+def _config_and_grid(comm, slot, args, run_dir: Path):
+    """Collective: the job's config and grid, checked on every slot. Returns ``(slot, cfg, active, grid,
+    error)``; ``error`` (a PhoenixError, the same on every slot) when a slot refused its input or the active
+    slots are not world ranks ``0..A-1``."""
+    from phoenix_hpc.config.load import load_job_config
+    from phoenix_hpc.launch.env import check_against_mpi
+    from phoenix_hpc.launch.groups import resolve_grid
+
+    cfg = active = grid = None
+    err: PhoenixError | None = None
+    try:
+        slot = check_against_mpi(slot, comm.Get_rank(), comm.Get_size())
+        cfg = load_job_config(args.config or run_dir / "config.yaml")
+        preflight(cfg)
+        set_nccl_error_env(cfg)  # before the first NCCL group: torch reads it when a group is created
+    except PhoenixError as exc:
+        err = exc
+    err = _agree_on_errors(comm, err)
+    if err is None:
+        try:
+            active = slot.is_active(cfg.resources.nodes)
+            flags = comm.allgather(active)
+            n_active = sum(flags)
+            if flags != [True] * n_active + [False] * (len(flags) - n_active) or n_active == 0:
+                raise EngineError(
+                    f"active slots must be world ranks 0..A-1 (srun block distribution); got active ranks "
+                    f"{[i for i, f in enumerate(flags) if f]} of {len(flags)}"
+                )
+            p = cfg.parallelism
+            grid = resolve_grid(p.tp, p.pp, p.dp, n_active)
+        except PhoenixError as exc:  # the same on every slot (computed from allgathered data)
+            if comm.Get_rank() == 0:
+                print(f"error (all slots): {exc}", file=sys.stderr, flush=True)
+            err = exc
+    return slot, cfg, active, grid, err
+
+
+def _prepare_device(slot, cfg) -> None:
+    """On a GPU, before the CUDA context exists and before the imports: Megatron-LM's
+    ``CUDA_DEVICE_MAX_CONNECTIONS``, and this slot's GPU current (a library that touches CUDA when imported,
+    Transformer Engine, must find it, not GPU 0)."""
+    from phoenix_hpc.engines.factory import default_device
+
+    device = default_device(slot.local_rank)
+    if device.type != "cuda":
+        return
+    import torch
+
+    from phoenix_hpc.engines.megatron_env import apply_megatron_cuda_env, compute_capability_major
+
+    apply_megatron_cuda_env(os.environ, cfg.engine, cfg.parallelism.tp, compute_capability_major(device.index or 0))
+    torch.cuda.set_device(device)
+
+
+def _as_spare(att, slot, cfg, train) -> dict | None:
+    """A standby slot: warm up, then join each plan that names it (``train(join_plan=..., store=...)``) until
+    one ends with a summary; None when the job ends (``stop``) without needing it."""
+    from phoenix_hpc.launch.execute import wait_for_join, warm_up
+    from phoenix_hpc.launch.heap import freeze_long_lived
+
+    warm_up(cfg)
+    freeze_long_lived()  # a slot that was active froze at its start: nothing more (launch/heap.py)
+    summary = None
+    while summary is None:
+        plan = wait_for_join(att.client)  # None: the job ended (stop) without needing this spare
+        if plan is None:
+            break
+        print(f"[phoenix] standby world rank {slot.world_rank} on {slot.hostname}: joining generation "
+              f"{plan.generation}", flush=True)
+        summary = train(join_plan=plan, store=att.client.tcp_store())
+    return summary
+
+
+def _exit_code(exc: PhoenixError, slot, att) -> int:
+    """The exit code of a slot that ``exc`` ended (module doc), said in one line; a fault is reported."""
+    from phoenix_hpc.launch.execute import StopRequested
+
+    if isinstance(exc, StopRequested) and exc.job_state == "stopped":  # a planned end: one line, code 3
+        print(f"[phoenix] world rank {slot.world_rank}: {exc}", file=sys.stderr, flush=True)
+        code = EXIT_STOPPED
+    elif isinstance(exc, StopRequested) and exc.job_state == "drained":  # moved to a spare: not an error
+        print(f"[phoenix] world rank {slot.world_rank}: {exc}", file=sys.stderr, flush=True)
+        code = 0
+    else:
+        print(f"error [world rank {slot.world_rank}]: {exc}", file=sys.stderr, flush=True)
+        code = 1 if isinstance(exc, StopRequested) else exc.exit_code
+    if att and not isinstance(exc, StopRequested):
+        att.client.report_fault(att.progress.generation or 0, att.progress.step, "step", exc,
+                                kind=getattr(exc, "fault_kind", None))
+    return code
+
+
+def _trainer(args, cfg, slot, grid, store, run_dir: Path, att, resilient):
+    """``train(**kw)``: :func:`run_active` (on ``kw``'s ``store``, else ``store``); None when a shrink sent
+    this slot back to standby (launch/shrink.py)."""
+    def train(**kw) -> dict | None:
+        try:
+            return run_active(args, cfg, slot, grid, kw.pop("store", store), run_dir,
+                              att.progress if att else None, resilient, **kw)
+        except PhoenixError as exc:
+            if getattr(exc, "job_state", None) != "standby":
+                raise
+            print(f"[phoenix] world rank {slot.world_rank}: {exc}; waiting as a spare", flush=True)
+            return None
+
+    return train
+
+
+def _end_attached(att, summary, cfg) -> None:
+    """A slot under the coordinator ends: after ``done``, a bounded wait for the coordinator's ``stop`` (a
+    restart under way: ``done`` goes to the next coordinator; the watchdog bounds the wait), then the client
+    closes."""
+    if summary is not None and not att.client.stop_received:
+        while att.client.wait_instruction(("stop",), timeout_s=max(30.0, 3 * cfg.resilience.heartbeat_timeout_s)) \
+                is None and att.client.away:
+            pass
+    att.client.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     from phoenix_hpc.launch.heap import PAUSES, cap_malloc_arenas
 
@@ -444,8 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     PAUSES.install()  # the collections' pauses, in the rank summary and each recovery's detail
     args = _parse(argv)
     run_dir = Path(args.run_dir)
-    from phoenix_hpc.config.load import load_job_config
-    from phoenix_hpc.launch.env import check_against_mpi, slot_from_env
+    from phoenix_hpc.launch.env import slot_from_env
 
     try:
         slot = slot_from_env(os.environ)
@@ -474,100 +502,36 @@ def main(argv: list[str] | None = None) -> int:
         if not detached:  # MPI_Finalize's fence needs PMIx: a detached slot just ends
             MPI.Finalize()
 
-    from phoenix_hpc.launch.groups import resolve_grid
     from phoenix_hpc.launch.rendezvous import mpi_store_rendezvous
 
     from phoenix_hpc.runtime.mpi_faults import errors_return
 
     comm = errors_return(MPI.COMM_WORLD)  # a dead slot's errors are returned (MPI.Exception), never fatal
-    cfg = None
-    err: PhoenixError | None = None
-    try:
-        slot = check_against_mpi(slot, comm.Get_rank(), comm.Get_size())
-        cfg = load_job_config(args.config or run_dir / "config.yaml")
-        preflight(cfg)
-        set_nccl_error_env(cfg)  # before the first NCCL group: torch reads it when a group is created
-    except PhoenixError as exc:
-        err = exc
-    err = _agree_on_errors(comm, err)
-    if err is None:
-        try:
-            active = slot.is_active(cfg.resources.nodes)
-            flags = comm.allgather(active)
-            n_active = sum(flags)
-            if flags != [True] * n_active + [False] * (len(flags) - n_active) or n_active == 0:
-                raise EngineError(
-                    f"active slots must be world ranks 0..A-1 (srun block distribution); got active ranks "
-                    f"{[i for i, f in enumerate(flags) if f]} of {len(flags)}"
-                )
-            p = cfg.parallelism
-            grid = resolve_grid(p.tp, p.pp, p.dp, n_active)
-        except PhoenixError as exc:  # the same on every slot (computed from allgathered data)
-            if comm.Get_rank() == 0:
-                print(f"error (all slots): {exc}", file=sys.stderr, flush=True)
-            err = exc
+    slot, cfg, active, grid, err = _config_and_grid(comm, slot, args, run_dir)
     if err is not None:
         finalize()
         return err.exit_code
 
-    from phoenix_hpc.control.attach import attach, coordinator_present
+    from phoenix_hpc.control.attach import coordinator_present
 
     att = None
     resilient = None
     if coordinator_present(run_dir):  # under the batch script: the coordinator's store and heartbeats
-        nodes, domains, levels = gather_nodes(comm, slot, cfg.resilience.placement_levels)
         try:
-            node = slot.hostname or f"node{slot.node_id}"
-            # what the coordinator needs to recompute every generation's replica placement
-            inputs = ({"k": cfg.resilience.k, "levels": list(levels), "domain": domains.get(node)}
-                      if _resilient(cfg) else None)
-            att = attach(run_dir, comm.Get_rank(), comm.Get_size(), node, active, (grid.tp, grid.pp, grid.dp),
-                         cfg.resilience, placement_inputs=inputs)
+            att, resilient = attach_slot(comm, slot, cfg, run_dir, active, grid, args.restore_dir)
         except PhoenixError as exc:
             print(f"error [world rank {comm.Get_rank()}]: {exc}", file=sys.stderr, flush=True)
             return exc.exit_code
         store = att.store
-        # Slurm delivers scancel's/preemption's SIGTERM to the step's tasks: pass it on to the coordinator,
-        # which ends the job as planned (final checkpoint), instead of dying in the middle of a step
-        signal.signal(signal.SIGTERM, lambda *_: att.client.note_signal("TERM"))
-        if _resilient(cfg):
-            if comm.Get_rank() == 0 and tuple(levels) != tuple(cfg.resilience.placement_levels):
-                print(f"[phoenix] failure-domain levels {sorted(set(cfg.resilience.placement_levels) - set(levels))} "
-                      "unknown on this allocation (no SLURM_TOPOLOGY_ADDR); replicas are spread over "
-                      f"{list(levels)} only", file=sys.stderr, flush=True)
-            resilient = {"client": att.client, "nodes": nodes, "domains": domains, "levels": levels,
-                         "world_comm": comm}
-            if active:  # the job counts as running now: answer injections from here on, not from the first step
-                resilient.update(listen_from_registration(att.client, cfg, run_dir, args.restore_dir))
     else:
         store = mpi_store_rendezvous(comm, active, cfg.resilience.collective_timeout_s)
     code = 0
     summary = None
     try:
-        def train(**kw) -> dict | None:
-            """``run_active``; None when a shrink sent this slot back to standby (launch/shrink.py)."""
-            try:
-                return run_active(args, cfg, slot, grid, store, run_dir, att.progress if att else None, resilient,
-                                  **kw)
-            except PhoenixError as exc:
-                if getattr(exc, "job_state", None) != "standby":
-                    raise
-                print(f"[phoenix] world rank {slot.world_rank}: {exc}; waiting as a spare", flush=True)
-                return None
-
-        import torch
-
-        from phoenix_hpc.engines.factory import default_device
+        train = _trainer(args, cfg, slot, grid, store, run_dir, att, resilient)
         from phoenix_hpc.launch.heap import freeze_long_lived
 
-        device = default_device(slot.local_rank)
-        if device.type == "cuda":  # before the context exists: Megatron-LM's CUDA_DEVICE_MAX_CONNECTIONS
-            from phoenix_hpc.engines.megatron_env import apply_megatron_cuda_env, compute_capability_major
-
-            apply_megatron_cuda_env(os.environ, cfg.engine, cfg.parallelism.tp,
-                                    compute_capability_major(device.index or 0))
-        if device.type == "cuda":  # before the imports: a library that touches CUDA when imported (Transformer
-            torch.cuda.set_device(device)  # Engine) must find this slot's GPU current, not GPU 0
+        _prepare_device(slot, cfg)
         if active:
             from phoenix_hpc.launch.execute import import_runtime
 
@@ -576,18 +540,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = train(client=att.client if att is not None and resilient is None else None)
         standby = summary is None
         if standby and att is not None and resilient is not None:
-            from phoenix_hpc.launch.execute import wait_for_join, warm_up
-
-            warm_up(cfg)
-            freeze_long_lived()  # a slot that was active froze at its start: nothing more (launch/heap.py)
-            while summary is None:
-                plan = wait_for_join(att.client)  # None: the job ended (stop) without needing this spare
-                if plan is None:
-                    break
-                print(f"[phoenix] standby world rank {slot.world_rank} on {slot.hostname}: joining generation "
-                      f"{plan.generation}", flush=True)
-                store = att.client.tcp_store()
-                summary = train(join_plan=plan)
+            summary = _as_spare(att, slot, cfg, train)
         elif standby and att is not None:
             att.client.wait_instruction(("stop",), timeout_s=float("inf"))
         elif standby:
@@ -597,20 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         if att and summary is not None:
             att.client.report_done(int(summary.get("generation", 0)), summary["steps"], summary["state_hash"])
     except PhoenixError as exc:
-        from phoenix_hpc.launch.execute import StopRequested
-
-        if isinstance(exc, StopRequested) and exc.job_state == "stopped":  # a planned end: one line, code 3
-            print(f"[phoenix] world rank {slot.world_rank}: {exc}", file=sys.stderr, flush=True)
-            code = EXIT_STOPPED
-        elif isinstance(exc, StopRequested) and exc.job_state == "drained":  # moved to a spare: not an error
-            print(f"[phoenix] world rank {slot.world_rank}: {exc}", file=sys.stderr, flush=True)
-            code = 0
-        else:
-            print(f"error [world rank {slot.world_rank}]: {exc}", file=sys.stderr, flush=True)
-            code = 1 if isinstance(exc, StopRequested) else exc.exit_code
-        if att and not isinstance(exc, StopRequested):
-            att.client.report_fault(att.progress.generation or 0, att.progress.step, "step", exc,
-                                    kind=getattr(exc, "fault_kind", None))
+        code = _exit_code(exc, slot, att)
     except Exception as exc:
         traceback.print_exc()
         code = 1
@@ -622,13 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         _barrier(comm)
         finalize()
         return code
-    if summary is not None and not att.client.stop_received:  # wait (bounded) for the coordinator's end
-        while att.client.wait_instruction(("stop",), timeout_s=max(30.0, 3 * cfg.resilience.heartbeat_timeout_s)) \
-                is None and att.client.away:
-            pass  # a restart is under way: ``done`` goes to the next coordinator (the watchdog bounds the wait)
-    att.client.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _end_attached(att, summary, cfg)
     return code
 
 
