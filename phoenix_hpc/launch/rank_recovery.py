@@ -464,7 +464,8 @@ class RankRecovery:
         m.copies.drop()
         m.logical, m.rank_map = None, {}
         m.watchdog.close()
-        self.env.client.started_step = 0  # as every spare: no step started, a fault for a recovery phase arms at any step
+        # as every spare: no step started, a fault for a recovery phase arms at any step
+        self.env.client.started_step = 0
 
     def leave_groups(self) -> None:
         """Destroy the old generation's torch groups (a leaver takes part in the exchange over MPI only)."""

@@ -5,9 +5,9 @@ The fake engine owns its groups (the launcher builds only the world group), refu
 the global state of an earlier generation is still set (``model_parallel_is_initialized()`` must be false),
 and its :meth:`teardown` clears that state and overwrites its tensors (as freed device memory would be), so a
 survivor that read its state after teardown, or kept a view into the old engine, loads garbage and the test
-fails. The real pieces run: :meth:`Member.recover` (its :class:`~phoenix_hpc.launch.rank_recovery.RankRecovery`), ``_setup_groups`` (with
-``init_generation`` and ``make_comm`` replaced by recorders, since there is no process group or MPI here), the
-host copy, teardown, construction and loading. The protector is a stand-in holding committed snapshots.
+fails. The real pieces run: :meth:`Member.recover` (its :class:`~phoenix_hpc.launch.rank_recovery.RankRecovery`),
+``_setup_groups`` (with ``init_generation`` and ``make_comm`` replaced by recorders, since there is no process
+group or MPI here), the host copy, teardown, construction and loading. The protector is a stand-in holding committed snapshots.
 
 The torch engine's own rebuild (teardown, new engine, load, continue bitwise) is in test_engine_torch.py.
 """
