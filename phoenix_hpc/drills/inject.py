@@ -37,6 +37,7 @@ from phoenix_hpc.faults.kinds import PHASE_WIRE, check_at_step, check_phase, kin
 from phoenix_hpc.faults.trigger import RECOVERY_PHASES
 from phoenix_hpc.slurm.procs import pid_alive  # noqa: F401 - wait_pids_gone's default, re-exported
 from phoenix_hpc.status.model import Status
+from phoenix_hpc.topology import Grid
 
 LIVE = ("active", "standby", "joining", "quiesced")
 STEP_MARGIN = 3  # default --at-step: the step the target is in when it gets the request + this
@@ -68,9 +69,9 @@ class InjectRequest:
         return body
 
 
-def _grid(st: Status) -> tuple[int, int, int] | None:
+def _grid(st: Status) -> Grid | None:
     g = st.job.grid
-    return (g["tp"], g["pp"], g["dp"]) if g else None
+    return Grid.of(g) if g else None
 
 
 def resolve_target(st: Status, *, rank: int | None, node: str | None, coord: str | None,
