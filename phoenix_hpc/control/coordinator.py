@@ -9,31 +9,29 @@ lifecycle. It talks to ranks with the signed messages of :mod:`phoenix_hpc.contr
 ``RUN_DIR/journal.jsonl`` (:mod:`phoenix_hpc.control.journal`) and ``RUN_DIR/coordinator.json`` (atomically,
 when ready), and keeps working while training processes die (it is not part of the srun step).
 
-:class:`Coordinator` is a thin composition: this module holds its state, its loop (:meth:`Coordinator.run`:
-drain the messages, beat, tick) and the end of the job; each concern is one mixin in a module of its own,
-readable alone:
+:class:`Coordinator` is the process around the decisions. Each decision is a pure function, or a small
+class owning its state, that takes one input and returns the journal events and the commands
+(:mod:`phoenix_hpc.control.commands`) it calls for; the coordinator decodes a message, dispatches it through
+the table :data:`HANDLERS` (message type -> its one handler), journals the events first and carries out the
+commands (sends, replies, Slurm-side files). The decisions:
 
-- :mod:`phoenix_hpc.control.records`: the plain records (slot, pending fault, recovery in progress);
-- :mod:`phoenix_hpc.control.messaging`: inbox and operator channel, decode, replay guard, dispatch through
-  the table :data:`HANDLERS` (message type -> its one handler), send / reply / reject;
-- :mod:`phoenix_hpc.control.membership`: registration, heartbeats, liveness exits and heartbeat timeouts
-  (:func:`phoenix_hpc.control.detect.detect`), declaring slots dead;
-- :mod:`phoenix_hpc.control.handlers`: the training messages (``commit``, ``checkpoint``, ``fault``,
-  ``done``, ``stop``) and the journal's ``commit`` record;
-- :mod:`phoenix_hpc.control.evidence`: the owners' replica statements and each generation's recomputed
-  placement, what the recovery checks compare the members' evidence with (an owned EvidenceBook);
-- :mod:`phoenix_hpc.control.recovery_machine`: fault decisions (:mod:`phoenix_hpc.control.classify`) and the
-  recovery state machine, quiesce -> plan -> restore -> invariant check -> replay (docs/design.md
-  section 6), with the fallback to the persistent checkpoint;
-- :mod:`phoenix_hpc.control.inject_relay`: fault injection requests (``inject``), forwarded to the target
-  slots, which arm or refuse them (pure rules in :mod:`phoenix_hpc.control.injects`);
-- :mod:`phoenix_hpc.control.planned_end`: the planned end and its final checkpoint;
-- :mod:`phoenix_hpc.control.drain_relay`: planned drains (``drain``): every member pauses at one commit
-  fence, then the drained slots' logical ranks move to spares with zero steps replayed
-  (:mod:`phoenix_hpc.control.drains`).
-- :mod:`phoenix_hpc.control.restart`: a restarted coordinator (``--restart N``, started by the batch script's
-  supervisor :mod:`phoenix_hpc.control.supervise` after a crash) rebuilds its state from the journal and takes
-  the re-registering slots back.
+- :mod:`phoenix_hpc.control.detect` (which slots are judged, whose heartbeats are overdue),
+  :mod:`phoenix_hpc.control.admission` (who may register; what declaring slots dead means),
+  :mod:`phoenix_hpc.control.ledger` (fault reports, the job's end), :mod:`phoenix_hpc.control.arbitration`
+  (the action for the queued faults), :mod:`phoenix_hpc.control.recovery_phases` (a recovery's phase table
+  and next step), :mod:`phoenix_hpc.control.evidence` (``evidence``: what the recovery checks compare with),
+  :mod:`phoenix_hpc.control.injects` (``injects``), :mod:`phoenix_hpc.control.drains` (``drains``) and
+  :mod:`phoenix_hpc.control.ending` (the planned end's final checkpoint).
+
+What carries them out: this module (state, loop :meth:`Coordinator.run`: drain the messages, beat, tick; the
+end of the job) and, still as bases of the class, :mod:`~phoenix_hpc.control.messaging` (inbox, operator
+channel, decode, replay guard, send / reply / reject), :mod:`~phoenix_hpc.control.membership`,
+:mod:`~phoenix_hpc.control.handlers`, :mod:`~phoenix_hpc.control.recovery_machine` (quiesce -> plan ->
+restore -> invariant check -> replay, docs/design.md section 6, with the fallback to the persistent
+checkpoint), :mod:`~phoenix_hpc.control.planned_end` and :mod:`~phoenix_hpc.control.restart` (a restarted
+coordinator, ``--restart N``, rebuilds its state from the journal's fold and takes the re-registering slots
+back); the handlers of :mod:`~phoenix_hpc.control.inject_relay` and :mod:`~phoenix_hpc.control.drain_relay`
+are plain functions. The plain records are in :mod:`phoenix_hpc.control.records`.
 
 The job ends (``job_done`` with the final hash) when every active rank reported ``done``; or on a ``stop``
 message, SIGTERM (to the coordinator, or to a slot, which passes it on as ``signal``) or SIGUSR1 (time
@@ -62,13 +60,12 @@ from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.detect import detect, watched
 from phoenix_hpc.control.ending import continue_hint
-from phoenix_hpc.control.drain_relay import DrainRelayMixin
-from phoenix_hpc.control.drains import DrainBook
+from phoenix_hpc.control import drain_relay, inject_relay
+from phoenix_hpc.control.drains import DrainBook, PendingDrain
 from phoenix_hpc.control.evidence import EvidenceBook
 from phoenix_hpc.control.handlers import HandlersMixin
 from phoenix_hpc.control.hold import hold_of
-from phoenix_hpc.control.inject_relay import InjectRelayMixin
-from phoenix_hpc.control.injects import InjectBook
+from phoenix_hpc.control.injects import InjectBook, fired_path
 from phoenix_hpc.control.journal import Journal, ensure_private_dir, write_private_file
 from phoenix_hpc.control.liveness import LivenessServer
 from phoenix_hpc.control.loadstats import AgeWindow
@@ -107,8 +104,7 @@ class Timing:
     shrink_capable: bool = False  # the engine can shrink (drain --shrink asks for one whatever spares_exhausted says)
 
 
-class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin, InjectRelayMixin, PlannedEndMixin,
-                  DrainRelayMixin, RestartMixin):
+class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin, PlannedEndMixin, RestartMixin):
     """The control-plane state machine plus its store and journal. Single-threaded: :meth:`run` drains the
     inbox and runs periodic work (beat, detection, decisions, deadlines); handlers never block.
 
@@ -352,6 +348,19 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         return self.evidence.holder_of(owners, rank_map=self.rank_map, grid=self.grid, generation=self.generation,
                                        slots=self.slots, placement=lambda: self._placements(before=self.generation + 1))
 
+    @property
+    def drain(self) -> PendingDrain | None:
+        """The newest planned drain (None before the first; control/drains.py)."""
+        return self.drains.current
+
+    def _is_live(self, w: int) -> bool:
+        """Whether slot ``w`` is expected to be alive (a live state)."""
+        return self.slots[w].state in LIVE_SLOT_STATES
+
+    def _has_fired(self, request_id: str, w: int) -> bool:
+        """Whether slot ``w`` wrote the landing record of injection ``request_id`` (it does so before the effect)."""
+        return fired_path(self.run_dir, request_id, w).exists()
+
     def _hold_after(self, event: str) -> None:
         """The test-only hold of :mod:`phoenix_hpc.control.hold` after ``event``, once: ring what is queued,
         journal ``test_hold``, sleep."""
@@ -373,8 +382,8 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
     def _tick(self, now: float) -> None:
         if self.job.state in TERMINAL_JOB_STATES:
             return
-        self._injects_tick(now)
-        self._drains_tick(now)
+        self._carry_out(self.injects.tick(now, live=self._is_live))
+        self._carry_out(self.drains.tick(now, live=self._is_live))
         # commit reports arrived: the recoverable step may have advanced. It is an O(ranks) scan, so at most
         # twice per heartbeat interval (the reports come with the heartbeats, once per interval and node)
         if self._commit_dirty and now >= self._next_commit_eval:
@@ -415,8 +424,8 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         if self.job.state not in TERMINAL_JOB_STATES:
             self.job.to(state, event.NAME)
         self.journal.append(event)
-        self._injects_at_end(state)
-        self._drain_missed(f"the job ended ({state.value})")
+        self._carry_out(self.injects.at_end(state, live=self._is_live, has_fired=self._has_fired))
+        self._carry_out(self.drains.missed(f"the job ended ({state.value})", live=self._is_live))
         reason = event.message or event.reason or event.NAME
         for w, s in sorted(self.slots.items()):
             if s.state in LIVE_SLOT_STATES:
@@ -441,12 +450,12 @@ HANDLERS: Mapping[str, Callable[[Coordinator, dict], None]] = {
     "stop": HandlersMixin._on_stop,
     "quiesced": RecoveryMixin._on_quiesced,
     "recovered": RecoveryMixin._on_recovered,
-    "inject": InjectRelayMixin._on_inject,
-    "inject_ack": InjectRelayMixin._on_inject_ack,
-    "inject_fired": InjectRelayMixin._on_inject_fired,
-    "drain": DrainRelayMixin._on_drain,
-    "drain_ack": DrainRelayMixin._on_drain_ack,
-    "drain_reached": DrainRelayMixin._on_drain_reached,
+    "inject": inject_relay.on_inject,
+    "inject_ack": inject_relay.on_inject_ack,
+    "inject_fired": inject_relay.on_inject_fired,
+    "drain": drain_relay.on_drain,
+    "drain_ack": drain_relay.on_drain_ack,
+    "drain_reached": drain_relay.on_drain_reached,
     "stopping": PlannedEndMixin._on_stopping,
     "shard_written": PlannedEndMixin._on_shard_written,
     "signal": PlannedEndMixin._on_signal,

@@ -175,7 +175,7 @@ class MembershipMixin:
         for w in d.worlds:
             self.slots[w].machine.to(SlotState.DEAD, reason)
         self.journal.append(d.records[0])
-        self._injects_lost(list(d.worlds), reason)
+        self._carry_out(self.injects.lost(list(d.worlds), reason, live=self._is_live, has_fired=self._has_fired))
         if d.fault is not None:
             self.faults.append(PendingFault(d.fault, now))
             self._t_fault_hint = d.t_fault if self._t_fault_hint is None else min(self._t_fault_hint, d.t_fault)

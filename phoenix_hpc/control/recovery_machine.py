@@ -144,7 +144,7 @@ class RecoveryMixin:
     def _start_recovery(self, decision: Decision, faults: list[Fault], t_fault: float, now: float,
                         drain=None) -> None:
         if drain is None:  # a fault came first: a drain not yet under way can no longer pause every member
-            self._drain_missed(f"a recovery started first ({decision.reason})")
+            self._carry_out(self.drains.missed(f"a recovery started first ({decision.reason})", live=self._is_live))
         self._maybe_log_commit(force=True)  # journal the committed step this recovery starts from, first
         if self.job.state is JobState.RUNNING:
             self.job.to(JobState.RECOVERING, decision.reason)
@@ -426,7 +426,7 @@ class RecoveryMixin:
                                            steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
                                            replay_interrupted=interrupted,
                                            **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
-        self._drain_finished(rec, now)
+        self._carry_out(self.drains.finished(rec, now, standby=lambda w: self.slots[w].state is SlotState.STANDBY))
         self.recovery = None
 
     def _newest_checkpoint(self) -> int | None:
