@@ -28,10 +28,10 @@ end of the job) and, still as bases of the class, :mod:`~phoenix_hpc.control.mes
 channel, decode, replay guard, send / reply / reject), :mod:`~phoenix_hpc.control.membership`,
 :mod:`~phoenix_hpc.control.handlers`, :mod:`~phoenix_hpc.control.recovery_machine` (quiesce -> plan ->
 restore -> invariant check -> replay, docs/design.md section 6, with the fallback to the persistent
-checkpoint), :mod:`~phoenix_hpc.control.planned_end` and :mod:`~phoenix_hpc.control.restart` (a restarted
-coordinator, ``--restart N``, rebuilds its state from the journal's fold and takes the re-registering slots
-back); the handlers of :mod:`~phoenix_hpc.control.inject_relay` and :mod:`~phoenix_hpc.control.drain_relay`
-are plain functions. The plain records are in :mod:`phoenix_hpc.control.records`.
+checkpoint) and :mod:`~phoenix_hpc.control.restart` (a restarted coordinator, ``--restart N``, rebuilds
+its state from the journal's fold and takes the re-registering slots back); :mod:`~phoenix_hpc.control.planned_end`,
+:mod:`~phoenix_hpc.control.inject_relay` and :mod:`~phoenix_hpc.control.drain_relay` are plain functions of
+the coordinator. The plain records are in :mod:`phoenix_hpc.control.records`.
 
 The job ends (``job_done`` with the final hash) when every active rank reported ``done``; or on a ``stop``
 message, SIGTERM (to the coordinator, or to a slot, which passes it on as ``signal``) or SIGUSR1 (time
@@ -60,7 +60,7 @@ from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.detect import detect, watched
 from phoenix_hpc.control.ending import continue_hint
-from phoenix_hpc.control import drain_relay, inject_relay
+from phoenix_hpc.control import drain_relay, inject_relay, planned_end
 from phoenix_hpc.control.drains import DrainBook, PendingDrain
 from phoenix_hpc.control.evidence import EvidenceBook
 from phoenix_hpc.control.handlers import HandlersMixin
@@ -73,7 +73,6 @@ from phoenix_hpc.control.membership import MembershipMixin
 from phoenix_hpc.control.messaging import MessagingMixin
 from phoenix_hpc.control.operator import OperatorServer
 from phoenix_hpc.control.pause import PauseMeter
-from phoenix_hpc.control.planned_end import PlannedEndMixin
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.recovery_machine import RecoveryMixin
 from phoenix_hpc.control.restart import RestartMixin
@@ -104,7 +103,7 @@ class Timing:
     shrink_capable: bool = False  # the engine can shrink (drain --shrink asks for one whatever spares_exhausted says)
 
 
-class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin, PlannedEndMixin, RestartMixin):
+class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin, RestartMixin):
     """The control-plane state machine plus its store and journal. Single-threaded: :meth:`run` drains the
     inbox and runs periodic work (beat, detection, decisions, deadlines); handlers never block.
 
@@ -120,6 +119,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
     """
 
     handlers: Mapping[str, Callable[[Coordinator, dict], None]]  # message type -> handler: HANDLERS below
+    next_job: str | None = None  # the job the chain queued to continue the run (cli/chain.py), if any (open())
 
     def __init__(
         self,
@@ -251,7 +251,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         while True:
             now = self.clock()
             if self._stop_reason and self.job.state not in TERMINAL_JOB_STATES:
-                self._maybe_begin_end(now)  # planned_end.py: the final checkpoint, then the end
+                planned_end.maybe_begin_end(self, now)  # the final checkpoint, then the end
             self._account_pause()  # before anything is judged, also while the job ends
             busy = self._drain_inbox()
             busy = self._drain_operator() or busy
@@ -348,6 +348,13 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         return self.evidence.holder_of(owners, rank_map=self.rank_map, grid=self.grid, generation=self.generation,
                                        slots=self.slots, placement=lambda: self._placements(before=self.generation + 1))
 
+    def request_stop(self, reason: str, signal: str | None = None) -> None:
+        """Ask the loop to end the job (thread- and signal-safe: only sets fields). ``signal``: the external
+        signal behind it (``USR1`` time limit, ``TERM``), journalled with the end."""
+        if signal is not None and self._stop_signal is None:
+            self._stop_signal = signal
+        self._stop_reason = reason
+
     @property
     def drain(self) -> PendingDrain | None:
         """The newest planned drain (None before the first; control/drains.py)."""
@@ -391,7 +398,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
             self._next_commit_eval = now + self.t.heartbeat_interval_s / 2
             self._maybe_log_commit()
         if self.ending is not None:  # members leave on purpose: no detection, no decisions
-            return self._advance_end(now)
+            return planned_end.advance_end(self, now)
         self._account_pause()
         dead, reason = detect(now, self._watched(now), self.t)
         if dead:
@@ -456,9 +463,9 @@ HANDLERS: Mapping[str, Callable[[Coordinator, dict], None]] = {
     "drain": drain_relay.on_drain,
     "drain_ack": drain_relay.on_drain_ack,
     "drain_reached": drain_relay.on_drain_reached,
-    "stopping": PlannedEndMixin._on_stopping,
-    "shard_written": PlannedEndMixin._on_shard_written,
-    "signal": PlannedEndMixin._on_signal,
+    "stopping": planned_end.on_stopping,
+    "shard_written": planned_end.on_shard_written,
+    "signal": planned_end.on_signal,
 }
 Coordinator.handlers = HANDLERS
 

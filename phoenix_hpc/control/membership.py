@@ -19,6 +19,7 @@ from phoenix_hpc.control import events as E
 from phoenix_hpc.control.admission import admit, declare_dead
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.commands import Outcome
+from phoenix_hpc.control.planned_end import exits_during_end
 from phoenix_hpc.control.records import PendingFault, Slot
 from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, SlotState, slot_machine
 
@@ -36,7 +37,7 @@ class MembershipMixin:
             return False
         self._drain_inbox()  # what a slot sent before it exited (e.g. ``done``) counts first
         if self.ending is not None:
-            self._exits_during_end(exits)
+            exits_during_end(self, exits)  # expected: noted only (control/planned_end.py)
             return True
         gone = []
         for w, pid in exits:
