@@ -481,6 +481,10 @@ def _warnings(st: JobView, cfg: Mapping[str, Any], sl: _Slurm, slurm: SlurmInfo,
             "pending", f"Slurm keeps the job pending: {slurm_reason}" + (f" ({hint})" if hint else "")))
     if slurm.error:
         warnings.append(StatusWarning("slurm", slurm.error))
+    if st.skipped:  # a newer coordinator's event, or a record the fold could not read: shown without it
+        warnings.append(StatusWarning(
+            "journal", f"{len(st.skipped)} journal record(s) not shown: " + "; ".join(st.skipped[:3])
+                       + ("; ..." if len(st.skipped) > 3 else "")))
     if st.test_env:
         from phoenix_hpc.test_env import describe
 

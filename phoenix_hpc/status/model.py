@@ -185,7 +185,9 @@ class ReplicaStatus:
 
 @dataclass
 class StatusWarning:
-    code: str  # no_spares | under_replicated | batch_host_down | coordinator_gone | slurm | placement | pending | test_env
+    # no_spares | under_replicated | batch_host_down | coordinator_gone | slurm | placement | pending | test_env
+    # | journal (records the journal fold skipped, control/view.py)
+    code: str
     message: str
     action: str | None = None  # what the user can do (e.g. "phoenix status 1234 --cancel")
 

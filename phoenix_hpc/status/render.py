@@ -135,7 +135,7 @@ def _warnings(st: Status) -> Text | None:
         return None
     out = Text()
     for w in st.warnings:
-        style = "yellow" if w.code in ("slurm", "placement", "pending") else "bold red"
+        style = "yellow" if w.code in ("slurm", "placement", "pending", "journal") else "bold red"
         out.append(f"! {w.message}\n", style=style)
         if w.action:
             out.append(f"  -> {w.action}\n", style="bold")

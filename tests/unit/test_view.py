@@ -211,3 +211,17 @@ def test_a_restarted_coordinator_and_phoenix_status_read_a_real_journal_alike(pa
         status = {s.world_rank: (_AS_COORDINATOR.get(s.state, s.state), s.logical_rank, s.node, s.pid)
                   for s in st.slots}
         assert coord == status, n
+
+
+def test_phoenix_status_shows_a_journal_with_records_it_cannot_read_and_names_them():
+    recs = [{"ts": 1.0, "event": "coordinator_started", "grid": [1, 1, 1]},
+            {"ts": 2.0, "event": "registered", "world_rank": 0, "pid": 5, "node": "n0", "role": "active",
+             "logical_rank": 0},
+            {"ts": 2.5, "event": "from_a_newer_coordinator", "x": 1},
+            {"ts": 3.0, "event": "job_running", "generation": 0, "grid": [1, 1, 1], "rank_map": [[0, 0]]},
+            {"ts": 4.0, "event": "drain_done", "request_id": "never"}]
+    st = derive_status(recs, SlurmInfo(), now=5.0)
+    assert st.job.state == "running" and [s.world_rank for s in st.slots] == [0]
+    (w,) = [w for w in st.warnings if w.code == "journal"]
+    assert w.message.startswith("2 journal record(s) not shown: record 3 (from_a_newer_coordinator)")
+    assert "drain request 'never' never requested" in w.message
