@@ -26,10 +26,11 @@ commands (sends, replies, Slurm-side files). The decisions:
 What carries them out: this module (state, loop :meth:`Coordinator.run`: drain the messages, beat, tick; the
 end of the job) and, still as bases of the class, :mod:`~phoenix_hpc.control.messaging` (inbox, operator
 channel, decode, replay guard, send / reply / reject), :mod:`~phoenix_hpc.control.membership`,
-:mod:`~phoenix_hpc.control.handlers`, :mod:`~phoenix_hpc.control.recovery_machine` (quiesce -> plan ->
+:mod:`~phoenix_hpc.control.recovery_machine` (quiesce -> plan ->
 restore -> invariant check -> replay, docs/design.md section 6, with the fallback to the persistent
 checkpoint) and :mod:`~phoenix_hpc.control.restart` (a restarted coordinator, ``--restart N``, rebuilds
-its state from the journal's fold and takes the re-registering slots back); :mod:`~phoenix_hpc.control.planned_end`,
+its state from the journal's fold and takes the re-registering slots back); :mod:`~phoenix_hpc.control.handlers`
+(the training messages), :mod:`~phoenix_hpc.control.planned_end`,
 :mod:`~phoenix_hpc.control.inject_relay` and :mod:`~phoenix_hpc.control.drain_relay` are plain functions of
 the coordinator. The plain records are in :mod:`phoenix_hpc.control.records`.
 
@@ -60,10 +61,9 @@ from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.detect import detect, watched
 from phoenix_hpc.control.ending import continue_hint
-from phoenix_hpc.control import drain_relay, inject_relay, planned_end
+from phoenix_hpc.control import drain_relay, handlers, inject_relay, planned_end
 from phoenix_hpc.control.drains import DrainBook, PendingDrain
 from phoenix_hpc.control.evidence import EvidenceBook
-from phoenix_hpc.control.handlers import HandlersMixin
 from phoenix_hpc.control.hold import hold_of
 from phoenix_hpc.control.injects import InjectBook, fired_path
 from phoenix_hpc.control.journal import Journal, ensure_private_dir, write_private_file
@@ -103,7 +103,7 @@ class Timing:
     shrink_capable: bool = False  # the engine can shrink (drain --shrink asks for one whatever spares_exhausted says)
 
 
-class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin, RestartMixin):
+class Coordinator(MessagingMixin, MembershipMixin, RecoveryMixin, RestartMixin):
     """The control-plane state machine plus its store and journal. Single-threaded: :meth:`run` drains the
     inbox and runs periodic work (beat, detection, decisions, deadlines); handlers never block.
 
@@ -396,7 +396,7 @@ class Coordinator(MessagingMixin, MembershipMixin, HandlersMixin, RecoveryMixin,
         if self._commit_dirty and now >= self._next_commit_eval:
             self._commit_dirty = False
             self._next_commit_eval = now + self.t.heartbeat_interval_s / 2
-            self._maybe_log_commit()
+            handlers.maybe_log_commit(self)
         if self.ending is not None:  # members leave on purpose: no detection, no decisions
             return planned_end.advance_end(self, now)
         self._account_pause()
@@ -450,11 +450,11 @@ HANDLERS: Mapping[str, Callable[[Coordinator, dict], None]] = {
     "register": MembershipMixin._on_register,
     "heartbeat": MembershipMixin._on_heartbeat,
     "heartbeats": MembershipMixin._on_heartbeats,
-    "commit": HandlersMixin._on_commit,
-    "checkpoint": HandlersMixin._on_checkpoint,
-    "fault": HandlersMixin._on_fault,
-    "done": HandlersMixin._on_done,
-    "stop": HandlersMixin._on_stop,
+    "commit": handlers.on_commit,
+    "checkpoint": handlers.on_checkpoint,
+    "fault": handlers.on_fault,
+    "done": handlers.on_done,
+    "stop": handlers.on_stop,
     "quiesced": RecoveryMixin._on_quiesced,
     "recovered": RecoveryMixin._on_recovered,
     "inject": inject_relay.on_inject,

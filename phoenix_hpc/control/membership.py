@@ -19,6 +19,7 @@ from phoenix_hpc.control import events as E
 from phoenix_hpc.control.admission import admit, declare_dead
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.commands import Outcome
+from phoenix_hpc.control.handlers import apply_commit
 from phoenix_hpc.control.planned_end import exits_during_end
 from phoenix_hpc.control.records import PendingFault, Slot
 from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, SlotState, slot_machine
@@ -164,7 +165,7 @@ class MembershipMixin:
                 self._note_step(slot, max(int(s) for s in (step, live) if s is not None))
             self.counters["heartbeats"] += 1
             if commit:
-                self._apply_commit(slot, commit)
+                apply_commit(self, slot, commit)
 
     def _declare_dead(self, worlds: list[int], kind: FaultKind, reason: str, now: float) -> None:
         """Carry out :func:`phoenix_hpc.control.admission.declare_dead`: mark the slots DEAD, journal, settle

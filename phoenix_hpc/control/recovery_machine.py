@@ -48,6 +48,7 @@ from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, com
 from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.ending import continue_hint
 from phoenix_hpc.control.events import RecoveryPhase
+from phoenix_hpc.control.handlers import maybe_log_commit
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.recovery_phases import Next, Step, on_answers, on_tick
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, SlotState
@@ -145,7 +146,7 @@ class RecoveryMixin:
                         drain=None) -> None:
         if drain is None:  # a fault came first: a drain not yet under way can no longer pause every member
             self._carry_out(self.drains.missed(f"a recovery started first ({decision.reason})", live=self._is_live))
-        self._maybe_log_commit(force=True)  # journal the committed step this recovery starts from, first
+        maybe_log_commit(self, force=True)  # journal the committed step this recovery starts from, first
         if self.job.state is JobState.RUNNING:
             self.job.to(JobState.RECOVERING, decision.reason)
         self.generation += 1

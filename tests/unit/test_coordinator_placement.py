@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from phoenix_hpc.control.coordinator import Coordinator, Slot
 from phoenix_hpc.control.evidence import placement_inputs_problem
+from phoenix_hpc.control.handlers import apply_commit
 from phoenix_hpc.control.states import SlotState, slot_machine
 from phoenix_hpc.topology import place_replicas
 
@@ -56,6 +57,6 @@ def test_an_owners_statement_riding_on_its_nodes_heartbeats_is_recorded(tmp_path
     c.grid = (1, 1, 4)
     slot = c.slots[2]
     sid = "opt/pp0/tp0/dp2"
-    c._apply_commit(slot, {"g": 0, "live_step": 3, "shards": {sid: 3}, "replicas": {},
+    apply_commit(c, slot, {"g": 0, "live_step": 3, "shards": {sid: 3}, "replicas": {},
                            "sent": {sid: {"holders": [0], "step": 3, "hash": "0123abcd"}}})
     assert c.evidence.sent[(sid, 0)] == frozenset({0}) and c.evidence.commit_hash[sid] == {3: "0123abcd"}
