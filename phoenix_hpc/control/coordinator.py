@@ -51,7 +51,6 @@ import socket
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -76,31 +75,10 @@ from phoenix_hpc.control.pause import PauseMeter
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.recovery_machine import RecoveryMixin
 from phoenix_hpc.control.restart import RestartMixin
+from phoenix_hpc.control.settings import Timing, timing_from_run_dir  # noqa: F401 - re-exported
 from phoenix_hpc.control.states import (
     LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, RecoveryPhase, SlotState, job_machine)
 from phoenix_hpc.test_env import active_test_env
-
-
-@dataclass
-class Timing:
-    """The resilience timing settings the coordinator uses (seconds)."""
-
-    heartbeat_interval_s: float = 1.0
-    heartbeat_timeout_s: float = 10.0
-    collective_timeout_s: float = 30.0
-    checkpoint_path: str | None = None
-    summary_interval_s: float = 30.0
-    progress_interval_s: float = 1.0  # at most one ``progress`` record per this many seconds
-    commit_log_every: int = 10  # a ``commit`` record every this many recoverable steps, or per progress interval
-    linger_s: float = 5.0
-    final_checkpoint: bool = False  # a planned end writes a checkpoint from host memory (mode: phoenix)
-    final_write_timeout_s: float = 120.0  # the members' write of that checkpoint
-    checkpoint_keep: int = 2  # complete checkpoints kept (resilience.checkpoint.keep)
-    startup_grace_s: float = 0.0  # a slot's heartbeats are judged once it reported a step or after this (registration)
-    in_job_restart: bool = False  # mode checkpoint-restart, checkpoint.restart in-job: a fault ends the step for a new one
-    recovery_from_checkpoint: bool = False  # recovery_source checkpoint: every recovery loads the persistent checkpoint
-    shrink: bool = False  # spares exhausted: shrink (remove the lost slots' DP replica) instead of stopping
-    shrink_capable: bool = False  # the engine can shrink (drain --shrink asks for one whatever spares_exhausted says)
 
 
 class Coordinator(MessagingMixin, MembershipMixin, RecoveryMixin, RestartMixin):
@@ -474,37 +452,6 @@ def _json(d: dict) -> str:
     import json
 
     return json.dumps(d, indent=1, sort_keys=True) + "\n"
-
-
-def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | None]:
-    """Timing and grid from ``RUN_DIR/config.yaml`` (defaults when the file is absent).
-
-    Raises:
-        ConfigError: the config exists but is invalid.
-    """
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.exists():
-        return Timing(), None
-    from phoenix_hpc.config import load_job_config
-
-    cfg = load_job_config(cfg_path)
-    from phoenix_hpc.recovery.ckpt_files import checkpoint_root
-    from phoenix_hpc.recovery.shrink import shrinks_when_spares_run_out
-
-    r = cfg.resilience
-    ck = str(checkpoint_root(cfg, run_dir))
-    t = Timing(r.heartbeat_interval_s, r.heartbeat_timeout_s, r.collective_timeout_s, ck,
-               linger_s=max(2.0, 2 * r.heartbeat_interval_s),
-               final_checkpoint=bool(r.enabled and r.mode == "phoenix"), checkpoint_keep=r.checkpoint.keep,
-               startup_grace_s=r.coordinator_grace_s,
-               in_job_restart=bool(r.enabled and r.mode == "checkpoint-restart" and r.checkpoint.restart == "in-job"),
-               recovery_from_checkpoint=bool(r.enabled and r.mode == "phoenix" and r.recovery_source == "checkpoint"),
-               shrink=shrinks_when_spares_run_out(enabled=r.enabled, mode=r.mode,
-                                                  spares_exhausted=r.spares_exhausted, engine=cfg.engine),
-               shrink_capable=bool(r.enabled and r.mode == "phoenix" and cfg.engine == "torch"))
-    par = cfg.parallelism
-    grid = (par.tp, par.pp, par.dp) if par.dp else None
-    return t, grid
 
 
 def main(argv: list[str] | None = None) -> int:
