@@ -24,13 +24,13 @@ commands (sends, replies, Slurm-side files). The decisions:
   :mod:`phoenix_hpc.control.ending` (the planned end's final checkpoint).
 
 What carries them out: this module (state, loop :meth:`Coordinator.run`: drain the messages, beat, tick; the
-end of the job) and, still as bases of the class, :mod:`~phoenix_hpc.control.messaging` (inbox, operator
-channel, decode, replay guard, send / reply / reject), :mod:`~phoenix_hpc.control.membership`,
-:mod:`~phoenix_hpc.control.recovery_machine` (quiesce -> plan ->
-restore -> invariant check -> replay, docs/design.md section 6, with the fallback to the persistent
-checkpoint) and :mod:`~phoenix_hpc.control.restart` (a restarted coordinator, ``--restart N``, rebuilds
-its state from the journal's fold and takes the re-registering slots back); :mod:`~phoenix_hpc.control.handlers`
-(the training messages), :mod:`~phoenix_hpc.control.planned_end`,
+end of the job; the admission of every slot's message) and, still as bases of the class,
+:mod:`~phoenix_hpc.control.messaging` (inbox, operator channel, decode, replay guard, send / reply / reject),
+:mod:`~phoenix_hpc.control.recovery_machine` (quiesce -> plan -> restore -> invariant check -> replay,
+docs/design.md section 6, with the fallback to the persistent checkpoint) and :mod:`~phoenix_hpc.control.restart` (a restarted coordinator, ``--restart N``, rebuilds
+its state from the journal's fold and takes the re-registering slots back); :mod:`~phoenix_hpc.control.membership`
+(registration, heartbeats, exits, declaring slots dead), :mod:`~phoenix_hpc.control.handlers` (the training
+messages), :mod:`~phoenix_hpc.control.planned_end`,
 :mod:`~phoenix_hpc.control.inject_relay` and :mod:`~phoenix_hpc.control.drain_relay` are plain functions of
 the coordinator. The plain records are in :mod:`phoenix_hpc.control.records`.
 
@@ -55,12 +55,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from phoenix_hpc.control import drain_relay, handlers, inject_relay, membership, planned_end
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.detect import detect, watched
 from phoenix_hpc.control.ending import continue_hint
-from phoenix_hpc.control import drain_relay, handlers, inject_relay, planned_end
 from phoenix_hpc.control.drains import DrainBook, PendingDrain
 from phoenix_hpc.control.evidence import EvidenceBook
 from phoenix_hpc.control.hold import hold_of
@@ -68,7 +68,6 @@ from phoenix_hpc.control.injects import InjectBook, fired_path
 from phoenix_hpc.control.journal import Journal, ensure_private_dir, write_private_file
 from phoenix_hpc.control.liveness import LivenessServer
 from phoenix_hpc.control.loadstats import AgeWindow
-from phoenix_hpc.control.membership import MembershipMixin
 from phoenix_hpc.control.messaging import MessagingMixin
 from phoenix_hpc.control.operator import OperatorServer
 from phoenix_hpc.control.pause import PauseMeter
@@ -81,7 +80,7 @@ from phoenix_hpc.control.states import (
 from phoenix_hpc.test_env import active_test_env
 
 
-class Coordinator(MessagingMixin, MembershipMixin, RecoveryMixin, RestartMixin):
+class Coordinator(MessagingMixin, RecoveryMixin, RestartMixin):
     """The control-plane state machine plus its store and journal. Single-threaded: :meth:`run` drains the
     inbox and runs periodic work (beat, detection, decisions, deadlines); handlers never block.
 
@@ -233,7 +232,7 @@ class Coordinator(MessagingMixin, MembershipMixin, RecoveryMixin, RestartMixin):
             self._account_pause()  # before anything is judged, also while the job ends
             busy = self._drain_inbox()
             busy = self._drain_operator() or busy
-            busy = self._drain_exits() or busy
+            busy = membership.drain_exits(self) or busy
             now = self.clock()
             if busy:
                 self._advance_on_answers(now)
@@ -325,6 +324,55 @@ class Coordinator(MessagingMixin, MembershipMixin, RecoveryMixin, RestartMixin):
         """A live holder of the first owner's shard, for a corrupt-replica injection (EvidenceBook.holder_of)."""
         return self.evidence.holder_of(owners, rank_map=self.rank_map, grid=self.grid, generation=self.generation,
                                        slots=self.slots, placement=lambda: self._placements(before=self.generation + 1))
+
+    # --- the admission of every slot's message (control/membership.py, control/admission.py) ----------------
+    def _slot_of(self, body: dict, what: str) -> Slot | None:
+        """The registered, live slot that sent ``body`` (its world rank and pid), or None after rejecting the
+        message (journalled once per distinct reason); a dead slot is fenced again."""
+        w = int(body["world_rank"])
+        slot = self.slots.get(w)
+        if slot is None:
+            self._reject(f"{what} from unregistered world rank {w}", body, key=(what, "unregistered", w))
+            return None
+        if int(body.get("pid", slot.pid)) != slot.pid:
+            self._reject(f"{what} for world rank {w} from pid {body.get('pid')}, registered pid is {slot.pid}", body,
+                         key=(what, "pid", w))
+            return None
+        if slot.state is SlotState.DEAD:
+            self._reject(f"{what} from world rank {w}, which was declared dead (fenced; it must exit)", body,
+                         key=(what, "dead", w))
+            self._fence(w, "this slot was declared dead earlier (fenced)")
+            return None
+        return slot
+
+    def _gen_ok(self, slot: Slot, g: Any, what: str, body: dict) -> bool:
+        """Whether ``body`` of ``slot`` speaks of a generation it may (not a future one, not one older than the
+        slot's); else the message is rejected."""
+        if g is None and slot.state in (SlotState.STANDBY, SlotState.JOINING):
+            return True  # a spare has no generation until its restore completes
+        g = int(g)
+        if g > self.generation:
+            self._reject(f"{what} from world rank {slot.world_rank} with future generation {g} "
+                         f"(current {self.generation})", body, key=(what, "future", slot.world_rank, g))
+            return False
+        if g < slot.generation:
+            self._reject(f"{what} from world rank {slot.world_rank} with stale generation {g} "
+                         f"(slot is at {slot.generation}, job at {self.generation})", body,
+                         key=(what, "stale", slot.world_rank, g))
+            return False
+        return True
+
+    def _fence(self, w: int, reason: str) -> None:
+        """Tell slot ``w``, declared dead, to exit (``stop`` with ``job_state`` fenced). A slot may be declared
+        dead while its process lives (a GPU error, a hang, a lost link, a missed heartbeat): a member that
+        reads it leaves at once, frees its node's GPU and memory, and writes ``ranks/fenced-world{w}.json``,
+        never the summary of the logical rank a spare holds now (launch/rank.py). A process that is gone, or
+        blocked (a lost link in a drill), never reads it; the message is harmless there."""
+        self._send(w, {"type": "stop", "reason": reason, "job_state": "fenced"})
+
+    def _declare_dead(self, worlds: list[int], kind: FaultKind, reason: str, now: float) -> None:
+        """Declare slots ``worlds`` dead (:func:`phoenix_hpc.control.membership.declare_dead`)."""
+        membership.declare_dead(self, worlds, kind, reason, now)
 
     def request_stop(self, reason: str, signal: str | None = None) -> None:
         """Ask the loop to end the job (thread- and signal-safe: only sets fields). ``signal``: the external
@@ -425,9 +473,9 @@ class Coordinator(MessagingMixin, MembershipMixin, RecoveryMixin, RestartMixin):
 # The message dispatch table: each request type of the protocol (control/protocol.py) and of the slots'
 # reports -> its one handler. A type not in it is rejected and journalled (messaging.MessagingMixin._dispatch).
 HANDLERS: Mapping[str, Callable[[Coordinator, dict], None]] = {
-    "register": MembershipMixin._on_register,
-    "heartbeat": MembershipMixin._on_heartbeat,
-    "heartbeats": MembershipMixin._on_heartbeats,
+    "register": membership.on_register,
+    "heartbeat": membership.on_heartbeat,
+    "heartbeats": membership.on_heartbeats,
     "commit": handlers.on_commit,
     "checkpoint": handlers.on_checkpoint,
     "fault": handlers.on_fault,

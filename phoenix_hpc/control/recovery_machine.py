@@ -49,6 +49,7 @@ from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.ending import continue_hint
 from phoenix_hpc.control.events import RecoveryPhase
 from phoenix_hpc.control.handlers import maybe_log_commit
+from phoenix_hpc.control.membership import live_members
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.recovery_phases import Next, Step, on_answers, on_tick
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, SlotState
@@ -151,7 +152,7 @@ class RecoveryMixin:
             self.job.to(JobState.RECOVERING, decision.reason)
         self.generation += 1
         self.store.set("ctl/generation", str(self.generation))
-        survivors = set(self._live_members())
+        survivors = set(live_members(self))
         rec = Recovery(decision, faults, self.generation, survivors, t_fault, now,
                         deadline=now + self.t.collective_timeout_s + self.t.heartbeat_timeout_s, drain=drain)
         self.recovery = rec
