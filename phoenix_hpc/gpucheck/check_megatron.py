@@ -26,6 +26,11 @@ default group only):
   megatron-core's own layer specs, with its ``qk_layernorm`` option) builds the provider's model (query/key
   norms present, no biases, no learned position embeddings), learns, and rebuilt from the host snapshot of
   step ``SAVE_AT`` continues bitwise;
+- ``megatron.evaluate``: on a blend of the check's dataset with a validation part (:func:`blend_config`),
+  two evaluations (:meth:`~phoenix_hpc.engines.base.Engine.evaluate`, megatron-core's schedule with
+  ``forward_only=True``) of the same parameters give the same loss and leave the state hash and the CUDA RNG
+  state as they were, and training with an evaluation every ``EVAL_EVERY`` steps ends in the state of training
+  without (:func:`evaluate_item`);
 - ``megatron.provider_refused``: a provider that returns a plain ``torch.nn.Module`` stops the engine's
   construction with a ConfigError naming ``model.provider`` (exit 2 on a rank), leaving no parallel state.
 
@@ -45,7 +50,7 @@ from phoenix_hpc.gpucheck.report import equal_item, item
 NAME = "megatron"
 TIMEOUT_S = 150
 ITEMS = ("megatron.shards", "megatron.learns", "megatron.determinism", "megatron.restore", "megatron.rebuild",
-         "megatron.adam_step", "megatron.provider", "megatron.provider_refused")
+         "megatron.adam_step", "megatron.evaluate", "megatron.provider", "megatron.provider_refused")
 STEPS, SAVE_AT, LEARN_DROP = 12, 6, 0.3
 FIRST_LOSS_TOL = 1.0  # nats around ln(vocab) for the first step's loss (ln 256 = 5.55; halved: 2.77)
 MODEL = {"layers": 2, "hidden_size": 128, "heads": 4, "vocab_size": 256, "seq_length": 128, "dtype": "bfloat16"}
@@ -63,6 +68,20 @@ PROVIDER_OPTIONS = {"num_query_groups": 2, "qk_layernorm": True, "transformer_im
 def config(work: Path):
     """The job config of every item but the provider's (CPU only; the dry run builds it)."""
     return common.job_config("megatron", common.dataset(work), {**MODEL, **LLAMA}, TRAINING)
+
+
+EVAL_EVERY, EVAL_ITERS, EVAL_STEPS = 2, 2, 4
+
+
+def blend_config(work: Path):
+    """:func:`config` reading the check's dataset as a one-dataset blend with a validation part (split 90,10,0),
+    evaluating every ``EVAL_EVERY`` steps (``megatron.evaluate``)."""
+    from phoenix_hpc.config.schema import JobConfig
+
+    base = config(work).model_dump(mode="json", exclude_unset=True)
+    return JobConfig.model_validate({**base, "data": {"blend": [{"path": common.dataset(work)}], "split": "90,10,0"},
+                                     "training": {**TRAINING, "steps": EVAL_STEPS, "eval_interval": EVAL_EVERY,
+                                                  "eval_iters": EVAL_ITERS}})
 
 
 def provider_config(work: Path, provider: str = PROVIDER):
@@ -91,6 +110,7 @@ def plan(work: Path) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Apex / Transformer Engine absent: megatron-core falls back
         megatron_engine.import_megatron_core()
+    blend_config(work)
     pcfg = provider_config(work)
     check_user_code(pcfg)
     check_user_code(provider_config(work, f"{__name__}:plain_torch_provider"))
@@ -256,6 +276,8 @@ def run(work: Path) -> list[dict]:
                              "location": c.envelope().get("adam_step_location")}, limit))
     finish(c)
 
+    items.append(evaluate_item(work, groups, dev, limit))
+
     from megatron.core import parallel_state
 
     e, re_, nums = recovery_rebuild(cfg, dev, tokens, SAVE_AT, STEPS)
@@ -272,6 +294,51 @@ def run(work: Path) -> list[dict]:
     groups = e.groups
     finish(e)
     return items + provider_items(work, groups, dev, tokens)
+
+
+def evaluate_item(work: Path, groups, dev, limit: str) -> dict:
+    """``megatron.evaluate`` (module docstring): two engines on :func:`blend_config` train ``EVAL_STEPS`` steps,
+    the second with an evaluation every ``EVAL_EVERY`` steps; then each evaluates its final parameters twice. An
+    exception is the item's failure (the other items still run)."""
+    import torch
+
+    from phoenix_hpc.data.blend import open_blend
+    from phoenix_hpc.engines.base import GridCoord
+    from phoenix_hpc.engines.factory import create_engine
+    from phoenix_hpc.launch.evaluate import Evaluator
+    from phoenix_hpc.launch.loop import train
+
+    e = None
+    try:
+        cfg = blend_config(work)
+        open_blend(cfg)  # as a slot: before a group of more than one rank exists
+        tokens = cfg.training.global_batch_size * cfg.model.seq_length
+        runs, evals = [], []
+        for every in (None, EVAL_EVERY):
+            e = create_engine(cfg, GridCoord(0, 0, 0), groups, dev)
+            ev = Evaluator(every, EVAL_ITERS, cfg.training.global_batch_size, evals.append) if every else None
+            losses = common.losses(train(e, EVAL_STEPS, tokens, evaluator=ev))
+            h, rng = e.state_hash(), torch.cuda.get_rng_state(dev)
+            a, b = e.evaluate(0, EVAL_ITERS), e.evaluate(0, EVAL_ITERS)
+            runs.append((h, losses, a, b, e.state_hash() == h, torch.equal(torch.cuda.get_rng_state(dev), rng)))
+            e.teardown()
+            e = None
+    except Exception as exc:  # noqa: BLE001 -- reported as this item's failure
+        if e is not None:
+            e.teardown()  # the next items build engines on a fresh parallel state
+        return item("megatron.evaluate", "failed", f"{type(exc).__name__}: {str(exc)[:300]}", {}, limit)
+    (h0, l0, a0, b0, same0, rng0), (h1, l1, a1, b1, same1, rng1) = runs
+    nums = {"hash": h0[:16], "valid_loss": a0, "evaluated_steps": [r.step for r in evals],
+            "eval_losses": [r.loss for r in evals]}
+    problems = [why for bad, why in (
+        (a0 != b0 or a1 != b1, f"two evaluations differ ({a0} vs {b0}; {a1} vs {b1})"),
+        (not (same0 and same1), "an evaluation changed the state hash"),
+        (not (rng0 and rng1), "an evaluation changed the CUDA RNG state"),
+        ((h1, l1) != (h0, l0), "training with evaluations ended in another state (hash, losses) than without"),
+        (a0 != a1, "the same parameters evaluated to another loss in the second engine"),
+        ([r.step for r in evals] != list(range(EVAL_EVERY, EVAL_STEPS + 1, EVAL_EVERY)), "evaluated at other steps"),
+    ) if bad]
+    return item("megatron.evaluate", "failed" if problems else "passed", "; ".join(problems), nums, limit)
 
 
 def provider_items(work: Path, groups, dev, tokens: int) -> list[dict]:

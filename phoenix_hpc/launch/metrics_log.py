@@ -277,9 +277,18 @@ class MetricsLog:
             self._each("scalars", rec.step, {VALID_TAG: float(rec.loss)}, False)
 
     def recoveries(self) -> None:
-        if self.tail is not None and self.sinks:
-            for ev in self.tail.new_recoveries():
-                self._each("recovery", ev)
+        """Log the recoveries journaled since the last call; an unreadable journal is reported once and no
+        longer read (the step values still go out)."""
+        if self.tail is None or not self.sinks:
+            return
+        try:
+            events = self.tail.new_recoveries()
+        except OSError as exc:
+            self.tail = None
+            self._warn(f"[phoenix] metrics logging: the journal cannot be read, recoveries are not logged: {exc}")
+            return
+        for ev in events:
+            self._each("recovery", ev)
 
     def close(self) -> None:
         self.recoveries()
