@@ -13,7 +13,7 @@ when ready), and keeps working while training processes die (it is not part of t
 class owning its state, that takes one input and returns the journal events and the commands
 (:mod:`phoenix_hpc.control.commands`) it calls for; the coordinator decodes a message, dispatches it through
 the table :data:`HANDLERS` (message type -> its one handler), journals the events first and carries out the
-commands (sends, replies, Slurm-side files). The decisions:
+commands (sends, replies). The decisions:
 
 - :mod:`phoenix_hpc.control.detect` (which slots are judged, whose heartbeats are overdue),
   :mod:`phoenix_hpc.control.admission` (who may register; what declaring slots dead means),
@@ -24,15 +24,16 @@ commands (sends, replies, Slurm-side files). The decisions:
   :mod:`phoenix_hpc.control.ending` (the planned end's final checkpoint).
 
 What carries them out: this module (state, loop :meth:`Coordinator.run`: drain the messages, beat, tick; the
-end of the job; the admission of every slot's message) and, still as bases of the class,
-:mod:`~phoenix_hpc.control.messaging` (inbox, operator channel, decode, replay guard, send / reply / reject),
-:mod:`~phoenix_hpc.control.recovery_machine` (quiesce -> plan -> restore -> invariant check -> replay,
-docs/design.md section 6, with the fallback to the persistent checkpoint) and :mod:`~phoenix_hpc.control.restart` (a restarted coordinator, ``--restart N``, rebuilds
-its state from the journal's fold and takes the re-registering slots back); :mod:`~phoenix_hpc.control.membership`
-(registration, heartbeats, exits, declaring slots dead), :mod:`~phoenix_hpc.control.handlers` (the training
-messages), :mod:`~phoenix_hpc.control.planned_end`,
-:mod:`~phoenix_hpc.control.inject_relay` and :mod:`~phoenix_hpc.control.drain_relay` are plain functions of
-the coordinator. The plain records are in :mod:`phoenix_hpc.control.records`.
+end of the job; the admission of every slot's message) with its two bases,
+:mod:`~phoenix_hpc.control.messaging` (inbox, operator channel, decode, replay guard, send / reply / reject,
+carrying out commands) and :mod:`~phoenix_hpc.control.recovery_machine` (quiesce -> plan -> restore ->
+invariant check -> replay, docs/design.md section 6, with the fallback to the persistent checkpoint); and
+plain functions of the coordinator: :mod:`~phoenix_hpc.control.membership` (registration, heartbeats, exits,
+declaring slots dead), :mod:`~phoenix_hpc.control.handlers` (the training messages),
+:mod:`~phoenix_hpc.control.planned_end`, :mod:`~phoenix_hpc.control.inject_relay`,
+:mod:`~phoenix_hpc.control.drain_relay` and :mod:`~phoenix_hpc.control.restart` (a restarted coordinator,
+``--restart N``, rebuilds its state from the journal's fold and takes the re-registering slots back). The
+plain records are in :mod:`phoenix_hpc.control.records`.
 
 The job ends (``job_done`` with the final hash) when every active rank reported ``done``; or on a ``stop``
 message, SIGTERM (to the coordinator, or to a slot, which passes it on as ``signal``) or SIGUSR1 (time
@@ -55,7 +56,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from phoenix_hpc.control import drain_relay, handlers, inject_relay, membership, planned_end
+from phoenix_hpc.control import drain_relay, handlers, inject_relay, membership, planned_end, restart
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import FaultKind
@@ -73,14 +74,13 @@ from phoenix_hpc.control.operator import OperatorServer
 from phoenix_hpc.control.pause import PauseMeter
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.recovery_machine import RecoveryMixin
-from phoenix_hpc.control.restart import RestartMixin
 from phoenix_hpc.control.settings import Timing, timing_from_run_dir  # noqa: F401 - re-exported
 from phoenix_hpc.control.states import (
     LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, RecoveryPhase, SlotState, job_machine)
 from phoenix_hpc.test_env import active_test_env
 
 
-class Coordinator(MessagingMixin, RecoveryMixin, RestartMixin):
+class Coordinator(MessagingMixin, RecoveryMixin):
     """The control-plane state machine plus its store and journal. Single-threaded: :meth:`run` drains the
     inbox and runs periodic work (beat, detection, decisions, deadlines); handlers never block.
 
@@ -204,7 +204,7 @@ class Coordinator(MessagingMixin, RecoveryMixin, RestartMixin):
         if self.test_env:  # sbatch --export=ALL carries them from the submitting shell: say so (status shows it)
             self.journal.append(E.TestEnv(variables=dict(self.test_env)))
         if self.restart:
-            r = self._rebuild_from_journal()
+            r = self._rebuild_from_journal()  # control/restart.py
             self.store.set("ctl/generation", str(self.generation))
             self.journal.append(E.CoordinatorRestarted(
                 restart=self.restart, generation=self.generation,
@@ -369,6 +369,10 @@ class Coordinator(MessagingMixin, RecoveryMixin, RestartMixin):
         never the summary of the logical rank a spare holds now (launch/rank.py). A process that is gone, or
         blocked (a lost link in a drill), never reads it; the message is harmless there."""
         self._send(w, {"type": "stop", "reason": reason, "job_state": "fenced"})
+
+    def _rebuild_from_journal(self) -> Any:
+        """Take the job's state from the journal's fold (a restarted coordinator; control/restart.py)."""
+        return restart.rebuild_from_journal(self)
 
     def _declare_dead(self, worlds: list[int], kind: FaultKind, reason: str, now: float) -> None:
         """Declare slots ``worlds`` dead (:func:`phoenix_hpc.control.membership.declare_dead`)."""

@@ -24,6 +24,7 @@ from phoenix_hpc.control.commands import Outcome
 from phoenix_hpc.control.handlers import apply_commit
 from phoenix_hpc.control.planned_end import exits_during_end
 from phoenix_hpc.control.records import PendingFault, Slot
+from phoenix_hpc.control.restart import on_rejoin
 from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, SlotState, slot_machine
 
 
@@ -56,7 +57,7 @@ def drain_exits(c: Any) -> bool:
 def on_register(c: Any, body: dict) -> None:
     """A slot's ``register`` (or, with ``rejoin``, its return after a coordinator restart)."""
     if body.get("rejoin") is not None:  # a slot back after a coordinator restart (control/restart.py)
-        return c._on_rejoin(body)
+        return on_rejoin(c, body)
     a = admit(body, slots=c.slots, grid=c.grid, rank_map=c.rank_map, job_state=c.job.state)
     c.grid = a.grid  # the first active registration sets the job's grid (control/admission.py)
     if a.reject:

@@ -1,6 +1,6 @@
 """A restarted coordinator takes over its job: state from the journal, then the slots re-register.
 
-:class:`RestartMixin` is part of :class:`phoenix_hpc.control.coordinator.Coordinator`. After a crash the batch
+Plain functions of the coordinator ``c`` (:func:`rebuild_from_journal`, :func:`on_rejoin`). After a crash the batch
 script's supervisor (:mod:`phoenix_hpc.control.supervise`) starts a new coordinator with ``--restart N``. It
 reuses the job secret, folds ``RUN_DIR/journal.jsonl`` into the job's view (:func:`phoenix_hpc.control.view.fold`,
 the fold ``phoenix status`` reads too: generation, grid, slots, rank maps, committed step, checkpoint, a
@@ -35,70 +35,69 @@ _SLOT_STATE = {"active": SlotState.ACTIVE, "standby": SlotState.STANDBY, "joinin
                "done": SlotState.DONE}
 
 
-class RestartMixin:
-    """Rebuilding state after a restart, and taking re-registering slots back, for the coordinator."""
-
-    def _rebuild_from_journal(self) -> JobView:
-        """Fold the journal into this (fresh) coordinator. Returns the job's view."""
-        path, skipped = self.journal.path, []
-        r = fold(iter_journal(path, skipped=skipped)) if path.exists() else JobView()
-        r.skipped[:0] = skipped
-        now = self.clock()
-        self.generation = r.generation
-        if r.grid is not None:
-            self.grid = r.grid
-        self.rank_map = dict(r.rank_map)
-        # what the recovery evidence recomputes each generation's replica placement from (control/evidence.py)
-        self.rank_maps = {g: dict(m) for g, m in r.rank_maps.items()}
-        self.grid_since = dict(r.grid_since)
-        self.placement_inputs = r.placement_inputs
-        self.checkpoint_step = r.newest_checkpoint
-        self._rejoined: set[int] = set()
-        for w, s in r.slots.items():
-            m = slot_machine(f"slot {w}", _SLOT_STATE.get(s.state, SlotState.ACTIVE))
-            # not re-registered yet: step 0 gives it the start-up grace before its heartbeats are judged
-            self.slots[w] = Slot(w, s.node, int(s.pid or 0), s.role, m, now, s.logical_rank, s.generation or 0, 0,
-                                 domain=s.domain)
-        if r.job_end is not None:  # it died between the job's end and its verdict: give the verdict, nothing more
-            self.job = job_machine(JobState(E.JOB_END_STATES[r.job_end]))
-            self._end_at = now + self.t.linger_s
-            return r
-        if r.running:
-            self.job.to(JobState.RUNNING, "restarted coordinator: the journal says the job was running")
-        if r.recovery is not None and r.recovery.phase is not RecoveryPhase.REPLAY:
-            self._requeue_recovery(r, now)
+def rebuild_from_journal(c: Any) -> JobView:
+    """Fold the journal into the (fresh) coordinator ``c``. Returns the job's view."""
+    path, skipped = c.journal.path, []
+    r = fold(iter_journal(path, skipped=skipped)) if path.exists() else JobView()
+    r.skipped[:0] = skipped
+    now = c.clock()
+    c.generation = r.generation
+    if r.grid is not None:
+        c.grid = r.grid
+    c.rank_map = dict(r.rank_map)
+    # what the recovery evidence recomputes each generation's replica placement from (control/evidence.py)
+    c.rank_maps = {g: dict(m) for g, m in r.rank_maps.items()}
+    c.grid_since = dict(r.grid_since)
+    c.placement_inputs = r.placement_inputs
+    c.checkpoint_step = r.newest_checkpoint
+    c._rejoined: set[int] = set()
+    for w, s in r.slots.items():
+        m = slot_machine(f"slot {w}", _SLOT_STATE.get(s.state, SlotState.ACTIVE))
+        # not re-registered yet: step 0 gives it the start-up grace before its heartbeats are judged
+        c.slots[w] = Slot(w, s.node, int(s.pid or 0), s.role, m, now, s.logical_rank, s.generation or 0, 0,
+                             domain=s.domain)
+    if r.job_end is not None:  # it died between the job's end and its verdict: give the verdict, nothing more
+        c.job = job_machine(JobState(E.JOB_END_STATES[r.job_end]))
+        c._end_at = now + c.t.linger_s
         return r
+    if r.running:
+        c.job.to(JobState.RUNNING, "restarted coordinator: the journal says the job was running")
+    if r.recovery is not None and r.recovery.phase is not RecoveryPhase.REPLAY:
+        requeue_recovery(c, r, now)
+    return r
 
-    def _requeue_recovery(self, r: JobView, now: float) -> None:
-        """A recovery was cut short by the restart: its dead slots become a pending fault again."""
-        dead = tuple(sorted(w for w in r.recovery.dead if w in self.slots))
-        nodes = tuple(sorted({self.slots[w].node for w in dead}))
-        f = Fault(FaultKind.PROCESS_EXIT, dead, nodes, False,
-                  f"recovery to generation {r.generation} interrupted by a coordinator restart")
-        self.faults.append(PendingFault(f, now))
 
-    def _on_rejoin(self, body: dict) -> None:
-        """``register`` with ``rejoin``: a slot that kept running while the coordinator was away."""
-        w, pid = int(body["world_rank"]), int(body["pid"])
-        rj: dict[str, Any] = body.get("rejoin") or {}
-        slot = self.slots.get(w)
-        rec = None if slot is None else SlotView(w, slot.node, slot.pid, slot.state.value, slot.logical_rank,
-                                                 slot.generation, role=slot.role)
-        why = rejoin_verdict(rec, pid, str(body.get("role")), body.get("logical_rank"), rj.get("generation"),
-                             self.generation)
-        if why is not None:
-            self.journal.append(E.RejoinRefused(world_rank=w, pid=pid, reason=why))
-            return self._reply(body, {"type": "rejected", "reason": f"rejoin of world rank {w} refused: {why}"})
-        step = int(rj.get("step") or 0)
-        slot.step = max(slot.step, step)
-        slot.last_seen = self.clock()
-        if rj.get("generation") is not None:
-            slot.generation = max(slot.generation, int(rj["generation"]))
-        first = w not in self._rejoined
-        self._rejoined.add(w)
-        # group commit, as for a registration (membership.py): one fsync per batch of rejoining slots
-        self.journal.append_deferred(E.Rejoined(world_rank=w, pid=pid, node=slot.node, role=str(body.get("role")),
-                                                generation=rj.get("generation"), step=step, again=not first,
-                                                buffered=int(rj.get("buffered") or 0), dropped=int(rj.get("dropped") or 0)))
-        self._reply_after_sync(body, {"type": "registered", "generation": self.generation, "role": slot.role,
-                                      "logical_rank": slot.logical_rank})
+def requeue_recovery(c: Any, r: JobView, now: float) -> None:
+    """A recovery was cut short by the restart: its dead slots become a pending fault again."""
+    dead = tuple(sorted(w for w in r.recovery.dead if w in c.slots))
+    nodes = tuple(sorted({c.slots[w].node for w in dead}))
+    f = Fault(FaultKind.PROCESS_EXIT, dead, nodes, False,
+              f"recovery to generation {r.generation} interrupted by a coordinator restart")
+    c.faults.append(PendingFault(f, now))
+
+
+def on_rejoin(c: Any, body: dict) -> None:
+    """``register`` with ``rejoin``: a slot that kept running while the coordinator was away."""
+    w, pid = int(body["world_rank"]), int(body["pid"])
+    rj: dict[str, Any] = body.get("rejoin") or {}
+    slot = c.slots.get(w)
+    rec = None if slot is None else SlotView(w, slot.node, slot.pid, slot.state.value, slot.logical_rank,
+                                             slot.generation, role=slot.role)
+    why = rejoin_verdict(rec, pid, str(body.get("role")), body.get("logical_rank"), rj.get("generation"),
+                         c.generation)
+    if why is not None:
+        c.journal.append(E.RejoinRefused(world_rank=w, pid=pid, reason=why))
+        return c._reply(body, {"type": "rejected", "reason": f"rejoin of world rank {w} refused: {why}"})
+    step = int(rj.get("step") or 0)
+    slot.step = max(slot.step, step)
+    slot.last_seen = c.clock()
+    if rj.get("generation") is not None:
+        slot.generation = max(slot.generation, int(rj["generation"]))
+    first = w not in c._rejoined
+    c._rejoined.add(w)
+    # group commit, as for a registration (membership.py): one fsync per batch of rejoining slots
+    c.journal.append_deferred(E.Rejoined(world_rank=w, pid=pid, node=slot.node, role=str(body.get("role")),
+                                            generation=rj.get("generation"), step=step, again=not first,
+                                            buffered=int(rj.get("buffered") or 0), dropped=int(rj.get("dropped") or 0)))
+    c._reply_after_sync(body, {"type": "registered", "generation": c.generation, "role": slot.role,
+                                  "logical_rank": slot.logical_rank})
