@@ -17,8 +17,7 @@ from typing import Any, Mapping
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control.classify import Fault, FaultKind, kind_from_exception
-from phoenix_hpc.control.events import RecoveryPhase
-from phoenix_hpc.control.states import JobState
+from phoenix_hpc.control.states import JobState, RecoveryPhase
 
 
 def fault_report(body: Mapping[str, Any], *, world_rank: int, node: str, slot_generation: int, generation: int,

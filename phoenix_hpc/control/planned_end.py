@@ -13,9 +13,8 @@ from typing import Any
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control.ending import PlannedEnd, after_stop_round, continue_hint, no_final_checkpoint
-from phoenix_hpc.control.events import RecoveryPhase
 from phoenix_hpc.control.recovery_phases import ANSWERING
-from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, SlotState
+from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, RecoveryPhase, SlotState
 
 
 def round_timeout_s(c: Any) -> float:

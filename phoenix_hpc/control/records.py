@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phoenix_hpc.control.classify import Decision, Fault
-from phoenix_hpc.control.events import RecoveryPhase
 from phoenix_hpc.control.recovery_phases import check_move
-from phoenix_hpc.control.states import SlotState, StateMachine
+from phoenix_hpc.control.states import RecoveryPhase, SlotState, StateMachine
 from phoenix_hpc.recovery.plan import RecoveryPlan
 
 

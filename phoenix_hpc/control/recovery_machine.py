@@ -47,12 +47,11 @@ from phoenix_hpc.control.arbitration import arbitrate, fault_time
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine
 from phoenix_hpc.control.detect import detect
 from phoenix_hpc.control.ending import continue_hint
-from phoenix_hpc.control.events import RecoveryPhase
 from phoenix_hpc.control.handlers import maybe_log_commit
 from phoenix_hpc.control.membership import live_members
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.recovery_phases import Next, Step, on_answers, on_tick
-from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, SlotState
+from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, RecoveryPhase, SlotState
 from phoenix_hpc.recovery.invariants import report_from_json, verify_recovery
 from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, plan_checkpoint_restart, plan_recovery
 from phoenix_hpc.recovery.shrink import plan_shrink

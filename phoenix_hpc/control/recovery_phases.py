@@ -20,8 +20,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from phoenix_hpc.control.events import RecoveryPhase
-from phoenix_hpc.control.states import IllegalTransition
+from phoenix_hpc.control.states import IllegalTransition, RecoveryPhase
 
 if TYPE_CHECKING:
     from phoenix_hpc.control.records import Recovery

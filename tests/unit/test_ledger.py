@@ -9,9 +9,8 @@ import hashlib
 import pytest
 
 from phoenix_hpc.control.classify import FaultKind
-from phoenix_hpc.control.events import RecoveryPhase
 from phoenix_hpc.control.ledger import all_done, fault_report, job_done
-from phoenix_hpc.control.states import JobState
+from phoenix_hpc.control.states import JobState, RecoveryPhase
 
 # (name, report fields, slot generation, job generation, stopping) -> (kind, superseded)
 FAULTS = [

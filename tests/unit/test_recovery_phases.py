@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from phoenix_hpc.control.classify import Action, Decision
-from phoenix_hpc.control.events import RecoveryPhase as RP
 from phoenix_hpc.control.records import Recovery
 from phoenix_hpc.control.recovery_phases import PHASE_TRANSITIONS, Step, check_move, on_answers, on_tick
 from phoenix_hpc.control.states import IllegalTransition
+from phoenix_hpc.control.states import RecoveryPhase as RP
 
 
 class _Plan:
