@@ -133,7 +133,8 @@ class EvidenceBook:
 
     def holder_of(self, owners: list[int], *, rank_map: Mapping[int, int], grid: tuple[int, int, int] | None,
                   generation: int, slots: Mapping[int, Any],
-                  placement: Callable[[], Mapping[tuple[str, int], frozenset[int]]]) -> tuple[tuple[int, str] | None, str]:
+                  placement: Callable[[], Mapping[tuple[str, int], frozenset[int]]],
+                  ) -> tuple[tuple[int, str] | None, str]:
         """``((world rank of a live holder, shard id), "")`` for the shard of the first of ``owners`` (world
         ranks): its lowest live logical holder of this ``generation``, by the owner's commit reports (or,
         before the owner's first, by the generation's ``placement()``); else ``(None, why)``."""

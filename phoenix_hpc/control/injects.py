@@ -36,7 +36,7 @@ from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.commands import CountRejected, Hold, Outcome, Reject, Release, Send
 from phoenix_hpc.control.records import Slot
-from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState
+from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState
 from phoenix_hpc.control.targets import resolve_target
 
 CONFIRM_DEFAULT_S = 20.0  # how long targets have to confirm a request whose sender gave no confirm_within_s

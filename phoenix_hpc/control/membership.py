@@ -62,7 +62,8 @@ def on_register(c: Any, body: dict) -> None:
     c.grid = a.grid  # the first active registration sets the job's grid (control/admission.py)
     if a.reject:
         return c._reject(a.reject, body, key=a.key)
-    w, pid, node, role, logical, inputs, domain = a.world_rank, a.pid, a.node, a.role, a.logical_rank, a.inputs, a.domain
+    w, pid, node, role, logical = a.world_rank, a.pid, a.node, a.role, a.logical_rank
+    inputs, domain = a.inputs, a.domain
     if inputs is not None:
         c.placement_inputs = c.placement_inputs or {"k": int(inputs["k"]), "levels": list(inputs["levels"])}
     slot = Slot(w, node, pid, role, slot_machine(f"slot {w}"), c.clock(), logical, c.generation,

@@ -125,8 +125,8 @@ def on_answers(rec: Recovery, *, dead: Callable[[int], bool], step_of: Callable[
     """The rule after a batch of messages, so that a recovery does not wait up to a tick for its last
     answer: PLAN once every survivor quiesced, but no sooner than ``tick_s`` after the start, within the
     deadline, with no fault pending, no survivor dead and no slot ``overdue()`` (heartbeats the tick would
-    judge dead first; asked last, it is the costly one); CHECK once every member recovered; FINISH once every member passed the replayed
-    steps with no fault pending. A dead member waits for the tick, which aborts. Pure."""
+    judge dead first; asked last, it is the costly one); CHECK once every member recovered; FINISH once every
+    member passed the replayed steps with no fault pending. A dead member waits for the tick, which aborts. Pure."""
     phase = RecoveryPhase(rec.phase)
     if phase == Q:
         if (set(rec.quiesced) >= set(rec.survivors) and not faults_pending and now <= rec.deadline

@@ -24,13 +24,15 @@ def resolve_target(target: Any, slots: Mapping[int, Slot], rank_map: Mapping[int
     """
     live = {w: s for w, s in slots.items() if s.state in LIVE_SLOT_STATES}
     if not isinstance(target, dict) or len(target) != 1:
-        return [], f"target {target!r} must be one of {{world_rank}}, {{logical_rank}}, {{node}}, {{coord: [pp, dp, tp]}}"
+        return [], (f"target {target!r} must be one of {{world_rank}}, {{logical_rank}}, {{node}}, "
+                    "{coord: [pp, dp, tp]}")
     (k, v), = target.items()
     if k == "world_rank":
         return ([int(v)], "") if int(v) in live else ([], f"no live slot with world rank {v} (live: {sorted(live)})")
     if k == "logical_rank":
         w = rank_map.get(int(v))
-        return ([w], "") if w in live else ([], f"no live slot holds logical rank {v} (grid has {len(rank_map)})")
+        return ([w], "") if w in live else ([], f"no live slot holds logical rank {v} "
+                                                f"(grid has {len(rank_map)})")
     if k == "node":
         ws = sorted(w for w, s in live.items() if s.node == v)
         return (ws, "") if ws else ([], f"no live slot on node {v!r} (nodes: {sorted({s.node for s in live.values()})})")
