@@ -130,6 +130,7 @@ class Coordinator(MessagingMixin, RecoveryMixin):
         self.placement: dict[str, list[int]] = {}  # shard id -> holder logical ranks (as reported)
         # the owners' word and each generation's placement, evidence for the recovery checks (control/evidence.py)
         self.evidence = EvidenceBook()
+        self.agreement = None  # the DP replicas' parameter digests (control/agreement.py AgreementBook)
         # to recompute each generation's replica placement (topology.generation_placement): k and levels as
         # the slots registered them, and the rank map of every generation
         self.placement_inputs: dict[str, Any] | None = None

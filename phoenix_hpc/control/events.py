@@ -246,6 +246,7 @@ class Commit(Event):
     shard_steps: Any = None  # {shard id: {logical rank: committed step}}
     placement: Any = OMIT  # {shard id: [holder logical ranks]}
     shard_bytes: Any = OMIT  # {shard id: bytes}
+    agreement: Any = OMIT  # {"checked", "disagreed", "last_step"}: replica agreement (control/agreement.py)
 
 @_ev("placement")
 class Placement(Event):
@@ -321,6 +322,36 @@ class ReplicaRejected(Event):
     node: Any = None
     shard_id: Any = None
     step: Any = None
+    reason: Any = None
+
+@_ev("silent_corruption")
+class SilentCorruption(Event):
+    """The DP replicas of one (pp, tp) reported different parameter digests with their commit of ``step``
+    (control/agreement.py): ``members`` {logical rank: digest hex}; ``suspects`` the logical ranks outside
+    the majority (all of them when there is none, dp = 2); ``majority`` the logical ranks of the strict
+    majority (OMIT when there is none)."""
+    generation: Any = None
+    step: Any = None
+    pp: Any = None
+    tp: Any = None
+    members: Any = None
+    suspects: Any = None
+    majority: Any = OMIT
+
+@_ev("agreement_rejected")
+class AgreementRejected(Event):
+    """A member's parameter digest that was not compared (wrong length, an old generation), and why."""
+    world_rank: Any = None
+    logical_rank: Any = None
+    generation: Any = None
+    step: Any = None
+    reason: Any = None
+
+@_ev("agreement_undetectable")
+class AgreementUndetectable(Event):
+    """Stages whose parameters no peer can be compared with (dp = 1), journalled once per generation."""
+    generation: Any = None
+    stages: Any = None  # [[pp, tp], ...]
     reason: Any = None
 
 # --- recoveries ---------------------------------------------------------------------------------------------

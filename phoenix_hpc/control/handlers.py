@@ -14,12 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from phoenix_hpc.control import events as E
+from phoenix_hpc.control.agreement import AgreementBook, check_report
+from phoenix_hpc.control.classify import Fault, FaultKind
 from phoenix_hpc.control.ledger import all_done, fault_report, job_done
 from phoenix_hpc.control.records import PendingFault
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState
 from phoenix_hpc.recovery.steps import committed_step, recoverable_step
 from phoenix_hpc.runtime.interval import lost_steps_at_most
-from phoenix_hpc.topology import coord_of
+from phoenix_hpc.topology import GridCoord, coord_of, rank_of
 
 
 def on_commit(c: Any, body: dict) -> None:
@@ -55,7 +57,52 @@ def apply_commit(c: Any, slot: Any, body: dict) -> None:
         c.journal.append(E.ProtectInterval(interval=m, step=step, generation=c.generation,
                                            lost_steps_at_most=lost_steps_at_most(m)))
     c._record_sent(slot, int(g), body.get("sent"), body)  # control/evidence.py
+    if body.get("params") is not None:
+        check_agreement(c, slot, int(g), body["params"])
     c._commit_dirty = True  # the recoverable step is an O(ranks) scan: once per tick, not per message
+
+
+def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
+    """A member's parameter digest of its committed step (``params``: {"step", "digest"}), compared with its
+    DP peers' once all of them reported that step (control/agreement.py decides). A rejected digest is
+    journalled once (``agreement_rejected``) and compared with nothing; a disagreement is journalled
+    (``silent_corruption``) and queued as a ``silent_corruption`` fault naming the suspects' slots. A grid
+    with dp = 1 is journalled once per generation as undetectable (``agreement_undetectable``)."""
+    if not c.grid:
+        return
+    tp, pp, dp = c.grid
+    book = c.agreement
+    if book is None or book.generation != c.generation:
+        book = c.agreement = AgreementBook(dp=dp, generation=c.generation)
+        if dp < 2:
+            c.journal.append(E.AgreementUndetectable(
+                generation=c.generation, stages=[[p, t] for p in range(pp) for t in range(tp)],
+                reason="dp = 1: no data-parallel peer holds the same parameters to compare with"))
+    r = slot.logical_rank
+    step = params.get("step") if isinstance(params, dict) else None
+    why = check_report(params.get("digest") if isinstance(params, dict) else params, g, c.generation)
+    if why is None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        why = f"step {step!r} is not a non-negative integer"
+    if why is not None:
+        if book.first_rejection((slot.world_rank, g, repr(step), why)):
+            c.journal.append(E.AgreementRejected(world_rank=slot.world_rank, logical_rank=r, generation=g,
+                                                 step=step, reason=why))
+        return
+    co = coord_of(r, tp, pp, dp)
+    v = book.add(step, co.pp, co.dp, co.tp, params["digest"])
+    if v is None or v.agree:
+        return
+    logical = {d: rank_of(GridCoord(co.pp, d, co.tp), tp, pp, dp) for d in v.digests}
+    suspects = [logical[d] for d in v.suspects]
+    c.journal.append(E.SilentCorruption(
+        generation=c.generation, step=step, pp=co.pp, tp=co.tp,
+        members={str(logical[d]): h for d, h in v.digests.items()}, suspects=suspects,
+        **({"majority": [logical[d] for d in v.majority]} if v.majority else {})))
+    who = (f"logical rank(s) {suspects} differ from the majority {[logical[d] for d in v.majority]}" if v.majority
+           else f"logical ranks {suspects} differ and no majority says which is right")
+    c.faults.append(PendingFault(Fault(
+        FaultKind.SILENT_CORRUPTION, tuple(c.rank_map[x] for x in suspects if x in c.rank_map),
+        detail=f"parameters of the DP replicas at pp={co.pp}, tp={co.tp} differ at step {step}: {who}"), c.clock()))
 
 
 def recoverable_step_of(c: Any) -> int | None:
@@ -98,7 +145,8 @@ def maybe_log_commit(c: Any, force: bool = False) -> None:
                                   replicas=sum(len(v) for v in c.placement.values()), generation=c.generation,
                                   shard_steps={sid: {str(r): st for r, st in sorted(cp.items())}
                                                for sid, cp in sorted(c.committed.items())},
-                                  **({"placement": placed} if placed else {})))
+                                  **({"placement": placed} if placed else {}),
+                                  **({"agreement": c.agreement.summary()} if c.agreement is not None else {})))
 
 
 def on_checkpoint(c: Any, body: dict) -> None:

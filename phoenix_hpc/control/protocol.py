@@ -39,7 +39,8 @@ heartbeats      world_rank, pid (the carrier), beats [[world_rank, pid, generati
                 one node's heartbeats and commit reports (commit: null or {g, live_step, shards,
                 replicas}; control/node_beats.py)
 commit          world_rank, generation, step, shards {shard_id: committed local step},
-                replicas {shard_id: committed replica step}
+                replicas {shard_id: committed replica step} [, params {step, digest: 16 hex digits}: the
+                digest of the snapshot's parameters, compared with the DP peers' (control/agreement.py)]
 fault           world_rank, generation, step, phase, exc_type, message [, kind] [, signalled: the signal the
                 slot received before (a stop is under way: the fault is journalled superseded)]
 done            world_rank, generation, step, state_hash

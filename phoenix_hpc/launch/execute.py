@@ -352,7 +352,9 @@ class Member:
                                "hash": hash_hex(rec.crc) if rec.crc is not None else None}}
         try:
             self.env.client.report_commit(self.generation, int(self.engine.step), {rec.shard_id: rec.step}, held,
-                                          sent=sent, interval=rec.interval)
+                                          sent=sent, interval=rec.interval,
+                                          params=None if rec.param_digest is None else
+                                          {"step": rec.step, "digest": f"{rec.param_digest:016x}"})
         except Exception:  # noqa: BLE001 -- a lost report is repaired by the next commit; never fail a step
             pass
 

@@ -75,3 +75,12 @@ def combine(values: list[int]) -> int:
     """One 32-bit value over per-tensor checksums (CRC-32 of the values as little-endian u64); what a
     holder acknowledges and its owner compares."""
     return zlib.crc32(np.asarray(values, dtype="<u8").tobytes()) & 0xFFFFFFFF
+
+
+def digest64(values: list[int]) -> int:
+    """One 64-bit value over per-tensor checksums (XXH3-64 of the values as little-endian u64, in the order
+    given): what a member reports of its parameter tensors with each commit, and its DP peers' must equal
+    (control/agreement.py)."""
+    import xxhash
+
+    return xxhash.xxh3_64_intdigest(np.asarray(values, dtype="<u8").tobytes())

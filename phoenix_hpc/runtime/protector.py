@@ -64,7 +64,7 @@ from phoenix_hpc.runtime.buffers import (
     check_host_memory,
     read_mem_available,
 )
-from phoenix_hpc.runtime.checksum import DEFAULT_CHECKSUM, checksum_function
+from phoenix_hpc.runtime.checksum import DEFAULT_CHECKSUM, checksum_function, digest64
 from phoenix_hpc.runtime.checksum_pool import available_cpus, resolve_threads
 from phoenix_hpc.runtime.d2h_chunks import copy_chunk_problem
 from phoenix_hpc.runtime.cpu_account import CpuAccount, Span, delta
@@ -100,6 +100,7 @@ class CommitRecord:
     recoverable_step: int | None
     crc: int | None = None  # combined CRC-32 of the optimizer part (what every holder acknowledged)
     interval: int = 1  # protection interval m of this snapshot: the next one is of step + interval
+    param_digest: int | None = None  # digest64 of the parameter tensors' checksums (control/agreement.py)
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class _Pending:
     step: int
     idx: int | None = None
     crc: int | None = None
+    param_digest: int | None = None
     d2h_done: bool = False
     error: BaseException | None = None
     start_s: float = 0.0
@@ -581,7 +583,7 @@ class Protector:
         self._cpu_at_commit, self._wakeups_at_commit = now, self.h2h.wakeups
         self._pending = None
         rec = CommitRecord(self.shard_id, job.step, self.generation, self.holders, exposed,
-                           self.h2h.fenced_step, job.crc, job.interval)
+                           self.h2h.fenced_step, job.crc, job.interval, job.param_digest)
         if self.on_commit is not None:
             self.on_commit(rec)
         return rec
@@ -786,6 +788,8 @@ class Protector:
             crc = seal(buf, self.layout, shard_id=self.shard_id, step=job.step, generation=self.generation,
                        grid=self.grid, coord=self.coord, envelope=envelope, checksum=self.checksum, sums=sums)
             job.idx, job.crc, job.d2h_s = idx, crc, time.perf_counter() - t0
+            # the parameters' checksums, which the DP peers' must equal (control/agreement.py): 8 bytes
+            job.param_digest = digest64([v for v, sl in zip(sums, self.layout.slots) if sl.part == PARAM])
             job.d2h_done = True  # the live state is copied: the next optimizer step may run
             self.h2h.notify()
             if self._test_delay_s > 0:

@@ -1,0 +1,136 @@
+"""Replica agreement: the data-parallel replicas of one (pp, tp) coordinate hold the same parameters, bit for
+bit, after every optimizer step (docs/design.md section 6, "Replica agreement").
+
+ZeRO-1 (the torch engine's :mod:`phoenix_hpc.engines.zero`, megatron-core's distributed optimizer) updates
+each element of the parameters on exactly one DP rank and all-gathers the result, and plain data parallelism
+applies the same all-reduced gradient on every replica: either way the DP peers' parameters are equal after
+the step. Every member reports, with its commit of step ``s``, one 64-bit digest of its snapshot's parameter
+tensors (:func:`phoenix_hpc.runtime.checksum.digest64` over the per-tensor checksums the D2H copy computed
+anyway; optimizer shards differ by design and are not compared). The coordinator's :class:`AgreementBook`
+gathers the digests per (step, pp, tp) and :func:`compare` judges a complete set.
+
+Pure decisions (:func:`check_report`, :func:`compare`, :func:`majority_of`) and one book that owns the
+pending digests; the coordinator journals what they return (``agreement_rejected``, ``silent_corruption``,
+``agreement_undetectable`` in :mod:`phoenix_hpc.control.events`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+#: hex digits of a digest report (64 bits)
+DIGEST_HEX = 16
+#: steps per (pp, tp) whose digests wait for the rest of their DP peers; older ones are dropped unjudged (a
+#: member's newer commit report replaced the older one before a heartbeat carried it: docs/design.md 6)
+PENDING_STEPS = 8
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The judgement of one complete set of DP digests.
+
+    ``step``: the committed step; ``pp``, ``tp``: the coordinate; ``digests``: {dp index: digest hex};
+    ``agree``: all equal; ``majority``: the dp indices of the strict majority digest when the replicas
+    disagree and more than half share one (needs dp >= 3), else ``()``; ``suspects``: the dp indices
+    outside that majority, or every member when there is none (with dp = 2 nobody can tell who is right)."""
+
+    step: int
+    pp: int
+    tp: int
+    digests: Mapping[int, str]
+    agree: bool
+    majority: tuple[int, ...] = ()
+    suspects: tuple[int, ...] = ()
+
+
+def check_report(digest: object, generation: int, current_generation: int) -> str | None:
+    """Why a member's parameter digest must be rejected, or None when it is acceptable. Pure.
+
+    A digest is :data:`DIGEST_HEX` lower-case hex digits (64 bits) and belongs to the job's current
+    generation: an older generation's parameters were trained by another grid and may not be compared."""
+    if not isinstance(digest, str) or len(digest) != DIGEST_HEX or any(ch not in "0123456789abcdef" for ch in digest):
+        shown = digest if isinstance(digest, str) and len(digest) <= 64 else type(digest).__name__
+        return f"parameter digest {shown!r} is not {DIGEST_HEX} lower-case hex digits (64 bits)"
+    if generation != current_generation:
+        return f"parameter digest of generation {generation}, the job is at generation {current_generation}"
+    return None
+
+
+def majority_of(digests: Mapping[int, str]) -> tuple[int, ...]:
+    """The dp indices sharing the digest that more than half of ``digests`` hold, sorted; ``()`` when no
+    digest has a strict majority (always so with two members that differ). Pure."""
+    by: dict[str, list[int]] = {}
+    for d, h in digests.items():
+        by.setdefault(h, []).append(d)
+    best = max(by.values(), key=len, default=[])
+    return tuple(sorted(best)) if 2 * len(best) > len(digests) else ()
+
+
+def compare(step: int, pp: int, tp: int, digests: Mapping[int, str]) -> Verdict:
+    """Judge the digests ``{dp index: digest}`` of every DP peer at (``pp``, ``tp``) for committed ``step``.
+
+    Equal: ``agree``. Otherwise the members outside a strict majority are the suspects (dp >= 3), or all of
+    them when there is none. Raises ValueError for fewer than two digests: one replica cannot be compared
+    (:meth:`AgreementBook.undetectable` says so instead)."""
+    if len(digests) < 2:
+        raise ValueError(f"compare needs the digests of at least two DP peers, got {len(digests)}")
+    ds = dict(sorted(digests.items()))
+    if len(set(ds.values())) == 1:
+        return Verdict(step, pp, tp, ds, True)
+    maj = majority_of(ds)
+    suspects = tuple(d for d in ds if d not in maj) if maj else tuple(ds)
+    return Verdict(step, pp, tp, ds, False, maj, suspects)
+
+
+@dataclass
+class AgreementBook:
+    """The digests of generation ``generation`` (a grid of ``dp`` replicas) that wait for their DP peers,
+    per ((pp, tp), step) -> {dp: digest}; the count of sets
+    judged (``checked``) and found different (``disagreed``), the newest judged step, and the reports already
+    rejected (each journalled once)."""
+
+    dp: int
+    generation: int = 0
+    pending: dict[tuple[int, int], dict[int, dict[int, str]]] = field(default_factory=dict)
+    checked: int = 0
+    disagreed: int = 0
+    last_step: int | None = None
+    rejected: set[tuple] = field(default_factory=set)
+    judged: set[tuple[int, int, int]] = field(default_factory=set)
+
+    def add(self, step: int, pp: int, dp: int, tp: int, digest: str) -> Verdict | None:
+        """A member's accepted digest of ``step``; the verdict once every DP peer's digest of that step and
+        coordinate is in (None before, for a repeated report, and for a step already judged). Older pending
+        steps of the coordinate than a judged one are dropped. O(dp)."""
+        key = (pp, tp)
+        if self.dp < 2 or (step, pp, tp) in self.judged:
+            return None
+        steps = self.pending.setdefault(key, {})
+        got = steps.setdefault(step, {})
+        got[dp] = digest
+        if len(got) < self.dp:
+            for old in sorted(steps)[:-PENDING_STEPS]:
+                del steps[old]
+            return None
+        del steps[step]
+        for old in [s for s in steps if s < step]:
+            del steps[old]
+        self.judged = {j for j in self.judged if j[0] >= step - PENDING_STEPS} | {(step, pp, tp)}
+        v = compare(step, pp, tp, got)
+        self.checked += 1
+        self.disagreed += 0 if v.agree else 1
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        return v
+
+    def first_rejection(self, key: tuple) -> bool:
+        """Whether rejection ``key`` is new (then it is remembered): a node board re-sends a slot's newest
+        commit report with every heartbeat, and a rejection is journalled once."""
+        if key in self.rejected:
+            return False
+        self.rejected.add(key)
+        return True
+
+    def summary(self) -> dict[str, int | None]:
+        """``{"checked", "disagreed", "last_step"}`` for the journal's ``commit`` record and status."""
+        return {"checked": self.checked, "disagreed": self.disagreed, "last_step": self.last_step}

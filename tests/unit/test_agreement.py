@@ -1,0 +1,172 @@
+"""Replica agreement (control/agreement.py): the DP peers' parameter digests of one committed step are
+compared; a difference is a ``silent_corruption`` fault naming the step, the coordinate and the suspects;
+bad reports are rejected with a journalled reason and never trigger anything."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xxhash
+
+from phoenix_hpc.control.agreement import DIGEST_HEX, PENDING_STEPS, AgreementBook, check_report, compare, majority_of
+from phoenix_hpc.control.classify import Action, FaultKind, combine
+from phoenix_hpc.control.coordinator import Coordinator, Slot
+from phoenix_hpc.control.journal import Journal, read_journal
+from phoenix_hpc.control.states import JobState, SlotState, job_machine, slot_machine
+from phoenix_hpc.runtime.checksum import digest64
+
+A, B, C = "a" * 16, "b" * 16, "c" * 16
+
+
+@pytest.mark.parametrize("digests, agree, majority, suspects", [
+    ({0: A, 1: A}, True, (), ()),
+    ({0: A, 1: A, 2: A}, True, (), ()),
+    ({0: A, 1: B}, False, (), (0, 1)),              # dp = 2: nobody can tell who is right
+    ({0: A, 1: B, 2: A}, False, (0, 2), (1,)),      # dp = 3: the minority is the suspect
+    ({2: B, 0: A, 1: A}, False, (0, 1), (2,)),
+    ({0: A, 1: B, 2: C}, False, (), (0, 1, 2)),     # no majority
+    ({0: A, 1: A, 2: B, 3: B}, False, (), (0, 1, 2, 3)),  # a tie is no majority
+    ({0: A, 1: A, 2: A, 3: B}, False, (0, 1, 2), (3,)),
+])
+def test_compare_table(digests, agree, majority, suspects):
+    v = compare(7, 1, 0, digests)
+    assert (v.step, v.pp, v.tp) == (7, 1, 0)
+    assert (v.agree, v.majority, v.suspects) == (agree, majority, suspects)
+    assert list(v.digests) == sorted(digests)
+
+
+def test_compare_needs_two_peers_and_majority_of_nothing_is_empty():
+    with pytest.raises(ValueError, match="at least two"):
+        compare(1, 0, 0, {0: A})
+    assert majority_of({}) == ()
+
+
+@pytest.mark.parametrize("digest, gen, cur, why", [
+    (A, 3, 3, None),
+    ("0123456789abcdef", 0, 0, None),
+    ("abc", 0, 0, "not 16 lower-case hex digits"),
+    ("a" * 17, 0, 0, "not 16"),
+    ("A" * 16, 0, 0, "not 16"),
+    ("g" * 16, 0, 0, "not 16"),
+    (12345, 0, 0, "'int' is not 16"),
+    (None, 0, 0, "'NoneType' is not 16"),
+    (A, 2, 3, "generation 2, the job is at generation 3"),
+])
+def test_check_report_table(digest, gen, cur, why):
+    got = check_report(digest, gen, cur)
+    assert (got is None) if why is None else (why in got)
+
+
+def test_the_book_judges_a_step_once_all_peers_reported_it_and_drops_older_ones():
+    b = AgreementBook(dp=3)
+    assert b.add(5, 0, 0, 0, A) is None and b.add(5, 0, 1, 0, A) is None
+    assert b.add(5, 0, 1, 0, A) is None  # a board re-sends the same report: still waiting for dp 2
+    assert b.add(6, 0, 0, 0, A) is None  # another step of the coordinate waits on its own
+    v = b.add(5, 0, 2, 0, B)
+    assert v is not None and not v.agree and v.suspects == (2,) and v.majority == (0, 1)
+    assert b.add(5, 0, 2, 0, B) is None  # judged once
+    assert b.add(5, 1, 0, 0, A) is None  # another stage waits for its own peers
+    assert b.summary() == {"checked": 1, "disagreed": 1, "last_step": 5}
+    for d in range(3):
+        v = b.add(6, 0, d, 0, A)
+    assert v.agree and b.summary() == {"checked": 2, "disagreed": 1, "last_step": 6}
+    # a step never completed (a peer's report was replaced by a newer one) is dropped when a newer one is judged
+    b.add(8, 0, 0, 0, A)
+    for d in range(3):
+        v = b.add(9, 0, d, 0, A)
+    assert v.agree and 8 not in b.pending[(0, 0)]
+    for s in range(20, 20 + 3 * PENDING_STEPS):  # and at most PENDING_STEPS incomplete steps wait
+        b.add(s, 0, 0, 0, A)
+    assert len(b.pending[(0, 0)]) == PENDING_STEPS
+
+
+def test_the_book_of_one_replica_judges_nothing():
+    b = AgreementBook(dp=1)
+    assert b.add(1, 0, 0, 0, A) is None and b.summary()["checked"] == 0
+
+
+def test_digest64_is_xxh3_of_the_checksums_in_order():
+    assert digest64([1, 2]) == xxhash.xxh3_64_intdigest(np.asarray([1, 2], dtype="<u8").tobytes())
+    assert digest64([1, 2]) != digest64([2, 1]) and digest64([2**64 - 1]) < 2**64
+    assert len(f"{digest64([3]):016x}") == DIGEST_HEX
+
+
+def _coordinator(tmp_path, grid, generation=0) -> Coordinator:
+    now = [50.0]
+    c = Coordinator(tmp_path, grid=grid, clock=lambda: now[0])
+    c.journal = Journal(tmp_path)
+    c.job = job_machine(JobState.RUNNING)
+    c.generation = generation
+    tp, pp, dp = grid
+    for w in range(tp * pp * dp):
+        c.slots[w] = Slot(w, f"n{w}", 100 + w, "active", slot_machine(f"slot {w}", SlotState.ACTIVE), 0.0,
+                          logical_rank=w, generation=generation, step=0)
+        c.rank_map[w] = w
+    return c
+
+
+def _commit(c, w, step, digest, g=0, board=False):
+    shard = f"opt/pp0/tp0/dp{w}"
+    params = {"step": step, "digest": digest}
+    if board:  # the report riding on the node's heartbeats
+        rec = {"g": g, "live_step": step, "shards": {shard: step}, "replicas": {}, "params": params}
+        c._dispatch({"type": "heartbeats", "world_rank": w, "pid": 100 + w, "sent_at": None,
+                     "beats": [[w, 100 + w, g, step, 0.1, rec]]})
+    else:
+        c._dispatch({"type": "commit", "world_rank": w, "pid": 100 + w, "generation": g, "live_step": step,
+                     "shards": {shard: step}, "replicas": {}, "params": params})
+
+
+def test_dp3_a_minority_digest_is_a_silent_corruption_naming_the_member_and_the_majority(tmp_path):
+    c = _coordinator(tmp_path, (1, 1, 3))
+    for w in range(3):
+        _commit(c, w, 4, A, board=True)
+    _commit(c, 0, 5, A)
+    _commit(c, 1, 5, B, board=True)
+    _commit(c, 1, 5, B, board=True)  # the board re-sends it
+    assert not c.faults and not read_journal(tmp_path, "silent_corruption")
+    _commit(c, 2, 5, A)
+    [rec] = read_journal(tmp_path, "silent_corruption")
+    assert (rec["step"], rec["pp"], rec["tp"], rec["suspects"], rec["majority"]) == (5, 0, 0, [1], [0, 2])
+    assert rec["members"] == {"0": A, "1": B, "2": A}
+    [p] = list(c.faults)
+    assert p.fault.kind is FaultKind.SILENT_CORRUPTION and p.fault.slots == (1,)
+    assert "step 5" in p.fault.detail and "logical rank(s) [1]" in p.fault.detail
+    assert combine([p.fault]).action is Action.CLEAN_STOP
+    _commit(c, 2, 5, A, board=True)  # judged once
+    assert len(c.faults) == 1 and c.agreement.summary() == {"checked": 2, "disagreed": 1, "last_step": 5}
+
+
+def test_dp2_a_difference_names_both_members_and_no_majority(tmp_path):
+    c = _coordinator(tmp_path, (1, 1, 2))
+    _commit(c, 0, 3, A)
+    _commit(c, 1, 3, B)
+    [rec] = read_journal(tmp_path, "silent_corruption")
+    assert rec["suspects"] == [0, 1] and "majority" not in rec
+    assert c.faults[0].fault.slots == (0, 1) and "no majority" in c.faults[0].fault.detail
+
+
+def test_a_bad_or_old_digest_is_rejected_once_and_triggers_nothing(tmp_path):
+    c = _coordinator(tmp_path, (1, 1, 2), generation=1)
+    c.slots[1].generation = 0  # a slot whose report of generation 0 is still on its board
+    _commit(c, 0, 3, "abc")
+    _commit(c, 0, 3, "abc", g=1, board=True)  # the board repeats it: journalled once
+    _commit(c, 1, 3, B, g=0)
+    _commit(c, 0, 4, A, g=1)
+    rej = read_journal(tmp_path, "agreement_rejected")
+    assert [(r["world_rank"], r["step"]) for r in rej] == [(0, 3), (1, 3)]
+    assert "16 lower-case hex" in rej[0]["reason"] and "generation 0" in rej[1]["reason"]
+    assert not c.faults and not read_journal(tmp_path, "silent_corruption") and c.agreement.checked == 0
+    c._dispatch({"type": "commit", "world_rank": 0, "pid": 100, "generation": 1, "live_step": 5,
+                 "shards": {"x": 5}, "replicas": {}, "params": {"step": "5", "digest": A}})
+    assert "not a non-negative integer" in read_journal(tmp_path, "agreement_rejected")[-1]["reason"]
+
+
+def test_dp1_is_journalled_once_as_undetectable(tmp_path):
+    c = _coordinator(tmp_path, (2, 2, 1))
+    for step in (1, 2):
+        for w in range(4):
+            _commit(c, w, step, A if w else B)
+    [rec] = read_journal(tmp_path, "agreement_undetectable")
+    assert rec["stages"] == [[0, 0], [0, 1], [1, 0], [1, 1]] and "dp = 1" in rec["reason"]
+    assert not c.faults and not read_journal(tmp_path, "silent_corruption")
