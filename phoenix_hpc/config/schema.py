@@ -226,6 +226,10 @@ class ParallelismConfig(BaseModel):
     dp: int | None = Field(None, ge=1, description="data-parallel size; omitted: derived from the node count")
 
 
+#: Megatron-LM's ``--eval-iters`` default (``megatron/training/arguments.py``): ``training.eval_iters`` when unset.
+MEGATRON_EVAL_ITERS = 100
+
+
 class TrainingConfig(BaseModel):
     """Optimisation settings. Batch sizes are in samples of ``model.seq_length`` tokens."""
 
@@ -247,15 +251,15 @@ class TrainingConfig(BaseModel):
         None, ge=1, description="evaluate the validation loss after every step that is a multiple of N, on the "
         "validation part of data.split (Megatron-LM's --eval-interval; needs data.blend with a validation part); "
         "null: no evaluation")
-    eval_iters: int = Field(
-        100, ge=1, description="global batches of the validation part read by each evaluation (Megatron-LM's "
-        "--eval-iters); with eval_interval only")
+    eval_iters: int | None = Field(
+        None, ge=1, description="global batches of the validation part read by each evaluation (Megatron-LM's "
+        f"--eval-iters); with eval_interval only; null: {MEGATRON_EVAL_ITERS}, Megatron-LM's default")
 
     @model_validator(mode="after")
     def _batches(self):
         """``global_batch_size`` is a multiple of ``micro_batch_size``; ``min_lr <= lr``; ``eval_iters`` only
         with ``eval_interval``."""
-        if "eval_iters" in self.model_fields_set and self.eval_interval is None:
+        if self.eval_iters is not None and self.eval_interval is None:
             raise ValueError(f"training.eval_iters: {self.eval_iters} is set but training.eval_interval is null "
                              "(allowed: eval_iters together with an eval_interval, or neither)")
         if self.global_batch_size % self.micro_batch_size:
@@ -266,6 +270,11 @@ class TrainingConfig(BaseModel):
         if self.min_lr > self.lr:
             raise ValueError(f"training.min_lr ({self.min_lr}) must be <= training.lr ({self.lr})")
         return self
+
+    @property
+    def eval_batches(self) -> int:
+        """Global batches per evaluation: ``eval_iters``, or Megatron-LM's default when unset."""
+        return self.eval_iters if self.eval_iters is not None else MEGATRON_EVAL_ITERS
 
 
 #: Megatron-LM's split when ``--data-path`` is given without ``--split`` (``megatron/training/arguments.py``).

@@ -149,7 +149,7 @@ def valid_samples(training) -> int:
     with ``training.eval_interval``; one global batch without it."""
     if training.eval_interval is None:
         return training.global_batch_size
-    return (training.steps // training.eval_interval + 1) * training.eval_iters * training.global_batch_size
+    return (training.steps // training.eval_interval + 1) * training.eval_batches * training.global_batch_size
 
 
 def open_blend(cfg) -> BlendSamples:

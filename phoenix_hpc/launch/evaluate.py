@@ -98,4 +98,4 @@ def evaluator_of(cfg, on_eval: Callable[[EvalRecord], None] | None = None) -> Ev
     t = cfg.training
     if t.eval_interval is None:
         return None
-    return Evaluator(t.eval_interval, t.eval_iters, t.global_batch_size, on_eval)
+    return Evaluator(t.eval_interval, t.eval_batches, t.global_batch_size, on_eval)

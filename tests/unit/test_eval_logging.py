@@ -83,7 +83,10 @@ def test_both_off_unless_asked_and_good_settings_are_kept():
     cfg = parse_model(JobConfig, _job("ds", {"eval_interval": 3, "eval_iters": 2},
                                       logging={"tensorboard": True, "wandb": {"project": "p", "mode": "offline"}}),
                       source="test")
-    assert (cfg.training.eval_interval, cfg.training.eval_iters, cfg.logging.wandb.mode) == (3, 2, "offline")
+    assert (cfg.training.eval_interval, cfg.training.eval_batches, cfg.logging.wandb.mode) == (3, 2, "offline")
+    assert parse_model(JobConfig, _job("ds", {"eval_interval": 3}), source="test").training.eval_batches == 100
+    for c in (cfg, parse_model(JobConfig, _job("ds"), source="test")):  # what submit --steps and resume re-read
+        assert parse_model(JobConfig, c.model_dump(mode="json"), source="test") == c
 
 
 def _submit(tmp_path, monkeypatch, dataset, logging: dict):
