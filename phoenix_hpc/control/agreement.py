@@ -23,7 +23,9 @@ from typing import Mapping
 DIGEST_HEX = 16
 #: steps per (pp, tp) whose digests wait for the rest of their DP peers; older ones are dropped unjudged (a
 #: member's newer commit report replaced the older one before a heartbeat carried it: docs/design.md 6)
-PENDING_STEPS = 8
+PENDING_STEPS = 16
+#: digests one report may carry (a member repeats those of its newest commits: runtime/protector.py)
+REPORT_STEPS = 16
 
 
 @dataclass(frozen=True)

@@ -368,18 +368,19 @@ class CoordinatorClient:
 
     def report_commit(self, generation: int, live_step: int, shards: dict[str, int],
                       replicas: dict[str, int], sent: dict[str, dict[str, Any]] | None = None,
-                      interval: int = 1, params: dict[str, Any] | None = None) -> None:
+                      interval: int = 1, params: list[list[Any]] | None = None) -> None:
         """Committed steps: ``shards`` {own shard id: committed local step}, ``replicas`` {shard id: step};
         ``sent`` (the owner's word, evidence for the recovery checks): {own shard id: {"holders": [logical
         ranks its replicas went to in this generation], "step": committed step, "hash": 8 hex digits}}.
         With a node board (heartbeats per node) the report rides on the node's next ``heartbeats`` message
         (at most one heartbeat interval later) instead of a message of its own. ``interval``: the protection
         interval m of the committed snapshot (runtime/interval.py; lost work is at most m steps).
-        ``params``: {"step": committed step, "digest": 16 hex digits}, the 64-bit digest of the snapshot's
-        parameter tensors that the coordinator compares with the DP peers' (control/agreement.py)."""
+        ``params``: ``[[committed step, digest], ...]`` of the newest commits (oldest first), each the 64-bit
+        digest (16 hex digits) of the snapshot's parameter tensors that the coordinator compares with the DP
+        peers' (control/agreement.py)."""
         extra = {"sent": sent} if sent else {}
         if params:
-            extra["params"] = dict(params)
+            extra["params"] = [list(p) for p in params]
         if interval != 1:
             extra["interval"] = int(interval)
         if self.board is not None:

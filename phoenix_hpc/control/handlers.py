@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from phoenix_hpc.control import events as E
-from phoenix_hpc.control.agreement import AgreementBook, check_report
+from phoenix_hpc.control.agreement import REPORT_STEPS, AgreementBook, check_report
 from phoenix_hpc.control.classify import Fault, FaultKind
 from phoenix_hpc.control.ledger import all_done, fault_report, job_done
 from phoenix_hpc.control.records import PendingFault
@@ -63,11 +63,11 @@ def apply_commit(c: Any, slot: Any, body: dict) -> None:
 
 
 def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
-    """A member's parameter digest of its committed step (``params``: {"step", "digest"}), compared with its
-    DP peers' once all of them reported that step (control/agreement.py decides). A rejected digest is
-    journalled once (``agreement_rejected``) and compared with nothing; a disagreement is journalled
-    (``silent_corruption``) and queued as a ``silent_corruption`` fault naming the suspects' slots. A grid
-    with dp = 1 is journalled once per generation as undetectable (``agreement_undetectable``)."""
+    """A member's parameter digests of its newest commits (``params``: ``[[step, digest], ...]``), each
+    compared with its DP peers' once all of them reported that step (control/agreement.py decides). A
+    rejected digest is journalled once (``agreement_rejected``) and compared with nothing; a disagreement is
+    journalled (``silent_corruption``) and queued as a ``silent_corruption`` fault naming the suspects' slots.
+    A grid with dp = 1 is journalled once per generation as undetectable (``agreement_undetectable``)."""
     if not c.grid:
         return
     tp, pp, dp = c.grid
@@ -79,30 +79,48 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
                 generation=c.generation, stages=[[p, t] for p in range(pp) for t in range(tp)],
                 reason="dp = 1: no data-parallel peer holds the same parameters to compare with"))
     r = slot.logical_rank
-    step = params.get("step") if isinstance(params, dict) else None
-    why = check_report(params.get("digest") if isinstance(params, dict) else params, g, c.generation)
-    if why is None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
-        why = f"step {step!r} is not a non-negative integer"
-    if why is not None:
-        if book.first_rejection((slot.world_rank, g, repr(step), why)):
+
+    def reject(step: Any, why: str, key: Any = None) -> None:
+        if book.first_rejection((slot.world_rank, g, repr(step), why) if key is None else key):
             c.journal.append(E.AgreementRejected(world_rank=slot.world_rank, logical_rank=r, generation=g,
                                                  step=step, reason=why))
-        return
+
+    if not isinstance(params, list) or len(params) > REPORT_STEPS:
+        return reject(None, f"parameter digests {type(params).__name__} of length "
+                            f"{len(params) if isinstance(params, list) else '-'}: not a list of at most "
+                            f"{REPORT_STEPS} [step, digest] pairs")
+    if g != c.generation:  # one record per slot and old generation (its board repeats the report)
+        steps = [p[0] for p in params if isinstance(p, list) and p and type(p[0]) is int]
+        return reject(max(steps, default=None), check_report("0" * 16, g, c.generation),
+                      key=(slot.world_rank, g, "generation"))
     co = coord_of(r, tp, pp, dp)
-    v = book.add(step, co.pp, co.dp, co.tp, params["digest"])
-    if v is None or v.agree:
-        return
-    logical = {d: rank_of(GridCoord(co.pp, d, co.tp), tp, pp, dp) for d in v.digests}
+    for item in params:
+        step, digest = (item[0], item[1]) if isinstance(item, list) and len(item) == 2 else (None, item)
+        why = check_report(digest, g, c.generation)
+        if why is None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+            why = f"step {step!r} is not a non-negative integer"
+        if why is not None:
+            reject(step, why)
+            continue
+        v = book.add(step, co.pp, co.dp, co.tp, digest)
+        if v is not None and not v.agree:
+            _disagreement(c, v, step)
+
+
+def _disagreement(c: Any, v: Any, step: int) -> None:
+    """Journal a :class:`~phoenix_hpc.control.agreement.Verdict` of replicas that differ and queue its fault."""
+    tp, pp, dp = c.grid
+    logical = {d: rank_of(GridCoord(v.pp, d, v.tp), tp, pp, dp) for d in v.digests}
     suspects = [logical[d] for d in v.suspects]
     c.journal.append(E.SilentCorruption(
-        generation=c.generation, step=step, pp=co.pp, tp=co.tp,
+        generation=c.generation, step=step, pp=v.pp, tp=v.tp,
         members={str(logical[d]): h for d, h in v.digests.items()}, suspects=suspects,
         **({"majority": [logical[d] for d in v.majority]} if v.majority else {})))
     who = (f"logical rank(s) {suspects} differ from the majority {[logical[d] for d in v.majority]}" if v.majority
            else f"logical ranks {suspects} differ and no majority says which is right")
     c.faults.append(PendingFault(Fault(
         FaultKind.SILENT_CORRUPTION, tuple(c.rank_map[x] for x in suspects if x in c.rank_map),
-        detail=f"parameters of the DP replicas at pp={co.pp}, tp={co.tp} differ at step {step}: {who}"), c.clock()))
+        detail=f"parameters of the DP replicas at pp={v.pp}, tp={v.tp} differ at step {step}: {who}"), c.clock()))
 
 
 def recoverable_step_of(c: Any) -> int | None:

@@ -39,8 +39,9 @@ heartbeats      world_rank, pid (the carrier), beats [[world_rank, pid, generati
                 one node's heartbeats and commit reports (commit: null or {g, live_step, shards,
                 replicas}; control/node_beats.py)
 commit          world_rank, generation, step, shards {shard_id: committed local step},
-                replicas {shard_id: committed replica step} [, params {step, digest: 16 hex digits}: the
-                digest of the snapshot's parameters, compared with the DP peers' (control/agreement.py)]
+                replicas {shard_id: committed replica step} [, params [[step, digest: 16 hex digits], ...]:
+                the digests of the snapshot's parameters of the newest commits, compared with the DP
+                peers' (control/agreement.py)]
 fault           world_rank, generation, step, phase, exc_type, message [, kind] [, signalled: the signal the
                 slot received before (a stop is under way: the fault is journalled superseded)]
 done            world_rank, generation, step, state_hash
@@ -115,7 +116,7 @@ def key_reply(nonce: str) -> str:
 
 # Fault injection (for ``phoenix inject-fault`` and step-targeted tests): what can be injected and where.
 INJECT_KINDS = ("node_loss", "crash", "hang", "transient", "link_down", "gpu_error", "exception", "nan",
-                "corrupt_replica")
+                "corrupt_replica", "bitflip")
 INJECT_PHASES = ("forward_backward", "reduce_gradients", "d2h", "h2h", "wait_commit", "optimizer_step", "recovery",
                  "restore")
 

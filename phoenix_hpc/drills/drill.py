@@ -4,7 +4,8 @@ says happened to each of them. Both halves are pure; the CLI does the submitting
 Planning rules (so that every planned fault can be survived by design):
 
 - by default the kinds :data:`VERIFIED_KINDS` are drawn (crash, kill-node, hang, transient);
-  ``link-down``, ``gpu-error`` and ``corrupt-replica`` are drawn only when named in ``kinds``;
+  ``link-down``, ``gpu-error`` and ``corrupt-replica`` are drawn only when named in ``kinds``; ``bitflip``
+  is refused (it stops the job: replica agreement finds it and stops cleanly, docs/design.md section 6);
 - a ``corrupt-replica`` causes no recovery by itself, so a drill pairs it with one: one holder's replica of
   the target's shard is corrupted (landing in phase ``recovery``, at the start of the next recovery, before
   the holders verify their copies again) and the target crashes at the planned step and phase. The recovery
@@ -129,6 +130,11 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
             raise FaultError(f"--kinds: {k!r} is not allowed in a drill: it causes no recovery by itself (a drill "
                              f"waits for one per fault); inject it with phoenix inject-fault before another fault; "
                              f"allowed: {', '.join(n for n, s in KINDS.items() if s.action != 'none')}")
+        if KINDS[k].action == "clean_stop":
+            raise FaultError(f"--kinds: {k!r} is not allowed in a drill: the replica agreement that finds it stops "
+                             f"the job cleanly (no in-memory repair, docs/design.md section 6), so the drill's "
+                             f"later faults would never land; inject it with phoenix inject-fault; allowed: "
+                             f"{', '.join(n for n, s in KINDS.items() if s.action not in ('none', 'clean_stop'))}")
     last = steps - 2
     span = last - FIRST_STEP + 1
     min_gap = 3

@@ -41,6 +41,8 @@ What each kind does (the process-level effect is the real thing, not a simulatio
 - ``gpu_error``: raises :class:`InjectedGPUError` (uncorrectable ECC, Xid 48; ``fault_kind = "gpu_memory"``);
 - ``corrupt_replica``: calls ``on_corrupt_replica(injection)`` (the member flips bytes in its held replica
   of ``injection.shard_id``) and returns: nothing is raised, nobody is told;
+- ``bitflip``: calls ``on_bitflip(injection)`` (the member flips one bit of one live parameter,
+  :func:`flip_param_bit`) and returns: nothing is raised, nobody is told; replica agreement finds it;
 - ``nan`` / ``exception`` (accepted by the coordinator for clean-stop tests): raise
   :class:`InjectedNumericalError` / :class:`InjectedSoftwareError`.
 
@@ -213,6 +215,7 @@ class FaultTrigger:
             own: the effect may be SIGKILL).
         on_link_down: hooks run when a ``link_down`` fires, before the thread blocks.
         on_corrupt_replica: what a ``corrupt_replica`` does (None: nothing, the landing is still recorded).
+        on_bitflip: what a ``bitflip`` does (None: nothing, the landing is still recorded).
         actions: the process-level effects (default: the real ones).
         lock: guards ``pending`` (pass the lock of whoever else changes it, e.g. the client's
             ``injections_lock``, which arms and disarms injections as instructions arrive).
@@ -224,11 +227,13 @@ class FaultTrigger:
                  notify: Callable[[Injection, int, str], None] | None = None,
                  on_link_down: Iterable[Callable[[], None]] = (), actions: Actions | None = None,
                  lock: threading.Lock | None = None,
-                 on_corrupt_replica: Callable[["Injection"], None] | None = None):
+                 on_corrupt_replica: Callable[["Injection"], None] | None = None,
+                 on_bitflip: Callable[["Injection"], None] | None = None):
         self.pending: MutableSequence[Any] = pending if pending is not None else []
         self.notify = notify
         self.on_link_down = list(on_link_down)
         self.on_corrupt_replica = on_corrupt_replica
+        self.on_bitflip = on_bitflip
         self.actions = actions or Actions()
         self.link_down = threading.Event()
         self.release = threading.Event()  # set it to let a link_down-blocked thread return (tests, shutdown)
@@ -299,6 +304,10 @@ class FaultTrigger:
         if self.on_corrupt_replica is not None:
             self.on_corrupt_replica(inj)
 
+    def _bitflip(self, inj: Injection, step: int, phase: str) -> None:
+        if self.on_bitflip is not None:
+            self.on_bitflip(inj)
+
     def _nan(self, inj: Injection, step: int, phase: str) -> None:
         raise InjectedNumericalError(f"non-finite loss (NaN) [injected at step {step}, {phase}]", inj)
 
@@ -314,10 +323,35 @@ _EFFECTS: dict[str, Callable[[FaultTrigger, Injection, int, str], None]] = {
     "transient": FaultTrigger._transient,
     "gpu_error": FaultTrigger._gpu_error,
     "corrupt_replica": FaultTrigger._corrupt_replica,
+    "bitflip": FaultTrigger._bitflip,
     "nan": FaultTrigger._nan,
     "exception": FaultTrigger._exception,
 }
 KNOWN_WIRE_KINDS = tuple(_EFFECTS)
+
+
+def flip_param_bit(params) -> tuple[str, int, int]:
+    """The effect of ``bitflip``: invert the lowest bit of the middle element of the first non-empty tensor
+    of ``params`` (``[(name, tensor)]``, a rank's :meth:`~phoenix_hpc.engines.base.Engine.param_shard`:
+    any dtype, any device), in place. The lowest bit of a float's mantissa: the value changes by one unit
+    in the last place, never into a NaN or an infinity, as a single-event upset in memory would. Returns
+    ``(name, element index, byte offset in the tensor)``.
+
+    Raises:
+        ValueError: no tensor of ``params`` has an element.
+    """
+    import torch
+
+    for name, t in params:
+        if t.numel() == 0:
+            continue
+        flat = t.detach().view(-1)
+        i = flat.numel() // 2
+        with torch.no_grad():
+            raw = flat[i : i + 1].view(torch.uint8)  # the element's bytes (little-endian: byte 0 is the lowest)
+            raw[0] ^= 1
+        return name, i, i * t.element_size()
+    raise ValueError("the rank has no parameter with an element")
 
 
 def flip_replica_bytes(buf) -> int:

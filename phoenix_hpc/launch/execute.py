@@ -69,7 +69,7 @@ class Member:
         self._gc_mark: float | None = None  # heap.PAUSES.total_s where the current recovery started (_mark_gc)
         self.trigger = FaultTrigger(env.client.injections, notify=fired_notice(env.client, env.run_dir, env.world_rank),
                                     on_link_down=[env.client.stop_heartbeat], lock=env.client.injections_lock,
-                                    on_corrupt_replica=self._corrupt_replica)
+                                    on_corrupt_replica=self._corrupt_replica, on_bitflip=self._bitflip)
         r = env.cfg.resilience
         self.wait_s = env.instruction_timeout_s or (
             2 * r.heartbeat_timeout_s + 2 * r.collective_timeout_s + 30.0)
@@ -353,8 +353,7 @@ class Member:
         try:
             self.env.client.report_commit(self.generation, int(self.engine.step), {rec.shard_id: rec.step}, held,
                                           sent=sent, interval=rec.interval,
-                                          params=None if rec.param_digest is None else
-                                          {"step": rec.step, "digest": f"{rec.param_digest:016x}"})
+                                          params=[[s, f"{d:016x}"] for s, d in rec.param_digests])
         except Exception:  # noqa: BLE001 -- a lost report is repaired by the next commit; never fail a step
             pass
 
@@ -369,6 +368,16 @@ class Member:
         """An injected ``corrupt_replica`` (:meth:`Copies.corrupt`): caught when a recovery verifies the
         held copies again."""
         self.copies.corrupt(inj.shard_id, self.protector, self.logical)
+
+    def _bitflip(self, inj) -> None:
+        """An injected ``bitflip`` (:func:`~phoenix_hpc.faults.trigger.flip_param_bit`): one bit of one live
+        parameter, before the snapshot of the previous step starts; replica agreement finds it at that
+        commit (control/agreement.py)."""
+        from phoenix_hpc.faults.trigger import flip_param_bit
+
+        name, i, _ = flip_param_bit(self.engine.param_shard())
+        self.env.log(f"[phoenix] rank {self.logical}: injected bitflip: flipped the lowest bit of element {i} "
+                     f"of {name}")
 
     def _report_replayed(self) -> None:
         """Once this member's step is past the steps its recovery replays, say so to the coordinator with a

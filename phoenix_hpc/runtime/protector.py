@@ -86,6 +86,10 @@ ABORT_CHECK_S = 0.1  # how often a blocked wait_commit calls Protector.abort_che
 STEP_HISTORY = 256
 
 
+#: commits whose parameter digests every commit report repeats (control/agreement.py)
+PARAM_DIGESTS_KEPT = 8
+
+
 @dataclass(frozen=True)
 class CommitRecord:
     """Reported after every commit: shard ``shard_id`` has a verified local copy and k verified replicas
@@ -101,6 +105,8 @@ class CommitRecord:
     crc: int | None = None  # combined CRC-32 of the optimizer part (what every holder acknowledged)
     interval: int = 1  # protection interval m of this snapshot: the next one is of step + interval
     param_digest: int | None = None  # digest64 of the parameter tensors' checksums (control/agreement.py)
+    #: ``(step, param_digest)`` of this generation's newest :data:`PARAM_DIGESTS_KEPT` commits, oldest first
+    param_digests: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -215,6 +221,10 @@ class Protector:
         self.interval = 1  # protection interval of the newest snapshot (runtime/interval.py)
         self.next_snapshot_step: int | None = None  # the state step the next snapshot must be of
         self._commits = 0  # commits (= fences started) in this generation
+        # (step, parameter digest) of the newest commits: each commit report carries them all, so that the
+        # DP peers' digests of one step meet at the coordinator although a node's heartbeats carry only each
+        # slot's newest report (control/agreement.py)
+        self.param_digests: collections.deque[tuple[int, int]] = collections.deque(maxlen=PARAM_DIGESTS_KEPT)
         self._proposal = 1  # the interval this rank proposes with its next fence
         self._samples: list[IntervalSample] = []
         self.cpu = CpuAccount()
@@ -582,8 +592,10 @@ class Protector:
         self._totals.add(timing)
         self._cpu_at_commit, self._wakeups_at_commit = now, self.h2h.wakeups
         self._pending = None
+        if job.param_digest is not None:
+            self.param_digests.append((job.step, job.param_digest))
         rec = CommitRecord(self.shard_id, job.step, self.generation, self.holders, exposed,
-                           self.h2h.fenced_step, job.crc, job.interval, job.param_digest)
+                           self.h2h.fenced_step, job.crc, job.interval, job.param_digest, tuple(self.param_digests))
         if self.on_commit is not None:
             self.on_commit(rec)
         return rec

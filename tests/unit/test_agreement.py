@@ -107,7 +107,7 @@ def _coordinator(tmp_path, grid, generation=0) -> Coordinator:
 
 def _commit(c, w, step, digest, g=0, board=False):
     shard = f"opt/pp0/tp0/dp{w}"
-    params = {"step": step, "digest": digest}
+    params = [[step - 1, A], [step, digest]] if step > 1 else [[step, digest]]
     if board:  # the report riding on the node's heartbeats
         rec = {"g": g, "live_step": step, "shards": {shard: step}, "replicas": {}, "params": params}
         c._dispatch({"type": "heartbeats", "world_rank": w, "pid": 100 + w, "sent_at": None,
@@ -134,7 +134,8 @@ def test_dp3_a_minority_digest_is_a_silent_corruption_naming_the_member_and_the_
     assert "step 5" in p.fault.detail and "logical rank(s) [1]" in p.fault.detail
     assert combine([p.fault]).action is Action.CLEAN_STOP
     _commit(c, 2, 5, A, board=True)  # judged once
-    assert len(c.faults) == 1 and c.agreement.summary() == {"checked": 2, "disagreed": 1, "last_step": 5}
+    # steps 3, 4 (carried by the reports of step 4) and 5
+    assert len(c.faults) == 1 and c.agreement.summary() == {"checked": 3, "disagreed": 1, "last_step": 5}
 
 
 def test_dp2_a_difference_names_both_members_and_no_majority(tmp_path):
@@ -158,8 +159,12 @@ def test_a_bad_or_old_digest_is_rejected_once_and_triggers_nothing(tmp_path):
     assert "16 lower-case hex" in rej[0]["reason"] and "generation 0" in rej[1]["reason"]
     assert not c.faults and not read_journal(tmp_path, "silent_corruption") and c.agreement.checked == 0
     c._dispatch({"type": "commit", "world_rank": 0, "pid": 100, "generation": 1, "live_step": 5,
-                 "shards": {"x": 5}, "replicas": {}, "params": {"step": "5", "digest": A}})
-    assert "not a non-negative integer" in read_journal(tmp_path, "agreement_rejected")[-1]["reason"]
+                 "shards": {"x": 5}, "replicas": {}, "params": [["5", A], [6]]})
+    rej = read_journal(tmp_path, "agreement_rejected")
+    assert "not a non-negative integer" in rej[-2]["reason"] and "'list' is not 16" in rej[-1]["reason"]
+    c._dispatch({"type": "commit", "world_rank": 0, "pid": 100, "generation": 1, "live_step": 5,
+                 "shards": {"x": 5}, "replicas": {}, "params": {"step": 5, "digest": A}})
+    assert "not a list of at most 16" in read_journal(tmp_path, "agreement_rejected")[-1]["reason"]
 
 
 def test_dp1_is_journalled_once_as_undetectable(tmp_path):
@@ -170,3 +175,51 @@ def test_dp1_is_journalled_once_as_undetectable(tmp_path):
     [rec] = read_journal(tmp_path, "agreement_undetectable")
     assert rec["stages"] == [[0, 0], [0, 1], [1, 0], [1, 1]] and "dp = 1" in rec["reason"]
     assert not c.faults and not read_journal(tmp_path, "silent_corruption")
+
+
+def test_a_bitflip_flips_the_lowest_bit_of_one_live_parameter_and_changes_the_digest():
+    import torch
+
+    from phoenix_hpc.faults.trigger import FaultTrigger, flip_param_bit
+    from phoenix_hpc.runtime.checksum import checksum_function
+
+    params = [("param/pp0/tp0/empty", torch.zeros(0)), ("param/pp0/tp0/w", torch.arange(6, dtype=torch.float32))]
+    before = params[1][1].clone()
+    fn = checksum_function("xxh3_64")
+
+    def digest():
+        return digest64([fn(t.numpy().view("u1")) for _, t in params])
+
+    d0 = digest()
+    assert flip_param_bit(params) == ("param/pp0/tp0/w", 3, 12)
+    w = params[1][1]
+    assert torch.equal(w[[0, 1, 2, 4, 5]], before[[0, 1, 2, 4, 5]]) and w[3] != before[3]
+    assert torch.isfinite(w).all() and abs(float(w[3] - before[3])) < 1e-6
+    assert w.view(torch.int32)[3] ^ before.view(torch.int32)[3] == 1
+    assert digest() != d0
+    with pytest.raises(ValueError, match="no parameter"):
+        flip_param_bit([("x", torch.zeros(0))])
+    # the trigger hands a due bitflip to its hook at the step's forward phase, and raises nothing
+    seen = []
+    trig = FaultTrigger(on_bitflip=seen.append)
+    trig.arm("bitflip", 4, "forward_backward", "r1")
+    trig.check(3, "forward_backward")
+    assert not seen
+    trig.check(4, "forward_backward")
+    assert [i.kind for i in seen] == ["bitflip"]
+
+
+def test_the_bitflip_kind_lands_before_the_snapshot_and_a_drill_refuses_it():
+    from phoenix_hpc.control.protocol import INJECT_KINDS
+    from phoenix_hpc.drills.drill import plan_drill
+    from phoenix_hpc.errors import FaultError
+    from phoenix_hpc.faults.kinds import KINDS, check_phase
+
+    spec = KINDS["bitflip"]
+    assert spec.wire in INJECT_KINDS and spec.fault_kind == FaultKind.SILENT_CORRUPTION.value
+    assert check_phase("bitflip", None) == "forward"
+    with pytest.raises(FaultError, match="cannot land in phase 'optimizer'"):
+        check_phase("bitflip", "optimizer")
+    with pytest.raises(FaultError, match="'bitflip' is not allowed in a drill") as e:
+        plan_drill(1, 0, steps=40, world=2, gpus_per_node=1, spare_nodes=1, kinds=["crash", "bitflip"], k=1)
+    assert "bitflip" not in str(e.value).split("allowed:")[-1]

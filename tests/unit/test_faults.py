@@ -38,7 +38,8 @@ from test_status_derive import node_loss_records, run_files, running_slurm, star
 
 
 def test_kinds_table():
-    assert list(KINDS) == ["crash", "kill-node", "hang", "link-down", "transient", "gpu-error", "corrupt-replica"]
+    assert list(KINDS) == ["crash", "kill-node", "hang", "link-down", "transient", "gpu-error", "corrupt-replica",
+                           "bitflip"]
     assert PHASES == ("forward", "d2h", "h2h", "optimizer", "recovery", "restore")
     # restore: only the kinds that end or stop the process (an error raised there is no step's fault)
     assert [k for k in KINDS if "restore" in KINDS[k].phases] == ["crash", "kill-node", "hang"]
