@@ -171,6 +171,8 @@ def _commit(v: JobView, ev: E.Commit) -> None:
         v.shard_bytes[str(sid)] = int(n)
     for sid, holders in (_v(ev.placement) or {}).items():
         v.placement[str(sid)] = [int(h) for h in holders]
+    if _v(ev.agreement):
+        v.agreement.update({k: ev.agreement.get(k) for k in ("checked", "disagreed", "last_step")})
 
 
 def _protect_interval(v: JobView, ev: E.ProtectInterval) -> None:
@@ -218,6 +220,27 @@ def _coordinator_exit(v: JobView, ev: E.CoordinatorExit) -> None:
 
 
 # --- recoveries ----------------------------------------------------------------------------------------------
+
+
+def _silent_corruption(v: JobView, ev: E.SilentCorruption) -> None:
+    """DP replicas whose parameter digests differ: a fault the coordinator detected, on the first suspect."""
+    suspects = [int(x) for x in ev.suspects or []]
+    w = v.rank_map.get(suspects[0]) if suspects else None
+    s = v.slots.get(w) if w is not None else None
+    maj = _v(ev.majority)
+    who = (f"logical rank(s) {suspects} differ from the majority {list(maj)}" if maj
+           else f"logical ranks {suspects} differ, no majority")
+    v.faults.append(FaultStatus(ev.ts, E.SilentCorruption.NAME, w, s.node if s else None, ev.step, None,
+                                f"parameters at pp={ev.pp}, tp={ev.tp}: {who} (replica agreement)", "detected"))
+    v.agreement["disagreed"] = max(int(v.agreement.get("disagreed") or 0), 1)
+
+
+def _agreement_undetectable(v: JobView, ev: E.AgreementUndetectable) -> None:
+    v.agreement["undetectable"] = str(ev.reason or "")
+
+
+def _agreement_rejected(v: JobView, ev: E.AgreementRejected) -> None:
+    v.agreement["rejected"] = int(v.agreement.get("rejected") or 0) + 1
 
 
 def _replica_rejected(v: JobView, ev: E.ReplicaRejected) -> None:
@@ -459,6 +482,8 @@ HANDLERS: dict[type[E.Event], Handler] = {
     E.ProtectInterval: _protect_interval, E.Placement: _placement, E.Checkpoint: _checkpoint,
     E.JobDone: _job_end, E.CleanStop: _job_end, E.Fallback: _job_end, E.CoordinatorStopped: _job_end,
     E.CoordinatorExit: _coordinator_exit, E.ReplicaRejected: _replica_rejected, E.Decision: _decision,
+    E.SilentCorruption: _silent_corruption, E.AgreementUndetectable: _agreement_undetectable,
+    E.AgreementRejected: _agreement_rejected,
     E.RecoveryStart: _recovery_start, E.RecoveryPlanned: _recovery_plan, E.RecoveryRestored: _recovery_restored,
     E.RecoveryDone: _recovery_done, E.RecoveryAborted: _recovery_aborted, E.Shrink: _shrink,
     E.DrainRequested: _drain_requested, E.DrainArmed: _drain_step, E.DrainRearmed: _drain_step,

@@ -185,6 +185,9 @@ class JobView:
     drains: dict[str, DrainStatus] = field(default_factory=dict)
     shrinks: list[dict[str, Any]] = field(default_factory=list)  # shrink records, oldest first
     rejected: list[dict[str, Any]] = field(default_factory=list)  # replica_rejected records
+    # replica agreement (control/agreement.py): the newest commit record's {"checked", "disagreed",
+    # "last_step"}, and "undetectable" (the reason, when dp = 1) and "rejected" (digests refused) as journalled
+    agreement: dict[str, Any] = field(default_factory=dict)
     replaced: set[int] = field(default_factory=set)  # world ranks an earlier recovery replaced or removed
     pending_action: str | None = None  # the last decision's action and reason
     pending_reason: str | None = None

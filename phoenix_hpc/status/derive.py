@@ -570,4 +570,4 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
                   spare_slots_left=spare_slots, spare_nodes_left=spare_nodes, recoveries=st.recoveries,
                   faults=st.faults, injections=list(st.injections.values()), warnings=warnings,
                   progress=st.progress, commits=st.commits, journal_records=len(records), run_jobs=jobs,
-                  drains=list(st.drains.values()), shrinks=list(st.shrinks))
+                  drains=list(st.drains.values()), shrinks=list(st.shrinks), agreement=dict(st.agreement))

@@ -212,6 +212,9 @@ class Status:
     drains: list[DrainStatus] = field(default_factory=list)  # planned drains, oldest first
     # shrinks (docs/design.md section 6): {ts, generation, dp_from, dp_to, recoverable_step, freed, lost, drain}
     shrinks: list[dict[str, Any]] = field(default_factory=list)
+    # replica agreement (docs/design.md section 6): {"checked", "disagreed", "last_step"} of the DP peers'
+    # parameter digests, "undetectable" (why, with dp = 1), "rejected" (digests refused); {} before any
+    agreement: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the ``--json`` output)."""

@@ -283,7 +283,23 @@ def status_line(st: Status) -> str:
         parts.append(f"drains {len(st.drains)} (last: {st.drains[-1].state})")
     if st.shrinks:
         parts.append(f"shrinks {len(st.shrinks)} (dp {st.shrinks[0]['dp_from']} -> {st.shrinks[-1]['dp_to']})")
+    if st.agreement:
+        parts.append(agreement_text(st.agreement))
     return "  ".join(parts)
+
+
+def agreement_text(a: dict) -> str:
+    """The replica agreement of :attr:`Status.agreement` in words: the DP peers' parameter digests compared,
+    up to which step, how many sets differed, digests refused; or why nothing can be compared (dp = 1)."""
+    if a.get("undetectable"):
+        return f"agreement: undetectable ({a['undetectable']})"
+    text = f"agreement: {a.get('checked') or 0} checks"
+    if a.get("last_step") is not None:
+        text += f" (to step {a['last_step']})"
+    text += f", {a.get('disagreed') or 0} differed"
+    if a.get("rejected"):
+        text += f", {a['rejected']} digest report(s) rejected"
+    return text
 
 
 def _shrinks(st: Status) -> Table:
@@ -320,6 +336,8 @@ def status_renderable(st: Status) -> Group:
         parts.append(_drains(st))
     if st.shrinks:
         parts.append(_shrinks(st))
+    if st.agreement:
+        parts.append(Text(agreement_text(st.agreement), style="red" if st.agreement.get("disagreed") else ""))
     if st.journal_records == 0:
         parts.append(Text("(no journal yet: the coordinator has not started)", style="dim"))
     return Group(*parts)

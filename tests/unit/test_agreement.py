@@ -223,3 +223,27 @@ def test_the_bitflip_kind_lands_before_the_snapshot_and_a_drill_refuses_it():
     with pytest.raises(FaultError, match="'bitflip' is not allowed in a drill") as e:
         plan_drill(1, 0, steps=40, world=2, gpus_per_node=1, spare_nodes=1, kinds=["crash", "bitflip"], k=1)
     assert "bitflip" not in str(e.value).split("allowed:")[-1]
+
+
+def test_status_shows_the_agreement_checks_and_a_silent_corruption_as_a_detected_fault():
+    from test_status_derive import running_slurm, run_files, start_records
+
+    from phoenix_hpc.status.derive import derive_status
+    from phoenix_hpc.status.render import agreement_text, status_line
+
+    recs = start_records() + [
+        {"ts": 4.0, "event": "commit", "recoverable_step": 5, "shards": 4, "replicas": 4, "generation": 0,
+         "agreement": {"checked": 5, "disagreed": 0, "last_step": 5}},
+        {"ts": 4.5, "event": "agreement_rejected", "world_rank": 3, "logical_rank": 3, "generation": 0, "step": 2,
+         "reason": "parameter digest 'abc' is not 16 lower-case hex digits (64 bits)"}]
+    st = derive_status(recs, running_slurm(), now=5.0, run=run_files())
+    assert st.agreement == {"checked": 5, "disagreed": 0, "last_step": 5, "rejected": 1} and not st.faults
+    assert "agreement: 5 checks (to step 5), 0 differed, 1 digest report(s) rejected" in status_line(st)
+    recs.append({"ts": 4.8, "event": "silent_corruption", "generation": 0, "step": 6, "pp": 0, "tp": 0,
+                 "members": {"0": A, "1": B, "2": A, "3": A}, "suspects": [1], "majority": [0, 2, 3]})
+    st = derive_status(recs, running_slurm(), now=5.0, run=run_files())
+    [f] = st.faults
+    assert (f.kind, f.world_rank, f.step, f.source) == ("silent_corruption", 1, 6, "detected")
+    assert "logical rank(s) [1] differ from the majority [0, 2, 3]" in f.message
+    assert st.agreement["disagreed"] == 1 and ", 1 differed" in status_line(st)
+    assert agreement_text({"undetectable": "dp = 1: no peer"}) == "agreement: undetectable (dp = 1: no peer)"
