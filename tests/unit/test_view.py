@@ -17,9 +17,11 @@ from phoenix_hpc.status.derive import current_job_records, derive_status
 from phoenix_hpc.status.model import SlurmInfo
 
 DATA = Path(__file__).parent / "data"
-# journals of real runs: a hot swap of a lost node written before the typed events (status_node_loss), and
-# a coordinator SIGKILLed and restarted by its supervisor, its slots rejoining (coordinator_restart)
-REAL = [DATA / "status_node_loss" / "journal.jsonl", DATA / "coordinator_restart" / "journal.jsonl"]
+# journals of real runs (each directory's README says which): a hot swap of a lost node written before the
+# typed events, a coordinator SIGKILLed and restarted while its slots train on, one killed inside a hot swap
+# on the local Slurm cluster, and a planned drain
+REAL = [DATA / d / "journal.jsonl" for d in ("status_node_loss", "coordinator_restart", "hot_swap_restart",
+                                             "planned_drain")]
 
 
 def _job(n_active=2, spares=1):
