@@ -59,6 +59,15 @@ def unattributed(h: dict) -> float:
     return h["total_s"] - sum(h["phases"].get(p, 0.0) for p in PHOENIX_PHASES)
 
 
+#: section 1's note on replica agreement's cost (docs/design.md section 6, *Cost*)
+AGREEMENT_COST = ("Replica agreement (docs/design.md section 6) is not measured on its own here and has no switch: from"
+                  " commit `f889c53` on it is part of every protected step, so the on/off ratios of a run from then on "
+                  "include it. Its work per commit is one XXH3-64 over the parameter tensors' checksums the D2H copy "
+                  "computes anyway, about 250 bytes more per commit report, and the coordinator's comparison; measured "
+                  "alone, those are microseconds per step (design section 6, *Cost*), below what the step time's spread"
+                  " here resolves.")
+
+
 def thread_nice_sentence(cases: list[dict]) -> str:
     """What ``resilience.thread_nice`` the protected blocks ran with (pure): one value for every case, the
     values per case, or that the run did not record it (runs before it was recorded)."""
@@ -316,6 +325,8 @@ def render_markdown(r: dict) -> str:
                   f"{p['ns_per_byte_total']:.3f} ({p['cpu_ms_total_per_step']:.1f}) | "
                   f"{p['limit_ns_per_byte']:.3f} ({p['memcpy_ns_per_byte']:.3f}, {p['checksum_ns_per_byte']:.3f}) | "
                   f"{p['ratio']:.2f} | {floor} | {_count(p.get('h2h_wakeups_per_step'))} |")
+        a("")
+        a(AGREEMENT_COST)
         a("")
         a(f"![overhead]({PLOT_DIR}/overhead.png)")
     a("")
