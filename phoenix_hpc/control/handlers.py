@@ -89,10 +89,10 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
         return reject(None, f"parameter digests {type(params).__name__} of length "
                             f"{len(params) if isinstance(params, list) else '-'}: not a list of at most "
                             f"{REPORT_STEPS} [step, digest] pairs")
-    if g != c.generation:  # one record per slot and old generation (its board repeats the report)
+    if g != c.generation:  # one record per old generation: every slot reports it until its first new commit
         steps = [p[0] for p in params if isinstance(p, list) and p and type(p[0]) is int]
         return reject(max(steps, default=None), check_report("0" * 16, g, c.generation),
-                      key=(slot.world_rank, g, "generation"))
+                      key=("generation", g))
     co = coord_of(r, tp, pp, dp)
     for item in params:
         step, digest = (item[0], item[1]) if isinstance(item, list) and len(item) == 2 else (None, item)
