@@ -16,6 +16,7 @@ pending digests; the coordinator journals what they return (``agreement_rejected
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -23,9 +24,10 @@ from typing import Mapping
 DIGEST_HEX = 16
 #: steps per (pp, tp) whose digests wait for the rest of their DP peers; older ones are dropped unjudged (a
 #: member's newer commit report replaced the older one before a heartbeat carried it: docs/design.md 6)
-PENDING_STEPS = 16
+PENDING_STEPS = 128
 #: digests one report may carry (a member repeats those of its newest commits: runtime/protector.py)
-REPORT_STEPS = 16
+REPORT_STEPS = 64
+_HEX = re.compile(r"[0-9a-f]{%d}" % DIGEST_HEX)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ def check_report(digest: object, generation: int, current_generation: int) -> st
 
     A digest is :data:`DIGEST_HEX` lower-case hex digits (64 bits) and belongs to the job's current
     generation: an older generation's parameters were trained by another grid and may not be compared."""
-    if not isinstance(digest, str) or len(digest) != DIGEST_HEX or any(ch not in "0123456789abcdef" for ch in digest):
+    if not isinstance(digest, str) or _HEX.fullmatch(digest) is None:
         shown = digest if isinstance(digest, str) and len(digest) <= 64 else type(digest).__name__
         return f"parameter digest {shown!r} is not {DIGEST_HEX} lower-case hex digits (64 bits)"
     if generation != current_generation:
@@ -99,6 +101,8 @@ class AgreementBook:
     disagreed: int = 0
     last_step: int | None = None
     rejected: set[tuple] = field(default_factory=set)
+    #: per logical rank, the newest step whose digest it reported was taken (a report repeats older ones)
+    newest: dict[int, int] = field(default_factory=dict)
     judged: set[tuple[int, int, int]] = field(default_factory=set)
 
     def add(self, step: int, pp: int, dp: int, tp: int, digest: str) -> Verdict | None:

@@ -94,7 +94,10 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
         return reject(max(steps, default=None), check_report("0" * 16, g, c.generation),
                       key=("generation", g))
     co = coord_of(r, tp, pp, dp)
+    seen = book.newest.get(r, -1)  # a node board repeats a slot's report with every heartbeat: taken once
     for item in params:
+        if type(item) is list and len(item) == 2 and type(item[0]) is int and 0 <= item[0] <= seen:
+            continue
         step, digest = (item[0], item[1]) if isinstance(item, list) and len(item) == 2 else (None, item)
         why = check_report(digest, g, c.generation)
         if why is None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
@@ -102,6 +105,7 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
         if why is not None:
             reject(step, why)
             continue
+        book.newest[r] = max(book.newest.get(r, -1), step)
         v = book.add(step, co.pp, co.dp, co.tp, digest)
         if v is not None and not v.agree:
             _disagreement(c, v, step)
@@ -203,6 +207,8 @@ def on_done(c: Any, body: dict) -> None:
     rec = c.recovery
     if all_done(c.done, members=len(c.rank_map), grid=c.grid, job_state=c.job.state,
                 phase=None if rec is None else rec.phase):
+        if any(p.fault.kind is FaultKind.SILENT_CORRUPTION for p in c.faults):
+            return  # replicas that differ: no job_done with their hash; the tick's decision stops the job
         if rec is not None:
             c._finish_recovery(rec, c.clock(), interrupted=False)
         maybe_log_commit(c, force=True)  # the newest recoverable step, for status after the end

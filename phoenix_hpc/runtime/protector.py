@@ -87,7 +87,7 @@ STEP_HISTORY = 256
 
 
 #: commits whose parameter digests every commit report repeats (control/agreement.py)
-PARAM_DIGESTS_KEPT = 8
+PARAM_DIGESTS_KEPT = 64
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ def test_a_bad_or_old_digest_is_rejected_once_and_triggers_nothing(tmp_path):
     assert "not a non-negative integer" in rej[-2]["reason"] and "'list' is not 16" in rej[-1]["reason"]
     c._dispatch({"type": "commit", "world_rank": 0, "pid": 100, "generation": 1, "live_step": 5,
                  "shards": {"x": 5}, "replicas": {}, "params": {"step": 5, "digest": A}})
-    assert "not a list of at most 16" in read_journal(tmp_path, "agreement_rejected")[-1]["reason"]
+    assert "not a list of at most 64" in read_journal(tmp_path, "agreement_rejected")[-1]["reason"]
 
 
 def test_dp1_is_journalled_once_as_undetectable(tmp_path):
@@ -247,3 +247,21 @@ def test_status_shows_the_agreement_checks_and_a_silent_corruption_as_a_detected
     assert "logical rank(s) [1] differ from the majority [0, 2, 3]" in f.message
     assert st.agreement["disagreed"] == 1 and ", 1 differed" in status_line(st)
     assert agreement_text({"undetectable": "dp = 1: no peer"}) == "agreement: undetectable (dp = 1: no peer)"
+
+
+def test_a_repeated_report_is_taken_once_and_a_job_whose_replicas_differ_never_ends_done(tmp_path):
+    c = _coordinator(tmp_path, (1, 1, 2))
+    _commit(c, 0, 3, A, board=True)
+    assert c.agreement.newest == {0: 3}
+    c.agreement.pending[(0, 0)].clear()  # were the repeated steps taken again, they would wait again
+    _commit(c, 0, 3, A, board=True)
+    assert c.agreement.pending[(0, 0)] == {}
+    _commit(c, 1, 3, B)
+    assert len(c.faults) == 0  # step 3 of rank 0 was dropped above: nothing to compare with
+    _commit(c, 0, 4, A)
+    _commit(c, 1, 4, B)
+    assert len(c.faults) == 1
+    for w in (0, 1):
+        c._dispatch({"type": "done", "world_rank": w, "pid": 100 + w, "generation": 0, "step": 4,
+                     "state_hash": "h"})
+    assert not read_journal(tmp_path, "job_done") and c.job.state is JobState.RUNNING
