@@ -107,7 +107,8 @@ def _check_drain(st: dict, node: str) -> None:
 def _check_shrink(st: dict, drain_out: str) -> None:
     """``phoenix status --json`` after the README's ``phoenix drain --rank 3 --shrink`` on the tour's job
     (pp = 2 x dp = 2): dp 2 -> 1 at the fence the drain paused at, replaying no step; rank 3's DP replica is
-    gone from the grid (two ranks left, pp = 2)."""
+    gone from the grid (two ranks left, pp = 2): rank 3's slot left (its node ``drained``), rank 1's is back in
+    standby."""
     at = int(re.search(r"done at iteration (\d+)", drain_out).group(1))
     (sh,) = st["shrinks"]
     assert (sh["dp_from"], sh["dp_to"], sh["recoverable_step"]) == (2, 1, at - 1), sh
@@ -115,6 +116,11 @@ def _check_shrink(st: dict, drain_out: str) -> None:
     (d,) = [x for x in st["drains"] if x["target"] == {"logical_rank": 3}]
     assert (d["state"], d["steps_replayed"]) == ("done", 0), d
     assert sorted(s["logical_rank"] for s in st["slots"] if s["state"] == "active") == [0, 1], st["slots"]
+    slots = {s["world_rank"]: s for s in st["slots"]}
+    (left,) = d["targets"]
+    roles = {n["name"]: n["role"] for n in st["nodes"]}
+    assert roles[slots[left]["node"]] == "drained", (left, roles)
+    assert len(sh["freed"]) == 1 and slots[sh["freed"][0]]["state"] == "standby", (sh, slots)
 
 
 def test_readme_tour_works_as_written():
