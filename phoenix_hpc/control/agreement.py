@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 #: hex digits of a digest report (64 bits)
 DIGEST_HEX = 16
@@ -103,6 +103,9 @@ class AgreementBook:
     rejected: set[tuple] = field(default_factory=set)
     #: per logical rank, the newest step whose digest it reported was taken (a report repeats older ones)
     newest: dict[int, int] = field(default_factory=dict)
+    #: the newest steps judged in agreement (any coordinate), and the first step found to differ
+    agreed: list[int] = field(default_factory=list)
+    first_bad: int | None = None
     judged: set[tuple[int, int, int]] = field(default_factory=set)
 
     def add(self, step: int, pp: int, dp: int, tp: int, digest: str) -> Verdict | None:
@@ -126,6 +129,10 @@ class AgreementBook:
         v = compare(step, pp, tp, got)
         self.checked += 1
         self.disagreed += 0 if v.agree else 1
+        if v.agree:
+            self.agreed = sorted(set(self.agreed[-PENDING_STEPS:]) | {step})
+        elif self.first_bad is None or step < self.first_bad:
+            self.first_bad = step
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         return v
 
@@ -137,6 +144,33 @@ class AgreementBook:
         self.rejected.add(key)
         return True
 
+    def agreed_before(self, step: int) -> int | None:
+        """The newest step before ``step`` judged in agreement (None when none is known)."""
+        return max((s for s in self.agreed if s < step), default=None)
+
     def summary(self) -> dict[str, int | None]:
         """``{"checked", "disagreed", "last_step"}`` for the journal's ``commit`` record and status."""
         return {"checked": self.checked, "disagreed": self.disagreed, "last_step": self.last_step}
+
+
+def restart_advice(first_bad: int, last_agreed: int | None, checkpoints: Sequence[int]) -> tuple[int | None, str]:
+    """``(checkpoint step, words)``: where a job whose replicas differed at ``first_bad`` can restart. Pure.
+
+    The corrupted replica's gradients of the steps after the corruption were reduced into every replica, so
+    every state after the newest step the replicas were seen to agree at (``last_agreed``; at most
+    ``first_bad - 1``) may carry it, persistent checkpoints included: the one to restart from is the newest
+    of ``checkpoints`` (complete checkpoint steps) at or before that step. With none known to agree, no
+    checkpoint can be vouched for."""
+    good = first_bad - 1 if last_agreed is None else min(last_agreed, first_bad - 1)
+    after = sorted(s for s in checkpoints if s > good)
+    ck = max((s for s in checkpoints if s <= good), default=None) if last_agreed is not None else None
+    text = (f"the replicas' parameters differed at step {first_bad}"
+            + (f" and last agreed at step {last_agreed}" if last_agreed is not None else
+               ", and no earlier step was seen to agree") + "; ")
+    text += (f"continue from the persistent checkpoint of step {ck}, the newest from before the corruption"
+             if ck is not None else "no persistent checkpoint from before the corruption is known: submit the "
+             "config again")
+    if after:
+        text += (f"; the checkpoint(s) of step(s) {', '.join(map(str, after))} were written after it and may carry "
+                 "it (`phoenix submit --resume` takes the newest complete checkpoint: move those aside first)")
+    return ck, text

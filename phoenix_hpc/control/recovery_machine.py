@@ -43,6 +43,7 @@ import time
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
+from phoenix_hpc.control.agreement import restart_advice
 from phoenix_hpc.control.arbitration import arbitrate, fault_time
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine
 from phoenix_hpc.control.detect import detect
@@ -113,6 +114,17 @@ class RecoveryMixin:
                                        faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes)} for f in faults]))
         if self.t.in_job_restart:  # checkpoint-restart in the job: the batch script starts a new srun step
             return self._request_in_job_restart(decision.reason, set(arb.reporters))
+        book = self.agreement
+        if decision.action is Action.CLEAN_STOP and book is not None and book.first_bad is not None and any(
+                f.kind is FaultKind.SILENT_CORRUPTION for f in faults):
+            # replicas that differed (control/agreement.py): only a checkpoint from before it is vouched for
+            from phoenix_hpc.recovery.ckpt_files import complete_steps
+
+            ck, advice = restart_advice(book.first_bad, book.agreed_before(book.first_bad),
+                                        complete_steps(self.t.checkpoint_path) if self.t.checkpoint_path else [])
+            self._end(JobState.FAILED, E.CleanStop(reason=decision.reason, checkpoint_step=ck,
+                                                   message="stopped without training on; " + advice))
+            return
         if decision.action is Action.CLEAN_STOP:
             ck = self._newest_checkpoint()
             self._end(JobState.FAILED, E.CleanStop(reason=decision.reason, checkpoint_step=ck,

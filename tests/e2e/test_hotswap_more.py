@@ -460,3 +460,42 @@ def test_no_spare_left_stops_cleanly_naming_the_checkpoint(env, data, slurm_clus
     assert f"step {ck}" in fb["message"] and "phoenix submit --resume" in fb["message"]
     assert (job.run_dir / "checkpoints" / f"step_{ck:08d}" / ".metadata").exists()
     print(f"no spare left: {fb['message']}")
+
+
+def test_a_flipped_parameter_bit_is_found_at_the_next_commit_naming_the_member(env, data, slurm_cluster,  # noqa: F811
+                                                                               tmp_path):
+    """Replica agreement (docs/design.md section 6) at dp = 3: ``phoenix inject-fault --kind bitflip`` on
+    logical rank 1 flips one bit of one of its live parameters as iteration ``at`` starts, before its
+    snapshot of step ``at - 1``; the DP peers' parameter digests of that commit differ, the journal names
+    rank 1 against the majority 0, 2, and the job stops cleanly naming the persistent checkpoint (no
+    in-memory repair). Before the flip the peers' digests were compared and agreed. No spare: nothing is
+    replaced."""
+    cfg = _dp3_config(1)
+    cfg["resources"] = dict(cfg["resources"], spares=0)
+    # 80 steps: this model runs about 50 steps a second here, the comparison comes with the heartbeats (up to
+    # an interval, 0.5 s, later): the job must still train when it stops it
+    cfg["training"] = dict(cfg["training"], steps=80)
+    job = Job(env, tmp_path, data, "bitflip-dp3", cfg)
+    try:
+        _wait(lambda: job.step(1) >= 3, 180, "the first commits")
+        rep = _inject_ahead(job, "bitflip", "forward", rank=1)
+        assert rep["kind"] == "bitflip" and len(rep["targets"]) == 1, rep
+        at = rep["at_step"]
+        _wait(lambda: job.events("coordinator_exit"), 240, f"the end of the job (journal: {job.events()[-6:]})",
+              poll_s=0.3)
+    finally:
+        job.cancel()
+    fired = [f for f in _fired_of(job) if f["kind"] == "bitflip"]
+    assert [(f["step"], f["world_rank"]) for f in fired] == [(at, 1)], fired  # generation 0: world = logical
+    (sc,) = job.events("silent_corruption")
+    assert (sc["step"], sc["pp"], sc["tp"], sc["suspects"], sc["majority"]) == (at - 1, 0, 0, [1], [0, 2]), sc
+    assert sc["members"]["0"] == sc["members"]["2"] != sc["members"]["1"]
+    (stop,) = job.events("clean_stop")
+    assert "silent data corruption" in stop["reason"] and f"differ at step {at - 1}" in stop["reason"], stop
+    # only a checkpoint from before the corruption is named (checkpoints every 5 steps): the later ones may
+    # carry it, the corrupted replica's gradients having reached every replica
+    assert stop["checkpoint_step"] is not None and stop["checkpoint_step"] <= at - 2, stop
+    assert f"checkpoint of step {stop['checkpoint_step']}, the newest from before" in stop["message"], stop
+    assert not job.events("recovery_start") and not job.events("job_done")
+    checks = [c["agreement"] for c in job.events("commit") if c.get("agreement")]
+    assert any(a["checked"] > 0 and a["disagreed"] == 0 for a in checks), checks

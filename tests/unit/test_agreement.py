@@ -265,3 +265,54 @@ def test_a_repeated_report_is_taken_once_and_a_job_whose_replicas_differ_never_e
         c._dispatch({"type": "done", "world_rank": w, "pid": 100 + w, "generation": 0, "step": 4,
                      "state_hash": "h"})
     assert not read_journal(tmp_path, "job_done") and c.job.state is JobState.RUNNING
+
+
+@pytest.mark.parametrize("first_bad, agreed, cks, ck, says", [
+    (11, 10, [5, 10, 15, 20, 30], 10, ["last agreed at step 10", "checkpoint of step 10",
+                                        "step(s) 15, 20, 30 were written after it", "move those aside"]),
+    (11, 8, [5, 10, 15], 5, ["last agreed at step 8", "checkpoint of step 5", "step(s) 10, 15"]),
+    (11, 10, [5, 10], 10, ["checkpoint of step 10"]),
+    (11, 10, [], None, ["no persistent checkpoint from before the corruption", "submit the config again"]),
+    (11, 10, [12], None, ["no persistent checkpoint from before", "step(s) 12 were written after"]),
+    (11, None, [5, 10, 15], None, ["no earlier step was seen to agree", "submit the config again",
+                                   "step(s) 15 were written after"]),
+])
+def test_restart_advice_names_only_a_checkpoint_from_before_the_corruption(first_bad, agreed, cks, ck, says):
+    from phoenix_hpc.control.agreement import restart_advice
+
+    got, text = restart_advice(first_bad, agreed, cks)
+    assert got == ck
+    for part in says:
+        assert part in text, text
+    if ck is None or ck == max(cks, default=None):
+        assert "move those aside" not in text or any(s > (agreed or first_bad - 1) for s in cks)
+
+
+def test_a_disagreement_stops_the_job_naming_the_checkpoint_from_before_it(tmp_path):
+    from phoenix_hpc.recovery.ckpt_files import mark_complete
+
+    c = _coordinator(tmp_path, (1, 1, 3))
+    root = tmp_path / "ck"
+    c.t = type(c.t)(**{**c.t.__dict__, "checkpoint_path": str(root)})
+    for s in (5, 10, 15):
+        (root / f"step_{s:08d}").mkdir(parents=True)
+        mark_complete(root, s, {"step": s})
+    c.checkpoint_step = 15
+
+    class _Store:
+        def queue_push(self, key, value):
+            pass
+
+        def set(self, key, value):
+            pass
+
+    c.store = _Store()
+    for w in range(3):
+        _commit(c, w, 10, A)  # steps 9 and 10 agree
+    for w in range(3):
+        _commit(c, w, 11, B if w == 1 else A)
+    assert c.agreement.first_bad == 11 and c.agreement.agreed_before(11) == 10
+    c._decide(c.clock())
+    [stop] = read_journal(tmp_path, "clean_stop")
+    assert stop["checkpoint_step"] == 10 and "checkpoint of step 10" in stop["message"]
+    assert "step(s) 15 were written after it" in stop["message"] and "differ at step 11" in stop["reason"]
