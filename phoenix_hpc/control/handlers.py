@@ -72,7 +72,7 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
         return
     tp, pp, dp = c.grid
     book = c.agreement
-    if book is None or book.generation != c.generation:
+    if book is None or book.generation != c.generation or book.dp != dp:  # a shrink changes dp mid-recovery
         book = c.agreement = AgreementBook(dp=dp, generation=c.generation)
         if dp < 2:
             c.journal.append(E.AgreementUndetectable(

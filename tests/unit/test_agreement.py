@@ -316,3 +316,18 @@ def test_a_disagreement_stops_the_job_naming_the_checkpoint_from_before_it(tmp_p
     [stop] = read_journal(tmp_path, "clean_stop")
     assert stop["checkpoint_step"] == 10 and "checkpoint of step 10" in stop["message"]
     assert "step(s) 15 were written after it" in stop["message"] and "differ at step 11" in stop["reason"]
+
+
+def test_a_new_generation_or_a_shrunk_grid_starts_a_new_book(tmp_path):
+    c = _coordinator(tmp_path, (1, 1, 3))
+    _commit(c, 0, 2, A)
+    first = c.agreement
+    c.generation = 1
+    _commit(c, 1, 3, A)  # an old generation's report while the recovery runs: a new book, the report refused
+    assert c.agreement is not first and c.agreement.dp == 3 and c.agreement.generation == 1
+    c.grid = (1, 1, 1)  # the recovery's plan shrank dp to 1
+    c.slots[0].generation = 1
+    _commit(c, 0, 4, A, g=1)
+    assert c.agreement.dp == 1
+    [rec] = read_journal(tmp_path, "agreement_undetectable")
+    assert rec["generation"] == 1
