@@ -282,6 +282,13 @@ def test_node_loss_is_hot_swapped_to_the_spare_with_identical_final_hash(env, da
     # itself takes a moment of Slurm commands, while the job runs on), and at most one step is replayed
     assert rec["recoverable_step"] >= killed_at - 2 and rec["steps_replayed"] <= 1
     check_path(job, CONFIG, path)
+    # replica agreement (docs/design.md section 6): the DP peers' parameter digests, the spare's after the hot
+    # swap included, never differed (how many steps were compared depends on when the heartbeats carried them:
+    # not asserted); only the old generation's reports were refused
+    checks = [c["agreement"] for c in job.events("commit") if c.get("agreement")]
+    assert all(a["disagreed"] == 0 for a in checks), checks
+    assert not job.events("silent_corruption") and not job.events("agreement_undetectable")
+    assert all("of generation 0, the job is at generation 1" in r["reason"] for r in job.events("agreement_rejected"))
 
 
 AT_STEP = 20
