@@ -73,7 +73,10 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
     tp, pp, dp = c.grid
     book = c.agreement
     if book is None or book.generation != c.generation or book.dp != dp:  # a shrink changes dp mid-recovery
+        old = book
         book = c.agreement = AgreementBook(dp=dp, generation=c.generation)
+        if old is not None:  # steps number the whole run: what was seen to agree, or first differ, stays so
+            book.agreed, book.first_bad = list(old.agreed), old.first_bad
         if dp < 2:
             c.journal.append(E.AgreementUndetectable(
                 generation=c.generation, stages=[[p, t] for p in range(pp) for t in range(tp)],

@@ -320,11 +320,13 @@ def test_a_disagreement_stops_the_job_naming_the_checkpoint_from_before_it(tmp_p
 
 def test_a_new_generation_or_a_shrunk_grid_starts_a_new_book(tmp_path):
     c = _coordinator(tmp_path, (1, 1, 3))
-    _commit(c, 0, 2, A)
+    for w in range(3):
+        _commit(c, w, 2, A)  # steps 1 and 2 agree
     first = c.agreement
     c.generation = 1
     _commit(c, 1, 3, A)  # an old generation's report while the recovery runs: a new book, the report refused
     assert c.agreement is not first and c.agreement.dp == 3 and c.agreement.generation == 1
+    assert c.agreement.agreed == first.agreed == [1, 2]  # what agreed before stays known (restart advice)
     c.grid = (1, 1, 1)  # the recovery's plan shrank dp to 1
     c.slots[0].generation = 1
     _commit(c, 0, 4, A, g=1)
