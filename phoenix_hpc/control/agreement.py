@@ -103,36 +103,39 @@ class AgreementBook:
     rejected: set[tuple] = field(default_factory=set)
     #: per logical rank, the newest step whose digest it reported was taken (a report repeats older ones)
     newest: dict[int, int] = field(default_factory=dict)
-    #: the newest steps judged in agreement (any coordinate), and the first step found to differ
-    agreed: list[int] = field(default_factory=list)
+    #: per (pp, tp): the newest step judged (older ones are judged or dropped: never taken again), and the
+    #: newest judged in agreement
+    done_to: dict[tuple[int, int], int] = field(default_factory=dict)
+    last_agreed: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: the first step found to differ, and the newest step its coordinate agreed at before (None: unknown)
     first_bad: int | None = None
-    judged: set[tuple[int, int, int]] = field(default_factory=set)
+    bad_last_agreed: int | None = None
 
     def add(self, step: int, pp: int, dp: int, tp: int, digest: str) -> Verdict | None:
         """A member's accepted digest of ``step``; the verdict once every DP peer's digest of that step and
         coordinate is in (None before, for a repeated report, and for a step already judged). Older pending
-        steps of the coordinate than a judged one are dropped. O(dp)."""
+        steps of the coordinate than a judged one are dropped. O(dp) (O(PENDING_STEPS) when that many wait)."""
         key = (pp, tp)
-        if self.dp < 2 or (step, pp, tp) in self.judged:
+        if self.dp < 2 or step <= self.done_to.get(key, -1):
             return None
         steps = self.pending.setdefault(key, {})
         got = steps.setdefault(step, {})
         got[dp] = digest
         if len(got) < self.dp:
-            for old in sorted(steps)[:-PENDING_STEPS]:
-                del steps[old]
+            if len(steps) > PENDING_STEPS:
+                del steps[min(steps)]
             return None
         del steps[step]
         for old in [s for s in steps if s < step]:
             del steps[old]
-        self.judged = {j for j in self.judged if j[0] >= step - PENDING_STEPS} | {(step, pp, tp)}
+        self.done_to[key] = step
         v = compare(step, pp, tp, got)
         self.checked += 1
         self.disagreed += 0 if v.agree else 1
         if v.agree:
-            self.agreed = sorted(set(self.agreed[-PENDING_STEPS:]) | {step})
+            self.last_agreed[key] = step
         elif self.first_bad is None or step < self.first_bad:
-            self.first_bad = step
+            self.first_bad, self.bad_last_agreed = step, self.last_agreed.get(key)
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         return v
 
@@ -144,9 +147,6 @@ class AgreementBook:
         self.rejected.add(key)
         return True
 
-    def agreed_before(self, step: int) -> int | None:
-        """The newest step before ``step`` judged in agreement (None when none is known)."""
-        return max((s for s in self.agreed if s < step), default=None)
 
     def summary(self) -> dict[str, int | None]:
         """``{"checked", "disagreed", "last_step"}`` for the journal's ``commit`` record and status."""

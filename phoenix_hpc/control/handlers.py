@@ -76,7 +76,8 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
         old = book
         book = c.agreement = AgreementBook(dp=dp, generation=c.generation)
         if old is not None:  # steps number the whole run: what was seen to agree, or first differ, stays so
-            book.agreed, book.first_bad = list(old.agreed), old.first_bad
+            book.last_agreed, book.first_bad, book.bad_last_agreed = (dict(old.last_agreed), old.first_bad,
+                                                                       old.bad_last_agreed)
         if dp < 2:
             c.journal.append(E.AgreementUndetectable(
                 generation=c.generation, stages=[[p, t] for p in range(pp) for t in range(tp)],

@@ -120,7 +120,7 @@ class RecoveryMixin:
             # replicas that differed (control/agreement.py): only a checkpoint from before it is vouched for
             from phoenix_hpc.recovery.ckpt_files import complete_steps
 
-            ck, advice = restart_advice(book.first_bad, book.agreed_before(book.first_bad),
+            ck, advice = restart_advice(book.first_bad, book.bad_last_agreed,
                                         complete_steps(self.t.checkpoint_path) if self.t.checkpoint_path else [])
             self._end(JobState.FAILED, E.CleanStop(reason=decision.reason, checkpoint_step=ck,
                                                    message="stopped without training on; " + advice))

@@ -311,7 +311,7 @@ def test_a_disagreement_stops_the_job_naming_the_checkpoint_from_before_it(tmp_p
         _commit(c, w, 10, A)  # steps 9 and 10 agree
     for w in range(3):
         _commit(c, w, 11, B if w == 1 else A)
-    assert c.agreement.first_bad == 11 and c.agreement.agreed_before(11) == 10
+    assert c.agreement.first_bad == 11 and c.agreement.bad_last_agreed == 10
     c._decide(c.clock())
     [stop] = read_journal(tmp_path, "clean_stop")
     assert stop["checkpoint_step"] == 10 and "checkpoint of step 10" in stop["message"]
@@ -326,7 +326,7 @@ def test_a_new_generation_or_a_shrunk_grid_starts_a_new_book(tmp_path):
     c.generation = 1
     _commit(c, 1, 3, A)  # an old generation's report while the recovery runs: a new book, the report refused
     assert c.agreement is not first and c.agreement.dp == 3 and c.agreement.generation == 1
-    assert c.agreement.agreed == first.agreed == [1, 2]  # what agreed before stays known (restart advice)
+    assert c.agreement.last_agreed == first.last_agreed == {(0, 0): 2}  # stays known (restart advice)
     c.grid = (1, 1, 1)  # the recovery's plan shrank dp to 1
     c.slots[0].generation = 1
     _commit(c, 0, 4, A, g=1)
