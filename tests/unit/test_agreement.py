@@ -333,3 +333,11 @@ def test_a_new_generation_or_a_shrunk_grid_starts_a_new_book(tmp_path):
     assert c.agreement.dp == 1
     [rec] = read_journal(tmp_path, "agreement_undetectable")
     assert rec["generation"] == 1
+
+
+def test_the_cost_bench_judges_every_step_of_every_stage_once():
+    from phoenix_hpc.bench.agreement_cost import coordinator_us, digest_us
+
+    us, n, judged = coordinator_us(pp=2, dp=3, steps=20, history=8)
+    assert n == 20 * 6 and judged == 20 * 2 and us > 0
+    assert digest_us(4) > 0
