@@ -475,6 +475,9 @@ def test_a_flipped_parameter_bit_is_found_at_the_next_commit_naming_the_member(e
     # 80 steps: this model runs about 50 steps a second here, the comparison comes with the heartbeats (up to
     # an interval, 0.5 s, later): the job must still train when it stops it
     cfg["training"] = dict(cfg["training"], steps=80)
+    # keep every checkpoint: at 50 steps a second the default 2 are pruned before the stop, those from before
+    # the flip included
+    cfg["resilience"] = dict(cfg["resilience"], checkpoint=dict(cfg["resilience"]["checkpoint"], keep=20))
     job = Job(env, tmp_path, data, "bitflip-dp3", cfg)
     try:
         _wait(lambda: job.step(1) >= 3, 180, "the first commits")
