@@ -500,5 +500,5 @@ def test_a_flipped_parameter_bit_is_found_at_the_next_commit_naming_the_member(e
     assert stop["checkpoint_step"] is not None and stop["checkpoint_step"] <= at - 2, stop
     assert f"checkpoint of step {stop['checkpoint_step']}, the newest from before" in stop["message"], stop
     assert not job.events("recovery_start") and not job.events("job_done")
-    checks = [c["agreement"] for c in job.events("commit") if c.get("agreement")]
-    assert any(a["checked"] > 0 and a["disagreed"] == 0 for a in checks), checks
+    # the steps before were compared and agreed (the commit records' counts come only every few steps)
+    assert f"differed at step {at - 1} and last agreed at step " in stop["message"], stop
