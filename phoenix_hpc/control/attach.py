@@ -6,7 +6,7 @@ before the srun step and waits for that file, so under ``phoenix submit`` it alw
 
 It registers the slot (active: logical rank = MPI world rank at generation 0, with the grid; standby: no
 rank), starts the heartbeat thread (per node: :mod:`phoenix_hpc.control.node_beats`) and the coordinator watchdog (a slot exits with
-:data:`phoenix_hpc.control.client.EXIT_COORDINATOR_LOST` when the coordinator's connection closed, or it has
+:data:`phoenix_hpc.control.heartbeat.EXIT_COORDINATOR_LOST` when the coordinator's connection closed, or it has
 not answered for ``resilience.coordinator_timeout_s`` after the start-up grace ``resilience.coordinator_grace_s``;
 with ``resilience.coordinator_restarts`` > 0 a closed connection first waits
 ``resilience.coordinator_restart_timeout_s`` for a restarted coordinator while training goes on), and returns the client plus, on active slots, a TCPStore client to the

@@ -1,4 +1,4 @@
-"""The rank-side client of the coordinator: register, heartbeat thread, reports, instructions, watchdog.
+"""The rank-side client of the coordinator: the connection, register and rejoin, reports, instructions.
 
 One :class:`CoordinatorClient` per slot. It reads ``RUN_DIR/coordinator.json`` and ``RUN_DIR/secret``
 (waiting for them, bounded), and opens its own TCPStore client connections (one for the calling thread, one
@@ -12,21 +12,14 @@ takes whatever is queued, :meth:`poll_if_rung` only after a ring (the training t
 the quiesce watchdog use it), and :meth:`wait_instruction` sleeps on the doorbell. Without a liveness
 connection (a coordinator that offers none) every call polls.
 
-Coordinator watchdog (docs/design.md section 7: ranks must not keep a dead job's allocation busy, and a
-busy coordinator is not a dead one): the heartbeat thread reads the coordinator's beat counter every
-``heartbeat_interval_s``; a separate watchdog thread calls ``on_lost(reason)`` on evidence that the
-coordinator is gone (:func:`phoenix_hpc.control.detect.coordinator_verdict`): the liveness connection closed
-by the coordinator's end, or no answer for ``coordinator_timeout_s`` (much longer than
-``heartbeat_timeout_s``) while this slot's own heartbeats kept asking, after a start-up grace period. The
-default ``on_lost`` prints the reason and ends the process with exit code :data:`EXIT_COORDINATOR_LOST`
-(``os._exit``: the main thread may be blocked in a collective that will never finish). Once the slot
-received ``stop`` (or closes) nothing is lost any more: the coordinator exits after the job's end.
+The heartbeat and coordinator watchdog threads are :class:`phoenix_hpc.control.heartbeat.Heartbeat`
+(:meth:`CoordinatorClient.start_heartbeat`); the injections and drains this slot armed are
+:class:`phoenix_hpc.control.armed.ArmedInstructions`.
 
 Coordinator restart (``resilience.coordinator_restarts`` > 0; ``restart_timeout_s`` of
 :meth:`CoordinatorClient.start_heartbeat`): a closed liveness connection is then not the end. The slot is
-*away*: training goes on, reports are kept in a bounded outbox (:data:`OUTBOX_MAX` messages; heartbeats are
-not kept, a newer commit report replaces an older one, beyond the bound the oldest are dropped and counted),
-polls return nothing, and the heartbeat thread watches ``RUN_DIR/coordinator.json`` for a coordinator with
+*away*: training goes on, reports are kept in a bounded outbox (:mod:`phoenix_hpc.control.outbox`), polls
+return nothing, and the heartbeat thread watches ``RUN_DIR/coordinator.json`` for a coordinator with
 another pid (the batch script's supervisor restarts a crashed one, :mod:`phoenix_hpc.control.supervise`).
 When one is there the slot re-registers (``register`` with ``rejoin``: generation, step, outbox size),
 opens a new liveness connection, sends its outbox in order and its newest commit report (own shard and
@@ -48,59 +41,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from phoenix_hpc.control import protocol as P
-from phoenix_hpc.control.detect import coordinator_verdict
+from phoenix_hpc.control.armed import ArmedInstructions
+from phoenix_hpc.control.heartbeat import Heartbeat, default_on_lost
+from phoenix_hpc.control.outbox import Outbox
 from phoenix_hpc.errors import ControlError
-
-EXIT_COORDINATOR_LOST = 75  # EX_TEMPFAIL: the job's control plane is gone
-OUTBOX_MAX = 1000  # reports kept while the coordinator is away (the oldest beyond it are dropped)
-RESENT_TYPES = ("commit", "done")  # the newest of each is sent again to a restarted coordinator
-
-
-def _default_on_lost(reason: str) -> None:
-    from phoenix_hpc.control.ending import resume_hint
-
-    run_dir = os.environ.get("RUN_DIR")  # exported by the batch script
-    hint = (f"; the run continues in the chain's next job, if one is queued, or with {resume_hint(run_dir)}"
-            if run_dir else "")
-    print(f"[phoenix] coordinator lost ({reason}); exiting so the allocation is not held by an orphaned step{hint}",
-          file=sys.stderr, flush=True)
-    os._exit(EXIT_COORDINATOR_LOST)
-
-
-def keep_report(outbox: deque, body: dict[str, Any], limit: int) -> int:
-    """Keep a report for a coordinator that is away: heartbeats are not kept (the next one says more), a
-    ``commit`` report replaces the older one kept (commit reports carry the newest committed steps), beyond
-    ``limit`` messages the oldest are dropped. Mutates ``outbox``; returns how many were dropped."""
-    t = body.get("type")
-    if t == "heartbeat":
-        return 0
-    if t == "commit":
-        for i, old in enumerate(outbox):
-            if old.get("type") == "commit":
-                del outbox[i]
-                break
-    outbox.append(body)
-    dropped = 0
-    while len(outbox) > limit:
-        outbox.popleft()
-        dropped += 1
-    return dropped
-
-
-def wait_for_coordinator(run_dir: str | os.PathLike, timeout_s: float, poll_s: float = 0.1) -> dict[str, Any]:
-    """Wait until ``RUN_DIR/coordinator.json`` exists; return it.
-
-    Raises:
-        ControlError: not there after ``timeout_s`` seconds.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        info = P.read_coordinator_file(run_dir)
-        if info is not None:
-            return info
-        if time.monotonic() > deadline:
-            raise ControlError(f"no coordinator in {run_dir} after {timeout_s:g}s ({P.COORDINATOR_FILE} missing)")
-        time.sleep(poll_s)
 
 
 class CoordinatorClient:
@@ -125,7 +69,7 @@ class CoordinatorClient:
         self.world_rank = int(world_rank)
         self.pid = os.getpid() if pid is None else int(pid)
         self.wait_s = wait_s
-        self.info = wait_for_coordinator(self.run_dir, wait_s)
+        self.info = P.wait_for_coordinator(self.run_dir, wait_s)
         theirs = self.info.get("protocol")
         if theirs != P.PROTOCOL_VERSION:
             raise ControlError(f"the coordinator of {self.run_dir} speaks control protocol version {theirs!r}, "
@@ -136,11 +80,7 @@ class CoordinatorClient:
         self._store_timeout = timedelta(seconds=store_timeout_s)
         self.store = self._connect()
         self._lock = threading.Lock()
-        self.injections: list[dict] = []  # armed injections (inject instructions this slot accepted)
-        self.injections_lock = threading.Lock()  # shared with the FaultTrigger that takes them
-        self.drain: dict | None = None  # an armed planned drain {request_id, at_step} (under injections_lock)
-        self.started_step = 0  # the iteration this slot is in (set by the training loop), for arming
-        self.last_step: int | None = None  # the job's last step, when known
+        self.armed = ArmedInstructions(self.world_rank, self.pid, self.send)  # injections and drain accepted
         self._alive = None  # the liveness connection (liveness.AliveConnection), after registration
         self._rings_seen = -1  # doorbell rings acted on (-1: poll once whatever the count)
         self.stop_received = False  # a ``stop`` was popped: the coordinator may exit from now on
@@ -148,19 +88,7 @@ class CoordinatorClient:
         self.instructions: deque[dict] = deque()
         # duplicates only: an instruction may wait in the queue through a long step, so no age limit
         self._guard = P.ReplayGuard(max_age_s=None)
-        self._hb_thread: threading.Thread | None = None
-        self._wd_thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self.last_ok = time.monotonic()
-        self.last_unanswered: float | None = None  # start of the newest heartbeat exchange without proof of life
-        self._asking_since: float | None = None  # start of the heartbeat exchange in flight
-        self._answer_timeout_s = 10.0
-        self._watch_started = self.last_ok
-        self._lost_after_s = 60.0
-        self._grace_s = 0.0
-        self._on_lost: Callable[[str], None] | None = None
-        self._lost_once = threading.Lock()
-        self.lost_reason: str | None = None
+        self.heart = Heartbeat(self.world_rank)  # the heartbeat and watchdog threads (start_heartbeat)
         self.pending_signal: str | None = None  # a signal to pass on (note_signal), sent by the heartbeat thread
         self.signalled: str | None = None  # the signal this slot received (note_signal), kept
         self.board = None  # the node's heartbeat board (node_beats.NodeBoard) once heartbeats run per node
@@ -171,9 +99,7 @@ class CoordinatorClient:
         self._restart_timeout_s = 0.0  # > 0: a closed connection means "away", not "lost" (start_heartbeat)
         self._away_since: float | None = None  # monotonic s: the coordinator's connection closed, none back yet
         self._away_reason = ""
-        self._outbox: deque[dict] = deque()  # reports kept while away (bounded: OUTBOX_MAX)
-        self.outbox_dropped = 0
-        self._resend: dict[str, dict] = {}  # the newest body of each RESENT_TYPES type
+        self.outbox = Outbox()  # reports kept while away (bounded), the newest commit and done
         self._registration: dict[str, Any] | None = None  # the register fields, sent again on a rejoin
         self._state: Callable[[], tuple[int | None, int | None]] | None = None
 
@@ -182,6 +108,10 @@ class CoordinatorClient:
 
         timeout = self._store_timeout if timeout_s is None else timedelta(seconds=timeout_s)
         return dist.TCPStore(self.host, self.port, is_master=False, timeout=timeout, wait_for_workers=False)
+
+    def _push(self, body: dict[str, Any]) -> None:
+        """Sign ``body`` and push it to the inbox over :attr:`store` (caller holds ``_lock``)."""
+        self.store.queue_push(P.KEY_IN, P.encode(body, self.secret))
 
     def tcp_store(self):
         """A new TCPStore client to the coordinator's store (e.g. for ``PrefixStore(f"gen{g}", ...)``)."""
@@ -196,26 +126,19 @@ class CoordinatorClient:
             torch.distributed.DistError: the store cannot be reached (the next call opens a new connection).
         """
         with self._lock:
-            if body.get("type") in RESENT_TYPES:
-                self._resend[body["type"]] = body
+            self.outbox.note(body)
             if self._away_since is not None:  # the coordinator is gone for now: keep it for the next one
-                return self._keep(body)
+                return self.outbox.keep(body)
             try:
                 if self.store is None:
                     self.store = self._connect()
-                while self._outbox:  # what was kept while the store could not be reached, first and in order
-                    self.store.queue_push(P.KEY_IN, P.encode(self._outbox[0], self.secret))
-                    self._outbox.popleft()
-                self.store.queue_push(P.KEY_IN, P.encode(body, self.secret))
+                self.outbox.flush(self._push)  # what was kept while the store could not be reached, in order
+                self._push(body)
             except self._dist.DistError:
                 self.store = None
                 if self._restart_timeout_s > 0:  # a restart may be under way: keep it, do not fail the step
-                    return self._keep(body)
+                    return self.outbox.keep(body)
                 raise
-
-    def _keep(self, body: dict[str, Any]) -> None:
-        """Keep ``body`` in the outbox (caller holds ``_lock``; :func:`keep_report`)."""
-        self.outbox_dropped += keep_report(self._outbox, body, OUTBOX_MAX)
 
     @property
     def away(self) -> bool:
@@ -297,8 +220,7 @@ class CoordinatorClient:
 
     def _connection_closed(self, why: str) -> None:
         """The liveness reader saw the coordinator's end close: away (a restart is expected) or lost."""
-        if self._restart_timeout_s > 0 and self._on_lost is not None and not self._stop.is_set() \
-                and not self.stop_received:
+        if self._restart_timeout_s > 0 and self.heart.watching and not self.stop_received:
             with self._lock:
                 if self._away_since is None:
                     self._away_since, self._away_reason = time.monotonic(), f"its connection closed ({why})"
@@ -306,13 +228,13 @@ class CoordinatorClient:
             print(f"[phoenix] world rank {self.world_rank}: the coordinator is gone ({why}); training on, "
                   f"waiting up to {self._restart_timeout_s:g} s for its restart", file=sys.stderr, flush=True)
             return
-        self._judge()
+        self.heart.judge()
 
     def _try_rejoin(self) -> bool:
         """Away: if ``coordinator.json`` names another coordinator process, re-register with it, open a new
         liveness connection and send what was kept. Returns whether the slot is back. Heartbeat thread."""
         if (self.run_dir / P.EXIT_STATUS_FILE).exists():  # it wrote its verdict: the job ended, nothing restarts
-            self._lose("the coordinator ended the job before this slot heard its stop")
+            self.heart.lose("the coordinator ended the job before this slot heard its stop")
             return False
         info = P.read_coordinator_file(self.run_dir)
         if info is None or info.get("pid") == self.info.get("pid") or info.get("protocol") != P.PROTOCOL_VERSION:
@@ -325,14 +247,14 @@ class CoordinatorClient:
         try:
             reply = self.request({"type": "register", "world_rank": self.world_rank, "pid": self.pid,
                                   **(self._registration or {}),
-                                  "rejoin": {"generation": g, "step": step, "buffered": len(self._outbox),
-                                             "dropped": self.outbox_dropped}},
-                                 timeout_s=self._answer_timeout_s)
+                                  "rejoin": {"generation": g, "step": step, "buffered": len(self.outbox),
+                                             "dropped": self.outbox.dropped}},
+                                 timeout_s=self.heart.answer_timeout_s)
         except ControlError:  # not serving yet: the next round tries again
             self.info, self.host, self.port = old
             return False
         if reply.get("type") != "registered":
-            self._lose(f"the restarted coordinator refused this slot: {reply.get('reason')}")
+            self.heart.lose(f"the restarted coordinator refused this slot: {reply.get('reason')}")
             return False
         try:
             self._open_alive()
@@ -342,22 +264,14 @@ class CoordinatorClient:
             try:
                 if self.store is None:
                     self.store = self._connect()
-                sent = set()
-                while self._outbox:
-                    sent.add(self._outbox[0].get("type"))
-                    self.store.queue_push(P.KEY_IN, P.encode(self._outbox[0], self.secret))
-                    self._outbox.popleft()
-                for t, body in self._resend.items():  # the newest commit report (replicas held), done
-                    if t not in sent:
-                        self.store.queue_push(P.KEY_IN, P.encode(body, self.secret))
+                self.outbox.flush(self._push, resend=True)  # then the newest commit report, done
             except self._dist.DistError:
                 self.store = None  # the rest goes with the next send
             away_s = time.monotonic() - (self._away_since or time.monotonic())
             self._away_since = None
             self.incarnation += 1
             self._rings_seen = -1
-            self.last_ok = time.monotonic()
-            self.last_unanswered = None
+            self.heart.alive_now()
         print(f"[phoenix] world rank {self.world_rank}: rejoined the restarted coordinator (pid {info.get('pid')}) "
               f"after {away_s:.1f} s at step {step}", file=sys.stderr, flush=True)
         return True
@@ -514,91 +428,16 @@ class CoordinatorClient:
                 continue
             except self._dist.DistError:  # the plan could not be read: as if the instruction never came
                 continue
-            if msg["type"] == "inject":
-                self._arm(msg)
-            elif msg["type"] == "disarm":
-                self._disarm(msg)
-            elif msg["type"] in ("drain", "undrain"):
-                self._arm_drain(msg)
-            else:
-                if msg["type"] == "stop":
-                    self.stop_received = True
-                out.append(msg)
+            if self.armed.handle(msg):  # inject, disarm, drain, undrain: armed or refused, and answered
+                continue
+            if msg["type"] == "stop":
+                self.stop_received = True
+            out.append(msg)
         return out
 
     def _get_locked(self, key: str) -> bytes:
         with self._lock:
             return self.store.get(key)
-
-    def _ack(self, msg: dict[str, Any], armed: bool, at_step: int | None, reason: str) -> None:
-        try:
-            self.send({"type": "inject_ack", "world_rank": self.world_rank, "pid": self.pid,
-                       "request_id": str(msg.get("request_id", "")), "armed": armed, "at_step": at_step,
-                       "started_step": self.started_step, "reason": reason})
-        except Exception:  # noqa: BLE001 -- no answer: the coordinator refuses the request when it times out
-            pass
-
-    def _arm(self, msg: dict[str, Any]) -> None:
-        """An ``inject`` instruction: arm it if this slot has not started its step
-        (:func:`phoenix_hpc.faults.trigger.arm_decision`), else refuse it; answer ``inject_ack`` either way."""
-        from phoenix_hpc.faults.trigger import arm_decision
-
-        try:
-            step, why = arm_decision(int(msg["at_step"]), str(msg["phase"]), self.started_step, self.last_step,
-                                     msg.get("steps_ahead"))
-        except (KeyError, TypeError, ValueError) as exc:
-            return self._ack(msg, False, None, f"malformed inject instruction: {exc}")
-        if step is not None:
-            with self.injections_lock:
-                self.injections.append({**msg, "at_step": step})
-        self._ack(msg, step is not None, step, why)
-
-    def _arm_drain(self, msg: dict[str, Any]) -> None:
-        """A ``drain`` instruction: arm it (pause at the commit fence of iteration ``at_step``) if this slot
-        has not started that iteration (:func:`phoenix_hpc.control.drains.arm_drain`), else refuse it;
-        answer ``drain_ack`` {request_id, attempt, armed, late, at_step, started_step, reason}. ``undrain``
-        drops the armed drain ``request_id`` (no answer)."""
-        from phoenix_hpc.control.drains import arm_drain
-
-        rid = str(msg.get("request_id", ""))
-        if msg["type"] == "undrain":
-            with self.injections_lock:
-                if self.drain is not None and self.drain.get("request_id") == rid:
-                    self.drain = None
-            return
-        try:
-            at_step = int(msg["at_step"])
-        except (KeyError, TypeError, ValueError) as exc:
-            armed, late, why, at_step = False, False, f"malformed drain instruction: {exc}", None
-        else:
-            armed, late, why = arm_drain(at_step, self.started_step, self.last_step)
-        if armed:
-            with self.injections_lock:
-                self.drain = {"request_id": rid, "at_step": at_step}
-        try:
-            self.send({"type": "drain_ack", "world_rank": self.world_rank, "pid": self.pid, "request_id": rid,
-                       "attempt": msg.get("attempt"), "armed": armed, "late": late, "at_step": at_step,
-                       "started_step": self.started_step, "reason": why})
-        except Exception:  # noqa: BLE001 -- no answer: the coordinator refuses the drain when it times out
-            pass
-
-    def take_drain(self, step: int) -> dict[str, Any] | None:
-        """The armed drain due at the commit fence of iteration ``step`` (removed), or None."""
-        with self.injections_lock:
-            d = self.drain
-            if d is not None and int(d["at_step"]) == step:
-                self.drain = None
-                return d
-            return None
-
-    def _disarm(self, msg: dict[str, Any]) -> None:
-        """A ``disarm`` instruction: drop the pending injection ``request_id`` (unless it already fired)."""
-        rid = str(msg.get("request_id", ""))
-        with self.injections_lock:
-            keep = [i for i in self.injections if not (isinstance(i, dict) and i.get("request_id") == rid)]
-            dropped = len(keep) != len(self.injections)
-            self.injections[:] = keep
-        self._ack(msg, False, None, "disarmed" if dropped else "disarm: not pending (already fired or never armed)")
 
     def wait_instruction(self, types: tuple[str, ...], timeout_s: float,
                          poll_s: float = 0.02, fallback_s: float = 2.0) -> dict[str, Any] | None:
@@ -631,17 +470,10 @@ class CoordinatorClient:
             else:
                 a.wait_ring(self._rings_seen, min(left, max(0.0, self._next_full_poll - time.monotonic())))
 
-    def take_injection(self, step: int, phase: str) -> dict[str, Any] | None:
-        """The injection due at ``(step, phase)`` (removed from the pending list), or None."""
-        for i, inj in enumerate(self.injections):
-            if inj["at_step"] == step and inj["phase"] == phase:
-                return self.injections.pop(i)
-        return None
-
     # --- heartbeat + watchdog ----------------------------------------------------------------------
     def start_heartbeat(self, interval_s: float, timeout_s: float,
                         state: Callable[[], tuple[int | None, int | None]],
-                        on_lost: Callable[[str], None] = _default_on_lost, lost_after_s: float | None = None,
+                        on_lost: Callable[[str], None] = default_on_lost, lost_after_s: float | None = None,
                         grace_s: float = 0.0, node: str | None = None,
                         restart_timeout_s: float = 0.0) -> None:
         """Start the heartbeat thread (sends ``state() -> (generation, step)`` every ``interval_s``; a store
@@ -657,11 +489,6 @@ class CoordinatorClient:
         ``restart_timeout_s`` > 0 (``resilience.coordinator_restart_timeout_s`` when restarts are on): a closed
         connection makes the slot wait that long for a restarted coordinator, training on (module docstring)."""
         lost_after_s = timeout_s if lost_after_s is None else lost_after_s
-        self._stop.clear()
-        self.last_ok = self._watch_started = time.monotonic()
-        self.last_unanswered = self._asking_since = None
-        self._lost_after_s, self._grace_s, self._on_lost = lost_after_s, grace_s, on_lost
-        self._answer_timeout_s = timeout_s
         if node is not None and self.board is None:
             from phoenix_hpc.control.node_beats import NodeBoard, board_dir
 
@@ -671,125 +498,93 @@ class CoordinatorClient:
                 print(f"[phoenix] world rank {self.world_rank}: no node heartbeat board ({exc}); heartbeating "
                       "alone", file=sys.stderr, flush=True)
         self._restart_timeout_s, self._state = float(restart_timeout_s), state
+        self.heart.start(
+            interval_s, timeout_s, connect=self._connect, beat=lambda store: self._beat(store, interval_s, timeout_s),
+            rejoin=self._try_rejoin, away=self._away, ending=lambda: self.stop_received,
+            # with restarts a closed connection means "away" (_connection_closed), judged by the away rule
+            closed=lambda: None if self._alive is None or self._restart_timeout_s > 0 else self._alive.closed,
+            on_lost=on_lost, lost_after_s=lost_after_s, grace_s=grace_s, restart_timeout_s=self._restart_timeout_s)
 
-        def beat() -> None:
-            store = None
-            last_beat = None
-            while not self._stop.is_set():
-                if self._away_since is not None:  # no heartbeats to a dead store: look for its successor
-                    store = last_beat = None
-                    self._try_rejoin()
-                    self._stop.wait(interval_s)
-                    continue
-                t_try = self._asking_since = time.monotonic()
-                proof = False
-                try:
-                    if store is None:  # short timeout: an answer later than timeout_s proves nothing
-                        store = self._connect(timeout_s)
-                    g, step = state()
-                    sig = self.pending_signal
-                    if sig is not None:
-                        store.queue_push(P.KEY_IN, P.encode({"type": "signal", "world_rank": self.world_rank,
-                                                             "pid": self.pid, "signal": sig}, self.secret))
-                        self.pending_signal = None
-                    if self.board is not None:
-                        b = self._beat_on_board(store, g, step, interval_s, timeout_s)
-                    else:
-                        store.queue_push(P.KEY_IN, P.encode(
-                            {"type": "heartbeat", "world_rank": self.world_rank, "pid": self.pid,
-                             "generation": g, "step": step}, self.secret))
-                        b = store.add(P.KEY_BEAT, 0)
-                    if b is not None and b != last_beat:
-                        last_beat = b
-                        proof = True
-                        self.last_ok = time.monotonic()
-                except Exception:  # noqa: BLE001 - any store failure just means "no proof of life this round"
-                    store = None
-                self._asking_since = None
-                if not proof:  # asked, and got no proof that the coordinator's loop runs
-                    self.last_unanswered = t_try
-                self._stop.wait(interval_s)
+    def _away(self) -> tuple[float, str] | None:
+        """(since, reason) while the coordinator is away, else None."""
+        return None if (since := self._away_since) is None else (since, self._away_reason)
 
-        def watch() -> None:
-            while not self._stop.wait(min(interval_s, lost_after_s / 4)):
-                if self._judge():
-                    return
+    def _beat(self, store, interval_s: float, timeout_s: float) -> int | None:
+        """One heartbeat of this slot (heartbeat thread): pass on a pending signal, then beat through the node's
+        board or alone. Returns the coordinator's beat counter (None: no fresh reading). Raises OSError (the
+        board cannot be written) or torch.distributed.DistError (the store failed)."""
+        g, step = self._state()
+        sig = self.pending_signal
+        if sig is not None:
+            store.queue_push(P.KEY_IN, P.encode({"type": "signal", "world_rank": self.world_rank,
+                                                 "pid": self.pid, "signal": sig}, self.secret))
+            self.pending_signal = None
+        if self.board is not None:
+            return self._beat_on_board(store, g, step, interval_s, timeout_s)
+        store.queue_push(P.KEY_IN, P.encode({"type": "heartbeat", "world_rank": self.world_rank, "pid": self.pid,
+                                             "generation": g, "step": step}, self.secret))
+        return store.add(P.KEY_BEAT, 0)
 
-        self._hb_thread = threading.Thread(target=beat, name=f"phoenix-heartbeat-{self.world_rank}", daemon=True)
-        self._wd_thread = threading.Thread(target=watch, name=f"phoenix-watchdog-{self.world_rank}", daemon=True)
-        self._hb_thread.start()
-        self._wd_thread.start()
+    def _beat_on_board(self, store, g: int | None, step: int | None, interval_s: float, timeout_s: float) -> int | None:
+        """:func:`phoenix_hpc.control.node_beats.beat_on_board` with this slot's record and newest commit report."""
+        from phoenix_hpc.control.node_beats import CARRIER_FRESH_INTERVALS, beat_on_board
 
-    def _beat_on_board(self, store, g: int | None, step: int | None, interval_s: float,
-                       timeout_s: float) -> int | None:
-        """One heartbeat through the node board (:mod:`phoenix_hpc.control.node_beats`): write this slot's
-        record; if this slot carries the node, push the node's ``heartbeats`` and read the beat counter
-        (returned and written to the board), else return the carrier's newest reading (None: none fresh).
-
-        Raises:
-            OSError: the board cannot be written; torch.distributed.DistError: the store failed.
-        """
-        from phoenix_hpc.control.node_beats import CARRIER_FRESH_INTERVALS, carrier_of, entries_of
-
-        fresh_s = CARRIER_FRESH_INTERVALS * interval_s
         with self._lock:
             commit = self._commit
-        self.board.write_record({"pid": self.pid, "g": g, "step": step, "t": time.time(), "commit": commit})
-        records = self.board.records()
-        now = time.time()
-        self._board_stale_s = timeout_s + fresh_s  # for leave() at the end
-        if carrier_of(records, now, fresh_s) == self.world_rank:
-            # the carrier removes the records killed slots left (older than the timeout: declared dead)
-            for w in self.board.prune(records, now, timeout_s + fresh_s):
-                records.pop(w, None)
-            store.queue_push(P.KEY_IN, P.encode(
-                {"type": "heartbeats", "world_rank": self.world_rank, "pid": self.pid,
-                 "beats": entries_of(records, now, timeout_s)}, self.secret))
-            b = int(store.add(P.KEY_BEAT, 0))
-            self.board.write_beat(b, time.time())
-            return b
-        seen = self.board.beat()
-        if seen is None or time.time() - seen[1] > fresh_s:
-            return None
-        return seen[0]
-
-    def _judge(self) -> bool:
-        """Apply :func:`coordinator_verdict` now; on a loss call ``on_lost`` (once). Returns whether lost.
-        Called by the watchdog thread, and by the liveness reader when the connection closed."""
-        if self._on_lost is None or self._stop.is_set():  # heartbeats not started, or stopped on purpose
-            return False
-        if self._away_since is not None:
-            away_s = time.monotonic() - self._away_since
-            if self.stop_received or away_s <= self._restart_timeout_s:
-                return False
-            return self._lose(f"{self._away_reason}, and no restarted coordinator came back within "
-                              f"coordinator_restart_timeout_s={self._restart_timeout_s:g}s")
-        lost, reason = coordinator_verdict(
-            time.monotonic(), started=self._watch_started, last_ok=self.last_ok,
-            last_unanswered=self.last_unanswered,
-            # with restarts a closed connection means "away" (_connection_closed), judged above
-            closed=None if self._alive is None or self._restart_timeout_s > 0 else self._alive.closed,
-            timeout_s=self._lost_after_s, grace_s=self._grace_s, ending=self.stop_received,
-            asking_since=self._asking_since, answer_timeout_s=self._answer_timeout_s)
-        if not lost:
-            return False
-        return self._lose(reason)
-
-    def _lose(self, reason: str) -> bool:
-        """Call ``on_lost(reason)`` once. Returns True."""
-        if not self._lost_once.acquire(blocking=False):
-            return True
-        self.lost_reason = reason
-        self._on_lost(reason)
-        return True
+        self._board_stale_s = timeout_s + CARRIER_FRESH_INTERVALS * interval_s  # for leave() at the end
+        return beat_on_board(self.board, store, {"pid": self.pid, "g": g, "step": step, "t": time.time(),
+                                                 "commit": commit}, world_rank=self.world_rank, pid=self.pid,
+                             secret=self.secret, interval_s=interval_s, timeout_s=timeout_s)
 
     def stop_heartbeat(self, join_timeout_s: float = 15.0) -> None:
         """Stop the heartbeat and watchdog threads (waits for them)."""
-        self._stop.set()
-        for t in (self._hb_thread, self._wd_thread):
-            if t is not None and t is not threading.current_thread():
-                t.join(join_timeout_s)
-        self._hb_thread = self._wd_thread = None
+        self.heart.stop(join_timeout_s)
+
+    # --- the armed instructions (ArmedInstructions), read and set by the training loop -------------------
+    @property
+    def injections(self) -> list[dict]:
+        """The armed injections (:attr:`ArmedInstructions.injections`)."""
+        return self.armed.injections
+
+    @property
+    def injections_lock(self) -> threading.Lock:
+        """The lock of :attr:`injections` and :attr:`drain`, shared with the fault trigger."""
+        return self.armed.lock
+
+    @property
+    def drain(self) -> dict | None:
+        """The armed planned drain ``{request_id, at_step}``, or None."""
+        return self.armed.drain
+
+    @drain.setter
+    def drain(self, value: dict | None) -> None:
+        self.armed.drain = value
+
+    @property
+    def started_step(self) -> int | None:
+        """The iteration this slot is in (set by the training loop): instructions for it come too late."""
+        return self.armed.started_step
+
+    @started_step.setter
+    def started_step(self, step: int | None) -> None:
+        self.armed.started_step = step
+
+    @property
+    def last_step(self) -> int | None:
+        """The job's last step, when known (an injection past it is refused)."""
+        return self.armed.last_step
+
+    @last_step.setter
+    def last_step(self, step: int | None) -> None:
+        self.armed.last_step = step
+
+    def take_drain(self, step: int) -> dict[str, Any] | None:
+        """:meth:`ArmedInstructions.take_drain`."""
+        return self.armed.take_drain(step)
+
+    def take_injection(self, step: int, phase: str) -> dict[str, Any] | None:
+        """:meth:`ArmedInstructions.take_injection`."""
+        return self.armed.take_injection(step, phase)
 
     def close(self) -> None:
         """Stop the heartbeat; close the liveness connection (from then on the coordinator reads this slot

@@ -196,3 +196,34 @@ class NodeBoard:
             self.path.rmdir()
         except OSError:  # another slot wrote meanwhile, or removed it first
             pass
+
+
+def beat_on_board(board: NodeBoard, store: Any, record: dict[str, Any], *, world_rank: int, pid: int,
+                  secret: bytes, interval_s: float, timeout_s: float) -> int | None:
+    """One heartbeat of slot ``world_rank`` through its node's board: write its ``record`` (pid, g, step, t,
+    commit); if this slot carries the node (:func:`carrier_of`), remove the records killed slots left, push
+    the node's signed ``heartbeats`` message to ``store`` and read the coordinator's beat counter (returned
+    and written to the board), else return the carrier's newest reading (None: none fresh).
+
+    Raises:
+        OSError: the board cannot be written; torch.distributed.DistError: the store failed.
+    """
+    from phoenix_hpc.control import protocol as P
+
+    fresh_s = CARRIER_FRESH_INTERVALS * interval_s
+    board.write_record(record)
+    records = board.records()
+    now = time.time()
+    if carrier_of(records, now, fresh_s) == world_rank:
+        # the carrier removes the records killed slots left (older than the timeout: declared dead)
+        for w in board.prune(records, now, timeout_s + fresh_s):
+            records.pop(w, None)
+        store.queue_push(P.KEY_IN, P.encode({"type": "heartbeats", "world_rank": world_rank, "pid": pid,
+                                             "beats": entries_of(records, now, timeout_s)}, secret))
+        b = int(store.add(P.KEY_BEAT, 0))
+        board.write_beat(b, time.time())
+        return b
+    seen = board.beat()
+    if seen is None or time.time() - seen[1] > fresh_s:
+        return None
+    return seen[0]

@@ -311,3 +311,19 @@ def read_coordinator_file(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise ControlError(f"run directory file {str(p)!r} must hold a JSON object")
     return data
+
+
+def wait_for_coordinator(run_dir: str | os.PathLike, timeout_s: float, poll_s: float = 0.1) -> dict[str, Any]:
+    """Wait until ``RUN_DIR/coordinator.json`` exists; return it.
+
+    Raises:
+        ControlError: not there after ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = read_coordinator_file(run_dir)
+        if info is not None:
+            return info
+        if time.monotonic() > deadline:
+            raise ControlError(f"no coordinator in {run_dir} after {timeout_s:g}s ({COORDINATOR_FILE} missing)")
+        time.sleep(poll_s)

@@ -7,7 +7,7 @@ from collections import deque
 
 import pytest
 
-from phoenix_hpc.control.client import keep_report
+from phoenix_hpc.control.outbox import keep_report
 from phoenix_hpc.control.rejoin import rejoin_verdict
 from phoenix_hpc.control.view import SlotView, fold
 from phoenix_hpc.control.supervise import restart_decision, shell_status

@@ -77,6 +77,7 @@ def _client(store, world_rank):
     import threading
     import types
 
+    from phoenix_hpc.control.armed import ArmedInstructions
     from phoenix_hpc.control.client import CoordinatorClient
 
     c = object.__new__(CoordinatorClient)  # no coordinator process: the client's poll over a dict store
@@ -85,6 +86,7 @@ def _client(store, world_rank):
     c._guard = P.ReplayGuard(max_age_s=None)
     c._alive, c._rings_seen = None, -1  # no liveness connection: every poll reads the store
     c._away_since = None  # the coordinator never went away
+    c.armed = ArmedInstructions(world_rank, 0, lambda body: None)  # no inject or drain here
     return c
 
 

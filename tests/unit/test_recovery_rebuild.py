@@ -370,12 +370,13 @@ def _real_client(store: _InstructionStore):
     """The real :class:`CoordinatorClient` instruction path (poll, arm, ack) over ``store``; acks are
     recorded instead of sent."""
     from phoenix_hpc.control import protocol as P
+    from phoenix_hpc.control.armed import ArmedInstructions
     from phoenix_hpc.control.client import CoordinatorClient
 
     c = CoordinatorClient.__new__(CoordinatorClient)
     c.world_rank, c.pid, c.secret, c.store, c._dist = 0, 1, store.secret, store, torch.distributed
-    c._lock, c.injections, c.injections_lock = threading.Lock(), [], threading.Lock()
-    c.started_step, c.last_step, c.instructions = 0, None, deque()
+    c._lock, c.instructions = threading.Lock(), deque()
+    c.armed = ArmedInstructions(0, 1, lambda body: c.acks.append(body))  # acks recorded, not sent
     c._guard = P.ReplayGuard(max_age_s=None)
     c._alive, c._rings_seen = None, None  # no liveness connection: every pump reads the store
     c._away_since = None  # the coordinator never went away
