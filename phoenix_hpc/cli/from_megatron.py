@@ -64,9 +64,10 @@ def read_vocab(given: dict[str, Any]) -> int | None:
 def relocate_paths(cfg: dict, out: Path | None, cwd: Path) -> None:
     """Megatron-LM reads a relative ``--data-path``, ``--save`` and ``--load`` against the launch folder
     (``cwd``); phoenix reads ``data.blend`` paths against the config file's folder, ``resilience.checkpoint.path``
-    against the run directory and wants ``save_megatron`` / ``load_megatron`` absolute. Rewrite them so that
+    against the run directory and wants ``save_megatron`` / ``load_megatron`` absolute; Megatron-LM's relative
+    ``--tensorboard-dir`` is the launch folder's, phoenix's ``logging.tensorboard_dir`` the run directory's. Rewrite them so that
     they name the same files: the data paths relative to the output file's folder (``cwd`` for standard
-    output), the checkpoint folders absolute."""
+    output), the checkpoint and TensorBoard folders absolute."""
     base = (out.parent if out is not None else cwd).resolve()
     for entry in cfg.get("data", {}).get("blend", []):
         if not os.path.isabs(entry["path"]):
@@ -75,6 +76,9 @@ def relocate_paths(cfg: dict, out: Path | None, cwd: Path) -> None:
     for key in ("path", "save_megatron", "load_megatron"):
         if ck.get(key) is not None and not os.path.isabs(ck[key]):
             ck[key] = str(cwd.resolve() / ck[key])
+    logging = cfg.get("logging", {})
+    if logging.get("tensorboard_dir") is not None and not os.path.isabs(logging["tensorboard_dir"]):
+        logging["tensorboard_dir"] = str(cwd.resolve() / logging["tensorboard_dir"])
 
 
 def render(conv) -> str:

@@ -34,7 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from phoenix_hpc.config.schema import MegatronOptions, TrainingConfig
+from phoenix_hpc.config.schema import MEGATRON_DEFAULT_SPLIT, MegatronOptions, TrainingConfig
+from phoenix_hpc.data.split import split_vector
 from phoenix_hpc.errors import ConfigError
 
 #: What phoenix's engines do where Megatron-LM has an argument (engines/zero.py, engines/megatron_engine.py,
@@ -180,8 +181,9 @@ ARGS: tuple[Arg, ...] = (
     Arg("--split", "map", str, None, "data.split", why="absent: Megatron-LM's '969, 30, 1'"),
     Arg("--mock-data", "refuse", FLAG, False, why="phoenix trains on a dataset: give --data-path"),
     Arg("--train-data-path", "refuse", "list", None, why="per-split data paths are not implemented: give --data-path"),
-    Arg("--valid-data-path", "skip", "list", None, why="evaluation is not implemented"),
-    Arg("--test-data-path", "skip", "list", None, why="evaluation is not implemented"),
+    Arg("--valid-data-path", "skip", "list", None,
+        why="per-split data paths are not implemented: evaluation reads the validation part of --split"),
+    Arg("--test-data-path", "skip", "list", None, why="phoenix does no test-split evaluation"),
     Arg("--data-cache-path", "skip", str, None, why="phoenix builds no GPTDataset index cache"),
     Arg("--num-workers", "skip", int, 2, why=_PERF),
     Arg("--dataloader-type", "same", str, "single", allowed="single",
@@ -195,11 +197,16 @@ ARGS: tuple[Arg, ...] = (
     Arg("--vocab-file", "record", str, None, why="phoenix reads token ids; the tokenizer is kept for the record"),
     Arg("--merge-file", "record", str, None, why="phoenix reads token ids; the tokenizer is kept for the record"),
     # --- evaluation and logging ---
-    Arg("--eval-interval", "skip", int, 1000, why="evaluation is not implemented (no validation loss)"),
-    Arg("--eval-iters", "skip", int, 100, why="evaluation is not implemented (no validation loss)"),
-    Arg("--tensorboard-dir", "skip", str, None, why=_LOG),
-    Arg("--wandb-project", "skip", str, None, why=_LOG),
-    Arg("--wandb-exp-name", "skip", str, None, why=_LOG),
+    Arg("--eval-interval", "map", int, 1000, "training.eval_interval",
+        why="Megatron-LM evaluates every --eval-interval iterations when --eval-iters > 0 and the validation part "
+            "of --split is not empty; otherwise no evaluation (null). Megatron-LM's extra evaluation after the "
+            "last iteration is not done"),
+    Arg("--eval-iters", "map", int, 100, "training.eval_iters", why="with an evaluation only"),
+    Arg("--tensorboard-dir", "map", str, None, "logging.tensorboard_dir",
+        why="also logging.tensorboard: true (a relative folder made absolute against the launch folder); the scalars phoenix writes are docs/engines.md's"),
+    Arg("--wandb-project", "map", str, None, "logging.wandb.project",
+        why="W&B logging is on when given, as in Megatron-LM (the ranks need the wandb package)"),
+    Arg("--wandb-exp-name", "map", str, None, "logging.wandb.name", why="with --wandb-project only"),
     Arg("--log-throughput", "skip", FLAG, False, why=_LOG),
     Arg("--log-timers-to-tensorboard", "skip", FLAG, False, why=_LOG),
     Arg("--log-validation-ppl-to-tensorboard", "skip", FLAG, False, why=_LOG),
@@ -433,6 +440,42 @@ def _same(value: Any, allowed: Any) -> bool:
     return value == allowed
 
 
+def _carry_eval_and_logging(given: dict[str, Any], eff: Callable[[str], Any], carry: Callable[[str, str, Any], None],
+                            conv: Conversion, problems: list[str]) -> None:
+    """Evaluation and metrics logging as Megatron-LM's ``pretrain_gpt.py`` does them (``training.py``: an
+    evaluation after every iteration that is a multiple of ``--eval-interval`` when ``--eval-iters > 0`` and the
+    validation part of ``--split`` is not empty; TensorBoard when ``--tensorboard-dir`` is given; W&B when
+    ``--wandb-project`` is given)."""
+    interval, iters = eff("--eval-interval"), eff("--eval-iters")
+    for flag, value in (("--eval-interval", interval), ("--eval-iters", iters)):
+        if value is not None and value < 0:
+            problems.append(f"{flag}: {value} (allowed: a non-negative integer)")
+    split = given.get("--split", MEGATRON_DEFAULT_SPLIT)
+    try:
+        valid = split_vector(split)[1] > 0
+    except ValueError:
+        valid = False  # the config's own check names a bad --split (data.split)
+    if interval and iters and interval > 0 and iters > 0 and valid:
+        carry("--eval-interval", "training.eval_interval", interval)
+        carry("--eval-iters", "training.eval_iters", iters)
+    elif "--eval-interval" in given or "--eval-iters" in given:
+        why = ("--eval-iters is 0" if not iters else "--eval-interval is 0" if not interval
+               else f"the validation part of --split {split!r} is empty")
+        for flag in ("--eval-interval", "--eval-iters"):
+            if flag in given:
+                conv.not_carried.append((flag, given[flag], f"Megatron-LM would not evaluate: {why}"))
+    if "--tensorboard-dir" in given:
+        carry("--tensorboard-dir", "logging.tensorboard", True)
+        carry("--tensorboard-dir", "logging.tensorboard_dir", given["--tensorboard-dir"])
+    if "--wandb-project" in given:
+        carry("--wandb-project", "logging.wandb.project", given["--wandb-project"])
+        if "--wandb-exp-name" in given:
+            carry("--wandb-exp-name", "logging.wandb.name", given["--wandb-exp-name"])
+    elif "--wandb-exp-name" in given:
+        conv.not_carried.append(("--wandb-exp-name", given["--wandb-exp-name"],
+                                 "Megatron-LM logs to W&B only with --wandb-project"))
+
+
 def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: str = "megatron-gpt",
             nodes: int | None = None, spares: int | None = None,
             read_vocab: Callable[[dict[str, Any]], int | None] | None = None) -> Conversion:
@@ -652,6 +695,7 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
         carry("--load", "resilience.checkpoint.load_megatron", given["--load"])
     if "--save-interval" in given:
         carry("--save-interval", "resilience.checkpoint.interval_steps", given["--save-interval"])
+    _carry_eval_and_logging(given, eff, carry, conv, problems)
     if nodes is not None:
         _set(cfg, "resources.nodes", nodes)
     if spares is not None:

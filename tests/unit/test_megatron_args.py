@@ -67,8 +67,9 @@ def test_the_llama_script_gives_the_perlmutter_example_model_and_training():
     assert cfg["resilience"] == {"checkpoint": {"interval_steps": 1000}}
     assert cfg["data"] == {"blend": [{"path": "ds"}], "split": "949,50,1"}
     skipped = {flag for flag, _, _ in conv.not_carried}
-    assert skipped == {"--use-distributed-optimizer", "--overlap-grad-reduce", "--eval-interval", "--eval-iters",
-                       "--tensorboard-dir"}
+    assert skipped == {"--use-distributed-optimizer", "--overlap-grad-reduce"}
+    assert (cfg["training"]["eval_interval"], cfg["training"]["eval_iters"]) == (1000, 10)
+    assert cfg["logging"] == {"tensorboard": True, "tensorboard_dir": "tb"}
     assert {flag for flag, _ in conv.records} == {"--max-position-embeddings", "--tokenizer-type",
                                                   "--tokenizer-model"}
     assert any("32256" in n for n in conv.notes)
@@ -254,12 +255,39 @@ def test_cli_writes_a_config_that_submit_accepts(tmp_path, monkeypatch):
     (tmp_path / "cfg").mkdir()
     r = _invoke("--args-file", "args.sh", "--nodes", 16, "--spares", 2, "-o", "cfg/job.yaml")
     assert r.exit_code == 0, r.output
-    assert "not carried over: --eval-interval" in r.output
+    assert "not carried over: --use-distributed-optimizer" in r.output
     from phoenix_hpc.config.load import load_job_config
 
     cfg = load_job_config(tmp_path / "cfg" / "job.yaml")
+    assert (cfg.training.eval_interval, cfg.training.eval_iters) == (1000, 10)
+    assert cfg.logging.tensorboard and cfg.logging.tensorboard_dir == str((tmp_path / "tb").resolve())
     assert cfg.data.prefixes == [str((tmp_path / "data" / "ds").resolve())]
     s = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", "cfg/job.yaml", "--dry-run", "--run-dir",
                                  str(tmp_path / "run")])
     assert s.exit_code == 0, s.output
     assert "#SBATCH" in s.output
+
+
+def _eval_and_logging(extra):
+    conv = convert(SMALL + ZERO + extra)
+    return conv.config["training"], conv.config.get("logging"), {f: why for f, _, why in conv.not_carried}
+
+
+def test_evaluation_is_megatrons_effective_one():
+    training, logging, _ = _eval_and_logging([])  # defaults: every 1000 iterations, 100 batches, split 969,30,1
+    assert (training["eval_interval"], training["eval_iters"]) == (1000, 100)
+    assert logging is None
+    training, _, skipped = _eval_and_logging(["--eval-iters", "0", "--eval-interval", "5"])
+    assert "eval_interval" not in training and "eval_iters" not in training
+    assert "--eval-iters is 0" in skipped["--eval-iters"] and "--eval-iters is 0" in skipped["--eval-interval"]
+    training, _, skipped = _eval_and_logging(["--split", "100,0,0", "--eval-iters", "7"])
+    assert "eval_interval" not in training and "validation part" in skipped["--eval-iters"]
+    assert any("--eval-iters: -1" in p for p in problems(SMALL + ZERO + ["--eval-iters", "-1"]))
+
+
+def test_tensorboard_and_wandb_are_carried_over_as_megatron_turns_them_on():
+    _, logging, _ = _eval_and_logging(["--tensorboard-dir", "runs/tb", "--wandb-project", "p",
+                                       "--wandb-exp-name", "n"])
+    assert logging == {"tensorboard": True, "tensorboard_dir": "runs/tb", "wandb": {"project": "p", "name": "n"}}
+    _, logging, skipped = _eval_and_logging(["--wandb-exp-name", "n"])
+    assert logging is None and "--wandb-project" in skipped["--wandb-exp-name"]
