@@ -24,11 +24,11 @@ commands (sends, replies). The decisions:
   :mod:`phoenix_hpc.control.ending` (the planned end's final checkpoint).
 
 What carries them out: this module (state, loop :meth:`Coordinator.run`: drain the messages, beat, tick; the
-end of the job; the admission of every slot's message) with its two bases,
+end of the job; the admission of every slot's message) with its one base,
 :mod:`~phoenix_hpc.control.messaging` (inbox, operator channel, decode, replay guard, send / reply / reject,
-carrying out commands) and :mod:`~phoenix_hpc.control.recovery_machine` (quiesce -> plan -> restore ->
-invariant check -> replay, docs/design.md section 6, with the fallback to the persistent checkpoint); and
-plain functions of the coordinator: :mod:`~phoenix_hpc.control.membership` (registration, heartbeats, exits,
+carrying out commands); and plain functions of the coordinator: :mod:`~phoenix_hpc.control.recovery_machine`
+(quiesce -> plan -> restore -> invariant check -> replay, docs/design.md section 6, with the fallback to the
+persistent checkpoint), :mod:`~phoenix_hpc.control.membership` (registration, heartbeats, exits,
 declaring slots dead), :mod:`~phoenix_hpc.control.handlers` (the training messages),
 :mod:`~phoenix_hpc.control.planned_end`, :mod:`~phoenix_hpc.control.inject_relay`,
 :mod:`~phoenix_hpc.control.drain_relay` and :mod:`~phoenix_hpc.control.restart` (a restarted coordinator,
@@ -53,10 +53,12 @@ import sys
 import time
 from collections import deque
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from phoenix_hpc.control import drain_relay, handlers, inject_relay, membership, planned_end, restart
+from phoenix_hpc.control import recovery_machine as recovery
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.classify import FaultKind
@@ -73,14 +75,13 @@ from phoenix_hpc.control.messaging import MessagingMixin
 from phoenix_hpc.control.operator import OperatorServer
 from phoenix_hpc.control.pause import PauseMeter
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
-from phoenix_hpc.control.recovery_machine import RecoveryMixin
 from phoenix_hpc.control.settings import Timing, timing_from_run_dir  # noqa: F401 - re-exported
 from phoenix_hpc.control.states import (
     LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, RecoveryPhase, SlotState, job_machine)
 from phoenix_hpc.test_env import active_test_env
 
 
-class Coordinator(MessagingMixin, RecoveryMixin):
+class Coordinator(MessagingMixin):
     """The control-plane state machine plus its store and journal. Single-threaded: :meth:`run` drains the
     inbox and runs periodic work (beat, detection, decisions, deadlines); handlers never block.
 
@@ -236,7 +237,7 @@ class Coordinator(MessagingMixin, RecoveryMixin):
             busy = membership.drain_exits(self) or busy
             now = self.clock()
             if busy:
-                self._advance_on_answers(now)
+                recovery.advance_on_answers(self, now)
             if now >= next_beat:
                 self.store.add(P.KEY_BEAT, 1)
                 next_beat = now + self.t.heartbeat_interval_s / 2
@@ -260,7 +261,7 @@ class Coordinator(MessagingMixin, RecoveryMixin):
     def tick_s(self) -> float:
         """Seconds between two runs of the periodic tick (detection, decisions, deadlines):
         ``min(0.1, heartbeat_interval_s / 4)``. A recovery is planned no sooner than this after it started
-        (:meth:`~phoenix_hpc.control.recovery_machine.RecoveryMixin._advance_on_answers`)."""
+        (:func:`~phoenix_hpc.control.recovery_machine.advance_on_answers`)."""
         return min(0.1, self.t.heartbeat_interval_s / 4)
 
     def close(self) -> None:
@@ -313,7 +314,7 @@ class Coordinator(MessagingMixin, RecoveryMixin):
         """Each generation's recomputed replica placement before ``before`` (EvidenceBook.placements)."""
         if not self.grid:
             return {}
-        return self.evidence.placements(before, placement_inputs=self.placement_inputs, grid_of=self._grid_of,
+        return self.evidence.placements(before, placement_inputs=self.placement_inputs, grid_of=partial(recovery.grid_of, self),
                                         slots=self.slots, rank_maps=self.rank_maps)
 
     def _expected(self, rec: Recovery) -> Any:
@@ -435,9 +436,9 @@ class Coordinator(MessagingMixin, RecoveryMixin):
         if dead:
             self._declare_dead(list(dead), FaultKind.HEARTBEAT_TIMEOUT, reason, now)
         if self.recovery is not None:
-            self._advance_recovery(now)
+            recovery.advance_recovery(self, now)
         if self.recovery is None and self.faults and self.job.state in (JobState.RUNNING,):
-            self._decide(now)
+            recovery.decide(self, now)
         if now - self._last_progress_t >= self.t.progress_interval_s:
             # live progress for ``phoenix status``: the steps the ACTIVE slots last reported (heartbeats)
             steps = [s.step for s in self.slots.values() if s.state is SlotState.ACTIVE]
@@ -486,8 +487,8 @@ HANDLERS: Mapping[str, Callable[[Coordinator, dict], None]] = {
     "fault": handlers.on_fault,
     "done": handlers.on_done,
     "stop": handlers.on_stop,
-    "quiesced": RecoveryMixin._on_quiesced,
-    "recovered": RecoveryMixin._on_recovered,
+    "quiesced": recovery.on_quiesced,
+    "recovered": recovery.on_recovered,
     "inject": inject_relay.on_inject,
     "inject_ack": inject_relay.on_inject_ack,
     "inject_fired": inject_relay.on_inject_fired,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from phoenix_hpc.control import recovery_machine
 from phoenix_hpc.control.drains import PendingDrain
 from phoenix_hpc.control.states import JobState, SlotState
 
@@ -49,5 +50,5 @@ def start_drain(c: Any, d: PendingDrain) -> None:
     for w in d.targets:
         c.slots[w].machine.to(SlotState.DONE, f"drained (request {d.request_id})")
     c._carry_out(out)
-    c._start_recovery(decision, [], now, now, drain=d)
+    recovery_machine.start_recovery(c, decision, [], now, now, drain=d)
     d.generation = c.generation

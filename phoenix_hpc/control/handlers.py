@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from phoenix_hpc.control import events as E
+from phoenix_hpc.control import recovery_machine
 from phoenix_hpc.control.agreement import REPORT_STEPS, AgreementBook, check_report
 from phoenix_hpc.control.classify import Fault, FaultKind
 from phoenix_hpc.control.ledger import all_done, fault_report, job_done
@@ -214,7 +215,7 @@ def on_done(c: Any, body: dict) -> None:
         if any(p.fault.kind is FaultKind.SILENT_CORRUPTION for p in c.faults):
             return  # replicas that differ: no job_done with their hash; the tick's decision stops the job
         if rec is not None:
-            c._finish_recovery(rec, c.clock(), interrupted=False)
+            recovery_machine.finish_recovery(c, rec, c.clock(), interrupted=False)
         maybe_log_commit(c, force=True)  # the newest recoverable step, for status after the end
         c._end(JobState.DONE, job_done(c.done, grid=c.grid, generation=c.generation))
 

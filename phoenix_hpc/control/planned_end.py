@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from phoenix_hpc.control import events as E
+from phoenix_hpc.control import recovery_machine
 from phoenix_hpc.control.ending import PlannedEnd, after_stop_round, continue_hint, no_final_checkpoint
 from phoenix_hpc.control.recovery_phases import ANSWERING
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, RecoveryPhase, SlotState
@@ -49,7 +50,7 @@ def advance_end(c: Any, now: float) -> None:
     if not end.round_over(now):
         return
     if end.phase == "stop":
-        on_disk = c._newest_checkpoint()
+        on_disk = recovery_machine.newest_checkpoint(c)
         step, note = after_stop_round(end, on_disk)
         if step is None:
             return end_stopped(c, on_disk, note)
@@ -61,7 +62,7 @@ def advance_end(c: Any, now: float) -> None:
     fails = end.failures()
     if fails:
         c.journal.append(E.CheckpointIncomplete(step=end.step, reasons=fails))
-        return end_stopped(c, c._newest_checkpoint(), f"final checkpoint of step {end.step} incomplete: "
+        return end_stopped(c, recovery_machine.newest_checkpoint(c), f"final checkpoint of step {end.step} incomplete: "
                            + "; ".join(fails))
     from phoenix_hpc.recovery.ckpt_files import mark_complete
 

@@ -1,7 +1,7 @@
 """The coordinator's recovery state machine (docs/design.md section 6). One recovery at a time; faults
 arriving meanwhile are queued.
 
-Faults (reported by a member, or found by membership/liveness) wait in ``faults`` until :meth:`_decide`
+Faults (reported by a member, or found by membership/liveness) wait in ``faults`` until :func:`decide`
 classifies them (:func:`phoenix_hpc.control.classify.combine`). Collective errors are only called transient
 once every active slot has heartbeated *after* the report (proof that all processes are alive); a slot that
 goes silent instead turns the fault into a hot swap. Then, in phases of :class:`~phoenix_hpc.control.records.Recovery`:
@@ -31,8 +31,9 @@ checkpoint and the lost steps are trained again). Otherwise the job enters FALLB
 {reason, message, checkpoint_step, lost_steps, checkpoint_path}), the message naming the checkpoint step
 and how to resubmit.
 
-:class:`RecoveryMixin` is part of :class:`phoenix_hpc.control.coordinator.Coordinator`; :meth:`_advance_recovery`
-is called from the coordinator's tick. What a recovery does next, and which phase may follow which, are pure
+Plain functions of the coordinator ``c`` (taken explicitly, like :mod:`~phoenix_hpc.control.membership`):
+:func:`on_quiesced` and :func:`on_recovered` are entries of its dispatch table, :func:`decide` and
+:func:`advance_recovery` are called from its tick. What a recovery does next, and which phase may follow which, are pure
 rules of :mod:`phoenix_hpc.control.recovery_phases`; which action the pending faults call for is
 :func:`phoenix_hpc.control.arbitration.arbitrate`. This module carries them out.
 """
@@ -40,6 +41,8 @@ rules of :mod:`phoenix_hpc.control.recovery_phases`; which action the pending fa
 from __future__ import annotations
 
 import time
+from functools import partial
+from typing import Any
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
@@ -58,437 +61,452 @@ from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, plan_check
 from phoenix_hpc.recovery.shrink import plan_shrink
 
 
-
-class RecoveryMixin:
-    """The recovery state machine of the coordinator."""
-
-    def _on_quiesced(self, body: dict) -> None:
-        slot = self._phase_report(body, "quiesced", RecoveryPhase.QUIESCE)
-        if slot is None:
-            return
-        rec = self.recovery
-        for item in body.get("rejected") or ():  # a holder's copy that failed verification: not in the plan
-            try:
-                sid, step, why = str(item[0]), int(item[1]), str(item[2])[:300]
-            except (IndexError, TypeError, ValueError):
-                continue
-            self.journal.append(E.ReplicaRejected(generation=rec.generation, world_rank=slot.world_rank,
-                                                  logical_rank=slot.logical_rank, node=slot.node, shard_id=sid, step=step, reason=why))
-
-    def _on_recovered(self, body: dict) -> None:
-        self._phase_report(body, "recovered", RecoveryPhase.RESTORE)
-
-    def _phase_report(self, body: dict, kind: str, phase: RecoveryPhase) -> Slot | None:
-        """Record a member's ``quiesced``/``recovered`` report of the current recovery's ``phase``
-        (idempotent: a repeated report replaces the first) and return its slot; one from outside that phase
-        or generation is rejected and journalled once (``None``)."""
-        slot = self._slot_of(body, kind)
-        rec = self.recovery
-        if slot is None:
-            return None
-        if rec is None or rec.phase != phase or int(body["generation"]) != rec.generation:
-            self._reject(f"{kind} from world rank {slot.world_rank} for generation {body.get('generation')} "
-                         f"outside a {phase.value}", body, key=(kind, slot.world_rank, body.get("generation")))
-            return None
-        (rec.quiesced if phase is RecoveryPhase.QUIESCE else rec.recovered)[slot.world_rank] = body
-        slot.last_seen = self.clock()
-        return slot
-
-    def _decide(self, now: float) -> None:
-        """Carry out :func:`phoenix_hpc.control.arbitration.arbitrate` on the queued faults: fence, journal
-        ``decision``, then end the job or start the recovery."""
-        members = set(self.rank_map.values())
-        arb = arbitrate(list(self.faults), [s.last_seen for s in self.slots.values() if s.state is SlotState.ACTIVE],
-                        dead_members=any(self.slots[w].state is SlotState.DEAD for w in members),
-                        restore_pending=bool(self.restore_pending), members=members, now=now,
-                        heartbeat_timeout_s=self.t.heartbeat_timeout_s)
-        if arb is None:
-            return  # wait for fresh heartbeats or for detect() to declare the silent ones dead
-        self.faults.clear()
-        decision, faults = arb.decision, list(arb.faults)
-        if arb.fence:  # e.g. a reported hardware error on a live slot: fence the slot, then replace it
-            for f in arb.fence:
-                self._declare_dead(list(f.slots), f.kind, f.reason, now)
-            self.faults.clear()
-        self.journal.append(E.Decision(action=decision.action.value, reason=decision.reason,
-                                       faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes)} for f in faults]))
-        if self.t.in_job_restart:  # checkpoint-restart in the job: the batch script starts a new srun step
-            return self._request_in_job_restart(decision.reason, set(arb.reporters))
-        book = self.agreement
-        if decision.action is Action.CLEAN_STOP and book is not None and book.first_bad is not None and any(
-                f.kind is FaultKind.SILENT_CORRUPTION for f in faults):
-            # replicas that differed (control/agreement.py): only a checkpoint from before it is vouched for
-            from phoenix_hpc.recovery.ckpt_files import complete_steps
-
-            ck, advice = restart_advice(book.first_bad, book.bad_last_agreed,
-                                        complete_steps(self.t.checkpoint_path) if self.t.checkpoint_path else [])
-            self._end(JobState.FAILED, E.CleanStop(reason=decision.reason, checkpoint_step=ck,
-                                                   message="stopped without training on; " + advice))
-            return
-        if decision.action is Action.CLEAN_STOP:
-            ck = self._newest_checkpoint()
-            self._end(JobState.FAILED, E.CleanStop(reason=decision.reason, checkpoint_step=ck,
-                                  message="stopped without training on; " + (
-                                      f"to continue from the persistent checkpoint of step {ck}: {continue_hint(str(self.run_dir), self.next_job)}"
-                                      if ck is not None else "no persistent checkpoint yet: submit the config again")))
-            return
-        t_fault = fault_time(arb.arrived, self._t_fault_hint, now)  # the hint as the fencing left it
-        self._t_fault_hint = None
-        self._start_recovery(decision, faults, t_fault, now)
-
-    def _request_in_job_restart(self, reason: str, reporters: set[int]) -> None:
-        """``resilience.checkpoint.restart: in-job``: write ``RUN_DIR/in_job_restart.json`` {dead_nodes,
-        checkpoint_step, reason} and end this step's job; the batch script ends the srun step at once and
-        starts a new one in the same allocation without ``dead_nodes``, whose ranks restore the newest
-        persistent checkpoint. ``dead_nodes``: the nodes of the slots found dead so far, except those of
-        ``reporters`` (slots that reported a collective error themselves before exiting: their node is
-        alive)."""
-        from phoenix_hpc.control.in_job import write_restart_request
-
-        dead_nodes = sorted({s.node for w, s in self.slots.items() if s.state is SlotState.DEAD and w not in reporters})
-        ck = self._newest_checkpoint()
-        write_restart_request(self.run_dir, dead_nodes, ck, reason)
-        self.journal.append(E.RestartInJob(dead_nodes=dead_nodes, checkpoint_step=ck, reason=reason))
-        self._end(JobState.FAILED, E.InJobRestart(reason=reason, checkpoint_step=ck,
-                                 message=f"{reason}; restarting in the job from the persistent checkpoint of step {ck} "
-                                         f"without the node(s) {dead_nodes}"))
-        self._end_at = self.clock()  # no linger: the batch script ends this step's tasks at once
-
-    def _start_recovery(self, decision: Decision, faults: list[Fault], t_fault: float, now: float,
-                        drain=None) -> None:
-        if drain is None:  # a fault came first: a drain not yet under way can no longer pause every member
-            self._carry_out(self.drains.missed(f"a recovery started first ({decision.reason})", live=self._is_live))
-        maybe_log_commit(self, force=True)  # journal the committed step this recovery starts from, first
-        if self.job.state is JobState.RUNNING:
-            self.job.to(JobState.RECOVERING, decision.reason)
-        self.generation += 1
-        self.store.set("ctl/generation", str(self.generation))
-        survivors = set(live_members(self))
-        rec = Recovery(decision, faults, self.generation, survivors, t_fault, now,
-                        deadline=now + self.t.collective_timeout_s + self.t.heartbeat_timeout_s, drain=drain)
-        self.recovery = rec
-        # the slots this recovery loses: dead members of the generation it leaves (a slot an earlier
-        # recovery replaced is no member any more), and dead slots of no generation yet (a spare)
-        members = set(self.rank_map.values())
-        dead = sorted(w for w, s in self.slots.items() if s.state is SlotState.DEAD
-                      and (w in members or s.logical_rank is None))
-        self.journal.append(E.RecoveryStart(generation=self.generation, action=decision.action.value,
-                                            survivors=sorted(survivors), dead=dead, detect_s=round(now - t_fault, 3),
-                                            **({"drain": drain.request_id, "drained": list(drain.targets)} if drain else {})))
-        raw = P.encode({"type": "quiesce", "generation": self.generation, "dead": dead, "reason": decision.reason},
-                       self.secret)  # one signed message for every survivor (each slot's replay guard is its own)
-        for w in sorted(survivors):
-            s = self.slots[w]
-            if s.state is SlotState.ACTIVE:
-                s.machine.to(SlotState.QUIESCED, f"recovery to generation {self.generation}")
-            self._send_encoded(w, raw)
-        self._hold_after(E.RecoveryStart.NAME)
-
-    def _abort_recovery(self, reason: str, now: float) -> None:
-        rec = self.recovery
-        self.journal.append(E.RecoveryAborted(generation=rec.generation, phase=RecoveryPhase(rec.phase).value,
-                                              reason=reason))
-        if rec.plan is not None and rec.phase == RecoveryPhase.RESTORE:
-            self.restore_pending |= {j.logical_rank for j in rec.plan.joins if self.slots[j.world_rank].state is not SlotState.DEAD}
-        rec.move(RecoveryPhase.ABORTED)
-        self.recovery = None
-        # survivors stay QUIESCED; the queued fault starts the next recovery at once
-        if not self.faults:
-            self.faults.append(PendingFault(Fault(FaultKind.UNKNOWN, (), (), False, reason), now))
-        pend = list(self.faults)
-        self.faults.clear()
-        # the last heartbeat of a member found dead during this recovery (_declare_dead) goes with the queued
-        # faults into the re-planned recovery, as _decide takes it: left behind, it would date a later
-        # recovery's detection from a fault this one handles
-        t_fault = rec.t_fault if self._t_fault_hint is None else min(rec.t_fault, self._t_fault_hint)
-        self._t_fault_hint = None
-        faults = [p.fault for p in pend]
-        decision = combine(faults)
-        if decision.action is Action.CLEAN_STOP:
-            self.journal.append(E.Decision(action=decision.action.value, reason=decision.reason))
-            self._end(JobState.FAILED, E.CleanStop(reason=decision.reason))
-            return
-        self.journal.append(E.Decision(action="hot_swap", reason=f"second fault during recovery: {decision.reason}",
-                                       faults=[{"kind": f.kind.value, "slots": list(f.slots)} for f in faults]))
-        self._start_recovery(Decision(Action.HOT_SWAP, decision.reason), faults, t_fault, now)
-
-    def _advance_recovery(self, now: float) -> None:
-        """The tick's step of the recovery: carry out :func:`phoenix_hpc.control.recovery_phases.on_tick`."""
-        rec = self.recovery
-        nxt = on_tick(rec, dead=self._is_dead, step_of=self._step_of, faults_pending=bool(self.faults), now=now)
-        self._do_next(rec, nxt, now)
-
-    def _do_next(self, rec: Recovery, nxt: Next, now: float) -> None:
-        """Do what the phase rule decided (:class:`phoenix_hpc.control.recovery_phases.Step`)."""
-        if nxt.step is Step.TIMEOUT:
-            self._declare_dead(list(nxt.slots), FaultKind.HEARTBEAT_TIMEOUT, nxt.dead_reason, now)
-        if nxt.step in (Step.ABORT, Step.TIMEOUT):
-            self._abort_recovery(nxt.reason, now)
-        elif nxt.step is Step.PLAN:
-            self._plan(rec, now)
-        elif nxt.step is Step.CHECK:
-            self._check_and_resume(rec, now)
-        elif nxt.step in (Step.FINISH, Step.INTERRUPTED):
-            self._finish_recovery(rec, now, interrupted=nxt.step is Step.INTERRUPTED)
-
-    def _is_dead(self, w: int) -> bool:
-        return self.slots[w].state is SlotState.DEAD
-
-    def _step_of(self, w: int) -> int:
-        return self.slots[w].step
-
-    def _advance_on_answers(self, now: float) -> None:
-        """Called by the coordinator's loop after messages arrived, so that a recovery does not wait up to a
-        tick for what it waits on: one in its quiesce phase is planned as soon as the last survivor's
-        ``quiesced`` is in, but no sooner than one tick (:attr:`tick_s`) after it started; one in its restore
-        phase resumes as soon as the last ``recovered`` is in; one in its replay phase ends as soon as the last
-        member's step past the replayed ones is in. The quiesce phase's floor of one tick is the window in which
-        a second process exit found just after the first (a node's other slots, killed together) still falls
-        in the quiesce phase and is planned together with it: a member inside a blocking call between its
-        generation's arrival barrier and its ``recovered`` (the groups' rendezvous, the protector's agreement,
-        its engine work) does not answer a newer quiesce, so a loss then ends the job (docs/design.md, the
-        coordinator). Everything else stays on the tick: a lost member, a pending fault,
-        a slot whose heartbeats are overdue (the tick declares it dead before it plans, so a spare that went
-        silent is not named in a plan), the deadlines (judged after the pause accounting,
-        :meth:`_advance_recovery`), a replay cut short by a fault."""
-        rec = self.recovery
-        if rec is None or self.ending is not None or self.job.state in TERMINAL_JOB_STATES:
-            return
-        nxt = on_answers(rec, dead=self._is_dead, step_of=self._step_of, faults_pending=bool(self.faults),
-                         overdue=lambda: bool(detect(now, self._watched(now), self.t)[0]), now=now,
-                         tick_s=self.tick_s)
-        if nxt.step is Step.CHECK:
-            self._check_and_resume(rec, now)  # a plan that replays no step is past it at once: below
-            if self.recovery is not rec or rec.phase != RecoveryPhase.REPLAY:
-                return
-            nxt = on_answers(rec, dead=self._is_dead, step_of=self._step_of, faults_pending=bool(self.faults),
-                             overdue=lambda: False, now=now, tick_s=self.tick_s)
-        if nxt.step in (Step.PLAN, Step.FINISH):
-            self._do_next(rec, nxt, now)
-
-    def _plan(self, rec: Recovery, now: float) -> None:
-        # a spare whose restore was cut short at its generation's arrival barrier answers live step -1 and
-        # offers nothing (launch/execute.py Member.join): it is restored again in place, also when the plan it
-        # was cut short in restored it in place already (restore_pending then no longer names it)
-        for w, q in rec.quiesced.items():
-            r = self.slots[w].logical_rank
-            if r is not None and int(q.get("live_step", 0)) < 0:
-                self.restore_pending.add(r)
-        committed: dict[str, dict[int, int]] = {}
-        live_steps: dict[int, int] = {}
-        dirty: list[int] = []
-        numel: dict[str, int] = {}  # stage -> elements of its flat optimizer vector (what a shrink re-partitions)
-        for w, q in rec.quiesced.items():
-            for key, v in dict(q.get("opt_numel") or {}).items():
-                numel[str(key)] = int(v)
-            r = self.slots[w].logical_rank
-            if r is None or r in self.restore_pending:
-                continue
-            live_steps[r] = int(q["live_step"])
-            if q.get("dirty"):
-                dirty.append(r)
-            for sid, st in {**dict(q.get("shards", {})), **dict(q.get("replicas", {}))}.items():
-                # one step, or the steps of both ping-pong buffers (committed first)
-                committed.setdefault(sid, {})[r] = [int(st)] if isinstance(st, int) else [int(x) for x in st]
-        # a drained node takes no logical rank again; its slots left (DONE) and are replaced like dead ones
-        spares = sorted((w for w, s in self.slots.items() if s.state is SlotState.STANDBY
-                         and s.node not in self.drained_nodes), key=lambda w: (self.slots[w].node, w))
-        dead = [w for w, s in self.slots.items() if s.state is SlotState.DEAD or
-                (s.state is SlotState.DONE and w in self.drained and w in self.rank_map.values())]
-        t0 = time.perf_counter()
-        if self.t.recovery_from_checkpoint:  # resilience.recovery_source: checkpoint (the fallback on purpose)
-            return self._fallback(rec, FallbackRequired("resilience.recovery_source is 'checkpoint'"), live_steps,
-                                  spares, dead, now)
-        if numel and self._shrink_wanted(rec, dead, spares):  # no numel: the members' engine cannot shrink
-            try:
-                plan = plan_shrink(
-                    generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),
-                    nodes={w: s.node for w, s in self.slots.items()}, dead=dead, placement=self.placement,
-                    committed=committed, live_steps=live_steps, numel=numel, dirty=dirty,
-                    k=int((self.placement_inputs or {}).get("k", 1)))
-            except FallbackRequired as exc:
-                return self._fallback(rec, exc, live_steps, spares, dead, now)
-            return self._send_plan(rec, plan, now, time.perf_counter() - t0)
+def on_quiesced(c: Any, body: dict) -> None:
+    slot = _phase_report(c, body, "quiesced", RecoveryPhase.QUIESCE)
+    if slot is None:
+        return
+    rec = c.recovery
+    for item in body.get("rejected") or ():  # a holder's copy that failed verification: not in the plan
         try:
-            plan = plan_recovery(
-                generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),
-                nodes={w: s.node for w, s in self.slots.items()}, dead=dead, spares=spares,
-                placement=self.placement, committed=committed, live_steps=live_steps,
-                restore=sorted(self.restore_pending), dirty=dirty, params_from_optimizer=self.t.shrink_capable,
-            )
-        except FallbackRequired as exc:
-            return self._fallback(rec, exc, live_steps, spares, dead, now)
-        self._send_plan(rec, plan, now, time.perf_counter() - t0)
+            sid, step, why = str(item[0]), int(item[1]), str(item[2])[:300]
+        except (IndexError, TypeError, ValueError):
+            continue
+        c.journal.append(E.ReplicaRejected(generation=rec.generation, world_rank=slot.world_rank,
+                                           logical_rank=slot.logical_rank, node=slot.node, shard_id=sid, step=step, reason=why))
 
-    def _shrink_wanted(self, rec: Recovery, dead: list[int], spares: list[int]) -> bool:
-        """Whether this recovery is a shrink (docs/design.md section 6, "Shrink"): a drain that asked for one,
-        or (``resilience.spares_exhausted`` allows it) more lost active slots than live standby slots. Not
-        while a spare's cut-short restore is pending (its state cannot serve as a source)."""
-        if self.restore_pending:
-            return False
-        if rec.drain is not None:
-            return bool(rec.drain.request.get("shrink"))
-        lost = [w for w in dead if w in self.rank_map.values()]
-        return self.t.shrink and len(lost) > len(spares)
 
-    def _grid_of(self, generation: int) -> tuple[int, int, int]:
-        """The grid of ``generation`` (it changes only at a shrink)."""
-        since = [g for g in self.grid_since if g <= generation]
-        return self.grid_since[max(since)] if since else tuple(self.grid)
+def on_recovered(c: Any, body: dict) -> None:
+    _phase_report(c, body, "recovered", RecoveryPhase.RESTORE)
 
-    def _send_plan(self, rec: Recovery, plan: RecoveryPlan, now: float, plan_s: float) -> None:
-        # the plan was made for generation - 1 -> generation; keep the coordinator's numbering
-        rec.plan = plan
-        rec.move(RecoveryPhase.RESTORE)
-        rec.phases["plan_s"] = plan_s
-        rec.deadline = now + self.t.collective_timeout_s + self.t.heartbeat_timeout_s
-        self.rank_map = plan.world_of()
-        self.rank_maps[rec.generation] = dict(self.rank_map)
-        self.restore_pending = set()
-        if plan.action == "shrink":  # a new grid: the old layout's copies and statements name other shards
-            self.grid_since.setdefault(0, tuple(plan.old_grid))
-            self.grid = tuple(plan.grid)
-            self.grid_since[rec.generation] = tuple(plan.grid)
-            self.committed.clear()
-            self.evidence.commit_hash.clear()
-            self.placement.clear()
-            for r, w in plan.rank_map:  # the kept slots are renumbered in the smaller grid
-                self.slots[w].logical_rank = r
-        for j in plan.joins:  # a joining slot holds no copy yet: the dead slot's reported copies are gone
-            for copies in self.committed.values():
-                copies.pop(j.logical_rank, None)
-        for j in plan.joins:
-            s = self.slots[j.world_rank]
-            if s.state is SlotState.STANDBY:  # idempotent admission: only a STANDBY slot is taken
-                s.machine.to(SlotState.JOINING, f"replaces world rank {j.replaces_world_rank}")
-                s.logical_rank = j.logical_rank
-                s.role = "active"
-        self.journal.append(E.RecoveryPlanned.from_record(
-            {"generation": rec.generation,
-             **{k: v for k, v in plan.to_json().items() if k not in ("generation", "old_generation")}}))
-        t0 = time.perf_counter()
-        plan_json = {**plan.to_json(), "generation": rec.generation}
-        # The plan grows with the job (its rank map names every member): it is stored once under its own key
-        # and every member gets the same small signed ``recover`` naming the key and the plan's SHA-256
-        # (P.plan_reference), encoded once: O(members) bytes to send instead of O(members^2).
-        raw = P.encode(P.plan_reference(self.store, rec.generation, plan_json, self.secret), self.secret)
-        for w in [w for _, w in plan.rank_map] + list(plan.leavers):  # a shrink's leavers send before they go
-            self._send_encoded(w, raw)
-        self.journal.append(E.RecoveryPlanSent(generation=rec.generation, members=len(plan.rank_map),
-                                               plan_s=round(plan_s, 4), send_s=round(time.perf_counter() - t0, 4)))
 
-    def _check_and_resume(self, rec: Recovery, now: float) -> None:
-        plan = rec.plan
-        reports, rejected = {}, []
-        for w, b in sorted(rec.recovered.items()):
-            try:
-                reports[w] = report_from_json(b["report"])
-            except (KeyError, TypeError, ValueError) as exc:
-                rejected.append(f"report of world rank {w} rejected: {exc}")
-        why, bad = verify_recovery(self._expected(rec), reports, plan.invariants)
-        rejected += why
-        if rejected:
-            self.journal.append(E.EvidenceRejected(generation=rec.generation, reasons=rejected))
-        if bad:
-            self.journal.append(E.InvariantViolation(generation=rec.generation, violations=[str(v) for v in bad],
-                                                     rejected=rejected))
-            self._end(JobState.FAILED, E.CleanStop(reason="recovery invariant violated: " + "; ".join(map(str, bad))))
+def _phase_report(c: Any, body: dict, kind: str, phase: RecoveryPhase) -> Slot | None:
+    """Record a member's ``quiesced``/``recovered`` report of the current recovery's ``phase``
+    (idempotent: a repeated report replaces the first) and return its slot; one from outside that phase
+    or generation is rejected and journalled once (``None``)."""
+    slot = c._slot_of(body, kind)
+    rec = c.recovery
+    if slot is None:
+        return None
+    if rec is None or rec.phase != phase or int(body["generation"]) != rec.generation:
+        c._reject(f"{kind} from world rank {slot.world_rank} for generation {body.get('generation')} "
+                  f"outside a {phase.value}", body, key=(kind, slot.world_rank, body.get("generation")))
+        return None
+    (rec.quiesced if phase is RecoveryPhase.QUIESCE else rec.recovered)[slot.world_rank] = body
+    slot.last_seen = c.clock()
+    return slot
+
+
+def decide(c: Any, now: float) -> None:
+    """Carry out :func:`phoenix_hpc.control.arbitration.arbitrate` on the queued faults: fence, journal
+    ``decision``, then end the job or start the recovery."""
+    members = set(c.rank_map.values())
+    arb = arbitrate(list(c.faults), [s.last_seen for s in c.slots.values() if s.state is SlotState.ACTIVE],
+                    dead_members=any(c.slots[w].state is SlotState.DEAD for w in members),
+                    restore_pending=bool(c.restore_pending), members=members, now=now,
+                    heartbeat_timeout_s=c.t.heartbeat_timeout_s)
+    if arb is None:
+        return  # wait for fresh heartbeats or for detect() to declare the silent ones dead
+    c.faults.clear()
+    decision, faults = arb.decision, list(arb.faults)
+    if arb.fence:  # e.g. a reported hardware error on a live slot: fence the slot, then replace it
+        for f in arb.fence:
+            c._declare_dead(list(f.slots), f.kind, f.reason, now)
+        c.faults.clear()
+    c.journal.append(E.Decision(action=decision.action.value, reason=decision.reason,
+                                faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes)} for f in faults]))
+    if c.t.in_job_restart:  # checkpoint-restart in the job: the batch script starts a new srun step
+        return _request_in_job_restart(c, decision.reason, set(arb.reporters))
+    book = c.agreement
+    if decision.action is Action.CLEAN_STOP and book is not None and book.first_bad is not None and any(
+            f.kind is FaultKind.SILENT_CORRUPTION for f in faults):
+        # replicas that differed (control/agreement.py): only a checkpoint from before it is vouched for
+        from phoenix_hpc.recovery.ckpt_files import complete_steps
+
+        ck, advice = restart_advice(book.first_bad, book.bad_last_agreed,
+                                    complete_steps(c.t.checkpoint_path) if c.t.checkpoint_path else [])
+        c._end(JobState.FAILED, E.CleanStop(reason=decision.reason, checkpoint_step=ck,
+                                            message="stopped without training on; " + advice))
+        return
+    if decision.action is Action.CLEAN_STOP:
+        ck = newest_checkpoint(c)
+        c._end(JobState.FAILED, E.CleanStop(reason=decision.reason, checkpoint_step=ck,
+                              message="stopped without training on; " + (
+                                  f"to continue from the persistent checkpoint of step {ck}: {continue_hint(str(c.run_dir), c.next_job)}"
+                                  if ck is not None else "no persistent checkpoint yet: submit the config again")))
+        return
+    t_fault = fault_time(arb.arrived, c._t_fault_hint, now)  # the hint as the fencing left it
+    c._t_fault_hint = None
+    start_recovery(c, decision, faults, t_fault, now)
+
+
+def _request_in_job_restart(c: Any, reason: str, reporters: set[int]) -> None:
+    """``resilience.checkpoint.restart: in-job``: write ``RUN_DIR/in_job_restart.json`` {dead_nodes,
+    checkpoint_step, reason} and end this step's job; the batch script ends the srun step at once and
+    starts a new one in the same allocation without ``dead_nodes``, whose ranks restore the newest
+    persistent checkpoint. ``dead_nodes``: the nodes of the slots found dead so far, except those of
+    ``reporters`` (slots that reported a collective error themselves before exiting: their node is
+    alive)."""
+    from phoenix_hpc.control.in_job import write_restart_request
+
+    dead_nodes = sorted({s.node for w, s in c.slots.items() if s.state is SlotState.DEAD and w not in reporters})
+    ck = newest_checkpoint(c)
+    write_restart_request(c.run_dir, dead_nodes, ck, reason)
+    c.journal.append(E.RestartInJob(dead_nodes=dead_nodes, checkpoint_step=ck, reason=reason))
+    c._end(JobState.FAILED, E.InJobRestart(reason=reason, checkpoint_step=ck,
+                             message=f"{reason}; restarting in the job from the persistent checkpoint of step {ck} "
+                                     f"without the node(s) {dead_nodes}"))
+    c._end_at = c.clock()  # no linger: the batch script ends this step's tasks at once
+
+
+def start_recovery(c: Any, decision: Decision, faults: list[Fault], t_fault: float, now: float,
+                    drain=None) -> None:
+    if drain is None:  # a fault came first: a drain not yet under way can no longer pause every member
+        c._carry_out(c.drains.missed(f"a recovery started first ({decision.reason})", live=c._is_live))
+    maybe_log_commit(c, force=True)  # journal the committed step this recovery starts from, first
+    if c.job.state is JobState.RUNNING:
+        c.job.to(JobState.RECOVERING, decision.reason)
+    c.generation += 1
+    c.store.set("ctl/generation", str(c.generation))
+    survivors = set(live_members(c))
+    rec = Recovery(decision, faults, c.generation, survivors, t_fault, now,
+                    deadline=now + c.t.collective_timeout_s + c.t.heartbeat_timeout_s, drain=drain)
+    c.recovery = rec
+    # the slots this recovery loses: dead members of the generation it leaves (a slot an earlier
+    # recovery replaced is no member any more), and dead slots of no generation yet (a spare)
+    members = set(c.rank_map.values())
+    dead = sorted(w for w, s in c.slots.items() if s.state is SlotState.DEAD
+                  and (w in members or s.logical_rank is None))
+    c.journal.append(E.RecoveryStart(generation=c.generation, action=decision.action.value,
+                                     survivors=sorted(survivors), dead=dead, detect_s=round(now - t_fault, 3),
+                                     **({"drain": drain.request_id, "drained": list(drain.targets)} if drain else {})))
+    raw = P.encode({"type": "quiesce", "generation": c.generation, "dead": dead, "reason": decision.reason},
+                   c.secret)  # one signed message for every survivor (each slot's replay guard is its own)
+    for w in sorted(survivors):
+        s = c.slots[w]
+        if s.state is SlotState.ACTIVE:
+            s.machine.to(SlotState.QUIESCED, f"recovery to generation {c.generation}")
+        c._send_encoded(w, raw)
+    c._hold_after(E.RecoveryStart.NAME)
+
+
+def _abort_recovery(c: Any, reason: str, now: float) -> None:
+    rec = c.recovery
+    c.journal.append(E.RecoveryAborted(generation=rec.generation, phase=RecoveryPhase(rec.phase).value,
+                                       reason=reason))
+    if rec.plan is not None and rec.phase == RecoveryPhase.RESTORE:
+        c.restore_pending |= {j.logical_rank for j in rec.plan.joins if c.slots[j.world_rank].state is not SlotState.DEAD}
+    rec.move(RecoveryPhase.ABORTED)
+    c.recovery = None
+    # survivors stay QUIESCED; the queued fault starts the next recovery at once
+    if not c.faults:
+        c.faults.append(PendingFault(Fault(FaultKind.UNKNOWN, (), (), False, reason), now))
+    pend = list(c.faults)
+    c.faults.clear()
+    # the last heartbeat of a member found dead during this recovery (_declare_dead) goes with the queued
+    # faults into the re-planned recovery, as _decide takes it: left behind, it would date a later
+    # recovery's detection from a fault this one handles
+    t_fault = rec.t_fault if c._t_fault_hint is None else min(rec.t_fault, c._t_fault_hint)
+    c._t_fault_hint = None
+    faults = [p.fault for p in pend]
+    decision = combine(faults)
+    if decision.action is Action.CLEAN_STOP:
+        c.journal.append(E.Decision(action=decision.action.value, reason=decision.reason))
+        c._end(JobState.FAILED, E.CleanStop(reason=decision.reason))
+        return
+    c.journal.append(E.Decision(action="hot_swap", reason=f"second fault during recovery: {decision.reason}",
+                                faults=[{"kind": f.kind.value, "slots": list(f.slots)} for f in faults]))
+    start_recovery(c, Decision(Action.HOT_SWAP, decision.reason), faults, t_fault, now)
+
+
+def advance_recovery(c: Any, now: float) -> None:
+    """The tick's step of the recovery: carry out :func:`phoenix_hpc.control.recovery_phases.on_tick`."""
+    rec = c.recovery
+    nxt = on_tick(rec, dead=partial(_is_dead, c), step_of=partial(_step_of, c), faults_pending=bool(c.faults), now=now)
+    _do_next(c, rec, nxt, now)
+
+
+def _do_next(c: Any, rec: Recovery, nxt: Next, now: float) -> None:
+    """Do what the phase rule decided (:class:`phoenix_hpc.control.recovery_phases.Step`)."""
+    if nxt.step is Step.TIMEOUT:
+        c._declare_dead(list(nxt.slots), FaultKind.HEARTBEAT_TIMEOUT, nxt.dead_reason, now)
+    if nxt.step in (Step.ABORT, Step.TIMEOUT):
+        _abort_recovery(c, nxt.reason, now)
+    elif nxt.step is Step.PLAN:
+        _plan(c, rec, now)
+    elif nxt.step is Step.CHECK:
+        check_and_resume(c, rec, now)
+    elif nxt.step in (Step.FINISH, Step.INTERRUPTED):
+        finish_recovery(c, rec, now, interrupted=nxt.step is Step.INTERRUPTED)
+
+
+def _is_dead(c: Any, w: int) -> bool:
+    return c.slots[w].state is SlotState.DEAD
+
+
+def _step_of(c: Any, w: int) -> int:
+    return c.slots[w].step
+
+
+def advance_on_answers(c: Any, now: float) -> None:
+    """Called by the coordinator's loop after messages arrived, so that a recovery does not wait up to a
+    tick for what it waits on: one in its quiesce phase is planned as soon as the last survivor's
+    ``quiesced`` is in, but no sooner than one tick (:attr:`tick_s`) after it started; one in its restore
+    phase resumes as soon as the last ``recovered`` is in; one in its replay phase ends as soon as the last
+    member's step past the replayed ones is in. The quiesce phase's floor of one tick is the window in which
+    a second process exit found just after the first (a node's other slots, killed together) still falls
+    in the quiesce phase and is planned together with it: a member inside a blocking call between its
+    generation's arrival barrier and its ``recovered`` (the groups' rendezvous, the protector's agreement,
+    its engine work) does not answer a newer quiesce, so a loss then ends the job (docs/design.md, the
+    coordinator). Everything else stays on the tick: a lost member, a pending fault,
+    a slot whose heartbeats are overdue (the tick declares it dead before it plans, so a spare that went
+    silent is not named in a plan), the deadlines (judged after the pause accounting,
+    :meth:`_advance_recovery`), a replay cut short by a fault."""
+    rec = c.recovery
+    if rec is None or c.ending is not None or c.job.state in TERMINAL_JOB_STATES:
+        return
+    nxt = on_answers(rec, dead=partial(_is_dead, c), step_of=partial(_step_of, c), faults_pending=bool(c.faults),
+                     overdue=lambda: bool(detect(now, c._watched(now), c.t)[0]), now=now,
+                     tick_s=c.tick_s)
+    if nxt.step is Step.CHECK:
+        check_and_resume(c, rec, now)  # a plan that replays no step is past it at once: below
+        if c.recovery is not rec or rec.phase != RecoveryPhase.REPLAY:
             return
-        for w, rep in reports.items():  # the new generation's owners: where their replicas go from now on
-            sent = rec.recovered[w]["report"].get("sent") if isinstance(rec.recovered[w]["report"], dict) else None
-            if sent:
-                self._record_sent(self.slots[w], rec.generation, sent, rec.recovered[w])
-        for key in ("reconfigure", "params", "optimizer"):
-            rec.phases[key] = max((float(b.get("timings", {}).get(key, 0.0)) for b in rec.recovered.values()), default=0.0)
-        for _, w in plan.rank_map:
-            s = self.slots[w]
-            s.generation = rec.generation
-            s.step = plan.recoverable_step
-            if s.state in (SlotState.QUIESCED, SlotState.JOINING):
-                s.machine.to(SlotState.ACTIVE, f"generation {rec.generation} restored")
-        if plan.action == "shrink":  # every member has its new shard: the leavers have sent what they held
-            freed = []
-            for w in plan.leavers:
-                s = self.slots[w]
-                if s.state is SlotState.QUIESCED:
-                    s.machine.to(SlotState.STANDBY, f"left DP replica of generation {rec.generation - 1} (shrink)")
-                    s.logical_rank, s.role = None, "standby"
-                    freed.append(w)
-            tp, pp, dp = plan.grid
-            self.journal.append(E.Shrink(generation=rec.generation, dp_from=plan.old_grid[2], dp_to=dp,
-                                         grid={"tp": tp, "pp": pp, "dp": dp}, recoverable_step=plan.recoverable_step,
-                                         freed=freed, lost=list(plan.lost),
-                                         **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
-        rec.t_restored = now
-        rec.move(RecoveryPhase.REPLAY)
-        rec.target_step = plan.recoverable_step + plan.steps_replayed
-        self.job.to(JobState.RUNNING, f"generation {rec.generation} restored")
-        self.journal.append(E.RecoveryRestored(generation=rec.generation, recoverable_step=plan.recoverable_step,
-                                               invariants=list(plan.invariants), restore_s=round(now - rec.t_start, 3)))
-        for _, w in plan.rank_map:
-            self._send(w, {"type": "resume", "generation": rec.generation, "step": plan.recoverable_step})
+        nxt = on_answers(rec, dead=partial(_is_dead, c), step_of=partial(_step_of, c), faults_pending=bool(c.faults),
+                         overdue=lambda: False, now=now, tick_s=c.tick_s)
+    if nxt.step in (Step.PLAN, Step.FINISH):
+        _do_next(c, rec, nxt, now)
 
-    def _finish_recovery(self, rec: Recovery, now: float, interrupted: bool) -> None:
-        detect_s = rec.t_start - rec.t_fault
-        phases = {"detect": round(detect_s, 3), "reconfigure": round(rec.phases.get("reconfigure", 0.0), 3),
-                  "params": round(rec.phases.get("params", 0.0), 3),
-                  "optimizer": round(rec.phases.get("optimizer", 0.0), 3),
-                  "replay": round(now - rec.t_restored, 3)}
-        self.journal.append(E.RecoveryDone(generation=rec.generation, action=rec.plan.action,
-                                           total_s=round(now - rec.t_fault, 3), phases=phases,
-                                           steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
-                                           replay_interrupted=interrupted,
-                                           **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
-        self._carry_out(self.drains.finished(rec, now, standby=lambda w: self.slots[w].state is SlotState.STANDBY))
-        self.recovery = None
 
-    def _newest_checkpoint(self) -> int | None:
-        """The newest complete persistent checkpoint: reported by rank 0 or found under the checkpoint root."""
-        from phoenix_hpc.recovery.checkpoint import latest_step
+def _plan(c: Any, rec: Recovery, now: float) -> None:
+    # a spare whose restore was cut short at its generation's arrival barrier answers live step -1 and
+    # offers nothing (launch/execute.py Member.join): it is restored again in place, also when the plan it
+    # was cut short in restored it in place already (restore_pending then no longer names it)
+    for w, q in rec.quiesced.items():
+        r = c.slots[w].logical_rank
+        if r is not None and int(q.get("live_step", 0)) < 0:
+            c.restore_pending.add(r)
+    committed: dict[str, dict[int, int]] = {}
+    live_steps: dict[int, int] = {}
+    dirty: list[int] = []
+    numel: dict[str, int] = {}  # stage -> elements of its flat optimizer vector (what a shrink re-partitions)
+    for w, q in rec.quiesced.items():
+        for key, v in dict(q.get("opt_numel") or {}).items():
+            numel[str(key)] = int(v)
+        r = c.slots[w].logical_rank
+        if r is None or r in c.restore_pending:
+            continue
+        live_steps[r] = int(q["live_step"])
+        if q.get("dirty"):
+            dirty.append(r)
+        for sid, st in {**dict(q.get("shards", {})), **dict(q.get("replicas", {}))}.items():
+            # one step, or the steps of both ping-pong buffers (committed first)
+            committed.setdefault(sid, {})[r] = [int(st)] if isinstance(st, int) else [int(x) for x in st]
+    # a drained node takes no logical rank again; its slots left (DONE) and are replaced like dead ones
+    spares = sorted((w for w, s in c.slots.items() if s.state is SlotState.STANDBY
+                     and s.node not in c.drained_nodes), key=lambda w: (c.slots[w].node, w))
+    dead = [w for w, s in c.slots.items() if s.state is SlotState.DEAD or
+            (s.state is SlotState.DONE and w in c.drained and w in c.rank_map.values())]
+    t0 = time.perf_counter()
+    if c.t.recovery_from_checkpoint:  # resilience.recovery_source: checkpoint (the fallback on purpose)
+        return fallback(c, rec, FallbackRequired("resilience.recovery_source is 'checkpoint'"), live_steps,
+                        spares, dead, now)
+    if numel and _shrink_wanted(c, rec, dead, spares):  # no numel: the members' engine cannot shrink
+        try:
+            plan = plan_shrink(
+                generation=rec.generation - 1, grid=tuple(c.grid), rank_map=dict(c.rank_map),
+                nodes={w: s.node for w, s in c.slots.items()}, dead=dead, placement=c.placement,
+                committed=committed, live_steps=live_steps, numel=numel, dirty=dirty,
+                k=int((c.placement_inputs or {}).get("k", 1)))
+        except FallbackRequired as exc:
+            return fallback(c, rec, exc, live_steps, spares, dead, now)
+        return _send_plan(c, rec, plan, now, time.perf_counter() - t0)
+    try:
+        plan = plan_recovery(
+            generation=rec.generation - 1, grid=tuple(c.grid), rank_map=dict(c.rank_map),
+            nodes={w: s.node for w, s in c.slots.items()}, dead=dead, spares=spares,
+            placement=c.placement, committed=committed, live_steps=live_steps,
+            restore=sorted(c.restore_pending), dirty=dirty, params_from_optimizer=c.t.shrink_capable,
+        )
+    except FallbackRequired as exc:
+        return fallback(c, rec, exc, live_steps, spares, dead, now)
+    _send_plan(c, rec, plan, now, time.perf_counter() - t0)
 
-        on_disk = latest_step(self.t.checkpoint_path) if self.t.checkpoint_path else None
-        steps = [s for s in (self.checkpoint_step, on_disk) if s is not None]
-        return max(steps) if steps else None
 
-    def _fallback(self, rec: Recovery, exc: FallbackRequired, live_steps: dict[int, int], spares: list[int],
-                  dead: list[int], now: float) -> None:
-        """Memory replicas cannot cover the loss (docs/design.md section 6): restart generation g+1 in this job
-        from the newest persistent checkpoint (spares take the dead ranks, every member loads it); when
-        there is no checkpoint or not enough spares, stop cleanly naming the checkpoint to resubmit from."""
-        ck = self._newest_checkpoint()
-        # the newest step any member finished: its survivors' live steps, or with none left (every member
-        # lost) the steps the members last reported
-        newest = max(live_steps.values(), default=None)
-        if newest is None:
-            newest = max((self.slots[w].step for w in self.rank_map.values() if w in self.slots), default=0)
-        lost = None if ck is None else max(0, newest - ck)
-        if ck is not None:
-            t0 = time.perf_counter()
-            try:
-                plan = plan_checkpoint_restart(
-                    generation=rec.generation - 1, grid=tuple(self.grid), rank_map=dict(self.rank_map),
-                    nodes={w: s.node for w, s in self.slots.items()}, dead=dead, spares=spares,
-                    checkpoint_step=ck, live_steps=live_steps)
-            except FallbackRequired as exc2:  # say both: why memory could not, and why the checkpoint cannot here
-                exc = FallbackRequired(exc.reason if exc2.reason in exc.reason else f"{exc.reason}; and {exc2.reason}",
-                                       exc.lost_shards)
-            else:
-                self.journal.append(E.Decision(action="checkpoint_restart", reason=exc.reason, checkpoint_step=ck,
-                                               lost_steps=lost))
-                self.journal.append(E.CheckpointRestart(generation=rec.generation, reason=exc.reason,
-                                                        lost_shards=list(exc.lost_shards), checkpoint_step=ck, lost_steps=lost,
-                                                        checkpoint_path=self.t.checkpoint_path))
-                return self._send_plan(rec, plan, now, time.perf_counter() - t0)
-        self.journal.append(E.Decision(action="fallback", reason=exc.reason, lost_shards=list(exc.lost_shards),
-                                       checkpoint_step=ck, lost_steps=lost))
-        self.recovery = None
-        self.job.to(JobState.FALLBACK, exc.reason)
-        if ck is not None:
-            msg = (f"recovery from memory impossible: {exc.reason}. The job stops. Newest persistent checkpoint: step {ck} under {self.t.checkpoint_path} "
-                   f"({lost} step(s) since then are lost). To continue from it: {continue_hint(str(self.run_dir), self.next_job)} "
-                   f"(training restarts at step {ck})")
+def _shrink_wanted(c: Any, rec: Recovery, dead: list[int], spares: list[int]) -> bool:
+    """Whether this recovery is a shrink (docs/design.md section 6, "Shrink"): a drain that asked for one,
+    or (``resilience.spares_exhausted`` allows it) more lost active slots than live standby slots. Not
+    while a spare's cut-short restore is pending (its state cannot serve as a source)."""
+    if c.restore_pending:
+        return False
+    if rec.drain is not None:
+        return bool(rec.drain.request.get("shrink"))
+    lost = [w for w in dead if w in c.rank_map.values()]
+    return c.t.shrink and len(lost) > len(spares)
+
+
+def grid_of(c: Any, generation: int) -> tuple[int, int, int]:
+    """The grid of ``generation`` (it changes only at a shrink)."""
+    since = [g for g in c.grid_since if g <= generation]
+    return c.grid_since[max(since)] if since else tuple(c.grid)
+
+
+def _send_plan(c: Any, rec: Recovery, plan: RecoveryPlan, now: float, plan_s: float) -> None:
+    # the plan was made for generation - 1 -> generation; keep the coordinator's numbering
+    rec.plan = plan
+    rec.move(RecoveryPhase.RESTORE)
+    rec.phases["plan_s"] = plan_s
+    rec.deadline = now + c.t.collective_timeout_s + c.t.heartbeat_timeout_s
+    c.rank_map = plan.world_of()
+    c.rank_maps[rec.generation] = dict(c.rank_map)
+    c.restore_pending = set()
+    if plan.action == "shrink":  # a new grid: the old layout's copies and statements name other shards
+        c.grid_since.setdefault(0, tuple(plan.old_grid))
+        c.grid = tuple(plan.grid)
+        c.grid_since[rec.generation] = tuple(plan.grid)
+        c.committed.clear()
+        c.evidence.commit_hash.clear()
+        c.placement.clear()
+        for r, w in plan.rank_map:  # the kept slots are renumbered in the smaller grid
+            c.slots[w].logical_rank = r
+    for j in plan.joins:  # a joining slot holds no copy yet: the dead slot's reported copies are gone
+        for copies in c.committed.values():
+            copies.pop(j.logical_rank, None)
+    for j in plan.joins:
+        s = c.slots[j.world_rank]
+        if s.state is SlotState.STANDBY:  # idempotent admission: only a STANDBY slot is taken
+            s.machine.to(SlotState.JOINING, f"replaces world rank {j.replaces_world_rank}")
+            s.logical_rank = j.logical_rank
+            s.role = "active"
+    c.journal.append(E.RecoveryPlanned.from_record(
+        {"generation": rec.generation,
+         **{k: v for k, v in plan.to_json().items() if k not in ("generation", "old_generation")}}))
+    t0 = time.perf_counter()
+    plan_json = {**plan.to_json(), "generation": rec.generation}
+    # The plan grows with the job (its rank map names every member): it is stored once under its own key
+    # and every member gets the same small signed ``recover`` naming the key and the plan's SHA-256
+    # (P.plan_reference), encoded once: O(members) bytes to send instead of O(members^2).
+    raw = P.encode(P.plan_reference(c.store, rec.generation, plan_json, c.secret), c.secret)
+    for w in [w for _, w in plan.rank_map] + list(plan.leavers):  # a shrink's leavers send before they go
+        c._send_encoded(w, raw)
+    c.journal.append(E.RecoveryPlanSent(generation=rec.generation, members=len(plan.rank_map),
+                                        plan_s=round(plan_s, 4), send_s=round(time.perf_counter() - t0, 4)))
+
+
+def check_and_resume(c: Any, rec: Recovery, now: float) -> None:
+    plan = rec.plan
+    reports, rejected = {}, []
+    for w, b in sorted(rec.recovered.items()):
+        try:
+            reports[w] = report_from_json(b["report"])
+        except (KeyError, TypeError, ValueError) as exc:
+            rejected.append(f"report of world rank {w} rejected: {exc}")
+    why, bad = verify_recovery(c._expected(rec), reports, plan.invariants)
+    rejected += why
+    if rejected:
+        c.journal.append(E.EvidenceRejected(generation=rec.generation, reasons=rejected))
+    if bad:
+        c.journal.append(E.InvariantViolation(generation=rec.generation, violations=[str(v) for v in bad],
+                                              rejected=rejected))
+        c._end(JobState.FAILED, E.CleanStop(reason="recovery invariant violated: " + "; ".join(map(str, bad))))
+        return
+    for w, rep in reports.items():  # the new generation's owners: where their replicas go from now on
+        sent = rec.recovered[w]["report"].get("sent") if isinstance(rec.recovered[w]["report"], dict) else None
+        if sent:
+            c._record_sent(c.slots[w], rec.generation, sent, rec.recovered[w])
+    for key in ("reconfigure", "params", "optimizer"):
+        rec.phases[key] = max((float(b.get("timings", {}).get(key, 0.0)) for b in rec.recovered.values()), default=0.0)
+    for _, w in plan.rank_map:
+        s = c.slots[w]
+        s.generation = rec.generation
+        s.step = plan.recoverable_step
+        if s.state in (SlotState.QUIESCED, SlotState.JOINING):
+            s.machine.to(SlotState.ACTIVE, f"generation {rec.generation} restored")
+    if plan.action == "shrink":  # every member has its new shard: the leavers have sent what they held
+        freed = []
+        for w in plan.leavers:
+            s = c.slots[w]
+            if s.state is SlotState.QUIESCED:
+                s.machine.to(SlotState.STANDBY, f"left DP replica of generation {rec.generation - 1} (shrink)")
+                s.logical_rank, s.role = None, "standby"
+                freed.append(w)
+        tp, pp, dp = plan.grid
+        c.journal.append(E.Shrink(generation=rec.generation, dp_from=plan.old_grid[2], dp_to=dp,
+                                  grid={"tp": tp, "pp": pp, "dp": dp}, recoverable_step=plan.recoverable_step,
+                                  freed=freed, lost=list(plan.lost),
+                                  **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
+    rec.t_restored = now
+    rec.move(RecoveryPhase.REPLAY)
+    rec.target_step = plan.recoverable_step + plan.steps_replayed
+    c.job.to(JobState.RUNNING, f"generation {rec.generation} restored")
+    c.journal.append(E.RecoveryRestored(generation=rec.generation, recoverable_step=plan.recoverable_step,
+                                        invariants=list(plan.invariants), restore_s=round(now - rec.t_start, 3)))
+    for _, w in plan.rank_map:
+        c._send(w, {"type": "resume", "generation": rec.generation, "step": plan.recoverable_step})
+
+
+def finish_recovery(c: Any, rec: Recovery, now: float, interrupted: bool) -> None:
+    detect_s = rec.t_start - rec.t_fault
+    phases = {"detect": round(detect_s, 3), "reconfigure": round(rec.phases.get("reconfigure", 0.0), 3),
+              "params": round(rec.phases.get("params", 0.0), 3),
+              "optimizer": round(rec.phases.get("optimizer", 0.0), 3),
+              "replay": round(now - rec.t_restored, 3)}
+    c.journal.append(E.RecoveryDone(generation=rec.generation, action=rec.plan.action,
+                                    total_s=round(now - rec.t_fault, 3), phases=phases,
+                                    steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
+                                    replay_interrupted=interrupted,
+                                    **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
+    c._carry_out(c.drains.finished(rec, now, standby=lambda w: c.slots[w].state is SlotState.STANDBY))
+    c.recovery = None
+
+
+def newest_checkpoint(c: Any) -> int | None:
+    """The newest complete persistent checkpoint: reported by rank 0 or found under the checkpoint root."""
+    from phoenix_hpc.recovery.checkpoint import latest_step
+
+    on_disk = latest_step(c.t.checkpoint_path) if c.t.checkpoint_path else None
+    steps = [s for s in (c.checkpoint_step, on_disk) if s is not None]
+    return max(steps) if steps else None
+
+
+def fallback(c: Any, rec: Recovery, exc: FallbackRequired, live_steps: dict[int, int], spares: list[int],
+              dead: list[int], now: float) -> None:
+    """Memory replicas cannot cover the loss (docs/design.md section 6): restart generation g+1 in this job
+    from the newest persistent checkpoint (spares take the dead ranks, every member loads it); when
+    there is no checkpoint or not enough spares, stop cleanly naming the checkpoint to resubmit from."""
+    ck = newest_checkpoint(c)
+    # the newest step any member finished: its survivors' live steps, or with none left (every member
+    # lost) the steps the members last reported
+    newest = max(live_steps.values(), default=None)
+    if newest is None:
+        newest = max((c.slots[w].step for w in c.rank_map.values() if w in c.slots), default=0)
+    lost = None if ck is None else max(0, newest - ck)
+    if ck is not None:
+        t0 = time.perf_counter()
+        try:
+            plan = plan_checkpoint_restart(
+                generation=rec.generation - 1, grid=tuple(c.grid), rank_map=dict(c.rank_map),
+                nodes={w: s.node for w, s in c.slots.items()}, dead=dead, spares=spares,
+                checkpoint_step=ck, live_steps=live_steps)
+        except FallbackRequired as exc2:  # say both: why memory could not, and why the checkpoint cannot here
+            exc = FallbackRequired(exc.reason if exc2.reason in exc.reason else f"{exc.reason}; and {exc2.reason}",
+                                   exc.lost_shards)
         else:
-            msg = (f"recovery from memory impossible: {exc.reason}. The job stops. No persistent checkpoint was written yet "
-                   "(resilience.checkpoint.interval_steps): resubmitting starts the training over")
-        self._end(JobState.FAILED, E.Fallback(reason=exc.reason, message=msg, checkpoint_step=ck,
-                             lost_steps=lost, checkpoint_path=self.t.checkpoint_path))
+            c.journal.append(E.Decision(action="checkpoint_restart", reason=exc.reason, checkpoint_step=ck,
+                                        lost_steps=lost))
+            c.journal.append(E.CheckpointRestart(generation=rec.generation, reason=exc.reason,
+                                                 lost_shards=list(exc.lost_shards), checkpoint_step=ck, lost_steps=lost,
+                                                 checkpoint_path=c.t.checkpoint_path))
+            return _send_plan(c, rec, plan, now, time.perf_counter() - t0)
+    c.journal.append(E.Decision(action="fallback", reason=exc.reason, lost_shards=list(exc.lost_shards),
+                                checkpoint_step=ck, lost_steps=lost))
+    c.recovery = None
+    c.job.to(JobState.FALLBACK, exc.reason)
+    if ck is not None:
+        msg = (f"recovery from memory impossible: {exc.reason}. The job stops. Newest persistent checkpoint: step {ck} under {c.t.checkpoint_path} "
+               f"({lost} step(s) since then are lost). To continue from it: {continue_hint(str(c.run_dir), c.next_job)} "
+               f"(training restarts at step {ck})")
+    else:
+        msg = (f"recovery from memory impossible: {exc.reason}. The job stops. No persistent checkpoint was written yet "
+               "(resilience.checkpoint.interval_steps): resubmitting starts the training over")
+    c._end(JobState.FAILED, E.Fallback(reason=exc.reason, message=msg, checkpoint_step=ck,
+                         lost_steps=lost, checkpoint_path=c.t.checkpoint_path))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import xxhash
 
+from phoenix_hpc.control import recovery_machine
 from phoenix_hpc.control.agreement import DIGEST_HEX, PENDING_STEPS, AgreementBook, check_report, compare, majority_of
 from phoenix_hpc.control.classify import Action, FaultKind, combine
 from phoenix_hpc.control.coordinator import Coordinator, Slot
@@ -312,7 +313,7 @@ def test_a_disagreement_stops_the_job_naming_the_checkpoint_from_before_it(tmp_p
     for w in range(3):
         _commit(c, w, 11, B if w == 1 else A)
     assert c.agreement.first_bad == 11 and c.agreement.bad_last_agreed == 10
-    c._decide(c.clock())
+    recovery_machine.decide(c, c.clock())
     [stop] = read_journal(tmp_path, "clean_stop")
     assert stop["checkpoint_step"] == 10 and "checkpoint of step 10" in stop["message"]
     assert "step(s) 15 were written after it" in stop["message"] and "differ at step 11" in stop["reason"]

@@ -4,6 +4,7 @@ committed step it starts from before ``recovery_start``."""
 
 from __future__ import annotations
 
+from phoenix_hpc.control import recovery_machine
 from phoenix_hpc.control.classify import Action, Decision
 from phoenix_hpc.control.coordinator import Coordinator, Slot
 from phoenix_hpc.control.journal import Journal, read_journal
@@ -49,7 +50,7 @@ def test_recovery_start_is_preceded_by_the_committed_step_it_starts_from(tmp_pat
     # commits of step 23 arrived after the last journalled commit (19), inside the cadence window
     c.committed = {"opt/pp0/tp0/dp0": {0: 23, 1: 23}, "opt/pp0/tp0/dp1": {1: 23, 0: 23}}
     c._last_commit_logged, c._last_commit_log_t = 19, 100.0
-    c._start_recovery(Decision(Action.HOT_SWAP, "test"), [], t_fault=99.0, now=100.0)
+    recovery_machine.start_recovery(c, Decision(Action.HOT_SWAP, "test"), [], t_fault=99.0, now=100.0)
     recs = [r for r in read_journal(tmp_path) if r["event"] in ("commit", "recovery_start")]
     assert [r["event"] for r in recs] == ["commit", "recovery_start"]
     assert recs[0]["recoverable_step"] == 23 and recs[0]["generation"] == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from phoenix_hpc.control import recovery_machine
 from phoenix_hpc.control.drains import (
     MAX_ATTEMPTS, PendingDrain, arm_drain, drain_refusal, drain_verdict, retry_step)
 from phoenix_hpc.drills.drain import build_drain, drain_outcome
@@ -227,7 +228,7 @@ def test_coordinator_arms_every_member_rearms_a_late_one_and_hot_swaps_with_zero
     assert c.slots[1].state.value == "done" and c.recovery.drain is c.drain
     c._dispatch({"type": "quiesced", "world_rank": 0, "pid": 100, "generation": 1, "live_step": 8, "dirty": False,
                  "shards": {"opt/pp0/tp0/dp0": [8, 7]}, "replicas": {"opt/pp0/tp0/dp1": [8, 7]}})
-    c._advance_recovery(c.clock())
+    recovery_machine.advance_recovery(c, c.clock())
     plan = c.recovery.plan
     assert plan.steps_replayed == 0 and plan.recoverable_step == 8
     assert [(j.world_rank, j.logical_rank, j.replaces_world_rank) for j in plan.joins] == [(2, 1, 1)]
@@ -241,7 +242,7 @@ def test_a_fault_before_the_pause_makes_the_armed_drain_missed(tmp_path):
     _ack(c, 0, 1)
     _ack(c, 1, 1)
     n = len(c.store.pushed)
-    c._start_recovery(Decision(Action.LOCAL_RECOVERY, "transient"), [], c.clock(), c.clock())
+    recovery_machine.start_recovery(c, Decision(Action.LOCAL_RECOVERY, "transient"), [], c.clock(), c.clock())
     (m,) = _events(tmp_path, "drain_missed")
     assert "a recovery started first (transient)" in m["reason"] and c.drain.state == "missed"
     assert {(w, msg["type"]) for w, msg in _sent(c, n)} >= {(0, "undrain"), (1, "undrain")}

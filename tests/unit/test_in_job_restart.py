@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from phoenix_hpc.control import recovery_machine
 from phoenix_hpc.config import load_job_config
 from phoenix_hpc.config.resolve import resolve
 from phoenix_hpc.errors import ConfigError
@@ -123,7 +124,7 @@ def test_coordinator_asks_for_an_in_job_restart_without_the_nodes_of_the_dead_sl
     c.faults.append(PendingFault(Fault(FaultKind.COMM_ERROR, (1,), ("n1",), False, "reset by peer"), 49.0))
     c._declare_dead([2], FaultKind.PROCESS_EXIT, "process exited", 49.5)
     c.slots[1].machine.to(SlotState.DEAD, "exited after its report")
-    c._decide(50.0)
+    recovery_machine.decide(c, 50.0)
     req = json.loads((tmp_path / "in_job_restart.json").read_text())
     assert req["dead_nodes"] == ["n2"] and req["reason"]
     (rec,) = [r for r in read_journal(tmp_path) if r["event"] == "restart_in_job"]
@@ -132,16 +133,16 @@ def test_coordinator_asks_for_an_in_job_restart_without_the_nodes_of_the_dead_sl
     assert not [r for r in read_journal(tmp_path) if r["event"] == "recovery_start"]
 
 
-def test_recovery_source_checkpoint_plans_a_checkpoint_restart_where_memory_would_do(tmp_path):
+def test_recovery_source_checkpoint_plans_a_checkpoint_restart_where_memory_would_do(tmp_path, monkeypatch):
     """A hot swap would cover the loss; with ``recovery_source: checkpoint`` the plan is the fallback's."""
     from phoenix_hpc.control.coordinator import Timing
 
     c = _coordinator(tmp_path, Timing(recovery_from_checkpoint=True), 2, now=10.0)
     called = {}
-    c._fallback = lambda rec, exc, *a: called.setdefault("reason", exc.reason)
+    monkeypatch.setattr(recovery_machine, "fallback", lambda c_, rec, exc, *a: called.setdefault("reason", exc.reason))
     from types import SimpleNamespace
 
-    c._plan(SimpleNamespace(quiesced={}), 10.0)
+    recovery_machine._plan(c, SimpleNamespace(quiesced={}), 10.0)
     assert called == {"reason": "resilience.recovery_source is 'checkpoint'"}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from test_drain import _Store, _events
 
+from phoenix_hpc.control import recovery_machine
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.coordinator import Coordinator, Timing
 from phoenix_hpc.control.journal import Journal
@@ -35,7 +36,7 @@ def _heard(c, now: float) -> None:
             s.last_seen = now
 
 
-def test_a_recovery_after_a_double_fault_counts_its_detect_time_from_its_own_fault(tmp_path):
+def test_a_recovery_after_a_double_fault_counts_its_detect_time_from_its_own_fault(tmp_path, monkeypatch):
     """The journal of gpt-small-20261206-011400 (job 2): world rank 1 exits, and world rank 0 exits during that
     recovery's quiesce phase (recovery aborted, planned again as generation 2: a checkpoint restart onto the
     spares). 14 s later a single crash starts generation 3, whose detect_s was 14.25 s: measured from world
@@ -58,7 +59,7 @@ def test_a_recovery_after_a_double_fault_counts_its_detect_time_from_its_own_fau
     rec = c.recovery
     assert rec.plan.action == "checkpoint_restart" and sorted(w for _, w in rec.plan.rank_map) == [2, 3]
 
-    def resumed(r, now):  # what _check_and_resume leaves when the evidence checks pass (they need real reports)
+    def resumed(c_, r, now):  # what check_and_resume leaves when the evidence checks pass (they need real reports)
         r.phase, r.t_restored = "replay", now
         r.target_step = r.plan.recoverable_step + r.plan.steps_replayed
         for _, w in r.plan.rank_map:
@@ -66,14 +67,14 @@ def test_a_recovery_after_a_double_fault_counts_its_detect_time_from_its_own_fau
             c.slots[w].generation = r.generation
         c.job.to(JobState.RUNNING, "restored")
 
-    c._check_and_resume = resumed
+    monkeypatch.setattr(recovery_machine, "check_and_resume", resumed)
     rec.recovered.update({2: {"report": {}}, 3: {"report": {}}})
     clock[0] = 100.6
     _heard(c, 100.6)
-    c._advance_on_answers(100.6)
+    recovery_machine.advance_on_answers(c, 100.6)
     for w in (2, 3):
         c.slots[w].step = rec.target_step
-    c._advance_on_answers(100.6)
+    recovery_machine.advance_on_answers(c, 100.6)
     assert c.recovery is None and _events(tmp_path, "recovery_done")[-1]["generation"] == 2
     starts = _events(tmp_path, "recovery_start")
     assert [s["detect_s"] for s in starts] == [0.3, 0.4]  # both from world rank 1's last heartbeat (99.7)

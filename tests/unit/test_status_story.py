@@ -3,6 +3,7 @@ status derived from it) could tell different things, on synthetic journal record
 
 from __future__ import annotations
 
+from phoenix_hpc.control import recovery_machine
 from phoenix_hpc.status.derive import derive_status
 from phoenix_hpc.status.model import RunFiles, SlurmInfo
 
@@ -194,7 +195,7 @@ def test_the_coordinator_names_in_recovery_start_only_the_dead_members_of_the_ge
         c.slots[w].machine.to(SlotState.DEAD, "lost")
     c.rank_map = {0: 0, 1: 2}
     c.generation = 1
-    c._start_recovery(Decision(Action.HOT_SWAP, "x"), [], 0.0, 1.0)
+    recovery_machine.start_recovery(c, Decision(Action.HOT_SWAP, "x"), [], 0.0, 1.0)
     (rec,) = read_journal(tmp_path, "recovery_start")
     assert rec["dead"] == [0]
 
