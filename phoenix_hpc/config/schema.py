@@ -110,11 +110,12 @@ class ModelConfig(BaseModel):
     )
     attention_dropout: float = Field(
         0.0, ge=0, lt=1, description="dropout probability on the attention probabilities (Megatron-LM's "
-        "--attention-dropout); engine torch only for now. Masks are a pure function of (seed, sample position, "
-        "stage), so a replayed step draws the same ones (docs/engines.md)")
+        "--attention-dropout). The masks are a pure function of the seed and the step's place (engine torch: sample "
+        "position and stage; engine megatron: step, pp and dp), so a replayed step draws the same ones "
+        "(docs/engines.md)")
     hidden_dropout: float = Field(
         0.0, ge=0, lt=1, description="dropout probability on the embeddings' output and each residual branch "
-        "(Megatron-LM's --hidden-dropout); engine torch only for now")
+        "(Megatron-LM's --hidden-dropout); masks drawn as attention_dropout's")
 
     @property
     def ffn_size(self) -> int:
@@ -755,11 +756,6 @@ class JobConfig(BaseModel):
             problems += self._torch_engine_problems()
         elif self.megatron.sequence_parallel and tp == 1:
             problems.append("megatron.sequence_parallel: true needs parallelism.tp > 1 (allowed with tp 1: false)")
-        if self.engine == "megatron":
-            for name in ("attention_dropout", "hidden_dropout"):
-                if getattr(self.model, name):
-                    problems.append(f"model.{name}: {getattr(self.model, name)} is not supported by engine megatron "
-                                    "yet (allowed: 0; dropout with bitwise recovery: engine torch)")
         try:
             recovery_path_of(self.engine, self.resilience.recovery_path)
         except ValueError as exc:

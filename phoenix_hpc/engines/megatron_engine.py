@@ -30,6 +30,12 @@ The per-step split: ``forward_backward`` runs megatron's pipeline schedule with 
 (``config.finalize_model_grads_func`` unset), ``reduce_gradients`` calls ``finalize_model_grads`` (DP
 reduce-scatter of the grad buffers, plus embedding/LayerNorm grad all-reduces where needed),
 ``optimizer_step`` runs ``optimizer.step()`` (unscale, clip, Adam, copy to model params, param all-gather).
+
+Dropout (``model.attention_dropout`` / ``hidden_dropout``, passed to ``TransformerConfig``): before every
+step's forward passes the engine reseeds megatron-core's CUDA RNG tracker and torch's default CUDA generator
+from ``(training.seed, step, pp, dp)`` (:mod:`.megatron_rng`), so a replayed step draws the masks of its first
+try in whatever process replays it. The RNG states in the envelope are kept for the record; the masks do not
+depend on them.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import torch
 
 from phoenix_hpc.engines.adam_step import ensure_step_entries, read_adam_step, step_location, write_adam_step
 from phoenix_hpc.engines.base import Engine, GridCoord, ProcessGroups
+from phoenix_hpc.engines.megatron_rng import reseed
 from phoenix_hpc.engines.schedule import lr_at
 from phoenix_hpc.errors import EngineError
 
@@ -271,8 +278,14 @@ class MegatronEngine(Engine):
             yield x[i * mbs : (i + 1) * mbs], y[i * mbs : (i + 1) * mbs], pos, mask
 
     def forward_backward(self) -> float | None:
+        """The step's forward and backward passes over this rank's micro-batches (megatron-core's pipeline
+        schedule), after reseeding megatron-core's dropout random states for the step
+        (:func:`phoenix_hpc.engines.megatron_rng.reseed`: a pure function of the training seed, the step and
+        this rank's pp and dp coordinates), so a replayed step draws the masks of its first try. Returns the
+        step's mean loss over the DP group on the last pipeline stage, None elsewhere."""
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
+        reseed(self._mc["tensor_parallel"], self.cfg.training.seed, self.step + 1, self.coord.pp, self.coord.dp)
 
         def forward_step(data_iterator, model):
             tokens, labels, pos, mask = next(data_iterator)

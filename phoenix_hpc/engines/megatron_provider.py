@@ -11,8 +11,8 @@ arguments (``get_args()``); phoenix_hpc has none, so it passes them as keywords:
 
 - ``config``: megatron-core's ``TransformerConfig`` of the job config's ``model:``, ``megatron:`` and
   ``parallelism:`` fields (:func:`phoenix_hpc.engines.megatron_spec.transformer_config_kwargs`: the grid's
-  tp/pp, ``model.dtype``, no dropout, ``deterministic_mode``). Use it, or derive your own from it with
-  ``dataclasses.replace`` (the tp/pp sizes and ``params_dtype`` must stay: checked);
+  tp/pp, ``model.dtype``, ``model.attention_dropout / hidden_dropout``, ``deterministic_mode``). Use it, or
+  derive your own from it with ``dataclasses.replace`` (the tp/pp sizes and ``params_dtype`` must stay: checked);
 - ``vocab_size`` = ``model.vocab_size``, ``max_sequence_length`` = ``model.seq_length`` (the data's);
 - ``options``: ``model.options`` (any mapping).
 

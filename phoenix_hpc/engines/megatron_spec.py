@@ -17,9 +17,10 @@ Mapping (config field -> megatron-core argument; names as in Megatron-LM's ``arg
   (``AttnBackend``); ``megatron.recompute_granularity`` -> ``recompute_granularity`` (``full`` with
   ``recompute_method="uniform", recompute_num_layers=1``); ``megatron.sequence_parallel`` ->
   ``sequence_parallel``;
-- ``model.dtype`` -> ``params_dtype / pipeline_dtype / bf16 / fp16``; dropout is off
-  (``hidden_dropout = attention_dropout = 0``) and ``deterministic_mode=True``, so a replayed step is bitwise
-  the same.
+- ``model.dtype`` -> ``params_dtype / pipeline_dtype / bf16 / fp16``; ``model.attention_dropout /
+  hidden_dropout`` -> ``attention_dropout / hidden_dropout`` (0 by default; the engine reseeds the dropout
+  random states every step, :mod:`.megatron_rng`) and ``deterministic_mode=True``, so a replayed step is
+  bitwise the same.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def transformer_config_kwargs(cfg) -> dict[str, Any]:
         num_query_groups=m.query_groups, ffn_hidden_size=m.ffn_size,
         tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp, sequence_parallel=mg.sequence_parallel,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
-        hidden_dropout=0.0, attention_dropout=0.0, deterministic_mode=True,
+        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout, deterministic_mode=True,
         normalization=m.normalization, add_bias_linear=m.add_bias_linear,
         gated_linear_unit=m.activation == "swiglu", activation_func=F.silu if m.activation == "swiglu" else F.gelu,
         attention_backend=AttnBackend[mg.backend], **recompute,
