@@ -32,7 +32,13 @@ default group only):
   state as they were, and training with an evaluation every ``EVAL_EVERY`` steps ends in the state of training
   without (:func:`evaluate_item`);
 - ``megatron.provider_refused``: a provider that returns a plain ``torch.nn.Module`` stops the engine's
-  construction with a ConfigError naming ``model.provider`` (exit 2 on a rank), leaving no parallel state.
+  construction with a ConfigError naming ``model.provider`` (exit 2 on a rank), leaving no parallel state;
+- ``megatron.dropout``: with ``attention_dropout = hidden_dropout = DROPOUT_P`` (:func:`dropout_config`), the
+  losses differ from the run without dropout (the masks are drawn), and two recoveries end bitwise in the
+  uninterrupted run's state hash and losses: the host snapshot of step ``SAVE_AT`` loaded into a fresh engine
+  whose CUDA random states are then scrambled (as a spare's would be: the masks must come from the per-step
+  reseed, :mod:`phoenix_hpc.engines.megatron_rng`, not from the snapshot's RNG states), and the rebuild path
+  from the protected snapshot (:func:`recovery_rebuild`) (:func:`dropout_item`).
 
 The engine conformance kit runs against this engine in check ``kit`` (:mod:`.check_kit`).
 """
@@ -48,9 +54,10 @@ from phoenix_hpc.gpucheck import common
 from phoenix_hpc.gpucheck.report import equal_item, item
 
 NAME = "megatron"
-TIMEOUT_S = 150
+TIMEOUT_S = 180
 ITEMS = ("megatron.shards", "megatron.learns", "megatron.determinism", "megatron.restore", "megatron.rebuild",
-         "megatron.adam_step", "megatron.evaluate", "megatron.provider", "megatron.provider_refused")
+         "megatron.adam_step", "megatron.evaluate", "megatron.provider", "megatron.provider_refused",
+         "megatron.dropout")
 STEPS, SAVE_AT, LEARN_DROP = 12, 6, 0.3
 FIRST_LOSS_TOL = 1.0  # nats around ln(vocab) for the first step's loss (ln 256 = 5.55; halved: 2.77)
 MODEL = {"layers": 2, "hidden_size": 128, "heads": 4, "vocab_size": 256, "seq_length": 128, "dtype": "bfloat16"}
@@ -84,6 +91,15 @@ def blend_config(work: Path):
                                                   "eval_iters": EVAL_ITERS}})
 
 
+DROPOUT_P = 0.1
+
+
+def dropout_config(work: Path):
+    """:func:`config` with ``attention_dropout = hidden_dropout = DROPOUT_P`` (``megatron.dropout``)."""
+    return common.job_config("megatron", common.dataset(work),
+                             {**MODEL, **LLAMA, "attention_dropout": DROPOUT_P, "hidden_dropout": DROPOUT_P}, TRAINING)
+
+
 def provider_config(work: Path, provider: str = PROVIDER):
     """The job config of ``megatron.provider``: ``MODEL``'s shape, the model from ``provider``."""
     return common.job_config("megatron", common.dataset(work),
@@ -111,6 +127,7 @@ def plan(work: Path) -> dict:
         warnings.simplefilter("ignore")  # Apex / Transformer Engine absent: megatron-core falls back
         megatron_engine.import_megatron_core()
     blend_config(work)
+    dropout_config(work)
     pcfg = provider_config(work)
     check_user_code(pcfg)
     check_user_code(provider_config(work, f"{__name__}:plain_torch_provider"))
@@ -293,7 +310,62 @@ def run(work: Path) -> list[dict]:
                                 {**nums, "parallel_state_after_new_engine": left}, limit))
     groups = e.groups
     finish(e)
-    return items + provider_items(work, groups, dev, tokens)
+    items += provider_items(work, groups, dev, tokens)
+    return items + [dropout_item(work, groups, dev, tokens, loss_a)]
+
+
+def scramble_cuda_rng(seed: int = 987654321) -> None:
+    """Put torch's default CUDA generator and megatron-core's CUDA RNG tracker in states no run of the check
+    uses (a process that did not train the steps before: a spare)."""
+    import torch
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    torch.rand(1000, device="cuda")  # and move the default generator on from that seed's state
+
+
+def dropout_item(work: Path, groups, dev, tokens: int, plain_losses: list) -> dict:
+    """``megatron.dropout`` (module docstring). ``plain_losses``: the losses of the same training without
+    dropout (``megatron.learns``'s run). An exception is the item's failure; it runs last (the rebuild leaves
+    a new default group behind)."""
+    from phoenix_hpc.engines.base import GridCoord
+    from phoenix_hpc.engines.factory import create_engine
+    from phoenix_hpc.launch.loop import train
+
+    limit, e = common.ONE_RANK, None
+    try:
+        cfg = dropout_config(work)
+        e = create_engine(cfg, GridCoord(0, 0, 0), groups, dev)
+        ra = train(e, SAVE_AT, tokens)
+        snap = common.host_snapshot(e)
+        ra += train(e, STEPS, tokens)
+        want = (e.state_hash(), common.losses(ra))
+        e.teardown()
+        e = create_engine(cfg, GridCoord(0, 0, 0), groups, dev)
+        common.load_snapshot(e, snap)
+        scramble_cuda_rng()
+        rb = train(e, STEPS, tokens)
+        restored = (e.state_hash(), common.losses(rb))
+        e.teardown()
+        e = None
+        r, rr, nums = recovery_rebuild(cfg, dev, tokens, SAVE_AT, STEPS)
+        rebuilt = (r.state_hash(), common.losses(rr))
+        r.teardown()
+    except Exception as exc:  # noqa: BLE001 -- reported as this item's failure
+        if e is not None:
+            e.teardown()
+        return item("megatron.dropout", "failed", f"{type(exc).__name__}: {str(exc)[:300]}", {}, limit)
+    tail = (want[0], want[1][SAVE_AT:])
+    problems = [why for bad, why in (
+        (want[1] == plain_losses, "the losses with dropout equal those without: no mask was drawn"),
+        (restored != tail, f"restored at step {SAVE_AT} with scrambled CUDA random states, continued (hash, losses) "
+                           f"{restored[0][:16]} {restored[1]} vs uninterrupted {tail[0][:16]} {tail[1]}"),
+        (rebuilt != tail, f"rebuilt at step {SAVE_AT} from the protected snapshot, continued (hash, losses) "
+                          f"{rebuilt[0][:16]} {rebuilt[1]} vs uninterrupted {tail[0][:16]} {tail[1]}"),
+    ) if bad]
+    nums = {"dropout": DROPOUT_P, "save_at": SAVE_AT, "steps": STEPS, "hash": want[0][:16], "losses": want[1],
+            "losses_without_dropout": plain_losses, "rebuild": nums}
+    return item("megatron.dropout", "failed" if problems else "passed", "; ".join(problems), nums, limit)
 
 
 def evaluate_item(work: Path, groups, dev, limit: str) -> dict:
