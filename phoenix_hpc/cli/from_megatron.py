@@ -110,7 +110,7 @@ def render(conv) -> str:
               help="Write the config here (atomically); default: standard output.")
 @click.option("--drop", "drop", multiple=True, metavar="ARG",
               help="Train without this argument although it changes the training (repeatable; e.g. "
-                   "--drop attention-dropout). It is written into the config as a comment.")
+                   "--drop adam-beta2). It is written into the config as a comment.")
 @click.option("--name", default="megatron-gpt", show_default=True, help="Job name (config name).")
 @click.option("--nodes", type=click.IntRange(min=1), default=None, help="resources.nodes: active nodes.")
 @click.option("--spares", type=click.IntRange(min=0), default=None, help="resources.spares: spare nodes.")
@@ -121,7 +121,7 @@ def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -
     Give the arguments after `--` (phoenix config from-megatron -o job.yaml --nodes 16 -- --num-layers 32 ...)
     or in --args-file (a launch script: its pretrain_gpt.py command with the script's bash arrays expanded, or
     a fragment of arrays and option lines). Every argument not carried over is listed with why; one that
-    changes the training (Megatron-LM's default dropout, other Adam betas, a mixture of experts, ...) is
+    changes the training (Megatron-LM's default adam-beta2 0.999, a mixture of experts, ...) is
     refused unless dropped with --drop. --data-path becomes data.blend.
     """
     from phoenix_hpc.config.megatron_args import convert, split_args_text

@@ -42,7 +42,7 @@ from phoenix_hpc.errors import ConfigError
 #: engines/megatron_spec.py, engines/torch_gpt.py).
 PHOENIX_FIXED = {
     "adam_beta1": 0.9, "adam_beta2": 0.95, "adam_eps": 1e-8, "init_method_std": 0.02, "norm_epsilon": 1e-5,
-    "attention_dropout": 0.0, "hidden_dropout": 0.0, "rotary_percent": 1.0, "lr_warmup_init": 0.0,
+    "rotary_percent": 1.0, "lr_warmup_init": 0.0,
 }
 
 FLAG = "flag"  # a store_true argument
@@ -102,12 +102,11 @@ ARGS: tuple[Arg, ...] = (
     Arg("--vocab-size", "map", int, None, "model.vocab_size"),
     Arg("--make-vocab-size-divisible-by", "map", int, 128, "model.vocab_size",
         why="pads the vocabulary as Megatron-LM does"),
-    Arg("--attention-dropout", "same", float, 0.1, allowed=0.0,
-        why="the Megatron engine trains without dropout (dropout with bitwise recovery is in engine torch, "
-            "model.attention_dropout)"),
-    Arg("--hidden-dropout", "same", float, 0.1, allowed=0.0,
-        why="the Megatron engine trains without dropout (dropout with bitwise recovery is in engine torch, "
-            "model.hidden_dropout)"),
+    Arg("--attention-dropout", "map", float, 0.1, "model.attention_dropout",
+        why="Megatron-LM's 0.1 when absent; the masks' random state is reseeded every step from the seed, step, "
+            "pp and dp (so a replayed step draws the same masks; not Megatron-LM's masks)"),
+    Arg("--hidden-dropout", "map", float, 0.1, "model.hidden_dropout",
+        why="Megatron-LM's 0.1 when absent; masks drawn as --attention-dropout's"),
     Arg("--init-method-std", "same", float, 0.02, allowed=0.02, why="phoenix initialises weights with std 0.02"),
     Arg("--apply-layernorm-1p", "refuse", FLAG, False, why="not implemented by phoenix's models"),
     Arg("--add-qkv-bias", "refuse", FLAG, False, why="not implemented by phoenix's models"),
@@ -226,7 +225,8 @@ ARGS: tuple[Arg, ...] = (
     Arg("--no-load-optim", "refuse", FLAG, False,
         why="phoenix loads the optimizer state of a --load checkpoint whenever it has one"),
     Arg("--no-load-rng", "skip", FLAG, False,
-        why="the RNG states matter only to dropout, which engine megatron keeps off"),
+        why="the RNG states do not change what phoenix trains: dropout's are reseeded every step from the seed "
+            "and the step"),
     Arg("--finetune", "refuse", FLAG, False,
         why="phoenix continues from a --load checkpoint's iteration when it holds optimizer state (a checkpoint "
             "without one starts at step 0)"),
@@ -604,6 +604,15 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     dtype = "bfloat16" if eff("--bf16") else "float16" if eff("--fp16") else "float32"
     carry("--bf16" if dtype == "bfloat16" else "--fp16" if dtype == "float16" else "(neither --bf16 nor --fp16)",
           "model.dtype", dtype)
+    for flag, dotted in (("--attention-dropout", "model.attention_dropout"), ("--hidden-dropout", "model.hidden_dropout")):
+        prob = eff(flag)  # Megatron-LM's 0.1 when absent
+        if not 0 <= prob < 1:
+            problems.append(f"{flag}: {prob} (allowed: 0 <= p < 1)")
+        elif prob == 0:  # phoenix's default: not written
+            if flag in given:
+                conv.carried.append((flag, "(phoenix's own)", prob))
+        else:
+            carry(flag, dotted, prob)
 
     # vocabulary: the model's (padded) size
     vocab = given.get("--vocab-size")

@@ -77,16 +77,23 @@ def test_the_llama_script_gives_the_perlmutter_example_model_and_training():
 
 def test_megatron_defaults_that_change_the_training_are_refused_by_name():
     out = problems(SMALL)
-    joined = "\n".join(out)
-    for flag, default in (("--attention-dropout", "0.1"), ("--hidden-dropout", "0.1"), ("--adam-beta2", "0.999")):
-        line = next(p for p in out if p.startswith(flag))
-        assert default in line and "default when absent" in line and f"--drop {flag[2:]}" in line
-    assert len(out) == 3, joined
+    line = next(p for p in out if p.startswith("--adam-beta2"))
+    assert "0.999" in line and "default when absent" in line and "--drop adam-beta2" in line
+    assert len(out) == 1, out
+
+
+def test_dropout_carries_over_with_megatrons_default_when_absent():
+    cfg = convert(SMALL + ["--adam-beta2", "0.95"]).config
+    assert (cfg["model"]["attention_dropout"], cfg["model"]["hidden_dropout"]) == (0.1, 0.1)
+    cfg = convert(SMALL + ["--adam-beta2", "0.95", "--hidden-dropout", "0.2", "--attention-dropout", "0"]).config
+    assert cfg["model"]["hidden_dropout"] == 0.2 and "attention_dropout" not in cfg["model"]
+    assert any(p.startswith("--hidden-dropout: 1.0") and "0 <= p < 1" in p
+               for p in problems(SMALL + ZERO[:2] + ["--hidden-dropout", "1.0", "--adam-beta2", "0.95"]))
 
 
 def test_dropped_arguments_are_kept_as_comments_and_listed():
-    conv = convert(SMALL, drop=("attention-dropout", "--hidden-dropout", "adam-beta2"))
-    assert [f for f, _, _ in conv.dropped] == ["--attention-dropout", "--hidden-dropout", "--adam-beta2"]
+    conv = convert(SMALL + ZERO[:4], drop=("adam-beta2",))
+    assert [f for f, _, _ in conv.dropped] == ["--adam-beta2"]
     from phoenix_hpc.cli.from_megatron import render
 
     text = render(conv)
@@ -238,7 +245,7 @@ def test_cli_refusal_exits_2_and_writes_nothing(tmp_path):
     out = tmp_path / "job.yaml"
     r = _invoke("-o", out, "--", *SMALL)
     assert r.exit_code == 2, r.output
-    assert "Traceback" not in r.output and "--attention-dropout" in r.output
+    assert "Traceback" not in r.output and "--adam-beta2" in r.output
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
