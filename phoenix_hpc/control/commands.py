@@ -3,7 +3,7 @@
 A decision function (:mod:`phoenix_hpc.control.injects`, :mod:`phoenix_hpc.control.arbitration`, ...) does no
 I/O: it returns the journal events (:mod:`phoenix_hpc.control.events`) and the commands below. The
 coordinator journals the events first, then carries out the commands in order
-(:meth:`phoenix_hpc.control.messaging.MessagingMixin._carry_out`): a restarted coordinator and
+(:meth:`phoenix_hpc.control.messaging.Transport.carry_out`): a restarted coordinator and
 ``phoenix status`` read the journal, so what was decided is recorded before anything acts on it.
 
 - :class:`Send`: an instruction to one slot (its queue, then its doorbell);

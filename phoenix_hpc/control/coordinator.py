@@ -24,9 +24,10 @@ commands (sends, replies). The decisions:
   :mod:`phoenix_hpc.control.ending` (the planned end's final checkpoint).
 
 What carries them out: this module (state, loop :meth:`Coordinator.run`: drain the messages, beat, tick; the
-end of the job; the admission of every slot's message) with its one base,
-:mod:`~phoenix_hpc.control.messaging` (inbox, operator channel, decode, replay guard, send / reply / reject,
-carrying out commands); and plain functions of the coordinator: :mod:`~phoenix_hpc.control.recovery_machine`
+end of the job; the admission of every slot's message); the transport it holds, ``transport``
+(:class:`~phoenix_hpc.control.messaging.Transport`: the store, the secret, the journal's rejections, send /
+reply / reject, carrying out commands; the inbox, the operator channel, decode, replay guard and dispatch are
+:mod:`~phoenix_hpc.control.messaging`'s plain functions); and plain functions of the coordinator: :mod:`~phoenix_hpc.control.recovery_machine`
 (quiesce -> plan -> restore -> invariant check -> replay, docs/design.md section 6, with the fallback to the
 persistent checkpoint), :mod:`~phoenix_hpc.control.membership` (registration, heartbeats, exits,
 declaring slots dead), :mod:`~phoenix_hpc.control.handlers` (the training messages),
@@ -71,7 +72,8 @@ from phoenix_hpc.control.injects import InjectBook, fired_path
 from phoenix_hpc.control.journal import Journal, ensure_private_dir, write_private_file
 from phoenix_hpc.control.liveness import LivenessServer
 from phoenix_hpc.control.loadstats import AgeWindow
-from phoenix_hpc.control.messaging import MessagingMixin
+from phoenix_hpc.control import messaging
+from phoenix_hpc.control.messaging import Transport
 from phoenix_hpc.control.operator import OperatorServer
 from phoenix_hpc.control.pause import PauseMeter
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
@@ -81,7 +83,13 @@ from phoenix_hpc.control.states import (
 from phoenix_hpc.test_env import active_test_env
 
 
-class Coordinator(MessagingMixin):
+def _on_transport(name: str) -> property:
+    """A field the coordinator's transport owns (:class:`~phoenix_hpc.control.messaging.Transport`), read and
+    set through the coordinator."""
+    return property(lambda c: getattr(c.transport, name), lambda c, v: setattr(c.transport, name, v))
+
+
+class Coordinator:
     """The control-plane state machine plus its store and journal. Single-threaded: :meth:`run` drains the
     inbox and runs periodic work (beat, detection, decisions, deadlines); handlers never block.
 
@@ -98,6 +106,12 @@ class Coordinator(MessagingMixin):
 
     handlers: Mapping[str, Callable[[Coordinator, dict], None]]  # message type -> handler: HANDLERS below
     next_job: str | None = None  # the job the chain queued to continue the run (cli/chain.py), if any (open())
+    store = _on_transport("store")  # the job's TCPStore (server), after open()
+    secret = _on_transport("secret")
+    journal = _on_transport("journal")
+    operator = _on_transport("operator")
+    liveness = _on_transport("liveness")
+    replay_guard = _on_transport("replay_guard")
 
     def __init__(
         self,
@@ -144,7 +158,7 @@ class Coordinator(MessagingMixin):
         self.done: dict[int, dict] = {}
         self.checkpoint_step: int | None = None
         self.counters = {"accepted": 0, "rejected": 0, "heartbeats": 0, "heartbeat_messages": 0}
-        self._rejected_once: set[tuple] = set()
+        self.transport = Transport(self.counters)  # store, secret, journal, send / reply / reject (messaging.py)
         self._last_commit_logged = -1
         self._last_commit_log_t = float("-inf")
         self._commit_dirty = False  # commit reports arrived since the recoverable step was last evaluated
@@ -161,21 +175,20 @@ class Coordinator(MessagingMixin):
         self._last_summary = -1e18
         self._last_progress: tuple[int, int, int] | None = None  # (generation, min, max) step of the ACTIVE slots, journalled
         self._last_progress_t = -1e18
-        self.store = None
-        self.operator: OperatorServer | None = None
-        self.liveness: LivenessServer | None = None
         self.pause: PauseMeter | None = None  # the coordinator's own pauses (control/pause.py), after open()
-        self._to_ring: set[int] = set()  # slots whose instruction queue got something since the last ring
-        self.journal: Journal | None = None
-        self.secret = b""
-        self.replay_guard = P.ReplayGuard()  # replayed or stale signed messages are rejected (and journalled)
         self.injects = InjectBook()  # fault-injection requests by request id, and their rules (control/injects.py)
         self.drains = DrainBook()  # the newest planned drain and its rules (control/drains.py); also self.drain
         self.drained: set[int] = set()  # world ranks that left by a drain (DONE)
         self.drained_nodes: set[str] = set()  # nodes drained: no spare there takes a logical rank
-        self._held_replies: set[str] = set()  # reply_to of requests answered later (injects being confirmed)
-        self._after_sync: list[tuple[dict, dict]] = []  # answers that wait for the journal's fsync (messaging.py)
         self.heartbeat_ages = AgeWindow()  # ages of heartbeats at handling, per summary window (loadstats.py)
+
+    def _drain_inbox(self) -> bool:
+        """:func:`phoenix_hpc.control.messaging.drain_inbox`."""
+        return messaging.drain_inbox(self)
+
+    def _dispatch(self, body: dict) -> None:
+        """:func:`phoenix_hpc.control.messaging.dispatch`."""
+        messaging.dispatch(self, body)
 
     def open(self) -> None:
         """Create the secret, the journal and the store; write ``coordinator.json`` last (the readiness
@@ -233,7 +246,7 @@ class Coordinator(MessagingMixin):
                 planned_end.maybe_begin_end(self, now)  # the final checkpoint, then the end
             self._account_pause()  # before anything is judged, also while the job ends
             busy = self._drain_inbox()
-            busy = self._drain_operator() or busy
+            busy = messaging.drain_operator(self) or busy
             busy = membership.drain_exits(self) or busy
             now = self.clock()
             if busy:
@@ -244,7 +257,7 @@ class Coordinator(MessagingMixin):
             if now >= next_tick:
                 self._tick(now)
                 next_tick = now + self.tick_s
-            self._ring()
+            self.transport.ring()
             if self._end_at is not None:
                 if now >= self._end_at:
                     break
@@ -308,7 +321,7 @@ class Coordinator(MessagingMixin):
         bad = self.evidence.record_sent(world_rank=slot.world_rank, logical_rank=slot.logical_rank, grid=self.grid,
                                         g=g, sent=sent)
         if bad is not None:
-            self._reject(bad[0], body, key=bad[1], reply=False)
+            self.transport.reject(bad[0], body, key=bad[1], reply=False)
 
     def _placements(self, before: int) -> dict[tuple[str, int], frozenset[int]]:
         """Each generation's recomputed replica placement before ``before`` (EvidenceBook.placements)."""
@@ -334,14 +347,14 @@ class Coordinator(MessagingMixin):
         w = int(body["world_rank"])
         slot = self.slots.get(w)
         if slot is None:
-            self._reject(f"{what} from unregistered world rank {w}", body, key=(what, "unregistered", w))
+            self.transport.reject(f"{what} from unregistered world rank {w}", body, key=(what, "unregistered", w))
             return None
         if int(body.get("pid", slot.pid)) != slot.pid:
-            self._reject(f"{what} for world rank {w} from pid {body.get('pid')}, registered pid is {slot.pid}", body,
+            self.transport.reject(f"{what} for world rank {w} from pid {body.get('pid')}, registered pid is {slot.pid}", body,
                          key=(what, "pid", w))
             return None
         if slot.state is SlotState.DEAD:
-            self._reject(f"{what} from world rank {w}, which was declared dead (fenced; it must exit)", body,
+            self.transport.reject(f"{what} from world rank {w}, which was declared dead (fenced; it must exit)", body,
                          key=(what, "dead", w))
             self._fence(w, "this slot was declared dead earlier (fenced)")
             return None
@@ -354,11 +367,11 @@ class Coordinator(MessagingMixin):
             return True  # a spare has no generation until its restore completes
         g = int(g)
         if g > self.generation:
-            self._reject(f"{what} from world rank {slot.world_rank} with future generation {g} "
+            self.transport.reject(f"{what} from world rank {slot.world_rank} with future generation {g} "
                          f"(current {self.generation})", body, key=(what, "future", slot.world_rank, g))
             return False
         if g < slot.generation:
-            self._reject(f"{what} from world rank {slot.world_rank} with stale generation {g} "
+            self.transport.reject(f"{what} from world rank {slot.world_rank} with stale generation {g} "
                          f"(slot is at {slot.generation}, job at {self.generation})", body,
                          key=(what, "stale", slot.world_rank, g))
             return False
@@ -370,7 +383,7 @@ class Coordinator(MessagingMixin):
         reads it leaves at once, frees its node's GPU and memory, and writes ``ranks/fenced-world{w}.json``,
         never the summary of the logical rank a spare holds now (launch/rank.py). A process that is gone, or
         blocked (a lost link in a drill), never reads it; the message is harmless there."""
-        self._send(w, {"type": "stop", "reason": reason, "job_state": "fenced"})
+        self.transport.send(w, {"type": "stop", "reason": reason, "job_state": "fenced"})
 
     def _rebuild_from_journal(self) -> Any:
         """Take the job's state from the journal's fold (a restarted coordinator; control/restart.py)."""
@@ -407,7 +420,7 @@ class Coordinator(MessagingMixin):
             return
         _, secs = self.test_hold
         self.test_hold = None
-        self._ring()
+        self.transport.ring()
         self.journal.append(E.TestHold(after=event, hold_s=secs))
         time.sleep(secs)
 
@@ -421,8 +434,8 @@ class Coordinator(MessagingMixin):
     def _tick(self, now: float) -> None:
         if self.job.state in TERMINAL_JOB_STATES:
             return
-        self._carry_out(self.injects.tick(now, live=self._is_live))
-        self._carry_out(self.drains.tick(now, live=self._is_live))
+        self.transport.carry_out(self.injects.tick(now, live=self._is_live))
+        self.transport.carry_out(self.drains.tick(now, live=self._is_live))
         # commit reports arrived: the recoverable step may have advanced. It is an O(ranks) scan, so at most
         # twice per heartbeat interval (the reports come with the heartbeats, once per interval and node)
         if self._commit_dirty and now >= self._next_commit_eval:
@@ -463,12 +476,12 @@ class Coordinator(MessagingMixin):
         if self.job.state not in TERMINAL_JOB_STATES:
             self.job.to(state, event.NAME)
         self.journal.append(event)
-        self._carry_out(self.injects.at_end(state, live=self._is_live, has_fired=self._has_fired))
-        self._carry_out(self.drains.missed(f"the job ended ({state.value})", live=self._is_live))
+        self.transport.carry_out(self.injects.at_end(state, live=self._is_live, has_fired=self._has_fired))
+        self.transport.carry_out(self.drains.missed(f"the job ended ({state.value})", live=self._is_live))
         reason = event.message or event.reason or event.NAME
         for w, s in sorted(self.slots.items()):
             if s.state in LIVE_SLOT_STATES:
-                self._send(w, {"type": "stop", "reason": str(reason), "job_state": state.value})
+                self.transport.send(w, {"type": "stop", "reason": str(reason), "job_state": state.value})
         self._end_at = self.clock() + self.t.linger_s
 
     def _queues_drained(self) -> bool:
@@ -477,7 +490,7 @@ class Coordinator(MessagingMixin):
 
 
 # The message dispatch table: each request type of the protocol (control/protocol.py) and of the slots'
-# reports -> its one handler. A type not in it is rejected and journalled (messaging.MessagingMixin._dispatch).
+# reports -> its one handler. A type not in it is rejected and journalled (messaging.dispatch).
 HANDLERS: Mapping[str, Callable[[Coordinator, dict], None]] = {
     "register": membership.on_register,
     "heartbeat": membership.on_heartbeat,

@@ -18,7 +18,7 @@ from phoenix_hpc.control.states import JobState, SlotState
 
 def on_drain(c: Any, body: dict) -> None:
     """An operator's ``drain`` request (``c``: the coordinator)."""
-    c._carry_out(c.drains.request(
+    c.transport.carry_out(c.drains.request(
         body, slots=c.slots, rank_map=c.rank_map, grid=c.grid, job_state=c.job.state,
         recovering=c.recovery is not None, shrink_capable=c.t.shrink_capable,
         k=int((c.placement_inputs or {}).get("k", 1)), now=c.clock(), new_id=lambda: uuid.uuid4().hex[:12]))
@@ -28,7 +28,7 @@ def on_drain_ack(c: Any, body: dict) -> None:
     """A member armed or refused the drain's current attempt."""
     slot = c._slot_of(body, "drain_ack")
     if slot is not None:
-        c._carry_out(c.drains.ack(slot.world_rank, body, live=c._is_live))
+        c.transport.carry_out(c.drains.ack(slot.world_rank, body, live=c._is_live))
 
 
 def on_drain_reached(c: Any, body: dict) -> None:
@@ -49,6 +49,6 @@ def start_drain(c: Any, d: PendingDrain) -> None:
     c.drained_nodes |= set(nodes)
     for w in d.targets:
         c.slots[w].machine.to(SlotState.DONE, f"drained (request {d.request_id})")
-    c._carry_out(out)
+    c.transport.carry_out(out)
     recovery_machine.start_recovery(c, decision, [], now, now, drain=d)
     d.generation = c.generation

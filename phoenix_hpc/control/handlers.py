@@ -222,5 +222,5 @@ def on_done(c: Any, body: dict) -> None:
 
 def on_stop(c: Any, body: dict) -> None:
     """A ``stop`` request: answered, then a planned end."""
-    c._reply(body, {"type": "ok"})
+    c.transport.reply(body, {"type": "ok"})
     c.request_stop(str(body.get("reason", "stop requested")))

@@ -14,7 +14,7 @@ from typing import Any
 
 def on_inject(c: Any, body: dict) -> None:
     """An operator's ``inject`` request (``c``: the coordinator)."""
-    c._carry_out(c.injects.request(
+    c.transport.carry_out(c.injects.request(
         body, slots=c.slots, rank_map=c.rank_map, grid=c.grid, job_state=c.job.state, holder_of=c._holder_of,
         now=c.clock(), new_id=lambda: uuid.uuid4().hex[:12]))
 
@@ -23,11 +23,11 @@ def on_inject_ack(c: Any, body: dict) -> None:
     """A target armed or refused an injection (or answered a ``disarm``)."""
     slot = c._slot_of(body, "inject_ack")
     if slot is not None:
-        c._carry_out(c.injects.ack(slot.world_rank, body, live=c._is_live))
+        c.transport.carry_out(c.injects.ack(slot.world_rank, body, live=c._is_live))
 
 
 def on_inject_fired(c: Any, body: dict) -> None:
     """A target's injection fired (sent just before the effect; the landing file is written first)."""
     slot = c._slot_of(body, "inject_fired")
     if slot is not None:
-        c._carry_out(c.injects.fired(slot.world_rank, body))
+        c.transport.carry_out(c.injects.fired(slot.world_rank, body))

@@ -61,7 +61,7 @@ def on_register(c: Any, body: dict) -> None:
     a = admit(body, slots=c.slots, grid=c.grid, rank_map=c.rank_map, job_state=c.job.state)
     c.grid = a.grid  # the first active registration sets the job's grid (control/admission.py)
     if a.reject:
-        return c._reject(a.reject, body, key=a.key)
+        return c.transport.reject(a.reject, body, key=a.key)
     w, pid, node, role, logical = a.world_rank, a.pid, a.node, a.role, a.logical_rank
     inputs, domain = a.inputs, a.domain
     if inputs is not None:
@@ -75,10 +75,10 @@ def on_register(c: Any, body: dict) -> None:
     c.counters["accepted"] += 1
     # the placement inputs go to the journal too: a restarted coordinator recomputes placements from them
     # group commit (control/journal.py): the record is written now and made durable with the rest of this
-    # batch of messages by one fsync, and the answer goes out after that fsync (messaging._sync_and_answer)
+    # batch of messages by one fsync, and the answer goes out after that fsync (messaging.Transport.sync_and_answer)
     c.journal.append_deferred(E.Registered(world_rank=w, pid=pid, node=node, role=role,
                                               logical_rank=logical, **({"placement_inputs": inputs} if inputs is not None else {})))
-    c._reply_after_sync(body, {"type": "registered", "generation": c.generation, "role": role,
+    c.transport.reply_after_sync(body, {"type": "registered", "generation": c.generation, "role": role,
                                   "logical_rank": logical})
     if c.grid and len(c.rank_map) == c.grid[0] * c.grid[1] * c.grid[2] \
             and c.job.state is JobState.STARTING:
@@ -152,11 +152,11 @@ def declare_dead(c: Any, worlds: list[int], kind: FaultKind, reason: str, now: f
     for w in d.worlds:
         c.slots[w].machine.to(SlotState.DEAD, reason)
     c.journal.append(d.records[0])
-    c._carry_out(c.injects.lost(list(d.worlds), reason, live=c._is_live, has_fired=c._has_fired))
+    c.transport.carry_out(c.injects.lost(list(d.worlds), reason, live=c._is_live, has_fired=c._has_fired))
     if d.fault is not None:
         c.faults.append(PendingFault(d.fault, now))
         c._t_fault_hint = d.t_fault if c._t_fault_hint is None else min(c._t_fault_hint, d.t_fault)
-    c._carry_out(Outcome(list(d.records[1:]), list(d.fences)))
+    c.transport.carry_out(Outcome(list(d.records[1:]), list(d.fences)))
 
 
 def live_members(c: Any) -> list[int]:

@@ -41,7 +41,7 @@ def maybe_begin_end(c: Any, now: float) -> None:
     c.journal.append(E.Stopping(reason=c._stop_reason, signal=c._stop_signal, members=sorted(members),
                                 generation=c.generation))
     for w in sorted(members):
-        c._send(w, {"type": "stop", "reason": c._stop_reason, "checkpoint": True, "generation": c.generation})
+        c.transport.send(w, {"type": "stop", "reason": c._stop_reason, "checkpoint": True, "generation": c.generation})
 
 
 def advance_end(c: Any, now: float) -> None:
@@ -57,7 +57,7 @@ def advance_end(c: Any, now: float) -> None:
         end.phase, end.step, end.t_write = "write", step, now
         end.deadline = now + c.t.final_write_timeout_s
         for w in sorted(end.members):
-            c._send(w, {"type": "write_checkpoint", "step": step, "generation": c.generation})
+            c.transport.send(w, {"type": "write_checkpoint", "step": step, "generation": c.generation})
         return
     fails = end.failures()
     if fails:

@@ -88,7 +88,7 @@ def _phase_report(c: Any, body: dict, kind: str, phase: RecoveryPhase) -> Slot |
     if slot is None:
         return None
     if rec is None or rec.phase != phase or int(body["generation"]) != rec.generation:
-        c._reject(f"{kind} from world rank {slot.world_rank} for generation {body.get('generation')} "
+        c.transport.reject(f"{kind} from world rank {slot.world_rank} for generation {body.get('generation')} "
                   f"outside a {phase.value}", body, key=(kind, slot.world_rank, body.get("generation")))
         return None
     (rec.quiesced if phase is RecoveryPhase.QUIESCE else rec.recovered)[slot.world_rank] = body
@@ -161,7 +161,7 @@ def _request_in_job_restart(c: Any, reason: str, reporters: set[int]) -> None:
 def start_recovery(c: Any, decision: Decision, faults: list[Fault], t_fault: float, now: float,
                     drain=None) -> None:
     if drain is None:  # a fault came first: a drain not yet under way can no longer pause every member
-        c._carry_out(c.drains.missed(f"a recovery started first ({decision.reason})", live=c._is_live))
+        c.transport.carry_out(c.drains.missed(f"a recovery started first ({decision.reason})", live=c._is_live))
     maybe_log_commit(c, force=True)  # journal the committed step this recovery starts from, first
     if c.job.state is JobState.RUNNING:
         c.job.to(JobState.RECOVERING, decision.reason)
@@ -185,7 +185,7 @@ def start_recovery(c: Any, decision: Decision, faults: list[Fault], t_fault: flo
         s = c.slots[w]
         if s.state is SlotState.ACTIVE:
             s.machine.to(SlotState.QUIESCED, f"recovery to generation {c.generation}")
-        c._send_encoded(w, raw)
+        c.transport.send_encoded(w, raw)
     c._hold_after(E.RecoveryStart.NAME)
 
 
@@ -387,7 +387,7 @@ def _send_plan(c: Any, rec: Recovery, plan: RecoveryPlan, now: float, plan_s: fl
     # (P.plan_reference), encoded once: O(members) bytes to send instead of O(members^2).
     raw = P.encode(P.plan_reference(c.store, rec.generation, plan_json, c.secret), c.secret)
     for w in [w for _, w in plan.rank_map] + list(plan.leavers):  # a shrink's leavers send before they go
-        c._send_encoded(w, raw)
+        c.transport.send_encoded(w, raw)
     c.journal.append(E.RecoveryPlanSent(generation=rec.generation, members=len(plan.rank_map),
                                         plan_s=round(plan_s, 4), send_s=round(time.perf_counter() - t0, 4)))
 
@@ -441,7 +441,7 @@ def check_and_resume(c: Any, rec: Recovery, now: float) -> None:
     c.journal.append(E.RecoveryRestored(generation=rec.generation, recoverable_step=plan.recoverable_step,
                                         invariants=list(plan.invariants), restore_s=round(now - rec.t_start, 3)))
     for _, w in plan.rank_map:
-        c._send(w, {"type": "resume", "generation": rec.generation, "step": plan.recoverable_step})
+        c.transport.send(w, {"type": "resume", "generation": rec.generation, "step": plan.recoverable_step})
 
 
 def finish_recovery(c: Any, rec: Recovery, now: float, interrupted: bool) -> None:
@@ -455,7 +455,7 @@ def finish_recovery(c: Any, rec: Recovery, now: float, interrupted: bool) -> Non
                                     steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
                                     replay_interrupted=interrupted,
                                     **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
-    c._carry_out(c.drains.finished(rec, now, standby=lambda w: c.slots[w].state is SlotState.STANDBY))
+    c.transport.carry_out(c.drains.finished(rec, now, standby=lambda w: c.slots[w].state is SlotState.STANDBY))
     c.recovery = None
 
 

@@ -87,7 +87,7 @@ def on_rejoin(c: Any, body: dict) -> None:
                          c.generation)
     if why is not None:
         c.journal.append(E.RejoinRefused(world_rank=w, pid=pid, reason=why))
-        return c._reply(body, {"type": "rejected", "reason": f"rejoin of world rank {w} refused: {why}"})
+        return c.transport.reply(body, {"type": "rejected", "reason": f"rejoin of world rank {w} refused: {why}"})
     step = int(rj.get("step") or 0)
     slot.step = max(slot.step, step)
     slot.last_seen = c.clock()
@@ -99,5 +99,5 @@ def on_rejoin(c: Any, body: dict) -> None:
     c.journal.append_deferred(E.Rejoined(world_rank=w, pid=pid, node=slot.node, role=str(body.get("role")),
                                             generation=rj.get("generation"), step=step, again=not first,
                                             buffered=int(rj.get("buffered") or 0), dropped=int(rj.get("dropped") or 0)))
-    c._reply_after_sync(body, {"type": "registered", "generation": c.generation, "role": slot.role,
+    c.transport.reply_after_sync(body, {"type": "registered", "generation": c.generation, "role": slot.role,
                                   "logical_rank": slot.logical_rank})

@@ -1,5 +1,5 @@
 """The coordinator (control/coordinator.py): every request type of the protocol has exactly one handler in
-its dispatch table, and no mixin silently overrides another's method."""
+its dispatch table, and the coordinator is one class (no mixins) holding its transport."""
 
 from __future__ import annotations
 
@@ -37,18 +37,16 @@ def test_dispatch_goes_through_the_table_only(tmp_path):
     assert reasons == ["unknown message type 'no_table_entry'", "unknown message type ['not', 'a', 'name']"]
 
 
-def test_no_mixin_overrides_another_mixins_method():
-    seen: dict[str, str] = {}
-    clashes = []
-    for base in Coordinator.__mro__[1:]:
-        if base is object:
-            continue
-        for name, value in vars(base).items():
-            if callable(value) and not name.startswith("__"):
-                if name in seen:
-                    clashes.append(f"{name}: {seen[name]} and {base.__name__}")
-                seen[name] = base.__name__
-    assert not clashes
+def test_the_coordinator_is_one_class_that_holds_its_transport(tmp_path):
+    """No mixins: the coordinator has no base class; messaging is an object it holds, and the fields the
+    transport owns are the same objects read through the coordinator."""
+    from phoenix_hpc.control.messaging import Transport
+
+    assert Coordinator.__bases__ == (object,)
+    c = Coordinator(tmp_path, grid=(1, 1, 1))
+    assert isinstance(c.transport, Transport) and c.transport.counters is c.counters
+    c.journal = Journal(tmp_path)
+    assert c.transport.journal is c.journal
 
 
 def test_an_unknown_message_type_is_rejected_and_journalled(tmp_path):
@@ -61,7 +59,7 @@ def test_an_unknown_message_type_is_rejected_and_journalled(tmp_path):
 
 def test_every_instruction_to_a_slot_goes_through_the_doorbell_send():
     """A slot reads its instruction queue only after its doorbell rings (besides a slow safety read), so
-    every push into a slot's queue must go through ``_send_encoded``, which marks the slot for ringing; a
+    every push into a slot's queue must go through ``Transport.send_encoded``, which marks the slot for ringing; a
     direct push left a survivor blocked in a commit wait deaf to ``quiesce`` until its commit timeout."""
     import re
 

@@ -97,14 +97,14 @@ def test_instructions_ring_each_slot_once_after_a_store_round_trip(tmp_path):
     calls = []
     c.store.queue_len = lambda key: calls.append(key) or 0
     c.liveness = _RingRecorder()
-    c._ring()
+    c.transport.ring()
     assert c.liveness.rung == [] and calls == []  # nothing queued: no ring, no store call
-    c._send(2, {"type": "resume"})
-    c._send(0, {"type": "resume"})
-    c._send(2, {"type": "stop"})
-    c._ring()
+    c.transport.send(2, {"type": "resume"})
+    c.transport.send(0, {"type": "resume"})
+    c.transport.send(2, {"type": "stop"})
+    c.transport.ring()
     assert c.liveness.rung == [[0, 2]] and len(calls) == 1
-    c._ring()
+    c.transport.ring()
     assert c.liveness.rung == [[0, 2]]
 
 

@@ -11,13 +11,13 @@ from phoenix_hpc.control.states import SlotState
 def test_a_slot_declared_dead_is_told_to_stop_as_fenced_and_again_when_it_speaks(tmp_path):
     c = _coordinator(tmp_path)
     since = len(c.store.pushed)
-    send, seen = c._send, []
+    send, seen = c.transport.send, []
 
     def recording_send(w, body):  # what was journalled and queued when the stop went out
         seen.append((body["type"], len(_events(tmp_path, "slots_dead")), len(c.faults)))
         send(w, body)
 
-    c._send = recording_send
+    c.transport.send = recording_send
     c._declare_dead([1], FaultKind.GPU_MEMORY, "uncorrectable ECC", now=1.0)
     assert seen == [("stop", 1, 1)]  # journalled and the fault queued first: a restart knows the slot is dead
     assert c.slots[1].state is SlotState.DEAD and _events(tmp_path, "slots_dead")[0]["slots"] == [1]
