@@ -1,6 +1,7 @@
 """The job's state as one fold of its journal: ``view = apply(view, event)`` for every event, in order.
 
-API (the restarted coordinator, ``phoenix status`` and the live coordinator use the same three names)::
+API (the restarted coordinator and ``phoenix status`` use the same three names; a running coordinator reads
+the view only when it starts as a restart, docs/design.md section 7)::
 
     view = JobView()                     # an empty job; JobView(heartbeat_progress=True) for old journals
     view = apply(view, event)            # one typed event (control/events.py); returns the view
