@@ -9,13 +9,14 @@ The estimate is for the pipeline stage that needs the most, of one rank (its 1/t
   split over the DP group by the distributed optimizer; Rajbhandari et al. 2020, ZeRO stage 1);
 - **activations**: per layer and micro-batch after Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models" (arXiv:2205.05198), section 4, Table 2, whose 16-bit bytes
-  ``sbh (10 + 24/t + 5as/(ht))`` this splits into its terms, without the dropout masks (dropout is off),
-  with K/V of ``num_query_groups`` heads, and an MLP of ``ffn_hidden_size`` f (GeLU keeps its input and
+  ``sbh (10 + 24/t + 5as/(ht))`` this splits into its terms, with K/V of ``num_query_groups`` heads, and an MLP of ``ffn_hidden_size`` f (GeLU keeps its input and
   output, ``2 e s b f``; SwiGLU the gate and up projections and their product, ``3 e s b f``):
   replicated over tp ``R = 4 e s b h`` (two norm inputs, QKV input, FC1 input; divided by t with sequence
-  parallelism), split over tp ``T = e s b (2h + 2 h_kv) + MLP`` plus the attention scores ``e a s^2 b``
-  only with the ``local``/``unfused`` attention kernel and no selective recomputation (flash and fused
-  attention never store them: Dao et al. 2022). Full recomputation keeps each layer's input ``e s b h``
+  parallelism), plus with ``model.hidden_dropout`` above 0 the two 1-byte dropout masks ``2 s b h`` (the
+  attention projection's and the MLP's output), split over tp ``T = e s b (2h + 2 h_kv) + MLP`` plus the
+  attention scores ``e a s^2 b`` (with ``model.attention_dropout`` above 0 also their 1-byte mask and dropped
+  copy, ``(1 + e) a s^2 b``) only with the ``local``/``unfused`` attention kernel and no selective
+  recomputation (flash and fused attention never store them: Dao et al. 2022). Full recomputation keeps each layer's input ``e s b h``
   (``/t`` with sequence parallelism) plus one layer's activations while it is recomputed. ``e`` is the
   bytes of ``model.dtype``. With the 1F1B pipeline schedule stage ``i`` holds ``min(pp - i, micro-batches)``
   micro-batches in flight (Narayanan et al. 2021, section 2.2), each of ``layers / pp`` layers;
@@ -82,10 +83,11 @@ def layer_activation_bytes(cfg) -> tuple[float, float]:
     e = _BYTES[m.dtype]
     s, b, h, f = m.seq_length, cfg.training.micro_batch_size, m.hidden_size, m.ffn_size
     kv = h // m.heads * m.query_groups
-    rep = 4 * e * s * b * h
+    rep = 4 * e * s * b * h + (2 * s * b * h if m.hidden_dropout > 0 else 0)
     mlp = (3 if m.activation == "swiglu" else 2) * e * s * b * f
     split = e * s * b * (2 * h + 2 * kv) + mlp
-    scores = e * m.heads * s * s * b if mg.backend in ("local", "unfused") else 0
+    per_score = e + (1 + e if m.attention_dropout > 0 else 0)
+    scores = per_score * m.heads * s * s * b if mg.backend in ("local", "unfused") else 0
     rep_t = t if mg.sequence_parallel else 1
     full = rep / rep_t + (split + scores) / t
     if mg.recompute_granularity == "full":

@@ -119,6 +119,22 @@ def test_activation_terms_reproduce_korthikanti_table_2_without_dropout():
     assert layer_activation_bytes(full_rc)[0] == 2 * s * b * h  # paper: 2sbh per layer
 
 
+def test_activation_terms_with_dropout_are_korthikanti_table_2():
+    """With both dropouts on: the paper's sbh(10 + 24/t + 5as/(ht)) bytes per layer exactly (the masks: 2 sbh
+    replicated, as^2b split; the dropped scores 2as^2b); selective recomputation drops the 5as/h term."""
+    s, b, h, a, t = 512, 2, 256, 8, 2
+    c = JobConfig.model_validate(cfg(model={"layers": 4, "hidden_size": h, "heads": a, "seq_length": s,
+                                             "dtype": "bfloat16", "attention_dropout": 0.1, "hidden_dropout": 0.1},
+                                      training={"micro_batch_size": b, "global_batch_size": 8},
+                                      parallelism={"tp": t}))
+    kept, full = layer_activation_bytes(c)
+    assert kept == full == s * b * h * (10 + 24 / t) + 5 * a * s * s * b / t
+    sel = c.model_copy(update={"megatron": c.megatron.model_copy(update={"recompute_granularity": "selective"})})
+    assert layer_activation_bytes(sel)[0] == s * b * h * (10 + 24 / t)
+    sp = sel.model_copy(update={"megatron": sel.megatron.model_copy(update={"sequence_parallel": True})})
+    assert layer_activation_bytes(sp)[0] == s * b * h * 34 / t  # paper: 34/t with sequence parallelism
+
+
 def test_estimate_of_the_examples_fits_their_gpus_and_grows_with_the_micro_batch():
     for path, gb in ((PERLMUTTER_7B, 40), (VISTA_7B, 96)):
         c = load_job_config(path)
