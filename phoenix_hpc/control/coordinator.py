@@ -81,15 +81,10 @@ from phoenix_hpc.control.pause import PauseMeter
 from phoenix_hpc.control.recorder import Recorder
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.settings import Timing, timing_from_run_dir  # noqa: F401 - re-exported
+from phoenix_hpc.control.view import JobView
 from phoenix_hpc.control.states import (
     LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, RecoveryPhase, SlotState, job_machine)
 from phoenix_hpc.test_env import active_test_env
-
-
-def _from_view(name: str, doc: str) -> property:
-    """A field the coordinator reads from its view, the journal's fold (control/view.py), read only: it
-    changes by recording the events that the fold applies (:meth:`Coordinator.record`)."""
-    return property(lambda c: getattr(c.recorder.view, name), doc=doc)
 
 
 def _on_transport(name: str) -> property:
@@ -121,13 +116,6 @@ class Coordinator:
     operator = _on_transport("operator")
     liveness = _on_transport("liveness")
     replay_guard = _on_transport("replay_guard")
-    # read from the view (docs/design.md section 7): each changes by recording the events named
-    generation = _from_view("generation", "The job's generation (the newest recovery_start; 0 before any).")
-    rank_map = _from_view("rank_map", "logical -> world (registered, job_running, each recovery_plan).")
-    rank_maps = _from_view("rank_maps", "generation -> its rank map (job_running, each recovery_plan).")
-    grid_since = _from_view("grid_since", "generation -> the grid from then on (recovery_plan of a shrink).")
-    placement_inputs = _from_view("placement_inputs", '{"k", "levels"} of the first registered naming them.')
-    checkpoint_step = _from_view("newest_checkpoint", "The newest persistent checkpoint's step (checkpoint), or None.")
 
     def __init__(
         self,
@@ -196,7 +184,45 @@ class Coordinator:
         """Journal ``event`` and apply it to :attr:`view` (:meth:`~phoenix_hpc.control.recorder.Recorder.append`)."""
         return self.recorder.append(event, deferred=deferred)
 
-    view = property(lambda c: c.recorder.view, doc="The journal's fold so far (control/view.py), kept by record.")
+    @property
+    def view(self) -> JobView:
+        """The journal's fold so far (control/view.py), as :meth:`record` keeps it."""
+        return self.recorder.view
+
+    @property
+    def generation(self) -> int:
+        """The job's generation: the view's (the newest ``recovery_start`` recorded; 0 before any)."""
+        return self.recorder.view.generation
+
+    @property
+    def rank_map(self) -> dict[int, int]:
+        """The current generation's rank map, logical -> world: the view's (``registered`` with a logical
+        rank, ``job_running``, each ``recovery_plan``)."""
+        return self.recorder.view.rank_map
+
+    @property
+    def placement_inputs(self) -> dict[str, Any] | None:
+        """``{"k", "levels"}`` as the first registration that gave them (``registered``) named them, or None:
+        the view's; with :attr:`rank_maps` what each generation's replica placement is recomputed from
+        (topology.generation_placement, control/evidence.py)."""
+        return self.recorder.view.placement_inputs
+
+    @property
+    def checkpoint_step(self) -> int | None:
+        """The newest persistent checkpoint's step recorded (``checkpoint``), or None: the view's."""
+        return self.recorder.view.newest_checkpoint
+
+    @property
+    def rank_maps(self) -> dict[int, dict[int, int]]:
+        """The rank map (logical -> world) of every generation: the view's (``job_running``, each
+        ``recovery_plan``). Read only: it changes by recording those events."""
+        return self.recorder.view.rank_maps
+
+    @property
+    def grid_since(self) -> dict[int, tuple[int, int, int]]:
+        """Generation -> the grid ``(tp, pp, dp)`` from then on, after a shrink (empty before one): the
+        view's (each shrinking ``recovery_plan``)."""
+        return self.recorder.view.grid_since
 
     def _drain_inbox(self) -> bool:
         """:func:`phoenix_hpc.control.messaging.drain_inbox`."""
