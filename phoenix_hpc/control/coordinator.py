@@ -142,6 +142,7 @@ class Coordinator:
         self.port = port
         self.clock = clock
         self.slots: dict[int, Slot] = {}
+        self.rank_map: dict[int, int] = {}  # logical -> world
         self.committed: dict[str, dict[int, int]] = {}  # shard id -> {logical: step}
         self.protect_interval = 1  # protection interval m the ranks report with their commits (runtime/interval.py)
         self.placement: dict[str, list[int]] = {}  # shard id -> holder logical ranks (as reported)
@@ -193,12 +194,6 @@ class Coordinator:
     def generation(self) -> int:
         """The job's generation: the view's (the newest ``recovery_start`` recorded; 0 before any)."""
         return self.recorder.view.generation
-
-    @property
-    def rank_map(self) -> dict[int, int]:
-        """The current generation's rank map, logical -> world: the view's (``registered`` with a logical
-        rank, ``job_running``, each ``recovery_plan``)."""
-        return self.recorder.view.rank_map
 
     @property
     def placement_inputs(self) -> dict[str, Any] | None:

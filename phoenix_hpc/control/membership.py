@@ -68,6 +68,8 @@ def on_register(c: Any, body: dict) -> None:
                 domain=domain)
     slot.machine.to(SlotState.ACTIVE if role == "active" else SlotState.STANDBY, "registered")
     c.slots[w] = slot
+    if logical is not None:
+        c.rank_map[logical] = w
     c.counters["accepted"] += 1
     # the placement inputs go to the journal too: a restarted coordinator recomputes placements from them
     # group commit (control/journal.py): the record is written now and made durable with the rest of this
