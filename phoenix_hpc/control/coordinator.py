@@ -154,6 +154,7 @@ class Coordinator:
         self.recovery: Recovery | None = None
         self.restore_pending: set[int] = set()  # logical ranks whose restore was cut short
         self.done: dict[int, dict] = {}
+        self.checkpoint_step: int | None = None
         self.counters = {"accepted": 0, "rejected": 0, "heartbeats": 0, "heartbeat_messages": 0}
         # the one place an event is recorded: journalled, then folded into the view (control/recorder.py)
         self.recorder = Recorder()
@@ -201,11 +202,6 @@ class Coordinator:
         the view's; with :attr:`rank_maps` what each generation's replica placement is recomputed from
         (topology.generation_placement, control/evidence.py)."""
         return self.recorder.view.placement_inputs
-
-    @property
-    def checkpoint_step(self) -> int | None:
-        """The newest persistent checkpoint's step recorded (``checkpoint``), or None: the view's."""
-        return self.recorder.view.newest_checkpoint
 
     @property
     def rank_maps(self) -> dict[int, dict[int, int]]:

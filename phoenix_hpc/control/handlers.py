@@ -182,7 +182,8 @@ def on_checkpoint(c: Any, body: dict) -> None:
     if slot is None:
         return
     step = int(body["step"])
-    if c.checkpoint_step is None or step > c.checkpoint_step:  # the view's newest, after this record
+    if c.checkpoint_step is None or step > c.checkpoint_step:
+        c.checkpoint_step = step
         c.record(E.Checkpoint(step=step, path=body.get("path"), world_rank=slot.world_rank))
 
 

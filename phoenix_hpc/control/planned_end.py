@@ -70,6 +70,7 @@ def advance_end(c: Any, now: float) -> None:
     write_s = max(float(b.get("write_s", 0.0)) for b in end.written.values())
     path = mark_complete(c.t.checkpoint_path, end.step, "snapshot", grid=list(c.grid), files=files,
                          generation=c.generation, write_s=round(write_s, 3))
+    c.checkpoint_step = end.step
     from phoenix_hpc.recovery.ckpt_files import prune
 
     pruned = prune(c.t.checkpoint_path, c.t.checkpoint_keep)

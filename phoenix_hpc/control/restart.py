@@ -43,6 +43,7 @@ def rebuild_from_journal(c: Any) -> JobView:
     if r.grid is not None:
         c.grid = r.grid
     c.rank_map = dict(r.rank_map)
+    c.checkpoint_step = r.newest_checkpoint
     c._rejoined: set[int] = set()
     for w, s in r.slots.items():
         m = slot_machine(f"slot {w}", _SLOT_STATE.get(s.state, SlotState.ACTIVE))

@@ -298,7 +298,7 @@ def test_a_disagreement_stops_the_job_naming_the_checkpoint_from_before_it(tmp_p
     for s in (5, 10, 15):
         (root / f"step_{s:08d}").mkdir(parents=True)
         mark_complete(root, s, {"step": s})
-    c.view.checkpoint(0.0, 15)  # a persistent checkpoint of step 15, as its record leaves the view
+    c.checkpoint_step = 15
 
     class _Store:
         def queue_push(self, key, value):

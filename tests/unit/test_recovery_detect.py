@@ -26,7 +26,7 @@ def _coordinator(tmp_path, clock: list[float]) -> Coordinator:
                           logical_rank=w if role == "active" else None, step=9)
     c.rank_map = {0: 0, 1: 1}
     c.placement = {"opt/pp0/tp0/dp0": [1], "opt/pp0/tp0/dp1": [0]}
-    c.view.checkpoint(0.0, 8)  # a persistent checkpoint of step 8, as its record leaves the view
+    c.checkpoint_step = 8
     return c
 
 
