@@ -149,6 +149,9 @@ class Coordinator:
         # the owners' word and each generation's placement, evidence for the recovery checks (control/evidence.py)
         self.evidence = EvidenceBook()
         self.agreement = None  # the DP replicas' parameter digests (control/agreement.py AgreementBook)
+        # to recompute each generation's replica placement (topology.generation_placement): k and levels as
+        # the slots registered them; the rank map of every generation is the view's (rank_maps)
+        self.placement_inputs: dict[str, Any] | None = None
         self.job = job_machine()
         self.faults: deque[PendingFault] = deque()
         self.recovery: Recovery | None = None
@@ -195,13 +198,6 @@ class Coordinator:
     def generation(self) -> int:
         """The job's generation: the view's (the newest ``recovery_start`` recorded; 0 before any)."""
         return self.recorder.view.generation
-
-    @property
-    def placement_inputs(self) -> dict[str, Any] | None:
-        """``{"k", "levels"}`` as the first registration that gave them (``registered``) named them, or None:
-        the view's; with :attr:`rank_maps` what each generation's replica placement is recomputed from
-        (topology.generation_placement, control/evidence.py)."""
-        return self.recorder.view.placement_inputs
 
     @property
     def rank_maps(self) -> dict[int, dict[int, int]]:

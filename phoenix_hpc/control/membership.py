@@ -63,7 +63,9 @@ def on_register(c: Any, body: dict) -> None:
     if a.reject:
         return c.transport.reject(a.reject, body, key=a.key)
     w, pid, node, role, logical = a.world_rank, a.pid, a.node, a.role, a.logical_rank
-    inputs, domain = a.inputs, a.domain  # k and levels: the view's placement_inputs, at registered below
+    inputs, domain = a.inputs, a.domain
+    if inputs is not None:
+        c.placement_inputs = c.placement_inputs or {"k": int(inputs["k"]), "levels": list(inputs["levels"])}
     slot = Slot(w, node, pid, role, slot_machine(f"slot {w}"), c.clock(), logical, c.generation,
                 domain=domain)
     slot.machine.to(SlotState.ACTIVE if role == "active" else SlotState.STANDBY, "registered")

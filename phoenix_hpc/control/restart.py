@@ -43,6 +43,8 @@ def rebuild_from_journal(c: Any) -> JobView:
     if r.grid is not None:
         c.grid = r.grid
     c.rank_map = dict(r.rank_map)
+    # what the recovery evidence recomputes each generation's replica placement from (control/evidence.py)
+    c.placement_inputs = r.placement_inputs
     c.checkpoint_step = r.newest_checkpoint
     c._rejoined: set[int] = set()
     for w, s in r.slots.items():
