@@ -150,8 +150,10 @@ class Coordinator:
         self.evidence = EvidenceBook()
         self.agreement = None  # the DP replicas' parameter digests (control/agreement.py AgreementBook)
         # to recompute each generation's replica placement (topology.generation_placement): k and levels as
-        # the slots registered them; the rank map of every generation is the view's (rank_maps)
+        # the slots registered them, and the rank map of every generation
         self.placement_inputs: dict[str, Any] | None = None
+        self.rank_maps: dict[int, dict[int, int]] = {}
+        self.grid_since: dict[int, tuple[int, int, int]] = {}  # generation -> grid from then on (shrinks only)
         self.job = job_machine()
         self.faults: deque[PendingFault] = deque()
         self.recovery: Recovery | None = None
@@ -198,18 +200,6 @@ class Coordinator:
     def generation(self) -> int:
         """The job's generation: the view's (the newest ``recovery_start`` recorded; 0 before any)."""
         return self.recorder.view.generation
-
-    @property
-    def rank_maps(self) -> dict[int, dict[int, int]]:
-        """The rank map (logical -> world) of every generation: the view's (``job_running``, each
-        ``recovery_plan``). Read only: it changes by recording those events."""
-        return self.recorder.view.rank_maps
-
-    @property
-    def grid_since(self) -> dict[int, tuple[int, int, int]]:
-        """Generation -> the grid ``(tp, pp, dp)`` from then on, after a shrink (empty before one): the
-        view's (each shrinking ``recovery_plan``)."""
-        return self.recorder.view.grid_since
 
     def _drain_inbox(self) -> bool:
         """:func:`phoenix_hpc.control.messaging.drain_inbox`."""

@@ -83,6 +83,7 @@ def on_register(c: Any, body: dict) -> None:
     if c.grid and len(c.rank_map) == c.grid[0] * c.grid[1] * c.grid[2] \
             and c.job.state is JobState.STARTING:
         c.job.to(JobState.RUNNING, "all active ranks registered")
+        c.rank_maps[c.generation] = dict(c.rank_map)
         c.record(E.JobRunning(generation=c.generation, grid=list(c.grid),
                               rank_map=sorted(c.rank_map.items()),
                               standby=sorted(s.world_rank for s in c.slots.values() if s.role == "standby")))

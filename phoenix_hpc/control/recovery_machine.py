@@ -356,10 +356,13 @@ def _send_plan(c: Any, rec: Recovery, plan: RecoveryPlan, now: float, plan_s: fl
     rec.move(RecoveryPhase.RESTORE)
     rec.phases["plan_s"] = plan_s
     rec.deadline = now + c.t.collective_timeout_s + c.t.heartbeat_timeout_s
-    c.rank_map = plan.world_of()  # this generation's rank map and grid_since: the view's, at recovery_plan below
+    c.rank_map = plan.world_of()
+    c.rank_maps[rec.generation] = dict(c.rank_map)
     c.restore_pending = set()
     if plan.action == "shrink":  # a new grid: the old layout's copies and statements name other shards
+        c.grid_since.setdefault(0, tuple(plan.old_grid))
         c.grid = tuple(plan.grid)
+        c.grid_since[rec.generation] = tuple(plan.grid)
         c.committed.clear()
         c.evidence.commit_hash.clear()
         c.placement.clear()

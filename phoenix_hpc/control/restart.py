@@ -44,6 +44,8 @@ def rebuild_from_journal(c: Any) -> JobView:
         c.grid = r.grid
     c.rank_map = dict(r.rank_map)
     # what the recovery evidence recomputes each generation's replica placement from (control/evidence.py)
+    c.rank_maps = {g: dict(m) for g, m in r.rank_maps.items()}
+    c.grid_since = dict(r.grid_since)
     c.placement_inputs = r.placement_inputs
     c.checkpoint_step = r.newest_checkpoint
     c._rejoined: set[int] = set()
