@@ -142,6 +142,7 @@ class Coordinator:
         self.port = port
         self.clock = clock
         self.slots: dict[int, Slot] = {}
+        self.generation = 0
         self.rank_map: dict[int, int] = {}  # logical -> world
         self.committed: dict[str, dict[int, int]] = {}  # shard id -> {logical: step}
         self.protect_interval = 1  # protection interval m the ranks report with their commits (runtime/interval.py)
@@ -195,11 +196,6 @@ class Coordinator:
     def view(self) -> JobView:
         """The journal's fold so far (control/view.py), as :meth:`record` keeps it."""
         return self.recorder.view
-
-    @property
-    def generation(self) -> int:
-        """The job's generation: the view's (the newest ``recovery_start`` recorded; 0 before any)."""
-        return self.recorder.view.generation
 
     def _drain_inbox(self) -> bool:
         """:func:`phoenix_hpc.control.messaging.drain_inbox`."""

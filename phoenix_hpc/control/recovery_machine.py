@@ -165,10 +165,10 @@ def start_recovery(c: Any, decision: Decision, faults: list[Fault], t_fault: flo
     maybe_log_commit(c, force=True)  # journal the committed step this recovery starts from, first
     if c.job.state is JobState.RUNNING:
         c.job.to(JobState.RECOVERING, decision.reason)
-    g = c.generation + 1  # the view's generation once recovery_start is recorded below
-    c.store.set("ctl/generation", str(g))
+    c.generation += 1
+    c.store.set("ctl/generation", str(c.generation))
     survivors = set(live_members(c))
-    rec = Recovery(decision, faults, g, survivors, t_fault, now,
+    rec = Recovery(decision, faults, c.generation, survivors, t_fault, now,
                     deadline=now + c.t.collective_timeout_s + c.t.heartbeat_timeout_s, drain=drain)
     c.recovery = rec
     # the slots this recovery loses: dead members of the generation it leaves (a slot an earlier
@@ -176,7 +176,7 @@ def start_recovery(c: Any, decision: Decision, faults: list[Fault], t_fault: flo
     members = set(c.rank_map.values())
     dead = sorted(w for w, s in c.slots.items() if s.state is SlotState.DEAD
                   and (w in members or s.logical_rank is None))
-    c.record(E.RecoveryStart(generation=g, action=decision.action.value,
+    c.record(E.RecoveryStart(generation=c.generation, action=decision.action.value,
                              survivors=sorted(survivors), dead=dead, detect_s=round(now - t_fault, 3),
                              **({"drain": drain.request_id, "drained": list(drain.targets)} if drain else {})))
     raw = P.encode({"type": "quiesce", "generation": c.generation, "dead": dead, "reason": decision.reason},

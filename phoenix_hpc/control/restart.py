@@ -40,6 +40,7 @@ def rebuild_from_journal(c: Any) -> JobView:
     started from the records already in the journal (control/recorder.py). Returns the view."""
     r = c.view
     now = c.clock()
+    c.generation = r.generation
     if r.grid is not None:
         c.grid = r.grid
     c.rank_map = dict(r.rank_map)

@@ -97,7 +97,7 @@ def _coordinator(tmp_path, grid, generation=0) -> Coordinator:
     c = Coordinator(tmp_path, grid=grid, clock=lambda: now[0])
     c.journal = Journal(tmp_path)
     c.job = job_machine(JobState.RUNNING)
-    c.view.generation = generation  # the journal fold's generation, as after its recovery_start records
+    c.generation = generation
     tp, pp, dp = grid
     for w in range(tp * pp * dp):
         c.slots[w] = Slot(w, f"n{w}", 100 + w, "active", slot_machine(f"slot {w}", SlotState.ACTIVE), 0.0,
@@ -324,7 +324,7 @@ def test_a_new_generation_or_a_shrunk_grid_starts_a_new_book(tmp_path):
     for w in range(3):
         _commit(c, w, 2, A)  # steps 1 and 2 agree
     first = c.agreement
-    c.view.generation = 1
+    c.generation = 1
     _commit(c, 1, 3, A)  # an old generation's report while the recovery runs: a new book, the report refused
     assert c.agreement is not first and c.agreement.dp == 3 and c.agreement.generation == 1
     assert c.agreement.last_agreed == first.last_agreed == {(0, 0): 2}  # stays known (restart advice)

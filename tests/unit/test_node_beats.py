@@ -78,7 +78,7 @@ def test_the_coordinator_takes_each_entry_as_that_slots_heartbeat_and_commit(tmp
     assert c.counters["heartbeats"] == 3 and c.counters["heartbeat_messages"] == 1
     # an older record never moves last-seen back; a commit of an older generation is skipped
     c.slots[1].generation = 1
-    c.view.generation = 1
+    c.generation = 1
     c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None,
                  "beats": [[1, 101, 1, 6, 9.0, {**commit, "g": 0, "shards": {"opt/pp0/tp0/dp1": 5}}]]})
     assert c.slots[1].last_seen == 46.0 and c.committed["opt/pp0/tp0/dp1"] == {1: 4}

@@ -194,7 +194,7 @@ def test_the_coordinator_names_in_recovery_start_only_the_dead_members_of_the_ge
     for w in (1, 0):
         c.slots[w].machine.to(SlotState.DEAD, "lost")
     c.rank_map = {0: 0, 1: 2}
-    c.view.generation = 1
+    c.generation = 1
     recovery_machine.start_recovery(c, Decision(Action.HOT_SWAP, "x"), [], 0.0, 1.0)
     (rec,) = read_journal(tmp_path, "recovery_start")
     assert rec["dead"] == [0]
