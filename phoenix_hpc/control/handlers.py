@@ -55,8 +55,8 @@ def apply_commit(c: Any, slot: Any, body: dict) -> None:
         # report of a new one is journalled with what it means for lost work
         c.protect_interval = m
         step = max((int(s) for s in dict(body.get("shards", {})).values()), default=None)
-        c.record(E.ProtectInterval(interval=m, step=step, generation=c.generation,
-                                   lost_steps_at_most=lost_steps_at_most(m)))
+        c.journal.append(E.ProtectInterval(interval=m, step=step, generation=c.generation,
+                                           lost_steps_at_most=lost_steps_at_most(m)))
     c._record_sent(slot, int(g), body.get("sent"), body)  # control/evidence.py
     if body.get("params") is not None:
         check_agreement(c, slot, int(g), body["params"])
@@ -80,15 +80,15 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
             book.last_agreed, book.first_bad, book.bad_last_agreed = (dict(old.last_agreed), old.first_bad,
                                                                        old.bad_last_agreed)
         if dp < 2:
-            c.record(E.AgreementUndetectable(
+            c.journal.append(E.AgreementUndetectable(
                 generation=c.generation, stages=[[p, t] for p in range(pp) for t in range(tp)],
                 reason="dp = 1: no data-parallel peer holds the same parameters to compare with"))
     r = slot.logical_rank
 
     def reject(step: Any, why: str, key: Any = None) -> None:
         if book.first_rejection((slot.world_rank, g, repr(step), why) if key is None else key):
-            c.record(E.AgreementRejected(world_rank=slot.world_rank, logical_rank=r, generation=g,
-                                         step=step, reason=why))
+            c.journal.append(E.AgreementRejected(world_rank=slot.world_rank, logical_rank=r, generation=g,
+                                                 step=step, reason=why))
 
     if not isinstance(params, list) or len(params) > REPORT_STEPS:
         return reject(None, f"parameter digests {type(params).__name__} of length "
@@ -121,7 +121,7 @@ def _disagreement(c: Any, v: Any, step: int) -> None:
     tp, pp, dp = c.grid
     logical = {d: rank_of(GridCoord(v.pp, d, v.tp), tp, pp, dp) for d in v.digests}
     suspects = [logical[d] for d in v.suspects]
-    c.record(E.SilentCorruption(
+    c.journal.append(E.SilentCorruption(
         generation=c.generation, step=step, pp=v.pp, tp=v.tp,
         members={str(logical[d]): h for d, h in v.digests.items()}, suspects=suspects,
         **({"majority": [logical[d] for d in v.majority]} if v.majority else {})))
@@ -168,12 +168,12 @@ def maybe_log_commit(c: Any, force: bool = False) -> None:
         # generation's placement: `phoenix status` counts the verified replicas of every shard from them
         placed = {sid: sorted(h) for (sid, g), h in c._placements(before=c.generation + 1).items()
                   if g == c.generation}
-        c.record(E.Commit(recoverable_step=rs, protect_every=c.protect_interval, shards=len(c.committed),
-                          replicas=sum(len(v) for v in c.placement.values()), generation=c.generation,
-                          shard_steps={sid: {str(r): st for r, st in sorted(cp.items())}
-                                       for sid, cp in sorted(c.committed.items())},
-                          **({"placement": placed} if placed else {}),
-                          **({"agreement": c.agreement.summary()} if c.agreement is not None else {})))
+        c.journal.append(E.Commit(recoverable_step=rs, protect_every=c.protect_interval, shards=len(c.committed),
+                                  replicas=sum(len(v) for v in c.placement.values()), generation=c.generation,
+                                  shard_steps={sid: {str(r): st for r, st in sorted(cp.items())}
+                                               for sid, cp in sorted(c.committed.items())},
+                                  **({"placement": placed} if placed else {}),
+                                  **({"agreement": c.agreement.summary()} if c.agreement is not None else {})))
 
 
 def on_checkpoint(c: Any, body: dict) -> None:
@@ -184,7 +184,7 @@ def on_checkpoint(c: Any, body: dict) -> None:
     step = int(body["step"])
     if c.checkpoint_step is None or step > c.checkpoint_step:
         c.checkpoint_step = step
-        c.record(E.Checkpoint(step=step, path=body.get("path"), world_rank=slot.world_rank))
+        c.journal.append(E.Checkpoint(step=step, path=body.get("path"), world_rank=slot.world_rank))
 
 
 def on_fault(c: Any, body: dict) -> None:
@@ -196,7 +196,7 @@ def on_fault(c: Any, body: dict) -> None:
         body, world_rank=slot.world_rank, node=slot.node, slot_generation=slot.generation,
         generation=c.generation, stopping=(c.ending is not None or bool(c._stop_reason)
                                            or c.job.state in TERMINAL_JOB_STATES))
-    c.record(record)
+    c.journal.append(record)
     if fault is not None:  # None: a consequence of a fault being handled or of a stop (control/ledger.py)
         c.faults.append(PendingFault(fault, c.clock()))
 

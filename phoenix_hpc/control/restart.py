@@ -2,8 +2,7 @@
 
 Plain functions of the coordinator ``c`` (:func:`rebuild_from_journal`, :func:`on_rejoin`). After a crash the batch
 script's supervisor (:mod:`phoenix_hpc.control.supervise`) starts a new coordinator with ``--restart N``. It
-reuses the job secret, folds ``RUN_DIR/journal.jsonl`` into the job's view (:func:`phoenix_hpc.control.view.fold`
-by its recorder, :mod:`phoenix_hpc.control.recorder`, which applies every record it journals from then on;
+reuses the job secret, folds ``RUN_DIR/journal.jsonl`` into the job's view (:func:`phoenix_hpc.control.view.fold`,
 the fold ``phoenix status`` reads too: generation, grid, slots, rank maps, committed step, checkpoint, a
 recovery in progress; a journal line it cannot take is skipped and named in ``coordinator_restarted``) and writes a new
 ``coordinator.json`` (new ports, its own pid): the slots, which trained on meanwhile, find it there,
@@ -24,10 +23,11 @@ from typing import Any
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control.classify import Fault, FaultKind
+from phoenix_hpc.control.journal import iter_journal
 from phoenix_hpc.control.records import PendingFault, Slot
 from phoenix_hpc.control.rejoin import rejoin_verdict
 from phoenix_hpc.control.states import JobState, RecoveryPhase, SlotState, job_machine, slot_machine
-from phoenix_hpc.control.view import JobView, SlotView
+from phoenix_hpc.control.view import JobView, SlotView, fold
 
 # a slot's state in the journal's view -> in the coordinator (drained: it left by a planned drain, DONE)
 _SLOT_STATE = {"active": SlotState.ACTIVE, "standby": SlotState.STANDBY, "joining": SlotState.JOINING,
@@ -36,9 +36,10 @@ _SLOT_STATE = {"active": SlotState.ACTIVE, "standby": SlotState.STANDBY, "joinin
 
 
 def rebuild_from_journal(c: Any) -> JobView:
-    """Take the state of the (fresh) coordinator ``c`` from its view: the journal's fold, which its recorder
-    started from the records already in the journal (control/recorder.py). Returns the view."""
-    r = c.view
+    """Fold the journal into the (fresh) coordinator ``c``. Returns the job's view."""
+    path, skipped = c.journal.path, []
+    r = fold(iter_journal(path, skipped=skipped)) if path.exists() else JobView()
+    r.skipped[:0] = skipped
     now = c.clock()
     c.generation = r.generation
     if r.grid is not None:
@@ -85,7 +86,7 @@ def on_rejoin(c: Any, body: dict) -> None:
     why = rejoin_verdict(rec, pid, str(body.get("role")), body.get("logical_rank"), rj.get("generation"),
                          c.generation)
     if why is not None:
-        c.record(E.RejoinRefused(world_rank=w, pid=pid, reason=why))
+        c.journal.append(E.RejoinRefused(world_rank=w, pid=pid, reason=why))
         return c.transport.reply(body, {"type": "rejected", "reason": f"rejoin of world rank {w} refused: {why}"})
     step = int(rj.get("step") or 0)
     slot.step = max(slot.step, step)
@@ -95,8 +96,8 @@ def on_rejoin(c: Any, body: dict) -> None:
     first = w not in c._rejoined
     c._rejoined.add(w)
     # group commit, as for a registration (membership.py): one fsync per batch of rejoining slots
-    c.record(E.Rejoined(world_rank=w, pid=pid, node=slot.node, role=str(body.get("role")),
-                        generation=rj.get("generation"), step=step, again=not first,
-                        buffered=int(rj.get("buffered") or 0), dropped=int(rj.get("dropped") or 0)), deferred=True)
+    c.journal.append_deferred(E.Rejoined(world_rank=w, pid=pid, node=slot.node, role=str(body.get("role")),
+                                            generation=rj.get("generation"), step=step, again=not first,
+                                            buffered=int(rj.get("buffered") or 0), dropped=int(rj.get("dropped") or 0)))
     c.transport.reply_after_sync(body, {"type": "registered", "generation": c.generation, "role": slot.role,
                                   "logical_rank": slot.logical_rank})
