@@ -455,7 +455,7 @@ def _carry_eval_and_logging(given: dict[str, Any], eff: Callable[[str], Any], ca
         valid = split_vector(split)[1] > 0
     except ValueError:
         valid = False  # the config's own check names a bad --split (data.split)
-    if interval and iters and interval > 0 and iters > 0 and valid:
+    if interval is not None and interval > 0 and iters > 0 and valid:
         carry("--eval-interval", "training.eval_interval", interval)
         carry("--eval-iters", "training.eval_iters", iters)
     elif "--eval-interval" in given or "--eval-iters" in given:
