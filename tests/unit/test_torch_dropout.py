@@ -99,9 +99,10 @@ def _cfg(engine: str, model: dict) -> dict:
 
 
 @pytest.mark.parametrize("engine, model, needle", [
-    ("megatron", {"attention_dropout": 1.0}, "model.attention_dropout"),
-    ("torch", {"hidden_dropout": 1.0}, "model.hidden_dropout"),
-    ("torch", {"hidden_dropout": -0.1}, "model.hidden_dropout"),
+    ("megatron", {"attention_dropout": 1.0}, "model.attention_dropout: value 1.0 -- Input should be less than 1"),
+    ("torch", {"hidden_dropout": 1.0}, "model.hidden_dropout: value 1.0 -- Input should be less than 1"),
+    ("torch", {"hidden_dropout": -0.1},
+     "model.hidden_dropout: value -0.1 -- Input should be greater than or equal to 0"),
     ("torch", {"factory": "m:f", "attention_dropout": 0.1}, "apply to the built-in GPT only"),
 ])
 def test_dropout_the_engine_cannot_run_is_refused(engine, model, needle):
