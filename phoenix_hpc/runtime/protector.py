@@ -199,7 +199,7 @@ class Protector:
                 "the H2H engine that many seconds late")
         self.shard_id = shard_id
         self.grid = dict(grid)
-        self.coord = {"pp": engine_coord.pp, "dp": engine_coord.dp, "tp": engine_coord.tp}
+        self.coord = engine_coord.to_json()
         self.generation = generation
         self.layout = setup.layout
         self.memory_plan = setup.plan
@@ -360,7 +360,7 @@ class Protector:
         held_pl = placement.held_by(logical_rank)
         c_of = (lambda r: r) if comm_rank_of is None else (lambda r: comm_rank_of[r])
         example = {"format": 1, "shard_id": shard_id, "step": 2**40, "generation": 2**20, "grid": dict(grid),
-                   "coord": {"pp": coord.pp, "dp": coord.dp, "tp": coord.tp}, "envelope": env}
+                   "coord": coord.to_json(), "envelope": env}
         tc = {"start": time.perf_counter()}
         layout = plan_layout(opt, params, example)
         tc["layout"] = time.perf_counter()
