@@ -57,6 +57,12 @@ def drain_operator(c: Any) -> bool:
     return bool(reqs)
 
 
+def _operator_cid(reply_to: str) -> int | None:
+    """The operator connection id a ``reply_to`` of the form ``operator:<digits>`` names, else None."""
+    cid = reply_to[len(OPERATOR_REPLY_PREFIX):] if reply_to.startswith(OPERATOR_REPLY_PREFIX) else ""
+    return int(cid) if cid.isdigit() else None
+
+
 def handle(c: Any, raw: bytes) -> None:
     """Decode and check one signed message of the inbox, then :func:`dispatch` it (or reject it)."""
     try:
@@ -152,8 +158,9 @@ class Transport:
         to = str(request.get("reply_to"))
         self.held_replies.discard(to)
         self.reply(request, reply)
-        if to.startswith(OPERATOR_REPLY_PREFIX) and to[len(OPERATOR_REPLY_PREFIX):].isdigit() and self.operator:
-            self.operator.finish(int(to[len(OPERATOR_REPLY_PREFIX):]))  # closed, if the reply did not go out
+        cid = _operator_cid(to)
+        if cid is not None and self.operator:
+            self.operator.finish(cid)  # closed, if the reply did not go out
 
     def send(self, world_rank: int, body: dict) -> None:
         """Sign ``body`` and queue it for ``world_rank`` (:meth:`send_encoded`)."""
@@ -180,9 +187,9 @@ class Transport:
         to = body.get("reply_to")
         reply = {**reply, "in_reply_to": body.get("nonce")}
         if isinstance(to, str) and to.startswith(OPERATOR_REPLY_PREFIX):
-            cid = to[len(OPERATOR_REPLY_PREFIX):]
-            if self.operator is not None and cid.isdigit():
-                self.operator.reply(int(cid), P.encode(reply, self.secret))
+            cid = _operator_cid(to)
+            if self.operator is not None and cid is not None:
+                self.operator.reply(cid, P.encode(reply, self.secret))
         elif isinstance(to, str) and to:
             self.store.queue_push(P.key_reply(to), P.encode(reply, self.secret))
 
