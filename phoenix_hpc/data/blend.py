@@ -72,9 +72,10 @@ class BlendSamples:
         from phoenix_hpc.data.format import check_indexed_dataset, sequence_count
         from phoenix_hpc.data.indexed import megatron_indexed_module
 
-        for p in key.prefixes:  # the header only, as submit reads it; megatron-core opens the datasets below
-            check_indexed_dataset(p)  # DataError naming a missing or malformed prefix
-            problem = split_problem(key.split, p, sequence_count(p))
+        for i, p in enumerate(key.prefixes):  # the header only, as submit reads it; megatron-core opens them below
+            field = f"data.blend[{i}].path"
+            check_indexed_dataset(p, field=field)  # DataError naming a missing or malformed prefix
+            problem = split_problem(key.split, p, sequence_count(p, field=field))
             if problem is not None:
                 raise DataError(problem)
         megatron_indexed_module()  # megatron-core's import notices silenced

@@ -128,8 +128,9 @@ def test_a_missing_prefix_is_a_data_error_naming_it(two_datasets, tmp_path):
 
     missing = str(tmp_path / "nope")
     cfg = _cfg({"blend": [{"path": two_datasets[0], "weight": 1.0}, {"path": missing, "weight": 1.0}]})
-    with pytest.raises(DataError, match="nope"):
+    with pytest.raises(DataError, match="nope") as exc:
         BlendSamples(blend_key(cfg))
+    assert str(exc.value).startswith(f"data.blend[1].path {missing!r}"), str(exc.value)
 
 
 def test_a_split_part_without_documents_is_refused_not_built(tmp_path):
