@@ -78,6 +78,7 @@ from typing import Any, Iterable, Mapping
 from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control.view import LIVE_SLOT_STATES, TERMINAL_STATES, JobView, fold
+from phoenix_hpc.recovery.plan import shard_id_of
 from phoenix_hpc.status.model import (
     HolderStatus,
     InjectionStatus,
@@ -147,9 +148,13 @@ def _coord(r: int, grid: tuple[int, int, int]) -> list[int]:
 
 
 def shard_id(r: int, grid: tuple[int, int, int]) -> str:
-    """``opt/pp{pp}/tp{tp}/dp{dp}`` of logical rank ``r`` in a ``(tp, pp, dp)`` grid."""
-    pp, dp, tp = _coord(r, grid)
-    return f"opt/pp{pp}/tp{tp}/dp{dp}"
+    """``opt/pp{pp}/tp{tp}/dp{dp}`` of logical rank ``r`` in a ``(tp, pp, dp)`` grid: the id the recovery
+    plan names (:func:`phoenix_hpc.recovery.plan.shard_id_of`).
+
+    Raises:
+        ValueError: ``r`` is outside the grid.
+    """
+    return shard_id_of(r, *grid)
 
 
 def _domain(node: str | None, domains: Mapping[str, Mapping[str, str]], levels: list[str]) -> str | None:
