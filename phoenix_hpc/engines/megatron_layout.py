@@ -73,7 +73,7 @@ def read_tracker(root: str | os.PathLike) -> int | str:
         raise ValueError(f"{p} cannot be read ({type(exc).__name__}: {exc})") from None
     if text == "release":
         return "release"
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # isdigit alone takes digits int() refuses, e.g. superscripts
         raise ValueError(f"{p} holds {text[:40]!r}; allowed: an iteration number (digits) or 'release'")
     return int(text)
 

@@ -62,6 +62,9 @@ def test_tracker_file_round_trip_and_refusals(tmp_path):
     (tmp_path / ml.TRACKER).write_text("iter_42")
     with pytest.raises(ValueError, match=r"holds 'iter_42'; allowed: an iteration number \(digits\) or 'release'"):
         ml.read_tracker(tmp_path)
+    (tmp_path / ml.TRACKER).write_text("4\u00b2")  # str.isdigit() is true for a superscript two; int() refuses it
+    with pytest.raises(ValueError, match=r"holds '4\u00b2'; allowed: an iteration number \(digits\) or 'release'"):
+        ml.read_tracker(tmp_path)
 
 
 def test_start_step_is_the_iteration_only_with_optimizer_state():
