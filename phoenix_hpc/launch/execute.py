@@ -448,9 +448,8 @@ class Member:
         (replayed steps again; none is kept here, so memory does not grow with the steps). Raises StopRequested when the coordinator ends the job early; on a planned end
         (``stop`` with ``checkpoint``) first writes this member's shard of the final checkpoint
         (:func:`phoenix_hpc.launch.final.final_checkpoint`) and raises with the coordinator's last ``stop``."""
-        self.evaluator = evaluator
         try:
-            self._train_through_recoveries(until_step, tokens_per_step, on_step)
+            self._train_through_recoveries(until_step, tokens_per_step, on_step, evaluator)
         except StopRequested as stop:
             if not stop.msg.get("checkpoint"):
                 raise
@@ -458,7 +457,8 @@ class Member:
 
             raise StopRequested(final_checkpoint(self, stop.msg)) from None
 
-    def _train_through_recoveries(self, until_step: int, tokens_per_step: int, on_step=None) -> None:
+    def _train_through_recoveries(self, until_step: int, tokens_per_step: int, on_step=None,
+                                  evaluator=None) -> None:
         from phoenix_hpc.launch.loop import train
 
         self.env.client.last_step = int(until_step)  # an injection past the last step is refused at once
@@ -470,7 +470,7 @@ class Member:
                 try:
                     self.interrupt.open(self.generation)
                     train(self.engine, until_step, tokens_per_step, protector=self.protector, on_step=on_step,
-                          phase_hook=self._phase, keep=False, evaluator=getattr(self, "evaluator", None))
+                          phase_hook=self._phase, keep=False, evaluator=evaluator)
                 finally:
                     self.watchdog.disarm()
                     asked = self.interrupt.close()
