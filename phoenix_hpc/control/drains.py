@@ -154,7 +154,7 @@ class DrainBook:
         Raises:
             ValueError, TypeError: a target rank or coordinate that is not an integer (refused by the caller).
         """
-        from phoenix_hpc.control.targets import resolve_target
+        from phoenix_hpc.control.targets import resolve_target, step_count_refusal
         from phoenix_hpc.recovery.shrink import shrink_refusal
 
         def refuse(why: str) -> Outcome:
@@ -182,13 +182,13 @@ class DrainBook:
         rid = str(body.get("request_id") or new_id())
         members = sorted(rank_map.values())
         ahead = body.get("steps_ahead", STEPS_AHEAD)
-        if not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 1:
-            return refuse(f"steps_ahead {ahead!r} must be an integer >= 1")
+        if why := step_count_refusal("steps_ahead", ahead):
+            return refuse(why)
         at_step = max(slots[w].step for w in members) + ahead
         exact = body.get("at_step")
         if exact is not None:  # obeyed exactly or refused (by the slots, if one already started it)
-            if not isinstance(exact, int) or isinstance(exact, bool) or exact < 1:
-                return refuse(f"at_step {exact!r} must be an integer >= 1")
+            if why := step_count_refusal("at_step", exact):
+                return refuse(why)
             at_step = exact
         d = self.current = PendingDrain(rid, sorted(targets), members, at_step, body,
                                         deadline=now + confirm_within(body), target=dict(body["target"]))

@@ -37,7 +37,7 @@ from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.commands import CountRejected, Hold, Outcome, Reject, Release, Send
 from phoenix_hpc.control.records import Slot
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState
-from phoenix_hpc.control.targets import resolve_target
+from phoenix_hpc.control.targets import resolve_target, step_count_refusal
 
 CONFIRM_DEFAULT_S = 20.0  # how long targets have to confirm a request whose sender gave no confirm_within_s
 CONFIRM_RANGE_S = (1.0, 600.0)
@@ -125,8 +125,8 @@ class InjectBook:
             return refuse(f"kind {kind!r} not one of {', '.join(P.INJECT_KINDS)}")
         if phase not in P.INJECT_PHASES:
             return refuse(f"phase {phase!r} not one of {', '.join(P.INJECT_PHASES)}")
-        if not isinstance(at_step, int) or at_step < 1:
-            return refuse(f"at_step {at_step!r} must be an integer >= 1")
+        if why := step_count_refusal("at_step", at_step):
+            return refuse(why)
         if job_state in TERMINAL_JOB_STATES:
             return refuse(f"the job is {job_state.value}")
         targets, why = resolve_target(body.get("target"), slots, rank_map, grid)
@@ -141,8 +141,8 @@ class InjectBook:
         live_step = max((slots[w].step for w in targets), default=0)
         ahead = body.get("steps_ahead")
         if ahead is not None:
-            if not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 1:
-                return refuse(f"steps_ahead {ahead!r} must be an integer >= 1")
+            if why := step_count_refusal("steps_ahead", ahead):
+                return refuse(why)
             at_step = max(at_step, live_step + ahead)
         if at_step <= live_step:
             return refuse(f"step {at_step} already done by the target (at step {live_step})")

@@ -1,4 +1,5 @@
-"""Which live slots an operator's target names (``inject``, ``drain``). Pure.
+"""Which live slots an operator's target names (``inject``, ``drain``), and the check of a request's step
+fields. Pure.
 
 A target is one of ``{"world_rank": W}``, ``{"logical_rank": R}`` (the slot holding R now), ``{"node": N}``
 (every live slot on N) or ``{"coord": [pp, dp, tp]}`` (the slot at that grid position: logical rank
@@ -44,3 +45,11 @@ def resolve_target(target: Any, slots: Mapping[int, Slot], rank_map: Mapping[int
         w = rank_map.get((pp * D + dp) * T + tp)
         return ([w], "") if w in live else ([], f"no live slot at coord {list(v)}")
     return [], f"unknown target key {k!r}"
+
+
+def step_count_refusal(name: str, value: Any) -> str:
+    """Why ``value`` of the request field ``name`` (an iteration or a number of iterations) is refused: not an
+    integer (a bool is not one) or below 1; ``""`` when it is allowed. Pure."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return f"{name} {value!r} must be an integer >= 1"
+    return ""

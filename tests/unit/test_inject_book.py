@@ -46,6 +46,7 @@ REFUSALS = [
     ("unknown phase", {"phase": "lunch"}, None, JobState.RUNNING, "inject: phase 'lunch' not one of"),
     ("step 0", {"at_step": 0}, None, JobState.RUNNING, "inject: at_step 0 must be an integer >= 1"),
     ("step not an integer", {"at_step": "5"}, None, JobState.RUNNING, "inject: at_step '5' must be an integer >= 1"),
+    ("step a bool", {"at_step": True}, None, JobState.RUNNING, "inject: at_step True must be an integer >= 1"),
     ("ended job", {}, None, JobState.DONE, "inject: the job is done"),
     ("dead target", {}, _slots(dead=(1,)), JobState.RUNNING, "inject: no live slot holds logical rank 1"),
     ("bad steps_ahead", {"steps_ahead": True}, None, JobState.RUNNING, "inject: steps_ahead True must be"),
