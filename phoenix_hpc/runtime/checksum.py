@@ -81,6 +81,4 @@ def digest64(values: list[int]) -> int:
     """One 64-bit value over per-tensor checksums (XXH3-64 of the values as little-endian u64, in the order
     given): what a member reports of its parameter tensors with each commit, and its DP peers' must equal
     (control/agreement.py)."""
-    import xxhash
-
-    return xxhash.xxh3_64_intdigest(np.asarray(values, dtype="<u8").tobytes())
+    return _xxh3_64(np.asarray(values, dtype="<u8").tobytes())
