@@ -697,6 +697,9 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
             carry("--data-path", "data.blend", blend)
     if "--split" in given:
         carry("--split", "data.split", given["--split"])
+    for flag in ("--save", "--load", "--tensorboard-dir"):  # '' would be made the launch folder itself
+        if given.get(flag) == "":
+            problems.append(f"{flag}: '' (allowed: a non-empty path)")
     if "--save" in given:
         carry("--save", "resilience.checkpoint.path", given["--save"])
         carry("--save", "resilience.checkpoint.save_megatron", given["--save"])

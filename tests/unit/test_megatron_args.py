@@ -231,6 +231,12 @@ def test_load_and_save_map_to_the_megatron_checkpoint_fields():
     assert any(flag == "--no-load-rng" for flag, _, _ in conv.not_carried)
 
 
+@pytest.mark.parametrize("flag", ["--save", "--load", "--tensorboard-dir"])
+def test_an_empty_folder_argument_is_refused_not_read_as_the_launch_folder(flag):
+    # relocate_paths would join '' to the launch folder: the checkpoint or event files would land there
+    assert f"{flag}: '' (allowed: a non-empty path)" in problems(SMALL + ZERO + [f"{flag}="])
+
+
 def test_every_argument_is_in_the_docs_table():
     doc = (ROOT / "docs" / "megatron-args.md").read_text()
     assert markdown_table() in doc
