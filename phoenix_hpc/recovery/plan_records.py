@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Sequence
 
 from phoenix_hpc.errors import RecoveryError
-from phoenix_hpc.topology import Grid, GridCoord, coord_of
+from phoenix_hpc.topology import Grid, GridCoord
 
 ALL_INVARIANTS = ("I1", "I2", "I3", "I4", "I5")
 
@@ -86,11 +86,6 @@ class RecoveryPlan:
     def world_of(self) -> dict[int, int]:
         """logical rank -> world rank of the new generation."""
         return dict(self.rank_map)
-
-    def shard_map(self) -> dict[str, int]:
-        """logical shard id -> owning world rank of the new generation."""
-        tp, pp, dp = self.grid
-        return {coord_of(r, tp, pp, dp).shard_prefix(): w for r, w in self.rank_map}
 
     @property
     def shrink(self) -> bool:
