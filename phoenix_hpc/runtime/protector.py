@@ -202,6 +202,8 @@ class Protector:
         self.coord = engine_coord.to_json()
         self.generation = generation
         self.layout = setup.layout
+        # the layout's slots of the parameter tensors, whose checksums each commit's digest covers (in order)
+        self._param_slots = [i for i, sl in enumerate(self.layout.slots) if sl.part == PARAM]
         self.memory_plan = setup.plan
         self.buffers = setup.buffers
         self.holders = setup.holders_logical
@@ -801,7 +803,7 @@ class Protector:
                        grid=self.grid, coord=self.coord, envelope=envelope, checksum=self.checksum, sums=sums)
             job.idx, job.crc, job.d2h_s = idx, crc, time.perf_counter() - t0
             # the parameters' checksums, which the DP peers' must equal (control/agreement.py): 8 bytes
-            job.param_digest = digest64([v for v, sl in zip(sums, self.layout.slots) if sl.part == PARAM])
+            job.param_digest = digest64([sums[i] for i in self._param_slots])  # seal checked len(sums)
             job.d2h_done = True  # the live state is copied: the next optimizer step may run
             self.h2h.notify()
             if self._test_delay_s > 0:
