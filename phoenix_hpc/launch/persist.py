@@ -92,9 +92,10 @@ def restore_latest(engine: Engine, groups: ProcessGroups, cfg, run_dir: str | os
     from phoenix_hpc.recovery.checkpoint import latest_step, load_checkpoint
 
     t0 = time.time()
-    step = latest_step(checkpoint_root(cfg, run_dir)) if enabled(cfg) else None
+    root = checkpoint_root(cfg, run_dir)
+    step = latest_step(root) if enabled(cfg) else None
     if step is not None:
-        step = load_checkpoint(engine, checkpoint_root(cfg, run_dir), groups.world, step)
+        step = load_checkpoint(engine, root, groups.world, step)
     elif cfg.resilience.checkpoint.load_megatron:
         step = _load_megatron(engine, cfg.resilience.checkpoint.load_megatron)
         _log(run_dir, _rank(groups), {"event": "load_megatron", "step": step, "t_start": t0, "t_end": time.time(),
