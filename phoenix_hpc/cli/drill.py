@@ -88,12 +88,12 @@ class _Collector:
         from phoenix_hpc.status.derive import derive_status
 
         run = read_run_files(self.run_dir)
-        records = read_records(self.run_dir)
+        records, skipped = read_records(self.run_dir)
         job_id = str(run.job["job_id"]) if run.job and run.job.get("job_id") is not None else None
         if self._slurm is None or job_id != self._job_id or time.monotonic() - self._slurm_t >= self.slurm_every_s:
             nodes = sorted({str(r["node"]) for r in records if r.get("event") == E.Registered.NAME and r.get("node")})
             self._slurm, self._slurm_t, self._job_id = gather_slurm(self.client, job_id, nodes), time.monotonic(), job_id
-        return derive_status(records, self._slurm, time.time(), run)
+        return derive_status(records, self._slurm, time.time(), run, journal_skipped=skipped)
 
 
 def _collector(run_dir: Path) -> _Collector:
@@ -323,7 +323,7 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, bat
         with contextlib.suppress(Exception):  # the quiesce column is informative only
             from phoenix_hpc.status.collect import read_records
 
-            quiesce = quiesce_by_generation(read_records(base / "job"))
+            quiesce = quiesce_by_generation(read_records(base / "job")[0])
             for out in outcomes:
                 out.quiesce_s = quiesce.get(out.generation) if out.generation is not None else None
     st = st_end

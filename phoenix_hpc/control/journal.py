@@ -8,7 +8,9 @@ with ``restart`` {N}, ``coordinator_restarted`` {what it rebuilt from the journa
 ``rejoin_refused`` per slot that re-registers; it appends to the same file (one writer at a time).
 
 Durability: each append is one ``write`` of a whole line on a file opened with ``O_APPEND`` followed by
-``fsync``, so a crash can at worst leave a torn *last* line; :func:`read_journal` ignores such a line.
+``fsync``, so a crash can at worst leave a torn *last* line; :func:`read_journal` ignores such a line (and
+refuses a bad complete line; :func:`read_journal_skipping`, what a restarted coordinator and ``phoenix status``
+read with, skips and names it).
 Group commit: :meth:`Journal.append_deferred` writes its line at once (so the file keeps the order of the
 calls, and a crash of the writing *process* loses nothing: the kernel has the line) but leaves the ``fsync``
 to the next :meth:`Journal.sync` or :meth:`Journal.append`, which make every line before them durable with one
@@ -171,6 +173,20 @@ def iter_journal(path: str | os.PathLike, skipped: list[str] | None = None) -> I
             raise ValueError(why)
         else:
             skipped.append(why + ": skipped")
+
+
+def read_journal_skipping(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[str]]:
+    """The records of a journal and the lines it skipped, for the readers that must not stop at a bad line:
+    a restarted coordinator (:mod:`phoenix_hpc.control.restart`) and ``phoenix status``
+    (:mod:`phoenix_hpc.status.collect`). One rule for both (:func:`iter_journal` with a ``skipped`` list): a
+    torn last line is dropped silently; any other line that is not a JSON object with ``ts`` and ``event`` (a
+    disk error, a hand edit) is skipped and named, ``"PATH:LINE: why: skipped"``, in file order.
+
+    Raises:
+        StatusError: the journal is a directory, cannot be read, or is not UTF-8 (:func:`iter_journal`).
+    """
+    skipped: list[str] = []
+    return list(iter_journal(path, skipped=skipped)), skipped
 
 
 def read_journal(path: str | os.PathLike, event: type[Event] | str | None = None) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control.classify import Fault, FaultKind
-from phoenix_hpc.control.journal import iter_journal
+from phoenix_hpc.control.journal import read_journal_skipping
 from phoenix_hpc.control.records import PendingFault, Slot
 from phoenix_hpc.control.rejoin import rejoin_verdict
 from phoenix_hpc.control.states import JobState, RecoveryPhase, SlotState, job_machine, slot_machine
@@ -37,9 +37,8 @@ _SLOT_STATE = {"active": SlotState.ACTIVE, "standby": SlotState.STANDBY, "joinin
 
 def rebuild_from_journal(c: Any) -> JobView:
     """Fold the journal into the (fresh) coordinator ``c``. Returns the job's view."""
-    path, skipped = c.journal.path, []
-    r = fold(iter_journal(path, skipped=skipped)) if path.exists() else JobView()
-    r.skipped[:0] = skipped
+    records, skipped = read_journal_skipping(c.journal.path)  # a bad line is skipped and named, never fatal
+    r = fold(records, JobView(skipped=skipped))
     now = c.clock()
     c.generation = r.generation
     if r.grid is not None:

@@ -2,8 +2,8 @@
 
 Read-only: nothing here writes to the run directory, talks to the coordinator or changes the job.
 
-Files read from RUN_DIR: ``journal.jsonl`` (:func:`phoenix_hpc.control.journal.read_journal`; a torn last
-line is skipped), ``config.yaml`` (plain YAML, not re-validated: a status must render even for a config an
+Files read from RUN_DIR: ``journal.jsonl`` (:func:`phoenix_hpc.control.journal.read_journal_skipping`; a torn
+last line is dropped, any other bad line skipped and named in a ``journal`` warning), ``config.yaml`` (plain YAML, not re-validated: a status must render even for a config an
 older version wrote), ``job.json``, ``coordinator.json``, ``faults/fired-*.json``.
 
 Slurm (through :class:`phoenix_hpc.slurm.client.SlurmClient`, the one module that runs Slurm commands):
@@ -106,18 +106,17 @@ def read_rank_steps(run_dir: Path) -> list[tuple[float, int]]:
     return out
 
 
-def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    """The journal's records (empty before the coordinator started).
+def read_records(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The journal's records (empty before the coordinator started) and the lines skipped, named: a line
+    that is not a journal record is shown as a ``journal`` warning, not a refusal (the rule a restarted
+    coordinator reads by, :func:`phoenix_hpc.control.journal.read_journal_skipping`).
 
     Raises:
-        StatusError: a complete line of the journal is not a journal record.
+        StatusError: the journal cannot be read or is not UTF-8.
     """
-    from phoenix_hpc.control.journal import read_journal
+    from phoenix_hpc.control.journal import read_journal_skipping
 
-    try:
-        return read_journal(run_dir)
-    except ValueError as exc:
-        raise StatusError(f"journal: {exc}") from None
+    return read_journal_skipping(run_dir)
 
 
 def gather_slurm(client, job_id: str | None, extra_nodes: list[str] = (),
@@ -198,7 +197,7 @@ def collect_status(run_dir: Path, client=None, now: float | None = None) -> Stat
 
         client = SlurmClient()
     run = read_run_files(run_dir)
-    records = read_records(run_dir)
+    records, skipped = read_records(run_dir)
     job_id = str(run.job["job_id"]) if run.job and run.job.get("job_id") is not None else None
     nodes = sorted({str(r["node"]) for r in records if r.get("event") == E.Registered.NAME and r.get("node")})
     slurm = gather_slurm(client, job_id, nodes, list((run.job or {}).get("failure_domain_levels") or ()))
@@ -211,4 +210,4 @@ def collect_status(run_dir: Path, client=None, now: float | None = None) -> Stat
             slurm.nodes.update({r["NodeName"]: r for r in client.show_nodes(compress(hosts)) if "NodeName" in r})
         except SlurmError:
             pass
-    return derive_status(records, slurm, time.time() if now is None else now, run)
+    return derive_status(records, slurm, time.time() if now is None else now, run, journal_skipped=skipped)

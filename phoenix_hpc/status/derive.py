@@ -73,7 +73,7 @@ renumbering) and marked ``source="planned"``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 from phoenix_hpc.control import events as E
@@ -287,15 +287,17 @@ def no_spare_left(cfg: Mapping[str, Any]) -> str:
     return f"no spare left: the next node loss cannot be hot-swapped ({why}): {stops}"
 
 
-def journal_view(records: list[Mapping[str, Any]], run: RunFiles, now: float) -> tuple[JobView, list]:
+def journal_view(records: list[Mapping[str, Any]], run: RunFiles, now: float,
+                 journal_skipped: Sequence[str] = ()) -> tuple[JobView, list]:
     """The fold of one job's ``records`` (:func:`current_job_records`) with its landing files, and what the
-    ranks' own step logs add. Returns (view, the records folded, landings merged in). Pure."""
+    ranks' own step logs add; ``journal_skipped``: the journal lines the reader skipped, named first in the
+    view's ``skipped``. Returns (view, the records folded, landings merged in). Pure."""
     heartbeat_progress = not any(r.get("event") == E.Progress.NAME for r in records)
     # the landing records of this job's injections (an earlier job of a resumed run left its own)
     since = float(records[0]["ts"]) if records and records[0].get("event") == E.CoordinatorStarted.NAME else None
     fired = [{**f, "event": E.InjectFired.NAME} for f in run.fired if since is None or float(f["ts"]) >= since]
     merged = sorted(list(records) + fired, key=lambda r: float(r["ts"])) if fired else records
-    st = fold(merged, JobView(heartbeat_progress=heartbeat_progress))
+    st = fold(merged, JobView(heartbeat_progress=heartbeat_progress, skipped=list(journal_skipped)))
     for inj in st.injections.values():
         if inj.kind == "corrupt-replica":
             inj.outcome = corrupt_replica_outcome(inj, merged)
@@ -502,22 +504,24 @@ def _warnings(st: JobView, cfg: Mapping[str, Any], sl: _Slurm, slurm: SlurmInfo,
 
 
 def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None, now: float,
-                  run: RunFiles | None = None) -> Status:
+                  run: RunFiles | None = None, journal_skipped: Sequence[str] = ()) -> Status:
     """The job's :class:`Status` from its journal ``records`` (in file order), Slurm's view and the run files.
 
     Pure: reads nothing, changes nothing. ``now`` (unix seconds) is used for ages only. The journal's part is
     the fold of :mod:`phoenix_hpc.control.view` (the one a restarted coordinator rebuilds from); this adds
-    Slurm's view and presentation.
+    Slurm's view and presentation. ``journal_skipped``: the lines the journal reader skipped
+    (:func:`phoenix_hpc.control.journal.read_journal_skipping`), shown with what the fold skipped in the
+    ``journal`` warning and listed whole in ``Status.journal_skipped``.
 
     Raises:
-        KeyError/ValueError: a record lacks ``ts``/``event`` (the journal reader already refuses those).
+        KeyError/ValueError: a record lacks ``ts``/``event`` (the journal reader skips those).
     """
     slurm = slurm or SlurmInfo()
     run = run or RunFiles(run_dir="")
     cfg = run.config or {}
     all_records = list(records)
     records = current_job_records(all_records)
-    st, merged = journal_view(records, run, now)
+    st, merged = journal_view(records, run, now, journal_skipped)
     grid = st.grid or _config_grid(cfg)
     levels = list(_get(cfg, "resilience", "placement_levels", default=None) or ["node"])
     gpus = _get(cfg, "resources", "gpus_per_node")
@@ -574,5 +578,6 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     return Status(now=now, job=info, nodes=nodes, slots=slots, replicas=replicas,
                   spare_slots_left=spare_slots, spare_nodes_left=spare_nodes, recoveries=st.recoveries,
                   faults=st.faults, injections=list(st.injections.values()), warnings=warnings,
-                  progress=st.progress, commits=st.commits, journal_records=len(records), run_jobs=jobs,
+                  progress=st.progress, commits=st.commits, journal_records=len(records),
+                  journal_skipped=list(st.skipped), run_jobs=jobs,
                   drains=list(st.drains.values()), shrinks=list(st.shrinks), agreement=dict(st.agreement))

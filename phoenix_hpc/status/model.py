@@ -208,6 +208,8 @@ class Status:
     progress: list[list[float]]  # [ts, live step] points where it changed, in time order
     commits: list[list[float]]  # [ts, recoverable step] points, in time order
     journal_records: int
+    # every journal line or record not shown, with the reason (the ``journal`` warning names the first three)
+    journal_skipped: list[str] = field(default_factory=list)
     run_jobs: list[RunJobStatus] = field(default_factory=list)  # the run's Slurm jobs, oldest first
     drains: list[DrainStatus] = field(default_factory=list)  # planned drains, oldest first
     # shrinks (docs/design.md section 6): {ts, generation, dp_from, dp_to, recoverable_step, freed, lost, drain}
