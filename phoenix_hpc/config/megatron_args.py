@@ -197,9 +197,9 @@ ARGS: tuple[Arg, ...] = (
     Arg("--merge-file", "record", str, None, why="phoenix reads token ids; the tokenizer is kept for the record"),
     # --- evaluation and logging ---
     Arg("--eval-interval", "map", int, 1000, "training.eval_interval",
-        why="Megatron-LM evaluates every --eval-interval iterations when --eval-iters > 0 and the validation part "
-            "of --split is not empty; otherwise no evaluation (null). Megatron-LM's extra evaluation after the "
-            "last iteration is not done"),
+        why="Megatron-LM evaluates every --eval-interval iterations, and once more after the last iteration (on "
+            "the next --eval-iters batches; also with --train-iters below the interval), when --eval-iters > 0 and "
+            "the validation part of --split is not empty; phoenix does both; otherwise no evaluation (null)"),
     Arg("--eval-iters", "map", int, 100, "training.eval_iters", why="with an evaluation only"),
     Arg("--tensorboard-dir", "map", str, None, "logging.tensorboard_dir",
         why="also logging.tensorboard: true (a relative folder made absolute against the launch folder); the scalars phoenix writes are docs/engines.md's"),

@@ -249,9 +249,9 @@ class TrainingConfig(BaseModel):
     seed: int = Field(1234, ge=0, description="seed of parameter initialisation and data order")
     log_interval: int = Field(1, ge=1, description="log every N steps")
     eval_interval: int | None = Field(
-        None, ge=1, description="evaluate the validation loss after every step that is a multiple of N, on the "
-        "validation part of data.split (Megatron-LM's --eval-interval; needs data.blend with a validation part); "
-        "null: no evaluation")
+        None, ge=1, description="evaluate the validation loss after every step that is a multiple of N, and once "
+        "more after the last step (as Megatron-LM does after training), on the validation part of data.split "
+        "(Megatron-LM's --eval-interval; needs data.blend with a validation part); null: no evaluation")
     eval_iters: int | None = Field(
         None, ge=1, description="global batches of the validation part read by each evaluation (Megatron-LM's "
         f"--eval-iters); with eval_interval only; null: {MEGATRON_EVAL_ITERS}, Megatron-LM's default")
@@ -414,6 +414,8 @@ D2H_COPY_CHUNK_ALIGN = 16
 
 #: ``resilience.checksum_threads`` bounds, inclusive (runtime/checksum_pool.py THREADS_MIN/MAX; a unit test ties them)
 CHECKSUM_THREADS_RANGE = (1, 64)
+#: largest resilience.agreement_strikes_window_steps (a window longer than any run)
+STRIKES_WINDOW_MAX = 1_000_000_000
 
 
 class ResilienceConfig(BaseModel):
@@ -512,6 +514,12 @@ class ResilienceConfig(BaseModel):
         "the checkpoint to resubmit from (or restarts from it in the job if spares allow); auto is shrink with "
         "engine torch and stop with any other engine (shrink needs an engine that can re-partition its "
         "optimizer: torch only)")
+    agreement_strikes_window_steps: int = Field(
+        1000,
+        description="replica agreement (design section 6): a member named the corrupted data-parallel replica "
+        "(against a majority of its DP peers, so dp >= 3) at two different steps at most this many steps apart is "
+        "treated as a failing node: fenced and replaced by a spare. 0: never replaced for it (every difference is "
+        "still rolled back). Allowed: an integer from 0 to 1000000000")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="persistent checkpoints")
     # after ``checkpoint``: its check reads checkpoint.interval_steps (pydantic validates fields in this order)
     protect_every_max: int = Field(
@@ -520,6 +528,13 @@ class ResilienceConfig(BaseModel):
         "4, Protection interval): when a step's protection cannot finish inside the next step's compute window, "
         "the ranks protect every m-th step (lost work then at most 2m-1 steps), m chosen from the measured times; "
         "1 (the default) protects every step whatever it costs. Allowed: 1 .. checkpoint.interval_steps")
+
+    @field_validator("agreement_strikes_window_steps", mode="before")
+    @classmethod
+    def _strikes_window(cls, v):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= STRIKES_WINDOW_MAX:
+            raise ValueError(f"not allowed (allowed: an integer from 0 to {STRIKES_WINDOW_MAX}; 0: never)")
+        return v
 
     @field_validator("d2h_copy_chunk_bytes", mode="before")
     @classmethod

@@ -21,10 +21,10 @@ With a ``phase_hook`` the loop also calls ``phase_hook(s, phase)`` before each p
 ``wait_commit`` and ``optimizer_step``. The resilient driver (:mod:`phoenix_hpc.launch.execute`) uses it
 to poll the coordinator, fire injected faults at their phase, and know in which phase an error arose.
 
-With an ``evaluator`` (:class:`phoenix_hpc.launch.evaluate.Evaluator`) a step ``N`` it says is due is followed,
-after its optimizer step, by ``phase_hook(N, "evaluate")`` and the evaluation, before its record goes to
-``on_step`` (so a persistent checkpoint of ``N`` is written after it); the step's time and tokens/s do not count
-the evaluation.
+With an ``evaluator`` (:class:`phoenix_hpc.launch.evaluate.Evaluator`) a step ``N`` it says is due (a multiple
+of the interval, or the job's last step) is followed, after its optimizer step, by ``phase_hook(N, "evaluate")``
+and its evaluations, before its record goes to ``on_step`` (so a persistent checkpoint of ``N`` is written after
+them); the step's time and tokens/s do not count them.
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ class StepLog:
     def on_eval(self, rec) -> None:
         if self.reporter and rec.loss is not None:
             print(f"eval {rec.step:>6}/{self.cfg.training.steps} | validation loss {rec.loss:8.4f} | "
-                  f"{rec.iters} batches | {rec.eval_time_ms:8.1f} ms", flush=True)
+                  f"{rec.iters} batches | {rec.eval_time_ms:8.1f} ms{' | after training' if rec.final else ''}",
+                  flush=True)
         if self.metrics is not None:
             self.metrics.evaluation(rec)
 

@@ -5,9 +5,9 @@ dropout masks the lost rank drew. (That the blend's samples are those megatron-c
 BlendedMegatronDatasetBuilder yields for Megatron-LM's sizes is tests/unit/test_data_blend.py; that dropout
 masks follow the seed and the sample position is tests/unit/test_torch_dropout.py.)
 
-Both runs also evaluate on the blend's validation part every 10 steps and write TensorBoard event files: the
-job with the hot swap logs each step once, the validation losses at the evaluation steps equal to the
-fault-free run's (an evaluation is a pure function of the step's parameters, and it never changes the
+Both runs also evaluate on the blend's validation part every 10 steps and after the last step, and write
+TensorBoard event files: the job with the hot swap logs each step once, the validation losses at the
+evaluation steps equal to the fault-free run's (an evaluation is a pure function of the step's parameters, and it never changes the
 training: the final hash is the fault-free one), and the recovery the coordinator journaled as an event with
 its phases."""
 
@@ -62,7 +62,9 @@ def test_a_blend_with_dropout_is_hot_swapped_to_the_fault_free_hash(env, blend, 
     rec = _check_recovery(job, done, reference)
     assert done["final_hash"] == reference["final_hash"]
     ref_tb, tb = _scalars(tmp_path / "blend-ref" / "tensorboard"), _scalars(job.run_dir / "tensorboard")
-    evals = list(range(EVAL_INTERVAL, STEPS + 1, EVAL_INTERVAL))
+    # every EVAL_INTERVAL steps, and after the last step once more on the next batches (Megatron-LM's evaluation
+    # after training; the last step is a multiple here, so it is evaluated twice, as in Megatron-LM)
+    evals = list(range(EVAL_INTERVAL, STEPS + 1, EVAL_INTERVAL)) + [STEPS]
     assert [s for s, _ in tb["lm loss"]] == list(range(1, STEPS + 1))  # each step once, replayed ones too
     assert [s for s, _ in ref_tb["lm loss validation"]] == evals
     assert tb["lm loss validation"] == ref_tb["lm loss validation"]  # the same values, bit for bit
