@@ -295,13 +295,19 @@ class MetricsLog:
         self._each("close")
 
 
+def tensorboard_path(run_dir: str | os.PathLike, tensorboard_dir: str | None) -> Path:
+    """Where the event files go: ``logging.tensorboard_dir`` (relative: to ``run_dir``), by default
+    ``RUN_DIR/tensorboard``. Pure."""
+    return Path(run_dir) / (tensorboard_dir or "tensorboard")
+
+
 def metrics_log_of(cfg, run_dir: str | os.PathLike, since_step: int) -> MetricsLog | None:
     """The job's :class:`MetricsLog` for the logging rank, or None when neither TensorBoard nor W&B is asked.
     ``since_step``: the step this rank starts logging from (its engine's step at the start)."""
     lg = cfg.logging
     sinks: list = []
     if lg.tensorboard:
-        sinks.append(TensorBoardSink(Path(run_dir) / (lg.tensorboard_dir or "tensorboard")))
+        sinks.append(TensorBoardSink(tensorboard_path(run_dir, lg.tensorboard_dir)))
     if lg.wandb is not None:
         sinks.append(WandbSink(lg.wandb, cfg.name, run_dir, cfg.model_dump(mode="json")))
     if not sinks:

@@ -79,6 +79,7 @@ from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control.view import LIVE_SLOT_STATES, TERMINAL_STATES, JobView, fold
 from phoenix_hpc.recovery.plan import shard_id_of
+from phoenix_hpc.status.metrics_sinks import metrics_sinks
 from phoenix_hpc.status.model import (
     HolderStatus,
     InjectionStatus,
@@ -563,7 +564,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
         end_signal=st.end_signal, jobs=_run_jobs(run.job),
         in_job_restart=restart_requested(records),
         test_env=dict(st.test_env),
-        step_at=st.live_at, slurm_unreachable=slurm.unreachable,
+        step_at=st.live_at, slurm_unreachable=slurm.unreachable, metrics=metrics_sinks(cfg, run.run_dir),
     )
     from phoenix_hpc.control.run_jobs import job_entries
     from phoenix_hpc.status.jobs import run_jobs

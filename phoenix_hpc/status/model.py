@@ -104,6 +104,9 @@ class JobInfo:
     slurm_unreachable: bool = False
     # the complete checkpoint this job of the run resumed from (``phoenix submit --resume``; None: step 0)
     resume_step: int | None = None
+    # where the training metrics go (config.yaml's logging, status/metrics_sinks.py): {"tensorboard": folder or
+    # None, "wandb": {project, entity, name, mode, dir} or None}; None: neither TensorBoard nor W&B is on
+    metrics: dict[str, Any] | None = None
 
 
 @dataclass

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from phoenix_hpc.control.events import TIMED_PHASES
+from phoenix_hpc.status.metrics_sinks import metrics_text
 from phoenix_hpc.status.model import Status
 from phoenix_hpc.status.text import REPLAYED_MEANS, shorten
 
@@ -94,6 +95,8 @@ def _header(st: Status) -> Table:
         t.add_row("ended", f"by {j.end_cause} (no final record from the coordinator)")
     if j.final_hash:
         t.add_row("final hash", j.final_hash)
+    if j.metrics:
+        t.add_row("metrics", metrics_text(j.metrics))
     return t
 
 
