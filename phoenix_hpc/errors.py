@@ -54,6 +54,37 @@ class ReplicationError(PhoenixError):
     """Snapshot or replica handling failed (bad chunk size, not enough host memory, checksum mismatch)."""
 
 
+class ReplicaDisagreement(ReplicationError):
+    """The commit fence of ``step`` showed data-parallel replicas whose parameters differ (silent corruption,
+    docs/design.md section 6, Replica agreement): the snapshot that would overwrite the last copy every
+    replica agreed on is held instead. Every rank of the job raises it from the same fence result.
+
+    ``step``: the first committed step found to differ; ``agreed_step``: the newest step the fences showed
+    every stage in agreement before it (None: none in this generation); ``stages``: ``((pp, tp, smallest
+    digest, largest digest), ...)`` of the stages that differ; ``params``: this rank's ``(step, digest)`` of
+    its newest commits. ``fault_kind``: the kind it reports; ``fault_detail``: what the fault report carries
+    besides (the recovery must restore a step before ``step``)."""
+
+    fault_kind = "silent_corruption"
+
+    def __init__(self, step: int, agreed_step: int | None, stages, params=(), held_step: int | None = None):
+        self.step, self.agreed_step = int(step), agreed_step
+        self.stages = tuple(tuple(x) for x in stages)
+        self.params = tuple((int(s), int(d)) for s, d in params)
+        where = ", ".join(f"pp={pp} tp={tp} (digests {lo:016x} .. {hi:016x})" for pp, tp, lo, hi in self.stages)
+        super().__init__(
+            f"silent corruption: the parameters of the data-parallel replicas differ at step {self.step} "
+            f"(commit fence; {where}); "
+            + (f"the snapshot that would overwrite step {held_step} is held; " if held_step is not None else "")
+            + (f"the replicas last agreed at step {agreed_step}" if agreed_step is not None
+               else "no earlier step of this generation was seen to agree"))
+
+    @property
+    def fault_detail(self) -> dict:
+        return {"corrupt_step": self.step, "agreed_step": self.agreed_step,
+                "params": [[s, f"{d:016x}"] for s, d in self.params]}
+
+
 class RecoveryError(PhoenixError):
     """A recovery cannot proceed (no spare, no verified replica, invariant violated)."""
 

@@ -9,8 +9,8 @@ tensors (:func:`phoenix_hpc.runtime.checksum.digest64` over the per-tensor check
 anyway; optimizer shards differ by design and are not compared). The coordinator's :class:`AgreementBook`
 gathers the digests per (step, pp, tp) and :func:`compare` judges a complete set.
 
-Pure decisions (:func:`check_report`, :func:`compare`, :func:`majority_of`) and one book that owns the
-pending digests; the coordinator journals what they return (``agreement_rejected``, ``silent_corruption``,
+Pure decisions (:func:`check_report`, :func:`compare`, :func:`majority_of`, :func:`add_strike`) and one
+book that owns the pending digests, the steps repaired and the members' strikes; the coordinator journals what they return (``agreement_rejected``, ``silent_corruption``,
 ``agreement_undetectable`` in :mod:`phoenix_hpc.control.events`).
 """
 
@@ -110,6 +110,18 @@ class AgreementBook:
     #: the first step found to differ, and the newest step its coordinate agreed at before (None: unknown)
     first_bad: int | None = None
     bad_last_agreed: int | None = None
+    #: steps whose difference a recovery rolled back before (a second difference at one of them stops the job)
+    repaired: set[int] = field(default_factory=set)
+    #: world rank -> the steps at which it was named the suspect against a majority (add_strike)
+    strikes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def carry_from(self, old: "AgreementBook") -> None:
+        """Take over what holds for the whole run from the book of an earlier generation: steps number the
+        whole run, so what was seen to agree, first differ or was repaired stays so, and strikes count across
+        recoveries."""
+        self.last_agreed, self.first_bad, self.bad_last_agreed = (dict(old.last_agreed), old.first_bad,
+                                                                   old.bad_last_agreed)
+        self.repaired, self.strikes = set(old.repaired), dict(old.strikes)
 
     def add(self, step: int, pp: int, dp: int, tp: int, digest: str) -> Verdict | None:
         """A member's accepted digest of ``step``; the verdict once every DP peer's digest of that step and
@@ -151,6 +163,22 @@ class AgreementBook:
     def summary(self) -> dict[str, int | None]:
         """``{"checked", "disagreed", "last_step"}`` for the journal's ``commit`` record and status."""
         return {"checked": self.checked, "disagreed": self.disagreed, "last_step": self.last_step}
+
+
+def add_strike(strikes: Mapping[int, Sequence[int]], member: int, step: int,
+               window: int) -> tuple[dict[int, tuple[int, ...]], bool]:
+    """Count that ``member`` (a world rank) was named the suspect against a majority at ``step``. Pure.
+
+    Returns the new strikes (member -> steps, only those within ``window`` steps of the newest kept) and
+    whether ``member`` is now a repeat offender: named at two different steps at most ``window`` steps
+    apart (``resilience.agreement_strikes_window_steps``; 0: never). A step named again (the same
+    difference judged once more, or replayed) is no new strike."""
+    out = {m: tuple(v) for m, v in strikes.items()}
+    mine = sorted(set(out.get(member, ())) | {int(step)})
+    newest = mine[-1]
+    mine = [s for s in mine if newest - s <= window] if window > 0 else [newest]
+    out[member] = tuple(mine)
+    return out, window > 0 and len(mine) >= 2
 
 
 def restart_advice(first_bad: int, last_agreed: int | None, checkpoints: Sequence[int]) -> tuple[int | None, str]:

@@ -11,7 +11,7 @@ tick calls :func:`arbitrate`, a pure function of the queue, the active slots' la
 - Otherwise the faults are combined (:func:`phoenix_hpc.control.classify.combine`). A hot swap with no dead
   member and no cut-short restore (e.g. a reported GPU error on a live slot) first *fences* the slots each
   replacement fault names (:attr:`Arbitration.fence`); a peer that only reported the collective error it
-  suffered stays a member.
+  suffered, or a difference of the replicas its commit fence showed, stays a member.
 
 The coordinator carries the result out: declares the fenced slots dead, journals ``decision``, then ends the
 job (clean stop, in-job restart) or starts the recovery, dated by :func:`fault_time`.
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine
+from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, classify, combine
 from phoenix_hpc.control.records import PendingFault
 
 # Collective errors: a consequence of a peer's loss, or transient when every process proved alive after them.
@@ -82,8 +82,10 @@ def arbitrate(pending: Sequence[PendingFault], active_last_seen: Iterable[float]
     fence: list[Fence] = []
     if decision.action is Action.HOT_SWAP and not dead_members and not restore_pending:
         member_set = set(members)
+        # only the faults that call for a replacement themselves: the ranks that reported a difference
+        # of the replicas at their commit fence (a local recovery's fault) are not the culprits
         fence = [Fence(tuple(w for w in f.slots if w in member_set), f.kind, f.detail)
-                 for f in faults if f.kind not in COMM_KINDS]
+                 for f in faults if f.kind not in COMM_KINDS and classify(f).action is Action.HOT_SWAP]
     reporters = frozenset(w for f in faults if f.kind in COMM_KINDS for w in f.slots)
     return Arbitration(decision, faults, tuple(fence), reporters, tuple(p.t for p in pend))
 

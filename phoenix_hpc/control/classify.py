@@ -4,11 +4,14 @@
 signal                                                                 action
 =====================================================================  ==================
 transient communication error / collective timeout, all processes      LOCAL_RECOVERY
-alive
+alive; DP replicas whose parameters differ at a commit fence (silent
+corruption naming the step: roll back before it)
 GPU memory (HBM/ECC/Xid), PCIe / host / kernel fault, node reboot or   HOT_SWAP
 loss, network or storage loss on a node, process crash, missed
-heartbeats (hang), communication error with a dead member
-software bug, numerical error (NaN/Inf), silent corruption, unknown    CLEAN_STOP
+heartbeats (hang), communication error with a dead member; a member
+found corrupting its replica twice within the strike window
+software bug, numerical error (NaN/Inf), silent corruption without     CLEAN_STOP
+a step to roll back before (checksum failures), unknown
 =====================================================================  ==================
 
 ``CLEAN_STOP`` means: stop at once without training on, and hand over to the persistent-checkpoint restart
@@ -41,6 +44,7 @@ class FaultKind(str, enum.Enum):
     NUMERICAL = "numerical"
     SOFTWARE_BUG = "software_bug"
     SILENT_CORRUPTION = "silent_corruption"
+    REPEATED_CORRUPTION = "repeated_corruption"
     UNKNOWN = "unknown"
 
 
@@ -57,6 +61,9 @@ class Fault:
     ``slots``: world ranks of the slots the signal names (the reporter, the silent ones, the exited ones).
     ``all_alive``: whether every active slot is still alive (heartbeating, process running) -- only that
     makes a communication error transient. ``detail``: free text (exception message, detect reason).
+    ``bad_step``: for ``silent_corruption`` found by the commit fence, the first committed step whose DP
+    replicas differ (a recovery must restore an older step); ``agreed_step``: the newest step the fences
+    showed in agreement before it (None: unknown).
     """
 
     kind: FaultKind
@@ -64,6 +71,8 @@ class Fault:
     nodes: tuple[str, ...] = ()
     all_alive: bool = False
     detail: str = ""
+    bad_step: int | None = None
+    agreed_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,7 @@ _HARDWARE = frozenset(
         FaultKind.STORAGE_LOSS,
         FaultKind.PROCESS_EXIT,
         FaultKind.HEARTBEAT_TIMEOUT,
+        FaultKind.REPEATED_CORRUPTION,
     }
 )
 _OUT_OF_SCOPE = {
@@ -115,6 +125,12 @@ def classify(fault: Fault) -> Decision:
                 "to the committed local snapshot, no spare used",
             )
         return Decision(Action.HOT_SWAP, f"{k.value} with a dead member{_where(fault)}: replace the lost slots")
+    if k is FaultKind.SILENT_CORRUPTION and fault.bad_step is not None:
+        return Decision(
+            Action.LOCAL_RECOVERY,
+            f"silent data corruption: the DP replicas' parameters differ at step {fault.bad_step}{_where(fault)}: "
+            f"roll every member back to the newest step before it and replay, no spare used",
+        )
     if k in _HARDWARE:
         return Decision(Action.HOT_SWAP, f"{k.value}{_where(fault)}: replace the node with a spare")
     return Decision(

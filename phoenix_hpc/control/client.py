@@ -306,10 +306,12 @@ class CoordinatorClient:
                    "live_step": live_step, "shards": shards, "replicas": replicas, **extra})
 
     def report_fault(self, generation: int, step: int, phase: str, exc: BaseException | None = None,
-                     kind: str | None = None, message: str = "") -> None:
-        """A fault seen inside the step (exception, collective timeout); ``kind`` overrides classification."""
-        self.send({"type": "fault", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
-                   "step": step, "phase": phase, "kind": kind,
+                     kind: str | None = None, message: str = "", detail: dict | None = None) -> None:
+        """A fault seen inside the step (exception, collective timeout); ``kind`` overrides classification;
+        ``detail``: fields the fault carries besides (a replica disagreement's ``corrupt_step``,
+        ``agreed_step`` and ``params``: :attr:`phoenix_hpc.errors.ReplicaDisagreement.fault_detail`)."""
+        self.send({**(detail or {}), "type": "fault", "world_rank": self.world_rank, "pid": self.pid,
+                   "generation": generation, "step": step, "phase": phase, "kind": kind,
                    "exc_type": type(exc).__name__ if exc is not None else "",
                    "message": str(exc) if exc is not None else message,
                    **({"signalled": self.signalled} if self.signalled else {})})

@@ -11,11 +11,12 @@ and the planned end's in :mod:`phoenix_hpc.control.planned_end`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control import recovery_machine
-from phoenix_hpc.control.agreement import REPORT_STEPS, AgreementBook, check_report
+from phoenix_hpc.control.agreement import REPORT_STEPS, AgreementBook, add_strike, check_report
 from phoenix_hpc.control.classify import Fault, FaultKind
 from phoenix_hpc.control.ledger import all_done, fault_report, job_done
 from phoenix_hpc.control.records import PendingFault
@@ -67,18 +68,21 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
     """A member's parameter digests of its newest commits (``params``: ``[[step, digest], ...]``), each
     compared with its DP peers' once all of them reported that step (control/agreement.py decides). A
     rejected digest is journalled once (``agreement_rejected``) and compared with nothing; a disagreement is
-    journalled (``silent_corruption``) and queued as a ``silent_corruption`` fault naming the suspects' slots.
-    A grid with dp = 1 is journalled once per generation as undetectable (``agreement_undetectable``)."""
+    journalled (``silent_corruption``, naming the suspects) and counted against them (:func:`_disagreement`).
+    A grid with dp = 1 is journalled once per generation as undetectable (``agreement_undetectable``).
+
+    Reports of the generation a recovery just left are still compared while the book is of that generation
+    (until the first report of the new one): the ranks' commit fence stops them at the step after a
+    difference, and the reports that name who differs arrive with their heartbeats during the recovery."""
     if not c.grid:
         return
     tp, pp, dp = c.grid
     book = c.agreement
-    if book is None or book.generation != c.generation or book.dp != dp:  # a shrink changes dp mid-recovery
-        old = book
+    if book is None or (g == c.generation and (book.generation != c.generation or book.dp != dp)):
+        old = book  # a new generation (a shrink changes dp mid-recovery)
         book = c.agreement = AgreementBook(dp=dp, generation=c.generation)
-        if old is not None:  # steps number the whole run: what was seen to agree, or first differ, stays so
-            book.last_agreed, book.first_bad, book.bad_last_agreed = (dict(old.last_agreed), old.first_bad,
-                                                                       old.bad_last_agreed)
+        if old is not None:
+            book.carry_from(old)
         if dp < 2:
             c.journal.append(E.AgreementUndetectable(
                 generation=c.generation, stages=[[p, t] for p in range(pp) for t in range(tp)],
@@ -94,7 +98,7 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
         return reject(None, f"parameter digests {type(params).__name__} of length "
                             f"{len(params) if isinstance(params, list) else '-'}: not a list of at most "
                             f"{REPORT_STEPS} [step, digest] pairs")
-    if g != c.generation:  # one record per old generation: every slot reports it until its first new commit
+    if g != book.generation or book.dp != dp:  # one record per old generation: every slot reports it until its first new commit
         steps = [p[0] for p in params if isinstance(p, list) and p and type(p[0]) is int]
         return reject(max(steps, default=None), check_report("0" * 16, g, c.generation),
                       key=("generation", g))
@@ -104,7 +108,7 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
         if type(item) is list and len(item) == 2 and type(item[0]) is int and 0 <= item[0] <= seen:
             continue
         step, digest = (item[0], item[1]) if isinstance(item, list) and len(item) == 2 else (None, item)
-        why = check_report(digest, g, c.generation)
+        why = check_report(digest, g, book.generation)
         if why is None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
             why = f"step {step!r} is not a non-negative integer"
         if why is not None:
@@ -113,23 +117,48 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
         book.newest[r] = max(book.newest.get(r, -1), step)
         v = book.add(step, co.pp, co.dp, co.tp, digest)
         if v is not None and not v.agree:
-            _disagreement(c, v, step)
+            _disagreement(c, book, v, step)
 
 
-def _disagreement(c: Any, v: Any, step: int) -> None:
-    """Journal a :class:`~phoenix_hpc.control.agreement.Verdict` of replicas that differ and queue its fault."""
+def _disagreement(c: Any, book: AgreementBook, v: Any, step: int) -> None:
+    """Journal a :class:`~phoenix_hpc.control.agreement.Verdict` of replicas that differ, count a strike
+    against each suspect outside a majority (a repeat offender within ``agreement_strikes_window_steps`` is
+    fenced: declared dead and replaced like a failing node), and, for the job's current generation, queue a
+    ``silent_corruption`` fault naming the step (a recovery rolls back before it) unless a recovery already
+    rolled back before that step. The ranks' commit fence finds the same difference one step after it and
+    reports it itself; this queued fault covers the rare case where the heartbeats come first."""
     tp, pp, dp = c.grid
     logical = {d: rank_of(GridCoord(v.pp, d, v.tp), tp, pp, dp) for d in v.digests}
     suspects = [logical[d] for d in v.suspects]
     c.journal.append(E.SilentCorruption(
-        generation=c.generation, step=step, pp=v.pp, tp=v.tp,
+        generation=book.generation, step=step, pp=v.pp, tp=v.tp,
         members={str(logical[d]): h for d, h in v.digests.items()}, suspects=suspects,
         **({"majority": [logical[d] for d in v.majority]} if v.majority else {})))
     who = (f"logical rank(s) {suspects} differ from the majority {[logical[d] for d in v.majority]}" if v.majority
            else f"logical ranks {suspects} differ and no majority says which is right")
-    c.faults.append(PendingFault(Fault(
-        FaultKind.SILENT_CORRUPTION, tuple(c.rank_map[x] for x in suspects if x in c.rank_map),
-        detail=f"parameters of the DP replicas at pp={v.pp}, tp={v.tp} differ at step {step}: {who}"), c.clock()))
+    agreed = book.last_agreed.get((v.pp, v.tp))
+    agreed = agreed if agreed is not None and agreed < step else None
+    ranks = getattr(c, "rank_maps", {}).get(book.generation, c.rank_map)  # the verdict's generation's members
+    window = int(getattr(c.t, "agreement_strikes_window_steps", 0))
+    for r in (suspects if v.majority else ()):  # with no majority nobody is known to be wrong
+        w = ranks.get(r)
+        if w is None:
+            continue
+        book.strikes, repeat = add_strike(book.strikes, w, step, window)
+        if repeat and w in c.rank_map.values():
+            why = (f"named the corrupted DP replica at steps {', '.join(map(str, book.strikes[w]))}, within "
+                   f"resilience.agreement_strikes_window_steps = {window}: treated as a failing node")
+            n = len(c.faults)
+            c._declare_dead([w], FaultKind.REPEATED_CORRUPTION, why, c.clock())
+            for i in range(n, len(c.faults)):  # its replacement must also restore a step before the difference
+                p = c.faults[i]
+                if p.fault.kind is FaultKind.REPEATED_CORRUPTION:
+                    c.faults[i] = PendingFault(replace(p.fault, bad_step=step, agreed_step=agreed), p.t)
+    if book.generation == c.generation and step not in book.repaired:
+        c.faults.append(PendingFault(Fault(
+            FaultKind.SILENT_CORRUPTION, tuple(c.rank_map[x] for x in suspects if x in c.rank_map),
+            detail=f"parameters of the DP replicas at pp={v.pp}, tp={v.tp} differ at step {step}: {who}",
+            bad_step=step, agreed_step=agreed), c.clock()))
 
 
 def recoverable_step_of(c: Any) -> int | None:
@@ -197,6 +226,10 @@ def on_fault(c: Any, body: dict) -> None:
         generation=c.generation, stopping=(c.ending is not None or bool(c._stop_reason)
                                            or c.job.state in TERMINAL_JOB_STATES))
     c.journal.append(record)
+    if record.kind == FaultKind.SILENT_CORRUPTION.value and body.get("params") is not None:
+        # a commit fence found DP replicas that differ: the report's digests say who, before the heartbeats
+        # do (also when the report is superseded: it is still evidence)
+        check_agreement(c, slot, record.generation, body["params"])
     if fault is not None:  # None: a consequence of a fault being handled or of a stop (control/ledger.py)
         c.faults.append(PendingFault(fault, c.clock()))
 

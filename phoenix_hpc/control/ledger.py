@@ -26,7 +26,10 @@ def fault_report(body: Mapping[str, Any], *, world_rank: int, node: str, slot_ge
     ``slot_generation``: the generation of the reporting slot (a report without one is of it);
     ``generation``: the job's; ``stopping``: a planned end or a stop is under way, or the job ended. The
     fault's kind is the report's ``kind`` when known, else read from its exception
-    (:func:`phoenix_hpc.control.classify.kind_from_exception`). Pure.
+    (:func:`phoenix_hpc.control.classify.kind_from_exception`). A ``silent_corruption`` report's
+    ``corrupt_step`` (and ``agreed_step``, below it) become the fault's ``bad_step`` (``agreed_step``):
+    a step that is not a non-negative integer is ignored, and so is an agreed step not below the bad one.
+    Pure.
 
     Raises:
         TypeError, ValueError: a generation that is not an integer (the caller rejects the message).
@@ -42,7 +45,15 @@ def fault_report(body: Mapping[str, Any], *, world_rank: int, node: str, slot_ge
     if superseded:
         return record, None
     detail = f"{body.get('exc_type', '')}: {body.get('message', '')}"[:300]
-    return record, Fault(kind, (world_rank,), (node,), False, detail)
+    bad, agreed = _step_or_none(body.get("corrupt_step")), _step_or_none(body.get("agreed_step"))
+    if kind is not FaultKind.SILENT_CORRUPTION or (agreed is not None and (bad is None or agreed >= bad)):
+        bad = agreed = None  # only a disagreement names a step to roll back before, and agrees before it
+    return record, Fault(kind, (world_rank,), (node,), False, detail, bad_step=bad, agreed_step=agreed)
+
+
+def _step_or_none(v: Any) -> int | None:
+    """A step of a report: a non-negative int, else None (ignored)."""
+    return v if type(v) is int and v >= 0 else None
 
 
 def all_done(done: Mapping[int, Any], *, members: int, grid: Any, job_state: JobState,

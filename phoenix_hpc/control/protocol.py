@@ -44,6 +44,9 @@ commit          world_rank, generation, step, shards {shard_id: committed local 
                 peers' (control/agreement.py)]
 fault           world_rank, generation, step, phase, exc_type, message [, kind] [, signalled: the signal the
                 slot received before (a stop is under way: the fault is journalled superseded)]
+                [, corrupt_step, agreed_step, params: a commit fence showed DP replicas that differ
+                (kind silent_corruption): the first step that differed, the newest agreed one, the
+                slot's digests as in ``commit``]
 done            world_rank, generation, step, state_hash
 recovered       world_rank, generation, report (MemberReport JSON), timings {phase: seconds}
 inject          kind, target {world_rank | logical_rank | node | coord [pp, dp, tp]}, at_step, phase,

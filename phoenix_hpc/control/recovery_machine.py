@@ -59,6 +59,7 @@ from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, RecoveryPh
 from phoenix_hpc.recovery.invariants import report_from_json, verify_recovery
 from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, plan_checkpoint_restart, plan_recovery
 from phoenix_hpc.recovery.shrink import plan_shrink
+from phoenix_hpc.recovery.steps import before_step
 
 
 def on_quiesced(c: Any, body: dict) -> None:
@@ -112,17 +113,29 @@ def decide(c: Any, now: float) -> None:
         for f in arb.fence:
             c._declare_dead(list(f.slots), f.kind, f.reason, now)
         c.faults.clear()
+    book = c.agreement
+    if book is None and c.grid and any(f.bad_step is not None for f in faults):
+        from phoenix_hpc.control.agreement import AgreementBook
+
+        book = c.agreement = AgreementBook(dp=c.grid[2], generation=c.generation)
+    again = sorted({f.bad_step for f in faults if f.kind is FaultKind.SILENT_CORRUPTION and f.bad_step is not None
+                    and f.bad_step in book.repaired}) if book is not None else []
+    if again:  # a second difference at a step already rolled back and replayed: memory cannot be trusted
+        decision = Decision(Action.CLEAN_STOP, f"silent data corruption: the DP replicas' parameters differ again at "
+                                               f"step {again[0]} after a rollback before it and its replay")
     c.journal.append(E.Decision(action=decision.action.value, reason=decision.reason,
                                 faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes)} for f in faults]))
     if c.t.in_job_restart:  # checkpoint-restart in the job: the batch script starts a new srun step
         return _request_in_job_restart(c, decision.reason, set(arb.reporters))
-    book = c.agreement
-    if decision.action is Action.CLEAN_STOP and book is not None and book.first_bad is not None and any(
+    if decision.action is Action.CLEAN_STOP and book is not None and (book.first_bad is not None or again) and any(
             f.kind is FaultKind.SILENT_CORRUPTION for f in faults):
         # replicas that differed (control/agreement.py): only a checkpoint from before it is vouched for
         from phoenix_hpc.recovery.ckpt_files import complete_steps
 
-        ck, advice = restart_advice(book.first_bad, book.bad_last_agreed,
+        first_bad = min([s for s in (book.first_bad, *again) if s is not None])
+        agreed = book.bad_last_agreed if book.first_bad == first_bad else max(
+            (f.agreed_step for f in faults if f.bad_step == first_bad and f.agreed_step is not None), default=None)
+        ck, advice = restart_advice(first_bad, agreed,
                                     complete_steps(c.t.checkpoint_path) if c.t.checkpoint_path else [])
         c._end(JobState.FAILED, E.CleanStop(reason=decision.reason, checkpoint_step=ck,
                                             message="stopped without training on; " + advice))
@@ -136,6 +149,8 @@ def decide(c: Any, now: float) -> None:
         return
     t_fault = fault_time(arb.arrived, c._t_fault_hint, now)  # the hint as the fencing left it
     c._t_fault_hint = None
+    if book is not None:  # the steps this recovery rolls back before: a second difference there stops the job
+        book.repaired |= {f.bad_step for f in faults if f.bad_step is not None}
     start_recovery(c, decision, faults, t_fault, now)
 
 
@@ -202,6 +217,8 @@ def _abort_recovery(c: Any, reason: str, now: float) -> None:
         c.faults.append(PendingFault(Fault(FaultKind.UNKNOWN, (), (), False, reason), now))
     pend = list(c.faults)
     c.faults.clear()
+    # the re-planned recovery still restores a step before a difference of the replicas this one was for
+    pend += [PendingFault(f, now) for f in rec.faults if f.bad_step is not None]
     # the last heartbeat of a member found dead during this recovery (_declare_dead) goes with the queued
     # faults into the re-planned recovery, as _decide takes it: left behind, it would date a later
     # recovery's detection from a fault this one handles
@@ -306,6 +323,9 @@ def _plan(c: Any, rec: Recovery, now: float) -> None:
                      and s.node not in c.drained_nodes), key=lambda w: (c.slots[w].node, w))
     dead = [w for w, s in c.slots.items() if s.state is SlotState.DEAD or
             (s.state is SlotState.DONE and w in c.drained and w in c.rank_map.values())]
+    bad = bad_step_of(rec)
+    if bad is not None:  # the replicas differed at `bad`: restore a step before it (docs/design.md section 6)
+        committed, dirty = before_step(committed, live_steps, dirty, bad)
     t0 = time.perf_counter()
     if c.t.recovery_from_checkpoint:  # resilience.recovery_source: checkpoint (the fallback on purpose)
         return fallback(c, rec, FallbackRequired("resilience.recovery_source is 'checkpoint'"), live_steps,
@@ -330,6 +350,12 @@ def _plan(c: Any, rec: Recovery, now: float) -> None:
     except FallbackRequired as exc:
         return fallback(c, rec, exc, live_steps, spares, dead, now)
     _send_plan(c, rec, plan, now, time.perf_counter() - t0)
+
+
+def bad_step_of(rec: Recovery) -> int | None:
+    """The first step a recovery's faults know to be bad (DP replicas that differed, docs/design.md section 6):
+    it restores an older step; None when none of its faults names one."""
+    return min((f.bad_step for f in getattr(rec, "faults", ()) if f.bad_step is not None), default=None)
 
 
 def _shrink_wanted(c: Any, rec: Recovery, dead: list[int], spares: list[int]) -> bool:
@@ -474,6 +500,12 @@ def fallback(c: Any, rec: Recovery, exc: FallbackRequired, live_steps: dict[int,
     from the newest persistent checkpoint (spares take the dead ranks, every member loads it); when
     there is no checkpoint or not enough spares, stop cleanly naming the checkpoint to resubmit from."""
     ck = newest_checkpoint(c)
+    bad = bad_step_of(rec)
+    if bad is not None and ck is not None and ck >= bad:  # a checkpoint from the difference on may carry it
+        from phoenix_hpc.recovery.ckpt_files import complete_steps
+
+        ck = max((s for s in (complete_steps(c.t.checkpoint_path) if c.t.checkpoint_path else []) if s < bad),
+                 default=None)
     # the newest step any member finished: its survivors' live steps, or with none left (every member
     # lost) the steps the members last reported
     newest = max(live_steps.values(), default=None)

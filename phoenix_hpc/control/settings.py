@@ -30,6 +30,8 @@ class Timing:
     recovery_from_checkpoint: bool = False  # recovery_source checkpoint: every recovery loads the persistent checkpoint
     shrink: bool = False  # spares exhausted: shrink (remove the lost slots' DP replica) instead of stopping
     shrink_capable: bool = False  # the engine can shrink (drain --shrink asks for one whatever spares_exhausted says)
+    # a member named the corrupted DP replica at two steps at most this far apart is replaced (0: never)
+    agreement_strikes_window_steps: int = 1000
 
 
 def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | None]:
@@ -57,7 +59,8 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
                recovery_from_checkpoint=bool(r.enabled and r.mode == "phoenix" and r.recovery_source == "checkpoint"),
                shrink=shrinks_when_spares_run_out(enabled=r.enabled, mode=r.mode,
                                                   spares_exhausted=r.spares_exhausted, engine=cfg.engine),
-               shrink_capable=bool(r.enabled and r.mode == "phoenix" and cfg.engine == "torch"))
+               shrink_capable=bool(r.enabled and r.mode == "phoenix" and cfg.engine == "torch"),
+               agreement_strikes_window_steps=r.agreement_strikes_window_steps)
     par = cfg.parallelism
     grid = (par.tp, par.pp, par.dp) if par.dp else None
     return t, grid

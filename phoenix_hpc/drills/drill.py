@@ -4,8 +4,14 @@ says happened to each of them. Both halves are pure; the CLI does the submitting
 Planning rules (so that every planned fault can be survived by design):
 
 - by default the kinds :data:`VERIFIED_KINDS` are drawn (crash, kill-node, hang, transient);
-  ``link-down``, ``gpu-error`` and ``corrupt-replica`` are drawn only when named in ``kinds``; ``bitflip``
-  is refused (it stops the job: replica agreement finds it and stops cleanly, docs/design.md section 6);
+  ``link-down``, ``gpu-error``, ``corrupt-replica`` and ``bitflip`` are drawn only when named in ``kinds``;
+- a ``bitflip`` is expected to end in a local recovery (replica agreement finds it at the next commit fence
+  and every member rolls back before it, docs/design.md section 6). It needs ``parallelism.dp >= 2`` (with
+  one replica nothing can compare it: undetectable) and a protection of every step
+  (``resilience.protect_every_max`` 1: a flip in a step that starts no snapshot is not found); each rank is
+  flipped at most once per drill (a member named the corrupted replica twice within
+  ``resilience.agreement_strikes_window_steps`` is replaced instead, a hot swap), so a drill draws another
+  kind once every rank was flipped;
 - a ``corrupt-replica`` causes no recovery by itself, so a drill pairs it with one: one holder's replica of
   the target's shard is corrupted (landing in phase ``recovery``, at the start of the next recovery, before
   the holders verify their copies again) and the target crashes at the planned step and phase. The recovery
@@ -98,13 +104,15 @@ def corrupt_replica_first_step(k: int, checkpoint_every: int | None) -> int | No
 
 def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int, spare_nodes: int,
                kinds: Sequence[str] = VERIFIED_KINDS, k: int = 1, in_job: bool = False,
-               checkpoint_every: int | None = None) -> list[DrillFault]:
+               checkpoint_every: int | None = None, dp: int = 1, protect_every_max: int = 1) -> list[DrillFault]:
     """``n`` faults for a job of ``steps`` steps and ``world`` logical ranks (see the module doc); ``k``: the
     job's replicas per shard (what a ``corrupt-replica`` drill expects depends on it). ``in_job``: a drill of
     the in-job checkpoint-restart baseline (:mod:`phoenix_hpc.drills.in_job`): only its kinds, each fault
     costs a whole spare node and is expected to end in an in-job restart. ``checkpoint_every``: the job's
     ``resilience.checkpoint.interval_steps`` (None: it writes no persistent checkpoint); a ``corrupt-replica``
-    with ``k = 1`` is planned only after the first one (:func:`corrupt_replica_first_step`).
+    with ``k = 1`` is planned only after the first one (:func:`corrupt_replica_first_step`). ``dp`` and
+    ``protect_every_max``: the job's ``parallelism.dp`` and ``resilience.protect_every_max`` (a ``bitflip``
+    needs dp >= 2 and 1).
 
     Raises:
         FaultError: ``n < 1``, too few steps for ``n`` separated faults, or an unknown kind (or, ``in_job``,
@@ -130,11 +138,15 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
             raise FaultError(f"--kinds: {k!r} is not allowed in a drill: it causes no recovery by itself (a drill "
                              f"waits for one per fault); inject it with phoenix inject-fault before another fault; "
                              f"allowed: {', '.join(n for n, s in KINDS.items() if s.action != 'none')}")
-        if KINDS[k].action == "clean_stop":
-            raise FaultError(f"--kinds: {k!r} is not allowed in a drill: the replica agreement that finds it stops "
-                             f"the job cleanly (no in-memory repair, docs/design.md section 6), so the drill's "
-                             f"later faults would never land; inject it with phoenix inject-fault; allowed: "
-                             f"{', '.join(n for n, s in KINDS.items() if s.action not in ('none', 'clean_stop'))}")
+        if k == "bitflip" and dp < 2:
+            raise FaultError(f"--kinds: 'bitflip' is not allowed in a drill of a job with parallelism.dp = {dp}: "
+                             "no data-parallel peer holds the same parameters, so a flipped bit is undetectable "
+                             "(journalled agreement_undetectable) and nothing recovers; allowed with dp >= 2")
+        if k == "bitflip" and protect_every_max != 1:
+            raise FaultError(f"--kinds: 'bitflip' is not allowed in a drill of a job with "
+                             f"resilience.protect_every_max = {protect_every_max}: a flip in a step that starts no "
+                             "snapshot is overwritten unseen, so the drill could not expect its recovery; allowed "
+                             "with protect_every_max 1")
     last = steps - 2
     span = last - FIRST_STEP + 1
     min_gap = 3
@@ -147,6 +159,7 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
     def cost(kind: str) -> int:  # in-job: the dead slot's whole node leaves the job (refused above when n
         return gpus_per_node if in_job else slot_cost(kind, gpus_per_node)  # exceeds the spare nodes)
     out = []
+    flipped: set[int] = set()  # logical ranks a bitflip was planned on
     seg = span / n
     for i in range(n):
         lo = FIRST_STEP + int(round(i * seg))
@@ -154,7 +167,7 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
         # the first half of the segment: at least half a segment lies between two faults for the recovery
         # (and its replay) to end before the next fault's step
         step = rng.randint(lo, max(lo, lo + (hi - lo) // 2))
-        affordable = [k for k in kinds if cost(k) <= budget]
+        affordable = [k for k in kinds if cost(k) <= budget and (k != "bitflip" or len(flipped) < world)]
         if not affordable:
             raise FaultError(f"--faults: no spare capacity left for fault {i + 1} of {n} with kinds {list(kinds)} "
                              f"({spare_nodes} spare node(s) x {gpus_per_node} slots); add 'transient' or spares")
@@ -171,7 +184,13 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
         if kind == "corrupt-replica":  # the phase is its companion crash's; the corrupted copy lands in recovery
             phases = [p for p in KINDS[CORRUPT_COMPANION].phases if p not in IN_RECOVERY]
             expect = "hot_swap" if replicas >= 2 else "checkpoint_restart"
-        out.append(DrillFault(i, kind, rng.choice(phases), step, rng.randrange(world), expect, note))
+        phase = rng.choice(phases)
+        if kind == "bitflip":  # each rank once: a second flip of one member within the strike window replaces it
+            rank = rng.choice([r for r in range(world) if r not in flipped])
+            flipped.add(rank)
+        else:
+            rank = rng.randrange(world)
+        out.append(DrillFault(i, kind, phase, step, rank, expect, note))
     return out
 
 

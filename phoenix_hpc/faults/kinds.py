@@ -40,12 +40,16 @@ corrupt-     bytes flipped in one holder's committed replica (and    silent_corr
 replica      its previous buffer) of the target's shard; nobody is                    recovery needs
              told. The coordinator sends it to a holder of that                       it
              shard (the target names the shard, by its owner)
-bitflip      one bit of one live parameter flips on the target at    silent_corruption clean stop
-             the start of iteration s, before its snapshot of                          naming the
-             S(s-1) starts: its parameter digest of step s - 1                         checkpoint
-             differs from its DP peers' (replica agreement,
-             control/agreement.py); with dp = 1 it is journalled
-             as undetectable
+bitflip      one bit of one live parameter flips on the target at    silent_corruption local
+             the start of iteration s, before its snapshot of                          recovery to
+             S(s-1) starts: its parameter digest of step s - 1                         S(s-2), every
+             differs from its DP peers' at that commit fence, which                    member, and
+             every rank reads (replica agreement, control/                             replay
+             agreement.py); no rank overwrites its copy of S(s-2).
+             With dp = 1 it is journalled as undetectable; a
+             member named twice within resilience.agreement_
+             strikes_window_steps is replaced (hot swap); a second
+             difference at the same step stops the job cleanly
 ============ ======================================================= ================ =============
 
 A ``corrupt-replica`` fault causes no recovery by itself: the copy is caught when a recovery needs it (the
@@ -123,9 +127,9 @@ KINDS: Mapping[str, KindSpec] = {
                  "an uncorrectable HBM ECC error (Xid 48) is raised on the target"),
         KindSpec("corrupt-replica", "corrupt_replica", ("forward", "optimizer", "recovery"), "silent_corruption",
                  "none", "bytes flip in one holder's committed replica of the target's shard; nobody is told"),
-        KindSpec("bitflip", "bitflip", ("forward",), "silent_corruption", "clean_stop",
+        KindSpec("bitflip", "bitflip", ("forward",), "silent_corruption", "local_recovery",
                  "one bit of one live parameter flips on the target; its DP peers' parameter digests differ "
-                 "at the next commit"),
+                 "at the next commit fence and every member rolls back before it"),
     )
 }
 

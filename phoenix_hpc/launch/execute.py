@@ -471,6 +471,11 @@ class Member:
                     self.interrupt.open(self.generation)
                     train(self.engine, until_step, tokens_per_step, protector=self.protector, on_step=on_step,
                           phase_hook=self._phase, keep=False, evaluator=evaluator)
+                    if self.protector is not None and hasattr(self.protector, "check_fences"):
+                        # the last fence is read by no later snapshot: replicas that differ in the final
+                        # state are a fault too (ReplicaDisagreement), not the job's result
+                        self.phase = "wait_commit"
+                        self.protector.check_fences()
                 finally:
                     self.watchdog.disarm()
                     asked = self.interrupt.close()
@@ -497,7 +502,8 @@ class Member:
                                  f"({self.phase or 'start'}): {why}")
                     try:
                         self.env.client.report_fault(self.generation, step, self.phase or "forward_backward", exc,
-                                                     kind=fault_kind_of(exc))
+                                                     kind=fault_kind_of(exc),
+                                                     detail=getattr(exc, "fault_detail", None))
                     except Exception:  # noqa: BLE001 -- heartbeats/peers' reports still reach the coordinator
                         pass
             # outside the handler: the error's traceback (whose frames hold the groups) is gone

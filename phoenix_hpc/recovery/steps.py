@@ -68,3 +68,24 @@ def newest_common_step(steps_of: Mapping[Hashable, Iterable[int]]) -> int | None
     for copy in steps_of.values():
         common = _steps(copy) if common is None else common & _steps(copy)
     return max(common) if common else None
+
+
+def before_step(copies: Mapping[str, Mapping[int, Iterable[int]]], live_steps: Mapping[int, int], dirty: Iterable[int],
+                bad_step: int) -> tuple[dict[str, dict[int, list[int]]], list[int]]:
+    """A recovery's copies and dirty members once every state from ``bad_step`` on is known bad (the DP
+    replicas' parameters differed at that step's commit fence, docs/design.md section 6): the copies of
+    ``bad_step`` and later are dropped (a copy left with no step is gone), and every member whose live step is
+    ``bad_step`` or later is dirty (its live state is not offered), so the recoverable step is older than
+    ``bad_step``. ``copies``: shard id -> logical rank -> the steps of its buffers; ``live_steps``: logical
+    rank -> live step. Pure.
+
+    Returns:
+        ``(copies, dirty)``: the kept copies, and the dirty members (sorted).
+    """
+    kept: dict[str, dict[int, list[int]]] = {}
+    for sid, per in copies.items():
+        for r, steps in per.items():
+            good = [int(s) for s in _steps(steps) if int(s) < bad_step]
+            if good:
+                kept.setdefault(sid, {})[r] = sorted(good, reverse=True)
+    return kept, sorted(set(dirty) | {r for r, s in live_steps.items() if s >= bad_step})

@@ -21,7 +21,10 @@ the replica of step s from owner O to holder H:
 
 Besides, each commit starts a non-blocking ``MIN`` all-reduce of the committed step over the communicator
 (the *commit fence*): its result is the job-wide recoverable step, and a buffer holding step j-2 is only
-overwritten once the fence shows every shard committed j-1 (see ``protector``).
+overwritten once the fence shows every shard committed j-1 (see ``protector``). The same all-reduce carries
+each rank's parameter digest in the slot pair of its (pp, tp) stage (:func:`fence_vector`), so its result
+also says, per stage, whether the data-parallel replicas' parameters of that step are equal
+(:func:`read_fence`; docs/design.md section 6, Replica agreement).
 
 Chunks go through :class:`ChunkWindow`, at most ``window`` in flight per message; it is the one windowed
 chunk transfer of the package: :class:`H2HEngine` drives one per replica in flight, and a recovery's
@@ -70,6 +73,7 @@ BUSY_SLEEP_S, IDLE_SLEEP_S, QUIET_SLEEP_S = 50e-6, 2e-3, 20e-3
 #: started two commits before the snapshot it starts, and fences complete in order, so at most the newest
 #: two are ever read.
 FENCES_KEPT = 4
+INT64_MAX = (1 << 63) - 1
 #: Seconds an abandoning rank waits for the engine thread to leave its poll. Every MPI call the thread makes
 #: is non-blocking, so it returns within one poll round (milliseconds) -- unless the MPI library itself
 #: deadlocked. Open MPI 4.1's TCP transport does when a peer dies while a large message to it is being
@@ -90,6 +94,66 @@ def chunk_ranges(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
     c = min(chunk_bytes, 2**31 - 1)
     return [(s, min(s + c, nbytes)) for s in range(0, nbytes, c)] or [(0, 0)]
 
+
+
+def _signed64(d: int) -> int:
+    """An unsigned 64-bit value as the int64 with the same bits (two's complement)."""
+    return d - (1 << 64) if d >= 1 << 63 else d
+
+
+def fence_vector(step: int, interval: int, digest: int | None, stage: int, stages: int) -> np.ndarray:
+    """What one rank contributes to the commit fence's ``MIN`` all-reduce: int64[2 + 2 stages] =
+    ``[step, -interval]`` then one pair per (pp, tp) stage (index ``pp * tp_size + tp``): ``[d, ~d]`` at
+    this rank's ``stage`` (``d``: its parameter digest, the 64 bits read as int64), ``INT64_MAX`` in every
+    other pair and where ``digest`` is None. The minimum over ranks of ``d`` is the stage's smallest digest,
+    of ``~d`` (bitwise not, ``-d - 1``: unlike ``-d`` it cannot overflow) the bitwise not of its largest.
+    Pure.
+
+    Raises:
+        ValueError: ``stage`` outside ``0 .. stages - 1`` while a digest is given, or a digest outside
+            ``0 .. 2**64 - 1``.
+    """
+    v = np.full(2 + 2 * stages, INT64_MAX, dtype=np.int64)
+    v[0], v[1] = step, -interval
+    if digest is not None:
+        if not 0 <= stage < stages:
+            raise ValueError(f"fence digest of stage {stage}: the fence has {stages} stage(s)")
+        if not 0 <= int(digest) < 1 << 64:
+            raise ValueError(f"fence digest {digest} is not a 64-bit unsigned value")
+        d = _signed64(int(digest))
+        v[2 + 2 * stage], v[3 + 2 * stage] = d, ~d
+    return v
+
+
+@dataclass(frozen=True)
+class FenceResult:
+    """One completed commit fence: ``step`` (the minimum committed step over all ranks), ``interval`` (the
+    largest protection interval proposed), ``differ``: ``((stage, smallest digest, largest digest), ...)`` of
+    the stages whose DP replicas reported different parameter digests (shown as unsigned 64-bit values,
+    ordered as the int64 the fence compares: equality is all that is judged; empty when every stage
+    agrees), and ``compared``: the stages with at least one digest."""
+
+    step: int
+    interval: int
+    differ: tuple[tuple[int, int, int], ...] = ()
+    compared: int = 0
+
+
+def read_fence(result: np.ndarray, stages: int) -> FenceResult:
+    """Read the ``MIN`` all-reduce of every rank's :func:`fence_vector` (int64[2 + 2 stages]). A stage whose
+    pair is ``INT64_MAX`` twice had no digest (not compared); otherwise its replicas agree exactly when the
+    smallest digest equals the largest. Pure."""
+    differ = []
+    compared = 0
+    for i in range(stages):
+        lo, not_hi = int(result[2 + 2 * i]), int(result[3 + 2 * i])
+        if lo == INT64_MAX and not_hi == INT64_MAX:
+            continue
+        compared += 1
+        hi = ~not_hi
+        if lo != hi:
+            differ.append((i, lo % (1 << 64), hi % (1 << 64)))
+    return FenceResult(int(result[0]), int(-result[1]), tuple(differ), compared)
 
 @dataclass(frozen=True)
 class TagPlan:
@@ -227,6 +291,8 @@ class H2HEngine:
         fault_hook: Callable[[str, int, int], None] | None = None,
         cpu: Any = None,
         thread_nice: int = 0,
+        stage: int = 0,
+        stages: int = 0,
     ):
         from mpi4py import MPI
 
@@ -258,6 +324,12 @@ class H2HEngine:
         # FENCES_KEPT of them (a per-step list would grow for the whole job): see fenced_interval()
         self.fences_done = 0
         self._fenced_intervals: collections.deque[int] = collections.deque(maxlen=FENCES_KEPT)
+        # replica agreement in the fence (fence_vector): this rank's (pp, tp) stage of ``stages``; the first
+        # completed fence whose replicas differed (kept: every later snapshot of the generation is held), and
+        # the newest step every stage agreed at
+        self.stage, self.stages = int(stage), int(stages)
+        self.fence_differ: FenceResult | None = None
+        self.fence_agreed_step: int | None = None
         self.error: BaseException | None = None
         self._stop = False
         self._barrier: list | None = None  # [request, done]
@@ -399,12 +471,14 @@ class H2HEngine:
     def send_ack(self, spec: HeldSpec, step: int, status: int, crc: int) -> None:
         self._enqueue(("ack", spec.owner, np.array([step, self.generation, status, crc], dtype=np.int64)))
 
-    def fence(self, committed_step: int, interval: int = 1) -> None:
+    def fence(self, committed_step: int, interval: int = 1, digest: int | None = None) -> None:
         """Start the commit fence for ``committed_step`` (every rank calls it once per commit, in order).
-        ``interval`` is this rank's proposed protection interval (:mod:`phoenix_hpc.runtime.interval`); the
-        fence's result gives the job-wide minimum committed step (:attr:`fenced_step`) and the maximum
-        proposal (:meth:`fenced_interval`), in one MIN all-reduce of ``[step, -interval]``."""
-        self._enqueue(("fence", committed_step, interval))
+        ``interval`` is this rank's proposed protection interval (:mod:`phoenix_hpc.runtime.interval`),
+        ``digest`` its parameter digest of that step (64 bits, :func:`phoenix_hpc.runtime.checksum.digest64`);
+        the fence's result gives the job-wide minimum committed step (:attr:`fenced_step`), the maximum
+        proposal (:meth:`fenced_interval`) and whether the DP replicas of every stage agree
+        (:attr:`fence_differ`, :attr:`fence_agreed_step`), in one MIN all-reduce of :func:`fence_vector`."""
+        self._enqueue(("fence", committed_step, interval, digest))
 
     def fenced_interval(self, i: int) -> int:
         """The largest interval proposed with fence ``i`` (0-based, in the order :meth:`fence` was called).
@@ -500,8 +574,8 @@ class H2HEngine:
                 req = self.comm.Isend([cmd[2], MPI.INT64_T], dest=cmd[1], tag=ACK_TAG)
                 self._acks_out.append((req, cmd[2], cmd[1]))
             elif kind == "fence":
-                send = np.array([cmd[1], -cmd[2]], dtype=np.int64)
-                recv = np.zeros(2, dtype=np.int64)
+                send = fence_vector(cmd[1], cmd[2], cmd[3], self.stage, self.stages)
+                recv = np.zeros_like(send)
                 req = self.comm.Iallreduce([send, MPI.INT64_T], [recv, MPI.INT64_T], op=MPI.MIN)
                 self._fences.append((cmd[1], req, send, recv))
             elif kind == "expect":
@@ -526,9 +600,14 @@ class H2HEngine:
         while self._fences and self._fences[0][1].Test():
             self.events += 1
             _, _, _, recv = self._fences.pop(0)
+            res = read_fence(recv, self.stages)
             with self._cv:
-                self.fenced_step = int(recv[0])
-                self._fenced_intervals.append(int(-recv[1]))
+                self.fenced_step = res.step
+                self._fenced_intervals.append(res.interval)
+                if res.differ and self.fence_differ is None:
+                    self.fence_differ = res
+                elif not res.differ and self.fence_differ is None:
+                    self.fence_agreed_step = res.step
                 self.fences_done += 1
                 self._cv.notify_all()
         return moving

@@ -55,7 +55,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from phoenix_hpc.errors import ReplicationError
+from phoenix_hpc.errors import ReplicaDisagreement, ReplicationError
 from phoenix_hpc.runtime import polled
 from phoenix_hpc.runtime.buffers import (
     BufferSet,
@@ -74,7 +74,8 @@ from phoenix_hpc.runtime.interval import SAMPLES as INTERVAL_SAMPLES
 from phoenix_hpc.test_env import REPLICATION_DELAY_ENV, parse_replication_delay
 from phoenix_hpc.runtime.interval import Sample as IntervalSample
 from phoenix_hpc.runtime.interval import choose_interval
-from phoenix_hpc.runtime.h2h import ACK_BAD_CHECKSUM, ACK_OK, H2HEngine, HeldSpec, chunk_ranges, make_tag_plan
+from phoenix_hpc.runtime.h2h import (ACK_BAD_CHECKSUM, ACK_OK, FenceResult, H2HEngine, HeldSpec, chunk_ranges,
+                                     make_tag_plan)
 from phoenix_hpc.runtime.snapshot import (OPT, PARAM, SnapshotLayout, Unpacked, plan_layout, seal, unpack,
                                           verify)
 from phoenix_hpc.topology import Placement
@@ -88,6 +89,21 @@ STEP_HISTORY = 256
 
 #: commits whose parameter digests every commit report repeats (control/agreement.py)
 PARAM_DIGESTS_KEPT = 64
+
+
+def hold_for_disagreement(differ: FenceResult | None, agreed_step: int | None, tp_size: int,
+                          params=(), held_step: int | None = None) -> ReplicaDisagreement | None:
+    """The error that holds a snapshot instead of letting it write, or None when it may write. Pure.
+
+    ``differ``: the first completed commit fence of this generation whose DP replicas differed
+    (:attr:`phoenix_hpc.runtime.h2h.H2HEngine.fence_differ`); ``agreed_step``: the newest fence step at which
+    every stage agreed; ``tp_size``: the grid's tp (a fence stage index is ``pp * tp_size + tp``);
+    ``params``: this rank's ``(step, digest)`` history; ``held_step``: the step the snapshot would overwrite.
+    Every rank reads the same fence results, so every rank decides the same (docs/design.md section 6)."""
+    if differ is None or not differ.differ:
+        return None
+    stages = [(i // tp_size, i % tp_size, lo, hi) for i, lo, hi in differ.differ]
+    return ReplicaDisagreement(differ.step, agreed_step, stages, params, held_step)
 
 
 @dataclass(frozen=True)
@@ -243,9 +259,13 @@ class Protector:
         self._jobs: queue.Queue = queue.Queue()
         self._comm = setup.comm
         self._closed = False
+        # the fence compares the DP replicas' parameter digests per (pp, tp) stage (runtime/h2h.py fence_vector)
+        self._tp_size = int(self.grid.get("tp", 1))
+        stage = int(self.coord.get("pp", 0)) * self._tp_size + int(self.coord.get("tp", 0))
         self.h2h = H2HEngine(setup.comm, list(setup.holders_comm), setup.held, generation, chunk_bytes,
                              setup.tag_plan, self._on_received, fault_hook=fault_hook, cpu=self.cpu,
-                             thread_nice=self.thread_nice)
+                             thread_nice=self.thread_nice, stage=stage,
+                             stages=self._tp_size * int(self.grid.get("pp", 1)))
         self._worker = threading.Thread(target=self._work, name="phoenix-copy", daemon=True)
         self._worker.start()
         self.h2h.start(threaded=setup.threaded)
@@ -506,6 +526,8 @@ class Protector:
         self._raise_if_failed()
         if job.error is not None:
             self._pending = None
+            if isinstance(job.error, ReplicaDisagreement):  # held on purpose: reported as silent corruption
+                raise job.error
             raise ReplicationError(f"snapshot of step {job.step} failed: {job.error}") from job.error
         return ok
 
@@ -582,7 +604,7 @@ class Protector:
             self._samples = (self._samples + [IntervalSample(window, job.d2h_s + h2h_s, exposed / job.interval)])[
                 -INTERVAL_SAMPLES:]
             self._proposal = choose_interval(job.interval, self._samples, self.interval_cap)
-        self.h2h.fence(job.step, self._proposal)
+        self.h2h.fence(job.step, self._proposal, job.param_digest)
         self._commits += 1
         self.next_snapshot_step = job.step + job.interval
         self._bookkeeping(c0, m0)
@@ -609,6 +631,28 @@ class Protector:
             self.wait_commit(timeout_s)
         self.start_snapshot(engine)
         return self.wait_commit(timeout_s)
+
+    def check_fences(self, timeout_s: float | None = None) -> None:
+        """Wait until every commit fence this generation started has completed, then raise
+        :class:`~phoenix_hpc.errors.ReplicaDisagreement` if one showed DP replicas whose parameters differ.
+        Collective in effect (every rank's fences must complete): call it on every rank at the end of the
+        training, where no later snapshot reads the last fence.
+
+        Raises:
+            ReplicaDisagreement: a fence of this generation showed replicas that differ.
+            ReplicationError: the fences did not complete within ``timeout_s`` (default ``commit_timeout_s``),
+                or the runtime failed.
+        """
+        n = self._commits
+        timeout_s = self.commit_timeout_s if timeout_s is None else timeout_s
+        ok = self.h2h.wait(lambda: self.h2h.fences_done >= n, timeout_s, drive=True)
+        self._raise_if_failed()
+        if not ok:
+            raise ReplicationError(f"the commit fences of {self.shard_id} did not complete within {timeout_s} s")
+        held = hold_for_disagreement(self.h2h.fence_differ, self.h2h.fence_agreed_step, self._tp_size,
+                                     tuple(self.param_digests))
+        if held is not None:
+            raise held
 
     # --- reading copies (recovery, rollback, tests) -------------------------------------------------------
     @property
@@ -788,6 +832,12 @@ class Protector:
                 self._raise_if_failed()
                 if not fenced:
                     raise ReplicationError(f"stopped before every shard committed step {old + 1}")
+            # replicas that differed at a fence: this copy would overwrite (or follow) the last step they
+            # agreed at; held, so that a recovery can restore that step (docs/design.md section 6)
+            held = hold_for_disagreement(self.h2h.fence_differ, self.h2h.fence_agreed_step, self._tp_size,
+                                         tuple(self.param_digests), old)
+            if held is not None:
+                raise held
             if self.fault_hook is not None:
                 self.fault_hook("d2h", job.step, 0)
             idx = local.target_idx()

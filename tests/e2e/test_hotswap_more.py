@@ -462,30 +462,24 @@ def test_no_spare_left_stops_cleanly_naming_the_checkpoint(env, data, slurm_clus
     print(f"no spare left: {fb['message']}")
 
 
-def test_a_flipped_parameter_bit_is_found_at_the_next_commit_naming_the_member(env, data, slurm_cluster,  # noqa: F811
-                                                                               tmp_path):
+def test_a_flipped_parameter_bit_is_found_at_the_next_commit_naming_the_member(env, data, dp3_reference,  # noqa: F811
+                                                                               slurm_cluster, tmp_path):
     """Replica agreement (docs/design.md section 6) at dp = 3: ``phoenix inject-fault --kind bitflip`` on
     logical rank 1 flips one bit of one of its live parameters as iteration ``at`` starts, before its
-    snapshot of step ``at - 1``; the DP peers' parameter digests of that commit differ, the journal names
-    rank 1 against the majority 0, 2, and the job stops cleanly naming the persistent checkpoint (no
-    in-memory repair). Before the flip the peers' digests were compared and agreed. No spare: nothing is
-    replaced."""
+    snapshot of step ``at - 1``; the commit fence of that step shows the DP peers' parameter digests differ,
+    so no rank lets its next snapshot overwrite its copy of step ``at - 2``: every rank reports the
+    difference, the journal names rank 1 against the majority 0, 2, and a local recovery rolls every member
+    back to step ``at - 2`` (no spare; none is configured) and replays: the final hash equals the fault-free
+    run's."""
     cfg = _dp3_config(1)
-    cfg["resources"] = dict(cfg["resources"], spares=0)
-    # 80 steps: this model runs about 50 steps a second here, the comparison comes with the heartbeats (up to
-    # an interval, 0.5 s, later): the job must still train when it stops it
-    cfg["training"] = dict(cfg["training"], steps=80)
-    # keep every checkpoint: at 50 steps a second the default 2 are pruned before the stop, those from before
-    # the flip included
-    cfg["resilience"] = dict(cfg["resilience"], checkpoint=dict(cfg["resilience"]["checkpoint"], keep=20))
+    cfg["resources"] = dict(cfg["resources"], spares=0)  # a repair needs no spare
     job = Job(env, tmp_path, data, "bitflip-dp3", cfg)
     try:
         _wait(lambda: job.step(1) >= 3, 180, "the first commits")
         rep = _inject_ahead(job, "bitflip", "forward", rank=1)
         assert rep["kind"] == "bitflip" and len(rep["targets"]) == 1, rep
         at = rep["at_step"]
-        _wait(lambda: job.events("coordinator_exit"), 240, f"the end of the job (journal: {job.events()[-6:]})",
-              poll_s=0.3)
+        job.done = job.wait_end(240)
     finally:
         job.cancel()
     fired = [f for f in _fired_of(job) if f["kind"] == "bitflip"]
@@ -493,12 +487,14 @@ def test_a_flipped_parameter_bit_is_found_at_the_next_commit_naming_the_member(e
     (sc,) = job.events("silent_corruption")
     assert (sc["step"], sc["pp"], sc["tp"], sc["suspects"], sc["majority"]) == (at - 1, 0, 0, [1], [0, 2]), sc
     assert sc["members"]["0"] == sc["members"]["2"] != sc["members"]["1"]
-    (stop,) = job.events("clean_stop")
-    assert "silent data corruption" in stop["reason"] and f"differ at step {at - 1}" in stop["reason"], stop
-    # only a checkpoint from before the corruption is named (checkpoints every 5 steps): the later ones may
-    # carry it, the corrupted replica's gradients having reached every replica
-    assert stop["checkpoint_step"] is not None and stop["checkpoint_step"] <= at - 2, stop
-    assert f"checkpoint of step {stop['checkpoint_step']}, the newest from before" in stop["message"], stop
-    assert not job.events("recovery_start") and not job.events("job_done")
-    # the steps before were compared and agreed (the commit records' counts come only every few steps)
-    assert f"differed at step {at - 1} and last agreed at step " in stop["message"], stop
+    # every rank's fence saw it: each reported it, naming the step
+    reports = [f for f in job.events("fault") if f["kind"] == "silent_corruption"]
+    assert reports and all(f"differ at step {at - 1}" in f["message"] for f in reports), reports
+    (dec,) = job.events("decision")
+    assert dec["action"] == "local_recovery" and f"differ at step {at - 1}" in dec["reason"], dec
+    (rec,) = job.events("recovery_done")
+    assert rec["action"] == "local_recovery" and rec["recoverable_step"] == at - 2, rec  # the step before the flip
+    plan = job.events("recovery_plan")[-1]
+    assert sorted(r for r, _ in plan["rollbacks"]) == [0, 1, 2] and not plan["joins"], plan
+    assert not job.events("clean_stop") and not job.events("slots_dead") and not job.events("fallback")
+    _same_hash(job.done, dp3_reference)  # bit for bit the fault-free run

@@ -133,7 +133,9 @@ def test_dp3_a_minority_digest_is_a_silent_corruption_naming_the_member_and_the_
     [p] = list(c.faults)
     assert p.fault.kind is FaultKind.SILENT_CORRUPTION and p.fault.slots == (1,)
     assert "step 5" in p.fault.detail and "logical rank(s) [1]" in p.fault.detail
-    assert combine([p.fault]).action is Action.CLEAN_STOP
+    # a step to roll back before: a local recovery restores step 4, the newest the replicas agreed at
+    assert (p.fault.bad_step, p.fault.agreed_step) == (5, 4)
+    assert combine([p.fault]).action is Action.LOCAL_RECOVERY
     _commit(c, 2, 5, A, board=True)  # judged once
     # steps 3, 4 (carried by the reports of step 4) and 5
     assert len(c.faults) == 1 and c.agreement.summary() == {"checked": 3, "disagreed": 1, "last_step": 5}
@@ -210,20 +212,32 @@ def test_a_bitflip_flips_the_lowest_bit_of_one_live_parameter_and_changes_the_di
     assert [i.kind for i in seen] == ["bitflip"]
 
 
-def test_the_bitflip_kind_lands_before_the_snapshot_and_a_drill_refuses_it():
+def test_the_bitflip_kind_lands_before_the_snapshot_and_a_drill_expects_a_local_recovery():
     from phoenix_hpc.control.protocol import INJECT_KINDS
-    from phoenix_hpc.drills.drill import plan_drill
+    from phoenix_hpc.drills.drill import DrillOutcome, plan_drill
     from phoenix_hpc.errors import FaultError
     from phoenix_hpc.faults.kinds import KINDS, check_phase
 
     spec = KINDS["bitflip"]
     assert spec.wire in INJECT_KINDS and spec.fault_kind == FaultKind.SILENT_CORRUPTION.value
+    assert spec.action == "local_recovery"
     assert check_phase("bitflip", None) == "forward"
     with pytest.raises(FaultError, match="cannot land in phase 'optimizer'"):
         check_phase("bitflip", "optimizer")
-    with pytest.raises(FaultError, match="'bitflip' is not allowed in a drill") as e:
+    with pytest.raises(FaultError, match="parallelism.dp = 1: .*undetectable.*allowed with dp >= 2"):
         plan_drill(1, 0, steps=40, world=2, gpus_per_node=1, spare_nodes=1, kinds=["crash", "bitflip"], k=1)
-    assert "bitflip" not in str(e.value).split("allowed:")[-1]
+    with pytest.raises(FaultError, match="protect_every_max = 2.*allowed with protect_every_max 1"):
+        plan_drill(1, 0, steps=40, world=3, gpus_per_node=1, spare_nodes=1, kinds=["bitflip"], k=1, dp=3,
+                   protect_every_max=2)
+    plan = plan_drill(5, 0, steps=60, world=3, gpus_per_node=1, spare_nodes=0, kinds=["bitflip", "transient"],
+                      k=1, dp=3)
+    flips = [f for f in plan if f.kind == "bitflip"]
+    assert flips and all(f.phase == "forward" for f in flips)
+    assert len({f.rank for f in flips}) == len(flips)  # each rank at most once (a second flip would replace it)
+    assert all(DrillOutcome(f).expected_action == "local_recovery" for f in flips)
+    only = plan_drill(5, 1, steps=60, world=3, gpus_per_node=1, spare_nodes=0, kinds=["bitflip", "transient"],
+                      k=1, dp=3)
+    assert sum(f.kind == "bitflip" for f in only) <= 3  # every rank flipped: the other kind is drawn
 
 
 def test_status_shows_the_agreement_checks_and_a_silent_corruption_as_a_detected_fault():
@@ -289,7 +303,16 @@ def test_restart_advice_names_only_a_checkpoint_from_before_the_corruption(first
         assert "move those aside" not in text or any(s > (agreed or first_bad - 1) for s in cks)
 
 
-def test_a_disagreement_stops_the_job_naming_the_checkpoint_from_before_it(tmp_path):
+def _fence_fault(c, w, step, agreed, g, digest=A):
+    """A member's fault report of a commit fence that showed the replicas differ at ``step``."""
+    c._dispatch({"type": "fault", "world_rank": w, "pid": 100 + w, "generation": g, "step": step + 2,
+                 "phase": "wait_commit", "kind": "silent_corruption", "exc_type": "ReplicaDisagreement",
+                 "message": f"silent corruption: the parameters differ at step {step}", "corrupt_step": step,
+                 "agreed_step": agreed, "params": [[step, digest]]})
+
+
+def test_a_disagreement_is_rolled_back_once_and_a_second_one_at_that_step_stops_the_job_naming_the_checkpoint(
+        tmp_path):
     from phoenix_hpc.recovery.ckpt_files import mark_complete
 
     c = _coordinator(tmp_path, (1, 1, 3))
@@ -311,12 +334,97 @@ def test_a_disagreement_stops_the_job_naming_the_checkpoint_from_before_it(tmp_p
     for w in range(3):
         _commit(c, w, 10, A)  # steps 9 and 10 agree
     for w in range(3):
-        _commit(c, w, 11, B if w == 1 else A)
+        _fence_fault(c, w, 11, 10, 0, B if w == 1 else A)  # every rank's fence saw it: its digest says who
+    [sc] = read_journal(tmp_path, "silent_corruption")
+    assert (sc["step"], sc["suspects"], sc["majority"]) == (11, [1], [0, 2])
     assert c.agreement.first_bad == 11 and c.agreement.bad_last_agreed == 10
     recovery_machine.decide(c, c.clock())
+    [dec] = read_journal(tmp_path, "decision")
+    assert dec["action"] == "local_recovery" and "differ at step 11" in dec["reason"], dec
+    assert not read_journal(tmp_path, "clean_stop") and not read_journal(tmp_path, "slots_dead")
+    assert c.recovery is not None and c.agreement.repaired == {11} and c.generation == 1
+    # the recovery restores a step before 11, and the reports of the left generation are superseded
+    assert recovery_machine.bad_step_of(c.recovery) == 11
+    _fence_fault(c, 0, 11, 10, 0)
+    assert not c.faults
+    c.recovery = None  # (its phases are tested elsewhere) replayed: the fence of step 11 differs again
+    for w in range(3):
+        c.slots[w].generation = 1
+        _fence_fault(c, w, 11, 10, 1, B if w == 1 else A)
+    recovery_machine.decide(c, c.clock())
     [stop] = read_journal(tmp_path, "clean_stop")
+    assert "differ again at step 11" in stop["reason"], stop
     assert stop["checkpoint_step"] == 10 and "checkpoint of step 10" in stop["message"]
-    assert "step(s) 15 were written after it" in stop["message"] and "differ at step 11" in stop["reason"]
+    assert "step(s) 15 were written after it" in stop["message"]
+
+
+def test_dp2_both_members_roll_back_and_neither_is_struck(tmp_path):
+    c = _coordinator(tmp_path, (1, 1, 2))
+
+    class _Store:
+        def queue_push(self, key, value):
+            pass
+
+        def set(self, key, value):
+            pass
+
+    c.store = _Store()
+    c.t = type(c.t)(**{**c.t.__dict__, "agreement_strikes_window_steps": 1000})
+    for w in range(2):
+        _commit(c, w, 6, A)
+    for w in range(2):
+        _fence_fault(c, w, 7, 6, 0, B if w else A)
+    [sc] = read_journal(tmp_path, "silent_corruption")
+    assert sc["suspects"] == [0, 1] and "majority" not in sc
+    recovery_machine.decide(c, c.clock())
+    [dec] = read_journal(tmp_path, "decision")
+    assert dec["action"] == "local_recovery" and c.recovery is not None
+    assert recovery_machine.bad_step_of(c.recovery) == 7  # both roll back before step 7: nobody can tell who
+    assert c.agreement.strikes == {} and not read_journal(tmp_path, "slots_dead")
+
+
+@pytest.mark.parametrize("strikes, member, step, window, kept, repeat", [
+    ({}, 3, 10, 100, (10,), False),
+    ({3: (10,)}, 3, 10, 100, (10,), False),  # the same step judged again, or replayed: no new strike
+    ({3: (10,)}, 3, 110, 100, (10, 110), True),  # 100 steps apart: within the window
+    ({3: (10,)}, 3, 111, 100, (111,), False),  # too far apart: the old strike expires
+    ({3: (10,)}, 4, 12, 100, (12,), False),  # another member
+    ({3: (10,)}, 3, 12, 0, (12,), False),  # window 0: never
+])
+def test_a_member_named_twice_within_the_window_is_a_repeat_offender(strikes, member, step, window, kept, repeat):
+    from phoenix_hpc.control.agreement import add_strike
+
+    got, rep = add_strike(strikes, member, step, window)
+    assert got[member] == kept and rep is repeat
+    assert all(got[m] == tuple(v) for m, v in strikes.items() if m != member)
+
+
+def test_a_repeat_offender_is_fenced_and_replaced_restoring_a_step_before_the_difference(tmp_path):
+    c = _coordinator(tmp_path, (1, 1, 3))
+    c.t = type(c.t)(**{**c.t.__dict__, "agreement_strikes_window_steps": 50})
+
+    class _Store:
+        def queue_push(self, key, value):
+            pass
+
+    c.store = _Store()
+    for w in range(3):
+        _commit(c, w, 10, A)
+    for w in range(3):
+        _commit(c, w, 11, B if w == 1 else A)
+    assert c.agreement.strikes == {1: (11,)} and not read_journal(tmp_path, "slots_dead")
+    c.faults.clear()
+    c.agreement.repaired.add(11)
+    for w in range(3):
+        _commit(c, w, 40, A)
+    for w in range(3):
+        _commit(c, w, 41, B if w == 1 else A)
+    [dead] = read_journal(tmp_path, "slots_dead")
+    assert dead["slots"] == [1] and dead["kind"] == "repeated_corruption", dead
+    assert "steps 11, 41" in dead["reason"] and "agreement_strikes_window_steps = 50" in dead["reason"]
+    kinds = {p.fault.kind: p.fault for p in c.faults}
+    assert kinds[FaultKind.REPEATED_CORRUPTION].bad_step == 41
+    assert combine([p.fault for p in c.faults]).action is Action.HOT_SWAP
 
 
 def test_a_new_generation_or_a_shrunk_grid_starts_a_new_book(tmp_path):
@@ -325,9 +433,16 @@ def test_a_new_generation_or_a_shrunk_grid_starts_a_new_book(tmp_path):
         _commit(c, w, 2, A)  # steps 1 and 2 agree
     first = c.agreement
     c.generation = 1
-    _commit(c, 1, 3, A)  # an old generation's report while the recovery runs: a new book, the report refused
+    _commit(c, 1, 3, A)  # an old generation's report while the recovery runs: still compared in its book
+    assert c.agreement is first and first.pending[(0, 0)] == {3: {1: A}}
+    c.slots[1].generation = 1
+    first.repaired.add(7)
+    _commit(c, 1, 3, A, g=1)  # the new generation's first report: a new book
     assert c.agreement is not first and c.agreement.dp == 3 and c.agreement.generation == 1
     assert c.agreement.last_agreed == first.last_agreed == {(0, 0): 2}  # stays known (restart advice)
+    assert c.agreement.repaired == {7}
+    _commit(c, 2, 3, A)  # the old generation's reports are refused from now on
+    assert read_journal(tmp_path, "agreement_rejected")[-1]["generation"] == 0
     c.grid = (1, 1, 1)  # the recovery's plan shrank dp to 1
     c.slots[0].generation = 1
     _commit(c, 0, 4, A, g=1)

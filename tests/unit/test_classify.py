@@ -66,3 +66,18 @@ def test_kind_from_exception(type_name, message, kind):
 
 def test_information_is_not_mistaken_for_inf():
     assert kind_from_exception("RuntimeError", "information lost") is K.UNKNOWN
+
+
+@pytest.mark.parametrize("fault, action", [
+    (Fault(K.SILENT_CORRUPTION, (1,), bad_step=12, agreed_step=11), Action.LOCAL_RECOVERY),
+    (Fault(K.SILENT_CORRUPTION, (1,), bad_step=12), Action.LOCAL_RECOVERY),
+    (Fault(K.SILENT_CORRUPTION, (1,)), Action.CLEAN_STOP),  # a checksum failure: no step to roll back before
+    (Fault(K.REPEATED_CORRUPTION, (1,), bad_step=12), Action.HOT_SWAP),
+])
+def test_replicas_that_differ_at_a_known_step_are_rolled_back_and_a_repeat_offender_replaced(fault, action):
+    d = classify(fault)
+    assert d.action is action
+    if action is Action.LOCAL_RECOVERY:
+        assert "differ at step 12" in d.reason and "roll every member back" in d.reason
+    assert combine([fault, Fault(K.PROCESS_EXIT, (3,))]).action is (
+        Action.CLEAN_STOP if action is Action.CLEAN_STOP else Action.HOT_SWAP)

@@ -43,6 +43,21 @@ def test_fault_report_table(name, fields, slot_g, g, stopping, expected):
         assert fault.detail == f"{body.get('exc_type', '')}: {body.get('message', '')}"
 
 
+@pytest.mark.parametrize("fields, bad, agreed", [
+    ({"kind": "silent_corruption", "corrupt_step": 11, "agreed_step": 10}, 11, 10),
+    ({"kind": "silent_corruption", "corrupt_step": 11, "agreed_step": None}, 11, None),
+    ({"kind": "silent_corruption", "corrupt_step": 11, "agreed_step": 11}, None, None),  # not below: ignored
+    ({"kind": "silent_corruption", "corrupt_step": "11", "agreed_step": 10}, None, None),  # not an int
+    ({"kind": "silent_corruption", "corrupt_step": -1}, None, None),
+    ({"kind": "silent_corruption", "corrupt_step": True}, None, None),
+    ({"kind": "comm_error", "corrupt_step": 11}, None, None),  # only a difference of the replicas names one
+])
+def test_a_fence_disagreement_names_the_step_to_roll_back_before(fields, bad, agreed):
+    body = {"type": "fault", "world_rank": 3, "step": 13, "phase": "wait_commit", "generation": 0, **fields}
+    _, fault = fault_report(body, world_rank=3, node="n1", slot_generation=0, generation=0, stopping=False)
+    assert (fault.bad_step, fault.agreed_step) == (bad, agreed)
+
+
 def test_a_long_message_is_cut_in_the_record_and_the_fault():
     body = {"kind": "software_bug", "exc_type": "E", "message": "x" * 2000, "generation": 0}
     record, fault = fault_report(body, world_rank=0, node="n0", slot_generation=0, generation=0, stopping=False)
