@@ -498,3 +498,5 @@ def test_a_flipped_parameter_bit_is_found_at_the_next_commit_naming_the_member(e
     assert sorted(r for r, _ in plan["rollbacks"]) == [0, 1, 2] and not plan["joins"], plan
     assert not job.events("clean_stop") and not job.events("slots_dead") and not job.events("fallback")
     _same_hash(job.done, dp3_reference)  # bit for bit the fault-free run
+    print(f"bitflip dp=3 at step {at}: recovery {rec['total_s']} s {rec['phases']}, R={rec['recoverable_step']}, "
+          f"replayed {rec['steps_replayed']}, job {job.elapsed_s:.1f} s")
