@@ -181,6 +181,33 @@ def add_strike(strikes: Mapping[int, Sequence[int]], member: int, step: int,
     return out, window > 0 and len(mine) >= 2
 
 
+def book_from_records(records: Sequence[Mapping], *, dp: int, generation: int,
+                      rank_maps: Mapping[int, Mapping[int, int]], rank_map: Mapping[int, int],
+                      window: int) -> AgreementBook:
+    """The book a restarted coordinator starts from, rebuilt from the journal ``records`` (oldest first). Pure.
+
+    What must outlive the coordinator's process: the steps a recovery rolled back before (``decision``
+    records whose faults name a ``bad_step``; a second difference there stops the job) and the members'
+    strikes (``silent_corruption`` records with a majority: each suspect, by the world rank its logical rank
+    had in the record's generation, ``rank_maps`` falling back to ``rank_map``). The digests waiting for
+    their peers are not kept: the members' next commit reports bring them again."""
+    book = AgreementBook(dp=dp, generation=generation)
+    for rec in records:
+        ev = rec.get("event")
+        if ev == "decision" and rec.get("action") in ("local_recovery", "hot_swap"):
+            for f in rec.get("faults") or ():
+                bad = f.get("bad_step") if isinstance(f, Mapping) else None
+                if type(bad) is int:
+                    book.repaired.add(bad)
+        elif ev == "silent_corruption" and rec.get("majority") and type(rec.get("step")) is int:
+            ranks = rank_maps.get(rec.get("generation"), rank_map)
+            for r in rec.get("suspects") or ():
+                w = ranks.get(r)
+                if w is not None:
+                    book.strikes, _ = add_strike(book.strikes, w, rec["step"], window)
+    return book
+
+
 def restart_advice(first_bad: int, last_agreed: int | None, checkpoints: Sequence[int]) -> tuple[int | None, str]:
     """``(checkpoint step, words)``: where a job whose replicas differed at ``first_bad`` can restart. Pure.
 

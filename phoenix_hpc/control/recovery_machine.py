@@ -124,7 +124,9 @@ def decide(c: Any, now: float) -> None:
         decision = Decision(Action.CLEAN_STOP, f"silent data corruption: the DP replicas' parameters differ again at "
                                                f"step {again[0]} after a rollback before it and its replay")
     c.journal.append(E.Decision(action=decision.action.value, reason=decision.reason,
-                                faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes)} for f in faults]))
+                                faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes),
+                                         **({"bad_step": f.bad_step} if f.bad_step is not None else {})}
+                                        for f in faults]))
     if c.t.in_job_restart:  # checkpoint-restart in the job: the batch script starts a new srun step
         return _request_in_job_restart(c, decision.reason, set(arb.reporters))
     if decision.action is Action.CLEAN_STOP and book is not None and (book.first_bad is not None or again) and any(

@@ -4,7 +4,8 @@ Plain functions of the coordinator ``c`` (:func:`rebuild_from_journal`, :func:`o
 script's supervisor (:mod:`phoenix_hpc.control.supervise`) starts a new coordinator with ``--restart N``. It
 reuses the job secret, folds ``RUN_DIR/journal.jsonl`` into the job's view (:func:`phoenix_hpc.control.view.fold`,
 the fold ``phoenix status`` reads too: generation, grid, slots, rank maps, committed step, checkpoint, a
-recovery in progress; a journal line it cannot take is skipped and named in ``coordinator_restarted``) and writes a new
+recovery in progress; a journal line it cannot take is skipped and named in ``coordinator_restarted``; replica
+agreement's repaired steps and strikes, :func:`phoenix_hpc.control.agreement.book_from_records`) and writes a new
 ``coordinator.json`` (new ports, its own pid): the slots, which trained on meanwhile, find it there,
 re-register with ``rejoin`` (their generation and step) and resend their newest commit report (own shard,
 replicas held). Until a slot has re-registered its heartbeats are not judged for the start-up grace
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from phoenix_hpc.control import events as E
+from phoenix_hpc.control.agreement import book_from_records
 from phoenix_hpc.control.classify import Fault, FaultKind
 from phoenix_hpc.control.journal import read_journal_skipping
 from phoenix_hpc.control.records import PendingFault, Slot
@@ -49,6 +51,9 @@ def rebuild_from_journal(c: Any) -> JobView:
     c.grid_since = dict(r.grid_since)
     c.placement_inputs = r.placement_inputs
     c.checkpoint_step = r.newest_checkpoint
+    if c.grid:  # the steps repaired and the strikes of replica agreement (control/agreement.py)
+        c.agreement = book_from_records(records, dp=c.grid[2], generation=c.generation, rank_maps=c.rank_maps,
+                                        rank_map=c.rank_map, window=int(c.t.agreement_strikes_window_steps))
     c._rejoined: set[int] = set()
     for w, s in r.slots.items():
         m = slot_machine(f"slot {w}", _SLOT_STATE.get(s.state, SlotState.ACTIVE))

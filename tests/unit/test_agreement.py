@@ -343,6 +343,13 @@ def test_a_disagreement_is_rolled_back_once_and_a_second_one_at_that_step_stops_
     assert dec["action"] == "local_recovery" and "differ at step 11" in dec["reason"], dec
     assert not read_journal(tmp_path, "clean_stop") and not read_journal(tmp_path, "slots_dead")
     assert c.recovery is not None and c.agreement.repaired == {11} and c.generation == 1
+    # a coordinator restarted now knows the step was repaired (strikes: the table test of book_from_records;
+    # this journal has no registrations to map logical to world ranks)
+    back = Coordinator(tmp_path, restart=1, clock=lambda: 0.0)
+    back.journal = Journal(tmp_path)
+    back.grid = c.grid
+    back._rebuild_from_journal()
+    assert back.agreement.repaired == {11}
     # the recovery restores a step before 11, and the reports of the left generation are superseded
     assert recovery_machine.bad_step_of(c.recovery) == 11
     _fence_fault(c, 0, 11, 10, 0)
@@ -397,6 +404,23 @@ def test_a_member_named_twice_within_the_window_is_a_repeat_offender(strikes, me
     got, rep = add_strike(strikes, member, step, window)
     assert got[member] == kept and rep is repeat
     assert all(got[m] == tuple(v) for m, v in strikes.items() if m != member)
+
+
+def test_a_restarted_coordinators_book_has_the_repaired_steps_and_the_strikes():
+    from phoenix_hpc.control.agreement import book_from_records
+
+    recs = [
+        {"event": "silent_corruption", "generation": 0, "step": 11, "suspects": [1], "majority": [0, 2]},
+        {"event": "decision", "action": "local_recovery", "faults": [{"kind": "silent_corruption", "bad_step": 11}]},
+        {"event": "silent_corruption", "generation": 1, "step": 30, "suspects": [0, 1]},  # dp = 2: no majority
+        {"event": "decision", "action": "clean_stop", "faults": [{"kind": "silent_corruption", "bad_step": 40}]},
+        {"event": "silent_corruption", "generation": 2, "step": 50, "suspects": [2], "majority": [0, 1]},
+        {"event": "decision", "action": "hot_swap", "faults": [{"kind": "process_exit"}]},
+    ]
+    book = book_from_records(recs, dp=3, generation=3, rank_maps={2: {0: 0, 1: 1, 2: 7}},
+                             rank_map={0: 0, 1: 1, 2: 2}, window=100)
+    assert book.repaired == {11} and book.strikes == {1: (11,), 7: (50,)}  # logical 2 was world 7 in gen 2
+    assert (book.generation, book.dp) == (3, 3)
 
 
 def test_a_repeat_offender_is_fenced_and_replaced_restoring_a_step_before_the_difference(tmp_path):
