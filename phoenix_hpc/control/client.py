@@ -360,8 +360,14 @@ class CoordinatorClient:
         self.signalled = signame  # kept: a fault this slot reports from now on is a consequence of the stop
 
     def report_done(self, generation: int, step: int, state_hash: str) -> None:
+        """This member finished at ``step`` with ``state_hash``. With a node board the newest commit report of
+        ``generation`` goes with it (``commit``): a report still waiting for the node's next heartbeat would
+        otherwise never arrive, and the coordinator's last ``commit`` record (what ``phoenix status`` shows
+        after the end) would miss this member's copies."""
+        with self._lock:
+            commit = self._commit if self._commit is not None and self._commit.get("g") == generation else None
         self.send({"type": "done", "world_rank": self.world_rank, "pid": self.pid, "generation": generation,
-                   "step": step, "state_hash": state_hash})
+                   "step": step, "state_hash": state_hash, **({"commit": commit} if commit else {})})
 
     # --- receiving ---------------------------------------------------------------------------------
     def _doorbell(self):

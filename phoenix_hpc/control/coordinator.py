@@ -25,9 +25,11 @@ commands (sends, replies). The decisions:
 
 What carries them out: this module (state, loop :meth:`Coordinator.run`: drain the messages, beat, tick; the
 end of the job; the admission of every slot's message); the transport it holds, ``transport``
-(:class:`~phoenix_hpc.control.messaging.Transport`: the store, the secret, the journal's rejections, send /
-reply / reject, carrying out commands; the inbox, the operator channel, decode, replay guard and dispatch are
-:mod:`~phoenix_hpc.control.messaging`'s plain functions); and plain functions of the coordinator: :mod:`~phoenix_hpc.control.recovery_machine`
+(:class:`~phoenix_hpc.control.messaging.Transport`: the store, the secret, send / reply / reject, carrying
+out commands); the recorder, ``recorder`` (:class:`~phoenix_hpc.control.recorder.Recorder`: every event the
+coordinator journals goes through :meth:`Coordinator.record`, which writes the line and applies it to
+``view``, the journal's fold); the inbox, the operator channel, decode, replay guard and dispatch are
+:mod:`~phoenix_hpc.control.messaging`'s plain functions; and plain functions of the coordinator: :mod:`~phoenix_hpc.control.recovery_machine`
 (quiesce -> plan -> restore -> invariant check -> replay, docs/design.md section 6, with the fallback to the
 persistent checkpoint), :mod:`~phoenix_hpc.control.membership` (registration, heartbeats, exits,
 declaring slots dead), :mod:`~phoenix_hpc.control.handlers` (the training messages),
@@ -76,11 +78,18 @@ from phoenix_hpc.control import messaging
 from phoenix_hpc.control.messaging import Transport
 from phoenix_hpc.control.operator import OperatorServer
 from phoenix_hpc.control.pause import PauseMeter
+from phoenix_hpc.control.recorder import Recorder
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
 from phoenix_hpc.control.settings import Timing, timing_from_run_dir  # noqa: F401 - re-exported
 from phoenix_hpc.control.states import (
     LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, RecoveryPhase, SlotState, job_machine)
 from phoenix_hpc.test_env import active_test_env
+
+
+def _from_view(name: str, doc: str) -> property:
+    """A field the coordinator reads from its view, the journal's fold (control/view.py), read only: it
+    changes by recording the events that the fold applies (:meth:`Coordinator.record`)."""
+    return property(lambda c: getattr(c.recorder.view, name), doc=doc)
 
 
 def _on_transport(name: str) -> property:
@@ -112,6 +121,13 @@ class Coordinator:
     operator = _on_transport("operator")
     liveness = _on_transport("liveness")
     replay_guard = _on_transport("replay_guard")
+    # read from the view (docs/design.md section 7): each changes by recording the events named
+    generation = _from_view("generation", "The job's generation (the newest recovery_start; 0 before any).")
+    rank_map = _from_view("rank_map", "logical -> world (registered, job_running, each recovery_plan).")
+    rank_maps = _from_view("rank_maps", "generation -> its rank map (job_running, each recovery_plan).")
+    grid_since = _from_view("grid_since", "generation -> the grid from then on (recovery_plan of a shrink).")
+    placement_inputs = _from_view("placement_inputs", '{"k", "levels"} of the first registered naming them.')
+    checkpoint_step = _from_view("newest_checkpoint", "The newest persistent checkpoint's step (checkpoint), or None.")
 
     def __init__(
         self,
@@ -138,27 +154,21 @@ class Coordinator:
         self.port = port
         self.clock = clock
         self.slots: dict[int, Slot] = {}
-        self.generation = 0
-        self.rank_map: dict[int, int] = {}  # logical -> world
         self.committed: dict[str, dict[int, int]] = {}  # shard id -> {logical: step}
         self.protect_interval = 1  # protection interval m the ranks report with their commits (runtime/interval.py)
         self.placement: dict[str, list[int]] = {}  # shard id -> holder logical ranks (as reported)
         # the owners' word and each generation's placement, evidence for the recovery checks (control/evidence.py)
         self.evidence = EvidenceBook()
         self.agreement = None  # the DP replicas' parameter digests (control/agreement.py AgreementBook)
-        # to recompute each generation's replica placement (topology.generation_placement): k and levels as
-        # the slots registered them, and the rank map of every generation
-        self.placement_inputs: dict[str, Any] | None = None
-        self.rank_maps: dict[int, dict[int, int]] = {}
-        self.grid_since: dict[int, tuple[int, int, int]] = {}  # generation -> grid from then on (shrinks only)
         self.job = job_machine()
         self.faults: deque[PendingFault] = deque()
         self.recovery: Recovery | None = None
         self.restore_pending: set[int] = set()  # logical ranks whose restore was cut short
         self.done: dict[int, dict] = {}
-        self.checkpoint_step: int | None = None
         self.counters = {"accepted": 0, "rejected": 0, "heartbeats": 0, "heartbeat_messages": 0}
-        self.transport = Transport(self.counters)  # store, secret, journal, send / reply / reject (messaging.py)
+        # the one place an event is recorded: journalled, then folded into the view (control/recorder.py)
+        self.recorder = Recorder()
+        self.transport = Transport(self.counters, self.recorder)  # store, secret, send / reply / reject (messaging.py)
         self._last_commit_logged = -1
         self._last_commit_log_t = float("-inf")
         self._commit_dirty = False  # commit reports arrived since the recoverable step was last evaluated
@@ -182,6 +192,12 @@ class Coordinator:
         self.drained_nodes: set[str] = set()  # nodes drained: no spare there takes a logical rank
         self.heartbeat_ages = AgeWindow()  # ages of heartbeats at handling, per summary window (loadstats.py)
 
+    def record(self, event: E.Event, *, deferred: bool = False) -> dict:
+        """Journal ``event`` and apply it to :attr:`view` (:meth:`~phoenix_hpc.control.recorder.Recorder.append`)."""
+        return self.recorder.append(event, deferred=deferred)
+
+    view = property(lambda c: c.recorder.view, doc="The journal's fold so far (control/view.py), kept by record.")
+
     def _drain_inbox(self) -> bool:
         """:func:`phoenix_hpc.control.messaging.drain_inbox`."""
         return messaging.drain_inbox(self)
@@ -196,7 +212,7 @@ class Coordinator:
         import torch.distributed as dist
 
         self.secret = P.new_secret(self.run_dir)
-        self.journal = Journal(self.run_dir)
+        self.recorder.open(Journal(self.run_dir), fold_existing=bool(self.restart))  # a restart continues the fold
         self.store = dist.TCPStore(
             "0.0.0.0", self.port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
         )
@@ -212,16 +228,16 @@ class Coordinator:
 
         job_id = os.environ.get("SLURM_JOB_ID")
         self.next_job = successor_of(job_entries(read_job(self.run_dir)), job_id) if job_id else None
-        self.journal.append(E.CoordinatorStarted(
+        self.record(E.CoordinatorStarted(
             host=self.host, port=self.port, pid=os.getpid(), job_id=job_id, next_job=self.next_job,
             heartbeat_interval_s=self.t.heartbeat_interval_s, heartbeat_timeout_s=self.t.heartbeat_timeout_s,
             grid=list(self.grid) if self.grid else None, **({"restart": self.restart} if self.restart else {})))
         if self.test_env:  # sbatch --export=ALL carries them from the submitting shell: say so (status shows it)
-            self.journal.append(E.TestEnv(variables=dict(self.test_env)))
+            self.record(E.TestEnv(variables=dict(self.test_env)))
         if self.restart:
             r = self._rebuild_from_journal()  # control/restart.py
             self.store.set("ctl/generation", str(self.generation))
-            self.journal.append(E.CoordinatorRestarted(
+            self.record(E.CoordinatorRestarted(
                 restart=self.restart, generation=self.generation,
                 job_state=self.job.state.value, recoverable_step=r.recoverable_step,
                 checkpoint_step=r.newest_checkpoint, slots=len(self.slots),
@@ -267,7 +283,7 @@ class Coordinator:
                 self.request_stop(f"max_s={max_s} reached")
             if not busy:
                 time.sleep(0.01)
-        self.journal.append(E.CoordinatorExit(job_state=self.job.state.value))
+        self.record(E.CoordinatorExit(job_state=self.job.state.value))
         return self.job.state
 
     @property
@@ -304,9 +320,9 @@ class Coordinator:
         if self.recovery is not None:
             self.recovery.deadline += gap
         if gap >= 1.0:
-            self.journal.append(E.CoordinatorPaused(paused_s=round(gap, 3),
-                                                    reason="this process did not run (stopped or starved of CPU); the slots' "
-                                                           "silence during it is not counted"))
+            self.record(E.CoordinatorPaused(paused_s=round(gap, 3),
+                                            reason="this process did not run (stopped or starved of CPU); the slots' "
+                                                   "silence during it is not counted"))
 
     def _watched(self, now: float) -> dict[int, float]:
         """The slots whose heartbeats are judged now, with the time their silence counts from
@@ -421,7 +437,7 @@ class Coordinator:
         _, secs = self.test_hold
         self.test_hold = None
         self.transport.ring()
-        self.journal.append(E.TestHold(after=event, hold_s=secs))
+        self.record(E.TestHold(after=event, hold_s=secs))
         time.sleep(secs)
 
     def _note_step(self, slot, step: int) -> None:
@@ -458,10 +474,10 @@ class Coordinator:
             span = (self.generation, min(steps), max(steps)) if steps else None
             if span is not None and span != self._last_progress:
                 self._last_progress, self._last_progress_t = span, now
-                self.journal.append(E.Progress(step=span[2], min_step=span[1], generation=self.generation))
+                self.record(E.Progress(step=span[2], min_step=span[1], generation=self.generation))
         if now - self._last_summary >= self.t.summary_interval_s:
             self._last_summary = now
-            self.journal.append(E.HeartbeatSummary(
+            self.record(E.HeartbeatSummary(
                 generation=self.generation, job_state=self.job.state.value,
                 active=sorted(w for w, s in self.slots.items() if s.state in (SlotState.ACTIVE, SlotState.QUIESCED, SlotState.JOINING)),
                 standby=sorted(w for w, s in self.slots.items() if s.state is SlotState.STANDBY),
@@ -475,7 +491,7 @@ class Coordinator:
                                                         f"{continue_hint(str(self.run_dir), self.next_job)}"))
         if self.job.state not in TERMINAL_JOB_STATES:
             self.job.to(state, event.NAME)
-        self.journal.append(event)
+        self.record(event)
         self.transport.carry_out(self.injects.at_end(state, live=self._is_live, has_fired=self._has_fired))
         self.transport.carry_out(self.drains.missed(f"the job ended ({state.value})", live=self._is_live))
         reason = event.message or event.reason or event.NAME

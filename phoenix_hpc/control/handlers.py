@@ -56,8 +56,8 @@ def apply_commit(c: Any, slot: Any, body: dict) -> None:
         # report of a new one is journalled with what it means for lost work
         c.protect_interval = m
         step = max((int(s) for s in dict(body.get("shards", {})).values()), default=None)
-        c.journal.append(E.ProtectInterval(interval=m, step=step, generation=c.generation,
-                                           lost_steps_at_most=lost_steps_at_most(m)))
+        c.record(E.ProtectInterval(interval=m, step=step, generation=c.generation,
+                                   lost_steps_at_most=lost_steps_at_most(m)))
     c._record_sent(slot, int(g), body.get("sent"), body)  # control/evidence.py
     if body.get("params") is not None:
         check_agreement(c, slot, int(g), body["params"])
@@ -84,15 +84,15 @@ def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
         if old is not None:
             book.carry_from(old)
         if dp < 2:
-            c.journal.append(E.AgreementUndetectable(
+            c.record(E.AgreementUndetectable(
                 generation=c.generation, stages=[[p, t] for p in range(pp) for t in range(tp)],
                 reason="dp = 1: no data-parallel peer holds the same parameters to compare with"))
     r = slot.logical_rank
 
     def reject(step: Any, why: str, key: Any = None) -> None:
         if book.first_rejection((slot.world_rank, g, repr(step), why) if key is None else key):
-            c.journal.append(E.AgreementRejected(world_rank=slot.world_rank, logical_rank=r, generation=g,
-                                                 step=step, reason=why))
+            c.record(E.AgreementRejected(world_rank=slot.world_rank, logical_rank=r, generation=g,
+                                         step=step, reason=why))
 
     if not isinstance(params, list) or len(params) > REPORT_STEPS:
         return reject(None, f"parameter digests {type(params).__name__} of length "
@@ -130,7 +130,7 @@ def _disagreement(c: Any, book: AgreementBook, v: Any, step: int) -> None:
     tp, pp, dp = c.grid
     logical = {d: rank_of(GridCoord(v.pp, d, v.tp), tp, pp, dp) for d in v.digests}
     suspects = [logical[d] for d in v.suspects]
-    c.journal.append(E.SilentCorruption(
+    c.record(E.SilentCorruption(
         generation=book.generation, step=step, pp=v.pp, tp=v.tp,
         members={str(logical[d]): h for d, h in v.digests.items()}, suspects=suspects,
         **({"majority": [logical[d] for d in v.majority]} if v.majority else {})))
@@ -197,12 +197,12 @@ def maybe_log_commit(c: Any, force: bool = False) -> None:
         # generation's placement: `phoenix status` counts the verified replicas of every shard from them
         placed = {sid: sorted(h) for (sid, g), h in c._placements(before=c.generation + 1).items()
                   if g == c.generation}
-        c.journal.append(E.Commit(recoverable_step=rs, protect_every=c.protect_interval, shards=len(c.committed),
-                                  replicas=sum(len(v) for v in c.placement.values()), generation=c.generation,
-                                  shard_steps={sid: {str(r): st for r, st in sorted(cp.items())}
-                                               for sid, cp in sorted(c.committed.items())},
-                                  **({"placement": placed} if placed else {}),
-                                  **({"agreement": c.agreement.summary()} if c.agreement is not None else {})))
+        c.record(E.Commit(recoverable_step=rs, protect_every=c.protect_interval, shards=len(c.committed),
+                          replicas=sum(len(v) for v in c.placement.values()), generation=c.generation,
+                          shard_steps={sid: {str(r): st for r, st in sorted(cp.items())}
+                                       for sid, cp in sorted(c.committed.items())},
+                          **({"placement": placed} if placed else {}),
+                          **({"agreement": c.agreement.summary()} if c.agreement is not None else {})))
 
 
 def on_checkpoint(c: Any, body: dict) -> None:
@@ -211,9 +211,8 @@ def on_checkpoint(c: Any, body: dict) -> None:
     if slot is None:
         return
     step = int(body["step"])
-    if c.checkpoint_step is None or step > c.checkpoint_step:
-        c.checkpoint_step = step
-        c.journal.append(E.Checkpoint(step=step, path=body.get("path"), world_rank=slot.world_rank))
+    if c.checkpoint_step is None or step > c.checkpoint_step:  # the view's newest, after this record
+        c.record(E.Checkpoint(step=step, path=body.get("path"), world_rank=slot.world_rank))
 
 
 def on_fault(c: Any, body: dict) -> None:
@@ -225,7 +224,7 @@ def on_fault(c: Any, body: dict) -> None:
         body, world_rank=slot.world_rank, node=slot.node, slot_generation=slot.generation,
         generation=c.generation, stopping=(c.ending is not None or bool(c._stop_reason)
                                            or c.job.state in TERMINAL_JOB_STATES))
-    c.journal.append(record)
+    c.record(record)
     if record.kind == FaultKind.SILENT_CORRUPTION.value and body.get("params") is not None:
         # a commit fence found DP replicas that differ: the report's digests say who, before the heartbeats
         # do (also when the report is superseded: it is still evidence)
@@ -239,6 +238,9 @@ def on_done(c: Any, body: dict) -> None:
     slot = c._slot_of(body, "done")
     if slot is None or slot.logical_rank is None or not c._gen_ok(slot, body.get("generation"), "done", body):
         return
+    commit = body.get("commit")  # the member's newest commit report that no heartbeat carried yet
+    if isinstance(commit, dict) and commit.get("g") == slot.generation:
+        apply_commit(c, slot, commit)
     c.done[slot.logical_rank] = {"step": int(body["step"]), "state_hash": str(body["state_hash"]),
                                  "world_rank": slot.world_rank}
     slot.step = int(body["step"])

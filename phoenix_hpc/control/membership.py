@@ -63,30 +63,25 @@ def on_register(c: Any, body: dict) -> None:
     if a.reject:
         return c.transport.reject(a.reject, body, key=a.key)
     w, pid, node, role, logical = a.world_rank, a.pid, a.node, a.role, a.logical_rank
-    inputs, domain = a.inputs, a.domain
-    if inputs is not None:
-        c.placement_inputs = c.placement_inputs or {"k": int(inputs["k"]), "levels": list(inputs["levels"])}
+    inputs, domain = a.inputs, a.domain  # k and levels: the view's placement_inputs, at registered below
     slot = Slot(w, node, pid, role, slot_machine(f"slot {w}"), c.clock(), logical, c.generation,
                 domain=domain)
     slot.machine.to(SlotState.ACTIVE if role == "active" else SlotState.STANDBY, "registered")
     c.slots[w] = slot
-    if logical is not None:
-        c.rank_map[logical] = w
     c.counters["accepted"] += 1
     # the placement inputs go to the journal too: a restarted coordinator recomputes placements from them
     # group commit (control/journal.py): the record is written now and made durable with the rest of this
     # batch of messages by one fsync, and the answer goes out after that fsync (messaging.Transport.sync_and_answer)
-    c.journal.append_deferred(E.Registered(world_rank=w, pid=pid, node=node, role=role,
-                                              logical_rank=logical, **({"placement_inputs": inputs} if inputs is not None else {})))
+    c.record(E.Registered(world_rank=w, pid=pid, node=node, role=role, logical_rank=logical,
+                          **({"placement_inputs": inputs} if inputs is not None else {})), deferred=True)
     c.transport.reply_after_sync(body, {"type": "registered", "generation": c.generation, "role": role,
                                   "logical_rank": logical})
     if c.grid and len(c.rank_map) == c.grid[0] * c.grid[1] * c.grid[2] \
             and c.job.state is JobState.STARTING:
         c.job.to(JobState.RUNNING, "all active ranks registered")
-        c.rank_maps[c.generation] = dict(c.rank_map)
-        c.journal.append(E.JobRunning(generation=c.generation, grid=list(c.grid),
-                                         rank_map=sorted(c.rank_map.items()),
-                                         standby=sorted(s.world_rank for s in c.slots.values() if s.role == "standby")))
+        c.record(E.JobRunning(generation=c.generation, grid=list(c.grid),
+                              rank_map=sorted(c.rank_map.items()),
+                              standby=sorted(s.world_rank for s in c.slots.values() if s.role == "standby")))
 
 
 def on_heartbeat(c: Any, body: dict) -> None:
@@ -151,7 +146,7 @@ def declare_dead(c: Any, worlds: list[int], kind: FaultKind, reason: str, now: f
         return
     for w in d.worlds:
         c.slots[w].machine.to(SlotState.DEAD, reason)
-    c.journal.append(d.records[0])
+    c.record(d.records[0])
     c.transport.carry_out(c.injects.lost(list(d.worlds), reason, live=c._is_live, has_fired=c._has_fired))
     if d.fault is not None:
         c.faults.append(PendingFault(d.fault, now))

@@ -3,7 +3,8 @@ signed messages, and sending, replying, rejecting and carrying out commands; and
 through the coordinator's table of handlers (:data:`phoenix_hpc.control.coordinator.HANDLERS`).
 
 :class:`Transport` is an object the coordinator holds (``Coordinator.transport``); it owns the channels (the
-store, the operator and liveness servers, the secret, the replay guard, the journal rejections go to) and
+store, the operator and liveness servers, the secret, the replay guard; the coordinator's recorder, through
+which a decision's events and the rejections are journalled and folded into its view) and
 what the messaging keeps between calls (replies held or waiting for the journal's fsync, slots to ring,
 rejections journalled). :func:`drain_inbox`, :func:`drain_operator`, :func:`handle` and :func:`dispatch` are
 plain functions of the coordinator ``c`` (the handlers take it). Every message passes a
@@ -20,6 +21,7 @@ from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.commands import CountRejected, Hold, Outcome, Reject, Release, Reply, Send
 from phoenix_hpc.control.operator import REPLY_PREFIX as OPERATOR_REPLY_PREFIX
+from phoenix_hpc.control.recorder import Recorder
 
 
 def drain_inbox(c: Any) -> bool:
@@ -93,20 +95,30 @@ class Transport:
 
     Args:
         counters: the coordinator's message counters (``rejected`` is counted here).
+        recorder: the coordinator's journal and view (control/recorder.py): every event is recorded there.
     """
 
-    def __init__(self, counters: dict[str, int]):
+    def __init__(self, counters: dict[str, int], recorder: Recorder | None = None):
         self.counters = counters
+        self.recorder = recorder if recorder is not None else Recorder()
         self.store = None  # the job's TCPStore (server), after Coordinator.open()
         self.secret = b""
         self.operator = None  # control/operator.py OperatorServer, after open()
         self.liveness = None  # control/liveness.py LivenessServer, after open()
-        self.journal = None  # control/journal.py Journal: rejections are journalled
         self.replay_guard = P.ReplayGuard()  # replayed or stale signed messages are rejected (and journalled)
         self.rejected_once: set[tuple] = set()
         self.to_ring: set[int] = set()  # slots whose instruction queue got something since the last ring
         self.held_replies: set[str] = set()  # reply_to of requests answered later (injects being confirmed)
         self.after_sync: list[tuple[dict, dict]] = []  # answers that wait for the journal's fsync
+
+    @property
+    def journal(self) -> Any:
+        """The recorder's :class:`~phoenix_hpc.control.journal.Journal` (None before ``open``)."""
+        return self.recorder.journal
+
+    @journal.setter
+    def journal(self, journal: Any) -> None:
+        self.recorder.journal = journal
 
     def inbox(self, limit: int) -> Iterator[bytes]:
         """Pop the raw messages of the inbox one at a time, at most ``limit``."""
@@ -135,7 +147,7 @@ class Transport:
     def carry_out(self, out: Outcome) -> None:
         """Journal a decision's events, then carry out its commands in order (control/commands.py)."""
         for ev in out.events:
-            self.journal.append(ev)
+            self.recorder.append(ev)
         for c in out.commands:
             if isinstance(c, Send):
                 self.send(c.world_rank, dict(c.body))
@@ -199,7 +211,7 @@ class Transport:
         key = key or (reason,)
         if key not in self.rejected_once:  # journal each distinct rejection once (stale heartbeats repeat)
             self.rejected_once.add(key)
-            self.journal.append(E.Rejected(reason=reason, message_type=(body or {}).get("type"),
+            self.recorder.append(E.Rejected(reason=reason, message_type=(body or {}).get("type"),
                                            world_rank=(body or {}).get("world_rank")))
         if body is not None and reply:
             self.reply(body, {"type": "rejected", "reason": reason})

@@ -38,8 +38,8 @@ def maybe_begin_end(c: Any, now: float) -> None:
         end_stopped(c, None, why)
         return
     c.ending = PlannedEnd(c._stop_reason, c._stop_signal, members, now, now + round_timeout_s(c))
-    c.journal.append(E.Stopping(reason=c._stop_reason, signal=c._stop_signal, members=sorted(members),
-                                generation=c.generation))
+    c.record(E.Stopping(reason=c._stop_reason, signal=c._stop_signal, members=sorted(members),
+                        generation=c.generation))
     for w in sorted(members):
         c.transport.send(w, {"type": "stop", "reason": c._stop_reason, "checkpoint": True, "generation": c.generation})
 
@@ -61,7 +61,7 @@ def advance_end(c: Any, now: float) -> None:
         return
     fails = end.failures()
     if fails:
-        c.journal.append(E.CheckpointIncomplete(step=end.step, reasons=fails))
+        c.record(E.CheckpointIncomplete(step=end.step, reasons=fails))
         return end_stopped(c, recovery_machine.newest_checkpoint(c), f"final checkpoint of step {end.step} incomplete: "
                            + "; ".join(fails))
     from phoenix_hpc.recovery.ckpt_files import mark_complete
@@ -70,14 +70,13 @@ def advance_end(c: Any, now: float) -> None:
     write_s = max(float(b.get("write_s", 0.0)) for b in end.written.values())
     path = mark_complete(c.t.checkpoint_path, end.step, "snapshot", grid=list(c.grid), files=files,
                          generation=c.generation, write_s=round(write_s, 3))
-    c.checkpoint_step = end.step
     from phoenix_hpc.recovery.ckpt_files import prune
 
     pruned = prune(c.t.checkpoint_path, c.t.checkpoint_keep)
     if pruned:
-        c.journal.append(E.CheckpointsPruned(steps=pruned, keep=c.t.checkpoint_keep))
-    c.journal.append(E.Checkpoint(step=end.step, path=str(path), source="final", write_s=round(write_s, 3),
-                                  total_s=round(now - end.t_start, 3), bytes=sum(f["bytes"] for f in files.values())))
+        c.record(E.CheckpointsPruned(steps=pruned, keep=c.t.checkpoint_keep))
+    c.record(E.Checkpoint(step=end.step, path=str(path), source="final", write_s=round(write_s, 3),
+                          total_s=round(now - end.t_start, 3), bytes=sum(f["bytes"] for f in files.values())))
     end_stopped(c, end.step, f"final checkpoint of step {end.step} written")
 
 
@@ -123,7 +122,7 @@ def on_signal(c: Any, body: dict) -> None:
         return
     sig = str(body.get("signal", "TERM"))
     if c._stop_reason is None:
-        c.journal.append(E.SignalSeen(signal=sig, world_rank=slot.world_rank, node=slot.node))
+        c.record(E.SignalSeen(signal=sig, world_rank=slot.world_rank, node=slot.node))
         c.request_stop(f"SIG{sig} delivered to the job's tasks (scancel, preemption or maintenance)", sig)
 
 

@@ -47,7 +47,8 @@ fault           world_rank, generation, step, phase, exc_type, message [, kind] 
                 [, corrupt_step, agreed_step, params: a commit fence showed DP replicas that differ
                 (kind silent_corruption): the first step that differed, the newest agreed one, the
                 slot's digests as in ``commit``]
-done            world_rank, generation, step, state_hash
+done            world_rank, generation, step, state_hash [, commit: the newest commit report a node board
+                holds, as a heartbeat entry carries it]
 recovered       world_rank, generation, report (MemberReport JSON), timings {phase: seconds}
 inject          kind, target {world_rank | logical_rank | node | coord [pp, dp, tp]}, at_step, phase,
                 [steps_ahead: at_step is a lower bound, the fault lands at max(at_step, the step the

@@ -72,8 +72,8 @@ def on_quiesced(c: Any, body: dict) -> None:
             sid, step, why = str(item[0]), int(item[1]), str(item[2])[:300]
         except (IndexError, TypeError, ValueError):
             continue
-        c.journal.append(E.ReplicaRejected(generation=rec.generation, world_rank=slot.world_rank,
-                                           logical_rank=slot.logical_rank, node=slot.node, shard_id=sid, step=step, reason=why))
+        c.record(E.ReplicaRejected(generation=rec.generation, world_rank=slot.world_rank,
+                                   logical_rank=slot.logical_rank, node=slot.node, shard_id=sid, step=step, reason=why))
 
 
 def on_recovered(c: Any, body: dict) -> None:
@@ -123,10 +123,10 @@ def decide(c: Any, now: float) -> None:
     if again:  # a second difference at a step already rolled back and replayed: memory cannot be trusted
         decision = Decision(Action.CLEAN_STOP, f"silent data corruption: the DP replicas' parameters differ again at "
                                                f"step {again[0]} after a rollback before it and its replay")
-    c.journal.append(E.Decision(action=decision.action.value, reason=decision.reason,
-                                faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes),
-                                         **({"bad_step": f.bad_step} if f.bad_step is not None else {})}
-                                        for f in faults]))
+    c.record(E.Decision(action=decision.action.value, reason=decision.reason,
+                        faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes),
+                                 **({"bad_step": f.bad_step} if f.bad_step is not None else {})}
+                                for f in faults]))
     if c.t.in_job_restart:  # checkpoint-restart in the job: the batch script starts a new srun step
         return _request_in_job_restart(c, decision.reason, set(arb.reporters))
     if decision.action is Action.CLEAN_STOP and book is not None and (book.first_bad is not None or again) and any(
@@ -168,7 +168,7 @@ def _request_in_job_restart(c: Any, reason: str, reporters: set[int]) -> None:
     dead_nodes = sorted({s.node for w, s in c.slots.items() if s.state is SlotState.DEAD and w not in reporters})
     ck = newest_checkpoint(c)
     write_restart_request(c.run_dir, dead_nodes, ck, reason)
-    c.journal.append(E.RestartInJob(dead_nodes=dead_nodes, checkpoint_step=ck, reason=reason))
+    c.record(E.RestartInJob(dead_nodes=dead_nodes, checkpoint_step=ck, reason=reason))
     c._end(JobState.FAILED, E.InJobRestart(reason=reason, checkpoint_step=ck,
                              message=f"{reason}; restarting in the job from the persistent checkpoint of step {ck} "
                                      f"without the node(s) {dead_nodes}"))
@@ -182,10 +182,10 @@ def start_recovery(c: Any, decision: Decision, faults: list[Fault], t_fault: flo
     maybe_log_commit(c, force=True)  # journal the committed step this recovery starts from, first
     if c.job.state is JobState.RUNNING:
         c.job.to(JobState.RECOVERING, decision.reason)
-    c.generation += 1
-    c.store.set("ctl/generation", str(c.generation))
+    g = c.generation + 1  # the view's generation once recovery_start is recorded below
+    c.store.set("ctl/generation", str(g))
     survivors = set(live_members(c))
-    rec = Recovery(decision, faults, c.generation, survivors, t_fault, now,
+    rec = Recovery(decision, faults, g, survivors, t_fault, now,
                     deadline=now + c.t.collective_timeout_s + c.t.heartbeat_timeout_s, drain=drain)
     c.recovery = rec
     # the slots this recovery loses: dead members of the generation it leaves (a slot an earlier
@@ -193,9 +193,9 @@ def start_recovery(c: Any, decision: Decision, faults: list[Fault], t_fault: flo
     members = set(c.rank_map.values())
     dead = sorted(w for w, s in c.slots.items() if s.state is SlotState.DEAD
                   and (w in members or s.logical_rank is None))
-    c.journal.append(E.RecoveryStart(generation=c.generation, action=decision.action.value,
-                                     survivors=sorted(survivors), dead=dead, detect_s=round(now - t_fault, 3),
-                                     **({"drain": drain.request_id, "drained": list(drain.targets)} if drain else {})))
+    c.record(E.RecoveryStart(generation=g, action=decision.action.value,
+                             survivors=sorted(survivors), dead=dead, detect_s=round(now - t_fault, 3),
+                             **({"drain": drain.request_id, "drained": list(drain.targets)} if drain else {})))
     raw = P.encode({"type": "quiesce", "generation": c.generation, "dead": dead, "reason": decision.reason},
                    c.secret)  # one signed message for every survivor (each slot's replay guard is its own)
     for w in sorted(survivors):
@@ -208,8 +208,8 @@ def start_recovery(c: Any, decision: Decision, faults: list[Fault], t_fault: flo
 
 def _abort_recovery(c: Any, reason: str, now: float) -> None:
     rec = c.recovery
-    c.journal.append(E.RecoveryAborted(generation=rec.generation, phase=RecoveryPhase(rec.phase).value,
-                                       reason=reason))
+    c.record(E.RecoveryAborted(generation=rec.generation, phase=RecoveryPhase(rec.phase).value,
+                               reason=reason))
     if rec.plan is not None and rec.phase == RecoveryPhase.RESTORE:
         c.restore_pending |= {j.logical_rank for j in rec.plan.joins if c.slots[j.world_rank].state is not SlotState.DEAD}
     rec.move(RecoveryPhase.ABORTED)
@@ -229,11 +229,11 @@ def _abort_recovery(c: Any, reason: str, now: float) -> None:
     faults = [p.fault for p in pend]
     decision = combine(faults)
     if decision.action is Action.CLEAN_STOP:
-        c.journal.append(E.Decision(action=decision.action.value, reason=decision.reason))
+        c.record(E.Decision(action=decision.action.value, reason=decision.reason))
         c._end(JobState.FAILED, E.CleanStop(reason=decision.reason))
         return
-    c.journal.append(E.Decision(action="hot_swap", reason=f"second fault during recovery: {decision.reason}",
-                                faults=[{"kind": f.kind.value, "slots": list(f.slots)} for f in faults]))
+    c.record(E.Decision(action="hot_swap", reason=f"second fault during recovery: {decision.reason}",
+                        faults=[{"kind": f.kind.value, "slots": list(f.slots)} for f in faults]))
     start_recovery(c, Decision(Action.HOT_SWAP, decision.reason), faults, t_fault, now)
 
 
@@ -384,13 +384,10 @@ def _send_plan(c: Any, rec: Recovery, plan: RecoveryPlan, now: float, plan_s: fl
     rec.move(RecoveryPhase.RESTORE)
     rec.phases["plan_s"] = plan_s
     rec.deadline = now + c.t.collective_timeout_s + c.t.heartbeat_timeout_s
-    c.rank_map = plan.world_of()
-    c.rank_maps[rec.generation] = dict(c.rank_map)
+    # this generation's rank map (plan.world_of()) and grid_since: the view's, at recovery_plan below
     c.restore_pending = set()
     if plan.action == "shrink":  # a new grid: the old layout's copies and statements name other shards
-        c.grid_since.setdefault(0, tuple(plan.old_grid))
         c.grid = tuple(plan.grid)
-        c.grid_since[rec.generation] = tuple(plan.grid)
         c.committed.clear()
         c.evidence.commit_hash.clear()
         c.placement.clear()
@@ -405,7 +402,7 @@ def _send_plan(c: Any, rec: Recovery, plan: RecoveryPlan, now: float, plan_s: fl
             s.machine.to(SlotState.JOINING, f"replaces world rank {j.replaces_world_rank}")
             s.logical_rank = j.logical_rank
             s.role = "active"
-    c.journal.append(E.RecoveryPlanned.from_record(
+    c.record(E.RecoveryPlanned.from_record(
         {"generation": rec.generation,
          **{k: v for k, v in plan.to_json().items() if k not in ("generation", "old_generation")}}))
     t0 = time.perf_counter()
@@ -416,8 +413,8 @@ def _send_plan(c: Any, rec: Recovery, plan: RecoveryPlan, now: float, plan_s: fl
     raw = P.encode(P.plan_reference(c.store, rec.generation, plan_json, c.secret), c.secret)
     for w in [w for _, w in plan.rank_map] + list(plan.leavers):  # a shrink's leavers send before they go
         c.transport.send_encoded(w, raw)
-    c.journal.append(E.RecoveryPlanSent(generation=rec.generation, members=len(plan.rank_map),
-                                        plan_s=round(plan_s, 4), send_s=round(time.perf_counter() - t0, 4)))
+    c.record(E.RecoveryPlanSent(generation=rec.generation, members=len(plan.rank_map),
+                                plan_s=round(plan_s, 4), send_s=round(time.perf_counter() - t0, 4)))
 
 
 def check_and_resume(c: Any, rec: Recovery, now: float) -> None:
@@ -431,10 +428,10 @@ def check_and_resume(c: Any, rec: Recovery, now: float) -> None:
     why, bad = verify_recovery(c._expected(rec), reports, plan.invariants)
     rejected += why
     if rejected:
-        c.journal.append(E.EvidenceRejected(generation=rec.generation, reasons=rejected))
+        c.record(E.EvidenceRejected(generation=rec.generation, reasons=rejected))
     if bad:
-        c.journal.append(E.InvariantViolation(generation=rec.generation, violations=[str(v) for v in bad],
-                                              rejected=rejected))
+        c.record(E.InvariantViolation(generation=rec.generation, violations=[str(v) for v in bad],
+                                      rejected=rejected))
         c._end(JobState.FAILED, E.CleanStop(reason="recovery invariant violated: " + "; ".join(map(str, bad))))
         return
     for w, rep in reports.items():  # the new generation's owners: where their replicas go from now on
@@ -458,16 +455,16 @@ def check_and_resume(c: Any, rec: Recovery, now: float) -> None:
                 s.logical_rank, s.role = None, "standby"
                 freed.append(w)
         tp, pp, dp = plan.grid
-        c.journal.append(E.Shrink(generation=rec.generation, dp_from=plan.old_grid[2], dp_to=dp,
-                                  grid={"tp": tp, "pp": pp, "dp": dp}, recoverable_step=plan.recoverable_step,
-                                  freed=freed, lost=list(plan.lost),
-                                  **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
+        c.record(E.Shrink(generation=rec.generation, dp_from=plan.old_grid[2], dp_to=dp,
+                          grid={"tp": tp, "pp": pp, "dp": dp}, recoverable_step=plan.recoverable_step,
+                          freed=freed, lost=list(plan.lost),
+                          **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
     rec.t_restored = now
     rec.move(RecoveryPhase.REPLAY)
     rec.target_step = plan.recoverable_step + plan.steps_replayed
     c.job.to(JobState.RUNNING, f"generation {rec.generation} restored")
-    c.journal.append(E.RecoveryRestored(generation=rec.generation, recoverable_step=plan.recoverable_step,
-                                        invariants=list(plan.invariants), restore_s=round(now - rec.t_start, 3)))
+    c.record(E.RecoveryRestored(generation=rec.generation, recoverable_step=plan.recoverable_step,
+                                invariants=list(plan.invariants), restore_s=round(now - rec.t_start, 3)))
     for _, w in plan.rank_map:
         c.transport.send(w, {"type": "resume", "generation": rec.generation, "step": plan.recoverable_step})
 
@@ -478,11 +475,11 @@ def finish_recovery(c: Any, rec: Recovery, now: float, interrupted: bool) -> Non
               "params": round(rec.phases.get("params", 0.0), 3),
               "optimizer": round(rec.phases.get("optimizer", 0.0), 3),
               "replay": round(now - rec.t_restored, 3)}
-    c.journal.append(E.RecoveryDone(generation=rec.generation, action=rec.plan.action,
-                                    total_s=round(now - rec.t_fault, 3), phases=phases,
-                                    steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
-                                    replay_interrupted=interrupted,
-                                    **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
+    c.record(E.RecoveryDone(generation=rec.generation, action=rec.plan.action,
+                            total_s=round(now - rec.t_fault, 3), phases=phases,
+                            steps_replayed=rec.plan.steps_replayed, recoverable_step=rec.plan.recoverable_step,
+                            replay_interrupted=interrupted,
+                            **({"drain": rec.drain.request_id} if rec.drain is not None else {})))
     c.transport.carry_out(c.drains.finished(rec, now, standby=lambda w: c.slots[w].state is SlotState.STANDBY))
     c.recovery = None
 
@@ -525,14 +522,14 @@ def fallback(c: Any, rec: Recovery, exc: FallbackRequired, live_steps: dict[int,
             exc = FallbackRequired(exc.reason if exc2.reason in exc.reason else f"{exc.reason}; and {exc2.reason}",
                                    exc.lost_shards)
         else:
-            c.journal.append(E.Decision(action="checkpoint_restart", reason=exc.reason, checkpoint_step=ck,
-                                        lost_steps=lost))
-            c.journal.append(E.CheckpointRestart(generation=rec.generation, reason=exc.reason,
-                                                 lost_shards=list(exc.lost_shards), checkpoint_step=ck, lost_steps=lost,
-                                                 checkpoint_path=c.t.checkpoint_path))
+            c.record(E.Decision(action="checkpoint_restart", reason=exc.reason, checkpoint_step=ck,
+                                lost_steps=lost))
+            c.record(E.CheckpointRestart(generation=rec.generation, reason=exc.reason,
+                                         lost_shards=list(exc.lost_shards), checkpoint_step=ck, lost_steps=lost,
+                                         checkpoint_path=c.t.checkpoint_path))
             return _send_plan(c, rec, plan, now, time.perf_counter() - t0)
-    c.journal.append(E.Decision(action="fallback", reason=exc.reason, lost_shards=list(exc.lost_shards),
-                                checkpoint_step=ck, lost_steps=lost))
+    c.record(E.Decision(action="fallback", reason=exc.reason, lost_shards=list(exc.lost_shards),
+                        checkpoint_step=ck, lost_steps=lost))
     c.recovery = None
     c.job.to(JobState.FALLBACK, exc.reason)
     if ck is not None:

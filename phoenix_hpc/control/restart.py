@@ -2,7 +2,8 @@
 
 Plain functions of the coordinator ``c`` (:func:`rebuild_from_journal`, :func:`on_rejoin`). After a crash the batch
 script's supervisor (:mod:`phoenix_hpc.control.supervise`) starts a new coordinator with ``--restart N``. It
-reuses the job secret, folds ``RUN_DIR/journal.jsonl`` into the job's view (:func:`phoenix_hpc.control.view.fold`,
+reuses the job secret, folds ``RUN_DIR/journal.jsonl`` into the job's view (:func:`phoenix_hpc.control.view.fold`
+by its recorder, :mod:`phoenix_hpc.control.recorder`, which applies every record it journals from then on;
 the fold ``phoenix status`` reads too: generation, grid, slots, rank maps, committed step, checkpoint, a
 recovery in progress; a journal line it cannot take is skipped and named in ``coordinator_restarted``; replica
 agreement's repaired steps and strikes, :func:`phoenix_hpc.control.agreement.book_from_records`) and writes a new
@@ -29,7 +30,7 @@ from phoenix_hpc.control.journal import read_journal_skipping
 from phoenix_hpc.control.records import PendingFault, Slot
 from phoenix_hpc.control.rejoin import rejoin_verdict
 from phoenix_hpc.control.states import JobState, RecoveryPhase, SlotState, job_machine, slot_machine
-from phoenix_hpc.control.view import JobView, SlotView, fold
+from phoenix_hpc.control.view import JobView, SlotView
 
 # a slot's state in the journal's view -> in the coordinator (drained: it left by a planned drain, DONE)
 _SLOT_STATE = {"active": SlotState.ACTIVE, "standby": SlotState.STANDBY, "joining": SlotState.JOINING,
@@ -38,20 +39,14 @@ _SLOT_STATE = {"active": SlotState.ACTIVE, "standby": SlotState.STANDBY, "joinin
 
 
 def rebuild_from_journal(c: Any) -> JobView:
-    """Fold the journal into the (fresh) coordinator ``c``. Returns the job's view."""
-    records, skipped = read_journal_skipping(c.journal.path)  # a bad line is skipped and named, never fatal
-    r = fold(records, JobView(skipped=skipped))
+    """Take the state of the (fresh) coordinator ``c`` from its view: the journal's fold, which its recorder
+    started from the records already in the journal (control/recorder.py). Returns the view."""
+    r = c.view
     now = c.clock()
-    c.generation = r.generation
     if r.grid is not None:
         c.grid = r.grid
-    c.rank_map = dict(r.rank_map)
-    # what the recovery evidence recomputes each generation's replica placement from (control/evidence.py)
-    c.rank_maps = {g: dict(m) for g, m in r.rank_maps.items()}
-    c.grid_since = dict(r.grid_since)
-    c.placement_inputs = r.placement_inputs
-    c.checkpoint_step = r.newest_checkpoint
     if c.grid:  # the steps repaired and the strikes of replica agreement (control/agreement.py)
+        records, _ = read_journal_skipping(c.journal.path)
         c.agreement = book_from_records(records, dp=c.grid[2], generation=c.generation, rank_maps=c.rank_maps,
                                         rank_map=c.rank_map, window=int(c.t.agreement_strikes_window_steps))
     c._rejoined: set[int] = set()
@@ -90,7 +85,7 @@ def on_rejoin(c: Any, body: dict) -> None:
     why = rejoin_verdict(rec, pid, str(body.get("role")), body.get("logical_rank"), rj.get("generation"),
                          c.generation)
     if why is not None:
-        c.journal.append(E.RejoinRefused(world_rank=w, pid=pid, reason=why))
+        c.record(E.RejoinRefused(world_rank=w, pid=pid, reason=why))
         return c.transport.reply(body, {"type": "rejected", "reason": f"rejoin of world rank {w} refused: {why}"})
     step = int(rj.get("step") or 0)
     slot.step = max(slot.step, step)
@@ -100,8 +95,8 @@ def on_rejoin(c: Any, body: dict) -> None:
     first = w not in c._rejoined
     c._rejoined.add(w)
     # group commit, as for a registration (membership.py): one fsync per batch of rejoining slots
-    c.journal.append_deferred(E.Rejoined(world_rank=w, pid=pid, node=slot.node, role=str(body.get("role")),
-                                            generation=rj.get("generation"), step=step, again=not first,
-                                            buffered=int(rj.get("buffered") or 0), dropped=int(rj.get("dropped") or 0)))
+    c.record(E.Rejoined(world_rank=w, pid=pid, node=slot.node, role=str(body.get("role")),
+                        generation=rj.get("generation"), step=step, again=not first,
+                        buffered=int(rj.get("buffered") or 0), dropped=int(rj.get("dropped") or 0)), deferred=True)
     c.transport.reply_after_sync(body, {"type": "registered", "generation": c.generation, "role": slot.role,
                                   "logical_rank": slot.logical_rank})

@@ -1,7 +1,8 @@
 """The job's state as one fold of its journal: ``view = apply(view, event)`` for every event, in order.
 
-API (the restarted coordinator and ``phoenix status`` use the same three names; a running coordinator reads
-the view only when it starts as a restart, docs/design.md section 7)::
+API (the running coordinator, which applies each record as it journals it (control/recorder.py), its
+restart and ``phoenix status`` use the same names; what the running coordinator reads from it:
+docs/design.md section 7)::
 
     view = JobView()                     # an empty job; JobView(heartbeat_progress=True) for old journals
     view = apply(view, event)            # one typed event (control/events.py); returns the view
@@ -511,11 +512,12 @@ def apply(view: JobView, event: E.Event) -> JobView:
     return view if out is None else out
 
 
-def fold(records: Iterable[Mapping[str, Any] | E.Event], view: JobView | None = None) -> JobView:
+def fold(records: Iterable[Mapping[str, Any] | E.Event], view: JobView | None = None, start: int = 1) -> JobView:
     """``apply`` every record in order, from ``view`` (an empty :class:`JobView` by default). A record that is
-    not an event, or whose event cannot be applied, is skipped and named in ``view.skipped``. Pure."""
+    not an event, or whose event cannot be applied, is skipped and named in ``view.skipped`` by its number
+    (the first is ``start``: the live coordinator folds one record at a time, control/recorder.py). Pure."""
     v = view if view is not None else JobView()
-    for i, rec in enumerate(records, 1):
+    for i, rec in enumerate(records, start):
         try:
             ev = rec if isinstance(rec, E.Event) else E.from_record(rec)
             if isinstance(ev, E.UnknownEvent):

@@ -97,7 +97,7 @@ def _coordinator(tmp_path, grid, generation=0) -> Coordinator:
     c = Coordinator(tmp_path, grid=grid, clock=lambda: now[0])
     c.journal = Journal(tmp_path)
     c.job = job_machine(JobState.RUNNING)
-    c.generation = generation
+    c.view.generation = generation  # the journal fold's generation, as after its recovery_start records
     tp, pp, dp = grid
     for w in range(tp * pp * dp):
         c.slots[w] = Slot(w, f"n{w}", 100 + w, "active", slot_machine(f"slot {w}", SlotState.ACTIVE), 0.0,
@@ -321,7 +321,7 @@ def test_a_disagreement_is_rolled_back_once_and_a_second_one_at_that_step_stops_
     for s in (5, 10, 15):
         (root / f"step_{s:08d}").mkdir(parents=True)
         mark_complete(root, s, {"step": s})
-    c.checkpoint_step = 15
+    c.view.checkpoint(0.0, 15)  # a persistent checkpoint of step 15, as its record leaves the view
 
     class _Store:
         def queue_push(self, key, value):
@@ -456,7 +456,7 @@ def test_a_new_generation_or_a_shrunk_grid_starts_a_new_book(tmp_path):
     for w in range(3):
         _commit(c, w, 2, A)  # steps 1 and 2 agree
     first = c.agreement
-    c.generation = 1
+    c.view.generation = 1
     _commit(c, 1, 3, A)  # an old generation's report while the recovery runs: still compared in its book
     assert c.agreement is first and first.pending[(0, 0)] == {3: {1: A}}
     c.slots[1].generation = 1

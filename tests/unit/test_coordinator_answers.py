@@ -212,7 +212,7 @@ def test_a_fallback_with_no_member_left_counts_the_lost_steps_from_the_members_l
     from test_drain import _events
 
     c = _coordinator(tmp_path)
-    c.checkpoint_step = 5
+    c.view.checkpoint(0.0, 5)  # a persistent checkpoint of step 5, as its record leaves the view
     for w in (0, 1):
         c.slots[w].step = 8
     recovery_machine.fallback(c, SimpleNamespace(generation=3), FallbackRequired("no spare left"), {}, [], [0, 1], c.clock())

@@ -17,13 +17,13 @@ def _coordinator(tmp_path, nodes: list[str], k: int = 1) -> Coordinator:
         role = "active" if w < len(nodes) - 1 else "standby"
         c.slots[w] = Slot(w, node, 100 + w, role, slot_machine(f"slot {w}", SlotState.ACTIVE), 0.0,
                           logical_rank=w if role == "active" else None, domain={"switch": f"s{w % 2}"})
-    c.placement_inputs = {"k": k, "levels": ["node", "switch"]}
+    c.view.placement_inputs = {"k": k, "levels": ["node", "switch"]}
     return c
 
 
 def test_placement_of_generation_0_and_after_a_hot_swap(tmp_path):
     c = _coordinator(tmp_path, ["a", "a", "b", "b", "c"])
-    c.rank_maps = {0: {0: 0, 1: 1, 2: 2, 3: 3}, 1: {0: 0, 1: 1, 2: 2, 3: 4}}  # world 3 (node b) -> spare on c
+    c.view.rank_maps = {0: {0: 0, 1: 1, 2: 2, 3: 3}, 1: {0: 0, 1: 1, 2: 2, 3: 4}}  # world 3 (node b) -> spare on c
     doms = {n: {"switch": f"s{w % 2}"} for w, n in enumerate(["a", "a", "b", "b", "c"])}
     got = c._placements(before=2)
     for g, nodes in ((0, ["a", "a", "b", "b"]), (1, ["a", "a", "b", "c"])):
@@ -35,10 +35,10 @@ def test_placement_of_generation_0_and_after_a_hot_swap(tmp_path):
 
 def test_no_placement_without_the_inputs_or_when_it_cannot_be_made(tmp_path):
     c = _coordinator(tmp_path, ["a", "a", "b", "b", "c"])
-    c.rank_maps = {0: {0: 0, 1: 1, 2: 2, 3: 3}}
-    c.placement_inputs = None
+    c.view.rank_maps = {0: {0: 0, 1: 1, 2: 2, 3: 3}}
+    c.view.placement_inputs = None
     assert c._placements(before=1) == {}
-    c.placement_inputs = {"k": 3, "levels": ["node"]}  # 3 replicas on other nodes: only 1 other node
+    c.view.placement_inputs = {"k": 3, "levels": ["node"]}  # 3 replicas on other nodes: only 1 other node
     assert c._placements(before=1) == {}
 
 

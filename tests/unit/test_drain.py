@@ -182,7 +182,7 @@ def _coordinator(tmp_path):
         c.slots[w] = Slot(w, node, 100 + w, role, slot_machine(f"slot {w}", SlotState.ACTIVE if role == "active"
                                                                 else SlotState.STANDBY), 0.0,
                           logical_rank=w if role == "active" else None, step=5)
-    c.rank_map = {0: 0, 1: 1}
+    c.view.rank_map = {0: 0, 1: 1}
     c.placement = {"opt/pp0/tp0/dp0": [1], "opt/pp0/tp0/dp1": [0]}
     return c
 
@@ -254,7 +254,7 @@ def test_coordinator_refuses_a_shrink_that_leaves_no_replica_and_an_engine_that_
     c = _coordinator(tmp_path)
     c.t = Timing(shrink=True, shrink_capable=True)
     c.grid = (1, 1, 1)  # one replica left (as after a shrink): removing it would leave dp = 0
-    c.rank_map = {0: 0}
+    c.view.rank_map = {0: 0}
     c._dispatch({"type": "drain", "target": {"logical_rank": 0}, "request_id": "s0", "reply_to": "r0", "shrink": True})
     assert "--shrink: a shrink would remove DP replica(s) [0] of 1 and leave dp = 0" in \
         _events(tmp_path, "rejected")[-1]["reason"]
@@ -279,7 +279,7 @@ def test_coordinator_arms_a_shrink_drain_at_the_exact_step_and_never_moves_it(tm
     c.t = Timing(shrink=True, shrink_capable=True)
     # three replicas on three nodes, no spare: dp 3 -> 2 leaves 2 nodes, enough for k = 1
     c.slots[2] = Slot(2, "n3", 102, "active", slot_machine("slot 2", SlotState.ACTIVE), 0.0, logical_rank=2, step=5)
-    c.rank_map, c.grid = {0: 0, 1: 1, 2: 2}, (1, 1, 3)
+    c.view.rank_map, c.grid = {0: 0, 1: 1, 2: 2}, (1, 1, 3)
     c._dispatch({"type": "drain", "target": {"logical_rank": 1}, "request_id": "d1", "reply_to": "r1",
                  "shrink": True, "at_step": 12})
     assert [(w, m["at_step"]) for w, m in _sent(c)] == [(0, 12), (1, 12), (2, 12)]  # no spare needed; step asked

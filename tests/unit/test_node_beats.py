@@ -78,7 +78,7 @@ def test_the_coordinator_takes_each_entry_as_that_slots_heartbeat_and_commit(tmp
     assert c.counters["heartbeats"] == 3 and c.counters["heartbeat_messages"] == 1
     # an older record never moves last-seen back; a commit of an older generation is skipped
     c.slots[1].generation = 1
-    c.generation = 1
+    c.view.generation = 1
     c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None,
                  "beats": [[1, 101, 1, 6, 9.0, {**commit, "g": 0, "shards": {"opt/pp0/tp0/dp1": 5}}]]})
     assert c.slots[1].last_seen == 46.0 and c.committed["opt/pp0/tp0/dp1"] == {1: 4}
@@ -235,3 +235,30 @@ def test_the_last_slot_to_leave_removes_the_board_with_the_records_of_killed_slo
     assert sorted(p.name for p in path.iterdir()) == ["1", "2"]
     b.leave(stale_s=5.5)
     assert not path.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_done_carries_the_commit_report_no_heartbeat_carried_and_the_last_commit_record_names_it(tmp_path):
+    """A member's newest commit report waits on its node board for the next heartbeat; a member that ends
+    first sends it with its ``done``, and the coordinator takes it before it judges the end: the last
+    ``commit`` record (what ``phoenix status`` shows after the end) names every member's copies."""
+    now = [50.0]
+    c = _coordinator(tmp_path, now)
+    sent = []
+    c.send = lambda w, body: sent.append(body)  # the rank side: what report_done sends
+    client = _client(tmp_path / "board", 1, 101)
+    client.send = sent.append
+    c._dispatch({"type": "heartbeats", "world_rank": 0, "pid": 100, "sent_at": None,
+                 "beats": [[0, 100, 0, 9, 0.1, {"g": 0, "live_step": 9, "shards": {"opt/pp0/tp0/dp0": 9},
+                                                 "replicas": {"opt/pp0/tp0/dp1": 9}}]]})
+    client.report_commit(0, 9, {"opt/pp0/tp0/dp1": 9}, {"opt/pp0/tp0/dp0": 9})  # on the board only
+    client.report_done(0, 10, "h1")
+    (done,) = sent
+    assert done["commit"]["shards"] == {"opt/pp0/tp0/dp1": 9}
+    c._dispatch({"type": "done", "world_rank": 0, "pid": 100, "generation": 0, "step": 10, "state_hash": "h0"})
+    c._dispatch(done)
+    assert read_journal(tmp_path, "job_done")
+    (last,) = read_journal(tmp_path, "commit")
+    assert last["recoverable_step"] == 9 and last["shard_steps"]["opt/pp0/tp0/dp1"] == {"0": 9, "1": 9}
+    # a report of another generation is not sent with the done
+    client.report_done(1, 10, "h1")
+    assert "commit" not in sent[-1]

@@ -24,9 +24,9 @@ def _coordinator(tmp_path, clock: list[float]) -> Coordinator:
         c.slots[w] = Slot(w, node, 100 + w, role, slot_machine(f"slot {w}", SlotState.ACTIVE if role == "active"
                                                                 else SlotState.STANDBY), clock[0],
                           logical_rank=w if role == "active" else None, step=9)
-    c.rank_map = {0: 0, 1: 1}
+    c.view.rank_map = {0: 0, 1: 1}
     c.placement = {"opt/pp0/tp0/dp0": [1], "opt/pp0/tp0/dp1": [0]}
-    c.checkpoint_step = 8
+    c.view.checkpoint(0.0, 8)  # a persistent checkpoint of step 8, as its record leaves the view
     return c
 
 

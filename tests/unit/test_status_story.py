@@ -193,8 +193,8 @@ def test_the_coordinator_names_in_recovery_start_only_the_dead_members_of_the_ge
     # world 1 was replaced by world 2 in generation 1 (its slot stays dead); now world 0 is lost
     for w in (1, 0):
         c.slots[w].machine.to(SlotState.DEAD, "lost")
-    c.rank_map = {0: 0, 1: 2}
-    c.generation = 1
+    c.view.rank_map = {0: 0, 1: 2}
+    c.view.generation = 1
     recovery_machine.start_recovery(c, Decision(Action.HOT_SWAP, "x"), [], 0.0, 1.0)
     (rec,) = read_journal(tmp_path, "recovery_start")
     assert rec["dead"] == [0]

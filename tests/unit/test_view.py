@@ -183,7 +183,7 @@ def _restarted(journal: Path, run_dir: Path, upto: int) -> Coordinator:
     lines = journal.read_text().splitlines(keepends=True)[:upto]
     (run_dir / "journal.jsonl").write_text("".join(lines))
     c = Coordinator(run_dir, restart=1, clock=lambda: 0.0)
-    c.journal = Journal(run_dir)
+    c.recorder.open(Journal(run_dir), fold_existing=True)  # as Coordinator.open does for a restart
     c._rebuild_from_journal()
     return c
 

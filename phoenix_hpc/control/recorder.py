@@ -1,0 +1,55 @@
+"""The one place the coordinator records an event: its journal line, then the same record applied to the
+job's view (:func:`phoenix_hpc.control.view.fold`), so the running coordinator holds the journal's fold.
+
+:class:`Recorder` owns the journal (:class:`~phoenix_hpc.control.journal.Journal`) and the view
+(:class:`~phoenix_hpc.control.view.JobView`). :meth:`Recorder.append` writes the line and applies the record
+*as it reads back* (a JSON round trip: tuples become lists, keys strings), so that after every append the view
+equals ``fold(iter_journal(run_dir))`` of the records written since the view was taken: for a restarted
+coordinator the whole journal (:meth:`Recorder.open` folds what is there), for a job's first coordinator its
+own records (its ``coordinator_started`` drops an earlier job of the run anyway; only ``view.skipped`` would
+name that job's bad lines). A record the fold cannot take is named in ``view.skipped``, as the fold does;
+the journal line is written first in any case.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from phoenix_hpc.control.events import Event
+from phoenix_hpc.control.journal import Journal, read_journal_skipping
+from phoenix_hpc.control.view import JobView, fold
+
+
+class Recorder:
+    """The coordinator's journal and the view its records fold to. Single-threaded (the coordinator's loop).
+
+    ``journal``: None until :meth:`open` (or a test sets it); ``view``: the fold so far; ``records``: how many
+    records the view took (the record numbers :attr:`JobView.skipped` names)."""
+
+    def __init__(self) -> None:
+        self.journal: Journal | None = None
+        self.view = JobView()
+        self.records = 0
+
+    def open(self, journal: Journal, *, fold_existing: bool) -> None:
+        """Take ``journal``; with ``fold_existing`` (a restarted coordinator), start the view from the fold of
+        the records already in it (a line that is no record is named in ``view.skipped``).
+
+        Raises:
+            StatusError: the journal cannot be read (:func:`~phoenix_hpc.control.journal.read_journal_skipping`).
+        """
+        self.journal, self.view, self.records = journal, JobView(), 0
+        if fold_existing and journal.path.exists():
+            recs, skipped = read_journal_skipping(journal.path)  # a bad line is skipped and named, never fatal
+            self.view = fold(recs)
+            self.view.skipped[:0] = skipped
+            self.records = len(recs)
+
+    def append(self, event: Event, *, deferred: bool = False) -> dict[str, Any]:
+        """Journal ``event`` (:meth:`Journal.append`, or :meth:`Journal.append_deferred` with ``deferred``),
+        then apply its record to :attr:`view`. Returns the record. Raises what the journal raises."""
+        rec = (self.journal.append_deferred if deferred else self.journal.append)(event)
+        self.records += 1
+        self.view = fold([json.loads(json.dumps(rec))], self.view, start=self.records)
+        return rec
