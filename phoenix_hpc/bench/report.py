@@ -63,7 +63,9 @@ def unattributed(h: dict) -> float:
 AGREEMENT_COST = ("Replica agreement (docs/design.md section 6) is not measured on its own here and has no switch: from"
                   " commit `f889c53` on it is part of every protected step, so the on/off ratios of a run from then on "
                   "include it. Its work per commit is one XXH3-64 over the parameter tensors' checksums the D2H copy "
-                  "computes anyway, at most 1.8 KB more per commit report, and the coordinator's comparison; measured "
+                  "computes anyway, 16 bytes more per (pp, tp) stage in the commit fence's all-reduce (from commit "
+                  "`370340f` on; not measured), at most 1.8 KB more per commit report, and the coordinator's "
+                  "comparison; measured "
                   "alone, those are microseconds per step (design section 6, *Cost*), below what the step time's spread"
                   " here resolves.")
 
