@@ -6,6 +6,7 @@ before that step. Tables of the pure parts, and the fence itself on three real M
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -169,10 +170,13 @@ def test_on_three_mpi_ranks_every_rank_learns_the_first_differing_step_from_the_
     assert mpirun, "Open MPI's mpirun is needed (the project's MPI stack)"
     prog = tmp_path / "fence.py"
     prog.write_text(MPI_CHILD)
+    # a fresh launcher: this test process may be an MPI singleton itself (another test initialised MPI here),
+    # whose OMPI_/PMIX_ variables would make mpirun take its children for part of that job
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "OPAL_"))}
     r = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "3", sys.executable, str(prog),
                         str(tmp_path)], capture_output=True, text=True, timeout=120,
-                       cwd=Path(__file__).resolve().parents[2])
-    assert r.returncode == 0, r.stderr[-3000:]
+                       cwd=Path(__file__).resolve().parents[2], env=env)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     got = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(3)]
     # every rank: the same result; step 6 agreed again, but the first difference (5) is kept
     assert got == [{"step": 6, "agreed": 4, "interval": 3, "differ": [5, [[0, 7, 8]]]}] * 3, r.stdout
