@@ -15,7 +15,8 @@ import signal
 
 import pytest
 
-from test_hotswap import CONFIG, PHASES, PATHS, Job, _run_reference, _wait, check_path, with_path  # noqa: F401
+from test_hotswap import (CONFIG, PHASES, PATHS, Job, _inject, _run_reference, _wait, check_path,  # noqa: F401
+                          with_path)
 from phoenix_hpc.slurm import cluster as lc
 from phoenix_hpc.slurm import procs
 
@@ -475,13 +476,18 @@ def test_a_flipped_parameter_bit_is_found_at_the_next_commit_naming_the_member(e
     cfg["resources"] = dict(cfg["resources"], spares=0)  # a repair needs no spare
     job = Job(env, tmp_path, data, "bitflip-dp3", cfg)
     try:
-        _wait(lambda: job.step(1) >= 3, 180, "the first commits")
-        rep = _inject_ahead(job, "bitflip", "forward", rank=1)
+        # at a named step, sent once the job runs (before its first steps: this model trains about 50 steps a
+        # second here, faster than a request relative to the live step reaches it, and the run has 24)
+        rep = _inject(job, "bitflip", "forward", at_step=10, rank=1, wait=False)
         assert rep["kind"] == "bitflip" and len(rep["targets"]) == 1, rep
         at = rep["at_step"]
-        job.done = job.wait_end(240)
+        assert at == 10, rep
+        # the journal's end is all this test reads: it does not wait for Slurm to end the job (cancelled below)
+        _wait(lambda: job.events("coordinator_exit"), 240, f"the end of the job (journal: {job.events()[-6:]})",
+              poll_s=0.3)
     finally:
         job.cancel()
+    (job.done,) = job.events("job_done")
     fired = [f for f in _fired_of(job) if f["kind"] == "bitflip"]
     assert [(f["step"], f["world_rank"]) for f in fired] == [(at, 1)], fired  # generation 0: world = logical
     (sc,) = job.events("silent_corruption")
@@ -499,4 +505,4 @@ def test_a_flipped_parameter_bit_is_found_at_the_next_commit_naming_the_member(e
     assert not job.events("clean_stop") and not job.events("slots_dead") and not job.events("fallback")
     _same_hash(job.done, dp3_reference)  # bit for bit the fault-free run
     print(f"bitflip dp=3 at step {at}: recovery {rec['total_s']} s {rec['phases']}, R={rec['recoverable_step']}, "
-          f"replayed {rec['steps_replayed']}, job {job.elapsed_s:.1f} s")
+          f"replayed {rec['steps_replayed']}")
