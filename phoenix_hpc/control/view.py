@@ -74,8 +74,28 @@ def _grid(g: Any) -> Grid:
 # --- the job and its slots ---------------------------------------------------------------------------------
 
 
+def starts_job(record: Mapping[str, Any]) -> bool:
+    """Whether a journal ``record`` starts a job: a ``coordinator_started`` that is not a restart within the
+    job (``restart`` unset). A resumed run's journal holds one per job (``phoenix submit --resume``); what
+    came before it belongs to an earlier job of the run. The one rule the fold, ``phoenix status`` and its
+    job list cut a journal by. Pure."""
+    return record.get("event") == E.CoordinatorStarted.NAME and not record.get("restart")
+
+
+def job_segments(records: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """``records`` cut before every record that :func:`starts_job`, in order; records before the first such
+    record (a journal that begins with a restart) form the first segment. Empty for no records. Pure."""
+    out: list[list[Mapping[str, Any]]] = []
+    for r in records:
+        if starts_job(r) or not out:
+            out.append([r])
+        else:
+            out[-1].append(r)
+    return out
+
+
 def _started(v: JobView, ev: E.CoordinatorStarted) -> JobView:
-    if not ev.restart:  # the first start of a job: what came before belongs to an earlier job of the run
+    if starts_job({"event": ev.NAME, "restart": ev.restart}):  # what came before belongs to an earlier job
         v = JobView(heartbeat_progress=v.heartbeat_progress, skipped=v.skipped)
     else:
         v.restarts += 1

@@ -77,7 +77,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 from phoenix_hpc.control import events as E
-from phoenix_hpc.control.view import LIVE_SLOT_STATES, TERMINAL_STATES, JobView, fold
+from phoenix_hpc.control.view import LIVE_SLOT_STATES, TERMINAL_STATES, JobView, fold, job_segments
 from phoenix_hpc.recovery.plan import shard_id_of
 from phoenix_hpc.status.metrics_sinks import metrics_sinks
 from phoenix_hpc.status.model import (
@@ -245,9 +245,8 @@ def current_job_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[st
     """The records of the run's newest job: from its last ``coordinator_started`` on (a resumed run's
     journal holds one such record per job, ``phoenix submit --resume``; a coordinator restarted within the
     job, ``restart`` set, continues its job's records). Pure."""
-    records = list(records)
-    starts = [i for i, r in enumerate(records) if r.get("event") == E.CoordinatorStarted.NAME and not r.get("restart")]
-    return records[starts[-1]:] if starts else records
+    segs = job_segments(records)  # control/view.py: the one rule a journal is cut into jobs by
+    return segs[-1] if segs else []
 
 
 def restart_requested(records: Iterable[Mapping[str, Any]]) -> bool:

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from phoenix_hpc.control import events as E
+from phoenix_hpc.control.view import job_segments
 from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 from phoenix_hpc.status.model import RunJobStatus
 
@@ -35,15 +36,10 @@ _DOWN = ("DOWN", "FAIL", "NOT_RESPONDING")
 
 
 def _segments(records: list[Mapping[str, Any]]) -> list[tuple[str | None, list[Mapping[str, Any]]]]:
-    """The journal cut at every ``coordinator_started`` of a job (not at a restart within it): (its job_id,
-    its records)."""
-    out: list[tuple[str | None, list[Mapping[str, Any]]]] = []
-    for r in records:
-        if r.get("event") == E.CoordinatorStarted.NAME and not (r.get("restart") and out):
-            out.append((str(r["job_id"]) if r.get("job_id") is not None else None, [r]))
-        elif out:
-            out[-1][1].append(r)
-    return out
+    """The journal cut into its jobs (:func:`phoenix_hpc.control.view.job_segments`): (its job_id, its
+    records) for each segment that begins with a ``coordinator_started``."""
+    return [(str(seg[0]["job_id"]) if seg[0].get("job_id") is not None else None, seg)
+            for seg in job_segments(records) if seg[0].get("event") == E.CoordinatorStarted.NAME]
 
 
 def _last_step(seg: list[Mapping[str, Any]]) -> int | None:

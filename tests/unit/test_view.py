@@ -227,3 +227,31 @@ def test_phoenix_status_shows_a_journal_with_records_it_cannot_read_and_names_th
     (w,) = [w for w in st.warnings if w.code == "journal"]
     assert w.message.startswith("2 journal record(s) not shown: record 3 (from_a_newer_coordinator)")
     assert "drain request 'never' never requested" in w.message
+
+
+def _start(restart=None, job="1"):
+    return {"ts": 1.0, "event": "coordinator_started", "job_id": job, **({"restart": restart} if restart else {})}
+
+
+_P = {"ts": 2.0, "event": "progress", "step": 3}
+
+
+@pytest.mark.parametrize("records, cuts", [
+    ([], []),
+    ([_start(), _P, _start(restart=1), _P], [4]),  # a restart within the job continues it
+    ([_start(), _P, _start(job="2"), _P], [2, 2]),  # a resumed run: a job per first start
+    ([_start(restart=1), _P, _start(job="2")], [2, 1]),  # a journal that begins with a restart
+    ([_P, _start()], [1, 1]),  # records before any start: a segment of their own
+])
+def test_one_rule_cuts_a_journal_into_jobs_for_the_fold_status_and_the_job_list(records, cuts):
+    from phoenix_hpc.control.view import job_segments
+    from phoenix_hpc.status.jobs import _segments
+
+    segs = job_segments(records)
+    assert [len(s) for s in segs] == cuts
+    assert current_job_records(records) == (segs[-1] if segs else [])
+    # the job list keeps the segments that begin with a coordinator start, with their job id
+    assert [(j, len(s)) for j, s in _segments(records)] == [
+        (s[0]["job_id"], len(s)) for s in segs if s[0]["event"] == "coordinator_started"]
+    # the fold starts the view again exactly where a segment starts: the newest job's view
+    assert fold(records).restarts == sum(1 for r in (segs[-1] if segs else []) if r.get("restart"))
