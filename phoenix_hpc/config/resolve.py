@@ -44,8 +44,23 @@ from phoenix_hpc.hostlist import check_hostlist
 PLACEHOLDER_ACCOUNTS = frozenset({"m0000_g"})
 
 
+#: seconds the coordinator waits for the members' write of a planned end's final checkpoint (phoenix's format)
+FINAL_WRITE_TIMEOUT_S = 120.0
+
+
+def final_write_timeout_s(save_megatron: bool, collective_timeout_s: float) -> float:
+    """How long the coordinator's write round of a planned end waits for the members (seconds):
+    :data:`FINAL_WRITE_TIMEOUT_S` for the shards of phoenix's format; with
+    ``resilience.checkpoint.save_megatron`` the members then also write that step in Megatron-LM's layout
+    before answering (:mod:`phoenix_hpc.launch.final_megatron`): ``collective_timeout_s`` more for the
+    export's rendezvous and the same again for its engine and write. Pure."""
+    if not save_megatron:
+        return FINAL_WRITE_TIMEOUT_S
+    return 2 * FINAL_WRITE_TIMEOUT_S + float(collective_timeout_s)
+
+
 def warning_lead_s(signal_before_end_s: int, final_write_s: float, collective_timeout_s: float,
-                   heartbeat_timeout_s: float) -> int:
+                   heartbeat_timeout_s: float, save_megatron: bool = False) -> int:
     """Seconds before the time limit at which the job asks Slurm for its warning signal: the site's
     ``signal_before_end_s``, raised when a planned end could need more. A planned end (docs/design.md
     section 7) first waits for the members' ``stopping`` answers (at most ``collective_timeout_s +
@@ -53,8 +68,15 @@ def warning_lead_s(signal_before_end_s: int, final_write_s: float, collective_ti
     ``final_write_s`` is doubled for the file system's variance. Slurm may send the signal up to 60 s
     *earlier* than asked (sbatch(1), ``--signal``), never later. Pure.
 
-    Example: 30 + 10 + 2 x 30 = 100 s needed, site 120 s -> 120."""
+    With ``save_megatron`` (``resilience.checkpoint.save_megatron``) the final checkpoint is written twice,
+    the second time in Megatron-LM's layout after a rendezvous of the members
+    (:mod:`phoenix_hpc.launch.final_megatron`): ``collective_timeout_s + 2 x final_write_s`` more (the
+    Megatron-LM write taken as long as phoenix's: the same tensors).
+
+    Example: 30 + 10 + 2 x 30 = 100 s needed, site 120 s -> 120; with ``save_megatron`` 100 + 30 + 60 = 190."""
     need = collective_timeout_s + heartbeat_timeout_s + 2.0 * final_write_s
+    if save_megatron:
+        need += collective_timeout_s + 2.0 * final_write_s
     return max(int(signal_before_end_s), int(-(-need // 1)))
 
 
@@ -271,7 +293,7 @@ def resolve(
         problems.append(f"resources.time_limit: {exc}")
         time_s = None
     lead = warning_lead_s(sch.signal_before_end_s, sch.final_write_s, cfg.resilience.collective_timeout_s,
-                          cfg.resilience.heartbeat_timeout_s)
+                          cfg.resilience.heartbeat_timeout_s, save_megatron=bool(cfg.resilience.checkpoint.save_megatron))
     if time_s is not None and time_s <= lead:
         problems.append(
             f"resources.time_limit: {res.time_limit!r} must be longer than the warning signal lead ({lead} s: "

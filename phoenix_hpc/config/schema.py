@@ -405,7 +405,7 @@ class CheckpointConfig(BaseModel):
         None,
         description="engine megatron: also write every persistent checkpoint into this directory (absolute path) in "
         "Megatron-LM's torch_dist layout (iter_NNNNNNN/ and latest_checkpointed_iteration.txt), which Megatron-LM's "
-        "--load reads; all are kept, as Megatron-LM keeps them")
+        "--load reads: the periodic ones and the final one of a planned end; all are kept, as Megatron-LM keeps them")
 
 
 #: ``resilience.d2h_copy_chunk_bytes`` must be a multiple of this (runtime/d2h_chunks.py COPY_CHUNK_ALIGN; a unit

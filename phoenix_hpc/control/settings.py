@@ -23,7 +23,7 @@ class Timing:
     commit_log_every: int = 10  # a ``commit`` record every this many recoverable steps, or per progress interval
     linger_s: float = 5.0
     final_checkpoint: bool = False  # a planned end writes a checkpoint from host memory (mode: phoenix)
-    final_write_timeout_s: float = 120.0  # the members' write of that checkpoint
+    final_write_timeout_s: float = 120.0  # the members' write of that checkpoint (config.resolve.final_write_timeout_s)
     checkpoint_keep: int = 2  # complete checkpoints kept (resilience.checkpoint.keep)
     startup_grace_s: float = 0.0  # a slot's heartbeats are judged once it reported a step or after this (registration)
     in_job_restart: bool = False  # mode checkpoint-restart, checkpoint.restart in-job: a fault ends the step for a new one
@@ -46,6 +46,7 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
     from phoenix_hpc.config import load_job_config
 
     cfg = load_job_config(cfg_path)
+    from phoenix_hpc.config.resolve import final_write_timeout_s
     from phoenix_hpc.recovery.ckpt_files import checkpoint_root
     from phoenix_hpc.recovery.shrink import shrinks_when_spares_run_out
 
@@ -60,7 +61,8 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
                shrink=shrinks_when_spares_run_out(enabled=r.enabled, mode=r.mode,
                                                   spares_exhausted=r.spares_exhausted, engine=cfg.engine),
                shrink_capable=bool(r.enabled and r.mode == "phoenix" and cfg.engine == "torch"),
-               agreement_strikes_window_steps=r.agreement_strikes_window_steps)
+               agreement_strikes_window_steps=r.agreement_strikes_window_steps,
+               final_write_timeout_s=final_write_timeout_s(bool(r.checkpoint.save_megatron), r.collective_timeout_s))
     par = cfg.parallelism
     grid = (par.tp, par.pp, par.dp) if par.dp else None
     return t, grid

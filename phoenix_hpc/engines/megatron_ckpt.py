@@ -216,6 +216,25 @@ def save_engine(engine, root: str | os.PathLike) -> Path:
     return save(sd, root, engine.step, engine.groups.world if engine.groups is not None else None)
 
 
+def save_snapshot(engine, optimizer_shard: dict[str, torch.Tensor], param_shard: dict[str, torch.Tensor],
+                  envelope: dict[str, Any], root: str | os.PathLike) -> Path:
+    """Write a host snapshot S(step) of this rank (the protector's local snapshot: ``optimizer_shard`` fp32 1-D
+    main params and Adam moments, ``param_shard`` the model parameters in the model's dtype, both by the
+    engine's shard names; ``envelope`` with the step, RNG and scheduler) into ``root`` in Megatron-LM's
+    torch_dist layout: loaded into ``engine`` (a freshly built
+    :class:`~phoenix_hpc.engines.megatron_engine.MegatronEngine` of the same grid coordinate), then
+    :func:`save_engine`. Collective over the default group. Returns the folder ``root/iter_{step:07d}``.
+
+    Raises:
+        EngineError: the snapshot is not of this engine's shard (names, shapes, dtypes, coordinate).
+        Whatever :func:`save_engine` raises.
+    """
+    engine.load_optimizer_shard(optimizer_shard)
+    engine.load_param_shard(param_shard)
+    engine.load_envelope(envelope)
+    return save_engine(engine, root)
+
+
 def restore_rng(states: dict, device, tracker=None) -> None:
     """Set Python's, NumPy's, torch's CPU (and, when recorded, CUDA on ``device``) generators and the CUDA RNG
     tracker (``tracker``, megatron-core's ``get_cuda_rng_tracker()``; skipped when None or nothing was

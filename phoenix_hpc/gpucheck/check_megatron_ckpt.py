@@ -6,6 +6,10 @@
   RNG; ``latest_checkpointed_iteration.txt``) and trains on to ``STEPS``; engine B, built fresh, loads the
   directory (``load_engine``) and trains to ``STEPS``: its start step, state hash and losses equal A's
   (bitwise: the hash covers every parameter, fp32 main parameter and Adam moment).
+- ``megatron_ckpt.from_snapshot``: the final checkpoint of a planned end (:mod:`phoenix_hpc.launch.final_megatron`):
+  A's state at ``SAVE_AT`` as a host snapshot (the shards and envelope the protector copies), written by a
+  freshly built engine C (``save_snapshot``) into a second directory; engine D, built fresh, loads it and
+  trains to ``STEPS``: its start step, state hash and losses equal A's.
 - ``megatron_ckpt.mcore_load``: the directory loads with megatron-core's ``dist_checkpointing.load`` into a
   freshly built bare ``GPTModel`` (no DDP, no optimizer, as a Megatron-LM inference or conversion script
   loads it); its weights equal A's at ``SAVE_AT``.
@@ -25,8 +29,8 @@ from phoenix_hpc.gpucheck import common
 from phoenix_hpc.gpucheck.report import equal_item, item
 
 NAME = "megatron_ckpt"
-TIMEOUT_S = 90
-ITEMS = ("megatron_ckpt.round_trip", "megatron_ckpt.mcore_load")
+TIMEOUT_S = 120
+ITEMS = ("megatron_ckpt.round_trip", "megatron_ckpt.mcore_load", "megatron_ckpt.from_snapshot")
 STEPS, SAVE_AT = 8, 4
 
 
@@ -80,6 +84,8 @@ def run(work: Path) -> list[dict]:
     mck.save_engine(a, root)
     save_s = time.perf_counter() - t0
     at_save = {n: t.detach().clone() for n, t in a.model.module.state_dict().items() if torch.is_tensor(t)}
+    snapshot = ({n: t.detach().cpu().clone() for n, t in a.optimizer_shard()},
+                {n: t.detach().cpu().clone() for n, t in a.param_shard()}, a.envelope())
     ra = train(a, STEPS, tokens)
     hash_a, loss_a = a.state_hash(), common.losses(ra)
     a.teardown()
@@ -115,4 +121,23 @@ def run(work: Path) -> list[dict]:
                           {"tensors": len(at_save)}, limit))
     else:
         items.append(item("megatron_ckpt.mcore_load", "passed", numbers={"tensors": len(at_save)}, limit=limit))
+
+    # the planned end's export: a fresh engine takes the host snapshot of SAVE_AT and writes it
+    root2 = Path(work) / "megatron-ckpt-final"
+    shutil.rmtree(root2, ignore_errors=True)
+    c = create_engine(cfg, GridCoord(0, 0, 0), groups, dev)
+    t0 = time.perf_counter()
+    mck.save_snapshot(c, *snapshot, root2)
+    export_s = time.perf_counter() - t0
+    c.teardown()
+    tracker2 = (root2 / TRACKER).read_text() if (root2 / TRACKER).is_file() else None
+    d_ = create_engine(cfg, GridCoord(0, 0, 0), groups, dev)
+    start2 = mck.load_engine(d_, root2)
+    rd = train(d_, STEPS, tokens)
+    items.append(equal_item("megatron_ckpt.from_snapshot", (tracker2, start2, d_.state_hash(), common.losses(rd)),
+                            (str(SAVE_AT), SAVE_AT, hash_a, loss_a[SAVE_AT:]),
+                            f"host snapshot of step {SAVE_AT} written in Megatron-LM's layout by a fresh engine, "
+                            "loaded into another, continued (tracker, start step, hash, losses) vs uninterrupted",
+                            {"export_s": round(export_s, 3)}, limit))
+    d_.teardown()
     return items

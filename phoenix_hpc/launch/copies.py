@@ -19,6 +19,14 @@ from typing import Any, Callable
 from phoenix_hpc.errors import RecoveryError
 
 
+def split_snapshot(u) -> tuple[dict, dict, dict]:
+    """``(optimizer shard, param shard, envelope)`` of an unpacked local snapshot ``u``
+    (:class:`phoenix_hpc.runtime.snapshot.Unpacked`): the optimizer's tensors are those named ``opt/...``."""
+    opt = {n: t for n, t in u.tensors.items() if n.startswith("opt/")}
+    par = {n: t for n, t in u.tensors.items() if not n.startswith("opt/")}
+    return opt, par, u.envelope
+
+
 @dataclass
 class Offer:
     """What a member answers ``quiesced`` with: the steps of the verified copies of its own shard
@@ -102,10 +110,7 @@ class Copies:
                 break
         else:
             prot = srcs[-1]
-        u = prot.local_snapshot(step=step, copy=False)
-        opt = {n: t for n, t in u.tensors.items() if n.startswith("opt/")}
-        par = {n: t for n, t in u.tensors.items() if not n.startswith("opt/")}
-        return opt, par, u.envelope
+        return split_snapshot(prot.local_snapshot(step=step, copy=False))
 
     def offer(self, closing, logical: int | None) -> Offer:
         """What this member offers a plan, from ``closing`` (the protector just closed, or None) and the kept

@@ -6,7 +6,9 @@ once (a peer blocked in a collective with it fails at once instead of waiting ou
 and then receives the same ``stop``), closes its runtime protector without waiting on peers (the host
 buffers stay readable), reports the steps of its verified local snapshots, writes the one step the
 coordinator picks (file I/O only, :func:`phoenix_hpc.recovery.checkpoint.write_snapshot_shard`), reports
-it, and returns the coordinator's final ``stop``.
+it, and returns the coordinator's final ``stop``. With ``resilience.checkpoint.save_megatron`` it also writes
+that step in Megatron-LM's layout before reporting (:mod:`phoenix_hpc.launch.final_megatron`; the report
+carries ``megatron`` {dir, iteration, write_s} or ``megatron_error``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,24 @@ def final_checkpoint(member, stop_msg: dict[str, Any]) -> dict[str, Any]:
             info["write_s"] = round(time.perf_counter() - t0, 4)
         except Exception as exc:  # noqa: BLE001 -- reported; the checkpoint stays incomplete
             info = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+        if "error" not in info and e.cfg.resilience.checkpoint.save_megatron:
+            from phoenix_hpc.launch.final_megatron import export
+
+            info.update(export(member, u, step))
         client.report_shard_written(step, info)
         if member.logical == 0:
             e.log(f"[phoenix] rank 0: shard of the final checkpoint of step {step} "
                   f"{'written in ' + str(info['write_s']) + ' s' if 'error' not in info else 'failed: ' + info['error']}")
+            if "megatron" in info or "megatron_error" in info:
+                e.log(f"[phoenix] rank 0: final checkpoint of step {step} in Megatron-LM's layout: "
+                      + megatron_note(info))
+
+
+def megatron_note(info: dict[str, Any]) -> str:
+    """The log's words for the Megatron-LM export in a ``shard_written`` report (:mod:`.final_megatron`). Pure."""
+    if "megatron_error" in info:
+        return f"failed: {info['megatron_error']}"
+    m = info["megatron"]
+    if "skipped" in m:
+        return f"{m['dir']} already holds iteration {m['iteration']} ({m['skipped']})"
+    return f"iteration {m['iteration']} written to {m['dir']} in {m['write_s']} s"

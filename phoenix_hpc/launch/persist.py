@@ -17,7 +17,8 @@ checkpoint root is ``resilience.checkpoint.path`` or ``RUN_DIR/checkpoints``; a 
 the same root (an absolute ``checkpoint.path``) to find it.
 
 Timings for the benchmarks (unix seconds, wall clock) are appended by each rank to
-``RUN_DIR/ranks/rank{r}.persist.jsonl``: ``{"event": "save", "step", "t_start", "t_end"}`` and
+``RUN_DIR/ranks/rank{r}.persist.jsonl``: ``{"event": "save", "step", "t_start", "t_end"}``, ``{"event": "save_megatron", "step", "t_start", "t_end"}``
+(with ``"final": true`` for the final checkpoint of a planned end, :mod:`phoenix_hpc.launch.final_megatron`) and
 ``{"event": "restore", "step", "t_start", "t_end", "slurm_job_id", "slurm_step_id"}`` (or ``{"event": "restore", "step": null, ...}`` when
 there was nothing to restore).
 """
@@ -44,7 +45,8 @@ def is_due(step: int, interval_steps: int) -> bool:
     return step > 0 and step % interval_steps == 0
 
 
-def _log(run_dir, rank: int, rec: dict) -> None:
+def log_event(run_dir, rank: int, rec: dict) -> None:
+    """Append ``rec`` to ``RUN_DIR/ranks/rank{rank}.persist.jsonl`` (one JSON object a line)."""
     d = Path(run_dir) / "ranks"
     d.mkdir(parents=True, exist_ok=True)
     with open(d / f"rank{rank}.persist.jsonl", "a") as f:
@@ -69,13 +71,13 @@ def save_if_due(engine: Engine, groups: ProcessGroups, step: int, cfg, run_dir: 
     t0 = time.time()
     path = save_checkpoint(engine, checkpoint_root(cfg, run_dir), groups.world, keep=cfg.resilience.checkpoint.keep,
                            record=model_record(cfg))
-    _log(run_dir, _rank(groups), {"event": "save", "step": int(step), "t_start": t0, "t_end": time.time()})
+    log_event(run_dir, _rank(groups), {"event": "save", "step": int(step), "t_start": t0, "t_end": time.time()})
     if cfg.resilience.checkpoint.save_megatron:
         t1 = time.time()
         from phoenix_hpc.engines.megatron_ckpt import save_engine
 
         save_engine(engine, cfg.resilience.checkpoint.save_megatron)
-        _log(run_dir, _rank(groups), {"event": "save_megatron", "step": int(step), "t_start": t1, "t_end": time.time()})
+        log_event(run_dir, _rank(groups), {"event": "save_megatron", "step": int(step), "t_start": t1, "t_end": time.time()})
     return path
 
 
@@ -98,12 +100,12 @@ def restore_latest(engine: Engine, groups: ProcessGroups, cfg, run_dir: str | os
         step = load_checkpoint(engine, root, groups.world, step)
     elif cfg.resilience.checkpoint.load_megatron:
         step = _load_megatron(engine, cfg.resilience.checkpoint.load_megatron)
-        _log(run_dir, _rank(groups), {"event": "load_megatron", "step": step, "t_start": t0, "t_end": time.time(),
+        log_event(run_dir, _rank(groups), {"event": "load_megatron", "step": step, "t_start": t0, "t_end": time.time(),
                                       "dir": cfg.resilience.checkpoint.load_megatron})
         return step
     if not enabled(cfg):
         return None
-    _log(run_dir, _rank(groups), {"event": "restore", "step": step, "t_start": t0, "t_end": time.time(),
+    log_event(run_dir, _rank(groups), {"event": "restore", "step": step, "t_start": t0, "t_end": time.time(),
                                   **slurm_ids()})
     return step
 
@@ -154,6 +156,6 @@ def restore_step(engine: Engine, groups: ProcessGroups, cfg, run_dir: str | os.P
 
     t0 = time.time()
     got = load_checkpoint(engine, checkpoint_root(cfg, run_dir), groups.world, int(step))
-    _log(run_dir, _rank(groups), {"event": "restore", "step": got, "t_start": t0, "t_end": time.time(),
+    log_event(run_dir, _rank(groups), {"event": "restore", "step": got, "t_start": t0, "t_end": time.time(),
                                   "in_job": True})
     return got
