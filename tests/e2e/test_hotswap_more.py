@@ -76,17 +76,25 @@ def pp_reference(env, data, tmp_path_factory):  # noqa: F811
     return _run_reference(env, data, tmp_path_factory.mktemp("ref-pp"), "ref-pp", PP_CONFIG)
 
 
-@pytest.mark.parametrize("victims,path", [((1, 3), "rebind"), ((3,), "rebuild")],
+@pytest.mark.parametrize("victims,path,flip", [((1, 3), "rebind", None), ((3,), "rebuild", (2, 40))],
                          ids=["first-then-last-stage-rebind", "last-stage-rebuild"])
 def test_pp2_node_loss_is_hot_swapped_with_identical_final_hash(env, data, pp_reference, slurm_cluster,  # noqa: F811
-                                                                 tmp_path, victims, path):
+                                                                 tmp_path, victims, path, flip):
     """Logical 1 = (pp0, dp1), first pipeline stage; logical 3 = (pp1, dp1), the stage computing the loss.
     On rebind one job loses both, one after the other (two spares: the node of logical 1 at step 8, the node
-    of logical 3 at step 16, after the first hot swap); each loss is checked as its own job would be."""
+    of logical 3 at step 16, after the first hot swap); each loss is checked as its own job would be.
+
+    On rebuild the job also gets a bitflip (``flip``: logical rank 2, (pp1, dp0), at step 40, after the hot
+    swap): replica agreement at dp = 2 (docs/design.md section 6) names both replicas of stage pp1, no
+    majority, and every member rolls back before the difference on the rebuild path (a local recovery to
+    step 38) and replays: the final hash is still the fault-free run's."""
     cfg = dict(PP_CONFIG, resources=dict(PP_CONFIG["resources"], spares=len(victims)))
     job = Job(env, tmp_path, data, f"pp-node-loss-{'-'.join(map(str, victims))}-{path}", with_path(cfg, path))
     nodes: list[str] = []
     try:
+        if flip:  # armed on its survivor before the loss, at a named step after the hot swap
+            rep = _inject(job, "bitflip", "forward", at_step=flip[1], rank=flip[0], wait=False)
+            assert rep["at_step"] == flip[1], rep
         for i, victim in enumerate(victims):
             if i:
                 _wait(lambda: len(job.events("recovery_done")) == i, 120, f"hot swap {i}", poll_s=0.2)
@@ -97,15 +105,25 @@ def test_pp2_node_loss_is_hot_swapped_with_identical_final_hash(env, data, pp_re
         _revive(slurm_cluster, nodes)
     _same_hash(done, pp_reference)
     recs = job.events("recovery_done")
-    assert [r["generation"] for r in recs] == list(range(1, len(victims) + 1)), recs
-    for rec in recs:
+    n = len(victims) + (flip is not None)
+    assert [r["generation"] for r in recs] == list(range(1, n + 1)), recs
+    for rec in recs[:len(victims)]:
         assert rec["action"] == "hot_swap" and rec["steps_replayed"] <= 1 and set(rec["phases"]) == PHASES
+    if flip:
+        at = flip[1]
+        (sc,) = job.events("silent_corruption")
+        assert (sc["step"], sc["pp"], sc["suspects"], sc.get("majority")) == (at - 1, 1, [2, 3], None), sc
+        fl = recs[-1]
+        assert (fl["action"], fl["recoverable_step"], fl["steps_replayed"]) == ("local_recovery", at - 2, 2), fl
+        assert not [d for d in job.events("slots_dead") if d["kind"] == "repeated_corruption"]
+        print(f"bitflip dp=2 at step {at} ({path}): recovery {fl['total_s']} s {fl['phases']}, "
+              f"R={fl['recoverable_step']}, replayed {fl['steps_replayed']}")
     # a survivor blocked in a collective with a survivor that saw the dead rank is released by that
     # survivor's destroyed groups (Member.release_groups), not by resilience.collective_timeout_s
     timeouts = [f for f in job.events("fault") if f.get("kind") == "collective_timeout"]
     assert not timeouts, f"a survivor waited for the collective timeout: {timeouts}"
     plans = job.events("recovery_plan")
-    assert len(plans) == len(victims), plans
+    assert len(plans) == n and all(not p["joins"] for p in plans[len(victims):]), plans
     for i, (plan, victim) in enumerate(zip(plans, victims)):
         (join,) = plan["joins"]
         assert join["logical_rank"] == victim and join["world_rank"] == 4 + i
