@@ -13,15 +13,16 @@ engine reads what Megatron-LM writes:
 - ``iteration``, ``checkpoint_version`` (3.0), ``args`` (an ``argparse.Namespace`` with Megatron-LM's names of
   the model shape, parallelism and schedule: :func:`megatron_args`), ``opt_param_scheduler`` (Megatron-LM's
   ``OptimizerParamScheduler.state_dict()``, counted in samples as its iteration-based training counts them:
-  :func:`scheduler_state`), ``rng_state`` (a ``ShardedObject`` of shape ``(pp, tp)``: Python, NumPy, torch
+  :func:`phoenix_hpc.engines.megatron_schedule.scheduler_state`), ``rng_state`` (a ``ShardedObject`` of shape ``(pp, tp)``: Python, NumPy, torch
   CPU and CUDA generators and the CUDA RNG tracker's states, as Megatron-LM's ``get_rng_state``).
 
 Loading (:func:`load_engine`) reads ``model``, and ``optimizer`` when the checkpoint has one (its own sharding
 type, from its ``content_metadata``), and sets the step to ``iteration`` (0 for a checkpoint without
 optimizer state or for ``release``: its weights then start a new run, as Megatron-LM's ``--finetune``);
 ``rng_state`` is restored when it was written at this job's tp and pp. The learning-rate schedule is the
-config's (a pure function of the step, :mod:`phoenix_hpc.engines.schedule`), as with Megatron-LM's
-``--override-opt_param-scheduler``.
+config's (a pure function of the step, :mod:`phoenix_hpc.engines.schedule`); ``phoenix submit`` refuses a
+checkpoint with optimizer state whose ``opt_param_scheduler`` says otherwise
+(:func:`phoenix_hpc.engines.megatron_schedule.differences`), as Megatron-LM's own load does.
 
 megatron-core's torch_dist writer calls ``torch.cuda.synchronize()`` and allocates a flag on
 ``torch.cuda.current_device()`` (``filesystem_async.py``, ``state_dict_saver.py``, megatron-core 0.16), so
@@ -41,6 +42,7 @@ import torch
 
 from phoenix_hpc.engines.megatron_layout import (has_optimizer, iter_dir, read_tracker, shape_of_checkpoint,
                                                  write_tracker)
+from phoenix_hpc.engines.megatron_schedule import scheduler_state
 
 CHECKPOINT_VERSION = 3.0
 #: the DistributedOptimizer layout written (Megatron-LM's default, ``_build_sharded_state_dict_metadata``)
@@ -76,19 +78,6 @@ def megatron_args(cfg, dp: int) -> argparse.Namespace:
         use_distributed_optimizer=True, ckpt_format="torch_dist", sequence_parallel=cfg.megatron.sequence_parallel,
         transformer_impl=cfg.megatron.transformer_impl,
     )
-
-
-def scheduler_state(cfg, step: int) -> dict[str, Any]:
-    """Megatron-LM's ``OptimizerParamScheduler.state_dict()`` at ``step`` for the config's schedule: its
-    iteration-based training counts steps in samples (``increment = global_batch_size``, ``lr_warmup_steps =
-    lr_warmup_iters x global_batch_size``, ``lr_decay_steps = lr_decay_iters x global_batch_size``); weight
-    decay constant."""
-    t = cfg.training
-    g = t.global_batch_size
-    return {"max_lr": t.lr, "lr_warmup_steps": t.warmup_steps * g, "num_steps": int(step) * g,
-            "lr_decay_style": t.lr_schedule, "lr_decay_steps": t.steps * g, "min_lr": t.min_lr,
-            "start_wd": t.weight_decay, "end_wd": t.weight_decay, "wd_incr_style": "constant",
-            "wd_incr_steps": t.steps * g}
 
 
 def rng_states(tracker_states: dict | None) -> dict[str, Any]:

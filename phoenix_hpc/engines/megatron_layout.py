@@ -1,5 +1,6 @@
 """Megatron-LM's on-disk checkpoint layout (``--ckpt-format torch_dist``) and the submit-time check of a
-checkpoint a job starts from: file reading and writing only, no megatron-core.
+checkpoint a job starts from: file reading and writing only (megatron-core only to read ``common.pt``,
+:func:`read_common`; no tensor is read).
 
 The layout, as Megatron-LM's ``megatron/training/checkpointing.py`` writes and reads it::
 
@@ -32,6 +33,7 @@ from pathlib import Path
 from phoenix_hpc.files import write_private_file
 
 TRACKER = "latest_checkpointed_iteration.txt"
+COMMON = "common.pt"  # megatron-core dist_checkpointing's COMMON_STATE_FNAME
 FIELD_LOAD = "resilience.checkpoint.load_megatron"
 FIELD_SAVE = "resilience.checkpoint.save_megatron"
 #: the backends megatron-core's dist_checkpointing names in ``metadata.json`` that this loader reads
@@ -196,10 +198,12 @@ def load_problems(cfg) -> list[str]:
     ``latest_checkpointed_iteration.txt`` naming an ``iter_NNNNNNN`` (or ``release``) folder that exists and
     is a torch_dist checkpoint of the config's model shape (:func:`shape_problems`; with ``model.provider``
     only the embedding and the layer count are checked, the provider decides the rest); with optimizer state,
-    an iteration below ``training.steps`` and the job's tp and pp when that state can be re-partitioned over
-    dp only (:func:`written_grid`). ``save_megatron``:
+    an iteration below ``training.steps``, the config's learning-rate schedule equal to the checkpoint's
+    scheduler state (:func:`scheduler_problems`) and the job's tp and pp when that state can be re-partitioned
+    over dp only (:func:`written_grid`). ``save_megatron``:
     engine ``megatron`` only, an absolute path, persistent checkpoints on (``resilience.enabled``, mode
-    ``phoenix`` or ``checkpoint-restart``). Reads the tracker file and the ``.metadata`` file only."""
+    ``phoenix`` or ``checkpoint-restart``). Reads the tracker file, the ``.metadata`` file and, with optimizer
+    state, ``common.pt``."""
     ck = cfg.resilience.checkpoint
     out: list[str] = []
     for fld, val in ((FIELD_LOAD, ck.load_megatron), (FIELD_SAVE, ck.save_megatron)):
@@ -238,6 +242,8 @@ def load_problems(cfg) -> list[str]:
     if has_optimizer(shapes) and it != "release" and int(it) >= cfg.training.steps:
         out.append(f"{FIELD_LOAD}: {d} is at iteration {it}, and the run continues from it to training.steps "
                    f"= {cfg.training.steps}: nothing would be trained; allowed: training.steps > {it}")
+    if has_optimizer(shapes) and it != "release":
+        out += scheduler_problems(d, cfg, int(it))
     grid = written_grid(_keys(d))
     job = (cfg.parallelism.tp, cfg.parallelism.pp)
     if grid is not None and grid != job and any(k.startswith("optimizer.distributed.dp_group_idx") for k in _keys(d)):
@@ -249,6 +255,55 @@ def load_problems(cfg) -> list[str]:
         out.append(f"{FIELD_LOAD}: {d} is of another model shape: {shapes[QKV][0]} layers there "
                    f"(tensor {QKV}), model.layers is {cfg.model.layers}")
     return out
+
+
+def read_common(d: str | os.PathLike) -> dict:
+    """The common state dict of the torch_dist checkpoint folder ``d``: ``common.pt`` (``args``, ``iteration``,
+    ``checkpoint_version``, ``opt_param_scheduler``, ...: the non-sharded entries, no model or optimizer
+    tensor), read with megatron-core's ``dist_checkpointing.load_common_state_dict`` (``torch.load`` on the CPU,
+    weights only, with megatron-core's safe classes).
+
+    Raises:
+        ValueError: ``common.pt`` is missing or cannot be read; the message names the file.
+        ImportError: megatron-core is not installed.
+    """
+    from megatron.core import dist_checkpointing
+
+    p = Path(d) / COMMON
+    if not p.is_file():
+        raise ValueError(f"{p} does not exist (a torch_dist checkpoint folder holds one: its common state)")
+    try:
+        common = dist_checkpointing.load_common_state_dict(str(d))
+    except Exception as exc:  # pickle, I/O and format errors alike: the checkpoint cannot be loaded either
+        raise ValueError(f"{p} cannot be read ({type(exc).__name__}: {str(exc)[:300]})") from None
+    if not isinstance(common, dict):
+        raise ValueError(f"{p} holds a {type(common).__name__}, not a state dict")
+    return common
+
+
+def scheduler_problems(d: Path, cfg, iteration: int) -> list[str]:
+    """Where the learning-rate scheduler saved in checkpoint folder ``d`` (``opt_param_scheduler`` of its
+    ``common.pt``, :func:`read_common`) differs from the config's schedule in a way that changes the training
+    (:func:`phoenix_hpc.engines.megatron_schedule.differences`): one problem per value, naming the file, the
+    scheduler field, both values and what to change. Empty when they agree, when the checkpoint saved no
+    scheduler, or without megatron-core (its version problem is reported instead)."""
+    from phoenix_hpc.engines.megatron_schedule import differences, scheduler_of
+
+    p = d / COMMON
+    try:
+        common = read_common(d)
+    except ImportError:
+        return []
+    except ValueError as exc:
+        return [f"{FIELD_LOAD}: {exc}"]
+    found = scheduler_of(common)
+    if found is None:
+        return []
+    key, sd = found
+    return [f"{FIELD_LOAD}: {p}: {key}.{x.field} is {x.checkpoint!r} there and {x.config!r} for this config "
+            f"({x.source}); continuing from it would change the learning-rate schedule it was trained with "
+            f"(Megatron-LM refuses it too without --override-opt_param-scheduler); allowed: {x.change}"
+            for x in differences(sd, cfg, iteration)]
 
 
 def _keys(d: Path) -> set[str]:

@@ -184,7 +184,7 @@ def saved(world, tmp_path_factory):
         # (1, 2): only what the submit check and the start step read of it (the real one needs CUDA)
         from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
 
-        cfg = job(GPT)
+        cfg = job(GPT, steps=40)  # the schedule the checkpoint's opt_param_scheduler records: decay over 40
         root = tmp_path_factory.mktemp("with_opt")
         sd = mck.state_dict(_gpt(cfg, seed=1), None, cfg=cfg, iteration=30, dp=1,
                             rng=mck.rng_object([mck.rng_states({})], (0, 2), (0, 1), 0))
@@ -299,12 +299,13 @@ def test_optimizer_state_makes_the_iteration_the_start_step_and_pins_tp_pp(saved
     def with_steps(steps):
         return job(GPT, steps=steps, load_megatron=str(root))
 
-    (p,) = ml.load_problems(with_steps(31))  # the job's (tp, pp) is (1, 1)
+    (p,) = ml.load_problems(with_steps(40))  # the job's (tp, pp) is (1, 1); the schedule is the checkpoint's
     assert p.startswith("resilience.checkpoint.load_megatron: ") and "written at (tp, pp) = (1, 2)" in p
     assert "parallelism.tp = 1 and parallelism.pp = 2" in p
     problems = ml.load_problems(with_steps(30))
-    assert len(problems) == 2 and any("is at iteration 30, and the run continues from it to training.steps = 30" in x
+    assert len(problems) == 3 and any("is at iteration 30, and the run continues from it to training.steps = 30" in x
                                       and "allowed: training.steps > 30" in x for x in problems), problems
+    assert any("opt_param_scheduler.lr_decay_steps is 320 there and 240 for this config" in x for x in problems)
 
 
 def test_persist_starts_from_the_megatron_checkpoint_only_without_a_checkpoint_of_its_own(saved, tmp_path, monkeypatch):
@@ -412,3 +413,102 @@ def test_load_engine_names_the_field_for_a_directory_without_tracker(world, tmp_
 
     with pytest.raises(EngineError, match=r"^resilience\.checkpoint\.load_megatron: .*latest_checkpointed_iteration"):
         mck.load_engine(_engine(job(GPT), 1, None), tmp_path)
+
+
+# --- the checkpoint's learning-rate scheduler against the config's schedule (submit) -----------------------
+def _opt_job(root, **training):
+    cfg = job(GPT, steps=40, load_megatron=str(root))
+    return cfg.model_copy(update={"training": cfg.training.model_copy(update=training)})
+
+
+def _scheduler_problems(problems):
+    return [p for p in problems if "opt_param_scheduler." in p]
+
+
+def test_the_same_schedule_says_nothing(saved):
+    assert _scheduler_problems(ml.load_problems(_opt_job(saved["with_opt"]["root"]))) == []
+
+
+@pytest.mark.parametrize("change, field, there, here, allowed", [
+    ({"lr": 2e-3}, "max_lr", "0.001", "0.002", "training.lr = 0.001"),
+    ({"min_lr": 0.0}, "min_lr", "0.0001", "0.0", "training.min_lr = 0.0001"),
+    ({"warmup_steps": 10}, "lr_warmup_steps", "32", "80", "training.warmup_steps = 4"),
+    ({"steps": 50}, "lr_decay_steps", "320", "400", "training.steps = 40"),
+    ({"lr_schedule": "linear"}, "lr_decay_style", "'cosine'", "'linear'", "training.lr_schedule = cosine"),
+    ({"weight_decay": 0.1}, "start_wd", "0.01", "0.1", "training.weight_decay = 0.01"),
+])
+def test_a_schedule_that_differs_is_refused_naming_file_field_values_and_change(saved, change, field, there, here,
+                                                                                 allowed):
+    root = saved["with_opt"]["root"]
+    (p,) = _scheduler_problems(ml.load_problems(_opt_job(root, **change)))
+    common = root / "iter_0000030" / "common.pt"
+    assert p.startswith(f"resilience.checkpoint.load_megatron: {common}: opt_param_scheduler.{field} is {there} "
+                        f"there and {here} for this config"), p
+    assert f"allowed: {allowed}" in p
+
+
+def test_another_global_batch_size_moves_warmup_decay_and_position(saved):
+    problems = _scheduler_problems(ml.load_problems(_opt_job(saved["with_opt"]["root"], global_batch_size=16)))
+    said = {p.split("opt_param_scheduler.")[1].split(" ")[0]: p for p in problems}
+    assert set(said) == {"lr_warmup_steps", "lr_decay_steps", "num_steps"}, problems
+    assert "num_steps is 240 there and 480 for this config" in said["num_steps"]
+    assert "allowed: training.global_batch_size = 8" in said["num_steps"]
+
+
+def test_the_scheduler_is_read_without_the_tensor_files(saved, tmp_path):
+    """Submit reads the tracker, .metadata and common.pt only: the same check with every data file gone."""
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(saved["with_opt"]["root"], root)
+    data = list((root / "iter_0000030").glob("*.distcp"))
+    assert data
+    for f in data:
+        f.unlink()
+    (p,) = _scheduler_problems(ml.load_problems(_opt_job(root, lr=5e-4)))
+    assert "opt_param_scheduler.max_lr is 0.001 there and 0.0005 for this config" in p
+
+
+def test_a_checkpoint_without_optimizer_state_starts_a_new_schedule(saved):
+    cfg = job(GPT, load_megatron=str(saved["gpt"]["root"]))  # weights only: step 0, the config's schedule
+    cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"lr": 5e-2})})
+    assert ml.load_problems(cfg) == []
+
+
+def test_an_unreadable_common_state_is_refused_naming_it(saved, tmp_path):
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(saved["with_opt"]["root"], root)
+    common = root / "iter_0000030" / "common.pt"
+    common.write_bytes(b"not a torch file")
+    (p,) = [x for x in ml.load_problems(_opt_job(root)) if "common.pt" in x]
+    assert p.startswith(f"resilience.checkpoint.load_megatron: {common} cannot be read (")
+    common.unlink()
+    (p,) = [x for x in ml.load_problems(_opt_job(root)) if "common.pt" in x]
+    assert p == f"resilience.checkpoint.load_megatron: {common} does not exist (a torch_dist checkpoint folder " \
+                "holds one: its common state)"
+
+
+def test_submit_refuses_another_schedule_with_exit_2(saved, tmp_path, monkeypatch):
+    import yaml
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
+
+    cfg = {"name": "m", "engine": "megatron", "data": {"path": str(tmp_path / "d")}, "model": GPT,
+           "parallelism": {"pp": 2},
+           "training": {"steps": 40, "global_batch_size": 8, "micro_batch_size": 2, "warmup_steps": 4, "lr": 3e-3,
+                        "min_lr": 1e-4},
+           "resilience": {"checkpoint": {"load_megatron": str(saved["with_opt"]["root"])}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", "job.yaml", "--dry-run", "--data-on-cluster"])
+    assert r.exit_code == 2, r.output
+    flat = " ".join(r.output.split())
+    assert "common.pt: opt_param_scheduler.max_lr is 0.001 there and 0.003 for this config" in flat, r.output
+    assert "allowed: training.lr = 0.001" in flat and "#SBATCH" not in r.output and "Traceback" not in r.output
+    cfg["training"]["lr"] = 1e-3
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    r = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", "job.yaml", "--dry-run", "--data-on-cluster"])
+    assert "opt_param_scheduler" not in r.output, r.output

@@ -1,0 +1,68 @@
+"""Megatron-LM's scheduler state for a config, and where a checkpoint's differs (engines/megatron_schedule.py;
+pure). The check through a real checkpoint's common.pt: tests/unit/test_megatron_ckpt.py."""
+
+from __future__ import annotations
+
+from phoenix_hpc.config.schema import JobConfig
+from phoenix_hpc.engines.megatron_schedule import differences, scheduler_of, scheduler_state
+
+
+def cfg(**training) -> JobConfig:
+    t = {"steps": 100, "global_batch_size": 8, "micro_batch_size": 2, "warmup_steps": 10, "lr": 3e-4,
+         "min_lr": 3e-5, "lr_schedule": "cosine", "weight_decay": 0.1, **training}
+    return JobConfig.model_validate({"name": "m", "engine": "megatron", "data": {"path": "d"}, "training": t})
+
+
+def test_the_configs_own_state_differs_in_nothing():
+    c = cfg()
+    assert differences(scheduler_state(c, 40), c, 40) == []
+
+
+def test_old_checkpoints_names_are_read_as_megatron_lm_reads_them():
+    c = cfg()
+    old = {"start_lr": 3e-4, "min_lr": 3e-5, "warmup_iter": 80, "end_iter": 800, "decay_style": "cosine",
+           "num_iters": 320}
+    assert differences(old, c, 40) == []
+    (d,) = differences({**old, "warmup_iter": 16}, c, 40)
+    assert (d.field, d.checkpoint, d.config) == ("warmup_iter", 16, 80)
+    assert d.change.startswith("training.warmup_steps = 2")
+    # the old name wins when both are there, as in Megatron-LM's load_state_dict
+    (d,) = differences({**old, "max_lr": 3e-4, "start_lr": 1.0}, c, 40)
+    assert d.field == "start_lr"
+
+
+def test_a_style_phoenix_lacks_says_so():
+    (d,) = differences({"lr_decay_style": "WSD"}, cfg(), 40)
+    assert d.checkpoint == "WSD" and d.config == "cosine" and d.change.startswith("none: phoenix implements constant")
+
+
+def test_weight_decay_that_changes_during_training_is_refused():
+    (d,) = differences({"start_wd": 0.0, "end_wd": 0.1, "wd_incr_style": "linear"}, cfg(), 40)
+    assert d.field == "start_wd/end_wd" and "phoenix's weight decay is constant" in d.source
+    assert differences({"start_wd": 0.1, "end_wd": 0.1, "wd_incr_style": "constant"}, cfg(), 40) == []
+
+
+def test_a_ramped_up_position_has_no_config():
+    (d,) = differences({"num_steps": 300}, cfg(), 40)  # 300 samples in 40 iterations: a batch-size ramp-up
+    assert (d.checkpoint, d.config) == (300, 320) and d.change.startswith("none:")
+    (d,) = differences({"num_steps": 640}, cfg(), 40)
+    assert d.change.startswith("training.global_batch_size = 16")
+
+
+def test_a_decay_length_of_no_whole_step_count_says_why():
+    (d,) = differences({"lr_decay_steps": 801}, cfg(), 40)
+    assert "no whole number of steps at global batch 8" in d.change
+
+
+def test_scheduler_of_prefers_the_old_key():
+    assert scheduler_of({"opt_param_scheduler": {"a": 1}}) == ("opt_param_scheduler", {"a": 1})
+    assert scheduler_of({"lr_scheduler": {"b": 2}, "opt_param_scheduler": {"a": 1}}) == ("lr_scheduler", {"b": 2})
+    assert scheduler_of({"iteration": 3}) is None and scheduler_of({"opt_param_scheduler": None}) is None
+
+
+def test_a_warmup_fraction_computed_in_floating_point_is_the_same_warmup():
+    c = cfg(steps=100, warmup_steps=29)  # from-megatron: --lr-warmup-fraction 0.29 of 100 iterations
+    sd = {**scheduler_state(c, 40), "lr_warmup_steps": 0.29 * 800}  # Megatron-LM's samples: 231.99999999999997
+    assert sd["lr_warmup_steps"] != 232 and differences(sd, c, 40) == []
+    (d,) = differences({**sd, "lr_warmup_steps": 0.295 * 800}, c, 40)  # 236 samples: 29.5 steps
+    assert "no whole number of steps" in d.change
