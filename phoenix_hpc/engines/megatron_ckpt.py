@@ -40,8 +40,7 @@ from typing import Any
 
 import torch
 
-from phoenix_hpc.engines.megatron_layout import (has_optimizer, iter_dir, read_tracker, shape_of_checkpoint,
-                                                 write_tracker)
+from phoenix_hpc.engines.megatron_layout import has_optimizer, iter_dir, read_metadata, read_tracker, write_tracker
 from phoenix_hpc.engines.megatron_schedule import scheduler_state
 
 CHECKPOINT_VERSION = 3.0
@@ -157,13 +156,10 @@ def checkpoint_folder(root: str | os.PathLike) -> tuple[Path, int | str, bool, s
     Raises:
         ValueError: the tracker file is missing or malformed, or the folder is not a torch_dist checkpoint.
     """
-    from torch.distributed.checkpoint import FileSystemReader
-
     it = read_tracker(root)
     d = iter_dir(root, it)
-    shapes = shape_of_checkpoint(d)
-    keys = set(FileSystemReader(str(d)).read_metadata().state_dict_metadata)
-    return d, it, has_optimizer(shapes), keys
+    meta = read_metadata(d)
+    return d, it, has_optimizer(meta.shapes), set(meta.keys)
 
 
 def load_request(model, optimizer, d: Path, keys: set[str], *, pp, tp, dp_rank: int) -> dict[str, Any]:

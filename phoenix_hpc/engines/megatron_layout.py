@@ -19,7 +19,7 @@ The layout, as Megatron-LM's ``megatron/training/checkpointing.py`` writes and r
                                             "iteration", "opt_param_scheduler", "content_metadata", ...
 
 The tensors are stored at their global (unsharded) shapes, so the model shape can be read from ``.metadata``
-(:func:`shape_of_checkpoint`) and checked against the config before anything is submitted
+(:func:`read_metadata`, once per check) and checked against the config before anything is submitted
 (:func:`load_problems`). megatron-core re-partitions the model tensors over any tp and pp on load.
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from phoenix_hpc.files import write_private_file
@@ -88,9 +89,18 @@ def write_tracker(root: str | os.PathLike, iteration: int) -> Path:
     return p
 
 
-def shape_of_checkpoint(d: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """Global shapes of the tensors in the torch_dist checkpoint folder ``d`` (``iter_NNNNNNN``), by key,
-    from its ``.metadata`` (read with ``torch.distributed.checkpoint.FileSystemReader``; no tensor is read).
+@dataclass(frozen=True)
+class FolderMetadata:
+    """What a torch_dist checkpoint folder's ``.metadata`` says: the global shapes of its tensors by key
+    (``shapes``) and every DCP key, tensors and objects (``keys``: e.g. ``rng_state/shard_...``)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    keys: frozenset[str]
+
+
+def read_metadata(d: str | os.PathLike) -> FolderMetadata:
+    """The torch_dist checkpoint folder ``d`` (``iter_NNNNNNN``): its ``metadata.json`` backend checked, its
+    ``.metadata`` read once (``torch.distributed.checkpoint.FileSystemReader``; no tensor is read).
 
     Raises:
         ValueError: ``metadata.json`` names another backend, or ``.metadata`` is missing or unreadable.
@@ -111,8 +121,15 @@ def shape_of_checkpoint(d: str | os.PathLike) -> dict[str, tuple[int, ...]]:
         meta = FileSystemReader(str(d)).read_metadata()
     except Exception as exc:  # pickle, I/O and format errors alike: the checkpoint cannot be used
         raise ValueError(f"{d / '.metadata'} cannot be read ({type(exc).__name__}: {exc})") from None
-    return {k: tuple(int(x) for x in v.size) for k, v in meta.state_dict_metadata.items()
-            if isinstance(v, TensorStorageMetadata)}
+    shapes = {k: tuple(int(x) for x in v.size) for k, v in meta.state_dict_metadata.items()
+              if isinstance(v, TensorStorageMetadata)}
+    return FolderMetadata(shapes, frozenset(meta.state_dict_metadata))
+
+
+def shape_of_checkpoint(d: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Global shapes of the tensors in the torch_dist checkpoint folder ``d``, by key (:func:`read_metadata`;
+    raises ValueError as it does)."""
+    return read_metadata(d).shapes
 
 
 def has_optimizer(shapes: dict[str, tuple[int, ...]]) -> bool:
@@ -234,9 +251,10 @@ def load_problems(cfg) -> list[str]:
         return [f"{FIELD_LOAD}: {root / TRACKER} names iteration {it}, and {d} does not exist; allowed: the "
                 "iteration of a checkpoint folder in the directory"]
     try:
-        shapes = shape_of_checkpoint(d)
+        meta = read_metadata(d)  # the one read of .metadata in a submit
     except ValueError as exc:
         return [f"{FIELD_LOAD}: {exc}"]
+    shapes = meta.shapes
     keys = (EMBEDDING,) if cfg.model.provider is not None else None
     out = shape_problems(str(d), shapes, cfg.model, keys)
     if has_optimizer(shapes) and it != "release" and int(it) >= cfg.training.steps:
@@ -244,9 +262,9 @@ def load_problems(cfg) -> list[str]:
                    f"= {cfg.training.steps}: nothing would be trained; allowed: training.steps > {it}")
     if has_optimizer(shapes) and it != "release":
         out += scheduler_problems(d, cfg, int(it))
-    grid = written_grid(_keys(d))
+    grid = written_grid(meta.keys)
     job = (cfg.parallelism.tp, cfg.parallelism.pp)
-    if grid is not None and grid != job and any(k.startswith("optimizer.distributed.dp_group_idx") for k in _keys(d)):
+    if grid is not None and grid != job and any(k.startswith("optimizer.distributed.dp_group_idx") for k in meta.keys):
         out.append(f"{FIELD_LOAD}: {d} holds distributed-optimizer state written at (tp, pp) = {grid} in a layout "
                    f"megatron-core re-partitions over dp only; the job's (tp, pp) is {job}; allowed: "
                    f"parallelism.tp = {grid[0]} and parallelism.pp = {grid[1]}, or a checkpoint without optimizer "
@@ -304,9 +322,3 @@ def scheduler_problems(d: Path, cfg, iteration: int) -> list[str]:
             f"({x.source}); continuing from it would change the learning-rate schedule it was trained with "
             f"(Megatron-LM refuses it too without --override-opt_param-scheduler); allowed: {x.change}"
             for x in differences(sd, cfg, iteration)]
-
-
-def _keys(d: Path) -> set[str]:
-    from torch.distributed.checkpoint import FileSystemReader
-
-    return set(FileSystemReader(str(d)).read_metadata().state_dict_metadata)

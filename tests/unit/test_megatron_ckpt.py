@@ -512,3 +512,25 @@ def test_submit_refuses_another_schedule_with_exit_2(saved, tmp_path, monkeypatc
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
     r = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", "job.yaml", "--dry-run", "--data-on-cluster"])
     assert "opt_param_scheduler" not in r.output, r.output
+
+
+def test_a_submit_and_a_load_read_the_metadata_once(saved, monkeypatch):
+    """.metadata is read once by the submit check (shapes, the grid and the optimizer's layout from one read)
+    and once by the engine's load (checkpoint_folder)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    reads = []
+    real = FileSystemReader.read_metadata
+
+    def counted(self):
+        reads.append(self.path)
+        return real(self)
+
+    monkeypatch.setattr(FileSystemReader, "read_metadata", counted)
+    root = saved["with_opt"]["root"]
+    problems = ml.load_problems(job(GPT, steps=40, load_megatron=str(root)))  # at (1, 1): every branch runs
+    assert any("written at (tp, pp) = (1, 2)" in p for p in problems)
+    assert len(reads) == 1, reads
+    reads.clear()
+    mck.checkpoint_folder(root)
+    assert len(reads) == 1, reads
