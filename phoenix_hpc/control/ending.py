@@ -22,9 +22,14 @@ that resumes it). A member that does not answer within the round's deadline, or 
 checkpoint incomplete (``checkpoint_incomplete``): it is never loaded. Nothing is written when the newest
 complete checkpoint on disk is already at that step or newer.
 
-This module holds the state of one planned end and the pure decisions (:func:`no_final_checkpoint`: whether
-the end writes one at all; :func:`after_stop_round`: which step it writes, or why none); the coordinator
-sends and journals.
+This module holds the state of one planned end (:class:`PlannedEnd`, which takes the members' answers) and
+its decisions, each returning the journal events and the commands to carry out
+(:class:`~phoenix_hpc.control.commands.Outcome`): :func:`begin_end` (the ``stop`` round),
+:func:`after_round` (once a round is over: the ``write_checkpoint`` round, or the end with or without a
+checkpoint) and :func:`completed` (the events of a checkpoint marked complete), with the rules they use
+(:func:`no_final_checkpoint`: whether the end writes one at all; :func:`after_stop_round`: which step it
+writes, or why none). :mod:`phoenix_hpc.control.planned_end` journals and carries them out, and does the file
+work (marking the checkpoint complete, pruning).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from phoenix_hpc.control import events as E
+from phoenix_hpc.control.commands import Outcome, Send
 from phoenix_hpc.recovery.steps import newest_common_step
 
 
@@ -85,6 +92,33 @@ class PlannedEnd:
         missing = self.missing()
         return not missing or bool(set(missing) & self.exited) or now > self.deadline
 
+    def take_stopping(self, world_rank: int, steps: list[int]) -> bool:
+        """A member's ``stopping`` answer (the steps of its verified host snapshots). False (ignored) outside
+        the ``stop`` round or from a slot that is no member of this end."""
+        if self.phase != "stop" or world_rank not in self.members:
+            return False
+        self.copies[world_rank] = [int(s) for s in steps]
+        return True
+
+    def take_written(self, world_rank: int, body: dict) -> bool:
+        """A member's ``shard_written`` answer (``body``: file, sha256, bytes, write_s, or error). A shard of
+        another step than the one asked for counts as an error. False (ignored) outside the ``write`` round or
+        from a slot that is no member of this end."""
+        if self.phase != "write" or world_rank not in self.members:
+            return False
+        if int(body.get("step", -1)) != self.step and not body.get("error"):
+            body = {"error": f"wrote step {body.get('step')}, asked for {self.step}"}
+        self.written[world_rank] = body
+        return True
+
+    def files(self) -> dict[str, dict]:
+        """The written shards: file name -> {sha256, bytes} (what ``complete.json`` lists)."""
+        return {b["file"]: {"sha256": b["sha256"], "bytes": int(b["bytes"])} for b in self.written.values()}
+
+    def write_s(self) -> float:
+        """The slowest member's write time (seconds), 0 when none reported one."""
+        return max((float(b.get("write_s", 0.0)) for b in self.written.values()), default=0.0)
+
     def failures(self) -> list[str]:
         """Why the checkpoint cannot be complete (empty when every member wrote its shard)."""
         out = [f"world rank {w}: {b['error']}" for w, b in sorted(self.written.items()) if b.get("error")]
@@ -120,3 +154,58 @@ def after_stop_round(end: PlannedEnd, on_disk: int | None) -> tuple[int | None, 
         return None, (f"no final checkpoint needed: step {on_disk} is on disk, the newest step in host memory "
                       f"is {step}")
     return step, ""
+
+
+@dataclass(frozen=True)
+class EndStep:
+    """What a planned end does once a round is over (:func:`after_round`): journal ``out.events`` and carry out
+    ``out.commands``; then, with ``stop``, end the job STOPPED naming ``(checkpoint step or None, note)``; with
+    ``write_complete``, mark the final checkpoint of ``end.step`` complete (file work) and journal
+    :func:`completed`'s events before ending the job."""
+
+    out: Outcome
+    stop: tuple[int | None, str] | None = None
+    write_complete: bool = False
+
+
+def begin_end(*, reason: str, signal: str | None, members: set[int], generation: int, now: float,
+              round_s: float) -> tuple[PlannedEnd, Outcome]:
+    """Start a planned end that writes a final checkpoint (:func:`no_final_checkpoint` said it does): its state,
+    and the ``stopping`` record and a ``stop`` to every member (``members``: world ranks, ``round_s``: how long
+    the round waits, seconds; coordinator clock). Pure."""
+    end = PlannedEnd(reason, signal, set(members), now, now + round_s)
+    return end, Outcome([E.Stopping(reason=reason, signal=signal, members=sorted(members), generation=generation)],
+                        [Send(w, {"type": "stop", "reason": reason, "checkpoint": True, "generation": generation})
+                         for w in sorted(members)])
+
+
+def after_round(end: PlannedEnd, now: float, *, on_disk: int | None, generation: int,
+                write_timeout_s: float) -> EndStep:
+    """The next step of ``end`` once its round is over (:meth:`PlannedEnd.round_over`; the caller checks it,
+    so that ``on_disk``, the newest complete checkpoint, is looked up only then). After the ``stop`` round: the
+    ``write_checkpoint`` round of :func:`after_stop_round`'s step (``end`` moves to phase ``write``, deadline
+    ``now + write_timeout_s``), or the end without a checkpoint. After the ``write`` round: the end, with a
+    ``checkpoint_incomplete`` record when a shard is missing or failed, or ``write_complete``. Mutates only
+    ``end``."""
+    if end.phase == "stop":
+        step, note = after_stop_round(end, on_disk)
+        if step is None:
+            return EndStep(Outcome.none(), stop=(on_disk, note))
+        end.phase, end.step, end.t_write, end.deadline = "write", step, now, now + write_timeout_s
+        return EndStep(Outcome([], [Send(w, {"type": "write_checkpoint", "step": step, "generation": generation})
+                                    for w in sorted(end.members)]))
+    fails = end.failures()
+    if fails:
+        return EndStep(Outcome([E.CheckpointIncomplete(step=end.step, reasons=fails)], []),
+                       stop=(on_disk, f"final checkpoint of step {end.step} incomplete: " + "; ".join(fails)))
+    return EndStep(Outcome.none(), write_complete=True)
+
+
+def completed(end: PlannedEnd, path: str, now: float, *, pruned: list[int], keep: int) -> tuple[list[E.Event], str]:
+    """The records of a final checkpoint marked complete at ``path`` (``pruned``: the older checkpoints deleted
+    to keep ``keep``), and the note of the job's end. Pure."""
+    files = end.files()
+    events: list[E.Event] = [E.CheckpointsPruned(steps=pruned, keep=keep)] if pruned else []
+    events.append(E.Checkpoint(step=end.step, path=path, source="final", write_s=round(end.write_s(), 3),
+                               total_s=round(now - end.t_start, 3), bytes=sum(f["bytes"] for f in files.values())))
+    return events, f"final checkpoint of step {end.step} written"

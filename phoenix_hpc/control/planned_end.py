@@ -1,10 +1,10 @@
 """The coordinator's side of a planned end (protocol, state and pure decisions in
 :mod:`phoenix_hpc.control.ending`).
 
-Plain functions of the coordinator ``c`` that carry the decisions out: :func:`maybe_begin_end` (the loop,
-while a stop is requested), :func:`advance_end` (the tick, during the end), and the handlers of
-``stopping``, ``shard_written`` and ``signal`` (a slot that received SIGTERM passes it on). They use the
-coordinator's slots, rank map, journal, ``_send``/``_slot_of``/``_end`` and its timing.
+Plain functions of the coordinator ``c`` that carry the decisions out (journal the events, send, do the file
+work): :func:`maybe_begin_end` (the loop, while a stop is requested), :func:`advance_end` (the tick, during the
+end), and the handlers of ``stopping``, ``shard_written`` and ``signal`` (a slot that received SIGTERM passes
+it on). They use the coordinator's slots, rank map, transport, ``_slot_of``/``_end`` and its timing.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control import recovery_machine
-from phoenix_hpc.control.ending import PlannedEnd, after_stop_round, continue_hint, no_final_checkpoint
+from phoenix_hpc.control.commands import Outcome
+from phoenix_hpc.control.ending import after_round, begin_end, completed, continue_hint, no_final_checkpoint
 from phoenix_hpc.control.recovery_phases import ANSWERING
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, RecoveryPhase, SlotState
 
@@ -37,11 +38,9 @@ def maybe_begin_end(c: Any, now: float) -> None:
     if why is not None:
         end_stopped(c, None, why)
         return
-    c.ending = PlannedEnd(c._stop_reason, c._stop_signal, members, now, now + round_timeout_s(c))
-    c.record(E.Stopping(reason=c._stop_reason, signal=c._stop_signal, members=sorted(members),
-                        generation=c.generation))
-    for w in sorted(members):
-        c.transport.send(w, {"type": "stop", "reason": c._stop_reason, "checkpoint": True, "generation": c.generation})
+    c.ending, out = begin_end(reason=c._stop_reason, signal=c._stop_signal, members=members,
+                              generation=c.generation, now=now, round_s=round_timeout_s(c))
+    c.transport.carry_out(out)
 
 
 def advance_end(c: Any, now: float) -> None:
@@ -49,35 +48,21 @@ def advance_end(c: Any, now: float) -> None:
     end = c.ending
     if not end.round_over(now):
         return
-    if end.phase == "stop":
-        on_disk = recovery_machine.newest_checkpoint(c)
-        step, note = after_stop_round(end, on_disk)
-        if step is None:
-            return end_stopped(c, on_disk, note)
-        end.phase, end.step, end.t_write = "write", step, now
-        end.deadline = now + c.t.final_write_timeout_s
-        for w in sorted(end.members):
-            c.transport.send(w, {"type": "write_checkpoint", "step": step, "generation": c.generation})
+    nxt = after_round(end, now, on_disk=recovery_machine.newest_checkpoint(c), generation=c.generation,
+                      write_timeout_s=c.t.final_write_timeout_s)
+    c.transport.carry_out(nxt.out)
+    if nxt.stop is not None:
+        return end_stopped(c, *nxt.stop)
+    if not nxt.write_complete:
         return
-    fails = end.failures()
-    if fails:
-        c.record(E.CheckpointIncomplete(step=end.step, reasons=fails))
-        return end_stopped(c, recovery_machine.newest_checkpoint(c), f"final checkpoint of step {end.step} incomplete: "
-                           + "; ".join(fails))
-    from phoenix_hpc.recovery.ckpt_files import mark_complete
+    from phoenix_hpc.recovery.ckpt_files import mark_complete, prune
 
-    files = {b["file"]: {"sha256": b["sha256"], "bytes": int(b["bytes"])} for b in end.written.values()}
-    write_s = max(float(b.get("write_s", 0.0)) for b in end.written.values())
-    path = mark_complete(c.t.checkpoint_path, end.step, "snapshot", grid=list(c.grid), files=files,
-                         generation=c.generation, write_s=round(write_s, 3))
-    from phoenix_hpc.recovery.ckpt_files import prune
-
-    pruned = prune(c.t.checkpoint_path, c.t.checkpoint_keep)
-    if pruned:
-        c.record(E.CheckpointsPruned(steps=pruned, keep=c.t.checkpoint_keep))
-    c.record(E.Checkpoint(step=end.step, path=str(path), source="final", write_s=round(write_s, 3),
-                          total_s=round(now - end.t_start, 3), bytes=sum(f["bytes"] for f in files.values())))
-    end_stopped(c, end.step, f"final checkpoint of step {end.step} written")
+    path = mark_complete(c.t.checkpoint_path, end.step, "snapshot", grid=list(c.grid), files=end.files(),
+                         generation=c.generation, write_s=round(end.write_s(), 3))
+    events, note = completed(end, str(path), now, pruned=prune(c.t.checkpoint_path, c.t.checkpoint_keep),
+                             keep=c.t.checkpoint_keep)
+    c.transport.carry_out(Outcome(events, []))
+    end_stopped(c, end.step, note)
 
 
 def end_stopped(c: Any, checkpoint_step: int | None, note: str) -> None:
@@ -95,23 +80,15 @@ def end_stopped(c: Any, checkpoint_step: int | None, note: str) -> None:
 def on_stopping(c: Any, body: dict) -> None:
     """A member left training for the planned end and names the steps of its host snapshots."""
     slot = c._slot_of(body, "stopping")
-    end = c.ending
-    if slot is None or end is None or end.phase != "stop" or slot.world_rank not in end.members:
-        return
-    end.copies[slot.world_rank] = [int(s) for s in body.get("steps", [])]
-    slot.last_seen = c.clock()
+    if slot is not None and c.ending is not None and c.ending.take_stopping(slot.world_rank, body.get("steps", [])):
+        slot.last_seen = c.clock()
 
 
 def on_shard_written(c: Any, body: dict) -> None:
     """A member wrote its shard of the final checkpoint (or failed to)."""
     slot = c._slot_of(body, "shard_written")
-    end = c.ending
-    if slot is None or end is None or end.phase != "write" or slot.world_rank not in end.members:
-        return
-    if int(body.get("step", -1)) != end.step and not body.get("error"):
-        body = {"error": f"wrote step {body.get('step')}, asked for {end.step}"}
-    end.written[slot.world_rank] = body
-    slot.last_seen = c.clock()
+    if slot is not None and c.ending is not None and c.ending.take_written(slot.world_rank, body):
+        slot.last_seen = c.clock()
 
 
 def on_signal(c: Any, body: dict) -> None:

@@ -188,3 +188,86 @@ ROUND = [
 @pytest.mark.parametrize("name,copies,exited,on_disk,expected", ROUND, ids=[r[0] for r in ROUND])
 def test_after_the_stop_round(name, copies, exited, on_disk, expected):
     assert after_stop_round(_stopped(copies, exited=exited), on_disk) == expected
+
+
+# --- the decisions: answers in, events and commands out ---------------------------------------------------------
+def _sends(out):
+    from phoenix_hpc.control.commands import Send
+
+    assert all(isinstance(c, Send) for c in out.commands), out.commands
+    return [(c.world_rank, dict(c.body)) for c in out.commands]
+
+
+def test_begin_end_journals_stopping_and_sends_stop_to_every_member():
+    from phoenix_hpc.control.ending import begin_end
+
+    end, out = begin_end(reason="time limit", signal="USR1", members={2, 0}, generation=3, now=5.0, round_s=7.0)
+    assert (end.phase, end.members, end.t_start, end.deadline) == ("stop", {0, 2}, 5.0, 12.0)
+    assert [e.to_record() | {"ts": 0} for e in out.events] == [
+        {"ts": 0, "event": "stopping", "reason": "time limit", "signal": "USR1", "members": [0, 2], "generation": 3}]
+    assert _sends(out) == [(w, {"type": "stop", "reason": "time limit", "checkpoint": True, "generation": 3})
+                           for w in (0, 2)]
+
+
+def test_the_answers_of_a_round_are_taken_only_from_members_in_that_round():
+    end = PlannedEnd("stop", None, {0, 1}, t_start=0.0, deadline=10.0)
+    assert not end.take_written(0, {"step": 4, "file": "a"})  # not the write round yet
+    assert not end.take_stopping(5, [4])  # no member
+    assert end.take_stopping(0, ["4", 3]) and end.copies == {0: [4, 3]}
+    end.phase, end.step = "write", 4
+    assert not end.take_stopping(1, [4])
+    assert end.take_written(1, {"step": 3, "file": "b"}) and end.written[1] == {"error": "wrote step 3, asked for 4"}
+
+
+# (name, phase, answers, exited, on disk) -> (events, sends, stop, write_complete, phase after)
+_W = {"file": "pp0.pt", "sha256": "ab", "bytes": 10, "write_s": 0.5, "step": 7}
+AFTER = [
+    ("stop round done: write the newest common step", "stop", {0: [8, 7], 1: [7]}, (), 5,
+     ([], [(0, {"type": "write_checkpoint", "step": 7, "generation": 2}),
+           (1, {"type": "write_checkpoint", "step": 7, "generation": 2})], None, False, "write")),
+    ("stop round: already on disk", "stop", {0: [7], 1: [7]}, (), 7,
+     ([], [], (7, "no final checkpoint needed: step 7 is on disk, the newest step in host memory is 7"), False,
+      "stop")),
+    ("write round: a shard failed", "write", {0: _W, 1: {"error": "OSError: disk full", "step": 7}}, (), 5,
+     (["checkpoint_incomplete"], [], (5, "final checkpoint of step 7 incomplete: world rank 1: OSError: disk full"),
+      False, "write")),
+    ("write round: a member exited silent", "write", {0: _W}, (1,), None,
+     (["checkpoint_incomplete"], [],
+      (None, "final checkpoint of step 7 incomplete: world rank 1: no answer (its process exited)"), False, "write")),
+    ("write round: every shard written", "write", {0: _W, 1: dict(_W, file="pp1.pt", write_s=0.7)}, (), 5,
+     ([], [], None, True, "write")),
+]
+
+
+@pytest.mark.parametrize("name,phase,answers,exited,on_disk,expected", AFTER, ids=[a[0] for a in AFTER])
+def test_after_a_round_table(name, phase, answers, exited, on_disk, expected):
+    from phoenix_hpc.control.ending import after_round
+
+    end = PlannedEnd("stop", None, {0, 1}, t_start=0.0, deadline=10.0)
+    end.exited |= set(exited)
+    if phase == "stop":
+        end.copies.update(answers)
+    else:
+        end.phase, end.step, end.written = "write", 7, dict(answers)
+    assert end.round_over(1.0)
+    nxt = after_round(end, 1.0, on_disk=on_disk, generation=2, write_timeout_s=30.0)
+    events, sends, stop, complete, phase_after = expected
+    assert [e.NAME for e in nxt.out.events] == events
+    assert _sends(nxt.out) == sends and nxt.stop == stop and nxt.write_complete is complete
+    assert end.phase == phase_after and (phase != "stop" or not sends or end.deadline == 31.0)
+
+
+def test_a_completed_final_checkpoint_is_journalled_with_its_size_time_and_the_pruned_steps():
+    from phoenix_hpc.control.ending import completed
+
+    end = PlannedEnd("stop", None, {0, 1}, t_start=2.0, deadline=10.0)
+    end.phase, end.step = "write", 7
+    end.written = {0: _W, 1: dict(_W, file="pp1.pt", bytes=30, write_s=0.7)}
+    assert end.files() == {"pp0.pt": {"sha256": "ab", "bytes": 10}, "pp1.pt": {"sha256": "ab", "bytes": 30}}
+    events, note = completed(end, "/ck/step_00000007", 5.5, pruned=[3], keep=2)
+    assert [e.to_record() | {"ts": 0} for e in events] == [
+        {"ts": 0, "event": "checkpoints_pruned", "steps": [3], "keep": 2},
+        {"ts": 0, "event": "checkpoint", "step": 7, "path": "/ck/step_00000007", "source": "final", "write_s": 0.7,
+         "total_s": 3.5, "bytes": 40}]
+    assert note == "final checkpoint of step 7 written"
+    assert [e.NAME for e in completed(end, "p", 5.5, pruned=[], keep=2)[0]] == ["checkpoint"]
