@@ -416,6 +416,17 @@ def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
     return int(math.ceil(vocab / multiple) * multiple)
 
 
+def warmup_steps_of_fraction(fraction: float, decay_iters: int) -> int:
+    """Warm-up steps for Megatron-LM's ``--lr-warmup-fraction``: ``fraction x decay_iters`` (Megatron-LM's
+    ``lr_warmup_steps = lr_warmup_fraction x lr_decay_steps``, ``megatron/training/training.py``), whole
+    steps: a product a floating-point rounding below a whole number is that number (0.29 x 100 is
+    28.999999999999996 in binary floating point; Megatron-LM's warm-up then ends at step 29), anything else is
+    cut to its whole part. Pure."""
+    w = float(fraction) * int(decay_iters)
+    r = round(w)
+    return int(r) if math.isclose(w, r, rel_tol=1e-9, abs_tol=1e-12) else int(w)
+
+
 def swiglu_ffn(hidden: int) -> int:
     """Megatron-LM's FFN size with ``--swiglu`` and no ``--ffn-hidden-size``: ``int(4 h x 2/3 / 64) x 64``
     (``megatron/training/arguments.py``)."""
@@ -683,7 +694,7 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
         if not 0.0 <= frac <= 1.0:
             problems.append(f"--lr-warmup-fraction: {frac} (allowed: 0 .. 1)")
         else:
-            carry("--lr-warmup-fraction", "training.warmup_steps", int(frac * decay))
+            carry("--lr-warmup-fraction", "training.warmup_steps", warmup_steps_of_fraction(frac, decay))
     else:
         carry("--lr-warmup-iters", "training.warmup_steps", eff("--lr-warmup-iters"))
 

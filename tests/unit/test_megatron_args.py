@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from phoenix_hpc.cli.from_megatron import read_vocab, relocate_paths
 from phoenix_hpc.cli.main import cli
 from phoenix_hpc.config.megatron_args import (ARGS, convert, markdown_table, padded_vocab, split_args_text,
-                                              swiglu_ffn)
+                                              swiglu_ffn, warmup_steps_of_fraction)
 from phoenix_hpc.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,6 +160,8 @@ def test_derived_values_are_megatron_lms():
     assert conv.config["model"]["activation"] == "swiglu"
     assert conv.config["model"]["position_embedding_type"] == "rope"
     assert conv.config["training"]["warmup_steps"] == 2  # 0.25 x 10 decay steps
+    assert warmup_steps_of_fraction(0.29, 100) == 29  # 0.29 x 100 == 28.999999999999996 in floating point
+    assert warmup_steps_of_fraction(0.07, 800) == 56 and warmup_steps_of_fraction(0.25, 10) == 2
     assert conv.config["training"]["lr_schedule"] == "linear"  # Megatron-LM's default decay
     assert conv.config["model"]["untie_embeddings_and_output_weights"] is False  # Megatron-LM ties by default
 
