@@ -19,7 +19,8 @@ from typing import Any
 
 def final_checkpoint(member, stop_msg: dict[str, Any]) -> dict[str, Any]:
     """Run the member's part of a planned end. Returns the ``stop`` that ends the job (or, when the
-    coordinator is silent for the member's instruction timeout, ``stop_msg`` itself).
+    coordinator is silent for the member's instruction timeout ``member.wait_s``, counted from the
+    ``stopping`` report and again from the ``shard_written`` report, ``stop_msg`` itself).
 
     Never raises for a failed write: the error is reported (``shard_written`` {error}) and the
     checkpoint stays incomplete."""
@@ -55,6 +56,7 @@ def final_checkpoint(member, stop_msg: dict[str, Any]) -> dict[str, Any]:
 
             info.update(export(member, u, step))
         client.report_shard_written(step, info)
+        deadline = time.monotonic() + member.wait_s  # the coordinator's answer, counted from the report
         if member.logical == 0:
             e.log(f"[phoenix] rank 0: shard of the final checkpoint of step {step} "
                   f"{'written in ' + str(info['write_s']) + ' s' if 'error' not in info else 'failed: ' + info['error']}")

@@ -212,12 +212,13 @@ def test_a_failed_export_is_reported_not_raised(tmp_path, cpu_writer):
 class Client:
     def __init__(self, step):
         self.msgs = [{"type": "write_checkpoint", "step": step}, {"type": "stop", "job_state": "stopped"}]
-        self.reports = []
+        self.reports, self.timeouts = [], []
 
     def report_stopping(self, generation, steps):
         self.reports.append(("stopping", steps))
 
     def wait_instruction(self, types, timeout):
+        self.timeouts.append(timeout)
         return self.msgs.pop(0)
 
     def report_shard_written(self, step, info):
@@ -235,8 +236,11 @@ class Prot:
         return argparse.Namespace(tensors={}, envelope={"step": step})
 
 
-def _planned_end(tmp_path, monkeypatch, cfg, write_error=None):
+def _planned_end(tmp_path, monkeypatch, cfg, write_error=None, export_s=1.5):
     from phoenix_hpc.recovery import checkpoint
+
+    clock = [1000.0]
+    monkeypatch.setattr(final.time, "monotonic", lambda: clock[0])
 
     def write(root, step, coord, tensors, envelope):
         if write_error:
@@ -245,8 +249,12 @@ def _planned_end(tmp_path, monkeypatch, cfg, write_error=None):
 
     exports = []
     monkeypatch.setattr(checkpoint, "write_snapshot_shard", write)
-    monkeypatch.setattr(final_megatron, "export", lambda member, u, step: exports.append(step) or
-                        {"megatron": {"dir": "/m", "iteration": step, "write_s": 1.5}})
+    def export(member, u, step):
+        exports.append(step)
+        clock[0] += export_s
+        return {"megatron": {"dir": "/m", "iteration": step, "write_s": export_s}}
+
+    monkeypatch.setattr(final_megatron, "export", export)
     lines = []
     m = argparse.Namespace(env=argparse.Namespace(client=Client(40), cfg=cfg, run_dir=tmp_path, log=lines.append),
                            protector=Prot(), generation=2, wait_s=5.0, coord=None, logical=0,
@@ -254,11 +262,11 @@ def _planned_end(tmp_path, monkeypatch, cfg, write_error=None):
     stop = final.final_checkpoint(m, {"type": "stop", "checkpoint": True})
     assert stop["job_state"] == "stopped"
     (_, step, info), = [r for r in m.env.client.reports if r[0] == "shard_written"]
-    return exports, info, lines
+    return exports, info, lines, m.env.client.timeouts
 
 
 def test_the_planned_end_exports_the_final_step_when_save_megatron_is_set(tmp_path, monkeypatch):
-    exports, info, lines = _planned_end(tmp_path, monkeypatch, _job(tmp_path / "mlm"))
+    exports, info, lines, _ = _planned_end(tmp_path, monkeypatch, _job(tmp_path / "mlm"))
     assert exports == [40] and info["megatron"] == {"dir": "/m", "iteration": 40, "write_s": 1.5}
     assert info["file"] == "f"  # the shard of phoenix's format is reported as before
     assert any("final checkpoint of step 40 in Megatron-LM's layout: iteration 40 written to /m" in x for x in lines)
@@ -267,9 +275,9 @@ def test_the_planned_end_exports_the_final_step_when_save_megatron_is_set(tmp_pa
 def test_no_export_without_save_megatron_or_after_a_failed_shard(tmp_path, monkeypatch):
     from tests.unit.test_megatron_ckpt import GPT, job
 
-    exports, info, _ = _planned_end(tmp_path, monkeypatch, job(GPT))
+    exports, info, _, _ = _planned_end(tmp_path, monkeypatch, job(GPT))
     assert exports == [] and "megatron" not in info
-    exports, info, _ = _planned_end(tmp_path, monkeypatch, _job(tmp_path / "mlm"), write_error="disk full")
+    exports, info, _, _ = _planned_end(tmp_path, monkeypatch, _job(tmp_path / "mlm"), write_error="disk full")
     assert exports == [] and info["error"].startswith("OSError: disk full")
 
 
@@ -295,3 +303,10 @@ def test_the_coordinators_write_round_and_the_warning_lead_count_the_export(tmp_
                               update={"save_megatron": None})})}), 120.0)):
         (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
         assert timing_from_run_dir(tmp_path)[0].final_write_timeout_s == want
+
+
+def test_an_export_longer_than_the_instruction_timeout_still_waits_for_the_final_stop(tmp_path, monkeypatch):
+    """The member waits ``wait_s`` for the coordinator's final stop counted from its report, not from the
+    start of the planned end: an export of 200 s (wait_s 5 s) leaves it the whole wait."""
+    exports, info, _, timeouts = _planned_end(tmp_path, monkeypatch, _job(tmp_path / "mlm"), export_s=200.0)
+    assert exports == [40] and timeouts == [5.0, 5.0]
