@@ -9,7 +9,8 @@ tensors (:func:`phoenix_hpc.runtime.checksum.digest64` over the per-tensor check
 anyway; optimizer shards differ by design and are not compared). The coordinator's :class:`AgreementBook`
 gathers the digests per (step, pp, tp) and :func:`compare` judges a complete set.
 
-Pure decisions (:func:`check_report`, :func:`compare`, :func:`majority_of`, :func:`add_strike`) and one
+Pure decisions (:func:`check_report`, :func:`compare`, :func:`majority_of`, :func:`add_strike`,
+:func:`judge_corruption`, :func:`restart_advice`) and one
 book that owns the pending digests, the steps repaired and the members' strikes; the coordinator journals what they return (``agreement_rejected``, ``silent_corruption``,
 ``agreement_undetectable`` in :mod:`phoenix_hpc.control.events`).
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
+
+from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind
 
 #: hex digits of a digest report (64 bits)
 DIGEST_HEX = 16
@@ -229,3 +232,43 @@ def restart_advice(first_bad: int, last_agreed: int | None, checkpoints: Sequenc
         text += (f"; the checkpoint(s) of step(s) {', '.join(map(str, after))} were written after it and may carry "
                  "it (`phoenix submit --resume` takes the newest complete checkpoint: move those aside first)")
     return ck, text
+
+
+@dataclass(frozen=True)
+class CorruptionVerdict:
+    """What a decision on queued faults becomes once the replica agreement's history is known
+    (:func:`judge_corruption`): the ``decision`` to carry out; ``stop_from``, for a clean stop over replicas that
+    differed, ``(first differing step, newest step known to agree or None)`` that :func:`restart_advice` takes;
+    ``repaired``, the steps the recovery rolls back before (the book records them once it starts: a second
+    difference there stops the job)."""
+
+    decision: Decision
+    stop_from: tuple[int, int | None] | None
+    repaired: frozenset[int]
+
+
+def judge_corruption(decision: Decision, faults: Sequence[Fault], book: AgreementBook | None) -> CorruptionVerdict:
+    """The verdict on ``decision`` (what :func:`phoenix_hpc.control.arbitration.arbitrate` called for) given the
+    agreement ``book`` (None: no digest was ever compared). Pure (reads ``book``, changes nothing).
+
+    - A ``silent_corruption`` fault whose ``bad_step`` was already repaired (rolled back before and replayed)
+      differs again: memory cannot be trusted, the decision becomes a clean stop.
+    - A clean stop with replicas known to differ (the book's first difference, or the step that differs again)
+      names where to restart (``stop_from``; see :func:`restart_advice`): the first differing step and the
+      newest step known to agree before it (the book's, or the fault reports' ``agreed_step``).
+    - Otherwise the decision stands; ``repaired`` lists the faults' ``bad_step``\ s.
+    """
+    if book is None:
+        return CorruptionVerdict(decision, None, frozenset())
+    silent = [f for f in faults if f.kind is FaultKind.SILENT_CORRUPTION]
+    again = sorted({f.bad_step for f in silent if f.bad_step is not None and f.bad_step in book.repaired})
+    if again:
+        decision = Decision(Action.CLEAN_STOP, f"silent data corruption: the DP replicas' parameters differ again at "
+                                               f"step {again[0]} after a rollback before it and its replay")
+    stop_from = None
+    if decision.action is Action.CLEAN_STOP and silent and (book.first_bad is not None or again):
+        first_bad = min(s for s in (book.first_bad, *again) if s is not None)
+        agreed = book.bad_last_agreed if book.first_bad == first_bad else max(
+            (f.agreed_step for f in faults if f.bad_step == first_bad and f.agreed_step is not None), default=None)
+        stop_from = (first_bad, agreed)
+    return CorruptionVerdict(decision, stop_from, frozenset(f.bad_step for f in faults if f.bad_step is not None))

@@ -46,7 +46,7 @@ from typing import Any
 
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control import protocol as P
-from phoenix_hpc.control.agreement import restart_advice
+from phoenix_hpc.control.agreement import judge_corruption, restart_advice
 from phoenix_hpc.control.arbitration import arbitrate, fault_time
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind, combine
 from phoenix_hpc.control.detect import detect
@@ -118,26 +118,19 @@ def decide(c: Any, now: float) -> None:
         from phoenix_hpc.control.agreement import AgreementBook
 
         book = c.agreement = AgreementBook(dp=c.grid[2], generation=c.generation)
-    again = sorted({f.bad_step for f in faults if f.kind is FaultKind.SILENT_CORRUPTION and f.bad_step is not None
-                    and f.bad_step in book.repaired}) if book is not None else []
-    if again:  # a second difference at a step already rolled back and replayed: memory cannot be trusted
-        decision = Decision(Action.CLEAN_STOP, f"silent data corruption: the DP replicas' parameters differ again at "
-                                               f"step {again[0]} after a rollback before it and its replay")
+    verdict = judge_corruption(decision, faults, book)  # control/agreement.py
+    decision = verdict.decision
     c.record(E.Decision(action=decision.action.value, reason=decision.reason,
                         faults=[{"kind": f.kind.value, "slots": list(f.slots), "nodes": list(f.nodes),
                                  **({"bad_step": f.bad_step} if f.bad_step is not None else {})}
                                 for f in faults]))
     if c.t.in_job_restart:  # checkpoint-restart in the job: the batch script starts a new srun step
         return _request_in_job_restart(c, decision.reason, set(arb.reporters))
-    if decision.action is Action.CLEAN_STOP and book is not None and (book.first_bad is not None or again) and any(
-            f.kind is FaultKind.SILENT_CORRUPTION for f in faults):
+    if verdict.stop_from is not None:
         # replicas that differed (control/agreement.py): only a checkpoint from before it is vouched for
         from phoenix_hpc.recovery.ckpt_files import complete_steps
 
-        first_bad = min([s for s in (book.first_bad, *again) if s is not None])
-        agreed = book.bad_last_agreed if book.first_bad == first_bad else max(
-            (f.agreed_step for f in faults if f.bad_step == first_bad and f.agreed_step is not None), default=None)
-        ck, advice = restart_advice(first_bad, agreed,
+        ck, advice = restart_advice(*verdict.stop_from,
                                     complete_steps(c.t.checkpoint_path) if c.t.checkpoint_path else [])
         c._end(JobState.FAILED, E.CleanStop(reason=decision.reason, checkpoint_step=ck,
                                             message="stopped without training on; " + advice))
@@ -152,7 +145,7 @@ def decide(c: Any, now: float) -> None:
     t_fault = fault_time(arb.arrived, c._t_fault_hint, now)  # the hint as the fencing left it
     c._t_fault_hint = None
     if book is not None:  # the steps this recovery rolls back before: a second difference there stops the job
-        book.repaired |= {f.bad_step for f in faults if f.bad_step is not None}
+        book.repaired |= verdict.repaired
     start_recovery(c, decision, faults, t_fault, now)
 
 

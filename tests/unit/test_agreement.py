@@ -481,3 +481,39 @@ def test_the_cost_bench_judges_every_step_of_every_stage_once():
     us, n, judged = coordinator_us(pp=2, dp=3, steps=20, history=8)
     assert n == 20 * 6 and judged == 20 * 2 and us > 0
     assert digest_us(4) > 0
+
+
+# (name, decision, faults: (kind, bad_step, agreed_step), book: (first_bad, bad_last_agreed, repaired))
+#   -> (action after, stop_from, repaired)
+_HS = ("hot_swap", "a node")
+_LR = ("local_recovery", "silent corruption")
+_CS = ("clean_stop", "silent data corruption")
+VERDICTS = [
+    ("no book: the decision stands", _LR, [("silent_corruption", 7, 6)], None, ("local_recovery", None, set())),
+    ("a first difference: repaired from memory", _LR, [("silent_corruption", 7, 6)], (7, 6, set()),
+     ("local_recovery", None, {7})),
+    ("the same step differs again: a clean stop naming the book's first difference", _LR,
+     [("silent_corruption", 7, 6)], (7, 6, {7}), ("clean_stop", (7, 6), {7})),
+    ("differs again, the book saw no difference: the reports' agreed step", _LR, [("silent_corruption", 9, 8)],
+     (None, None, {9}), ("clean_stop", (9, 8), {9})),
+    ("a clean stop of other faults: no restart advice", _CS, [("numerical", None, None)], (7, 6, set()),
+     ("clean_stop", None, set())),
+    ("a heartbeat-found difference stopping cleanly: the advice", _CS, [("silent_corruption", None, None)],
+     (5, 3, set()), ("clean_stop", (5, 3), set())),
+    ("a hot swap is not touched", _HS, [("node_loss", None, None)], (5, 3, {5}), ("hot_swap", None, set())),
+]
+
+
+@pytest.mark.parametrize("name,decision,faults,book,expected", VERDICTS, ids=[v[0] for v in VERDICTS])
+def test_the_corruption_verdict_table(name, decision, faults, book, expected):
+    from phoenix_hpc.control.agreement import AgreementBook, judge_corruption
+    from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind
+
+    fs = [Fault(FaultKind(k), (1,), (), False, "", bad_step=b, agreed_step=a) for k, b, a in faults]
+    b = None
+    if book is not None:
+        b = AgreementBook(dp=3, generation=0)
+        b.first_bad, b.bad_last_agreed, b.repaired = book[0], book[1], set(book[2])
+    v = judge_corruption(Decision(Action(decision[0]), decision[1]), fs, b)
+    assert (v.decision.action.value, v.stop_from, set(v.repaired)) == expected
+    assert b is None or b.repaired == set(book[2])  # pure: the book is not changed
