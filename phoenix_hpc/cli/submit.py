@@ -318,7 +318,7 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
     from phoenix_hpc.launch.metrics_log import logging_problems
 
     job = resolve(cfg, profile, run_dir=str(rd), default_python=sys.executable, python=python,
-                  nodelist=nodelist, exclude=exclude, extra_problems=submit_problems(cfg) + logging_problems(cfg))
+                  nodelist=nodelist, exclude=exclude, extra_problems=submit_problems(cfg, resuming=point is not None) + logging_problems(cfg))
     load = heartbeat_load(job)
     if load.problems:
         raise ConfigError(list(load.problems), str(config) if config is not None else None)

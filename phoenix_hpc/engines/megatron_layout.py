@@ -208,8 +208,10 @@ def shape_problems(where: str, shapes: dict[str, tuple[int, ...]], model,
     return out
 
 
-def load_problems(cfg) -> list[str]:
+def load_problems(cfg, resuming: bool = False) -> list[str]:
     """Submit-time problems of ``resilience.checkpoint.load_megatron`` and ``save_megatron`` (empty: none).
+    ``resuming`` (``phoenix submit --resume``): the run continues from its own newest complete checkpoint and
+    never loads ``load_megatron``'s, so only the fields are checked, not that checkpoint.
 
     ``load_megatron``: engine ``megatron`` only; an absolute path to a directory with
     ``latest_checkpointed_iteration.txt`` naming an ``iter_NNNNNNN`` (or ``release``) folder that exists and
@@ -236,7 +238,7 @@ def load_problems(cfg) -> list[str]:
                                              and cfg.resilience.mode in ("phoenix", "checkpoint-restart")):
         out.append(f"{FIELD_SAVE}: value {ck.save_megatron!r} -- no persistent checkpoint is written with "
                    "resilience.enabled false; allowed with resilience.enabled true")
-    if out or ck.load_megatron is None:
+    if out or ck.load_megatron is None or resuming:
         return out
     root = Path(ck.load_megatron)
     if not root.is_dir():

@@ -534,3 +534,31 @@ def test_a_submit_and_a_load_read_the_metadata_once(saved, monkeypatch):
     reads.clear()
     mck.checkpoint_folder(root)
     assert len(reads) == 1, reads
+
+
+def test_a_resumed_run_does_not_check_the_megatron_checkpoint_it_no_longer_loads(saved, tmp_path, monkeypatch):
+    """``phoenix submit --resume``: the run loads its own newest checkpoint, so a changed schedule (or any
+    other difference from load_megatron's checkpoint) is not refused; a new submit of the same config is."""
+    import yaml
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # test_resume_cli imports test_submit_cli by name
+    from tests.unit.test_resume_cli import make_run
+    from tests.unit.test_submit_cli import invoke
+
+    monkeypatch.chdir(tmp_path)
+    rd = make_run(tmp_path, steps_done=(30,), dp=4)  # its own checkpoint at (tp, pp, dp) = (1, 2, 4)
+    (rd / "job.json").write_text(json.dumps({"job_id": "123", "site": "perlmutter"}))
+    cfg = yaml.safe_load((rd / "config.yaml").read_text())
+    cfg.update(engine="megatron", model=GPT)
+    cfg["parallelism"] = {"tp": 1, "pp": 2}
+    cfg["resources"].update(nodes=2, spares=0)  # 8 GPUs: dp 4
+    cfg["training"].update(steps=40, global_batch_size=8, micro_batch_size=1, warmup_steps=4, lr=3e-3, min_lr=1e-4)
+    cfg.setdefault("resilience", {})["mode"] = "checkpoint-restart"  # no replica placement to satisfy here
+    cfg["resilience"].setdefault("checkpoint", {})["load_megatron"] = str(saved["with_opt"]["root"])
+    (rd / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "new.yaml").write_text(yaml.safe_dump({k: v for k, v in cfg.items() if k != "run_dir"}))
+    r = invoke("--site", "perlmutter", "new.yaml", "--dry-run", "--data-on-cluster")
+    assert r.exit_code == 2 and "opt_param_scheduler.max_lr" in r.output, r.output
+    r = invoke("--resume", rd, "--dry-run", "--data-on-cluster")
+    assert "opt_param_scheduler" not in r.output, r.output
+    assert r.exit_code == 0, r.output
