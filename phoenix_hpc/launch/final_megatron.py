@@ -49,10 +49,10 @@ def already_written(root: str | Path, step: int) -> bool:
 def export(member, unpacked, step: int) -> dict[str, Any]:
     """Write this member's host snapshot ``unpacked`` of ``step`` (:meth:`Protector.local_snapshot`) into
     ``resilience.checkpoint.save_megatron`` in Megatron-LM's layout, collectively with every member (module
-    doc). Ends the member's engine and leaves a fresh one whose groups are released again (the job is ending).
-The export's groups are released as a generation's are (:meth:`Member.release_groups`: NCCL communicators
-aborted, gloo connections shut down, then ``destroy_process_group``). Returns what
-    the member adds to its ``shard_written`` report: ``{"megatron": {"dir", "iteration", "write_s"}}``,
+    doc). Ends the member's engine and leaves a fresh one whose groups are released again (the job is
+    ending), as a generation's are (:meth:`Member.release_groups`: NCCL communicators aborted, gloo
+    connections shut down, then ``destroy_process_group``). Returns what the member adds to its
+    ``shard_written`` report: ``{"megatron": {"dir", "iteration", "write_s", "folder"}}``,
     ``{"megatron": {"dir", "iteration", "skipped": why}}`` or ``{"megatron_error": "..."}``; never raises for
     a failed export (the error is reported and logged)."""
     import torch.distributed as dist
@@ -67,7 +67,7 @@ aborted, gloo connections shut down, then ``destroy_process_group``). Returns wh
     e = member.env
     root = e.cfg.resilience.checkpoint.save_megatron
     if already_written(root, step):
-        return {"megatron": {"dir": root, "iteration": int(step), "skipped": "written by the periodic export"}}
+        return {"megatron": {"dir": str(root), "iteration": int(step), "skipped": "written by the periodic export"}}
     t0 = time.perf_counter()
     t_start = time.time()
     try:
@@ -91,7 +91,8 @@ aborted, gloo connections shut down, then ``destroy_process_group``). Returns wh
     write_s = round(time.perf_counter() - t0, 4)
     log_event(e.run_dir, member.logical, {"event": "save_megatron", "step": int(step), "t_start": t_start,
                                           "t_end": time.time(), "final": True})
-    return {"megatron": {"dir": str(Path(d).parent), "iteration": int(step), "write_s": write_s}}
+    return {"megatron": {"dir": str(root), "iteration": int(step), "write_s": write_s,
+                         "folder": Path(d).name}}
 
 
 def _timeout(seconds: float):

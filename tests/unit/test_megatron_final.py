@@ -165,6 +165,7 @@ def test_export_writes_the_snapshot_in_megatron_lms_layout(tmp_path, cpu_writer)
     out = final_megatron.export(m, u, 40)
     assert set(out) == {"megatron"}, out
     assert out["megatron"]["dir"] == str(root) and out["megatron"]["iteration"] == 40 and out["megatron"]["write_s"] >= 0
+    assert out["megatron"]["folder"] == "iter_0000040"
     assert m.calls == ["teardown", "construct", "release"] and not dist.is_initialized()
     assert m.aborter is not None and m.aborter.aborted  # the export's groups released as a generation's
     assert (root / ml.TRACKER).read_text() == "40"
