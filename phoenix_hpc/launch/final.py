@@ -8,7 +8,7 @@ buffers stay readable), reports the steps of its verified local snapshots, write
 coordinator picks (file I/O only, :func:`phoenix_hpc.recovery.checkpoint.write_snapshot_shard`), reports
 it, and returns the coordinator's final ``stop``. With ``resilience.checkpoint.save_megatron`` it also writes
 that step in Megatron-LM's layout before reporting (:mod:`phoenix_hpc.launch.final_megatron`; the report
-carries ``megatron`` {dir, iteration, write_s} or ``megatron_error``).
+carries ``megatron`` {dir, folder, iteration, write_s} or ``megatron_error``).
 """
 
 from __future__ import annotations
