@@ -270,6 +270,14 @@ class AgreementUndetectable(Event):
     stages: Any = None  # [[pp, tp], ...]
     reason: Any = None
 
+@_ev("agreement_off")
+class AgreementOff(Event):
+    """``resilience.replica_agreement: false``: the DP replicas' parameters are not compared in generation
+    ``generation`` (no digest computed, none in the commit fence or the commit reports), journalled once per
+    generation at its first commit report, so that a check not made is never silently skipped."""
+    generation: Any = None
+    reason: Any = None
+
 # --- recoveries ---------------------------------------------------------------------------------------------
 
 @_ev("recovery_start")

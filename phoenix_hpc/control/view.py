@@ -37,10 +37,11 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Mapping
 
 from phoenix_hpc.control import events as E
+from phoenix_hpc.control import view_repairs
 from phoenix_hpc.control.events import RecoveryPhase
 from phoenix_hpc.control.fault_text import fault_cause, shorten
 from phoenix_hpc.control.view_records import (  # noqa: F401 - the view and its records, re-exported
-    LIVE_SLOT_STATES, TERMINAL_STATES, DrainStatus, FaultStatus, InjectionStatus, InProgress, JobView,
+    LIVE_SLOT_STATES, TERMINAL_STATES, AgreementRepair, DrainStatus, FaultStatus, InjectionStatus, InProgress, JobView,
     RecoveryStatus, SlotView)
 from phoenix_hpc.faults.kinds import KIND_OF_WIRE, PHASE_OF_WIRE
 
@@ -232,6 +233,7 @@ def _job_end(v: JobView, ev: E.JobEnd) -> None:
     cur = v.current_recovery()
     if cur is not None and not isinstance(ev, E.JobDone):
         cur.state, cur.finished_at = ("fallback" if isinstance(ev, E.Fallback) else "aborted"), ev.ts
+    view_repairs.job_ended(v, ev.NAME, _field(ev, "checkpoint_step"), _v(ev.message), _v(ev.reason))
 
 
 def _coordinator_exit(v: JobView, ev: E.CoordinatorExit) -> None:
@@ -255,10 +257,16 @@ def _silent_corruption(v: JobView, ev: E.SilentCorruption) -> None:
     v.faults.append(FaultStatus(ev.ts, E.SilentCorruption.NAME, w, s.node if s else None, ev.step, None,
                                 f"parameters at pp={ev.pp}, tp={ev.tp}: {who} (replica agreement)", "detected"))
     v.agreement["disagreed"] = max(int(v.agreement.get("disagreed") or 0), 1)
+    view_repairs.difference(v, ev.ts, ev.generation, ev.step, ev.pp, ev.tp, ev.members, ev.suspects, maj)
 
 
 def _agreement_undetectable(v: JobView, ev: E.AgreementUndetectable) -> None:
     v.agreement["undetectable"] = str(ev.reason or "")
+
+
+def _agreement_off(v: JobView, ev: E.AgreementOff) -> None:
+    v.agreement["off"] = str(ev.reason or "")
+    v.agreement["off_generation"] = int(ev.generation) if ev.generation is not None else v.generation
 
 
 def _agreement_rejected(v: JobView, ev: E.AgreementRejected) -> None:
@@ -271,6 +279,7 @@ def _replica_rejected(v: JobView, ev: E.ReplicaRejected) -> None:
 
 def _decision(v: JobView, ev: E.Decision) -> None:
     v.pending_action, v.pending_reason = ev.action, ev.reason
+    view_repairs.decided(v, ev.ts, ev.action, ev.reason, _v(ev.faults))
     if ev.action == E.Fallback.NAME:
         cur = v.current_recovery()
         if cur is not None:
@@ -296,6 +305,7 @@ def _recovery_start(v: JobView, ev: E.RecoveryStart) -> None:
         started_at=ev.ts, finished_at=None, reason=f"planned drain {drain}" if drain else v.pending_reason,
         dead_slots=[w for w in dead if w not in v.replaced], joins=[], detect_s=ev.detect_s, total_s=None,
         phases={}, steps_replayed=None, recoverable_step=None))
+    view_repairs.recovery_started(v, g, ev.action or v.pending_action)
     if v.job_state not in TERMINAL_STATES:
         v.job_state = "recovering"
     for w in survivors:
@@ -368,6 +378,7 @@ def _recovery_plan(v: JobView, ev: E.RecoveryPlanned) -> None:
             cur.dead_slots = sorted(set(cur.dead_slots) | {int(w) for w in ev.dead_world or []
                                                            if int(w) not in v.replaced})
     v.replaced |= pending_replaced
+    view_repairs.recovery_planned(v, g, ev.recoverable_step, ev.steps_replayed)
     if v.recovery is not None:
         v.recovery.phase = RecoveryPhase.RESTORE
 
@@ -398,6 +409,8 @@ def _recovery_done(v: JobView, ev: E.RecoveryDone) -> None:
         cur.steps_replayed = ev.steps_replayed
         cur.recoverable_step = ev.recoverable_step
         cur.action = "drain" if ev.drain else ev.action or cur.action
+    if ev.generation is not None:
+        view_repairs.recovery_planned(v, int(ev.generation), ev.recoverable_step, ev.steps_replayed, done=True)
     v.recovery = None
 
 
@@ -505,7 +518,7 @@ HANDLERS: dict[type[E.Event], Handler] = {
     E.JobDone: _job_end, E.CleanStop: _job_end, E.Fallback: _job_end, E.CoordinatorStopped: _job_end,
     E.CoordinatorExit: _coordinator_exit, E.ReplicaRejected: _replica_rejected, E.Decision: _decision,
     E.SilentCorruption: _silent_corruption, E.AgreementUndetectable: _agreement_undetectable,
-    E.AgreementRejected: _agreement_rejected,
+    E.AgreementRejected: _agreement_rejected, E.AgreementOff: _agreement_off,
     E.RecoveryStart: _recovery_start, E.RecoveryPlanned: _recovery_plan, E.RecoveryRestored: _recovery_restored,
     E.RecoveryDone: _recovery_done, E.RecoveryAborted: _recovery_aborted, E.Shrink: _shrink,
     E.DrainRequested: _drain_requested, E.DrainArmed: _drain_step, E.DrainRearmed: _drain_step,

@@ -139,6 +139,41 @@ class DrainStatus:
 
 
 @dataclass
+class AgreementRepair:
+    """One difference of the DP replicas' parameters that replica agreement found (docs/design.md section 6,
+    *Repair from memory*) and what became of it, as the journal tells it: the ``silent_corruption`` record
+    (``step``, the (``pp``, ``tp``) stage, the generation whose commits showed it, the members' digests
+    {logical rank: digest hex}, ``suspects`` and ``majority`` (logical ranks; no majority: ``[]``, with
+    dp = 2 nobody can tell) and ``suspect_world_ranks``), the ``decision`` whose faults name it as their
+    ``bad_step``, and the recovery that followed (``recovery_generation``, ``action``, the step restored
+    ``restored_step`` and ``steps_replayed``). ``pp``/``tp`` stay None while only the decision named the step.
+
+    ``state``: ``found`` (no decision yet; at the job's end: not repaired), ``repairing`` (decided, its
+    recovery under way), ``repaired`` (the recovery is done), ``stopped`` (the job stopped cleanly instead:
+    ``stop`` says why) or ``fallback`` (the recovery fell back to the persistent checkpoint). ``stop``:
+    ``{"ts", "reason", "second", "checkpoint_step", "message"}``, ``second`` true for a second difference
+    at a step already rolled back and replayed; ``second_generation``: the generation whose commits showed
+    that second difference (None if none)."""
+
+    step: int
+    pp: int | None
+    tp: int | None
+    generation: int | None
+    ts: float
+    members: dict[str, str] = field(default_factory=dict)
+    suspects: list[int] = field(default_factory=list)
+    majority: list[int] = field(default_factory=list)
+    suspect_world_ranks: list[int] = field(default_factory=list)
+    state: str = "found"
+    action: str | None = None
+    recovery_generation: int | None = None
+    restored_step: int | None = None
+    steps_replayed: int | None = None
+    second_generation: int | None = None
+    stop: dict[str, Any] | None = None
+
+
+@dataclass
 class JobView:
     """The job as its journal tells it so far (see the module docstring). ``heartbeat_progress``: take the
     live step from ``heartbeat_summary.max_step`` too (journals of coordinators that wrote no ``progress``)."""
@@ -186,8 +221,11 @@ class JobView:
     shrinks: list[dict[str, Any]] = field(default_factory=list)  # shrink records, oldest first
     rejected: list[dict[str, Any]] = field(default_factory=list)  # replica_rejected records
     # replica agreement (control/agreement.py): the newest commit record's {"checked", "disagreed",
-    # "last_step"}, and "undetectable" (the reason, when dp = 1) and "rejected" (digests refused) as journalled
+    # "last_step"}, and "undetectable" (the reason, when dp = 1), "rejected" (digests refused) and "off" (the
+    # reason, resilience.replica_agreement false) as journalled
     agreement: dict[str, Any] = field(default_factory=dict)
+    # the differences replica agreement found, oldest first, each with its repair (or stop)
+    repairs: list[AgreementRepair] = field(default_factory=list)
     replaced: set[int] = field(default_factory=set)  # world ranks an earlier recovery replaced or removed
     pending_action: str | None = None  # the last decision's action and reason
     pending_reason: str | None = None

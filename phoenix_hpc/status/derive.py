@@ -580,4 +580,5 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
                   faults=st.faults, injections=list(st.injections.values()), warnings=warnings,
                   progress=st.progress, commits=st.commits, journal_records=len(records),
                   journal_skipped=list(st.skipped), run_jobs=jobs,
-                  drains=list(st.drains.values()), shrinks=list(st.shrinks), agreement=dict(st.agreement))
+                  drains=list(st.drains.values()), shrinks=list(st.shrinks), agreement=dict(st.agreement),
+                  repairs=list(st.repairs))

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from phoenix_hpc.control.view_records import (  # noqa: F401 - the journal fold's records, shown as they are
-    DrainStatus, FaultStatus, InjectionStatus, RecoveryStatus)
+    AgreementRepair, DrainStatus, FaultStatus, InjectionStatus, RecoveryStatus)
 
 
 @dataclass
@@ -218,8 +218,12 @@ class Status:
     # shrinks (docs/design.md section 6): {ts, generation, dp_from, dp_to, recoverable_step, freed, lost, drain}
     shrinks: list[dict[str, Any]] = field(default_factory=list)
     # replica agreement (docs/design.md section 6): {"checked", "disagreed", "last_step"} of the DP peers'
-    # parameter digests, "undetectable" (why, with dp = 1), "rejected" (digests refused); {} before any
+    # parameter digests, "undetectable" (why, with dp = 1), "rejected" (digests refused), "off" (why:
+    # resilience.replica_agreement false); {} before any
     agreement: dict[str, Any] = field(default_factory=dict)
+    # every difference replica agreement found, oldest first, with the repair from memory that followed (the
+    # step and (pp, tp), the members named, the step restored and the steps replayed) or the stop
+    repairs: list[AgreementRepair] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the ``--json`` output)."""

@@ -8,6 +8,7 @@ faults and injections) as one rich renderable, so the same object serves a one-s
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 from rich.console import Group
 from rich.table import Table
@@ -15,7 +16,7 @@ from rich.text import Text
 
 from phoenix_hpc.control.events import TIMED_PHASES
 from phoenix_hpc.status.metrics_sinks import metrics_text
-from phoenix_hpc.status.model import Status
+from phoenix_hpc.status.model import AgreementRepair, Status
 from phoenix_hpc.status.text import REPLAYED_MEANS, shorten
 
 _STATE_STYLE = {"running": "green", "done": "green", "recovering": "yellow", "starting": "cyan",
@@ -286,23 +287,71 @@ def status_line(st: Status) -> str:
         parts.append(f"drains {len(st.drains)} (last: {st.drains[-1].state})")
     if st.shrinks:
         parts.append(f"shrinks {len(st.shrinks)} (dp {st.shrinks[0]['dp_from']} -> {st.shrinks[-1]['dp_to']})")
-    if st.agreement:
-        parts.append(agreement_text(st.agreement))
+    if st.agreement or st.repairs:
+        parts.append(agreement_text(st.agreement, st.repairs))
     return "  ".join(parts)
 
 
-def agreement_text(a: dict) -> str:
+def agreement_text(a: dict, repairs: Sequence[AgreementRepair] = ()) -> str:
     """The replica agreement of :attr:`Status.agreement` in words: the DP peers' parameter digests compared,
-    up to which step, how many sets differed, digests refused; or why nothing can be compared (dp = 1)."""
+    up to which step, how many sets differed, how many of those differences were repaired from memory
+    (``repairs``: :attr:`Status.repairs`) and whether a second difference stopped the job, digests refused;
+    or why nothing is compared (``resilience.replica_agreement: false``, or dp = 1)."""
+    if a.get("off"):
+        return f"agreement: off ({a['off']})"
     if a.get("undetectable"):
         return f"agreement: undetectable ({a['undetectable']})"
     text = f"agreement: {a.get('checked') or 0} checks"
     if a.get("last_step") is not None:
         text += f" (to step {a['last_step']})"
     text += f", {a.get('disagreed') or 0} differed"
+    if repairs:
+        text += f", {sum(r.state == 'repaired' for r in repairs)} repaired from memory"
+        second = [r for r in repairs if r.stop and r.stop.get("second")]
+        if second:
+            text += f", stopped: a second difference at step {second[0].step}"
     if a.get("rejected"):
         text += f", {a['rejected']} digest report(s) rejected"
     return text
+
+
+def repair_outcome(r: AgreementRepair, finished: bool) -> str:
+    """What became of one difference, in words (``finished``: the job has ended). Pure."""
+    if r.state == "repaired":
+        return f"repaired from memory ({r.action or 'recovery'}, generation {r.recovery_generation})"
+    if r.state == "repairing":
+        return f"repairing ({r.action or 'recovery'}, generation {r.recovery_generation})"
+    if r.state == "decided":
+        return f"{r.action or 'recovery'} decided"
+    if r.state == "fallback":
+        return "not repaired from memory: fell back to the persistent checkpoint"
+    if r.state == "stopped":
+        st = r.stop or {}
+        ck = st.get("checkpoint_step")
+        text = ("stopped: second difference at this step after its rollback and replay" if st.get("second")
+                else f"stopped: {st.get('reason') or 'clean stop'}")
+        return text + ("; restart from the checkpoint of step " + str(ck) if ck is not None else
+                       "; no checkpoint vouched for" if st.get("message") is not None else "")
+    return "not repaired (found after the job's end)" if finished else "found, no decision yet"
+
+
+def _repairs(st: Status) -> Table:
+    t0 = st.job.started_at
+    t = Table(title="Replica agreement: differences and repairs from memory", title_justify="left")
+    for c in ("when", "step", "pp,tp", "gen", "suspects (logical->world)", "majority", "outcome", "restored step",
+              "replayed"):
+        t.add_column(c)
+    for r in st.repairs:
+        world = dict(zip(r.suspects, r.suspect_world_ranks)) if len(r.suspect_world_ranks) == len(r.suspects) else {}
+        sus = ", ".join(f"{x}->{world[x]}" if x in world else str(x) for x in r.suspects)
+        out = repair_outcome(r, st.finished)
+        style = "green" if r.state == "repaired" else "red" if r.state in ("stopped", "fallback") else "yellow"
+        t.add_row(_rel(r.ts, t0), str(r.step), "-" if r.pp is None else f"{r.pp},{r.tp}",
+                  "-" if r.generation is None else str(r.generation), sus or "-",
+                  ", ".join(map(str, r.majority)) or ("none" if r.suspects else "-"), Text(out, style=style),
+                  "-" if r.restored_step is None else str(r.restored_step),
+                  "-" if r.steps_replayed is None else str(r.steps_replayed))
+    return t
 
 
 def _shrinks(st: Status) -> Table:
@@ -339,8 +388,11 @@ def status_renderable(st: Status) -> Group:
         parts.append(_drains(st))
     if st.shrinks:
         parts.append(_shrinks(st))
-    if st.agreement:
-        parts.append(Text(agreement_text(st.agreement), style="red" if st.agreement.get("disagreed") else ""))
+    if st.repairs:
+        parts.append(_repairs(st))
+    if st.agreement or st.repairs:
+        parts.append(Text(agreement_text(st.agreement, st.repairs),
+                          style="red" if st.agreement.get("disagreed") or st.repairs else ""))
     if st.journal_records == 0:
         parts.append(Text("(no journal yet: the coordinator has not started)", style="dim"))
     return Group(*parts)
