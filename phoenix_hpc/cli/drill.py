@@ -166,7 +166,7 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
         n_faults, seed, steps=cfg.training.steps, world=job.world_size, gpus_per_node=job.gpus_per_node,
         spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",") if k.strip()], k=cfg.resilience.k,
         in_job=in_job, checkpoint_every=_checkpoint_every(cfg), dp=cfg.parallelism.dp or 1,
-        protect_every_max=cfg.resilience.protect_every_max)
+        protect_every_max=cfg.resilience.protect_every_max, replica_agreement=cfg.resilience.replica_agreement)
     extra: tuple[str, ...] = ()
     if batch_host_at is not None:
         from phoenix_hpc.drills.drill import check_batch_host_step

@@ -520,6 +520,14 @@ class ResilienceConfig(BaseModel):
         "(against a majority of its DP peers, so dp >= 3) at two different steps at most this many steps apart is "
         "treated as a failing node: fenced and replaced by a spare. 0: never replaced for it (every difference is "
         "still rolled back). Allowed: an integer from 0 to 1000000000")
+    replica_agreement: bool = Field(
+        True,
+        description="replica agreement (design section 6): at every commit the data-parallel replicas of each "
+        "(pp, tp) compare a 64-bit digest of their parameters (in the commit fence and the commit reports), and a "
+        "difference is rolled back and replayed from memory. false: no digest is computed, the commit fence and "
+        "the commit reports carry none, the coordinator compares nothing and journals once per generation that "
+        "the check is off (agreement_off, shown by phoenix status): a silently corrupted replica then goes "
+        "unnoticed. For measuring the check's cost. Allowed: true or false")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="persistent checkpoints")
     # after ``checkpoint``: its check reads checkpoint.interval_steps (pydantic validates fields in this order)
     protect_every_max: int = Field(
@@ -534,6 +542,13 @@ class ResilienceConfig(BaseModel):
     def _strikes_window(cls, v):
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= STRIKES_WINDOW_MAX:
             raise ValueError(f"not allowed (allowed: an integer from 0 to {STRIKES_WINDOW_MAX}; 0: never)")
+        return v
+
+    @field_validator("replica_agreement", mode="before")
+    @classmethod
+    def _replica_agreement(cls, v):
+        if not isinstance(v, bool):
+            raise ValueError("not allowed (allowed: true or false)")
         return v
 
     @field_validator("d2h_copy_chunk_bytes", mode="before")

@@ -59,9 +59,24 @@ def apply_commit(c: Any, slot: Any, body: dict) -> None:
         c.record(E.ProtectInterval(interval=m, step=step, generation=c.generation,
                                    lost_steps_at_most=lost_steps_at_most(m)))
     c._record_sent(slot, int(g), body.get("sent"), body)  # control/evidence.py
-    if body.get("params") is not None:
+    if not c.t.replica_agreement:
+        agreement_off(c, int(g))
+    elif body.get("params") is not None:
         check_agreement(c, slot, int(g), body["params"])
     c._commit_dirty = True  # the recoverable step is an O(ranks) scan: once per tick, not per message
+
+
+#: why nothing is compared with ``resilience.replica_agreement: false`` (the ``agreement_off`` record)
+AGREEMENT_OFF = ("resilience.replica_agreement is false: the DP replicas' parameters are not compared (no digest "
+                 "is computed or reported), so a silently corrupted replica goes unnoticed")
+
+
+def agreement_off(c: Any, g: int) -> None:
+    """``resilience.replica_agreement: false``: compare nothing, and journal ``agreement_off`` once per
+    generation, at the first commit report of the job's current generation ``g`` (the view keeps the
+    generation it was journalled for, so a restarted coordinator does not journal it again)."""
+    if g == c.generation and c.view.agreement.get("off_generation") != c.generation:
+        c.record(E.AgreementOff(generation=c.generation, reason=AGREEMENT_OFF))
 
 
 def check_agreement(c: Any, slot: Any, g: int, params: Any) -> None:
@@ -225,7 +240,8 @@ def on_fault(c: Any, body: dict) -> None:
         generation=c.generation, stopping=(c.ending is not None or bool(c._stop_reason)
                                            or c.job.state in TERMINAL_JOB_STATES))
     c.record(record)
-    if record.kind == FaultKind.SILENT_CORRUPTION.value and body.get("params") is not None:
+    if (record.kind == FaultKind.SILENT_CORRUPTION.value and body.get("params") is not None
+            and c.t.replica_agreement):
         # a commit fence found DP replicas that differ: the report's digests say who, before the heartbeats
         # do (also when the report is superseded: it is still evidence)
         check_agreement(c, slot, record.generation, body["params"])

@@ -104,7 +104,8 @@ def corrupt_replica_first_step(k: int, checkpoint_every: int | None) -> int | No
 
 def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int, spare_nodes: int,
                kinds: Sequence[str] = VERIFIED_KINDS, k: int = 1, in_job: bool = False,
-               checkpoint_every: int | None = None, dp: int = 1, protect_every_max: int = 1) -> list[DrillFault]:
+               checkpoint_every: int | None = None, dp: int = 1, protect_every_max: int = 1,
+               replica_agreement: bool = True) -> list[DrillFault]:
     """``n`` faults for a job of ``steps`` steps and ``world`` logical ranks (see the module doc); ``k``: the
     job's replicas per shard (what a ``corrupt-replica`` drill expects depends on it). ``in_job``: a drill of
     the in-job checkpoint-restart baseline (:mod:`phoenix_hpc.drills.in_job`): only its kinds, each fault
@@ -112,7 +113,7 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
     ``resilience.checkpoint.interval_steps`` (None: it writes no persistent checkpoint); a ``corrupt-replica``
     with ``k = 1`` is planned only after the first one (:func:`corrupt_replica_first_step`). ``dp`` and
     ``protect_every_max``: the job's ``parallelism.dp`` and ``resilience.protect_every_max`` (a ``bitflip``
-    needs dp >= 2 and 1).
+    needs dp >= 2 and 1); ``replica_agreement``: ``resilience.replica_agreement`` (a ``bitflip`` needs it on).
 
     Raises:
         FaultError: ``n < 1``, too few steps for ``n`` separated faults, or an unknown kind (or, ``in_job``,
@@ -142,6 +143,10 @@ def plan_drill(n: int, seed: int, *, steps: int, world: int, gpus_per_node: int,
             raise FaultError(f"--kinds: 'bitflip' is not allowed in a drill of a job with parallelism.dp = {dp}: "
                              "no data-parallel peer holds the same parameters, so a flipped bit is undetectable "
                              "(journalled agreement_undetectable) and nothing recovers; allowed with dp >= 2")
+        if k == "bitflip" and not replica_agreement:
+            raise FaultError("--kinds: 'bitflip' is not allowed in a drill of a job with resilience.replica_agreement "
+                             "= false: nothing compares the replicas' parameters, so the flip goes unnoticed "
+                             "(journalled agreement_off) and nothing recovers; allowed with replica_agreement true")
         if k == "bitflip" and protect_every_max != 1:
             raise FaultError(f"--kinds: 'bitflip' is not allowed in a drill of a job with "
                              f"resilience.protect_every_max = {protect_every_max}: a flip in a step that starts no "

@@ -259,6 +259,7 @@ class Member:
             device=e.device, checksum=res.checksum, interval_cap=res.protect_every_max,
             thread_nice=res.thread_nice, checksum_threads=res.checksum_threads,
             d2h_copy_chunk_bytes=res.d2h_copy_chunk_bytes, d2h_copy_coalesce=res.d2h_copy_coalesce,
+            replica_agreement=res.replica_agreement,
             # in a recovery every member is expected within the instruction timeout; at the start a member
             # may still load a large checkpoint
             arrive_timeout_s=self.wait_s if self.generation > 0 else None,

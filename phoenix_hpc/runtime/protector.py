@@ -205,7 +205,8 @@ class Protector:
     def __init__(self, *, engine_coord, shard_id: str, grid: Mapping[str, int], generation: int, setup: _Setup,
                  chunk_bytes: int, commit_timeout_s: float | None, on_commit, log, fault_hook, device,
                  checksum: str = DEFAULT_CHECKSUM, interval_cap: int = 1, thread_nice: int = 0,
-                 checksum_threads: int = 1, d2h_copy_chunk_bytes: int = 0, d2h_copy_coalesce: bool = False):
+                 checksum_threads: int = 1, d2h_copy_chunk_bytes: int = 0, d2h_copy_coalesce: bool = False,
+                 replica_agreement: bool = True):
         # test-only (phoenix_hpc/test_env.py, tests/e2e/test_hotswap.py's adaptive interval): seconds the copy
         # thread waits after a snapshot's local copy before handing its replica to the H2H engine, as a slow
         # replication path would; raises TestEnvError (a ValueError) naming the variable
@@ -218,7 +219,9 @@ class Protector:
         self.coord = engine_coord.to_json()
         self.generation = generation
         self.layout = setup.layout
-        # the layout's slots of the parameter tensors, whose checksums each commit's digest covers (in order)
+        # the layout's slots of the parameter tensors, whose checksums each commit's digest covers (in order);
+        # with replica agreement off no digest is computed and the fence carries no stage pairs
+        self.replica_agreement = bool(replica_agreement)
         self._param_slots = [i for i, sl in enumerate(self.layout.slots) if sl.part == PARAM]
         self.memory_plan = setup.plan
         self.buffers = setup.buffers
@@ -265,7 +268,7 @@ class Protector:
         self.h2h = H2HEngine(setup.comm, list(setup.holders_comm), setup.held, generation, chunk_bytes,
                              setup.tag_plan, self._on_received, fault_hook=fault_hook, cpu=self.cpu,
                              thread_nice=self.thread_nice, stage=stage,
-                             stages=self._tp_size * int(self.grid.get("pp", 1)))
+                             stages=self._tp_size * int(self.grid.get("pp", 1)) if self.replica_agreement else 0)
         self._worker = threading.Thread(target=self._work, name="phoenix-copy", daemon=True)
         self._worker.start()
         self.h2h.start(threaded=setup.threaded)
@@ -299,6 +302,7 @@ class Protector:
         arrive_check: Callable[[], None] | None = None,
         d2h_copy_chunk_bytes: int = 0,
         d2h_copy_coalesce: bool = False,
+        replica_agreement: bool = True,
     ) -> "Protector":
         """Set up protection for ``engine`` (collective: every active rank of the generation calls it).
 
@@ -344,6 +348,10 @@ class Protector:
                 (``resilience.d2h_copy_chunk_bytes``, :mod:`phoenix_hpc.runtime.d2h_chunks`); 0: one per tensor.
             d2h_copy_coalesce: a GPU rank's D2H copies runs of tensors of one device storage with one command
                 (``resilience.d2h_copy_coalesce``).
+            replica_agreement: ``resilience.replica_agreement`` (docs/design.md section 6); False: no parameter
+                digest is computed, the commit fence carries only ``[step, -interval]`` (no stage pairs) and
+                every :class:`CommitRecord` has ``param_digest`` None and no ``param_digests``. Must be the same
+                on every rank (the fence's all-reduce length depends on it).
 
         Raises:
             RecoveryError: not every rank arrived within ``arrive_timeout_s``; what ``arrive_check`` raises.
@@ -447,7 +455,7 @@ class Protector:
                    chunk_bytes=chunk_bytes, commit_timeout_s=commit_timeout_s, on_commit=on_commit, log=log,
                    fault_hook=fault_hook, device=device, checksum=checksum, interval_cap=interval_cap,
                    thread_nice=thread_nice, checksum_threads=n_checksum, d2h_copy_chunk_bytes=d2h_copy_chunk_bytes,
-                   d2h_copy_coalesce=d2h_copy_coalesce)
+                   d2h_copy_coalesce=d2h_copy_coalesce, replica_agreement=replica_agreement)
         tc["threads"] = time.perf_counter()
         # seconds per part of the construction (recovery timings): layout, the memory check and its agreement
         # (two collectives), allocation, the allocation's agreement, the threads' start
@@ -853,7 +861,8 @@ class Protector:
                        grid=self.grid, coord=self.coord, envelope=envelope, checksum=self.checksum, sums=sums)
             job.idx, job.crc, job.d2h_s = idx, crc, time.perf_counter() - t0
             # the parameters' checksums, which the DP peers' must equal (control/agreement.py): 8 bytes
-            job.param_digest = digest64([sums[i] for i in self._param_slots])  # seal checked len(sums)
+            if self.replica_agreement:
+                job.param_digest = digest64([sums[i] for i in self._param_slots])  # seal checked len(sums)
             job.d2h_done = True  # the live state is copied: the next optimizer step may run
             self.h2h.notify()
             if self._test_delay_s > 0:
