@@ -54,12 +54,12 @@ from phoenix_hpc.control.ending import continue_hint
 from phoenix_hpc.control.handlers import maybe_log_commit
 from phoenix_hpc.control.membership import live_members
 from phoenix_hpc.control.records import PendingFault, Recovery, Slot
+from phoenix_hpc.control.recovery_answers import fallback_checkpoint, gather_quiesced
 from phoenix_hpc.control.recovery_phases import Next, Step, on_answers, on_tick
 from phoenix_hpc.control.states import TERMINAL_JOB_STATES, JobState, RecoveryPhase, SlotState
 from phoenix_hpc.recovery.invariants import report_from_json, verify_recovery
 from phoenix_hpc.recovery.plan import FallbackRequired, RecoveryPlan, plan_checkpoint_restart, plan_recovery
 from phoenix_hpc.recovery.shrink import plan_shrink
-from phoenix_hpc.recovery.steps import before_step
 
 
 def on_quiesced(c: Any, body: dict) -> None:
@@ -290,37 +290,19 @@ def advance_on_answers(c: Any, now: float) -> None:
 
 
 def _plan(c: Any, rec: Recovery, now: float) -> None:
-    # a spare whose restore was cut short at its generation's arrival barrier answers live step -1 and
-    # offers nothing (launch/execute.py Member.join): it is restored again in place, also when the plan it
-    # was cut short in restored it in place already (restore_pending then no longer names it)
-    for w, q in rec.quiesced.items():
-        r = c.slots[w].logical_rank
-        if r is not None and int(q.get("live_step", 0)) < 0:
-            c.restore_pending.add(r)
-    committed: dict[str, dict[int, int]] = {}
-    live_steps: dict[int, int] = {}
-    dirty: list[int] = []
-    numel: dict[str, int] = {}  # stage -> elements of its flat optimizer vector (what a shrink re-partitions)
-    for w, q in rec.quiesced.items():
-        for key, v in dict(q.get("opt_numel") or {}).items():
-            numel[str(key)] = int(v)
-        r = c.slots[w].logical_rank
-        if r is None or r in c.restore_pending:
-            continue
-        live_steps[r] = int(q["live_step"])
-        if q.get("dirty"):
-            dirty.append(r)
-        for sid, st in {**dict(q.get("shards", {})), **dict(q.get("replicas", {}))}.items():
-            # one step, or the steps of both ping-pong buffers (committed first)
-            committed.setdefault(sid, {})[r] = [int(st)] if isinstance(st, int) else [int(x) for x in st]
+    # the members' answers as the planner's inputs (control/recovery_answers.py); a spare whose restore was
+    # cut short at its generation's arrival barrier answers live step -1 and offers nothing
+    # (launch/execute.py Member.join): it is restored again in place, also when the plan it was cut short in
+    # restored it in place already (restore_pending then no longer names it)
+    q = gather_quiesced(rec.quiesced, {w: c.slots[w].logical_rank for w in rec.quiesced}, c.restore_pending,
+                        bad_step_of(rec))
+    c.restore_pending = set(q.restore_pending)
+    committed, live_steps, dirty, numel = q.committed, q.live_steps, q.dirty, q.numel
     # a drained node takes no logical rank again; its slots left (DONE) and are replaced like dead ones
     spares = sorted((w for w, s in c.slots.items() if s.state is SlotState.STANDBY
                      and s.node not in c.drained_nodes), key=lambda w: (c.slots[w].node, w))
     dead = [w for w, s in c.slots.items() if s.state is SlotState.DEAD or
             (s.state is SlotState.DONE and w in c.drained and w in c.rank_map.values())]
-    bad = bad_step_of(rec)
-    if bad is not None:  # the replicas differed at `bad`: restore a step before it (docs/design.md section 6)
-        committed, dirty = before_step(committed, live_steps, dirty, bad)
     t0 = time.perf_counter()
     if c.t.recovery_from_checkpoint:  # resilience.recovery_source: checkpoint (the fallback on purpose)
         return fallback(c, rec, FallbackRequired("resilience.recovery_source is 'checkpoint'"), live_steps,
@@ -491,19 +473,12 @@ def fallback(c: Any, rec: Recovery, exc: FallbackRequired, live_steps: dict[int,
     """Memory replicas cannot cover the loss (docs/design.md section 6): restart generation g+1 in this job
     from the newest persistent checkpoint (spares take the dead ranks, every member loads it); when
     there is no checkpoint or not enough spares, stop cleanly naming the checkpoint to resubmit from."""
-    ck = newest_checkpoint(c)
-    bad = bad_step_of(rec)
-    if bad is not None and ck is not None and ck >= bad:  # a checkpoint from the difference on may carry it
-        from phoenix_hpc.recovery.ckpt_files import complete_steps
+    from phoenix_hpc.recovery.ckpt_files import complete_steps
 
-        ck = max((s for s in (complete_steps(c.t.checkpoint_path) if c.t.checkpoint_path else []) if s < bad),
-                 default=None)
-    # the newest step any member finished: its survivors' live steps, or with none left (every member
-    # lost) the steps the members last reported
-    newest = max(live_steps.values(), default=None)
-    if newest is None:
-        newest = max((c.slots[w].step for w in c.rank_map.values() if w in c.slots), default=0)
-    lost = None if ck is None else max(0, newest - ck)
+    bad = bad_step_of(rec)
+    ck, lost = fallback_checkpoint(
+        newest_checkpoint(c), complete_steps(c.t.checkpoint_path) if c.t.checkpoint_path and bad is not None else [],
+        bad, live_steps, (c.slots[w].step for w in c.rank_map.values() if w in c.slots))
     if ck is not None:
         t0 = time.perf_counter()
         try:
