@@ -8,7 +8,10 @@ gloo). For each job config CFG (one *case*: a model size, a grid and k) the rank
 2. blocks of ``block_steps`` steps in ABBA order (:func:`phoenix_hpc.bench.stats.interleaved_order`):
    an *on* block creates a :class:`~phoenix_hpc.runtime.protector.Protector` (collective), trains with it
    and closes it; an *off* block trains with ``protector=None`` -- the loop then makes no call besides the
-   three engine calls (docs/design.md section 4), exactly as with ``resilience.enabled: false``.
+   three engine calls (docs/design.md section 4), exactly as with ``resilience.enabled: false``. A case
+   whose ``CFG.bench.json`` says ``"compare": "agreement"`` protects every block, with replica agreement on
+   (mode ``check-on``) and off (``check-off``, ``replica_agreement=False``) in place of on and off
+   (:mod:`phoenix_hpc.bench.agreement_overhead`).
 
 Interleaving inside one process, rather than one process per mode as ``scripts/bench-overhead`` does,
 keeps the process start-up (tens of seconds on a 2-core machine) out of the run and exposes both modes to
@@ -295,9 +298,13 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
     # every slot is its own failure domain here (one host): the node level is the process
     placement = generation_placement((grid.tp, grid.pp, grid.dp), res.k, [f"slot{r}" for r in range(size)])
     plan = None
+    # a case comparing replica agreement (bench/agreement_overhead.py): both kinds of block are protected,
+    # with the check on ("check-on") and off ("check-off": resilience.replica_agreement false)
+    agreement = extra.get("compare") == "agreement"
     for b, on in enumerate(interleaved_order(extra["rounds"])):
         until = engine.step + extra["block_steps"]
-        if on:
+        mode = ("check-on" if on else "check-off") if agreement else "on"
+        if on or agreement:
             gc.collect()
             trim_heap()
             before = rss_bytes()
@@ -306,16 +313,17 @@ def run_case(index: int, cfg_path: str, out: Path, comm, store) -> None:
                                     chunk_bytes=res.chunk_bytes, log=None, checksum=res.checksum,
                                     thread_nice=res.thread_nice, checksum_threads=res.checksum_threads,
                                     d2h_copy_chunk_bytes=res.d2h_copy_chunk_bytes,
-                                    d2h_copy_coalesce=res.d2h_copy_coalesce)
+                                    d2h_copy_coalesce=res.d2h_copy_coalesce,
+                                    replica_agreement=on if agreement else res.replica_agreement)
             if pin is not None:
                 pin_protection_threads(pin[1])
             th0: dict = {}
-            train(engine, until, tokens, protector=prot, on_step=record("on", b, th0))
+            train(engine, until, tokens, protector=prot, on_step=record(mode, b, th0))
             per_thread = threads_since(th0)
             after = rss_bytes()
             resident = resident_bytes(buffer_tensors(prot))
             plan = prot.memory_plan
-            blocks.append({"mode": "on", "block": b, "rss_before_bytes": before, "rss_after_bytes": after,
+            blocks.append({"mode": mode, "block": b, "rss_before_bytes": before, "rss_after_bytes": after,
                            "buffers_resident_bytes": resident, "stats": prot.stats(),
                            "thread_cpu_ms_per_step": per_thread})
             prot.close()

@@ -29,6 +29,8 @@ SECTION_CODE: dict[str, tuple[str, ...]] = {
                             "phoenix_hpc/bench/throughput.py", "phoenix_hpc/bench/cpu_demand.py",
                             "phoenix_hpc/bench/stats.py", "phoenix_hpc/bench/jobs.py", "phoenix_hpc/slurm/render.py",
                             "phoenix_hpc/profiles"),
+    "agreement_overhead": _RUNTIME + ("phoenix_hpc/bench/agreement_overhead.py", "phoenix_hpc/bench/overhead_rank.py",
+                                      "phoenix_hpc/bench/stats.py", "phoenix_hpc/bench/jobs.py"),
     "recovery": _RECOVERY + ("phoenix_hpc/bench/stats.py",),
     "scaling": _RECOVERY,
     "recovery_by_size": _RECOVERY + ("phoenix_hpc/bench/by_size.py", "phoenix_hpc/bench/stats.py"),

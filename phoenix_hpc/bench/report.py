@@ -59,7 +59,8 @@ def unattributed(h: dict) -> float:
     return h["total_s"] - sum(h["phases"].get(p, 0.0) for p in PHOENIX_PHASES)
 
 
-#: section 1's note on replica agreement's cost (docs/design.md section 6, *Cost*)
+#: section 1's note on replica agreement's cost (docs/design.md section 6, *Cost*) while no run of
+#: ``python -m phoenix_hpc.bench.agreement_overhead`` is kept (:data:`AGREEMENT_RECORD`)
 AGREEMENT_COST = ("Replica agreement (docs/design.md section 6) is not measured on its own here and has no switch: from"
                   " commit `f889c53` on it is part of every protected step, so the on/off ratios of a run from then on "
                   "include it. Its work per commit is one XXH3-64 over the parameter tensors' checksums the D2H copy "
@@ -68,6 +69,30 @@ AGREEMENT_COST = ("Replica agreement (docs/design.md section 6) is not measured 
                   "comparison; measured "
                   "alone, those are microseconds per step (design section 6, *Cost*), below what the step time's spread"
                   " here resolves.")
+
+
+def agreement_lines(r: dict, measured) -> list[str]:
+    """Section 1's part on replica agreement (pure but for ``measured``, which appends the provenance lines of
+    a section key): the kept run of :mod:`phoenix_hpc.bench.agreement_overhead` (the step time with the check
+    on and off in one run), or :data:`AGREEMENT_COST` when none is kept."""
+    from phoenix_hpc.bench.agreement_overhead import summary_lines
+
+    ag = r.get("agreement_overhead")
+    if not isinstance(ag, dict) or "analysis" not in ag:
+        return [AGREEMENT_COST]
+    L = ["### Replica agreement on and off", ""]
+    measured("agreement_overhead")
+    L += [f"Measured by its own command on {ag.get('date')}: `{ag.get('command')}` (commit `{ag.get('commit')}`, "
+          f"{ag.get('wall_s')} s). {ag.get('ranks')} ranks started by `mpirun` on this host (dp = {ag.get('ranks')}, "
+          f"k = 1, model {ag.get('size')}, {ag.get('params', 0) / 1e6:.2f} M parameters, sequence length "
+          f"{ag.get('seq_length')}, global batch {ag.get('global_batch')}, checksum {ag.get('checksum')}); every "
+          f"block protected, replica agreement on and off (`resilience.replica_agreement`) alternating in "
+          f"{ag.get('rounds')} ABBA pairs of {ag.get('block_steps')}-step blocks inside the same processes; "
+          "cleaning as above (first step of every block dropped, slowest 5 % of each mode trimmed, the job's "
+          "step time the slowest rank's); ratio of means with a 95 % bootstrap CI. The coordinator's comparison "
+          "is not in it (measured alone: docs/design.md section 6, *Cost*).", ""]
+    L += [f"- {x}" for x in summary_lines(ag)]
+    return L + [""]
 
 
 def thread_nice_sentence(cases: list[dict]) -> str:
@@ -265,6 +290,9 @@ def render_markdown(r: dict) -> str:
     measured("overhead")
     if "error" in ov or not ov.get("cases"):
         a(f"Not measured: {ov.get('error', 'section not run')}")
+        if r.get("agreement_overhead"):
+            a("")
+            L.extend(agreement_lines(r, measured))
     else:
         c0 = ov["cases"][0]
         two = [c["name"] for c in ov["cases"] if c.get("ranks", 4) == 2]
@@ -328,7 +356,7 @@ def render_markdown(r: dict) -> str:
                   f"{p['limit_ns_per_byte']:.3f} ({p['memcpy_ns_per_byte']:.3f}, {p['checksum_ns_per_byte']:.3f}) | "
                   f"{p['ratio']:.2f} | {floor} | {_count(p.get('h2h_wakeups_per_step'))} |")
         a("")
-        a(AGREEMENT_COST)
+        L.extend(agreement_lines(r, measured))
         a("")
         a(f"![overhead]({PLOT_DIR}/overhead.png)")
     a("")
@@ -767,7 +795,7 @@ def write_all(results: dict, out: Path, replacements: dict[str, str] | None = No
     passed through :func:`scrub_paths` with ``replacements`` (e.g. the work folder -> ``<work>``)."""
     out = Path(out)
     old = out / "BENCHMARKS.json"
-    for key in ("control_plane", "recovery_by_size"):  # sections measured by commands of their own
+    for key in ("control_plane", "recovery_by_size", "agreement_overhead"):  # measured by commands of their own
         if key in results or not old.exists():
             continue
         try:
@@ -810,15 +838,42 @@ def refresh_gpu_section(folder: Path, repo: Path) -> int:
 CONTROL_PLANE_RECORD = "benchmarks/control_plane.json"
 
 
+#: The replica agreement on/off run's record (``python -m phoenix_hpc.bench.agreement_overhead
+#: --update-benchmarks DIR`` writes ``DIR/benchmarks/agreement_overhead.json``), kept like the control plane's;
+#: ``BENCHMARKS.json`` holds a copy under ``agreement_overhead``, shown in section 1.
+AGREEMENT_RECORD = "benchmarks/agreement_overhead.json"
+
+
 def with_kept_records(data: dict, repo: Path) -> dict:
     """``data`` (a BENCHMARKS.json's content) with ``control_plane`` read from ``repo``/:data:`CONTROL_PLANE_RECORD`
-    where that file exists (else as it was); changes ``data`` in place and returns it.
+    and ``agreement_overhead`` from ``repo``/:data:`AGREEMENT_RECORD` where those files exist (else as it was);
+    changes ``data`` in place and returns it.
 
     Raises ValueError naming the record when it is not JSON: a kept record is never silently dropped."""
-    rec = Path(repo) / CONTROL_PLANE_RECORD
-    if rec.is_file():
-        data["control_plane"] = _read_json(rec)
+    for key, name in (("control_plane", CONTROL_PLANE_RECORD), ("agreement_overhead", AGREEMENT_RECORD)):
+        rec = Path(repo) / name
+        if rec.is_file():
+            data[key] = _read_json(rec)
     return data
+
+
+def update_agreement_record(folder: Path, result: dict) -> None:
+    """Keep ``result`` (:func:`phoenix_hpc.bench.agreement_overhead.main`'s) as ``folder``/:data:`AGREEMENT_RECORD`
+    and under ``agreement_overhead`` in ``folder/BENCHMARKS.json``, and re-render ``folder/BENCHMARKS.md`` from
+    that JSON (the other sections' numbers unchanged, the GPU reports kept now, every section's code checked
+    against the repository's HEAD now). A folder without BENCHMARKS.json gets one holding this record alone."""
+    repo = Path(__file__).resolve().parents[2]
+    folder = Path(folder)
+    js = folder / "BENCHMARKS.json"
+    data = _read_json(js) if js.exists() else {}
+    (folder / AGREEMENT_RECORD).parent.mkdir(parents=True, exist_ok=True)
+    _atomic_text(folder / AGREEMENT_RECORD, json.dumps(result, indent=1, sort_keys=True) + "\n")
+    data["agreement_overhead"] = result
+    with_provenance(with_gpu_reports(data, repo), repo)
+    text = json.dumps(data, indent=1, sort_keys=True, default=str) + "\n"
+    _atomic_text(js, text)
+    # rendered from the JSON as written (keys sorted), so that a later re-render gives the same page
+    _atomic_text(folder / "BENCHMARKS.md", render_markdown(json.loads(text)))
 
 
 def _read_json(path: Path):
