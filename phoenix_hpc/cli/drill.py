@@ -165,7 +165,7 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
     plan = [] if (n_faults == 0 and batch_host_at is not None) else plan_drill(
         n_faults, seed, steps=cfg.training.steps, world=job.world_size, gpus_per_node=job.gpus_per_node,
         spare_nodes=job.spares, kinds=[k.strip() for k in kinds.split(",") if k.strip()], k=cfg.resilience.k,
-        in_job=in_job, checkpoint_every=_checkpoint_every(cfg), dp=cfg.parallelism.dp or 1,
+        in_job=in_job, checkpoint_every=_checkpoint_every(cfg), dp=job.dp,
         protect_every_max=cfg.resilience.protect_every_max, replica_agreement=cfg.resilience.replica_agreement)
     extra: tuple[str, ...] = ()
     if batch_host_at is not None:

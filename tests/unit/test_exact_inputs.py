@@ -404,3 +404,10 @@ def test_drill_kinds_with_an_empty_name_are_refused_not_dropped(in_tmp, kinds):
     """``--kinds crash,,hang`` drew from crash and hang as if the empty name were not there."""
     r = phoenix("drill", GPT_SMALL, "--site", "local", "--faults", "1", "--kinds", kinds, "--dry-run")
     assert_refused(r, "--kinds: an empty name", repr(kinds))
+
+
+def test_a_bitflip_drill_of_a_job_whose_dp_is_derived_is_planned(in_tmp):
+    """gpt-small derives dp = 2 from its nodes (no parallelism.dp): the drill judged bitflip against dp = 1."""
+    r = phoenix("drill", GPT_SMALL, "--site", "local", "--faults", "2", "--kinds", "bitflip", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "bitflip" in r.output and "dp = 1" not in r.output
