@@ -42,9 +42,12 @@ def format_validation_error(exc: ValidationError) -> list[str]:
         elif err["loc"] and err["type"] != "value_error":
             lines.append(f"{loc}: value {err.get('input')!r} -- {msg}")
         else:
-            scalar = err["loc"] and not isinstance(err.get("input"), (dict, list))  # a field's, not a section's
+            # a section's own check gets the section's mapping; a field's check its value (a list too), named
+            # once: a message that starts with the value itself (``['switch'] must contain 'node'``) is not prefixed
+            field_value = err["loc"] and not isinstance(err.get("input"), dict)
+            shown = repr(err.get("input"))
             # a section's relation check that names its field itself (``resilience.k: ...``) is not prefixed again
-            lines.append(f"{loc}: value {err.get('input')!r} -- {msg}" if scalar
+            lines.append(f"{loc}: value {shown} -- {msg}" if field_value and not msg.startswith(shown)
                          else f"{loc}: {msg}" if err["loc"] and not msg.startswith(f"{loc}.") else msg)
     return lines
 
