@@ -497,7 +497,8 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     ``read_vocab(args)``: the tokenizer's vocabulary size from its files, or None when not readable; used when
     ``--vocab-size`` is not given. Raises ConfigError listing every problem (see the module docstring)."""
     drops = _normalise_drop(drop)
-    unknown_drops = sorted(d for d in drops if d not in BY_FLAG and d not in tokens)
+    named = {t.split("=", 1)[0] for t in tokens if t.startswith("--")}  # --x V and --x=V alike
+    unknown_drops = sorted(d for d in drops if d not in BY_FLAG and d not in named)
     ns, rest = _parser().parse_known_args(tokens)
     given = {a.flag: getattr(ns, a.dest) for a in ARGS if getattr(ns, a.dest) is not None}
     problems: list[str] = []
@@ -517,7 +518,7 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
                             f"arguments of docs/megatron-args.md; --drop {flag.lstrip('-')} to go on without it)")
     for d in sorted(drops):
         a = BY_FLAG.get(d)
-        if a is not None and a.kind not in ("same", "refuse") and d in tokens:
+        if a is not None and a.kind not in ("same", "refuse") and d in named:
             problems.append(f"--drop {d.lstrip('-')}: {d} is carried over or listed, not refused, so there is nothing "
                             "to drop (allowed: arguments the conversion refuses)")
     for d in unknown_drops:

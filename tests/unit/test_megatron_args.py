@@ -127,6 +127,20 @@ def test_dropping_an_argument_that_is_carried_over_is_refused():
     assert any(p.startswith("--drop lr: --lr is carried over") for p in out), out
 
 
+@pytest.mark.parametrize("given", [["--frobnicate=7"], ["--frobnicate", "7"], ["--num-experts=8"]])
+def test_an_argument_is_dropped_as_its_refusal_says_in_either_form(given):
+    flag = given[0].split("=", 1)[0]
+    advice = f"--drop {flag.lstrip('-')} to go on without it"
+    assert any(p.startswith(flag) and advice in p for p in problems(SMALL + ZERO + given))
+    conv = convert(SMALL + ZERO + given, drop=(flag.lstrip("-"),))
+    assert [f for f, _, _ in conv.dropped] == [flag]
+
+
+def test_dropping_a_carried_over_argument_given_as_flag_equals_value_is_refused():
+    out = problems(SMALL[:-2] + ZERO + ["--vocab-size=256"], drop=("vocab-size",))
+    assert any(p.startswith("--drop vocab-size: --vocab-size is carried over") for p in out), out
+
+
 def test_a_missing_required_argument_and_global_batch_are_named():
     pairs = list(zip(SMALL[::2], SMALL[1::2]))
     tokens = [t for f, v in pairs if f not in ("--lr", "--global-batch-size") for t in (f, v)] + ZERO
