@@ -129,6 +129,12 @@ def summary_lines(res: dict) -> list[str]:
            f"per ABBA pair (ratio of the pair's mean step times): {', '.join(f'{x:.4f}' for x in pairs)}"
            + (f"; mean {a['pair_ratio_mean']:.4f}, standard deviation {a['pair_ratio_stdev']:.4f}, spread "
               f"{min(pairs):.4f} .. {max(pairs):.4f}" if len(pairs) > 1 else "")]
+    if m["lo"] <= 1.0 <= m["hi"]:
+        out.append(f"the 95 % CI of the mean ratio contains 1 (width {100 * (m['hi'] - m['lo']):.1f} % of a step): no "
+                   "difference between the check on and off is resolved in this run")
+    else:
+        out.append(f"the 95 % CI of the mean ratio excludes 1: the step time differed by "
+                   f"{100 * (m['value'] - 1):+.1f} % with the check on in this run")
     if cpu.get("on") is not None and cpu.get("off") is not None:
         out.append(f"protection path's CPU time per step and rank (median): on {cpu['on']:.3f} ms, off "
                    f"{cpu['off']:.3f} ms; D2H + checksums + digest per snapshot (mean): on "

@@ -71,17 +71,16 @@ AGREEMENT_COST = ("Replica agreement (docs/design.md section 6) is not measured 
                   " here resolves.")
 
 
-def agreement_lines(r: dict, measured) -> list[str]:
-    """Section 1's part on replica agreement (pure but for ``measured``, which appends the provenance lines of
-    a section key): the kept run of :mod:`phoenix_hpc.bench.agreement_overhead` (the step time with the check
+def agreement_lines(r: dict, provenance_lines) -> list[str]:
+    """Section 1's part on replica agreement (pure; ``provenance_lines(key)``: the lines saying which commit
+    section ``key`` measured and whether its code changed since): the kept run of :mod:`phoenix_hpc.bench.agreement_overhead` (the step time with the check
     on and off in one run), or :data:`AGREEMENT_COST` when none is kept."""
     from phoenix_hpc.bench.agreement_overhead import summary_lines
 
     ag = r.get("agreement_overhead")
     if not isinstance(ag, dict) or "analysis" not in ag:
         return [AGREEMENT_COST]
-    L = ["### Replica agreement on and off", ""]
-    measured("agreement_overhead")
+    L = ["### Replica agreement on and off", ""] + list(provenance_lines("agreement_overhead"))
     L += [f"Measured by its own command on {ag.get('date')}: `{ag.get('command')}` (commit `{ag.get('commit')}`, "
           f"{ag.get('wall_s')} s). {ag.get('ranks')} ranks started by `mpirun` on this host (dp = {ag.get('ranks')}, "
           f"k = 1, model {ag.get('size')}, {ag.get('params', 0) / 1e6:.2f} M parameters, sequence length "
@@ -256,8 +255,11 @@ def render_markdown(r: dict) -> str:
     prov = r.get("provenance")
     L.extend(provenance.header_lines(prov))
 
-    def measured(key: str) -> None:  # the commit a section measured, and a warning if its code changed since
-        L.extend(provenance.lines(((prov or {}).get("sections") or {}).get(key), (prov or {}).get("checked_at")))
+    def section_provenance(key: str) -> list[str]:  # the commit a section measured, a warning if its code changed
+        return provenance.lines(((prov or {}).get("sections") or {}).get(key), (prov or {}).get("checked_at"))
+
+    def measured(key: str) -> None:
+        L.extend(section_provenance(key))
     a(f"Machine: {m.get('cpu')}, {m.get('logical_cpus')} logical CPUs, {m.get('mem_gib')} GiB, {m.get('gpu')}; "
       f"{m.get('slurm')}; {m.get('mpi')}; Python {m.get('python')}, torch {m.get('torch')}; local Slurm cluster "
       f"of {m.get('cluster_nodes')} nodes on this one host (one slot per node)" + thp_phrase(m) + ".  ")
@@ -292,7 +294,7 @@ def render_markdown(r: dict) -> str:
         a(f"Not measured: {ov.get('error', 'section not run')}")
         if r.get("agreement_overhead"):
             a("")
-            L.extend(agreement_lines(r, measured))
+            L.extend(agreement_lines(r, section_provenance))
     else:
         c0 = ov["cases"][0]
         two = [c["name"] for c in ov["cases"] if c.get("ranks", 4) == 2]
@@ -356,7 +358,7 @@ def render_markdown(r: dict) -> str:
                   f"{p['limit_ns_per_byte']:.3f} ({p['memcpy_ns_per_byte']:.3f}, {p['checksum_ns_per_byte']:.3f}) | "
                   f"{p['ratio']:.2f} | {floor} | {_count(p.get('h2h_wakeups_per_step'))} |")
         a("")
-        L.extend(agreement_lines(r, measured))
+        L.extend(agreement_lines(r, section_provenance))
         a("")
         a(f"![overhead]({PLOT_DIR}/overhead.png)")
     a("")

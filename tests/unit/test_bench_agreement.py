@@ -78,7 +78,7 @@ def test_the_kept_record_is_shown_in_section_1_and_read_back(tmp_path):
 
 
 def test_without_a_kept_record_section_1_says_it_is_not_measured_on_its_own():
-    lines = report.agreement_lines({}, lambda key: None)
+    lines = report.agreement_lines({}, lambda key: [])
     assert lines == [report.AGREEMENT_COST]
 
 
@@ -88,3 +88,9 @@ def test_the_summary_names_the_mean_ratio_its_spread_and_the_load():
     pairs = res["analysis"]["pair_ratios"]
     assert f"standard deviation {statistics.stdev(pairs):.4f}" in text
     assert f"spread {min(pairs):.4f} .. {max(pairs):.4f}" in text and "on 2 logical CPUs" in text
+    assert "the 95 % CI of the mean ratio excludes 1: the step time differed by +2.0 %" in text
+
+
+def test_the_summary_says_when_no_difference_is_resolved():
+    res = _result([_rank(0, 100.0, 100.0, rounds=3, jitter=5.0)])
+    assert "contains 1" in "\n".join(summary_lines(res)) and "no difference" in "\n".join(summary_lines(res))
