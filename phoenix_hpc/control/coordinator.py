@@ -157,6 +157,7 @@ class Coordinator:
         self.committed: dict[str, dict[int, int]] = {}  # shard id -> {logical: step}
         self.protect_interval = 1  # protection interval m the ranks report with their commits (runtime/interval.py)
         self.placement: dict[str, list[int]] = {}  # shard id -> holder logical ranks (as reported)
+        self.held: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # logical -> (shards, replicas) last reported
         # the owners' word and each generation's placement, evidence for the recovery checks (control/evidence.py)
         self.evidence = EvidenceBook()
         self.agreement = None  # the DP replicas' parameter digests (control/agreement.py AgreementBook)

@@ -40,11 +40,24 @@ def on_commit(c: Any, body: dict) -> None:
 def apply_commit(c: Any, slot: Any, body: dict) -> None:
     """A commit report's copies (``shards``, ``replicas``, the owner's statement, the interval) for an
     active ``slot`` whose generation was checked; the caller takes its ``live_step``. O(shards the slot
-    holds)."""
+    holds).
+
+    A report names every copy the member holds: a copy it named before and does not name now is gone (after a
+    recovery the new generation's placement moved the replica elsewhere), so its committed step and its place
+    among the shard's holders are dropped; kept, the stale step held the recoverable step back for the rest of
+    the job."""
     r = slot.logical_rank
-    for sid, step in dict(body.get("shards", {})).items():
+    shards, replicas = dict(body.get("shards", {})), dict(body.get("replicas", {}))
+    old_shards, old_replicas = c.held.get(r, ((), ()))
+    for sid in set(old_shards) - set(shards) - set(replicas) | set(old_replicas) - set(replicas) - set(shards):
+        c.committed.get(sid, {}).pop(r, None)
+    for sid in set(old_replicas) - set(replicas):
+        if r in c.placement.get(sid, ()):
+            c.placement[sid].remove(r)
+    c.held[r] = (tuple(shards), tuple(replicas))
+    for sid, step in shards.items():
         c.committed.setdefault(sid, {})[r] = int(step)
-    for sid, step in dict(body.get("replicas", {})).items():
+    for sid, step in replicas.items():
         c.committed.setdefault(sid, {})[r] = int(step)
         holders = c.placement.setdefault(sid, [])
         if r not in holders:

@@ -366,11 +366,13 @@ def _send_plan(c: Any, rec: Recovery, plan: RecoveryPlan, now: float, plan_s: fl
         c.committed.clear()
         c.evidence.commit_hash.clear()
         c.placement.clear()
+        c.held.clear()
         for r, w in plan.rank_map:  # the kept slots are renumbered in the smaller grid
             c.slots[w].logical_rank = r
     for j in plan.joins:  # a joining slot holds no copy yet: the dead slot's reported copies are gone
         for copies in c.committed.values():
             copies.pop(j.logical_rank, None)
+        c.held.pop(j.logical_rank, None)
     for j in plan.joins:
         s = c.slots[j.world_rank]
         if s.state is SlotState.STANDBY:  # idempotent admission: only a STANDBY slot is taken

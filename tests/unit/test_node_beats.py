@@ -262,3 +262,27 @@ def test_a_done_carries_the_commit_report_no_heartbeat_carried_and_the_last_comm
     # a report of another generation is not sent with the done
     client.report_done(1, 10, "h1")
     assert "commit" not in sent[-1]
+
+
+def test_a_copy_a_member_no_longer_reports_stops_holding_the_recoverable_step_back(tmp_path):
+    """After a hot swap the new generation's placement moves a replica to another holder: the old holder's
+    report no longer names it, and its committed step of that shard (and its place among the holders) goes.
+    Kept, the recoverable step stayed at the old holder's last step for the rest of the job."""
+    from phoenix_hpc.control import handlers
+
+    now = [50.0]
+    c = _coordinator(tmp_path, now)
+    s0, s1 = "opt/pp0/tp0/dp0", "opt/pp0/tp0/dp1"
+
+    def report(w, step, shards, replicas):
+        c._dispatch({"type": "heartbeats", "world_rank": w, "pid": 100 + w, "sent_at": None, "beats": [
+            [w, 100 + w, 0, step, 0.1, {"g": 0, "live_step": step, "shards": shards, "replicas": replicas}]]})
+
+    report(0, 29, {s0: 29}, {s1: 29})
+    report(1, 29, {s1: 29}, {s0: 29})
+    assert handlers.recoverable_step_of(c) == 29 and c.placement[s1] == [0]
+    # logical rank 0 no longer holds s1's replica (it went elsewhere): its step 29 of s1 no longer counts
+    report(0, 49, {s0: 49}, {})
+    report(1, 49, {s1: 49}, {s0: 49})
+    assert c.committed[s1] == {1: 49} and c.placement[s1] == []
+    assert handlers.recoverable_step_of(c) == 49
