@@ -82,7 +82,10 @@ def relocate_paths(cfg: dict, out: Path | None, cwd: Path) -> None:
 
 
 def render(conv) -> str:
-    """The config file's text: a header naming the source and everything not carried over, then the YAML."""
+    """The config file's text: a header naming the source and everything not carried over (a dropped argument
+    exactly as given, every value included), then the YAML."""
+    from phoenix_hpc.config.megatron_args import as_given
+
     head = ["# phoenix job config converted from Megatron-LM pretrain_gpt.py arguments (phoenix config from-megatron).",
             "# Every argument carried over and its field: docs/megatron-args.md.",
             "# Data: data.blend is built by megatron-core's BlendedMegatronDatasetBuilder, so every step trains on the "
@@ -90,7 +93,7 @@ def render(conv) -> str:
     head += [f"# {note}" for note in conv.notes]
     if conv.dropped:
         head.append("# DROPPED although they change the training (asked for with --drop):")
-        head += [f"#   {flag} {'' if v is None else v!r}: {why}" for flag, v, why in conv.dropped]
+        head += [f"#   {as_given(flag, v)}: {why}" for flag, v, why in conv.dropped]
     if conv.not_carried:
         head.append("# Not carried over (they do not change what is trained):")
         head += [f"#   {flag} {v!r}: {why}" for flag, v, why in conv.not_carried]
@@ -124,7 +127,7 @@ def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -
     changes the training (Megatron-LM's default adam-beta2 0.999, a mixture of experts, ...) is
     refused unless dropped with --drop. --data-path becomes data.blend.
     """
-    from phoenix_hpc.config.megatron_args import convert, split_args_text
+    from phoenix_hpc.config.megatron_args import as_given, convert, split_args_text
     from phoenix_hpc.config.schema import JobConfig
     from phoenix_hpc.files import read_text, write_private_file
     from phoenix_hpc.validation import parse_model
@@ -146,7 +149,7 @@ def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -
     for line in left_out:
         click.echo(f"left out of --args-file (a shell line, not pretrain_gpt.py's arguments): {line}", err=True)
     for flag, v, why in conv.dropped:
-        click.echo(f"dropped: {flag} {'' if v is None else v!r}: {why}", err=True)
+        click.echo(f"dropped: {as_given(flag, v)}: {why}", err=True)
     for flag, v, why in conv.not_carried:
         click.echo(f"not carried over: {flag} {v!r}: {why}", err=True)
     if output is None:

@@ -30,6 +30,7 @@ import argparse
 import math
 import re
 import shlex
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -364,7 +365,10 @@ class Conversion:
     """The result of :func:`convert`. ``config``: the job config as a plain mapping (JobConfig's shape);
     ``carried``: ``(flag, field, value)`` of every argument carried over; ``not_carried``: ``(flag, value, why)``
     of every argument given (or defaulted by Megatron-LM to a value phoenix cannot take) that is not;
-    ``dropped``: the subset of those the user dropped although they change the training; ``records``:
+    ``dropped``: the subset of those the user dropped although they change the training, ``(flag, value,
+    why)`` with ``value`` the argument's words exactly as given (a tuple, the option word first: every value
+    of an argument phoenix does not know is kept) or, for one left out, Megatron-LM's default (shown with
+    :func:`as_given`); ``records``:
     ``(flag, value)`` kept as comments; ``notes``: derived values worth a comment (the padded vocabulary)."""
 
     config: dict[str, Any]
@@ -445,6 +449,48 @@ def _normalise_drop(names: tuple[str, ...] | list[str]) -> set[str]:
     return {"--" + n.lstrip("-") for n in names}
 
 
+def _is_option(word: str) -> bool:
+    """An option word (``--x``, ``--x=V``), not a value: a negative number is a value, as argparse reads it."""
+    return word.startswith("-") and not _is_number(word)
+
+
+def arguments_as_given(tokens: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """Every option of ``tokens`` in order with its words exactly as given: ``(flag, words)``, ``words``
+    holding the option word itself (``--x`` or ``--x=V``) and the values that follow it. An option of
+    :data:`ARGS` takes the values argparse gives it (none for a switch or the ``--x=V`` form, one for a
+    valued argument, every following value for a list); an option phoenix does not know takes every value up
+    to the next option (its arity is not known here). Values no option takes are not in any entry. Pure."""
+    out: list[tuple[str, tuple[str, ...]]] = []
+    i = 0
+    while i < len(tokens):
+        word = tokens[i]
+        i += 1
+        if not _is_option(word):
+            continue
+        flag = word.split("=", 1)[0]
+        a = BY_FLAG.get(flag)
+        j = i
+        while j < len(tokens) and not _is_option(tokens[j]):
+            j += 1
+        if a is not None and a.type != "list":
+            j = i if a.type == FLAG or "=" in word else min(j, i + 1)
+        elif a is not None and "=" in word:
+            j = i
+        out.append((flag, (word, *tokens[i:j])))
+        i = j
+    return out
+
+
+def as_given(flag: str, value: Any) -> str:
+    """A dropped argument as the config's comment and standard error show it (:attr:`Conversion.dropped`):
+    its words as given (shell-quoted where a shell would need it), or, for one left out, Megatron-LM's default
+    it stands for. A word a comment line cannot hold (a newline, a control character) is written with Python's
+    escapes instead."""
+    if isinstance(value, tuple):
+        return " ".join(shlex.quote(w) if w.isprintable() else repr(w) for w in value)
+    return f"{flag} {value!r} (Megatron-LM's default when absent)"
+
+
 def _same(value: Any, allowed: Any) -> bool:
     if isinstance(allowed, float):
         return isinstance(value, (int, float)) and math.isclose(float(value), allowed, rel_tol=1e-9, abs_tol=0.0)
@@ -504,18 +550,28 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     problems: list[str] = []
     conv = Conversion(config={"name": name, "engine": "megatron"})
 
-    unknown = [t for t in rest if t.startswith("-")]
-    stray = [t for t in rest if not t.startswith("-")]
-    if stray and not unknown:
-        problems.append(f"Megatron-LM arguments: {' '.join(stray)!r} follows no argument (allowed: values after "
-                        "their argument)")
-    for u in unknown:
-        flag = u.split("=", 1)[0]
-        if flag in drops:
-            conv.dropped.append((flag, None, "not known to phoenix; dropped as asked"))
+    occurrences = arguments_as_given(tokens)
+    words_of = dict(occurrences)  # the last one of an argument given twice, as argparse keeps it
+    unknown = [(flag, words) for flag, words in occurrences if flag not in BY_FLAG]
+    claimed = Counter(v for _, words in unknown for v in words[1:])  # an unknown argument's values
+    stray_words = []
+    for t in rest:
+        if _is_option(t):
+            continue
+        if claimed[t] > 0:
+            claimed[t] -= 1
         else:
-            problems.append(f"{flag}: not known to phoenix, so what it changes cannot be carried over (allowed: the "
-                            f"arguments of docs/megatron-args.md; --drop {flag.lstrip('-')} to go on without it)")
+            stray_words.append(t)
+    if stray_words:
+        problems.append(f"Megatron-LM arguments: {' '.join(stray_words)!r} follows no argument (allowed: values "
+                        "after their argument)")
+    for flag, words in unknown:
+        if flag in drops:
+            conv.dropped.append((flag, words, "not known to phoenix; dropped as asked"))
+        else:
+            problems.append(f"{flag}: not known to phoenix (given as {shlex.join(words)}), so what it changes cannot "
+                            f"be carried over (allowed: the arguments of docs/megatron-args.md; --drop "
+                            f"{flag.lstrip('-')} to go on without it)")
     for d in sorted(drops):
         a = BY_FLAG.get(d)
         if a is not None and a.kind not in ("same", "refuse") and d in named:
@@ -555,13 +611,13 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
             shown = f"{value!r}" + ("" if a.flag in given else " (Megatron-LM's default when absent)")
             why = f"{a.why} (allowed: {allowed!r})"
             if a.flag in drops:
-                conv.dropped.append((a.flag, value, why))
+                conv.dropped.append((a.flag, words_of.get(a.flag, value), why))
             else:
                 problems.append(f"{a.flag}: {shown} changes the training: {why}; --drop {a.flag.lstrip('-')} to "
                                 "train with phoenix's value knowingly")
         elif a.kind == "refuse" and a.flag in given:
             if a.flag in drops:
-                conv.dropped.append((a.flag, given[a.flag], a.why))
+                conv.dropped.append((a.flag, words_of[a.flag], a.why))
             else:
                 problems.append(f"{a.flag}: {given[a.flag]!r} changes the training: {a.why}; --drop "
                                 f"{a.flag.lstrip('-')} to go on without it")

@@ -136,6 +136,39 @@ def test_an_argument_is_dropped_as_its_refusal_says_in_either_form(given):
     assert [f for f, _, _ in conv.dropped] == [flag]
 
 
+@pytest.mark.parametrize("given, shown", [
+    (["--moe-router-topk", "2"], "--moe-router-topk 2"),
+    (["--frobnicate", "3", "4", "5"], "--frobnicate 3 4 5"),
+    (["--frobnicate", "-3", "x y"], "--frobnicate -3 'x y'"),
+    (["--frobnicate=7"], "--frobnicate=7"),
+    (["--frobnicate"], "--frobnicate"),
+    (["--frobnicate", "a\nb"], "--frobnicate 'a\\nb'"),
+    (["--num-experts", "8"], "--num-experts 8"),
+    (["--rampup-batch-size", "32", "32", "1000"], "--rampup-batch-size 32 32 1000"),
+    (["--finetune"], "--finetune"),
+    (["--adam-beta2", "0.98"], "--adam-beta2 0.98"),
+])
+def test_a_dropped_argument_is_recorded_exactly_as_given(given, shown):
+    from phoenix_hpc.cli.from_megatron import render
+
+    flag = given[0].split("=", 1)[0]
+    tokens = SMALL + (ZERO[:4] if flag == "--adam-beta2" else ZERO) + given
+    conv = convert(tokens, drop=(flag.lstrip("-"),))
+    assert [f for f, _, _ in conv.dropped] == [flag]
+    text = render(conv)
+    assert f"\n#   {shown}: " in text, text
+    assert yaml.safe_load(text)["model"]["layers"] == 2  # the comment is one line, whatever the value holds
+    r = _invoke("--drop", flag.lstrip("-"), "--", *tokens)
+    assert r.exit_code == 0 and f"dropped: {shown}: " in r.output, r.output
+
+
+def test_an_unknown_arguments_values_are_its_own_not_stray_and_strays_are_still_refused():
+    assert any(p.startswith("--frobnicate: not known to phoenix (given as --frobnicate 3 4 5)")
+               for p in problems(SMALL + ZERO + ["--frobnicate", "3", "4", "5"]))
+    out = problems(SMALL + ZERO + ["--num-layers", "2", "9"] + ["--frobnicate", "3"], drop=("frobnicate",))
+    assert out == ["Megatron-LM arguments: '9' follows no argument (allowed: values after their argument)"]
+
+
 def test_dropping_a_carried_over_argument_given_as_flag_equals_value_is_refused():
     out = problems(SMALL[:-2] + ZERO + ["--vocab-size=256"], drop=("vocab-size",))
     assert any(p.startswith("--drop vocab-size: --vocab-size is carried over") for p in out), out
