@@ -478,6 +478,12 @@ def fallback(c: Any, rec: Recovery, exc: FallbackRequired, live_steps: dict[int,
     from phoenix_hpc.recovery.ckpt_files import complete_steps
 
     bad = bad_step_of(rec)
+    if bad is not None and "differed at step" not in exc.reason:
+        # the copies from the bad step on were left out of the plan on purpose: say so first (the planner's
+        # own words speak of dead holders, which is not why)
+        exc = FallbackRequired(f"the DP replicas' parameters differed at step {bad} and memory holds no copy "
+                               f"of {', '.join(exc.lost_shards) or 'every shard'} from before it (a difference "
+                               f"at a generation's first commit; the planner: {exc.reason})", exc.lost_shards)
     ck, lost = fallback_checkpoint(
         newest_checkpoint(c), complete_steps(c.t.checkpoint_path) if c.t.checkpoint_path and bad is not None else [],
         bad, live_steps, (c.slots[w].step for w in c.rank_map.values() if w in c.slots))

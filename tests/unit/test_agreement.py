@@ -517,3 +517,29 @@ def test_the_corruption_verdict_table(name, decision, faults, book, expected):
     v = judge_corruption(Decision(Action(decision[0]), decision[1]), fs, b)
     assert (v.decision.action.value, v.stop_from, set(v.repaired)) == expected
     assert b is None or b.repaired == set(book[2])  # pure: the book is not changed
+
+
+def test_a_difference_at_a_generations_first_commit_falls_back_saying_why(tmp_path):
+    """The flip came before the first snapshot of the generation: no copy from before the bad step is in memory.
+    The fallback says so, not that owner and holders are dead."""
+    c = _coordinator(tmp_path, (1, 1, 2))
+
+    class _Store:
+        def queue_push(self, key, value):
+            pass
+
+        def set(self, key, value):
+            pass
+
+    c.store = _Store()
+    for w in range(2):
+        _fence_fault(c, w, 1, None, 0, B if w else A)
+    recovery_machine.decide(c, c.clock())
+    rec = c.recovery
+    assert rec is not None and recovery_machine.bad_step_of(rec) == 1
+    rec.quiesced = {w: {"live_step": 2, "shards": {f"opt/pp0/tp0/dp{w}": [1]},
+                        "replicas": {f"opt/pp0/tp0/dp{1 - w}": [1]}} for w in range(2)}
+    recovery_machine._plan(c, rec, c.clock())
+    [fb] = read_journal(tmp_path, "fallback")
+    assert fb["reason"].startswith("the DP replicas' parameters differed at step 1 and memory holds no copy"), fb
+    assert "are dead" not in fb["reason"].split("the planner:")[0]
