@@ -61,6 +61,14 @@ def read_vocab(given: dict[str, Any]) -> int | None:
     return None
 
 
+def has_tracker(folder: str) -> bool:
+    """Whether ``folder`` (``--load``'s value; a relative one is the launch folder's, the current one) holds
+    Megatron-LM's ``latest_checkpointed_iteration.txt`` here (:func:`phoenix_hpc.config.megatron_args.load_decision`)."""
+    from phoenix_hpc.engines.megatron_layout import TRACKER
+
+    return (Path.cwd() / folder / TRACKER).is_file()
+
+
 def relocate_paths(cfg: dict, out: Path | None, cwd: Path) -> None:
     """Megatron-LM reads a relative ``--data-path``, ``--save`` and ``--load`` against the launch folder
     (``cwd``); phoenix reads ``data.blend`` paths against the config file's folder, ``resilience.checkpoint.path``
@@ -142,7 +150,8 @@ def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -
     if output is not None and not output.resolve().parent.is_dir():
         raise ConfigError(f"-o/--output: folder {str(output.parent)!r} does not exist (allowed: a file in an "
                           "existing folder)")
-    conv = convert(tokens, drop=drop, name=name, nodes=nodes, spares=spares, read_vocab=read_vocab)
+    conv = convert(tokens, drop=drop, name=name, nodes=nodes, spares=spares, read_vocab=read_vocab,
+                   has_tracker=has_tracker)
     relocate_paths(conv.config, output, Path.cwd())
     parse_model(JobConfig, conv.config, source="the converted config")
     text = render(conv)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import shlex
 from collections import Counter
@@ -220,7 +221,11 @@ ARGS: tuple[Arg, ...] = (
             "(iter_NNNNNNN/, latest_checkpointed_iteration.txt) side by side in that folder"),
     Arg("--save-interval", "map", int, None, "resilience.checkpoint.interval_steps"),
     Arg("--load", "map", str, None, "resilience.checkpoint.load_megatron",
-        why="a torch_dist checkpoint directory: its weights, and its optimizer state and iteration when present"),
+        why="a torch_dist checkpoint directory holding latest_checkpointed_iteration.txt when converted: its "
+            "weights, and its optimizer state and iteration when present. The same folder as --save without that "
+            "file yet (Megatron-LM's auto-resume): not carried over, the job starts from scratch as Megatron-LM "
+            "would, and a resubmitted job continues from its own checkpoints there. Another folder without it: "
+            "refused"),
     Arg("--ckpt-format", "same", str, "torch_dist", allowed="torch_dist",
         why="phoenix reads and writes Megatron-LM checkpoints in the torch_dist format only"),
     Arg("--no-load-optim", "refuse", FLAG, False,
@@ -535,13 +540,17 @@ def _carry_eval_and_logging(given: dict[str, Any], eff: Callable[[str], Any], ca
 
 def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: str = "megatron-gpt",
             nodes: int | None = None, spares: int | None = None,
-            read_vocab: Callable[[dict[str, Any]], int | None] | None = None) -> Conversion:
+            read_vocab: Callable[[dict[str, Any]], int | None] | None = None,
+            has_tracker: Callable[[str], bool] | None = None) -> Conversion:
     """Convert a ``pretrain_gpt.py`` argument list into a job config mapping (engine ``megatron``).
 
     ``drop``: argument names (with or without ``--``) the user accepts to lose although they change the
     training. ``nodes`` / ``spares``: ``resources.nodes`` / ``resources.spares`` (phoenix's, not Megatron-LM's).
     ``read_vocab(args)``: the tokenizer's vocabulary size from its files, or None when not readable; used when
-    ``--vocab-size`` is not given. Raises ConfigError listing every problem (see the module docstring)."""
+    ``--vocab-size`` is not given. ``has_tracker(folder)``: whether ``--load``'s folder (as given) holds
+    Megatron-LM's ``latest_checkpointed_iteration.txt`` where the conversion runs (None: no file is read, so
+    none is found); see :func:`load_decision`. Raises ConfigError listing every problem (see the module
+    docstring)."""
     drops = _normalise_drop(drop)
     named = {t.split("=", 1)[0] for t in tokens if t.startswith("--")}  # --x V and --x=V alike
     unknown_drops = sorted(d for d in drops if d not in BY_FLAG and d not in named)
@@ -771,8 +780,15 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     if "--save" in given:
         carry("--save", "resilience.checkpoint.path", given["--save"])
         carry("--save", "resilience.checkpoint.save_megatron", given["--save"])
-    if "--load" in given:
-        carry("--load", "resilience.checkpoint.load_megatron", given["--load"])
+    if given.get("--load"):
+        tracker = has_tracker is not None and has_tracker(given["--load"])
+        decision, why = load_decision(given["--load"], given.get("--save"), tracker)
+        if decision == "load":
+            carry("--load", "resilience.checkpoint.load_megatron", given["--load"])
+        elif decision == "auto-resume":
+            conv.not_carried.append(("--load", given["--load"], why))
+        else:
+            problems.append(f"--load: {given['--load']!r} {why}")
     if "--save-interval" in given:
         carry("--save-interval", "resilience.checkpoint.interval_steps", given["--save-interval"])
     _carry_eval_and_logging(given, eff, carry, conv, problems)
@@ -785,6 +801,39 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
         raise ConfigError(problems, source="the Megatron-LM arguments",
                           note="nothing was written (docs/megatron-args.md lists every argument and its field)")
     return conv
+
+
+def load_decision(load: str, save: str | None, has_tracker: bool) -> tuple[str, str]:
+    """What ``--load FOLDER`` becomes: ``(decision, why)``, decision ``"load"``, ``"auto-resume"`` or
+    ``"refuse"``. Pure.
+
+    Megatron-LM's ``load_checkpoint`` (``megatron/training/checkpointing.py``) starts from scratch, with a
+    warning, when the ``--load`` folder holds no ``latest_checkpointed_iteration.txt``; launch scripts rely on
+    it with ``--save DIR --load DIR``, so that the first run starts fresh and every later one continues
+    (auto-resume). So:
+
+    * the folder holds the tracker: ``"load"``, carried over as ``load_megatron`` (the job starts from that
+      checkpoint);
+    * no tracker and the same folder as ``--save`` (compared as normalised paths): ``"auto-resume"``, not
+      carried over, ``why`` the reason: the job starts from scratch as Megatron-LM's first run would, and a
+      resubmitted job (or ``phoenix submit --resume``) continues from phoenix's own newest checkpoint in that
+      folder (``resilience.checkpoint.path``), where the Megatron-LM checkpoints of ``save_megatron`` appear too;
+    * no tracker and another folder: ``"refuse"``, ``why`` the problem and what is allowed: most likely a
+      wrong path, and a checkpoint directory without the tracker is bad input."""
+    if has_tracker:
+        return "load", ""
+    if save is not None and os.path.normpath(load) == os.path.normpath(save):
+        return "auto-resume", (
+            "the same folder as --save, which holds no latest_checkpointed_iteration.txt yet: Megatron-LM starts "
+            "from scratch then (its auto-resume idiom), and so does this job; a resubmitted job, or phoenix submit "
+            "--resume RUN_DIR, continues from the newest checkpoint phoenix writes into that folder "
+            "(resilience.checkpoint.path), where the Megatron-LM checkpoints (iter_NNNNNNN/, "
+            "resilience.checkpoint.save_megatron) appear too")
+    return "refuse", (
+        "holds no latest_checkpointed_iteration.txt where this command runs, so it is not a Megatron-LM checkpoint "
+        "directory to start from (allowed: a folder holding that file, e.g. the --save folder of an earlier "
+        "Megatron-LM run; the same folder as --save, to start from scratch and continue there (auto-resume); or no "
+        "--load, to start from scratch)")
 
 
 def markdown_table() -> str:

@@ -273,11 +273,40 @@ def test_relative_paths_name_the_same_files(tmp_path):
 
 
 def test_load_and_save_map_to_the_megatron_checkpoint_fields():
-    conv = convert(SMALL + ZERO + ["--load", "/lustre/base", "--save", "/lustre/run", "--no-load-rng"])
+    conv = convert(SMALL + ZERO + ["--load", "/lustre/base", "--save", "/lustre/run", "--no-load-rng"],
+                   has_tracker=lambda folder: folder == "/lustre/base")
     ck = conv.config["resilience"]["checkpoint"]
     assert ck == {"path": "/lustre/run", "save_megatron": "/lustre/run", "load_megatron": "/lustre/base"}
     assert ("--load", "resilience.checkpoint.load_megatron", "/lustre/base") in conv.carried
     assert any(flag == "--no-load-rng" for flag, _, _ in conv.not_carried)
+
+
+@pytest.mark.parametrize("save, load", [("/lustre/ckpt", "/lustre/ckpt"), ("/lustre/ckpt/", "/lustre/ckpt"),
+                                         ("ckpt", "./ckpt")])
+def test_megatrons_auto_resume_idiom_starts_from_scratch_and_says_so(save, load):
+    # --save DIR --load DIR with no tracker in DIR yet: Megatron-LM's load_checkpoint warns and starts at
+    # iteration 0; the first run of such a script must be submittable
+    conv = convert(SMALL + ZERO + ["--save", save, "--load", load], has_tracker=lambda folder: False)
+    ck = conv.config["resilience"]["checkpoint"]
+    assert ck == {"path": save, "save_megatron": save}
+    (why,) = [w for f, v, w in conv.not_carried if f == "--load" and v == load]
+    assert "auto-resume" in why and "from scratch" in why and "phoenix submit --resume" in why
+    assert "save_megatron" in why
+
+
+def test_a_load_folder_with_megatrons_tracker_is_loaded_also_when_it_is_the_save_folder():
+    conv = convert(SMALL + ZERO + ["--save", "/lustre/ckpt", "--load", "/lustre/ckpt"],
+                   has_tracker=lambda folder: True)
+    assert conv.config["resilience"]["checkpoint"]["load_megatron"] == "/lustre/ckpt"
+    assert not any(f == "--load" for f, _, _ in conv.not_carried)
+
+
+@pytest.mark.parametrize("extra", [["--load", "/lustre/base", "--save", "/lustre/run"], ["--load", "/lustre/base"]])
+def test_a_load_folder_without_megatrons_tracker_other_than_save_is_refused(extra):
+    out = problems(SMALL + ZERO + extra, has_tracker=lambda folder: False)
+    (p,) = [p for p in out if p.startswith("--load")]
+    assert p.startswith("--load: '/lustre/base' holds no latest_checkpointed_iteration.txt") and "allowed:" in p
+    assert out == problems(SMALL + ZERO + extra)  # nothing read: no tracker found
 
 
 @pytest.mark.parametrize("flag", ["--save", "--load", "--tensorboard-dir"])
@@ -304,7 +333,8 @@ def test_cli_refusal_exits_2_and_writes_nothing(tmp_path):
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_cli_writes_a_config_that_submit_accepts(tmp_path, monkeypatch):
+def _prepared_launch(tmp_path, monkeypatch, extra: str = "") -> None:
+    """tmp_path as a launch folder: a dataset data/ds and args.sh, the Llama script reading it (+ extra)."""
     from phoenix_hpc.data.prepare import prepare_dataset
 
     src = tmp_path / "text"
@@ -312,8 +342,12 @@ def test_cli_writes_a_config_that_submit_accepts(tmp_path, monkeypatch):
     for i in range(1000):  # documents enough for every part of --split 949,50,1 (0.1 % of 1000: one)
         (src / f"d{i:04d}.py").write_text(f"print('hello world {i}')\n" * 3)
     prepare_dataset(src, tmp_path / "data" / "ds")
-    (tmp_path / "args.sh").write_text(LLAMA_SCRIPT.replace("--data-path ds", "--data-path data/ds"))
+    (tmp_path / "args.sh").write_text(LLAMA_SCRIPT.replace("--data-path ds", "--data-path data/ds") + extra)
     monkeypatch.chdir(tmp_path)
+
+
+def test_cli_writes_a_config_that_submit_accepts(tmp_path, monkeypatch):
+    _prepared_launch(tmp_path, monkeypatch)
     (tmp_path / "cfg").mkdir()
     r = _invoke("--args-file", "args.sh", "--nodes", 16, "--spares", 2, "-o", "cfg/job.yaml")
     assert r.exit_code == 0, r.output
@@ -328,6 +362,33 @@ def test_cli_writes_a_config_that_submit_accepts(tmp_path, monkeypatch):
                                  str(tmp_path / "run")])
     assert s.exit_code == 0, s.output
     assert "#SBATCH" in s.output
+
+
+def test_cli_a_converted_auto_resume_script_is_submittable_and_a_written_tracker_is_loaded(tmp_path, monkeypatch):
+    _prepared_launch(tmp_path, monkeypatch, "CKPT_ARGS=( --save ckpt --load ckpt )\n")
+    r = _invoke("--args-file", "args.sh", "--nodes", 16, "--spares", 2, "-o", "job.yaml")
+    assert r.exit_code == 0, r.output
+    assert "not carried over: --load 'ckpt': the same folder as --save" in r.output
+    assert "#   --load 'ckpt': the same folder as --save" in (tmp_path / "job.yaml").read_text()
+    ck = yaml.safe_load((tmp_path / "job.yaml").read_text())["resilience"]["checkpoint"]
+    assert "load_megatron" not in ck and ck["save_megatron"] == str(tmp_path.resolve() / "ckpt")
+    s = CliRunner().invoke(cli, ["submit", "--site", "perlmutter", "job.yaml", "--dry-run", "--run-dir",
+                                 str(tmp_path / "run")])
+    assert s.exit_code == 0, s.output
+    (tmp_path / "ckpt").mkdir()  # an earlier Megatron-LM run wrote a checkpoint there: this job starts from it
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("100")
+    r = _invoke("--args-file", "args.sh", "--nodes", 16, "--spares", 2, "-o", "job.yaml")
+    assert r.exit_code == 0, r.output
+    ck = yaml.safe_load((tmp_path / "job.yaml").read_text())["resilience"]["checkpoint"]
+    assert ck["load_megatron"] == str(tmp_path.resolve() / "ckpt")
+
+
+def test_cli_a_load_folder_without_tracker_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "base").mkdir()
+    r = _invoke("-o", "job.yaml", "--", *SMALL, *ZERO, "--load", "base", "--save", "run")
+    assert r.exit_code == 2 and "--load: 'base' holds no latest_checkpointed_iteration.txt" in r.output, r.output
+    assert not (tmp_path / "job.yaml").exists()
 
 
 def _eval_and_logging(extra):
