@@ -61,7 +61,8 @@ def unattributed(h: dict) -> float:
 
 #: section 1's note on replica agreement's cost (docs/design.md section 6, *Cost*) while no run of
 #: ``python -m phoenix_hpc.bench.agreement_overhead`` is kept (:data:`AGREEMENT_RECORD`)
-AGREEMENT_COST = ("Replica agreement (docs/design.md section 6) is not measured on its own here and has no switch: from"
+AGREEMENT_COST = ("Replica agreement (docs/design.md section 6) is not measured on its own in this run (`scripts/bench-agreement`"
+                  " measures it with resilience.replica_agreement on and off and keeps its run for this page): from"
                   " commit `f889c53` on it is part of every protected step, so the on/off ratios of a run from then on "
                   "include it. Its work per commit is one XXH3-64 over the parameter tensors' checksums the D2H copy "
                   "computes anyway, 16 bytes more per (pp, tp) stage in the commit fence's all-reduce (from commit "
