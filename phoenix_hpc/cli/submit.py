@@ -247,8 +247,10 @@ LATEST_RUN = ":latest-run:"
                    "your most recent job of the Slurm cluster this command talks to, as phoenix status)")
 @click.option("--dry-run", is_flag=True, help="print the script; submit nothing and write nothing (except --output)")
 @click.option("--data-on-cluster", is_flag=True,
-              help="the dataset (data.path, data.blend paths) is not readable here, only on the cluster's file systems: do not refuse it (the "
-                   "ranks check it before they train); not on site local, whose compute nodes are this machine")
+              help="the dataset (data.path, data.blend paths) and the Megatron-LM checkpoint to start from "
+                   "(resilience.checkpoint.load_megatron) are not readable here, only on the cluster's file systems: "
+                   "do not refuse them (the ranks check them before they train; a warning names what was not "
+                   "checked); not on site local, whose compute nodes are this machine")
 @click.option("--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="also write the script to this file")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -314,11 +316,14 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
             rd = default_run_dir(cfg.name, cwd, time.time())
             run_root_warning = f"{exc}; the script below uses {rd.parent} instead"
     rd = Path(os.path.abspath(cwd / rd))
+    from phoenix_hpc.engines.megatron_layout import load_not_checked
     from phoenix_hpc.engines.megatron_spec import submit_problems
     from phoenix_hpc.launch.metrics_log import logging_problems
 
+    on_cluster = data_on_cluster and profile.name != "local"  # site local: its compute nodes are this machine
+    extra = submit_problems(cfg, resuming=point is not None, on_cluster=on_cluster) + logging_problems(cfg)
     job = resolve(cfg, profile, run_dir=str(rd), default_python=sys.executable, python=python,
-                  nodelist=nodelist, exclude=exclude, extra_problems=submit_problems(cfg, resuming=point is not None) + logging_problems(cfg))
+                  nodelist=nodelist, exclude=exclude, extra_problems=extra)
     load = heartbeat_load(job)
     if load.problems:
         raise ConfigError(list(load.problems), str(config) if config is not None else None)
@@ -331,6 +336,9 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
             raise SubmitError("--resume: " + "; ".join(problems))
     script = render_sbatch(job, profile)
     warnings = list(job.warnings) + list(load.warnings) + ([run_root_warning] if run_root_warning else [])
+    unchecked = load_not_checked(cfg, resuming=point is not None, on_cluster=on_cluster)
+    if unchecked is not None:
+        warnings.append(unchecked)
     warnings += test_env_warnings(os.environ)
     if _names_user_code(cfg):  # the ranks import it the same way (python_path) before they train
         from phoenix_hpc.engines.factory import check_user_code

@@ -208,10 +208,40 @@ def shape_problems(where: str, shapes: dict[str, tuple[int, ...]], model,
     return out
 
 
-def load_problems(cfg, resuming: bool = False) -> list[str]:
+def _not_here(cfg, resuming: bool, on_cluster: bool) -> bool:
+    """``load_megatron`` is left to the ranks: ``on_cluster`` (``phoenix submit --data-on-cluster``), a
+    checkpoint to load (not ``resuming``) and its folder not a directory on this machine."""
+    d = cfg.resilience.checkpoint.load_megatron
+    return on_cluster and not resuming and d is not None and not Path(d).is_dir()
+
+
+def load_not_checked(cfg, resuming: bool = False, on_cluster: bool = False) -> str | None:
+    """The warning of a submit that leaves ``load_megatron`` to the ranks (:func:`load_problems` with
+    ``on_cluster``: its folder is not here), naming what was not checked; None otherwise."""
+    if not _not_here(cfg, resuming, on_cluster):
+        return None
+    return (f"{FIELD_LOAD}: {cfg.resilience.checkpoint.load_megatron} is not a directory here, so its {TRACKER}, "
+            "the iteration folder it names, its backend, model shape, optimizer grid and learning-rate schedule were "
+            "not checked (--data-on-cluster: the ranks check them when they load it, before they train)")
+
+
+def _start_fresh_hint(ck) -> str:
+    """For a ``load_megatron`` that is also ``save_megatron``: how to start from scratch there instead
+    (Megatron-LM's ``--save DIR --load DIR`` before DIR holds a checkpoint)."""
+    if ck.save_megatron is None or os.path.normpath(ck.load_megatron) != os.path.normpath(ck.save_megatron):
+        return ""
+    return (f"; it is also {FIELD_SAVE}: to start from scratch and write the Megatron-LM checkpoints there (what "
+            f"Megatron-LM does with --save DIR --load DIR while DIR holds no {TRACKER}), leave out load_megatron "
+            "(a resubmitted job continues from its own checkpoints)")
+
+
+def load_problems(cfg, resuming: bool = False, on_cluster: bool = False) -> list[str]:
     """Submit-time problems of ``resilience.checkpoint.load_megatron`` and ``save_megatron`` (empty: none).
     ``resuming`` (``phoenix submit --resume``): the run continues from its own newest complete checkpoint and
-    never loads ``load_megatron``'s, so only the fields are checked, not that checkpoint.
+    never loads ``load_megatron``'s, so only the fields are checked, not that checkpoint. ``on_cluster``
+    (``phoenix submit --data-on-cluster``, not on site local): a ``load_megatron`` folder that is not a
+    directory here is only on the cluster's file systems, so only the fields are checked
+    (:func:`load_not_checked` names what was not); one that is here is checked in full.
 
     ``load_megatron``: engine ``megatron`` only; an absolute path to a directory with
     ``latest_checkpointed_iteration.txt`` naming an ``iter_NNNNNNN`` (or ``release``) folder that exists and
@@ -238,16 +268,16 @@ def load_problems(cfg, resuming: bool = False) -> list[str]:
                                              and cfg.resilience.mode in ("phoenix", "checkpoint-restart")):
         out.append(f"{FIELD_SAVE}: value {ck.save_megatron!r} -- no persistent checkpoint is written with "
                    "resilience.enabled false; allowed with resilience.enabled true")
-    if out or ck.load_megatron is None or resuming:
+    if out or ck.load_megatron is None or resuming or _not_here(cfg, resuming, on_cluster):
         return out
     root = Path(ck.load_megatron)
     if not root.is_dir():
         return [f"{FIELD_LOAD}: {root} is not a directory; allowed: a Megatron-LM checkpoint directory "
-                f"(the one Megatron-LM's --load names, holding {TRACKER})"]
+                f"(the one Megatron-LM's --load names, holding {TRACKER}){_start_fresh_hint(ck)}"]
     try:
         it = read_tracker(root)
     except ValueError as exc:
-        return [f"{FIELD_LOAD}: {exc}"]
+        return [f"{FIELD_LOAD}: {exc}{_start_fresh_hint(ck)}"]
     d = iter_dir(root, it)
     if not d.is_dir():
         return [f"{FIELD_LOAD}: {root / TRACKER} names iteration {it}, and {d} does not exist; allowed: the "

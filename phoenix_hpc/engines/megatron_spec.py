@@ -106,17 +106,19 @@ def build_problems(cfg) -> list[str]:
     return []
 
 
-def submit_problems(cfg, resuming: bool = False) -> list[str]:
+def submit_problems(cfg, resuming: bool = False, on_cluster: bool = False) -> list[str]:
     """Submit-time checks of engine ``megatron`` that need megatron-core: the installed version is
     supported (:mod:`.megatron_version`), and megatron-core builds the model (:func:`build_problems`); and,
     for every engine, the Megatron-LM checkpoint fields ``resilience.checkpoint.load_megatron`` /
     ``save_megatron`` (:func:`phoenix_hpc.engines.megatron_layout.load_problems`: engine megatron only,
     the tracker file, the iteration folder, the model shape; ``resuming``: ``phoenix submit --resume``, which
-    loads the run's own checkpoint, not ``load_megatron``'s). Empty for engine ``torch`` without them."""
+    loads the run's own checkpoint, not ``load_megatron``'s; ``on_cluster``: ``phoenix submit
+    --data-on-cluster``, a ``load_megatron`` folder not here is left to the ranks). Empty for engine ``torch``
+    without them."""
     from phoenix_hpc.engines.megatron_version import installed_version, version_problem
     from phoenix_hpc.engines.megatron_layout import load_problems
 
-    ckpt = load_problems(cfg, resuming)
+    ckpt = load_problems(cfg, resuming, on_cluster)
     if cfg.engine != "megatron":
         return ckpt
     problem = version_problem(installed_version())

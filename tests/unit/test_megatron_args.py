@@ -383,6 +383,25 @@ def test_cli_a_converted_auto_resume_script_is_submittable_and_a_written_tracker
     assert ck["load_megatron"] == str(tmp_path.resolve() / "ckpt")
 
 
+def test_cli_submit_data_on_cluster_covers_a_load_folder_not_here(tmp_path, monkeypatch):
+    _prepared_launch(tmp_path, monkeypatch, "CKPT_ARGS=( --save ckpt --load base )\n")
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "latest_checkpointed_iteration.txt").write_text("100")
+    r = _invoke("--args-file", "args.sh", "--nodes", 16, "--spares", 2, "-o", "job.yaml")
+    assert r.exit_code == 0, r.output
+    data = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    data["resilience"]["checkpoint"]["load_megatron"] = "/pscratch/sd/u/user/base"  # only the cluster sees it
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(data))
+    submit = ["submit", "--site", "perlmutter", "job.yaml", "--dry-run", "--run-dir", str(tmp_path / "run")]
+    s = CliRunner().invoke(cli, submit)
+    assert s.exit_code == 2 and "resilience.checkpoint.load_megatron: /pscratch/sd/u/user/base is not a directory" \
+        in s.output, s.output
+    s = CliRunner().invoke(cli, [*submit, "--data-on-cluster"])
+    assert s.exit_code == 0, s.output
+    assert "#SBATCH" in s.output and ("resilience.checkpoint.load_megatron: /pscratch/sd/u/user/base is not a "
+                                      "directory here") in s.output and "not checked" in s.output
+
+
 def test_cli_a_load_folder_without_tracker_is_refused_naming_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "base").mkdir()

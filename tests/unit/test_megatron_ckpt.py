@@ -116,6 +116,32 @@ def test_a_directory_without_the_tracker_file_is_refused_naming_it(tmp_path):
     assert "is not a directory" in p
 
 
+def test_a_load_folder_that_is_also_save_megatron_says_how_to_start_from_scratch(tmp_path):
+    for root in (tmp_path, tmp_path / "nope"):  # empty, and not there yet: Megatron-LM would start from scratch
+        (p,) = ml.load_problems(job(load_megatron=str(root), save_megatron=str(root)))
+        assert p.startswith("resilience.checkpoint.load_megatron: ") and "leave out load_megatron" in p
+        assert "it is also resilience.checkpoint.save_megatron" in p
+    (p,) = ml.load_problems(job(load_megatron=str(tmp_path), save_megatron=str(tmp_path / "other")))
+    assert "leave out" not in p
+
+
+def test_data_on_cluster_leaves_a_load_folder_not_here_to_the_ranks_and_says_what_was_not_checked(tmp_path):
+    gone = job(load_megatron=str(tmp_path / "on-the-cluster"))
+    assert ml.load_problems(gone, on_cluster=True) == []
+    w = ml.load_not_checked(gone, on_cluster=True)
+    assert w.startswith(f"resilience.checkpoint.load_megatron: {tmp_path / 'on-the-cluster'} is not a directory here")
+    assert all(x in w for x in (ml.TRACKER, "model shape", "learning-rate schedule", "--data-on-cluster"))
+    assert ml.load_not_checked(gone) is None and ml.load_not_checked(gone, resuming=True, on_cluster=True) is None
+    (p,) = ml.load_problems(gone)
+    assert "is not a directory" in p
+    # a folder that is here is checked in full, and the fields themselves always
+    here = job(load_megatron=str(tmp_path))
+    (p,) = ml.load_problems(here, on_cluster=True)
+    assert str(tmp_path / ml.TRACKER) in p and ml.load_not_checked(here, on_cluster=True) is None
+    (p,) = ml.load_problems(job(load_megatron="rel/ckpt"), on_cluster=True)
+    assert "is a relative path" in p
+
+
 def test_a_tracker_naming_a_missing_iteration_is_refused(tmp_path):
     ml.write_tracker(tmp_path, 7)
     (p,) = ml.load_problems(job(load_megatron=str(tmp_path)))
