@@ -272,9 +272,10 @@ class AgreementUndetectable(Event):
 
 @_ev("agreement_off")
 class AgreementOff(Event):
-    """``resilience.replica_agreement: false``: the DP replicas' parameters are not compared in generation
-    ``generation`` (no digest computed, none in the commit fence or the commit reports), journalled once per
-    generation at its first commit report, so that a check not made is never silently skipped."""
+    """The DP replicas' parameters are not compared in generation ``generation``, ``reason`` says why:
+    ``resilience.replica_agreement: false`` (no digest computed, none in the commit fence or the commit reports;
+    journalled once per generation at its first commit report), or a job without in-memory protection (no
+    snapshot at all; journalled once, at ``job_running``). A check not made is never silently skipped."""
     generation: Any = None
     reason: Any = None
 

@@ -22,6 +22,11 @@ from phoenix_hpc.control.admission import declare_dead as dead_verdict
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.commands import Outcome
 from phoenix_hpc.control.handlers import apply_commit
+
+#: why nothing is compared in a job without in-memory protection (the ``agreement_off`` record at job_running)
+NO_SNAPSHOTS = ("no in-memory protection (resilience.mode checkpoint-restart, or resilience.enabled false): no "
+                "snapshot is taken, so the DP replicas' parameters are not compared and a silently corrupted replica "
+                "goes unnoticed")
 from phoenix_hpc.control.planned_end import exits_during_end
 from phoenix_hpc.control.records import PendingFault, Slot
 from phoenix_hpc.control.restart import on_rejoin
@@ -82,6 +87,8 @@ def on_register(c: Any, body: dict) -> None:
         c.record(E.JobRunning(generation=c.generation, grid=list(c.grid),
                               rank_map=sorted(c.rank_map.items()),
                               standby=sorted(s.world_rank for s in c.slots.values() if s.role == "standby")))
+        if not c.t.snapshots:  # no snapshot, no digest: say once that nothing is compared (docs/design.md 6)
+            c.record(E.AgreementOff(generation=c.generation, reason=NO_SNAPSHOTS))
 
 
 def on_heartbeat(c: Any, body: dict) -> None:

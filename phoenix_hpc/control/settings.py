@@ -33,6 +33,9 @@ class Timing:
     # a member named the corrupted DP replica at two steps at most this far apart is replaced (0: never)
     agreement_strikes_window_steps: int = 1000
     # resilience.replica_agreement: false: nothing is compared, journalled once per generation (agreement_off)
+    # mode phoenix (enabled): the ranks snapshot every step; otherwise no digest exists to compare, journalled
+    # once at job_running (agreement_off)
+    snapshots: bool = True
     replica_agreement: bool = True
 
 
@@ -64,7 +67,7 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
                                                   spares_exhausted=r.spares_exhausted, engine=cfg.engine),
                shrink_capable=bool(r.enabled and r.mode == "phoenix" and cfg.engine == "torch"),
                agreement_strikes_window_steps=r.agreement_strikes_window_steps,
-               replica_agreement=r.replica_agreement,
+               replica_agreement=r.replica_agreement, snapshots=bool(r.enabled and r.mode == "phoenix"),
                final_write_timeout_s=final_write_timeout_s(bool(r.checkpoint.save_megatron), r.collective_timeout_s))
     par = cfg.parallelism
     grid = (par.tp, par.pp, par.dp) if par.dp else None

@@ -138,3 +138,17 @@ def test_a_drill_refuses_a_bitflip_with_the_check_off():
     assert plan_drill(1, 1, **kw)  # on (the default): planned
     with pytest.raises(FaultError, match="replica_agreement = false"):
         plan_drill(1, 1, **kw, replica_agreement=False)
+
+
+@pytest.mark.parametrize("old, new, snapshots", [
+    ("  mode: phoenix\n", "  mode: phoenix\n", True),
+    ("  mode: phoenix\n", "  mode: checkpoint-restart\n", False),
+    ("  enabled: true\n", "  enabled: false\n", False),
+])
+def test_the_coordinator_knows_from_the_run_config_whether_the_ranks_snapshot(tmp_path, old, new, snapshots):
+    from phoenix_hpc.control.settings import timing_from_run_dir
+
+    src = (Path(__file__).resolve().parents[2] / "examples" / "gpt-small.yaml").read_text()
+    assert old in src
+    (tmp_path / "config.yaml").write_text(src.replace(old, new, 1))
+    assert timing_from_run_dir(tmp_path)[0].snapshots is snapshots

@@ -70,3 +70,24 @@ def test_a_restarted_coordinator_continues_the_fold_of_the_whole_journal(tmp_pat
                  "logical_rank": 0, "rejoin": {"generation": 0, "step": 6}, "reply_to": "q0"})
     r.transport.sync_and_answer()
     assert r.view == _read(tmp_path) and r.recorder.records == len(list(iter_journal(tmp_path)))
+
+
+def test_a_job_without_snapshots_says_once_at_its_start_that_no_replica_is_compared(tmp_path):
+    """resilience.mode checkpoint-restart (or enabled: false) takes no snapshot, so no digest exists: the journal
+    says so at job_running (status shows ``agreement: off``) instead of staying silent about a bitflip."""
+    from dataclasses import replace
+
+    from phoenix_hpc.control.journal import read_journal
+    from phoenix_hpc.control.membership import NO_SNAPSHOTS
+
+    on = _registered(tmp_path / "on")
+    assert not read_journal(tmp_path / "on", "agreement_off")
+    c = Coordinator(tmp_path, grid=(1, 1, 2))
+    c.t = replace(c.t, snapshots=False)
+    c.journal, c.secret, c.store = Journal(tmp_path), b"s" * 32, _Store()
+    for w in (0, 1):
+        c._dispatch({"type": "register", "world_rank": w, "pid": 100 + w, "node": f"n{w + 1}", "role": "active",
+                     "logical_rank": w, "grid": [1, 1, 2], "reply_to": f"r{w}"})
+    (off,) = read_journal(tmp_path, "agreement_off")
+    assert off["reason"] == NO_SNAPSHOTS and off["generation"] == 0
+    assert c.view.agreement["off"] == NO_SNAPSHOTS and on.view.agreement.get("off") is None
