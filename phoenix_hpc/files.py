@@ -66,6 +66,11 @@ def read_bytes(path: str | os.PathLike, what: str, *, error: type[PhoenixError] 
     return data
 
 
+def wide_encoding(data: bytes) -> str | None:
+    """The UTF-16/UTF-32 encoding whose byte-order mark ``data`` starts with, in words; None for none. Pure."""
+    return next((name for bom, name in _WIDE_BOMS if data.startswith(bom)), None)
+
+
 def decode_utf8(data: bytes, what: str, path: str | os.PathLike, *,
                 error: type[PhoenixError] = ConfigError) -> str:
     """``data`` (the content of ``path``) as text. A leading UTF-8 byte-order mark is dropped.
@@ -75,10 +80,10 @@ def decode_utf8(data: bytes, what: str, path: str | os.PathLike, *,
             gives the offset of the first bad byte).
     """
     p = Path(path)
-    for bom, name in _WIDE_BOMS:
-        if data.startswith(bom):
-            raise _fail(error, what, p, f"is encoded as {name} (it starts with that byte-order mark); "
-                                        "save it as UTF-8")
+    name = wide_encoding(data)
+    if name is not None:
+        raise _fail(error, what, p, f"is encoded as {name} (it starts with that byte-order mark); "
+                                    "save it as UTF-8")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

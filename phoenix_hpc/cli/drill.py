@@ -84,16 +84,19 @@ class _Collector:
         self._slurm, self._slurm_t, self._job_id = None, -1e9, None
 
     def __call__(self):
-        from phoenix_hpc.status.collect import gather_slurm, read_records, read_run_files
+        from phoenix_hpc.status.collect import gather_slurm, read_run_files
         from phoenix_hpc.status.derive import derive_status
 
+        from phoenix_hpc.control.journal import line_namer, read_journal_numbered
+
         run = read_run_files(self.run_dir)
-        records, skipped = read_records(self.run_dir)
+        read = read_journal_numbered(self.run_dir)
+        records, skipped = read.records, read.skipped
         job_id = str(run.job["job_id"]) if run.job and run.job.get("job_id") is not None else None
         if self._slurm is None or job_id != self._job_id or time.monotonic() - self._slurm_t >= self.slurm_every_s:
             nodes = sorted({str(r["node"]) for r in records if r.get("event") == E.Registered.NAME and r.get("node")})
             self._slurm, self._slurm_t, self._job_id = gather_slurm(self.client, job_id, nodes), time.monotonic(), job_id
-        return derive_status(records, self._slurm, time.time(), run, journal_skipped=skipped)
+        return derive_status(records, self._slurm, time.time(), run, journal_skipped=skipped, where=line_namer(read))
 
 
 def _collector(run_dir: Path) -> _Collector:

@@ -8,8 +8,11 @@ without the fields that are :data:`OMIT` (written only sometimes); :meth:`Event.
 
 from __future__ import annotations
 
+import json
+import math
+import types
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Mapping
+from typing import Annotated, Any, Callable, ClassVar, Mapping, Union, get_args, get_origin, get_type_hints
 
 
 class _Omit:
@@ -32,7 +35,98 @@ OMIT: Any = _Omit()
 
 
 class EventError(ValueError):
-    """A record cannot be an event: not a mapping, or its ``event`` is not a non-empty string."""
+    """A record cannot be an event: not a mapping, its ``event`` is not a non-empty string, its ``ts`` is not a
+    finite number, or a field's value is not of the field's type (:func:`field_rule`)."""
+
+
+NON_NEGATIVE = "non-negative"  # an Annotated marker: the number is >= 0
+Nat = Annotated[int, NON_NEGATIVE]  # a step, a rank, a generation, a count, a PID: an integer >= 0
+Grid = Union[list[Nat], dict[str, Nat]]  # [tp, pp, dp] or {"tp", "pp", "dp"}
+RankMap = list[list[Nat]]  # [[logical rank, world rank], ...]
+
+# a rule: (does the value conform, what is allowed in words)
+Rule = tuple[Callable[[Any], bool], str]
+
+
+def _finite(x: Any) -> bool:
+    return (type(x) is int) or (type(x) is float and math.isfinite(x))
+
+
+def field_rule(tp: Any) -> Rule | None:
+    """The check of a field annotated ``tp`` (None: anything goes). JSON's types only: ``int`` (not a bool),
+    ``float`` (an int or a float, finite: no NaN or infinity), ``str``, ``bool``, ``None``, ``list[T]``,
+    ``dict[str, T]``, unions of them, ``Annotated[int | float, NON_NEGATIVE]`` (>= 0) and ``Any``. Pure.
+
+    Raises:
+        TypeError: an annotation outside that vocabulary (a declaration error, found when the class is first
+            read).
+    """
+    if tp is Any:
+        return None
+    origin = get_origin(tp)
+    if origin is Annotated:
+        base, *meta = get_args(tp)
+        rule = field_rule(base)
+        if NON_NEGATIVE not in meta or rule is None:
+            return rule
+        ok, what = rule
+        return (lambda x: ok(x) and x >= 0), f"{what} >= 0"
+    if origin is Union or origin is types.UnionType:
+        rules = [field_rule(a) for a in get_args(tp)]
+        if any(r is None for r in rules):
+            return None
+        oks = tuple(ok for ok, _ in rules)
+        return (lambda x: any(ok(x) for ok in oks)), " or ".join(what for _, what in rules)
+    if tp is type(None):
+        return (lambda x: x is None), "null"
+    if tp is bool:
+        return (lambda x: type(x) is bool), "true or false"
+    if tp is int:
+        return (lambda x: type(x) is int), "an integer"
+    if tp is float:
+        return _finite, "a finite number"
+    if tp is str:
+        return (lambda x: type(x) is str), "a string"
+    if origin is list:
+        (elem,) = get_args(tp) or (Any,)
+        rule = field_rule(elem)
+        if rule is None:
+            return (lambda x: type(x) is list), "a list"
+        ok, what = rule
+        return (lambda x: type(x) is list and all(ok(e) for e in x)), f"a list of ({what})"
+    if origin is dict:
+        key, val = get_args(tp) or (str, Any)
+        if key is not str:
+            raise TypeError(f"a journal object's keys are strings, not {key!r}")
+        rule = field_rule(val)
+        if rule is None:
+            return (lambda x: type(x) is dict), "an object"
+        ok, what = rule
+        return (lambda x: type(x) is dict and all(ok(e) for e in x.values())), f"an object of ({what})"
+    raise TypeError(f"no journal rule for the annotation {tp!r}")
+
+
+def _short(x: Any) -> str:
+    """``x`` as the journal spells it (JSON), cut to 60 characters."""
+    try:
+        r = json.dumps(x)
+    except (TypeError, ValueError):
+        r = repr(x)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+_RULES: dict[type, tuple[frozenset[str], tuple[tuple[str, Rule], ...]]] = {}
+
+
+def _rules(cls: type) -> tuple[frozenset[str], tuple[tuple[str, Rule], ...]]:
+    """(field names, the rule of every checked field) of event class ``cls``, built once."""
+    got = _RULES.get(cls)
+    if got is None:
+        hints = get_type_hints(cls, include_extras=True)
+        names = frozenset(f.name for f in fields(cls)) - {"ts", "extra"}
+        checked = tuple((n, r) for n in sorted(names) if (r := field_rule(hints[n])) is not None)
+        got = _RULES[cls] = (names, checked)
+    return got
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +135,7 @@ class Event:
     class does not declare (see the module docstring)."""
 
     NAME: ClassVar[str] = ""
+    REQUIRED: ClassVar[tuple[str, ...]] = ()  # fields a record must have (the others take their default)
     ts: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -58,11 +153,26 @@ class Event:
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> "Event":
-        """The event of journal record ``rec`` (fields missing from it take their defaults). Pure."""
-        names = {f.name for f in fields(cls)} - {"ts", "extra"}
+        """The event of journal record ``rec``: fields missing from it take their defaults; each field it has
+        is checked against the field's annotation (:func:`field_rule`). Pure.
+
+        Raises:
+            EventError: ``ts`` is not a finite number (unix seconds), a field of :attr:`REQUIRED` is missing,
+                or a field's value is not what its annotation allows (the message names the field, the value
+                and what is allowed).
+        """
+        names, checked = _rules(cls)
         kw = {k: v for k, v in rec.items() if k in names}
-        extra = {k: v for k, v in rec.items() if k not in names and k not in ("ts", "event")}
+        extra = {k: v for k, v in rec.items() if k not in names and k != "ts" and k != "event"}
         ts = rec.get("ts")
+        if ts is not None and not _finite(ts):
+            raise EventError(f"field 'ts' is {_short(ts)}: allowed a finite number (unix seconds)")
+        for name in cls.REQUIRED:
+            if name not in kw:
+                raise EventError(f"field {name!r} is missing: it is required")
+        for name, (ok, what) in checked:
+            if name in kw and not ok(kw[name]):
+                raise EventError(f"field {name!r} is {_short(kw[name])}: allowed {what}")
         return cls(ts=None if ts is None else float(ts), extra=extra, **kw)
 
 
@@ -112,7 +222,7 @@ def from_record(rec: Mapping[str, Any]) -> Event:
     cls = REGISTRY.get(name)
     if cls is None:
         ts = rec.get("ts")
-        return UnknownEvent(name=name, ts=ts if isinstance(ts, (int, float)) else None,
+        return UnknownEvent(name=name, ts=float(ts) if _finite(ts) else None,
                             extra={k: v for k, v in rec.items() if k not in ("ts", "event")})
     return cls.from_record(rec)
 

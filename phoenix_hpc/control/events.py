@@ -25,7 +25,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from phoenix_hpc.control.event_base import (  # noqa: F401 - re-exported: the events' own machinery
-    OMIT, REGISTRY, Event, EventError, JobEnd, UnknownEvent, event as _ev, from_record, name_of)
+    OMIT, REGISTRY, Event, EventError, Grid, JobEnd, Nat, RankMap, UnknownEvent, event as _ev,
+    from_record, name_of)
 from phoenix_hpc.control.states import RecoveryPhase  # noqa: F401 - re-exported: the phase of recovery_aborted
 
 
@@ -36,209 +37,214 @@ TIMED_PHASES = ("detect", "reconfigure", "params", "optimizer", "replay")
 
 @_ev("coordinator_started")
 class CoordinatorStarted(Event):
-    host: Any = None
-    port: Any = None
-    pid: Any = None
-    job_id: Any = None
-    next_job: Any = None
-    heartbeat_interval_s: Any = None
-    heartbeat_timeout_s: Any = None
-    grid: Any = None  # [tp, pp, dp], or None before the job knows it
-    restart: Any = OMIT  # N: the N-th restart of this job's coordinator after a crash
+    host: str | None = None
+    port: Nat | None = None
+    pid: Nat | None = None
+    job_id: str | int | None = None
+    next_job: str | int | None = None
+    heartbeat_interval_s: float | None = None
+    heartbeat_timeout_s: float | None = None
+    grid: Grid | None = None  # [tp, pp, dp], or None before the job knows it
+    restart: Nat | None = OMIT  # N: the N-th restart of this job's coordinator after a crash
 
 @_ev("coordinator_restarted")
 class CoordinatorRestarted(Event):
-    restart: Any = None
-    generation: Any = None
-    job_state: Any = None
-    recoverable_step: Any = None
-    checkpoint_step: Any = None
-    slots: Any = None
-    dead: Any = None
-    recovery_interrupted: Any = None
-    pending_faults: Any = None
-    skipped: Any = OMIT  # journal lines the rebuild could not take, with the reason (the first 20)
+    restart: Nat | None = None
+    generation: Nat | None = None
+    job_state: str | None = None
+    recoverable_step: Nat | None = None
+    checkpoint_step: Nat | None = None
+    slots: Nat | None = None
+    dead: list[Nat] | None = None
+    recovery_interrupted: bool | None = None
+    pending_faults: Nat | None = None
+    skipped: list[str] | None = OMIT  # journal lines the rebuild could not take, with the reason (the first 20)
 
 @_ev("coordinator_exit")
 class CoordinatorExit(Event):
-    job_state: Any = None
+    job_state: str | None = None
 
 @_ev("coordinator_paused")
 class CoordinatorPaused(Event):
-    paused_s: Any = None
-    reason: Any = None
+    paused_s: float | None = None
+    reason: str | None = None
 
 @_ev("test_env")
 class TestEnv(Event):
-    variables: Any = None
+    variables: dict[str, Any] | None = None
 
 @_ev("test_hold")
 class TestHold(Event):
-    after: Any = None
-    hold_s: Any = None
+    after: str | None = None
+    hold_s: float | None = None
 
 @_ev("rejected")
 class Rejected(Event):
-    reason: Any = None
-    message_type: Any = None
-    world_rank: Any = None
+    reason: str | None = None
+    message_type: str | None = None
+    world_rank: int | None = None
 
 # --- membership and progress ------------------------------------------------------------------------------
 
 @_ev("registered")
 class Registered(Event):
-    world_rank: Any = None
-    pid: Any = None
-    node: Any = None
-    role: Any = None
-    logical_rank: Any = None
-    placement_inputs: Any = OMIT  # {"k", "levels", "domain"}
+    REQUIRED = ('world_rank',)
+    world_rank: Nat = None
+    pid: Nat | None = None
+    node: str | None = None
+    role: str | None = None
+    logical_rank: Nat | None = None
+    placement_inputs: dict[str, Any] | None = OMIT  # {"k", "levels", "domain"}
 
 @_ev("job_running")
 class JobRunning(Event):
-    generation: Any = None
-    grid: Any = None
-    rank_map: Any = None  # [[logical rank, world rank], ...]
-    standby: Any = None
+    generation: Nat | None = None
+    grid: Grid | None = None
+    rank_map: RankMap | None = None  # [[logical rank, world rank], ...]
+    standby: list[Nat] | None = None
 
 @_ev("rejoined")
 class Rejoined(Event):
-    world_rank: Any = None
-    pid: Any = None
-    node: Any = None
-    role: Any = None
-    generation: Any = None
-    step: Any = None
-    again: Any = None
-    buffered: Any = None
-    dropped: Any = None
+    REQUIRED = ('world_rank',)
+    world_rank: Nat = None
+    pid: Nat | None = None
+    node: str | None = None
+    role: str | None = None
+    generation: Nat | None = None
+    step: Nat | None = None
+    again: bool | None = None
+    buffered: Nat | None = None
+    dropped: Nat | None = None
 
 @_ev("rejoin_refused")
 class RejoinRefused(Event):
-    world_rank: Any = None
-    pid: Any = None
-    reason: Any = None
+    world_rank: Nat | None = None
+    pid: Nat | None = None
+    reason: str | None = None
 
 @_ev("progress")
 class Progress(Event):
-    step: Any = None
-    min_step: Any = None
-    generation: Any = None
+    REQUIRED = ('step',)
+    step: Nat = None
+    min_step: Nat | None = None
+    generation: Nat | None = None
 
 @_ev("step")
 class StepSeen(Event):
     """Live progress as the oldest coordinators wrote it (read only)."""
-    step: Any = None
+    REQUIRED = ('step',)
+    step: Nat = None
 
 @_ev("heartbeat_summary")
 class HeartbeatSummary(Event):
-    generation: Any = None
-    job_state: Any = None
-    active: Any = None
-    standby: Any = None
-    dead: Any = None
-    max_step: Any = None
-    accepted: Any = None  # the coordinator's message counters
-    rejected: Any = None
-    heartbeats: Any = None
-    heartbeat_messages: Any = None
-    heartbeat_age: Any = None
-    cpu_s: Any = None
+    generation: Nat | None = None
+    job_state: str | None = None
+    active: list[Nat] | None = None
+    standby: list[Nat] | None = None
+    dead: list[Nat] | None = None
+    max_step: Nat | None = None
+    accepted: Nat | None = None  # the coordinator's message counters
+    rejected: Nat | None = None
+    heartbeats: Nat | None = None
+    heartbeat_messages: Nat | None = None
+    heartbeat_age: dict[str, float] | None = None
+    cpu_s: float | None = None
 
 @_ev("protect_interval")
 class ProtectInterval(Event):
-    interval: Any = None
-    step: Any = None
-    generation: Any = None
-    lost_steps_at_most: Any = None
+    interval: Nat | None = None
+    step: Nat | None = None
+    generation: Nat | None = None
+    lost_steps_at_most: Nat | None = None
 
 @_ev("commit")
 class Commit(Event):
-    recoverable_step: Any = None
-    protect_every: Any = None
-    shards: Any = None
-    replicas: Any = None
-    generation: Any = None
-    shard_steps: Any = None  # {shard id: {logical rank: committed step}}
-    placement: Any = OMIT  # {shard id: [holder logical ranks]}
-    shard_bytes: Any = OMIT  # {shard id: bytes}
-    agreement: Any = OMIT  # {"checked", "disagreed", "last_step"}: replica agreement (control/agreement.py)
+    REQUIRED = ('recoverable_step',)
+    recoverable_step: Nat = None
+    protect_every: Nat | None = None
+    shards: Nat | None = None
+    replicas: Nat | None = None
+    generation: Nat | None = None
+    shard_steps: dict[str, dict[str, Nat]] | None = None  # {shard id: {logical rank: committed step}}
+    placement: dict[str, list[Nat]] | None = OMIT  # {shard id: [holder logical ranks]}
+    shard_bytes: dict[str, Nat] | None = OMIT  # {shard id: bytes}
+    agreement: dict[str, Nat | None] | None = OMIT  # {"checked", "disagreed", "last_step"}: replica agreement (control/agreement.py)
 
 @_ev("placement")
 class Placement(Event):
     """The replica placement as older coordinators wrote it (read only)."""
-    replicas: Any = None  # [[shard id, owner, holder], ...] (logical ranks)
+    replicas: list[list[str | Nat]] | None = None  # [[shard id, owner, holder], ...] (logical ranks)
 
 @_ev("checkpoint")
 class Checkpoint(Event):
-    step: Any = None
-    path: Any = None
-    world_rank: Any = OMIT
-    source: Any = OMIT
-    write_s: Any = OMIT
-    total_s: Any = OMIT
-    bytes: Any = OMIT
+    step: Nat | None = None
+    path: str | None = None
+    world_rank: Nat | None = OMIT
+    source: str | None = OMIT
+    write_s: float | None = OMIT
+    total_s: float | None = OMIT
+    bytes: Nat | None = OMIT
 
 @_ev("checkpoint_incomplete")
 class CheckpointIncomplete(Event):
-    step: Any = None
-    reasons: Any = None
+    step: Nat | None = None
+    reasons: list[str] | None = None
 
 @_ev("checkpoints_pruned")
 class CheckpointsPruned(Event):
-    steps: Any = None
-    keep: Any = None
+    steps: list[Nat] | None = None
+    keep: Nat | None = None
 
 # --- faults and decisions -------------------------------------------------------------------------------
 
 @_ev("fault")
 class Fault(Event):
-    world_rank: Any = None
-    node: Any = None
-    generation: Any = None
-    step: Any = None
-    phase: Any = None
-    kind: Any = None
-    exc_type: Any = None
-    message: Any = None
-    superseded: Any = None
+    world_rank: Nat | None = None
+    node: str | None = None
+    generation: Nat | None = None
+    step: Nat | None = None
+    phase: str | None = None
+    kind: str | None = None
+    exc_type: str | None = None
+    message: str | None = None
+    superseded: bool | None = None
 
 @_ev("slots_dead")
 class SlotsDead(Event):
-    slots: Any = None
-    nodes: Any = None
-    kind: Any = None
-    reason: Any = None
+    slots: list[Nat] | None = None
+    nodes: list[str] | None = None
+    kind: str | None = None
+    reason: str | None = None
 
 @_ev("spare_lost")
 class SpareLost(Event):
-    slots: Any = None
-    spares_left: Any = None
+    slots: list[Nat] | None = None
+    spares_left: Nat | None = None
 
 @_ev("signal")
 class SignalSeen(Event):
-    signal: Any = None
-    world_rank: Any = None
-    node: Any = None
+    signal: str | int | None = None
+    world_rank: Nat | None = None
+    node: str | None = None
 
 @_ev("decision")
 class Decision(Event):
-    action: Any = None
-    reason: Any = None
-    faults: Any = OMIT
-    checkpoint_step: Any = OMIT
-    lost_steps: Any = OMIT
-    lost_shards: Any = OMIT
+    action: str | None = None
+    reason: str | None = None
+    faults: list[dict[str, Any]] | None = OMIT
+    checkpoint_step: Nat | None = OMIT
+    lost_steps: Nat | None = OMIT
+    lost_shards: list[str] | None = OMIT
 
 @_ev("replica_rejected")
 class ReplicaRejected(Event):
-    generation: Any = None
-    world_rank: Any = None
-    logical_rank: Any = None
-    node: Any = None
-    shard_id: Any = None
-    step: Any = None
-    reason: Any = None
+    generation: Nat | None = None
+    world_rank: Nat | None = None
+    logical_rank: Nat | None = None
+    node: str | None = None
+    shard_id: str | None = None
+    step: Nat | None = None
+    reason: str | None = None
 
 @_ev("silent_corruption")
 class SilentCorruption(Event):
@@ -246,29 +252,29 @@ class SilentCorruption(Event):
     (control/agreement.py): ``members`` {logical rank: digest hex}; ``suspects`` the logical ranks outside
     the majority (all of them when there is none, dp = 2); ``majority`` the logical ranks of the strict
     majority (OMIT when there is none)."""
-    generation: Any = None
-    step: Any = None
-    pp: Any = None
-    tp: Any = None
-    members: Any = None
-    suspects: Any = None
-    majority: Any = OMIT
+    generation: Nat | None = None
+    step: Nat | None = None
+    pp: Nat | None = None
+    tp: Nat | None = None
+    members: dict[str, str] | None = None
+    suspects: list[Nat] | None = None
+    majority: list[Nat] | None = OMIT
 
 @_ev("agreement_rejected")
 class AgreementRejected(Event):
     """A member's parameter digest that was not compared (wrong length, an old generation), and why."""
-    world_rank: Any = None
-    logical_rank: Any = None
-    generation: Any = None
-    step: Any = None
-    reason: Any = None
+    world_rank: Nat | None = None
+    logical_rank: Nat | None = None
+    generation: Nat | None = None
+    step: Nat | None = None
+    reason: str | None = None
 
 @_ev("agreement_undetectable")
 class AgreementUndetectable(Event):
     """Stages whose parameters no peer can be compared with (dp = 1), journalled once per generation."""
-    generation: Any = None
-    stages: Any = None  # [[pp, tp], ...]
-    reason: Any = None
+    generation: Nat | None = None
+    stages: list[list[Nat]] | None = None  # [[pp, tp], ...]
+    reason: str | None = None
 
 @_ev("agreement_off")
 class AgreementOff(Event):
@@ -276,244 +282,244 @@ class AgreementOff(Event):
     ``resilience.replica_agreement: false`` (no digest computed, none in the commit fence or the commit reports;
     journalled once per generation at its first commit report), or a job without in-memory protection (no
     snapshot at all; journalled once, at ``job_running``). A check not made is never silently skipped."""
-    generation: Any = None
-    reason: Any = None
+    generation: Nat | None = None
+    reason: str | None = None
 
 # --- recoveries ---------------------------------------------------------------------------------------------
 
 @_ev("recovery_start")
 class RecoveryStart(Event):
-    generation: Any = None
-    action: Any = None
-    survivors: Any = None
-    dead: Any = None
-    detect_s: Any = None
-    drain: Any = OMIT  # the drain request this hot swap carries out
-    drained: Any = OMIT
+    generation: Nat | None = None
+    action: str | None = None
+    survivors: list[Nat] | None = None
+    dead: list[Nat] | None = None
+    detect_s: float | None = None
+    drain: str | None = OMIT  # the drain request this hot swap carries out
+    drained: list[Nat] | None = OMIT
 
 @_ev("recovery_plan")
 class RecoveryPlanned(Event):
     """The plan of generation ``generation``: the declared fields are those the fold reads; the rest of
     :meth:`phoenix_hpc.recovery.plan.RecoveryPlan.to_json` travels in ``extra``."""
-    generation: Any = None
-    action: Any = None
-    grid: Any = None  # {"tp", "pp", "dp"}
-    rank_map: Any = None
-    dead_world: Any = None
-    joins: Any = None  # [{"world_rank", "node", "logical_rank", "coord", "replaces_world_rank"}]
-    recoverable_step: Any = None
-    steps_replayed: Any = None
-    shrink: Any = OMIT  # {"old_grid", "leavers", "needs", "sources", "lost"}
+    generation: Nat | None = None
+    action: str | None = None
+    grid: Grid | None = None  # {"tp", "pp", "dp"}
+    rank_map: RankMap | None = None
+    dead_world: list[Nat] | None = None
+    joins: list[dict[str, Any]] | None = None  # [{"world_rank", "node", "logical_rank", "coord", "replaces_world_rank"}]
+    recoverable_step: Nat | None = None
+    steps_replayed: Nat | None = None
+    shrink: dict[str, Any] | None = OMIT  # {"old_grid", "leavers", "needs", "sources", "lost"}
 
 @_ev("recovery_plan_sent")
 class RecoveryPlanSent(Event):
-    generation: Any = None
-    members: Any = None
-    plan_s: Any = None
-    send_s: Any = None
+    generation: Nat | None = None
+    members: Nat | None = None
+    plan_s: float | None = None
+    send_s: float | None = None
 
 @_ev("evidence_rejected")
 class EvidenceRejected(Event):
-    generation: Any = None
-    reasons: Any = None
+    generation: Nat | None = None
+    reasons: list[str] | None = None
 
 @_ev("invariant_violation")
 class InvariantViolation(Event):
-    generation: Any = None
-    violations: Any = None
+    generation: Nat | None = None
+    violations: list[Any] | None = None
     rejected: Any = None
 
 @_ev("shrink")
 class Shrink(Event):
-    generation: Any = None
-    dp_from: Any = None
-    dp_to: Any = None
-    grid: Any = None
-    recoverable_step: Any = None
-    freed: Any = None
-    lost: Any = None
-    drain: Any = OMIT
+    generation: Nat | None = None
+    dp_from: Nat | None = None
+    dp_to: Nat | None = None
+    grid: Grid | None = None
+    recoverable_step: Nat | None = None
+    freed: list[Nat] | None = None
+    lost: list[Nat] | None = None
+    drain: str | None = OMIT
 
 @_ev("recovery_restored")
 class RecoveryRestored(Event):
-    generation: Any = None
-    recoverable_step: Any = None
-    invariants: Any = None
-    restore_s: Any = None
+    generation: Nat | None = None
+    recoverable_step: Nat | None = None
+    invariants: list[str] | None = None
+    restore_s: float | None = None
 
 @_ev("recovery_done")
 class RecoveryDone(Event):
-    generation: Any = None
-    action: Any = None
-    total_s: Any = None
-    phases: Any = None  # {TIMED_PHASES name: seconds}
-    steps_replayed: Any = None
-    recoverable_step: Any = None
-    replay_interrupted: Any = None
-    drain: Any = OMIT
+    generation: Nat | None = None
+    action: str | None = None
+    total_s: float | None = None
+    phases: dict[str, float] | None = None  # {TIMED_PHASES name: seconds}
+    steps_replayed: Nat | None = None
+    recoverable_step: Nat | None = None
+    replay_interrupted: bool | None = None
+    drain: str | None = OMIT
 
 @_ev("recovery_aborted")
 class RecoveryAborted(Event):
-    generation: Any = None
-    phase: Any = None
-    reason: Any = None
+    generation: Nat | None = None
+    phase: str | None = None
+    reason: str | None = None
 
 @_ev("checkpoint_restart")
 class CheckpointRestart(Event):
-    generation: Any = None
-    reason: Any = None
-    lost_shards: Any = None
-    checkpoint_step: Any = None
-    lost_steps: Any = None
-    checkpoint_path: Any = None
+    generation: Nat | None = None
+    reason: str | None = None
+    lost_shards: list[str] | None = None
+    checkpoint_step: Nat | None = None
+    lost_steps: Nat | None = None
+    checkpoint_path: str | None = None
 
 @_ev("restart_in_job")
 class RestartInJob(Event):
-    dead_nodes: Any = None
-    checkpoint_step: Any = None
-    reason: Any = None
+    dead_nodes: list[str] | None = None
+    checkpoint_step: Nat | None = None
+    reason: str | None = None
 
 # --- injected faults and planned drains -------------------------------------------------------------------
 
 @_ev("inject_forwarded")
 class InjectForwarded(Event):
-    kind: Any = None
-    phase: Any = None
-    at_step: Any = None
-    targets: Any = None
-    target: Any = None
-    request_id: Any = None
-    shard_id: Any = OMIT  # corrupt-replica: the shard whose replica the target holds
+    kind: str | None = None
+    phase: str | None = None
+    at_step: Nat | None = None
+    targets: list[Nat] | None = None
+    target: dict[str, Any] | None = None
+    request_id: str | None = None
+    shard_id: str | None = OMIT  # corrupt-replica: the shard whose replica the target holds
 
 @_ev("inject_armed")
 class InjectArmed(Event):
-    request_id: Any = None
-    armed_steps: Any = None  # [[world rank, step], ...]
-    started_steps: Any = None
+    request_id: str | None = None
+    armed_steps: list[list[Nat]] | None = None  # [[world rank, step], ...]
+    started_steps: list[list[Nat]] | None = None
 
 @_ev("inject_landed")
 class InjectLanded(Event):
-    request_id: Any = None
-    world_rank: Any = None
-    step: Any = None
-    phase: Any = None
-    at_step: Any = None
-    exact: Any = None
+    request_id: str | None = None
+    world_rank: Nat | None = None
+    step: Nat | None = None
+    phase: str | None = None
+    at_step: Nat | None = None
+    exact: bool | None = None
 
 @_ev("inject_fired")
 class InjectFired(Event):
     """A landing the slot wrote to ``RUN_DIR/faults/fired-*.json`` (status merges them with the journal)."""
-    request_id: Any = None
-    world_rank: Any = None
-    step: Any = None
-    phase: Any = None
-    kind: Any = None
-    at_step: Any = None
+    request_id: str | None = None
+    world_rank: Nat | None = None
+    step: Nat | None = None
+    phase: str | None = None
+    kind: str | None = None
+    at_step: Nat | None = None
 
 @_ev("inject_refused")
 class InjectRefused(Event):
-    request_id: Any = None
-    reason: Any = None
-    targets: Any = None
+    request_id: str | None = None
+    reason: str | None = None
+    targets: list[Nat] | None = None
 
 @_ev("inject_missed")
 class InjectMissed(Event):
-    request_id: Any = None
-    world_rank: Any = None
-    at_step: Any = None
-    reason: Any = None
+    request_id: str | None = None
+    world_rank: Nat | None = None
+    at_step: Nat | None = None
+    reason: str | None = None
 
 @_ev("drain_requested")
 class DrainRequested(Event):
-    request_id: Any = None
-    target: Any = None
-    targets: Any = None
-    nodes: Any = None
-    at_step: Any = None
+    request_id: str | None = None
+    target: dict[str, Any] | None = None
+    targets: list[Nat] | None = None
+    nodes: list[str] | None = None
+    at_step: Nat | None = None
 
 @_ev("drain_rearmed")
 class DrainRearmed(Event):
-    request_id: Any = None
-    at_step: Any = None
-    attempt: Any = None
+    request_id: str | None = None
+    at_step: Nat | None = None
+    attempt: Nat | None = None
 
 @_ev("drain_armed")
 class DrainArmed(Event):
-    request_id: Any = None
-    at_step: Any = None
-    members: Any = None
+    request_id: str | None = None
+    at_step: Nat | None = None
+    members: list[Nat] | None = None
 
 @_ev("drain_start")
 class DrainStart(Event):
-    request_id: Any = None
-    targets: Any = None
-    nodes: Any = None
-    live_step: Any = None
+    request_id: str | None = None
+    targets: list[Nat] | None = None
+    nodes: list[str] | None = None
+    live_step: Nat | None = None
 
 @_ev("drain_done")
 class DrainDone(Event):
-    request_id: Any = None
-    generation: Any = None
-    steps_replayed: Any = None
-    recoverable_step: Any = None
-    moved: Any = None
-    total_s: Any = None
-    dp: Any = OMIT  # a drain carried out by a shrink: the new dp and the slots it freed
-    freed: Any = OMIT
+    request_id: str | None = None
+    generation: Nat | None = None
+    steps_replayed: Nat | None = None
+    recoverable_step: Nat | None = None
+    moved: list[list[Nat]] | None = None
+    total_s: float | None = None
+    dp: Nat | None = OMIT  # a drain carried out by a shrink: the new dp and the slots it freed
+    freed: list[Nat] | None = OMIT
 
 @_ev("drain_missed")
 class DrainMissed(Event):
-    request_id: Any = None
-    at_step: Any = None
-    targets: Any = None
-    reason: Any = None
+    request_id: str | None = None
+    at_step: Nat | None = None
+    targets: list[Nat] | None = None
+    reason: str | None = None
 
 @_ev("drain_refused")
 class DrainRefused(Event):
-    request_id: Any = None
-    reason: Any = None
-    targets: Any = None
+    request_id: str | None = None
+    reason: str | None = None
+    targets: list[Nat] | None = None
 
 # --- the end of the job -------------------------------------------------------------------------------------
 
 @_ev("stopping")
 class Stopping(Event):
-    reason: Any = None
-    signal: Any = None
-    members: Any = None
-    generation: Any = None
+    reason: str | None = None
+    signal: str | int | None = None
+    members: list[Nat] | None = None
+    generation: Nat | None = None
 
 @_ev("job_done")
 class JobDone(JobEnd):
     JOB_STATE = "done"
-    final_hash: Any = None
-    step: Any = None
-    grid: Any = None
-    steps_agree: Any = None
-    generation: Any = None
-    rank_hashes: Any = None
+    final_hash: str | None = None
+    step: Nat | None = None
+    grid: Grid | None = None
+    steps_agree: bool | None = None
+    generation: Nat | None = None
+    rank_hashes: list[str] | None = None
 
 @_ev("clean_stop")
 class CleanStop(JobEnd):
-    checkpoint_step: Any = OMIT
+    checkpoint_step: Nat | None = OMIT
 
 @_ev("fallback")
 class Fallback(JobEnd):
-    checkpoint_step: Any = None
-    lost_steps: Any = None
-    checkpoint_path: Any = None
+    checkpoint_step: Nat | None = None
+    lost_steps: Nat | None = None
+    checkpoint_path: str | None = None
 
 @_ev("in_job_restart")
 class InJobRestart(JobEnd):
-    checkpoint_step: Any = None
+    checkpoint_step: Nat | None = None
 
 @_ev("coordinator_stopped")
 class CoordinatorStopped(JobEnd):
     JOB_STATE = "stopped"
-    signal: Any = None
-    checkpoint_step: Any = None
-    checkpoint_path: Any = None
-    note: Any = None
+    signal: str | int | None = None
+    checkpoint_step: Nat | None = None
+    checkpoint_path: str | None = None
+    note: str | None = None
 
 
 # The records that end a job, and the job state each leaves (``in_job_restart`` ends one srun step of it:

@@ -23,16 +23,18 @@ fault details of one user's job).
 
 from __future__ import annotations
 
+import codecs
 import json
+import math
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from phoenix_hpc.control.events import Event, name_of
 from phoenix_hpc.errors import StatusError
-from phoenix_hpc.files import FILE_MODE, decode_utf8, read_bytes
+from phoenix_hpc.files import FILE_MODE, decode_utf8, read_bytes, wide_encoding
 from phoenix_hpc.files import DIR_MODE, ensure_private_dir, write_private_file  # noqa: F401 -- re-exported
 
 JOURNAL_NAME = "journal.jsonl"
@@ -133,16 +135,20 @@ def _split(event: Event | str, fields: dict[str, Any]) -> tuple[str, dict[str, A
     return event, fields
 
 
-def iter_journal(path: str | os.PathLike, skipped: list[str] | None = None) -> Iterator[dict[str, Any]]:
-    """Yield the records of a journal file in order.
+def iter_journal(path: str | os.PathLike, skipped: list[str] | None = None,
+                 lines: list[int] | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the records of a journal file in order (with ``lines``: the file line of each yielded record,
+    from 1, is appended there).
 
     A torn last line (no trailing newline and not valid JSON, as left by a crash mid-write) is skipped.
-    A complete line that is not a JSON object with ``ts`` and ``event`` raises ValueError naming the line,
-    or, when a ``skipped`` list is given, is skipped and named there (a restarted coordinator reads on).
-    A run directory or a journal path may be given; a missing journal yields nothing.
+    A complete line that is not UTF-8, not JSON (or JSON nested deeper than Python's parser allows), or not
+    a JSON object with ``ts`` (a finite number: unix seconds) and ``event`` (a non-empty string) raises
+    ValueError naming the line, or, when a ``skipped`` list is given, is skipped and named there
+    (``"PATH:LINE: why: skipped"``; the reader reads on). A run directory or a journal path may be given; a
+    missing journal yields nothing.
 
     Raises:
-        StatusError: the journal is a directory, cannot be read, or is not UTF-8
+        StatusError: the journal is a directory, cannot be read, or is UTF-16/UTF-32 (a byte-order mark)
             (:func:`phoenix_hpc.files.read_bytes`).
     """
     p = Path(path)
@@ -151,42 +157,111 @@ def iter_journal(path: str | os.PathLike, skipped: list[str] | None = None) -> I
     data = read_bytes(p, "journal", error=StatusError, allow_empty=True, missing_ok=True)
     if data is None:
         return
-    decode_utf8(data[:data.rfind(b"\n") + 1], "journal", p, error=StatusError)  # a torn tail may end mid-character
-    lines = data.split(b"\n")
+    if wide_encoding(data):
+        decode_utf8(data[:4], "journal", p, error=StatusError)  # raises, naming the encoding
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    raws = data.split(b"\n")
     torn_tail = not data.endswith(b"\n")
-    for i, raw in enumerate(lines):
+    for i, raw in enumerate(raws):
         if not raw.strip():
             continue
-        last = i == len(lines) - 1
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError:
-            if last and torn_tail:
-                return
-            why = f"{p}:{i + 1}: not a JSON line: {raw[:80]!r}"
-        else:
-            why = None if isinstance(rec, dict) and "ts" in rec and "event" in rec \
-                else f"{p}:{i + 1}: journal record needs 'ts' and 'event': {raw[:80]!r}"
+        rec, why = _parse_line(raw)
         if why is None:
+            if lines is not None:
+                lines.append(i + 1)
             yield rec
-        elif skipped is None:
+            continue
+        if torn_tail and i == len(raws) - 1 and why.startswith(("not a JSON line", "not UTF-8")):
+            return  # a crash mid-write (it may end mid-character)
+        why = f"{p}:{i + 1}: {why}: {raw[:80]!r}"
+        if skipped is None:
             raise ValueError(why)
-        else:
-            skipped.append(why + ": skipped")
+        skipped.append(why + ": skipped")
+
+
+def _parse_line(raw: bytes) -> tuple[Any, str | None]:
+    """(record, None) of one journal line, or (None, why it is no record). Pure."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start} of the line)"
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError:
+        return None, "not a JSON line"
+    except RecursionError:
+        return None, "not a JSON line (nested deeper than the JSON reader allows)"
+    if not isinstance(rec, dict) or "ts" not in rec or "event" not in rec:
+        return None, "journal record needs 'ts' and 'event'"
+    ts, name = rec["ts"], rec["event"]
+    if not (type(ts) is int or (type(ts) is float and math.isfinite(ts))):
+        return None, f"journal record needs 'ts' and 'event': 'ts' is {json.dumps(ts)}, allowed a finite number (unix seconds)"
+    if type(name) is not str or not name:
+        return None, f"journal record needs 'ts' and 'event': 'event' is {json.dumps(name)}, allowed a non-empty string"
+    return rec, None
+
+
+class JournalRead(NamedTuple):
+    """What :func:`read_journal_numbered` read: ``records`` in file order, ``lines`` the file line (from 1) of
+    each, ``skipped`` the lines that are no record (``"PATH:LINE: why: skipped"``), ``path`` the journal file,
+    ``line_count`` the complete lines of the file (the next line written is ``line_count + 1``)."""
+
+    records: list[dict[str, Any]]
+    lines: list[int]
+    skipped: list[str]
+    path: Path
+    line_count: int
+
+
+def read_journal_numbered(path: str | os.PathLike) -> JournalRead:
+    """The records of a journal with their file lines, and the lines it skipped, for the readers that must
+    not stop at a bad line: a restarted coordinator (:mod:`phoenix_hpc.control.recorder`) and ``phoenix
+    status`` (:mod:`phoenix_hpc.status.collect`). One rule for both (:func:`iter_journal` with a ``skipped``
+    list): a torn last line is dropped silently; any other line that is no record (a disk error, a hand edit)
+    is skipped and named, in file order. Hand :meth:`JournalRead.where` to
+    :func:`phoenix_hpc.control.view.fold` so that what the fold skips is named by its file line too.
+
+    Raises:
+        StatusError: the journal is a directory, cannot be read, or is UTF-16/UTF-32 (:func:`iter_journal`).
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / JOURNAL_NAME
+    skipped: list[str] = []
+    lines: list[int] = []
+    records = list(iter_journal(p, skipped=skipped, lines=lines))
+    count = max(lines[-1:] + [_line_of(s) for s in skipped[-1:]], default=0)
+    return JournalRead(records, lines, skipped, p, count)
+
+
+def _line_of(skipped: str) -> int:
+    """The line number of a ``"PATH:LINE: why: skipped"`` entry."""
+    return int(skipped.split(": ", 1)[0].rsplit(":", 1)[1])
+
+
+def line_namer(read: JournalRead) -> Callable[[int, Any], str]:
+    """``where(number, record)``: ``"PATH:LINE"`` of a record of ``read`` (the same dict object), else
+    ``"record NUMBER"`` (a record from elsewhere, e.g. a landing file merged in). For
+    :func:`phoenix_hpc.control.view.fold`'s ``where``."""
+    line_of = {id(r): n for r, n in zip(read.records, read.lines)}
+    path = read.path
+
+    def where(number: int, record: Any) -> str:
+        n = line_of.get(id(record))
+        return f"{path}:{n}" if n is not None else f"record {number}"
+    return where
 
 
 def read_journal_skipping(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[str]]:
-    """The records of a journal and the lines it skipped, for the readers that must not stop at a bad line:
-    a restarted coordinator (:mod:`phoenix_hpc.control.restart`) and ``phoenix status``
-    (:mod:`phoenix_hpc.status.collect`). One rule for both (:func:`iter_journal` with a ``skipped`` list): a
-    torn last line is dropped silently; any other line that is not a JSON object with ``ts`` and ``event`` (a
-    disk error, a hand edit) is skipped and named, ``"PATH:LINE: why: skipped"``, in file order.
+    """The records of a journal and the lines it skipped (:func:`read_journal_numbered` without the line
+    numbers).
 
     Raises:
-        StatusError: the journal is a directory, cannot be read, or is not UTF-8 (:func:`iter_journal`).
+        StatusError: the journal is a directory, cannot be read, or is UTF-16/UTF-32 (:func:`iter_journal`).
     """
-    skipped: list[str] = []
-    return list(iter_journal(path, skipped=skipped)), skipped
+    read = read_journal_numbered(path)
+    return read.records, read.skipped
 
 
 def read_journal(path: str | os.PathLike, event: type[Event] | str | None = None) -> list[dict[str, Any]]:

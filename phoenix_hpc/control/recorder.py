@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from phoenix_hpc.control.events import Event
-from phoenix_hpc.control.journal import Journal, read_journal_skipping
+from phoenix_hpc.control.journal import Journal, line_namer, read_journal_numbered
 from phoenix_hpc.control.view import JobView, fold
 
 
@@ -25,12 +25,14 @@ class Recorder:
     """The coordinator's journal and the view its records fold to. Single-threaded (the coordinator's loop).
 
     ``journal``: None until :meth:`open` (or a test sets it); ``view``: the fold so far; ``records``: how many
-    records the view took (the record numbers :attr:`JobView.skipped` names)."""
+    records the view took; ``lines``: the journal's line the last one is on (a record the fold skips is named
+    in :attr:`JobView.skipped` by its ``PATH:LINE``, as ``phoenix status`` names it)."""
 
     def __init__(self) -> None:
         self.journal: Journal | None = None
         self.view = JobView()
         self.records = 0
+        self.lines = 0
 
     def open(self, journal: Journal, *, fold_existing: bool) -> None:
         """Take ``journal``; with ``fold_existing`` (a restarted coordinator), start the view from the fold of
@@ -39,17 +41,19 @@ class Recorder:
         Raises:
             StatusError: the journal cannot be read (:func:`~phoenix_hpc.control.journal.read_journal_skipping`).
         """
-        self.journal, self.view, self.records = journal, JobView(), 0
+        self.journal, self.view, self.records, self.lines = journal, JobView(), 0, 0
         if fold_existing and journal.path.exists():
-            recs, skipped = read_journal_skipping(journal.path)  # a bad line is skipped and named, never fatal
-            self.view = fold(recs)
-            self.view.skipped[:0] = skipped
-            self.records = len(recs)
+            read = read_journal_numbered(journal.path)  # a bad line is skipped and named, never fatal
+            self.view = fold(read.records, JobView(skipped=list(read.skipped)), where=line_namer(read))
+            self.records, self.lines = len(read.records), read.line_count
 
     def append(self, event: Event, *, deferred: bool = False) -> dict[str, Any]:
         """Journal ``event`` (:meth:`Journal.append`, or :meth:`Journal.append_deferred` with ``deferred``),
         then apply its record to :attr:`view`. Returns the record. Raises what the journal raises."""
         rec = (self.journal.append_deferred if deferred else self.journal.append)(event)
         self.records += 1
-        self.view = fold([json.loads(json.dumps(rec))], self.view, start=self.records)
+        self.lines += 1
+        path, line = self.journal.path, self.lines
+        self.view = fold([json.loads(json.dumps(rec))], self.view, start=self.records,
+                         where=lambda _n, _r: f"{path}:{line}")
         return rec

@@ -55,8 +55,8 @@ def _v(x: Any) -> Any:
 
 def _out_of_order(v: JobView, ev: E.Event, why: str) -> None:
     """An event that names what the view does not hold (a request never made, a slot never registered):
-    it changes nothing and is named in ``view.skipped``."""
-    v.skipped.append(f"{ev.NAME} at ts {ev.ts}: {why}: skipped (out of order)")
+    it changes nothing and is named in ``view.skipped`` (:func:`fold` puts its position in front)."""
+    v.skipped.append(f"out of order at ts {ev.ts}: {why}: skipped")
 
 
 def _field(ev: E.Event, name: str) -> Any:
@@ -545,19 +545,33 @@ def apply(view: JobView, event: E.Event) -> JobView:
     return view if out is None else out
 
 
-def fold(records: Iterable[Mapping[str, Any] | E.Event], view: JobView | None = None, start: int = 1) -> JobView:
+def fold(records: Iterable[Mapping[str, Any] | E.Event], view: JobView | None = None, start: int = 1,
+         where: Callable[[int, Any], str] | None = None) -> JobView:
     """``apply`` every record in order, from ``view`` (an empty :class:`JobView` by default). A record that is
-    not an event, or whose event cannot be applied, is skipped and named in ``view.skipped`` by its number
-    (the first is ``start``: the live coordinator folds one record at a time, control/recorder.py). Pure."""
+    not an event, whose fields are not of their types (:meth:`~phoenix_hpc.control.events.Event.from_record`),
+    or whose event cannot be applied or names what the view does not hold, is skipped and named in
+    ``view.skipped``: ``"POSITION (event): why: skipped"``, POSITION ``where(number, record)`` (the journal's
+    ``PATH:LINE``: :func:`phoenix_hpc.control.journal.line_namer`), else ``record NUMBER`` counting from
+    ``start`` (the live coordinator folds one record at a time, control/recorder.py). Pure."""
     v = view if view is not None else JobView()
     for i, rec in enumerate(records, start):
+        n = len(v.skipped)
         try:
             ev = rec if isinstance(rec, E.Event) else E.from_record(rec)
             if isinstance(ev, E.UnknownEvent):
-                v.skipped.append(f"record {i} ({ev.name}): no such journal event (a newer writer?): skipped")
-                continue
-            v = apply(v, ev)
+                why = "no such journal event (a newer writer?)"
+            else:
+                v = apply(v, ev)
+                if len(v.skipped) == n:
+                    continue
+                why = "; ".join(s.removesuffix(": skipped") for s in v.skipped[n:])  # apply: out of order
+                del v.skipped[n:]
         except (E.EventError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            name = rec.NAME if isinstance(rec, E.Event) else (rec.get("event") if isinstance(rec, Mapping) else "?")
-            v.skipped.append(f"record {i} ({name}): {type(exc).__name__}: {exc}: skipped")
+            why = f"{type(exc).__name__}: {exc}"
+        if isinstance(rec, E.Event):
+            name = rec.name if isinstance(rec, E.UnknownEvent) else rec.NAME
+        else:
+            name = rec.get("event") if isinstance(rec, Mapping) else "?"
+        pos = where(i, rec) if where is not None else f"record {i}"
+        v.skipped.append(f"{pos} ({name}): {why}: skipped")
     return v

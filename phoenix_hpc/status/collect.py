@@ -196,8 +196,11 @@ def collect_status(run_dir: Path, client=None, now: float | None = None) -> Stat
         from phoenix_hpc.slurm.client import SlurmClient
 
         client = SlurmClient()
+    from phoenix_hpc.control.journal import line_namer, read_journal_numbered
+
     run = read_run_files(run_dir)
-    records, skipped = read_records(run_dir)
+    read = read_journal_numbered(run_dir)
+    records, skipped = read.records, read.skipped
     job_id = str(run.job["job_id"]) if run.job and run.job.get("job_id") is not None else None
     nodes = sorted({str(r["node"]) for r in records if r.get("event") == E.Registered.NAME and r.get("node")})
     slurm = gather_slurm(client, job_id, nodes, list((run.job or {}).get("failure_domain_levels") or ()))
@@ -210,4 +213,5 @@ def collect_status(run_dir: Path, client=None, now: float | None = None) -> Stat
             slurm.nodes.update({r["NodeName"]: r for r in client.show_nodes(compress(hosts)) if "NodeName" in r})
         except SlurmError:
             pass
-    return derive_status(records, slurm, time.time() if now is None else now, run, journal_skipped=skipped)
+    return derive_status(records, slurm, time.time() if now is None else now, run, journal_skipped=skipped,
+                         where=line_namer(read))

@@ -73,7 +73,7 @@ renumbering) and marked ``source="planned"``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from phoenix_hpc.slurm.client import ACTIVE_JOB_STATES
 from phoenix_hpc.control import events as E
@@ -288,16 +288,19 @@ def no_spare_left(cfg: Mapping[str, Any]) -> str:
 
 
 def journal_view(records: list[Mapping[str, Any]], run: RunFiles, now: float,
-                 journal_skipped: Sequence[str] = ()) -> tuple[JobView, list]:
+                 journal_skipped: Sequence[str] = (), where: Callable[[int, Any], str] | None = None
+                 ) -> tuple[JobView, list]:
     """The fold of one job's ``records`` (:func:`current_job_records`) with its landing files, and what the
     ranks' own step logs add; ``journal_skipped``: the journal lines the reader skipped, named first in the
-    view's ``skipped``. Returns (view, the records folded, landings merged in). Pure."""
+    view's ``skipped``; ``where``: how the fold names a record it skips (its file line:
+    :func:`phoenix_hpc.control.journal.line_namer`). Returns (view, the records folded, landings merged in).
+    Pure."""
     heartbeat_progress = not any(r.get("event") == E.Progress.NAME for r in records)
     # the landing records of this job's injections (an earlier job of a resumed run left its own)
     since = float(records[0]["ts"]) if records and records[0].get("event") == E.CoordinatorStarted.NAME else None
     fired = [{**f, "event": E.InjectFired.NAME} for f in run.fired if since is None or float(f["ts"]) >= since]
     merged = sorted(list(records) + fired, key=lambda r: float(r["ts"])) if fired else records
-    st = fold(merged, JobView(heartbeat_progress=heartbeat_progress, skipped=list(journal_skipped)))
+    st = fold(merged, JobView(heartbeat_progress=heartbeat_progress, skipped=list(journal_skipped)), where=where)
     for inj in st.injections.values():
         if inj.kind == "corrupt-replica":
             inj.outcome = corrupt_replica_outcome(inj, merged)
@@ -504,14 +507,16 @@ def _warnings(st: JobView, cfg: Mapping[str, Any], sl: _Slurm, slurm: SlurmInfo,
 
 
 def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None, now: float,
-                  run: RunFiles | None = None, journal_skipped: Sequence[str] = ()) -> Status:
+                  run: RunFiles | None = None, journal_skipped: Sequence[str] = (),
+                  where: Callable[[int, Any], str] | None = None) -> Status:
     """The job's :class:`Status` from its journal ``records`` (in file order), Slurm's view and the run files.
 
     Pure: reads nothing, changes nothing. ``now`` (unix seconds) is used for ages only. The journal's part is
     the fold of :mod:`phoenix_hpc.control.view` (the one a restarted coordinator rebuilds from); this adds
     Slurm's view and presentation. ``journal_skipped``: the lines the journal reader skipped
     (:func:`phoenix_hpc.control.journal.read_journal_skipping`), shown with what the fold skipped in the
-    ``journal`` warning and listed whole in ``Status.journal_skipped``.
+    ``journal`` warning and listed whole in ``Status.journal_skipped``; ``where``: how the fold names a record
+    it skips (:func:`journal_view`).
 
     Raises:
         KeyError/ValueError: a record lacks ``ts``/``event`` (the journal reader skips those).
@@ -521,7 +526,7 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     cfg = run.config or {}
     all_records = list(records)
     records = current_job_records(all_records)
-    st, merged = journal_view(records, run, now, journal_skipped)
+    st, merged = journal_view(records, run, now, journal_skipped, where)
     grid = st.grid or _config_grid(cfg)
     levels = list(_get(cfg, "resilience", "placement_levels", default=None) or ["node"])
     gpus = _get(cfg, "resources", "gpus_per_node")
