@@ -33,10 +33,10 @@ class Timing:
     # a member named the corrupted DP replica at two steps at most this far apart is replaced (0: never)
     agreement_strikes_window_steps: int = 1000
     # resilience.replica_agreement: false: nothing is compared, journalled once per generation (agreement_off)
+    replica_agreement: bool = True
     # mode phoenix (enabled): the ranks snapshot every step; otherwise no digest exists to compare, journalled
     # once at job_running (agreement_off)
     snapshots: bool = True
-    replica_agreement: bool = True
 
 
 def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | None]:
