@@ -52,6 +52,19 @@ def _finite(x: Any) -> bool:
     return (type(x) is int) or (type(x) is float and math.isfinite(x))
 
 
+def _nat(x: Any) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _any_of(oks: tuple[Callable[[Any], bool], ...]) -> Callable[[Any], bool]:
+    def ok(x: Any) -> bool:
+        for one in oks:
+            if one(x):
+                return True
+        return False
+    return ok
+
+
 def field_rule(tp: Any) -> Rule | None:
     """The check of a field annotated ``tp`` (None: anything goes). JSON's types only: ``int`` (not a bool),
     ``float`` (an int or a float, finite: no NaN or infinity), ``str``, ``bool``, ``None``, ``list[T]``,
@@ -70,13 +83,17 @@ def field_rule(tp: Any) -> Rule | None:
         if NON_NEGATIVE not in meta or rule is None:
             return rule
         ok, what = rule
+        if base is int:
+            return _nat, f"{what} >= 0"
         return (lambda x: ok(x) and x >= 0), f"{what} >= 0"
     if origin is Union or origin is types.UnionType:
-        rules = [field_rule(a) for a in get_args(tp)]
+        args = get_args(tp)
+        rules = [field_rule(a) for a in args if a is not type(None)]
         if any(r is None for r in rules):
             return None
-        oks = tuple(ok for ok, _ in rules)
-        return (lambda x: any(ok(x) for ok in oks)), " or ".join(what for _, what in rules)
+        what = " or ".join(w for _, w in rules) + (" or null" if type(None) in args else "")
+        ok = rules[0][0] if len(rules) == 1 else _any_of(tuple(r[0] for r in rules))
+        return ((lambda x: x is None or ok(x)) if type(None) in args else ok), what
     if tp is type(None):
         return (lambda x: x is None), "null"
     if tp is bool:
@@ -93,7 +110,7 @@ def field_rule(tp: Any) -> Rule | None:
         if rule is None:
             return (lambda x: type(x) is list), "a list"
         ok, what = rule
-        return (lambda x: type(x) is list and all(ok(e) for e in x)), f"a list of ({what})"
+        return (lambda x: type(x) is list and all(map(ok, x))), f"a list of ({what})"
     if origin is dict:
         key, val = get_args(tp) or (str, Any)
         if key is not str:
@@ -102,7 +119,7 @@ def field_rule(tp: Any) -> Rule | None:
         if rule is None:
             return (lambda x: type(x) is dict), "an object"
         ok, what = rule
-        return (lambda x: type(x) is dict and all(ok(e) for e in x.values())), f"an object of ({what})"
+        return (lambda x: type(x) is dict and all(map(ok, x.values()))), f"an object of ({what})"
     raise TypeError(f"no journal rule for the annotation {tp!r}")
 
 
@@ -115,17 +132,17 @@ def _short(x: Any) -> str:
     return r if len(r) <= 60 else r[:57] + "..."
 
 
-_RULES: dict[type, tuple[frozenset[str], tuple[tuple[str, Rule], ...]]] = {}
+_ANYTHING: Rule = (lambda x: True, "anything")
+_RULES: dict[type, dict[str, Rule]] = {}
 
 
-def _rules(cls: type) -> tuple[frozenset[str], tuple[tuple[str, Rule], ...]]:
-    """(field names, the rule of every checked field) of event class ``cls``, built once."""
+def _rules(cls: type) -> dict[str, Rule]:
+    """The rule of every field of event class ``cls`` but ``ts`` and ``extra``, built once."""
     got = _RULES.get(cls)
     if got is None:
         hints = get_type_hints(cls, include_extras=True)
-        names = frozenset(f.name for f in fields(cls)) - {"ts", "extra"}
-        checked = tuple((n, r) for n in sorted(names) if (r := field_rule(hints[n])) is not None)
-        got = _RULES[cls] = (names, checked)
+        got = _RULES[cls] = {f.name: field_rule(hints[f.name]) or _ANYTHING for f in fields(cls)
+                             if f.name not in ("ts", "extra")}
     return got
 
 
@@ -161,18 +178,22 @@ class Event:
                 or a field's value is not what its annotation allows (the message names the field, the value
                 and what is allowed).
         """
-        names, checked = _rules(cls)
-        kw = {k: v for k, v in rec.items() if k in names}
-        extra = {k: v for k, v in rec.items() if k not in names and k != "ts" and k != "event"}
+        rules = _rules(cls)
+        kw, extra = {}, {}
+        for k, v in rec.items():
+            rule = rules.get(k)
+            if rule is not None:
+                if not rule[0](v):
+                    raise EventError(f"field {k!r} is {_short(v)}: allowed {rule[1]}")
+                kw[k] = v
+            elif k != "ts" and k != "event":
+                extra[k] = v
         ts = rec.get("ts")
         if ts is not None and not _finite(ts):
             raise EventError(f"field 'ts' is {_short(ts)}: allowed a finite number (unix seconds)")
         for name in cls.REQUIRED:
             if name not in kw:
                 raise EventError(f"field {name!r} is missing: it is required")
-        for name, (ok, what) in checked:
-            if name in kw and not ok(kw[name]):
-                raise EventError(f"field {name!r} is {_short(kw[name])}: allowed {what}")
         return cls(ts=None if ts is None else float(ts), extra=extra, **kw)
 
 
