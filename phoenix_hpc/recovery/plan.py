@@ -130,7 +130,9 @@ def params_source(peers: list[int], holder: int, sends: dict[int, int]) -> int:
     spare; on a tie a peer that is not ``holder``, then dp order. So the parameters and the optimizer shard come from two senders where the
     DP group allows it (a spare then receives both at once, launch/transfers.py), and several spares do not
     all drain one peer. Pure."""
-    return min(peers, key=lambda p: (sends.get(p, 0) + (p == holder), p == holder, peers.index(p)))
+    # O(len(peers)): the position comes with the peer (a key that looked it up with peers.index was quadratic:
+    # 1.0 s of a 16k-rank plan's 1.04 s, BENCHMARKS.md section 5)
+    return min(enumerate(peers), key=lambda ip: (sends.get(ip[1], 0) + (ip[1] == holder), ip[1] == holder, ip[0]))[1]
 
 
 @takes_plan_input
