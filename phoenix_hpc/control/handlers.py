@@ -48,13 +48,16 @@ def apply_commit(c: Any, slot: Any, body: dict) -> None:
     the job."""
     r = slot.logical_rank
     shards, replicas = dict(body.get("shards", {})), dict(body.get("replicas", {}))
-    old_shards, old_replicas = c.held.get(r, ((), ()))
-    for sid in set(old_shards) - set(shards) - set(replicas) | set(old_replicas) - set(replicas) - set(shards):
-        c.committed.get(sid, {}).pop(r, None)
-    for sid in set(old_replicas) - set(replicas):
-        if r in c.placement.get(sid, ()):
-            c.placement[sid].remove(r)
-    c.held[r] = (tuple(shards), tuple(replicas))
+    held = (tuple(shards), tuple(replicas))
+    old = c.held.get(r)
+    if old is not None and old != held:  # rare (a new placement): the per-report cost is one tuple compare
+        old_shards, old_replicas = old
+        for sid in set(old_shards) - set(shards) - set(replicas) | set(old_replicas) - set(replicas) - set(shards):
+            c.committed.get(sid, {}).pop(r, None)
+        for sid in set(old_replicas) - set(replicas):
+            if r in c.placement.get(sid, ()):
+                c.placement[sid].remove(r)
+    c.held[r] = held
     for sid, step in shards.items():
         c.committed.setdefault(sid, {})[r] = int(step)
     for sid, step in replicas.items():
