@@ -8,7 +8,12 @@ On disk nothing changed: one JSON object per line, ``{"ts": unix seconds, "event
 journal written before these classes existed reads the same. :meth:`Event.to_record` gives the fields (no
 ``ts``: the journal stamps it when it writes); :meth:`Event.from_record` takes a record back:
 
-- a field the record lacks takes the class's default (every field has one: an older coordinator wrote fewer);
+- a field the record lacks takes the class's default (every field has one: an older coordinator wrote fewer),
+  but for the few a class lists in ``REQUIRED`` (a ``commit`` without ``recoverable_step`` says nothing);
+- a field the record has must be of its annotated type (``Nat``: an integer >= 0; ``float``: a finite number;
+  ``X | None``: null allowed; lists and objects of them; ``Any``: anything), and ``ts`` a finite number, or
+  :meth:`Event.from_record` raises :class:`EventError` naming the field, the value and what is allowed (the
+  fold skips and names such a record, so no reader after it sees a wrong type);
 - a field written only sometimes (``restart`` of ``coordinator_started``, ``placement`` of ``commit``...)
   defaults to :data:`OMIT` and is left out of :meth:`Event.to_record` while it is;
 - a field the class does not declare is kept in ``extra`` (a newer writer's field, the counters of

@@ -27,9 +27,11 @@ Records of an earlier job of the same run (a resumed run appends to one journal)
 ``coordinator_started`` that is not a restart starts the view again.
 
 Bad input never stops the fold: a record that is not an event, an event name no class declares
-(a newer writer), or an event whose fields cannot be read (a ``world_rank`` that is no integer, an event out
-of order that names a slot never registered...) is skipped and named in ``view.skipped`` (``"record 12
-(recovery_plan): ..."``). A torn last line never reaches the fold (the journal reader drops it).
+(a newer writer), an event whose fields are not of their declared types (a ``world_rank`` that is no
+integer: :meth:`~phoenix_hpc.control.events.Event.from_record`), or an event out of order (it names a slot
+never registered...) is skipped and named in ``view.skipped`` by its journal line (``"PATH:12
+(recovery_plan): ..."``, given :func:`fold`'s ``where``; ``"record 12 (...)"`` without one). A torn last
+line never reaches the fold (the journal reader drops it).
 """
 
 from __future__ import annotations
