@@ -54,6 +54,7 @@ effect is SIGKILL. ``phoenix status`` reads these files.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import threading
@@ -395,7 +396,8 @@ class FiredFile:
 
 def read_fired(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The landing records of a run (see :class:`FiredFile`), oldest first; unreadable files are skipped
-    (a rank killed mid-rename leaves only a temporary file, which is not matched)."""
+    (a rank killed mid-rename leaves only a temporary file, which is not matched), and so are records whose
+    ``ts`` is not a finite number (a hand edit: they cannot be put in order)."""
     d = Path(run_dir) / FAULTS_DIR
     out = []
     for p in sorted(d.glob("fired-*.json")) if d.is_dir() else []:
@@ -403,6 +405,7 @@ def read_fired(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
             rec = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(rec, dict) and "ts" in rec:
+        ts = rec.get("ts") if isinstance(rec, dict) else None
+        if type(ts) is int or (type(ts) is float and math.isfinite(ts)):
             out.append(rec)
     return sorted(out, key=lambda r: r["ts"])

@@ -200,3 +200,23 @@ def test_phoenix_status_of_a_damaged_copy_of_a_real_journal_names_each_bad_line_
     assert named == sorted(want)
     assert data["job"]["final_hash"] is None and out.stat().st_size > 0
     assert all(rec["total_s"] != "?" for rec in data["recoveries"])
+
+
+@pytest.mark.parametrize("ts", ["yesterday", None, "NaN", True])
+def test_a_landing_file_whose_ts_is_no_finite_number_is_left_out_and_status_goes_on(tmp_path, monkeypatch, ts):
+    """``faults/fired-*.json`` is merged into the journal's records by time: one with a ``ts`` that cannot be
+    ordered (a hand edit) is left out like an unreadable one, never a traceback."""
+    from phoenix_hpc.faults.trigger import read_fired
+
+    monkeypatch.setenv("PHOENIX_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    rd = make_run(tmp_path, "fired", REAL)
+    (rd / "faults").mkdir()
+    good = json.loads((DATA / "status_node_loss" / "fired-2acb04551b36-w1.json").read_text())
+    (rd / "faults" / "fired-2acb04551b36-w1.json").write_text(json.dumps(good))
+    bad = {**good, "world_rank": 2, "ts": math.nan if ts == "NaN" else ts}
+    (rd / "faults" / "fired-2acb04551b36-w2.json").write_text(json.dumps(bad))
+    assert read_fired(rd) == [good]
+    for args in ((), ("--json",)):
+        res = _status(rd, *args)
+        assert res.exit_code == 0 and "Traceback" not in res.output, res.output
