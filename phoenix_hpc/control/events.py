@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 from phoenix_hpc.control.event_base import (  # noqa: F401 - re-exported: the events' own machinery
     OMIT, REGISTRY, Event, EventError, Grid, JobEnd, Nat, RankMap, UnknownEvent, event as _ev,
-    from_record, name_of)
+    from_record, name_of, well_typed)
 from phoenix_hpc.control.states import RecoveryPhase  # noqa: F401 - re-exported: the phase of recovery_aborted
 
 

@@ -46,7 +46,7 @@ def rebuild_from_journal(c: Any) -> JobView:
     if r.grid is not None:
         c.grid = r.grid
     if c.grid:  # the steps repaired and the strikes of replica agreement (control/agreement.py)
-        records, _ = read_journal_skipping(c.journal.path)
+        records = E.well_typed(read_journal_skipping(c.journal.path)[0])  # the fold skipped the others
         c.agreement = book_from_records(records, dp=c.grid[2], generation=c.generation, rank_maps=c.rank_maps,
                                         rank_map=c.rank_map, window=int(c.t.agreement_strikes_window_steps))
     c._rejoined: set[int] = set()

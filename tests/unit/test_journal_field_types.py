@@ -220,3 +220,25 @@ def test_a_landing_file_whose_ts_is_no_finite_number_is_left_out_and_status_goes
     for args in ((), ("--json",)):
         res = _status(rd, *args)
         assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+
+
+@pytest.mark.parametrize("field,value", [("generation", [1]), ("suspects", 3), ("step", "3"), ("majority", "0")])
+def test_a_coordinator_restarts_over_a_wrong_typed_record_and_journals_it(tmp_path, field, value):
+    """The raw records a restart reads besides the fold (replica agreement's book) are the well-typed ones:
+    the damaged record is skipped, named by its line in ``coordinator_restarted.skipped``, never a crash."""
+    from phoenix_hpc.control.coordinator import Coordinator
+    from test_status_derive import node_loss_records, start_records
+
+    bad = {"ts": 99.0, "event": "silent_corruption", "generation": 1, "step": 3, "pp": 0, "tp": 0,
+           "members": {"0": "a", "1": "b"}, "suspects": [1], "majority": [0], field: value}
+    records = start_records() + node_loss_records() + [bad]
+    p = _write(tmp_path / "journal.jsonl", [_line(r) for r in records])
+    c = Coordinator(tmp_path, restart=1, host="127.0.0.1")
+    c.open()
+    try:
+        assert c.generation == 1
+    finally:
+        c.close()
+    (rec,) = [r for r in read_journal(p) if r["event"] == "coordinator_restarted"]
+    (skipped,) = rec["skipped"]
+    assert skipped.startswith(f"{p}:{len(records)} (silent_corruption): EventError: field {field!r} is ")
