@@ -242,3 +242,13 @@ def test_a_coordinator_restarts_over_a_wrong_typed_record_and_journals_it(tmp_pa
     (rec,) = [r for r in read_journal(p) if r["event"] == "coordinator_restarted"]
     (skipped,) = rec["skipped"]
     assert skipped.startswith(f"{p}:{len(records)} (silent_corruption): EventError: field {field!r} is ")
+
+
+def test_every_event_class_declares_checkable_field_types_and_reads_a_bare_record():
+    """A field annotation outside the JSON vocabulary would raise TypeError here, not on a user's journal."""
+    for name, cls in E.REGISTRY.items():
+        if cls.REQUIRED:
+            with pytest.raises(E.EventError, match="is missing: it is required"):
+                E.from_record({"ts": 1.0, "event": name})
+        else:
+            assert type(E.from_record({"ts": 1.0, "event": name})) is cls
