@@ -65,12 +65,19 @@ class Journal:
             TypeError: a field is not JSON-serialisable, or fields are given with an event object.
             ValueError: ``event`` is empty, a field is named ``ts``/``event``, or the journal is closed.
         """
-        return self._write(*_split(event, fields), sync=True)
+        return self._write(*_split(event, fields), sync=True)[0]
 
     def append_deferred(self, event: Event | str, **fields: Any) -> dict[str, Any]:
         """Like :meth:`append`, but the ``fsync`` waits for the next :meth:`sync` or :meth:`append` (group
         commit, see the module docstring). The line is written now, in call order. Same errors."""
-        return self._write(*_split(event, fields), sync=False)
+        return self._write(*_split(event, fields), sync=False)[0]
+
+    def write(self, event: Event, *, sync: bool = True) -> tuple[dict[str, Any], bytes]:
+        """:meth:`append` (``sync``) or :meth:`append_deferred` of an event object, returning the record and the
+        line written (UTF-8 JSON and its newline): what a reader of the file reads back, for a caller that
+        applies the record as read (:class:`phoenix_hpc.control.recorder.Recorder`) without encoding it twice.
+        Same errors."""
+        return self._write(*_split(event, {}), sync=sync)
 
     def sync(self) -> int:
         """Make every deferred line durable with one ``fsync`` (none when nothing is pending). Returns how
@@ -89,7 +96,7 @@ class Journal:
                 self._unsynced = 0
             return n
 
-    def _write(self, event: str, fields: dict[str, Any], sync: bool) -> dict[str, Any]:
+    def _write(self, event: str, fields: dict[str, Any], sync: bool) -> tuple[dict[str, Any], bytes]:
         if not event:
             raise ValueError("journal event name must be a non-empty string")
         if "ts" in fields or "event" in fields:
@@ -106,7 +113,7 @@ class Journal:
                 self._unsynced = 0
             else:
                 self._unsynced += 1
-        return record
+        return record, line
 
     def close(self) -> None:
         """Make deferred lines durable and close the file; further appends raise ValueError."""
