@@ -4,8 +4,8 @@ Read by :mod:`phoenix_hpc.control.capacity`; ``source`` names the run the number
 """
 
 MEASURED = {
-    "cpu_s_per_message": 2.294e-05,
-    "idle_cores": 0.0194,
+    "cpu_s_per_message": 2.48e-05,
+    "idle_cores": 0.0265,
     "max_ranks": 16016,
-    "source": "control-plane benchmark of 2026-12-07T12:26:23+00:00 (scripts/bench-control-plane --ranks 1000,4000,16000; Intel(R) Xeon(R) Processor, 2 logical CPUs; commit 6d936adeea79+dirty): BENCHMARKS.md \"5. Control plane at scale\", record benchmarks/control_plane.json"
+    "source": "control-plane benchmark of 2026-12-07T19:13:04+00:00 (scripts/bench-control-plane --ranks 1000,4000,16000; Intel(R) Xeon(R) Processor, 2 logical CPUs; commit 74172975b682): BENCHMARKS.md \"5. Control plane at scale\", record benchmarks/control_plane.json"
 }
