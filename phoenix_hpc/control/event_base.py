@@ -211,8 +211,8 @@ class JobEnd(Event):
     """A record that ends the job. ``JOB_STATE``: the job's final state; ``message``: how to continue."""
 
     JOB_STATE: ClassVar[str] = "failed"
-    reason: Any = OMIT
-    message: Any = OMIT
+    reason: str | None = OMIT
+    message: str | None = OMIT
 
 
 def event(name: str):

@@ -252,3 +252,10 @@ def test_every_event_class_declares_checkable_field_types_and_reads_a_bare_recor
                 E.from_record({"ts": 1.0, "event": name})
         else:
             assert type(E.from_record({"ts": 1.0, "event": name})) is cls
+
+
+@pytest.mark.parametrize("event", ["clean_stop", "fallback", "coordinator_stopped", "job_done"])
+@pytest.mark.parametrize("field", ["message", "reason"])
+def test_the_words_of_a_jobs_end_are_text(event, field):
+    with pytest.raises(E.EventError, match=f"field {field!r} is 12345: allowed a string or null"):
+        E.from_record({"ts": 1.0, "event": event, field: 12345})
