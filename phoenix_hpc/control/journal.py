@@ -237,7 +237,7 @@ def read_journal_numbered(path: str | os.PathLike) -> JournalRead:
         p = p / JOURNAL_NAME
     skipped: list[str] = []
     lines: list[int] = []
-    records = list(iter_journal(p, skipped=skipped, lines=lines))
+    records = list(iter_journal(path, skipped=skipped, lines=lines))  # a journal that is a directory: refused
     count = max(lines[-1:] + [_line_of(s) for s in skipped[-1:]], default=0)
     return JournalRead(records, lines, skipped, p, count)
 
