@@ -21,8 +21,8 @@ def _replies(c, to):
 def test_events_first_then_the_commands_in_order(tmp_path):
     c = _coordinator(tmp_path)
     order = []
-    append, push = c.journal.append, c.store.queue_push
-    c.journal.append = lambda ev: (order.append(ev.NAME), append(ev))
+    write, push = c.journal.write, c.store.queue_push  # the recorder journals through Journal.write
+    c.journal.write = lambda ev, sync=True: (order.append(ev.NAME), write(ev, sync=sync))[1]
     c.store.queue_push = lambda key, raw: (order.append(key), push(key, raw))
     req = {"type": "inject", "reply_to": "cli-1", "nonce": "n1"}
     c.transport.carry_out(Outcome([E.SpareLost(slots=[2], spares_left=[])],

@@ -38,7 +38,7 @@ def spelled_names(source: str) -> list[tuple[int, str]]:
             f = node.func
             name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
             arg = None
-            if name in ("append", "append_deferred") and "journal" in ast.unparse(f).lower() and node.args:
+            if name in ("append", "append_deferred", "write") and "journal" in ast.unparse(f).lower() and node.args:
                 arg = node.args[0]  # the event itself (an event object's own fields may hold any words)
             elif name == "read_journal" and len(node.args) > 1:
                 arg = node.args[1]
