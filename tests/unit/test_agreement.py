@@ -106,6 +106,16 @@ def _coordinator(tmp_path, grid, generation=0) -> Coordinator:
     return c
 
 
+class _NullStore:
+    """The coordinator's store where nothing sent is read back (sends and the generation key)."""
+
+    def queue_push(self, key, value):
+        pass
+
+    def set(self, key, value):
+        pass
+
+
 def _commit(c, w, step, digest, g=0, board=False):
     shard = f"opt/pp0/tp0/dp{w}"
     params = [[step - 1, A], [step, digest]] if step > 1 else [[step, digest]]
@@ -323,14 +333,7 @@ def test_a_disagreement_is_rolled_back_once_and_a_second_one_at_that_step_stops_
         mark_complete(root, s, {"step": s})
     c.view.checkpoint(0.0, 15)  # a persistent checkpoint of step 15, as its record leaves the view
 
-    class _Store:
-        def queue_push(self, key, value):
-            pass
-
-        def set(self, key, value):
-            pass
-
-    c.store = _Store()
+    c.store = _NullStore()
     for w in range(3):
         _commit(c, w, 10, A)  # steps 9 and 10 agree
     for w in range(3):
@@ -368,14 +371,7 @@ def test_a_disagreement_is_rolled_back_once_and_a_second_one_at_that_step_stops_
 def test_dp2_both_members_roll_back_and_neither_is_struck(tmp_path):
     c = _coordinator(tmp_path, (1, 1, 2))
 
-    class _Store:
-        def queue_push(self, key, value):
-            pass
-
-        def set(self, key, value):
-            pass
-
-    c.store = _Store()
+    c.store = _NullStore()
     c.t = type(c.t)(**{**c.t.__dict__, "agreement_strikes_window_steps": 1000})
     for w in range(2):
         _commit(c, w, 6, A)
@@ -524,14 +520,7 @@ def test_a_difference_at_a_generations_first_commit_falls_back_saying_why(tmp_pa
     The fallback says so, not that owner and holders are dead."""
     c = _coordinator(tmp_path, (1, 1, 2))
 
-    class _Store:
-        def queue_push(self, key, value):
-            pass
-
-        def set(self, key, value):
-            pass
-
-    c.store = _Store()
+    c.store = _NullStore()
     for w in range(2):
         _fence_fault(c, w, 1, None, 0, B if w else A)
     recovery_machine.decide(c, c.clock())
