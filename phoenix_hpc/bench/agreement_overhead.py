@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.update_benchmarks:
         from phoenix_hpc.bench import report
 
-        report.update_agreement_record(Path(a.update_benchmarks), res)
+        report.keep_record(Path(a.update_benchmarks), "agreement_overhead", res)
     return 0
 
 

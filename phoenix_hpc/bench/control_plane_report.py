@@ -259,7 +259,7 @@ def capacity_table_source(result: dict[str, Any]) -> str:
 
 
 def update_benchmarks(folder: Path, result: dict[str, Any], table: Path | None = None) -> None:
-    """Keep ``result`` as ``folder``/:data:`phoenix_hpc.bench.report.CONTROL_PLANE_RECORD` (read by every later
+    """:func:`phoenix_hpc.bench.report.keep_record`: keep ``result`` as ``folder``/:data:`phoenix_hpc.bench.report.CONTROL_PLANE_RECORD` (read by every later
     report, whatever folder a full run writes to) and under ``control_plane`` in ``folder/BENCHMARKS.json``,
     re-render ``folder/BENCHMARKS.md`` from that JSON (the other sections' numbers unchanged, the GPU reports
     kept now; every section's code checked against the repository's HEAD now), and write the capacity table, which cites this section
@@ -267,16 +267,7 @@ def update_benchmarks(folder: Path, result: dict[str, Any], table: Path | None =
     BENCHMARKS.json gets one holding this section alone."""
     from phoenix_hpc.bench import report
 
-    repo = Path(__file__).resolve().parents[2]
-    js = folder / "BENCHMARKS.json"
-    data = json.loads(js.read_text()) if js.exists() else {}
-    report._atomic_text(folder / report.CONTROL_PLANE_RECORD, json.dumps(result, indent=1, sort_keys=True) + "\n")
-    data["control_plane"] = result
-    report.with_provenance(report.with_gpu_reports(data, repo), repo)
-    text = json.dumps(data, indent=1, sort_keys=True, default=str) + "\n"
-    report._atomic_text(js, text)
-    # rendered from the JSON as written (keys sorted), so that a later re-render of the file gives the same page
-    report._atomic_text(folder / "BENCHMARKS.md", report.render_markdown(json.loads(text)))
+    report.keep_record(folder, "control_plane", result)
     try:
         src = capacity_table_source(result)
     except ValueError:

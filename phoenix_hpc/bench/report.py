@@ -846,6 +846,10 @@ CONTROL_PLANE_RECORD = "benchmarks/control_plane.json"
 #: ``BENCHMARKS.json`` holds a copy under ``agreement_overhead``, shown in section 1.
 AGREEMENT_RECORD = "benchmarks/agreement_overhead.json"
 
+#: The sections measured by commands of their own whose results are kept as files: key in BENCHMARKS.json ->
+#: the record's path under the report's folder (:func:`keep_record` writes them, :func:`with_kept_records` reads).
+KEPT_RECORDS = {"control_plane": CONTROL_PLANE_RECORD, "agreement_overhead": AGREEMENT_RECORD}
+
 
 def with_kept_records(data: dict, repo: Path) -> dict:
     """``data`` (a BENCHMARKS.json's content) with ``control_plane`` read from ``repo``/:data:`CONTROL_PLANE_RECORD`
@@ -853,30 +857,34 @@ def with_kept_records(data: dict, repo: Path) -> dict:
     changes ``data`` in place and returns it.
 
     Raises ValueError naming the record when it is not JSON: a kept record is never silently dropped."""
-    for key, name in (("control_plane", CONTROL_PLANE_RECORD), ("agreement_overhead", AGREEMENT_RECORD)):
+    for key, name in KEPT_RECORDS.items():
         rec = Path(repo) / name
         if rec.is_file():
             data[key] = _read_json(rec)
     return data
 
 
-def update_agreement_record(folder: Path, result: dict) -> None:
-    """Keep ``result`` (:func:`phoenix_hpc.bench.agreement_overhead.main`'s) as ``folder``/:data:`AGREEMENT_RECORD`
-    and under ``agreement_overhead`` in ``folder/BENCHMARKS.json``, and re-render ``folder/BENCHMARKS.md`` from
-    that JSON (the other sections' numbers unchanged, the GPU reports kept now, every section's code checked
-    against the repository's HEAD now). A folder without BENCHMARKS.json gets one holding this record alone."""
+def keep_record(folder: Path, key: str, result: dict) -> dict:
+    """Keep ``result`` (a benchmark command's, ``key`` one of :data:`KEPT_RECORDS`) as ``folder``/its record
+    and under ``key`` in ``folder/BENCHMARKS.json``, and re-render ``folder/BENCHMARKS.md`` from that JSON
+    (the other sections' numbers unchanged, the GPU reports kept now, every section's code checked against
+    the repository's HEAD now). A folder without BENCHMARKS.json gets one holding this record alone.
+    Returns the JSON's content as written.
+
+    Raises ValueError naming ``folder/BENCHMARKS.json`` when it is not JSON (nothing is written then)."""
     repo = Path(__file__).resolve().parents[2]
     folder = Path(folder)
     js = folder / "BENCHMARKS.json"
     data = _read_json(js) if js.exists() else {}
-    (folder / AGREEMENT_RECORD).parent.mkdir(parents=True, exist_ok=True)
-    _atomic_text(folder / AGREEMENT_RECORD, json.dumps(result, indent=1, sort_keys=True) + "\n")
-    data["agreement_overhead"] = result
+    _atomic_text(folder / KEPT_RECORDS[key], json.dumps(result, indent=1, sort_keys=True) + "\n")
+    data[key] = result
     with_provenance(with_gpu_reports(data, repo), repo)
     text = json.dumps(data, indent=1, sort_keys=True, default=str) + "\n"
     _atomic_text(js, text)
     # rendered from the JSON as written (keys sorted), so that a later re-render gives the same page
-    _atomic_text(folder / "BENCHMARKS.md", render_markdown(json.loads(text)))
+    written = json.loads(text)
+    _atomic_text(folder / "BENCHMARKS.md", render_markdown(written))
+    return written
 
 
 def _read_json(path: Path):

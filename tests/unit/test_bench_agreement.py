@@ -63,7 +63,7 @@ def _result(ranks):
 def test_the_kept_record_is_shown_in_section_1_and_read_back(tmp_path):
     res = _result([_rank(0, 101.0, 100.0, jitter=0.5), _rank(1, 100.0, 99.0)])
     (tmp_path / "BENCHMARKS.json").write_text(json.dumps({"commit": "abc123", "overhead": {"error": "not run"}}))
-    report.update_agreement_record(tmp_path, res)
+    report.keep_record(tmp_path, "agreement_overhead", res)
     kept = json.loads((tmp_path / report.AGREEMENT_RECORD).read_text())
     assert kept["analysis"]["mean_ratio"] == res["analysis"]["mean_ratio"]
     data = json.loads((tmp_path / "BENCHMARKS.json").read_text())
