@@ -13,7 +13,10 @@ under :attr:`ArmedInstructions.lock`.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from phoenix_hpc.faults.trigger import Injection
 
 
 class ArmedInstructions:
@@ -118,9 +121,11 @@ class ArmedInstructions:
             self.injections[:] = keep
         self._ack(msg, False, None, "disarmed" if dropped else "disarm: not pending (already fired or never armed)")
 
-    def take_injection(self, step: int, phase: str) -> dict[str, Any] | None:
-        """The injection due at ``(step, phase)`` (removed from the pending list), or None."""
-        for i, inj in enumerate(self.injections):
-            if inj["at_step"] == step and inj["phase"] == phase:
-                return self.injections.pop(i)
-        return None
+    def take_injection(self, step: int, phase: str) -> "Injection | None":
+        """The injection due at ``(step, phase)`` (:func:`phoenix_hpc.faults.trigger.take_due`, under
+        :attr:`lock`: the same rule and the same lock as the fault trigger), removed from the pending list, or
+        None."""
+        from phoenix_hpc.faults.trigger import take_due
+
+        with self.lock:
+            return take_due(self.injections, step, phase)

@@ -38,13 +38,16 @@ import uuid
 from collections import deque
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from phoenix_hpc.control import protocol as P
 from phoenix_hpc.control.armed import ArmedInstructions
 from phoenix_hpc.control.heartbeat import Heartbeat, default_on_lost
 from phoenix_hpc.control.outbox import Outbox
 from phoenix_hpc.errors import ControlError
+
+if TYPE_CHECKING:
+    from phoenix_hpc.faults.trigger import Injection
 
 
 class CoordinatorClient:
@@ -590,7 +593,7 @@ class CoordinatorClient:
         """:meth:`ArmedInstructions.take_drain`."""
         return self.armed.take_drain(step)
 
-    def take_injection(self, step: int, phase: str) -> dict[str, Any] | None:
+    def take_injection(self, step: int, phase: str) -> "Injection | None":
         """:meth:`ArmedInstructions.take_injection`."""
         return self.armed.take_injection(step, phase)
 
