@@ -50,6 +50,13 @@ if TYPE_CHECKING:
     from phoenix_hpc.faults.trigger import Injection
 
 
+def _on_armed(name: str, doc: str, settable: bool = False) -> property:
+    """A field of the slot's :class:`~phoenix_hpc.control.armed.ArmedInstructions`, read (and, when
+    ``settable``, set) through the client."""
+    return property(lambda c: getattr(c.armed, name),
+                    (lambda c, v: setattr(c.armed, name, v)) if settable else None, doc=doc)
+
+
 class CoordinatorClient:
     """A slot's connection to the coordinator.
 
@@ -552,42 +559,14 @@ class CoordinatorClient:
         self.heart.stop(join_timeout_s)
 
     # --- the armed instructions (ArmedInstructions), read and set by the training loop -------------------
-    @property
-    def injections(self) -> list[dict]:
-        """The armed injections (:attr:`ArmedInstructions.injections`)."""
-        return self.armed.injections
-
-    @property
-    def injections_lock(self) -> threading.Lock:
-        """The lock of :attr:`injections` and :attr:`drain`, shared with the fault trigger."""
-        return self.armed.lock
-
-    @property
-    def drain(self) -> dict | None:
-        """The armed planned drain ``{request_id, at_step}``, or None."""
-        return self.armed.drain
-
-    @drain.setter
-    def drain(self, value: dict | None) -> None:
-        self.armed.drain = value
-
-    @property
-    def started_step(self) -> int | None:
-        """The iteration this slot is in (set by the training loop): instructions for it come too late."""
-        return self.armed.started_step
-
-    @started_step.setter
-    def started_step(self, step: int | None) -> None:
-        self.armed.started_step = step
-
-    @property
-    def last_step(self) -> int | None:
-        """The job's last step, when known (an injection past it is refused)."""
-        return self.armed.last_step
-
-    @last_step.setter
-    def last_step(self, step: int | None) -> None:
-        self.armed.last_step = step
+    injections = _on_armed("injections", "The armed injections (:attr:`ArmedInstructions.injections`).")
+    injections_lock = _on_armed("lock", "The lock of :attr:`injections` and :attr:`drain`, shared with the fault "
+                                "trigger.")
+    drain = _on_armed("drain", "The armed planned drain ``{request_id, at_step}``, or None.", settable=True)
+    started_step = _on_armed("started_step", "The iteration this slot is in (set by the training loop): "
+                             "instructions for it come too late.", settable=True)
+    last_step = _on_armed("last_step", "The job's last step, when known (an injection past it is refused).",
+                          settable=True)
 
     def take_drain(self, step: int) -> dict[str, Any] | None:
         """:meth:`ArmedInstructions.take_drain`."""
