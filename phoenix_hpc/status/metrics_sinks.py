@@ -2,7 +2,8 @@
 ``phoenix status`` shows them. Pure.
 
 The config is the run directory's ``config.yaml`` as a plain dict (status does not re-validate it: an older
-version's config must still render), so a missing or malformed ``logging`` section reads as both off.
+version's config must still render), so a missing or malformed ``logging`` section reads as both off, and a
+``tensorboard_dir`` that is not a string as TensorBoard off.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ def metrics_sinks(cfg: dict[str, Any] | None, run_dir: str) -> dict[str, Any] | 
     lg = (cfg or {}).get("logging")
     if not isinstance(lg, dict):
         return None
-    tb = str(tensorboard_path(run_dir, lg.get("tensorboard_dir"))) if lg.get("tensorboard") is True else None
+    tb_dir = lg.get("tensorboard_dir")
+    # a tensorboard_dir that is not a path (hand-edited) is malformed: read as off, not joined to run_dir
+    tb = (str(tensorboard_path(run_dir, tb_dir)) if lg.get("tensorboard") is True
+          and (tb_dir is None or isinstance(tb_dir, str)) else None)
     w = lg.get("wandb")
     wandb = None
     if isinstance(w, dict) and w.get("project"):

@@ -60,3 +60,19 @@ def test_phoenix_status_shows_the_metrics_sinks_of_the_job(tmp_path, monkeypatch
     r = CliRunner().invoke(cli, ["status", str(plain), "--json"], catch_exceptions=False)
     assert json.loads(r.output)["job"]["metrics"] is None
     assert "TensorBoard" not in CliRunner().invoke(cli, ["status", str(plain)], catch_exceptions=False).output
+
+
+@pytest.mark.parametrize("tensorboard_dir", [5, ["tb"], {"a": 1}])
+def test_a_hand_edited_tensorboard_dir_that_is_not_a_path_reads_as_off_not_a_traceback(tmp_path, monkeypatch,
+                                                                                      tensorboard_dir):
+    cfg = dict(CONFIG, logging={"tensorboard": True, "tensorboard_dir": tensorboard_dir, "wandb": {"project": "p"}})
+    assert metrics_sinks(cfg, "/r") == {
+        "tensorboard": None, "wandb": {"project": "p", "entity": None, "name": "toy", "mode": "online", "dir": None}}
+    monkeypatch.setenv("PHOENIX_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    rd = make_run(tmp_path, "odd", start_records())
+    (rd / "config.yaml").write_text(yaml.safe_dump(dict(CONFIG, logging={"tensorboard": True,
+                                                                         "tensorboard_dir": tensorboard_dir})))
+    r = CliRunner().invoke(cli, ["status", str(rd), "--json"])
+    assert r.exit_code == 0 and r.exception is None, r.output
+    assert json.loads(r.output)["job"]["metrics"] is None
