@@ -22,15 +22,15 @@ from phoenix_hpc.control.admission import declare_dead as dead_verdict
 from phoenix_hpc.control.classify import FaultKind
 from phoenix_hpc.control.commands import Outcome
 from phoenix_hpc.control.handlers import apply_commit
+from phoenix_hpc.control.planned_end import exits_during_end
+from phoenix_hpc.control.records import PendingFault, Slot
+from phoenix_hpc.control.restart import on_rejoin
+from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, SlotState, slot_machine
 
 #: why nothing is compared in a job without in-memory protection (the ``agreement_off`` record at job_running)
 NO_SNAPSHOTS = ("no in-memory protection (resilience.mode checkpoint-restart, or resilience.enabled false): no "
                 "snapshot is taken, so the DP replicas' parameters are not compared and a silently corrupted replica "
                 "goes unnoticed")
-from phoenix_hpc.control.planned_end import exits_during_end
-from phoenix_hpc.control.records import PendingFault, Slot
-from phoenix_hpc.control.restart import on_rejoin
-from phoenix_hpc.control.states import LIVE_SLOT_STATES, TERMINAL_JOB_STATES, JobState, SlotState, slot_machine
 
 
 def drain_exits(c: Any) -> bool:
