@@ -841,11 +841,14 @@ class Protector:
                 if not fenced:
                     raise ReplicationError(f"stopped before every shard committed step {old + 1}")
             # replicas that differed at a fence: this copy would overwrite (or follow) the last step they
-            # agreed at; held, so that a recovery can restore that step (docs/design.md section 6)
-            held = hold_for_disagreement(self.h2h.fence_differ, self.h2h.fence_agreed_step, self._tp_size,
-                                         tuple(self.param_digests), old)
-            if held is not None:
-                raise held
+            # agreed at; held, so that a recovery can restore that step (docs/design.md section 6). Read once
+            # per snapshot; the digest history is copied only when there is a disagreement to report
+            differ = self.h2h.fence_differ
+            if differ is not None:
+                held = hold_for_disagreement(differ, self.h2h.fence_agreed_step, self._tp_size,
+                                             tuple(self.param_digests), old)
+                if held is not None:
+                    raise held
             if self.fault_hook is not None:
                 self.fault_hook("d2h", job.step, 0)
             idx = local.target_idx()
