@@ -143,17 +143,11 @@ def read_fence(result: np.ndarray, stages: int) -> FenceResult:
     """Read the ``MIN`` all-reduce of every rank's :func:`fence_vector` (int64[2 + 2 stages]). A stage whose
     pair is ``INT64_MAX`` twice had no digest (not compared); otherwise its replicas agree exactly when the
     smallest digest equals the largest. Pure."""
-    differ = []
-    compared = 0
-    for i in range(stages):
-        lo, not_hi = int(result[2 + 2 * i]), int(result[3 + 2 * i])
-        if lo == INT64_MAX and not_hi == INT64_MAX:
-            continue
-        compared += 1
-        hi = ~not_hi
-        if lo != hi:
-            differ.append((i, lo % (1 << 64), hi % (1 << 64)))
-    return FenceResult(int(result[0]), int(-result[1]), tuple(differ), compared)
+    # read every step on the engine thread: one vectorised pass over the stages, Python ints only for a difference
+    lo, hi = result[2:2 + 2 * stages:2], ~result[3:3 + 2 * stages:2]
+    seen = (lo != INT64_MAX) | (hi != ~INT64_MAX)
+    differ = tuple((int(i), int(lo[i]) % (1 << 64), int(hi[i]) % (1 << 64)) for i in np.flatnonzero(seen & (lo != hi)))
+    return FenceResult(int(result[0]), int(-result[1]), differ, int(np.count_nonzero(seen)))
 
 @dataclass(frozen=True)
 class TagPlan:
@@ -604,10 +598,11 @@ class H2HEngine:
             with self._cv:
                 self.fenced_step = res.step
                 self._fenced_intervals.append(res.interval)
-                if res.differ and self.fence_differ is None:
-                    self.fence_differ = res
-                elif not res.differ and self.fence_differ is None:
-                    self.fence_agreed_step = res.step
+                if self.fence_differ is None:  # kept from the first difference on
+                    if res.differ:
+                        self.fence_differ = res
+                    else:
+                        self.fence_agreed_step = res.step
                 self.fences_done += 1
                 self._cv.notify_all()
         return moving
