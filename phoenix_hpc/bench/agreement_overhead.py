@@ -174,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.size not in jobs.MODEL_SIZES:
         print(f"error: --size: {a.size!r} is not allowed; expected one of {', '.join(jobs.MODEL_SIZES)}", file=sys.stderr)
         return 2
+    from phoenix_hpc.bench import report
+
+    bad = report.output_error(a.json_path, a.update_benchmarks)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
     from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
 
     repo = Path(__file__).resolve().parents[2]
@@ -210,8 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.json_path:
         Path(a.json_path).write_text(json.dumps(res, indent=1) + "\n")
     if a.update_benchmarks:
-        from phoenix_hpc.bench import report
-
         report.keep_record(Path(a.update_benchmarks), "agreement_overhead", res)
     return 0
 

@@ -366,7 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= a.workers <= 64:
         print(f"error: --workers: {a.workers} is not allowed; expected 0..64", file=sys.stderr)
         return 2
-    from phoenix_hpc.bench import jobs
+    from phoenix_hpc.bench import jobs, report
+
+    bad = report.output_error(a.json_path, a.update_benchmarks)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
 
     repo = Path(__file__).resolve().parents[2]
     # the code measured: taken before the runs (the commit, and files that differed from it)

@@ -887,6 +887,33 @@ def keep_record(folder: Path, key: str, result: dict) -> dict:
     return written
 
 
+def output_error(json_path: str | None, update_dir: str | None) -> str | None:
+    """Why a benchmark command's ``--json FILE`` or ``--update-benchmarks DIR`` could not be written, checked
+    before its run so that a long run's result is not lost at the end (``error: FIELD: ...``, the field, the
+    value and what is allowed), or None when both can be. ``FILE``: its folder must exist and it must not be
+    a folder; ``DIR``: a folder (or not there yet) whose ``BENCHMARKS.json``, where there is one, is a JSON
+    object (:func:`keep_record` adds the record to it). Reads only."""
+    if json_path is not None:
+        p = Path(json_path)
+        if p.is_dir() or not p.parent.is_dir():
+            return (f"--json: {json_path!r} is not allowed; expected a file in an existing folder "
+                    f"({'it is a folder' if p.is_dir() else f'no folder {str(p.parent)!r}'})")
+    if update_dir is not None:
+        d = Path(update_dir)
+        if d.exists() and not d.is_dir():
+            return f"--update-benchmarks: {update_dir!r} is not allowed; expected a folder (it is a file)"
+        js = d / "BENCHMARKS.json"
+        if js.exists():
+            try:
+                data = _read_json(js)
+            except (ValueError, OSError) as exc:
+                return f"--update-benchmarks: {update_dir!r} is not allowed: {exc}"
+            if not isinstance(data, dict):
+                return (f"--update-benchmarks: {update_dir!r} is not allowed: {js} holds a JSON "
+                        f"{type(data).__name__}; expected an object")
+    return None
+
+
 def _read_json(path: Path):
     """The JSON content of ``path``. Raises ValueError naming ``path`` when it is not JSON."""
     try:

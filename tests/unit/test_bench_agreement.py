@@ -94,3 +94,34 @@ def test_the_summary_names_the_mean_ratio_its_spread_and_the_load():
 def test_the_summary_says_when_no_difference_is_resolved():
     res = _result([_rank(0, 100.0, 100.0, rounds=3, jitter=5.0)])
     assert "contains 1" in "\n".join(summary_lines(res)) and "no difference" in "\n".join(summary_lines(res))
+
+
+def _no_run(*_a, **_k):
+    raise AssertionError("the benchmark ran although its output could not be written")
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--json", "{tmp}/missing/out.json"], "--json"),
+    (["--json", "{tmp}"], "--json"),
+    (["--update-benchmarks", "{tmp}/bad"], "--update-benchmarks"),
+    (["--update-benchmarks", "{tmp}/list"], "--update-benchmarks"),
+    (["--update-benchmarks", "{tmp}/file"], "--update-benchmarks"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, monkeypatch, capsys, flags, field):
+    from phoenix_hpc.bench import agreement_overhead, control_plane
+    from phoenix_hpc.data import prepare
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "BENCHMARKS.json").write_text("{not json")
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "BENCHMARKS.json").write_text("[1, 2]")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(prepare, "prepare_dataset", _no_run)
+    monkeypatch.setattr(control_plane, "run_one", _no_run)
+    argv = [x.format(tmp=tmp_path) for x in flags]
+    for main in (agreement_overhead.main, control_plane.main):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {field}: {argv[1]!r} is not allowed") and "Traceback" not in err
+    assert (tmp_path / "bad" / "BENCHMARKS.json").read_text() == "{not json"
+    assert report.output_error(str(tmp_path / "out.json"), str(tmp_path / "new")) is None
