@@ -34,15 +34,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from phoenix_hpc.bench import stats as S
+from phoenix_hpc.bench.overhead import job_series
 from phoenix_hpc.errors import BenchError
 
 ON, OFF = "check-on", "check-off"
-
-
-def _job_series(ranks: Sequence[dict], key: str) -> list[dict]:
-    from phoenix_hpc.bench.overhead import _job_series as series
-
-    return series(ranks, key)
 
 
 def pair_ratios(steps: Sequence[dict], keep: Sequence[int]) -> list[float]:
@@ -76,7 +71,7 @@ def analyze(ranks: Sequence[dict], trim: float = 0.05) -> dict:
     """The check's per-step cost from the rank files of one agreement case (pure).
 
     Raises BenchError when a mode has no kept step or the ranks recorded different numbers of steps."""
-    steps = _job_series(ranks, "step_ms")
+    steps = job_series(ranks, "step_ms")
     keep = S.kept_steps(steps)
     on = [steps[i]["v"] for i in keep if steps[i]["mode"] == ON]
     off = [steps[i]["v"] for i in keep if steps[i]["mode"] == OFF]

@@ -153,8 +153,9 @@ def run(client, work: Path, data_path: str, quick: bool, log=print) -> dict:
             "memory": memory}
 
 
-def _job_series(ranks: Sequence[dict], key: str) -> list[dict]:
-    """Per step of the case: mode, block and the slowest rank's ``key``."""
+def job_series(ranks: Sequence[dict], key: str) -> list[dict]:
+    """Per step of the case: mode, block and the slowest rank's ``key`` (the job's step time is the slowest
+    rank's). Raises BenchError when the ranks recorded different numbers of steps. Pure."""
     n = {len(r["steps"]) for r in ranks}
     if len(n) != 1:
         raise BenchError(f"ranks recorded different numbers of steps: {sorted(n)}")
@@ -167,8 +168,8 @@ def _job_series(ranks: Sequence[dict], key: str) -> list[dict]:
 
 def analyze_case(ranks: Sequence[dict], case: Case, trim: float = 0.05) -> dict:
     """Per-step overhead of one case from its rank files (pure)."""
-    steps = _job_series(ranks, "step_ms")
-    waits = _job_series(ranks, "wait_ms")
+    steps = job_series(ranks, "step_ms")
+    waits = job_series(ranks, "wait_ms")
     keep = S.kept_steps(steps)
     on = [steps[i]["v"] for i in keep if steps[i]["mode"] == "on"]
     off = [steps[i]["v"] for i in keep if steps[i]["mode"] == "off"]
