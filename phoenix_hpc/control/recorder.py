@@ -33,6 +33,7 @@ class Recorder:
         self.view = JobView()
         self.records = 0
         self.lines = 0
+        self._opened: list[dict[str, Any]] = []  # the records open() folded, until take_opened()
 
     def open(self, journal: Journal, *, fold_existing: bool) -> None:
         """Take ``journal``; with ``fold_existing`` (a restarted coordinator), start the view from the fold of
@@ -41,11 +42,19 @@ class Recorder:
         Raises:
             StatusError: the journal cannot be read (:func:`~phoenix_hpc.control.journal.read_journal_skipping`).
         """
-        self.journal, self.view, self.records, self.lines = journal, JobView(), 0, 0
+        self.journal, self.view, self.records, self.lines, self._opened = journal, JobView(), 0, 0, []
         if fold_existing and journal.path.exists():
             read = read_journal_numbered(journal.path)  # a bad line is skipped and named, never fatal
             self.view = fold(read.records, JobView(skipped=list(read.skipped)), where=line_namer(read))
-            self.records, self.lines = len(read.records), read.line_count
+            self.records, self.lines, self._opened = len(read.records), read.line_count, read.records
+
+    def take_opened(self) -> list[dict[str, Any]]:
+        """The records :meth:`open` folded (the journal as the restarted coordinator found it, lines that are no
+        record left out), handed over once: the caller that rebuilds more than the view from them
+        (:func:`phoenix_hpc.control.restart.rebuild_from_journal`) does not read the journal a second time, and
+        the recorder does not keep them. Empty without ``fold_existing`` and on a second call."""
+        out, self._opened = self._opened, []
+        return out
 
     def append(self, event: Event, *, deferred: bool = False) -> dict[str, Any]:
         """Journal ``event`` (:meth:`Journal.write`: synced, or deferred to the batch's fsync with ``deferred``),

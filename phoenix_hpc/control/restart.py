@@ -26,7 +26,6 @@ from typing import Any
 from phoenix_hpc.control import events as E
 from phoenix_hpc.control.agreement import book_from_records
 from phoenix_hpc.control.classify import Fault, FaultKind
-from phoenix_hpc.control.journal import read_journal_skipping
 from phoenix_hpc.control.records import PendingFault, Slot
 from phoenix_hpc.control.rejoin import rejoin_verdict
 from phoenix_hpc.control.states import JobState, RecoveryPhase, SlotState, job_machine, slot_machine
@@ -45,8 +44,9 @@ def rebuild_from_journal(c: Any) -> JobView:
     now = c.clock()
     if r.grid is not None:
         c.grid = r.grid
+    opened = c.recorder.take_opened()  # the records the view was folded from (the journal is read once)
     if c.grid:  # the steps repaired and the strikes of replica agreement (control/agreement.py)
-        records = E.well_typed(read_journal_skipping(c.journal.path)[0])  # the fold skipped the others
+        records = E.well_typed(opened)  # the fold skipped the others
         c.agreement = book_from_records(records, dp=c.grid[2], generation=c.generation, rank_maps=c.rank_maps,
                                         rank_map=c.rank_map, window=int(c.t.agreement_strikes_window_steps))
     c._rejoined: set[int] = set()

@@ -349,7 +349,7 @@ def test_a_disagreement_is_rolled_back_once_and_a_second_one_at_that_step_stops_
     # a coordinator restarted now knows the step was repaired (strikes: the table test of book_from_records;
     # this journal has no registrations to map logical to world ranks)
     back = Coordinator(tmp_path, restart=1, clock=lambda: 0.0)
-    back.journal = Journal(tmp_path)
+    back.recorder.open(Journal(tmp_path), fold_existing=True)  # as Coordinator.open does for a restart
     back.grid = c.grid
     back._rebuild_from_journal()
     assert back.agreement.repaired == {11}

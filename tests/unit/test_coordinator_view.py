@@ -72,6 +72,21 @@ def test_a_restarted_coordinator_continues_the_fold_of_the_whole_journal(tmp_pat
     assert r.view == _read(tmp_path) and r.recorder.records == len(list(iter_journal(tmp_path)))
 
 
+def test_a_restarted_coordinator_reads_its_journal_once(tmp_path, monkeypatch):
+    # the view and the replica agreement's book (steps repaired, strikes) come from one read of the journal
+    from phoenix_hpc.control import journal as J
+
+    c = _registered(tmp_path)
+    c.journal.close()
+    reads = []
+    real = J.iter_journal
+    monkeypatch.setattr(J, "iter_journal", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    r = Coordinator(tmp_path, grid=(1, 1, 2), restart=1)
+    r.recorder.open(Journal(tmp_path), fold_existing=True)  # as Coordinator.open does for a restart
+    r._rebuild_from_journal()
+    assert len(reads) == 1 and r.agreement is not None and r.recorder.take_opened() == []
+
+
 def test_a_job_without_snapshots_says_once_at_its_start_that_no_replica_is_compared(tmp_path):
     """resilience.mode checkpoint-restart (or enabled: false) takes no snapshot, so no digest exists: the journal
     says so at job_running (status shows ``agreement: off``) instead of staying silent about a bitflip."""
