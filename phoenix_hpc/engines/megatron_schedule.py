@@ -90,9 +90,18 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def whole(x: Any) -> int | None:
+    """``x`` as a whole number when it is a number within a relative 1e-9 of one (:func:`_same`: a product
+    Megatron-LM computes in floating point, ``0.29 x 100`` is 28.999999999999996), else None. Pure."""
+    if not _number(x) or not math.isfinite(x):
+        return None
+    n = round(x)
+    return int(n) if _same(x, n) else None
+
+
 def _iterations(samples: Any, g: int, fld: str, why: str) -> str:
     """What to set so that ``fld x global batch g`` is ``samples``."""
-    n = round(samples) if _number(samples) and _same(samples, round(samples)) else None
+    n = whole(samples)
     if n is not None and n >= 0 and n % g == 0:
         return f"{fld} = {n // g}{why}"
     return (f"{fld} x training.global_batch_size = {samples} (no whole number of steps at global batch {g}: "
@@ -151,7 +160,7 @@ def differences(sd: dict[str, Any], cfg, iteration: int) -> list[Difference]:
 
 
 def _position_change(num_steps: Any, iteration: int) -> str:
-    n = round(num_steps) if _number(num_steps) and _same(num_steps, round(num_steps)) else None
+    n = whole(num_steps)
     if n is not None and iteration > 0 and n > 0 and n % iteration == 0:
         return (f"training.global_batch_size = {n // iteration} (the checkpoint's samples per iteration), "
                 "or a checkpoint trained at this global batch size")

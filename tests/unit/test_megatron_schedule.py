@@ -4,7 +4,7 @@ pure). The check through a real checkpoint's common.pt: tests/unit/test_megatron
 from __future__ import annotations
 
 from phoenix_hpc.config.schema import JobConfig
-from phoenix_hpc.engines.megatron_schedule import differences, scheduler_of, scheduler_state
+from phoenix_hpc.engines.megatron_schedule import differences, scheduler_of, scheduler_state, whole
 
 
 def cfg(**training) -> JobConfig:
@@ -66,3 +66,18 @@ def test_a_warmup_fraction_computed_in_floating_point_is_the_same_warmup():
     assert sd["lr_warmup_steps"] != 232 and differences(sd, c, 40) == []
     (d,) = differences({**sd, "lr_warmup_steps": 0.295 * 800}, c, 40)  # 236 samples: 29.5 steps
     assert "no whole number of steps" in d.change
+
+
+def test_a_scheduler_value_that_is_no_finite_number_is_named_not_a_traceback():
+    c = cfg(steps=100, warmup_steps=29)
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        for fld in ("lr_warmup_steps", "lr_decay_steps", "num_steps"):
+            (d,) = differences({**scheduler_state(c, 40), fld: bad}, c, 40)
+            assert d.field == fld and d.checkpoint is bad
+            assert d.change.startswith("none:" if fld == "num_steps" else "training.")
+
+
+def test_whole_is_a_whole_number_within_a_relative_1e_9_only():
+    assert whole(0.29 * 100) == 29 and whole(236.0) == 236 and whole(0) == 0 and whole(7) == 7
+    for x in (2.5, 29.5, float("inf"), float("nan"), True, "3", None):
+        assert whole(x) is None
