@@ -52,7 +52,7 @@ def apply_commit(c: Any, slot: Any, body: dict) -> None:
     old = c.held.get(r)
     if old is not None and old != held:  # rare (a new placement): the per-report cost is one tuple compare
         old_shards, old_replicas = old
-        for sid in set(old_shards) - set(shards) - set(replicas) | set(old_replicas) - set(replicas) - set(shards):
+        for sid in {*old_shards, *old_replicas} - shards.keys() - replicas.keys():  # copies no longer held
             c.committed.get(sid, {}).pop(r, None)
         for sid in set(old_replicas) - set(replicas):
             if r in c.placement.get(sid, ()):
