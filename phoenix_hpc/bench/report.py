@@ -72,6 +72,12 @@ AGREEMENT_COST = ("Replica agreement (docs/design.md section 6) is not measured 
                   " here resolves.")
 
 
+def _trim_percent(ag: dict) -> str:
+    """The share of each mode's slowest steps the agreement run trimmed (its ``--trim``), in words."""
+    trim = (ag.get("analysis") or {}).get("trim")
+    return f"{100 * trim:g} %" if isinstance(trim, (int, float)) else "a share (not recorded)"
+
+
 def agreement_lines(r: dict, provenance_lines) -> list[str]:
     """Section 1's part on replica agreement (pure; ``provenance_lines(key)``: the lines saying which commit
     section ``key`` measured and whether its code changed since): the kept run of :mod:`phoenix_hpc.bench.agreement_overhead` (the step time with the check
@@ -88,7 +94,7 @@ def agreement_lines(r: dict, provenance_lines) -> list[str]:
           f"{ag.get('seq_length')}, global batch {ag.get('global_batch')}, checksum {ag.get('checksum')}); every "
           f"block protected, replica agreement on and off (`resilience.replica_agreement`) alternating in "
           f"{ag.get('rounds')} ABBA pairs of {ag.get('block_steps')}-step blocks inside the same processes; "
-          "cleaning as above (first step of every block dropped, slowest 5 % of each mode trimmed, the job's "
+          f"cleaning as above (first step of every block dropped, slowest {_trim_percent(ag)} of each mode trimmed, the job's "
           "step time the slowest rank's); ratio of means with a 95 % bootstrap CI. The coordinator's comparison "
           "is not in it (measured alone: docs/design.md section 6, *Cost*).", ""]
     L += [f"- {x}" for x in summary_lines(ag)]

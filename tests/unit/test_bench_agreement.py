@@ -125,3 +125,12 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, mo
         assert err.startswith(f"error: {field}: {argv[1]!r} is not allowed") and "Traceback" not in err
     assert (tmp_path / "bad" / "BENCHMARKS.json").read_text() == "{not json"
     assert report.output_error(str(tmp_path / "out.json"), str(tmp_path / "new")) is None
+
+
+@pytest.mark.parametrize("trim, words", [(0.05, "slowest 5 % of each mode trimmed"),
+                                         (0.1, "slowest 10 % of each mode trimmed")])
+def test_section_1_names_the_trim_the_run_used(trim, words):
+    res = dict(_result([_rank(0, 101.0, 100.0, rounds=4, jitter=0.5)]))
+    res["analysis"] = analyze([_rank(0, 101.0, 100.0, rounds=4, jitter=0.5)], trim=trim)
+    text = "\n".join(report.agreement_lines({"agreement_overhead": res}, lambda key: []))
+    assert words in text and text.count("% of each mode trimmed") == 1
