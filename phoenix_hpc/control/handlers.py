@@ -169,8 +169,8 @@ def _disagreement(c: Any, book: AgreementBook, v: Any, step: int) -> None:
            else f"logical ranks {suspects} differ and no majority says which is right")
     agreed = book.last_agreed.get((v.pp, v.tp))
     agreed = agreed if agreed is not None and agreed < step else None
-    ranks = getattr(c, "rank_maps", {}).get(book.generation, c.rank_map)  # the verdict's generation's members
-    window = int(getattr(c.t, "agreement_strikes_window_steps", 0))
+    ranks = c.rank_maps.get(book.generation, c.rank_map)  # the verdict's generation's members
+    window = c.t.agreement_strikes_window_steps
     for r in (suspects if v.majority else ()):  # with no majority nobody is known to be wrong
         w = ranks.get(r)
         if w is None:
