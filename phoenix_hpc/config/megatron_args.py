@@ -164,7 +164,8 @@ ARGS: tuple[Arg, ...] = (
         why="phoenix decays the learning rate over training.steps"),
     Arg("--lr-warmup-iters", "map", int, 0, "training.warmup_steps"),
     Arg("--lr-warmup-fraction", "map", float, None, "training.warmup_steps",
-        why="warm-up steps = fraction x decay steps, as Megatron-LM computes them"),
+        why="warm-up steps = fraction x decay steps, as Megatron-LM computes them; refused when that is not a "
+            "whole number of steps"),
     Arg("--lr-warmup-init", "same", float, 0.0, allowed=0.0, why="phoenix warms up from 0"),
     Arg("--weight-decay", "map", float, 0.01, "training.weight_decay"),
     Arg("--weight-decay-incr-style", "same", str, "constant", allowed="constant",
@@ -425,15 +426,16 @@ def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
     return int(math.ceil(vocab / multiple) * multiple)
 
 
-def warmup_steps_of_fraction(fraction: float, decay_iters: int) -> int:
+def warmup_steps_of_fraction(fraction: float, decay_iters: int) -> int | None:
     """Warm-up steps for Megatron-LM's ``--lr-warmup-fraction``: ``fraction x decay_iters`` (Megatron-LM's
-    ``lr_warmup_steps = lr_warmup_fraction x lr_decay_steps``, ``megatron/training/training.py``), whole
-    steps: a product a floating-point rounding below a whole number is that number (0.29 x 100 is
-    28.999999999999996 in binary floating point; Megatron-LM's warm-up then ends at step 29), anything else is
-    cut to its whole part. Pure."""
-    w = float(fraction) * int(decay_iters)
-    r = round(w)
-    return int(r) if math.isclose(w, r, rel_tol=1e-9, abs_tol=1e-12) else int(w)
+    ``lr_warmup_steps = lr_warmup_fraction x lr_decay_steps``, ``megatron/training/training.py``, kept as a
+    float there) when that is a whole number of steps as a checkpoint's scheduler is compared
+    (:func:`phoenix_hpc.engines.megatron_schedule.whole`: 0.29 x 100, 28.999999999999996 in binary floating
+    point, is 29); None when it is not (0.25 x 10: Megatron-LM warms up over 2.5 iterations, which
+    ``training.warmup_steps`` cannot say). Pure."""
+    from phoenix_hpc.engines.megatron_schedule import whole
+
+    return whole(float(fraction) * int(decay_iters))
 
 
 def swiglu_ffn(hidden: int) -> int:
@@ -760,7 +762,13 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
         if not 0.0 <= frac <= 1.0:
             problems.append(f"--lr-warmup-fraction: {frac} (allowed: 0 .. 1)")
         else:
-            carry("--lr-warmup-fraction", "training.warmup_steps", warmup_steps_of_fraction(frac, decay))
+            steps = warmup_steps_of_fraction(frac, decay)
+            if steps is None:
+                problems.append(f"--lr-warmup-fraction: {frac} of {decay} decay iterations is "
+                                f"{frac * decay!r} warm-up iterations, not a whole number (allowed: a fraction "
+                                "giving whole iterations, or --lr-warmup-iters N)")
+            else:
+                carry("--lr-warmup-fraction", "training.warmup_steps", steps)
     else:
         carry("--lr-warmup-iters", "training.warmup_steps", eff("--lr-warmup-iters"))
 

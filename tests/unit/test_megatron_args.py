@@ -202,15 +202,23 @@ def test_data_path_becomes_a_blend_as_megatron_core_reads_it(words, blend):
 def test_derived_values_are_megatron_lms():
     assert swiglu_ffn(4096) == 10880  # int(4 x 4096 x 2/3 / 64) x 64; Llama-2 passes 11008 explicitly
     assert padded_vocab(50257, 128, 1) == 50304 and padded_vocab(32000, 128, 4) == 32256
-    conv = convert(SMALL + ZERO + ["--swiglu", "--lr-warmup-fraction", "0.25", "--use-rotary-position-embeddings"])
+    conv = convert(SMALL + ZERO + ["--swiglu", "--lr-warmup-fraction", "0.2", "--use-rotary-position-embeddings"])
     assert conv.config["model"]["ffn_hidden_size"] == swiglu_ffn(64)
     assert conv.config["model"]["activation"] == "swiglu"
     assert conv.config["model"]["position_embedding_type"] == "rope"
-    assert conv.config["training"]["warmup_steps"] == 2  # 0.25 x 10 decay steps
+    assert conv.config["training"]["warmup_steps"] == 2  # 0.2 x 10 decay steps
     assert warmup_steps_of_fraction(0.29, 100) == 29  # 0.29 x 100 == 28.999999999999996 in floating point
-    assert warmup_steps_of_fraction(0.07, 800) == 56 and warmup_steps_of_fraction(0.25, 10) == 2
+    assert warmup_steps_of_fraction(0.07, 800) == 56 and warmup_steps_of_fraction(0.2, 10) == 2
+    assert warmup_steps_of_fraction(0.25, 10) is None  # 2.5 iterations: no whole number of steps
     assert conv.config["training"]["lr_schedule"] == "linear"  # Megatron-LM's default decay
     assert conv.config["model"]["untie_embeddings_and_output_weights"] is False  # Megatron-LM ties by default
+
+
+def test_a_warmup_fraction_of_no_whole_number_of_steps_is_refused_naming_the_argument():
+    with pytest.raises(ConfigError) as exc:
+        convert(SMALL + ZERO + ["--lr-warmup-fraction", "0.25"])  # of 10 decay iterations: 2.5
+    (line,) = [p for p in exc.value.problems if p.startswith("--lr-warmup-fraction")]
+    assert "0.25 of 10 decay iterations is 2.5 warm-up iterations" in line and "--lr-warmup-iters N" in line
 
 
 def test_a_fragment_gives_its_arrays_and_option_lines_in_order():
