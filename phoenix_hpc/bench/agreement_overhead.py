@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from phoenix_hpc.bench import stats as S
 from phoenix_hpc.bench.overhead import job_series
-from phoenix_hpc.errors import BenchError
+from phoenix_hpc.errors import BenchError, ConfigError
 
 ON, OFF = "check-on", "check-off"
 
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: {bad}", file=sys.stderr)
         return 2
+    from phoenix_hpc.config.load import load_job_config
     from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
 
     repo = Path(__file__).resolve().parents[2]
@@ -183,10 +185,17 @@ def main(argv: list[str] | None = None) -> int:
                f"--block-steps {a.block_steps} --warmup {a.warmup} --trim {a.trim:g}")
     measured = {"commit": jobs.git_commit(repo), "dirty_files": jobs.dirty_files(repo), "command": command}
     work = Path(tempfile.mkdtemp(prefix="phx-agreement-"))
-    prepare_dataset(stdlib_dir(), work / "data" / "text", max_bytes=4_000_000)
     cfg = write_case(work, str(work / "data" / "text"), ranks=a.ranks, size=a.size, seq_length=a.seq,
                      global_batch=a.global_batch, micro_batch=a.micro_batch, warmup=a.warmup,
                      block_steps=a.block_steps, rounds=a.rounds)
+    try:  # the ranks load it as a job config: a case the flags make invalid is refused here, not by them
+        load_job_config(cfg)
+    except ConfigError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"error: --global-batch/--micro-batch/--seq/--ranks make a job config that is not allowed: {exc}",
+              file=sys.stderr)
+        return 2
+    prepare_dataset(stdlib_dir(), work / "data" / "text", max_bytes=4_000_000)
     out = work / "out"
     out.mkdir()
     launch = ["mpirun", "--oversubscribe", "-n", str(a.ranks)] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])

@@ -134,3 +134,15 @@ def test_section_1_names_the_trim_the_run_used(trim, words):
     res["analysis"] = analyze([_rank(0, 101.0, 100.0, rounds=4, jitter=0.5)], trim=trim)
     text = "\n".join(report.agreement_lines({"agreement_overhead": res}, lambda key: []))
     assert words in text and text.count("% of each mode trimmed") == 1
+
+
+def test_flags_that_make_an_invalid_job_config_are_refused_before_the_run(monkeypatch, capsys):
+    from phoenix_hpc.bench import agreement_overhead
+    from phoenix_hpc.data import prepare
+
+    monkeypatch.setattr(prepare, "prepare_dataset", _no_run)
+    assert agreement_overhead.main(["--global-batch", "24", "--micro-batch", "7"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --global-batch/--micro-batch/--seq/--ranks make a job config that is not allowed")
+    assert "training.global_batch_size (24) must be a multiple of training.micro_batch_size (7)" in err
+    assert "Traceback" not in err
