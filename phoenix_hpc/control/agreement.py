@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from phoenix_hpc.control.classify import Action, Decision, Fault, FaultKind
+from phoenix_hpc.control.view_repairs import REPAIR_ACTIONS, bad_steps  # the journal fold reads decisions so too
 
 #: hex digits of a digest report (64 bits)
 DIGEST_HEX = 16
@@ -197,11 +198,8 @@ def book_from_records(records: Sequence[Mapping], *, dp: int, generation: int,
     book = AgreementBook(dp=dp, generation=generation)
     for rec in records:
         ev = rec.get("event")
-        if ev == "decision" and rec.get("action") in ("local_recovery", "hot_swap"):
-            for f in rec.get("faults") or ():
-                bad = f.get("bad_step") if isinstance(f, Mapping) else None
-                if type(bad) is int:
-                    book.repaired.add(bad)
+        if ev == "decision" and rec.get("action") in REPAIR_ACTIONS:
+            book.repaired.update(bad_steps(rec.get("faults")))
         elif ev == "silent_corruption" and rec.get("majority") and type(rec.get("step")) is int:
             ranks = rank_maps.get(rec.get("generation"), rank_map)
             for r in rec.get("suspects") or ():
