@@ -7,8 +7,9 @@ the final checkpoint of ``step`` and before it reports it: the coordinator is st
 ``shard_written`` answers, so its store serves the rendezvous, and the slots are not yet asked to exit.
 Writing with megatron-core's ``dist_checkpointing`` needs live process groups and an engine built on them,
 and a planned end released the generation's groups at once (a member blocked in a collective must fail
-fast). So the members build one more set of groups for the export only (``init_process_group`` over the
-coordinator's store under the prefix :func:`store_prefix`, which no generation uses), each ends its engine
+fast). So the members build one more set of groups for the export only
+(:func:`phoenix_hpc.launch.groups.init_generation` over the coordinator's store under the prefix
+:func:`store_prefix`, which no generation uses), each ends its engine
 and builds a fresh one on them (the Megatron engine's recovery style is ``rebuild``), loads its host
 snapshot of ``step`` into it and writes it (:func:`phoenix_hpc.engines.megatron_ckpt.save_snapshot`: model
 and DistributedOptimizer sharded state dicts, iteration, scheduler, RNG; then
@@ -55,12 +56,10 @@ def export(member, unpacked, step: int) -> dict[str, Any]:
     ``shard_written`` report: ``{"megatron": {"dir", "iteration", "write_s", "folder"}}``,
     ``{"megatron": {"dir", "iteration", "skipped": why}}`` or ``{"megatron_error": "..."}``; never raises for
     a failed export (the error is reported and logged)."""
-    import torch.distributed as dist
-
-    from phoenix_hpc.engines.base import ProcessGroups
     from phoenix_hpc.engines.megatron_ckpt import save_snapshot
     from phoenix_hpc.launch.abort import SocketCapture
     from phoenix_hpc.launch.copies import split_snapshot
+    from phoenix_hpc.launch.groups import init_generation
     from phoenix_hpc.launch.member_env import generation_abort
     from phoenix_hpc.launch.persist import log_event
 
@@ -73,13 +72,10 @@ def export(member, unpacked, step: int) -> dict[str, Any]:
     try:
         member._teardown_engine()  # its model and optimizer hold the released groups
         with SocketCapture() as cap:  # released as a generation's are: aborted, never left hanging
-            dist.init_process_group(e.backend, store=dist.PrefixStore(store_prefix(member.generation, step),
-                                                                      member._store()),
-                                    rank=member.logical, world_size=member.n_ranks,
-                                    timeout=_timeout(e.cfg.resilience.collective_timeout_s),
-                                    **({"device_id": e.device} if e.backend == "nccl" else {}))
-        member.groups = ProcessGroups(world=dist.group.WORLD, dp=None, pp=None, tp=None,
-                                      generation=member.generation)
+            member.groups, _ = init_generation(  # the Megatron engine owns its groups: the default group only
+                member._store(), member.generation, member.logical, e.grid, e.backend,
+                e.cfg.resilience.collective_timeout_s, device_id=e.device if e.backend == "nccl" else None,
+                sub_groups=False, prefix=store_prefix(member.generation, step))
         member.aborter = generation_abort(e.backend, member.generation, cap.sockets, member.groups)
         member._construct_engine(state_follows=True)
         opt, par, envelope = split_snapshot(unpacked)
@@ -93,9 +89,3 @@ def export(member, unpacked, step: int) -> dict[str, Any]:
                                           "t_end": time.time(), "final": True})
     return {"megatron": {"dir": str(root), "iteration": int(step), "write_s": write_s,
                          "folder": Path(d).name}}
-
-
-def _timeout(seconds: float):
-    from datetime import timedelta
-
-    return timedelta(seconds=float(seconds))

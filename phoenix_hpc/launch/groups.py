@@ -49,6 +49,7 @@ def init_generation(
     timeout_s: float,
     device_id=None,
     sub_groups: bool = True,
+    prefix: str | None = None,
 ) -> tuple[ProcessGroups, GridCoord]:
     """``init_process_group`` for generation ``generation`` and build this rank's groups.
 
@@ -59,6 +60,8 @@ def init_generation(
         timeout_s: timeout of every collective (``resilience.collective_timeout_s``).
         sub_groups: False for an engine that owns its groups: no ``new_group`` call, and the returned groups
             are ``ProcessGroups(world, None, None, None, generation)`` (the engine's constructor completes them).
+        prefix: the store prefix of the rendezvous; None: ``gen{generation}``. Another one builds groups no
+            member of a generation can join (:func:`phoenix_hpc.launch.final_megatron.store_prefix`).
 
     Returns:
         ``(groups, coord)`` of this rank.
@@ -69,7 +72,7 @@ def init_generation(
     kwargs = {"device_id": device_id} if device_id is not None else {}
     dist.init_process_group(
         backend,
-        store=dist.PrefixStore(f"gen{generation}", store),
+        store=dist.PrefixStore(f"gen{generation}" if prefix is None else prefix, store),
         rank=rank,
         world_size=grid.world_size,
         timeout=timeout,

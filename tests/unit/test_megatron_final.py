@@ -23,6 +23,7 @@ import torch
 from phoenix_hpc.engines import megatron_ckpt as mck
 from phoenix_hpc.engines import megatron_layout as ml
 from phoenix_hpc.launch import final, final_megatron
+from phoenix_hpc.topology import Grid
 
 warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
 
@@ -73,7 +74,8 @@ class FakeMember:
 
         from phoenix_hpc.engines.base import GridCoord
 
-        self.env = argparse.Namespace(cfg=cfg, run_dir=run_dir, backend="gloo", device=torch.device("cpu"))
+        self.env = argparse.Namespace(cfg=cfg, run_dir=run_dir, backend="gloo", device=torch.device("cpu"),
+                                      grid=Grid(1, 1, 1))
         self.generation, self.logical, self.n_ranks, self.coord = 3, 0, 1, GridCoord(0, 0, 0)
         self.store, self.engine, self.groups, self.calls = dist.HashStore(), "old engine", None, []
         self.aborter = None
