@@ -25,7 +25,7 @@ from phoenix_hpc.control import events as E
 from phoenix_hpc.errors import SlurmError, StatusError
 from phoenix_hpc.files import read_text
 from phoenix_hpc.slurm.client import error_line, slurm_unreachable
-from phoenix_hpc.status.derive import derive_status
+from phoenix_hpc.status.derive import _get, derive_status
 from phoenix_hpc.status.model import RunFiles, SlurmInfo, Status
 
 
@@ -56,10 +56,13 @@ def read_run_files(run_dir: Path) -> RunFiles:
     from phoenix_hpc.recovery.ckpt_files import complete_steps
 
     cfg = cfg if isinstance(cfg, dict) else None
-    ck = ((cfg or {}).get("resilience") or {}).get("checkpoint") or {}
-    root = Path(run_dir) / (ck.get("path") or "checkpoints")  # an absolute path replaces run_dir
+    # config.yaml is not re-validated (an older version's must render): a hand-edited section or path of the
+    # wrong type reads as not given
+    ck_path = _get(cfg, "resilience", "checkpoint", "path")
+    root = Path(run_dir) / (ck_path if isinstance(ck_path, str) and ck_path else "checkpoints")  # absolute: replaces run_dir
     job = _json_file(run_dir / "job.json")
-    several = len((job or {}).get("jobs") or []) > 1
+    jobs = (job or {}).get("jobs")
+    several = isinstance(jobs, list) and len(jobs) > 1
     return RunFiles(run_dir=str(run_dir), config=cfg,
                     job=job, coordinator=_json_file(run_dir / "coordinator.json"),
                     fired=read_fired(run_dir), checkpoints=complete_steps(root),
