@@ -212,9 +212,11 @@ def _run_jobs(job: Mapping[str, Any] | None) -> list[str]:
 
 
 def _config_grid(config: Mapping[str, Any] | None) -> tuple[int, int, int] | None:
-    par = _get(config, "parallelism") or {}
-    if par.get("dp"):
-        return int(par.get("tp", 1)), int(par.get("pp", 1)), int(par["dp"])
+    """``(tp, pp, dp)`` of config.yaml's ``parallelism`` (tp, pp default 1), or None when it gives no dp or a
+    size that is not an integer >= 1 (a hand-edited config is not re-validated: read as not given). Pure."""
+    sizes = tuple(_get(config, "parallelism", k, default=1 if k != "dp" else None) for k in ("tp", "pp", "dp"))
+    if all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in sizes):
+        return sizes
     return None
 
 

@@ -36,3 +36,20 @@ def test_a_job_list_that_is_not_a_list_reads_as_one_job(tmp_path):
     rd = make_run(tmp_path, "odd", start_records())
     (rd / "job.json").write_text(json.dumps({"job_id": "424242", "jobs": 5}))
     assert read_run_files(rd).rank_steps == []
+
+
+@pytest.mark.parametrize("parallelism", [{"tp": 1, "pp": 1, "dp": "x"}, {"tp": [1], "pp": 1, "dp": 2}, "x",
+                                         {"dp": -2}, {"dp": 2.5}, {"dp": True}])
+def test_a_wrong_typed_parallelism_is_read_as_no_grid_before_the_journal_names_one(tmp_path, monkeypatch,
+                                                                                  parallelism):
+    from phoenix_hpc.status.derive import _config_grid
+
+    assert _config_grid(dict(CONFIG, parallelism=parallelism)) is None
+    assert _config_grid(dict(CONFIG, parallelism={"dp": 4})) == (1, 1, 4)
+    assert _config_grid(dict(CONFIG, parallelism={"tp": 2, "pp": 3, "dp": 4})) == (2, 3, 4)
+    monkeypatch.setenv("PHOENIX_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    rd = make_run(tmp_path, "odd", [])
+    (rd / "config.yaml").write_text(yaml.safe_dump(dict(CONFIG, parallelism=parallelism)))
+    r = CliRunner().invoke(cli, ["status", str(rd), "--json"])
+    assert r.exit_code == 0 and r.exception is None, r.output
