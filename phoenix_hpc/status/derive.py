@@ -211,6 +211,20 @@ def _run_jobs(job: Mapping[str, Any] | None) -> list[str]:
     return jobs or ([str(job["job_id"])] if job and job.get("job_id") is not None else [])
 
 
+def _config_int(config: Mapping[str, Any] | None, *path: str) -> int | None:
+    """The integer >= 0 at ``path`` of config.yaml, or None when it is not there or not such an integer (a
+    hand-edited config is not re-validated: read as not given). Pure."""
+    v = _get(config, *path)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _config_levels(config: Mapping[str, Any] | None) -> list[str]:
+    """config.yaml's ``resilience.placement_levels`` (default, and when it is not a non-empty list of
+    strings: ``["node"]``). Pure."""
+    v = _get(config, "resilience", "placement_levels")
+    return list(v) if isinstance(v, list) and v and all(isinstance(x, str) for x in v) else ["node"]
+
+
 def _config_grid(config: Mapping[str, Any] | None) -> tuple[int, int, int] | None:
     """``(tp, pp, dp)`` of config.yaml's ``parallelism`` (tp, pp default 1), or None when it gives no dp or a
     size that is not an integer >= 1 (a hand-edited config is not re-validated: read as not given). Pure."""
@@ -419,15 +433,15 @@ def _replicas(st: JobView, grid: Grid | None, cfg: Mapping[str, Any], slots: lis
               domains: Mapping[str, Mapping[str, str]], now: float, finished: bool,
               warnings: list[StatusWarning]) -> tuple[list[ReplicaStatus], list[str]]:
     """Every shard with its owner and replica holders; the under-replicated ones ``"sid (have/k)"``."""
-    k = _get(cfg, "resilience", "k")
-    levels = list(_get(cfg, "resilience", "placement_levels", default=None) or ["node"])
+    k = _config_int(cfg, "resilience", "k")
+    levels = _config_levels(cfg)
     by_world = {s.world_rank: s for s in slots}
     replicas: list[ReplicaStatus] = []
     source = "reported" if st.placement else "unknown"
     placement = dict(st.placement)
     if grid and not placement and k:
         node0 = {lr: st.slots[w].node for lr, w in st.rank_map0.items() if w in st.slots}
-        placement, notes = _planned_placement(grid, int(k), levels, node0, domains)
+        placement, notes = _planned_placement(grid, k, levels, node0, domains)
         source = "planned" if placement else "unknown"
         for msg in notes:
             warnings.append(StatusWarning("placement", msg))
@@ -462,7 +476,7 @@ def _replicas(st: JobView, grid: Grid | None, cfg: Mapping[str, Any], slots: lis
                 None if last is None else max(0.0, now - last), source, n_verified,
                 sorted({h.domain or h.node or "?" for h in verified})))
             have = live_h if n_verified is None else n_verified
-            if k and placement and have < int(k) and not finished:
+            if k and placement and have < k and not finished:
                 under.append(f"{sid} ({have}/{k})")
 
     return replicas, under
@@ -471,7 +485,7 @@ def _replicas(st: JobView, grid: Grid | None, cfg: Mapping[str, Any], slots: lis
 def _warnings(st: JobView, cfg: Mapping[str, Any], sl: _Slurm, slurm: SlurmInfo, spare_slots: int | None,
               under: list[str], finished: bool, job_id: str | None, run: RunFiles) -> list[StatusWarning]:
     """What the user should know beyond the state: no spare, under-replicated shards, a lost batch host..."""
-    k, batch_host, slurm_state, node_state, slurm_reason = (_get(cfg, "resilience", "k"), sl.batch_host, sl.state,
+    k, batch_host, slurm_state, node_state, slurm_reason = (_config_int(cfg, "resilience", "k"), sl.batch_host, sl.state,
                                                             sl.node_state, sl.reason)
     warnings: list[StatusWarning] = []
     if not finished and st.slots and spare_slots == 0:
@@ -530,8 +544,8 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     records = current_job_records(all_records)
     st, merged = journal_view(records, run, now, journal_skipped, where)
     grid = st.grid or _config_grid(cfg)
-    levels = list(_get(cfg, "resilience", "placement_levels", default=None) or ["node"])
-    gpus = _get(cfg, "resources", "gpus_per_node")
+    levels = _config_levels(cfg)
+    gpus = _config_int(cfg, "resources", "gpus_per_node")
     domains = slurm.domains or {}
     sl = _slurm_view(slurm)
     sj, slurm_state, slurm_reason, live_nodes, batch_host, node_state = (
@@ -545,12 +559,12 @@ def derive_status(records: Iterable[Mapping[str, Any]], slurm: SlurmInfo | None,
     spare_nodes = None
     if st.slots:
         spare_nodes = sum(1 for nd in nodes if nd.role == "spare")
-    elif _get(cfg, "resources", "spares") is not None and not finished:
-        spare_nodes = int(cfg["resources"]["spares"])
-        spare_slots = spare_nodes * int(gpus) if gpus else None
+    elif _config_int(cfg, "resources", "spares") is not None and not finished:
+        spare_nodes = _config_int(cfg, "resources", "spares")
+        spare_slots = spare_nodes * gpus if gpus else None
     replicas, under = _replicas(st, grid, cfg, slots, domains, now, finished, warnings)
     warnings += _warnings(st, cfg, sl, slurm, spare_slots, under, finished, job_id, run)
-    k = _get(cfg, "resilience", "k")
+    k = _config_int(cfg, "resilience", "k")
     # --- job summary -------------------------------------------------------------------------------------------
     steps_total = _get(cfg, "training", "steps")
     info = JobInfo(

@@ -53,3 +53,27 @@ def test_a_wrong_typed_parallelism_is_read_as_no_grid_before_the_journal_names_o
     (rd / "config.yaml").write_text(yaml.safe_dump(dict(CONFIG, parallelism=parallelism)))
     r = CliRunner().invoke(cli, ["status", str(rd), "--json"])
     assert r.exit_code == 0 and r.exception is None, r.output
+
+
+@pytest.mark.parametrize("records", ["none", "started"])
+@pytest.mark.parametrize("section, value", [
+    ("resilience", {"k": "x"}), ("resilience", {"k": [1]}), ("resilience", {"placement_levels": 5}),
+    ("resilience", {"placement_levels": [1, 2]}), ("resources", {"spares": "x", "gpus_per_node": 4}),
+    ("resources", {"spares": 1, "gpus_per_node": "x"}),
+])
+def test_a_wrong_typed_k_level_or_count_is_read_as_not_given(tmp_path, monkeypatch, records, section, value):
+    from phoenix_hpc.status.derive import _config_int, _config_levels
+
+    cfg = dict(CONFIG, **{section: dict(CONFIG.get(section) or {}, **value)})
+    for bad in (5, "rack", [1, 2], []):  # a string is not a list of one level per character
+        assert _config_levels({"resilience": {"placement_levels": bad}}) == ["node"]
+    assert _config_int({"resilience": {"k": 2}}, "resilience", "k") == 2
+    assert _config_int({"resilience": {"k": True}}, "resilience", "k") is None
+    assert _config_levels({"resilience": {"placement_levels": ["rack", "node"]}}) == ["rack", "node"]
+    monkeypatch.setenv("PHOENIX_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    rd = make_run(tmp_path, "odd", start_records() if records == "started" else [])
+    (rd / "config.yaml").write_text(yaml.safe_dump(cfg))
+    for extra in ([], ["--json"]):
+        r = CliRunner().invoke(cli, ["status", str(rd), *extra])
+        assert r.exit_code == 0 and r.exception is None, r.output
