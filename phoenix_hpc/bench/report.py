@@ -804,7 +804,7 @@ def write_all(results: dict, out: Path, replacements: dict[str, str] | None = No
     passed through :func:`scrub_paths` with ``replacements`` (e.g. the work folder -> ``<work>``)."""
     out = Path(out)
     old = out / "BENCHMARKS.json"
-    for key in ("control_plane", "recovery_by_size", "agreement_overhead"):  # measured by commands of their own
+    for key in (*KEPT_RECORDS, "recovery_by_size"):  # measured by commands of their own
         if key in results or not old.exists():
             continue
         try:
