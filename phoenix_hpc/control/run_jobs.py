@@ -21,8 +21,9 @@ def read_job(run_dir: Path) -> dict:
 
 def job_entries(job: dict) -> list[dict]:
     """The run's jobs, oldest first (``job.json`` ``jobs``; a ``job.json`` of one job without the list
-    gives that job)."""
-    jobs = [dict(j) for j in job.get("jobs", []) if isinstance(j, dict) and "job_id" in j]
+    gives that job; a hand-edited ``jobs`` that is not a list counts as absent). Pure."""
+    listed = job.get("jobs", [])
+    jobs = [dict(j) for j in (listed if isinstance(listed, list) else []) if isinstance(j, dict) and "job_id" in j]
     if not jobs and job.get("job_id") is not None:
         jobs = [{"job_id": str(job["job_id"]), "submitted_at": job.get("submitted_at"), "resume_step": None}]
     return jobs
