@@ -114,9 +114,12 @@ def render(conv) -> str:
 
 @click.command("from-megatron", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--args-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="A launch script or a fragment of one: its pretrain_gpt.py command with the script's bash "
-                   "arrays (NAME=( ... ), NAME+=( ... )) expanded, or the arrays and option lines of a fragment; "
-                   "# comments and backslash continuations allowed; other shell lines are listed as left out.")
+              help="A launch script, read as bash runs it (variables, arrays, if blocks) without running any of "
+                   "its commands: the words of its pretrain_gpt.py command; or a fragment of bash arrays "
+                   "(NAME=( ... )) and option lines. Commands not run are listed.")
+@click.option("--script-arg", "script_args", multiple=True, metavar="VALUE",
+              help="A positional argument of the --args-file script ($1, $2, ... in order; repeatable), as it "
+                   "would be launched with.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the config here (atomically); default: standard output.")
 @click.option("--drop", "drop", multiple=True, metavar="ARG",
@@ -126,7 +129,7 @@ def render(conv) -> str:
 @click.option("--nodes", type=click.IntRange(min=1), default=None, help="resources.nodes: active nodes.")
 @click.option("--spares", type=click.IntRange(min=0), default=None, help="resources.spares: spare nodes.")
 @click.argument("megatron_args", nargs=-1, type=click.UNPROCESSED)
-def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -> None:
+def from_megatron(args_file, script_args, output, drop, name, nodes, spares, megatron_args) -> None:
     """Convert a Megatron-LM pretrain_gpt.py argument list into a phoenix job config (engine megatron).
 
     Give the arguments after `--` (phoenix config from-megatron -o job.yaml --nodes 16 -- --num-layers 32 ...)
@@ -135,6 +138,7 @@ def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -
     changes the training (Megatron-LM's default adam-beta2 0.999, a mixture of experts, ...) is
     refused unless dropped with --drop. --data-path becomes data.blend.
     """
+    from phoenix_hpc.config.launch_script import read_launch
     from phoenix_hpc.config.megatron_args import as_given, convert, split_args_text
     from phoenix_hpc.config.schema import JobConfig
     from phoenix_hpc.files import read_text, write_private_file
@@ -142,8 +146,16 @@ def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -
 
     tokens = list(megatron_args)
     left_out: list[str] = []
+    if script_args and args_file is None:
+        raise ConfigError(f"--script-arg {script_args[0]!r}: given without --args-file (allowed: the positional "
+                          "arguments of the --args-file script)")
     if args_file is not None:
-        from_file, left_out = split_args_text(read_text(args_file, "--args-file"))
+        text = read_text(args_file, "--args-file")
+        launch = read_launch(text, path=str(args_file), script_args=script_args)
+        if launch is not None:
+            from_file, left_out = launch.args, launch.not_run
+        else:
+            from_file, left_out = split_args_text(text, launch_not_reached=True)
         tokens = from_file + tokens
     if not tokens:
         raise ConfigError("no Megatron-LM arguments given (allowed: arguments after --, or --args-file FILE)")
@@ -156,7 +168,8 @@ def from_megatron(args_file, output, drop, name, nodes, spares, megatron_args) -
     parse_model(JobConfig, conv.config, source="the converted config")
     text = render(conv)
     for line in left_out:
-        click.echo(f"left out of --args-file (a shell line, not pretrain_gpt.py's arguments): {line}", err=True)
+        click.echo(f"left out of --args-file (a shell command, not run; not pretrain_gpt.py's arguments): {line}",
+                   err=True)
     for flag, v, why in conv.dropped:
         click.echo(f"dropped: {as_given(flag, v)}: {why}", err=True)
     for flag, v, why in conv.not_carried:

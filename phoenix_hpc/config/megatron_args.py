@@ -290,7 +290,7 @@ def _line_words(line: str, lineno: int) -> list[str]:
         raise ConfigError(f"--args-file line {lineno}: cannot split as shell words: {exc}") from None
 
 
-def split_args_text(text: str) -> tuple[list[str], list[str]]:
+def split_args_text(text: str, *, launch_not_reached: bool = False) -> tuple[list[str], list[str]]:
     """The ``pretrain_gpt.py`` arguments of a launch script or of a fragment of one, and the lines left out.
 
     Shell words with ``#`` comments and backslash continuations. Bash arrays (``NAME=( ... )``, ``NAME+=( ...
@@ -300,8 +300,14 @@ def split_args_text(text: str) -> tuple[list[str], list[str]]:
     such a command, the arguments are the arrays' words in order of definition and the lines that start with
     an option (``--...``); other lines are left out and returned.
 
+    A script with variables is read with bash first (:func:`phoenix_hpc.config.launch_script.read_launch`);
+    this reading is for fragments and for scripts whose words are all literal. ``launch_not_reached``: bash read
+    the script to its end without reaching a ``pretrain_gpt.py`` command, so one found here is in a branch the
+    script does not take, and is refused.
+
     Returns ``(arguments, left-out lines)``. Raises ConfigError for a line the shell could not split, an array
-    never closed, or a variable whose value is not known here (``$DATA``, ``$(...)``)."""
+    never closed, a variable whose value is not known here (``$DATA``, ``$(...)``), or a launch command that
+    ``launch_not_reached`` says bash did not reach."""
     joined = re.sub(r"\\\r?\n", " ", text)
     arrays: dict[str, list[str]] = {}
     order: list[str] = []
@@ -347,6 +353,10 @@ def split_args_text(text: str) -> tuple[list[str], list[str]]:
             i += 1
     if current is not None:
         raise ConfigError(f"--args-file: the array {current}=( is never closed with ')' (allowed: closed arrays)")
+    if command is not None and launch_not_reached:
+        raise ConfigError("--args-file: its pretrain_gpt.py command is not reached when bash reads the script with "
+                          "the values here (a branch not taken: an if, case or loop whose condition is false; "
+                          "allowed: a script that reaches it with its --script-arg values and environment)")
     if command is not None:
         args: list[str] = []
         for w in command:

@@ -1,0 +1,163 @@
+"""Launch scripts read with bash, no command of theirs run (phoenix_hpc/config/launch_script.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from phoenix_hpc.cli.main import cli
+from phoenix_hpc.config.launch_script import read_launch
+from phoenix_hpc.errors import ConfigError
+
+ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
+
+# The shape of Megatron-LM's own examples/*.sh: positional arguments, defaults, arithmetic, arrays passed
+# unquoted (an element with a space becomes two words), an if block, a guard that would exit, a function.
+SCRIPT = r"""#!/bin/bash
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+CHECKPOINT_PATH=$1
+DATA_PATH=${2:-corpus_text_document}
+GPUS_PER_NODE=4
+NUM_NODES=${NUM_NODES:-2}
+WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))
+mkdir -p "{made}"
+DTYPE="bf16"
+MODEL_ARGS=(
+    --num-layers 2
+    --hidden-size 64   # a comment
+)
+EXTRA=()
+if [[ "$DTYPE" == "bf16" ]]; then
+    EXTRA+=("--bf16" "--seed 7")
+else
+    EXTRA+=(--fp16)
+fi
+for n in 1 2; do LAST=$n; done
+if [ ! -f "$CHECKPOINT_PATH/never-there" ]; then
+    echo "no checkpoint yet"
+    exit 1
+fi
+run() {
+    torchrun --nproc_per_node $GPUS_PER_NODE pretrain_gpt.py ${MODEL_ARGS[@]} ${EXTRA[@]} \
+        --data-path "$DATA_PATH" --save "$CHECKPOINT_PATH" --world $WORLD_SIZE --last $LAST > "{log}" 2>&1
+}
+run
+echo after
+"""
+
+
+def _script(tmp_path, text=SCRIPT):
+    made, log = tmp_path / "made-by-mkdir", tmp_path / "train.log"
+    path = tmp_path / "train.sh"
+    path.write_text(text.replace("{made}", str(made)).replace("{log}", str(log)))
+    return path, made, log
+
+
+def test_a_launch_script_gives_the_words_bash_would_pass_and_runs_none_of_its_commands(tmp_path):
+    path, made, log = _script(tmp_path)
+    launch = read_launch(path.read_text(), path=str(path), script_args=["/ck"], env=ENV)
+    assert launch.args == ["--num-layers", "2", "--hidden-size", "64", "--bf16", "--seed", "7",
+                           "--data-path", "corpus_text_document", "--save", "/ck", "--world", "8", "--last", "2"]
+    assert not made.exists() and not log.exists()  # mkdir and the redirection did not happen
+    assert [line.split(": ", 1)[1] for line in launch.not_run] == [
+        f'mkdir -p "{made}"', 'echo "no checkpoint yet"', "exit 1"]
+    assert launch.not_run[0].startswith("line 8: ")
+
+
+def test_the_environment_and_script_arguments_give_the_values(tmp_path):
+    path, _, _ = _script(tmp_path)
+    launch = read_launch(path.read_text(), path=str(path), script_args=["/ck", "blend_a"],
+                         env=dict(ENV, NUM_NODES="16"))
+    assert launch.args[launch.args.index("--world") + 1] == "64"
+    assert launch.args[launch.args.index("--data-path") + 1] == "blend_a"
+
+
+def test_a_variable_from_a_missing_positional_argument_is_refused_naming_its_line(tmp_path):
+    path, _, _ = _script(tmp_path)
+    with pytest.raises(ConfigError) as exc:
+        read_launch(path.read_text(), path=str(path), env=ENV)
+    (problem,) = exc.value.problems
+    assert "line 3 ('CHECKPOINT_PATH=$1')" in problem and "$1: unbound variable" in problem
+    assert "--script-arg" in problem
+
+
+def test_a_launch_word_that_is_never_set_is_refused(tmp_path):
+    path = tmp_path / "s.sh"
+    path.write_text("python pretrain_gpt.py --data-path $NOWHERE\n")
+    with pytest.raises(ConfigError, match="NOWHERE: unbound variable"):
+        read_launch(path.read_text(), path=str(path), env=ENV)
+
+
+def test_a_value_only_a_command_gives_is_refused_and_the_command_is_not_run(tmp_path):
+    marker = tmp_path / "ran"
+    path = tmp_path / "s.sh"
+    path.write_text(f'NODES=$(touch "{marker}"; echo 4)\npython pretrain_gpt.py --nodes $NODES\n')
+    with pytest.raises(ConfigError) as exc:
+        read_launch(path.read_text(), path=str(path), env=ENV)
+    assert not marker.exists()
+    assert "a command that is not run here" in str(exc.value) and "touch" in str(exc.value)
+
+
+def test_a_launch_command_with_a_command_substitution_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "ran"
+    path = tmp_path / "s.sh"
+    path.write_text(f'python pretrain_gpt.py --seed "$(touch "{marker}"; echo 3)"\n')
+    with pytest.raises(ConfigError, match="needs a command run"):
+        read_launch(path.read_text(), path=str(path), env=ENV)
+    assert not marker.exists()
+
+
+def test_a_fragment_without_a_launch_is_left_to_the_fragment_reading(tmp_path):
+    path = tmp_path / "s.sh"
+    path.write_text("A=( --num-layers 2 )\n--lr 1\n")
+    assert read_launch(path.read_text(), path=str(path), env=ENV) is None
+
+
+def test_a_loop_that_waits_on_a_command_is_refused_after_the_timeout(tmp_path):
+    path = tmp_path / "s.sh"
+    path.write_text("until [ -f /never/there ]; do sleep 1; done\npython pretrain_gpt.py --lr 1\n")
+    with pytest.raises(ConfigError, match="without reaching its pretrain_gpt.py command"):
+        read_launch(path.read_text(), path=str(path), env=ENV, timeout_s=1.0)
+
+
+def test_words_that_mention_pretrain_gpt_py_are_not_the_launch(tmp_path):
+    path = tmp_path / "s.sh"
+    path.write_text('echo "see pretrain_gpt.py"\nsrun python3 /opt/megatron/pretrain_gpt.py --lr 2\n')
+    launch = read_launch(path.read_text(), path=str(path), env=ENV)
+    assert launch.args == ["--lr", "2"] and launch.line == 2
+
+
+def _invoke(tmp_path, *args):
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        return CliRunner().invoke(cli, ["config", "from-megatron", *map(str, args)])
+    finally:
+        os.chdir(cwd)
+
+
+SMALL = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 1 "
+         "--global-batch-size 4 --train-iters 10 --lr 1e-3 --vocab-size 256 --attention-dropout 0 "
+         "--hidden-dropout 0 --adam-beta2 0.95")
+
+
+def test_cli_converts_a_script_with_its_script_arguments(tmp_path):
+    (tmp_path / "run.sh").write_text(f"DATA=$1\nSTEPS=${{2:-10}}\nsrun python pretrain_gpt.py {SMALL} "
+                                     "--data-path $DATA --train-iters $STEPS\n")
+    r = _invoke(tmp_path, "--args-file", "run.sh", "--script-arg", "ds", "--script-arg", "20", "-o", "job.yaml")
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "job.yaml").read_text()
+    assert "steps: 20" in text
+
+
+def test_cli_refuses_a_launch_in_a_branch_not_taken_and_a_script_arg_without_a_file(tmp_path):
+    (tmp_path / "run.sh").write_text(f"if [ \"$1\" = go ]; then\n  python pretrain_gpt.py {SMALL} --data-path ds\nfi\n")
+    r = _invoke(tmp_path, "--args-file", "run.sh", "-o", "job.yaml")
+    assert r.exit_code == 2 and "not reached when bash reads the script" in r.output
+    assert not (tmp_path / "job.yaml").exists()
+    r = _invoke(tmp_path, "--args-file", "run.sh", "--script-arg", "go", "-o", "job.yaml")
+    assert r.exit_code == 0, r.output
+    r = _invoke(tmp_path, "--script-arg", "go", "--", *SMALL.split(), "--data-path", "ds")
+    assert r.exit_code == 2 and "--script-arg 'go': given without --args-file" in r.output
