@@ -47,15 +47,21 @@ NOT_RUN_MARK = "\x1fphoenix-not-run:"
 UNSET_MARK = "\x1fphoenix-unset:"
 
 _GATE = r"""
-__phoenix_report=$1; __phoenix_script=$2; shift 2
+__phoenix_report=$1; shift
+exec 3>>"$__phoenix_report" 5>/dev/null
+PATH=$PWD
+cd "$__phoenix_cwd" || exit 4
+unset __phoenix_cwd
 __phoenix_started=
 __phoenix_word='([^[:space:]"'\''\\$]|\\.|"([^"\\]|\\.)*"|'\''[^'\'']*'\''|\$\(\([^)]*\)\)|\$\([^)]*\)|\$\{[^}]*\}|\$)*'
 __phoenix_assign='^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?='
+__phoenix_restricted='^((export|declare|typeset|local|readonly)[[:space:]]+(-[A-Za-z]+[[:space:]]+)*)?(PATH|SHELL|ENV|BASH_ENV|HISTFILE)(\+?=|[[:space:]]|$)'
 __phoenix_redirect='(^|[[:space:]])[0-9]*(&>>|&>|>>|>&|>\||<<<|<>|>|<)[[:space:]]*[^[:space:]]+'
 __phoenix_subst='\$\([^(]|`|<\(|>\('
-__phoenix_put() { printf '%s\037%s\037%s\0' "$1" "$2" "$3" >> "$__phoenix_report"; }
+__phoenix_put() { printf '%s\037%s\037%s\0' "$1" "$2" "$3" >&3; }
 __phoenix_pure() {
   local c=$1 rest w
+  if [[ $c =~ $__phoenix_restricted ]]; then return 1; fi
   if [[ $c == '[['* || $c == '(('* || $c == 'for (('* ]]; then return 0; fi
   if [[ $c == *[\<\>]* ]]; then return 1; fi
   case $c in
@@ -64,7 +70,7 @@ __phoenix_pure() {
   esac
   w=${c%%[[:space:]]*}
   case $w in declare|typeset|local|export|readonly|unset) return 0 ;; esac
-  if declare -F -- "$w" >/dev/null 2>&1; then return 0; fi
+  if declare -F -- "$w" >&5 2>&5; then return 0; fi
   if [[ $c =~ ^[A-Za-z_][A-Za-z0-9_]*\+?=\( ]]; then return 0; fi
   rest=$c
   while [[ $rest =~ $__phoenix_assign$__phoenix_word([[:space:]]+|$) ]]; do
@@ -73,15 +79,18 @@ __phoenix_pure() {
   done
   return 1
 }
+__phoenix_end() {
+  if (( BASH_SUBSHELL > 0 )); then kill -KILL $$; fi
+  exit "$1"
+}
 __phoenix_gate() {
   local c=$BASH_COMMAND n=$1 e i err name
   shift
   if [[ -z $__phoenix_started || -n $__phoenix_checking ]]; then __phoenix_started=1; return 0; fi
-  if [[ -e $__phoenix_report.args ]]; then exit 0; fi
   if __phoenix_pure "$c"; then
     if [[ $c =~ ^([A-Za-z_][A-Za-z0-9_]*)(\[[^]]*\])?\+?= ]]; then name=${BASH_REMATCH[1]}; fi
     if [[ -n $name && $c == *'$'* && ! $c =~ $__phoenix_subst ]]; then
-      if ! err=$( ( __phoenix_checking=1; set -u; eval "$c" ) 2>&1 >/dev/null ); then
+      if ! err=$( ( __phoenix_checking=1; set -u; eval "$c" ) 2>&1 ); then
         eval "$c"
         __phoenix_put unsetvar "$n" "$c"$'\036'"$err"
         if [[ $c =~ ^[A-Za-z_][A-Za-z0-9_]*\+?=\( ]]; then
@@ -95,7 +104,7 @@ __phoenix_gate() {
     return 0
   fi
   if [[ $c =~ $__phoenix_subst ]]; then
-    if [[ $c == *pretrain_gpt.py* ]]; then __phoenix_put subst "$n" "$c"; : > "$__phoenix_report.args"; exit 3; fi
+    if [[ $c == *pretrain_gpt.py* ]]; then __phoenix_put subst "$n" "$c"; __phoenix_end 3; fi
     __phoenix_put skip "$n" "$c"
     if (( BASH_SUBSHELL > 0 )); then printf '\037phoenix-not-run:%s\037' "$n"; fi
     return 1
@@ -103,15 +112,15 @@ __phoenix_gate() {
   e=$c
   while [[ $e =~ $__phoenix_redirect ]]; do e=${e/"${BASH_REMATCH[0]}"/ }; done
   local -a __phoenix_w=()
-  if eval "__phoenix_w=( $e )" 2>/dev/null; then
+  if eval "__phoenix_w=( $e )" 2>&5; then
     for (( i = 0; i < ${#__phoenix_w[@]}; i++ )); do
       if [[ ${__phoenix_w[i]} == pretrain_gpt.py || ${__phoenix_w[i]} == */pretrain_gpt.py ]]; then
         if ! err=$( ( __phoenix_checking=1; set -u; eval "__phoenix_w=( $e )" ) 2>&1 ); then
-          __phoenix_put unset "$n" "$err"; : > "$__phoenix_report.args"; exit 3
+          __phoenix_put unset "$n" "$err"; __phoenix_end 3
         fi
+        for w in "${__phoenix_w[@]:i+1}"; do __phoenix_put word "$n" "$w"; done
         __phoenix_put launch "$n" "$c"
-        printf '%s\0' "${__phoenix_w[@]:i+1}" > "$__phoenix_report.args"
-        exit 0
+        __phoenix_end 0
       fi
     done
   fi
@@ -121,8 +130,9 @@ __phoenix_gate() {
 }
 shopt -s extdebug
 set -T
+set -r
 trap '__phoenix_gate "$LINENO" "$@"' DEBUG
-source "$__phoenix_script" "$@"
+source script.sh "$@"
 """
 
 
@@ -162,26 +172,26 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
     if bash is None:
         return None
     with tempfile.TemporaryDirectory(prefix="phoenix-launch-") as tmp:
-        script = Path(tmp) / "script.sh"
-        script.write_text(text, encoding="utf-8")
+        (Path(tmp) / "script.sh").write_text(text, encoding="utf-8")
         report = Path(tmp) / "report"
         report.write_bytes(b"")
-        run_env = dict(os.environ if env is None else env)
-        run_env.pop("BASH_ENV", None)
-        run_env.pop("ENV", None)
+        run_env = {k: v for k, v in (os.environ if env is None else env).items()
+                   if not k.startswith("BASH_FUNC_") and k not in ("BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS")}
+        run_env["__phoenix_cwd"] = os.getcwd()
         try:
-            proc = subprocess.run([bash, "--norc", "--noprofile", "-c", _GATE, path, str(report), str(script),
-                                   *script_args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, env=run_env, timeout=timeout_s)
+            proc = subprocess.run([bash, "--norc", "--noprofile", "-c", _GATE, path, str(report), *script_args],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  env=run_env, cwd=tmp, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise ConfigError(f"--args-file {path}: bash read the script for {timeout_s:g} s without reaching "
                               "its pretrain_gpt.py command or its end (a loop that waits on a command, which is "
                               "not run here; allowed: a script whose loops end on their own values)") from None
         records = _records(report.read_bytes())
-        args_file = Path(f"{report}.args")
-        args_raw = args_file.read_bytes() if args_file.exists() else None
-    stderr = proc.stderr.decode("utf-8", "replace").replace(str(script), path)
+    stderr = proc.stderr.decode("utf-8", "replace")
     skipped = [(line, t) for kind, line, t in records if kind == "skip"]
+    for m in re.finditer(r"line (\d+): (.*): restricted: cannot redirect output", stderr):
+        skipped.append((int(m.group(1)), f"a redirection to {m.group(2)} (the command it belongs to was not run)"))
+    skipped.sort(key=lambda item: item[0])
     not_run = [f"line {line}: {t}" for line, t in skipped]
     for kind, line, t in records:
         if kind == "unset":
@@ -193,13 +203,14 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
             raise ConfigError(f"--args-file {path} line {line}: the pretrain_gpt.py command needs a command run "
                               f"to give its words ({t!r}), and no command of the script is run here (allowed: "
                               "literal values and variables)")
-    if args_raw is None:
+    launch_lines = [line for kind, line, _ in records if kind == "launch"]
+    if not launch_lines:
         if proc.returncode not in (0, 1) or (proc.returncode and "syntax error" in stderr):
             first = stderr.strip().splitlines()[0] if stderr.strip() else f"exit status {proc.returncode}"
             raise ConfigError(f"--args-file {path}: bash could not read the script: {first}")
         return None
-    launch_line = next(line for kind, line, _ in records if kind == "launch")
-    args = [w.decode("utf-8", "replace") for w in args_raw.split(b"\0")[:-1]]
+    launch_line = launch_lines[0]
+    args = [t for kind, _, t in records if kind == "word"]
     unset_at = {str(line): t for kind, line, t in records if kind == "unsetvar"}
     problems: list[str] = []
     for w in args:

@@ -161,3 +161,32 @@ def test_cli_refuses_a_launch_in_a_branch_not_taken_and_a_script_arg_without_a_f
     assert r.exit_code == 0, r.output
     r = _invoke(tmp_path, "--script-arg", "go", "--", *SMALL.split(), "--data-path", "ds")
     assert r.exit_code == 2 and "--script-arg 'go': given without --args-file" in r.output
+
+
+def test_no_file_is_written_by_a_redirection_of_any_command(tmp_path):
+    targets = [tmp_path / f"f{i}" for i in range(7)]
+    keep = tmp_path / "keep"
+    keep.write_text("kept")
+    path = tmp_path / "s.sh"
+    path.write_text(f"""X=1 > {targets[0]}
+[[ 1 ]] > {targets[1]}
+for x in a; do Y=$x; done > {targets[2]}
+{{ Z=1; }} > {targets[3]}
+: > {keep}
+declare -p X >> {targets[4]}
+(( 1 )) > {targets[5]}
+python pretrain_gpt.py --lr 1 > {targets[6]}
+""")
+    launch = read_launch(path.read_text(), path=str(path), env=ENV)
+    assert launch.args == ["--lr", "1"]
+    assert [t for t in targets if t.exists()] == [] and keep.read_text() == "kept"
+    assert any(line.startswith("line 3: a redirection to") for line in launch.not_run), launch.not_run
+
+
+def test_functions_from_the_environment_are_not_imported(tmp_path):
+    marker = tmp_path / "ran"
+    path = tmp_path / "s.sh"
+    path.write_text("helper\npython pretrain_gpt.py --lr 1\n")
+    env = dict(ENV, **{"BASH_FUNC_helper%%": f"() {{ touch {marker}; }}"})
+    launch = read_launch(path.read_text(), path=str(path), env=env)
+    assert not marker.exists() and launch.not_run == ["line 1: helper"]
