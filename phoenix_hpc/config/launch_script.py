@@ -19,9 +19,16 @@ Every other command (``mkdir``, ``cd``, ``source``, ``echo``, ``exit``, ``srun``
 reported with its line. A command substitution in an assignment runs in bash, its commands gated the same way;
 one that would have to run a command leaves a mark in the value, so a launch word that holds such a value is
 refused naming the command. The first command whose words, expanded (without running a command substitution),
-contain a word ending in ``pretrain_gpt.py`` is the launch: the words after it are the arguments, and the
+contain a word ``pretrain_gpt.py`` or ``.../pretrain_gpt.py`` is the launch: the words after it are the arguments, and the
 script is read no further. A variable the launch words use that is not set (``$DATA_PATH`` from ``$5``
 without a fifth script argument) is refused with bash's message, as ``set -u`` would.
+
+bash reads the script in restricted mode (``set -r``, bash(1) *RESTRICTED SHELL*): no redirection can create,
+truncate or append to a file, not even one of a compound command (``done > log``, ``{ ...; } > log``), which
+runs before any trap; such a command is not run, and is listed too. The script is sourced by a name without a
+slash from a private folder on ``PATH``; bash's working directory is the caller's; functions exported in the
+environment (``BASH_FUNC_*``) and ``BASH_ENV`` are not passed on. Assignments to the variables restricted
+mode protects (``PATH``, ``SHELL``, ``ENV``, ``BASH_ENV``, ``HISTFILE``) are not run.
 
 Errors: :class:`phoenix_hpc.errors.ConfigError` (exit 2), naming the file and the line.
 """
