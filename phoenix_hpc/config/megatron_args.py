@@ -160,8 +160,10 @@ ARGS: tuple[Arg, ...] = (
     Arg("--lr", "map", float, None, "training.lr"),
     Arg("--min-lr", "map", float, 0.0, "training.min_lr"),
     Arg("--lr-decay-style", "map", str, "linear", "training.lr_schedule"),
-    Arg("--lr-decay-iters", "same", int, None, allowed="--train-iters",
-        why="phoenix decays the learning rate over training.steps"),
+    Arg("--lr-decay-iters", "map", int, None, "training.lr_decay_steps",
+        why="the decay from --lr to --min-lr ends at this iteration, counted from 0 with the warm-up in it; "
+            "--min-lr after it (absent: --train-iters, training.lr_decay_steps unset); refused below the warm-up "
+            "iterations"),
     Arg("--lr-warmup-iters", "map", int, 0, "training.warmup_steps"),
     Arg("--lr-warmup-fraction", "map", float, None, "training.warmup_steps",
         why="warm-up steps = fraction x decay steps, as Megatron-LM computes them; refused when that is not a "
@@ -621,10 +623,6 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
                 allowed = hidden // heads if hidden and heads else None
                 if value is None or allowed is None:
                     continue
-            elif a.flag == "--lr-decay-iters":
-                allowed = given.get("--train-iters")
-                if value is None:
-                    continue
             if _same(value, allowed):
                 if a.flag in given:
                     conv.carried.append((a.flag, "(phoenix's own)", value))
@@ -781,6 +779,16 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
                 carry("--lr-warmup-fraction", "training.warmup_steps", steps)
     else:
         carry("--lr-warmup-iters", "training.warmup_steps", eff("--lr-warmup-iters"))
+    if "--lr-decay-iters" in given:
+        decay_iters = given["--lr-decay-iters"]
+        warmup = cfg.get("training", {}).get("warmup_steps")
+        if decay_iters < 1:
+            problems.append(f"--lr-decay-iters: {decay_iters} (allowed: a positive number of iterations)")
+        elif warmup is not None and decay_iters < warmup:
+            problems.append(f"--lr-decay-iters: {decay_iters} is shorter than the {warmup} warm-up iterations "
+                            f"(allowed: >= {warmup}: the decay counts from iteration 0, the warm-up in it)")
+        else:
+            carry("--lr-decay-iters", "training.lr_decay_steps", decay_iters)
 
     # data and checkpoints
     paths = given.get("--data-path")

@@ -12,7 +12,7 @@ Shape of the file (every section but ``name`` and ``data`` has defaults)::
     megatron:   {transformer_impl, attention_backend, recompute_granularity, sequence_parallel}
     parallelism: {tp, pp, dp}       # dp may be omitted: derived from nodes x GPUs per node / (tp x pp)
     training:   {steps, micro_batch_size, global_batch_size, lr, min_lr, lr_schedule, warmup_steps,
-                 weight_decay, grad_clip, seed, log_interval, eval_interval, eval_iters}
+                 lr_decay_steps, weight_decay, grad_clip, seed, log_interval, eval_interval, eval_iters}
     data:       {path, factory, options}  # a Megatron indexed dataset (PREFIX.bin + .idx), or your factory
     resilience: {enabled, mode, k, placement_levels, heartbeat_interval_s, heartbeat_timeout_s,
                  collective_timeout_s, chunk_bytes, checksum, checksum_threads, recovery_path,
@@ -244,6 +244,10 @@ class TrainingConfig(BaseModel):
         "cosine", description="decay from lr to min_lr after the warm-up (phoenix_hpc.engines.schedule)"
     )
     warmup_steps: int = Field(0, ge=0, description="steps of linear warm-up from 0 to lr")
+    lr_decay_steps: int | None = Field(
+        None, ge=1, description="steps from step 0, warm-up included, over which the lr_schedule decays lr to "
+        "min_lr; min_lr after it (Megatron-LM's --lr-decay-iters; longer than steps: the run ends before min_lr). "
+        "Allowed: >= warmup_steps; null: steps")
     weight_decay: float = Field(0.01, ge=0, description="AdamW decoupled weight decay")
     grad_clip: float = Field(1.0, ge=0, description="global grad-norm clip; 0 disables")
     seed: int = Field(1234, ge=0, description="seed of parameter initialisation and data order")
@@ -259,7 +263,9 @@ class TrainingConfig(BaseModel):
     @model_validator(mode="after")
     def _batches(self):
         """``global_batch_size`` is a multiple of ``micro_batch_size``; ``min_lr <= lr``; ``eval_iters`` only
-        with ``eval_interval``."""
+        with ``eval_interval``; ``lr_decay_steps >= warmup_steps`` when given (Megatron-LM's scheduler decays
+        after the warm-up, within the decay steps; phoenix allows the two equal: min_lr right after the
+        warm-up)."""
         if self.eval_iters is not None and self.eval_interval is None:
             raise ValueError(f"training.eval_iters: {self.eval_iters} is set but training.eval_interval is null "
                              "(allowed: eval_iters together with an eval_interval, or neither)")
@@ -270,7 +276,17 @@ class TrainingConfig(BaseModel):
             )
         if self.min_lr > self.lr:
             raise ValueError(f"training.min_lr ({self.min_lr}) must be <= training.lr ({self.lr})")
+        if self.lr_decay_steps is not None and self.lr_decay_steps < self.warmup_steps:
+            raise ValueError(f"training.lr_decay_steps: {self.lr_decay_steps} is shorter than training.warmup_steps "
+                             f"({self.warmup_steps}) (allowed: >= warmup_steps, the decay counting from step 0 "
+                             "with the warm-up in it, as Megatron-LM's --lr-decay-iters; or null for steps)")
         return self
+
+    @property
+    def decay_steps(self) -> int:
+        """Steps of the learning-rate decay, counted from step 0 with the warm-up in it: ``lr_decay_steps``, or
+        ``steps`` when unset (:func:`phoenix_hpc.engines.schedule.lr_at`)."""
+        return self.lr_decay_steps if self.lr_decay_steps is not None else self.steps
 
     @property
     def eval_batches(self) -> int:

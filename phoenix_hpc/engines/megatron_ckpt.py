@@ -73,7 +73,7 @@ def megatron_args(cfg, dp: int) -> argparse.Namespace:
         fp16=m.dtype == "float16", tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
         data_parallel_size=dp, micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
         train_iters=t.steps, lr=t.lr, min_lr=t.min_lr, lr_decay_style=t.lr_schedule, lr_warmup_iters=t.warmup_steps,
-        lr_decay_iters=t.steps, weight_decay=t.weight_decay, clip_grad=t.grad_clip, seed=t.seed,
+        lr_decay_iters=t.decay_steps, weight_decay=t.weight_decay, clip_grad=t.grad_clip, seed=t.seed,
         use_distributed_optimizer=True, ckpt_format="torch_dist", sequence_parallel=cfg.megatron.sequence_parallel,
         transformer_impl=cfg.megatron.transformer_impl,
     )
@@ -287,5 +287,5 @@ def load_engine(engine, root: str | os.PathLike) -> int:
     step = start_step(it, with_opt, loaded.get("iteration"))
     engine.step, engine.data_position = step, step * t.global_batch_size
     engine.last_lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
-                           total_steps=t.steps) if step > 0 else 0.0
+                           total_steps=t.steps, decay_steps=t.decay_steps) if step > 0 else 0.0
     return step

@@ -353,7 +353,8 @@ class MegatronEngine(Engine):
     def optimizer_step(self) -> None:
         t = self.cfg.training
         nxt = self.step + 1
-        lr = lr_at(nxt, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=t.steps)
+        lr = lr_at(nxt, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=t.steps,
+                   decay_steps=t.decay_steps)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
             g["weight_decay"] = group_weight_decay(g, t.weight_decay)
@@ -399,7 +400,8 @@ class MegatronEngine(Engine):
             "rng": {"torch_cpu": _b64(torch.get_rng_state()), "torch_cuda": _b64(torch.cuda.get_rng_state(self.device)),
                     "tracker": {k: _b64(v) for k, v in tracker.items()}},
             "lr_scheduler": {"kind": t.lr_schedule, "lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps,
-                             "total_steps": t.steps, "last_step": self.step, "last_lr": self.last_lr},
+                             "total_steps": t.steps, "decay_steps": t.decay_steps, "last_step": self.step,
+                             "last_lr": self.last_lr},
             "data": {"position": self.data_position, "seed": t.seed, "global_batch_size": t.global_batch_size},
             "adam_step": read_adam_step([o.optimizer for o in self.dist_opts]),
             "adam_step_location": sorted({step_location(o.optimizer) for o in self.dist_opts}),

@@ -9,7 +9,9 @@ lr_decay_iters x global_batch_size``, and ``num_steps`` is the samples consumed 
 
 phoenix's schedule is a pure function of the step (:mod:`phoenix_hpc.engines.schedule`): linear warm-up over
 ``training.warmup_steps`` steps from 0 to ``training.lr``, then ``training.lr_schedule`` decay to
-``training.min_lr`` over ``training.steps``, weight decay constant (``training.weight_decay``). A run
+``training.min_lr`` within ``training.lr_decay_steps`` steps from step 0 (``training.steps`` when unset;
+Megatron-LM's ``--lr-decay-iters``), weight decay constant (``training.weight_decay``, incremented over
+``training.steps`` as Megatron-LM's ``wd_incr_steps = train_iters x global_batch_size``). A run
 continued from a checkpoint whose scheduler says otherwise would train with another schedule than the one that
 wrote it; Megatron-LM refuses the same (its ``load_state_dict`` asserts each value unless
 ``--override-opt_param-scheduler`` or ``--use-checkpoint-opt_param-scheduler`` is given), so phoenix refuses
@@ -43,7 +45,7 @@ def scheduler_state(cfg, step: int) -> dict[str, Any]:
     t = cfg.training
     g = t.global_batch_size
     return {"max_lr": t.lr, "lr_warmup_steps": t.warmup_steps * g, "num_steps": int(step) * g,
-            "lr_decay_style": t.lr_schedule, "lr_decay_steps": t.steps * g, "min_lr": t.min_lr,
+            "lr_decay_style": t.lr_schedule, "lr_decay_steps": t.decay_steps * g, "min_lr": t.min_lr,
             "start_wd": t.weight_decay, "end_wd": t.weight_decay, "wd_incr_style": "constant",
             "wd_incr_steps": t.steps * g}
 
@@ -134,9 +136,9 @@ def differences(sd: dict[str, Any], cfg, iteration: int) -> list[Difference]:
     check("lr_warmup_steps", f"training.warmup_steps {t.warmup_steps} x training.global_batch_size {g}",
           _iterations(got[1], g, "training.warmup_steps", " (Megatron-LM's --lr-warmup-iters)") if got else "")
     got = _read(sd, "lr_decay_steps")
-    check("lr_decay_steps", f"training.steps {t.steps} x training.global_batch_size {g}: phoenix decays over "
-          "training.steps", _iterations(got[1], g, "training.steps", " (Megatron-LM's --lr-decay-iters, which "
-                                        "phoenix takes equal to --train-iters)") if got else "")
+    check("lr_decay_steps", (f"training.lr_decay_steps {t.lr_decay_steps}" if t.lr_decay_steps is not None else
+                             f"training.steps {t.steps} (training.lr_decay_steps unset)")
+          + f" x training.global_batch_size {g}", _decay_change(got[1], g, t.lr_decay_steps) if got else "")
     got = _read(sd, "lr_decay_style")
     if got is not None:
         style = got[1]
@@ -157,6 +159,17 @@ def differences(sd: dict[str, Any], cfg, iteration: int) -> list[Difference]:
             out.append(Difference("start_wd", start, t.weight_decay, "training.weight_decay",
                                   f"training.weight_decay = {start} (Megatron-LM's --weight-decay)"))
     return out
+
+
+def _decay_change(samples: Any, g: int, lr_decay_steps: int | None) -> str:
+    """What to set so that the config's decay length is the checkpoint's ``samples``: ``training.lr_decay_steps``
+    (Megatron-LM's ``--lr-decay-iters``); while it is unset, the decay length is ``training.steps``, so that
+    is named first."""
+    change = _iterations(samples, g, "training.lr_decay_steps", " (Megatron-LM's --lr-decay-iters)")
+    n = whole(samples)
+    if lr_decay_steps is None and n is not None and n >= 0 and n % g == 0:
+        return f"training.steps = {n // g} (the decay length while training.lr_decay_steps is unset), or {change}"
+    return change
 
 
 def _position_change(num_steps: Any, iteration: int) -> str:

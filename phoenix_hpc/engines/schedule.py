@@ -1,9 +1,12 @@
 """Learning-rate schedule: a pure function of the step.
 
-``lr_at(step)`` is the rate used by the update that produces S(step) (``step`` >= 1):
+``lr_at(step)`` is the rate used by the update that produces S(step) (``step`` >= 1). As Megatron-LM's
+``OptimizerParamScheduler.get_lr`` (megatron-core's ``optimizer_param_scheduler.py``), with ``decay`` the decay
+length counted from step 0, warm-up included (``training.lr_decay_steps``, Megatron-LM's ``--lr-decay-iters``;
+``training.steps`` when unset):
 
-* warm-up (``step <= warmup_steps``): ``lr * step / warmup_steps`` (linear, as in Megatron-LM);
-* then, with ``t = (step - warmup) / max(1, steps - warmup)`` clamped to [0, 1]:
+* warm-up (``step <= warmup_steps``): ``lr * step / warmup_steps`` (linear, from 0);
+* then, with ``t = (step - warmup) / max(1, decay - warmup)`` clamped to [0, 1] (so ``min_lr`` after ``decay``):
   ``constant``: ``lr``; ``linear``: ``lr - (lr - min_lr) * t``;
   ``cosine``: ``min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2`` (Loshchilov & Hutter, SGDR, eq. 5).
 
@@ -15,11 +18,15 @@ from __future__ import annotations
 import math
 
 
-def lr_at(step: int, *, lr: float, min_lr: float, schedule: str, warmup_steps: int, total_steps: int) -> float:
-    """Learning rate for the update of step ``step`` (1-based). Raises ValueError on an unknown schedule."""
+def lr_at(step: int, *, lr: float, min_lr: float, schedule: str, warmup_steps: int, total_steps: int,
+          decay_steps: int | None = None) -> float:
+    """Learning rate for the update of step ``step`` (1-based). ``total_steps``: the run's steps
+    (``training.steps``); ``decay_steps``: the decay length from step 0, warm-up included
+    (``training.decay_steps``); None: ``total_steps``. Raises ValueError on an unknown schedule."""
+    decay = total_steps if decay_steps is None else decay_steps
     if warmup_steps > 0 and step <= warmup_steps:
         return lr * step / warmup_steps
-    t = min(1.0, max(0.0, (step - warmup_steps) / max(1, total_steps - warmup_steps)))
+    t = min(1.0, max(0.0, (step - warmup_steps) / max(1, decay - warmup_steps)))
     if schedule == "constant":
         return lr
     if schedule == "linear":

@@ -311,7 +311,8 @@ class TorchEngine(Engine):
         the DP group, advance ``step`` and the data position."""
         t = self.cfg.training
         nxt = self.step + 1
-        lr = lr_at(nxt, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=t.steps)
+        lr = lr_at(nxt, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=t.steps,
+                   decay_steps=t.decay_steps)
         scale = 1.0
         if t.grad_clip > 0 and self.last_grad_norm > t.grad_clip:
             scale = t.grad_clip / (self.last_grad_norm + 1e-6)
@@ -350,7 +351,7 @@ class TorchEngine(Engine):
             "rng": rng,
             "lr_scheduler": {
                 "kind": t.lr_schedule, "lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps,
-                "total_steps": t.steps, "last_step": self.step, "last_lr": self.last_lr,
+                "total_steps": t.steps, "decay_steps": t.decay_steps, "last_step": self.step, "last_lr": self.last_lr,
             },
             "data": {"position": self.data_position, "seed": t.seed, "global_batch_size": t.global_batch_size},
             "loss_scaler": None,

@@ -157,6 +157,17 @@ def test_engine_learns_and_restores_bit_identically(dataset, world1):
     assert _engine(cfg, world1).state_hash() != a.state_hash()
 
 
+def test_engine_decays_over_training_lr_decay_steps(dataset, world1):
+    """training.lr_decay_steps reaches the engine's update: min_lr from that step on (Megatron-LM's
+    --lr-decay-iters), not at the run's last step."""
+    cfg = _cfg(dataset, lr_schedule="linear", min_lr=3e-4, lr_decay_steps=4)
+    a = _engine(cfg, world1)
+    train(a, 3, 128)
+    assert a.last_lr == pytest.approx(3e-3 - (3e-3 - 3e-4) * 0.5)  # halfway from step 2 to step 4
+    train(a, 5, 128)
+    assert a.last_lr == pytest.approx(3e-4) and a.envelope()["lr_scheduler"]["decay_steps"] == 4
+
+
 def test_rebuilt_engine_on_new_groups_continues_bit_identically(dataset, world1):
     """The rebuild recovery path on one rank: the live state copied to host, the engine torn down, the
     process group of the next generation built, a new engine constructed and loaded; it continues exactly

@@ -109,7 +109,9 @@ def test_dropped_arguments_are_kept_as_comments_and_listed():
     (["--dataloader-type", "cyclic"], "--dataloader-type: 'cyclic'"),
     (["--foo", "3"], "--foo: not known to phoenix"),
     (["--lr-decay-style", "WSD"], "--lr-decay-style: 'WSD'"),
-    (["--lr-decay-iters", "20"], "--lr-decay-iters: 20"),
+    (["--lr-decay-iters", "0"], "--lr-decay-iters: 0 (allowed: a positive number of iterations)"),
+    (["--lr-warmup-iters", "3", "--lr-decay-iters", "2"],
+     "--lr-decay-iters: 2 is shorter than the 3 warm-up iterations (allowed: >= 3"),
     (["--kv-channels", "32"], "--kv-channels: 32"),
     (["--bf16", "--fp16"], "--bf16 and --fp16"),
     (["--max-position-embeddings", "16"], "--max-position-embeddings: 16"),
@@ -212,6 +214,22 @@ def test_derived_values_are_megatron_lms():
     assert warmup_steps_of_fraction(0.25, 10) is None  # 2.5 iterations: no whole number of steps
     assert conv.config["training"]["lr_schedule"] == "linear"  # Megatron-LM's default decay
     assert conv.config["model"]["untie_embeddings_and_output_weights"] is False  # Megatron-LM ties by default
+
+
+def test_a_decay_over_fewer_iterations_than_the_run_is_carried_over():
+    """Megatron-LM's GPT-3 example decays over 430000 of 500000 iterations: --lr-decay-iters is
+    training.lr_decay_steps, and a --lr-warmup-fraction is of the decay iterations, as Megatron-LM computes it."""
+    from phoenix_hpc.cli.from_megatron import render
+    from phoenix_hpc.config.schema import JobConfig
+
+    conv = convert(SMALL + ZERO + ["--lr-decay-iters", "8", "--lr-warmup-iters", "2"])
+    assert ("--lr-decay-iters", "training.lr_decay_steps", 8) in conv.carried
+    t = JobConfig.model_validate(yaml.safe_load(render(conv))).training
+    assert (t.steps, t.warmup_steps, t.lr_decay_steps, t.decay_steps) == (10, 2, 8, 8)
+    conv = convert(SMALL + ZERO + ["--lr-decay-iters", "20", "--lr-warmup-fraction", "0.25"])
+    assert conv.config["training"]["lr_decay_steps"] == 20
+    assert conv.config["training"]["warmup_steps"] == 5  # 0.25 x 20 decay iterations, not x 10 train iterations
+    assert "lr_decay_steps" not in convert(SMALL + ZERO).config["training"]  # absent: training.steps
 
 
 def test_a_warmup_fraction_of_no_whole_number_of_steps_is_refused_naming_the_argument():

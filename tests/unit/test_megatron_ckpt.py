@@ -89,6 +89,10 @@ def test_args_carry_the_shape_under_megatron_lm_names():
     assert not a.add_position_embedding and a.position_embedding_type == "rope" and a.normalization == "RMSNorm"
     assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.data_parallel_size) == (1, 1, 4)
     assert a.ckpt_format == "torch_dist" and a.use_distributed_optimizer
+    assert (a.train_iters, a.lr_decay_iters) == (20, 20)  # training.lr_decay_steps unset: training.steps
+    cfg = job(LLAMA)
+    cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"lr_decay_steps": 16})})
+    assert (mck.megatron_args(cfg, dp=4).lr_decay_iters, mck.scheduler_state(cfg, 5)["lr_decay_steps"]) == (16, 128)
 
 
 # --- the submit-time check without a checkpoint ----------------------------------------------------------
@@ -460,6 +464,7 @@ def test_the_same_schedule_says_nothing(saved):
     ({"min_lr": 0.0}, "min_lr", "0.0001", "0.0", "training.min_lr = 0.0001"),
     ({"warmup_steps": 10}, "lr_warmup_steps", "32", "80", "training.warmup_steps = 4"),
     ({"steps": 50}, "lr_decay_steps", "320", "400", "training.steps = 40"),
+    ({"steps": 50, "lr_decay_steps": 30}, "lr_decay_steps", "320", "240", "training.lr_decay_steps = 40"),
     ({"lr_schedule": "linear"}, "lr_decay_style", "'cosine'", "'linear'", "training.lr_schedule = cosine"),
     ({"weight_decay": 0.1}, "start_wd", "0.01", "0.1", "training.weight_decay = 0.01"),
 ])

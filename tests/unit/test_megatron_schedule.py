@@ -54,6 +54,22 @@ def test_a_decay_length_of_no_whole_step_count_says_why():
     assert "no whole number of steps at global batch 8" in d.change
 
 
+def test_the_decay_length_is_training_lr_decay_steps():
+    """A checkpoint of Megatron-LM's --train-iters 100 --lr-decay-iters 80 (at global batch 8: 640 samples)."""
+    c = cfg(lr_decay_steps=80)
+    assert scheduler_state(c, 40)["lr_decay_steps"] == 640 and scheduler_state(c, 40)["wd_incr_steps"] == 800
+    assert differences({**scheduler_state(cfg(), 40), "lr_decay_steps": 640}, c, 40) == []
+    (d,) = differences({"lr_decay_steps": 640}, cfg(), 40)  # decay unset: over the 100 steps
+    assert (d.checkpoint, d.config) == (640, 800)
+    assert d.source == "training.steps 100 (training.lr_decay_steps unset) x training.global_batch_size 8"
+    assert d.change == ("training.steps = 80 (the decay length while training.lr_decay_steps is unset), or "
+                        "training.lr_decay_steps = 80 (Megatron-LM's --lr-decay-iters)")
+    (d,) = differences({"lr_decay_steps": 720}, c, 40)
+    assert (d.checkpoint, d.config) == (720, 640)
+    assert d.source == "training.lr_decay_steps 80 x training.global_batch_size 8"
+    assert d.change == "training.lr_decay_steps = 90 (Megatron-LM's --lr-decay-iters)"
+
+
 def test_scheduler_of_prefers_the_old_key():
     assert scheduler_of({"opt_param_scheduler": {"a": 1}}) == ("opt_param_scheduler", {"a": 1})
     assert scheduler_of({"lr_scheduler": {"b": 2}, "opt_param_scheduler": {"a": 1}}) == ("lr_scheduler", {"b": 2})
