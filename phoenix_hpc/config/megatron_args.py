@@ -43,7 +43,7 @@ from phoenix_hpc.errors import ConfigError
 #: What phoenix's engines do where Megatron-LM has an argument (engines/zero.py, engines/megatron_engine.py,
 #: engines/megatron_spec.py, engines/torch_gpt.py).
 PHOENIX_FIXED = {
-    "adam_beta1": 0.9, "adam_beta2": 0.95, "adam_eps": 1e-8, "init_method_std": 0.02, "norm_epsilon": 1e-5,
+    "adam_beta1": 0.9, "adam_beta2": 0.95, "adam_eps": 1e-8, "norm_epsilon": 1e-5,
     "rotary_percent": 1.0, "lr_warmup_init": 0.0,
 }
 
@@ -109,7 +109,9 @@ ARGS: tuple[Arg, ...] = (
             "pp and dp (so a replayed step draws the same masks; not Megatron-LM's masks)"),
     Arg("--hidden-dropout", "map", float, 0.1, "model.hidden_dropout",
         why="Megatron-LM's 0.1 when absent; masks drawn as --attention-dropout's"),
-    Arg("--init-method-std", "same", float, 0.02, allowed=0.02, why="phoenix initialises weights with std 0.02"),
+    Arg("--init-method-std", "map", float, 0.02, "model.init_method_std",
+        why="weights ~ N(0, std), the residual output projections N(0, std / sqrt(2 x layers)), as Megatron-LM; "
+            "absent: 0.02, phoenix's default as well"),
     Arg("--apply-layernorm-1p", "refuse", FLAG, False, why="not implemented by phoenix's models"),
     Arg("--add-qkv-bias", "refuse", FLAG, False, why="not implemented by phoenix's models"),
     Arg("--qk-layernorm", "refuse", FLAG, False, why="not implemented by phoenix's models"),
@@ -700,6 +702,12 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
                 conv.carried.append((flag, "(phoenix's own)", prob))
         else:
             carry(flag, dotted, prob)
+    if "--init-method-std" in given:  # absent: Megatron-LM's 0.02, phoenix's default (not written)
+        std = given["--init-method-std"]
+        if not (math.isfinite(std) and std > 0):
+            problems.append(f"--init-method-std: {std} (allowed: a finite number > 0)")
+        else:
+            carry("--init-method-std", "model.init_method_std", std)
 
     # vocabulary: the model's (padded) size
     vocab = given.get("--vocab-size")

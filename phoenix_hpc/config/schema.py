@@ -116,6 +116,11 @@ class ModelConfig(BaseModel):
     hidden_dropout: float = Field(
         0.0, ge=0, lt=1, description="dropout probability on the embeddings' output and each residual branch "
         "(Megatron-LM's --hidden-dropout); masks drawn as attention_dropout's")
+    init_method_std: float = Field(
+        0.02, gt=0, description="standard deviation of the weights' normal initialisation (Megatron-LM's "
+        "--init-method-std, megatron-core's TransformerConfig.init_method_std); the residual branches' output "
+        "projections (attention's and the MLP's last linear) get init_method_std / sqrt(2 x layers), as "
+        "Megatron-LM's scaled init; the built-in models only (with model.factory: 0.02)")
 
     @property
     def ffn_size(self) -> int:
@@ -848,6 +853,10 @@ class JobConfig(BaseModel):
         if m.factory is not None and (m.attention_dropout or m.hidden_dropout):
             out.append(f"model.attention_dropout / model.hidden_dropout: {m.attention_dropout} / {m.hidden_dropout} "
                        "apply to the built-in GPT only (allowed with model.factory: 0; pass your model's dropout in "
+                       "model.options)")
+        if m.factory is not None and m.init_method_std != ModelConfig.model_fields["init_method_std"].default:
+            out.append(f"model.init_method_std: {m.init_method_std} applies to the built-in GPT only (allowed with "
+                       "model.factory: 0.02, the default; your factory initialises its own module: pass its std in "
                        "model.options)")
         if self.megatron != MegatronOptions():
             out.append("megatron: options are set but engine is torch (allowed: no megatron section, or "

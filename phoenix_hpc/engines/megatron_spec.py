@@ -20,7 +20,10 @@ Mapping (config field -> megatron-core argument; names as in Megatron-LM's ``arg
 - ``model.dtype`` -> ``params_dtype / pipeline_dtype / bf16 / fp16``; ``model.attention_dropout /
   hidden_dropout`` -> ``attention_dropout / hidden_dropout`` (0 by default; the engine reseeds the dropout
   random states every step, :mod:`.megatron_rng`) and ``deterministic_mode=True``, so a replayed step is
-  bitwise the same.
+  bitwise the same;
+- ``model.init_method_std`` -> ``init_method_std`` (megatron-core's ``init_method`` is N(0, std) and its
+  ``output_layer_init_method`` N(0, std / sqrt(2 num_layers)), both derived from it in
+  ``TransformerConfig.__post_init__``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def transformer_config_kwargs(cfg) -> dict[str, Any]:
         tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp, sequence_parallel=mg.sequence_parallel,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout, deterministic_mode=True,
+        init_method_std=m.init_method_std,
         normalization=m.normalization, add_bias_linear=m.add_bias_linear,
         gated_linear_unit=m.activation == "swiglu", activation_func=F.silu if m.activation == "swiglu" else F.gelu,
         attention_backend=AttnBackend[mg.backend], **recompute,

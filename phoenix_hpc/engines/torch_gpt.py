@@ -20,8 +20,9 @@ parameter has the same name whatever the pp split.
 
 Initialisation is a pure function of ``(seed, parameter's owner)``: every block draws from its own
 ``torch.Generator`` seeded from ``(seed, layer)``, so a model built as 1 or 2 stages starts from the same
-weights, and every DP replica of a stage starts identical. Weights ~ N(0, 0.02); the residual output
-projections ~ N(0, 0.02 / sqrt(2 L)) (GPT-2 paper, section 2.3); LayerNorm weight 1, biases 0.
+weights, and every DP replica of a stage starts identical. Weights ~ N(0, std), std = ``model.init_method_std``
+(0.02 by default, Megatron-LM's ``--init-method-std``); the residual output projections ~ N(0, std / sqrt(2 L))
+(GPT-2 paper, section 2.3; Megatron-LM's scaled init, ``scaled_init_method_normal``); LayerNorm weight 1, biases 0.
 
 Shapes: tokens ``(B, S)`` int64; hidden states ``(B, S, H)`` in the model dtype; logits ``(B, S, V)``.
 """
@@ -38,7 +39,8 @@ from torch import nn
 
 @dataclass(frozen=True)
 class GPTShape:
-    """Model shape. ``hidden_size`` must be divisible by ``heads``."""
+    """Model shape. ``hidden_size`` must be divisible by ``heads``. ``init_method_std``: the standard deviation
+    of the weights' normal initialisation (``model.init_method_std``; module doc)."""
 
     layers: int
     hidden_size: int
@@ -47,6 +49,7 @@ class GPTShape:
     seq_length: int
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    init_method_std: float = 0.02
 
     @property
     def has_dropout(self) -> bool:
@@ -125,8 +128,8 @@ class GPTStage(nn.Module):
 
     @torch.no_grad()
     def _init_weights(self, seed: int) -> None:
-        std = 0.02
-        proj_std = 0.02 / math.sqrt(2 * self.shape.layers)
+        std = self.shape.init_method_std
+        proj_std = std / math.sqrt(2 * self.shape.layers)
 
         def gen(owner: int) -> torch.Generator:
             return torch.Generator().manual_seed(seed * 100_003 + owner)

@@ -98,6 +98,33 @@ def test_slot_from_env_sources():
         slot_from_env({"SLURM_PROCID": "x", "SLURM_NTASKS": "2"})
 
 
+def test_init_method_std_sets_the_weights_and_the_scaled_residual_projections():
+    """Weights ~ N(0, std); attention's and the MLP's output projections N(0, std / sqrt(2 L)), as Megatron-LM's
+    scaled init. 2 layers: std / 2."""
+    shape = GPTShape(layers=2, hidden_size=128, heads=2, vocab_size=256, seq_length=8, init_method_std=0.006)
+    p = dict(GPTStage(shape, 1, 0, seed=5).named_parameters())
+    for name, want in (("blocks.0.qkv.weight", 0.006), ("blocks.1.fc.weight", 0.006), ("head.weight", 0.006),
+                       ("tok_embed.weight", 0.006), ("blocks.0.proj.weight", 0.003), ("blocks.1.fc_out.weight", 0.003)):
+        assert float(p[name].detach().std()) == pytest.approx(want, rel=0.05), name
+    default = dict(GPTStage(GPTShape(2, 128, 2, 256, 8), 1, 0, seed=5).named_parameters())
+    assert float(default["blocks.0.qkv.weight"].detach().std()) == pytest.approx(0.02, rel=0.05)  # 0.02 unless set
+    assert float(default["blocks.0.proj.weight"].detach().std()) == pytest.approx(0.01, rel=0.05)
+
+
+@pytest.mark.parametrize("model, needle", [
+    ({"init_method_std": 0.0}, "model.init_method_std: value 0.0 -- Input should be greater than 0"),
+    ({"init_method_std": -0.02}, "model.init_method_std: value -0.02 -- Input should be greater than 0"),
+    ({"factory": "m:f", "init_method_std": 0.01},
+     "model.init_method_std: 0.01 applies to the built-in GPT only (allowed with model.factory: 0.02"),
+])
+def test_an_init_method_std_the_engine_cannot_obey_is_refused(model, needle):
+    with pytest.raises(ConfigError) as exc:
+        parse_model(JobConfig, {"name": "t", "data": {"path": "d"}, "model": model}, source="test")
+    assert needle in str(exc.value), str(exc.value)
+    assert parse_model(JobConfig, {"name": "t", "data": {"path": "d"}, "model": {"factory": "m:f"}},
+                       source="test").model.init_method_std == 0.02
+
+
 def test_model_init_independent_of_pipeline_split():
     shape = GPTShape(layers=4, hidden_size=16, heads=2, vocab_size=256, seq_length=8)
     whole = dict(GPTStage(shape, 1, 0, seed=5).named_parameters())
@@ -155,6 +182,13 @@ def test_engine_learns_and_restores_bit_identically(dataset, world1):
     assert b.state_hash() == a.state_hash()
     # an untouched fresh engine differs
     assert _engine(cfg, world1).state_hash() != a.state_hash()
+
+
+def test_engine_builds_its_gpt_with_model_init_method_std(dataset, world1):
+    cfg = _cfg(dataset)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"hidden_size": 128, "init_method_std": 0.005})})
+    w = dict(_engine(cfg, world1).model.named_parameters())["blocks.0.fc.weight"]
+    assert float(w.detach().float().std()) == pytest.approx(0.005, rel=0.05)
 
 
 def test_engine_decays_over_training_lr_decay_steps(dataset, world1):

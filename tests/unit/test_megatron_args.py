@@ -110,6 +110,8 @@ def test_dropped_arguments_are_kept_as_comments_and_listed():
     (["--foo", "3"], "--foo: not known to phoenix"),
     (["--lr-decay-style", "WSD"], "--lr-decay-style: 'WSD'"),
     (["--lr-decay-iters", "0"], "--lr-decay-iters: 0 (allowed: a positive number of iterations)"),
+    (["--init-method-std", "0"], "--init-method-std: 0.0 (allowed: a finite number > 0)"),
+    (["--init-method-std", "-0.02"], "--init-method-std: -0.02 (allowed: a finite number > 0)"),
     (["--lr-warmup-iters", "3", "--lr-decay-iters", "2"],
      "--lr-decay-iters: 2 is shorter than the 3 warm-up iterations (allowed: >= 3"),
     (["--kv-channels", "32"], "--kv-channels: 32"),
@@ -230,6 +232,18 @@ def test_a_decay_over_fewer_iterations_than_the_run_is_carried_over():
     assert conv.config["training"]["lr_decay_steps"] == 20
     assert conv.config["training"]["warmup_steps"] == 5  # 0.25 x 20 decay iterations, not x 10 train iterations
     assert "lr_decay_steps" not in convert(SMALL + ZERO).config["training"]  # absent: training.steps
+
+
+def test_init_method_std_is_carried_over():
+    """Megatron-LM's Llama-3 example initialises with 0.0134, GPT-3's with 0.006: model.init_method_std."""
+    from phoenix_hpc.cli.from_megatron import render
+    from phoenix_hpc.config.schema import JobConfig
+
+    conv = convert(SMALL + ZERO + ["--init-method-std", "0.0134"])
+    assert ("--init-method-std", "model.init_method_std", 0.0134) in conv.carried
+    assert JobConfig.model_validate(yaml.safe_load(render(conv))).model.init_method_std == 0.0134
+    cfg = convert(SMALL + ZERO).config  # absent: Megatron-LM's 0.02, phoenix's default, not written
+    assert "init_method_std" not in cfg["model"] and JobConfig.model_validate(cfg).model.init_method_std == 0.02
 
 
 def test_a_warmup_fraction_of_no_whole_number_of_steps_is_refused_naming_the_argument():

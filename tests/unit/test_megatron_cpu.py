@@ -120,6 +120,29 @@ def test_gpt_defaults_map_to_the_gpt2_shape_and_full_recompute_is_uniform():
     assert gpt_model_kwargs(cfg)["position_embedding_type"] == "learned_absolute"
 
 
+def test_init_method_std_reaches_transformer_config_and_the_cpu_built_weights(gloo_world):
+    """model.init_method_std is megatron-core's init_method_std: weights ~ N(0, std), the residual output
+    projections (linear_proj, linear_fc2) N(0, std / sqrt(2 L)), as megatron-core derives them."""
+    from phoenix_hpc.engines.megatron_parallel import destroy_parallel_state, init_parallel_state
+    from phoenix_hpc.engines.megatron_spec import transformer_config_kwargs
+
+    shape = {"layers": 2, "hidden_size": 128, "heads": 4, "vocab_size": 256, "seq_length": 16}
+    assert transformer_config_kwargs(job(model=shape))["init_method_std"] == 0.02  # the default: Megatron-LM's
+    cfg = job(model={**shape, "init_method_std": 0.006})
+    assert transformer_config_kwargs(cfg)["init_method_std"] == 0.006
+    init_parallel_state(1, 1, timeout_s=30.0)
+    try:
+        torch.manual_seed(0)
+        params = dict(_tiny_model(cfg).named_parameters())
+    finally:
+        destroy_parallel_state()
+    layer = "decoder.layers.0."
+    for name, want in ((layer + "self_attention.linear_qkv.weight", 0.006), (layer + "mlp.linear_fc1.weight", 0.006),
+                       (layer + "self_attention.linear_proj.weight", 0.006 / 2), (layer + "mlp.linear_fc2.weight", 0.006 / 2),
+                       ("embedding.word_embeddings.weight", 0.006)):
+        assert float(params[name].float().std()) == pytest.approx(want, rel=0.05), name
+
+
 def test_build_problems_reports_what_megatron_core_refuses():
     from phoenix_hpc.engines.megatron_spec import build_problems, submit_problems
 
