@@ -75,7 +75,7 @@ def megatron_args(cfg, dp: int) -> argparse.Namespace:
         train_iters=t.steps, lr=t.lr, min_lr=t.min_lr, lr_decay_style=t.lr_schedule, lr_warmup_iters=t.warmup_steps,
         lr_decay_iters=t.decay_steps, weight_decay=t.weight_decay, clip_grad=t.grad_clip, seed=t.seed,
         use_distributed_optimizer=True, ckpt_format="torch_dist", sequence_parallel=cfg.megatron.sequence_parallel,
-        transformer_impl=cfg.megatron.transformer_impl,
+        transformer_impl=cfg.megatron.transformer_impl, init_method_std=m.init_method_std,
     )
 
 

@@ -90,6 +90,7 @@ def test_args_carry_the_shape_under_megatron_lm_names():
     assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.data_parallel_size) == (1, 1, 4)
     assert a.ckpt_format == "torch_dist" and a.use_distributed_optimizer
     assert (a.train_iters, a.lr_decay_iters) == (20, 20)  # training.lr_decay_steps unset: training.steps
+    assert a.init_method_std == 0.02
     cfg = job(LLAMA)
     cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"lr_decay_steps": 16})})
     assert (mck.megatron_args(cfg, dp=4).lr_decay_iters, mck.scheduler_state(cfg, 5)["lr_decay_steps"]) == (16, 128)
