@@ -473,3 +473,28 @@ def test_tensorboard_and_wandb_are_carried_over_as_megatron_turns_them_on():
     assert logging == {"tensorboard": True, "tensorboard_dir": "runs/tb", "wandb": {"project": "p", "name": "n"}}
     _, logging, skipped = _eval_and_logging(["--wandb-exp-name", "n"])
     assert logging is None and "--wandb-project" in skipped["--wandb-exp-name"]
+
+
+def test_the_llama3_example_s_performance_and_profiling_arguments_are_listed_not_refused():
+    # the words of Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh that do not change what is trained
+    perf = ["--manual-gc-interval", "100", "--empty-unused-memory-level", "1", "--cross-entropy-loss-fusion",
+            "--use-nccl-ub", "--no-mmap-bin-files", "--profile-step-start", "4", "--profile-step-end", "6",
+            "--profile-ranks", "0", "1", "--log-params-norm", "--logging-level", "20", "--record-memory-history",
+            "--memory-snapshot-path", "s.pickle", "--tiktoken-pattern", "v2"]
+    conv = convert(SMALL + ZERO + perf)
+    listed = {flag for flag, _, _ in conv.not_carried} | {flag for flag, _ in conv.records}
+    assert {w for w in perf if w.startswith("--")} <= listed
+    assert ("--tiktoken-pattern", "v2") in conv.records
+
+
+@pytest.mark.parametrize("words, why", [
+    (["--fp8-format", "hybrid"], "fp8 training is not implemented"),
+    (["--grad-reduce-in-bf16"], "reduces gradients in fp32"),
+    (["--calculate-per-token-loss"], "phoenix's loss"),
+    (["--lr-decay-samples", "100"], "give --lr-decay-iters"),
+    (["--lr-warmup-samples", "8"], "give --lr-warmup-iters"),
+    (["--decoupled-lr", "5e-4"], "input and output layers"),
+])
+def test_arguments_that_change_the_training_are_refused_with_why(words, why):
+    (line,) = [p for p in problems(SMALL + ZERO + words) if p.startswith(words[0])]
+    assert why in line and f"--drop {words[0][2:]}" in line
