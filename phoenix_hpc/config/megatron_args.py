@@ -265,6 +265,10 @@ ARGS: tuple[Arg, ...] = (
         why="phoenix reads and writes Megatron-LM checkpoints in the torch_dist format only"),
     Arg("--no-load-optim", "refuse", FLAG, False,
         why="phoenix loads the optimizer state of a --load checkpoint whenever it has one"),
+    Arg("--exit-on-missing-checkpoint", "skip", FLAG, False,
+        why="with a --load folder that holds a checkpoint it changes nothing; a --load folder without one (the "
+            "auto-resume idiom) is refused with it, since Megatron-LM would exit instead of starting from scratch"),
+    Arg("--step-batch-size-schedule", "refuse", "list", None, why="batch-size ramp-up is not implemented"),
     Arg("--no-load-rng", "skip", FLAG, False,
         why="the RNG states do not change what phoenix trains: dropout's are reseeded every step from the seed "
             "and the step"),
@@ -849,6 +853,11 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
         decision, why = load_decision(given["--load"], given.get("--save"), tracker)
         if decision == "load":
             carry("--load", "resilience.checkpoint.load_megatron", given["--load"])
+        elif decision == "auto-resume" and given.get("--exit-on-missing-checkpoint"):
+            problems.append(f"--exit-on-missing-checkpoint: the --load folder {given['--load']!r} holds no "
+                            "latest_checkpointed_iteration.txt where this command runs, so Megatron-LM would exit "
+                            "instead of training (allowed: a --load folder holding a checkpoint; or leave "
+                            "--exit-on-missing-checkpoint out, to start from scratch and continue there)")
         elif decision == "auto-resume":
             conv.not_carried.append(("--load", given["--load"], why))
         else:

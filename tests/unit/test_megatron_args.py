@@ -498,3 +498,21 @@ def test_the_llama3_example_s_performance_and_profiling_arguments_are_listed_not
 def test_arguments_that_change_the_training_are_refused_with_why(words, why):
     (line,) = [p for p in problems(SMALL + ZERO + words) if p.startswith(words[0])]
     assert why in line and f"--drop {words[0][2:]}" in line
+
+
+def test_exit_on_missing_checkpoint_refuses_the_auto_resume_idiom_and_changes_nothing_with_a_checkpoint():
+    idiom = SMALL + ZERO + ["--save", "/lustre/ckpt", "--load", "/lustre/ckpt", "--exit-on-missing-checkpoint"]
+    (p,) = [p for p in problems(idiom, has_tracker=lambda folder: False)
+            if p.startswith("--exit-on-missing-checkpoint")]
+    assert "Megatron-LM would exit instead of training" in p and "'/lustre/ckpt'" in p
+    conv = convert(idiom, has_tracker=lambda folder: True)
+    assert conv.config["resilience"]["checkpoint"]["load_megatron"] == "/lustre/ckpt"
+    assert any(f == "--exit-on-missing-checkpoint" for f, _, _ in conv.not_carried)
+
+
+def test_a_step_batch_size_schedule_is_refused_as_given():
+    words = ["--step-batch-size-schedule", "0:16", "2.4B:320"]
+    (p,) = [p for p in problems(SMALL + ZERO + words) if p.startswith("--step-batch-size-schedule")]
+    assert "ramp-up is not implemented" in p
+    conv = convert(SMALL + ZERO + words, drop=["step-batch-size-schedule"])
+    assert [v for f, v, _ in conv.dropped if f == "--step-batch-size-schedule"] == [tuple(words)]
