@@ -594,3 +594,19 @@ def test_a_resumed_run_does_not_check_the_megatron_checkpoint_it_no_longer_loads
     r = invoke("--resume", rd, "--dry-run", "--data-on-cluster")
     assert "opt_param_scheduler" not in r.output, r.output
     assert r.exit_code == 0, r.output
+
+
+def test_a_save_folder_holding_a_tracker_this_job_would_replace_is_refused(tmp_path):
+    ml.write_tracker(tmp_path, 100)  # Megatron-LM wrote a checkpoint there after the conversion
+    (p,) = ml.load_problems(job(path=str(tmp_path), save_megatron=str(tmp_path)))
+    assert p.startswith(f"resilience.checkpoint.save_megatron: {tmp_path} already holds "
+                        "latest_checkpointed_iteration.txt (iteration 100)")
+    assert f"resilience.checkpoint.load_megatron: {tmp_path}" in p
+    # resumed, or continuing from its own complete checkpoint there: the tracker is the run's own
+    assert ml.load_problems(job(path=str(tmp_path), save_megatron=str(tmp_path)), resuming=True) == []
+    from phoenix_hpc.recovery.ckpt_files import mark_complete
+    (tmp_path / "step_00000040").mkdir()
+    mark_complete(tmp_path, 40, "full")
+    assert ml.load_problems(job(path=str(tmp_path), save_megatron=str(tmp_path))) == []
+    # an empty save folder, or none: nothing to replace
+    assert ml.load_problems(job(save_megatron=str(tmp_path / "empty"))) == []
