@@ -61,6 +61,15 @@ def read_vocab(given: dict[str, Any]) -> int | None:
     return None
 
 
+def read_data_args(path: str) -> list[str] | None:
+    """The white-space separated words of a ``--data-args-path`` file (Megatron-LM reads it with
+    ``f.read().split()``), or None when it cannot be read here as UTF-8 text."""
+    try:
+        return Path(path).read_text(encoding="utf-8").split()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def has_tracker(folder: str) -> bool:
     """Whether ``folder`` (``--load``'s value; a relative one is the launch folder's, the current one) holds
     Megatron-LM's ``latest_checkpointed_iteration.txt`` here (:func:`phoenix_hpc.config.megatron_args.load_decision`)."""
@@ -163,7 +172,7 @@ def from_megatron(args_file, script_args, output, drop, name, nodes, spares, meg
         raise ConfigError(f"-o/--output: folder {str(output.parent)!r} does not exist (allowed: a file in an "
                           "existing folder)")
     conv = convert(tokens, drop=drop, name=name, nodes=nodes, spares=spares, read_vocab=read_vocab,
-                   has_tracker=has_tracker)
+                   has_tracker=has_tracker, read_data_args=read_data_args)
     relocate_paths(conv.config, output, Path.cwd())
     parse_model(JobConfig, conv.config, source="the converted config")
     text = render(conv)

@@ -204,6 +204,9 @@ ARGS: tuple[Arg, ...] = (
     # --- data ---
     Arg("--data-path", "map", "list", None, "data.blend",
         why="weights and prefixes (W1 P1 W2 P2 ...) or prefixes alone, read as megatron-core's get_blend_from_list"),
+    Arg("--data-args-path", "map", str, None, "data.blend",
+        why="a file holding --data-path's words (weights and prefixes), split on white space as Megatron-LM reads "
+            "it; instead of --data-path"),
     Arg("--split", "map", str, None, "data.split", why="absent: Megatron-LM's '969, 30, 1'"),
     Arg("--mock-data", "refuse", FLAG, False, why="phoenix trains on a dataset: give --data-path"),
     Arg("--train-data-path", "refuse", "list", None, why="per-split data paths are not implemented: give --data-path"),
@@ -591,7 +594,8 @@ def _carry_eval_and_logging(given: dict[str, Any], eff: Callable[[str], Any], ca
 def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: str = "megatron-gpt",
             nodes: int | None = None, spares: int | None = None,
             read_vocab: Callable[[dict[str, Any]], int | None] | None = None,
-            has_tracker: Callable[[str], bool] | None = None) -> Conversion:
+            has_tracker: Callable[[str], bool] | None = None,
+            read_data_args: Callable[[str], list[str] | None] | None = None) -> Conversion:
     """Convert a ``pretrain_gpt.py`` argument list into a job config mapping (engine ``megatron``).
 
     ``drop``: argument names (with or without ``--``) the user accepts to lose although they change the
@@ -599,7 +603,8 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     ``read_vocab(args)``: the tokenizer's vocabulary size from its files, or None when not readable; used when
     ``--vocab-size`` is not given. ``has_tracker(folder)``: whether ``--load``'s folder (as given) holds
     Megatron-LM's ``latest_checkpointed_iteration.txt`` where the conversion runs (None: no file is read, so
-    none is found); see :func:`load_decision`. Raises ConfigError listing every problem (see the module
+    none is found); see :func:`load_decision`. ``read_data_args(path)``: the white-space separated words of
+    ``--data-args-path``'s file, or None when it cannot be read here (None: no file is read). Raises ConfigError listing every problem (see the module
     docstring)."""
     drops = _normalise_drop(drop)
     named = {t.split("=", 1)[0] for t in tokens if t.startswith("--")}  # --x V and --x=V alike
@@ -645,6 +650,8 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
         return given.get(flag, a.default)
 
     for flag in REQUIRED:
+        if flag == "--data-path" and "--data-args-path" in given:
+            continue
         if flag not in given:
             problems.append(f"{flag}: missing (pretrain_gpt.py needs it; allowed: any value of its type)")
 
@@ -833,13 +840,30 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
             carry("--lr-decay-iters", "training.lr_decay_steps", decay_iters)
 
     # data and checkpoints
-    paths = given.get("--data-path")
+    paths, source = given.get("--data-path"), "--data-path"
+    if "--data-args-path" in given:
+        source = "--data-args-path"
+        file = given["--data-args-path"]
+        if paths is not None:
+            problems.append("--data-path and --data-args-path: both given (allowed: one of them, as Megatron-LM "
+                            "asserts)")
+            paths = None
+        else:
+            paths = read_data_args(file) if read_data_args is not None else None
+            if paths is None:
+                problems.append(f"--data-args-path: {file!r} cannot be read here (allowed: a readable text file of "
+                                "weights and prefixes, W1 P1 W2 P2 ... or prefixes alone)")
+            elif not paths:
+                problems.append(f"--data-args-path: {file!r} holds no word (allowed: weights and prefixes, W1 P1 "
+                                "W2 P2 ... or prefixes alone)")
+                paths = None
     if paths is not None:
         blend, problem = blend_from_list(paths)
         if problem is not None:
-            problems.append(problem)
+            problems.append(problem if source == "--data-path" else f"{problem} (read from --data-args-path "
+                            f"{given['--data-args-path']!r})")
         else:
-            carry("--data-path", "data.blend", blend)
+            carry(source, "data.blend", blend)
     if "--split" in given:
         carry("--split", "data.split", given["--split"])
     for flag in ("--save", "--load", "--tensorboard-dir"):  # '' would be made the launch folder itself

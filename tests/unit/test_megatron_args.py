@@ -516,3 +516,33 @@ def test_a_step_batch_size_schedule_is_refused_as_given():
     assert "ramp-up is not implemented" in p
     conv = convert(SMALL + ZERO + words, drop=["step-batch-size-schedule"])
     assert [v for f, v, _ in conv.dropped if f == "--step-batch-size-schedule"] == [tuple(words)]
+
+
+def _without_data_path(words):
+    i = words.index("--data-path")
+    return words[:i] + words[i + 2:]
+
+
+def test_data_args_path_gives_the_blend_as_data_path_would():
+    base = _without_data_path(SMALL) + ZERO
+    files = {"blend.txt": "0.3 /d/a_text_document\n0.7\t/d/b_text_document\n", "empty.txt": "  \n"}
+    conv = convert(base + ["--data-args-path", "blend.txt"], read_data_args=lambda p: files[p].split())
+    want = convert(base + ["--data-path", "0.3", "/d/a_text_document", "0.7", "/d/b_text_document"])
+    assert conv.config["data"] == want.config["data"]
+    assert ("--data-args-path", "data.blend", want.config["data"]["blend"]) in conv.carried
+    out = problems(base + ["--data-args-path", "nope.txt"], read_data_args=lambda p: None)
+    assert any(p.startswith("--data-args-path: 'nope.txt' cannot be read here") for p in out)
+    assert not any(p.startswith("--data-path: missing") for p in out)
+    out = problems(base + ["--data-args-path", "empty.txt"], read_data_args=lambda p: files[p].split())
+    assert any("holds no word" in p for p in out)
+    out = problems(SMALL + ZERO + ["--data-args-path", "blend.txt"], read_data_args=lambda p: files[p].split())
+    assert any(p.startswith("--data-path and --data-args-path: both given") for p in out)
+
+
+def test_cli_reads_a_data_args_path_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "blend.txt").write_text("40 data/a_text_document 60 data/b_text_document\n")
+    r = _invoke("-o", "job.yaml", "--", *_without_data_path(SMALL), *ZERO, "--data-args-path", "blend.txt")
+    assert r.exit_code == 0, r.output
+    cfg = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    assert [e["weight"] for e in cfg["data"]["blend"]] == [40.0, 60.0]
