@@ -321,7 +321,12 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
     from phoenix_hpc.launch.metrics_log import logging_problems
 
     on_cluster = data_on_cluster and profile.name != "local"  # site local: its compute nodes are this machine
+    from phoenix_hpc.engines.megatron_layout import overwrite_problems
+    from phoenix_hpc.recovery.ckpt_files import checkpoint_root, latest_step
+
     extra = submit_problems(cfg, resuming=point is not None, on_cluster=on_cluster) + logging_problems(cfg)
+    extra += overwrite_problems(cfg, resuming=point is not None,
+                                has_own_checkpoint=latest_step(checkpoint_root(cfg, rd)) is not None)
     job = resolve(cfg, profile, run_dir=str(rd), default_python=sys.executable, python=python,
                   nodelist=nodelist, exclude=exclude, extra_problems=extra)
     load = heartbeat_load(job)

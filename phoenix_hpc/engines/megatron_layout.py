@@ -235,25 +235,22 @@ def _start_fresh_hint(ck) -> str:
             "(a resubmitted job continues from its own checkpoints)")
 
 
-def overwrite_problems(cfg, resuming: bool = False) -> list[str]:
+def overwrite_problems(cfg, resuming: bool, has_own_checkpoint: bool) -> list[str]:
     """A ``save_megatron`` folder (here, absolute) that already holds Megatron-LM's tracker which this job would
     replace: the job does not continue from it (no ``load_megatron`` naming that folder), is not resumed
-    (``phoenix submit --resume``) and has no complete checkpoint of its own in an absolute
-    ``resilience.checkpoint.path`` to continue from. Its first Megatron-LM checkpoint would then rewrite
+    (``resuming``: ``phoenix submit --resume``) and has no complete checkpoint of its own to continue from
+    (``has_own_checkpoint``: one in ``resilience.checkpoint.path``, as the submit finds it for the run
+    directory). Its first Megatron-LM checkpoint would then rewrite
     ``latest_checkpointed_iteration.txt``, so Megatron-LM's ``--load`` would no longer find the iteration it
     names now (typically: Megatron-LM wrote a checkpoint into the ``--save`` folder after ``phoenix config
     from-megatron`` converted an auto-resume script). One problem naming the folder and the ways out, or none."""
-    from phoenix_hpc.recovery.ckpt_files import latest_step
-
     ck = cfg.resilience.checkpoint
-    if ck.save_megatron is None or resuming or not os.path.isabs(ck.save_megatron):
+    if ck.save_megatron is None or resuming or has_own_checkpoint or not os.path.isabs(ck.save_megatron):
         return []
     root = Path(ck.save_megatron)
     if not (root / TRACKER).is_file():
         return []
     if ck.load_megatron is not None and os.path.normpath(ck.load_megatron) == os.path.normpath(ck.save_megatron):
-        return []
-    if ck.path and os.path.isabs(ck.path) and latest_step(ck.path) is not None:
         return []
     try:
         it = f"iteration {read_tracker(root)}"
@@ -298,7 +295,6 @@ def load_problems(cfg, resuming: bool = False, on_cluster: bool = False) -> list
                                              and cfg.resilience.mode in ("phoenix", "checkpoint-restart")):
         out.append(f"{FIELD_SAVE}: value {ck.save_megatron!r} -- no persistent checkpoint is written with "
                    "resilience.enabled false; allowed with resilience.enabled true")
-    out += overwrite_problems(cfg, resuming)
     if out or ck.load_megatron is None or resuming or _not_here(cfg, resuming, on_cluster):
         return out
     root = Path(ck.load_megatron)

@@ -598,15 +598,39 @@ def test_a_resumed_run_does_not_check_the_megatron_checkpoint_it_no_longer_loads
 
 def test_a_save_folder_holding_a_tracker_this_job_would_replace_is_refused(tmp_path):
     ml.write_tracker(tmp_path, 100)  # Megatron-LM wrote a checkpoint there after the conversion
-    (p,) = ml.load_problems(job(path=str(tmp_path), save_megatron=str(tmp_path)))
+    cfg = job(path=str(tmp_path), save_megatron=str(tmp_path))
+    (p,) = ml.overwrite_problems(cfg, resuming=False, has_own_checkpoint=False)
     assert p.startswith(f"resilience.checkpoint.save_megatron: {tmp_path} already holds "
                         "latest_checkpointed_iteration.txt (iteration 100)")
     assert f"resilience.checkpoint.load_megatron: {tmp_path}" in p
-    # resumed, or continuing from its own complete checkpoint there: the tracker is the run's own
-    assert ml.load_problems(job(path=str(tmp_path), save_megatron=str(tmp_path)), resuming=True) == []
+    # resumed, or continuing from a complete checkpoint of its own: the tracker is the run's own
+    assert ml.overwrite_problems(cfg, resuming=True, has_own_checkpoint=False) == []
+    assert ml.overwrite_problems(cfg, resuming=False, has_own_checkpoint=True) == []
+    # continuing from that very folder, or writing into an empty one: nothing is replaced
+    cont = job(path=str(tmp_path), save_megatron=str(tmp_path), load_megatron=str(tmp_path))
+    assert ml.overwrite_problems(cont, resuming=False, has_own_checkpoint=False) == []
+    assert ml.overwrite_problems(job(save_megatron=str(tmp_path / "empty")), False, False) == []
+
+
+def test_submit_refuses_to_replace_a_tracker_and_accepts_a_run_that_continues_there(tmp_path, monkeypatch):
+    import yaml
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
     from phoenix_hpc.recovery.ckpt_files import mark_complete
-    (tmp_path / "step_00000040").mkdir()
-    mark_complete(tmp_path, 40, "full")
-    assert ml.load_problems(job(path=str(tmp_path), save_megatron=str(tmp_path))) == []
-    # an empty save folder, or none: nothing to replace
-    assert ml.load_problems(job(save_megatron=str(tmp_path / "empty"))) == []
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    ml.write_tracker(ckpt, 100)
+    monkeypatch.chdir(tmp_path)
+    cfg = {"name": "m", "engine": "megatron", "data": {"path": str(tmp_path / "d")}, "model": GPT,
+           "resources": {"nodes": 2},
+           "resilience": {"checkpoint": {"path": str(ckpt), "save_megatron": str(ckpt)}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    args = ["submit", "--site", "perlmutter", "job.yaml", "--dry-run", "--data-on-cluster"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2 and "already holds latest_checkpointed_iteration.txt (iteration 100)" in r.output
+    (ckpt / "step_00000040").mkdir()
+    mark_complete(ckpt, 40, "full")  # the job's own checkpoint there: it continues from it
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
