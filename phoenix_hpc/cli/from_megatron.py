@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +99,10 @@ def relocate_paths(cfg: dict, out: Path | None, cwd: Path) -> None:
         logging["tensorboard_dir"] = str(cwd.resolve() / logging["tensorboard_dir"])
 
 
-def render(conv) -> str:
+def render(conv, not_run: list[str] = ()) -> str:
     """The config file's text: a header naming the source and everything not carried over (a dropped argument
-    exactly as given, every value included), then the YAML."""
+    exactly as given, every value included), the commands of an ``--args-file`` script that were not run
+    (``not_run``), then the YAML."""
     from phoenix_hpc.config.megatron_args import as_given
 
     head = ["# phoenix job config converted from Megatron-LM pretrain_gpt.py arguments (phoenix config from-megatron).",
@@ -117,6 +119,9 @@ def render(conv) -> str:
     if conv.records:
         head.append("# Kept for the record (phoenix does not use them):")
         head += [f"#   {flag} {v!r}" for flag, v in conv.records]
+    if not_run:
+        head.append("# Commands of --args-file not run when it was read (as a condition, each counted as succeeded):")
+        head += [f"#   {line}" for cmd in not_run for line in [" ".join(cmd.split())]]
     body = yaml.safe_dump(conv.config, sort_keys=False, default_flow_style=False)
     return "\n".join(head) + "\n" + body
 
@@ -155,6 +160,7 @@ def from_megatron(args_file, script_args, output, drop, name, nodes, spares, meg
 
     tokens = list(megatron_args)
     left_out: list[str] = []
+    launch = None
     if script_args and args_file is None:
         raise ConfigError(f"--script-arg {script_args[0]!r}: given without --args-file (allowed: the positional "
                           "arguments of the --args-file script)")
@@ -164,6 +170,10 @@ def from_megatron(args_file, script_args, output, drop, name, nodes, spares, meg
         if launch is not None:
             from_file, left_out = launch.args, launch.not_run
         else:
+            other = re.search(r"\b(pretrain_(?!gpt\.py)\w+\.py)\b", text)
+            if other and "pretrain_gpt.py" not in text:
+                raise ConfigError(f"--args-file {args_file}: its command runs {other.group(1)}, and phoenix converts "
+                                  "Megatron-LM GPT jobs (allowed: a script that runs pretrain_gpt.py)")
             from_file, left_out = split_args_text(text, launch_not_reached=True)
         tokens = from_file + tokens
     if not tokens:
@@ -175,7 +185,7 @@ def from_megatron(args_file, script_args, output, drop, name, nodes, spares, meg
                    has_tracker=has_tracker, read_data_args=read_data_args)
     relocate_paths(conv.config, output, Path.cwd())
     parse_model(JobConfig, conv.config, source="the converted config")
-    text = render(conv)
+    text = render(conv, left_out if launch is not None else [])
     for line in left_out:
         click.echo(f"left out of --args-file (a shell command, not run; not pretrain_gpt.py's arguments): {line}",
                    err=True)

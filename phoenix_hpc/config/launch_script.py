@@ -10,25 +10,38 @@ extdebug`` in front of every simple command (bash(1), *SHELL BUILTIN COMMANDS*, 
 functions, command substitutions and subshells). The trap lets run only what sets variables or tests them:
 
 - assignments (``NAME=word``, arrays ``NAME=( ... )``, ``NAME+=...``) and ``declare``/``typeset``/
-  ``local``/``export``/``readonly``/``unset`` without a redirection, ``shift``;
+  ``local``/``export``/``readonly``/``unset``/``printf -v`` without a redirection, ``shift``, ``getopts``,
+  ``read``/``mapfile`` from a here-string (``IFS=, read -ra A <<< "$LIST"``);
 - the tests and loops' own steps (``[[ ]]``, ``[ ]``, ``test``, ``(( ))``, ``let``, ``for``, ``case``,
   ``true``, ``false``, ``:``, ``break``, ``continue``), without a redirection;
 - calls of functions the script defined (their bodies pass the same gate).
 
-Every other command (``mkdir``, ``cd``, ``source``, ``echo``, ``exit``, ``srun``, ...) is not run and is
-reported with its line. A command substitution in an assignment runs in bash, its commands gated the same way;
-one that would have to run a command leaves a mark in the value, so a launch word that holds such a value is
-refused naming the command. The first command whose words, expanded (without running a command substitution),
-contain a word ``pretrain_gpt.py`` or ``.../pretrain_gpt.py`` is the launch: the words after it are the arguments, and the
-script is read no further. A variable the launch words use that is not set (``$DATA_PATH`` from ``$5``
-without a fifth script argument) is refused with bash's message, as ``set -u`` would.
+Every other command (``mkdir``, ``cd``, ``source``, ``echo``, ``exit``, ``grep``, ``srun``, ...) is not run
+and is reported with its line; bash counts it as succeeded (status 0), so ``if grep -q ...; then`` takes its
+``then`` branch. Assignments to ``PATH``, ``SHELL``, ``ENV``, ``BASH_ENV`` and ``HISTFILE`` are not run either.
+A command substitution runs in a subshell whose commands pass the same gate (also one bash evaluates inside
+arithmetic, ``$((X))`` with ``X='a[$(cmd)]'``, or a prompt expansion); a command it would have to run leaves a
+mark in the value instead of its output, so a launch word that holds such a value is refused naming the
+command. An assignment that uses a variable that is not set (``CHECKPOINT_PATH=$1`` without a first script
+argument) marks its variable the same way, with bash's message; ``: "${DATA:?message}"`` and
+``X=${1:?message}`` stop the reading with that message, as the script would stop.
+
+The first command whose words, expanded in a subshell behind the same gate, contain a word
+``pretrain_gpt.py`` or ``.../pretrain_gpt.py`` is the launch: the words after it are the arguments, and the
+script is read no further. Redirections at its end (``> log 2>&1``) are not part of its words; a ``<`` or
+``>`` anywhere else, a here-document, or a command substitution in the launch command itself is refused rather
+than guessed at.
 
 bash reads the script in restricted mode (``set -r``, bash(1) *RESTRICTED SHELL*): no redirection can create,
 truncate or append to a file, not even one of a compound command (``done > log``, ``{ ...; } > log``), which
 runs before any trap; such a command is not run, and is listed too. The script is sourced by a name without a
 slash from a private folder on ``PATH``; bash's working directory is the caller's; functions exported in the
-environment (``BASH_FUNC_*``) and ``BASH_ENV`` are not passed on. Assignments to the variables restricted
-mode protects (``PATH``, ``SHELL``, ``ENV``, ``BASH_ENV``, ``HISTFILE``) are not run.
+environment (``BASH_FUNC_*``) and ``BASH_ENV`` are not passed on. The reader's own variables and functions
+(``__phoenix_*``) are read-only and its locals carry that prefix, so the script's ``n`` or ``i`` are its own.
+
+This is a reader for the user's own scripts, not a sandbox: a script written to defeat it (defining functions
+named like the bash builtins the gate itself calls, ``local``, ``printf``, ``eval``, or writing to the gate's
+report descriptor) can run commands. Read only scripts you would run.
 
 Errors: :class:`phoenix_hpc.errors.ConfigError` (exit 2), naming the file and the line.
 """
@@ -54,87 +67,117 @@ NOT_RUN_MARK = "\x1fphoenix-not-run:"
 UNSET_MARK = "\x1fphoenix-unset:"
 
 _GATE = r"""
-__phoenix_report=$1; shift
-exec 3>>"$__phoenix_report" 5>/dev/null
+exec 3>>"$1" 5>/dev/null
+shift
 PATH=$PWD
 cd "$__phoenix_cwd" || exit 4
 unset __phoenix_cwd
-__phoenix_started=
-__phoenix_word='([^[:space:]"'\''\\$]|\\.|"([^"\\]|\\.)*"|'\''[^'\'']*'\''|\$\(\([^)]*\)\)|\$\([^)]*\)|\$\{[^}]*\}|\$)*'
-__phoenix_assign='^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?='
-__phoenix_restricted='^((export|declare|typeset|local|readonly)[[:space:]]+(-[A-Za-z]+[[:space:]]+)*)?(PATH|SHELL|ENV|BASH_ENV|HISTFILE)(\+?=|[[:space:]]|$)'
-__phoenix_redirect='(^|[[:space:]])[0-9]*(&>>|&>|>>|>&|>\||<<<|<>|>|<)[[:space:]]*[^[:space:]]+'
-__phoenix_subst='\$\([^(]|`|<\(|>\('
+readonly __phoenix_word='([^[:space:]"'\''\\$]|\\.|"([^"\\]|\\.)*"|'\''[^'\'']*'\''|\$\(\([^)]*\)\)|\$\([^)]*\)|\$\{[^}]*\}|\$)*'
+readonly __phoenix_assign='^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?='
+readonly __phoenix_restricted='(^|[[:space:]=])(PATH|SHELL|ENV|BASH_ENV|HISTFILE)(\+?=|[[:space:]]|$)'
+readonly __phoenix_tail='[[:space:]]+[0-9]*(&>>|&>|>>|>&|>\||>|<)[[:space:]]*("[^"$`]*"|'\''[^'\'']*'\''|[^[:space:]"'\''<>$`]+)[[:space:]]*$'
+readonly __phoenix_subst='\$\([^(]|`|<\(|>\('
+readonly __phoenix_mine='^__phoenix_(put|words|pure|end)$'
 __phoenix_put() { printf '%s\037%s\037%s\0' "$1" "$2" "$3" >&3; }
 __phoenix_pure() {
-  local c=$1 rest w
-  if [[ $c =~ $__phoenix_restricted ]]; then return 1; fi
-  if [[ $c == '[['* || $c == '(('* || $c == 'for (('* ]]; then return 0; fi
-  if [[ $c == *[\<\>]* ]]; then return 1; fi
-  case $c in
+  local __phoenix_x=$1 __phoenix_rest __phoenix_first
+  if [[ $__phoenix_x =~ $__phoenix_restricted ]]; then return 1; fi
+  if [[ $__phoenix_x == '[['* || $__phoenix_x == '(('* || $__phoenix_x == 'for (('* ]]; then return 0; fi
+  __phoenix_rest=$__phoenix_x
+  while [[ $__phoenix_rest =~ ^[A-Za-z_][A-Za-z0-9_]*=[^[:space:]\$\`\<\>]*[[:space:]]+ ]]; do
+    __phoenix_rest=${__phoenix_rest:${#BASH_REMATCH[0]}}
+  done
+  case ${__phoenix_rest%%[[:space:]]*} in
+    read|mapfile|readarray) __phoenix_rest=${__phoenix_rest//<<</}; [[ $__phoenix_rest != *[\<\>]* ]]; return ;;
+  esac
+  __phoenix_first=${__phoenix_x%%[[:space:]]*}
+  if [[ $__phoenix_x == *[\<\>]* ]]; then return 1; fi
+  case $__phoenix_x in
     '[ '*|'test '*|true|false|:|': '*|'let '*|shift|'shift '*|break|continue|'break '*|'continue '*) return 0 ;;
+    'getopts '*|'printf -v '*) return 0 ;;
     'for '*|'case '*) return 0 ;;
   esac
-  w=${c%%[[:space:]]*}
-  case $w in declare|typeset|local|export|readonly|unset) return 0 ;; esac
-  if declare -F -- "$w" >&5 2>&5; then return 0; fi
-  if [[ $c =~ ^[A-Za-z_][A-Za-z0-9_]*\+?=\( ]]; then return 0; fi
-  rest=$c
-  while [[ $rest =~ $__phoenix_assign$__phoenix_word([[:space:]]+|$) ]]; do
-    rest=${rest:${#BASH_REMATCH[0]}}
-    if [[ -z $rest ]]; then return 0; fi
+  case $__phoenix_first in declare|typeset|local|export|readonly|unset) return 0 ;; esac
+  if declare -F -- "$__phoenix_first" >&5 2>&5; then return 0; fi
+  if [[ $__phoenix_x =~ ^[A-Za-z_][A-Za-z0-9_]*\+?=\( ]]; then return 0; fi
+  __phoenix_rest=$__phoenix_x
+  while [[ $__phoenix_rest =~ $__phoenix_assign$__phoenix_word([[:space:]]+|$) ]]; do
+    __phoenix_rest=${__phoenix_rest:${#BASH_REMATCH[0]}}
+    if [[ -z $__phoenix_rest ]]; then return 0; fi
   done
   return 1
+}
+__phoenix_words() {
+  local __phoenix_emit=$1 __phoenix_k __phoenix_at=-1
+  shift
+  for (( __phoenix_k = 1; __phoenix_k <= $#; __phoenix_k++ )); do
+    if [[ ${!__phoenix_k} == pretrain_gpt.py || ${!__phoenix_k} == */pretrain_gpt.py ]]; then __phoenix_at=$__phoenix_k; break; fi
+  done
+  if (( __phoenix_at < 0 )); then return 1; fi
+  if [[ -n $__phoenix_emit ]]; then
+    shift "$__phoenix_at"
+    for __phoenix_k in "$@"; do __phoenix_put word "$__phoenix_emit" "$__phoenix_k"; done
+  fi
+  return 10
 }
 __phoenix_end() {
   if (( BASH_SUBSHELL > 0 )); then kill -KILL $$; fi
   exit "$1"
 }
 __phoenix_gate() {
-  local c=$BASH_COMMAND n=$1 e i err name
+  local __phoenix_c=$BASH_COMMAND __phoenix_n=$1 __phoenix_e __phoenix_name= __phoenix_err __phoenix_rc
   shift
-  if [[ -z $__phoenix_started || -n $__phoenix_checking ]]; then __phoenix_started=1; return 0; fi
-  if __phoenix_pure "$c"; then
-    if [[ $c =~ ^([A-Za-z_][A-Za-z0-9_]*)(\[[^]]*\])?\+?= ]]; then name=${BASH_REMATCH[1]}; fi
-    if [[ -n $name && $c == *'$'* && ! $c =~ $__phoenix_subst ]]; then
-      if ! err=$( ( __phoenix_checking=1; set -u; eval "$c" ) 2>&1 ); then
-        eval "$c"
-        __phoenix_put unsetvar "$n" "$c"$'\036'"$err"
-        if [[ $c =~ ^[A-Za-z_][A-Za-z0-9_]*\+?=\( ]]; then
-          eval "$name+=( \"\037phoenix-unset:$n\037\" )"
+  if [[ ${FUNCNAME[1]-} =~ $__phoenix_mine ]]; then return 0; fi
+  if [[ ${FUNCNAME[1]-} == __phoenix_gate ]]; then
+    case $__phoenix_c in
+      'set -u'|'set +u'|'eval "$__phoenix_c"'|'eval "__phoenix_w=( $__phoenix_e )"'|'__phoenix_words "" "${__phoenix_w[@]}"'|'__phoenix_words "$__phoenix_n" "${__phoenix_w[@]}"') return 0 ;;
+    esac
+    if __phoenix_pure "$__phoenix_c"; then return 0; fi
+    __phoenix_put skip "$__phoenix_n" "$__phoenix_c"
+    printf '\037phoenix-not-run:%s\037' "$__phoenix_n"
+    return 1
+  fi
+  if [[ $__phoenix_c == 'source script.sh "$@"' ]]; then return 0; fi
+  if __phoenix_pure "$__phoenix_c"; then
+    if [[ $__phoenix_c =~ ^([A-Za-z_][A-Za-z0-9_]*)(\[[^]]*\])?\+?= ]]; then __phoenix_name=${BASH_REMATCH[1]}; fi
+    if [[ -n $__phoenix_name && $__phoenix_c == *'$'* && ! $__phoenix_c =~ $__phoenix_subst ]]; then
+      if ! __phoenix_err=$( ( set -u; eval "$__phoenix_c" ) 2>&1 ); then
+        __phoenix_put unsetvar "$__phoenix_n" "$__phoenix_c"$'\036'"$__phoenix_err"
+        if [[ $__phoenix_c =~ ^[A-Za-z_][A-Za-z0-9_]*\+=\( ]]; then
+          eval "$__phoenix_name+=( \"\037phoenix-unset:$__phoenix_n\037\" )"
+        elif [[ $__phoenix_c =~ ^[A-Za-z_][A-Za-z0-9_]*=\( ]]; then
+          eval "$__phoenix_name=( \"\037phoenix-unset:$__phoenix_n\037\" )"
         else
-          printf -v "$name" '\037phoenix-unset:%s\037' "$n"
+          printf -v "$__phoenix_name" '\037phoenix-unset:%s\037' "$__phoenix_n"
         fi
         return 1
       fi
+    elif [[ $__phoenix_c == *'$'* && ! $__phoenix_c =~ $__phoenix_subst && ( $__phoenix_c == ':'* || $__phoenix_c == '[ '* || $__phoenix_c == 'test '* ) ]]; then
+      __phoenix_err=$( ( eval "$__phoenix_c" ) 2>&1 )
+      if [[ -n $__phoenix_err ]]; then __phoenix_put stops "$__phoenix_n" "$__phoenix_c"$'\036'"$__phoenix_err"; __phoenix_end 3; fi
     fi
     return 0
   fi
-  if [[ $c =~ $__phoenix_subst ]]; then
-    if [[ $c == *pretrain_gpt.py* ]]; then __phoenix_put subst "$n" "$c"; __phoenix_end 3; fi
-    __phoenix_put skip "$n" "$c"
-    if (( BASH_SUBSHELL > 0 )); then printf '\037phoenix-not-run:%s\037' "$n"; fi
-    return 1
-  fi
-  e=$c
-  while [[ $e =~ $__phoenix_redirect ]]; do e=${e/"${BASH_REMATCH[0]}"/ }; done
-  local -a __phoenix_w=()
-  if eval "__phoenix_w=( $e )" 2>&5; then
-    for (( i = 0; i < ${#__phoenix_w[@]}; i++ )); do
-      if [[ ${__phoenix_w[i]} == pretrain_gpt.py || ${__phoenix_w[i]} == */pretrain_gpt.py ]]; then
-        if ! err=$( ( __phoenix_checking=1; set -u; eval "__phoenix_w=( $e )" ) 2>&1 ); then
-          __phoenix_put unset "$n" "$err"; __phoenix_end 3
-        fi
-        for w in "${__phoenix_w[@]:i+1}"; do __phoenix_put word "$n" "$w"; done
-        __phoenix_put launch "$n" "$c"
-        __phoenix_end 0
+  __phoenix_e=$__phoenix_c
+  while [[ $__phoenix_e =~ $__phoenix_tail ]]; do __phoenix_e=${__phoenix_e:0:${#__phoenix_e}-${#BASH_REMATCH[0]}}; done
+  if [[ $__phoenix_e =~ $__phoenix_subst || $__phoenix_e == *[\<\>]* ]]; then
+    if [[ $__phoenix_c == *pretrain_gpt.py* ]]; then __phoenix_put unreadable "$__phoenix_n" "$__phoenix_c"; __phoenix_end 3; fi
+  else
+    ( set +u; eval "__phoenix_w=( $__phoenix_e )" && __phoenix_words "" "${__phoenix_w[@]}" ) 2>&5
+    __phoenix_rc=$?
+    if (( __phoenix_rc == 10 )); then
+      if ! __phoenix_err=$( ( set -u; eval "__phoenix_w=( $__phoenix_e )" && __phoenix_words "$__phoenix_n" "${__phoenix_w[@]}" ) 2>&1 ); then
+        if [[ -n $__phoenix_err ]]; then __phoenix_put unset "$__phoenix_n" "$__phoenix_err"; __phoenix_end 3; fi
       fi
-    done
+      __phoenix_put launch "$__phoenix_n" "$__phoenix_c"
+      __phoenix_end 0
+    fi
   fi
-  __phoenix_put skip "$n" "$c"
-  if (( BASH_SUBSHELL > 0 )); then printf '\037phoenix-not-run:%s\037' "$n"; fi
+  __phoenix_put skip "$__phoenix_n" "$__phoenix_c"
+  if (( BASH_SUBSHELL > 0 )); then printf '\037phoenix-not-run:%s\037' "$__phoenix_n"; fi
   return 1
 }
+readonly -f __phoenix_put __phoenix_pure __phoenix_words __phoenix_end __phoenix_gate
 shopt -s extdebug
 set -T
 set -r
@@ -155,13 +198,20 @@ class Launch:
 
 
 def _records(raw: bytes) -> list[tuple[str, int, str]]:
+    """The gate's records ``(kind, line, text)``; a malformed one (not three fields) is left out."""
     out = []
     for rec in raw.split(b"\0"):
-        if not rec:
-            continue
-        kind, line, text = rec.decode("utf-8", "replace").split("\x1f", 2)
-        out.append((kind, int(line) if line.isdigit() else 0, text))
+        parts = rec.decode("utf-8", "replace").split("\x1f", 2)
+        if len(parts) == 3:
+            kind, line, text = parts
+            out.append((kind, int(line) if line.isdigit() else 0, text))
     return out
+
+
+def _said(message: str) -> str:
+    """bash's message without its ``NAME: line N:`` prefix (the last line of ``message``)."""
+    message = message.strip()
+    return re.sub(r"^.*?line \d+: ", "", message.splitlines()[-1]) if message else "not set"
 
 
 def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
@@ -172,9 +222,9 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
     of arrays and option lines; or a launch in a branch not taken), or when there is no bash here.
 
     Raises ConfigError (naming ``path`` and the line) when a launch word uses a variable that is not set or a
-    value that only a command the script did not run would give, when a launch command needs a command
-    substitution to be expanded, when bash cannot parse the script, or when bash takes more than
-    ``timeout_s`` seconds (a loop that waits on a command)."""
+    value that only a command the script did not run would give, when the launch command's words cannot be
+    read without running a command, when the script stops (``${1:?usage}``) or bash cannot parse it, or when
+    bash takes more than ``timeout_s`` seconds (a loop that waits on a command)."""
     bash = shutil.which("bash")
     if bash is None:
         return None
@@ -194,22 +244,26 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
                               "its pretrain_gpt.py command or its end (a loop that waits on a command, which is "
                               "not run here; allowed: a script whose loops end on their own values)") from None
         records = _records(report.read_bytes())
-    stderr = proc.stderr.decode("utf-8", "replace")
+        stderr = proc.stderr.decode("utf-8", "replace").replace(str(Path(tmp) / "script.sh"), path)
     skipped = [(line, t) for kind, line, t in records if kind == "skip"]
     for m in re.finditer(r"line (\d+): (.*): restricted: cannot redirect output", stderr):
         skipped.append((int(m.group(1)), f"a redirection to {m.group(2)} (the command it belongs to was not run)"))
     skipped.sort(key=lambda item: item[0])
-    not_run = [f"line {line}: {t}" for line, t in skipped]
     for kind, line, t in records:
         if kind == "unset":
-            said = re.sub(r"^.*?line \d+: ", "", t.strip().splitlines()[-1]) if t.strip() else t
             raise ConfigError(f"--args-file {path} line {line}: the pretrain_gpt.py command uses a variable that "
-                              f"is not set: {said} (allowed: values the script sets; give its positional "
+                              f"is not set: {_said(t)} (allowed: values the script sets; give its positional "
                               "arguments with --script-arg, or set the variable in the environment)")
-        if kind == "subst":
-            raise ConfigError(f"--args-file {path} line {line}: the pretrain_gpt.py command needs a command run "
-                              f"to give its words ({t!r}), and no command of the script is run here (allowed: "
-                              "literal values and variables)")
+        if kind == "unreadable":
+            raise ConfigError(f"--args-file {path} line {line}: the words of the pretrain_gpt.py command cannot be "
+                              f"read here ({t!r}): it needs a command run to give them ($(...), `...`, <(...)), or "
+                              "holds a '<' or '>' that is not a redirection at its end (allowed: literal values and "
+                              "variables, redirections to a plain file name at the end of the command)")
+        if kind == "stops":
+            command, _, said = t.partition("\x1e")
+            raise ConfigError(f"--args-file {path} line {line}: the script stops at {command!r}: {_said(said)} "
+                              "(allowed: give its positional arguments with --script-arg, or set the variable in "
+                              "the environment)")
     launch_lines = [line for kind, line, _ in records if kind == "launch"]
     if not launch_lines:
         if proc.returncode not in (0, 1) or (proc.returncode and "syntax error" in stderr):
@@ -218,26 +272,25 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
         return None
     launch_line = launch_lines[0]
     args = [t for kind, _, t in records if kind == "word"]
-    unset_at = {str(line): t for kind, line, t in records if kind == "unsetvar"}
-    problems: list[str] = []
+    unset_at = {line: t for kind, line, t in records if kind == "unsetvar"}
+    found: dict[tuple[str, int], None] = {}
     for w in args:
-        for mark in re.findall("\x1f(phoenix-(?:unset|not-run):\\d+)\x1f", w):
-            kind, _, marked = mark.partition(":")
-            if kind == "phoenix-unset":
-                command, _, said = unset_at.get(marked, "\x1e").partition("\x1e")
-                said = re.sub(r"^.*?line \d+: ", "", said.strip().splitlines()[-1]) if said.strip() else "not set"
-                problem = (f"--args-file {path} line {launch_line}: an argument of the pretrain_gpt.py command takes "
-                           f"its value from line {marked} ({command!r}), which uses a variable that is not set: "
-                           f"{said} (allowed: values the script sets; give its positional arguments with "
-                           "--script-arg, or set the variable in the environment)")
-            else:
-                cmds = [t for line, t in skipped if str(line) == marked] or ["a command"]
-                problem = (f"--args-file {path} line {launch_line}: an argument of the pretrain_gpt.py command takes "
-                           f"its value from {cmds[0]!r} (line {marked}), a command that is not run here (allowed: "
-                           "literal values and variables the script sets; set the value in the script or the "
-                           "environment)")
-            if problem not in problems:
-                problems.append(problem)
+        for kind, line in re.findall("\x1fphoenix-(unset|not-run):(\\d+)\x1f", w):
+            found[(kind, int(line))] = None
+    problems: list[str] = []
+    for kind, line in sorted(found, key=lambda k: k[1]):
+        if kind == "unset":
+            command, _, said = unset_at.get(line, "\x1e").partition("\x1e")
+            problems.append(f"--args-file {path} line {launch_line}: an argument of the pretrain_gpt.py command "
+                            f"takes its value from line {line} ({command!r}), which uses a variable that is not set: "
+                            f"{_said(said)} (allowed: values the script sets; give its positional arguments with "
+                            "--script-arg, or set the variable in the environment)")
+        else:
+            cmds = [t for at, t in skipped if at == line] or ["a command"]
+            problems.append(f"--args-file {path} line {launch_line}: an argument of the pretrain_gpt.py command "
+                            f"takes its value from {cmds[0]!r} (line {line}), a command that is not run here "
+                            "(allowed: literal values and variables the script sets; set the value in the script or "
+                            "the environment)")
     if problems:
         raise ConfigError(problems)
-    return Launch(args=args, line=launch_line, not_run=not_run)
+    return Launch(args=args, line=launch_line, not_run=[f"line {line}: {t}" for line, t in skipped])

@@ -190,3 +190,82 @@ def test_functions_from_the_environment_are_not_imported(tmp_path):
     env = dict(ENV, **{"BASH_FUNC_helper%%": f"() {{ touch {marker}; }}"})
     launch = read_launch(path.read_text(), path=str(path), env=env)
     assert not marker.exists() and launch.not_run == ["line 1: helper"]
+
+
+def _read(tmp_path, text, **kw):
+    path = tmp_path / "s.sh"
+    path.write_text(text)
+    return read_launch(path.read_text(), path=str(path), env=ENV, **kw)
+
+
+@pytest.mark.parametrize("text", [
+    # bash evaluates an array subscript held in a value as arithmetic, command substitution included
+    "X='a[$(PATH=/usr/bin:/bin; touch {P})]'\nY=$((X))\npython pretrain_gpt.py --lr 1\n",
+    "X='a[$(PATH=/usr/bin:/bin; touch {P})]'\npython pretrain_gpt.py --lr $((X))\n",
+    "X='$(PATH=/usr/bin:/bin; touch {P})'\nY=${{X@P}}\npython pretrain_gpt.py --lr 1\n",
+    # the reader's own names cannot be taken over
+    "__phoenix_gate() {{ return 0; }}\nPATH=/usr/bin:/bin; touch {P}\npython pretrain_gpt.py --lr 1\n",
+    "__phoenix_pure() {{ return 0; }}\nPATH=/usr/bin:/bin; touch {P}\npython pretrain_gpt.py --lr 1\n",
+    "__phoenix_mine=.\nPATH=/usr/bin:/bin; touch {P}\npython pretrain_gpt.py --lr 1\n",
+    "X=1 PATH=/usr/bin:/bin\ntouch {P}\npython pretrain_gpt.py --lr 1\n",
+])
+def test_commands_hidden_in_values_or_names_are_not_run(tmp_path, text):
+    marker = tmp_path / "P"
+    try:
+        _read(tmp_path, text.format(P=marker))
+    except ConfigError:
+        pass  # refusing is fine; running is not
+    assert not marker.exists()
+
+
+def test_the_reader_s_own_variables_do_not_hide_the_script_s(tmp_path):
+    launch = _read(tmp_path, "n=${NNODES:-4}\nc=3\ne=5\nfor i in 1 2; do :; done\n"
+                             "python pretrain_gpt.py --global-batch-size $((n*64)) --c $c --e $e --seed $((1000+i))\n")
+    assert launch.args == ["--global-batch-size", "256", "--c", "3", "--e", "5", "--seed", "1002"]
+
+
+def test_a_required_argument_idiom_stops_the_script_with_its_message(tmp_path):
+    with pytest.raises(ConfigError, match=r"line 1: the script stops at ': \"\$\{DATA:\?set DATA first\}\"': "
+                                          r"DATA: set DATA first"):
+        _read(tmp_path, ': "${DATA:?set DATA first}"\npython pretrain_gpt.py --data-path $DATA\n')
+    with pytest.raises(ConfigError, match="1: usage: train.sh DATA"):
+        _read(tmp_path, 'DATA=${1:?usage: train.sh DATA}\npython pretrain_gpt.py --data-path $DATA\n')
+
+
+def test_getopts_and_here_strings_set_what_they_set(tmp_path):
+    text = ('while getopts "t:" opt; do case $opt in t) TP=$OPTARG;; esac; done\n'
+            'IFS=, read -ra NODES <<< "a,b,c"\n'
+            'python pretrain_gpt.py --tensor-model-parallel-size $TP --n ${#NODES[@]}\n')
+    path = tmp_path / "s.sh"
+    path.write_text(text)
+    launch = read_launch(text, path=str(path), script_args=["-t", "4"], env=ENV)
+    assert launch.args == ["--tensor-model-parallel-size", "4", "--n", "3"]
+
+
+@pytest.mark.parametrize("launch_line", ['python pretrain_gpt.py --a "x >y" --b 1',
+                                         "python pretrain_gpt.py --a 1 <<EOF\nxx\nEOF"])
+def test_a_launch_whose_words_a_redirection_could_hide_is_refused_not_misread(tmp_path, launch_line):
+    with pytest.raises(ConfigError, match="cannot be read here"):
+        _read(tmp_path, launch_line + "\n")
+
+
+def test_records_the_script_writes_itself_do_not_break_the_reader(tmp_path):
+    assert _read(tmp_path, "{ declare -p HOME; } >&3\nprintf 'x\\0' >&3\nA=1\n") is None
+
+
+def test_cli_writes_the_commands_not_run_into_the_config(tmp_path):
+    (tmp_path / "run.sh").write_text(f"mkdir -p logs\nif grep -q H100 /proc/cpuinfo; then TP=4; else TP=2; fi\n"
+                                     f"python pretrain_gpt.py {SMALL} --data-path ds "
+                                     "--tensor-model-parallel-size $TP\n")
+    r = _invoke(tmp_path, "--args-file", "run.sh", "-o", "job.yaml")
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "job.yaml").read_text()
+    assert "# Commands of --args-file not run when it was read (as a condition, each counted as succeeded):" in text
+    assert "#   line 1: mkdir -p logs" in text and "#   line 2: grep -q H100 /proc/cpuinfo" in text
+    assert "tp: 4" in text  # the skipped grep counted as succeeded, as the comment says
+
+
+def test_cli_names_another_megatron_lm_entry_point(tmp_path):
+    (tmp_path / "bert.sh").write_text("ARGS=\"--num-layers $N\"\ntorchrun pretrain_bert.py $ARGS\n")
+    r = _invoke(tmp_path, "--args-file", "bert.sh", "-o", "job.yaml")
+    assert r.exit_code == 2 and "its command runs pretrain_bert.py" in r.output
