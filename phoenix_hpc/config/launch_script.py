@@ -30,7 +30,9 @@ The first command whose words, expanded in a subshell behind the same gate, cont
 ``pretrain_gpt.py`` or ``.../pretrain_gpt.py`` is the launch: the words after it are the arguments, and the
 script is read no further. Redirections at its end (``> log 2>&1``) are not part of its words; a ``<`` or
 ``>`` anywhere else, a here-document, or a command substitution in the launch command itself is refused rather
-than guessed at.
+than guessed at. bash's own ``$LINENO``, ``$FUNCNAME``, ``$BASH_SOURCE`` and ``$_`` differ while the gate
+reads the script, so a launch word or an assignment that uses them is refused (marked) the same way, and so is
+``$PWD`` after a ``cd`` that was not run; ``set -- ...`` sets the positional arguments.
 
 bash reads the script in restricted mode (``set -r``, bash(1) *RESTRICTED SHELL*): no redirection can create,
 truncate or append to a file, not even one of a compound command (``done > log``, ``{ ...; } > log``), which
@@ -77,6 +79,7 @@ readonly __phoenix_assign='^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?='
 readonly __phoenix_restricted='(^|[[:space:]=])(PATH|SHELL|ENV|BASH_ENV|HISTFILE)(\+?=|[[:space:]]|$)'
 readonly __phoenix_tail='[[:space:]]+[0-9]*(&>>|&>|>>|>&|>\||>|<)[[:space:]]*("[^"$`]*"|'\''[^'\'']*'\''|[^[:space:]"'\''<>$`]+)[[:space:]]*$'
 readonly __phoenix_subst='\$\([^(]|`|<\(|>\('
+readonly __phoenix_bashown='\$\{?(LINENO|FUNCNAME|BASH_SOURCE|BASH_LINENO|_)([^A-Za-z0-9_]|$)'
 readonly __phoenix_mine='^__phoenix_(put|words|pure|end)$'
 __phoenix_put() { printf '%s\037%s\037%s\0' "$1" "$2" "$3" >&3; }
 __phoenix_pure() {
@@ -94,7 +97,7 @@ __phoenix_pure() {
   if [[ $__phoenix_x == *[\<\>]* ]]; then return 1; fi
   case $__phoenix_x in
     '[ '*|'test '*|true|false|:|': '*|'let '*|shift|'shift '*|break|continue|'break '*|'continue '*) return 0 ;;
-    'getopts '*|'printf -v '*) return 0 ;;
+    'getopts '*|'printf -v '*|'set --'|'set -- '*) return 0 ;;
     'for '*|'case '*) return 0 ;;
   esac
   case $__phoenix_first in declare|typeset|local|export|readonly|unset) return 0 ;; esac
@@ -140,7 +143,15 @@ __phoenix_gate() {
   if [[ $__phoenix_c == 'source script.sh "$@"' ]]; then return 0; fi
   if __phoenix_pure "$__phoenix_c"; then
     if [[ $__phoenix_c =~ ^([A-Za-z_][A-Za-z0-9_]*)(\[[^]]*\])?\+?= ]]; then __phoenix_name=${BASH_REMATCH[1]}; fi
-    if [[ -n $__phoenix_name && $__phoenix_c == *'$'* && ! $__phoenix_c =~ $__phoenix_subst ]]; then
+    if [[ -n $__phoenix_name && $__phoenix_c =~ $__phoenix_bashown ]]; then
+      __phoenix_put own "$__phoenix_n" "$__phoenix_c"
+      if [[ $__phoenix_c =~ ^[A-Za-z_][A-Za-z0-9_]*\+?=\( ]]; then
+        eval "$__phoenix_name=( \"\037phoenix-own:$__phoenix_n\037\" )"
+      else
+        printf -v "$__phoenix_name" '\037phoenix-own:%s\037' "$__phoenix_n"
+      fi
+      return 1
+    elif [[ -n $__phoenix_name && $__phoenix_c == *'$'* && ! $__phoenix_c =~ $__phoenix_subst ]]; then
       if ! __phoenix_err=$( ( set -u; eval "$__phoenix_c" ) 2>&1 ); then
         __phoenix_put unsetvar "$__phoenix_n" "$__phoenix_c"$'\036'"$__phoenix_err"
         if [[ $__phoenix_c =~ ^[A-Za-z_][A-Za-z0-9_]*\+=\( ]]; then
@@ -160,7 +171,7 @@ __phoenix_gate() {
   fi
   __phoenix_e=$__phoenix_c
   while [[ $__phoenix_e =~ $__phoenix_tail ]]; do __phoenix_e=${__phoenix_e:0:${#__phoenix_e}-${#BASH_REMATCH[0]}}; done
-  if [[ $__phoenix_e =~ $__phoenix_subst || $__phoenix_e == *[\<\>]* ]]; then
+  if [[ $__phoenix_e =~ $__phoenix_subst || $__phoenix_e == *[\<\>]* || $__phoenix_e =~ $__phoenix_bashown ]]; then
     if [[ $__phoenix_c == *pretrain_gpt.py* ]]; then __phoenix_put unreadable "$__phoenix_n" "$__phoenix_c"; __phoenix_end 3; fi
   else
     ( set +u; eval "__phoenix_w=( $__phoenix_e )" && __phoenix_words "" "${__phoenix_w[@]}" ) 2>&5
@@ -175,6 +186,7 @@ __phoenix_gate() {
   fi
   __phoenix_put skip "$__phoenix_n" "$__phoenix_c"
   if (( BASH_SUBSHELL > 0 )); then printf '\037phoenix-not-run:%s\037' "$__phoenix_n"; fi
+  case ${__phoenix_c%%[[:space:]]*} in cd|pushd|popd) printf -v PWD '\037phoenix-not-run:%s\037' "$__phoenix_n" ;; esac
   return 1
 }
 readonly -f __phoenix_put __phoenix_pure __phoenix_words __phoenix_end __phoenix_gate
@@ -256,9 +268,10 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
                               "arguments with --script-arg, or set the variable in the environment)")
         if kind == "unreadable":
             raise ConfigError(f"--args-file {path} line {line}: the words of the pretrain_gpt.py command cannot be "
-                              f"read here ({t!r}): it needs a command run to give them ($(...), `...`, <(...)), or "
-                              "holds a '<' or '>' that is not a redirection at its end (allowed: literal values and "
-                              "variables, redirections to a plain file name at the end of the command)")
+                              f"read here ({t!r}): it needs a command run to give them ($(...), `...`, <(...)), "
+                              "holds a '<' or '>' that is not a redirection at its end, or uses bash's own $LINENO, "
+                              "$FUNCNAME, $BASH_SOURCE or $_, which differ while the script is read (allowed: literal "
+                              "values and variables, redirections to a plain file name at the end of the command)")
         if kind == "stops":
             command, _, said = t.partition("\x1e")
             raise ConfigError(f"--args-file {path} line {line}: the script stops at {command!r}: {_said(said)} "
@@ -275,7 +288,7 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
     unset_at = {line: t for kind, line, t in records if kind == "unsetvar"}
     found: dict[tuple[str, int], None] = {}
     for w in args:
-        for kind, line in re.findall("\x1fphoenix-(unset|not-run):(\\d+)\x1f", w):
+        for kind, line in re.findall("\x1fphoenix-(unset|not-run|own):(\\d+)\x1f", w):
             found[(kind, int(line))] = None
     problems: list[str] = []
     for kind, line in sorted(found, key=lambda k: k[1]):
@@ -285,6 +298,12 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
                             f"takes its value from line {line} ({command!r}), which uses a variable that is not set: "
                             f"{_said(said)} (allowed: values the script sets; give its positional arguments with "
                             "--script-arg, or set the variable in the environment)")
+        elif kind == "own":
+            command = next((t for k, at, t in records if k == "own" and at == line), "")
+            problems.append(f"--args-file {path} line {launch_line}: an argument of the pretrain_gpt.py command "
+                            f"takes its value from line {line} ({command!r}), which uses bash's own $LINENO, "
+                            "$FUNCNAME, $BASH_SOURCE or $_, which differ while the script is read (allowed: literal "
+                            "values and variables the script sets)")
         else:
             cmds = [t for at, t in skipped if at == line] or ["a command"]
             problems.append(f"--args-file {path} line {launch_line}: an argument of the pretrain_gpt.py command "

@@ -269,3 +269,18 @@ def test_cli_names_another_megatron_lm_entry_point(tmp_path):
     (tmp_path / "bert.sh").write_text("ARGS=\"--num-layers $N\"\ntorchrun pretrain_bert.py $ARGS\n")
     r = _invoke(tmp_path, "--args-file", "bert.sh", "-o", "job.yaml")
     assert r.exit_code == 2 and "its command runs pretrain_bert.py" in r.output
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("cd /usr\npython pretrain_gpt.py --save $PWD/x\n", "'cd /usr' (line 1), a command that is not run here"),
+    ("DIR=${BASH_SOURCE[0]%/*}\npython pretrain_gpt.py --save $DIR/x\n", "uses bash's own $LINENO"),
+    ("python pretrain_gpt.py --seed $LINENO\n", "uses bash's own $LINENO"),
+])
+def test_values_the_reader_cannot_give_as_the_script_would_are_refused(tmp_path, text, needle):
+    with pytest.raises(ConfigError) as exc:
+        _read(tmp_path, text)
+    assert needle in str(exc.value), str(exc.value)
+
+
+def test_set_dashdash_sets_the_positional_arguments(tmp_path):
+    assert _read(tmp_path, "set -- 7\npython pretrain_gpt.py --num-layers $1\n").args == ["--num-layers", "7"]
