@@ -41,6 +41,10 @@ slash from a private folder on ``PATH``; bash's working directory is the caller'
 environment (``BASH_FUNC_*``) and ``BASH_ENV`` are not passed on. The reader's own variables and functions
 (``__phoenix_*``) are read-only and its locals carry that prefix, so the script's ``n`` or ``i`` are its own.
 
+bash runs in a session of its own; when the reading ends (the launch reached, the script's end, an error or the
+time limit) its whole process group is killed, so no subshell outlives it, and the gate stops a subshell
+nested deeper than 8 (a script that takes over ``return`` recursed through the gate's subshells without end).
+
 This is a reader for the user's own scripts, not a sandbox: a script written to defeat it (defining functions
 named like the bash builtins the gate itself calls, ``local``, ``printf``, ``eval``, or writing to the gate's
 report descriptor) can run commands. Read only scripts you would run.
@@ -53,8 +57,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +86,7 @@ readonly __phoenix_restricted='(^|[[:space:]=])(PATH|SHELL|ENV|BASH_ENV|HISTFILE
 readonly __phoenix_tail='[[:space:]]+[0-9]*(&>>|&>|>>|>&|>\||>|<)[[:space:]]*("[^"$`]*"|'\''[^'\'']*'\''|[^[:space:]"'\''<>$`]+)[[:space:]]*$'
 readonly __phoenix_subst='\$\([^(]|`|<\(|>\('
 readonly __phoenix_bashown='\$\{?(LINENO|FUNCNAME|BASH_SOURCE|BASH_LINENO|_)([^A-Za-z0-9_]|$)'
+readonly __phoenix_too_deep
 readonly __phoenix_mine='^__phoenix_(put|words|pure|end)$'
 __phoenix_put() { printf '%s\037%s\037%s\0' "$1" "$2" "$3" >&3; }
 __phoenix_pure() {
@@ -128,6 +135,7 @@ __phoenix_end() {
   exit "$1"
 }
 __phoenix_gate() {
+  if (( BASH_SUBSHELL > 8 )); then [[ ${__phoenix_too_deep:?subshells nested deeper than 8} ]]; fi
   local __phoenix_c=$BASH_COMMAND __phoenix_n=$1 __phoenix_e __phoenix_name= __phoenix_err __phoenix_rc
   shift
   if [[ ${FUNCNAME[1]-} =~ $__phoenix_mine ]]; then return 0; fi
@@ -226,6 +234,23 @@ def _said(message: str) -> str:
     return re.sub(r"^.*?line \d+: ", "", message.splitlines()[-1]) if message else "not set"
 
 
+def _kill_group(proc: subprocess.Popen, wait_s: float = 5.0) -> None:
+    """Kill the reader's process group until no member is left (a subshell forking while the first signal
+    arrives is caught by a later one), then reap the top bash. Bounded by ``wait_s`` seconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            break
+        if proc.poll() is None:
+            proc.wait()
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    proc.wait()
+
+
 def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
                 env: Mapping[str, str] | None = None, timeout_s: float = TIMEOUT_S) -> Launch | None:
     """The ``pretrain_gpt.py`` command of the launch script ``text`` (read from ``path``: ``$0``), run as
@@ -247,16 +272,22 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
         run_env = {k: v for k, v in (os.environ if env is None else env).items()
                    if not k.startswith("BASH_FUNC_") and k not in ("BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS")}
         run_env["__phoenix_cwd"] = os.getcwd()
+        # its own session: every subshell it leaves behind (the launch's end kills only the top bash) is in
+        # that process group, which is killed once the reading is over, whatever its outcome
+        proc = subprocess.Popen([bash, "--norc", "--noprofile", "-c", _GATE, path, str(report), *script_args],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env=run_env, cwd=tmp, start_new_session=True)
         try:
-            proc = subprocess.run([bash, "--norc", "--noprofile", "-c", _GATE, path, str(report), *script_args],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  env=run_env, cwd=tmp, timeout=timeout_s)
+            _, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise ConfigError(f"--args-file {path}: bash read the script for {timeout_s:g} s without reaching "
                               "its pretrain_gpt.py command or its end (a loop that waits on a command, which is "
-                              "not run here; allowed: a script whose loops end on their own values)") from None
+                              "not run here, or a script that redefines bash builtins the reader calls; allowed: "
+                              "a script whose loops end on their own values)") from None
+        finally:
+            _kill_group(proc)
         records = _records(report.read_bytes())
-        stderr = proc.stderr.decode("utf-8", "replace").replace(str(Path(tmp) / "script.sh"), path)
+        stderr = err.decode("utf-8", "replace").replace(str(Path(tmp) / "script.sh"), path)
     skipped = [(line, t) for kind, line, t in records if kind == "skip"]
     for m in re.finditer(r"line (\d+): (.*): restricted: cannot redirect output", stderr):
         skipped.append((int(m.group(1)), f"a redirection to {m.group(2)} (the command it belongs to was not run)"))

@@ -284,3 +284,32 @@ def test_values_the_reader_cannot_give_as_the_script_would_are_refused(tmp_path,
 
 def test_set_dashdash_sets_the_positional_arguments(tmp_path):
     assert _read(tmp_path, "set -- 7\npython pretrain_gpt.py --num-layers $1\n").args == ["--num-layers", "7"]
+
+
+def _processes_in(folder) -> list[int]:
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            try:
+                if os.readlink(f"/proc/{d}/cwd") == str(folder):
+                    found.append(int(d))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.parametrize("text", [
+    "return() {{ true; }}\nmkdir x\npython pretrain_gpt.py --num-layers 2\n",  # the gate's own return taken over
+    "python pretrain_gpt.py --num-layers 2 | cat\n",  # the launch in a pipeline: its subshell ends the reading
+])
+def test_the_reading_leaves_no_process_behind(tmp_path, monkeypatch, text):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    path = tmp_path / "s.sh"
+    path.write_text(text.format())
+    try:
+        read_launch(path.read_text(), path=str(path), env=ENV, timeout_s=3.0)
+    except ConfigError:
+        pass
+    assert _processes_in(work) == []
