@@ -120,6 +120,18 @@ def with_option(cfg, option: str, path: tuple[str, str], value):
         raise ConfigError([f"{option}: {value} is not allowed: {p}" for p in format_validation_error(exc)]) from None
 
 
+def with_site_levels(cfg, profile):
+    """``cfg`` with ``resilience.placement_levels`` set to the site's first two failure-domain levels (node and
+    the one above it: switch on local and Perlmutter, leaf on Vista; node alone on a site without another) when
+    the config does not give it. The schema's own default, ``[node, switch]``, names a level Vista does not have,
+    so a config without the field (every config ``phoenix config from-megatron`` writes) was refused there. A
+    config that gives the field is returned as it is, and checked against the site as written."""
+    if "placement_levels" in cfg.resilience.model_fields_set:
+        return cfg
+    levels = list(profile.failure_domains.levels[:2])
+    return cfg.model_copy(update={"resilience": cfg.resilience.model_copy(update={"placement_levels": levels})})
+
+
 def with_steps(cfg, steps: int):
     """``cfg`` with ``training.steps = steps`` (:func:`with_option` for ``--steps``)."""
     return with_option(cfg, "--steps", ("training", "steps"), steps)
@@ -301,6 +313,7 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
         if exc.source is None:  # the file itself (missing, not YAML): nothing more to say
             raise
         raise _with_site_problems(exc, config, profile) from None
+    cfg = with_site_levels(cfg, profile)
     if steps is not None:
         cfg = with_steps(cfg, steps)
     if chain is not None:

@@ -452,7 +452,9 @@ class ResilienceConfig(BaseModel):
     k: int = Field(1, ge=1, description="replicas of each optimizer shard (holders besides the owner)")
     placement_levels: list[str] = Field(
         default_factory=lambda: ["node", "switch"],
-        description="failure-domain levels to spread replicas over, most specific first, starting with node",
+        description="failure-domain levels to spread replicas over, most specific first, starting with node; not "
+                    "given: node and the site's next level (phoenix submit: switch on local and Perlmutter, leaf on "
+                    "Vista)",
     )
     heartbeat_interval_s: float = Field(1.0, ge=0.1, description="seconds between heartbeats (at least 0.1)")
     heartbeat_timeout_s: float = Field(

@@ -572,3 +572,16 @@ def test_a_warmup_that_does_not_end_before_the_last_step_is_warned_by_name(in_tm
     assert "warning: training.warmup_steps (100)" in r.stderr
     r = invoke("--site", "local", write_cfg(in_tmp), "--dry-run", "--json")
     assert not [w for w in json.loads(r.stdout)["warnings"] if "warmup_steps" in w]
+
+
+def test_a_config_without_placement_levels_takes_the_site_s_and_one_that_gives_them_is_checked(in_tmp):
+    data = yaml.safe_load((ROOT / "examples" / "vista-7b.yaml").read_text())
+    assert data["resilience"].pop("placement_levels") == ["node", "leaf"]
+    p = in_tmp / "nolevels.yaml"
+    p.write_text(yaml.safe_dump(data))
+    r = invoke("--site", "vista", p, "--dry-run", "--data-on-cluster")
+    assert r.exit_code == 0, r.output  # the schema's default [node, switch] was refused on vista
+    data["resilience"]["placement_levels"] = ["node", "switch"]
+    p.write_text(yaml.safe_dump(data))
+    assert_bad(invoke("--site", "vista", p, "--dry-run", "--data-on-cluster"),
+               "resilience.placement_levels: ['switch'] are not failure-domain levels of site vista")
