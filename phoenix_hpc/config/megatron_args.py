@@ -124,7 +124,8 @@ ARGS: tuple[Arg, ...] = (
     # --- parallelism ---
     Arg("--tensor-model-parallel-size", "map", int, 1, "parallelism.tp"),
     Arg("--pipeline-model-parallel-size", "map", int, 1, "parallelism.pp"),
-    Arg("--sequence-parallel", "map", FLAG, False, "megatron.sequence_parallel"),
+    Arg("--sequence-parallel", "map", FLAG, False, "megatron.sequence_parallel",
+        why="not at --tensor-model-parallel-size 1, where Megatron-LM turns it off with a warning"),
     Arg("--recompute-activations", "map", FLAG, False, "megatron.recompute_granularity",
         why="the same as --recompute-granularity selective"),
     Arg("--recompute-granularity", "map", str, None, "megatron.recompute_granularity"),
@@ -777,7 +778,12 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     carry("--transformer-impl", "megatron.transformer_impl", eff("--transformer-impl"))
     if "--attention-backend" in given:
         carry("--attention-backend", "megatron.attention_backend", given["--attention-backend"])
-    if eff("--sequence-parallel"):
+    if eff("--sequence-parallel") and eff("--tensor-model-parallel-size") == 1:
+        # megatron/training/arguments.py: "Disabling sequence parallelism because tensor model parallelism is
+        # disabled" -- Megatron-LM trains without it at tp 1, and so does phoenix
+        conv.not_carried.append(("--sequence-parallel", True, "Megatron-LM turns sequence parallelism off at "
+                                 "--tensor-model-parallel-size 1 (it warns), and so does this job"))
+    elif eff("--sequence-parallel"):
         carry("--sequence-parallel", "megatron.sequence_parallel", True)
     gran = given.get("--recompute-granularity") or ("selective" if eff("--recompute-activations") else None)
     if gran is not None:

@@ -546,3 +546,12 @@ def test_cli_reads_a_data_args_path_file(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     cfg = yaml.safe_load((tmp_path / "job.yaml").read_text())
     assert [e["weight"] for e in cfg["data"]["blend"]] == [40.0, 60.0]
+
+
+def test_sequence_parallel_at_tp_1_is_off_as_megatron_lm_turns_it_off():
+    conv = convert(SMALL + ZERO + ["--sequence-parallel"])
+    assert "sequence_parallel" not in conv.config.get("megatron", {})
+    (why,) = [w for f, _, w in conv.not_carried if f == "--sequence-parallel"]
+    assert "turns sequence parallelism off" in why
+    conv = convert(SMALL + ZERO + ["--sequence-parallel", "--tensor-model-parallel-size", "2"])
+    assert conv.config["megatron"]["sequence_parallel"] is True
