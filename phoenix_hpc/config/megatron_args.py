@@ -752,11 +752,24 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
             carry("--init-method-std", "model.init_method_std", std)
 
     # vocabulary: the model's (padded) size
+    # Megatron-LM pads the tokenizer's own size for the tokenizers built from files (GPT-2 BPE, SentencePiece,
+    # Hugging Face: megatron/core/tokenizers/utils/build_tokenizer.py); --vocab-size counts only for the
+    # NullTokenizer and TikTokenizer, and when no --tokenizer-type is given
     vocab = given.get("--vocab-size")
     source = "--vocab-size"
-    if vocab is None and read_vocab is not None:
-        vocab = read_vocab(given)
-        source = "tokenizer files"
+    ttype = given.get("--tokenizer-type")
+    from_files = ttype is not None and ttype not in ("NullTokenizer", "NullMultimodalTokenizer", "TikTokenizer")
+    read = read_vocab(given) if read_vocab is not None and (vocab is None or from_files) else None
+    if read is not None and (vocab is None or from_files):
+        if vocab is not None and vocab != read:
+            conv.notes.append(f"model.vocab_size: from the tokenizer's files ({read} tokens), not --vocab-size {vocab}: "
+                              f"Megatron-LM sizes the embedding by the tokenizer's own vocabulary with "
+                              f"--tokenizer-type {ttype}")
+        vocab, source = read, "tokenizer files"
+    elif vocab is not None and from_files:
+        conv.notes.append(f"model.vocab_size: from --vocab-size {vocab}, since the tokenizer's files could not be read "
+                          f"here; Megatron-LM sizes the embedding by the tokenizer's own vocabulary with "
+                          f"--tokenizer-type {ttype}: check that it is {vocab}")
     if vocab is None:
         problems.append("--vocab-size: missing, and the tokenizer's vocabulary could not be read here (allowed: "
                         "--vocab-size N, or a readable --vocab-file / --tokenizer-model)")

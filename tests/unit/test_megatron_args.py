@@ -555,3 +555,15 @@ def test_sequence_parallel_at_tp_1_is_off_as_megatron_lm_turns_it_off():
     assert "turns sequence parallelism off" in why
     conv = convert(SMALL + ZERO + ["--sequence-parallel", "--tensor-model-parallel-size", "2"])
     assert conv.config["megatron"]["sequence_parallel"] is True
+
+
+def test_a_tokenizer_built_from_files_sizes_the_vocabulary_as_megatron_lm_does():
+    read = lambda given: 50257  # noqa: E731 - the GPT-2 vocab.json's size
+    bpe = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "vocab.json"]
+    conv = convert(SMALL + ZERO + bpe, read_vocab=read)  # SMALL gives --vocab-size 256
+    assert conv.config["model"]["vocab_size"] == 50304  # 50257 padded to a multiple of 128, not 256
+    assert any("not --vocab-size 256" in n for n in conv.notes)
+    conv = convert(SMALL + ZERO + ["--tokenizer-type", "NullTokenizer"], read_vocab=read)
+    assert conv.config["model"]["vocab_size"] == 256  # the NullTokenizer's size is --vocab-size
+    conv = convert(SMALL + ZERO + bpe, read_vocab=lambda given: None)  # files not here: --vocab-size, said
+    assert conv.config["model"]["vocab_size"] == 256 and any("check that it is 256" in n for n in conv.notes)
