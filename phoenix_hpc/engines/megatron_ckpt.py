@@ -259,7 +259,7 @@ def load_engine(engine, root: str | os.PathLike) -> int:
     from megatron.core import dist_checkpointing
 
     from phoenix_hpc.engines.adam_step import ensure_step_entries
-    from phoenix_hpc.engines.schedule import lr_at
+    from phoenix_hpc.engines.schedule import lr_for
     from phoenix_hpc.errors import EngineError
 
     try:
@@ -286,6 +286,5 @@ def load_engine(engine, root: str | os.PathLike) -> int:
     t = engine.cfg.training
     step = start_step(it, with_opt, loaded.get("iteration"))
     engine.step, engine.data_position = step, step * t.global_batch_size
-    engine.last_lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
-                           total_steps=t.steps, decay_steps=t.decay_steps) if step > 0 else 0.0
+    engine.last_lr = lr_for(t, step) if step > 0 else 0.0
     return step

@@ -50,7 +50,7 @@ import torch
 from phoenix_hpc.engines.adam_step import ensure_step_entries, read_adam_step, step_location, write_adam_step
 from phoenix_hpc.engines.base import Engine, GridCoord, ProcessGroups
 from phoenix_hpc.engines.megatron_rng import reseed
-from phoenix_hpc.engines.schedule import lr_at
+from phoenix_hpc.engines.schedule import lr_for
 from phoenix_hpc.errors import EngineError
 
 ENVELOPE_FORMAT = 1
@@ -353,8 +353,7 @@ class MegatronEngine(Engine):
     def optimizer_step(self) -> None:
         t = self.cfg.training
         nxt = self.step + 1
-        lr = lr_at(nxt, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=t.steps,
-                   decay_steps=t.decay_steps)
+        lr = lr_for(t, nxt)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
             g["weight_decay"] = group_weight_decay(g, t.weight_decay)

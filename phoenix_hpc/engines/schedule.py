@@ -34,3 +34,11 @@ def lr_at(step: int, *, lr: float, min_lr: float, schedule: str, warmup_steps: i
     if schedule == "cosine":
         return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * t))
     raise ValueError(f"unknown lr schedule {schedule!r} (allowed: constant, linear, cosine)")
+
+
+def lr_for(training, step: int) -> float:
+    """:func:`lr_at` with the job's ``training`` section (``TrainingConfig``): the rate of the update that
+    produces S(``step``), decaying over ``training.decay_steps``. Raises ValueError on an unknown schedule."""
+    t = training
+    return lr_at(step, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
+                 total_steps=t.steps, decay_steps=t.decay_steps)

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from phoenix_hpc.engines.base import Engine, GridCoord, ProcessGroups
-from phoenix_hpc.engines.schedule import lr_at
+from phoenix_hpc.engines.schedule import lr_for
 from phoenix_hpc.engines.styles import ENGINE_RECOVERY_STYLES
 from phoenix_hpc.engines.torch_dtypes import TORCH_ENGINE_DTYPES
 from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage, empty_stage, lm_loss
@@ -311,8 +311,7 @@ class TorchEngine(Engine):
         the DP group, advance ``step`` and the data position."""
         t = self.cfg.training
         nxt = self.step + 1
-        lr = lr_at(nxt, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps, total_steps=t.steps,
-                   decay_steps=t.decay_steps)
+        lr = lr_for(t, nxt)
         scale = 1.0
         if t.grad_clip > 0 and self.last_grad_norm > t.grad_clip:
             scale = t.grad_clip / (self.last_grad_norm + 1e-6)
