@@ -69,10 +69,9 @@ from phoenix_hpc.errors import ConfigError
 
 #: seconds bash may take to reach the launch or the script's end (a loop whose exit is a command not run)
 TIMEOUT_S = 10.0
-#: what a command substitution's skipped command writes into the value it gives
-NOT_RUN_MARK = "\x1fphoenix-not-run:"
-#: what a variable assigned from one that is not set holds instead of the empty string bash gives it
-UNSET_MARK = "\x1fphoenix-unset:"
+#: what a refusal for a value that is not set allows instead
+_SET_IT = ("allowed: values the script sets; give its positional arguments with --script-arg, or set the variable "
+           "in the environment")
 
 _GATE = r"""
 exec 3>>"$1" 5>/dev/null
@@ -141,7 +140,7 @@ __phoenix_gate() {
   if [[ ${FUNCNAME[1]-} =~ $__phoenix_mine ]]; then return 0; fi
   if [[ ${FUNCNAME[1]-} == __phoenix_gate ]]; then
     case $__phoenix_c in
-      'set -u'|'set +u'|'eval "$__phoenix_c"'|'eval "__phoenix_w=( $__phoenix_e )"'|'__phoenix_words "" "${__phoenix_w[@]}"'|'__phoenix_words "$__phoenix_n" "${__phoenix_w[@]}"') return 0 ;;
+      'set -u'|'set +u'|'eval "$__phoenix_c"'|'eval "__phoenix_w=( $__phoenix_e )"'|'__phoenix_words "" "${__phoenix_w[@]}"'|'__phoenix_words "$__phoenix_n" "${__phoenix_w[@]}"'|'__phoenix_w=('*) return 0 ;;
     esac
     if __phoenix_pure "$__phoenix_c"; then return 0; fi
     __phoenix_put skip "$__phoenix_n" "$__phoenix_c"
@@ -295,8 +294,7 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
     for kind, line, t in records:
         if kind == "unset":
             raise ConfigError(f"--args-file {path} line {line}: the pretrain_gpt.py command uses a variable that "
-                              f"is not set: {_said(t)} (allowed: values the script sets; give its positional "
-                              "arguments with --script-arg, or set the variable in the environment)")
+                              f"is not set: {_said(t)} ({_SET_IT})")
         if kind == "unreadable":
             raise ConfigError(f"--args-file {path} line {line}: the words of the pretrain_gpt.py command cannot be "
                               f"read here ({t!r}): it needs a command run to give them ($(...), `...`, <(...)), "
@@ -327,8 +325,7 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
             command, _, said = unset_at.get(line, "\x1e").partition("\x1e")
             problems.append(f"--args-file {path} line {launch_line}: an argument of the pretrain_gpt.py command "
                             f"takes its value from line {line} ({command!r}), which uses a variable that is not set: "
-                            f"{_said(said)} (allowed: values the script sets; give its positional arguments with "
-                            "--script-arg, or set the variable in the environment)")
+                            f"{_said(said)} ({_SET_IT})")
         elif kind == "own":
             command = next((t for k, at, t in records if k == "own" and at == line), "")
             problems.append(f"--args-file {path} line {launch_line}: an argument of the pretrain_gpt.py command "

@@ -207,7 +207,6 @@ def _read(tmp_path, text, **kw):
     "__phoenix_gate() {{ return 0; }}\nPATH=/usr/bin:/bin; touch {P}\npython pretrain_gpt.py --lr 1\n",
     "__phoenix_pure() {{ return 0; }}\nPATH=/usr/bin:/bin; touch {P}\npython pretrain_gpt.py --lr 1\n",
     "__phoenix_mine=.\nPATH=/usr/bin:/bin; touch {P}\npython pretrain_gpt.py --lr 1\n",
-    "X=1 PATH=/usr/bin:/bin\ntouch {P}\npython pretrain_gpt.py --lr 1\n",
 ])
 def test_commands_hidden_in_values_or_names_are_not_run(tmp_path, text):
     marker = tmp_path / "P"
@@ -216,6 +215,12 @@ def test_commands_hidden_in_values_or_names_are_not_run(tmp_path, text):
     except ConfigError:
         pass  # refusing is fine; running is not
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("line", ["X=1 PATH=/usr/bin:/bin", "export A=1 PATH=/usr/bin:/bin", "declare -n Q=PATH"])
+def test_an_assignment_that_reaches_path_anywhere_in_it_is_not_run(tmp_path, line):
+    launch = _read(tmp_path, f"{line}\npython pretrain_gpt.py --lr 1\n")
+    assert launch.not_run == [f"line 1: {line}"]
 
 
 def test_the_reader_s_own_variables_do_not_hide_the_script_s(tmp_path):
