@@ -760,7 +760,7 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     ttype = given.get("--tokenizer-type")
     from_files = ttype is not None and ttype not in ("NullTokenizer", "NullMultimodalTokenizer", "TikTokenizer")
     read = read_vocab(given) if read_vocab is not None and (vocab is None or from_files) else None
-    if read is not None and (vocab is None or from_files):
+    if read is not None:
         if vocab is not None and vocab != read:
             conv.notes.append(f"model.vocab_size: from the tokenizer's files ({read} tokens), not --vocab-size {vocab}: "
                               f"Megatron-LM sizes the embedding by the tokenizer's own vocabulary with "
