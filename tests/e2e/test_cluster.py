@@ -23,6 +23,9 @@ ASSETS = Path(__file__).parent / "assets"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 PHOENIX = REPO_ROOT / ".venv" / "bin" / "phoenix"
+# The tests that name the nodes their tasks run on ask Slurm for exactly these (-w): a node an earlier step
+# left COMPLETING is then waited for, not replaced by another free node.
+FIRST_FOUR = "nid[00001-00004]"
 
 
 def job_info(cluster: lc.Cluster, job_id: str) -> dict[str, str]:
@@ -66,7 +69,7 @@ def test_nodes_idle_and_switches_shown(slurm_cluster):
 
 def test_four_node_batch_job_runs(slurm_cluster, tmp_path):
     job = sbatch(slurm_cluster, "#!/bin/bash\n"
-                 "#SBATCH -N 4 --ntasks-per-node=1 --no-kill --no-requeue -t 00:05:00 -o out.txt\n"
+                 f"#SBATCH -N 4 -w {FIRST_FOUR} --ntasks-per-node=1 --no-kill --no-requeue -t 00:05:00 -o out.txt\n"
                  "srun --no-kill bash -c 'echo rank=$SLURM_PROCID node=$SLURMD_NODENAME "
                  "addr=$SLURM_TOPOLOGY_ADDR'\n", tmp_path)
     info = wait_job(slurm_cluster, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, 60)
@@ -97,7 +100,8 @@ def test_perlmutter_gpu_flags_run_unchanged(slurm_cluster, tmp_path):
 def test_pmix_step_survives_task_death_and_survivors_use_create_group(slurm_cluster, slurm_env, tmp_path):
     victim, rounds = 2, 20
     proc = subprocess.run(
-        ["srun", "-N", "4", "--ntasks-per-node=1", "--mpi=pmix", "--no-kill", "--kill-on-bad-exit=0",
+        ["srun", "-N", "4", "-w", FIRST_FOUR, "--ntasks-per-node=1", "--mpi=pmix", "--no-kill",
+         "--kill-on-bad-exit=0",
          "-t", "00:03:00", str(PYTHON), str(ASSETS / "mpi_survivors.py"), str(victim), str(rounds),
          str(tmp_path)],
         env=slurm_env, capture_output=True, text=True, timeout=180)
@@ -116,7 +120,7 @@ def test_pmix_step_survives_task_death_and_survivors_use_create_group(slurm_clus
 def test_killed_node_goes_down_and_job_keeps_running(slurm_cluster, tmp_path):
     victim = "nid00004"
     job = sbatch(slurm_cluster, "#!/bin/bash\n"
-                 "#SBATCH -N 4 --ntasks-per-node=1 --no-kill --no-requeue -t 00:05:00 -o out.txt\n"
+                 f"#SBATCH -N 4 -w {FIRST_FOUR} --ntasks-per-node=1 --no-kill --no-requeue -t 00:05:00 -o out.txt\n"
                  "srun --no-kill --kill-on-bad-exit=0 bash -c 'echo up $SLURMD_NODENAME; exec sleep 300'\n",
                  tmp_path)
     try:
