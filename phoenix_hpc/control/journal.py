@@ -10,7 +10,10 @@ with ``restart`` {N}, ``coordinator_restarted`` {what it rebuilt from the journa
 Durability: each append is one ``write`` of a whole line on a file opened with ``O_APPEND`` followed by
 ``fsync``, so a crash can at worst leave a torn *last* line; :func:`read_journal` ignores such a line (and
 refuses a bad complete line; :func:`read_journal_skipping`, what a restarted coordinator and ``phoenix status``
-read with, skips and names it).
+read with, skips and names it). The next writer (a restarted coordinator, the next job of a chain) first ends a
+torn last line with a newline (:attr:`Journal.torn_tail`): its own first record would otherwise be joined to
+the torn bytes and lost with them. The torn line stays in the file as the trace of the crash, a complete line
+that is no record, which the skipping readers name.
 Group commit: :meth:`Journal.append_deferred` writes its line at once (so the file keeps the order of the
 calls, and a crash of the writing *process* loses nothing: the kernel has the line) but leaves the ``fsync``
 to the next :meth:`Journal.sync` or :meth:`Journal.append`, which make every line before them durable with one
@@ -55,6 +58,13 @@ class Journal:
         os.chmod(self.path, FILE_MODE)
         self._unsynced = 0  # lines written since the last fsync
         self.fsyncs = 0  # fsync calls so far (the cost group commit saves)
+        # the bytes of a torn last line (a writer that crashed mid-line) this writer ended with a newline;
+        # b"" when the file was empty or ended with one
+        self.torn_tail = _torn_tail(self.path)
+        if self.torn_tail:
+            os.write(self._fd, b"\n")
+            os.fsync(self._fd)
+            self.fsyncs += 1
 
     def append(self, event: Event | str, **fields: Any) -> dict[str, Any]:
         """Append one record ``{"ts", **event.to_record()}`` (:mod:`phoenix_hpc.control.events`; a bare name
@@ -130,6 +140,24 @@ class Journal:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _torn_tail(path: Path, chunk: int = 1 << 16) -> bytes:
+    """The bytes after the last newline of the file at ``path`` (b"" when it is empty or ends with one).
+    Reads backwards in ``chunk``-byte pieces, so a long journal is not read whole."""
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        tail = b""
+        pos = end
+        while pos > 0:
+            start = max(0, pos - chunk)
+            f.seek(start)
+            tail = f.read(pos - start) + tail
+            cut = tail.rfind(b"\n")
+            if cut >= 0:
+                return tail[cut + 1:]
+            pos = start
+        return tail
 
 
 def _split(event: Event | str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from phoenix_hpc.control.journal import Journal, read_journal, write_private_file
+from phoenix_hpc.control.journal import Journal, read_journal, read_journal_numbered, write_private_file
 
 
 def test_append_and_read_back_with_private_modes(tmp_path):
@@ -43,6 +43,26 @@ def test_torn_last_line_is_ignored_but_a_broken_middle_line_is_an_error(tmp_path
     path.write_bytes(b'{"ts": 1.0, "event": "a"}\nnot json\n{"ts": 2.0, "event": "c"}\n')
     with pytest.raises(ValueError, match=r"journal.jsonl:2: not a JSON line"):
         read_journal(tmp_path)
+
+
+@pytest.mark.parametrize("torn", [b'{"ts": 1.0, "event": "b", "x"', b'{"ts": 1.0, "ev\xe2\x82', b"x" * 70000])
+def test_a_writer_that_opens_a_torn_journal_ends_the_torn_line_before_its_first_record(tmp_path, torn):
+    with Journal(tmp_path) as j:
+        j.append("a", x=1)
+    path = tmp_path / "journal.jsonl"
+    with open(path, "ab") as f:
+        f.write(torn)  # the writer crashed mid-line
+    with Journal(tmp_path) as j:  # a restarted coordinator
+        assert j.torn_tail == torn
+        j.append("coordinator_started", restart=1)
+    read = read_journal_numbered(tmp_path)
+    assert [r["event"] for r in read.records] == ["a", "coordinator_started"]  # its first record is kept
+    (skipped,) = read.skipped  # the torn line stays, named as the trace of the crash
+    assert skipped.startswith(f"{path}:2: not ") and skipped.endswith(": skipped")
+    assert read.lines == [1, 3] and read.line_count == 3
+    with Journal(tmp_path) as j:  # an intact journal is left as it is
+        assert j.torn_tail == b""
+    assert path.read_bytes().count(b"\n") == 3
 
 
 def test_bad_records_rejected(tmp_path):
