@@ -67,3 +67,7 @@ def cli() -> None:
     peer's memory (H2H); when a node dies a spare node of the same job takes its place and training resumes
     from the last committed step.
     """
+
+
+if __name__ == "__main__":  # ``python -m phoenix_hpc.cli.main ...``: the same CLI as the ``phoenix`` entry point
+    cli(prog_name="phoenix")
