@@ -13,53 +13,76 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
 
 from phoenix_hpc.errors import ConfigError
 
+if TYPE_CHECKING:
+    from phoenix_hpc.config.megatron_args import Unreadable
 
-def read_vocab(given: dict[str, Any]) -> int | None:
-    """The tokenizer's vocabulary size from its files, or None when no file is readable here.
+
+def read_vocab(given: dict[str, Any]) -> int | Unreadable | None:
+    """The tokenizer's vocabulary size from its files; :class:`Unreadable` (why) when a file named is here but
+    cannot be read; None when no file named is here.
 
     ``--vocab-file`` holding a JSON object (GPT-2's ``vocab.json``): its number of entries (Megatron-LM's
     ``GPT2BPETokenizer.vocab_size``). ``--tokenizer-model`` naming a folder or file ``tokenizer.json``
     (Hugging Face ``tokenizers``): the model's vocabulary plus added tokens not in it; naming a SentencePiece
-    ``.model`` file: ``sentencepiece``'s piece count when that library is installed."""
+    ``.model`` file: ``sentencepiece``'s piece count (needs that library). The first of them that gives a size
+    is used; the reason of every one here that does not is returned (the OSError's, JSON decoder's or
+    library's own text)."""
+    from phoenix_hpc.config.megatron_args import Unreadable
+
+    why: list[str] = []
     vf = given.get("--vocab-file")
     if vf and Path(vf).is_file():
         try:
             data = json.loads(Path(vf).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            data = None
-        if isinstance(data, dict):
-            return len(data)
+        except OSError as exc:
+            why.append(f"--vocab-file {vf!r}: {exc.strerror or exc}")
+        except UnicodeDecodeError as exc:
+            why.append(f"--vocab-file {vf!r}: not UTF-8 text ({exc})")
+        except ValueError as exc:
+            why.append(f"--vocab-file {vf!r}: not JSON ({exc})")
+        else:
+            if isinstance(data, dict):
+                return len(data)
+            why.append(f"--vocab-file {vf!r}: holds a JSON {type(data).__name__}, not an object of token: id")
     tm = given.get("--tokenizer-model")
-    if not tm:
-        return None
-    p = Path(tm)
-    tj = p / "tokenizer.json" if p.is_dir() else p
-    if tj.is_file() and tj.suffix == ".json":
+    p = Path(tm) if tm else None
+    tj = (p / "tokenizer.json" if p.is_dir() else p) if p is not None else None
+    if tj is not None and tj.is_file() and tj.suffix == ".json":
         try:
             data = json.loads(tj.read_text(encoding="utf-8"))
             vocab = data["model"]["vocab"]
             ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
             ids |= {t["id"] for t in data.get("added_tokens", [])}
             return max(ids) + 1
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-    if p.is_file() and p.suffix == ".model":
+        except OSError as exc:
+            why.append(f"--tokenizer-model {str(tj)!r}: {exc.strerror or exc}")
+        except UnicodeDecodeError as exc:
+            why.append(f"--tokenizer-model {str(tj)!r}: not UTF-8 text ({exc})")
+        except ValueError as exc:
+            why.append(f"--tokenizer-model {str(tj)!r}: not JSON, or an empty vocabulary ({exc})")
+        except (KeyError, TypeError, AttributeError) as exc:
+            why.append(f"--tokenizer-model {str(tj)!r}: no Hugging Face vocabulary in it (model.vocab, and the id "
+                       f"of every added_tokens entry; {type(exc).__name__}: {exc})")
+    elif p is not None and p.is_file() and p.suffix == ".model":
         try:
             import sentencepiece
         except ImportError:
-            return None
-        try:
-            return int(sentencepiece.SentencePieceProcessor(model_file=str(p)).get_piece_size())
-        except Exception:  # noqa: BLE001 - any failure of the library means "not readable here"
-            return None
-    return None
+            why.append(f"--tokenizer-model {tm!r}: a SentencePiece model, and the sentencepiece package that reads "
+                       "it is not installed here")
+        else:
+            try:
+                return int(sentencepiece.SentencePieceProcessor(model_file=str(p)).get_piece_size())
+            except Exception as exc:  # noqa: BLE001 - the library's own error, whatever its type, is the reason
+                why.append(f"--tokenizer-model {tm!r}: sentencepiece could not load it ({type(exc).__name__}: "
+                           f"{exc})")
+    return Unreadable("; ".join(why)) if why else None
 
 
 def read_data_args(path: str) -> list[str] | None:
@@ -77,6 +100,18 @@ def has_tracker(folder: str) -> bool:
     from phoenix_hpc.engines.megatron_layout import TRACKER
 
     return (Path.cwd() / folder / TRACKER).is_file()
+
+
+def current_folder() -> Path:
+    """The folder this command runs in (Megatron-LM's launch folder: relative paths are read against it).
+
+    Raises ConfigError when it no longer exists (deleted while a shell was in it: ``os.getcwd`` fails)."""
+    try:
+        return Path(os.getcwd())
+    except FileNotFoundError:
+        raise ConfigError("current folder: it no longer exists (deleted after the shell entered it), so the "
+                          "relative paths of the arguments and the launch folder of --load and --data-path cannot "
+                          "be read (allowed: run from an existing folder, e.g. cd to it again)") from None
 
 
 def relocate_paths(cfg: dict, out: Path | None, cwd: Path) -> None:
@@ -159,6 +194,7 @@ def from_megatron(args_file, script_args, output, drop, name, nodes, spares, meg
     from phoenix_hpc.validation import parse_model
 
     tokens = list(megatron_args)
+    cwd = current_folder()
     left_out: list[str] = []
     launch = None
     if script_args and args_file is None:
@@ -183,7 +219,7 @@ def from_megatron(args_file, script_args, output, drop, name, nodes, spares, meg
                           "existing folder)")
     conv = convert(tokens, drop=drop, name=name, nodes=nodes, spares=spares, read_vocab=read_vocab,
                    has_tracker=has_tracker, read_data_args=read_data_args)
-    relocate_paths(conv.config, output, Path.cwd())
+    relocate_paths(conv.config, output, cwd)
     parse_model(JobConfig, conv.config, source="the converted config")
     text = render(conv, left_out if launch is not None else [])
     for line in left_out:

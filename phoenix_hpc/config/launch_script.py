@@ -257,7 +257,8 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
     command of the script run (module docstring). ``None`` when the script ends without reaching one (a fragment
     of arrays and option lines; or a launch in a branch not taken), or when there is no bash here.
 
-    Raises ConfigError (naming ``path`` and the line) when a launch word uses a variable that is not set or a
+    Raises ConfigError (naming ``path`` and the line) when the current folder no longer exists, when a launch
+    word uses a variable that is not set or a
     value that only a command the script did not run would give, when the launch command's words cannot be
     read without running a command, when the script stops (``${1:?usage}``) or bash cannot parse it, or when
     bash takes more than ``timeout_s`` seconds (a loop that waits on a command)."""
@@ -270,7 +271,12 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
         report.write_bytes(b"")
         run_env = {k: v for k, v in (os.environ if env is None else env).items()
                    if not k.startswith("BASH_FUNC_") and k not in ("BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS")}
-        run_env["__phoenix_cwd"] = os.getcwd()
+        try:
+            run_env["__phoenix_cwd"] = os.getcwd()
+        except FileNotFoundError:
+            raise ConfigError(f"--args-file {path}: the current folder no longer exists (deleted after the shell "
+                              "entered it), and the script is read from there as bash would run it (allowed: run "
+                              "from an existing folder)") from None
         # its own session: every subshell it leaves behind (the launch's end kills only the top bash) is in
         # that process group, which is killed once the reading is over, whatever its outcome
         proc = subprocess.Popen([bash, "--norc", "--noprofile", "-c", _GATE, path, str(report), *script_args],

@@ -185,8 +185,8 @@ ARGS: tuple[Arg, ...] = (
     Arg("--lr-decay-style", "map", str, "linear", "training.lr_schedule"),
     Arg("--lr-decay-iters", "map", int, None, "training.lr_decay_steps",
         why="the decay from --lr to --min-lr ends at this iteration, counted from 0 with the warm-up in it; "
-            "--min-lr after it (absent: --train-iters, training.lr_decay_steps unset); refused below the warm-up "
-            "iterations"),
+            "--min-lr after it (absent: --train-iters, training.lr_decay_steps unset); refused unless above the "
+            "warm-up iterations, as Megatron-LM's scheduler asserts"),
     Arg("--lr-warmup-iters", "map", int, 0, "training.warmup_steps"),
     Arg("--lr-warmup-fraction", "map", float, None, "training.warmup_steps",
         why="warm-up steps = fraction x decay steps, as Megatron-LM computes them; refused when that is not a "
@@ -418,6 +418,14 @@ def split_args_text(text: str, *, launch_not_reached: bool = False) -> tuple[lis
     return args, left_out
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """What a ``read_vocab`` callable of :func:`convert` returns for a tokenizer file that is here but cannot be
+    read: ``reason`` names the file and says why (the OSError's, JSON decoder's or library's own text)."""
+
+    reason: str
+
+
 @dataclass
 class Conversion:
     """The result of :func:`convert`. ``config``: the job config as a plain mapping (JobConfig's shape);
@@ -488,6 +496,40 @@ def warmup_steps_of_fraction(fraction: float, decay_iters: int) -> int | None:
     from phoenix_hpc.engines.megatron_schedule import whole
 
     return whole(float(fraction) * int(decay_iters))
+
+
+def warmup_not_before_decay(given: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    """Megatron-LM's refusal of an iteration-counted warm-up that is not shorter than its decay, as a problem
+    naming the arguments (empty when there is none). megatron-core's ``OptimizerParamScheduler`` asserts
+    ``lr_warmup_steps < lr_decay_steps`` (``megatron/core/optimizer_param_scheduler.py``), both in samples:
+    ``--lr-warmup-iters`` (or ``--lr-warmup-fraction`` x the decay) x global batch against ``--lr-decay-iters``
+    (absent: ``--train-iters``) x global batch (``get_optimizer_param_scheduler``, ``megatron/training/
+    training.py``), so pretrain_gpt.py stops before its first step when the two are equal. phoenix's own schema
+    allows them equal (min_lr right after the warm-up); a converted job is refused as Megatron-LM would refuse
+    it. ``cfg``: the converted config so far; a warm-up or decay refused already, and a sample-counted run,
+    are left to their own checks. Pure."""
+    training = cfg.get("training", {})
+    warmup = training.get("warmup_steps")
+    if warmup is None or "--train-samples" in given or "train_samples" in training:
+        return []
+    if "--lr-decay-iters" in given:
+        if "lr_decay_steps" not in training:
+            return []
+        decay, decay_arg = training["lr_decay_steps"], f"--lr-decay-iters {training['lr_decay_steps']}"
+    elif "steps" in training:
+        decay, decay_arg = training["steps"], f"--train-iters {training['steps']} (no --lr-decay-iters)"
+    else:
+        return []
+    if warmup < decay:
+        return []
+    if "--lr-warmup-fraction" in given:
+        warmup_arg = f"--lr-warmup-fraction {given['--lr-warmup-fraction']} ({warmup} iterations)"
+        allowed = "a fraction below 1"
+    else:
+        warmup_arg, allowed = f"--lr-warmup-iters {warmup}", f"--lr-warmup-iters below {decay}"
+    return [f"{warmup_arg} and {decay_arg}: the warm-up is not shorter than the decay, and Megatron-LM's scheduler "
+            f"asserts that it is (lr_warmup_steps < lr_decay_steps, megatron/core/optimizer_param_scheduler.py), so "
+            f"pretrain_gpt.py would stop before its first step (allowed: {allowed}, or a longer decay)"]
 
 
 def swiglu_ffn(hidden: int) -> int:
@@ -594,14 +636,15 @@ def _carry_eval_and_logging(given: dict[str, Any], eff: Callable[[str], Any], ca
 
 def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: str = "megatron-gpt",
             nodes: int | None = None, spares: int | None = None,
-            read_vocab: Callable[[dict[str, Any]], int | None] | None = None,
+            read_vocab: Callable[[dict[str, Any]], int | Unreadable | None] | None = None,
             has_tracker: Callable[[str], bool] | None = None,
             read_data_args: Callable[[str], list[str] | None] | None = None) -> Conversion:
     """Convert a ``pretrain_gpt.py`` argument list into a job config mapping (engine ``megatron``).
 
     ``drop``: argument names (with or without ``--``) the user accepts to lose although they change the
     training. ``nodes`` / ``spares``: ``resources.nodes`` / ``resources.spares`` (phoenix's, not Megatron-LM's).
-    ``read_vocab(args)``: the tokenizer's vocabulary size from its files, or None when not readable; used when
+    ``read_vocab(args)``: the tokenizer's vocabulary size from its files, :class:`Unreadable` when a file is here
+    but cannot be read (its reason is in the note or problem), or None when no file is here; used when
     ``--vocab-size`` is not given. ``has_tracker(folder)``: whether ``--load``'s folder (as given) holds
     Megatron-LM's ``latest_checkpointed_iteration.txt`` where the conversion runs (None: no file is read, so
     none is found); see :func:`load_decision`. ``read_data_args(path)``: the white-space separated words of
@@ -760,6 +803,9 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     ttype = given.get("--tokenizer-type")
     from_files = ttype is not None and ttype not in ("NullTokenizer", "NullMultimodalTokenizer", "TikTokenizer")
     read = read_vocab(given) if read_vocab is not None and (vocab is None or from_files) else None
+    unreadable = ""
+    if isinstance(read, Unreadable):
+        read, unreadable = None, f": {read.reason}"
     if read is not None:
         if vocab is not None and vocab != read:
             conv.notes.append(f"model.vocab_size: from the tokenizer's files ({read} tokens), not --vocab-size {vocab}: "
@@ -768,11 +814,11 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
         vocab, source = read, "tokenizer files"
     elif vocab is not None and from_files:
         conv.notes.append(f"model.vocab_size: from --vocab-size {vocab}, since the tokenizer's files could not be read "
-                          f"here; Megatron-LM sizes the embedding by the tokenizer's own vocabulary with "
+                          f"here{unreadable}; Megatron-LM sizes the embedding by the tokenizer's own vocabulary with "
                           f"--tokenizer-type {ttype}: check that it is {vocab}")
     if vocab is None:
-        problems.append("--vocab-size: missing, and the tokenizer's vocabulary could not be read here (allowed: "
-                        "--vocab-size N, or a readable --vocab-file / --tokenizer-model)")
+        problems.append(f"--vocab-size: missing, and the tokenizer's vocabulary could not be read here{unreadable} "
+                        "(allowed: --vocab-size N, or a readable --vocab-file / --tokenizer-model)")
     elif vocab < 1:
         problems.append(f"--vocab-size: {vocab} (allowed: a positive integer)")
     else:
@@ -908,6 +954,7 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     if "--save-interval" in given:
         carry("--save-interval", "resilience.checkpoint.interval_steps", given["--save-interval"])
     _carry_eval_and_logging(given, eff, carry, conv, problems)
+    problems += warmup_not_before_decay(given, cfg)
     if nodes is not None:
         _set(cfg, "resources.nodes", nodes)
     if spares is not None:
