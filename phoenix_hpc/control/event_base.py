@@ -3,16 +3,22 @@ with a ``NAME``, turned into a journal record and back, and the registry of the 
 
 :meth:`Event.to_record` gives ``{"event": NAME, **fields}`` without ``ts`` (the journal stamps it) and
 without the fields that are :data:`OMIT` (written only sometimes); :meth:`Event.from_record` and
-:func:`from_record` take a record back (see :mod:`phoenix_hpc.control.events` for the rules).
+:func:`from_record` take a record back (see :mod:`phoenix_hpc.control.events` for the rules). The fields'
+types are checked by pydantic: one strict validator per annotation (:func:`_validator`, built once), which only
+checks; the event is built from the record's own values.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 import types
 from dataclasses import dataclass, field, fields
-from typing import Annotated, Any, Callable, ClassVar, Iterable, Mapping, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, ClassVar, Iterable, Mapping, Union, get_args, get_origin, get_type_hints
+
+from annotated_types import Ge
+from pydantic import ConfigDict, TypeAdapter
+from pydantic_core import SchemaValidator
 
 
 class _Omit:
@@ -36,90 +42,65 @@ OMIT: Any = _Omit()
 
 class EventError(ValueError):
     """A record cannot be an event: not a mapping, its ``event`` is not a non-empty string, its ``ts`` is not a
-    finite number, or a field's value is not of the field's type (:func:`field_rule`)."""
+    finite number, a field of the class's ``REQUIRED`` is missing, or a field's value is not of the field's type
+    (:func:`allowed` says what is, in words)."""
 
 
-NON_NEGATIVE = "non-negative"  # an Annotated marker: the number is >= 0
+NON_NEGATIVE = Ge(0)  # an Annotated marker (pydantic checks it): the number is >= 0
 Nat = Annotated[int, NON_NEGATIVE]  # a step, a rank, a generation, a count, a PID: an integer >= 0
 Grid = Union[list[Nat], dict[str, Nat]]  # [tp, pp, dp] or {"tp", "pp", "dp"}
 RankMap = list[list[Nat]]  # [[logical rank, world rank], ...]
 
-# a rule: (does the value conform, what is allowed in words)
-Rule = tuple[Callable[[Any], bool], str]
+# A field's value is checked as JSON gave it: strict (a bool is not an integer, a string is not a number, a
+# tuple is not a list; an integer is a number) and finite (json.loads reads NaN and Infinity; no field takes
+# them).
+_JSON = ConfigDict(strict=True, allow_inf_nan=False)
 
 
-def _finite(x: Any) -> bool:
-    return (type(x) is int) or (type(x) is float and math.isfinite(x))
-
-
-def _nat(x: Any) -> bool:
-    return type(x) is int and x >= 0
-
-
-def _any_of(oks: tuple[Callable[[Any], bool], ...]) -> Callable[[Any], bool]:
-    def ok(x: Any) -> bool:
-        for one in oks:
-            if one(x):
-                return True
-        return False
-    return ok
-
-
-def field_rule(tp: Any) -> Rule | None:
-    """The check of a field annotated ``tp`` (None: anything goes). JSON's types only: ``int`` (not a bool),
-    ``float`` (an int or a float, finite: no NaN or infinity), ``str``, ``bool``, ``None``, ``list[T]``,
-    ``dict[str, T]``, unions of them, ``Annotated[int | float, NON_NEGATIVE]`` (>= 0) and ``Any``. Pure.
+def allowed(tp: Any) -> str:
+    """What a field annotated ``tp`` allows, in words (the end of an :class:`EventError` message). JSON's types
+    only: ``int`` (not a bool), ``float`` (an int or a float, finite: no NaN or infinity), ``str``, ``bool``,
+    ``None``, ``list[T]``, ``dict[str, T]``, unions of them, ``Annotated[int | float, NON_NEGATIVE]`` (>= 0) and
+    ``Any``. The check itself is pydantic's (:func:`_validator`). Pure.
 
     Raises:
         TypeError: an annotation outside that vocabulary (a declaration error, found when the class is first
-            read).
+            read: pydantic would take types a JSON line cannot hold, and constraints these words do not say).
     """
     if tp is Any:
-        return None
+        return "anything"
     origin = get_origin(tp)
     if origin is Annotated:
         base, *meta = get_args(tp)
-        rule = field_rule(base)
-        if NON_NEGATIVE not in meta or rule is None:
-            return rule
-        ok, what = rule
-        if base is int:
-            return _nat, f"{what} >= 0"
-        return (lambda x: ok(x) and x >= 0), f"{what} >= 0"
+        if base not in (int, float) or meta != [NON_NEGATIVE]:
+            raise TypeError(f"no journal rule for the annotation {tp!r}: only int or float >= 0 is annotated")
+        return f"{allowed(base)} >= 0"
     if origin is Union or origin is types.UnionType:
         args = get_args(tp)
-        rules = [field_rule(a) for a in args if a is not type(None)]
-        if any(r is None for r in rules):
-            return None
-        what = " or ".join(w for _, w in rules) + (" or null" if type(None) in args else "")
-        ok = rules[0][0] if len(rules) == 1 else _any_of(tuple(r[0] for r in rules))
-        return ((lambda x: x is None or ok(x)) if type(None) in args else ok), what
+        words = [allowed(a) for a in args if a is not type(None)]
+        if "anything" in words:
+            return "anything"
+        return " or ".join(words) + (" or null" if type(None) in args else "")
     if tp is type(None):
-        return (lambda x: x is None), "null"
+        return "null"
     if tp is bool:
-        return (lambda x: type(x) is bool), "true or false"
+        return "true or false"
     if tp is int:
-        return (lambda x: type(x) is int), "an integer"
+        return "an integer"
     if tp is float:
-        return _finite, "a finite number"
+        return "a finite number"
     if tp is str:
-        return (lambda x: type(x) is str), "a string"
+        return "a string"
     if origin is list:
-        (elem,) = get_args(tp) or (Any,)
-        rule = field_rule(elem)
-        if rule is None:
-            return (lambda x: type(x) is list), "a list"
-        ok, what = rule
-        return (lambda x: type(x) is list and all(map(ok, x))), f"a list of ({what})"
+        (elem,) = get_args(tp)
+        what = allowed(elem)
+        return "a list" if what == "anything" else f"a list of ({what})"
     if origin is dict:
-        key, val = get_args(tp) or (str, Any)
+        key, val = get_args(tp)
         if key is not str:
             raise TypeError(f"a journal object's keys are strings, not {key!r}")
-        rule = field_rule(val)
-        if rule is None:
-            return (lambda x: type(x) is dict), "an object"
-        ok, what = rule
-        return (lambda x: type(x) is dict and all(map(ok, x.values()))), f"an object of ({what})"
+        what = allowed(val)
+        return "an object" if what == "anything" else f"an object of ({what})"
     raise TypeError(f"no journal rule for the annotation {tp!r}")
 
 
@@ -132,17 +113,33 @@ def _short(x: Any) -> str:
     return r if len(r) <= 60 else r[:57] + "..."
 
 
-_ANYTHING: Rule = (lambda x: True, "anything")
-_RULES: dict[type, dict[str, Rule]] = {}
+@functools.cache
+def _validator(tp: Any) -> SchemaValidator:
+    """pydantic's strict validator of annotation ``tp`` (:data:`_JSON`), built once per annotation (the event
+    classes share about twenty)."""
+    return TypeAdapter(tp, config=_JSON).validator
 
 
-def _rules(cls: type) -> dict[str, Rule]:
-    """The rule of every field of event class ``cls`` but ``ts`` and ``extra``, built once."""
-    got = _RULES.get(cls)
+# a field's check: (its validator, what it allows in words)
+_Check = tuple[SchemaValidator, str]
+_CHECKS: dict[type, dict[str, _Check]] = {}
+
+
+def _checks(cls: type) -> dict[str, _Check]:
+    """The check of every field of event class ``cls`` but ``ts`` and ``extra``, built once.
+
+    Raises:
+        TypeError: a field annotation outside :func:`allowed`'s vocabulary, or a ``REQUIRED`` name that is no
+            field of ``cls``.
+    """
+    got = _CHECKS.get(cls)
     if got is None:
         hints = get_type_hints(cls, include_extras=True)
-        got = _RULES[cls] = {f.name: field_rule(hints[f.name]) or _ANYTHING for f in fields(cls)
-                             if f.name not in ("ts", "extra")}
+        names = [f.name for f in fields(cls) if f.name not in ("ts", "extra")]
+        if set(cls.REQUIRED) - set(names):
+            raise TypeError(f"{cls.__name__}.REQUIRED names no field: {sorted(set(cls.REQUIRED) - set(names))}")
+        words = {n: allowed(hints[n]) for n in names}  # first: pydantic takes more than JSON holds
+        got = _CHECKS[cls] = {n: (_validator(hints[n]), words[n]) for n in names}
     return got
 
 
@@ -171,25 +168,26 @@ class Event:
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> "Event":
         """The event of journal record ``rec``: fields missing from it take their defaults; each field it has
-        is checked against the field's annotation (:func:`field_rule`). Pure.
+        is checked against the field's annotation (pydantic, strict: :func:`_validator`) and passed on as the
+        record holds it (an integer in a ``float`` field stays an integer). Pure.
 
         Raises:
             EventError: ``ts`` is not a finite number (unix seconds), a field of :attr:`REQUIRED` is missing,
                 or a field's value is not what its annotation allows (the message names the field, the value
                 and what is allowed).
         """
-        rules = _rules(cls)
+        checks = _checks(cls)
         kw, extra = {}, {}
         for k, v in rec.items():
-            rule = rules.get(k)
-            if rule is not None:
-                if not rule[0](v):
-                    raise EventError(f"field {k!r} is {_short(v)}: allowed {rule[1]}")
+            check = checks.get(k)
+            if check is not None:
+                if not check[0].isinstance_python(v):  # only checks: the event gets v itself
+                    raise EventError(f"field {k!r} is {_short(v)}: allowed {check[1]}")
                 kw[k] = v
             elif k != "ts" and k != "event":
                 extra[k] = v
         ts = rec.get("ts")
-        if ts is not None and not _finite(ts):
+        if ts is not None and not _validator(float).isinstance_python(ts):
             raise EventError(f"field 'ts' is {_short(ts)}: allowed a finite number (unix seconds)")
         for name in cls.REQUIRED:
             if name not in kw:
@@ -243,7 +241,7 @@ def from_record(rec: Mapping[str, Any]) -> Event:
     cls = REGISTRY.get(name)
     if cls is None:
         ts = rec.get("ts")
-        return UnknownEvent(name=name, ts=float(ts) if _finite(ts) else None,
+        return UnknownEvent(name=name, ts=float(ts) if _validator(float).isinstance_python(ts) else None,
                             extra={k: v for k, v in rec.items() if k not in ("ts", "event")})
     return cls.from_record(rec)
 

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import types
+from dataclasses import make_dataclass
 from pathlib import Path
+from typing import Annotated
 
 import pytest
+from annotated_types import Ge
 from click.testing import CliRunner
 
 from phoenix_hpc.cli.main import cli
@@ -49,6 +53,22 @@ BAD_FIELDS = [
     ({**_real("job_running"), "rank_map": [[0, "a"]]}, "rank_map", '[[0, "a"]]', "a list of (a list of"),
     ({**_real("recovery_start"), "survivors": 3}, "survivors", "3", "a list of (an integer >= 0) or null"),
     ({**_real("fault"), "superseded": "no"}, "superseded", '"no"', "true or false or null"),
+    ({**_real("fault"), "generation": -1}, "generation", "-1", "an integer >= 0 or null"),
+    ({**_real("registered"), "world_rank": 3.0}, "world_rank", "3.0", "an integer >= 0"),
+    ({**_real("recovery_done"), "total_s": math.nan}, "total_s", "NaN", "a finite number or null"),
+    ({**_real("recovery_done"), "total_s": -math.inf}, "total_s", "-Infinity", "a finite number or null"),
+    ({**_real("recovery_done"), "total_s": True}, "total_s", "true", "a finite number or null"),
+    ({**_real("recovery_done"), "phases": {"detect": 4.0, "params": math.inf}}, "phases",
+     '{"detect": 4.0, "params": Infinity}', "an object of (a finite number) or null"),
+    ({**_real("recovery_start"), "survivors": [0, True, 3]}, "survivors", "[0, true, 3]",
+     "a list of (an integer >= 0) or null"),
+    ({**_real("recovery_start"), "survivors": [0, -2, 3]}, "survivors", "[0, -2, 3]",
+     "a list of (an integer >= 0) or null"),
+    ({**_real("recovery_start"), "detect_s": "4.03"}, "detect_s", '"4.03"', "a finite number or null"),
+    ({**_real("job_running"), "rank_map": [[0, 0], [1, 1.0]]}, "rank_map", "[[0, 0], [1, 1.0]]",
+     "a list of (a list of (an integer >= 0)) or null"),
+    ({**_real("commit"), "shard_steps": {"opt/pp0": {"0": -1}}}, "shard_steps", '{"opt/pp0": {"0": -1}}',
+     "an object of (an object of (an integer >= 0)) or null"),
 ]
 
 
@@ -242,6 +262,58 @@ def test_a_coordinator_restarts_over_a_wrong_typed_record_and_journals_it(tmp_pa
     (rec,) = [r for r in read_journal(p) if r["event"] == "coordinator_restarted"]
     (skipped,) = rec["skipped"]
     assert skipped.startswith(f"{p}:{len(records)} (silent_corruption): EventError: field {field!r} is ")
+
+
+def test_the_event_holds_the_records_own_values_unconverted():
+    """The check only checks: an integer in a seconds field stays an integer, an object is the record's own,
+    and a read-only mapping is read like a dict."""
+    rec = {**_real("recovery_done"), "total_s": 9}
+    ev = E.from_record(types.MappingProxyType(rec))
+    assert type(ev.total_s) is int and ev.total_s == 9
+    assert ev.phases is rec["phases"] and ev.ts == rec["ts"]
+
+
+def test_a_field_the_class_does_not_declare_goes_to_extra_as_it_is():
+    """A newer writer's field is kept, not checked (its type is not declared here), and never a field."""
+    odd = [1, "x", None, math.nan]
+    rec = {**_real("heartbeat_summary"), "from_a_newer_writer": odd}
+    ev = E.from_record(rec)
+    assert ev.extra == {"from_a_newer_writer": odd} and ev.extra["from_a_newer_writer"] is odd
+    assert not hasattr(ev, "from_a_newer_writer")
+    assert ev.to_record()["from_a_newer_writer"] is odd
+
+
+def test_an_object_key_that_is_no_string_is_refused():
+    """JSON's object keys are strings: a record built in Python with an integer key is refused, named."""
+    with pytest.raises(E.EventError, match="field 'shard_bytes' is .*: allowed an object of \\(an integer >= 0\\)"):
+        E.from_record({**_real("commit"), "shard_bytes": {0: 5}})
+
+
+def test_the_first_wrong_field_in_the_record_is_named_then_ts_then_a_missing_one():
+    rec = {"ts": "x", "event": "commit", "shards": -1, "generation": "g"}
+    with pytest.raises(E.EventError, match="^field 'shards' is -1: allowed"):
+        E.from_record(rec)
+    with pytest.raises(E.EventError, match="^field 'ts' is \"x\": allowed a finite number"):
+        E.from_record({"ts": "x", "event": "commit"})
+    with pytest.raises(E.EventError, match="^field 'recoverable_step' is missing: it is required"):
+        E.from_record({"ts": 1.0, "event": "commit"})
+
+
+@pytest.mark.parametrize("annotation", [bytes | None, dict[int, int], list[tuple[int, int]], Annotated[int, Ge(1)],
+                                        Annotated[str, Ge(0)]])
+def test_an_annotation_the_journal_cannot_hold_is_a_declaration_error(annotation):
+    """pydantic would check more than a JSON line holds (bytes, tuples, int keys) and constraints the message
+    does not name: such a declaration fails when the class is first read, on no user's journal."""
+    cls = make_dataclass("Odd", [("x", annotation, None)], bases=(E.Event,), frozen=True, kw_only=True)
+    with pytest.raises(TypeError, match="journal"):
+        cls.from_record({"ts": 1.0, "event": "odd"})
+
+
+def test_a_required_name_that_is_no_field_is_a_declaration_error():
+    cls = make_dataclass("Odd", [("x", int | None, None)], bases=(E.Event,), frozen=True, kw_only=True,
+                         namespace={"REQUIRED": ("y",)})
+    with pytest.raises(TypeError, match="REQUIRED names no field"):
+        cls.from_record({"ts": 1.0, "event": "odd", "x": 1})
 
 
 def test_every_event_class_declares_checkable_field_types_and_reads_a_bare_record():

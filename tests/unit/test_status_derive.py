@@ -493,11 +493,12 @@ def test_a_resumed_run_shows_its_newest_job_only():
 
 
 def _with_shard_steps(records: list[dict], steps: dict) -> list[dict]:
-    """``records`` whose commit record names each copy's committed step (as the coordinator journals it)."""
+    """``records`` whose commit record names each copy's committed step (as the coordinator journals it: JSON's
+    object keys are strings)."""
     out = [dict(r) for r in records]
     for r in out:
         if r["event"] == "commit":
-            r["shard_steps"] = steps
+            r["shard_steps"] = {sid: {str(h): st for h, st in copies.items()} for sid, copies in steps.items()}
     return out
 
 
@@ -590,6 +591,6 @@ def test_a_spare_that_takes_a_rank_is_not_credited_with_the_copies_of_the_slot_i
             elif h.alive:
                 assert h.step == 5, (r.shard_id, h)
     fresh = recs + [{"ts": 17.0, "event": "commit", "generation": 1, "recoverable_step": 8,
-                     "shard_steps": {f"opt/pp0/tp0/dp{i}": {h: 8 for h in range(4) if h != i} for i in range(4)}}]
+                     "shard_steps": {f"opt/pp0/tp0/dp{i}": {str(h): 8 for h in range(4) if h != i} for i in range(4)}}]
     st = derive_status(fresh, running_slurm(), now=18.0, run=run_files())
     assert all(h.step == 8 for r in st.replicas for h in r.holders if h.alive)
