@@ -12,7 +12,8 @@ Shape of the file (every section but ``name`` and ``data`` has defaults)::
     megatron:   {transformer_impl, attention_backend, recompute_granularity, sequence_parallel}
     parallelism: {tp, pp, dp}       # dp may be omitted: derived from nodes x GPUs per node / (tp x pp)
     training:   {steps, micro_batch_size, global_batch_size, lr, min_lr, lr_schedule, warmup_steps,
-                 lr_decay_steps, weight_decay, grad_clip, seed, log_interval, eval_interval, eval_iters}
+                 lr_decay_steps, weight_decay, grad_clip, seed, log_interval, train_samples,
+                 lr_warmup_samples, lr_decay_samples, eval_interval, eval_iters}
     data:       {path, factory, options}  # a Megatron indexed dataset (PREFIX.bin + .idx), or your factory
     resilience: {enabled, mode, k, placement_levels, heartbeat_interval_s, heartbeat_timeout_s,
                  collective_timeout_s, chunk_bytes, checksum, checksum_threads, recovery_path,
@@ -240,7 +241,8 @@ class TrainingConfig(BaseModel):
     """Optimisation settings. Batch sizes are in samples of ``model.seq_length`` tokens."""
 
     model_config = _STRICT
-    steps: int = Field(50, ge=1, description="optimizer steps to run")
+    steps: int = Field(50, ge=1, description="optimizer steps to run (with train_samples: train_samples // "
+                       "global_batch_size, which it defaults to there)")
     micro_batch_size: int = Field(2, ge=1, description="samples per micro-batch per DP rank")
     global_batch_size: int = Field(16, ge=1, description="samples per step over all DP ranks")
     lr: float = Field(1e-3, gt=0, description="peak learning rate")
@@ -257,6 +259,19 @@ class TrainingConfig(BaseModel):
     grad_clip: float = Field(1.0, ge=0, description="global grad-norm clip; 0 disables")
     seed: int = Field(1234, ge=0, description="seed of parameter initialisation and data order")
     log_interval: int = Field(1, ge=1, description="log every N steps")
+    train_samples: int | None = Field(
+        None, ge=1, description="samples to train on (Megatron-LM's --train-samples): the run is train_samples // "
+        "global_batch_size steps (an incomplete last batch is not trained, as Megatron-LM's update_train_iters), "
+        "training.steps may be left out (given, it must be that number), and the schedule counts samples: the update "
+        "of step s uses the rate at s x global_batch_size samples, with lr_warmup_samples and lr_decay_samples "
+        "instead of warmup_steps and lr_decay_steps. null: the run is counted in steps")
+    lr_warmup_samples: int | None = Field(
+        None, ge=0, description="samples of linear warm-up from 0 to lr (Megatron-LM's --lr-warmup-samples); with "
+        "train_samples only. Allowed: < the decay samples; null: 0")
+    lr_decay_samples: int | None = Field(
+        None, ge=1, description="samples from sample 0, warm-up included, over which the lr_schedule decays lr to "
+        "min_lr; min_lr after it (Megatron-LM's --lr-decay-samples); with train_samples only. Allowed: > "
+        "lr_warmup_samples; null: train_samples")
     eval_interval: int | None = Field(
         None, ge=1, description="evaluate the validation loss after every step that is a multiple of N, and once "
         "more after the last step (as Megatron-LM does after training), on the validation part of data.split "
@@ -264,6 +279,19 @@ class TrainingConfig(BaseModel):
     eval_iters: int | None = Field(
         None, ge=1, description="global batches of the validation part read by each evaluation (Megatron-LM's "
         f"--eval-iters); with eval_interval only; null: {MEGATRON_EVAL_ITERS}, Megatron-LM's default")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _steps_of_samples(cls, data):
+        """``steps`` left out beside ``train_samples``: ``train_samples // global_batch_size`` (Megatron-LM's
+        ``update_train_iters`` for a constant global batch size, ``megatron/training/training.py``), when that
+        is at least one step (otherwise the sample-counted checks name the problem)."""
+        if isinstance(data, dict) and "steps" not in data:
+            n = data.get("train_samples")
+            g = data.get("global_batch_size", cls.model_fields["global_batch_size"].default)
+            if all(type(v) is int for v in (n, g)) and g >= 1 and n >= g:
+                data = {**data, "steps": n // g}
+        return data
 
     @model_validator(mode="after")
     def _batches(self):
@@ -286,6 +314,54 @@ class TrainingConfig(BaseModel):
                              f"({self.warmup_steps}) (allowed: >= warmup_steps, the decay counting from step 0 "
                              "with the warm-up in it, as Megatron-LM's --lr-decay-iters; or null for steps)")
         return self
+
+    @model_validator(mode="after")
+    def _samples(self):
+        """The sample-counted form as Megatron-LM's ``validate_args`` and ``OptimizerParamScheduler`` allow it
+        (``megatron/training/arguments.py``, megatron-core's ``optimizer_param_scheduler.py``): ``lr_warmup_samples``
+        and ``lr_decay_samples`` only with ``train_samples``; with it, no step-counted warm-up or decay
+        (``warmup_steps`` 0, ``lr_decay_steps`` null), at least one global batch of samples, ``steps`` equal to
+        ``train_samples // global_batch_size``, and a warm-up shorter than the decay (Megatron-LM asserts
+        ``lr_warmup_steps < lr_decay_steps``)."""
+        n, g = self.train_samples, self.global_batch_size
+        if n is None:
+            for name in ("lr_warmup_samples", "lr_decay_samples"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"training.{name}: {getattr(self, name)} is set but training.train_samples is "
+                                     "null (allowed: the sample-counted schedule together with train_samples, as "
+                                     "Megatron-LM's sample-based training; or warmup_steps / lr_decay_steps)")
+            return self
+        if self.warmup_steps:
+            raise ValueError(f"training.warmup_steps: {self.warmup_steps} beside training.train_samples ({n}) "
+                             "(allowed: 0 there: give the warm-up in samples, training.lr_warmup_samples, as Megatron-LM "
+                             "refuses --lr-warmup-iters with --train-samples)")
+        if self.lr_decay_steps is not None:
+            raise ValueError(f"training.lr_decay_steps: {self.lr_decay_steps} beside training.train_samples ({n}) "
+                             "(allowed: null there: give the decay in samples, training.lr_decay_samples, as "
+                             "Megatron-LM refuses --lr-decay-iters with --train-samples)")
+        if n < g:
+            raise ValueError(f"training.train_samples: {n} is less than one global batch (training.global_batch_size "
+                             f"{g}): no step would be trained (allowed: >= {g})")
+        if self.steps != n // g:
+            raise ValueError(f"training.steps: {self.steps} is not training.train_samples // "
+                             f"training.global_batch_size = {n} // {g} = {n // g} (allowed: {n // g}, or leave "
+                             "training.steps out: it is derived from train_samples)")
+        warmup, decay = self.lr_warmup_samples or 0, self.decay_samples
+        if warmup >= decay:
+            of = "lr_decay_samples" if self.lr_decay_samples is not None else "train_samples (lr_decay_samples null)"
+            raise ValueError(f"training.lr_warmup_samples: {warmup} is not less than the decay's {decay} samples "
+                             f"(training.{of}) (allowed: < {decay}: the decay counts from sample 0 with the warm-up "
+                             "in it, and Megatron-LM's scheduler asserts a warm-up shorter than it)")
+        return self
+
+    @property
+    def decay_samples(self) -> int | None:
+        """Samples of the learning-rate decay from sample 0, warm-up included, in the sample-counted form:
+        ``lr_decay_samples``, or ``train_samples`` when unset (Megatron-LM's ``get_optimizer_param_scheduler``);
+        None when the run is counted in steps."""
+        if self.train_samples is None:
+            return None
+        return self.lr_decay_samples if self.lr_decay_samples is not None else self.train_samples
 
     @property
     def decay_steps(self) -> int:

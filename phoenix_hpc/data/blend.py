@@ -6,8 +6,10 @@ batch ``G`` trains on the samples ``[(s-1) G, s G)`` of the train split, whichev
 (its ``MegatronPretrainingSampler`` hands DP rank ``d`` the ``d``-th micro-batch of every ``mbs x dp`` chunk;
 phoenix hands DP rank ``d`` the ``d``-th ``G / dp`` run of consecutive positions). So a step trains on the same
 samples as Megatron-LM's step, and the sample at a position is a pure function of the position, which
-recovery relies on. The builder is given Megatron-LM's train size, ``training.steps x G`` samples (a changed
-``training.steps`` changes the order, as a changed ``--train-iters`` does in Megatron-LM). The validation and test
+recovery relies on. The builder is given Megatron-LM's train size, ``training.steps x G`` samples, or
+``training.train_samples`` when given (Megatron-LM's ``get_train_valid_test_num_samples`` passes
+``--train-samples`` itself, an incomplete last batch included; a changed ``training.steps`` or ``train_samples``
+changes the order, as a changed ``--train-iters`` or ``--train-samples`` does in Megatron-LM). The validation and test
 parts (built when the split gives them weight) get Megatron-LM's validation size, ``(steps // eval_interval + 1)
 x eval_iters x G`` samples, with ``training.eval_interval``; one global batch without it (never read then). Their
 sizes do not change the train part, which a unit test checks against the sizes Megatron-LM passes. Evaluation
@@ -141,7 +143,16 @@ def blend_key(cfg) -> BlendKey:
     weights = None if d.blend[0].weight is None else tuple(float(e.weight) for e in d.blend)
     return BlendKey(prefixes=tuple(e.path for e in d.blend), weights=weights,
                     split=d.split_text, seq_length=m.seq_length, seed=t.seed, vocab_size=m.vocab_size,
-                    train_samples=t.steps * t.global_batch_size, eval_samples=valid_samples(t))
+                    train_samples=train_samples(t), eval_samples=valid_samples(t))
+
+
+def train_samples(training) -> int:
+    """Samples megatron-core is asked for in the train part: Megatron-LM's ``--train-samples``
+    (``training.train_samples``) when given, else ``train_iters x global_batch_size`` (``megatron/training/
+    training.py``, ``get_train_valid_test_num_samples``)."""
+    if training.train_samples is not None:
+        return training.train_samples
+    return training.steps * training.global_batch_size
 
 
 def valid_samples(training) -> int:

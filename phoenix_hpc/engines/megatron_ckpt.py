@@ -61,6 +61,11 @@ def megatron_args(cfg, dp: int) -> argparse.Namespace:
     ``check_checkpoint_args`` compares and ``load_args_from_checkpoint`` reads with ``--use-checkpoint-args``).
     ``dp``: the data-parallel size of the job writing it."""
     m, p, t = cfg.model, cfg.parallelism, cfg.training
+    if t.train_samples is not None:  # sample-based training: Megatron-LM keeps train_iters it derived
+        schedule = dict(train_samples=t.train_samples, lr_warmup_samples=t.lr_warmup_samples or 0,
+                        lr_decay_samples=t.decay_samples, lr_warmup_iters=0, lr_decay_iters=None)
+    else:
+        schedule = dict(lr_warmup_iters=t.warmup_steps, lr_decay_iters=t.decay_steps)
     return argparse.Namespace(
         num_layers=m.layers, hidden_size=m.hidden_size, num_attention_heads=m.heads,
         num_query_groups=m.query_groups, group_query_attention=m.query_groups != m.heads,
@@ -72,8 +77,8 @@ def megatron_args(cfg, dp: int) -> argparse.Namespace:
         padded_vocab_size=m.vocab_size, vocab_size=m.vocab_size, bf16=m.dtype == "bfloat16",
         fp16=m.dtype == "float16", tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
         data_parallel_size=dp, micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
-        train_iters=t.steps, lr=t.lr, min_lr=t.min_lr, lr_decay_style=t.lr_schedule, lr_warmup_iters=t.warmup_steps,
-        lr_decay_iters=t.decay_steps, weight_decay=t.weight_decay, clip_grad=t.grad_clip, seed=t.seed,
+        train_iters=t.steps, lr=t.lr, min_lr=t.min_lr, lr_decay_style=t.lr_schedule, **schedule,
+        weight_decay=t.weight_decay, clip_grad=t.grad_clip, seed=t.seed,
         use_distributed_optimizer=True, ckpt_format="torch_dist", sequence_parallel=cfg.megatron.sequence_parallel,
         transformer_impl=cfg.megatron.transformer_impl, init_method_std=m.init_method_std,
     )

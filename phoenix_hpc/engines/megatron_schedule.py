@@ -11,7 +11,10 @@ phoenix's schedule is a pure function of the step (:mod:`phoenix_hpc.engines.sch
 ``training.warmup_steps`` steps from 0 to ``training.lr``, then ``training.lr_schedule`` decay to
 ``training.min_lr`` within ``training.lr_decay_steps`` steps from step 0 (``training.steps`` when unset;
 Megatron-LM's ``--lr-decay-iters``), weight decay constant (``training.weight_decay``, incremented over
-``training.steps`` as Megatron-LM's ``wd_incr_steps = train_iters x global_batch_size``). A run
+``training.steps`` as Megatron-LM's ``wd_incr_steps = train_iters x global_batch_size``). With
+``training.train_samples`` (Megatron-LM's sample-based training) the lengths are the config's samples
+themselves: ``lr_warmup_steps = lr_warmup_samples``, ``lr_decay_steps = lr_decay_samples`` (else
+``train_samples``), ``wd_incr_steps = train_samples`` (``get_optimizer_param_scheduler``). A run
 continued from a checkpoint whose scheduler says otherwise would train with another schedule than the one that
 wrote it; Megatron-LM refuses the same (its ``load_state_dict`` asserts each value unless
 ``--override-opt_param-scheduler`` or ``--use-checkpoint-opt_param-scheduler`` is given), so phoenix refuses
@@ -44,10 +47,14 @@ def scheduler_state(cfg, step: int) -> dict[str, Any]:
     in samples (module doc); weight decay constant."""
     t = cfg.training
     g = t.global_batch_size
-    return {"max_lr": t.lr, "lr_warmup_steps": t.warmup_steps * g, "num_steps": int(step) * g,
-            "lr_decay_style": t.lr_schedule, "lr_decay_steps": t.decay_steps * g, "min_lr": t.min_lr,
+    if t.train_samples is not None:
+        warmup, decay, wd_incr = t.lr_warmup_samples or 0, t.decay_samples, t.train_samples
+    else:
+        warmup, decay, wd_incr = t.warmup_steps * g, t.decay_steps * g, t.steps * g
+    return {"max_lr": t.lr, "lr_warmup_steps": warmup, "num_steps": int(step) * g,
+            "lr_decay_style": t.lr_schedule, "lr_decay_steps": decay, "min_lr": t.min_lr,
             "start_wd": t.weight_decay, "end_wd": t.weight_decay, "wd_incr_style": "constant",
-            "wd_incr_steps": t.steps * g}
+            "wd_incr_steps": wd_incr}
 
 
 def scheduler_of(common: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
@@ -133,12 +140,23 @@ def differences(sd: dict[str, Any], cfg, iteration: int) -> list[Difference]:
     got = _read(sd, "min_lr")
     check("min_lr", "training.min_lr", f"training.min_lr = {got[1] if got else ''} (Megatron-LM's --min-lr)")
     got = _read(sd, "lr_warmup_steps")
-    check("lr_warmup_steps", f"training.warmup_steps {t.warmup_steps} x training.global_batch_size {g}",
-          _iterations(got[1], g, "training.warmup_steps", " (Megatron-LM's --lr-warmup-iters)") if got else "")
+    if t.train_samples is not None:
+        check("lr_warmup_steps", f"training.lr_warmup_samples {t.lr_warmup_samples or 0}",
+              _samples_change(got[1], "training.lr_warmup_samples", " (Megatron-LM's --lr-warmup-samples)")
+              if got else "")
+    else:
+        check("lr_warmup_steps", f"training.warmup_steps {t.warmup_steps} x training.global_batch_size {g}",
+              _iterations(got[1], g, "training.warmup_steps", " (Megatron-LM's --lr-warmup-iters)") if got else "")
     got = _read(sd, "lr_decay_steps")
-    check("lr_decay_steps", (f"training.lr_decay_steps {t.lr_decay_steps}" if t.lr_decay_steps is not None else
-                             f"training.steps {t.steps} (training.lr_decay_steps unset)")
-          + f" x training.global_batch_size {g}", _decay_change(got[1], g, t.lr_decay_steps) if got else "")
+    if t.train_samples is not None:
+        check("lr_decay_steps", f"training.lr_decay_samples {t.lr_decay_samples}" if t.lr_decay_samples is not None
+              else f"training.train_samples {t.train_samples} (training.lr_decay_samples unset)",
+              _samples_change(got[1], "training.lr_decay_samples", " (Megatron-LM's --lr-decay-samples)")
+              if got else "")
+    else:
+        check("lr_decay_steps", (f"training.lr_decay_steps {t.lr_decay_steps}" if t.lr_decay_steps is not None else
+                                 f"training.steps {t.steps} (training.lr_decay_steps unset)")
+              + f" x training.global_batch_size {g}", _decay_change(got[1], g, t.lr_decay_steps) if got else "")
     got = _read(sd, "lr_decay_style")
     if got is not None:
         style = got[1]
@@ -159,6 +177,14 @@ def differences(sd: dict[str, Any], cfg, iteration: int) -> list[Difference]:
             out.append(Difference("start_wd", start, t.weight_decay, "training.weight_decay",
                                   f"training.weight_decay = {start} (Megatron-LM's --weight-decay)"))
     return out
+
+
+def _samples_change(samples: Any, fld: str, why: str) -> str:
+    """What to set so that the sample-counted config's length ``fld`` is the checkpoint's ``samples``."""
+    n = whole(samples)
+    if n is not None and n >= 0:
+        return f"{fld} = {n}{why}"
+    return f"{fld} = {samples} (not a whole number of samples: a warm-up given as a fraction of the decay)"
 
 
 def _decay_change(samples: Any, g: int, lr_decay_steps: int | None) -> str:

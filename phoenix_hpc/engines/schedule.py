@@ -10,6 +10,13 @@ length counted from step 0, warm-up included (``training.lr_decay_steps``, Megat
   ``constant``: ``lr``; ``linear``: ``lr - (lr - min_lr) * t``;
   ``cosine``: ``min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2`` (Loshchilov & Hutter, SGDR, eq. 5).
 
+With ``training.train_samples`` (Megatron-LM's ``--train-samples``) the schedule counts samples, as Megatron-LM's
+scheduler always does (``megatron/training/training.py`` steps it by the global batch size ``G`` after every
+iteration): the update that produces S(step) uses the rate at ``step x G`` samples, the warm-up is
+``training.lr_warmup_samples`` samples and the decay ``training.decay_samples`` (``--lr-decay-samples``, else
+``--train-samples``) in the formulas above, so a warm-up or decay that is not a whole number of steps ends within
+a step, as in Megatron-LM. ``lr_at`` is the same function in either unit.
+
 Because it is pure, the scheduler's whole state is the step counter (kept in the metadata envelope).
 """
 
@@ -22,7 +29,9 @@ def lr_at(step: int, *, lr: float, min_lr: float, schedule: str, warmup_steps: i
           decay_steps: int | None = None) -> float:
     """Learning rate for the update of step ``step`` (1-based). ``total_steps``: the run's steps
     (``training.steps``); ``decay_steps``: the decay length from step 0, warm-up included
-    (``training.decay_steps``); None: ``total_steps``. Raises ValueError on an unknown schedule."""
+    (``training.decay_steps``); None: ``total_steps``. Every length may be in samples instead of steps (``step``
+    then the samples consumed after the update: :func:`lr_for` with ``training.train_samples``), all in one unit.
+    Raises ValueError on an unknown schedule."""
     decay = total_steps if decay_steps is None else decay_steps
     if warmup_steps > 0 and step <= warmup_steps:
         return lr * step / warmup_steps
@@ -38,7 +47,12 @@ def lr_at(step: int, *, lr: float, min_lr: float, schedule: str, warmup_steps: i
 
 def lr_for(training, step: int) -> float:
     """:func:`lr_at` with the job's ``training`` section (``TrainingConfig``): the rate of the update that
-    produces S(``step``), decaying over ``training.decay_steps``. Raises ValueError on an unknown schedule."""
+    produces S(``step``), decaying over ``training.decay_steps``; with ``training.train_samples``, the rate at
+    ``step x global_batch_size`` samples of a warm-up of ``lr_warmup_samples`` and a decay of ``decay_samples``
+    samples (module doc). Raises ValueError on an unknown schedule."""
     t = training
+    if t.train_samples is not None:
+        return lr_at(step * t.global_batch_size, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule,
+                     warmup_steps=t.lr_warmup_samples or 0, total_steps=t.train_samples, decay_steps=t.decay_samples)
     return lr_at(step, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
                  total_steps=t.steps, decay_steps=t.decay_steps)
