@@ -170,12 +170,19 @@ ARGS: tuple[Arg, ...] = (
     Arg("--micro-batch-size", "map", int, None, "training.micro_batch_size"),
     Arg("--global-batch-size", "map", int, None, "training.global_batch_size"),
     Arg("--rampup-batch-size", "refuse", "list", None, why="batch-size ramp-up is not implemented"),
-    Arg("--train-iters", "map", int, None, "training.steps"),
-    Arg("--train-samples", "refuse", int, None, why="phoenix counts training in steps: give --train-iters"),
-    Arg("--lr-decay-samples", "refuse", int, None,
-        why="phoenix counts the schedule in steps: give --lr-decay-iters"),
-    Arg("--lr-warmup-samples", "refuse", int, 0,
-        why="phoenix counts the schedule in steps: give --lr-warmup-iters or --lr-warmup-fraction"),
+    Arg("--train-iters", "map", int, None, "training.steps",
+        why="or --train-samples: one of them, as Megatron-LM asks"),
+    Arg("--train-samples", "map", int, None, "training.train_samples",
+        why="instead of --train-iters: training.steps is train-samples // global-batch-size (an incomplete last "
+            "batch is not trained, as Megatron-LM's update_train_iters), the learning-rate schedule counts samples, "
+            "and a data blend is built for train-samples samples; refused beside --train-iters, --lr-decay-iters or "
+            "a non-zero --lr-warmup-iters, as Megatron-LM asserts"),
+    Arg("--lr-decay-samples", "map", int, None, "training.lr_decay_samples",
+        why="with --train-samples only: the decay ends at this sample, counted from 0 with the warm-up in it "
+            "(absent: --train-samples)"),
+    Arg("--lr-warmup-samples", "map", int, 0, "training.lr_warmup_samples",
+        why="with --train-samples only (0 is accepted beside --train-iters, as Megatron-LM does); refused unless "
+            "below the decay samples, as Megatron-LM's scheduler asserts"),
     Arg("--decoupled-lr", "refuse", float, None,
         why="a learning rate of its own for the input and output layers is not implemented"),
     Arg("--decoupled-min-lr", "refuse", float, None,
@@ -190,7 +197,8 @@ ARGS: tuple[Arg, ...] = (
     Arg("--lr-warmup-iters", "map", int, 0, "training.warmup_steps"),
     Arg("--lr-warmup-fraction", "map", float, None, "training.warmup_steps",
         why="warm-up steps = fraction x decay steps, as Megatron-LM computes them; refused when that is not a "
-            "whole number of steps"),
+            "whole number of steps. With --train-samples: training.lr_warmup_samples = fraction x decay samples, "
+            "refused when not a whole number of samples"),
     Arg("--lr-warmup-init", "same", float, 0.0, allowed=0.0, why="phoenix warms up from 0"),
     Arg("--weight-decay", "map", float, 0.01, "training.weight_decay"),
     Arg("--weight-decay-incr-style", "same", str, "constant", allowed="constant",
@@ -289,6 +297,10 @@ BY_FLAG: dict[str, Arg] = {a.flag: a for a in ARGS}
 #: Megatron-LM arguments without a default that ``pretrain_gpt.py`` needs.
 REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
             "--train-iters", "--lr", "--data-path")
+
+#: Arguments of Megatron-LM's sample-based training, each with the iteration-based one it stands for.
+SAMPLE_BASED = {"--train-samples": "--train-iters", "--lr-decay-samples": "--lr-decay-iters",
+                "--lr-warmup-samples": "--lr-warmup-iters"}
 
 
 
@@ -696,8 +708,11 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     for flag in REQUIRED:
         if flag == "--data-path" and "--data-args-path" in given:
             continue
+        if flag == "--train-iters" and "--train-samples" in given:
+            continue
         if flag not in given:
-            problems.append(f"{flag}: missing (pretrain_gpt.py needs it; allowed: any value of its type)")
+            also = " or --train-samples" if flag == "--train-iters" else ""
+            problems.append(f"{flag}: missing (pretrain_gpt.py needs it{also}; allowed: any value of its type)")
 
     # arguments that change the training unless their effective value is phoenix's
     tp = eff("--tensor-model-parallel-size")
@@ -857,8 +872,7 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     carry("--pipeline-model-parallel-size", "parallelism.pp", eff("--pipeline-model-parallel-size"))
 
     # training
-    for flag, dotted in (("--micro-batch-size", "training.micro_batch_size"), ("--train-iters", "training.steps"),
-                         ("--lr", "training.lr")):
+    for flag, dotted in (("--micro-batch-size", "training.micro_batch_size"), ("--lr", "training.lr")):
         if flag in given:
             carry(flag, dotted, given[flag])
     if "--global-batch-size" in given:
@@ -876,33 +890,10 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
         problems.append(f"--lr-decay-style: {style!r} is not implemented (allowed: {', '.join(schedules)})")
     else:
         carry("--lr-decay-style", "training.lr_schedule", style)
-    if "--lr-warmup-fraction" in given and "--lr-warmup-iters" in given:
-        problems.append("--lr-warmup-fraction and --lr-warmup-iters: both given (allowed: one of them)")
-    elif "--lr-warmup-fraction" in given:
-        frac = given["--lr-warmup-fraction"]
-        decay = given.get("--lr-decay-iters") or given.get("--train-iters") or 0
-        if not 0.0 <= frac <= 1.0:
-            problems.append(f"--lr-warmup-fraction: {frac} (allowed: 0 .. 1)")
-        else:
-            steps = warmup_steps_of_fraction(frac, decay)
-            if steps is None:
-                problems.append(f"--lr-warmup-fraction: {frac} of {decay} decay iterations is "
-                                f"{frac * decay!r} warm-up iterations, not a whole number (allowed: a fraction "
-                                "giving whole iterations, or --lr-warmup-iters N)")
-            else:
-                carry("--lr-warmup-fraction", "training.warmup_steps", steps)
-    else:
-        carry("--lr-warmup-iters", "training.warmup_steps", eff("--lr-warmup-iters"))
-    if "--lr-decay-iters" in given:
-        decay_iters = given["--lr-decay-iters"]
-        warmup = cfg.get("training", {}).get("warmup_steps")
-        if decay_iters < 1:
-            problems.append(f"--lr-decay-iters: {decay_iters} (allowed: a positive number of iterations)")
-        elif warmup is not None and decay_iters < warmup:
-            problems.append(f"--lr-decay-iters: {decay_iters} is shorter than the {warmup} warm-up iterations "
-                            f"(allowed: >= {warmup}: the decay counts from iteration 0, the warm-up in it)")
-        else:
-            carry("--lr-decay-iters", "training.lr_decay_steps", decay_iters)
+    if "--train-samples" in given:
+        _carry_sample_schedule(given, eff, carry, conv, problems)
+    elif "--train-iters" in given:
+        _carry_iteration_schedule(given, eff, carry, cfg, conv, problems)
 
     # data and checkpoints
     paths, source = given.get("--data-path"), "--data-path"
@@ -964,6 +955,111 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
         raise ConfigError(problems, source="the Megatron-LM arguments",
                           note="nothing was written (docs/megatron-args.md lists every argument and its field)")
     return conv
+
+
+def _carry_iteration_schedule(given: dict[str, Any], eff: Callable[[str], Any],
+                              carry: Callable[[str, str, Any], None], cfg: dict, conv: Conversion,
+                              problems: list[str]) -> None:
+    """Iteration-based training (``--train-iters``): ``training.steps``, the warm-up and the decay in iterations.
+    Megatron-LM's ``validate_args`` asserts that no sample-based argument is set beside it (a
+    ``--lr-warmup-samples 0`` is Megatron-LM's default and changes nothing)."""
+    carry("--train-iters", "training.steps", given["--train-iters"])
+    for flag in ("--lr-decay-samples", "--lr-warmup-samples"):
+        if flag in given and (flag == "--lr-decay-samples" or given[flag] != 0):
+            problems.append(f"{flag}: {given[flag]} beside --train-iters (allowed: {SAMPLE_BASED[flag]} with "
+                            "--train-iters, or --train-samples instead of --train-iters: Megatron-LM asserts one "
+                            "unit for the run and its schedule)")
+    if given.get("--lr-warmup-samples") == 0:
+        conv.not_carried.append(("--lr-warmup-samples", 0, "Megatron-LM's default: no warm-up counted in samples"))
+    if "--lr-warmup-fraction" in given and "--lr-warmup-iters" in given:
+        problems.append("--lr-warmup-fraction and --lr-warmup-iters: both given (allowed: one of them)")
+    elif "--lr-warmup-fraction" in given:
+        frac = given["--lr-warmup-fraction"]
+        decay = given.get("--lr-decay-iters") or given.get("--train-iters") or 0
+        if not 0.0 <= frac <= 1.0:
+            problems.append(f"--lr-warmup-fraction: {frac} (allowed: 0 .. 1)")
+        else:
+            steps = warmup_steps_of_fraction(frac, decay)
+            if steps is None:
+                problems.append(f"--lr-warmup-fraction: {frac} of {decay} decay iterations is "
+                                f"{frac * decay!r} warm-up iterations, not a whole number (allowed: a fraction "
+                                "giving whole iterations, or --lr-warmup-iters N)")
+            else:
+                carry("--lr-warmup-fraction", "training.warmup_steps", steps)
+    else:
+        carry("--lr-warmup-iters", "training.warmup_steps", eff("--lr-warmup-iters"))
+    if "--lr-decay-iters" in given:
+        decay_iters = given["--lr-decay-iters"]
+        warmup = cfg.get("training", {}).get("warmup_steps")
+        if decay_iters < 1:
+            problems.append(f"--lr-decay-iters: {decay_iters} (allowed: a positive number of iterations)")
+        elif warmup is not None and decay_iters < warmup:
+            problems.append(f"--lr-decay-iters: {decay_iters} is shorter than the {warmup} warm-up iterations "
+                            f"(allowed: >= {warmup}: the decay counts from iteration 0, the warm-up in it)")
+        else:
+            carry("--lr-decay-iters", "training.lr_decay_steps", decay_iters)
+
+
+def _carry_sample_schedule(given: dict[str, Any], eff: Callable[[str], Any], carry: Callable[[str, str, Any], None],
+                           conv: Conversion, problems: list[str]) -> None:
+    """Sample-based training (``--train-samples``), as Megatron-LM's ``validate_args`` and
+    ``get_optimizer_param_scheduler`` read it (``megatron/training/arguments.py``, ``training.py``): no
+    ``--train-iters``, ``--lr-decay-iters`` or non-zero ``--lr-warmup-iters`` beside it; ``train_iters =
+    train_samples // global_batch_size``; a decay of ``--lr-decay-samples`` (else ``--train-samples``) samples and a
+    warm-up of ``--lr-warmup-samples``, or ``--lr-warmup-fraction`` x the decay samples (not with a non-zero
+    ``--lr-warmup-samples``), shorter than the decay (megatron-core's scheduler asserts it)."""
+    if "--train-iters" in given:
+        problems.append(f"--train-iters and --train-samples: both given ({given['--train-iters']} and "
+                        f"{given['--train-samples']}) (allowed: one of them, as Megatron-LM asserts)")
+    for flag in ("--lr-decay-iters", "--lr-warmup-iters"):
+        if flag in given and (flag == "--lr-decay-iters" or given[flag] != 0):
+            sample_flag = next(k for k, v in SAMPLE_BASED.items() if v == flag)
+            problems.append(f"{flag}: {given[flag]} beside --train-samples (allowed: {sample_flag} with "
+                            "--train-samples, as Megatron-LM asserts one unit for the run and its schedule)")
+    if given.get("--lr-warmup-iters") == 0:
+        conv.not_carried.append(("--lr-warmup-iters", 0, "Megatron-LM's default: no warm-up counted in iterations"))
+    samples = given["--train-samples"]
+    g = given.get("--global-batch-size")
+    bad = False
+    for flag, low in (("--train-samples", 1), ("--lr-decay-samples", 1), ("--lr-warmup-samples", 0)):
+        if flag in given and given[flag] < low:
+            problems.append(f"{flag}: {given[flag]} (allowed: {'a positive' if low else 'a non-negative'} number "
+                            "of samples)")
+            bad = True
+    if bad:
+        return
+    if g is not None and samples < g:
+        problems.append(f"--train-samples: {samples} is less than one --global-batch-size ({g}): Megatron-LM would "
+                        f"train {samples // g} iterations (allowed: >= {g})")
+        return
+    carry("--train-samples", "training.train_samples", samples)
+    if g is not None:
+        carry("--train-samples", "training.steps", samples // g)
+    decay = given.get("--lr-decay-samples", samples)
+    if "--lr-decay-samples" in given:
+        carry("--lr-decay-samples", "training.lr_decay_samples", decay)
+    warmup, flag = eff("--lr-warmup-samples"), "--lr-warmup-samples"
+    if "--lr-warmup-fraction" in given:
+        frac = given["--lr-warmup-fraction"]
+        if warmup != 0:
+            problems.append("--lr-warmup-fraction and --lr-warmup-samples: both given (allowed: one of them, as "
+                            "Megatron-LM asserts)")
+            return
+        if not 0.0 <= frac <= 1.0:
+            problems.append(f"--lr-warmup-fraction: {frac} (allowed: 0 .. 1)")
+            return
+        warmup, flag = warmup_steps_of_fraction(frac, decay), "--lr-warmup-fraction"
+        if warmup is None:
+            problems.append(f"--lr-warmup-fraction: {frac} of {decay} decay samples is {frac * decay!r} warm-up "
+                            "samples, not a whole number (allowed: a fraction giving whole samples, or "
+                            "--lr-warmup-samples N)")
+            return
+    if warmup >= decay:
+        problems.append(f"{flag}: {given.get(flag, warmup)} gives {warmup} warm-up samples, not less than the {decay} "
+                        "decay samples (allowed: fewer: Megatron-LM's scheduler asserts lr_warmup_steps < "
+                        "lr_decay_steps, the decay counting from sample 0 with the warm-up in it)")
+    elif flag in given:
+        carry(flag, "training.lr_warmup_samples", warmup)
 
 
 def load_decision(load: str, save: str | None, has_tracker: bool) -> tuple[str, str]:

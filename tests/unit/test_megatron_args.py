@@ -491,8 +491,6 @@ def test_the_llama3_example_s_performance_and_profiling_arguments_are_listed_not
     (["--fp8-format", "hybrid"], "fp8 training is not implemented"),
     (["--grad-reduce-in-bf16"], "reduces gradients in fp32"),
     (["--calculate-per-token-loss"], "phoenix's loss"),
-    (["--lr-decay-samples", "100"], "give --lr-decay-iters"),
-    (["--lr-warmup-samples", "8"], "give --lr-warmup-iters"),
     (["--decoupled-lr", "5e-4"], "input and output layers"),
 ])
 def test_arguments_that_change_the_training_are_refused_with_why(words, why):
