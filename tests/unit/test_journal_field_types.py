@@ -49,6 +49,7 @@ BAD_FIELDS = [
     ({**_real("commit"), "ts": "yesterday"}, "ts", '"yesterday"', "a finite number (unix seconds)"),
     ({**_real("commit"), "ts": math.nan}, "ts", "NaN", "a finite number (unix seconds)"),
     ({**_real("commit"), "ts": math.inf}, "ts", "Infinity", "a finite number (unix seconds)"),
+    ({**_real("commit"), "ts": 10 ** 400}, "ts", None, "a finite number (unix seconds)"),  # json.loads reads it
     ({**_real("registered"), "world_rank": "w3"}, "world_rank", '"w3"', "an integer >= 0"),
     ({**_real("job_running"), "rank_map": [[0, "a"]]}, "rank_map", '[[0, "a"]]', "a list of (a list of"),
     ({**_real("recovery_start"), "survivors": 3}, "survivors", "3", "a list of (an integer >= 0) or null"),
@@ -58,6 +59,7 @@ BAD_FIELDS = [
     ({**_real("recovery_done"), "total_s": math.nan}, "total_s", "NaN", "a finite number or null"),
     ({**_real("recovery_done"), "total_s": -math.inf}, "total_s", "-Infinity", "a finite number or null"),
     ({**_real("recovery_done"), "total_s": True}, "total_s", "true", "a finite number or null"),
+    ({**_real("recovery_done"), "total_s": 10 ** 400}, "total_s", None, "a finite number or null"),  # no float
     ({**_real("recovery_done"), "phases": {"detect": 4.0, "params": math.inf}}, "phases",
      '{"detect": 4.0, "params": Infinity}', "an object of (a finite number) or null"),
     ({**_real("recovery_start"), "survivors": [0, True, 3]}, "survivors", "[0, true, 3]",
