@@ -185,6 +185,24 @@ def warmup_warning(warmup_steps: int, steps: int, schedule: str) -> str | None:
             f"{schedule} decay to training.min_lr never starts; lower warmup_steps (or raise steps) if that is not "
             "meant")
 
+def sample_warmup_warning(training) -> str | None:
+    """:func:`warmup_warning` for a run counted in samples (``training.train_samples``): a warning when the
+    warm-up of ``lr_warmup_samples`` does not end before the samples the run trains (``steps x
+    global_batch_size``), so the learning rate rises for the whole run (possible with an ``lr_decay_samples``
+    beyond ``train_samples``); None otherwise, and for a run counted in steps. Pure."""
+    t = training
+    if t.train_samples is None or not t.lr_warmup_samples:
+        return None
+    trained = t.steps * t.global_batch_size
+    if t.lr_warmup_samples < trained:
+        return None
+    return (f"training.lr_warmup_samples ({t.lr_warmup_samples}) is not less than the {trained} samples the run "
+            f"trains (training.steps {t.steps} x global_batch_size {t.global_batch_size}): the learning rate rises "
+            f"for the whole run, to {trained / t.lr_warmup_samples:.3g} x training.lr at the last step, and the "
+            f"{t.lr_schedule} decay to training.min_lr never starts; lower lr_warmup_samples (or raise train_samples) "
+            "if that is not meant")
+
+
 def resolve(
     cfg: JobConfig,
     profile: SiteProfile,
@@ -251,7 +269,8 @@ def resolve(
                     f"resilience.placement_levels {rz.placement_levels}: site {profile.name} has no failure-domain "
                     "source (failure_domains.source: none), so replicas can only be spread over nodes"
                 )
-    warmup = warmup_warning(cfg.training.warmup_steps, cfg.training.steps, cfg.training.lr_schedule)
+    warmup = (warmup_warning(cfg.training.warmup_steps, cfg.training.steps, cfg.training.lr_schedule)
+              or sample_warmup_warning(cfg.training))
     warnings += [warmup] if warmup else []
     if rz.enabled and res.spares == 0:
         warnings.append(

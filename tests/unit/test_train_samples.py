@@ -174,3 +174,15 @@ def test_submit_exits_2_on_a_warmup_not_shorter_than_the_decay(tmp_path):
     assert res.exit_code == 2, res.output
     assert "training.lr_warmup_samples: 60 is not less than the decay's 60 samples" in res.output
     assert "Traceback" not in res.output
+
+
+def test_a_sample_warmup_past_the_samples_trained_is_warned_about():
+    from phoenix_hpc.config.resolve import sample_warmup_warning
+
+    assert sample_warmup_warning(_training()) is None  # 100 warm-up samples of 992 trained
+    t = _training(lr_warmup_samples=992, lr_decay_samples=2000)
+    text = sample_warmup_warning(t)
+    assert "training.lr_warmup_samples (992) is not less than the 992 samples the run trains" in text
+    assert "to 1 x training.lr at the last step" in text
+    assert sample_warmup_warning(_training(lr_warmup_samples=991, lr_decay_samples=2000)) is None
+    assert sample_warmup_warning(parse_model(JobConfig, _cfg(steps=10, warmup_steps=20), source="x").training) is None
