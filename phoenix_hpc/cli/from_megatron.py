@@ -2,9 +2,12 @@
 
 The conversion itself is :func:`phoenix_hpc.config.megatron_args.convert` (pure); this module reads the
 argument list (command line or ``--args-file``), the tokenizer's vocabulary when its file is readable, renders
-the YAML with what was not carried over as comments, validates it as a job config and writes it atomically.
-Exit codes: 0 written; 2 bad input (an argument that does not parse, a missing required one, one that changes
-the training and was not dropped, a config the schema refuses), nothing written.
+the YAML with what was not carried over as comments and in its ``converted_from`` section (the record the run
+directory's ``config.yaml`` keeps: :class:`phoenix_hpc.config.schema.ConversionRecord`), validates it as a job
+config (a refusal names each field with the Megatron-LM argument and line it came from) and writes it
+atomically. Exit codes: 0 written; 2 bad input (an argument that does not parse, a missing required one, one
+that changes the training and was not dropped, a script that launches another python entry point, a current
+folder that no longer exists, a config the schema refuses), nothing written.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -134,14 +138,99 @@ def relocate_paths(cfg: dict, out: Path | None, cwd: Path) -> None:
         logging["tensorboard_dir"] = str(cwd.resolve() / logging["tensorboard_dir"])
 
 
-def render(conv, not_run: list[str] = ()) -> str:
+def environment_why(var: str) -> str:
+    """Why a variable the launch script set for its launch is not set in the job by the converted config."""
+    from phoenix_hpc.engines.megatron_env import MAX_CONNECTIONS
+
+    if var == MAX_CONNECTIONS:
+        return ("phoenix sets it to 1 itself where megatron-core needs it (tensor parallelism on GPUs before "
+                "Blackwell: phoenix_hpc/engines/megatron_env.py)")
+    return ("a job config has no environment of its own: set it in the site profile's environment.env, or export "
+            "it before phoenix submit (sbatch passes the submitting environment on)")
+
+
+def conversion_record(conv, source: str, not_run: list[str], environment: dict[str, str],
+                      launcher: list[str]) -> dict[str, Any]:
+    """The config's ``converted_from`` section (:class:`phoenix_hpc.config.schema.ConversionRecord`): what was
+    converted and everything not carried over, as the header comments of :func:`render` say it, so that the run
+    directory's ``config.yaml`` keeps it. Empty lists are left out. Pure."""
+    from phoenix_hpc.config.megatron_args import as_given
+
+    record: dict[str, Any] = {"source": source}
+    if launcher:
+        record["launcher"] = shlex.join(launcher)
+    for key, items in (("dropped", [f"{as_given(flag, v)}: {why}" for flag, v, why in conv.dropped]),
+                       ("not_carried", [f"{flag} {v!r}: {why}" for flag, v, why in conv.not_carried]),
+                       ("kept_for_record", [f"{flag} {v!r}" for flag, v in conv.records]),
+                       ("notes", list(conv.notes)),
+                       ("not_run", [" ".join(cmd.split()) for cmd in not_run])):
+        if items:
+            record[key] = items
+    if environment:
+        record["environment"] = dict(environment)
+    return record
+
+
+def argument_sources(conv, on_command_line: set[str], script_text: str | None,
+                     args_file: Path | None) -> dict[str, list[str]]:
+    """Config field -> where its value came from, for the schema's refusals: ``--global-batch-size on line 12 of
+    run.sh`` (every line of the --args-file text that holds the argument's word, comment lines left out),
+    ``--global-batch-size on the command line`` (after ``--``, which comes after the file's words and so wins, as
+    argparse keeps the last), or ``the tokenizer files``. Pure."""
+    out: dict[str, list[str]] = {}
+    for flag, dotted, _ in conv.carried:
+        if not dotted or dotted.startswith("("):
+            continue
+        if flag.startswith("--"):
+            if flag in on_command_line or any(t.startswith(flag + "=") for t in on_command_line):
+                where = f"{flag} on the command line"
+            elif script_text is not None:
+                word = re.compile(rf"(?<![\w-]){re.escape(flag)}(?![\w-])")
+                lines = [str(n) for n, line in enumerate(script_text.splitlines(), 1)
+                         if not line.lstrip().startswith("#") and word.search(line)]
+                where = (f"{flag} on line{'s' if len(lines) > 1 else ''} {', '.join(lines)} of {args_file}" if lines
+                         else f"{flag} of {args_file}")
+            else:
+                where = flag
+        elif flag == "(tokenizer files)":
+            where = "the tokenizer files"
+        else:
+            continue
+        if where not in out.setdefault(dotted, []):
+            out[dotted].append(where)
+    return out
+
+
+def name_sources(problems: list[str], sources: dict[str, list[str]]) -> list[str]:
+    """``problems`` (the schema's, naming config fields) with every field that came from a Megatron-LM argument
+    followed by where (:func:`argument_sources`): ``training.global_batch_size (from --global-batch-size on line
+    12 of run.sh): ...``. A field path's deeper parts (``data.blend.0.weight``) stay before the note. Pure."""
+    out = []
+    for p in problems:
+        for dotted in sorted(sources, key=len, reverse=True):
+            m = re.search(rf"(?<![\w.]){re.escape(dotted)}(?!\w)(?:\.\w+)*", p)
+            if m is not None:
+                p = f"{p[:m.end()]} (from {' and '.join(sources[dotted])}){p[m.end():]}"
+        out.append(p)
+    return out
+
+
+def _is_option_line(entry: str) -> bool:
+    """Whether a not-run entry (``line N: text``) or a line of a fragment is an option line (``--lr 1``), not a
+    command."""
+    return re.sub(r"^line \d+: ", "", entry).lstrip().startswith("-")
+
+
+def render(conv, not_run: list[str] = (), environment: dict[str, str] | None = None) -> str:
     """The config file's text: a header naming the source and everything not carried over (a dropped argument
     exactly as given, every value included), the commands of an ``--args-file`` script that were not run
-    (``not_run``), then the YAML."""
+    (``not_run``) and the variables it set for its launch (``environment``), then the YAML, whose
+    ``converted_from`` section (:func:`conversion_record`) records the same for the run directory."""
     from phoenix_hpc.config.megatron_args import as_given
 
     head = ["# phoenix job config converted from Megatron-LM pretrain_gpt.py arguments (phoenix config from-megatron).",
-            "# Every argument carried over and its field: docs/megatron-args.md.",
+            "# Every argument carried over and its field: docs/megatron-args.md. What was not carried over is also",
+            "# in converted_from at the end, which phoenix submit keeps in the run directory's config.yaml.",
             "# Data: data.blend is built by megatron-core's BlendedMegatronDatasetBuilder, so every step trains on the "
             "samples Megatron-LM's step would."]
     head += [f"# {note}" for note in conv.notes]
@@ -157,6 +246,9 @@ def render(conv, not_run: list[str] = ()) -> str:
     if not_run:
         head.append("# Commands of --args-file not run when it was read (as a condition, each counted as succeeded):")
         head += [f"#   {line}" for cmd in not_run for line in [" ".join(cmd.split())]]
+    if environment:
+        head.append("# Environment the script set for its launch, NOT set in the job by this config:")
+        head += [f"#   {var}={value!r}: {environment_why(var)}" for var, value in environment.items()]
     body = yaml.safe_dump(conv.config, sort_keys=False, default_flow_style=False)
     return "\n".join(head) + "\n" + body
 
@@ -187,30 +279,43 @@ def from_megatron(args_file, script_args, output, drop, name, nodes, spares, meg
     changes the training (Megatron-LM's default adam-beta2 0.999, a mixture of experts, ...) is
     refused unless dropped with --drop. --data-path becomes data.blend.
     """
-    from phoenix_hpc.config.launch_script import read_launch
+    from phoenix_hpc.config.launch_script import python_commands, read_script
     from phoenix_hpc.config.megatron_args import as_given, convert, split_args_text
     from phoenix_hpc.config.schema import JobConfig
     from phoenix_hpc.files import read_text, write_private_file
-    from phoenix_hpc.validation import parse_model
+    from pydantic import ValidationError
 
     tokens = list(megatron_args)
     cwd = current_folder()
     left_out: list[str] = []
-    launch = None
+    launch = script_text = None
+    environment: dict[str, str] = {}
     if script_args and args_file is None:
         raise ConfigError(f"--script-arg {script_args[0]!r}: given without --args-file (allowed: the positional "
                           "arguments of the --args-file script)")
     if args_file is not None:
-        text = read_text(args_file, "--args-file")
-        launch = read_launch(text, path=str(args_file), script_args=script_args)
+        script_text = read_text(args_file, "--args-file")
+        reading = read_script(script_text, path=str(args_file), script_args=script_args)
+        launch = reading.launch if reading is not None else None
         if launch is not None:
-            from_file, left_out = launch.args, launch.not_run
+            from_file, left_out, environment = launch.args, launch.not_run, launch.environment
         else:
-            other = re.search(r"\b(pretrain_(?!gpt\.py)\w+\.py)\b", text)
-            if other and "pretrain_gpt.py" not in text:
+            other = re.search(r"\b(pretrain_(?!gpt\.py)\w+\.py)\b", script_text)
+            if other and "pretrain_gpt.py" not in script_text:
                 raise ConfigError(f"--args-file {args_file}: its command runs {other.group(1)}, and phoenix converts "
                                   "Megatron-LM GPT jobs (allowed: a script that runs pretrain_gpt.py)")
-            from_file, left_out = split_args_text(text, launch_not_reached=True)
+            if "pretrain_gpt.py" not in script_text:
+                commands = python_commands([c for c in (reading.not_run if reading is not None else
+                                                         script_text.splitlines()) if not _is_option_line(c)])
+                if commands:
+                    raise ConfigError(f"--args-file {args_file}: no pretrain_gpt.py launch was found; the python "
+                                      f"command{'s' if len(commands) > 1 else ''} it runs: {'; '.join(commands)} "
+                                      "(allowed: a script that launches Megatron-LM's pretrain_gpt.py, through "
+                                      "torchrun, srun or python; or a fragment of its arguments alone, bash arrays "
+                                      "and option lines; a train.py that takes pretrain_gpt.py's arguments: give "
+                                      "them after --)")
+            environment = reading.environment if reading is not None else {}
+            from_file, left_out = split_args_text(script_text, launch_not_reached=True)
         tokens = from_file + tokens
     if not tokens:
         raise ConfigError("no Megatron-LM arguments given (allowed: arguments after --, or --args-file FILE)")
@@ -220,8 +325,21 @@ def from_megatron(args_file, script_args, output, drop, name, nodes, spares, meg
     conv = convert(tokens, drop=drop, name=name, nodes=nodes, spares=spares, read_vocab=read_vocab,
                    has_tracker=has_tracker, read_data_args=read_data_args)
     relocate_paths(conv.config, output, cwd)
-    parse_model(JobConfig, conv.config, source="the converted config")
-    text = render(conv, left_out if launch is not None else [])
+    not_run = left_out if launch is not None else []
+    source = " and ".join(
+        ([f"--args-file {args_file}" + "".join(f" --script-arg {shlex.quote(a)}" for a in script_args)]
+         if args_file is not None else []) + (["the arguments after --"] if megatron_args else []))
+    conv.config["converted_from"] = conversion_record(conv, source, not_run, environment,
+                                                      launch.launcher if launch is not None else [])
+    try:
+        JobConfig.model_validate(conv.config)
+    except ValidationError as exc:
+        from phoenix_hpc.validation import format_validation_error
+
+        sources = argument_sources(conv, set(megatron_args), script_text, args_file)
+        raise ConfigError(name_sources(format_validation_error(exc), sources), source="the converted config",
+                          note="nothing was written (each field names the Megatron-LM argument it came from)") from None
+    text = render(conv, not_run, environment)
     for line in left_out:
         click.echo(f"left out of --args-file (a shell command, not run; not pretrain_gpt.py's arguments): {line}",
                    err=True)
@@ -229,6 +347,8 @@ def from_megatron(args_file, script_args, output, drop, name, nodes, spares, meg
         click.echo(f"dropped: {as_given(flag, v)}: {why}", err=True)
     for flag, v, why in conv.not_carried:
         click.echo(f"not carried over: {flag} {v!r}: {why}", err=True)
+    for var, value in environment.items():
+        click.echo(f"not carried over: the script's environment {var}={value}: {environment_why(var)}", err=True)
     if output is None:
         click.echo(text, nl=False)
     else:

@@ -28,7 +28,9 @@ argument) marks its variable the same way, with bash's message; ``: "${DATA:?mes
 
 The first command whose words, expanded in a subshell behind the same gate, contain a word
 ``pretrain_gpt.py`` or ``.../pretrain_gpt.py`` is the launch: the words after it are the arguments, and the
-script is read no further. Redirections at its end (``> log 2>&1``) are not part of its words; a ``<`` or
+script is read no further; its words before ``pretrain_gpt.py`` (the launcher) and the variables exported
+there (or at the script's end, when it has no launch) are reported too (:class:`Reading`), so that what the
+script set in the launch's environment is listed, not lost. Redirections at its end (``> log 2>&1``) are not part of its words; a ``<`` or
 ``>`` anywhere else, a here-document, or a command substitution in the launch command itself is refused rather
 than guessed at. bash's own ``$LINENO``, ``$FUNCNAME``, ``$BASH_SOURCE`` and ``$_`` differ while the gate
 reads the script, so a launch word or an assignment that uses them is refused (marked) the same way, and so is
@@ -62,7 +64,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from phoenix_hpc.errors import ConfigError
@@ -86,8 +88,14 @@ readonly __phoenix_tail='[[:space:]]+[0-9]*(&>>|&>|>>|>&|>\||>|<)[[:space:]]*("[
 readonly __phoenix_subst='\$\([^(]|`|<\(|>\('
 readonly __phoenix_bashown='\$\{?(LINENO|FUNCNAME|BASH_SOURCE|BASH_LINENO|_)([^A-Za-z0-9_]|$)'
 readonly __phoenix_too_deep
-readonly __phoenix_mine='^__phoenix_(put|words|pure|end)$'
+readonly __phoenix_mine='^__phoenix_(put|words|pure|end|exports)$'
 __phoenix_put() { printf '%s\037%s\037%s\0' "$1" "$2" "$3" >&3; }
+__phoenix_exports() {
+  local __phoenix_v
+  for __phoenix_v in ${!a@} ${!b@} ${!c@} ${!d@} ${!e@} ${!f@} ${!g@} ${!h@} ${!i@} ${!j@} ${!k@} ${!l@} ${!m@} ${!n@} ${!o@} ${!p@} ${!q@} ${!r@} ${!s@} ${!t@} ${!u@} ${!v@} ${!w@} ${!x@} ${!y@} ${!z@} ${!A@} ${!B@} ${!C@} ${!D@} ${!E@} ${!F@} ${!G@} ${!H@} ${!I@} ${!J@} ${!K@} ${!L@} ${!M@} ${!N@} ${!O@} ${!P@} ${!Q@} ${!R@} ${!S@} ${!T@} ${!U@} ${!V@} ${!W@} ${!X@} ${!Y@} ${!Z@} ${!_@}; do
+    if [[ ${!__phoenix_v@a} == *x* ]]; then __phoenix_put env 0 "$__phoenix_v=${!__phoenix_v-}"; fi
+  done
+}
 __phoenix_pure() {
   local __phoenix_x=$1 __phoenix_rest __phoenix_first
   if [[ $__phoenix_x =~ $__phoenix_restricted ]]; then return 1; fi
@@ -124,6 +132,9 @@ __phoenix_words() {
   done
   if (( __phoenix_at < 0 )); then return 1; fi
   if [[ -n $__phoenix_emit ]]; then
+    for (( __phoenix_k = 1; __phoenix_k < __phoenix_at; __phoenix_k++ )); do
+      __phoenix_put pre "$__phoenix_emit" "${!__phoenix_k}"
+    done
     shift "$__phoenix_at"
     for __phoenix_k in "$@"; do __phoenix_put word "$__phoenix_emit" "$__phoenix_k"; done
   fi
@@ -188,6 +199,7 @@ __phoenix_gate() {
         if [[ -n $__phoenix_err ]]; then __phoenix_put unset "$__phoenix_n" "$__phoenix_err"; __phoenix_end 3; fi
       fi
       __phoenix_put launch "$__phoenix_n" "$__phoenix_c"
+      __phoenix_exports
       __phoenix_end 0
     fi
   fi
@@ -196,12 +208,13 @@ __phoenix_gate() {
   case ${__phoenix_c%%[[:space:]]*} in cd|pushd|popd) printf -v PWD '\037phoenix-not-run:%s\037' "$__phoenix_n" ;; esac
   return 1
 }
-readonly -f __phoenix_put __phoenix_pure __phoenix_words __phoenix_end __phoenix_gate
+readonly -f __phoenix_put __phoenix_pure __phoenix_words __phoenix_end __phoenix_exports __phoenix_gate
 shopt -s extdebug
 set -T
 set -r
 trap '__phoenix_gate "$LINENO" "$@"' DEBUG
 source script.sh "$@"
+__phoenix_exports
 """
 
 
@@ -209,11 +222,52 @@ source script.sh "$@"
 class Launch:
     """A launch script's ``pretrain_gpt.py`` command. ``args``: its words after ``pretrain_gpt.py``, expanded;
     ``line``: the line it is on (for a command over several lines, the line bash reports: its last);
-    ``not_run``: ``"line N: text"`` of every command before it that was not run (bash's text of the command)."""
+    ``not_run``: ``"line N: text"`` of every command before it that was not run (bash's text of the command);
+    ``launcher``: its words before ``pretrain_gpt.py``, expanded (``torchrun --nproc_per_node 8``, or
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1 python``); ``environment``: the variables the command runs with that the
+    script set (:attr:`Reading.environment`, then the launcher's leading ``NAME=VALUE`` words, also after
+    ``env``)."""
 
     args: list[str]
     line: int
     not_run: list[str]
+    launcher: list[str] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What reading a launch script gave. ``launch``: its ``pretrain_gpt.py`` command, None when the script
+    ended without reaching one; ``not_run``: ``"line N: text"`` of every command not run up to the launch or the
+    end; ``environment``: the variables exported where the launch ran (or at the script's end) whose value is
+    new or differs from the environment the script was read in (``export NCCL_IB_HCA=mlx5``; not PATH, PWD,
+    OLDPWD, SHLVL or ``_``, which bash or the reader set); a value that only a command not run would give, or that
+    uses a variable that is not set, is :data:`UNKNOWN_VALUE`."""
+
+    launch: Launch | None
+    not_run: list[str]
+    environment: dict[str, str]
+
+
+#: An exported value the reading cannot give (a command not run, a variable not set)
+UNKNOWN_VALUE = "<not known when the script was read>"
+#: Variables bash or the reader itself sets, never the script's export
+_NOT_THE_SCRIPTS = frozenset({"PATH", "PWD", "OLDPWD", "SHLVL", "_"})
+#: A word that runs python: an interpreter (a path to one too), a python launcher, or a script file
+_PYTHON_WORD = re.compile(r"(?:.*/)?(?:python[0-9.]*|torchrun|deepspeed)|.*\.py")
+
+
+def python_commands(not_run: Sequence[str]) -> list[str]:
+    """The entries of ``not_run`` (``"line N: text"``, :attr:`Reading.not_run`) that run python: a word
+    ``python``, ``python3``, ``python3.11`` (a path to one too), ``torchrun`` or ``deepspeed``, or a word ending
+    in ``.py`` (``train.py``, ``srun python -m x`` included). Pure."""
+    out = []
+    for entry in not_run:
+        text = entry.split(": ", 1)[-1]
+        words = re.split(r"[\s;|&()]+", text)
+        if any(_PYTHON_WORD.fullmatch(w.strip("\"'")) for w in words if w):
+            out.append(entry)
+    return out
 
 
 def _records(raw: bytes) -> list[tuple[str, int, str]]:
@@ -252,10 +306,37 @@ def _kill_group(proc: subprocess.Popen, wait_s: float = 5.0) -> None:
 
 def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
                 env: Mapping[str, str] | None = None, timeout_s: float = TIMEOUT_S) -> Launch | None:
-    """The ``pretrain_gpt.py`` command of the launch script ``text`` (read from ``path``: ``$0``), run as
-    ``bash path script_args...`` would reach it with ``env`` as its environment (default: this process's), no
-    command of the script run (module docstring). ``None`` when the script ends without reaching one (a fragment
-    of arrays and option lines; or a launch in a branch not taken), or when there is no bash here.
+    """The ``pretrain_gpt.py`` command of the launch script ``text`` (:func:`read_script`'s ``launch``); None when
+    the script ends without reaching one, or when there is no bash here. Raises as :func:`read_script`."""
+    reading = read_script(text, path=path, script_args=script_args, env=env, timeout_s=timeout_s)
+    return None if reading is None else reading.launch
+
+
+def _clean(value: str) -> str:
+    """``value`` with the reader's marks (a command not run, a variable not set) shown as :data:`UNKNOWN_VALUE`."""
+    return re.sub("\x1fphoenix-[a-z-]+:\\d+\x1f", UNKNOWN_VALUE, value)
+
+
+def _launch_environment(launcher: list[str]) -> dict[str, str]:
+    """The leading ``NAME=VALUE`` words of a launch command's words before ``pretrain_gpt.py`` (after an
+    ``env`` word too): the variables bash, or ``env``, sets for that command alone. Pure."""
+    words = launcher[1:] if launcher and launcher[0].rsplit("/", 1)[-1] == "env" else launcher
+    out: dict[str, str] = {}
+    for w in words:
+        m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", w, re.S)
+        if m is None:
+            break
+        out[m.group(1)] = _clean(m.group(2))
+    return out
+
+
+def read_script(text: str, *, path: str, script_args: Sequence[str] = (),
+                env: Mapping[str, str] | None = None, timeout_s: float = TIMEOUT_S) -> Reading | None:
+    """Read the launch script ``text`` (read from ``path``: ``$0``) as ``bash path script_args...`` would run it
+    with ``env`` as its environment (default: this process's), no command of the script run (module
+    docstring), up to its ``pretrain_gpt.py`` command or its end. ``launch`` is None when the script ends
+    without reaching one (a fragment of arrays and option lines; a launch in a branch not taken; a script that
+    runs another entry point, whose command is in ``not_run``). None when there is no bash here.
 
     Raises ConfigError (naming ``path`` and the line) when the current folder no longer exists, when a launch
     word uses a variable that is not set or a
@@ -293,6 +374,9 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
             _kill_group(proc)
         records = _records(report.read_bytes())
         stderr = err.decode("utf-8", "replace").replace(str(Path(tmp) / "script.sh"), path)
+    exported = {name: value for name, _, value in (t.partition("=") for kind, _, t in records if kind == "env")}
+    environment = {k: _clean(v) for k, v in sorted(exported.items())
+                   if k not in _NOT_THE_SCRIPTS and not k.startswith("__phoenix") and run_env.get(k) != v}
     skipped = [(line, t) for kind, line, t in records if kind == "skip"]
     for m in re.finditer(r"line (\d+): (.*): restricted: cannot redirect output", stderr):
         skipped.append((int(m.group(1)), f"a redirection to {m.group(2)} (the command it belongs to was not run)"))
@@ -317,7 +401,7 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
         if proc.returncode not in (0, 1) or (proc.returncode and "syntax error" in stderr):
             first = stderr.strip().splitlines()[0] if stderr.strip() else f"exit status {proc.returncode}"
             raise ConfigError(f"--args-file {path}: bash could not read the script: {first}")
-        return None
+        return Reading(launch=None, not_run=[f"line {line}: {t}" for line, t in skipped], environment=environment)
     launch_line = launch_lines[0]
     args = [t for kind, _, t in records if kind == "word"]
     unset_at = {line: t for kind, line, t in records if kind == "unsetvar"}
@@ -346,4 +430,8 @@ def read_launch(text: str, *, path: str, script_args: Sequence[str] = (),
                             "the environment)")
     if problems:
         raise ConfigError(problems)
-    return Launch(args=args, line=launch_line, not_run=[f"line {line}: {t}" for line, t in skipped])
+    not_run = [f"line {line}: {t}" for line, t in skipped]
+    launcher = [_clean(t) for kind, _, t in records if kind == "pre"]
+    launch = Launch(args=args, line=launch_line, not_run=not_run, launcher=launcher,
+                    environment={**environment, **_launch_environment(launcher)})
+    return Reading(launch=launch, not_run=not_run, environment=environment)

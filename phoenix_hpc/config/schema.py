@@ -20,6 +20,8 @@ Shape of the file (every section but ``name`` and ``data`` has defaults)::
                  checkpoint: {interval_steps, path}}
     resources:  {nodes, spares, gpus_per_node, time_limit, account, qos, partition, constraint}
     logging:    {tensorboard, tensorboard_dir, wandb: {project, entity, name, mode}}
+    converted_from: {source, launcher, dropped, not_carried, kept_for_record, notes, not_run, environment}
+                                    # written by `phoenix config from-megatron`: a record, not acted on
 
 Relations that need only the config are checked here (heartbeat interval < heartbeat timeout < collective
 timeout; micro batch divides global batch; hidden size divisible by heads; query groups dividing heads and
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from phoenix_hpc.engines.styles import recovery_path_of
 from phoenix_hpc.engines.torch_dtypes import TORCH_ENGINE_DTYPES
@@ -818,6 +820,32 @@ class LoggingConfig(BaseModel):
         return self
 
 
+class ConversionRecord(BaseModel):
+    """What ``phoenix config from-megatron`` did not carry over from the Megatron-LM launch it converted, and
+    why (docs/megatron-args.md). phoenix does not act on any of it: it is kept in the config so that the run
+    directory's ``config.yaml``, which ``phoenix submit`` writes without the file's comments, still says what
+    the run left out of the original launch. Every entry is one line of text."""
+
+    model_config = _STRICT
+    source: str = Field(..., min_length=1, description="what was converted: the --args-file script (with its "
+                        "--script-arg values) and/or the arguments given after --")
+    launcher: str | None = Field(None, description="the script's launch command before pretrain_gpt.py (torchrun "
+                                 "..., as bash expanded it); phoenix launches the ranks itself")
+    dropped: list[str] = Field(default_factory=list, description="arguments that change the training, dropped "
+                               "with --drop: 'ARGUMENT AS GIVEN: why'")
+    not_carried: list[str] = Field(default_factory=list, description="arguments not carried over because they do "
+                                   "not change what is trained: 'ARGUMENT VALUE: why'")
+    kept_for_record: list[str] = Field(default_factory=list, description="arguments phoenix does not use "
+                                       "(tokenizer files, checkpoint format): 'ARGUMENT VALUE'")
+    notes: list[str] = Field(default_factory=list, description="derived values (the padded vocabulary, ...)")
+    not_run: list[str] = Field(default_factory=list, description="commands of the --args-file script not run when "
+                               "it was read: 'line N: command'")
+    environment: dict[str, str] = Field(default_factory=dict, description="variables the script set for its "
+                                        "launch (export, or NAME=VALUE before the launcher); phoenix does not set "
+                                        "them in the job: the site profile's environment.env or the submitting "
+                                        "shell (sbatch passes it on) does")
+
+
 class JobConfig(BaseModel):
     """A whole job. Build with :func:`phoenix_hpc.config.load_job_config`; never mutate (frozen)."""
 
@@ -844,6 +872,18 @@ class JobConfig(BaseModel):
     resilience: ResilienceConfig = Field(default_factory=ResilienceConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    converted_from: ConversionRecord | None = Field(
+        None, description="what `phoenix config from-megatron` did not carry over from the Megatron-LM launch (a "
+        "record, not acted on); null: not converted")
+
+    @model_serializer(mode="wrap")
+    def _without_absent_record(self, handler):
+        """The dump of a config without ``converted_from`` has no such key, so that every config written before
+        the field existed dumps (``config.yaml``, W&B's config) exactly as it did."""
+        data = handler(self)
+        if self.converted_from is None and isinstance(data, dict):
+            data.pop("converted_from", None)
+        return data
 
     @field_validator("engine")
     @classmethod
