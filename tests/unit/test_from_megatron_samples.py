@@ -71,3 +71,43 @@ def test_sample_arguments_megatron_lm_refuses_are_refused_with_exit_2(words, nee
     assert exc.value.exit_code == 2
     assert any(needle in p for p in exc.value.problems), exc.value.problems
     assert all("allowed" in p for p in exc.value.problems if needle in p)
+
+
+SCRIPT = """
+GPT_ARGS=( --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 256
+           --attention-dropout 0 --hidden-dropout 0 --adam-beta2 0.95 )
+TRAINING_ARGS=(
+    --micro-batch-size 4 --global-batch-size 16 --lr 1.0 --min-lr 0.1 --lr-decay-style linear
+    --train-samples 1000 --lr-warmup-samples 100 --lr-decay-samples 900
+)
+torchrun --nproc-per-node 4 pretrain_gpt.py "${GPT_ARGS[@]}" "${TRAINING_ARGS[@]}" --data-path ds
+"""
+
+
+def _invoke(*args):
+    from click.testing import CliRunner
+
+    from phoenix_hpc.cli.main import cli
+
+    return CliRunner().invoke(cli, ["config", "from-megatron", *map(str, args)])
+
+
+def test_cli_converts_a_launch_script_counted_in_samples(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "args.sh").write_text(SCRIPT)
+    r = _invoke("--args-file", "args.sh", "-o", "job.yaml")
+    assert r.exit_code == 0, r.output
+    from phoenix_hpc.config.load import load_job_config
+
+    t = load_job_config(tmp_path / "job.yaml").training
+    assert (t.train_samples, t.steps, t.lr_warmup_samples, t.lr_decay_samples) == (1000, 62, 100, 900)
+    assert lr_for(t, 6) == pytest.approx(0.96) and lr_for(t, 57) == pytest.approx(0.1)
+
+
+def test_cli_refuses_samples_mixed_with_iterations_with_exit_2_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "args.sh").write_text(SCRIPT.replace("--lr-decay-samples 900", "--lr-decay-iters 50"))
+    r = _invoke("--args-file", "args.sh", "-o", "job.yaml")
+    assert r.exit_code == 2, r.output
+    assert "--lr-decay-iters: 50 beside --train-samples" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "job.yaml").exists()
