@@ -995,7 +995,8 @@ def _carry_iteration_schedule(given: dict[str, Any], eff: Callable[[str], Any],
             problems.append(f"--lr-decay-iters: {decay_iters} (allowed: a positive number of iterations)")
         elif warmup is not None and decay_iters < warmup:
             problems.append(f"--lr-decay-iters: {decay_iters} is shorter than the {warmup} warm-up iterations "
-                            f"(allowed: >= {warmup}: the decay counts from iteration 0, the warm-up in it)")
+                            f"(allowed: > {warmup}: the decay counts from iteration 0, the warm-up in it, and "
+                            "Megatron-LM's scheduler asserts warm-up < decay)")
         else:
             carry("--lr-decay-iters", "training.lr_decay_steps", decay_iters)
 

@@ -149,3 +149,10 @@ def test_cli_refuses_an_equal_warmup_and_decay_with_exit_2_and_writes_nothing(tm
     out = tmp_path / "job.yaml"
     r = _invoke("-o", out, "--", *SMALL, "--vocab-size", "256", "--lr-warmup-iters", "6", "--lr-decay-iters", "6")
     assert r.exit_code == 2 and "--lr-warmup-iters 6 and --lr-decay-iters 6" in r.output and not out.exists()
+
+
+def test_a_decay_shorter_than_the_warmup_says_a_longer_one_is_allowed():
+    out = _problems(SMALL + ["--vocab-size", "256", "--lr-warmup-iters", "5", "--lr-decay-iters", "3"])
+    hit = [p for p in out if p.startswith("--lr-decay-iters: 3")]
+    assert len(hit) == 1 and "(allowed: > 5:" in hit[0], out
+    assert not any("not shorter than the decay" in p for p in out), out  # named once, not twice

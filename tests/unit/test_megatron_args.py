@@ -113,7 +113,7 @@ def test_dropped_arguments_are_kept_as_comments_and_listed():
     (["--init-method-std", "0"], "--init-method-std: 0.0 (allowed: a finite number > 0)"),
     (["--init-method-std", "-0.02"], "--init-method-std: -0.02 (allowed: a finite number > 0)"),
     (["--lr-warmup-iters", "3", "--lr-decay-iters", "2"],
-     "--lr-decay-iters: 2 is shorter than the 3 warm-up iterations (allowed: >= 3"),
+     "--lr-decay-iters: 2 is shorter than the 3 warm-up iterations (allowed: > 3"),
     (["--kv-channels", "32"], "--kv-channels: 32"),
     (["--bf16", "--fp16"], "--bf16 and --fp16"),
     (["--max-position-embeddings", "16"], "--max-position-embeddings: 16"),
