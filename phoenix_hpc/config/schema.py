@@ -170,9 +170,15 @@ class ModelConfig(BaseModel):
         return self
 
 
-#: The model options the torch engine's GPT (:mod:`phoenix_hpc.engines.torch_gpt`) implements; anything else
-#: needs engine ``megatron``.
-TORCH_ENGINE_MODEL = {
+#: The values of model options the torch engine's GPT (:mod:`phoenix_hpc.engines.torch_gpt`) requires; it
+#: implements every value of the others (RoPE, SwiGLU, RMSNorm, no biases, grouped-query attention, any
+#: ffn_hidden_size). A tied output head needs engine ``megatron`` (tying across pipeline stages would need an
+#: all-reduce of the shared weight between the first and last stage).
+TORCH_ENGINE_MODEL = {"untie_embeddings_and_output_weights": True}
+
+#: The built-in models' shape options, which a ``model.factory`` module does not read: with a factory they
+#: must keep these defaults (its own settings go in ``model.options``).
+BUILTIN_MODEL_OPTIONS = {
     "position_embedding_type": "learned_absolute", "activation": "gelu", "normalization": "LayerNorm",
     "add_bias_linear": True, "untie_embeddings_and_output_weights": True,
 }
@@ -958,16 +964,22 @@ class JobConfig(BaseModel):
         m, out = self.model, []
         hint = ("use engine: megatron" if m.factory is None else
                 "model.factory builds the model: pass your model's settings in model.options")
-        for name, allowed in TORCH_ENGINE_MODEL.items():
+        fixed = TORCH_ENGINE_MODEL if m.factory is None else BUILTIN_MODEL_OPTIONS
+        for name, allowed in fixed.items():
             if getattr(m, name) != allowed:
                 out.append(f"model.{name}: {getattr(m, name)!r} is not supported by engine torch (allowed: "
                            f"{allowed!r}); {hint}")
-        if m.ffn_hidden_size is not None and m.ffn_hidden_size != 4 * m.hidden_size:
+        if m.factory is not None and m.ffn_hidden_size is not None and m.ffn_hidden_size != 4 * m.hidden_size:
             out.append(f"model.ffn_hidden_size: {m.ffn_hidden_size} is not supported by engine torch (allowed: "
                        f"null or 4 x hidden_size = {4 * m.hidden_size}); {hint}")
-        if m.num_query_groups is not None and m.num_query_groups != m.heads:
+        if m.factory is not None and m.num_query_groups is not None and m.num_query_groups != m.heads:
             out.append(f"model.num_query_groups: {m.num_query_groups} is not supported by engine torch (allowed: "
                        f"null or heads = {m.heads}); {hint}")
+        head_dim = m.hidden_size // m.heads
+        if m.factory is None and m.position_embedding_type == "rope" and head_dim % 2:
+            out.append(f"model.position_embedding_type: 'rope' needs an even head dimension, got model.hidden_size "
+                       f"/ model.heads = {m.hidden_size} / {m.heads} = {head_dim} (allowed: hidden_size and heads "
+                       "whose quotient is even, or learned_absolute)")
         if m.factory is not None and (m.attention_dropout or m.hidden_dropout):
             out.append(f"model.attention_dropout / model.hidden_dropout: {m.attention_dropout} / {m.hidden_dropout} "
                        "apply to the built-in GPT only (allowed with model.factory: 0; pass your model's dropout in "

@@ -172,8 +172,7 @@ class TorchEngine(Engine):
         """
         m, t = self.cfg.model, self.cfg.training
         if m.factory is None:
-            shape = GPTShape(m.layers, m.hidden_size, m.heads, m.vocab_size, m.seq_length, m.attention_dropout,
-                             m.hidden_dropout, m.init_method_std)
+            shape = GPTShape(**{f: getattr(m, f) for f in GPTShape.__dataclass_fields__})
             if empty:
                 return empty_stage(shape, self.pp, stage, self.dtype, self.device)
             return GPTStage(shape, self.pp, stage, t.seed, self.dtype).to(self.device)

@@ -44,16 +44,35 @@ def test_query_groups_must_be_divisible_by_tp():
     JobConfig.model_validate(cfg(model={"num_query_groups": 4}, parallelism={"tp": 4}))
 
 
-def test_torch_engine_refuses_what_its_gpt_does_not_implement():
-    msg = refused(cfg(engine="torch", model={"position_embedding_type": "rope", "activation": "swiglu",
-                                             "num_query_groups": 2, "ffn_hidden_size": 100},
+LLAMA_OPTIONS = {"position_embedding_type": "rope", "activation": "swiglu", "normalization": "RMSNorm",
+                 "add_bias_linear": False, "num_query_groups": 2, "ffn_hidden_size": 176, "rotary_base": 500000}
+
+
+def test_torch_engine_takes_the_llama_options_and_refuses_a_tied_head():
+    m = JobConfig.model_validate(cfg(engine="torch", model=LLAMA_OPTIONS)).model
+    assert (m.position_embedding_type, m.activation, m.normalization, m.add_bias_linear, m.query_groups,
+            m.ffn_size) == ("rope", "swiglu", "RMSNorm", False, 2, 176)
+    msg = refused(cfg(engine="torch", model={**LLAMA_OPTIONS, "untie_embeddings_and_output_weights": False},
                       megatron={"sequence_parallel": False, "recompute_granularity": "full"}))
-    for needle in ("model.position_embedding_type: 'rope' is not supported by engine torch (allowed: "
-                   "'learned_absolute')", "model.activation: 'swiglu'", "model.num_query_groups: 2",
-                   "model.ffn_hidden_size: 100", "megatron: options are set but engine is torch"):
+    for needle in ("model.untie_embeddings_and_output_weights: False is not supported by engine torch (allowed: "
+                   "True); use engine: megatron", "megatron: options are set but engine is torch"):
         assert needle in msg, msg
+    assert "rope" not in msg and "swiglu" not in msg and "num_query_groups" not in msg, msg
+    # an odd head dimension cannot be rotated in pairs
+    msg = refused(cfg(engine="torch", model={"hidden_size": 24, "heads": 8, "position_embedding_type": "rope"}))
+    assert "model.position_embedding_type: 'rope' needs an even head dimension" in msg and "= 3" in msg, msg
+    JobConfig.model_validate(cfg(engine="torch", model={"hidden_size": 24, "heads": 8}))
     # the defaults are the torch engine's GPT: nothing changes for existing torch configs
     JobConfig.model_validate(cfg(engine="torch", model={"ffn_hidden_size": 256, "num_query_groups": 8}))
+
+
+def test_a_factory_model_keeps_the_built_in_shape_options_at_their_defaults():
+    msg = refused(cfg(engine="torch", model={**LLAMA_OPTIONS, "factory": "pkg.mod:build"}))
+    for needle in ("model.position_embedding_type: 'rope' is not supported by engine torch (allowed: "
+                   "'learned_absolute'); model.factory builds the model", "model.activation: 'swiglu'",
+                   "model.normalization: 'RMSNorm'", "model.add_bias_linear: False", "model.num_query_groups: 2",
+                   "model.ffn_hidden_size: 176"):
+        assert needle in msg, msg
 
 
 def test_torch_engine_refuses_float16_and_tensor_parallelism_before_a_rank_does():
