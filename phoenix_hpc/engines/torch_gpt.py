@@ -38,7 +38,7 @@ and a micro-batch draws the same masks whichever DP rank reads it (a shrink move
 ranks); there is no random state to restore. With both at 0 the forward pass uses no random numbers.
 
 Pipeline split: with ``pp`` stages, stage ``p`` holds blocks ``[p*L/pp, (p+1)*L/pp)``; stage 0 also holds the
-embeddings, the last stage the final LayerNorm and the head. The head is untied from the token embedding
+embeddings, the last stage the final norm and the head. The head is untied from the token embedding
 because tying across stages would need an extra all-reduce of the shared weight between first and last
 stage. Parameter names are global (``blocks.{layer}.…`` uses the layer index in the whole model), so a
 parameter has the same name whatever the pp split.
