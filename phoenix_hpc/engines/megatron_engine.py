@@ -50,7 +50,7 @@ import torch
 from phoenix_hpc.engines.adam_step import ensure_step_entries, read_adam_step, step_location, write_adam_step
 from phoenix_hpc.engines.base import Engine, GridCoord, ProcessGroups
 from phoenix_hpc.engines.megatron_rng import reseed
-from phoenix_hpc.engines.schedule import lr_for
+from phoenix_hpc.engines.schedule import lr_for, scheduler_record
 from phoenix_hpc.errors import EngineError
 
 ENVELOPE_FORMAT = 1
@@ -398,9 +398,7 @@ class MegatronEngine(Engine):
             "grid": {"tp": self.tp, "pp": self.pp, "dp": self.dp},
             "rng": {"torch_cpu": _b64(torch.get_rng_state()), "torch_cuda": _b64(torch.cuda.get_rng_state(self.device)),
                     "tracker": {k: _b64(v) for k, v in tracker.items()}},
-            "lr_scheduler": {"kind": t.lr_schedule, "lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps,
-                             "total_steps": t.steps, "decay_steps": t.decay_steps, "last_step": self.step,
-                             "last_lr": self.last_lr},
+            "lr_scheduler": scheduler_record(t, self.step, self.last_lr),
             "data": {"position": self.data_position, "seed": t.seed, "global_batch_size": t.global_batch_size},
             "adam_step": read_adam_step([o.optimizer for o in self.dist_opts]),
             "adam_step_location": sorted({step_location(o.optimizer) for o in self.dist_opts}),

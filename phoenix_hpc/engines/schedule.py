@@ -56,3 +56,18 @@ def lr_for(training, step: int) -> float:
                      warmup_steps=t.lr_warmup_samples or 0, total_steps=t.train_samples, decay_steps=t.decay_samples)
     return lr_at(step, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
                  total_steps=t.steps, decay_steps=t.decay_steps)
+
+
+def scheduler_record(training, step: int, last_lr: float | None) -> dict:
+    """The ``lr_scheduler`` entry of an engine's metadata envelope: the schedule as the job's ``training``
+    section gives it, the step reached (``last_step``) and the rate its update used (``last_lr``). A record
+    of what ran (the schedule itself is :func:`lr_for` of the config, not read back from it); a run counted in
+    samples adds ``train_samples``, ``warmup_samples`` and ``decay_samples``, the lengths the rate was taken
+    from, so a step-counted record is what it always was."""
+    t = training
+    out = {"kind": t.lr_schedule, "lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps,
+           "total_steps": t.steps, "decay_steps": t.decay_steps, "last_step": step, "last_lr": last_lr}
+    if t.train_samples is not None:
+        out.update(train_samples=t.train_samples, warmup_samples=t.lr_warmup_samples or 0,
+                   decay_samples=t.decay_samples)
+    return out

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from phoenix_hpc.engines.base import Engine, GridCoord, ProcessGroups
-from phoenix_hpc.engines.schedule import lr_for
+from phoenix_hpc.engines.schedule import lr_for, scheduler_record
 from phoenix_hpc.engines.styles import ENGINE_RECOVERY_STYLES
 from phoenix_hpc.engines.torch_dtypes import TORCH_ENGINE_DTYPES
 from phoenix_hpc.engines.torch_gpt import GPTShape, GPTStage, empty_stage, lm_loss
@@ -347,10 +347,7 @@ class TorchEngine(Engine):
             "coord": {"pp": self.coord.pp, "dp": self.coord.dp, "tp": self.coord.tp},
             "grid": {"tp": self.tp, "pp": self.pp, "dp": self.dp},
             "rng": rng,
-            "lr_scheduler": {
-                "kind": t.lr_schedule, "lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps,
-                "total_steps": t.steps, "decay_steps": t.decay_steps, "last_step": self.step, "last_lr": self.last_lr,
-            },
+            "lr_scheduler": scheduler_record(t, self.step, self.last_lr),
             "data": {"position": self.data_position, "seed": t.seed, "global_batch_size": t.global_batch_size},
             "loss_scaler": None,
             "grad_norm": self.last_grad_norm,

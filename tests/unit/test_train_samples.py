@@ -17,7 +17,7 @@ from phoenix_hpc.config.schema import JobConfig
 from phoenix_hpc.data.blend import train_samples
 from phoenix_hpc.engines.megatron_ckpt import megatron_args
 from phoenix_hpc.engines.megatron_schedule import differences, scheduler_state
-from phoenix_hpc.engines.schedule import lr_for
+from phoenix_hpc.engines.schedule import lr_for, scheduler_record
 from phoenix_hpc.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,6 +122,15 @@ def test_step_counted_configs_are_unchanged():
     t = parse_model(JobConfig, _cfg(steps=30, warmup_steps=5), source="x").training
     assert (t.train_samples, t.lr_warmup_samples, t.lr_decay_samples, t.decay_samples) == (None, None, None, None)
     assert t.steps == 30 and t.decay_steps == 30
+
+
+def test_the_envelopes_scheduler_record_names_the_sample_lengths_and_a_step_counted_one_is_as_before():
+    rec = scheduler_record(_training(), 7, 0.5)
+    assert rec["train_samples"] == N and rec["warmup_samples"] == WARMUP and rec["decay_samples"] == DECAY
+    assert rec["last_step"] == 7 and rec["last_lr"] == 0.5 and rec["total_steps"] == N // G
+    t = parse_model(JobConfig, _cfg(steps=30, warmup_steps=5, lr_decay_steps=20), source="x").training
+    assert scheduler_record(t, 3, 0.25) == {"kind": t.lr_schedule, "lr": t.lr, "min_lr": t.min_lr, "warmup_steps": 5,
+                                            "total_steps": 30, "decay_steps": 20, "last_step": 3, "last_lr": 0.25}
 
 
 def test_the_megatron_checkpoint_scheduler_and_args_are_in_samples():
