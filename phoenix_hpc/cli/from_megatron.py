@@ -4,8 +4,9 @@ The conversion itself is :func:`phoenix_hpc.config.megatron_args.convert` (pure)
 argument list (command line or ``--args-file``), the tokenizer's vocabulary when its file is readable, renders
 the YAML with what was not carried over as comments and in its ``converted_from`` section (the record the run
 directory's ``config.yaml`` keeps: :class:`phoenix_hpc.config.schema.ConversionRecord`), validates it as a job
-config (a refusal names each field with the Megatron-LM argument and line it came from) and writes it
-atomically. Exit codes: 0 written; 2 bad input (an argument that does not parse, a missing required one, one
+config (a refusal names each field with the Megatron-LM argument and line it came from; an argument left out as
+Megatron-LM's default; for ``--engine torch`` also the arguments that meet each of the torch engine's refusals,
+:mod:`phoenix_hpc.config.megatron_torch`) and writes it atomically. Exit codes: 0 written; 2 bad input (an argument that does not parse, a missing required one, one
 that changes the training and was not dropped, a script that launches another python entry point, a current
 folder that no longer exists, a config the schema refuses), nothing written.
 """
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import yaml
 
+from phoenix_hpc.config.megatron_torch import ENGINES, ways_note
 from phoenix_hpc.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -172,17 +174,21 @@ def conversion_record(conv, source: str, not_run: list[str], environment: dict[s
 
 
 def argument_sources(conv, on_command_line: set[str], script_text: str | None,
-                     args_file: Path | None) -> dict[str, list[str]]:
+                     args_file: Path | None, given: set[str] | None = None) -> dict[str, list[str]]:
     """Config field -> where its value came from, for the schema's refusals: ``--global-batch-size on line 12 of
     run.sh`` (every line of the --args-file text that holds the argument's word, comment lines left out),
     ``--global-batch-size on the command line`` (after ``--``, which comes after the file's words and so wins, as
-    argparse keeps the last), or ``the tokenizer files``. Pure."""
+    argparse keeps the last), ``--untie-embeddings-and-output-weights, absent: Megatron-LM's default`` (an
+    argument not among ``given``, the option words of the whole argument list, when that is given), or ``the
+    tokenizer files``. Pure."""
     out: dict[str, list[str]] = {}
     for flag, dotted, _ in conv.carried:
         if not dotted or dotted.startswith("("):
             continue
         if flag.startswith("--"):
-            if flag in on_command_line or any(t.startswith(flag + "=") for t in on_command_line):
+            if given is not None and flag not in given:
+                where = f"{flag}, absent: Megatron-LM's default"
+            elif flag in on_command_line or any(t.startswith(flag + "=") for t in on_command_line):
                 where = f"{flag} on the command line"
             elif script_text is not None:
                 word = re.compile(rf"(?<![\w-]){re.escape(flag)}(?![\w-])")
@@ -267,11 +273,17 @@ def render(conv, not_run: list[str] = (), environment: dict[str, str] | None = N
               help="Train without this argument although it changes the training (repeatable; e.g. "
                    "--drop adam-beta2). It is written into the config as a comment.")
 @click.option("--name", default="megatron-gpt", show_default=True, help="Job name (config name).")
+@click.option("--engine", type=click.Choice(ENGINES), default=ENGINES[0], show_default=True,
+              help="The config's engine. torch: the torch engine's built-in GPT (CPU or GPU: the local cluster, "
+                   "drills), the same model, training, data and parallelism without the megatron performance "
+                   "options (listed as not carried over); what it cannot train (tp > 1, a tied output head, "
+                   "--fp16) is refused, naming the argument.")
 @click.option("--nodes", type=click.IntRange(min=1), default=None, help="resources.nodes: active nodes.")
 @click.option("--spares", type=click.IntRange(min=0), default=None, help="resources.spares: spare nodes.")
 @click.argument("megatron_args", nargs=-1, type=click.UNPROCESSED)
-def from_megatron(args_file, script_args, output, drop, name, nodes, spares, megatron_args) -> None:
-    """Convert a Megatron-LM pretrain_gpt.py argument list into a phoenix job config (engine megatron).
+def from_megatron(args_file, script_args, output, drop, name, engine, nodes, spares, megatron_args) -> None:
+    """Convert a Megatron-LM pretrain_gpt.py argument list into a phoenix job config (engine megatron, or torch
+    with --engine torch).
 
     Give the arguments after `--` (phoenix config from-megatron -o job.yaml --nodes 16 -- --num-layers 32 ...)
     or in --args-file (a launch script: its pretrain_gpt.py command with the script's bash arrays expanded, or
@@ -323,7 +335,7 @@ def from_megatron(args_file, script_args, output, drop, name, nodes, spares, meg
         raise ConfigError(f"-o/--output: folder {str(output.parent)!r} does not exist (allowed: a file in an "
                           "existing folder)")
     conv = convert(tokens, drop=drop, name=name, nodes=nodes, spares=spares, read_vocab=read_vocab,
-                   has_tracker=has_tracker, read_data_args=read_data_args)
+                   has_tracker=has_tracker, read_data_args=read_data_args, engine=engine)
     relocate_paths(conv.config, output, cwd)
     not_run = left_out if launch is not None else []
     source = " and ".join(
@@ -336,9 +348,12 @@ def from_megatron(args_file, script_args, output, drop, name, nodes, spares, meg
     except ValidationError as exc:
         from phoenix_hpc.validation import format_validation_error
 
-        sources = argument_sources(conv, set(megatron_args), script_text, args_file)
-        raise ConfigError(name_sources(format_validation_error(exc), sources), source="the converted config",
-                          note="nothing was written (each field names the Megatron-LM argument it came from)") from None
+        sources = argument_sources(conv, set(megatron_args), script_text, args_file,
+                                   given={t.split("=", 1)[0] for t in tokens if t.startswith("--")})
+        problems = name_sources(format_validation_error(exc), sources)
+        raise ConfigError(problems, source="the converted config",
+                          note=(engine == "torch" and ways_note(problems)) or
+                          "nothing was written (each field names the Megatron-LM argument it came from)") from None
     text = render(conv, not_run, environment)
     for line in left_out:
         click.echo(f"left out of --args-file (a shell command, not run; not pretrain_gpt.py's arguments): {line}",

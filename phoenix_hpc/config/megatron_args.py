@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from phoenix_hpc.config import megatron_torch
 from phoenix_hpc.config.schema import MEGATRON_DEFAULT_SPLIT, MegatronOptions, TrainingConfig
 from phoenix_hpc.data.split import split_vector
 from phoenix_hpc.errors import ConfigError
@@ -650,8 +651,12 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
             nodes: int | None = None, spares: int | None = None,
             read_vocab: Callable[[dict[str, Any]], int | Unreadable | None] | None = None,
             has_tracker: Callable[[str], bool] | None = None,
-            read_data_args: Callable[[str], list[str] | None] | None = None) -> Conversion:
-    """Convert a ``pretrain_gpt.py`` argument list into a job config mapping (engine ``megatron``).
+            read_data_args: Callable[[str], list[str] | None] | None = None,
+            engine: str = "megatron") -> Conversion:
+    """Convert a ``pretrain_gpt.py`` argument list into a job config mapping for ``engine`` (``megatron``, or
+    ``torch``: the same model, training, data and parallelism, without the ``megatron`` section and the
+    Megatron-LM checkpoint fields, :mod:`phoenix_hpc.config.megatron_torch`; what the torch engine cannot train is
+    left to the job schema to refuse).
 
     ``drop``: argument names (with or without ``--``) the user accepts to lose although they change the
     training. ``nodes`` / ``spares``: ``resources.nodes`` / ``resources.spares`` (phoenix's, not Megatron-LM's).
@@ -661,14 +666,19 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     Megatron-LM's ``latest_checkpointed_iteration.txt`` where the conversion runs (None: no file is read, so
     none is found); see :func:`load_decision`. ``read_data_args(path)``: the white-space separated words of
     ``--data-args-path``'s file, or None when it cannot be read here (None: no file is read). Raises ConfigError listing every problem (see the module
-    docstring)."""
+    docstring), and ValueError for an ``engine`` not in :data:`phoenix_hpc.config.megatron_torch.ENGINES`."""
+    if engine not in megatron_torch.ENGINES:
+        raise ValueError(f"engine: {engine!r} (allowed: {', '.join(megatron_torch.ENGINES)})")
+    for_torch = engine == "torch"
     drops = _normalise_drop(drop)
     named = {t.split("=", 1)[0] for t in tokens if t.startswith("--")}  # --x V and --x=V alike
     unknown_drops = sorted(d for d in drops if d not in BY_FLAG and d not in named)
     ns, rest = _parser().parse_known_args(tokens)
     given = {a.flag: getattr(ns, a.dest) for a in ARGS if getattr(ns, a.dest) is not None}
     problems: list[str] = []
-    conv = Conversion(config={"name": name, "engine": "megatron"})
+    conv = Conversion(config={"name": name, "engine": engine})
+    if for_torch:
+        conv.notes.append(megatron_torch.NOTE)
 
     occurrences = arguments_as_given(tokens)
     words_of = dict(occurrences)  # the last one of an argument given twice, as argparse keeps it
@@ -769,11 +779,13 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     elif hidden:
         carry("--swiglu" if swiglu else "--hidden-size", "model.ffn_hidden_size",
               swiglu_ffn(hidden) if swiglu else 4 * hidden)
-    pos = "rope" if eff("--use-rotary-position-embeddings") else eff("--position-embedding-type")
+    rotary = bool(eff("--use-rotary-position-embeddings"))
+    pos = "rope" if rotary else eff("--position-embedding-type")
     if pos not in ("learned_absolute", "rope"):
         problems.append(f"--position-embedding-type: {pos!r} is not implemented (allowed: learned_absolute, rope)")
     else:
-        carry("--position-embedding-type", "model.position_embedding_type", pos)
+        carry("--use-rotary-position-embeddings" if rotary else "--position-embedding-type",
+              "model.position_embedding_type", pos)
     if pos == "rope":
         carry("--rotary-base", "model.rotary_base", eff("--rotary-base"))
     mpe, seq = given.get("--max-position-embeddings"), given.get("--seq-length")
@@ -848,24 +860,31 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
                 conv.notes.append(f"model.vocab_size: the vocabulary of {vocab} ({source}) padded to {padded}, a "
                                   f"multiple of make-vocab-size-divisible-by {div} x tp {t}, as Megatron-LM pads it")
 
-    # megatron options
-    carry("--transformer-impl", "megatron.transformer_impl", eff("--transformer-impl"))
+    # megatron options: engine megatron's megatron section; engine torch has none, so each one given is listed
+    options: list[tuple[str, str, Any]] = [("--transformer-impl", "megatron.transformer_impl",
+                                            eff("--transformer-impl"))]
     if "--attention-backend" in given:
-        carry("--attention-backend", "megatron.attention_backend", given["--attention-backend"])
+        options.append(("--attention-backend", "megatron.attention_backend", given["--attention-backend"]))
     if eff("--sequence-parallel") and eff("--tensor-model-parallel-size") == 1:
         # megatron/training/arguments.py: "Disabling sequence parallelism because tensor model parallelism is
         # disabled" -- Megatron-LM trains without it at tp 1, and so does phoenix
         conv.not_carried.append(("--sequence-parallel", True, "Megatron-LM turns sequence parallelism off at "
                                  "--tensor-model-parallel-size 1 (it warns), and so does this job"))
     elif eff("--sequence-parallel"):
-        carry("--sequence-parallel", "megatron.sequence_parallel", True)
+        options.append(("--sequence-parallel", "megatron.sequence_parallel", True))
     gran = given.get("--recompute-granularity") or ("selective" if eff("--recompute-activations") else None)
     if gran is not None:
         allowed = [g for g in _schema_choices(MegatronOptions, "recompute_granularity") if g != "none"]
         if gran not in allowed:
             problems.append(f"--recompute-granularity: {gran!r} (allowed: {', '.join(allowed)})")
         else:
-            carry("--recompute-granularity", "megatron.recompute_granularity", gran)
+            options.append(("--recompute-granularity" if "--recompute-granularity" in given
+                            else "--recompute-activations", "megatron.recompute_granularity", gran))
+    for flag, dotted, value in options:
+        if not for_torch:
+            carry(flag, dotted, value)
+        elif flag in given:
+            conv.not_carried.append((flag, given[flag], megatron_torch.NO_SUCH_OPTION))
 
     # parallelism
     carry("--tensor-model-parallel-size", "parallelism.tp", tp)
@@ -927,11 +946,18 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
             problems.append(f"{flag}: '' (allowed: a non-empty path)")
     if "--save" in given:
         carry("--save", "resilience.checkpoint.path", given["--save"])
-        carry("--save", "resilience.checkpoint.save_megatron", given["--save"])
+        if for_torch:
+            conv.not_carried.append(("--save", given["--save"], megatron_torch.SAVE_WHY))
+        else:
+            carry("--save", "resilience.checkpoint.save_megatron", given["--save"])
     if given.get("--load"):
         tracker = has_tracker is not None and has_tracker(given["--load"])
         decision, why = load_decision(given["--load"], given.get("--save"), tracker)
-        if decision == "load":
+        if for_torch and decision == "load":
+            problems.append(megatron_torch.load_refusal(given["--load"]))
+        elif for_torch and decision == "auto-resume" and not given.get("--exit-on-missing-checkpoint"):
+            conv.not_carried.append(("--load", given["--load"], megatron_torch.AUTO_RESUME_WHY))
+        elif decision == "load":
             carry("--load", "resilience.checkpoint.load_megatron", given["--load"])
         elif decision == "auto-resume" and given.get("--exit-on-missing-checkpoint"):
             problems.append(f"--exit-on-missing-checkpoint: the --load folder {given['--load']!r} holds no "
