@@ -883,7 +883,9 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
     for flag, dotted, value in options:
         if not for_torch:
             carry(flag, dotted, value)
-        elif flag in given:
+    listed = {flag for flag, _, _ in conv.not_carried}
+    for flag in megatron_torch.OPTION_ARGS if for_torch else ():
+        if flag in given and flag not in listed:
             conv.not_carried.append((flag, given[flag], megatron_torch.NO_SUCH_OPTION))
 
     # parallelism

@@ -3,9 +3,8 @@
 The model, training, data and parallelism fields are those of the conversion for engine ``megatron``
 (:func:`phoenix_hpc.config.megatron_args.convert`); what differs is said here, as data and pure functions:
 
-* the ``megatron`` section (megatron-core's performance options: ``--transformer-impl``, ``--attention-backend``,
-  ``--recompute-granularity`` / ``--recompute-activations``, ``--sequence-parallel``) is not written: every such
-  argument given is listed as not carried over (:data:`NO_SUCH_OPTION`);
+* the ``megatron`` section (megatron-core's performance options, :data:`OPTION_ARGS`) is not written: every
+  such argument given is listed as not carried over (:data:`NO_SUCH_OPTION`);
 * ``--save`` becomes ``resilience.checkpoint.path`` only: the torch engine writes no Megatron-LM checkpoints
   (:data:`SAVE_WHY`); a ``--load`` folder holding a Megatron-LM checkpoint is refused (:func:`load_refusal`),
   since the torch engine cannot read one;
@@ -21,6 +20,11 @@ import re
 
 #: ``--engine`` values of ``phoenix config from-megatron`` (the first is the default).
 ENGINES = ("megatron", "torch")
+
+#: The Megatron-LM arguments that become engine megatron's ``megatron`` section (megatron-core's performance
+#: options); for engine torch each one given is listed as not carried over, with :data:`NO_SUCH_OPTION`.
+OPTION_ARGS = ("--transformer-impl", "--attention-backend", "--recompute-granularity", "--recompute-activations",
+               "--sequence-parallel")
 
 NO_SUCH_OPTION = ("a megatron-core performance option (the config's megatron section, engine megatron only): the "
                   "torch engine has no such option; it does not change what is trained")

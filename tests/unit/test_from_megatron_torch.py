@@ -161,3 +161,17 @@ def test_the_ways_note_names_only_the_torch_engine_s_refusals():
                       "--tensor-model-parallel-size) (4); model.dtype (from --fp16): 'float16' is not supported by "
                       "engine torch (allowed: float32, bfloat16; float16 needs a loss scaler); use engine: megatron"])
     assert "--bf16 instead of --fp16" in note and "--tensor-model-parallel-size 1" not in note
+
+
+def test_every_argument_of_the_megatron_section_is_listed_for_engine_torch():
+    from phoenix_hpc.config.megatron_args import ARGS
+    from phoenix_hpc.config.megatron_torch import OPTION_ARGS
+
+    assert set(OPTION_ARGS) == {a.flag for a in ARGS if a.kind == "map" and a.field.startswith("megatron.")}
+    extra = ["--attention-backend", "local", "--recompute-granularity", "full", "--sequence-parallel"]
+    conv = convert(LLAMA + extra, engine="torch")
+    assert "megatron" not in conv.config
+    why = {flag: reason for flag, _, reason in conv.not_carried}
+    assert {f for f in OPTION_ARGS if why.get(f) == NO_SUCH_OPTION} == set(OPTION_ARGS) - {"--sequence-parallel"}
+    assert why["--sequence-parallel"].startswith("Megatron-LM turns sequence parallelism off at "
+                                                 "--tensor-model-parallel-size 1")
