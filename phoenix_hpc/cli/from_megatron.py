@@ -30,6 +30,23 @@ if TYPE_CHECKING:
     from phoenix_hpc.config.megatron_args import Unreadable
 
 
+_UNREAD = object()  # what _json_file returns for a file it could not read
+
+
+def _json_file(path: Path, label: str, why: list[str]) -> Any:
+    """The JSON value of the file at ``path``, or ``_UNREAD`` with the reason appended to ``why`` (``label:
+    ...``: the OSError's text, not UTF-8, not JSON)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        why.append(f"{label}: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:
+        why.append(f"{label}: not UTF-8 text ({exc})")
+    except ValueError as exc:
+        why.append(f"{label}: not JSON ({exc})")
+    return _UNREAD
+
+
 def read_vocab(given: dict[str, Any]) -> int | Unreadable | None:
     """The tokenizer's vocabulary size from its files; :class:`Unreadable` (why) when a file named is here but
     cannot be read; None when no file named is here.
@@ -45,37 +62,27 @@ def read_vocab(given: dict[str, Any]) -> int | Unreadable | None:
     why: list[str] = []
     vf = given.get("--vocab-file")
     if vf and Path(vf).is_file():
-        try:
-            data = json.loads(Path(vf).read_text(encoding="utf-8"))
-        except OSError as exc:
-            why.append(f"--vocab-file {vf!r}: {exc.strerror or exc}")
-        except UnicodeDecodeError as exc:
-            why.append(f"--vocab-file {vf!r}: not UTF-8 text ({exc})")
-        except ValueError as exc:
-            why.append(f"--vocab-file {vf!r}: not JSON ({exc})")
-        else:
-            if isinstance(data, dict):
-                return len(data)
+        data = _json_file(Path(vf), f"--vocab-file {vf!r}", why)
+        if isinstance(data, dict):
+            return len(data)
+        if data is not _UNREAD:
             why.append(f"--vocab-file {vf!r}: holds a JSON {type(data).__name__}, not an object of token: id")
     tm = given.get("--tokenizer-model")
     p = Path(tm) if tm else None
     tj = (p / "tokenizer.json" if p.is_dir() else p) if p is not None else None
     if tj is not None and tj.is_file() and tj.suffix == ".json":
-        try:
-            data = json.loads(tj.read_text(encoding="utf-8"))
-            vocab = data["model"]["vocab"]
-            ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
-            ids |= {t["id"] for t in data.get("added_tokens", [])}
-            return max(ids) + 1
-        except OSError as exc:
-            why.append(f"--tokenizer-model {str(tj)!r}: {exc.strerror or exc}")
-        except UnicodeDecodeError as exc:
-            why.append(f"--tokenizer-model {str(tj)!r}: not UTF-8 text ({exc})")
-        except ValueError as exc:
-            why.append(f"--tokenizer-model {str(tj)!r}: not JSON, or an empty vocabulary ({exc})")
-        except (KeyError, TypeError, AttributeError) as exc:
-            why.append(f"--tokenizer-model {str(tj)!r}: no Hugging Face vocabulary in it (model.vocab, and the id "
-                       f"of every added_tokens entry; {type(exc).__name__}: {exc})")
+        data = _json_file(tj, f"--tokenizer-model {str(tj)!r}", why)
+        if data is not _UNREAD:
+            try:
+                vocab = data["model"]["vocab"]
+                ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
+                ids |= {t["id"] for t in data.get("added_tokens", [])}
+                return max(ids) + 1
+            except ValueError as exc:  # max() of no ids
+                why.append(f"--tokenizer-model {str(tj)!r}: an empty vocabulary ({exc})")
+            except (KeyError, TypeError, AttributeError) as exc:
+                why.append(f"--tokenizer-model {str(tj)!r}: no Hugging Face vocabulary in it (model.vocab, and the "
+                           f"id of every added_tokens entry; {type(exc).__name__}: {exc})")
     elif p is not None and p.is_file() and p.suffix == ".model":
         try:
             import sentencepiece
