@@ -62,27 +62,53 @@ def max_gpus(max_nodes: int | None, spares: int, tp: int, pp: int, gpus_per_node
     return max(0, (max_nodes - spares) * gpus_per_node) // step * step
 
 
+def nearest_sizes(gpus: int, lowest: int, highest: int | None, step: int) -> list[int]:
+    """The allowed sizes nearest to ``gpus``: multiples of ``step`` from ``lowest`` to ``highest`` (None: no
+    upper bound; both bounds are multiples of ``step``, as :func:`min_gpus` and :func:`max_gpus` give them),
+    the one at the least distance from ``gpus``, both when two are equally near (smaller first); ``[]`` when
+    none is allowed (``highest < lowest``: the site cannot hold the job's smallest size)."""
+    if highest is not None and highest < lowest:
+        return []
+    c = max(gpus, lowest) if highest is None else min(max(gpus, lowest), highest)
+    down = c // step * step
+    near = {n for n in (down, down + step) if n >= lowest and (highest is None or n <= highest)}
+    best = min(abs(n - gpus) for n in near)
+    return sorted(n for n in near if abs(n - gpus) == best)
+
+
+def no_size_fits(lowest: int, highest: int, limit_what: str) -> str:
+    """Why no size is allowed when the site allocates ``highest`` GPUs, fewer than the smallest size ``lowest``
+    (``limit_what`` names the limit), and what to do."""
+    return (f"{limit_what} allocates at most {highest} GPUs to this job (its spare nodes included), below its "
+            f"smallest size of {lowest} GPUs (dp >= resilience.k + 1 on whole nodes): no size fits; give "
+            "--beyond-site to project a larger machine of the same nodes and links")
+
+
 def check_gpus(gpus: int, lowest: int, highest: int | None, step: int, limit_what: str,
                beyond_site: bool) -> None:
     """Refuse a size the projection cannot take: below ``lowest``, not a multiple of ``step``, or above
-    ``highest`` (what the site allocates) unless ``beyond_site``.
+    ``highest`` (what the site allocates) unless ``beyond_site``. The message names the allowed sizes and
+    the nearest of them (:func:`nearest_sizes`), or says that none is allowed.
 
     Raises:
         ModelError: naming ``--gpus``, the value and what is allowed."""
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < lowest:
+    top = None if beyond_site else highest
+    if top is not None and top < lowest:
+        raise ModelError(f"--gpus: {gpus!r} is not allowed; {no_size_fits(lowest, top, limit_what)}")
+    sizes = (f"sizes are multiples of {step} GPUs (whole tp x pp model replicas on whole nodes) from {lowest}"
+             + (f" to {top}" if top is not None else ""))
+    bad = isinstance(gpus, bool) or not isinstance(gpus, int)
+    nearest = "" if bad else f"; the nearest allowed: {' or '.join(map(str, nearest_sizes(gpus, lowest, top, step)))}"
+    if bad or gpus < lowest:
         raise ModelError(f"--gpus: {gpus!r} is not allowed; the example's smallest size is {lowest} GPUs (dp >= "
-                         "resilience.k + 1 on whole nodes)")
+                         f"resilience.k + 1 on whole nodes): {sizes}{nearest}")
+    larger = ("; or give --beyond-site to project a larger machine of the same nodes and links"
+              if top is not None and gpus > top else "")
     if gpus % step:
-        near = [n for n in (gpus // step * step, (gpus // step + 1) * step)
-                if n >= lowest and (beyond_site or highest is None or n <= highest)]
-        raise ModelError(f"--gpus: {gpus} is not allowed; sizes are multiples of {step} GPUs (whole tp x pp model "
-                         f"replicas on whole nodes) from {lowest}"
-                         + (f" to {highest}" if highest is not None and not beyond_site else "")
-                         + (f": e.g. {' or '.join(map(str, near))}" if near else ""))
-    if highest is not None and gpus > highest and not beyond_site:
-        raise ModelError(f"--gpus: {gpus} is not allowed; {limit_what} allocates at most {highest} GPUs to this "
-                         f"job (its spare nodes included); give a size from {lowest} to {highest}, or "
-                         "--beyond-site to project a larger machine of the same nodes and links")
+        raise ModelError(f"--gpus: {gpus} is not allowed; {sizes}{nearest}{larger}")
+    if larger:
+        raise ModelError(f"--gpus: {gpus} is not allowed; {limit_what} allocates at most {top} GPUs to this "
+                         f"job (its spare nodes included): {sizes}{nearest}{larger}")
 
 
 def scaled_state_bytes(cfg, dp_config: int, gpus: int) -> tuple[int, float, object]:

@@ -17,7 +17,8 @@ from phoenix_hpc.errors import ModelError
 @click.option("--site", type=str, required=True,
               help="Site profile: its node limits (what it can allocate), GPUs and NICs per node, node.nic_gbps.")
 @click.option("--config", "config", type=str, default=None,
-              help="Job config to scale [default: examples/SITE-7b.yaml, where it exists].")
+              help="Job config to scale [default: examples/NAME-7b.yaml, NAME the site profile's name, where it "
+                   "exists].")
 @click.option("--step-s", type=float, default=None,
               help="The job's step time, seconds (the config has none: measure it, e.g. from a run's journal); "
                    "the quiesce (one micro-batch of it at most) and the replay (one step) follow it.")
@@ -50,6 +51,9 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
 
         name = load_profile(site).name  # an unknown site is named as such; a path gives its profile's name
         guess = Path(__file__).resolve().parents[2] / "examples" / f"{name}-7b.yaml"
+        if Path(name).name != name or name.startswith("."):  # no example is found outside examples/
+            raise ModelError(f"--config: missing; site {site!r} is named {name!r}, not a plain file name, so it "
+                             "has no example examples/NAME-7b.yaml: give --config JOB.yaml")
         if not guess.is_file():
             raise ModelError(f"--config: missing; site {name!r} has no example examples/{name}-7b.yaml: give "
                              "--config JOB.yaml")
@@ -91,6 +95,8 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
     else:
         sizes = [n for n in hj.DEFAULT_GPUS if beyond_site or highest is None or n <= highest]
         skipped = [n for n in hj.DEFAULT_GPUS if n not in sizes]
+        if highest is not None and highest < lowest and not beyond_site:
+            raise ModelError(f"--gpus: not given, and none can be; {hj.no_size_fits(lowest, highest, limit_what)}")
         if not sizes:
             raise ModelError(f"--gpus: none of the default sizes {list(hj.DEFAULT_GPUS)} fits {limit_what} (at most "
                              f"{highest} GPUs for this job); give --gpus from {lowest} to {highest}, or "

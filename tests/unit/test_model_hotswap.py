@@ -176,13 +176,44 @@ def test_check_gpus_refuses_each_kind_of_bad_size():
         hj.check_gpus(8, 16, 7160, 8, "QOS", False)
     with pytest.raises(ModelError, match="multiples of 8"):
         hj.check_gpus(1001, 16, 7160, 8, "QOS", False)
-    with pytest.raises(ModelError, match=r"multiples of 4 GPUs \(.*\) from 8 to 60: e\.g\. 60$"):
+    with pytest.raises(ModelError, match=r"multiples of 4 GPUs \(.*\) from 8 to 60; the nearest allowed: 60; or "
+                                         "give --beyond-site"):
         hj.check_gpus(61, 8, 60, 4, "QOS", False)  # 64 is above what the site allocates: not suggested
-    with pytest.raises(ModelError, match=r"from 8: e\.g\. 60 or 64$"):
+    with pytest.raises(ModelError, match=r"from 8; the nearest allowed: 60$"):
         hj.check_gpus(61, 8, 60, 4, "QOS", True)
+    with pytest.raises(ModelError, match=r"from 8; the nearest allowed: 60 or 64$"):
+        hj.check_gpus(62, 8, 60, 4, "QOS", True)
     with pytest.raises(ModelError, match="at most 7160 GPUs.*--beyond-site"):
         hj.check_gpus(16384, 16, 7160, 8, "QOS", False)
     hj.check_gpus(16384, 16, 7160, 8, "QOS", True)  # obeyed with the flag
+
+
+def test_nearest_sizes_lie_within_the_allowed_range():
+    assert hj.nearest_sizes(61, 8, 60, 4) == [60] and hj.nearest_sizes(62, 8, None, 4) == [60, 64]
+    assert hj.nearest_sizes(65, 8, 60, 4) == [60] and hj.nearest_sizes(10**20 + 1, 8, 60, 4) == [60]
+    assert hj.nearest_sizes(-4, 8, 60, 4) == [8] and hj.nearest_sizes(0, 8, None, 4) == [8]
+    assert hj.nearest_sizes(61, 8, 4, 4) == []  # the site holds less than the smallest size
+
+
+@pytest.mark.parametrize("gpus, tail", [
+    (65, "from 8 to 60; the nearest allowed: 60; or give --beyond-site"),  # above the site and not a multiple
+    (64, "at most 60 GPUs to this job (its spare nodes included): sizes are multiples of 4 GPUs (whole tp x pp "
+         "model replicas on whole nodes) from 8 to 60; the nearest allowed: 60; or give --beyond-site"),
+    (0, "smallest size is 8 GPUs (dp >= resilience.k + 1 on whole nodes): sizes are multiples of 4 GPUs"),
+    (-4, "from 8 to 60; the nearest allowed: 8"),
+    (10**20, "from 8 to 60; the nearest allowed: 60; or give --beyond-site"),
+])
+def test_a_refused_size_names_the_allowed_range_and_its_nearest_size(gpus, tail):
+    with pytest.raises(ModelError, match=f"^--gpus: {gpus} is not allowed") as e:
+        hj.check_gpus(gpus, 8, 60, 4, "partition 'gh'", False)
+    assert tail in str(e.value)
+
+
+def test_a_site_smaller_than_the_smallest_size_says_no_size_fits():
+    with pytest.raises(ModelError, match=r"--gpus: 8 is not allowed; .* at most 4 GPUs .* no size fits; give "
+                                         "--beyond-site"):
+        hj.check_gpus(8, 8, 4, 4, "partition 'gh-dev'", False)
+    hj.check_gpus(8, 8, 4, 4, "partition 'gh-dev'", True)  # obeyed with the flag
 
 
 def test_scaled_state_is_the_memory_estimates_weights_and_shrinking_shard():
@@ -318,6 +349,24 @@ def test_bad_input_exits_2_naming_it(args, needle):
     assert r.exit_code == 2, r.output
     assert needle in r.output
     assert "Traceback" not in r.output
+
+
+def test_vista_refuses_a_size_above_its_partition_and_suggests_one_it_holds():
+    r = run("--site", "vista", "--step-s", "9", "--gpus", "61")
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    msg = " ".join(r.output.split())
+    assert "--gpus: 61 is not allowed" in msg and "from 8 to 60; the nearest allowed: 60" in msg and "64" not in msg
+    r = run("--site", "vista", "--step-s", "9", "--gpus", "64")
+    assert r.exit_code == 2 and "--gpus: 64 is not allowed" in r.output
+    assert run("--site", "vista", "--step-s", "9", "--gpus", "64", "--beyond-site", "--json").exit_code == 0
+
+
+def test_a_site_profile_named_like_a_path_has_no_example(tmp_path):
+    other = tmp_path / "odd.yaml"
+    other.write_text((REPO / "sites" / "vista.yaml").read_text().replace("name: vista", "name: ../examples/vista"))
+    r = run("--site", str(other), "--step-s", "9", "--gpus", "8")
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "not a plain file name" in " ".join(r.output.split()), r.output
 
 
 def test_the_sources_table_names_each_columns_own_dp():
