@@ -8,4 +8,4 @@ link limits, ABBA analysis, Llama options) are unit-tested on CPU.
 """
 
 #: Check modules in run order: the short ones first; host memory, the least news on one GPU, last.
-CHECKS = ("nccl", "torch_engine", "megatron", "megatron_ckpt", "d2h", "cases", "kit", "memory")
+CHECKS = ("nccl", "torch_engine", "torch_llama", "megatron", "megatron_ckpt", "d2h", "cases", "kit", "memory")
