@@ -102,7 +102,8 @@ def hotswap_cmd(site, config, step_s, gpus, beyond_site, benchmarks, as_json):
                              f"{highest} GPUs for this job); give --gpus from {lowest} to {highest}, or "
                              "--beyond-site")
     if benchmarks is not None and not Path(benchmarks).is_file():  # a record asked for must be read
-        raise ModelError(f"--benchmarks: {benchmarks!r} is not allowed; no such file: give a BENCHMARKS.json or "
+        what = "a directory, not a file" if Path(benchmarks).is_dir() else "no such file"
+        raise ModelError(f"--benchmarks: {benchmarks!r} is not allowed; {what}: give a BENCHMARKS.json or "
                          "the control-plane benchmark's JSON")
     measured = hj.Measured.of(*hj.read_record(Path(benchmarks) if benchmarks else hj.DEFAULT_RECORD))
     results = [hj.project(job, prof.node, n, step_s, measured, highest) for n in sizes]
