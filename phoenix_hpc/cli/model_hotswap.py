@@ -14,8 +14,9 @@ from phoenix_hpc.errors import ModelError
 
 
 @click.command("hotswap")
-@click.option("--site", type=str, required=True,
-              help="Site profile: its node limits (what it can allocate), GPUs and NICs per node, node.nic_gbps.")
+@click.option("--site", type=str, required=True, metavar="NAME|PATH",
+              help="Site profile, a site's name or a profile file's path (as for phoenix submit): its node "
+                   "limits (what it can allocate), GPUs and NICs per node, node.nic_gbps.")
 @click.option("--config", "config", type=str, default=None,
               help="Job config to scale [default: examples/NAME-7b.yaml, NAME the site profile's name, where it "
                    "exists].")
