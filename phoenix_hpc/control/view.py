@@ -9,8 +9,17 @@ docs/design.md section 7)::
     view = fold(records)                 # every record of a journal (dicts or events), bad ones skipped
 
 :func:`apply` reads nothing and writes nothing but the view it is given (no I/O, no clock: every time is the
-event's ``ts``); for speed it updates that view in place and returns it, so a caller that needs the state
-before an event keeps a :func:`copy.deepcopy`. What the view holds:
+event's ``ts``); it updates that view in place and returns it (no copy per record: a 16k-rank job's journal
+holds tens of thousands of records, and the running coordinator applies every record it journals), so a
+caller that needs the state before an event keeps a :func:`copy.deepcopy`.
+
+A record is applied whole or not at all. Each handler reads, converts and checks everything it needs of its
+record (the fields it turns into numbers or grids, every pair of a rank map, every join of a plan, the slot,
+request or recovery the record names) before its first change to the view; what it cannot take it refuses
+there, by raising or as out of order (below), and the view is as it was. The rule rests on the order of
+each handler's statements (a new handler keeps it: reads first, writes after), not on a copy.
+tests/unit/test_view_all_or_nothing.py applies, for every event, records that do not fit to views folded from
+real journals and checks that a skipped one changed nothing. What the view holds:
 
 - slots (:class:`SlotView`: world rank, node, pid, role, state, logical rank, generation, failure domain) and
   the rank map of every generation (``rank_maps``), the grid and the generation each grid starts at
@@ -28,10 +37,13 @@ Records of an earlier job of the same run (a resumed run appends to one journal)
 
 Bad input never stops the fold: a record that is not an event, an event name no class declares
 (a newer writer), an event whose fields are not of their declared types (a ``world_rank`` that is no
-integer: :meth:`~phoenix_hpc.control.events.Event.from_record`), or an event out of order (it names a slot
-never registered...) is skipped and named in ``view.skipped`` by its journal line (``"PATH:12
-(recovery_plan): ..."``, given :func:`fold`'s ``where``; ``"record 12 (...)"`` without one). A torn last
-line never reaches the fold (the journal reader drops it).
+integer: :meth:`~phoenix_hpc.control.events.Event.from_record`), an event whose fields are of their types
+but do not fit together (a grid of two numbers, a rank map entry that is no pair, a join with no logical
+rank), an event out of order (it names a slot never registered, a request never made, a recovery never
+started, a difference at no step) or one without ``ts`` (every time the view holds is a record's; the journal
+stamps every record) is skipped, changing nothing, and named in ``view.skipped`` by its journal line
+(``"PATH:12 (recovery_plan): ..."``, given :func:`fold`'s ``where``; ``"record 12 (...)"`` without one). A
+torn last line never reaches the fold (the journal reader drops it).
 """
 
 from __future__ import annotations
@@ -98,13 +110,15 @@ def job_segments(records: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str,
 
 
 def _started(v: JobView, ev: E.CoordinatorStarted) -> JobView:
-    if starts_job({"event": ev.NAME, "restart": ev.restart}):  # what came before belongs to an earlier job
+    new_job = starts_job({"event": ev.NAME, "restart": ev.restart})
+    grid = _grid(ev.grid) if ev.grid and (new_job or v.grid is None) else None  # read before any change
+    if new_job:  # what came before belongs to an earlier job
         v = JobView(heartbeat_progress=v.heartbeat_progress, skipped=v.skipped)
     else:
         v.restarts += 1
     v.started_at = v.started_at or ev.ts
-    if ev.grid and v.grid is None:
-        v.grid = _grid(ev.grid)
+    if grid is not None and v.grid is None:
+        v.grid = grid
     return v
 
 
@@ -117,23 +131,35 @@ def _registered(v: JobView, ev: E.Registered) -> None:
     role = str(ev.role or "active")
     lr = None if ev.logical_rank is None else int(ev.logical_rank)
     pi = _v(ev.placement_inputs) or {}
+    domain = dict(pi["domain"]) if pi.get("domain") else None
+    inputs = {"k": int(pi["k"]), "levels": list(pi["levels"])} if pi and v.placement_inputs is None else None
     v.slots[w] = SlotView(w, str(ev.node if ev.node is not None else "?"), ev.pid,
                           "active" if role == "active" else "standby", lr, 0 if role == "active" else None,
-                          role=role, domain=dict(pi["domain"]) if pi.get("domain") else None)
-    if pi and v.placement_inputs is None:
-        v.placement_inputs = {"k": int(pi["k"]), "levels": list(pi["levels"])}
+                          role=role, domain=domain)
+    if inputs is not None:
+        v.placement_inputs = inputs
     if lr is not None:
         v.rank_map[lr] = w
         v.rank_map0[lr] = w
 
 
+def _pairs(rank_map: Any) -> list[tuple[int, int]]:
+    """``[(logical rank, world rank), ...]`` of a journal rank map ``[[logical, world], ...]``.
+
+    Raises:
+        ValueError: an entry is not a pair.
+    """
+    return [(int(lr), int(w)) for lr, w in rank_map or []]
+
+
 def _job_running(v: JobView, ev: E.JobRunning) -> None:
+    grid, pairs = _grid(ev.grid) if ev.grid else None, _pairs(ev.rank_map)
     v.job_state, v.running = "running", True
-    if ev.grid:
-        v.grid = _grid(ev.grid)
-    for lr, w in ev.rank_map or []:
-        v.rank_map[int(lr)] = int(w)
-        v.rank_map0.setdefault(int(lr), int(w))
+    if grid is not None:
+        v.grid = grid
+    for lr, w in pairs:
+        v.rank_map[lr] = w
+        v.rank_map0.setdefault(lr, w)
     v.rank_maps[0] = dict(v.rank_map)
 
 
@@ -185,13 +211,15 @@ def _progress(v: JobView, ev: E.Progress | E.StepSeen) -> None:
 
 
 def _commit(v: JobView, ev: E.Commit) -> None:
+    shard_steps = {str(sid): {int(k): int(x) for k, x in dict(copies).items()}
+                   for sid, copies in (ev.shard_steps or {}).items()}
     if ev.recoverable_step is not None:
         v.committed(ev.ts, ev.recoverable_step)
         v.last_commit_at = ev.ts
         v.step_seen(ev.ts, ev.recoverable_step)
-    for sid, copies in (ev.shard_steps or {}).items():
-        v.shard_steps[str(sid)] = {int(k): int(x) for k, x in dict(copies).items()}
-        v.shard_commit_at[str(sid)] = ev.ts
+    for sid, copies in shard_steps.items():
+        v.shard_steps[sid] = copies
+        v.shard_commit_at[sid] = ev.ts
     for sid, n in (_v(ev.shard_bytes) or {}).items():
         v.shard_bytes[str(sid)] = int(n)
     for sid, holders in (_v(ev.placement) or {}).items():
@@ -205,9 +233,10 @@ def _protect_interval(v: JobView, ev: E.ProtectInterval) -> None:
 
 
 def _placement(v: JobView, ev: E.Placement) -> None:
-    v.placement = {}
+    placement: dict[str, list[int]] = {}
     for sid, _owner, holder in ev.replicas or []:
-        v.placement.setdefault(str(sid), []).append(int(holder))
+        placement.setdefault(str(sid), []).append(int(holder))
+    v.placement = placement
 
 
 def _checkpoint(v: JobView, ev: E.Checkpoint) -> None:
@@ -250,6 +279,8 @@ def _coordinator_exit(v: JobView, ev: E.CoordinatorExit) -> None:
 
 def _silent_corruption(v: JobView, ev: E.SilentCorruption) -> None:
     """DP replicas whose parameter digests differ: a fault the coordinator detected, on the first suspect."""
+    if ev.step is None:
+        return _out_of_order(v, ev, "a difference at no step")
     suspects = [int(x) for x in ev.suspects or []]
     w = v.rank_map.get(suspects[0]) if suspects else None
     s = v.slots.get(w) if w is not None else None
@@ -316,53 +347,64 @@ def _recovery_start(v: JobView, ev: E.RecoveryStart) -> None:
             s.state = "quiesced"
 
 
-def _shrink_plan(v: JobView, ev: E.RecoveryPlanned, g: int) -> None:
-    """A shrink renumbers the members of a smaller grid (the grid changes from generation ``g`` on)."""
+def _shrink_plan(v: JobView, ev: E.RecoveryPlanned, g: int, pairs: list[tuple[int, int]]) -> None:
+    """A shrink renumbers the members of a smaller grid (the grid changes from generation ``g`` on); ``pairs``:
+    the plan's rank map (:func:`_pairs`). Reads every field before it changes the view.
+
+    Raises:
+        KeyError, TypeError, ValueError: the shrink's ``old_grid``, the plan's ``grid`` or the ``leavers`` are
+            not what a plan writes (nothing changed).
+    """
+    old = ((ev.shrink or {}).get("old_grid") or {}) if ev.grid else {}
+    old_grid, new_grid = _grid(old) if old else None, _grid(ev.grid) if ev.grid else None
+    leavers = {int(x) for x in ev.shrink.get("leavers") or []}
     v.rank_map.clear()
     for s in v.slots.values():  # a slot keeps the coordinates of the grid it was numbered in
         if s.logical_rank is not None and s.grid is None:
             s.grid = v.grid
-    if ev.grid:
-        old = (ev.shrink or {}).get("old_grid") or {}
-        if old:
-            v.grid_since.setdefault(0, _grid(old))
-        v.grid = _grid(ev.grid)
+    if new_grid is not None:
+        if old_grid is not None:
+            v.grid_since.setdefault(0, old_grid)
+        v.grid = new_grid
         v.grid_since[g] = v.grid
-    leavers = {int(x) for x in ev.shrink.get("leavers") or []}
     for w, s in v.slots.items():
         if s.state != "dead" and w in leavers:
             v.note(w, "DP replica removed (shrink)")
-    for lr, w in ev.rank_map or []:  # the kept slots are renumbered in the smaller grid
-        if int(w) in v.slots:
-            v.slots[int(w)].logical_rank = int(lr)
-            v.slots[int(w)].grid = v.grid
+    for lr, w in pairs:  # the kept slots are renumbered in the smaller grid
+        if w in v.slots:
+            v.slots[w].logical_rank = lr
+            v.slots[w].grid = v.grid
     v.shard_steps.clear()  # a shrink renumbers every rank and shard
 
 
 def _recovery_plan(v: JobView, ev: E.RecoveryPlanned) -> None:
     cur = v.current_recovery()
     g = int(ev.generation) if ev.generation is not None else v.generation
+    # every join and pair is read before the view changes: a plan is applied whole or not at all
+    pairs = _pairs(ev.rank_map)
+    joins = [(j, int(j["world_rank"]), int(j["logical_rank"]), int(j.get("replaces_world_rank", -1)))
+             for j in ev.joins or []]
     if ev.shrink:
-        _shrink_plan(v, ev, g)
-    for lr, w in ev.rank_map or []:
-        v.rank_map[int(lr)] = int(w)
+        _shrink_plan(v, ev, g, pairs)
+    for lr, w in pairs:
+        v.rank_map[lr] = w
     if ev.rank_map:
         v.rank_maps[g] = dict(v.rank_map)
     # the copies a logical rank held went with the slot that held it: a spare that takes the rank holds
     # none of them until its generation's first commit says so
-    for j in ev.joins or []:
+    for j, jw, jlr, replaces in joins:
         for copies in v.shard_steps.values():
-            copies.pop(int(j["logical_rank"]), None)
-        s = v.slots.get(int(j["world_rank"]))
+            copies.pop(jlr, None)
+        s = v.slots.get(jw)
         if s is not None and s.state != "dead":
-            s.state, s.role, s.logical_rank = "joining", "active", int(j["logical_rank"])
+            s.state, s.role, s.logical_rank = "joining", "active", jlr
             s.grid = v.grid if ev.shrink else s.grid
             s.note = f"replaces world rank {j.get('replaces_world_rank')}"
-        old = v.slots.get(int(j.get("replaces_world_rank", -1)))
+        old = v.slots.get(replaces)
         if old is not None:  # world ranks never change; the logical rank is the one of this generation
             v.note(old.world_rank, f"replaced by world rank {j['world_rank']} (logical rank {j['logical_rank']} "
                                    f"of generation {g})")
-            v.replaced.add(int(j["replaces_world_rank"]))
+            v.replaced.add(replaces)
     for w in ev.dead_world or []:
         s = v.slots.get(int(w))
         if s is not None and s.state != "drained":  # a drained slot is replaced like a dead one
@@ -403,14 +445,13 @@ def _recovery_restored(v: JobView, ev: E.RecoveryRestored) -> None:
 def _recovery_done(v: JobView, ev: E.RecoveryDone) -> None:
     cur = v.current_recovery() or next((r for r in reversed(v.recoveries) if r.generation == ev.generation), None)
     if cur is None:
-        _out_of_order(v, ev, f"no recovery of generation {ev.generation} started")
-    else:
-        cur.state, cur.finished_at = "done", ev.ts
-        cur.total_s = ev.total_s
-        cur.phases = {k: float(x) for k, x in (ev.phases or {}).items()}
-        cur.steps_replayed = ev.steps_replayed
-        cur.recoverable_step = ev.recoverable_step
-        cur.action = "drain" if ev.drain else ev.action or cur.action
+        return _out_of_order(v, ev, f"no recovery of generation {ev.generation} started")
+    cur.state, cur.finished_at = "done", ev.ts
+    cur.total_s = ev.total_s
+    cur.phases = {k: float(x) for k, x in (ev.phases or {}).items()}
+    cur.steps_replayed = ev.steps_replayed
+    cur.recoverable_step = ev.recoverable_step
+    cur.action = "drain" if ev.drain else ev.action or cur.action
     if ev.generation is not None:
         view_repairs.recovery_planned(v, int(ev.generation), ev.recoverable_step, ev.steps_replayed, done=True)
     v.recovery = None
@@ -535,13 +576,16 @@ def apply(view: JobView, event: E.Event) -> JobView:
     ``signal``, ``recovery_plan_sent``...) leave it as it is.
 
     Raises:
-        KeyError, TypeError, ValueError: a field of ``event`` cannot be read (:func:`fold` skips such an
-            event and names it in ``view.skipped``).
+        KeyError, TypeError, ValueError: a field of ``event`` cannot be read (raised before the view changed:
+            :func:`fold` skips such an event and names it in ``view.skipped``).
     """
     handler = HANDLERS.get(type(event))
     if handler is None:
         if isinstance(event, E.UnknownEvent):
             view.skipped.append(f"{event.name}: no such journal event (a newer writer?): skipped")
+        return view
+    if event.ts is None:  # every time the view holds is a record's ts (the journal stamps every record)
+        _out_of_order(view, event, "no ts")
         return view
     out = handler(view, event)
     return view if out is None else out
@@ -552,7 +596,8 @@ def fold(records: Iterable[Mapping[str, Any] | E.Event], view: JobView | None = 
     """``apply`` every record in order, from ``view`` (an empty :class:`JobView` by default). A record that is
     not an event, whose fields are not of their types (:meth:`~phoenix_hpc.control.events.Event.from_record`),
     or whose event cannot be applied or names what the view does not hold, is skipped and named in
-    ``view.skipped``: ``"POSITION (event): why: skipped"``, POSITION ``where(number, record)`` (the journal's
+    ``view.skipped`` (the view as it was before it: :func:`apply` applies a record whole or not at all):
+``"POSITION (event): why: skipped"``, POSITION ``where(number, record)`` (the journal's
     ``PATH:LINE``: :func:`phoenix_hpc.control.journal.line_namer`), else ``record NUMBER`` counting from
     ``start`` (the live coordinator folds one record at a time, control/recorder.py). Pure."""
     v = view if view is not None else JobView()
