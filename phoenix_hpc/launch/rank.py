@@ -80,7 +80,7 @@ import traceback
 from pathlib import Path
 
 from phoenix_hpc.errors import EngineError, PhoenixError
-from phoenix_hpc.launch.rank_summary import STATUS_OF_END, StepLog, done_summary, end_summary, write_summary
+from phoenix_hpc.launch.rank_summary import STATUS_OF_END, StepLog, done_line, done_summary, end_summary, write_summary
 from phoenix_hpc.launch.registration import (  # noqa: F401 -- gather_nodes, listen_from_registration: read here too
     attach_slot, gather_nodes, listen_from_registration, protected)
 
@@ -309,9 +309,7 @@ def run_active(args, cfg, slot, grid, store, run_dir: Path, progress=None, resil
             log.close()
         summary.update(done_summary(engine, log.totals, tokens_per_step))
         if reporter:
-            print(f"done: {engine.step} steps, loss {summary['first_loss']} -> {summary['final_loss']}, "
-                  f"{summary['mean_step_time_ms']:.1f} ms/step, {summary['tokens_per_s']:,.0f} tok/s, "
-                  f"state_hash[rank {rank}] {summary['state_hash'][:16]}", flush=True)
+            print(done_line(summary, rank), flush=True)
         return summary
     except BaseException as exc:
         summary["error"] = f"{type(exc).__name__}: {exc}"

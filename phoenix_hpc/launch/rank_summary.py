@@ -92,6 +92,21 @@ def done_summary(engine, totals, tokens_per_step: int) -> dict[str, Any]:
     )
 
 
+def done_line(summary: dict[str, Any], rank: int) -> str:
+    """The reporter's closing line of a finished run (:func:`done_summary`'s ``summary``): steps, first and
+    final loss, mean step time (ms) and throughput (tokens/s), and the first 16 hex digits of the rank's
+    ``state_hash``. A job that trained no step (it started from a checkpoint already at ``training.steps``)
+    has no losses, mean or throughput: the line says so instead of formatting ``None``. Pure."""
+    head = f"done: {summary['steps']} steps"
+    if summary.get("mean_step_time_ms") is None:
+        speed = "no step trained in this job (started at its last step)"
+    else:
+        tok = summary.get("tokens_per_s")
+        speed = (f"loss {summary['first_loss']} -> {summary['final_loss']}, {summary['mean_step_time_ms']:.1f} "
+                 f"ms/step, " + ("no tokens/s" if tok is None else f"{tok:,.0f} tok/s"))
+    return f"{head}, {speed}, state_hash[rank {rank}] {str(summary['state_hash'])[:16]}"
+
+
 def end_summary(summary: dict[str, Any], member) -> None:
     """What every summary ends with: the collector's pauses and, for a member of the job's generations, its
     generation, recoveries, grid (a shrink changes it and renumbers the members), rank and coordinate."""
