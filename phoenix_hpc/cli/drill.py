@@ -24,7 +24,11 @@ in-job baseline (:mod:`phoenix_hpc.drills.in_job`): every fault must end in an i
 step in the same allocation from the newest checkpoint), measured over every srun step's records.
 
 Runs go under ``--run-dir`` (default ``runs/drill-<name>-<time>``): ``reference/`` and ``job/``; both are
-recorded in the runs index, so ``phoenix status`` shows them. ``--dry-run`` prints the plan only.
+recorded in the runs index, so ``phoenix status`` shows them. Each run writes only into its own run
+directory: the config is submitted with its checkpoint folder, Megatron-LM save folder and TensorBoard folder
+moved there (:mod:`phoenix_hpc.drills.folders`; its ``config.yaml`` and the report's ``folders`` name them),
+so the drill job never starts from the reference's checkpoints and no run writes into the user's folders
+(``load_megatron`` is kept: every run starts from it, reading only). ``--dry-run`` prints the plan only.
 
 Exit codes: 0 every fault landed at its planned step and phase, was recovered with the action its kind calls for, and the
 final state equals the reference;
@@ -54,22 +58,42 @@ from phoenix_hpc.faults.kinds import KINDS
 POLL_S = 0.25  # seconds between polls of the job's journal
 
 
-def _submit(config: Path, site: str, run_dir: Path, extra: tuple[str, ...] = ()) -> str:
-    """Submit through ``phoenix submit`` (same validation, files and script; ``extra``: more options, e.g.
-    ``--chain 1``); returns the job id."""
+def _submit(config: Path, cfg, site: str, run_dir: Path, extra: tuple[str, ...] = ()) -> tuple[str, dict]:
+    """Submit one run of the drill through ``phoenix submit`` (same validation, files and script; ``extra``:
+    more options, e.g. ``--chain 1``): ``cfg`` (loaded from ``config``) with the folders it writes moved into
+    ``run_dir`` (:func:`phoenix_hpc.drills.folders.isolated_config`; ``RUN_DIR/config.yaml`` keeps them).
+    Returns the job id and the run's folders.
+
+    Raises:
+        ConfigError: what ``phoenix submit`` refuses in the config, naming ``config``.
+    """
+    import tempfile
+
     from phoenix_hpc.cli.submit import submit
+    from phoenix_hpc.drills.folders import config_yaml, isolated_config
+    from phoenix_hpc.errors import ConfigError
     from phoenix_hpc.status.runs import record_run
 
+    run_cfg, folders = isolated_config(cfg, run_dir)
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        submit.main(args=[str(config), "--site", site, "--run-dir", str(run_dir), "--json", *extra],
-                    standalone_mode=False)
+    with tempfile.TemporaryDirectory(prefix="phoenix-drill-") as tmp:
+        derived = Path(tmp) / f"{run_dir.name}.yaml"
+        derived.write_text(config_yaml(run_cfg))
+        try:
+            with contextlib.redirect_stdout(buf):
+                submit.main(args=[str(derived), "--site", site, "--run-dir", str(run_dir), "--json", *extra],
+                            standalone_mode=False)
+        except ConfigError as exc:  # the problems are the config's own (only the run's folders were changed)
+            if exc.source != str(derived):
+                raise
+            raise ConfigError(exc.problems, source=f"{config} (as the drill submits it for {run_dir}, with its "
+                                                   "own folders there)") from None
     try:
         job_id = str(json.loads(buf.getvalue())["job_id"])
     except (ValueError, KeyError) as exc:
         raise SubmitError(f"phoenix submit printed no job id: {buf.getvalue()[:200]!r} ({exc})") from None
     record_run(run_dir, job_id)
-    return job_id
+    return job_id, folders
 
 
 class _Collector:
@@ -209,6 +233,18 @@ def drill(config, site, n_faults, seed, kinds, run_dir, reference, timeout_s, dr
         sys.exit(1)
 
 
+def _given_folders(run_dir: Path) -> dict | None:
+    """The folders (:func:`phoenix_hpc.drills.folders.run_folders`) of a run the drill did not submit
+    (``--reference``), from its ``config.yaml``; None when that cannot be read (the report only)."""
+    from phoenix_hpc.config.load import load_job_config
+    from phoenix_hpc.drills.folders import run_folders
+
+    try:
+        return run_folders(load_job_config(run_dir / "config.yaml"), run_dir)
+    except Exception:  # noqa: BLE001 -- informative only: the reference's final hash decides
+        return None
+
+
 def _checkpoint_every(cfg) -> int | None:
     """``resilience.checkpoint.interval_steps`` when the job writes persistent checkpoints
     (:func:`phoenix_hpc.launch.persist.enabled`), else None."""
@@ -255,21 +291,22 @@ def _run(config, site, cfg, base: Path, plan, reference, timeout_s, as_json, bat
             # --- the fault-free reference -------------------------------------------------------------
             if reference is not None:
                 ref_dir = check_run_dir(reference)
+                ref_folders = _given_folders(ref_dir)
             else:
                 ref_dir = base / "reference"
-                ref_job_id = _submit(config, site, ref_dir)
+                ref_job_id, ref_folders = _submit(config, cfg, site, ref_dir)
             ref = _wait(_collector(ref_dir), lambda s: s.finished, timeout_s, show("fault-free reference run"),
                         "reference run")
             report["reference"] = {"run_dir": str(ref_dir), "job_id": ref.job.job_id, "state": ref.job.state,
-                                   "final_hash": ref.job.final_hash}
+                                   "final_hash": ref.job.final_hash, "folders": ref_folders}
             if ref.job.state != "done" or not ref.job.final_hash:
                 raise FaultError(f"--reference: {ref_dir} did not finish cleanly (state {ref.job.state}); "
                                  "a drill needs a fault-free final hash to compare with")
 
             # --- the drill job ------------------------------------------------------------------------
             job_dir = base / "job"
-            job_id = _submit(config, site, job_dir, extra)
-            report["job"] = {"run_dir": str(job_dir), "job_id": job_id}
+            job_id, job_folders = _submit(config, cfg, site, job_dir, extra)
+            report["job"] = {"run_dir": str(job_dir), "job_id": job_id, "folders": job_folders}
             collect = _collector(job_dir)
             progress.reset(task, total=steps, description="waiting for the job to train")
             def trains(s):
@@ -542,4 +579,9 @@ def _print_report(report: dict, as_json: bool) -> None:
     if report.get("base"):
         c.print(f"run directory: {report['base']} (the runs: {report.get('reference', {}).get('run_dir') or '-'} "
                 f"and {report.get('job', {}).get('run_dir') or '-'}; `phoenix status RUN_DIR` shows each)")
+    for run in ("reference", "job"):
+        folders = report.get(run, {}).get("folders")
+        if folders:
+            c.print(f"{run} run's folders: " + ", ".join(
+                f"{k} {v}" + (" (only read)" if k == "load_megatron" else "") for k, v in folders.items() if v))
     c.print("[green]drill passed[/green]" if report["passed"] else "[red]drill failed[/red]")

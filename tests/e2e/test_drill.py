@@ -189,7 +189,10 @@ def test_an_in_job_checkpoint_restart_drill_restarts_each_fault_in_the_same_allo
     crash) ends the srun step and the batch script starts the next one in the same Slurm job without the dead
     node; every rank restores the newest checkpoint and trains the steps since it again (its step log shows
     exactly those steps twice); the report measures detect, teardown, relaunch and replay from every step's
-    records, and the final state equals the fault-free reference's."""
+    records, and the final state equals the fault-free reference's. The config names an absolute checkpoint
+    folder (as ``phoenix config from-megatron`` writes ``--save``): each run writes its own checkpoints under
+    its run directory instead, so the drill job starts fresh, not from the reference's final checkpoint, and
+    the user's folder stays untouched."""
     from phoenix_hpc.control.in_job import RESTARTS_LOG
     from phoenix_hpc.data.prepare import prepare_dataset, stdlib_dir
     from phoenix_hpc.drills.in_job import ACTION
@@ -199,7 +202,8 @@ def test_an_in_job_checkpoint_restart_drill_restarts_each_fault_in_the_same_allo
     cfg = dict(CONFIG, name="drill-in-job", data={"path": str(data)},
                training=dict(CONFIG["training"], steps=IN_JOB_STEPS),
                resilience=dict(CONFIG["resilience"], mode="checkpoint-restart",
-                               checkpoint={"interval_steps": 10, "restart": "in-job"}))
+                               checkpoint={"interval_steps": 10, "restart": "in-job",
+                                           "path": str(tmp_path / "user-ckpt")}))
     cfg_path = tmp_path / "drill-in-job.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     env = dict(slurm_env, PHOENIX_HOME=str(tmp_path / "home"), PHOENIX_CLUSTER_DIR=str(slurm_cluster.run_dir))
@@ -212,6 +216,10 @@ def test_an_in_job_checkpoint_restart_drill_restarts_each_fault_in_the_same_allo
     report = json.loads(out.stdout)
     assert report["mode"] == "in-job" and report["passed"] and report["hash_equal"]
     job_dir = base / "job"
+    assert not (tmp_path / "user-ckpt").exists()
+    for run in ("reference", "job"):
+        assert report[run]["folders"]["checkpoints"] == str(base / run / "checkpoints")
+        assert (base / run / "checkpoints" / "latest").exists()
     (done,) = read_journal(job_dir, "job_done")
     assert done["step"] == IN_JOB_STEPS and done["final_hash"] == report["reference"]["final_hash"]
     requests = read_journal(job_dir, "restart_in_job")
