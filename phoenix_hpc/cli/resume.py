@@ -13,7 +13,8 @@ missing, of another size or failing its SHA-256; a DCP ``.metadata`` that cannot
 file missing or too short), a config file that changes the run's model (``engine`` or a ``model`` field: the
 checkpoint's tensors would not fit), a checkpoint that records another model than the config's, a config
 whose grid cannot load it (another tp or pp; another dp for an engine that cannot re-partition its
-optimizer, :mod:`phoenix_hpc.recovery.ckpt_compat`), and a checkpoint already at or past ``training.steps``.
+optimizer, :mod:`phoenix_hpc.recovery.ckpt_compat`), and a checkpoint already at or past ``training.steps``
+(``--steps`` when given; :func:`phoenix_hpc.recovery.continuation.nothing_left`, the rule a fresh submit uses).
 A checkpoint written at another dp (a run that shrank) is re-partitioned by the ranks as they load it.
 Every check runs before anything of the run directory is written.
 """
@@ -130,7 +131,8 @@ def cluster_problem(rd: Path, recorded: list[dict], identity: dict) -> str | Non
             "pointing at its own cluster; nothing was written or submitted")
 
 
-def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm=None) -> ResumePoint:
+def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm=None,
+                 steps: int | None = None) -> ResumePoint:
     """Check that ``run_dir`` can be resumed; return where it resumes.
 
     Args:
@@ -138,6 +140,9 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
         config_override: a job config file to run instead of the run's ``config.yaml`` (same grid).
         slurm: a :class:`phoenix_hpc.slurm.client.SlurmClient` to ask whether the run's job still runs
             (None: not asked).
+        steps: ``phoenix submit --steps``, which replaces the config's ``training.steps`` (None: not given);
+            a checkpoint at or past the steps to train is refused
+            (:func:`phoenix_hpc.recovery.continuation.nothing_left`).
 
     Raises:
         SubmitError: the run cannot be resumed; the message names the reason.
@@ -192,21 +197,23 @@ def check_resume(run_dir: str | Path, config_override: Path | None = None, slurm
     if config_override is not None:
         _refuse_model_change(rd, cfg, config_override)
     root = checkpoint_root(cfg, rd)
-    steps = complete_steps(root)
-    if not steps:
+    complete = complete_steps(root)
+    if not complete:
         partial = sorted(p.name for p in root.glob("step_*")) if root.is_dir() else []
         raise SubmitError(f"--resume: no complete checkpoint under {root}"
                           + (f" (incomplete: {', '.join(partial)})" if partial else "")
                           + "; submit the config again to start the training over")
-    step = steps[-1]
+    step = complete[-1]
     p = cfg.parallelism
     grid = (p.tp, p.pp, p.dp) if p.dp else None
     problems = check_checkpoint(root, step, grid, engine=cfg.engine) + _layout_problems(root, step, cfg, grid)
     if problems:
         raise SubmitError("--resume: the newest complete checkpoint cannot be loaded: " + "; ".join(problems))
-    if step >= cfg.training.steps:
-        raise SubmitError(f"--resume: the checkpoint is at step {step}, training.steps is {cfg.training.steps}: "
-                          "nothing left to train (raise training.steps in a config passed with --resume)")
+    from phoenix_hpc.recovery.continuation import nothing_left
+
+    why = nothing_left(root, step, cfg.training.steps if steps is None else steps, resuming=True)
+    if why:
+        raise SubmitError(why)
     return ResumePoint(rd, cfg, root, step, jobs, job.get("site"))
 
 

@@ -5,7 +5,10 @@ types, impossible grid, limits exceeded, engine ``megatron`` where it cannot run
 unsupported megatron-core, a model megatron-core cannot build, more GPU memory than the site's GPU has, more
 host memory for PHOENIX's buffers per node than the site's node.mem_gb leaves after its headroom; sbatch
 refused the job; a heartbeat interval or timeout the coordinator cannot serve for the job's slot count, by the
-control-plane benchmark's numbers, :mod:`phoenix_hpc.control.capacity`) with a message naming the field. A
+control-plane benchmark's numbers, :mod:`phoenix_hpc.control.capacity`; a checkpoint folder whose newest
+complete checkpoint, which the job's ranks would load at start-up, is at or past ``training.steps`` or was
+trained with another learning-rate schedule, :mod:`phoenix_hpc.recovery.continuation`) with a message naming
+the field. A
 heartbeat load above half a core, or beyond the simulated slot counts, is a warning.
 
 The script's header (printed by ``--dry-run``), the table after a submit and ``--json`` give the planned host
@@ -245,6 +248,20 @@ def _node_warning(client, job: ResolvedJob) -> str | None:
     return node_shortfall(job, usable, total, partition)
 
 
+def continuation_problems(cfg, root: Path, step: int | None, resuming: bool) -> list[str]:
+    """What keeps a fresh submit (not ``resuming``) from continuing from the newest complete checkpoint
+    ``step`` of its checkpoint folder ``root``, which its ranks load at start-up when persistent checkpoints
+    are on: no step left to train, or another learning-rate schedule than the one it was trained with
+    (:mod:`phoenix_hpc.recovery.continuation`). Empty for ``--resume`` (checked by
+    :func:`phoenix_hpc.cli.resume.check_resume`), without a checkpoint, or with persistent checkpoints off."""
+    from phoenix_hpc.recovery.continuation import checkpoints_on, nothing_left, schedule_problems
+
+    if resuming or step is None or not checkpoints_on(cfg):
+        return []
+    why = nothing_left(root, step, cfg.training.steps, resuming=False)
+    return [why] if why else schedule_problems(root, step, cfg.training, resuming=False)
+
+
 #: ``--resume`` given without RUN_DIR (click's ``flag_value``; not a path a user would name)
 LATEST_RUN = ":latest-run:"
 
@@ -296,7 +313,7 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
             except StatusError as exc:
                 raise SubmitError(f"--resume: {exc}") from None
             click.echo(f"--resume: the most recent job of this cluster: {resume}", err=True)
-        point = check_resume(resume, config, slurm=SlurmClient())
+        point = check_resume(resume, config, slurm=SlurmClient(), steps=steps)
         site = site or point.site
         run_dir = point.run_dir
     if site is None:
@@ -338,8 +355,10 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
     from phoenix_hpc.recovery.ckpt_files import checkpoint_root, latest_step
 
     extra = submit_problems(cfg, resuming=point is not None, on_cluster=on_cluster) + logging_problems(cfg)
-    extra += overwrite_problems(cfg, resuming=point is not None,
-                                has_own_checkpoint=latest_step(checkpoint_root(cfg, rd)) is not None)
+    own_root = checkpoint_root(cfg, rd)
+    own_step = latest_step(own_root)
+    extra += overwrite_problems(cfg, resuming=point is not None, has_own_checkpoint=own_step is not None)
+    extra += continuation_problems(cfg, own_root, own_step, resuming=point is not None)
     job = resolve(cfg, profile, run_dir=str(rd), default_python=sys.executable, python=python,
                   nodelist=nodelist, exclude=exclude, extra_problems=extra)
     load = heartbeat_load(job)
@@ -358,6 +377,10 @@ def submit(site, config, dry_run, output, run_dir, python, nodelist, exclude, st
     if unchecked is not None:
         warnings.append(unchecked)
     warnings += test_env_warnings(os.environ)
+    if point is not None:  # --resume trains on with the config's schedule: said, not refused
+        from phoenix_hpc.recovery.continuation import schedule_problems
+
+        warnings += schedule_problems(point.root, point.step, cfg.training, resuming=True)
     if _names_user_code(cfg):  # the ranks import it the same way (python_path) before they train
         from phoenix_hpc.engines.factory import check_user_code
 

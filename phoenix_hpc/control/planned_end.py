@@ -58,7 +58,8 @@ def advance_end(c: Any, now: float) -> None:
     from phoenix_hpc.recovery.ckpt_files import mark_complete, prune
 
     path = mark_complete(c.t.checkpoint_path, end.step, "snapshot", grid=list(c.grid), files=end.files(),
-                         generation=c.generation, write_s=round(end.write_s(), 3))
+                         generation=c.generation, write_s=round(end.write_s(), 3),
+                         **({"lr_scheduler": c.t.lr_scheduler} if c.t.lr_scheduler is not None else {}))
     events, note = completed(end, str(path), now, pruned=prune(c.t.checkpoint_path, c.t.checkpoint_keep),
                              keep=c.t.checkpoint_keep)
     c.transport.carry_out(Outcome(events, []))

@@ -37,6 +37,9 @@ class Timing:
     # mode phoenix (enabled): the ranks snapshot every step; otherwise no digest exists to compare, journalled
     # once at job_running (agreement_off)
     snapshots: bool = True
+    # the job's learning-rate schedule, recorded in the complete.json of a checkpoint it writes
+    # (recovery.continuation.schedule_record; None: not recorded)
+    lr_scheduler: dict | None = None
 
 
 def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | None]:
@@ -53,6 +56,7 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
     cfg = load_job_config(cfg_path)
     from phoenix_hpc.config.resolve import final_write_timeout_s
     from phoenix_hpc.recovery.ckpt_files import checkpoint_root
+    from phoenix_hpc.recovery.continuation import schedule_record
     from phoenix_hpc.recovery.shrink import shrinks_when_spares_run_out
 
     r = cfg.resilience
@@ -68,7 +72,8 @@ def timing_from_run_dir(run_dir: Path) -> tuple[Timing, tuple[int, int, int] | N
                shrink_capable=bool(r.enabled and r.mode == "phoenix" and cfg.engine == "torch"),
                agreement_strikes_window_steps=r.agreement_strikes_window_steps,
                replica_agreement=r.replica_agreement, snapshots=bool(r.enabled and r.mode == "phoenix"),
-               final_write_timeout_s=final_write_timeout_s(bool(r.checkpoint.save_megatron), r.collective_timeout_s))
+               final_write_timeout_s=final_write_timeout_s(bool(r.checkpoint.save_megatron), r.collective_timeout_s),
+               lr_scheduler=schedule_record(cfg.training))
     par = cfg.parallelism
     grid = (par.tp, par.pp, par.dp) if par.dp else None
     return t, grid

@@ -37,7 +37,9 @@ from phoenix_hpc.recovery.ckpt_files import checkpoint_root  # noqa: F401 -- als
 def enabled(cfg) -> bool:
     """True when this job writes and restores persistent checkpoints: resilience on, ``mode`` either
     ``checkpoint-restart`` (the baseline) or ``phoenix`` (the fallback behind the memory replicas)."""
-    return bool(cfg.resilience.enabled and cfg.resilience.mode in ("checkpoint-restart", "phoenix"))
+    from phoenix_hpc.recovery.continuation import checkpoints_on
+
+    return checkpoints_on(cfg)
 
 
 def is_due(step: int, interval_steps: int) -> bool:
@@ -65,12 +67,13 @@ def save_if_due(engine: Engine, groups: ProcessGroups, step: int, cfg, run_dir: 
     propagate (the caller reports a fault)."""
     from phoenix_hpc.recovery.checkpoint import save_checkpoint
     from phoenix_hpc.recovery.ckpt_compat import model_record
+    from phoenix_hpc.recovery.continuation import MARKER_KEY, schedule_record
 
     if not enabled(cfg) or not is_due(step, cfg.resilience.checkpoint.interval_steps):
         return None
     t0 = time.time()
     path = save_checkpoint(engine, checkpoint_root(cfg, run_dir), groups.world, keep=cfg.resilience.checkpoint.keep,
-                           record=model_record(cfg))
+                           record={**model_record(cfg), MARKER_KEY: schedule_record(cfg.training)})
     log_event(run_dir, _rank(groups), {"event": "save", "step": int(step), "t_start": t0, "t_end": time.time()})
     if cfg.resilience.checkpoint.save_megatron:
         t1 = time.time()
