@@ -196,8 +196,16 @@ def save_engine(engine, root: str | os.PathLike) -> Path:
     """Write S(step) of a :class:`~phoenix_hpc.engines.megatron_engine.MegatronEngine` into ``root`` in
     Megatron-LM's torch_dist layout (``root/iter_{step:07d}``, then ``latest_checkpointed_iteration.txt``):
     the model's and the DistributedOptimizer's sharded state dicts, iteration, scheduler, RNG
-    (:func:`state_dict`). Collective over the default group (the generation's): every rank calls it. Returns
-    the folder. Raises what megatron-core raises (I/O errors; CUDA is needed, see the module docstring)."""
+    (:func:`state_dict`). The optimizer's param groups are first set to the rate of the next update
+    (``lr_for(training, step + 1)``, the rate at ``step x global_batch_size`` samples), where Megatron-LM's
+    scheduler has left them when it saves iteration ``step`` (``train_step`` steps it after the optimizer);
+    the engine sets them again before its next update. Collective over the default group (the generation's):
+    every rank calls it. Returns the folder. Raises what megatron-core raises (I/O errors; CUDA is needed, see
+    the module docstring)."""
+    from phoenix_hpc.engines.schedule import lr_for
+
+    for g in engine.optimizer.param_groups:
+        g["lr"] = lr_for(engine.cfg.training, engine.step + 1)
     pp, tp = _grid(engine)
     tracker = engine._mc["tensor_parallel"].get_cuda_rng_tracker().get_states()
     rng = rng_object([rng_states(tracker)], pp, tp, engine.coord.dp)
@@ -291,5 +299,7 @@ def load_engine(engine, root: str | os.PathLike) -> int:
     t = engine.cfg.training
     step = start_step(it, with_opt, loaded.get("iteration"))
     engine.step, engine.data_position = step, step * t.global_batch_size
+    # the rate iteration ``step`` trained with (that of (step - 1) x G samples); the next update uses
+    # lr_for(t, step + 1), the rate at the checkpoint's num_steps = step x G, as Megatron-LM's would
     engine.last_lr = lr_for(t, step) if step > 0 else 0.0
     return step

@@ -1,21 +1,34 @@
-"""Learning-rate schedule: a pure function of the step.
+"""Learning-rate schedule: a pure function of the step, Megatron-LM's.
 
-``lr_at(step)`` is the rate used by the update that produces S(step) (``step`` >= 1). As Megatron-LM's
-``OptimizerParamScheduler.get_lr`` (megatron-core's ``optimizer_param_scheduler.py``), with ``decay`` the decay
-length counted from step 0, warm-up included (``training.lr_decay_steps``, Megatron-LM's ``--lr-decay-iters``;
-``training.steps`` when unset):
+Megatron-LM's ``OptimizerParamScheduler`` (megatron-core's ``optimizer_param_scheduler.py``) holds a position
+``num_steps`` and sets the optimizer's rate to ``get_lr`` of it: its ``__init__`` calls ``step(0)``, and
+``train_step`` (``megatron/training/training.py``) runs ``optimizer.step()`` BEFORE
+``opt_param_scheduler.step(increment=global batch)``. So iteration ``s`` (1-based) trains with the rate at
+position ``s - 1``: iteration 1 with the rate at 0 (with a warm-up, ``lr_warmup_init``, 0), the first
+iteration after a warm-up of ``w`` with the peak rate. phoenix does the same: :func:`lr_at` is ``get_lr`` at a
+position, :func:`lr_for` the rate of the update that produces S(step), ``lr_at(step - 1)``.
 
-* warm-up (``step <= warmup_steps``): ``lr * step / warmup_steps`` (linear, from 0);
-* then, with ``t = (step - warmup) / max(1, decay - warmup)`` clamped to [0, 1] (so ``min_lr`` after ``decay``):
+``lr_at(n)``, with ``decay`` the decay length counted from position 0, warm-up included
+(``training.lr_decay_steps``, Megatron-LM's ``--lr-decay-iters``; ``training.steps`` when unset):
+
+* warm-up (``n <= warmup_steps``): ``lr * n / warmup_steps`` (linear, from 0: Megatron-LM's default
+  ``--lr-warmup-init`` 0);
+* then, with ``t = (n - warmup) / max(1, decay - warmup)`` clamped to [0, 1] (so ``min_lr`` after ``decay``):
   ``constant``: ``lr``; ``linear``: ``lr - (lr - min_lr) * t``;
   ``cosine``: ``min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2`` (Loshchilov & Hutter, SGDR, eq. 5).
 
-With ``training.train_samples`` (Megatron-LM's ``--train-samples``) the schedule counts samples, as Megatron-LM's
-scheduler always does (``megatron/training/training.py`` steps it by the global batch size ``G`` after every
-iteration): the update that produces S(step) uses the rate at ``step x G`` samples, the warm-up is
-``training.lr_warmup_samples`` samples and the decay ``training.decay_samples`` (``--lr-decay-samples``, else
-``--train-samples``) in the formulas above, so a warm-up or decay that is not a whole number of steps ends within
-a step, as in Megatron-LM. ``lr_at`` is the same function in either unit.
+Megatron-LM's scheduler always counts samples: its iteration-based training steps it by the global batch size
+``G`` after every iteration, with ``lr_warmup_steps = lr_warmup_iters x G`` and ``lr_decay_steps =
+lr_decay_iters x G`` (``get_optimizer_param_scheduler``); the ratios are those of the step counts, so a
+step-counted phoenix schedule (position ``step - 1``) is the same rate. With ``training.train_samples``
+(Megatron-LM's ``--train-samples``) the update that produces S(step) uses the rate at ``(step - 1) x G``
+samples, the warm-up is ``training.lr_warmup_samples`` samples and the decay ``training.decay_samples``
+(``--lr-decay-samples``, else ``--train-samples``) in the formulas above, so a warm-up or decay that is not a
+whole number of steps ends within a step, as in Megatron-LM. ``lr_at`` is the same function in either unit.
+
+Logged rate: phoenix's step record of step ``s`` carries the rate its update used (``lr_for(training, s)``).
+Megatron-LM's log line of iteration ``s`` prints the optimizer's rate after the scheduler step, that is the
+rate iteration ``s + 1`` will use (``lr_at(s)``); the two logs are one step apart.
 
 Because it is pure, the scheduler's whole state is the step counter (kept in the metadata envelope).
 """
@@ -25,17 +38,24 @@ from __future__ import annotations
 import math
 
 
-def lr_at(step: int, *, lr: float, min_lr: float, schedule: str, warmup_steps: int, total_steps: int,
-          decay_steps: int | None = None) -> float:
-    """Learning rate for the update of step ``step`` (1-based). ``total_steps``: the run's steps
-    (``training.steps``); ``decay_steps``: the decay length from step 0, warm-up included
-    (``training.decay_steps``); None: ``total_steps``. Every length may be in samples instead of steps (``step``
-    then the samples consumed after the update: :func:`lr_for` with ``training.train_samples``), all in one unit.
-    Raises ValueError on an unknown schedule."""
+def lr_at(position: float, *, lr: float, min_lr: float, schedule: str, warmup_steps: float, total_steps: float,
+          decay_steps: float | None = None) -> float:
+    """Megatron-LM's ``OptimizerParamScheduler.get_lr`` at scheduler position ``position`` (``num_steps``: the
+    steps, or the samples, completed before the update; >= 0). The update that produces S(step) uses
+    ``position = step - 1`` (:func:`lr_for`). ``total_steps``: the run's length (``training.steps``);
+    ``decay_steps``: the decay length from position 0, warm-up included (``training.decay_steps``); None:
+    ``total_steps``. Every length may be in samples instead of steps, all in one unit with ``position``.
+
+    Raises:
+        ValueError: an unknown schedule, or a negative ``position``.
+    """
+    if position < 0:
+        raise ValueError(f"lr_at: position {position} is negative (allowed: >= 0, the steps or samples completed "
+                         "before the update)")
     decay = total_steps if decay_steps is None else decay_steps
-    if warmup_steps > 0 and step <= warmup_steps:
-        return lr * step / warmup_steps
-    t = min(1.0, max(0.0, (step - warmup_steps) / max(1, decay - warmup_steps)))
+    if warmup_steps > 0 and position <= warmup_steps:
+        return lr * position / warmup_steps
+    t = min(1.0, max(0.0, (position - warmup_steps) / max(1, decay - warmup_steps)))
     if schedule == "constant":
         return lr
     if schedule == "linear":
@@ -46,15 +66,22 @@ def lr_at(step: int, *, lr: float, min_lr: float, schedule: str, warmup_steps: i
 
 
 def lr_for(training, step: int) -> float:
-    """:func:`lr_at` with the job's ``training`` section (``TrainingConfig``): the rate of the update that
-    produces S(``step``), decaying over ``training.decay_steps``; with ``training.train_samples``, the rate at
-    ``step x global_batch_size`` samples of a warm-up of ``lr_warmup_samples`` and a decay of ``decay_samples``
-    samples (module doc). Raises ValueError on an unknown schedule."""
+    """The rate of the update that produces S(``step``) (``step`` >= 1) with the job's ``training`` section
+    (``TrainingConfig``): :func:`lr_at` at position ``step - 1``, decaying over ``training.decay_steps``; with
+    ``training.train_samples``, at ``(step - 1) x global_batch_size`` samples of a warm-up of
+    ``lr_warmup_samples`` and a decay of ``decay_samples`` samples. Megatron-LM's rate of iteration ``step``
+    (module doc): step 1 of a warm-up trains at 0, step ``warmup_steps + 1`` at ``training.lr``.
+
+    Raises:
+        ValueError: an unknown schedule, or ``step`` < 1 (no update produces S(0)).
+    """
+    if step < 1:
+        raise ValueError(f"lr_for: step {step} has no update (allowed: >= 1, the step the update produces)")
     t = training
     if t.train_samples is not None:
-        return lr_at(step * t.global_batch_size, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule,
+        return lr_at((step - 1) * t.global_batch_size, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule,
                      warmup_steps=t.lr_warmup_samples or 0, total_steps=t.train_samples, decay_steps=t.decay_samples)
-    return lr_at(step, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
+    return lr_at(step - 1, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
                  total_steps=t.steps, decay_steps=t.decay_steps)
 
 

@@ -43,7 +43,7 @@ def test_flat_pieces_cover_every_element_once(dp):
 
 def test_lr_schedule():
     kw = dict(lr=1.0, min_lr=0.1, warmup_steps=4, total_steps=14)
-    assert [lr_at(s, schedule="cosine", **kw) for s in (1, 2, 4)] == [0.25, 0.5, 1.0]
+    assert [lr_at(n, schedule="cosine", **kw) for n in (0, 1, 2, 4)] == [0.0, 0.25, 0.5, 1.0]
     assert lr_at(14, schedule="cosine", **kw) == pytest.approx(0.1)
     assert lr_at(9, schedule="cosine", **kw) == pytest.approx(0.55)
     assert lr_at(9, schedule="linear", **kw) == pytest.approx(0.55)
@@ -192,14 +192,31 @@ def test_engine_builds_its_gpt_with_model_init_method_std(dataset, world1):
 
 
 def test_engine_decays_over_training_lr_decay_steps(dataset, world1):
-    """training.lr_decay_steps reaches the engine's update: min_lr from that step on (Megatron-LM's
-    --lr-decay-iters), not at the run's last step."""
+    """training.lr_decay_steps reaches the engine's update: min_lr from the update after that many steps on
+    (Megatron-LM's --lr-decay-iters; the update of step s runs at position s - 1), not at the run's last
+    step."""
     cfg = _cfg(dataset, lr_schedule="linear", min_lr=3e-4, lr_decay_steps=4)
     a = _engine(cfg, world1)
     train(a, 3, 128)
-    assert a.last_lr == pytest.approx(3e-3 - (3e-3 - 3e-4) * 0.5)  # halfway from step 2 to step 4
+    assert a.last_lr == 3e-3  # position 2: the warm-up of 2 done, the peak
+    train(a, 4, 128)
+    assert a.last_lr == pytest.approx(3e-3 - (3e-3 - 3e-4) * 0.5)  # position 3: halfway from 2 to 4
     train(a, 5, 128)
     assert a.last_lr == pytest.approx(3e-4) and a.envelope()["lr_scheduler"]["decay_steps"] == 4
+
+
+def test_engine_step_1_of_a_warmup_trains_at_0_as_megatron_lm(dataset, world1):
+    """Megatron-LM's iteration 1 runs optimizer.step() at the rate its scheduler set at position 0 (the
+    warm-up's start, 0) and only then steps the scheduler: the update leaves the weights as they were; step 2
+    is the first that moves them."""
+    a = _engine(_cfg(dataset), world1)
+    before = {n: t.clone() for n, t in a.param_shard()}
+    (rec,) = train(a, 1, 128)
+    assert a.last_lr == 0.0 and rec.lr == 0.0
+    assert all(torch.equal(t, before[n]) for n, t in a.param_shard())
+    (rec,) = train(a, 2, 128)
+    assert a.last_lr == rec.lr == pytest.approx(1.5e-3)  # position 1 of the 2-step warm-up to 3e-3
+    assert any(not torch.equal(t, before[n]) for n, t in a.param_shard())
 
 
 def test_rebuilt_engine_on_new_groups_continues_bit_identically(dataset, world1):

@@ -17,6 +17,8 @@ everything else is megatron-core's own code.
 
 from __future__ import annotations
 
+import math
+
 import argparse
 import json
 import os
@@ -372,11 +374,16 @@ def test_persist_starts_from_the_megatron_checkpoint_only_without_a_checkpoint_o
 # --- the engine functions (save_engine / load_engine) around a real DDP-wrapped GPTModel ----------------
 class RecordingOptimizer:
     """Stands in for megatron-core's DistributedOptimizer, which cannot be built without CUDA: one sharded
-    tensor of optimizer state (or none), and a record of the calls load_engine makes."""
+    tensor of optimizer state (or none), the param groups' rates in the common state (as the real one writes
+    its ``optimizer.param_groups``), and a record of the calls load_engine makes."""
 
     def __init__(self, params, state: torch.Tensor | None):
         self.state, self.loaded, self.reloaded = state, None, False
         self.optimizer = torch.optim.Adam(params)  # what ensure_step_entries walks (dist_opts[i].optimizer)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
 
     def sharded_state_dict(self, model_sd, is_loading=False, metadata=None):
         from megatron.core.dist_checkpointing.mapping import ShardedTensor
@@ -384,7 +391,8 @@ class RecordingOptimizer:
         assert metadata["distrib_optim_sharding_type"] == mck.SHARDING
         if self.state is None:
             return {}
-        return {"param_state": ShardedTensor.from_rank_offsets("optimizer.state.param_state", self.state)}
+        return {"param_state": ShardedTensor.from_rank_offsets("optimizer.state.param_state", self.state),
+                "optimizer": {"param_groups": [{"lr": g["lr"]} for g in self.param_groups]}}
 
     def load_state_dict(self, sd):
         self.loaded = sd
@@ -409,7 +417,9 @@ def _engine(cfg, seed: int, state, step: int = 0):
 
 @pytest.mark.parametrize("with_state", [True, False])
 def test_save_engine_then_load_engine(world, tmp_path, monkeypatch, with_state):
-    from phoenix_hpc.engines.schedule import lr_at
+    from megatron.core import dist_checkpointing
+
+    from phoenix_hpc.engines.schedule import lr_for
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
@@ -431,8 +441,14 @@ def test_save_engine_then_load_engine(world, tmp_path, monkeypatch, with_state):
     if with_state:  # optimizer state and iteration: the run continues at step 12
         assert step == b.step == 12 and b.data_position == 12 * t.global_batch_size and not b.optimizer.reloaded
         assert torch.equal(b.optimizer.loaded["param_state"], state)
-        assert b.last_lr == lr_at(12, lr=t.lr, min_lr=t.min_lr, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
-                                  total_steps=t.steps)
+        # iteration 12 trained at the rate of position 11 (cosine from 4 to 20, lr 1e-3, min_lr 1e-4); the next
+        # update at position 12, where Megatron-LM's scheduler stands after loading num_steps = 12 x 8
+        assert b.last_lr == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 7 / 16)), abs=1e-15)
+        assert lr_for(t, 13) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 8 / 16)), abs=1e-15)
+        common = dist_checkpointing.load_common_state_dict(str(tmp_path / "iter_0000012"))
+        assert common["opt_param_scheduler"]["num_steps"] == 12 * t.global_batch_size
+        # the written param groups hold the next update's rate, as Megatron-LM's saved iteration 12 does
+        assert [g["lr"] for g in common["optimizer"]["optimizer"]["param_groups"]] == [lr_for(t, 13)]
     else:  # weights only: step 0, the fp32 main params taken from the loaded weights
         assert step == b.step == 0 and b.data_position == 0 and b.optimizer.reloaded and b.optimizer.loaded is None
 

@@ -39,15 +39,19 @@ def _training(**kw):
 
 class MegatronScheduler:
     """Megatron-LM's OptimizerParamScheduler as far as the learning rate goes, written out from its definition
-    (init_lr 0): num_steps counts samples; after each iteration training.py steps it by the global batch."""
+    (init_lr 0): num_steps counts samples; ``__init__`` calls ``step(0)``, and step() sets the param groups'
+    rate (``lr``) to get_lr. training.py's train_step runs optimizer.step() at ``lr``, THEN steps the scheduler
+    by the global batch."""
 
     def __init__(self, max_lr, min_lr, warmup, decay, style):
         assert warmup < decay  # Megatron-LM's own assert
         self.max_lr, self.min_lr, self.warmup, self.decay, self.style = max_lr, min_lr, warmup, decay, style
         self.num_steps = 0
+        self.step(0)
 
     def step(self, increment):
         self.num_steps += increment
+        self.lr = self.get_lr()
 
     def get_lr(self):
         n = self.num_steps
@@ -65,40 +69,46 @@ class MegatronScheduler:
 def test_the_linear_rate_at_chosen_steps_is_megatron_lms_by_hand():
     t = _training(lr_schedule="linear")
     assert t.steps == 62
-    # step 6: 96 samples, inside the 100-sample warm-up: 96 / 100 of lr (a 6-step warm-up would give 1.0)
-    assert lr_for(t, 6) == pytest.approx(0.96, abs=1e-12)
-    # step 7: 112 samples, 12 of the 800 decay samples after the warm-up: 1 - 0.9 x 12/800
-    assert lr_for(t, 7) == pytest.approx(0.9865, abs=1e-12)
-    # step 56: 896 samples, 796 of 800: 1 - 0.9 x 0.995
-    assert lr_for(t, 56) == pytest.approx(0.1045, abs=1e-12)
-    # step 57: 912 samples, past the 900-sample decay: min_lr
-    assert lr_for(t, 57) == pytest.approx(0.1, abs=1e-12)
+    # the update of step s runs at (s - 1) x 16 samples consumed (Megatron-LM steps its scheduler after it)
+    assert lr_for(t, 1) == 0.0  # 0 samples: the warm-up's start
+    # step 7: 96 samples, inside the 100-sample warm-up: 96 / 100 of lr (a 6-step warm-up would give 1.0)
+    assert lr_for(t, 7) == pytest.approx(0.96, abs=1e-12)
+    # step 8: 112 samples, 12 of the 800 decay samples after the warm-up: 1 - 0.9 x 12/800
+    assert lr_for(t, 8) == pytest.approx(0.9865, abs=1e-12)
+    # step 57: 896 samples, 796 of 800: 1 - 0.9 x 0.995
+    assert lr_for(t, 57) == pytest.approx(0.1045, abs=1e-12)
+    # step 58: 912 samples, past the 900-sample decay: min_lr
+    assert lr_for(t, 58) == pytest.approx(0.1, abs=1e-12)
     assert lr_for(t, 62) == pytest.approx(0.1, abs=1e-12)
 
 
 def test_the_cosine_rate_at_chosen_steps_is_megatron_lms_by_hand():
     t = _training(lr_schedule="cosine")
-    assert lr_for(t, 3) == pytest.approx(0.48, abs=1e-12)  # 48 / 100
-    assert lr_for(t, 7) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 12 / 800)), abs=1e-12)
-    assert lr_for(t, 31) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 396 / 800)), abs=1e-12)
+    assert lr_for(t, 4) == pytest.approx(0.48, abs=1e-12)  # 3 x 16 = 48 samples consumed before it: 48 / 100
+    assert lr_for(t, 8) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 12 / 800)), abs=1e-12)
+    assert lr_for(t, 32) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 396 / 800)), abs=1e-12)
 
 
 @pytest.mark.parametrize("style", ["linear", "cosine", "constant"])
-def test_every_step_updates_with_the_rate_megatron_lms_scheduler_holds_after_that_many_samples(style):
-    """phoenix's convention: the update that produces S(step) uses get_lr at step x G consumed samples."""
+def test_every_step_updates_with_the_rate_megatron_lms_optimizer_step_uses(style):
+    """Megatron-LM's order: iteration s's optimizer.step() runs at the rate the scheduler holds, then the
+    scheduler steps by G; so the update that produces S(step) uses get_lr at (step - 1) x G samples."""
     t = _training(lr_schedule=style)
     sched = MegatronScheduler(1.0, 0.1, WARMUP, DECAY, style)
     for step in range(1, t.steps + 1):
-        sched.step(increment=G)
-        assert lr_for(t, step) == pytest.approx(sched.get_lr(), abs=1e-12), step
+        used = sched.lr  # optimizer.step()
+        sched.step(increment=G)  # opt_param_scheduler.step(increment=global batch)
+        assert lr_for(t, step) == pytest.approx(used, abs=1e-12), step
+    assert sched.num_steps == t.steps * G
 
 
 def test_without_a_decay_length_the_decay_is_over_train_samples_and_warmup_defaults_to_0():
     t = parse_model(JobConfig, _cfg(global_batch_size=G, micro_batch_size=4, train_samples=N, lr=1.0,
                                     min_lr=0.0, lr_schedule="linear"), source="x").training
     assert t.decay_samples == N and t.lr_warmup_samples is None
-    assert lr_for(t, 1) == pytest.approx(1 - 16 / 1000, abs=1e-12)
-    assert lr_for(t, 62) == pytest.approx(1 - 992 / 1000, abs=1e-12)  # the run ends 8 samples before min_lr
+    assert lr_for(t, 1) == 1.0  # no warm-up: the first update at the peak (0 samples consumed)
+    assert lr_for(t, 2) == pytest.approx(1 - 16 / 1000, abs=1e-12)
+    assert lr_for(t, 62) == pytest.approx(1 - 976 / 1000, abs=1e-12)  # the last update: 976 samples consumed
 
 
 def test_train_samples_not_a_multiple_of_the_batch_runs_the_whole_batches_only():
