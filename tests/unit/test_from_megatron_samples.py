@@ -27,7 +27,8 @@ def test_a_script_line_with_sample_arguments_converts_to_the_sample_counted_sche
     assert (t["train_samples"], t["steps"], t["lr_warmup_samples"], t["lr_decay_samples"]) == (1000, 62, 100, 900)
     assert "warmup_steps" not in t and "lr_decay_steps" not in t
     cfg = parse_model(JobConfig, conv.config, source="converted")
-    assert lr_for(cfg.training, 6) == pytest.approx(0.96) and lr_for(cfg.training, 7) == pytest.approx(0.9865)
+    # the update of step s at (s - 1) x 16 samples: step 7 at 96 of the 100 warm-up samples, step 8 at 112
+    assert lr_for(cfg.training, 7) == pytest.approx(0.96) and lr_for(cfg.training, 8) == pytest.approx(0.9865)
 
 
 def test_a_warmup_fraction_is_of_the_decay_samples():
@@ -101,7 +102,8 @@ def test_cli_converts_a_launch_script_counted_in_samples(tmp_path, monkeypatch):
 
     t = load_job_config(tmp_path / "job.yaml").training
     assert (t.train_samples, t.steps, t.lr_warmup_samples, t.lr_decay_samples) == (1000, 62, 100, 900)
-    assert lr_for(t, 6) == pytest.approx(0.96) and lr_for(t, 57) == pytest.approx(0.1)
+    assert lr_for(t, 7) == pytest.approx(0.96) and lr_for(t, 58) == pytest.approx(0.1)  # 96 and 912 samples
+    assert lr_for(t, 57) == pytest.approx(0.1045)  # 896 samples: 4 before the decay ends
 
 
 def test_cli_refuses_samples_mixed_with_iterations_with_exit_2_and_writes_nothing(tmp_path, monkeypatch):
