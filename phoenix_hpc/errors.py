@@ -22,6 +22,7 @@ class ConfigError(PhoenixError):
             problems = [problems]
         self.problems = list(problems)
         self.source = source
+        self.note = note
         head = f"invalid configuration{f' in {source}' if source else ''}"
         super().__init__(head + ":\n" + "\n".join(f"  - {p}" for p in self.problems) + (f"\n{note}" if note else ""))
 

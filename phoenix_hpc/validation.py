@@ -28,28 +28,33 @@ def _of_type(value: Any) -> str:
 
 def format_validation_error(exc: ValidationError) -> list[str]:
     """One line per problem: ``field.path: value <v> -- <what is allowed>``; for a value of the wrong type
-    also what it is (``resilience.k: value True (a boolean) -- Input should be a valid integer``)."""
+    also what it is (``resilience.k: value True (a boolean) -- Input should be a valid integer``). A check that
+    finds several problems raises one ValueError with one problem per line; each line is a problem of its own."""
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown field (check the spelling; see the config reference)")
-        elif err["type"] == "missing":
-            lines.append(f"{loc}: required field is missing")
-        elif err["loc"] and err["type"].endswith("_type"):
-            lines.append(f"{loc}: value {err.get('input')!r} ({_of_type(err.get('input'))}) -- {msg}")
-        elif err["loc"] and err["type"] != "value_error":
-            lines.append(f"{loc}: value {err.get('input')!r} -- {msg}")
-        else:
-            # a section's own check gets the section's mapping; a field's check its value (a list too), named
-            # once: a message that starts with the value itself (``['switch'] must contain 'node'``) is not prefixed
-            field_value = err["loc"] and not isinstance(err.get("input"), dict)
-            shown = repr(err.get("input"))
-            # a section's relation check that names its field itself (``resilience.k: ...``) is not prefixed again
-            lines.append(f"{loc}: value {shown} -- {msg}" if field_value and not msg.startswith(shown)
-                         else f"{loc}: {msg}" if err["loc"] and not msg.startswith(f"{loc}.") else msg)
+        for msg in err["msg"].removeprefix("Value error, ").split("\n"):
+            lines.append(_problem_line(err, msg))
     return lines
+
+
+def _problem_line(err: dict[str, Any], msg: str) -> str:
+    """The line of one problem ``msg`` of pydantic's error ``err`` (:func:`format_validation_error`)."""
+    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return f"{loc}: unknown field (check the spelling; see the config reference)"
+    if err["type"] == "missing":
+        return f"{loc}: required field is missing"
+    if err["loc"] and err["type"].endswith("_type"):
+        return f"{loc}: value {err.get('input')!r} ({_of_type(err.get('input'))}) -- {msg}"
+    if err["loc"] and err["type"] != "value_error":
+        return f"{loc}: value {err.get('input')!r} -- {msg}"
+    # a section's own check gets the section's mapping; a field's check its value (a list too), named
+    # once: a message that starts with the value itself (``['switch'] must contain 'node'``) is not prefixed
+    field_value = err["loc"] and not isinstance(err.get("input"), dict)
+    shown = repr(err.get("input"))
+    # a section's relation check that names its field itself (``resilience.k: ...``) is not prefixed again
+    return (f"{loc}: value {shown} -- {msg}" if field_value and not msg.startswith(shown)
+            else f"{loc}: {msg}" if err["loc"] and not msg.startswith(f"{loc}.") else msg)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -147,13 +147,42 @@ def relocate_paths(cfg: dict, out: Path | None, cwd: Path) -> None:
         logging["tensorboard_dir"] = str(cwd.resolve() / logging["tensorboard_dir"])
 
 
-def environment_why(var: str) -> str:
-    """Why a variable the launch script set for its launch is not set in the job by the converted config."""
+def site_environment() -> dict[str, list[tuple[str, str]]]:
+    """Variable -> ``(site, value)`` of every site profile found (:func:`phoenix_hpc.profiles.load.available_sites`:
+    ``$PHOENIX_SITE_PATH``, then ``sites/``) whose ``environment.env`` sets it: the job's sbatch script exports
+    those itself, so they win over a value exported before ``phoenix submit``. The conversion does not know the
+    site the job will be submitted to, so every profile is read; one that cannot be loaded is left out (``phoenix
+    submit --site`` names its problems)."""
+    from phoenix_hpc.errors import ProfileError
+    from phoenix_hpc.profiles.load import available_sites, load_profile
+
+    out: dict[str, list[tuple[str, str]]] = {}
+    for site in available_sites():
+        try:
+            profile = load_profile(site)
+        except ProfileError:
+            continue
+        for var, value in profile.environment.env.items():
+            out.setdefault(var, []).append((site, value))
+    return out
+
+
+def environment_why(var: str, sites: dict[str, list[tuple[str, str]]] | None = None) -> str:
+    """Why a variable the launch script set for its launch is not set in the job by the converted config.
+    ``sites``: :func:`site_environment` (None: no site profile is looked at)."""
     from phoenix_hpc.engines.megatron_env import MAX_CONNECTIONS
 
     if var == MAX_CONNECTIONS:
         return ("phoenix sets it to 1 itself where megatron-core needs it (tensor parallelism on GPUs before "
                 "Blackwell: phoenix_hpc/engines/megatron_env.py)")
+    setters = (sites or {}).get(var)
+    if setters:
+        said = ", ".join(f"{site} ({var}={value!r})" for site, value in setters)
+        return (f"a job config has no environment of its own, and the site profile{'s' if len(setters) > 1 else ''} "
+                f"{said} set{'' if len(setters) > 1 else 's'} it in the job's sbatch script (environment.env), so "
+                "on such a site the site's value wins over one exported before phoenix submit: change it in the "
+                "site profile's environment.env (or in a copy of the profile given to phoenix submit --site); on "
+                "another site, set it there or export it before phoenix submit")
     return ("a job config has no environment of its own: set it in the site profile's environment.env, or export "
             "it before phoenix submit (sbatch passes the submitting environment on)")
 
@@ -195,22 +224,53 @@ def argument_sources(conv, on_command_line: set[str], script_text: str | None,
         if flag.startswith("--"):
             if given is not None and flag not in given:
                 where = f"{flag}, absent: Megatron-LM's default"
-            elif flag in on_command_line or any(t.startswith(flag + "=") for t in on_command_line):
-                where = f"{flag} on the command line"
-            elif script_text is not None:
-                word = re.compile(rf"(?<![\w-]){re.escape(flag)}(?![\w-])")
-                lines = [str(n) for n, line in enumerate(script_text.splitlines(), 1)
-                         if not line.lstrip().startswith("#") and word.search(line)]
-                where = (f"{flag} on line{'s' if len(lines) > 1 else ''} {', '.join(lines)} of {args_file}" if lines
-                         else f"{flag} of {args_file}")
             else:
-                where = flag
+                where = where_given(flag, on_command_line, script_text, args_file)
         elif flag == "(tokenizer files)":
             where = "the tokenizer files"
         else:
             continue
         if where not in out.setdefault(dotted, []):
             out[dotted].append(where)
+    return out
+
+
+def where_given(flag: str, on_command_line: set[str], script_text: str | None, args_file: Path | None) -> str:
+    """Where the argument ``flag`` was given: ``--lr on the command line`` (a word of ``on_command_line``, the
+    words after ``--``), ``--lr on lines 4, 9 of run.sh`` (every line of ``script_text`` that holds the
+    argument's word, comment lines left out), ``--lr of run.sh`` (no such line: built by the script's
+    variables), or the flag alone. Pure."""
+    if flag in on_command_line or any(t.startswith(flag + "=") for t in on_command_line):
+        return f"{flag} on the command line"
+    if script_text is None:
+        return flag
+    word = re.compile(rf"(?<![\w-]){re.escape(flag)}(?![\w-])")
+    lines = [str(n) for n, line in enumerate(script_text.splitlines(), 1)
+             if not line.lstrip().startswith("#") and word.search(line)]
+    return (f"{flag} on line{'s' if len(lines) > 1 else ''} {', '.join(lines)} of {args_file}" if lines
+            else f"{flag} of {args_file}")
+
+
+def locate_problems(problems: list[str], given: set[str], on_command_line: set[str], script_text: str | None,
+                    args_file: Path | None) -> list[str]:
+    """The conversion's refusals (each starting with the Megatron-LM arguments it is about, ``--lr-decay-iters:
+    50 beside --train-samples (allowed: ...)``) with where every argument it names before ``(allowed`` and that
+    was given (``given``: the option words of the whole list) came from, as :func:`argument_sources` names
+    them for the schema's refusals: ``--lr-decay-iters (from --lr-decay-iters on line 7 of run.sh and
+    --train-samples on line 6 of run.sh): 50 beside ...``, the note before the problem's first ``: ``. Only
+    for an ``--args-file`` (``script_text``), whose lines there are to name; arguments after ``--`` are said
+    to be on the command line. Pure."""
+    if script_text is None:
+        return list(problems)
+    out = []
+    for p in problems:
+        head = p.split(" (allowed", 1)[0]
+        flags = list(dict.fromkeys(f for f in re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", head) if f in given))
+        if flags:
+            note = f" (from {' and '.join(where_given(f, on_command_line, script_text, args_file) for f in flags)})"
+            at = p.find(": ")
+            p = p + note if at < 0 else p[:at] + note + p[at:]
+        out.append(p)
     return out
 
 
@@ -234,7 +294,8 @@ def _is_option_line(entry: str) -> bool:
     return re.sub(r"^line \d+: ", "", entry).lstrip().startswith("-")
 
 
-def render(conv, not_run: list[str] = (), environment: dict[str, str] | None = None) -> str:
+def render(conv, not_run: list[str] = (), environment: dict[str, str] | None = None,
+           sites: dict[str, list[tuple[str, str]]] | None = None) -> str:
     """The config file's text: a header naming the source and everything not carried over (a dropped argument
     exactly as given, every value included), the commands of an ``--args-file`` script that were not run
     (``not_run``) and the variables it set for its launch (``environment``), then the YAML, whose
@@ -261,7 +322,7 @@ def render(conv, not_run: list[str] = (), environment: dict[str, str] | None = N
         head += [f"#   {line}" for cmd in not_run for line in [" ".join(cmd.split())]]
     if environment:
         head.append("# Environment the script set for its launch, NOT set in the job by this config:")
-        head += [f"#   {var}={value!r}: {environment_why(var)}" for var, value in environment.items()]
+        head += [f"#   {var}={value!r}: {environment_why(var, sites)}" for var, value in environment.items()]
     body = yaml.safe_dump(conv.config, sort_keys=False, default_flow_style=False)
     return "\n".join(head) + "\n" + body
 
@@ -341,8 +402,15 @@ def from_megatron(args_file, script_args, output, drop, name, engine, nodes, spa
     if output is not None and not output.resolve().parent.is_dir():
         raise ConfigError(f"-o/--output: folder {str(output.parent)!r} does not exist (allowed: a file in an "
                           "existing folder)")
-    conv = convert(tokens, drop=drop, name=name, nodes=nodes, spares=spares, read_vocab=read_vocab,
-                   has_tracker=has_tracker, read_data_args=read_data_args, engine=engine)
+    given = {t.split("=", 1)[0] for t in tokens if t.startswith("--")}
+    try:
+        conv = convert(tokens, drop=drop, name=name, nodes=nodes, spares=spares, read_vocab=read_vocab,
+                       has_tracker=has_tracker, read_data_args=read_data_args, engine=engine)
+    except ConfigError as exc:
+        located = locate_problems(exc.problems, given, set(megatron_args), script_text, args_file)
+        if located == exc.problems:
+            raise
+        raise ConfigError(located, source=exc.source, note=exc.note) from None
     relocate_paths(conv.config, output, cwd)
     not_run = left_out if launch is not None else []
     source = " and ".join(
@@ -355,13 +423,13 @@ def from_megatron(args_file, script_args, output, drop, name, engine, nodes, spa
     except ValidationError as exc:
         from phoenix_hpc.validation import format_validation_error
 
-        sources = argument_sources(conv, set(megatron_args), script_text, args_file,
-                                   given={t.split("=", 1)[0] for t in tokens if t.startswith("--")})
+        sources = argument_sources(conv, set(megatron_args), script_text, args_file, given=given)
         problems = name_sources(format_validation_error(exc), sources)
         raise ConfigError(problems, source="the converted config",
                           note=(engine == "torch" and ways_note(problems)) or
                           "nothing was written (each field names the Megatron-LM argument it came from)") from None
-    text = render(conv, not_run, environment)
+    sites = site_environment() if environment else {}
+    text = render(conv, not_run, environment, sites)
     for line in left_out:
         click.echo(f"left out of --args-file (a shell command, not run; not pretrain_gpt.py's arguments): {line}",
                    err=True)
@@ -370,7 +438,7 @@ def from_megatron(args_file, script_args, output, drop, name, engine, nodes, spa
     for flag, v, why in conv.not_carried:
         click.echo(f"not carried over: {flag} {v!r}: {why}", err=True)
     for var, value in environment.items():
-        click.echo(f"not carried over: the script's environment {var}={value}: {environment_why(var)}", err=True)
+        click.echo(f"not carried over: the script's environment {var}={value}: {environment_why(var, sites)}", err=True)
     if output is None:
         click.echo(text, nl=False)
     else:

@@ -281,6 +281,16 @@ def _records(raw: bytes) -> list[tuple[str, int, str]]:
     return out
 
 
+def _listed_once(skipped: Sequence[tuple[int, str]]) -> list[str]:
+    """``"line N: text"`` of every command not run, once each in order of its line: a command bash reached
+    several times (in a loop, a function called twice) is listed once, with how many times
+    (``line 4: echo $x (reached 3 times)``). Pure."""
+    counts: dict[tuple[int, str], int] = {}
+    for line, t in skipped:
+        counts[(line, t)] = counts.get((line, t), 0) + 1
+    return [f"line {line}: {t}" + (f" (reached {n} times)" if n > 1 else "") for (line, t), n in counts.items()]
+
+
 def _said(message: str) -> str:
     """bash's message without its ``NAME: line N:`` prefix (the last line of ``message``)."""
     message = message.strip()
@@ -401,7 +411,7 @@ def read_script(text: str, *, path: str, script_args: Sequence[str] = (),
         if proc.returncode not in (0, 1) or (proc.returncode and "syntax error" in stderr):
             first = stderr.strip().splitlines()[0] if stderr.strip() else f"exit status {proc.returncode}"
             raise ConfigError(f"--args-file {path}: bash could not read the script: {first}")
-        return Reading(launch=None, not_run=[f"line {line}: {t}" for line, t in skipped], environment=environment)
+        return Reading(launch=None, not_run=_listed_once(skipped), environment=environment)
     launch_line = launch_lines[0]
     args = [t for kind, _, t in records if kind == "word"]
     unset_at = {line: t for kind, line, t in records if kind == "unsetvar"}
@@ -430,7 +440,7 @@ def read_script(text: str, *, path: str, script_args: Sequence[str] = (),
                             "the environment)")
     if problems:
         raise ConfigError(problems)
-    not_run = [f"line {line}: {t}" for line, t in skipped]
+    not_run = _listed_once(skipped)
     launcher = [_clean(t) for kind, _, t in records if kind == "pre"]
     launch = Launch(args=args, line=launch_line, not_run=not_run, launcher=launcher,
                     environment={**environment, **_launch_environment(launcher)})

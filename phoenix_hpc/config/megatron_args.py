@@ -27,6 +27,7 @@ meaning and were not dropped; every problem is listed, each naming the argument,
 from __future__ import annotations
 
 import argparse
+import ast
 import math
 import os
 import re
@@ -316,7 +317,26 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing usage and exiting."""
 
     def error(self, message):  # noqa: D102 - argparse's hook
-        raise ConfigError(f"Megatron-LM arguments: {message}")
+        raise ConfigError(_argparse_problem(message), source="the Megatron-LM arguments",
+                          note="nothing was written (docs/megatron-args.md lists every argument and its field)")
+
+
+def _argparse_problem(message: str) -> str:
+    """argparse's error ``message`` in the project's form: a value argparse's ``int`` or ``float`` refuses
+    (``argument --train-samples: invalid int value: '1e3'``) as ``--train-samples: '1e3' (allowed: a whole
+    number, e.g. 1000)``; any other message as ``Megatron-LM arguments: <message>``. Pure."""
+    m = re.fullmatch(r"argument (\S+?)(?:/\S+)?: invalid (int|float) value: (.*)", message, re.S)
+    if m is None:
+        return f"Megatron-LM arguments: {message}"
+    flag, kind, shown = m.groups()
+    try:
+        value = float(ast.literal_eval(shown))
+    except (ValueError, SyntaxError, TypeError):
+        value = math.nan
+    if kind == "int":
+        example = int(value) if math.isfinite(value) and value == int(value) else 1000
+        return f"{flag}: {shown} is not a whole number (allowed: a whole number, e.g. {example})"
+    return f"{flag}: {shown} is not a number (allowed: a number, e.g. 0.0003 or 3e-4)"
 
 
 def _parser() -> _Parser:
@@ -702,14 +722,17 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
             problems.append(f"{flag}: not known to phoenix (given as {shlex.join(words)}), so what it changes cannot "
                             f"be carried over (allowed: the arguments of docs/megatron-args.md; --drop "
                             f"{flag.lstrip('-')} to go on without it)")
+    drop_reported = set(unknown_drops)
     for d in sorted(drops):
         a = BY_FLAG.get(d)
         if a is not None and a.kind not in ("same", "refuse") and d in named:
+            drop_reported.add(d)
             problems.append(f"--drop {d.lstrip('-')}: {d} is carried over or listed, not refused, so there is nothing "
                             "to drop (allowed: arguments the conversion refuses)")
     for d in unknown_drops:
         problems.append(f"--drop {d.lstrip('-')}: not an argument of this list (allowed: arguments given, or "
                         "Megatron-LM arguments of docs/megatron-args.md)")
+    droppable = [flag for flag, _ in unknown]  # every argument that changes the training, in order
 
     def eff(flag: str) -> Any:
         a = BY_FLAG[flag]
@@ -741,12 +764,14 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
                 continue
             shown = f"{value!r}" + ("" if a.flag in given else " (Megatron-LM's default when absent)")
             why = f"{a.why} (allowed: {allowed!r})"
+            droppable.append(a.flag if a.flag in given else f"{a.flag} (Megatron-LM's default {value!r})")
             if a.flag in drops:
                 conv.dropped.append((a.flag, words_of.get(a.flag, value), why))
             else:
                 problems.append(f"{a.flag}: {shown} changes the training: {why}; --drop {a.flag.lstrip('-')} to "
                                 "train with phoenix's value knowingly")
         elif a.kind == "refuse" and a.flag in given:
+            droppable.append(a.flag)
             if a.flag in drops:
                 conv.dropped.append((a.flag, words_of[a.flag], a.why))
             else:
@@ -756,6 +781,13 @@ def convert(tokens: list[str], *, drop: tuple[str, ...] | list[str] = (), name: 
             conv.not_carried.append((a.flag, given[a.flag], a.why))
         elif a.kind == "record" and a.flag in given:
             conv.records.append((a.flag, given[a.flag]))
+
+    dropped_flags = {flag for flag, _, _ in conv.dropped}
+    for d in sorted(drops - dropped_flags - drop_reported):
+        problems.append(f"--drop {d.lstrip('-')}: matches no argument that changes the training ({d} is not given, "
+                        "or its value is phoenix's), so there is nothing to drop (allowed: the arguments given, or "
+                        "left to a Megatron-LM default, that change the training: "
+                        f"{', '.join(f.lstrip('-') for f in droppable) or 'none in this list'})")
 
     cfg = conv.config
 
@@ -999,9 +1031,14 @@ def _carry_iteration_schedule(given: dict[str, Any], eff: Callable[[str], Any],
                             "unit for the run and its schedule)")
     if given.get("--lr-warmup-samples") == 0:
         conv.not_carried.append(("--lr-warmup-samples", 0, "Megatron-LM's default: no warm-up counted in samples"))
-    if "--lr-warmup-fraction" in given and "--lr-warmup-iters" in given:
-        problems.append("--lr-warmup-fraction and --lr-warmup-iters: both given (allowed: one of them)")
+    if "--lr-warmup-fraction" in given and given.get("--lr-warmup-iters", 0) != 0:
+        problems.append(f"--lr-warmup-fraction and --lr-warmup-iters: both given ({given['--lr-warmup-fraction']} "
+                        f"and {given['--lr-warmup-iters']}) (allowed: one of them; --lr-warmup-iters 0, its default, "
+                        "beside the fraction: Megatron-LM asserts lr_warmup_iters == 0 when a fraction is given)")
     elif "--lr-warmup-fraction" in given:
+        if given.get("--lr-warmup-iters") == 0:
+            conv.not_carried.append(("--lr-warmup-iters", 0, "Megatron-LM's default, accepted beside "
+                                     "--lr-warmup-fraction: the warm-up is the fraction's"))
         frac = given["--lr-warmup-fraction"]
         decay = given.get("--lr-decay-iters") or given.get("--train-iters") or 0
         if not 0.0 <= frac <= 1.0:

@@ -940,7 +940,7 @@ class JobConfig(BaseModel):
             problems.append(f"resilience.spares_exhausted: 'shrink' needs engine 'torch' (engine is {self.engine!r}; "
                             "allowed here: auto, stop)")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("\n".join(problems))  # one line each: format_validation_error lists them apart
         return self
 
     def _evaluation_problems(self) -> list[str]:

@@ -111,5 +111,6 @@ def test_cli_refuses_samples_mixed_with_iterations_with_exit_2_and_writes_nothin
     (tmp_path / "args.sh").write_text(SCRIPT.replace("--lr-decay-samples 900", "--lr-decay-iters 50"))
     r = _invoke("--args-file", "args.sh", "-o", "job.yaml")
     assert r.exit_code == 2, r.output
-    assert "--lr-decay-iters: 50 beside --train-samples" in r.output and "Traceback" not in r.output
+    assert ("--lr-decay-iters (from --lr-decay-iters on line 6 of args.sh and --train-samples on line 6 of "
+            "args.sh): 50 beside --train-samples") in r.output and "Traceback" not in r.output
     assert not (tmp_path / "job.yaml").exists()
