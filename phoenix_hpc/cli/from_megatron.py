@@ -7,7 +7,8 @@ directory's ``config.yaml`` keeps: :class:`phoenix_hpc.config.schema.ConversionR
 config (a refusal names each field with the Megatron-LM argument and line it came from; an argument left out as
 Megatron-LM's default; for ``--engine torch`` also the arguments that meet each of the torch engine's refusals,
 :mod:`phoenix_hpc.config.megatron_torch`) and writes it atomically. Exit codes: 0 written; 2 bad input (an argument that does not parse, a missing required one, one
-that changes the training and was not dropped, a script that launches another python entry point, a current
+that changes the training and was not dropped, a --drop that matches no such argument, a script that launches
+another python entry point or launches pretrain_gpt.py twice with other words, a current
 folder that no longer exists, a config the schema refuses), nothing written.
 """
 
@@ -288,6 +289,26 @@ def name_sources(problems: list[str], sources: dict[str, list[str]]) -> list[str
     return out
 
 
+def launch_notes(launch, args_file: Path | None) -> list[str]:
+    """What the config's notes say of a script's launches (:class:`phoenix_hpc.config.launch_script.Launch`):
+    later ``pretrain_gpt.py`` commands with the same words (converted once, from the first), and a script whose
+    rest after the launch did not end within the reading's time limit (a later launch there was not looked
+    for). Empty for none. Pure."""
+    if launch is None:
+        return []
+    out = []
+    if launch.same_at:
+        lines = ", ".join(map(str, launch.same_at))
+        out.append(f"--args-file {args_file} launches pretrain_gpt.py on line {launch.line} and again with the same "
+                   f"words on line{'s' if len(launch.same_at) > 1 else ''} {lines}: converted once, from line "
+                   f"{launch.line}: the job runs once")
+    if not launch.read_to_end:
+        out.append(f"--args-file {args_file}: read up to its pretrain_gpt.py command on line {launch.line}; the rest "
+                   "did not end within the reading's time limit (a loop that waits on a command not run here), so "
+                   "a later pretrain_gpt.py command there was not looked for")
+    return out
+
+
 def _is_option_line(entry: str) -> bool:
     """Whether a not-run entry (``line N: text``) or a line of a fragment is an option line (``--lr 1``), not a
     command."""
@@ -412,6 +433,7 @@ def from_megatron(args_file, script_args, output, drop, name, engine, nodes, spa
             raise
         raise ConfigError(located, source=exc.source, note=exc.note) from None
     relocate_paths(conv.config, output, cwd)
+    conv.notes += launch_notes(launch, args_file)
     not_run = left_out if launch is not None else []
     source = " and ".join(
         ([f"--args-file {args_file}" + "".join(f" --script-arg {shlex.quote(a)}" for a in script_args)]
@@ -430,6 +452,8 @@ def from_megatron(args_file, script_args, output, drop, name, engine, nodes, spa
                           "nothing was written (each field names the Megatron-LM argument it came from)") from None
     sites = site_environment() if environment else {}
     text = render(conv, not_run, environment, sites)
+    for note in launch_notes(launch, args_file):
+        click.echo(f"note: {note}", err=True)
     for line in left_out:
         click.echo(f"left out of --args-file (a shell command, not run; not pretrain_gpt.py's arguments): {line}",
                    err=True)

@@ -27,10 +27,14 @@ argument) marks its variable the same way, with bash's message; ``: "${DATA:?mes
 ``X=${1:?message}`` stop the reading with that message, as the script would stop.
 
 The first command whose words, expanded in a subshell behind the same gate, contain a word
-``pretrain_gpt.py`` or ``.../pretrain_gpt.py`` is the launch: the words after it are the arguments, and the
-script is read no further; its words before ``pretrain_gpt.py`` (the launcher) and the variables exported
-there (or at the script's end, when it has no launch) are reported too (:class:`Reading`), so that what the
-script set in the launch's environment is listed, not lost. Redirections at its end (``> log 2>&1``) are not part of its words; a ``<`` or
+``pretrain_gpt.py`` or ``.../pretrain_gpt.py`` is the launch: the words after it are the arguments; its words
+before ``pretrain_gpt.py`` (the launcher) and the variables exported there (or at the script's end, when it
+has no launch) are reported too (:class:`Reading`), so that what the script set in the launch's environment is
+listed, not lost. The launch is not run either, and the script is read on, to its end, an ``exit`` outside a
+subshell, or the same launch reached again (a retry loop): a later ``pretrain_gpt.py`` command with the same
+words is reported (:attr:`Launch.same_at`), one with other words is refused, since one config cannot obey two
+launches. A script still being read at the time limit after its launch (a loop waiting on a command) is
+converted from the launch, and says so (:attr:`Launch.read_to_end`). Redirections at its end (``> log 2>&1``) are not part of its words; a ``<`` or
 ``>`` anywhere else, a here-document, or a command substitution in the launch command itself is refused rather
 than guessed at. bash's own ``$LINENO``, ``$FUNCNAME``, ``$BASH_SOURCE`` and ``$_`` differ while the gate
 reads the script, so a launch word or an assignment that uses them is refused (marked) the same way, and so is
@@ -93,7 +97,7 @@ __phoenix_put() { printf '%s\037%s\037%s\0' "$1" "$2" "$3" >&3; }
 __phoenix_exports() {
   local __phoenix_v
   for __phoenix_v in ${!a@} ${!b@} ${!c@} ${!d@} ${!e@} ${!f@} ${!g@} ${!h@} ${!i@} ${!j@} ${!k@} ${!l@} ${!m@} ${!n@} ${!o@} ${!p@} ${!q@} ${!r@} ${!s@} ${!t@} ${!u@} ${!v@} ${!w@} ${!x@} ${!y@} ${!z@} ${!A@} ${!B@} ${!C@} ${!D@} ${!E@} ${!F@} ${!G@} ${!H@} ${!I@} ${!J@} ${!K@} ${!L@} ${!M@} ${!N@} ${!O@} ${!P@} ${!Q@} ${!R@} ${!S@} ${!T@} ${!U@} ${!V@} ${!W@} ${!X@} ${!Y@} ${!Z@} ${!_@}; do
-    if [[ ${!__phoenix_v@a} == *x* ]]; then __phoenix_put env 0 "$__phoenix_v=${!__phoenix_v-}"; fi
+    if [[ ${!__phoenix_v@a} == *x* ]]; then __phoenix_put env "${1:-0}" "$__phoenix_v=${!__phoenix_v-}"; fi
   done
 }
 __phoenix_pure() {
@@ -195,13 +199,18 @@ __phoenix_gate() {
     ( set +u; eval "__phoenix_w=( $__phoenix_e )" && __phoenix_words "" "${__phoenix_w[@]}" ) 2>&5
     __phoenix_rc=$?
     if (( __phoenix_rc == 10 )); then
+      if [[ $__phoenix_launched == *" $__phoenix_n "* ]]; then __phoenix_end 0; fi
+      __phoenix_launched+="$__phoenix_n "
       if ! __phoenix_err=$( ( set -u; eval "__phoenix_w=( $__phoenix_e )" && __phoenix_words "$__phoenix_n" "${__phoenix_w[@]}" ) 2>&1 ); then
         if [[ -n $__phoenix_err ]]; then __phoenix_put unset "$__phoenix_n" "$__phoenix_err"; __phoenix_end 3; fi
       fi
       __phoenix_put launch "$__phoenix_n" "$__phoenix_c"
-      __phoenix_exports
-      __phoenix_end 0
+      __phoenix_exports "$__phoenix_n"
+      return 1
     fi
+  fi
+  if [[ $__phoenix_launched != ' ' && ( $__phoenix_c == exit || $__phoenix_c == 'exit '* ) ]] && (( BASH_SUBSHELL == 0 )); then
+    __phoenix_end 0
   fi
   __phoenix_put skip "$__phoenix_n" "$__phoenix_c"
   if (( BASH_SUBSHELL > 0 )); then printf '\037phoenix-not-run:%s\037' "$__phoenix_n"; fi
@@ -209,6 +218,7 @@ __phoenix_gate() {
   return 1
 }
 readonly -f __phoenix_put __phoenix_pure __phoenix_words __phoenix_end __phoenix_exports __phoenix_gate
+__phoenix_launched=' '
 shopt -s extdebug
 set -T
 set -r
@@ -226,13 +236,18 @@ class Launch:
     ``launcher``: its words before ``pretrain_gpt.py``, expanded (``torchrun --nproc_per_node 8``, or
     ``CUDA_DEVICE_MAX_CONNECTIONS=1 python``); ``environment``: the variables the command runs with that the
     script set (:attr:`Reading.environment`, then the launcher's leading ``NAME=VALUE`` words, also after
-    ``env``)."""
+    ``env``); ``same_at``: the lines of later ``pretrain_gpt.py`` commands with the same words (the script is
+    read on after the first to look for them; one with other words is refused); ``read_to_end``: False when the
+    script did not end within the time limit after the launch (a loop waiting on a command), so a later launch
+    was not looked for in the rest."""
 
     args: list[str]
     line: int
     not_run: list[str]
     launcher: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
+    same_at: list[int] = field(default_factory=list)
+    read_to_end: bool = True
 
 
 @dataclass(frozen=True)
@@ -289,6 +304,31 @@ def _listed_once(skipped: Sequence[tuple[int, str]]) -> list[str]:
     for line, t in skipped:
         counts[(line, t)] = counts.get((line, t), 0) + 1
     return [f"line {line}: {t}" + (f" (reached {n} times)" if n > 1 else "") for (line, t), n in counts.items()]
+
+
+def _later_launches(records: Sequence[tuple[str, int, str]], launch_lines: Sequence[int], *, path: str) -> list[int]:
+    """The lines of the ``pretrain_gpt.py`` commands after the first (``launch_lines[0]``) that run with the same
+    words (before and after ``pretrain_gpt.py``): one config obeys them all. Raises ConfigError naming both lines
+    when one runs with other words: one config cannot obey two launches."""
+    def words(kind: str, at: int) -> list[str]:
+        return [t for k, line, t in records if k == kind and line == at]
+
+    first = launch_lines[0]
+    same = []
+    for at in launch_lines[1:]:
+        if words("word", at) == words("word", first) and words("pre", at) == words("pre", first):
+            same.append(at)
+            continue
+        a, b = words("pre", first) + words("word", first), words("pre", at) + words("word", at)
+        only_a = [_clean(w) for w in a if w not in b][:6]
+        only_b = [_clean(w) for w in b if w not in a][:6]
+        raise ConfigError(f"--args-file {path}: the script launches pretrain_gpt.py on line {first} and again on "
+                          f"line {at} with other words (only on line {first}: {' '.join(only_a) or '(none)'}; only "
+                          f"on line {at}: {' '.join(only_b) or '(none)'}), and one config holds one launch's "
+                          "arguments (allowed: a script that launches it once, or every time with the same words: "
+                          "edit the script to keep the launch you mean, or give the --script-arg values or "
+                          "environment under which it takes one branch)")
+    return same
 
 
 def _said(message: str) -> str:
@@ -351,8 +391,9 @@ def read_script(text: str, *, path: str, script_args: Sequence[str] = (),
     Raises ConfigError (naming ``path`` and the line) when the current folder no longer exists, when a launch
     word uses a variable that is not set or a
     value that only a command the script did not run would give, when the launch command's words cannot be
-    read without running a command, when the script stops (``${1:?usage}``) or bash cannot parse it, or when
-    bash takes more than ``timeout_s`` seconds (a loop that waits on a command)."""
+    read without running a command, when the script stops (``${1:?usage}``) or bash cannot parse it, when it
+    launches ``pretrain_gpt.py`` again with other words (:func:`_later_launches`), or when bash takes more than
+    ``timeout_s`` seconds before reaching a launch (a loop that waits on a command)."""
     bash = shutil.which("bash")
     if bash is None:
         return None
@@ -373,17 +414,29 @@ def read_script(text: str, *, path: str, script_args: Sequence[str] = (),
         proc = subprocess.Popen([bash, "--norc", "--noprofile", "-c", _GATE, path, str(report), *script_args],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 env=run_env, cwd=tmp, start_new_session=True)
+        timed_out = False
         try:
             _, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise ConfigError(f"--args-file {path}: bash read the script for {timeout_s:g} s without reaching "
-                              "its pretrain_gpt.py command or its end (a loop that waits on a command, which is "
-                              "not run here, or a script that redefines bash builtins the reader calls; allowed: "
-                              "a script whose loops end on their own values)") from None
+            timed_out, err = True, b""
         finally:
             _kill_group(proc)
         records = _records(report.read_bytes())
         stderr = err.decode("utf-8", "replace").replace(str(Path(tmp) / "script.sh"), path)
+    launch_lines = list(dict.fromkeys(line for kind, line, _ in records if kind == "launch"))
+    if timed_out and not launch_lines:
+        raise ConfigError(f"--args-file {path}: bash read the script for {timeout_s:g} s without reaching "
+                          "its pretrain_gpt.py command or its end (a loop that waits on a command, which is "
+                          "not run here, or a script that redefines bash builtins the reader calls; allowed: "
+                          "a script whose loops end on their own values)")
+    if launch_lines:  # what the script had run up to its (first) launch: reading went on to look for another
+        at = next(i for i, (kind, _, _) in enumerate(records) if kind == "launch")
+        before = records[:at]
+        records = before + [r for r in records[at:] if r[0] in ("launch", "word", "pre", "unset", "unreadable",
+                                                                "unsetvar", "own", "stops")
+                            or (r[0] == "env" and r[1] == launch_lines[0])]
+        stderr = "\n".join(line for line in stderr.splitlines()
+                           if not (m := re.search(r"line (\d+): ", line)) or int(m.group(1)) <= launch_lines[0])
     exported = {name: value for name, _, value in (t.partition("=") for kind, _, t in records if kind == "env")}
     environment = {k: _clean(v) for k, v in sorted(exported.items())
                    if k not in _NOT_THE_SCRIPTS and not k.startswith("__phoenix") and run_env.get(k) != v}
@@ -406,14 +459,13 @@ def read_script(text: str, *, path: str, script_args: Sequence[str] = (),
             raise ConfigError(f"--args-file {path} line {line}: the script stops at {command!r}: {_said(said)} "
                               "(allowed: give its positional arguments with --script-arg, or set the variable in "
                               "the environment)")
-    launch_lines = [line for kind, line, _ in records if kind == "launch"]
     if not launch_lines:
         if proc.returncode not in (0, 1) or (proc.returncode and "syntax error" in stderr):
             first = stderr.strip().splitlines()[0] if stderr.strip() else f"exit status {proc.returncode}"
             raise ConfigError(f"--args-file {path}: bash could not read the script: {first}")
         return Reading(launch=None, not_run=_listed_once(skipped), environment=environment)
     launch_line = launch_lines[0]
-    args = [t for kind, _, t in records if kind == "word"]
+    args = [t for kind, line, t in records if kind == "word" and line == launch_line]
     unset_at = {line: t for kind, line, t in records if kind == "unsetvar"}
     found: dict[tuple[str, int], None] = {}
     for w in args:
@@ -441,7 +493,9 @@ def read_script(text: str, *, path: str, script_args: Sequence[str] = (),
     if problems:
         raise ConfigError(problems)
     not_run = _listed_once(skipped)
-    launcher = [_clean(t) for kind, _, t in records if kind == "pre"]
+    launcher = [_clean(t) for kind, line, t in records if kind == "pre" and line == launch_line]
+    same_at = _later_launches(records, launch_lines, path=path)
     launch = Launch(args=args, line=launch_line, not_run=not_run, launcher=launcher,
-                    environment={**environment, **_launch_environment(launcher)})
+                    environment={**environment, **_launch_environment(launcher)}, same_at=same_at,
+                    read_to_end=not timed_out)
     return Reading(launch=launch, not_run=not_run, environment=environment)

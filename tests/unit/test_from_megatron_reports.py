@@ -182,3 +182,56 @@ def test_a_command_reached_in_a_loop_is_listed_once_with_a_count(tmp_path, monke
     record = yaml.safe_load(text)["converted_from"]["not_run"]
     assert record == ["line 2: echo $x (reached 3 times)", "line 4: mkdir -p out"]
 
+
+
+# --- a script with more than one pretrain_gpt.py launch ---
+
+ONE = "torchrun pretrain_gpt.py " + " ".join(BASE) + " --train-iters 10"
+
+
+def test_a_second_launch_with_other_arguments_is_refused_naming_both_lines(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.sh").write_text(f"{ONE}\necho between\n{ONE.replace('--train-iters 10', '--train-iters 20')}\n")
+    r = _invoke("--args-file", "run.sh", "-o", "job.yaml")
+    assert r.exit_code == 2, r.output
+    assert ("launches pretrain_gpt.py on line 1 and again on line 3 with other words (only on line 1: 10; only on "
+            "line 3: 20)") in r.output, r.output
+    assert "--script-arg" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "job.yaml").exists()
+
+
+def test_a_second_launch_with_the_same_arguments_is_noted(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.sh").write_text(f"ARGS=( {' '.join(BASE)} --train-iters 10 )\nmkdir -p out\n"
+                                     'torchrun pretrain_gpt.py "${ARGS[@]}"\necho again\n'
+                                     'torchrun pretrain_gpt.py "${ARGS[@]}"\n')
+    r = _invoke("--args-file", "run.sh", "-o", "job.yaml")
+    assert r.exit_code == 0, r.output
+    note = ("launches pretrain_gpt.py on line 3 and again with the same words on line 5: converted once, from line "
+            "3")
+    assert note in r.output
+    record = yaml.safe_load((tmp_path / "job.yaml").read_text())["converted_from"]
+    assert any(note in n for n in record["notes"]), record
+    assert record["not_run"] == ["line 2: mkdir -p out"]  # what follows the first launch is not listed
+    assert yaml.safe_load((tmp_path / "job.yaml").read_text())["training"]["steps"] == 10
+
+
+def test_a_launch_in_a_retry_loop_is_read_once(tmp_path):
+    reading = read_script(f"for i in 1 2 3; do\n  {ONE}\ndone\n", path="run.sh")
+    assert reading.launch.line == 2 and reading.launch.same_at == [] and reading.launch.read_to_end
+    assert reading.launch.args[-2:] == ["--train-iters", "10"]
+
+
+def test_a_script_that_waits_after_its_launch_is_converted_from_the_launch(tmp_path):
+    reading = read_script(f"{ONE}\nwhile [ ! -e /nonexistent-phoenix-file ]; do sleep 1; done\n", path="run.sh",
+                          timeout_s=1.0)
+    assert reading.launch.line == 1 and not reading.launch.read_to_end
+
+
+def test_an_exit_after_the_launch_ends_the_reading_as_it_ends_the_script(tmp_path):
+    text = (f'if [ "${{MODE:-a}}" = a ]; then\n  {ONE}\n  exit 0\nfi\n'
+            f"{ONE.replace('--train-iters 10', '--train-iters 20')}\n")
+    reading = read_script(text, path="run.sh", env={"PATH": "/usr/bin:/bin"})
+    assert reading.launch.line == 2 and reading.launch.args[-1] == "10" and reading.launch.same_at == []
+    with pytest.raises(ConfigError, match="on line 2 and again on line 5 with other words"):
+        read_script(text.replace("  exit 0\n", "  echo done\n"), path="run.sh", env={"PATH": "/usr/bin:/bin"})
