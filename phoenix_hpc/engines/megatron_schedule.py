@@ -7,8 +7,11 @@ iteration-based training counts the scheduler in samples: every iteration steps 
 ``global_batch_size``, ``lr_warmup_steps = lr_warmup_iters x global_batch_size``, ``lr_decay_steps =
 lr_decay_iters x global_batch_size``, and ``num_steps`` is the samples consumed so far.
 
-phoenix's schedule is a pure function of the step (:mod:`phoenix_hpc.engines.schedule`): linear warm-up over
-``training.warmup_steps`` steps from 0 to ``training.lr``, then ``training.lr_schedule`` decay to
+phoenix's schedule is a pure function of the step (:mod:`phoenix_hpc.engines.schedule`), Megatron-LM's
+exactly: ``train_step`` runs ``optimizer.step()`` before ``opt_param_scheduler.step(increment=global batch)``,
+so a checkpoint of iteration ``S`` holds ``num_steps = S x global_batch_size`` and the iteration after it,
+``S + 1``, trains at the rate there (:func:`phoenix_hpc.engines.schedule.lr_for` of ``S + 1``); iteration 1
+at position 0. The schedule: linear warm-up over ``training.warmup_steps`` steps from 0 to ``training.lr``, then ``training.lr_schedule`` decay to
 ``training.min_lr`` within ``training.lr_decay_steps`` steps from step 0 (``training.steps`` when unset;
 Megatron-LM's ``--lr-decay-iters``), weight decay constant (``training.weight_decay``, incremented over
 ``training.steps`` as Megatron-LM's ``wd_incr_steps = train_iters x global_batch_size``). With
@@ -43,8 +46,9 @@ STYLES = ("constant", "cosine", "linear")
 
 
 def scheduler_state(cfg, step: int) -> dict[str, Any]:
-    """Megatron-LM's ``OptimizerParamScheduler.state_dict()`` at ``step`` for the config's schedule, counted
-    in samples (module doc); weight decay constant."""
+    """Megatron-LM's ``OptimizerParamScheduler.state_dict()`` after iteration ``step`` for the config's schedule,
+    counted in samples (module doc): ``num_steps = step x global_batch_size``, the position whose rate the next
+    update (step + 1) uses; weight decay constant."""
     t = cfg.training
     g = t.global_batch_size
     if t.train_samples is not None:
@@ -164,8 +168,9 @@ def differences(sd: dict[str, Any], cfg, iteration: int) -> list[Difference]:
               f"training.lr_schedule = {style}" if style in STYLES else
               f"none: phoenix implements {', '.join(STYLES)} (a checkpoint trained with one of them)")
     got = _read(sd, "num_steps")
-    check("num_steps", f"iteration {iteration} x training.global_batch_size {g}: phoenix's learning rate at a "
-          "step is that of step x global batch samples", _position_change(got[1] if got else None, int(iteration)))
+    check("num_steps", f"iteration {iteration} x training.global_batch_size {g}: the update after iteration "
+          "N trains at the rate of N x global batch samples", _position_change(got[1] if got else None,
+                                                                                int(iteration)))
     if "start_wd" in sd or "end_wd" in sd:
         start, end = sd.get("start_wd", t.weight_decay), sd.get("end_wd", sd.get("start_wd", t.weight_decay))
         if not _same(start, end):

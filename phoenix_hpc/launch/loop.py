@@ -52,8 +52,10 @@ class Protector(Protocol):
 @dataclass(frozen=True)
 class StepRecord:
     """One finished step. ``loss`` is None except on the last pipeline stage; times in milliseconds;
-    ``tokens_per_s`` counts the whole job's tokens of the step (global batch x seq length); ``ts``: wall
-    clock (unix seconds, ``time.time()``) when the step finished."""
+    ``tokens_per_s`` counts the whole job's tokens of the step (global batch x seq length); ``lr``: the
+    learning rate the step's update used (``engine.last_lr``, :func:`phoenix_hpc.engines.schedule.lr_for` of
+    the step; Megatron-LM's log line of an iteration prints the next iteration's); ``ts``: wall clock (unix
+    seconds, ``time.time()``) when the step finished."""
 
     step: int
     loss: float | None

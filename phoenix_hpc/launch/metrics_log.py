@@ -34,7 +34,8 @@ from typing import Any
 
 from phoenix_hpc.control import events as E
 
-#: TensorBoard/W&B tag of each step value (Megatron-LM's names), and the unit
+#: TensorBoard/W&B tag of each step value (Megatron-LM's names), and the unit. ``learning-rate`` at step s is
+#: the rate step s's update used; Megatron-LM writes the next iteration's there (its scheduler has stepped)
 STEP_TAGS = {"loss": ("lm loss", "nats/token"), "lr": ("learning-rate", "1"), "grad_norm": ("grad-norm", "1"),
              "step_time_s": ("iteration-time", "s"), "tokens_per_s": ("tokens-per-second", "tokens/s")}
 #: the validation loss's tag (Megatron-LM's ``lm loss validation``)

@@ -37,7 +37,8 @@ Sequence on every slot:
 Files written by active rank ``r`` (logical rank):
 
 * ``RUN_DIR/ranks/rank{r}.steps.jsonl`` -- one JSON object per step: ``step, loss (null except on the
-  last pipeline stage), step_time_ms, tokens_per_s, exposed_wait_ms, lr, grad_norm``;
+  last pipeline stage), step_time_ms, tokens_per_s, exposed_wait_ms, lr, grad_norm`` (``lr``: the rate the
+  step's update used, one step behind Megatron-LM's logged rate, which is the next iteration's);
 * ``RUN_DIR/ranks/rank{r}.json`` (at the end, written atomically) -- summary: ``status`` (done | stopped |
   failed | left | drained | fenced),
   ``rank, world_rank, coord, grid, generation, joined`` (a standby slot that took this rank),
