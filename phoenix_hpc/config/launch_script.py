@@ -432,8 +432,10 @@ def read_script(text: str, *, path: str, script_args: Sequence[str] = (),
     if launch_lines:  # what the script had run up to its (first) launch: reading went on to look for another
         at = next(i for i, (kind, _, _) in enumerate(records) if kind == "launch")
         before = records[:at]
+        # kept: what makes a later launch's words, or refuses them; not what the script did after the launch ran
+        # (a command not run, a stop, an export)
         records = before + [r for r in records[at:] if r[0] in ("launch", "word", "pre", "unset", "unreadable",
-                                                                "unsetvar", "own", "stops")
+                                                                "unsetvar", "own")
                             or (r[0] == "env" and r[1] == launch_lines[0])]
         stderr = "\n".join(line for line in stderr.splitlines()
                            if not (m := re.search(r"line (\d+): ", line)) or int(m.group(1)) <= launch_lines[0])

@@ -235,3 +235,9 @@ def test_an_exit_after_the_launch_ends_the_reading_as_it_ends_the_script(tmp_pat
     assert reading.launch.line == 2 and reading.launch.args[-1] == "10" and reading.launch.same_at == []
     with pytest.raises(ConfigError, match="on line 2 and again on line 5 with other words"):
         read_script(text.replace("  exit 0\n", "  echo done\n"), path="run.sh", env={"PATH": "/usr/bin:/bin"})
+
+
+def test_a_stop_after_the_launch_is_not_the_launch_s_refusal(tmp_path):
+    reading = read_script(f'{ONE}\n: "${{NOT_SET_PHOENIX_X:?needed after training}}"\n', path="run.sh",
+                          env={"PATH": "/usr/bin:/bin"})
+    assert reading.launch.line == 1 and reading.launch.args[-1] == "10"
