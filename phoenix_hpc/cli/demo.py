@@ -31,7 +31,8 @@ def _terminate(signum, _frame):
 
 @click.command("demo")
 @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_CONFIG,
-              show_default=True, help="job config to run (site local)")
+              show_default=True, help="job config to run (site local); each run writes only under its own run "
+              "directory (checkpoint, Megatron-LM save and TensorBoard folders outside it are moved there)")
 @click.option("--steps", type=click.IntRange(min=8), default=None,
               help="train this many steps instead of the config's training.steps (a shorter demo)")
 @click.option("--at-step", type=int, default=None, help="the step the node dies in [default: half of the steps]")

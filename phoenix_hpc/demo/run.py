@@ -7,7 +7,10 @@ Sequence (each step runs the real ``phoenix`` command a user would type, printed
 2. ``phoenix data prepare --stdlib PREFIX --max-bytes N`` when the config's dataset does not exist yet;
 3. ``phoenix submit --site local CONFIG --run-dir BASE/reference``: the fault-free reference run, waited
    for until its coordinator journals the end;
-4. ``phoenix submit ... --run-dir BASE/node-loss``: the same job again; once it trains,
+4. ``phoenix submit ... --run-dir BASE/node-loss``: the same job again (each run writes only under its own run
+   directory: a config whose checkpoint, Megatron-LM save or TensorBoard folder lies outside it is
+   submitted as ``BASE/<name>-reference.yaml`` and ``BASE/<name>-node-loss.yaml`` with those folders moved
+   there, :func:`run_configs`); once it trains,
    ``phoenix inject-fault RUN_DIR --kind kill-node --node NODE --at-step S`` kills every slot of one active
    node at step S (mid-run) and then the node's slurmd (the node goes DOWN in Slurm);
 5. ``phoenix status RUN_DIR`` while the job recovers, and again at the end with ``--plot BASE/timeline.png``;
@@ -156,6 +159,49 @@ def derived_config(example: dict[str, Any], steps: int, data_path: str) -> dict[
     return out
 
 
+def outside_run_dir(cfg, run_dir: str | os.PathLike) -> list[str]:
+    """The folders a run of ``cfg`` in ``run_dir`` would write outside ``run_dir`` (absolute, or relative ones
+    like ``../ckpt``): the names of :func:`phoenix_hpc.drills.folders.run_folders` (``checkpoints``,
+    ``save_megatron``, ``tensorboard``; ``load_megatron`` is only read). A relative ``save_megatron`` is not
+    counted (``phoenix submit`` refuses it). Pure; empty when every run of ``cfg`` keeps to its own folder."""
+    from phoenix_hpc.drills.folders import run_folders
+
+    rd = os.path.normpath(os.path.abspath(run_dir))
+    out = []
+    for name, folder in run_folders(cfg, rd).items():
+        if name == "load_megatron" or folder is None or not os.path.isabs(folder):
+            continue
+        if os.path.commonpath([rd, os.path.normpath(folder)]) != rd:
+            out.append(name)
+    return out
+
+
+def run_configs(cfg, steps: int, run_dirs: dict[str, Path]) -> dict[str, str] | None:
+    """The config each run of the demo is submitted with, as YAML text, or None when ``cfg`` keeps every run
+    in its own run directory already (:func:`outside_run_dir` is empty for every one of ``run_dirs``; the
+    user's config, or :func:`derived_config` for ``--steps``, is submitted as it is).
+
+    Otherwise every run gets ``cfg`` with its folders moved under its run directory
+    (:func:`phoenix_hpc.drills.folders.isolated_config`: otherwise the node-loss run would start from the
+    reference's final checkpoint, and both would write into the user's folders) and ``training.steps`` =
+    ``steps``. ``cfg``: a :class:`phoenix_hpc.config.schema.JobConfig` from
+    :func:`phoenix_hpc.config.load.load_job_config` (data paths absolute). Pure.
+
+    Raises:
+        ConfigError: the changed config fails validation (only folders change: not expected)."""
+    from phoenix_hpc.drills.folders import config_data, isolated_config
+
+    if not any(outside_run_dir(cfg, rd) for rd in run_dirs.values()):
+        return None
+    out = {}
+    for run, rd in run_dirs.items():
+        run_cfg, _ = isolated_config(cfg, Path(rd).absolute())
+        data = config_data(run_cfg)
+        data.setdefault("training", {})["steps"] = int(steps)
+        out[run] = yaml.safe_dump(data, sort_keys=False)
+    return out
+
+
 class Demo:
     """One demo run. :meth:`run` returns the exit code; the cluster is stopped in every case."""
 
@@ -234,8 +280,7 @@ class Demo:
             try:
                 self._start_cluster()
                 self._prepare_data(Path(cfg.data.path))
-                config = self._config_for(cfg, steps)
-                return self._jobs(config, steps)
+                return self._jobs(self._configs(cfg, steps), steps)
             finally:
                 self._stop_cluster()
 
@@ -279,29 +324,45 @@ class Demo:
         prefix.parent.mkdir(parents=True, exist_ok=True)
         self.phoenix("data", "prepare", "--stdlib", str(prefix), "--max-bytes", str(self.o.max_bytes))
 
-    def _config_for(self, cfg, steps: int) -> Path:
-        if steps == cfg.training.steps:
-            return self.o.config
-        from phoenix_hpc.config.load import read_yaml
+    def _configs(self, cfg, steps: int) -> dict[str, Path]:
+        """The config file each run is submitted with: the user's (the same for both runs), a derived one with
+        ``steps`` (``BASE/<name>``, both runs), or one per run with its own folders
+        (``BASE/<stem>-<run>.yaml``, :func:`run_configs`)."""
+        runs = {run: self.base / run for run in (REFERENCE, NODE_LOSS)}
+        per_run = run_configs(cfg, steps, runs)
+        if per_run is None:
+            if steps == cfg.training.steps:
+                return {run: self.o.config for run in runs}
+            from phoenix_hpc.config.load import read_yaml
 
+            self.base.mkdir(parents=True, exist_ok=True)
+            path = self.base / self.o.config.name
+            path.write_text(f"# {self.o.config.name} with training.steps = {steps} (phoenix demo --steps)\n"
+                            + yaml.safe_dump(derived_config(read_yaml(self.o.config), steps, str(cfg.data.path)),
+                                             sort_keys=False))
+            return {run: path for run in runs}
+        outside = sorted({f for rd in runs.values() for f in outside_run_dir(cfg, rd)})
         self.base.mkdir(parents=True, exist_ok=True)
-        path = self.base / self.o.config.name
-        path.write_text(f"# {self.o.config.name} with training.steps = {steps} (phoenix demo --steps)\n"
-                        + yaml.safe_dump(derived_config(read_yaml(self.o.config), steps, str(cfg.data.path)),
-                                         sort_keys=False))
-        return path
+        paths = {}
+        for run, text in per_run.items():
+            paths[run] = self.base / f"{self.o.config.stem}-{run}.yaml"
+            paths[run].write_text(f"# {self.o.config.name} with training.steps = {steps} and its folders under "
+                                  f"{runs[run]} (phoenix demo)\n" + text)
+        self.say(f"the config's {', '.join(outside)} folder(s) lie outside the run directories: each run gets its "
+                 f"own under its run directory ({', '.join(self._rel(str(p)) for p in paths.values())})")
+        return paths
 
-    def _jobs(self, config: Path, steps: int) -> int:
+    def _jobs(self, configs: dict[str, Path], steps: int) -> int:
         from phoenix_hpc.demo.report import compare, format_report
 
-        self.say(f"fault-free reference run: {steps} steps of {self._rel(str(config))}")
+        self.say(f"fault-free reference run: {steps} steps of {self._rel(str(configs[REFERENCE]))}")
         ref_dir = self.base / REFERENCE
-        self.phoenix("submit", "--site", "local", str(config), "--run-dir", str(ref_dir))
+        self.phoenix("submit", "--site", "local", str(configs[REFERENCE]), "--run-dir", str(ref_dir))
         self._wait(ref_dir, lambda st: st.finished, "reference run", steps)
 
         self.say(f"the same job again; a node is killed in the middle of the run")
         job_dir = self.base / NODE_LOSS
-        self.phoenix("submit", "--site", "local", str(config), "--run-dir", str(job_dir))
+        self.phoenix("submit", "--site", "local", str(configs[NODE_LOSS]), "--run-dir", str(job_dir))
         st = self._wait(job_dir, lambda s: s.finished or (s.job.state == "running" and s.job.coordinator is not None
                                                           and any(x.state == "active" for x in s.slots)),
                         "node-loss run to start training", steps)

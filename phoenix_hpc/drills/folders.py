@@ -1,14 +1,15 @@
-"""The folders of one run of a drill (``phoenix drill``): every run (the fault-free reference, the drill job)
-writes only under its own run directory, so no run continues from another's checkpoint and none writes into
-the user's folders.
+"""The folders of one run of a config that ``phoenix drill`` and ``phoenix demo`` submit more than once (the
+fault-free reference, then the drill job or the node-loss run): every run writes only under its own run
+directory, so no run continues from another's checkpoint and none writes into the user's folders.
 
 The user's config may name absolute folders that every job of it shares: ``resilience.checkpoint.path`` (a
 resubmitted job finds its checkpoints there, :mod:`phoenix_hpc.launch.persist`; ``phoenix config
 from-megatron`` writes Megatron-LM's ``--save`` there), ``resilience.checkpoint.save_megatron`` and
-``logging.tensorboard_dir``. Submitted unchanged, the drill job would start from the reference's final
-checkpoint (the job restores the newest complete checkpoint under its root at start-up) and every fault
-planned before that step would be refused; the drill's checkpoints would also land among the user's. A
-relative folder is no safer (``../ckpt`` leaves the run directory). So each run gets:
+``logging.tensorboard_dir``. Submitted unchanged, the second run would start from the reference's final
+checkpoint (the job restores the newest complete checkpoint under its root at start-up; a drill would then
+refuse every fault planned before that step, a demo would kill a node of a job with nothing left to train);
+its checkpoints would also land among the user's. A relative folder is no safer (``../ckpt`` leaves the run
+directory). So each run gets:
 
 - ``resilience.checkpoint.path``: ``RUN_DIR/checkpoints``;
 - ``resilience.checkpoint.save_megatron`` (when given): ``RUN_DIR/checkpoints`` when the config names the
@@ -17,7 +18,7 @@ relative folder is no safer (``../ckpt`` leaves the run directory). So each run 
 - ``logging.tensorboard_dir`` (with ``logging.tensorboard: true``): ``RUN_DIR/tensorboard``.
 
 ``resilience.checkpoint.load_megatron`` is kept: every run starts from that Megatron-LM checkpoint, which a
-job only reads (it writes into ``save_megatron``, redirected above), so the reference and the drill job start
+job only reads (it writes into ``save_megatron``, redirected above), so the reference and the second run start
 from the same state. Datasets are only read and stay shared. W&B runs are told apart by the run directory
 (:func:`phoenix_hpc.launch.metrics_log.wandb_run_id`), ``wandb.mode: offline`` writes ``RUN_DIR/wandb``.
 All functions here are pure.
@@ -63,7 +64,7 @@ def isolated_config(cfg, run_dir: str | os.PathLike):
     if cfg.logging.tensorboard:
         data.setdefault("logging", {})["tensorboard_dir"] = str(rd / TENSORBOARD)
     data["run_dir"] = str(rd)
-    out = parse_model(JobConfig, data, source=f"the drill's config for {rd}")
+    out = parse_model(JobConfig, data, source=f"the config of the run in {rd}")
     return out, run_folders(out, rd)
 
 

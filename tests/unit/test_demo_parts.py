@@ -1,5 +1,5 @@
-"""The demo's pure parts: run summary, comparison and report; fault step, victim node, derived config,
-cluster folder; and its refusals of bad options (exit 2 before anything starts)."""
+"""The demo's pure parts: run summary, comparison and report; fault step, victim node, derived config, each
+run's own folders, cluster folder; and its refusals of bad options (exit 2 before anything starts)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from phoenix_hpc.cli.main import cli
+from phoenix_hpc.config.load import load_job_config
+from phoenix_hpc.drills.folders import run_folders
 from phoenix_hpc.demo.report import compare, final_loss, format_report, summarize_run
-from phoenix_hpc.demo.run import default_cluster_dir, derived_config, fault_step, pick_victim
+from phoenix_hpc.demo.run import (NODE_LOSS, REFERENCE, Demo, DemoOptions, default_cluster_dir, derived_config,
+                                  fault_step, outside_run_dir, pick_victim, run_configs)
 from phoenix_hpc.errors import DemoError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +127,56 @@ def test_derived_config_changes_steps_and_data_only():
     out = derived_config(ex, 12, "/abs/stdlib")
     assert out == {"name": "x", "training": {"steps": 12, "lr": 0.1}, "data": {"path": "/abs/stdlib"}}
     assert ex["training"]["steps"] == 50 and ex["data"]["path"] == "../data/stdlib"
+
+
+def _user_config(tmp_path: Path, **checkpoint) -> Path:
+    data = yaml.safe_load((ROOT / "examples" / "gpt-small.yaml").read_text())
+    data["data"]["path"] = str(tmp_path / "data" / "stdlib")
+    data["resilience"]["checkpoint"].update(checkpoint)
+    p = tmp_path / "user" / "gpt-small.yaml"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    return p
+
+
+@pytest.mark.parametrize("steps", [50, 12])
+def test_an_absolute_checkpoint_folder_gives_each_demo_run_its_own_folder_under_its_run_dir(tmp_path, steps):
+    """The node-loss run must not start from the reference's checkpoints, nor either write into the user's
+    folder: each run is submitted with its checkpoint folder under its own run directory."""
+    user_ckpt = tmp_path / "user" / "ckpt"
+    path = _user_config(tmp_path, path=str(user_ckpt))
+    said: list[str] = []
+    demo = Demo(DemoOptions(config=path, work_dir=tmp_path / "w", cluster_dir=tmp_path / "c"), echo=said.append)
+    configs = demo._configs(load_job_config(path), steps)
+    assert configs[REFERENCE] != configs[NODE_LOSS] and path not in configs.values()
+    folders = {}
+    for run, config in configs.items():
+        run_cfg = load_job_config(config)  # what `phoenix submit` reads
+        assert run_cfg.training.steps == steps and run_cfg.data.path == str(tmp_path / "data" / "stdlib")
+        folders[run] = run_folders(run_cfg, demo.base / run)["checkpoints"]
+        assert folders[run] == str(demo.base / run / "checkpoints")
+    assert folders[REFERENCE] != folders[NODE_LOSS] and str(user_ckpt) not in folders.values()
+    assert any("checkpoints folder(s) lie outside the run directories" in line for line in said)
+
+
+def test_a_config_that_keeps_to_its_run_dir_is_submitted_as_it_is(tmp_path):
+    """The shipped example (default checkpoint folder RUN_DIR/checkpoints): the user's file, or the --steps
+    copy of it, for both runs, as before."""
+    example = ROOT / "examples" / "gpt-small.yaml"
+    cfg = load_job_config(example)
+    demo = Demo(DemoOptions(config=example, work_dir=tmp_path / "w", cluster_dir=tmp_path / "c"), echo=print)
+    assert run_configs(cfg, 50, {r: demo.base / r for r in (REFERENCE, NODE_LOSS)}) is None
+    assert demo._configs(cfg, cfg.training.steps) == {REFERENCE: example, NODE_LOSS: example}
+    short = demo._configs(cfg, 12)
+    assert short[REFERENCE] == short[NODE_LOSS] == demo.base / "gpt-small.yaml"
+
+
+def test_folders_outside_the_run_dir_are_named(tmp_path):
+    rd = tmp_path / "runs" / "reference"
+    assert outside_run_dir(load_job_config(_user_config(tmp_path, path="ckpt")), rd) == []
+    assert outside_run_dir(load_job_config(_user_config(tmp_path, path="../ckpt")), rd) == ["checkpoints"]
+    p = _user_config(tmp_path, path=str(rd / "inside"), save_megatron=str(tmp_path / "mega"))
+    assert outside_run_dir(load_job_config(p), rd) == ["save_megatron"]
 
 
 def test_cluster_dir_is_short_enough_and_stable(tmp_path):

@@ -1,7 +1,8 @@
-"""Every run of a drill writes only into its own run directory: a config whose checkpoint, Megatron-LM and
-TensorBoard folders are absolute (as ``phoenix config from-megatron`` writes them from ``--save /abs``) is
-submitted with those folders moved under each run's directory, so the drill job never starts from the
-reference's final checkpoint and no run writes into the user's folders."""
+"""Every run of a drill (and of a demo: tests/unit/test_demo_parts.py) writes only into its own run directory:
+a config whose checkpoint, Megatron-LM and TensorBoard folders are absolute (as ``phoenix config
+from-megatron`` writes them from ``--save /abs``) is submitted with those folders moved under each run's
+directory, so the drill job never starts from the reference's final checkpoint and no run writes into the
+user's folders."""
 
 from __future__ import annotations
 
