@@ -348,8 +348,8 @@ class Demo:
             paths[run] = self.base / f"{self.o.config.stem}-{run}.yaml"
             paths[run].write_text(f"# {self.o.config.name} with training.steps = {steps} and its folders under "
                                   f"{runs[run]} (phoenix demo)\n" + text)
-        self.say(f"the config's {', '.join(outside)} folder(s) lie outside the run directories: each run gets its "
-                 f"own under its run directory ({', '.join(self._rel(str(p)) for p in paths.values())})")
+        self.say(f"the config's folders for {', '.join(outside)} lie outside the run directories: each run gets "
+                 f"its own, under its run directory ({', '.join(self._rel(str(p)) for p in paths.values())})")
         return paths
 
     def _jobs(self, configs: dict[str, Path], steps: int) -> int:

@@ -156,7 +156,7 @@ def test_an_absolute_checkpoint_folder_gives_each_demo_run_its_own_folder_under_
         folders[run] = run_folders(run_cfg, demo.base / run)["checkpoints"]
         assert folders[run] == str(demo.base / run / "checkpoints")
     assert folders[REFERENCE] != folders[NODE_LOSS] and str(user_ckpt) not in folders.values()
-    assert any("checkpoints folder(s) lie outside the run directories" in line for line in said)
+    assert any("folders for checkpoints lie outside the run directories" in line for line in said)
 
 
 def test_a_config_that_keeps_to_its_run_dir_is_submitted_as_it_is(tmp_path):
