@@ -20,6 +20,8 @@ from phoenix_hpc.engines.megatron_schedule import differences, scheduler_state
 from phoenix_hpc.engines.schedule import lr_for, scheduler_record
 from phoenix_hpc.errors import ConfigError
 
+from test_lr_megatron_order import MegatronLoop  # Megatron-LM's scheduler and train-loop order
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # 1000 samples at a global batch of 16: 62 steps (992 samples; the last 8 are not trained). A warm-up of 100
@@ -35,35 +37,6 @@ def _training(**kw):
     base = dict(global_batch_size=G, micro_batch_size=4, train_samples=N, lr_warmup_samples=WARMUP,
                 lr_decay_samples=DECAY, lr=1.0, min_lr=0.1)
     return parse_model(JobConfig, _cfg(**{**base, **kw}), source="x").training
-
-
-class MegatronScheduler:
-    """Megatron-LM's OptimizerParamScheduler as far as the learning rate goes, written out from its definition
-    (init_lr 0): num_steps counts samples; ``__init__`` calls ``step(0)``, and step() sets the param groups'
-    rate (``lr``) to get_lr. training.py's train_step runs optimizer.step() at ``lr``, THEN steps the scheduler
-    by the global batch."""
-
-    def __init__(self, max_lr, min_lr, warmup, decay, style):
-        assert warmup < decay  # Megatron-LM's own assert
-        self.max_lr, self.min_lr, self.warmup, self.decay, self.style = max_lr, min_lr, warmup, decay, style
-        self.num_steps = 0
-        self.step(0)
-
-    def step(self, increment):
-        self.num_steps += increment
-        self.lr = self.get_lr()
-
-    def get_lr(self):
-        n = self.num_steps
-        if self.warmup > 0 and n <= self.warmup:
-            return self.max_lr * float(n) / float(self.warmup)
-        if self.style == "constant":
-            return self.max_lr
-        if n > self.decay:
-            return self.min_lr
-        ratio = float(n - self.warmup) / float(self.decay - self.warmup)
-        coeff = 1.0 - ratio if self.style == "linear" else 0.5 * (math.cos(math.pi * ratio) + 1.0)
-        return self.min_lr + coeff * (self.max_lr - self.min_lr)
 
 
 def test_the_linear_rate_at_chosen_steps_is_megatron_lms_by_hand():
@@ -94,12 +67,11 @@ def test_every_step_updates_with_the_rate_megatron_lms_optimizer_step_uses(style
     """Megatron-LM's order: iteration s's optimizer.step() runs at the rate the scheduler holds, then the
     scheduler steps by G; so the update that produces S(step) uses get_lr at (step - 1) x G samples."""
     t = _training(lr_schedule=style)
-    sched = MegatronScheduler(1.0, 0.1, WARMUP, DECAY, style)
+    loop = MegatronLoop(1.0, 0.1, WARMUP, DECAY, style, G)  # sample-counted: the lengths are samples already
+    used, _ = loop.run(t.steps)
     for step in range(1, t.steps + 1):
-        used = sched.lr  # optimizer.step()
-        sched.step(increment=G)  # opt_param_scheduler.step(increment=global batch)
-        assert lr_for(t, step) == pytest.approx(used, abs=1e-12), step
-    assert sched.num_steps == t.steps * G
+        assert lr_for(t, step) == pytest.approx(used[step], abs=1e-12), step
+    assert loop.num_steps == t.steps * G
 
 
 def test_without_a_decay_length_the_decay_is_over_train_samples_and_warmup_defaults_to_0():
