@@ -124,9 +124,7 @@ def _change(d: Difference) -> str:
     """What to set in the config to keep the checkpoint's value of ``d``."""
     if d.field == "counted_in":
         return ("training.train_samples set" if d.checkpoint == "samples" else "training.train_samples unset")
-    fld = {"kind": "training.lr_schedule", "lr": "training.lr", "min_lr": "training.min_lr",
-           "warmup_steps": "training.warmup_steps", "decay_steps": "training.lr_decay_steps",
-           "warmup_samples": "training.lr_warmup_samples", "decay_samples": "training.lr_decay_samples"}[d.field]
+    fld = dict(STEP_FIELDS + SAMPLE_FIELDS)[d.field]  # the config field that sets it
     return f"{fld}: {d.checkpoint}"
 
 
